@@ -1,0 +1,263 @@
+//! `driver_types.h` / `cuda_runtime_api.h`: the CUDA 12 runtime's types and constants.
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+crate::opaque_struct!(
+    /// Pointee of `cudaStream_t`.
+    CUstream_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaEvent_t`.
+    CUevent_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaGraph_t`.
+    CUgraph_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaGraphExec_t`.
+    CUgraphExec_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaGraphNode_t`.
+    CUgraphNode_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaMemPool_t`.
+    CUmemPoolHandle_st
+);
+
+/// `enum cudaError` (non-negative values: C compatible type `unsigned int`).
+pub type cudaError_t = c_uint;
+/// A stream handle. `0` is the legacy default stream unless the caller was built per-thread.
+pub type cudaStream_t = *mut CUstream_st;
+/// An event handle.
+pub type cudaEvent_t = *mut CUevent_st;
+/// A graph made by stream capture.
+pub type cudaGraph_t = *mut CUgraph_st;
+/// An instantiated graph.
+pub type cudaGraphExec_t = *mut CUgraphExec_st;
+/// A node of a graph.
+pub type cudaGraphNode_t = *mut CUgraphNode_st;
+/// A memory pool.
+pub type cudaMemPool_t = *mut CUmemPoolHandle_st;
+/// `enum cudaMemcpyKind`.
+pub type cudaMemcpyKind = c_uint;
+/// `enum cudaStreamCaptureStatus`.
+pub type cudaStreamCaptureStatus = c_uint;
+/// `enum cudaStreamCaptureMode`.
+pub type cudaStreamCaptureMode = c_uint;
+/// `enum cudaMemoryType`.
+pub type cudaMemoryType = c_uint;
+/// `enum cudaDeviceAttr`.
+pub type cudaDeviceAttr = c_uint;
+/// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
+pub type cudaHostFn_t = Option<unsafe extern "C" fn(userData: *mut c_void)>;
+/// `cudaStreamCallback_t` (deprecated `cudaStreamAddCallback`).
+pub type cudaStreamCallback_t =
+    Option<unsafe extern "C" fn(stream: cudaStream_t, status: cudaError_t, userData: *mut c_void)>;
+
+/// `cudaStreamLegacy`: the legacy default stream, explicitly.
+pub const cudaStreamLegacy: cudaStream_t = 0x1 as cudaStream_t;
+/// `cudaStreamPerThread`: the calling thread's default stream.
+pub const cudaStreamPerThread: cudaStream_t = 0x2 as cudaStream_t;
+
+pub const cudaMemcpyHostToHost: cudaMemcpyKind = 0;
+pub const cudaMemcpyHostToDevice: cudaMemcpyKind = 1;
+pub const cudaMemcpyDeviceToHost: cudaMemcpyKind = 2;
+pub const cudaMemcpyDeviceToDevice: cudaMemcpyKind = 3;
+pub const cudaMemcpyDefault: cudaMemcpyKind = 4;
+
+pub const cudaStreamDefault: c_uint = 0x0;
+pub const cudaStreamNonBlocking: c_uint = 0x1;
+
+pub const cudaEventDefault: c_uint = 0x0;
+pub const cudaEventBlockingSync: c_uint = 0x1;
+pub const cudaEventDisableTiming: c_uint = 0x2;
+pub const cudaEventInterprocess: c_uint = 0x4;
+
+pub const cudaHostAllocDefault: c_uint = 0x0;
+pub const cudaHostAllocPortable: c_uint = 0x1;
+pub const cudaHostAllocMapped: c_uint = 0x2;
+pub const cudaHostAllocWriteCombined: c_uint = 0x4;
+pub const cudaHostRegisterDefault: c_uint = 0x0;
+pub const cudaHostRegisterPortable: c_uint = 0x1;
+pub const cudaHostRegisterMapped: c_uint = 0x2;
+pub const cudaHostRegisterIoMemory: c_uint = 0x4;
+pub const cudaHostRegisterReadOnly: c_uint = 0x8;
+
+pub const cudaMemoryTypeUnregistered: cudaMemoryType = 0;
+pub const cudaMemoryTypeHost: cudaMemoryType = 1;
+pub const cudaMemoryTypeDevice: cudaMemoryType = 2;
+pub const cudaMemoryTypeManaged: cudaMemoryType = 3;
+
+pub const cudaStreamCaptureStatusNone: cudaStreamCaptureStatus = 0;
+pub const cudaStreamCaptureStatusActive: cudaStreamCaptureStatus = 1;
+pub const cudaStreamCaptureStatusInvalidated: cudaStreamCaptureStatus = 2;
+
+pub const cudaStreamCaptureModeGlobal: cudaStreamCaptureMode = 0;
+pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
+pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
+
+/// `CUDART_VERSION` of the headers this ABI mirrors.
+pub const CUDART_VERSION: c_int = 12080;
+
+pub const cudaSuccess: cudaError_t = 0;
+pub const cudaErrorInvalidValue: cudaError_t = 1;
+pub const cudaErrorMemoryAllocation: cudaError_t = 2;
+pub const cudaErrorInitializationError: cudaError_t = 3;
+pub const cudaErrorCudartUnloading: cudaError_t = 4;
+pub const cudaErrorInvalidConfiguration: cudaError_t = 9;
+pub const cudaErrorInvalidPitchValue: cudaError_t = 12;
+pub const cudaErrorInvalidDevicePointer: cudaError_t = 17;
+pub const cudaErrorInvalidMemcpyDirection: cudaError_t = 21;
+pub const cudaErrorInsufficientDriver: cudaError_t = 35;
+pub const cudaErrorNoDevice: cudaError_t = 100;
+pub const cudaErrorInvalidDevice: cudaError_t = 101;
+pub const cudaErrorInvalidResourceHandle: cudaError_t = 400;
+pub const cudaErrorIllegalState: cudaError_t = 401;
+pub const cudaErrorNotReady: cudaError_t = 600;
+pub const cudaErrorIllegalAddress: cudaError_t = 700;
+pub const cudaErrorContextIsDestroyed: cudaError_t = 709;
+pub const cudaErrorHostMemoryAlreadyRegistered: cudaError_t = 712;
+pub const cudaErrorHostMemoryNotRegistered: cudaError_t = 713;
+pub const cudaErrorLaunchFailure: cudaError_t = 719;
+pub const cudaErrorNotPermitted: cudaError_t = 800;
+pub const cudaErrorNotSupported: cudaError_t = 801;
+pub const cudaErrorStreamCaptureUnsupported: cudaError_t = 900;
+pub const cudaErrorStreamCaptureInvalidated: cudaError_t = 901;
+pub const cudaErrorStreamCaptureMerge: cudaError_t = 902;
+pub const cudaErrorStreamCaptureUnmatched: cudaError_t = 903;
+pub const cudaErrorStreamCaptureUnjoined: cudaError_t = 904;
+pub const cudaErrorStreamCaptureIsolation: cudaError_t = 905;
+pub const cudaErrorStreamCaptureImplicit: cudaError_t = 906;
+pub const cudaErrorCapturedEvent: cudaError_t = 907;
+pub const cudaErrorStreamCaptureWrongThread: cudaError_t = 908;
+pub const cudaErrorGraphExecUpdateFailure: cudaError_t = 910;
+pub const cudaErrorUnknown: cudaError_t = 999;
+
+/// `struct cudaPointerAttributes`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaPointerAttributes {
+    pub type_: cudaMemoryType,
+    pub device: c_int,
+    pub devicePointer: *mut c_void,
+    pub hostPointer: *mut c_void,
+}
+
+/// `struct CUuuid_st` (`cudaUUID_t`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUuuid_st {
+    pub bytes: [c_char; 16],
+}
+/// `cudaUUID_t`.
+pub type cudaUUID_t = CUuuid_st;
+
+/// `struct cudaDeviceProp` of CUDA 12 (filled by `cudaGetDeviceProperties_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct cudaDeviceProp {
+    pub name: [c_char; 256],
+    pub uuid: cudaUUID_t,
+    pub luid: [c_char; 8],
+    pub luidDeviceNodeMask: c_uint,
+    pub totalGlobalMem: usize,
+    pub sharedMemPerBlock: usize,
+    pub regsPerBlock: c_int,
+    pub warpSize: c_int,
+    pub memPitch: usize,
+    pub maxThreadsPerBlock: c_int,
+    pub maxThreadsDim: [c_int; 3],
+    pub maxGridSize: [c_int; 3],
+    pub clockRate: c_int,
+    pub totalConstMem: usize,
+    pub major: c_int,
+    pub minor: c_int,
+    pub textureAlignment: usize,
+    pub texturePitchAlignment: usize,
+    pub deviceOverlap: c_int,
+    pub multiProcessorCount: c_int,
+    pub kernelExecTimeoutEnabled: c_int,
+    pub integrated: c_int,
+    pub canMapHostMemory: c_int,
+    pub computeMode: c_int,
+    pub maxTexture1D: c_int,
+    pub maxTexture1DMipmap: c_int,
+    pub maxTexture1DLinear: c_int,
+    pub maxTexture2D: [c_int; 2],
+    pub maxTexture2DMipmap: [c_int; 2],
+    pub maxTexture2DLinear: [c_int; 3],
+    pub maxTexture2DGather: [c_int; 2],
+    pub maxTexture3D: [c_int; 3],
+    pub maxTexture3DAlt: [c_int; 3],
+    pub maxTextureCubemap: c_int,
+    pub maxTexture1DLayered: [c_int; 2],
+    pub maxTexture2DLayered: [c_int; 3],
+    pub maxTextureCubemapLayered: [c_int; 2],
+    pub maxSurface1D: c_int,
+    pub maxSurface2D: [c_int; 2],
+    pub maxSurface3D: [c_int; 3],
+    pub maxSurface1DLayered: [c_int; 2],
+    pub maxSurface2DLayered: [c_int; 3],
+    pub maxSurfaceCubemap: c_int,
+    pub maxSurfaceCubemapLayered: [c_int; 2],
+    pub surfaceAlignment: usize,
+    pub concurrentKernels: c_int,
+    pub ECCEnabled: c_int,
+    pub pciBusID: c_int,
+    pub pciDeviceID: c_int,
+    pub pciDomainID: c_int,
+    pub tccDriver: c_int,
+    pub asyncEngineCount: c_int,
+    pub unifiedAddressing: c_int,
+    pub memoryClockRate: c_int,
+    pub memoryBusWidth: c_int,
+    pub l2CacheSize: c_int,
+    pub persistingL2CacheMaxSize: c_int,
+    pub maxThreadsPerMultiProcessor: c_int,
+    pub streamPrioritiesSupported: c_int,
+    pub globalL1CacheSupported: c_int,
+    pub localL1CacheSupported: c_int,
+    pub sharedMemPerMultiprocessor: usize,
+    pub regsPerMultiprocessor: c_int,
+    pub managedMemory: c_int,
+    pub isMultiGpuBoard: c_int,
+    pub multiGpuBoardGroupID: c_int,
+    pub hostNativeAtomicSupported: c_int,
+    pub singleToDoublePrecisionPerfRatio: c_int,
+    pub pageableMemoryAccess: c_int,
+    pub concurrentManagedAccess: c_int,
+    pub computePreemptionSupported: c_int,
+    pub canUseHostPointerForRegisteredMem: c_int,
+    pub cooperativeLaunch: c_int,
+    pub cooperativeMultiDeviceLaunch: c_int,
+    pub sharedMemPerBlockOptin: usize,
+    pub pageableMemoryAccessUsesHostPageTables: c_int,
+    pub directManagedMemAccessFromHost: c_int,
+    pub maxBlocksPerMultiProcessor: c_int,
+    pub accessPolicyMaxWindowSize: c_int,
+    pub reservedSharedMemPerBlock: usize,
+    pub hostRegisterSupported: c_int,
+    pub sparseCudaArraySupported: c_int,
+    pub hostRegisterReadOnlySupported: c_int,
+    pub timelineSemaphoreInteropSupported: c_int,
+    pub memoryPoolsSupported: c_int,
+    pub gpuDirectRDMASupported: c_int,
+    pub gpuDirectRDMAFlushWritesOptions: c_uint,
+    pub gpuDirectRDMAWritesOrdering: c_int,
+    pub memoryPoolSupportedHandleTypes: c_uint,
+    pub deferredMappingCudaArraySupported: c_int,
+    pub ipcEventSupported: c_int,
+    pub clusterLaunch: c_int,
+    pub unifiedFunctionPointers: c_int,
+    pub reserved: [c_int; 63],
+}
+
+impl Default for cudaDeviceProp {
+    fn default() -> Self {
+        // SAFETY: every field is an integer or an array of integers; all-zero is valid.
+        unsafe { core::mem::zeroed() }
+    }
+}
+

@@ -1,0 +1,1 @@
+//! Alignment, shard merging, numerics and localization behind `ttrace compare` (issue 6).

@@ -1,0 +1,1 @@
+//! Hooks and the snapshot engine of libttrace.so (issue 4).

@@ -1,0 +1,3 @@
+//! cublas entry points.
+#[allow(unused_imports)]
+use crate::abi::cublas::*;

@@ -1,0 +1,3 @@
+//! cublaslt entry points.
+#[allow(unused_imports)]
+use crate::abi::cublaslt::*;

@@ -1,0 +1,3 @@
+//! cudart entry points.
+#[allow(unused_imports)]
+use crate::abi::cudart::*;

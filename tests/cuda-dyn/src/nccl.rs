@@ -1,0 +1,3 @@
+//! nccl entry points.
+#[allow(unused_imports)]
+use crate::abi::nccl::*;

@@ -1,0 +1,3 @@
+//! nvtx entry points.
+#[allow(unused_imports)]
+use crate::abi::nvtx::*;

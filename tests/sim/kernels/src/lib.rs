@@ -1,0 +1,2 @@
+//! Numerics of the simulated CUDA stack.
+pub mod dtype;

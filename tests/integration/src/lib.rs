@@ -1,1 +1,76 @@
+//! Helpers shared by the integration tests: where cargo left the binaries and the simulated
+//! libraries, and how to run a probe program, alone or under `simrun`.
+//!
+//! The tests use the binaries of the profile they were built with (`cargo test --release` uses
+//! `target/release`), so run `cargo build --release` (or plain `cargo build` for the dev profile)
+//! first: scripts/test.sh does.
 
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// `target/<profile>`: two levels above the test executable (`target/<profile>/deps/test-…`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    exe.ancestors()
+        .nth(2)
+        .expect("test executables live in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A binary built by this workspace, e.g. `bin("simrun")`. Panics with a hint when missing.
+pub fn bin(name: &str) -> PathBuf {
+    let p = profile_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (cargo build --release)",
+        p.display()
+    );
+    p
+}
+
+/// `target/<profile>/sim`, where the simulated libraries are linked under their real sonames.
+pub fn sim_dir() -> PathBuf {
+    let d = profile_dir().join("sim");
+    assert!(
+        d.join("libcudart.so.12").exists(),
+        "{} has no simulated libraries: build the workspace first (cargo build --release)",
+        d.display()
+    );
+    d
+}
+
+/// A command for a workspace binary with the simulated stack on its library path.
+pub fn command(name: &str) -> Command {
+    let mut c = Command::new(bin(name));
+    c.env("LD_LIBRARY_PATH", sim_dir());
+    c
+}
+
+/// Runs `sim-probe ARGS` under `simrun --nproc-per-node N` and returns its output.
+pub fn simrun_probe(nproc: usize, args: &[&str]) -> Output {
+    let mut c = command("simrun");
+    c.arg("--nproc-per-node")
+        .arg(nproc.to_string())
+        .arg("--")
+        .arg(bin("sim-probe"))
+        .args(args);
+    c.output().expect("simrun starts")
+}
+
+/// Runs `sim-probe ARGS` as a single process and returns its output.
+pub fn probe(args: &[&str]) -> Output {
+    command("sim-probe")
+        .args(args)
+        .output()
+        .expect("sim-probe starts")
+}
+
+/// Formats a finished process's output for an assertion message.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -1,1 +1,35 @@
-fn main() {}
+//! `sim-probe`: test programs that drive the CUDA ABI through `cuda-dyn` (so they run on the
+//! simulated stack or a real one) and check their results. Each subcommand exits 0 when every
+//! check passed, 1 with a message naming the failed check otherwise.
+
+use std::process::ExitCode;
+
+/// A probe: gets the arguments after its name.
+type Probe = fn(&[String]) -> Result<(), String>;
+
+/// Every subcommand, with a one-line description.
+const PROBES: &[(&str, &str, Probe)] = &[
+    // (name, what it checks, entry point): one line per probe module.
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(name) = args.first() else {
+        eprintln!("usage: sim-probe PROBE [ARGS...]\nprobes:");
+        for (n, what, _) in PROBES {
+            eprintln!("  {n:<24} {what}");
+        }
+        return ExitCode::from(2);
+    };
+    let Some((_, _, run)) = PROBES.iter().find(|(n, _, _)| n == name) else {
+        eprintln!("sim-probe: unknown probe `{name}` (run without arguments for the list)");
+        return ExitCode::from(2);
+    };
+    match run(&args[1..]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("sim-probe {name}: FAILED: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}

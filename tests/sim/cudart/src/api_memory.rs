@@ -1,0 +1,593 @@
+//! Memory: allocation, pinning, memset and the memcpy family (with `_ptds`/`_ptsz` spellings).
+//!
+//! Copy semantics follow CUDA's "API synchronization behavior" rules:
+//! * `cudaMemcpy` runs on the default stream and returns when the copy is done;
+//! * `cudaMemcpyAsync` with pinned host memory (or device to device) returns at once and the
+//!   bytes move when the stream reaches the copy, so the host must synchronise before reading;
+//! * from pageable host memory the source is staged before the call returns;
+//! * to pageable host memory the call returns only once the copy is done.
+
+use core::ffi::{c_int, c_uint, c_void};
+
+use cuda_abi::cudart::*;
+
+use crate::heap::{HeapError, PointerKind};
+use crate::{errors, guard, out, rt, Runtime};
+
+/// A host address the stream worker may use (device memory through its shadow mapping).
+#[derive(Clone, Copy)]
+struct Addr(*mut u8);
+// SAFETY: an address; CUDA's stream-ordering contract makes the access race-free.
+unsafe impl Send for Addr {}
+
+impl Addr {
+    /// The address (a method, so closures capture the whole `Send` wrapper).
+    fn at(self, offset: usize) -> *mut u8 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// One end of a copy, resolved.
+#[derive(Clone, Copy)]
+struct End {
+    addr: Addr,
+    /// Pageable host memory (neither device memory nor pinned).
+    pageable: bool,
+}
+
+fn heap_error(e: HeapError) -> cudaError_t {
+    match e {
+        HeapError::OutOfMemory => cudaErrorMemoryAllocation,
+        HeapError::NotAllocated => cudaErrorInvalidValue,
+        HeapError::AlreadyRegistered => cudaErrorHostMemoryAlreadyRegistered,
+        HeapError::NotRegistered => cudaErrorHostMemoryNotRegistered,
+        HeapError::System => cudaErrorUnknown,
+    }
+}
+
+/// Resolves a copy endpoint of `extent` bytes on the side the direction says.
+fn end(r: &Runtime, ptr: *const c_void, extent: usize, device_side: bool) -> Result<End, cudaError_t> {
+    if ptr.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    if device_side {
+        let a = r
+            .heap
+            .device_access(ptr, extent)
+            .ok_or(cudaErrorInvalidValue)?;
+        return Ok(End {
+            addr: Addr(a),
+            pageable: false,
+        });
+    }
+    match r.heap.classify(ptr) {
+        // A device pointer where the direction says host: CUDA rejects it.
+        PointerKind::Device { .. } => Err(cudaErrorInvalidValue),
+        PointerKind::Pinned { .. } => Ok(End {
+            addr: Addr(ptr as *mut u8),
+            pageable: false,
+        }),
+        PointerKind::Pageable => Ok(End {
+            addr: Addr(ptr as *mut u8),
+            pageable: true,
+        }),
+    }
+}
+
+/// A 2-D copy request (a 1-D copy is one row).
+struct CopyRequest {
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+}
+
+/// How the call returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// `cudaMemcpy*`: on the default stream (legacy, or per-thread for `_ptds`), blocking.
+    Sync { per_thread: bool },
+    /// `cudaMemcpy*Async`: on the given stream.
+    Async { stream: cudaStream_t, per_thread: bool },
+}
+
+fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
+    let r = rt()?;
+    errors::sticky()?;
+    if req.kind > cudaMemcpyDefault {
+        return Err(cudaErrorInvalidMemcpyDirection);
+    }
+    if req.height > 1 && (req.width > req.dpitch || req.width > req.spitch) {
+        return Err(cudaErrorInvalidPitchValue);
+    }
+    if req.width == 0 || req.height == 0 {
+        return Ok(());
+    }
+    let extent = |pitch: usize| (req.height - 1) * pitch + req.width;
+    let on_device = |p: *const c_void| matches!(r.heap.classify(p), PointerKind::Device { .. });
+    let (dst_dev, src_dev) = match req.kind {
+        cudaMemcpyHostToHost => (false, false),
+        cudaMemcpyHostToDevice => (true, false),
+        cudaMemcpyDeviceToHost => (false, true),
+        cudaMemcpyDeviceToDevice => (true, true),
+        _ => (on_device(req.dst), on_device(req.src)),
+    };
+    let dst = end(r, req.dst, extent(req.dpitch), dst_dev)?;
+    let src = end(r, req.src, extent(req.spitch), src_dev)?;
+
+    let (stream, blocking) = match call {
+        Call::Sync { per_thread } => {
+            r.check_capture_safe()?;
+            (r.stream(std::ptr::null_mut(), per_thread)?, true)
+        }
+        // A copy into pageable memory cannot complete asynchronously.
+        Call::Async { stream, per_thread } => (r.stream(stream, per_thread)?, dst.pageable),
+    };
+
+    let (width, height, dpitch, spitch) = (req.width, req.height, req.dpitch, req.spitch);
+    let op: crate::Op = if src.pageable && !blocking {
+        // Stage the pageable source now: the caller may reuse it as soon as we return.
+        // SAFETY: the caller guarantees the source range is readable host memory.
+        let staged: Vec<Vec<u8>> = (0..height)
+            .map(|i| unsafe { std::slice::from_raw_parts(src.addr.0.add(i * spitch), width) }.to_vec())
+            .collect();
+        let d = dst.addr;
+        Box::new(move || {
+            for (i, row) in staged.iter().enumerate() {
+                // SAFETY: the destination range was validated (device) or is the caller's.
+                unsafe { std::ptr::copy(row.as_ptr(), d.at(i * dpitch), width) };
+            }
+            Ok(())
+        })
+    } else {
+        let (d, s) = (dst.addr, src.addr);
+        Box::new(move || {
+            for i in 0..height {
+                // SAFETY: both ranges were validated or belong to the caller; `copy` allows
+                // overlap as cudaMemcpy does not promise anything for it.
+                unsafe { std::ptr::copy(s.at(i * spitch), d.at(i * dpitch), width) };
+            }
+            Ok(())
+        })
+    };
+    if blocking {
+        r.submit_and_wait(&stream, op)
+    } else {
+        r.submit(&stream, Vec::new(), op).map(|_| ())
+    }
+}
+
+fn copy1d(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, call: Call) -> cudaError_t {
+    guard(|| {
+        memcpy(
+            CopyRequest {
+                dst,
+                dpitch: count,
+                src,
+                spitch: count,
+                width: count,
+                height: 1,
+                kind,
+            },
+            call,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn copy2d(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    call: Call,
+) -> cudaError_t {
+    guard(|| {
+        memcpy(
+            CopyRequest {
+                dst,
+                dpitch,
+                src,
+                spitch,
+                width,
+                height,
+                kind,
+            },
+            call,
+        )
+    })
+}
+
+const LEGACY: Call = Call::Sync { per_thread: false };
+const PTDS: Call = Call::Sync { per_thread: true };
+fn on(stream: cudaStream_t, per_thread: bool) -> Call {
+    Call::Async { stream, per_thread }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t {
+    copy1d(dst, src, count, kind, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t {
+    copy1d(dst, src, count, kind, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy1d(dst, src, count, kind, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy1d(dst, src, count, kind, on(stream, true))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    copy2d(dst, dpitch, src, spitch, width, height, kind, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2D_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    copy2d(dst, dpitch, src, spitch, width, height, kind, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy2d(dst, dpitch, src, spitch, width, height, kind, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2DAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy2d(dst, dpitch, src, spitch, width, height, kind, on(stream, true))
+}
+
+fn check_peer(dst_device: c_int, src_device: c_int) -> Result<(), cudaError_t> {
+    let n = rt()?.device_count();
+    if (0..n).contains(&dst_device) && (0..n).contains(&src_device) {
+        Ok(())
+    } else {
+        Err(cudaErrorInvalidDevice)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeer(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    count: usize,
+) -> cudaError_t {
+    match check_peer(dst_device, src_device) {
+        Ok(()) => copy1d(dst, src, count, cudaMemcpyDeviceToDevice, LEGACY),
+        Err(e) => errors::status(Err(e)),
+    }
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeerAsync(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    count: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    match check_peer(dst_device, src_device) {
+        Ok(()) => copy1d(dst, src, count, cudaMemcpyDeviceToDevice, on(stream, false)),
+        Err(e) => errors::status(Err(e)),
+    }
+}
+
+fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        errors::sticky()?;
+        if count == 0 {
+            return Ok(());
+        }
+        let a = Addr(r.heap.device_access(ptr, count).ok_or(cudaErrorInvalidValue)?);
+        let stream = match call {
+            Call::Sync { per_thread } => r.stream(std::ptr::null_mut(), per_thread)?,
+            Call::Async { stream, per_thread } => r.stream(stream, per_thread)?,
+        };
+        // cudaMemset is asynchronous with respect to the host for device memory.
+        let op: crate::Op = Box::new(move || {
+            // SAFETY: the range was validated as device-accessible.
+            unsafe { std::ptr::write_bytes(a.at(0), value as u8, count) };
+            Ok(())
+        });
+        r.submit(&stream, Vec::new(), op).map(|_| ())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset(ptr: *mut c_void, value: c_int, count: usize) -> cudaError_t {
+    memset(ptr, value, count, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset_ptds(ptr: *mut c_void, value: c_int, count: usize) -> cudaError_t {
+    memset(ptr, value, count, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemsetAsync(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t {
+    memset(ptr, value, count, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemsetAsync_ptsz(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t {
+    memset(ptr, value, count, on(stream, true))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        r.check_capture_safe()?;
+        let p = r
+            .heap
+            .alloc(size, r.current_device())
+            .map_err(heap_error)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(dev_ptr, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if dev_ptr.is_null() {
+            // cudaFree(0) is the classic "initialise the context" idiom.
+            return Ok(());
+        }
+        r.check_capture_safe()?;
+        let PointerKind::Device { base, device } = r.heap.classify(dev_ptr) else {
+            return Err(cudaErrorInvalidValue);
+        };
+        if base != dev_ptr as usize {
+            return Err(cudaErrorInvalidValue);
+        }
+        // cudaFree synchronises the device before releasing memory.
+        r.synchronize_device(device);
+        r.heap.free(dev_ptr).map_err(heap_error)
+    })
+}
+
+fn malloc_async(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t, per_thread: bool) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        r.stream(stream, per_thread)?;
+        // Memory is handed out at once; stream order makes its first use safe.
+        let p = r
+            .heap
+            .alloc(size, r.current_device())
+            .map_err(heap_error)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(dev_ptr, p) }
+    })
+}
+
+fn free_async(dev_ptr: *mut c_void, stream: cudaStream_t, per_thread: bool) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let s = r.stream(stream, per_thread)?;
+        if r.heap.alloc_size(dev_ptr).is_none() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let p = Addr(dev_ptr.cast());
+        // The memory stays valid until the stream reaches the free.
+        let op: crate::Op = Box::new(move || {
+            let _ = rt().map(|r| r.heap.free(p.at(0).cast()));
+            Ok(())
+        });
+        r.submit(&s, Vec::new(), op).map(|_| ())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t {
+    malloc_async(dev_ptr, size, stream, false)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t {
+    malloc_async(dev_ptr, size, stream, true)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeAsync(dev_ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
+    free_async(dev_ptr, stream, false)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
+    free_async(dev_ptr, stream, true)
+}
+
+/// Page-aligned anonymous memory for pinned allocations.
+fn map_pages(size: usize) -> Result<*mut c_void, cudaError_t> {
+    // SAFETY: anonymous private mapping; checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size.max(1),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(cudaErrorMemoryAllocation)
+    } else {
+        Ok(p)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if flags & !0xf != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        r.check_capture_safe()?;
+        let p = map_pages(size)?;
+        r.heap
+            .pin(p, size.max(1), r.current_device(), true)
+            .map_err(heap_error)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(ptr, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) -> cudaError_t {
+    // SAFETY: forwarded unchanged.
+    unsafe { cudaHostAlloc(ptr, size, cudaHostAllocDefault) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if ptr.is_null() {
+            return Ok(());
+        }
+        r.check_capture_safe()?;
+        match r.heap.classify(ptr) {
+            PointerKind::Pinned { base, .. } if base == ptr as usize => {}
+            _ => return Err(cudaErrorInvalidValue),
+        }
+        // Freeing pinned memory synchronises: in-flight copies may still target it.
+        r.synchronize_device(r.current_device());
+        let range = r.heap.unpin(ptr).map_err(heap_error)?;
+        if !range.owned {
+            // Registered memory belongs to the caller; put the registration back.
+            let _ = r.heap.pin(ptr, range.size, range.device, false);
+            return Err(cudaErrorInvalidValue);
+        }
+        // SAFETY: the mapping was made by cudaHostAlloc with this size.
+        unsafe { libc::munmap(ptr, range.size) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if ptr.is_null() || size == 0 || flags & !0xf != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        r.check_capture_safe()?;
+        r.heap
+            .pin(ptr, size, r.current_device(), false)
+            .map_err(heap_error)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostUnregister(ptr: *mut c_void) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let range = r.heap.unpin(ptr).map_err(heap_error)?;
+        if range.owned {
+            let _ = r.heap.pin(ptr, range.size, range.device, true);
+            return Err(cudaErrorHostMemoryNotRegistered);
+        }
+        // Unregistering synchronises, like freeing pinned memory.
+        r.synchronize_device(r.current_device());
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaHostGetDevicePointer(p_device: *mut *mut c_void, p_host: *mut c_void, flags: c_uint) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if flags != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        match r.heap.classify(p_host) {
+            // Unified addressing: the device sees pinned memory at the same address.
+            // SAFETY: out-pointer from the caller.
+            PointerKind::Pinned { .. } => unsafe { out(p_device, p_host) },
+            _ => Err(cudaErrorInvalidValue),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let a = match r.heap.classify(ptr) {
+            PointerKind::Device { device, .. } => cudaPointerAttributes {
+                type_: cudaMemoryTypeDevice,
+                device,
+                devicePointer: ptr as *mut c_void,
+                hostPointer: std::ptr::null_mut(),
+            },
+            PointerKind::Pinned { device, .. } => cudaPointerAttributes {
+                type_: cudaMemoryTypeHost,
+                device,
+                devicePointer: ptr as *mut c_void,
+                hostPointer: ptr as *mut c_void,
+            },
+            // CUDA 11+ reports unregistered memory as success with type Unregistered.
+            PointerKind::Pageable => cudaPointerAttributes {
+                type_: cudaMemoryTypeUnregistered,
+                device: -2,
+                devicePointer: std::ptr::null_mut(),
+                hostPointer: ptr as *mut c_void,
+            },
+        };
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(attributes, a) }
+    })
+}

@@ -1,0 +1,364 @@
+//! Streams, events, stream capture and graphs.
+//!
+//! Every stream has a worker thread that runs its operations in submission order, after the
+//! submitting call has returned. Ordering between streams follows CUDA's rules and nothing
+//! else: an event wait, or the legacy default stream's implicit synchronisation (work on the
+//! legacy stream waits for all earlier work on the device's blocking streams, and work on a
+//! blocking stream waits for earlier legacy-stream work; `cudaStreamNonBlocking` streams are
+//! exempt). A dependency is "stream S has completed its operation number n", so waits are a
+//! counter and a condition variable.
+//!
+//! While a stream is being captured, submissions are appended to the capture's graph instead of
+//! running; a graph launch replays them in order on the launch stream.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use crossbeam_channel::{unbounded, Sender};
+use cuda_abi::cudart::*;
+
+/// An operation on a stream. `FnMut` because a captured operation replays on every graph launch.
+pub type Op = Box<dyn FnMut() -> Result<(), cudaError_t> + Send>;
+
+/// "Stream `stream` has completed its operation number `seq`".
+#[derive(Clone)]
+pub struct Dep {
+    pub stream: Arc<Stream>,
+    pub seq: u64,
+}
+
+impl Dep {
+    /// Blocks until the dependency is satisfied.
+    pub fn wait(&self) {
+        self.stream.wait_for(self.seq);
+    }
+    /// Whether the dependency is satisfied.
+    pub fn done(&self) -> bool {
+        self.stream.completed() >= self.seq
+    }
+}
+
+struct Task {
+    deps: Vec<Dep>,
+    op: Op,
+}
+
+/// How a stream takes part in implicit synchronisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The device's legacy default stream (handle 0 or `cudaStreamLegacy`).
+    Legacy,
+    /// A thread's per-thread default stream: blocking, but never a capture origin for others.
+    PerThread,
+    /// Created by `cudaStreamCreate*`.
+    User,
+}
+
+/// The state of a capture sequence.
+pub struct Capture {
+    pub id: u64,
+    pub mode: cudaStreamCaptureMode,
+    /// Thread that began the capture (its thread-local rules apply).
+    pub thread: std::thread::ThreadId,
+    pub invalidated: bool,
+    pub ops: Vec<Op>,
+}
+
+#[derive(Default)]
+struct Counters {
+    submitted: u64,
+    completed: u64,
+}
+
+/// A stream and its worker.
+pub struct Stream {
+    pub id: u64,
+    pub device: i32,
+    pub kind: StreamKind,
+    pub flags: u32,
+    pub priority: i32,
+    counters: Mutex<Counters>,
+    done: Condvar,
+    /// `None` once the stream is destroyed (the worker drains its queue, then exits).
+    queue: Mutex<Option<Sender<Task>>>,
+    /// Active capture sequence, shared by every stream that joined it.
+    pub capture: Mutex<Option<Arc<Mutex<Capture>>>>,
+}
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_CAPTURE_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Stream {
+    /// Creates a stream and starts its worker thread.
+    pub fn spawn(device: i32, kind: StreamKind, flags: u32, priority: i32) -> Option<Arc<Stream>> {
+        let (tx, rx) = unbounded::<Task>();
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let stream = Arc::new(Stream {
+            id,
+            device,
+            kind,
+            flags,
+            priority,
+            counters: Mutex::new(Counters::default()),
+            done: Condvar::new(),
+            queue: Mutex::new(Some(tx)),
+            capture: Mutex::new(None),
+        });
+        // The worker owns a strong reference until the queue closes (cudaStreamDestroy), so
+        // work queued on a destroyed stream still runs, as in CUDA.
+        let me = stream.clone();
+        std::thread::Builder::new()
+            .name(format!("sim-stream-{id}"))
+            .spawn(move || {
+                for mut task in rx {
+                    for d in &task.deps {
+                        d.wait();
+                    }
+                    let result = (task.op)();
+                    drop(task);
+                    if let Err(e) = result {
+                        crate::errors::set_sticky(e);
+                    }
+                    let mut c = me.counters.lock().unwrap_or_else(|p| p.into_inner());
+                    c.completed += 1;
+                    me.done.notify_all();
+                }
+            })
+            .ok()?;
+        Some(stream)
+    }
+
+    /// Whether this stream synchronises implicitly with the legacy default stream.
+    pub fn is_blocking(&self) -> bool {
+        self.kind != StreamKind::Legacy && self.flags & cudaStreamNonBlocking == 0
+    }
+
+    /// Number of operations submitted so far (the sequence number of the last one).
+    pub fn submitted(&self) -> u64 {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner()).submitted
+    }
+
+    /// Number of operations completed so far.
+    pub fn completed(&self) -> u64 {
+        self.counters.lock().unwrap_or_else(|p| p.into_inner()).completed
+    }
+
+    /// A dependency on everything submitted so far.
+    pub fn tail(self: &Arc<Self>) -> Dep {
+        Dep {
+            stream: self.clone(),
+            seq: self.submitted(),
+        }
+    }
+
+    /// Blocks until operation `seq` has completed.
+    pub fn wait_for(&self, seq: u64) {
+        let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        while c.completed < seq {
+            c = self.done.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Blocks until everything submitted so far has completed.
+    pub fn synchronize(&self) {
+        let target = self.submitted();
+        self.wait_for(target);
+    }
+
+    /// Enqueues `op` to run after `deps`. Returns its sequence number, or `None` when the
+    /// stream has been destroyed.
+    pub fn enqueue(&self, deps: Vec<Dep>, op: Op) -> Option<u64> {
+        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = queue.as_ref()?;
+        let seq = {
+            let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            c.submitted += 1;
+            c.submitted
+        };
+        // The receiver lives as long as the sender: the worker only stops when the queue closes.
+        tx.send(Task { deps, op }).ok()?;
+        Some(seq)
+    }
+
+    /// Closes the queue: queued work still runs, then the worker exits.
+    pub fn close(&self) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// The active capture sequence of this stream, if any.
+    pub fn capture(&self) -> Option<Arc<Mutex<Capture>>> {
+        self.capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Starts a capture sequence with this stream as its origin.
+    pub fn begin_capture(&self, mode: cudaStreamCaptureMode) -> Arc<Mutex<Capture>> {
+        let cap = Arc::new(Mutex::new(Capture {
+            id: NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed),
+            mode,
+            thread: std::thread::current().id(),
+            invalidated: false,
+            ops: Vec::new(),
+        }));
+        *self.capture.lock().unwrap_or_else(|p| p.into_inner()) = Some(cap.clone());
+        cap
+    }
+
+    /// Ends this stream's participation in its capture sequence.
+    pub fn leave_capture(&self) -> Option<Arc<Mutex<Capture>>> {
+        self.capture.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// One event.
+pub struct Event {
+    pub flags: u32,
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    /// The last record: where, and which generation (re-recording bumps it).
+    record: Option<Dep>,
+    generation: u64,
+    /// When the last record was reached by its stream.
+    time: Option<Instant>,
+    /// Recorded inside a capture sequence (only usable to order captured work).
+    captured: Option<Arc<Mutex<Capture>>>,
+}
+
+impl Event {
+    pub fn new(flags: u32) -> Arc<Event> {
+        Arc::new(Event {
+            flags,
+            state: Mutex::new(EventState::default()),
+        })
+    }
+
+    /// Records the event on `stream` (not capturing): it completes when the stream reaches it.
+    pub fn record(self: &Arc<Self>, stream: &Arc<Stream>, deps: Vec<Dep>) -> Result<(), cudaError_t> {
+        let generation = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.generation += 1;
+            s.time = None;
+            s.captured = None;
+            s.generation
+        };
+        let me = self.clone();
+        let seq = stream
+            .enqueue(
+                deps,
+                Box::new(move || {
+                    let mut s = me.state.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.generation == generation {
+                        s.time = Some(Instant::now());
+                    }
+                    Ok(())
+                }),
+            )
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.generation == generation {
+            s.record = Some(Dep {
+                stream: stream.clone(),
+                seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// Marks the event as recorded inside `capture`.
+    pub fn record_captured(&self, capture: Arc<Mutex<Capture>>) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.generation += 1;
+        s.record = None;
+        s.time = None;
+        s.captured = Some(capture);
+    }
+
+    /// The capture sequence the event was last recorded in, if any.
+    pub fn captured(&self) -> Option<Arc<Mutex<Capture>>> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .captured
+            .clone()
+    }
+
+    /// The dependency a wait on this event means now (none when never recorded).
+    pub fn dep(&self) -> Option<Dep> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record
+            .clone()
+    }
+
+    /// When the last record completed, if it has.
+    pub fn time(&self) -> Option<Instant> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match &s.record {
+            Some(d) if d.done() => s.time,
+            _ => None,
+        }
+    }
+}
+
+/// A graph made by stream capture: its operations in capture order.
+pub struct Graph {
+    pub ops: Vec<Arc<Mutex<Op>>>,
+}
+
+/// An instantiated graph (shares the operations with its graph).
+pub struct GraphExec {
+    pub ops: Vec<Arc<Mutex<Op>>>,
+}
+
+/// Handles given to the program, mapped back to the objects. A handle that is not in the map
+/// (never created, or destroyed) is rejected instead of being dereferenced.
+pub struct Handles<T> {
+    map: Mutex<HashMap<usize, Arc<T>>>,
+}
+
+impl<T> Default for Handles<T> {
+    fn default() -> Self {
+        Handles {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T> Handles<T> {
+    /// Registers `obj` and returns its handle (the object's address, never 0, 1 or 2).
+    pub fn insert(&self, obj: Arc<T>) -> usize {
+        let h = Arc::as_ptr(&obj) as usize;
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(h, obj);
+        h
+    }
+    pub fn get(&self, h: usize) -> Option<Arc<T>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&h)
+            .cloned()
+    }
+    pub fn remove(&self, h: usize) -> Option<Arc<T>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&h)
+    }
+    /// Every live object.
+    pub fn all(&self) -> Vec<Arc<T>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,375 @@
+//! Probes of the runtime's asynchrony: what a tracer sees if it reads too early, stream and
+//! event ordering, the legacy default stream, pageable vs pinned copies, graph capture, and
+//! device pointers that fault on the host.
+
+use core::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cuda_dyn::abi::cudart::*;
+use cuda_dyn::cudart::*;
+
+/// Fails with the call and its error name unless it returned `cudaSuccess`.
+macro_rules! ck {
+    ($e:expr) => {{
+        // SAFETY: a CUDA call with arguments prepared by the probe.
+        let code = unsafe { $e };
+        if code != cudaSuccess {
+            return Err(format!("{} returned {}", stringify!($e), err_name(code)));
+        }
+    }};
+}
+
+/// Fails unless the call returned `expected`.
+macro_rules! expect_code {
+    ($e:expr, $expected:expr) => {{
+        // SAFETY: as above.
+        let code = unsafe { $e };
+        if code != $expected {
+            return Err(format!(
+                "{} returned {}, expected {}",
+                stringify!($e),
+                err_name(code),
+                err_name($expected)
+            ));
+        }
+    }};
+}
+
+fn err_name(code: cudaError_t) -> String {
+    // SAFETY: cudaGetErrorName returns a static NUL-terminated string for any code.
+    let p = unsafe { cudaGetErrorName(code) };
+    if p.is_null() {
+        return format!("error {code}");
+    }
+    // SAFETY: as above.
+    let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy();
+    format!("{name} ({code})")
+}
+
+/// A gate a host function blocks on, so a test knows exactly what a stream has not run yet.
+static GATE_OPEN: AtomicBool = AtomicBool::new(false);
+static HOST_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn wait_for_gate(_: *mut c_void) {
+    while !GATE_OPEN.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+unsafe extern "C" fn count_call(_: *mut c_void) {
+    HOST_CALLS.fetch_add(1, Ordering::AcqRel);
+}
+
+fn close_gate() {
+    GATE_OPEN.store(false, Ordering::Release);
+}
+fn open_gate() {
+    GATE_OPEN.store(true, Ordering::Release);
+}
+
+fn stream(flags: u32) -> Result<cudaStream_t, String> {
+    let mut s: cudaStream_t = std::ptr::null_mut();
+    ck!(cudaStreamCreateWithFlags(&mut s, flags));
+    Ok(s)
+}
+
+fn device_buffer(bytes: usize) -> Result<*mut c_void, String> {
+    let mut p = std::ptr::null_mut();
+    ck!(cudaMalloc(&mut p, bytes));
+    Ok(p)
+}
+
+fn pinned_buffer(bytes: usize) -> Result<*mut u8, String> {
+    let mut p = std::ptr::null_mut();
+    ck!(cudaMallocHost(&mut p, bytes));
+    Ok(p.cast())
+}
+
+/// A reader that copies device memory back without synchronising sees stale bytes; after a
+/// synchronisation it sees the new ones.
+pub fn stale_read(_: &[String]) -> Result<(), String> {
+    const N: usize = 4096;
+    let s = stream(cudaStreamNonBlocking)?;
+    let dev = device_buffer(N)?;
+    let host = pinned_buffer(N)?;
+    ck!(cudaMemset(dev, 1, N));
+    ck!(cudaDeviceSynchronize());
+    // SAFETY: `host` is N bytes of pinned memory.
+    unsafe { std::ptr::write_bytes(host, 0, N) };
+
+    close_gate();
+    ck!(cudaLaunchHostFunc(s, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaMemsetAsync(dev, 2, N, s));
+    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    let mut done: cudaEvent_t = std::ptr::null_mut();
+    ck!(cudaEventCreateWithFlags(&mut done, cudaEventDisableTiming));
+    ck!(cudaEventRecord(done, s));
+    // The calls returned, but the stream has not run them: the host buffer is stale.
+    // SAFETY: pinned host memory, read racily on purpose (the worker is parked at the gate).
+    let early = unsafe { host.read_volatile() };
+    if early != 0 {
+        return Err(format!("read before synchronising saw {early}, expected the stale 0"));
+    }
+    expect_code!(cudaEventQuery(done), cudaErrorNotReady);
+    expect_code!(cudaStreamQuery(s), cudaErrorNotReady);
+    open_gate();
+    ck!(cudaEventSynchronize(done));
+    // SAFETY: the copy has completed.
+    let bytes = unsafe { std::slice::from_raw_parts(host, N) };
+    if bytes.iter().any(|&b| b != 2) {
+        return Err("after synchronising, the copy did not deliver the memset's bytes".into());
+    }
+    ck!(cudaEventQuery(done));
+    ck!(cudaStreamQuery(s));
+    ck!(cudaStreamDestroy(s));
+    ck!(cudaFree(dev));
+    ck!(cudaFreeHost(host.cast()));
+    Ok(())
+}
+
+/// Streams are ordered against each other only by events; the legacy default stream waits for
+/// blocking streams but not for non-blocking ones.
+pub fn stream_order(_: &[String]) -> Result<(), String> {
+    const N: usize = 256;
+    let blocked = stream(cudaStreamNonBlocking)?;
+    let free = stream(cudaStreamNonBlocking)?;
+    let dev = device_buffer(N)?;
+    let host = pinned_buffer(N)?;
+
+    // 1. Independent streams: `free` runs while `blocked` is parked.
+    close_gate();
+    ck!(cudaLaunchHostFunc(blocked, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaMemsetAsync(dev, 7, N, free));
+    ck!(cudaStreamSynchronize(free));
+    expect_code!(cudaStreamQuery(blocked), cudaErrorNotReady);
+
+    // 2. An event makes `free` wait for `blocked`.
+    let mut ev: cudaEvent_t = std::ptr::null_mut();
+    ck!(cudaEventCreate(&mut ev));
+    ck!(cudaMemsetAsync(dev, 9, N, blocked));
+    ck!(cudaEventRecord(ev, blocked));
+    ck!(cudaStreamWaitEvent(free, ev, 0));
+    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, free));
+    std::thread::sleep(Duration::from_millis(50));
+    expect_code!(cudaStreamQuery(free), cudaErrorNotReady);
+    open_gate();
+    ck!(cudaStreamSynchronize(free));
+    // SAFETY: the copy has completed.
+    if unsafe { host.read() } != 9 {
+        return Err("the event wait did not order the copy after the other stream's memset".into());
+    }
+
+    // 3. The legacy default stream waits for a blocking stream's earlier work ...
+    let blocking = stream(cudaStreamDefault)?;
+    close_gate();
+    ck!(cudaLaunchHostFunc(blocking, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaMemsetAsync(dev, 3, N, blocking));
+    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, std::ptr::null_mut()));
+    let mut legacy_done: cudaEvent_t = std::ptr::null_mut();
+    ck!(cudaEventCreate(&mut legacy_done));
+    ck!(cudaEventRecord(legacy_done, std::ptr::null_mut()));
+    std::thread::sleep(Duration::from_millis(50));
+    expect_code!(cudaEventQuery(legacy_done), cudaErrorNotReady);
+    open_gate();
+    ck!(cudaEventSynchronize(legacy_done));
+    // SAFETY: the copy has completed.
+    if unsafe { host.read() } != 3 {
+        return Err("the legacy stream did not wait for the blocking stream's memset".into());
+    }
+    // ... but not for a non-blocking stream's.
+    close_gate();
+    ck!(cudaLaunchHostFunc(blocked, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaMemset(dev, 4, N));
+    ck!(cudaMemcpy(host.cast(), dev, N, cudaMemcpyDeviceToHost));
+    // SAFETY: cudaMemcpy is synchronous.
+    if unsafe { host.read() } != 4 {
+        return Err("the legacy stream was held up by a non-blocking stream".into());
+    }
+    open_gate();
+    ck!(cudaDeviceSynchronize());
+
+    // 4. Timing events measure what ran between them.
+    let (mut t0, mut t1): (cudaEvent_t, cudaEvent_t) = (std::ptr::null_mut(), std::ptr::null_mut());
+    ck!(cudaEventCreate(&mut t0));
+    ck!(cudaEventCreate(&mut t1));
+    close_gate();
+    ck!(cudaEventRecord(t0, free));
+    ck!(cudaLaunchHostFunc(free, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaEventRecord(t1, free));
+    std::thread::sleep(Duration::from_millis(30));
+    let mut ms = 0f32;
+    expect_code!(cudaEventElapsedTime(&mut ms, t0, t1), cudaErrorNotReady);
+    open_gate();
+    ck!(cudaEventSynchronize(t1));
+    ck!(cudaEventElapsedTime(&mut ms, t0, t1));
+    if !(20.0..5000.0).contains(&ms) {
+        return Err(format!("elapsed time {ms} ms, expected about 30 ms"));
+    }
+    expect_code!(cudaEventElapsedTime(&mut ms, t0, legacy_done), cudaSuccess);
+    let mut untimed: cudaEvent_t = std::ptr::null_mut();
+    ck!(cudaEventCreateWithFlags(&mut untimed, cudaEventDisableTiming));
+    ck!(cudaEventRecord(untimed, free));
+    ck!(cudaEventSynchronize(untimed));
+    expect_code!(cudaEventElapsedTime(&mut ms, t0, untimed), cudaErrorInvalidResourceHandle);
+    Ok(())
+}
+
+/// Pageable copies: a D2H copy into pageable memory is complete when the call returns; an H2D
+/// copy from pageable memory has staged its source, so the caller may overwrite it at once.
+pub fn pageable_copies(_: &[String]) -> Result<(), String> {
+    const N: usize = 1024;
+    let s = stream(cudaStreamNonBlocking)?;
+    let dev = device_buffer(N)?;
+    let mut src = vec![5u8; N];
+    close_gate();
+    ck!(cudaLaunchHostFunc(s, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaMemcpyAsync(dev, src.as_ptr().cast(), N, cudaMemcpyHostToDevice, s));
+    src.fill(6);
+    open_gate();
+    let mut back = vec![0u8; N];
+    ck!(cudaMemcpyAsync(back.as_mut_ptr().cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    // No synchronisation: a copy into pageable memory has completed on return.
+    if back.iter().any(|&b| b != 5) {
+        return Err("pageable H2D source was not staged at call time, or D2H returned early".into());
+    }
+    // cudaMemcpyDefault infers the direction from the pointers.
+    let mut back2 = vec![0u8; N];
+    ck!(cudaMemcpy(back2.as_mut_ptr().cast(), dev, N, cudaMemcpyDefault));
+    if back2 != back {
+        return Err("cudaMemcpyDefault did not copy device to host".into());
+    }
+    // A device pointer on the host side of an explicit direction is rejected.
+    expect_code!(cudaMemcpy(dev, dev, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    // Pointer attributes.
+    let mut attr = cudaPointerAttributes {
+        type_: 0,
+        device: 0,
+        devicePointer: std::ptr::null_mut(),
+        hostPointer: std::ptr::null_mut(),
+    };
+    ck!(cudaPointerGetAttributes(&mut attr, dev));
+    if attr.type_ != cudaMemoryTypeDevice {
+        return Err(format!("device pointer reported as memory type {}", attr.type_));
+    }
+    ck!(cudaPointerGetAttributes(&mut attr, back.as_ptr().cast()));
+    if attr.type_ != cudaMemoryTypeUnregistered {
+        return Err(format!("pageable pointer reported as memory type {}", attr.type_));
+    }
+    ck!(cudaHostRegister(back.as_mut_ptr().cast(), N, cudaHostRegisterDefault));
+    ck!(cudaPointerGetAttributes(&mut attr, back.as_ptr().cast()));
+    if attr.type_ != cudaMemoryTypeHost {
+        return Err(format!("registered pointer reported as memory type {}", attr.type_));
+    }
+    expect_code!(
+        cudaHostRegister(back.as_mut_ptr().cast(), N, cudaHostRegisterDefault),
+        cudaErrorHostMemoryAlreadyRegistered
+    );
+    ck!(cudaHostUnregister(back.as_mut_ptr().cast()));
+    Ok(())
+}
+
+/// Stream capture: captured work does not run until the graph is launched (once per launch);
+/// unsafe calls during a global-mode capture are refused and invalidate it, unless the thread
+/// switched to relaxed mode; the legacy stream cannot be queried during a capture.
+pub fn capture(_: &[String]) -> Result<(), String> {
+    const N: usize = 64;
+    let s = stream(cudaStreamNonBlocking)?;
+    let dev = device_buffer(N)?;
+    let host = pinned_buffer(N)?;
+    HOST_CALLS.store(0, Ordering::Release);
+
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    let mut st: cudaStreamCaptureStatus = 0;
+    ck!(cudaStreamIsCapturing(s, &mut st));
+    if st != cudaStreamCaptureStatusActive {
+        return Err(format!("capture status {st} while capturing"));
+    }
+    expect_code!(cudaStreamIsCapturing(std::ptr::null_mut(), &mut st), cudaErrorStreamCaptureImplicit);
+    ck!(cudaMemsetAsync(dev, 8, N, s));
+    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    ck!(cudaLaunchHostFunc(s, Some(count_call), std::ptr::null_mut()));
+    // The relaxed thread may allocate during the capture.
+    let mut mode = cudaStreamCaptureModeRelaxed;
+    ck!(cudaThreadExchangeStreamCaptureMode(&mut mode));
+    let extra = device_buffer(N)?;
+    ck!(cudaThreadExchangeStreamCaptureMode(&mut mode));
+    let mut graph: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut graph));
+    std::thread::sleep(Duration::from_millis(20));
+    if HOST_CALLS.load(Ordering::Acquire) != 0 {
+        return Err("captured work ran during capture".into());
+    }
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, graph, 0));
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    if HOST_CALLS.load(Ordering::Acquire) != 2 {
+        return Err(format!("graph replays ran the host function {} times, expected 2", HOST_CALLS.load(Ordering::Acquire)));
+    }
+    // SAFETY: the replayed copy has completed.
+    if unsafe { host.read() } != 8 {
+        return Err("the replayed copy did not deliver the captured memset's bytes".into());
+    }
+
+    // An unsafe call in global mode invalidates the capture.
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    let mut p = std::ptr::null_mut();
+    expect_code!(cudaMalloc(&mut p, N), cudaErrorStreamCaptureUnsupported);
+    ck!(cudaStreamIsCapturing(s, &mut st));
+    if st != cudaStreamCaptureStatusInvalidated {
+        return Err(format!("capture status {st} after an unsafe call, expected invalidated"));
+    }
+    let mut g2: cudaGraph_t = std::ptr::null_mut();
+    expect_code!(cudaStreamEndCapture(s, &mut g2), cudaErrorStreamCaptureInvalidated);
+    // After the capture, everything works again.
+    ck!(cudaMalloc(&mut p, N));
+    ck!(cudaFree(p));
+    ck!(cudaFree(extra));
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(graph));
+    Ok(())
+}
+
+/// Dereferences a device pointer on the host: on a GPU this faults, and so it must here.
+pub fn device_deref(_: &[String]) -> Result<(), String> {
+    let dev = device_buffer(64)?;
+    // SAFETY: deliberately invalid: the process is expected to die with SIGSEGV.
+    let v = unsafe { dev.cast::<u8>().read_volatile() };
+    Err(format!("reading a device pointer on the host returned {v} instead of faulting"))
+}
+
+/// The last-error protocol, device queries and invalid frees.
+pub fn errors(_: &[String]) -> Result<(), String> {
+    let mut n = 0;
+    ck!(cudaGetDeviceCount(&mut n));
+    if n < 1 {
+        return Err("no devices".into());
+    }
+    expect_code!(cudaSetDevice(n), cudaErrorInvalidDevice);
+    // SAFETY: reading and clearing the last error.
+    if unsafe { cudaGetLastError() } != cudaErrorInvalidDevice {
+        return Err("cudaGetLastError did not report the failed cudaSetDevice".into());
+    }
+    // SAFETY: as above.
+    if unsafe { cudaGetLastError() } != cudaSuccess {
+        return Err("cudaGetLastError did not clear the error".into());
+    }
+    let mut v = 0;
+    ck!(cudaRuntimeGetVersion(&mut v));
+    if v / 1000 != 12 {
+        return Err(format!("runtime version {v}"));
+    }
+    let mut prop = cudaDeviceProp::default();
+    ck!(cudaGetDeviceProperties_v2(&mut prop, 0));
+    if prop.major < 9 || prop.multiProcessorCount <= 0 {
+        return Err("device properties are not those of an FP8-capable device".into());
+    }
+    let mut p = std::ptr::null_mut();
+    expect_code!(cudaFree(0x1234usize as *mut c_void), cudaErrorInvalidValue);
+    ck!(cudaMalloc(&mut p, 16));
+    ck!(cudaFree(p));
+    expect_code!(cudaFree(p), cudaErrorInvalidValue);
+    Ok(())
+}

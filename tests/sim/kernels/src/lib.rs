@@ -1,2 +1,3 @@
 //! Numerics of the simulated CUDA stack.
 pub mod dtype;
+pub mod gemm;

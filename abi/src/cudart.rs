@@ -260,4 +260,3 @@ impl Default for cudaDeviceProp {
         unsafe { core::mem::zeroed() }
     }
 }
-

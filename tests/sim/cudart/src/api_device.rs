@@ -74,20 +74,30 @@ fn properties(device: c_int) -> Result<cudaDeviceProp, cudaError_t> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaGetDeviceProperties_v2(prop: *mut cudaDeviceProp, device: c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaGetDeviceProperties_v2(
+    prop: *mut cudaDeviceProp,
+    device: c_int,
+) -> cudaError_t {
     // SAFETY: out-pointer from the caller.
     guard(|| unsafe { out(prop, properties(device)?) })
 }
 
 /// Pre-12.0 binaries import the unversioned name (same struct layout in CUDA 12).
 #[no_mangle]
-pub unsafe extern "C" fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaGetDeviceProperties(
+    prop: *mut cudaDeviceProp,
+    device: c_int,
+) -> cudaError_t {
     // SAFETY: forwarded unchanged.
     unsafe { cudaGetDeviceProperties_v2(prop, device) }
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceGetAttribute(value: *mut c_int, attr: cudaDeviceAttr, device: c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaDeviceGetAttribute(
+    value: *mut c_int,
+    attr: cudaDeviceAttr,
+    device: c_int,
+) -> cudaError_t {
     guard(|| {
         let p = properties(device)?;
         let v = match attr {
@@ -111,7 +121,11 @@ pub unsafe extern "C" fn cudaDeviceGetAttribute(value: *mut c_int, attr: cudaDev
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceCanAccessPeer(can: *mut c_int, device: c_int, peer: c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaDeviceCanAccessPeer(
+    can: *mut c_int,
+    device: c_int,
+    peer: c_int,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         let n = r.device_count();

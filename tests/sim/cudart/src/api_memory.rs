@@ -46,7 +46,12 @@ fn heap_error(e: HeapError) -> cudaError_t {
 }
 
 /// Resolves a copy endpoint of `extent` bytes on the side the direction says.
-fn end(r: &Runtime, ptr: *const c_void, extent: usize, device_side: bool) -> Result<End, cudaError_t> {
+fn end(
+    r: &Runtime,
+    ptr: *const c_void,
+    extent: usize,
+    device_side: bool,
+) -> Result<End, cudaError_t> {
     if ptr.is_null() {
         return Err(cudaErrorInvalidValue);
     }
@@ -91,7 +96,10 @@ enum Call {
     /// `cudaMemcpy*`: on the default stream (legacy, or per-thread for `_ptds`), blocking.
     Sync { per_thread: bool },
     /// `cudaMemcpy*Async`: on the given stream.
-    Async { stream: cudaStream_t, per_thread: bool },
+    Async {
+        stream: cudaStream_t,
+        per_thread: bool,
+    },
 }
 
 fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
@@ -132,7 +140,9 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
         // Stage the pageable source now: the caller may reuse it as soon as we return.
         // SAFETY: the caller guarantees the source range is readable host memory.
         let staged: Vec<Vec<u8>> = (0..height)
-            .map(|i| unsafe { std::slice::from_raw_parts(src.addr.0.add(i * spitch), width) }.to_vec())
+            .map(|i| {
+                unsafe { std::slice::from_raw_parts(src.addr.0.add(i * spitch), width) }.to_vec()
+            })
             .collect();
         let d = dst.addr;
         Box::new(move || {
@@ -160,7 +170,13 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     }
 }
 
-fn copy1d(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind, call: Call) -> cudaError_t {
+fn copy1d(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    call: Call,
+) -> cudaError_t {
     guard(|| {
         memcpy(
             CopyRequest {
@@ -211,11 +227,21 @@ fn on(stream: cudaStream_t, per_thread: bool) -> Call {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t {
+pub unsafe extern "C" fn cudaMemcpy(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
     copy1d(dst, src, count, kind, LEGACY)
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t {
+pub unsafe extern "C" fn cudaMemcpy_ptds(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
     copy1d(dst, src, count, kind, PTDS)
 }
 #[no_mangle]
@@ -273,7 +299,16 @@ pub unsafe extern "C" fn cudaMemcpy2DAsync(
     kind: cudaMemcpyKind,
     stream: cudaStream_t,
 ) -> cudaError_t {
-    copy2d(dst, dpitch, src, spitch, width, height, kind, on(stream, false))
+    copy2d(
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+        kind,
+        on(stream, false),
+    )
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemcpy2DAsync_ptsz(
@@ -286,7 +321,16 @@ pub unsafe extern "C" fn cudaMemcpy2DAsync_ptsz(
     kind: cudaMemcpyKind,
     stream: cudaStream_t,
 ) -> cudaError_t {
-    copy2d(dst, dpitch, src, spitch, width, height, kind, on(stream, true))
+    copy2d(
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+        kind,
+        on(stream, true),
+    )
 }
 
 fn check_peer(dst_device: c_int, src_device: c_int) -> Result<(), cudaError_t> {
@@ -333,7 +377,11 @@ fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError
         if count == 0 {
             return Ok(());
         }
-        let a = Addr(r.heap.device_access(ptr, count).ok_or(cudaErrorInvalidValue)?);
+        let a = Addr(
+            r.heap
+                .device_access(ptr, count)
+                .ok_or(cudaErrorInvalidValue)?,
+        );
         let stream = match call {
             Call::Sync { per_thread } => r.stream(std::ptr::null_mut(), per_thread)?,
             Call::Async { stream, per_thread } => r.stream(stream, per_thread)?,
@@ -353,15 +401,29 @@ pub unsafe extern "C" fn cudaMemset(ptr: *mut c_void, value: c_int, count: usize
     memset(ptr, value, count, LEGACY)
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaMemset_ptds(ptr: *mut c_void, value: c_int, count: usize) -> cudaError_t {
+pub unsafe extern "C" fn cudaMemset_ptds(
+    ptr: *mut c_void,
+    value: c_int,
+    count: usize,
+) -> cudaError_t {
     memset(ptr, value, count, PTDS)
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaMemsetAsync(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaMemsetAsync(
+    ptr: *mut c_void,
+    value: c_int,
+    count: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
     memset(ptr, value, count, on(stream, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaMemsetAsync_ptsz(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaMemsetAsync_ptsz(
+    ptr: *mut c_void,
+    value: c_int,
+    count: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
     memset(ptr, value, count, on(stream, true))
 }
 
@@ -370,10 +432,7 @@ pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c
     guard(|| {
         let r = rt()?;
         r.check_capture_safe()?;
-        let p = r
-            .heap
-            .alloc(size, r.current_device())
-            .map_err(heap_error)?;
+        let p = r.heap.alloc(size, r.current_device()).map_err(heap_error)?;
         // SAFETY: out-pointer from the caller.
         unsafe { out(dev_ptr, p) }
     })
@@ -400,15 +459,17 @@ pub unsafe extern "C" fn cudaFree(dev_ptr: *mut c_void) -> cudaError_t {
     })
 }
 
-fn malloc_async(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t, per_thread: bool) -> cudaError_t {
+fn malloc_async(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         r.stream(stream, per_thread)?;
         // Memory is handed out at once; stream order makes its first use safe.
-        let p = r
-            .heap
-            .alloc(size, r.current_device())
-            .map_err(heap_error)?;
+        let p = r.heap.alloc(size, r.current_device()).map_err(heap_error)?;
         // SAFETY: out-pointer from the caller.
         unsafe { out(dev_ptr, p) }
     })
@@ -432,11 +493,19 @@ fn free_async(dev_ptr: *mut c_void, stream: cudaStream_t, per_thread: bool) -> c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaMallocAsync(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
     malloc_async(dev_ptr, size, stream, false)
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaMallocAsync_ptsz(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaMallocAsync_ptsz(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
     malloc_async(dev_ptr, size, stream, true)
 }
 #[no_mangle]
@@ -444,7 +513,10 @@ pub unsafe extern "C" fn cudaFreeAsync(dev_ptr: *mut c_void, stream: cudaStream_
     free_async(dev_ptr, stream, false)
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaFreeAsync_ptsz(dev_ptr: *mut c_void, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaFreeAsync_ptsz(
+    dev_ptr: *mut c_void,
+    stream: cudaStream_t,
+) -> cudaError_t {
     free_async(dev_ptr, stream, true)
 }
 
@@ -469,7 +541,11 @@ fn map_pages(size: usize) -> Result<*mut c_void, cudaError_t> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaHostAlloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaHostAlloc(
+    ptr: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         if flags & !0xf != 0 {
@@ -518,7 +594,11 @@ pub unsafe extern "C" fn cudaFreeHost(ptr: *mut c_void) -> cudaError_t {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaHostRegister(
+    ptr: *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         if ptr.is_null() || size == 0 || flags & !0xf != 0 {
@@ -547,7 +627,11 @@ pub unsafe extern "C" fn cudaHostUnregister(ptr: *mut c_void) -> cudaError_t {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaHostGetDevicePointer(p_device: *mut *mut c_void, p_host: *mut c_void, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaHostGetDevicePointer(
+    p_device: *mut *mut c_void,
+    p_host: *mut c_void,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         if flags != 0 {
@@ -563,7 +647,10 @@ pub unsafe extern "C" fn cudaHostGetDevicePointer(p_device: *mut *mut c_void, p_
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void) -> cudaError_t {
+pub unsafe extern "C" fn cudaPointerGetAttributes(
+    attributes: *mut cudaPointerAttributes,
+    ptr: *const c_void,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         let a = match r.heap.classify(ptr) {

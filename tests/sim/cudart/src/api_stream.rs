@@ -29,16 +29,26 @@ pub unsafe extern "C" fn cudaStreamCreate(stream: *mut cudaStream_t) -> cudaErro
     guard(|| create(stream, cudaStreamDefault, 0))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamCreateWithFlags(stream: *mut cudaStream_t, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamCreateWithFlags(
+    stream: *mut cudaStream_t,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| create(stream, flags, 0))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamCreateWithPriority(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamCreateWithPriority(
+    stream: *mut cudaStream_t,
+    flags: c_uint,
+    priority: c_int,
+) -> cudaError_t {
     guard(|| create(stream, flags, priority))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaDeviceGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaDeviceGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> cudaError_t {
     guard(|| {
         rt()?;
         // Either pointer may be null.
@@ -68,17 +78,27 @@ pub unsafe extern "C" fn cudaStreamDestroy(stream: cudaStream_t) -> cudaError_t 
     })
 }
 
-fn stream_flags(stream: cudaStream_t, flags: *mut c_uint, per_thread: bool) -> Result<(), cudaError_t> {
+fn stream_flags(
+    stream: cudaStream_t,
+    flags: *mut c_uint,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let s = rt()?.stream(stream, per_thread)?;
     // SAFETY: out-pointer from the caller.
     unsafe { out(flags, s.flags) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamGetFlags(stream: cudaStream_t, flags: *mut c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamGetFlags(
+    stream: cudaStream_t,
+    flags: *mut c_uint,
+) -> cudaError_t {
     guard(|| stream_flags(stream, flags, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamGetPriority(stream: cudaStream_t, priority: *mut c_int) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamGetPriority(
+    stream: cudaStream_t,
+    priority: *mut c_int,
+) -> cudaError_t {
     guard(|| {
         let s = rt()?.stream(stream, false)?;
         // SAFETY: out-pointer from the caller.
@@ -145,7 +165,12 @@ fn event(r: &Runtime, e: cudaEvent_t) -> Result<Arc<Event>, cudaError_t> {
         .ok_or(cudaErrorInvalidResourceHandle)
 }
 
-fn wait_event(stream: cudaStream_t, ev: cudaEvent_t, flags: c_uint, per_thread: bool) -> Result<(), cudaError_t> {
+fn wait_event(
+    stream: cudaStream_t,
+    ev: cudaEvent_t,
+    flags: c_uint,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let s = r.stream(stream, per_thread)?;
     let e = event(r, ev)?;
@@ -177,11 +202,19 @@ fn wait_event(stream: cudaStream_t, ev: cudaEvent_t, flags: c_uint, per_thread: 
     r.submit(&s, vec![dep], op).map(|_| ())
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamWaitEvent(
+    stream: cudaStream_t,
+    event: cudaEvent_t,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| wait_event(stream, event, flags, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamWaitEvent_ptsz(
+    stream: cudaStream_t,
+    event: cudaEvent_t,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| wait_event(stream, event, flags, true))
 }
 
@@ -199,7 +232,10 @@ pub unsafe extern "C" fn cudaEventCreate(event: *mut cudaEvent_t) -> cudaError_t
     guard(|| event_create(event, cudaEventDefault))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaEventCreateWithFlags(event: *mut cudaEvent_t, flags: c_uint) -> cudaError_t {
+pub unsafe extern "C" fn cudaEventCreateWithFlags(
+    event: *mut cudaEvent_t,
+    flags: c_uint,
+) -> cudaError_t {
     guard(|| event_create(event, flags))
 }
 #[no_mangle]
@@ -229,7 +265,10 @@ pub unsafe extern "C" fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_
     guard(|| record(event, stream, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaEventRecord_ptsz(
+    event: cudaEvent_t,
+    stream: cudaStream_t,
+) -> cudaError_t {
     guard(|| record(event, stream, true))
 }
 
@@ -270,7 +309,11 @@ pub unsafe extern "C" fn cudaEventQuery(ev: cudaEvent_t) -> cudaError_t {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaEventElapsedTime(ms: *mut f32, start: cudaEvent_t, end: cudaEvent_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaEventElapsedTime(
+    ms: *mut f32,
+    start: cudaEvent_t,
+    end: cudaEvent_t,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         let (a, b) = (event(r, start)?, event(r, end)?);
@@ -298,7 +341,12 @@ struct HostCall(unsafe extern "C" fn(*mut c_void), *mut c_void);
 // SAFETY: CUDA runs host functions on a driver thread by contract; the caller made it so.
 unsafe impl Send for HostCall {}
 
-fn launch_host_func(stream: cudaStream_t, f: cudaHostFn_t, data: *mut c_void, per_thread: bool) -> Result<(), cudaError_t> {
+fn launch_host_func(
+    stream: cudaStream_t,
+    f: cudaHostFn_t,
+    data: *mut c_void,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let f = f.ok_or(cudaErrorInvalidValue)?;
     let s = r.stream(stream, per_thread)?;
@@ -312,15 +360,27 @@ fn launch_host_func(stream: cudaStream_t, f: cudaHostFn_t, data: *mut c_void, pe
     r.submit(&s, Vec::new(), op).map(|_| ())
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaLaunchHostFunc(stream: cudaStream_t, f: cudaHostFn_t, user_data: *mut c_void) -> cudaError_t {
+pub unsafe extern "C" fn cudaLaunchHostFunc(
+    stream: cudaStream_t,
+    f: cudaHostFn_t,
+    user_data: *mut c_void,
+) -> cudaError_t {
     guard(|| launch_host_func(stream, f, user_data, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, f: cudaHostFn_t, user_data: *mut c_void) -> cudaError_t {
+pub unsafe extern "C" fn cudaLaunchHostFunc_ptsz(
+    stream: cudaStream_t,
+    f: cudaHostFn_t,
+    user_data: *mut c_void,
+) -> cudaError_t {
     guard(|| launch_host_func(stream, f, user_data, true))
 }
 
-fn is_capturing(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus, per_thread: bool) -> Result<(), cudaError_t> {
+fn is_capturing(
+    stream: cudaStream_t,
+    status: *mut cudaStreamCaptureStatus,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let s = r.stream(stream, per_thread)?;
     if s.kind == StreamKind::Legacy && r.capturing() {
@@ -338,11 +398,17 @@ fn is_capturing(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus, per_
     unsafe { out(status, st) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamIsCapturing(
+    stream: cudaStream_t,
+    status: *mut cudaStreamCaptureStatus,
+) -> cudaError_t {
     guard(|| is_capturing(stream, status, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamIsCapturing_ptsz(
+    stream: cudaStream_t,
+    status: *mut cudaStreamCaptureStatus,
+) -> cudaError_t {
     guard(|| is_capturing(stream, status, true))
 }
 
@@ -387,7 +453,17 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo(
     dependencies_out: *mut *const cudaGraphNode_t,
     num_dependencies_out: *mut usize,
 ) -> cudaError_t {
-    guard(|| capture_info(stream, capture_status_out, id_out, graph_out, dependencies_out, num_dependencies_out, false))
+    guard(|| {
+        capture_info(
+            stream,
+            capture_status_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            num_dependencies_out,
+            false,
+        )
+    })
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2(
@@ -398,7 +474,17 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2(
     dependencies_out: *mut *const cudaGraphNode_t,
     num_dependencies_out: *mut usize,
 ) -> cudaError_t {
-    guard(|| capture_info(stream, capture_status_out, id_out, graph_out, dependencies_out, num_dependencies_out, false))
+    guard(|| {
+        capture_info(
+            stream,
+            capture_status_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            num_dependencies_out,
+            false,
+        )
+    })
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2_ptsz(
@@ -409,10 +495,24 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2_ptsz(
     dependencies_out: *mut *const cudaGraphNode_t,
     num_dependencies_out: *mut usize,
 ) -> cudaError_t {
-    guard(|| capture_info(stream, capture_status_out, id_out, graph_out, dependencies_out, num_dependencies_out, true))
+    guard(|| {
+        capture_info(
+            stream,
+            capture_status_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            num_dependencies_out,
+            true,
+        )
+    })
 }
 
-fn begin_capture(stream: cudaStream_t, mode: cudaStreamCaptureMode, per_thread: bool) -> Result<(), cudaError_t> {
+fn begin_capture(
+    stream: cudaStream_t,
+    mode: cudaStreamCaptureMode,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     if mode > cudaStreamCaptureModeRelaxed {
         return Err(cudaErrorInvalidValue);
@@ -429,15 +529,25 @@ fn begin_capture(stream: cudaStream_t, mode: cudaStreamCaptureMode, per_thread: 
     Ok(())
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamBeginCapture(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamBeginCapture(
+    stream: cudaStream_t,
+    mode: cudaStreamCaptureMode,
+) -> cudaError_t {
     guard(|| begin_capture(stream, mode, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamBeginCapture_ptsz(
+    stream: cudaStream_t,
+    mode: cudaStreamCaptureMode,
+) -> cudaError_t {
     guard(|| begin_capture(stream, mode, true))
 }
 
-fn end_capture(stream: cudaStream_t, graph: *mut cudaGraph_t, per_thread: bool) -> Result<(), cudaError_t> {
+fn end_capture(
+    stream: cudaStream_t,
+    graph: *mut cudaGraph_t,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     if graph.is_null() {
         return Err(cudaErrorInvalidValue);
@@ -472,16 +582,24 @@ fn end_capture(stream: cudaStream_t, graph: *mut cudaGraph_t, per_thread: bool) 
     unsafe { out(graph, h as cudaGraph_t) }
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut cudaGraph_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamEndCapture(
+    stream: cudaStream_t,
+    graph: *mut cudaGraph_t,
+) -> cudaError_t {
     guard(|| end_capture(stream, graph, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut cudaGraph_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaStreamEndCapture_ptsz(
+    stream: cudaStream_t,
+    graph: *mut cudaGraph_t,
+) -> cudaError_t {
     guard(|| end_capture(stream, graph, true))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaThreadExchangeStreamCaptureMode(mode: *mut cudaStreamCaptureMode) -> cudaError_t {
+pub unsafe extern "C" fn cudaThreadExchangeStreamCaptureMode(
+    mode: *mut cudaStreamCaptureMode,
+) -> cudaError_t {
     guard(|| {
         if mode.is_null() {
             return Err(cudaErrorInvalidValue);
@@ -499,7 +617,11 @@ pub unsafe extern "C" fn cudaThreadExchangeStreamCaptureMode(mode: *mut cudaStre
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cudaGraphInstantiate(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, _flags: c_ulonglong) -> cudaError_t {
+pub unsafe extern "C" fn cudaGraphInstantiate(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    _flags: c_ulonglong,
+) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         let g = r
@@ -512,7 +634,11 @@ pub unsafe extern "C" fn cudaGraphInstantiate(exec: *mut cudaGraphExec_t, graph:
     })
 }
 
-fn graph_launch(exec: cudaGraphExec_t, stream: cudaStream_t, per_thread: bool) -> Result<(), cudaError_t> {
+fn graph_launch(
+    exec: cudaGraphExec_t,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let g = r
         .execs
@@ -529,11 +655,17 @@ fn graph_launch(exec: cudaGraphExec_t, stream: cudaStream_t, per_thread: bool) -
     r.submit(&s, Vec::new(), op).map(|_| ())
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaGraphLaunch(exec: cudaGraphExec_t, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaGraphLaunch(
+    exec: cudaGraphExec_t,
+    stream: cudaStream_t,
+) -> cudaError_t {
     guard(|| graph_launch(exec, stream, false))
 }
 #[no_mangle]
-pub unsafe extern "C" fn cudaGraphLaunch_ptsz(exec: cudaGraphExec_t, stream: cudaStream_t) -> cudaError_t {
+pub unsafe extern "C" fn cudaGraphLaunch_ptsz(
+    exec: cudaGraphExec_t,
+    stream: cudaStream_t,
+) -> cudaError_t {
     guard(|| graph_launch(exec, stream, true))
 }
 

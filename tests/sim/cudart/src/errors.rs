@@ -108,5 +108,7 @@ pub fn string(e: cudaError_t) -> *const c_char {
     TABLE
         .iter()
         .find(|(c, _, _)| *c == e)
-        .map_or(c"unrecognized error code".as_ptr(), |(_, _, s)| s.as_ptr().cast())
+        .map_or(c"unrecognized error code".as_ptr(), |(_, _, s)| {
+            s.as_ptr().cast()
+        })
 }

@@ -41,7 +41,11 @@ impl Drop for Kernel {
 
 /// Enqueues a kernel on `stream` (recorded instead when the stream is capturing).
 #[no_mangle]
-pub unsafe extern "C" fn __simcudaLaunch(stream: cudaStream_t, work: WorkFn, user: *mut c_void) -> cudaError_t {
+pub unsafe extern "C" fn __simcudaLaunch(
+    stream: cudaStream_t,
+    work: WorkFn,
+    user: *mut c_void,
+) -> cudaError_t {
     let mut k = Some(Kernel { work, user });
     guard(|| {
         let r = rt()?;

@@ -128,7 +128,9 @@ impl Heap {
         if size == 0 {
             return Ok(std::ptr::null_mut());
         }
-        let len = size.checked_next_multiple_of(ALIGN).ok_or(HeapError::OutOfMemory)?;
+        let len = size
+            .checked_next_multiple_of(ALIGN)
+            .ok_or(HeapError::OutOfMemory)?;
         let off = {
             let mut free = self.free.write().map_err(|_| HeapError::System)?;
             let (&off, &flen) = free
@@ -245,11 +247,21 @@ impl Heap {
 
     /// Size of the device allocation starting exactly at `ptr`.
     pub fn alloc_size(&self, ptr: *const c_void) -> Option<usize> {
-        self.allocs.read().ok()?.get(&(ptr as usize)).map(|a| a.size)
+        self.allocs
+            .read()
+            .ok()?
+            .get(&(ptr as usize))
+            .map(|a| a.size)
     }
 
     /// Records a pinned host range.
-    pub fn pin(&self, ptr: *mut c_void, size: usize, device: i32, owned: bool) -> Result<(), HeapError> {
+    pub fn pin(
+        &self,
+        ptr: *mut c_void,
+        size: usize,
+        device: i32,
+        owned: bool,
+    ) -> Result<(), HeapError> {
         let addr = ptr as usize;
         let mut pinned = self.pinned.write().map_err(|_| HeapError::System)?;
         let overlaps_prev = pinned
@@ -260,7 +272,14 @@ impl Heap {
         if overlaps_prev || overlaps_next {
             return Err(HeapError::AlreadyRegistered);
         }
-        pinned.insert(addr, HostRange { size, device, owned });
+        pinned.insert(
+            addr,
+            HostRange {
+                size,
+                device,
+                owned,
+            },
+        );
         Ok(())
     }
 
@@ -297,8 +316,14 @@ mod tests {
         assert!(h.device_access(p, 1000).is_some());
         assert!(h.device_access(p, 1001).is_none(), "one byte past the end");
         let mid = (p as usize + 10) as *const c_void;
-        assert!(matches!(h.classify(mid), PointerKind::Device { device: 0, .. }));
-        assert!(matches!(h.classify(q), PointerKind::Device { device: 1, .. }));
+        assert!(matches!(
+            h.classify(mid),
+            PointerKind::Device { device: 0, .. }
+        ));
+        assert!(matches!(
+            h.classify(q),
+            PointerKind::Device { device: 1, .. }
+        ));
         // Writes through the shadow are visible at the same offset.
         let s = h.device_access(p, 8).expect("shadow");
         // SAFETY: inside a live allocation.
@@ -307,7 +332,10 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { again.read() }, 42);
         h.free(p).expect("free");
-        assert!(h.device_access(p, 1).is_none(), "freed memory is not accessible");
+        assert!(
+            h.device_access(p, 1).is_none(),
+            "freed memory is not accessible"
+        );
         assert_eq!(h.free(p), Err(HeapError::NotAllocated), "double free");
     }
 
@@ -319,7 +347,10 @@ mod tests {
         h.free(a).expect("free a");
         h.free(b).expect("free b");
         let c = h.alloc(8192, 0).expect("c");
-        assert_eq!(c, a, "the two freed neighbours were merged and reused first-fit");
+        assert_eq!(
+            c, a,
+            "the two freed neighbours were merged and reused first-fit"
+        );
     }
 
     #[test]
@@ -327,7 +358,10 @@ mod tests {
         let h = Heap::new().expect("arena");
         let mut buf = vec![0u8; 64];
         let p = buf.as_mut_ptr().cast::<c_void>();
-        assert!(h.device_access(p, 64).is_none(), "pageable memory is not device-accessible");
+        assert!(
+            h.device_access(p, 64).is_none(),
+            "pageable memory is not device-accessible"
+        );
         h.pin(p, 64, 0, false).expect("pin");
         assert_eq!(h.device_access(p, 64), Some(buf.as_mut_ptr()));
         assert_eq!(h.pin(p, 8, 0, false), Err(HeapError::AlreadyRegistered));

@@ -119,8 +119,8 @@ pub fn rt() -> Result<&'static Runtime, cudaError_t> {
 /// Runs an export's body: a panic never crosses the C boundary; errors become the thread's
 /// last error.
 pub(crate) fn guard(f: impl FnOnce() -> Result<(), cudaError_t>) -> cudaError_t {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or(Err(cudaErrorUnknown));
+    let r =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(Err(cudaErrorUnknown));
     errors::status(r)
 }
 
@@ -156,7 +156,13 @@ impl Runtime {
     }
 
     /// Creates a stream on device `d` and registers it with the device.
-    fn spawn_stream(&self, d: i32, kind: StreamKind, flags: u32, priority: i32) -> Result<Arc<Stream>, cudaError_t> {
+    fn spawn_stream(
+        &self,
+        d: i32,
+        kind: StreamKind,
+        flags: u32,
+        priority: i32,
+    ) -> Result<Arc<Stream>, cudaError_t> {
         let s = Stream::spawn(d, kind, flags, priority).ok_or(cudaErrorMemoryAllocation)?;
         let dev = self.device(d)?;
         let mut list = dev.streams.lock().unwrap_or_else(|p| p.into_inner());
@@ -187,7 +193,11 @@ impl Runtime {
 
     /// Maps a stream handle to its stream. `per_thread_default` says how the caller was built:
     /// a `_ptsz`/`_ptds` export means handle 0 is the per-thread stream.
-    pub fn stream(&self, h: cudaStream_t, per_thread_default: bool) -> Result<Arc<Stream>, cudaError_t> {
+    pub fn stream(
+        &self,
+        h: cudaStream_t,
+        per_thread_default: bool,
+    ) -> Result<Arc<Stream>, cudaError_t> {
         match h as usize {
             0 if per_thread_default => self.per_thread(),
             0 | 1 => self.legacy(self.current_device()),
@@ -230,7 +240,12 @@ impl Runtime {
 
     /// Submits `op` to `s`: recorded into the capture when `s` is capturing (returns `None`),
     /// else enqueued after its implicit dependencies and `extra` (returns its sequence number).
-    pub fn submit(&self, s: &Arc<Stream>, extra: Vec<Dep>, op: Op) -> Result<Option<u64>, cudaError_t> {
+    pub fn submit(
+        &self,
+        s: &Arc<Stream>,
+        extra: Vec<Dep>,
+        op: Op,
+    ) -> Result<Option<u64>, cudaError_t> {
         errors::sticky()?;
         if let Some(cap) = s.capture() {
             let mut c = cap.lock().unwrap_or_else(|p| p.into_inner());

@@ -137,12 +137,18 @@ impl Stream {
 
     /// Number of operations submitted so far (the sequence number of the last one).
     pub fn submitted(&self) -> u64 {
-        self.counters.lock().unwrap_or_else(|p| p.into_inner()).submitted
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .submitted
     }
 
     /// Number of operations completed so far.
     pub fn completed(&self) -> u64 {
-        self.counters.lock().unwrap_or_else(|p| p.into_inner()).completed
+        self.counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .completed
     }
 
     /// A dependency on everything submitted so far.
@@ -210,7 +216,10 @@ impl Stream {
 
     /// Ends this stream's participation in its capture sequence.
     pub fn leave_capture(&self) -> Option<Arc<Mutex<Capture>>> {
-        self.capture.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.capture
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -240,7 +249,11 @@ impl Event {
     }
 
     /// Records the event on `stream` (not capturing): it completes when the stream reaches it.
-    pub fn record(self: &Arc<Self>, stream: &Arc<Stream>, deps: Vec<Dep>) -> Result<(), cudaError_t> {
+    pub fn record(
+        self: &Arc<Self>,
+        stream: &Arc<Stream>,
+        deps: Vec<Dep>,
+    ) -> Result<(), cudaError_t> {
         let generation = {
             let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
             s.generation += 1;
@@ -350,7 +363,10 @@ impl<T> Handles<T> {
             .cloned()
     }
     pub fn remove(&self, h: usize) -> Option<Arc<T>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&h)
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&h)
     }
     /// Every live object.
     pub fn all(&self) -> Vec<Arc<T>> {

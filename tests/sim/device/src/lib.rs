@@ -122,6 +122,8 @@ impl DevicePtr {
 /// The host address where device code accesses `[ptr, ptr+len)`: device memory, or pinned
 /// host memory (mapped, as UVA makes it). `None` for pageable host memory, unknown pointers
 /// or ranges that leave their allocation: a GPU would fault on them.
+// The runtime only looks the address up; it never dereferences it.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn device_access(ptr: *const c_void, len: usize) -> Option<DevicePtr> {
     let rt = runtime()?;
     // SAFETY: the runtime validates the range and returns null when it is not accessible.
@@ -157,6 +159,8 @@ unsafe extern "C" fn trampoline(user: *mut c_void, action: c_int) -> cudaError_t
 /// Enqueues `kernel` on `stream` (0 = legacy default stream, `cudaStreamPerThread` = the calling
 /// thread's). Returns the runtime's status; `cudaErrorInitializationError` when no simulated
 /// runtime is loaded.
+// The stream handle is only looked up by the runtime, never dereferenced.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 pub fn launch<F>(stream: cudaStream_t, kernel: F) -> cudaError_t
 where
     F: FnMut() -> Result<(), cudaError_t> + Send + 'static,

@@ -12,12 +12,36 @@ type Probe = fn(&[String]) -> Result<(), String>;
 /// Every subcommand, with a one-line description.
 const PROBES: &[(&str, &str, Probe)] = &[
     // (name, what it checks, entry point): one line per probe.
-    ("stale-read", "a host read before synchronising sees stale data", streams::stale_read),
-    ("stream-order", "events and legacy-stream rules order streams, nothing else", streams::stream_order),
-    ("pageable-copies", "pageable copies stage or block; pointer attributes", streams::pageable_copies),
-    ("capture", "stream capture, its thread-mode rules, graph replay", streams::capture),
-    ("device-deref", "a host read of a device pointer faults (expect SIGSEGV)", streams::device_deref),
-    ("errors", "last error, device queries, invalid frees", streams::errors),
+    (
+        "stale-read",
+        "a host read before synchronising sees stale data",
+        streams::stale_read,
+    ),
+    (
+        "stream-order",
+        "events and legacy-stream rules order streams, nothing else",
+        streams::stream_order,
+    ),
+    (
+        "pageable-copies",
+        "pageable copies stage or block; pointer attributes",
+        streams::pageable_copies,
+    ),
+    (
+        "capture",
+        "stream capture, its thread-mode rules, graph replay",
+        streams::capture,
+    ),
+    (
+        "device-deref",
+        "a host read of a device pointer faults (expect SIGSEGV)",
+        streams::device_deref,
+    ),
+    (
+        "errors",
+        "last error, device queries, invalid frees",
+        streams::errors,
+    ),
 ];
 
 fn main() -> ExitCode {

@@ -99,9 +99,19 @@ pub fn stale_read(_: &[String]) -> Result<(), String> {
     unsafe { std::ptr::write_bytes(host, 0, N) };
 
     close_gate();
-    ck!(cudaLaunchHostFunc(s, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
     ck!(cudaMemsetAsync(dev, 2, N, s));
-    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    ck!(cudaMemcpyAsync(
+        host.cast(),
+        dev,
+        N,
+        cudaMemcpyDeviceToHost,
+        s
+    ));
     let mut done: cudaEvent_t = std::ptr::null_mut();
     ck!(cudaEventCreateWithFlags(&mut done, cudaEventDisableTiming));
     ck!(cudaEventRecord(done, s));
@@ -109,7 +119,9 @@ pub fn stale_read(_: &[String]) -> Result<(), String> {
     // SAFETY: pinned host memory, read racily on purpose (the worker is parked at the gate).
     let early = unsafe { host.read_volatile() };
     if early != 0 {
-        return Err(format!("read before synchronising saw {early}, expected the stale 0"));
+        return Err(format!(
+            "read before synchronising saw {early}, expected the stale 0"
+        ));
     }
     expect_code!(cudaEventQuery(done), cudaErrorNotReady);
     expect_code!(cudaStreamQuery(s), cudaErrorNotReady);
@@ -139,7 +151,11 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
 
     // 1. Independent streams: `free` runs while `blocked` is parked.
     close_gate();
-    ck!(cudaLaunchHostFunc(blocked, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaLaunchHostFunc(
+        blocked,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
     ck!(cudaMemsetAsync(dev, 7, N, free));
     ck!(cudaStreamSynchronize(free));
     expect_code!(cudaStreamQuery(blocked), cudaErrorNotReady);
@@ -150,7 +166,13 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
     ck!(cudaMemsetAsync(dev, 9, N, blocked));
     ck!(cudaEventRecord(ev, blocked));
     ck!(cudaStreamWaitEvent(free, ev, 0));
-    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, free));
+    ck!(cudaMemcpyAsync(
+        host.cast(),
+        dev,
+        N,
+        cudaMemcpyDeviceToHost,
+        free
+    ));
     std::thread::sleep(Duration::from_millis(50));
     expect_code!(cudaStreamQuery(free), cudaErrorNotReady);
     open_gate();
@@ -163,9 +185,19 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
     // 3. The legacy default stream waits for a blocking stream's earlier work ...
     let blocking = stream(cudaStreamDefault)?;
     close_gate();
-    ck!(cudaLaunchHostFunc(blocking, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaLaunchHostFunc(
+        blocking,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
     ck!(cudaMemsetAsync(dev, 3, N, blocking));
-    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, std::ptr::null_mut()));
+    ck!(cudaMemcpyAsync(
+        host.cast(),
+        dev,
+        N,
+        cudaMemcpyDeviceToHost,
+        std::ptr::null_mut()
+    ));
     let mut legacy_done: cudaEvent_t = std::ptr::null_mut();
     ck!(cudaEventCreate(&mut legacy_done));
     ck!(cudaEventRecord(legacy_done, std::ptr::null_mut()));
@@ -179,7 +211,11 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
     }
     // ... but not for a non-blocking stream's.
     close_gate();
-    ck!(cudaLaunchHostFunc(blocked, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaLaunchHostFunc(
+        blocked,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
     ck!(cudaMemset(dev, 4, N));
     ck!(cudaMemcpy(host.cast(), dev, N, cudaMemcpyDeviceToHost));
     // SAFETY: cudaMemcpy is synchronous.
@@ -195,7 +231,11 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
     ck!(cudaEventCreate(&mut t1));
     close_gate();
     ck!(cudaEventRecord(t0, free));
-    ck!(cudaLaunchHostFunc(free, Some(wait_for_gate), std::ptr::null_mut()));
+    ck!(cudaLaunchHostFunc(
+        free,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
     ck!(cudaEventRecord(t1, free));
     std::thread::sleep(Duration::from_millis(30));
     let mut ms = 0f32;
@@ -208,10 +248,16 @@ pub fn stream_order(_: &[String]) -> Result<(), String> {
     }
     expect_code!(cudaEventElapsedTime(&mut ms, t0, legacy_done), cudaSuccess);
     let mut untimed: cudaEvent_t = std::ptr::null_mut();
-    ck!(cudaEventCreateWithFlags(&mut untimed, cudaEventDisableTiming));
+    ck!(cudaEventCreateWithFlags(
+        &mut untimed,
+        cudaEventDisableTiming
+    ));
     ck!(cudaEventRecord(untimed, free));
     ck!(cudaEventSynchronize(untimed));
-    expect_code!(cudaEventElapsedTime(&mut ms, t0, untimed), cudaErrorInvalidResourceHandle);
+    expect_code!(
+        cudaEventElapsedTime(&mut ms, t0, untimed),
+        cudaErrorInvalidResourceHandle
+    );
     Ok(())
 }
 
@@ -223,24 +269,50 @@ pub fn pageable_copies(_: &[String]) -> Result<(), String> {
     let dev = device_buffer(N)?;
     let mut src = vec![5u8; N];
     close_gate();
-    ck!(cudaLaunchHostFunc(s, Some(wait_for_gate), std::ptr::null_mut()));
-    ck!(cudaMemcpyAsync(dev, src.as_ptr().cast(), N, cudaMemcpyHostToDevice, s));
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
+    ck!(cudaMemcpyAsync(
+        dev,
+        src.as_ptr().cast(),
+        N,
+        cudaMemcpyHostToDevice,
+        s
+    ));
     src.fill(6);
     open_gate();
     let mut back = vec![0u8; N];
-    ck!(cudaMemcpyAsync(back.as_mut_ptr().cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    ck!(cudaMemcpyAsync(
+        back.as_mut_ptr().cast(),
+        dev,
+        N,
+        cudaMemcpyDeviceToHost,
+        s
+    ));
     // No synchronisation: a copy into pageable memory has completed on return.
     if back.iter().any(|&b| b != 5) {
-        return Err("pageable H2D source was not staged at call time, or D2H returned early".into());
+        return Err(
+            "pageable H2D source was not staged at call time, or D2H returned early".into(),
+        );
     }
     // cudaMemcpyDefault infers the direction from the pointers.
     let mut back2 = vec![0u8; N];
-    ck!(cudaMemcpy(back2.as_mut_ptr().cast(), dev, N, cudaMemcpyDefault));
+    ck!(cudaMemcpy(
+        back2.as_mut_ptr().cast(),
+        dev,
+        N,
+        cudaMemcpyDefault
+    ));
     if back2 != back {
         return Err("cudaMemcpyDefault did not copy device to host".into());
     }
     // A device pointer on the host side of an explicit direction is rejected.
-    expect_code!(cudaMemcpy(dev, dev, N, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    expect_code!(
+        cudaMemcpy(dev, dev, N, cudaMemcpyHostToDevice),
+        cudaErrorInvalidValue
+    );
     // Pointer attributes.
     let mut attr = cudaPointerAttributes {
         type_: 0,
@@ -250,16 +322,29 @@ pub fn pageable_copies(_: &[String]) -> Result<(), String> {
     };
     ck!(cudaPointerGetAttributes(&mut attr, dev));
     if attr.type_ != cudaMemoryTypeDevice {
-        return Err(format!("device pointer reported as memory type {}", attr.type_));
+        return Err(format!(
+            "device pointer reported as memory type {}",
+            attr.type_
+        ));
     }
     ck!(cudaPointerGetAttributes(&mut attr, back.as_ptr().cast()));
     if attr.type_ != cudaMemoryTypeUnregistered {
-        return Err(format!("pageable pointer reported as memory type {}", attr.type_));
+        return Err(format!(
+            "pageable pointer reported as memory type {}",
+            attr.type_
+        ));
     }
-    ck!(cudaHostRegister(back.as_mut_ptr().cast(), N, cudaHostRegisterDefault));
+    ck!(cudaHostRegister(
+        back.as_mut_ptr().cast(),
+        N,
+        cudaHostRegisterDefault
+    ));
     ck!(cudaPointerGetAttributes(&mut attr, back.as_ptr().cast()));
     if attr.type_ != cudaMemoryTypeHost {
-        return Err(format!("registered pointer reported as memory type {}", attr.type_));
+        return Err(format!(
+            "registered pointer reported as memory type {}",
+            attr.type_
+        ));
     }
     expect_code!(
         cudaHostRegister(back.as_mut_ptr().cast(), N, cudaHostRegisterDefault),
@@ -285,10 +370,23 @@ pub fn capture(_: &[String]) -> Result<(), String> {
     if st != cudaStreamCaptureStatusActive {
         return Err(format!("capture status {st} while capturing"));
     }
-    expect_code!(cudaStreamIsCapturing(std::ptr::null_mut(), &mut st), cudaErrorStreamCaptureImplicit);
+    expect_code!(
+        cudaStreamIsCapturing(std::ptr::null_mut(), &mut st),
+        cudaErrorStreamCaptureImplicit
+    );
     ck!(cudaMemsetAsync(dev, 8, N, s));
-    ck!(cudaMemcpyAsync(host.cast(), dev, N, cudaMemcpyDeviceToHost, s));
-    ck!(cudaLaunchHostFunc(s, Some(count_call), std::ptr::null_mut()));
+    ck!(cudaMemcpyAsync(
+        host.cast(),
+        dev,
+        N,
+        cudaMemcpyDeviceToHost,
+        s
+    ));
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(count_call),
+        std::ptr::null_mut()
+    ));
     // The relaxed thread may allocate during the capture.
     let mut mode = cudaStreamCaptureModeRelaxed;
     ck!(cudaThreadExchangeStreamCaptureMode(&mut mode));
@@ -306,7 +404,10 @@ pub fn capture(_: &[String]) -> Result<(), String> {
     ck!(cudaGraphLaunch(exec, s));
     ck!(cudaStreamSynchronize(s));
     if HOST_CALLS.load(Ordering::Acquire) != 2 {
-        return Err(format!("graph replays ran the host function {} times, expected 2", HOST_CALLS.load(Ordering::Acquire)));
+        return Err(format!(
+            "graph replays ran the host function {} times, expected 2",
+            HOST_CALLS.load(Ordering::Acquire)
+        ));
     }
     // SAFETY: the replayed copy has completed.
     if unsafe { host.read() } != 8 {
@@ -319,10 +420,15 @@ pub fn capture(_: &[String]) -> Result<(), String> {
     expect_code!(cudaMalloc(&mut p, N), cudaErrorStreamCaptureUnsupported);
     ck!(cudaStreamIsCapturing(s, &mut st));
     if st != cudaStreamCaptureStatusInvalidated {
-        return Err(format!("capture status {st} after an unsafe call, expected invalidated"));
+        return Err(format!(
+            "capture status {st} after an unsafe call, expected invalidated"
+        ));
     }
     let mut g2: cudaGraph_t = std::ptr::null_mut();
-    expect_code!(cudaStreamEndCapture(s, &mut g2), cudaErrorStreamCaptureInvalidated);
+    expect_code!(
+        cudaStreamEndCapture(s, &mut g2),
+        cudaErrorStreamCaptureInvalidated
+    );
     // After the capture, everything works again.
     ck!(cudaMalloc(&mut p, N));
     ck!(cudaFree(p));
@@ -337,7 +443,9 @@ pub fn device_deref(_: &[String]) -> Result<(), String> {
     let dev = device_buffer(64)?;
     // SAFETY: deliberately invalid: the process is expected to die with SIGSEGV.
     let v = unsafe { dev.cast::<u8>().read_volatile() };
-    Err(format!("reading a device pointer on the host returned {v} instead of faulting"))
+    Err(format!(
+        "reading a device pointer on the host returned {v} instead of faulting"
+    ))
 }
 
 /// The last-error protocol, device queries and invalid frees.

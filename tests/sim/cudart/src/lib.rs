@@ -63,7 +63,17 @@ static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
 thread_local! {
     static CURRENT_DEVICE: Cell<i32> = const { Cell::new(0) };
     static CAPTURE_MODE: Cell<cudaStreamCaptureMode> = const { Cell::new(cudaStreamCaptureModeGlobal) };
-    static PER_THREAD: RefCell<HashMap<i32, Arc<Stream>>> = RefCell::new(HashMap::new());
+    static PER_THREAD: RefCell<HashMap<i32, PerThreadStream>> = RefCell::new(HashMap::new());
+}
+
+/// A thread's per-thread default stream: closed when the thread exits, so its worker drains
+/// the queue and ends instead of outliving the thread.
+struct PerThreadStream(Arc<Stream>);
+
+impl Drop for PerThreadStream {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 fn device_count_from_env() -> usize {
@@ -183,11 +193,11 @@ impl Runtime {
     /// The calling thread's per-thread default stream on the current device.
     fn per_thread(&self) -> Result<Arc<Stream>, cudaError_t> {
         let d = self.current_device();
-        if let Some(s) = PER_THREAD.with(|m| m.borrow().get(&d).cloned()) {
+        if let Some(s) = PER_THREAD.with(|m| m.borrow().get(&d).map(|p| p.0.clone())) {
             return Ok(s);
         }
         let s = self.spawn_stream(d, StreamKind::PerThread, 0, 0)?;
-        PER_THREAD.with(|m| m.borrow_mut().insert(d, s.clone()));
+        PER_THREAD.with(|m| m.borrow_mut().insert(d, PerThreadStream(s.clone())));
         Ok(s)
     }
 

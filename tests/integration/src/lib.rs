@@ -5,6 +5,8 @@
 //! `target/release`), so run `cargo build --release` (or plain `cargo build` for the dev profile)
 //! first: scripts/test.sh does.
 
+pub mod abi_check;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 

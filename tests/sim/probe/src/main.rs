@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+mod collectives;
 mod streams;
 
 /// A probe: gets the arguments after its name.
@@ -41,6 +42,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "errors",
         "last error, device queries, invalid frees",
         streams::errors,
+    ),
+    (
+        "collectives",
+        "NCCL collectives, groups, splits, peer death",
+        collectives::collectives,
     ),
 ];
 

@@ -766,6 +766,61 @@ pub fn parse_exports(sim_root: &Path) -> Result<Vec<Export>, String> {
     Ok(all)
 }
 
+/// The entry points `cuda-dyn` declares with `dyn_api! { fn name(args) -> ret; ... }` in the
+/// modules of `cuda_dyn_src` (its `src`), as exports of library `cuda-dyn/<module>` with the C
+/// ABI: they are called through pointers of that type, so they must match the headers too.
+pub fn parse_dyn_api(cuda_dyn_src: &Path) -> Result<Vec<Export>, String> {
+    struct Decls(Vec<syn::ForeignItemFn>);
+    impl syn::parse::Parse for Decls {
+        fn parse(input: syn::parse::ParseStream<'_>) -> syn::Result<Self> {
+            let mut v = Vec::new();
+            while !input.is_empty() {
+                v.push(input.parse()?);
+            }
+            Ok(Decls(v))
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(cuda_dyn_src, &mut files)?;
+    files.sort();
+    let mut all = Vec::new();
+    for f in files {
+        let module = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let ast = syn::parse_file(&text).map_err(|e| format!("{}: {e}", f.display()))?;
+        for item in &ast.items {
+            let syn::Item::Macro(m) = item else { continue };
+            if m.mac
+                .path
+                .segments
+                .last()
+                .is_none_or(|s| s.ident != "dyn_api")
+            {
+                continue;
+            }
+            let decls: Decls = m
+                .mac
+                .parse_body()
+                .map_err(|e| format!("{}: dyn_api! body: {e}", f.display()))?;
+            for d in decls.0 {
+                let mut sig = d.sig;
+                sig.abi = Some(syn::parse_quote!(extern "C"));
+                // `-> ()` is the macro's spelling of `void`.
+                all.push(Export {
+                    name: sig.ident.unraw().to_string(),
+                    library: format!("cuda-dyn/{module}"),
+                    file: f.clone(),
+                    sig,
+                });
+            }
+        }
+    }
+    Ok(all)
+}
+
 /// The functions a shared library exports (`nm -D --defined-only`).
 pub fn dynamic_symbols(lib: &Path) -> Result<Vec<String>, String> {
     let out = Command::new("nm")

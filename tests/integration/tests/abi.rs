@@ -363,3 +363,30 @@ fn symbols_hidden_by_renaming_macros_are_checked_against_their_own_declaration()
     assert_fails_naming(&report, "cudaStreamGetCaptureInfo");
     assert_fails_naming(&report, "cublasSgemm");
 }
+
+#[test]
+fn cuda_dyn_declarations_match_nvidias_headers() {
+    // Programs call the ABI through cuda-dyn's declarations: a wrong one is a wrong call.
+    let repo = abi_check::repo_root();
+    let decls =
+        abi_check::parse_dyn_api(&repo.join("tests/cuda-dyn/src")).expect("cuda-dyn parses");
+    assert!(
+        decls
+            .iter()
+            .any(|d| d.library == "cuda-dyn/nvtx" && d.name == "nvtxRangePushA"),
+        "the dyn_api! parser finds the NVTX declarations"
+    );
+    let (_, abi) = parsed();
+    let report = run(&decls, &abi, "cuda_dyn");
+    eprintln!(
+        "abi check: {}/{} cuda-dyn declarations checked",
+        report.exports_checked.len(),
+        report.exports_found
+    );
+    assert!(
+        report.failures.is_empty(),
+        "cuda-dyn declarations that differ from NVIDIA's headers:\n{}",
+        report.describe_failures()
+    );
+    assert_eq!(report.exports_checked.len(), decls.len());
+}

@@ -278,3 +278,20 @@ fn a_missing_program_exits_127() {
     let out = output_within(c, LIMIT);
     assert_eq!(out.status.code(), Some(127), "{}", describe(&out));
 }
+
+#[test]
+fn a_leftover_background_process_does_not_hold_simrun() {
+    // The rank exits at once but leaves a sleeper holding the output pipe.
+    let start = Instant::now();
+    let out = output_within(
+        simrun_sh(1, &["--prefix-output"], "echo before; sleep 30 & exit 0"),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[rank 0] before\n");
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        start.elapsed()
+    );
+}

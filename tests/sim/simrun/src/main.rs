@@ -396,9 +396,12 @@ fn run(args: &Args) -> u8 {
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    // The pipes close when the ranks (and anything they started that kept them) are gone.
-    for p in pumps {
-        let _ = p.join();
+    // The pipes close when the ranks and anything they started that inherited them are gone.
+    // A background process a rank left behind may hold them open for long: give the copies a
+    // moment to drain what the ranks wrote, then leave.
+    let drain_until = Instant::now() + Duration::from_secs(2);
+    while !pumps.iter().all(JoinHandle::is_finished) && Instant::now() < drain_until {
+        std::thread::sleep(Duration::from_millis(10));
     }
     match (first_failure, interrupted) {
         (Some((_, st)), _) => shell_code(st),

@@ -1490,19 +1490,6 @@ fn attribute_errors(
     }
 }
 
-/// Convenience for tests: parses everything under `repo` and runs [`check`].
-pub fn check_repository(
-    repo: &Path,
-    include_dirs: &[PathBuf],
-    work_dir: &Path,
-    tag: &str,
-) -> Result<(Vec<Export>, AbiTypes, Report), String> {
-    let exports = parse_exports(&repo.join("tests/sim"))?;
-    let abi = AbiTypes::parse(&repo.join("abi/src"))?;
-    let report = check(&exports, &abi, include_dirs, work_dir, tag);
-    Ok((exports, abi, report))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,6 +132,8 @@ pub struct Task {
     lanes: Vec<Vec<usize>>,
     /// Number of join kernels.
     joins: AtomicU64,
+    /// Launched into a graph capture: sequence numbers are taken at every run.
+    captured: bool,
     sync: Mutex<TaskSync>,
     cv: Condvar,
 }
@@ -158,6 +160,7 @@ impl Task {
             ops,
             lanes,
             joins: AtomicU64::new(0),
+            captured: false,
             sync: Mutex::new(TaskSync::default()),
             cv: Condvar::new(),
         }
@@ -172,6 +175,16 @@ impl Task {
             }
         }
         s
+    }
+
+    /// Takes the operations' places in their communicators' order now (eager launch).
+    pub fn assign_seqs(&self) {
+        assign_seqs(&self.ops);
+    }
+
+    /// Marks the task as captured into a graph (see `captured`).
+    pub fn set_captured(&mut self) {
+        self.captured = true;
     }
 
     /// Sets how many join kernels were launched.
@@ -197,8 +210,8 @@ impl Task {
                     .0;
             }
         }
-        if run > 0 {
-            // A replay (CUDA graph): a new instance of every operation.
+        if run > 0 || self.captured {
+            // A graph launch: a new instance of every operation, ordered as launched.
             let _l = lock(&LAUNCH);
             assign_seqs(&self.ops);
         }

@@ -13,7 +13,7 @@ use cuda_abi::cudart::*;
 use cuda_abi::nccl::*;
 
 use crate::comm::{fail_code, lock, Comm};
-use crate::exec::{assign_seqs, Op, Task, LAUNCH};
+use crate::exec::{Op, Task, LAUNCH};
 use crate::shm::Fail;
 
 #[derive(Default)]
@@ -120,10 +120,19 @@ pub fn launch(ops: Vec<Op>) -> ncclResult_t {
         }
     }
     let _l = lock(&LAUNCH);
-    assign_seqs(&ops);
     let comms: Vec<Arc<Comm>> = ops.iter().map(|o| o.comm.clone()).collect();
-    let task = Arc::new(Task::new(ops));
+    let mut task = Task::new(ops);
     let streams = task.streams();
+    // A captured collective runs only when its graph is launched (maybe never, maybe many
+    // times): it takes its place in the communicator's order at each run, not now, so that
+    // eager operations issued between capture and replay do not wait for it.
+    let captured = streams.iter().any(|s| is_capturing(*s as cudaStream_t));
+    if captured {
+        task.set_captured();
+    } else {
+        task.assign_seqs();
+    }
+    let task = Arc::new(task);
     let mut joins = 0;
     let mut launch_err = cudaSuccess;
     for &s in &streams[1..] {
@@ -161,4 +170,35 @@ pub fn launch(ops: Vec<Op>) -> ncclResult_t {
         return ncclUnhandledCudaError;
     }
     ncclSuccess
+}
+
+/// Whether `stream` is being captured into a graph, asked of the runtime through a handle
+/// lookup (like NCCL's own, statically linked, query: invisible to interposers).
+fn is_capturing(stream: cudaStream_t) -> bool {
+    type IsCapturingFn =
+        unsafe extern "C" fn(cudaStream_t, *mut cudaStreamCaptureStatus) -> cudaError_t;
+    static F: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let addr = *F.get_or_init(|| {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD only finds the runtime
+        // the program already loaded.
+        unsafe {
+            let h = libc::dlopen(
+                c"libcudart.so.12".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_NOLOAD,
+            );
+            if h.is_null() {
+                return 0;
+            }
+            libc::dlsym(h, c"cudaStreamIsCapturing".as_ptr()) as usize
+        }
+    });
+    if addr == 0 {
+        return false;
+    }
+    // SAFETY: the runtime's cudaStreamIsCapturing has this signature.
+    let f = unsafe { std::mem::transmute::<usize, IsCapturingFn>(addr) };
+    let mut status: cudaStreamCaptureStatus = cudaStreamCaptureStatusNone;
+    // SAFETY: a query with a valid output pointer.
+    let rc = unsafe { f(stream, &mut status) };
+    rc == cudaSuccess && status == cudaStreamCaptureStatusActive
 }

@@ -2,7 +2,7 @@
 //! communicators from `NCCL_COMM_ID` (set from MASTER_ADDR:MASTER_PORT), every collective and
 //! reduction in FP32/BF16/FP8, in-place variants, point-to-point rings and large grouped
 //! exchanges, split communicators used concurrently with the world, group deferral (a copy
-//! enqueued inside a group sees stale data) and asynchrony. Results are checked against an f64
+//! enqueued inside a group sees stale data), asynchrony and graph capture. Results are checked against an f64
 //! reference within the round-off of a chain of `n - 1` roundings in the buffer's type, and
 //! all-reduce results are all-gathered to check that every rank got the same bits.
 //!
@@ -669,6 +669,73 @@ fn asynchrony(j: &Job, comm: ncclComm_t, s: cudaStream_t) -> Result<(), String> 
     Ok(())
 }
 
+/// A collective captured into a graph runs only when the graph is launched (every time), and
+/// eager collectives issued between capture and launch do not wait for it.
+fn graphs(j: &Job, comm: ncclComm_t, s: cudaStream_t) -> Result<(), String> {
+    let (t, count) = (DType::F32, 10_000);
+    let send = DevBuf::from_host(&encode(t, (0..count).map(|i| value(j.rank, i))))?;
+    let sentinel = encode(t, (0..count).map(|_| -99.0));
+    let recv = DevBuf::from_host(&sentinel)?;
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    nc!(ncclAllReduce(
+        send.ptr,
+        recv.ptr,
+        count,
+        ncclFloat32,
+        ncclSum,
+        comm,
+        s
+    ));
+    let mut graph: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut graph));
+    // An eager all-reduce in between.
+    let eager = DevBuf::new(count * 4)?;
+    nc!(ncclAllReduce(
+        send.ptr,
+        eager.ptr,
+        count,
+        ncclFloat32,
+        ncclMax,
+        comm,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    if recv.read()? != sentinel {
+        return Err("a captured all-reduce ran before its graph was launched".into());
+    }
+    let (want, tol) = reference(t, ncclMax, j.n, count, value);
+    check_close(
+        "eager all-reduce after a capture",
+        &decode(t, &eager.read()?),
+        &want,
+        &tol,
+    )?;
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, graph, 0));
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    let (want, tol) = reference(t, ncclSum, j.n, count, value);
+    check_close(
+        "captured all-reduce, first launch",
+        &decode(t, &recv.read()?),
+        &want,
+        &tol,
+    )?;
+    // The second launch reduces again (same inputs, same result).
+    recv.write(0, &sentinel)?;
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    check_close(
+        "captured all-reduce, second launch",
+        &decode(t, &recv.read()?),
+        &want,
+        &tol,
+    )?;
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(graph));
+    Ok(())
+}
+
 /// Even/odd split (keys reverse the order) used concurrently with the world on another stream,
 /// and a split where rank 0 opts out.
 fn splits(j: &Job, comm: ncclComm_t, s: cudaStream_t) -> Result<(), String> {
@@ -796,6 +863,7 @@ fn run_all(j: &Job) -> Result<(), String> {
     point_to_point(j, comm, s)?;
     group_deferral(j, comm, s)?;
     asynchrony(j, comm, s)?;
+    graphs(j, comm, s)?;
     splits(j, comm, s)?;
     let mut e: ncclResult_t = ncclInternalError;
     nc!(ncclCommGetAsyncError(comm, &mut e));

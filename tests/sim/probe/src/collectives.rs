@@ -221,7 +221,9 @@ fn check_close(what: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(),
         ));
     }
     for i in 0..got.len() {
-        if !((got[i] - want[i]).abs() <= tol[i]) {
+        // Written so that a NaN fails.
+        let close = (got[i] - want[i]).abs() <= tol[i];
+        if !close {
             return Err(format!(
                 "{what}: element {i} is {}, expected {} within {}",
                 got[i], want[i], tol[i]

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use integration_tests::{bin, command, describe, simrun_probe};
+use integration_tests::{bin, command, describe, probe, simrun_probe};
 
 /// How long the survivors of a dead rank may take to fail (they notice within a fraction of a
 /// second; the rest is slack for a loaded machine). simrun's grace period is far longer, so a
@@ -37,6 +37,17 @@ fn tiny_staging_slots_and_mailboxes_give_the_same_results_on_three_ranks() {
         .expect("simrun starts");
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(ok_lines(&out), 3, "{}", describe(&out));
+}
+
+#[test]
+fn one_process_drives_four_devices_with_init_all_and_grouped_init() {
+    let out = probe(&["collectives", "single-process"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("4 devices: collectives OK"),
+        "{}",
+        describe(&out)
+    );
 }
 
 /// Runs the probe's peer-failure mode and checks that every survivor reported the NCCL error

@@ -8,7 +8,8 @@
 //!
 //! Modes (first argument): `all` (default), `kill RANK` (that rank SIGKILLs itself during a
 //! collective; the others must fail with an NCCL error, and exit nonzero, within seconds),
-//! `exit RANK` (the same with a plain `exit(3)`).
+//! `exit RANK` (the same with a plain `exit(3)`), `single-process` (no simrun: one process
+//! drives 4 devices with `ncclCommInitAll` and with grouped `ncclCommInitRank`).
 // NCCL's enum constants (`ncclSum`, ...) are matched as patterns.
 #![allow(non_upper_case_globals)]
 
@@ -824,10 +825,149 @@ fn splits(j: &Job, comm: ncclComm_t, s: cudaStream_t) -> Result<(), String> {
     Ok(())
 }
 
-/// `sim-probe collectives [all | kill RANK | exit RANK]`.
+/// A non-blocking communicator (`config.blocking = 0`): init returns `ncclInProgress` while
+/// peers are missing, `ncclCommGetAsyncError` reports progress until every rank joined.
+fn nonblocking(j: &Job, s: cudaStream_t) -> Result<(), String> {
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    nc!(ncclGetUniqueId(&mut id));
+    if j.rank != 0 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut config = ncclConfig_t::INITIALIZER;
+    config.blocking = 0;
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    // SAFETY: valid output pointer and config.
+    let rc = unsafe {
+        ncclCommInitRankConfig(&mut comm, j.n as c_int, id, j.rank as c_int, &mut config)
+    };
+    let expected_first = if j.rank == 0 && j.n > 1 {
+        ncclInProgress
+    } else {
+        rc
+    };
+    if rc != expected_first || (rc != ncclSuccess && rc != ncclInProgress) {
+        return Err(format!("non-blocking init returned {}", nccl_error(rc)));
+    }
+    let t0 = Instant::now();
+    loop {
+        let mut e: ncclResult_t = ncclInternalError;
+        nc!(ncclCommGetAsyncError(comm, &mut e));
+        match e {
+            ncclSuccess => break,
+            ncclInProgress if t0.elapsed() < Duration::from_secs(60) => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            _ => return Err(format!("non-blocking init: async error {}", nccl_error(e))),
+        }
+    }
+    let count = 100;
+    let send = DevBuf::from_host(&encode(DType::F32, (0..count).map(|i| value(j.rank, i))))?;
+    let recv = DevBuf::new(count * 4)?;
+    nc!(ncclAllReduce(
+        send.ptr,
+        recv.ptr,
+        count,
+        ncclFloat32,
+        ncclMin,
+        comm,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    let (want, tol) = reference(DType::F32, ncclMin, j.n, count, value);
+    check_close(
+        "non-blocking comm all-reduce",
+        &decode(DType::F32, &recv.read()?),
+        &want,
+        &tol,
+    )?;
+    nc!(ncclCommDestroy(comm));
+    Ok(())
+}
+
+/// One process, several devices: `ncclCommInitAll`, and `ncclCommInitRank` per device inside a
+/// group from one thread; then one group with an all-reduce per device, each on its device's
+/// stream.
+fn single_process(ndev: usize) -> Result<(), String> {
+    let mut have: c_int = 0;
+    ck!(cudaGetDeviceCount(&mut have));
+    let ndev = ndev.min(have as usize).max(1);
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); ndev];
+    nc!(ncclCommInitAll(
+        comms.as_mut_ptr(),
+        ndev as c_int,
+        std::ptr::null()
+    ));
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    nc!(ncclGetUniqueId(&mut id));
+    let mut grouped: Vec<ncclComm_t> = vec![std::ptr::null_mut(); ndev];
+    nc!(ncclGroupStart());
+    for (d, c) in grouped.iter_mut().enumerate() {
+        ck!(cudaSetDevice(d as c_int));
+        nc!(ncclCommInitRank(c, ndev as c_int, id, d as c_int));
+    }
+    nc!(ncclGroupEnd());
+    for set in [&comms, &grouped] {
+        let (t, count) = (DType::BF16, 20_000);
+        let mut bufs = Vec::new();
+        let mut streams = Vec::new();
+        for (d, c) in set.iter().enumerate() {
+            let mut dev: c_int = -1;
+            nc!(ncclCommCuDevice(*c, &mut dev));
+            if dev != d as c_int {
+                return Err(format!("communicator {d} is on device {dev}"));
+            }
+            ck!(cudaSetDevice(d as c_int));
+            streams.push(stream()?);
+            bufs.push(DevBuf::from_host(&encode(
+                t,
+                (0..count).map(|i| value(d, i)),
+            ))?);
+        }
+        nc!(ncclGroupStart());
+        for d in 0..set.len() {
+            ck!(cudaSetDevice(d as c_int));
+            nc!(ncclAllReduce(
+                bufs[d].ptr,
+                bufs[d].ptr,
+                count,
+                ncclBfloat16,
+                ncclSum,
+                set[d],
+                streams[d]
+            ));
+        }
+        nc!(ncclGroupEnd());
+        let (want, tol) = reference(t, ncclSum, set.len(), count, value);
+        let mut first: Option<Vec<u8>> = None;
+        for d in 0..set.len() {
+            ck!(cudaSetDevice(d as c_int));
+            ck!(cudaStreamSynchronize(streams[d]));
+            let got = bufs[d].read()?;
+            check_close("single-process all-reduce", &decode(t, &got), &want, &tol)?;
+            if first.get_or_insert_with(|| got.clone()) != &got {
+                return Err(format!("device {d} got different bits"));
+            }
+            ck!(cudaStreamDestroy(streams[d]));
+        }
+        for c in set.iter() {
+            nc!(ncclCommDestroy(*c));
+        }
+    }
+    println!("single process, {ndev} devices: collectives OK");
+    Ok(())
+}
+
+/// `sim-probe collectives [all | kill RANK | exit RANK | single-process]`.
 pub fn collectives(args: &[String]) -> Result<(), String> {
-    let j = job()?;
     let mode = args.first().map(String::as_str).unwrap_or("all");
+    if mode == "single-process" {
+        return single_process(4);
+    }
+    let j = job()?;
     match mode {
         "all" => run_all(&j),
         "kill" | "exit" => {
@@ -867,6 +1007,7 @@ fn run_all(j: &Job) -> Result<(), String> {
     asynchrony(j, comm, s)?;
     graphs(j, comm, s)?;
     splits(j, comm, s)?;
+    nonblocking(j, s)?;
     let mut e: ncclResult_t = ncclInternalError;
     nc!(ncclCommGetAsyncError(comm, &mut e));
     if e != ncclSuccess {

@@ -396,7 +396,9 @@ impl Segment {
         }
         // SAFETY: `fd` is a fresh descriptor nothing else owns.
         let file = unsafe { File::from_raw_fd(fd) };
-        let layout = Layout::new(nranks, slot_bytes_from_env(), mbox_bytes_from_env());
+        // A reduce-scatter stages one element of every rank's block per window at least.
+        let slot = slot_bytes_from_env().max(nranks * 64);
+        let layout = Layout::new(nranks, slot, mbox_bytes_from_env());
         let cleanup = |file: File| {
             drop(file);
             let _ = std::fs::remove_file(&tmp);

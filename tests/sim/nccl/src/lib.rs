@@ -20,8 +20,15 @@
 //!   when `NCCL_CHECK_POINTERS=1`. Every wait gives up after `SIM_NCCL_TIMEOUT` seconds
 //!   (default 300).
 //!
+//! * **Graphs.** A collective enqueued on a capturing stream runs at every launch of the graph,
+//!   taking its place in the communicator's order then (eager collectives issued between
+//!   capture and launch do not wait for it).
+//!
 //! Bootstrap: `ncclGetUniqueId` returns a random id, or, when `NCCL_COMM_ID` ("host:port" of
-//! the bootstrap root) is set, an id derived from it so that every rank computes the same id.
+//! the bootstrap root) is set, an id derived from it and from how many ids the process made
+//! before, so that every rank's k-th call yields the same id without an out-of-band channel.
+//! Split communicators get ids derived from their parent's. The transport is described in
+//! `shm.rs`, the execution model (lanes, sequence numbers, stream joins) in `exec.rs`.
 //!
 //! Environment: `SIM_NCCL_TIMEOUT`, `SIM_NCCL_SLOT_BYTES` (staging slot, default 256 KiB),
 //! `SIM_NCCL_MBOX_BYTES` (point-to-point ring, default 64 KiB), `SIM_NCCL_SHM_DIR` (default

@@ -1,3 +1,65 @@
-//! cublas entry points.
-#[allow(unused_imports)]
+//! cuBLAS entry points (`cublas_api.h`, CUDA 12.8).
+use core::ffi::{c_char, c_int, c_longlong, c_void};
+
 use crate::abi::cublas::*;
+use crate::abi::cudart::cudaStream_t;
+use crate::abi::library_types::cudaDataType;
+
+crate::dyn_api! {
+    fn cublasCreate_v2(handle: *mut cublasHandle_t) -> cublasStatus_t;
+    fn cublasDestroy_v2(handle: cublasHandle_t) -> cublasStatus_t;
+    fn cublasGetVersion_v2(handle: cublasHandle_t, version: *mut c_int) -> cublasStatus_t;
+    fn cublasGetProperty(type_: libraryPropertyType, value: *mut c_int) -> cublasStatus_t;
+    fn cublasSetStream_v2(handle: cublasHandle_t, streamId: cudaStream_t) -> cublasStatus_t;
+    fn cublasGetStream_v2(handle: cublasHandle_t, streamId: *mut cudaStream_t) -> cublasStatus_t;
+    fn cublasSetPointerMode_v2(handle: cublasHandle_t, mode: cublasPointerMode_t) -> cublasStatus_t;
+    fn cublasGetPointerMode_v2(handle: cublasHandle_t, mode: *mut cublasPointerMode_t) -> cublasStatus_t;
+    fn cublasSetMathMode(handle: cublasHandle_t, mode: cublasMath_t) -> cublasStatus_t;
+    fn cublasGetMathMode(handle: cublasHandle_t, mode: *mut cublasMath_t) -> cublasStatus_t;
+    fn cublasSetWorkspace_v2(handle: cublasHandle_t, workspace: *mut c_void, workspaceSizeInBytes: usize) -> cublasStatus_t;
+    fn cublasGetStatusName(status: cublasStatus_t) -> *const c_char;
+    fn cublasGetStatusString(status: cublasStatus_t) -> *const c_char;
+    fn cublasSgemm_v2(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f32, A: *const f32, lda: c_int,
+        B: *const f32, ldb: c_int, beta: *const f32, C: *mut f32, ldc: c_int,
+    ) -> cublasStatus_t;
+    fn cublasDgemm_v2(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f64, A: *const f64, lda: c_int,
+        B: *const f64, ldb: c_int, beta: *const f64, C: *mut f64, ldc: c_int,
+    ) -> cublasStatus_t;
+    fn cublasHgemm(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const __half, A: *const __half, lda: c_int,
+        B: *const __half, ldb: c_int, beta: *const __half, C: *mut __half, ldc: c_int,
+    ) -> cublasStatus_t;
+    fn cublasSgemmStridedBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f32, A: *const f32, lda: c_int,
+        strideA: c_longlong, B: *const f32, ldb: c_int, strideB: c_longlong, beta: *const f32,
+        C: *mut f32, ldc: c_int, strideC: c_longlong, batchCount: c_int,
+    ) -> cublasStatus_t;
+    fn cublasGemmEx(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const c_void, A: *const c_void, Atype: cudaDataType,
+        lda: c_int, B: *const c_void, Btype: cudaDataType, ldb: c_int, beta: *const c_void,
+        C: *mut c_void, Ctype: cudaDataType, ldc: c_int, computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t;
+    fn cublasGemmStridedBatchedEx(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const c_void, A: *const c_void, Atype: cudaDataType,
+        lda: c_int, strideA: c_longlong, B: *const c_void, Btype: cudaDataType, ldb: c_int,
+        strideB: c_longlong, beta: *const c_void, C: *mut c_void, Ctype: cudaDataType, ldc: c_int,
+        strideC: c_longlong, batchCount: c_int, computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t;
+    fn cublasGemmBatchedEx(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const c_void, Aarray: *const *const c_void,
+        Atype: cudaDataType, lda: c_int, Barray: *const *const c_void, Btype: cudaDataType,
+        ldb: c_int, beta: *const c_void, Carray: *const *mut c_void, Ctype: cudaDataType,
+        ldc: c_int, batchCount: c_int, computeType: cublasComputeType_t, algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t;
+}

@@ -918,6 +918,46 @@ pub fn reference(
     (val, mag)
 }
 
+/// Half the smallest positive subnormal of a float type: its absolute rounding error floor.
+fn abs_floor(t: DType) -> f64 {
+    match t {
+        DType::E4M3 => 2f64.powi(-10),
+        DType::E5M2 => 2f64.powi(-17),
+        DType::F16 => 2f64.powi(-25),
+        DType::BF16 => 2f64.powi(-134),
+        DType::F32 => 2f64.powi(-150),
+        _ => 0.0,
+    }
+}
+
+/// The round-off bound of one output element of `g` before `scale_d` and activation
+/// (tolerance.md §5), given its exact value and magnitude from [`reference()`]:
+/// `(5 sqrt(k) u_acc + 2 u_in + 4 u_scale) * mag + 1.01 u_out |exact| + floor`, i.e. the
+/// probabilistic `lambda sqrt(k) u` accumulation bound with lambda = 5, the rounding of both
+/// factors of every product to the compute type's input format, the scale-type operations of
+/// the epilogue, and one rounding to D's type (its subnormal floor included). The plan's
+/// tiling only lowers the real error below the `sqrt(k)` model.
+pub fn round_off_bound(g: &Gemm, exact: f64, mag: f64) -> f64 {
+    const LAMBDA: f64 = 5.0;
+    let u_acc = g.compute.accumulator_unit_roundoff();
+    let u_in = g.compute.input_unit_roundoff();
+    let u_scale = if g.scale_type.is_float() {
+        g.scale_type.epsilon() / 2.0
+    } else {
+        0.0
+    };
+    let u_out = if g.d.dtype.is_float() {
+        g.d.dtype.epsilon() / 2.0
+    } else {
+        0.5
+    };
+    let kf = g.k.max(1) as f64;
+    (LAMBDA * kf.sqrt() * u_acc + 2.0 * u_in + 4.0 * u_scale) * mag
+        + u_out * exact.abs() * 1.01
+        + abs_floor(g.d.dtype)
+        + f64::MIN_POSITIVE
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -972,40 +1012,6 @@ mod tests {
         buf
     }
 
-    /// Half the smallest positive subnormal: the absolute rounding error floor of a type.
-    fn abs_floor(t: DType) -> f64 {
-        match t {
-            DType::E4M3 => 2f64.powi(-10),
-            DType::E5M2 => 2f64.powi(-17),
-            DType::F16 => 2f64.powi(-25),
-            _ => 0.0,
-        }
-    }
-
-    /// The round-off bound of one output element (tolerance.md §5): probabilistic
-    /// `lambda * sqrt(k) * u_acc` on `|alpha| |A||B|`, input rounding `2 u_in` per product,
-    /// a few scale-type roundings, and one output rounding.
-    fn bound(g: &Gemm, exact: f64, mag: f64) -> f64 {
-        const LAMBDA: f64 = 5.0;
-        let u_acc = g.compute.accumulator_unit_roundoff();
-        let u_in = g.compute.input_unit_roundoff();
-        let u_scale = if g.scale_type.is_float() {
-            g.scale_type.epsilon() / 2.0
-        } else {
-            0.0
-        };
-        let u_out = if g.d.dtype.is_float() {
-            g.d.dtype.epsilon() / 2.0
-        } else {
-            0.5
-        };
-        let kf = g.k.max(1) as f64;
-        (LAMBDA * kf.sqrt() * u_acc + 2.0 * u_in + 4.0 * u_scale) * mag
-            + u_out * exact.abs() * 1.01
-            + abs_floor(g.d.dtype)
-            + f64::MIN_POSITIVE
-    }
-
     struct Case {
         ab: DType,
         b: DType,
@@ -1051,7 +1057,7 @@ mod tests {
                     let got = g.d.dtype.load(&d, g.d.index(i, j, bi));
                     let want = g.d.dtype.round(val[idx]);
                     let err = (got - val[idx]).abs();
-                    let bd = bound(g, val[idx], mag[idx]);
+                    let bd = round_off_bound(g, val[idx], mag[idx]);
                     assert!(
                         err <= bd,
                         "{g:?}\nD[{i},{j},{bi}] = {got}, exact {} (rounded {want}), error {err:e} > bound {bd:e}",
@@ -1238,7 +1244,7 @@ mod tests {
                 for (idx, (v, mg)) in val.iter().zip(&mag).enumerate() {
                     let x = DType::F32.load(&d_full, idx);
                     let y = DType::F32.load(&d_sh, idx);
-                    let bd = bound(&full, *v, *mg);
+                    let bd = round_off_bound(&full, *v, *mg);
                     assert!(
                         (x - y).abs() <= 2.0 * bd,
                         "{ab:?} k={k} [{idx}]: {x} vs {y}, bound {bd:e}"
@@ -1372,7 +1378,7 @@ mod tests {
             for i in 0..m {
                 let idx = i + j * m;
                 let pre = DType::BF16.load(&aux, i + j * (m + 2));
-                let bd = bound(&g, val[idx], mag[idx]);
+                let bd = round_off_bound(&g, val[idx], mag[idx]);
                 assert!(
                     (pre - val[idx]).abs() <= bd,
                     "aux [{i},{j}] {pre} vs {}",
@@ -1448,7 +1454,7 @@ mod tests {
             amax = amax.max(v.abs());
             let got = DType::E4M3.load(&d, idx);
             let want = v * 8.0;
-            let bd = 8.0 * bound(&g, *v, *mg);
+            let bd = 8.0 * round_off_bound(&g, *v, *mg);
             assert!(
                 (got - want).abs() <= bd,
                 "D[{idx}] {got} vs {want} (bound {bd:e})"

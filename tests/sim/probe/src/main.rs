@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 mod collectives;
+mod gemm;
 mod streams;
 
 /// A probe: gets the arguments after its name.
@@ -13,6 +14,21 @@ type Probe = fn(&[String]) -> Result<(), String>;
 /// Every subcommand, with a one-line description.
 const PROBES: &[(&str, &str, Probe)] = &[
     // (name, what it checks, entry point): one line per probe.
+    (
+        "gemm-cublas",
+        "cuBLAS GEMMs vs f64 within round-off; statuses, streams (--sim: bitwise)",
+        gemm::cublas,
+    ),
+    (
+        "gemm-lt",
+        "cuBLASLt matmuls, epilogues, FP8 scales/amax, descriptors (--sim: bitwise)",
+        gemm::lt,
+    ),
+    (
+        "gemm-fault",
+        "a GEMM on device-inaccessible memory faults on its stream",
+        gemm::fault,
+    ),
     (
         "stale-read",
         "a host read before synchronising sees stale data",

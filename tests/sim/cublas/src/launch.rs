@@ -209,6 +209,10 @@ impl GemmKernel {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
+        if g.beta != 0.0 && self.c.ptr.is_none() {
+            // A nonzero beta read on the device with no C bound: the kernel reads address 0.
+            return Err(cudaErrorIllegalAddress);
+        }
         // Operands that overlap D are copied first (a GEMM reads them all before writing).
         let copy_if = |r: &Range| {
             r.overlaps(&self.d).then(|| {

@@ -824,7 +824,12 @@ pub unsafe extern "C" fn cublasLtMatmul(
         let Some((alpha_s, beta_s)) = scalars else {
             return launch::enqueue_fault(stream);
         };
-        let c_read = !C.is_null() && !matches!(beta_s, Scalar::Value(v) if v == 0.0);
+        // C is bound when it will be read: beta != 0 known now, or a device-side beta with a
+        // non-null C (a null C with a nonzero device beta faults in the kernel).
+        let c_read = match beta_s {
+            Scalar::Value(v) => v != 0.0,
+            Scalar::Device(..) => !C.is_null(),
+        };
         let mut k = GemmKernel::new(g, alpha_s, beta_s);
         let bound = (|| -> Result<GemmKernel, Inaccessible> {
             k.bind(A, B, C, D, c_read)?;

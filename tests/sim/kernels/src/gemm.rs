@@ -1240,6 +1240,31 @@ mod tests {
                     d_full, d_sh,
                     "{ab:?} k={k}: sharded result is bitwise equal"
                 );
+                // The other way to combine shards: two separate partial GEMMs summed in f32
+                // afterwards (an all-reduce of partial sums).
+                let (mut p0, mut p1) = (vec![0u8; full.d_bytes()], vec![0u8; full.d_bytes()]);
+                let second0 = Gemm {
+                    beta: 0.0,
+                    ..second
+                };
+                run(&first, &a, &b, CInput::None, &mut p0);
+                run(
+                    &second0,
+                    &a[h * m * sz..],
+                    &b[h * sz..],
+                    CInput::None,
+                    &mut p1,
+                );
+                let summed: Vec<u8> = (0..m * n)
+                    .flat_map(|i| {
+                        (DType::F32.load(&p0, i) as f32 + DType::F32.load(&p1, i) as f32)
+                            .to_ne_bytes()
+                    })
+                    .collect();
+                assert_ne!(
+                    d_full, summed,
+                    "{ab:?} k={k}: summed shards are bitwise equal"
+                );
                 let (val, mag) = reference(&full, &a, &b, None, None);
                 for (idx, (v, mg)) in val.iter().zip(&mag).enumerate() {
                     let x = DType::F32.load(&d_full, idx);

@@ -71,7 +71,7 @@ crate::dyn_api! {
     fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, f: cudaHostFn_t, user_data: *mut c_void) -> cudaError_t;
     fn cudaStreamIsCapturing(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus) -> cudaError_t;
     fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, status: *mut cudaStreamCaptureStatus) -> cudaError_t;
-    fn cudaStreamGetCaptureInfo(stream: cudaStream_t, capture_status_out: *mut cudaStreamCaptureStatus, id_out: *mut c_ulonglong, graph_out: *mut cudaGraph_t, dependencies_out: *mut *const cudaGraphNode_t, num_dependencies_out: *mut usize) -> cudaError_t;
+    fn cudaStreamGetCaptureInfo(stream: cudaStream_t, capture_status_out: *mut cudaStreamCaptureStatus, id_out: *mut c_ulonglong) -> cudaError_t;
     fn cudaStreamGetCaptureInfo_v2(stream: cudaStream_t, capture_status_out: *mut cudaStreamCaptureStatus, id_out: *mut c_ulonglong, graph_out: *mut cudaGraph_t, dependencies_out: *mut *const cudaGraphNode_t, num_dependencies_out: *mut usize) -> cudaError_t;
     fn cudaStreamGetCaptureInfo_v2_ptsz(stream: cudaStream_t, capture_status_out: *mut cudaStreamCaptureStatus, id_out: *mut c_ulonglong, graph_out: *mut cudaGraph_t, dependencies_out: *mut *const cudaGraphNode_t, num_dependencies_out: *mut usize) -> cudaError_t;
     fn cudaStreamBeginCapture(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> cudaError_t;

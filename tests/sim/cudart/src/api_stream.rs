@@ -444,23 +444,23 @@ fn capture_info(
     }
     Ok(())
 }
+/// The unversioned export keeps its CUDA 11 signature for old binaries; headers of CUDA 12
+/// rename calls to `cudaStreamGetCaptureInfo_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo(
     stream: cudaStream_t,
     capture_status_out: *mut cudaStreamCaptureStatus,
     id_out: *mut c_ulonglong,
-    graph_out: *mut cudaGraph_t,
-    dependencies_out: *mut *const cudaGraphNode_t,
-    num_dependencies_out: *mut usize,
 ) -> cudaError_t {
+    let none = std::ptr::null_mut();
     guard(|| {
         capture_info(
             stream,
             capture_status_out,
             id_out,
-            graph_out,
-            dependencies_out,
-            num_dependencies_out,
+            none,
+            none.cast(),
+            none.cast(),
             false,
         )
     })

@@ -142,8 +142,10 @@ pub struct GemmKernel {
     pub d: Range,
     /// The bias vector.
     pub bias: Range,
-    /// The aux output.
+    /// The aux matrix (output, or DGELU's input).
     pub aux: Range,
+    /// The bias gradient output.
+    pub bgrad: Range,
     /// Scale factors of A, B, C, D (`None`: 1).
     pub scales: [Option<Scalar>; 4],
     /// Where `amax_D` goes (f32), if requested.
@@ -163,6 +165,7 @@ impl GemmKernel {
             d: Range::EMPTY,
             bias: Range::EMPTY,
             aux: Range::EMPTY,
+            bgrad: Range::EMPTY,
             scales: [None; 4],
             amax: None,
         }
@@ -243,6 +246,8 @@ impl GemmKernel {
         } else {
             CInput::Buffer(cbuf)
         };
+        // The bias gradient is computed aside and copied out last (it may alias nothing else).
+        let mut bgrad = g.epilogue.bgrad.map(|_| vec![0u8; self.bgrad.len]);
         let bufs = Buffers {
             a,
             b,
@@ -250,8 +255,13 @@ impl GemmKernel {
             d,
             bias: g.epilogue.bias.map(|_| bias),
             aux: g.epilogue.aux.map(|_| aux),
+            bgrad: bgrad.as_deref_mut(),
         };
         let out = gemm(&g, bufs).map_err(|_| cudaErrorIllegalAddress)?;
+        if let Some(v) = bgrad {
+            // SAFETY: validated at launch; the GEMM's views of device memory are no longer used.
+            unsafe { self.bgrad.bytes_mut() }.copy_from_slice(&v);
+        }
         if let Some(p) = self.amax {
             // SAFETY: validated for 4 bytes at launch.
             let dst = unsafe { p.slice_mut(4) };

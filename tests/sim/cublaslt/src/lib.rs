@@ -25,8 +25,11 @@
 //!   is the tanh form; the bias, of `BIAS_DATA_TYPE` or by default D's type, or for FP8 inputs
 //!   C's type when 16-bit else bf16, is added before the activation; GELU_AUX stores the
 //!   pre-activation value in `EPILOGUE_AUX_DATA_TYPE`, default D's type, with `AUX_LD >= m`
-//!   and a multiple of 8). RELU_AUX (bit masks) and the gradient epilogues are
-//!   `CUBLAS_STATUS_NOT_SUPPORTED`;
+//!   and a multiple of 8), and the backward ones DGELU (the result times GELU' of the aux
+//!   matrix, then an input), DGELU_BGRAD (also `sum_j` of that result into the bias pointer),
+//!   BGRADA and BGRADB (`sum_k` of op(A)'s rows / op(B)'s columns into the bias pointer; see
+//!   `sim_kernels::gemm::BiasGrad`). The ReLU bit-mask epilogues (RELU_AUX, RELU_AUX_BIAS,
+//!   DRELU, DRELU_BGRAD) are `CUBLAS_STATUS_NOT_SUPPORTED`;
 //! * pointer modes HOST (alpha/beta read during the call) and DEVICE (read by the kernel).
 //!
 //! `cublasLtMatmulAlgoGetHeuristic` returns one algorithm (workspace 0, state SUCCESS) for
@@ -50,7 +53,7 @@ use desc::{Desc, Kind, MATMUL_DESC, MATRIX_LAYOUT, PREFERENCE};
 use launch::{enqueue_gemm, guard, GemmKernel, Inaccessible, Range, Scalar};
 use sim_kernels::dtype::DType;
 use sim_kernels::gemm::{
-    plan, Activation, BiasLayout, Compute, Epilogue, Gemm, Layout, Op, Order, SM_COUNT,
+    plan, Activation, BiasGrad, BiasLayout, Compute, Epilogue, Gemm, Layout, Op, Order, SM_COUNT,
 };
 
 static HANDLES: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
@@ -690,17 +693,21 @@ unsafe fn prepare(
     if !scales[3].is_null() && !is_fp8(dt) {
         return Err(CUBLAS_STATUS_INVALID_VALUE);
     }
-    // Epilogue.
+    // Epilogue: (bias input, activation, aux matrix, bias gradient).
     let epi = md.u64(CUBLASLT_MATMUL_DESC_EPILOGUE) as u32;
-    let (bias_on, activation, aux_on) = match epi {
-        CUBLASLT_EPILOGUE_DEFAULT => (false, Activation::Identity, false),
-        CUBLASLT_EPILOGUE_RELU => (false, Activation::Relu, false),
-        CUBLASLT_EPILOGUE_BIAS => (true, Activation::Identity, false),
-        CUBLASLT_EPILOGUE_RELU_BIAS => (true, Activation::Relu, false),
-        CUBLASLT_EPILOGUE_GELU => (false, Activation::Gelu, false),
-        CUBLASLT_EPILOGUE_GELU_BIAS => (true, Activation::Gelu, false),
-        CUBLASLT_EPILOGUE_GELU_AUX => (false, Activation::Gelu, true),
-        CUBLASLT_EPILOGUE_GELU_AUX_BIAS => (true, Activation::Gelu, true),
+    let (bias_on, activation, aux_on, bgrad) = match epi {
+        CUBLASLT_EPILOGUE_DEFAULT => (false, Activation::Identity, false, None),
+        CUBLASLT_EPILOGUE_RELU => (false, Activation::Relu, false, None),
+        CUBLASLT_EPILOGUE_BIAS => (true, Activation::Identity, false, None),
+        CUBLASLT_EPILOGUE_RELU_BIAS => (true, Activation::Relu, false, None),
+        CUBLASLT_EPILOGUE_GELU => (false, Activation::Gelu, false, None),
+        CUBLASLT_EPILOGUE_GELU_BIAS => (true, Activation::Gelu, false, None),
+        CUBLASLT_EPILOGUE_GELU_AUX => (false, Activation::Gelu, true, None),
+        CUBLASLT_EPILOGUE_GELU_AUX_BIAS => (true, Activation::Gelu, true, None),
+        CUBLASLT_EPILOGUE_DGELU => (false, Activation::DGelu, true, None),
+        CUBLASLT_EPILOGUE_DGELU_BGRAD => (false, Activation::DGelu, true, Some(BiasGrad::D)),
+        CUBLASLT_EPILOGUE_BGRADA => (false, Activation::Identity, false, Some(BiasGrad::A)),
+        CUBLASLT_EPILOGUE_BGRADB => (false, Activation::Identity, false, Some(BiasGrad::B)),
         _ => return Err(CUBLAS_STATUS_NOT_SUPPORTED),
     };
     let stride = |attr| usize::try_from(md.i64(attr)).map_err(|_| CUBLAS_STATUS_INVALID_VALUE);
@@ -709,7 +716,7 @@ unsafe fn prepare(
         ..Epilogue::default()
     };
     let bias = md.ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER);
-    if bias_on {
+    if bias_on || bgrad.is_some() {
         if bias.is_null() {
             return Err(CUBLAS_STATUS_INVALID_VALUE);
         }
@@ -725,10 +732,14 @@ unsafe fn prepare(
                 .filter(|t| t.is_float())
                 .ok_or(CUBLAS_STATUS_NOT_SUPPORTED)?
         };
-        epilogue.bias = Some(BiasLayout {
+        let layout = BiasLayout {
             dtype,
             batch_stride: stride(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE)?,
-        });
+        };
+        match bgrad {
+            Some(src) => epilogue.bgrad = Some((src, layout)),
+            None => epilogue.bias = Some(layout),
+        }
     }
     let aux = md.ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
     if aux_on {
@@ -833,7 +844,11 @@ pub unsafe extern "C" fn cublasLtMatmul(
         let mut k = GemmKernel::new(g, alpha_s, beta_s);
         let bound = (|| -> Result<GemmKernel, Inaccessible> {
             k.bind(A, B, C, D, c_read)?;
-            k.bias = Range::new(p.bias, g.bias_bytes())?;
+            if g.epilogue.bgrad.is_some() {
+                k.bgrad = Range::new(p.bias, g.bgrad_bytes())?;
+            } else {
+                k.bias = Range::new(p.bias, g.bias_bytes())?;
+            }
             k.aux = Range::new(p.aux, g.aux_bytes())?;
             for (slot, ptr) in k.scales.iter_mut().zip(p.scales) {
                 if !ptr.is_null() {

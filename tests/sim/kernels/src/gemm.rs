@@ -245,6 +245,21 @@ pub enum Activation {
     Relu,
     /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
     Gelu,
+    /// GELU's gradient (DGELU): the value is multiplied by `gelu'(x)`, `x` being the forward
+    /// pre-activation read from the aux matrix, which is an *input* here.
+    DGelu,
+}
+
+/// What a bias-gradient epilogue reduces (into the bias vector, which is then an output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BiasGrad {
+    /// BGRADA: `sum_k op(A)[i, k]`, m values (inputs as held by the accumulator, no alpha).
+    A,
+    /// BGRADB: `sum_k op(B)[k, j]`, n values.
+    B,
+    /// DRELU/DGELU_BGRAD: `sum_j D[i, j]` of the values before `scale_d` and the output
+    /// rounding, m values.
+    D,
 }
 
 /// A bias vector (length m, packed) added to every column of the result.
@@ -263,8 +278,11 @@ pub struct Epilogue {
     pub bias: Option<BiasLayout>,
     /// Activation.
     pub activation: Activation,
-    /// Where the pre-activation value is stored (GELU_AUX), as an `m x n` matrix.
+    /// Where the pre-activation value is stored (GELU_AUX), as an `m x n` matrix; for
+    /// [`Activation::DGelu`], where the forward pre-activation is read.
     pub aux: Option<Layout>,
+    /// A bias gradient to compute, written with this layout.
+    pub bgrad: Option<(BiasGrad, BiasLayout)>,
     /// Scale of A (dequantisation factor), multiplied into alpha.
     pub scale_a: f64,
     /// Scale of B, multiplied into alpha.
@@ -281,6 +299,7 @@ impl Default for Epilogue {
             bias: None,
             activation: Activation::Identity,
             aux: None,
+            bgrad: None,
             scale_a: 1.0,
             scale_b: 1.0,
             scale_c: 1.0,
@@ -408,6 +427,17 @@ impl Gemm {
         }
     }
 
+    /// Bytes of the bias gradient written, if any.
+    pub fn bgrad_bytes(&self) -> usize {
+        match self.epilogue.bgrad {
+            Some((src, l)) if self.m > 0 && self.n > 0 && self.batch > 0 => {
+                let len = if src == BiasGrad::B { self.n } else { self.m };
+                ((self.batch - 1) * l.batch_stride + len) * l.dtype.size()
+            }
+            _ => 0,
+        }
+    }
+
     /// The leading dimensions that real cuBLAS would reject (`ld < rows`).
     pub fn check_lds(&self) -> Result<(), GemmError> {
         let (ar, ac) = self.a_dims();
@@ -450,8 +480,10 @@ pub struct Buffers<'a> {
     pub d: &'a mut [u8],
     /// The bias vector when the epilogue has one.
     pub bias: Option<&'a [u8]>,
-    /// The aux output when the epilogue has one.
+    /// The aux matrix when the epilogue has one (an output, or DGELU's input).
     pub aux: Option<&'a mut [u8]>,
+    /// The bias gradient output when the epilogue computes one.
+    pub bgrad: Option<&'a mut [u8]>,
 }
 
 /// Results besides D.
@@ -582,6 +614,15 @@ impl ScaleArith {
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// The derivative of [`gelu_tanh`], evaluated in f32.
+#[inline]
+pub fn gelu_tanh_grad(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const C: f32 = 0.044_715;
+    let t = (SQRT_2_OVER_PI * (x + C * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * C * x * x)
 }
 
 /// Accumulator arithmetic: the element type and how a lane is updated.
@@ -777,11 +818,23 @@ pub fn gemm(g: &Gemm, bufs: Buffers<'_>) -> Result<Outcome, GemmError> {
         }
         (Some(l), Some(buf)) => Some((l, buf)),
     };
+    let bgrad = match (g.epilogue.bgrad, bufs.bgrad) {
+        (None, _) => None,
+        (Some(_), None) => return Err(GemmError::MissingBuffer("bgrad")),
+        (Some(_), Some(buf)) if buf.len() < g.bgrad_bytes() => {
+            return Err(GemmError::BufferTooSmall("bgrad"))
+        }
+        (Some(spec), Some(buf)) => Some((spec, buf)),
+    };
+    if g.epilogue.activation == Activation::DGelu && aux.is_none() {
+        return Err(GemmError::MissingBuffer("aux"));
+    }
     let out = Out {
         c: if g.beta == 0.0 { CInput::None } else { bufs.c },
         d: bufs.d,
         bias,
         aux,
+        bgrad,
     };
     match g.compute.accumulator() {
         Accum::F32 => run::<AccF32, 16>(g, bufs.a, bufs.b, out),
@@ -795,6 +848,7 @@ struct Out<'a> {
     d: &'a mut [u8],
     bias: Option<(BiasLayout, &'a [u8])>,
     aux: Option<(Layout, &'a mut [u8])>,
+    bgrad: Option<((BiasGrad, BiasLayout), &'a mut [u8])>,
 }
 
 fn run<A: Acc, const L: usize>(
@@ -814,6 +868,8 @@ fn run<A: Acc, const L: usize>(
     let beta_c = sa.mul(round_to(g.scale_type, g.beta), e.scale_c);
     let mut amax = 0f64;
     let (mut pa, mut pb) = (Vec::new(), Vec::new());
+    let keep_d = matches!(e.bgrad, Some((BiasGrad::D, _)));
+    let mut dvals = vec![A::T::default(); if keep_d { g.m * g.n } else { 0 }];
     for bi in 0..g.batch {
         pack::<A>(g, a, b, bi, &mut pa, &mut pb);
         for j in 0..g.n {
@@ -838,7 +894,12 @@ fn run<A: Acc, const L: usize>(
                     v = sa.add(v, bl.dtype.load(bias, bi * bl.batch_stride + i));
                 }
                 if let Some((al, aux)) = out.aux.as_mut() {
-                    al.dtype.store(aux, al.index(i, j, bi), v);
+                    if e.activation == Activation::DGelu {
+                        let x = al.dtype.load(aux, al.index(i, j, bi));
+                        v = sa.mul(v, round_to(g.scale_type, gelu_tanh_grad(x as f32) as f64));
+                    } else {
+                        al.dtype.store(aux, al.index(i, j, bi), v);
+                    }
                 }
                 v = match e.activation {
                     Activation::Identity => v,
@@ -850,7 +911,11 @@ fn run<A: Acc, const L: usize>(
                         }
                     }
                     Activation::Gelu => round_to(g.scale_type, gelu_tanh(v as f32) as f64),
+                    Activation::DGelu => v,
                 };
+                if keep_d {
+                    dvals[j * g.m + i] = A::from_f64(v);
+                }
                 if v.abs() > amax {
                     amax = v.abs();
                 }
@@ -862,8 +927,44 @@ fn run<A: Acc, const L: usize>(
                 g.d.dtype.store(out.d, di, dv);
             }
         }
+        if let Some(((src, bl), buf)) = out.bgrad.as_mut() {
+            bias_grad::<A, L>(g, *src, *bl, bi, &pa, &pb, &dvals, buf);
+        }
     }
     Ok(Outcome { amax_d: amax })
+}
+
+/// Writes batch entry `bi`'s bias gradient: each sum is a dot product with ones under the plan
+/// of its own length, so it follows the same tiled, lane-interleaved order as the GEMM.
+#[allow(clippy::too_many_arguments)]
+fn bias_grad<A: Acc, const L: usize>(
+    g: &Gemm,
+    src: BiasGrad,
+    bl: BiasLayout,
+    bi: usize,
+    pa: &[A::T],
+    pb: &[A::T],
+    dvals: &[A::T],
+    out: &mut [u8],
+) {
+    let (rows, len, data): (usize, usize, Vec<A::T>) = match src {
+        BiasGrad::A => (g.m, g.k, pa.to_vec()),
+        BiasGrad::B => (g.n, g.k, pb.to_vec()),
+        // dvals is column-major m x n: transpose so that each row's n values are contiguous.
+        BiasGrad::D => {
+            let mut t = Vec::with_capacity(g.m * g.n);
+            for i in 0..g.m {
+                t.extend((0..g.n).map(|j| dvals[j * g.m + i]));
+            }
+            (g.m, g.n, t)
+        }
+    };
+    let ones = vec![A::from_f64(1.0); len];
+    let p = plan(1, 1, len, 1, g.compute);
+    for r in 0..rows {
+        let s: f64 = dot::<A, L>(&data[r * len..(r + 1) * len], &ones, &p).into();
+        bl.dtype.store(out, bi * bl.batch_stride + r, s);
+    }
 }
 
 /// The exact result, for tests: `alpha * scale_a * scale_b * sum_k a*b` (+ `beta * scale_c *
@@ -1047,6 +1148,7 @@ mod tests {
             d: &mut d,
             bias: None,
             aux: None,
+            bgrad: None,
         };
         gemm(g, bufs).expect("gemm runs");
         let (val, mag) = reference(g, &a, &b, Some(&c), None);
@@ -1211,6 +1313,7 @@ mod tests {
                             d,
                             bias: None,
                             aux: None,
+                            bgrad: None,
                         },
                     )
                     .expect("gemm runs");
@@ -1296,6 +1399,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         )
         .expect("runs");
@@ -1310,6 +1414,7 @@ mod tests {
                 d: &mut d2,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         )
         .expect("runs");
@@ -1325,6 +1430,7 @@ mod tests {
                 d: &mut d2,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         )
         .expect("runs");
@@ -1347,6 +1453,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         );
         assert_eq!(r, Err(GemmError::BufferTooSmall("B")));
@@ -1360,6 +1467,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         );
         assert_eq!(r, Err(GemmError::LeadingDimension));
@@ -1396,6 +1504,7 @@ mod tests {
             d: &mut d,
             bias: Some(&bias),
             aux: Some(&mut aux),
+            bgrad: None,
         };
         gemm(&g, bufs).expect("runs");
         let (val, mag) = reference(&g, &a, &b, None, Some(&bias));
@@ -1430,6 +1539,7 @@ mod tests {
                 d: &mut d,
                 bias: Some(&bias),
                 aux: None,
+                bgrad: None,
             },
         )
         .expect("runs");
@@ -1470,6 +1580,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             },
         )
         .expect("runs");
@@ -1512,6 +1623,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             };
             gemm(&g, bufs).expect("runs");
             let e = val
@@ -1553,6 +1665,7 @@ mod tests {
                 d: &mut d,
                 bias: None,
                 aux: None,
+                bgrad: None,
             };
             gemm(&g, bufs).expect("runs");
             let s = t0.elapsed().as_secs_f64();
@@ -1561,6 +1674,101 @@ mod tests {
                 s * 1e3,
                 2.0 * (m * n * k) as f64 / s / 1e9
             );
+        }
+    }
+
+    /// DGELU_BGRAD, BGRADA and BGRADB: the gradient of GELU applied with the aux matrix as
+    /// input, and the bias-gradient sums, within round-off of f64.
+    #[test]
+    fn gradient_epilogues() {
+        let (m, n, k) = (12, 9, 70);
+        let f32b = BiasLayout {
+            dtype: DType::F32,
+            batch_stride: 16,
+        };
+        let mut g = Gemm::simple(m, n, k, DType::BF16, DType::F32, Compute::F32);
+        g.transb = Op::T;
+        g.b = Layout::col(DType::BF16, n);
+        g.batch = 2;
+        g.a = g.a.strided(m * k);
+        g.b = g.b.strided(n * k);
+        g.d = g.d.strided(m * n);
+        g.epilogue.activation = Activation::DGelu;
+        g.epilogue.aux = Some(Layout::col(DType::BF16, m).strided(m * n));
+        g.epilogue.bgrad = Some((BiasGrad::D, f32b));
+        let mut rng = Rng(31);
+        let a = fill(&g.a, m, k, 2, &mut rng, 1.0);
+        let b = fill(&g.b, n, k, 2, &mut rng, 1.0);
+        let mut aux = fill(&g.epilogue.aux.expect("set"), m, n, 2, &mut rng, 2.0);
+        let aux_before = aux.clone();
+        let mut d = vec![0u8; g.d_bytes()];
+        let mut bg = vec![0u8; g.bgrad_bytes()];
+        let bufs = Buffers {
+            a: &a,
+            b: &b,
+            c: CInput::None,
+            d: &mut d,
+            bias: None,
+            aux: Some(&mut aux),
+            bgrad: Some(&mut bg),
+        };
+        gemm(&g, bufs).expect("runs");
+        assert_eq!(aux, aux_before, "DGELU reads aux, never writes it");
+        let (val, mag) = reference(&g, &a, &b, None, None);
+        for bi in 0..2 {
+            for i in 0..m {
+                let (mut row, mut row_mag) = (0f64, 0f64);
+                for j in 0..n {
+                    let idx = bi * m * n + j * m + i;
+                    let x = DType::BF16.load(&aux, idx) as f32;
+                    let grad = gelu_tanh_grad(x) as f64;
+                    let want = val[idx] * grad;
+                    let got = DType::F32.load(&d, idx);
+                    let bd = round_off_bound(&g, want, mag[idx] * grad.abs()) + 1e-6 * want.abs();
+                    assert!((got - want).abs() <= bd, "D[{i},{j},{bi}] {got} vs {want}");
+                    row += want;
+                    row_mag += mag[idx] * grad.abs();
+                }
+                let got = DType::F32.load(&bg, bi * 16 + i);
+                let bd = 2.0 * round_off_bound(&g, row, row_mag) * (n as f64).sqrt();
+                assert!((got - row).abs() <= bd, "bgrad[{i},{bi}] {got} vs {row}");
+            }
+        }
+
+        // BGRADA / BGRADB: sums of op(A) rows and op(B) columns over k.
+        for (src, len) in [(BiasGrad::A, m), (BiasGrad::B, n)] {
+            let mut g2 = g;
+            g2.epilogue = Epilogue::default();
+            g2.epilogue.bgrad = Some((src, f32b));
+            let mut bg = vec![0u8; g2.bgrad_bytes()];
+            let bufs = Buffers {
+                a: &a,
+                b: &b,
+                c: CInput::None,
+                d: &mut d,
+                bias: None,
+                aux: None,
+                bgrad: Some(&mut bg),
+            };
+            gemm(&g2, bufs).expect("runs");
+            for bi in 0..2 {
+                for r in 0..len {
+                    let (mut want, mut mg) = (0f64, 0f64);
+                    for kk in 0..k {
+                        let v = match src {
+                            BiasGrad::A => DType::BF16.load(&a, g2.a.index(r, kk, bi)),
+                            _ => DType::BF16.load(&b, g2.b.index(r, kk, bi)),
+                        };
+                        want += v;
+                        mg += v.abs();
+                    }
+                    let got = DType::F32.load(&bg, bi * 16 + r);
+                    assert!(
+                        (got - want).abs() <= round_off_bound(&g2, want, mg),
+                        "{src:?}[{r},{bi}] {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 

@@ -21,8 +21,8 @@ use cuda_dyn::cublaslt::*;
 use cuda_dyn::cudart::*;
 use sim_kernels::dtype::DType;
 use sim_kernels::gemm::{
-    gemm, reference, round_off_bound, Activation, BiasLayout, Buffers, CInput, Compute, Gemm,
-    Layout, Op, Order,
+    gelu_tanh, gelu_tanh_grad, gemm, reference, round_off_bound, Activation, BiasGrad, BiasLayout,
+    Buffers, CInput, Compute, Gemm, Layout, Op, Order,
 };
 
 /// Fails with the call unless it returned `cudaSuccess`.
@@ -156,6 +156,8 @@ struct Job {
     b: Vec<u8>,
     c: Vec<u8>,
     bias: Option<Vec<u8>>,
+    /// DGELU's input: the forward pre-activation.
+    aux_in: Option<Vec<u8>>,
 }
 
 impl Job {
@@ -170,6 +172,10 @@ impl Job {
             let l = Layout::col(bl.dtype, g.m).strided(bl.batch_stride);
             matrix(&l, g.m, 1, g.batch, &mut rng)
         });
+        let aux_in = match (g.epilogue.activation, g.epilogue.aux) {
+            (Activation::DGelu, Some(al)) => Some(matrix(&al, g.m, g.n, g.batch, &mut rng)),
+            _ => None,
+        };
         Job {
             name: name.to_string(),
             g,
@@ -177,72 +183,83 @@ impl Job {
             b,
             c,
             bias,
+            aux_in,
         }
     }
 
-    /// Checks D (and the aux output and amax) against the f64 reference and, with `--sim`,
-    /// against `sim_kernels::gemm` bitwise. `d_before` is D's content before the call.
+    /// Checks D (and the aux output, bias gradient and amax) against the f64 reference and,
+    /// with `--sim`, against `sim_kernels::gemm` bitwise. `d_before` is D's content before the
+    /// call.
     fn check(
         &self,
         o: &Opts,
         d_before: &[u8],
-        d: &[u8],
-        aux: Option<&[u8]>,
-        amax: Option<f64>,
+        got: &Outputs<'_>,
         in_place: bool,
     ) -> Result<(), String> {
         let g = &self.g;
         let e = &g.epilogue;
+        let name = &self.name;
         let (val, mag) = reference(g, &self.a, &self.b, Some(&self.c), self.bias.as_deref());
-        let mut idx = 0;
         let mut want_amax = 0f64;
+        // Per-row sums of the result (DGELU_BGRAD) and their magnitudes.
+        let mut rows = vec![(0f64, 0f64); g.m * g.batch];
         for bi in 0..g.batch {
             for j in 0..g.n {
                 for i in 0..g.m {
+                    let idx = (bi * g.n + j) * g.m + i;
                     let (v, mg) = (val[idx], mag[idx]);
-                    idx += 1;
                     let bound = round_off_bound(g, v, mg);
-                    if let (Some(aux), Some(al)) = (aux, e.aux) {
-                        let got = al.dtype.load(aux, al.index(i, j, bi));
-                        if (got - v).abs() > bound {
+                    let (act, slope) = match (e.activation, &self.aux_in, e.aux) {
+                        (Activation::Identity, ..) => (v, 1.0),
+                        (Activation::Relu, ..) => (v.max(0.0), 1.0),
+                        (Activation::Gelu, ..) => (gelu_tanh(v as f32) as f64, 1.13),
+                        (Activation::DGelu, Some(x), Some(al)) => {
+                            let grad =
+                                gelu_tanh_grad(al.dtype.load(x, al.index(i, j, bi)) as f32) as f64;
+                            (v * grad, grad.abs() + 1e-6)
+                        }
+                        (Activation::DGelu, ..) => {
+                            return Err(format!("{name}: DGELU without aux input"))
+                        }
+                    };
+                    if let (Some(aux), Some(al), true) = (got.aux, e.aux, self.aux_in.is_none()) {
+                        let x = al.dtype.load(aux, al.index(i, j, bi));
+                        if (x - v).abs() > bound {
                             return Err(format!(
-                                "{}: aux[{i},{j},{bi}] = {got}, exact {v}, bound {bound:e}",
-                                self.name
+                                "{name}: aux[{i},{j},{bi}] = {x}, exact {v}, bound {bound:e}"
                             ));
                         }
                     }
-                    let (act, slope) = match e.activation {
-                        Activation::Identity => (v, 1.0),
-                        Activation::Relu => (v.max(0.0), 1.0),
-                        Activation::Gelu => (sim_kernels::gemm::gelu_tanh(v as f32) as f64, 1.13),
-                    };
                     want_amax = want_amax.max(act.abs());
+                    rows[bi * g.m + i].0 += act;
+                    rows[bi * g.m + i].1 += slope * mg;
                     let want = act * e.scale_d;
-                    let got = g.d.dtype.load(d, g.d.index(i, j, bi));
+                    let x = g.d.dtype.load(got.d, g.d.index(i, j, bi));
                     let out_u = g.d.dtype.epsilon() / 2.0;
                     let tol = (slope * bound + 2.0 * out_u * act.abs()) * e.scale_d.abs();
-                    let within = (got - want).abs() <= tol; // false for NaN
+                    let within = (x - want).abs() <= tol; // false for NaN
                     if !within {
                         return Err(format!(
-                            "{}: D[{i},{j},{bi}] = {got}, exact {want}, error {:e} > bound {tol:e}",
-                            self.name,
-                            (got - want).abs()
+                            "{name}: D[{i},{j},{bi}] = {x}, exact {want}, error {:e} > bound {tol:e}",
+                            (x - want).abs()
                         ));
                     }
                 }
             }
         }
-        if let Some(got) = amax {
-            if (got - want_amax).abs() > 1e-3 * want_amax + 1e-6 {
-                return Err(format!(
-                    "{}: amax_D = {got}, expected {want_amax}",
-                    self.name
-                ));
+        if let (Some((src, bl)), Some(bg)) = (e.bgrad, got.bgrad) {
+            self.check_bgrad(src, bl, bg, &rows)?;
+        }
+        if let Some(x) = got.amax {
+            if (x - want_amax).abs() > 1e-3 * want_amax + 1e-6 {
+                return Err(format!("{name}: amax_D = {x}, expected {want_amax}"));
             }
         }
         if o.sim {
             let mut host_d = d_before.to_vec();
-            let mut host_aux = aux.map(|a| a.to_vec());
+            let mut host_aux = self.aux_in.clone().or_else(|| got.aux.map(|a| a.to_vec()));
+            let mut host_bgrad = got.bgrad.map(|b| vec![0u8; b.len()]);
             let c = if in_place {
                 CInput::InD
             } else {
@@ -255,32 +272,92 @@ impl Job {
                 d: &mut host_d,
                 bias: self.bias.as_deref(),
                 aux: host_aux.as_deref_mut(),
+                bgrad: host_bgrad.as_deref_mut(),
             };
-            let out =
-                gemm(g, bufs).map_err(|e| format!("{}: host recomputation: {e}", self.name))?;
-            if host_d != d {
+            let out = gemm(g, bufs).map_err(|e| format!("{name}: host recomputation: {e}"))?;
+            if host_d != got.d {
                 return Err(format!(
-                    "{}: D differs from sim_kernels::gemm recomputed on the host",
-                    self.name
+                    "{name}: D differs from sim_kernels::gemm recomputed on the host"
                 ));
             }
-            if host_aux.as_deref() != aux {
+            if host_aux.as_deref() != got.aux {
+                return Err(format!("{name}: aux differs from the host recomputation"));
+            }
+            if host_bgrad.as_deref() != got.bgrad {
                 return Err(format!(
-                    "{}: aux differs from the host recomputation",
-                    self.name
+                    "{name}: the bias gradient differs from the host recomputation"
                 ));
             }
-            if let Some(got) = amax {
-                if got != out.amax_d as f32 as f64 {
+            if let Some(x) = got.amax {
+                if x != out.amax_d as f32 as f64 {
                     return Err(format!(
-                        "{}: amax {got} differs from the host's {}",
-                        self.name, out.amax_d
+                        "{name}: amax {x} differs from the host's {}",
+                        out.amax_d
                     ));
                 }
             }
         }
         Ok(())
     }
+
+    /// Checks a bias gradient: row sums of the result (D), or sums over k of op(A) rows (A) or
+    /// op(B) columns (B).
+    fn check_bgrad(
+        &self,
+        src: BiasGrad,
+        bl: BiasLayout,
+        bg: &[u8],
+        rows: &[(f64, f64)],
+    ) -> Result<(), String> {
+        let g = &self.g;
+        let len = if src == BiasGrad::B { g.n } else { g.m };
+        for bi in 0..g.batch {
+            for r in 0..len {
+                let (want, mg, k) = match src {
+                    BiasGrad::D => (rows[bi * g.m + r].0, rows[bi * g.m + r].1, g.n),
+                    BiasGrad::A | BiasGrad::B => {
+                        let (mut s, mut m) = (0f64, 0f64);
+                        for kk in 0..g.k {
+                            let v = match (src, g.transa, g.transb) {
+                                (BiasGrad::A, Op::N, _) => {
+                                    g.a.dtype.load(&self.a, g.a.index(r, kk, bi))
+                                }
+                                (BiasGrad::A, Op::T, _) => {
+                                    g.a.dtype.load(&self.a, g.a.index(kk, r, bi))
+                                }
+                                (_, _, Op::N) => g.b.dtype.load(&self.b, g.b.index(kk, r, bi)),
+                                (_, _, Op::T) => g.b.dtype.load(&self.b, g.b.index(r, kk, bi)),
+                            };
+                            s += v;
+                            m += v.abs();
+                        }
+                        (s, m, g.k)
+                    }
+                };
+                let u_acc = g.compute.accumulator_unit_roundoff();
+                let tol = (5.0 * (k as f64).sqrt() + 8.0) * u_acc * mg
+                    + bl.dtype.epsilon() * want.abs()
+                    + round_off_bound(g, 0.0, mg);
+                let x = bl.dtype.load(bg, bi * bl.batch_stride + r);
+                let within = (x - want).abs() <= tol;
+                if !within {
+                    return Err(format!(
+                        "{}: bias gradient [{r},{bi}] = {x}, exact {want}, bound {tol:e}",
+                        self.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a GEMM produced, copied back to the host.
+struct Outputs<'a> {
+    d: &'a [u8],
+    aux: Option<&'a [u8]>,
+    bgrad: Option<&'a [u8]>,
+    amax: Option<f64>,
 }
 
 /// A `cudaDataType` for a `DType`.
@@ -525,7 +602,17 @@ fn run_blas(
         }
     }
     let d = dc.download(stream)?;
-    job.check(o, &job.c, &d, None, None, true)
+    job.check(
+        o,
+        &job.c,
+        &Outputs {
+            d: &d,
+            aux: None,
+            bgrad: None,
+            amax: None,
+        },
+        true,
+    )
 }
 
 /// cuBLAS handle on a fresh stream; destroyed on drop.
@@ -782,7 +869,17 @@ fn device_pointer_mode(o: &Opts, b: &Blas) -> Result<(), String> {
         return Err("cublasGetPointerMode_v2 does not report DEVICE".into());
     }
     let d = dc.download(b.stream)?;
-    job.check(o, &job.c, &d, None, None, true)
+    job.check(
+        o,
+        &job.c,
+        &Outputs {
+            d: &d,
+            aux: None,
+            bgrad: None,
+            amax: None,
+        },
+        true,
+    )
 }
 
 /// The GEMM is enqueued on the handle's stream: while that stream is held by a host function,
@@ -1219,11 +1316,41 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
             }
             keep.push(db);
         }
+        // A bias-gradient epilogue writes through the bias pointer.
+        let bgrad = match g.epilogue.bgrad {
+            Some((_, bl)) => {
+                let dg = Dev::upload(&vec![0u8; g.bgrad_bytes()], s)?;
+                set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, dg.ptr)?;
+                set_desc(
+                    desc,
+                    CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                    cuda_type(bl.dtype) as i32,
+                )?;
+                set_desc(
+                    desc,
+                    CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
+                    bl.batch_stride as i64,
+                )?;
+                Some(dg)
+            }
+            None => None,
+        };
         let aux = match g.epilogue.aux {
             Some(al) => {
-                let dx = Dev::upload(&vec![0u8; g.aux_bytes()], s)?;
+                let init = job
+                    .aux_in
+                    .clone()
+                    .unwrap_or_else(|| vec![0u8; g.aux_bytes()]);
+                let dx = Dev::upload(&init, s)?;
                 set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, dx.ptr)?;
                 set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, al.ld as i64)?;
+                if g.batch > 1 {
+                    set_desc(
+                        desc,
+                        CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                        al.batch_stride as i64,
+                    )?;
+                }
                 set_desc(
                     desc,
                     CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
@@ -1324,6 +1451,10 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
             Some(a) => Some(a.download(s)?),
             None => None,
         };
+        let bgrad_host = match &bgrad {
+            Some(b) => Some(b.download(s)?),
+            None => None,
+        };
         let amax_host = match &amax {
             Some(a) => {
                 let v = a.download(s)?;
@@ -1346,8 +1477,15 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
             b: job.b.clone(),
             c: job.c.clone(),
             bias: job.bias.clone(),
+            aux_in: job.aux_in.clone(),
         };
-        scaled.check(o, &d_init, &d, aux_host.as_deref(), amax_host, x.in_place)
+        let outputs = Outputs {
+            d: &d,
+            aux: aux_host.as_deref(),
+            bgrad: bgrad_host.as_deref(),
+            amax: amax_host,
+        };
+        scaled.check(o, &d_init, &outputs, x.in_place)
     })();
     blas!(cublasLtMatmulDescDestroy(desc));
     r
@@ -1531,6 +1669,74 @@ pub fn lt(args: &[String]) -> Result<(), String> {
         ..LtExtras::default()
     };
     run_lt(&o, &lt, &Job::new("Lt batched bias+RELU", g, 612), &x)?;
+
+    // Backward epilogues (TE's dgrad of fc2 and wgrad): DGELU_BGRAD, BGRADB, BGRADA.
+    let mut g = lt_problem(
+        DType::BF16,
+        DType::BF16,
+        DType::BF16,
+        (24, 10, 40),
+        (Op::N, Op::N),
+        0,
+        2,
+    );
+    g.beta = 0.0;
+    g.epilogue.activation = Activation::DGelu;
+    g.epilogue.aux = Some(Layout::col(DType::BF16, 24).strided(24 * 10));
+    g.epilogue.bgrad = Some((
+        BiasGrad::D,
+        BiasLayout {
+            dtype: DType::BF16,
+            batch_stride: 24,
+        },
+    ));
+    let x = LtExtras {
+        epilogue: Some(CUBLASLT_EPILOGUE_DGELU_BGRAD),
+        ..LtExtras::default()
+    };
+    run_lt(&o, &lt, &Job::new("Lt DGELU_BGRAD", g, 613), &x)?;
+    let mut g = lt_problem(
+        DType::BF16,
+        DType::F32,
+        DType::F32,
+        (16, 12, 64),
+        (Op::N, Op::T),
+        0,
+        1,
+    );
+    g.epilogue.bgrad = Some((
+        BiasGrad::B,
+        BiasLayout {
+            dtype: DType::F32,
+            batch_stride: 0,
+        },
+    ));
+    let x = LtExtras {
+        epilogue: Some(CUBLASLT_EPILOGUE_BGRADB),
+        ..LtExtras::default()
+    };
+    run_lt(&o, &lt, &Job::new("Lt BGRADB", g, 614), &x)?;
+    let mut g = lt_problem(
+        DType::F16,
+        DType::F16,
+        DType::F16,
+        (8, 6, 300),
+        (Op::T, Op::N),
+        0,
+        1,
+    );
+    g.epilogue.bgrad = Some((
+        BiasGrad::A,
+        BiasLayout {
+            dtype: DType::F16,
+            batch_stride: 0,
+        },
+    ));
+    let x = LtExtras {
+        epilogue: Some(CUBLASLT_EPILOGUE_BGRADA),
+        ..LtExtras::default()
+    };
+    run_lt(&o, &lt, &Job::new("Lt BGRADA", g, 615), &x)?;
 
     // FP8 (TN): E4M3 x E4M3 -> E4M3 with scales and amax (TE's FP8 forward), -> bf16 + bias,
     // E5M2 x E4M3 -> f32 (a backward GEMM).
@@ -1853,7 +2059,7 @@ fn descriptor_rules(lt: &Lt) -> Result<(), String> {
     set_desc(
         d,
         CUBLASLT_MATMUL_DESC_EPILOGUE,
-        CUBLASLT_EPILOGUE_DGELU_BGRAD,
+        CUBLASLT_EPILOGUE_DRELU_BGRAD,
     )?;
     blas!(
         cublasLtMatmul(

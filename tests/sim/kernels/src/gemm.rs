@@ -43,10 +43,15 @@
 //!    16F, f64 for 64F; f32 arithmetic for 16-bit scale types, then rounded):
 //!    `alpha' = alpha * scale_a * scale_b` (left to right), `v = alpha' * total`; when C is
 //!    read, `v = v + (beta * scale_c) * C[i,j]`; `v = v + bias[i]`; the aux output (GELU_AUX)
-//!    stores `v` rounded to its type; then RELU (`max(v, 0)`) or GELU (tanh form, evaluated
-//!    in f32); `amax_D = max |v|` over the output (NaNs ignored); finally
+//!    stores `v` rounded to its type (for DGELU the aux matrix is instead read: `v = v *
+//!    gelu'(aux[i,j])`, GELU' evaluated in f32); then RELU (`max(v, 0)`) or GELU (tanh form,
+//!    evaluated in f32); `amax_D = max |v|` over the output (NaNs ignored); finally
 //!    `D[i,j] = round_D(v * scale_d)` (the product in the scale type, then one rounding to D's
 //!    type, saturating for FP8).
+//! 5. **Bias gradients** ([`BiasGrad`]), per batch entry: each sum (a row of op(A) over k, a
+//!    column of op(B) over k, or a row of the step-4 values `v` over n) is a dot product with
+//!    ones under the plan of its own length (`plan(1, 1, len, 1, compute)`), in the
+//!    accumulator, then rounded once to the bias type.
 //!
 //! The plan never reproduces a K-sharded computation: one tile spans all of a small K (so the
 //! lanes interleave both halves of K), larger K has at least 3 tiles, summed left to right or in

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 mod collectives;
 mod gemm;
+mod ksplit;
 mod streams;
+mod support;
 
 /// A probe: gets the arguments after its name.
 type Probe = fn(&[String]) -> Result<(), String>;
@@ -63,6 +65,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "collectives",
         "NCCL collectives, groups, splits, peer death",
         collectives::collectives,
+    ),
+    (
+        "ksplit",
+        "K-sharded GEMM + all-reduce: within round-off, never bitwise equal (simrun)",
+        ksplit::ksplit,
     ),
 ];
 

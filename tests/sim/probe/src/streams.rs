@@ -9,16 +9,7 @@ use std::time::Duration;
 use cuda_dyn::abi::cudart::*;
 use cuda_dyn::cudart::*;
 
-/// Fails with the call and its error name unless it returned `cudaSuccess`.
-macro_rules! ck {
-    ($e:expr) => {{
-        // SAFETY: a CUDA call with arguments prepared by the probe.
-        let code = unsafe { $e };
-        if code != cudaSuccess {
-            return Err(format!("{} returned {}", stringify!($e), err_name(code)));
-        }
-    }};
-}
+use crate::support::{ck, cuda_error};
 
 /// Fails unless the call returned `expected`.
 macro_rules! expect_code {
@@ -29,22 +20,11 @@ macro_rules! expect_code {
             return Err(format!(
                 "{} returned {}, expected {}",
                 stringify!($e),
-                err_name(code),
-                err_name($expected)
+                cuda_error(code),
+                cuda_error($expected)
             ));
         }
     }};
-}
-
-fn err_name(code: cudaError_t) -> String {
-    // SAFETY: cudaGetErrorName returns a static NUL-terminated string for any code.
-    let p = unsafe { cudaGetErrorName(code) };
-    if p.is_null() {
-        return format!("error {code}");
-    }
-    // SAFETY: as above.
-    let name = unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy();
-    format!("{name} ({code})")
 }
 
 /// A gate a host function blocks on, so a test knows exactly what a stream has not run yet.

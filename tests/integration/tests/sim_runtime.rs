@@ -7,7 +7,11 @@ use integration_tests::{describe, probe};
 
 fn passes(name: &str) {
     let out = probe(&[name]);
-    assert!(out.status.success(), "probe {name} failed\n{}", describe(&out));
+    assert!(
+        out.status.success(),
+        "probe {name} failed\n{}",
+        describe(&out)
+    );
 }
 
 #[test]

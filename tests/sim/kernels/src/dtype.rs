@@ -140,7 +140,10 @@ mod tests {
     fn narrow_types_round_to_nearest_even() {
         // 1 + 2^-8 is exactly half-way between two bf16 values: ties go to the even one (1.0).
         assert_eq!(DType::BF16.round(1.0 + 2f64.powi(-8)), 1.0);
-        assert_eq!(DType::BF16.round(1.0 + 3.0 * 2f64.powi(-8)), 1.0 + 2f64.powi(-6));
+        assert_eq!(
+            DType::BF16.round(1.0 + 3.0 * 2f64.powi(-8)),
+            1.0 + 2f64.powi(-6)
+        );
         assert_eq!(DType::F16.round(1.0 + 2f64.powi(-11)), 1.0);
         assert_eq!(DType::E4M3.round(1.0 + 2f64.powi(-4)), 1.0);
         assert_eq!(DType::E5M2.round(1.0 + 2f64.powi(-3)), 1.0);

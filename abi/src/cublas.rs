@@ -175,13 +175,3 @@ pub struct __half {
     /// The binary16 bits.
     pub __x: c_ushort,
 }
-
-/// `libraryPropertyType` (`library_types.h`, typedef of `enum libraryPropertyType_t`), taken by
-/// `cublasGetProperty` and `cublasLtGetProperty`.
-pub type libraryPropertyType = c_uint;
-/// `MAJOR_VERSION`.
-pub const MAJOR_VERSION: libraryPropertyType = 0;
-/// `MINOR_VERSION`.
-pub const MINOR_VERSION: libraryPropertyType = 1;
-/// `PATCH_LEVEL`.
-pub const PATCH_LEVEL: libraryPropertyType = 2;

@@ -40,3 +40,13 @@ pub const CUDA_R_8F_UE8M0: cudaDataType_t = 30;
 pub const CUDA_R_6F_E2M3: cudaDataType_t = 31;
 pub const CUDA_R_6F_E3M2: cudaDataType_t = 32;
 pub const CUDA_R_4F_E2M1: cudaDataType_t = 33;
+
+/// `libraryPropertyType` (`library_types.h`, typedef of `enum libraryPropertyType_t`), taken by
+/// `cublasGetProperty` and `cublasLtGetProperty`.
+pub type libraryPropertyType = c_uint;
+/// `MAJOR_VERSION`.
+pub const MAJOR_VERSION: libraryPropertyType = 0;
+/// `MINOR_VERSION`.
+pub const MINOR_VERSION: libraryPropertyType = 1;
+/// `PATCH_LEVEL`.
+pub const PATCH_LEVEL: libraryPropertyType = 2;

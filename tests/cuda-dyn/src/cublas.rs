@@ -3,7 +3,7 @@ use core::ffi::{c_char, c_int, c_longlong, c_void};
 
 use crate::abi::cublas::*;
 use crate::abi::cudart::cudaStream_t;
-use crate::abi::library_types::cudaDataType;
+use crate::abi::library_types::{cudaDataType, libraryPropertyType};
 
 crate::dyn_api! {
     fn cublasCreate_v2(handle: *mut cublasHandle_t) -> cublasStatus_t;

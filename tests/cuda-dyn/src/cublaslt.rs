@@ -1,9 +1,10 @@
 //! cuBLASLt entry points (`cublasLt.h`, CUDA 12.8).
 use core::ffi::{c_int, c_void};
 
-use crate::abi::cublas::{cublasComputeType_t, cublasStatus_t, libraryPropertyType};
+use crate::abi::cublas::{cublasComputeType_t, cublasStatus_t};
 use crate::abi::cublaslt::*;
 use crate::abi::cudart::cudaStream_t;
+use crate::abi::library_types::libraryPropertyType;
 use crate::abi::library_types::{cudaDataType, cudaDataType_t};
 
 crate::dyn_api! {

@@ -10,7 +10,7 @@
 //! alpha/beta, a negative batch count; `CUBLAS_STATUS_NOT_SUPPORTED` for a type combination or
 //! compute type the real `cublasGemmEx` table lacks (FP8 included: FP8 GEMMs are cuBLASLt
 //! only) or an unknown algorithm; `CUBLAS_STATUS_EXECUTION_FAILED` when the runtime refuses the
-//! launch. Pointers the device cannot access fault inside the kernel (see [`launch`]).
+//! launch. Pointers the device cannot access fault inside the kernel (see [`sim_blas`]).
 //!
 //! Scalars: in `CUBLAS_POINTER_MODE_HOST` alpha and beta are read during the call; in
 //! `CUBLAS_POINTER_MODE_DEVICE` the kernel reads them when it runs. With beta == 0 C is never
@@ -21,8 +21,6 @@
 //! the `*Ex` functions follow their explicit compute type only.
 #![allow(clippy::missing_safety_doc)]
 
-pub mod launch;
-
 use core::ffi::{c_char, c_int, c_longlong, c_void};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -30,7 +28,7 @@ use std::sync::{Mutex, MutexGuard};
 use cuda_abi::cublas::*;
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::library_types::*;
-use launch::{enqueue_gemm, guard, GemmKernel, Range, Scalar};
+use sim_blas::{enqueue_gemm, guard, GemmKernel, Range, Scalar};
 use sim_kernels::dtype::DType;
 use sim_kernels::gemm::{Compute, Gemm, Layout, Op};
 
@@ -149,20 +147,8 @@ pub unsafe extern "C" fn cublasGetProperty(
     type_: libraryPropertyType,
     value: *mut c_int,
 ) -> cublasStatus_t {
-    guard(|| {
-        let v = match type_ {
-            MAJOR_VERSION => CUBLAS_VER_MAJOR,
-            MINOR_VERSION => CUBLAS_VER_MINOR,
-            PATCH_LEVEL => CUBLAS_VER_PATCH,
-            _ => return CUBLAS_STATUS_INVALID_VALUE,
-        };
-        if value.is_null() {
-            return CUBLAS_STATUS_INVALID_VALUE;
-        }
-        // SAFETY: non-null output slot.
-        unsafe { *value = v };
-        CUBLAS_STATUS_SUCCESS
-    })
+    // SAFETY: forwarded with the caller's contract.
+    unsafe { sim_blas::get_property(type_, value) }
 }
 
 #[no_mangle]
@@ -341,13 +327,13 @@ pub unsafe extern "C" fn cublasSetWorkspace_v2(
 /// `cublasGetStatusName`.
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetStatusName(status: cublasStatus_t) -> *const c_char {
-    launch::status_name(status).as_ptr()
+    sim_blas::status_name(status).as_ptr()
 }
 
 /// `cublasGetStatusString`.
 #[no_mangle]
 pub unsafe extern "C" fn cublasGetStatusString(status: cublasStatus_t) -> *const c_char {
-    launch::status_string(status).as_ptr()
+    sim_blas::status_string(status).as_ptr()
 }
 
 /// The arguments common to every GEMM entry point, as received.
@@ -455,7 +441,7 @@ unsafe fn strided_gemm(
         Ok(None) => return CUBLAS_STATUS_SUCCESS,
         Err(FAULT) => {
             return state(call.handle).map_or(CUBLAS_STATUS_NOT_INITIALIZED, |h| {
-                launch::enqueue_fault(h.stream as cudaStream_t)
+                sim_blas::enqueue_fault(h.stream as cudaStream_t)
             })
         }
         Err(e) => return e,
@@ -875,7 +861,7 @@ pub unsafe extern "C" fn cublasGemmBatchedEx(
             Ok(None) => return CUBLAS_STATUS_SUCCESS,
             Err(FAULT) => {
                 return state(handle).map_or(CUBLAS_STATUS_NOT_INITIALIZED, |h| {
-                    launch::enqueue_fault(h.stream as cudaStream_t)
+                    sim_blas::enqueue_fault(h.stream as cudaStream_t)
                 })
             }
             Err(e) => return e,
@@ -886,11 +872,11 @@ pub unsafe extern "C" fn cublasGemmBatchedEx(
             [Aarray.cast::<c_void>(), Barray.cast(), Carray.cast()].map(|p| Range::new(p, bytes));
         let stream = p.h.stream as cudaStream_t;
         let [Ok(aa), Ok(ba), Ok(ca)] = arrays else {
-            return launch::enqueue_fault(stream);
+            return sim_blas::enqueue_fault(stream);
         };
         let template = GemmKernel::new(p.g, p.alpha, p.beta);
         let c_read = !matches!(p.beta, Scalar::Value(v) if v == 0.0);
-        launch::enqueue(stream, move || {
+        sim_blas::enqueue(stream, move || {
             for i in 0..count {
                 let ptr = |r: &Range| -> *mut c_void {
                     // SAFETY: the array was validated for `count` pointers at launch.

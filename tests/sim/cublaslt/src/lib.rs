@@ -38,8 +38,6 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod desc;
-#[path = "../../cublas/src/launch.rs"]
-pub mod launch;
 
 use core::ffi::{c_char, c_int, c_void};
 use std::collections::{HashMap, HashSet};
@@ -50,7 +48,7 @@ use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::library_types::*;
 use desc::{Desc, Kind, MATMUL_DESC, MATRIX_LAYOUT, PREFERENCE};
-use launch::{enqueue_gemm, guard, GemmKernel, Inaccessible, Range, Scalar};
+use sim_blas::{enqueue_gemm, guard, GemmKernel, Inaccessible, Range, Scalar};
 use sim_kernels::dtype::DType;
 use sim_kernels::gemm::{
     plan, Activation, BiasGrad, BiasLayout, Compute, Epilogue, Gemm, Layout, Op, Order, SM_COUNT,
@@ -123,30 +121,18 @@ pub unsafe extern "C" fn cublasLtGetProperty(
     type_: libraryPropertyType,
     value: *mut c_int,
 ) -> cublasStatus_t {
-    guard(|| {
-        let v = match type_ {
-            MAJOR_VERSION => CUBLAS_VER_MAJOR,
-            MINOR_VERSION => CUBLAS_VER_MINOR,
-            PATCH_LEVEL => CUBLAS_VER_PATCH,
-            _ => return CUBLAS_STATUS_INVALID_VALUE,
-        };
-        if value.is_null() {
-            return CUBLAS_STATUS_INVALID_VALUE;
-        }
-        // SAFETY: non-null output slot.
-        unsafe { *value = v };
-        CUBLAS_STATUS_SUCCESS
-    })
+    // SAFETY: forwarded with the caller's contract.
+    unsafe { sim_blas::get_property(type_, value) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasLtGetStatusName(status: cublasStatus_t) -> *const c_char {
-    launch::status_name(status).as_ptr()
+    sim_blas::status_name(status).as_ptr()
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cublasLtGetStatusString(status: cublasStatus_t) -> *const c_char {
-    launch::status_string(status).as_ptr()
+    sim_blas::status_string(status).as_ptr()
 }
 
 // ---- descriptors -------------------------------------------------------------------------
@@ -833,7 +819,7 @@ pub unsafe extern "C" fn cublasLtMatmul(
             Some(unsafe { (Scalar::host(alpha, st), Scalar::host(beta, st)) })
         };
         let Some((alpha_s, beta_s)) = scalars else {
-            return launch::enqueue_fault(stream);
+            return sim_blas::enqueue_fault(stream);
         };
         // C is bound when it will be read: beta != 0 known now, or a device-side beta with a
         // non-null C (a null C with a nonzero device beta faults in the kernel).

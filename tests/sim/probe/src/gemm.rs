@@ -8,6 +8,7 @@
 //! Status codes of invalid calls, the stream a GEMM runs on, device pointer mode, descriptor
 //! attribute sizes and the FP8 rules are checked too.
 
+use crate::support::{ck, DevBuf};
 use core::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -24,17 +25,6 @@ use sim_kernels::gemm::{
     gelu_tanh, gelu_tanh_grad, gemm, reference, round_off_bound, Activation, BiasGrad, BiasLayout,
     Buffers, CInput, Compute, Gemm, Layout, Op, Order,
 };
-
-/// Fails with the call unless it returned `cudaSuccess`.
-macro_rules! ck {
-    ($e:expr) => {{
-        // SAFETY: a CUDA call with arguments prepared by the probe.
-        let code = unsafe { $e };
-        if code != cudaSuccess {
-            return Err(format!("{} returned cudaError {code}", stringify!($e)));
-        }
-    }};
-}
 
 /// Fails unless the cuBLAS(Lt) call returned `expected`.
 macro_rules! blas {
@@ -99,53 +89,6 @@ fn matrix(l: &Layout, rows: usize, cols: usize, batch: usize, rng: &mut Rng) -> 
         }
     }
     buf
-}
-
-/// Device memory freed on drop.
-struct Dev {
-    ptr: *mut c_void,
-    bytes: usize,
-}
-
-impl Dev {
-    fn new(bytes: usize) -> Result<Dev, String> {
-        let mut ptr = std::ptr::null_mut();
-        ck!(cudaMalloc(&mut ptr, bytes.max(1)));
-        Ok(Dev { ptr, bytes })
-    }
-
-    fn upload(host: &[u8], stream: cudaStream_t) -> Result<Dev, String> {
-        let d = Dev::new(host.len())?;
-        ck!(cudaMemcpyAsync(
-            d.ptr,
-            host.as_ptr().cast(),
-            host.len(),
-            cudaMemcpyHostToDevice,
-            stream
-        ));
-        Ok(d)
-    }
-
-    /// Copies the buffer back after everything on `stream` finished.
-    fn download(&self, stream: cudaStream_t) -> Result<Vec<u8>, String> {
-        let mut host = vec![0u8; self.bytes];
-        ck!(cudaMemcpyAsync(
-            host.as_mut_ptr().cast(),
-            self.ptr,
-            self.bytes,
-            cudaMemcpyDeviceToHost,
-            stream
-        ));
-        ck!(cudaStreamSynchronize(stream));
-        Ok(host)
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cudaMalloc; nothing uses it after the probe synchronised.
-        unsafe { cudaFree(self.ptr) };
-    }
 }
 
 /// A GEMM case: the problem in `sim_kernels` terms and its host operands.
@@ -438,9 +381,9 @@ fn run_blas(
 ) -> Result<(), String> {
     let g = &job.g;
     let (da, db, dc) = (
-        Dev::upload(&job.a, stream)?,
-        Dev::upload(&job.b, stream)?,
-        Dev::upload(&job.c, stream)?,
+        DevBuf::upload(&job.a, stream)?,
+        DevBuf::upload(&job.b, stream)?,
+        DevBuf::upload(&job.c, stream)?,
     );
     let (alpha, beta) = (scalar(g.scale_type, g.alpha), scalar(g.scale_type, g.beta));
     let (ap, bp) = (
@@ -573,9 +516,9 @@ fn run_blas(
                     .flat_map(|i| (base as usize + i * stride * t.size()).to_ne_bytes())
                     .collect()
             };
-            let pa = Dev::upload(&ptrs(da.ptr, g.a.batch_stride, g.a.dtype), stream)?;
-            let pb = Dev::upload(&ptrs(db.ptr, g.b.batch_stride, g.b.dtype), stream)?;
-            let pc = Dev::upload(&ptrs(dc.ptr, g.c.batch_stride, g.c.dtype), stream)?;
+            let pa = DevBuf::upload(&ptrs(da.ptr, g.a.batch_stride, g.a.dtype), stream)?;
+            let pb = DevBuf::upload(&ptrs(db.ptr, g.b.batch_stride, g.b.dtype), stream)?;
+            let pc = DevBuf::upload(&ptrs(dc.ptr, g.c.batch_stride, g.c.dtype), stream)?;
             blas!(cublasGemmBatchedEx(
                 h,
                 ta,
@@ -838,12 +781,12 @@ fn device_pointer_mode(o: &Opts, b: &Blas) -> Result<(), String> {
         1,
     );
     let job = Job::new("Sgemm device pointer mode", g, 21);
-    let alpha = Dev::upload(&scalar(DType::F32, g.alpha)[..4], b.stream)?;
-    let beta = Dev::upload(&scalar(DType::F32, g.beta)[..4], b.stream)?;
+    let alpha = DevBuf::upload(&scalar(DType::F32, g.alpha)[..4], b.stream)?;
+    let beta = DevBuf::upload(&scalar(DType::F32, g.beta)[..4], b.stream)?;
     let (da, db, dc) = (
-        Dev::upload(&job.a, b.stream)?,
-        Dev::upload(&job.b, b.stream)?,
-        Dev::upload(&job.c, b.stream)?,
+        DevBuf::upload(&job.a, b.stream)?,
+        DevBuf::upload(&job.b, b.stream)?,
+        DevBuf::upload(&job.c, b.stream)?,
     );
     blas!(cublasSetPointerMode_v2(b.h, CUBLAS_POINTER_MODE_DEVICE));
     let mut mode = CUBLAS_POINTER_MODE_HOST;
@@ -890,8 +833,11 @@ fn runs_on_the_handles_stream(b: &Blas) -> Result<(), String> {
         .iter()
         .flat_map(|v| v.to_ne_bytes())
         .collect::<Vec<u8>>();
-    let (da, db) = (Dev::upload(&ones, b.stream)?, Dev::upload(&ones, b.stream)?);
-    let dc = Dev::upload(&vec![0u8; m * n * 4], b.stream)?;
+    let (da, db) = (
+        DevBuf::upload(&ones, b.stream)?,
+        DevBuf::upload(&ones, b.stream)?,
+    );
+    let dc = DevBuf::upload(&vec![0u8; m * n * 4], b.stream)?;
     ck!(cudaStreamSynchronize(b.stream));
     let mut other: cudaStream_t = std::ptr::null_mut();
     ck!(cudaStreamCreateWithFlags(&mut other, cudaStreamNonBlocking));
@@ -960,7 +906,7 @@ fn runs_on_the_handles_stream(b: &Blas) -> Result<(), String> {
 
 /// Status codes of invalid calls.
 fn statuses(b: &Blas) -> Result<(), String> {
-    let buf = Dev::new(4096)?;
+    let buf = DevBuf::new(4096)?;
     let p = buf.ptr;
     let (one, zero) = (1f32, 0f32);
     let (op, oz) = (
@@ -1280,9 +1226,9 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
         lt_layout(ls.ptr(2), &g.c, g.m, g.n, g.batch)?;
         lt_layout(ls.ptr(3), &g.d, g.m, g.n, g.batch)?;
         let (da, db, dc) = (
-            Dev::upload(&job.a, s)?,
-            Dev::upload(&job.b, s)?,
-            Dev::upload(&job.c, s)?,
+            DevBuf::upload(&job.a, s)?,
+            DevBuf::upload(&job.b, s)?,
+            DevBuf::upload(&job.c, s)?,
         );
         let d_init = if x.in_place {
             job.c.clone()
@@ -1292,7 +1238,7 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
         let dd = if x.in_place {
             None
         } else {
-            Some(Dev::upload(&d_init, s)?)
+            Some(DevBuf::upload(&d_init, s)?)
         };
         let d_ptr = dd.as_ref().map_or(dc.ptr, |d| d.ptr);
         let mut keep = Vec::new();
@@ -1300,7 +1246,7 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
             set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, e)?;
         }
         if let (Some(bias), Some(bl)) = (&job.bias, g.epilogue.bias) {
-            let db = Dev::upload(bias, s)?;
+            let db = DevBuf::upload(bias, s)?;
             set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, db.ptr)?;
             set_desc(
                 desc,
@@ -1319,7 +1265,7 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
         // A bias-gradient epilogue writes through the bias pointer.
         let bgrad = match g.epilogue.bgrad {
             Some((_, bl)) => {
-                let dg = Dev::upload(&vec![0u8; g.bgrad_bytes()], s)?;
+                let dg = DevBuf::upload(&vec![0u8; g.bgrad_bytes()], s)?;
                 set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, dg.ptr)?;
                 set_desc(
                     desc,
@@ -1341,7 +1287,7 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
                     .aux_in
                     .clone()
                     .unwrap_or_else(|| vec![0u8; g.aux_bytes()]);
-                let dx = Dev::upload(&init, s)?;
+                let dx = DevBuf::upload(&init, s)?;
                 set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, dx.ptr)?;
                 set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, al.ld as i64)?;
                 if g.batch > 1 {
@@ -1368,13 +1314,13 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
         ];
         for (attr, v) in attrs.iter().zip(x.scales) {
             if let Some(v) = v {
-                let dv = Dev::upload(&v.to_ne_bytes(), s)?;
+                let dv = DevBuf::upload(&v.to_ne_bytes(), s)?;
                 set_desc(desc, *attr, dv.ptr)?;
                 keep.push(dv);
             }
         }
         let amax = if x.amax {
-            let dv = Dev::upload(&[0u8; 4], s)?;
+            let dv = DevBuf::upload(&[0u8; 4], s)?;
             set_desc(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, dv.ptr)?;
             Some(dv)
         } else {
@@ -1382,7 +1328,10 @@ fn run_lt(o: &Opts, lt: &Lt, job: &Job, x: &LtExtras) -> Result<(), String> {
         };
         let (alpha, beta) = (scalar(g.scale_type, g.alpha), scalar(g.scale_type, g.beta));
         let sz = g.scale_type.size();
-        let (dalpha, dbeta) = (Dev::upload(&alpha[..sz], s)?, Dev::upload(&beta[..sz], s)?);
+        let (dalpha, dbeta) = (
+            DevBuf::upload(&alpha[..sz], s)?,
+            DevBuf::upload(&beta[..sz], s)?,
+        );
         let (ap, bp): (*const c_void, *const c_void) = if x.device_scalars {
             set_desc(
                 desc,
@@ -1914,7 +1863,7 @@ fn descriptor_rules(lt: &Lt) -> Result<(), String> {
         ),
         CUBLAS_STATUS_NOT_SUPPORTED
     );
-    let buf = Dev::new(1 << 14)?;
+    let buf = DevBuf::new(1 << 14)?;
     let p = buf.ptr;
     let (one, zero) = (1f32, 0f32);
     let (op, oz) = (
@@ -2121,7 +2070,7 @@ pub fn fault(args: &[String]) -> Result<(), String> {
     blas!(cublasCreate_v2(&mut h));
     blas!(cublasSetStream_v2(h, stream));
     let host = vec![1f32; 64];
-    let dev = Dev::new(64 * 4)?;
+    let dev = DevBuf::new(64 * 4)?;
     let (one, zero) = (1f32, 0f32);
     blas!(cublasSgemm_v2(
         h,

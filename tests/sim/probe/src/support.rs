@@ -147,6 +147,31 @@ impl DevBuf {
         ));
         Ok(())
     }
+    /// A new buffer filled from `host` by a copy enqueued on `stream`.
+    pub fn upload(host: &[u8], stream: cudaStream_t) -> Result<DevBuf, String> {
+        let d = DevBuf::new(host.len())?;
+        ck!(cudaMemcpyAsync(
+            d.ptr,
+            host.as_ptr().cast(),
+            host.len(),
+            cudaMemcpyHostToDevice,
+            stream
+        ));
+        Ok(d)
+    }
+    /// The contents, copied back after everything on `stream` finished.
+    pub fn download(&self, stream: cudaStream_t) -> Result<Vec<u8>, String> {
+        let mut host = vec![0u8; self.bytes];
+        ck!(cudaMemcpyAsync(
+            host.as_mut_ptr().cast(),
+            self.ptr,
+            self.bytes,
+            cudaMemcpyDeviceToHost,
+            stream
+        ));
+        ck!(cudaStreamSynchronize(stream));
+        Ok(host)
+    }
     pub fn read(&self) -> Result<Vec<u8>, String> {
         let mut v = vec![0u8; self.bytes];
         ck!(cudaMemcpy(

@@ -1,6 +1,6 @@
-//! Launching a [`sim_kernels::gemm`] GEMM on a stream of the simulated runtime, shared by the
-//! simulated cuBLAS and cuBLASLt (cuBLASLt includes this file with `#[path]`, as the two real
-//! libraries share their kernels).
+//! What the simulated cuBLAS and cuBLASLt share, as the two real libraries share their kernels:
+//! launching a [`sim_kernels::gemm`] GEMM on a stream of the simulated runtime, faults, status
+//! names and the library version properties.
 //!
 //! Device pointers are translated with `sim_device::device_access` when the call is made (the
 //! launch) and only dereferenced inside the kernel, on the stream's worker thread.
@@ -327,4 +327,32 @@ pub fn status_string(s: cublasStatus_t) -> &'static core::ffi::CStr {
         CUBLAS_STATUS_LICENSE_ERROR => c"error detected trying to check the license",
         _ => c"unknown error",
     }
+}
+
+/// Version of the simulated cuBLAS and cuBLASLt (12.8.4, as the headers they mirror).
+pub const VERSION: (core::ffi::c_int, core::ffi::c_int, core::ffi::c_int) = (12, 8, 4);
+
+/// `cublasGetProperty` / `cublasLtGetProperty`: a version component.
+///
+/// # Safety
+/// `value` is null or points to writable memory for one `int`.
+pub unsafe fn get_property(
+    type_: cuda_abi::library_types::libraryPropertyType,
+    value: *mut core::ffi::c_int,
+) -> cublasStatus_t {
+    use cuda_abi::library_types::{MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL};
+    guard(|| {
+        let v = match type_ {
+            MAJOR_VERSION => VERSION.0,
+            MINOR_VERSION => VERSION.1,
+            PATCH_LEVEL => VERSION.2,
+            _ => return CUBLAS_STATUS_INVALID_VALUE,
+        };
+        if value.is_null() {
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        // SAFETY: non-null output slot, per the caller's contract.
+        unsafe { *value = v };
+        CUBLAS_STATUS_SUCCESS
+    })
 }

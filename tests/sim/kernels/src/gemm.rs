@@ -1648,40 +1648,6 @@ mod tests {
         assert!(bf > 4.0 * tf32, "bf16 {bf} vs tf32 {tf32}");
     }
 
-    /// Not a test: `cargo test --release -p sim-kernels gemm_speed -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn gemm_speed() {
-        for (m, n, k, t) in [
-            (256, 256, 256, DType::F32),
-            (512, 512, 512, DType::BF16),
-            (64, 64, 4096, DType::BF16),
-        ] {
-            let g = Gemm::simple(m, n, k, t, DType::F32, Compute::F32);
-            let mut rng = Rng(1);
-            let a = fill(&g.a, m, k, 1, &mut rng, 1.0);
-            let b = fill(&g.b, k, n, 1, &mut rng, 1.0);
-            let mut d = vec![0u8; g.d_bytes()];
-            let t0 = std::time::Instant::now();
-            let bufs = Buffers {
-                a: &a,
-                b: &b,
-                c: CInput::None,
-                d: &mut d,
-                bias: None,
-                aux: None,
-                bgrad: None,
-            };
-            gemm(&g, bufs).expect("runs");
-            let s = t0.elapsed().as_secs_f64();
-            println!(
-                "{m}x{n}x{k} {t:?}: {:.1} ms, {:.2} GFLOP/s",
-                s * 1e3,
-                2.0 * (m * n * k) as f64 / s / 1e9
-            );
-        }
-    }
-
     /// DGELU_BGRAD, BGRADA and BGRADB: the gradient of GELU applied with the aux matrix as
     /// input, and the bias-gradient sums, within round-off of f64.
     #[test]

@@ -1,0 +1,305 @@
+//! Capture configuration, passed from `ttrace run` to every traced process through the
+//! environment (children inherit it, whatever launcher sits in between).
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `TTRACE_SOCKET` | the daemon's socket; unset: `libttrace.so` only passes calls through | — |
+//! | `TTRACE_APIS` | families to capture: `memcpy`, `gemm`, `nccl` (comma-separated) | all |
+//! | `TTRACE_STEPS` | steps to capture: `0-3,7` | all |
+//! | `TTRACE_RANKS` | global ranks to capture: `0,2-3` | all |
+//! | `TTRACE_MAX_TENSOR_BYTES` | per-tensor cap; larger tensors keep metadata only | 268435456 |
+//! | `TTRACE_INPUTS` | capture op inputs (GEMM A/B/C, collective inputs): `1`/`0` | 1 |
+//! | `TTRACE_KERNELS` | record kernel launch names: `1`/`0` | 1 |
+//! | `TTRACE_RING_BYTES` | snapshot ring per process | 268435456 |
+//! | `TTRACE_WAIT_MS` | how long capture waits for ring space before recording a gap | 10000 |
+//! | `TTRACE_STEP_RULE` | `auto`, `nvtx:NAME` (a range or mark named NAME starts a step), `api` (`ttrace_step()` only) | auto |
+//! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` | warn |
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::FormatError;
+
+/// An inclusive set of integers written as `0-3,7`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeSet(pub Vec<(u64, u64)>);
+
+impl RangeSet {
+    /// Parses `0-3,7`; empty means nothing.
+    pub fn parse(s: &str) -> Result<RangeSet, FormatError> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = || FormatError::Invalid(format!("`{part}` in `{s}` is not N or N-M"));
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                ),
+                None => {
+                    let v = part.parse().map_err(|_| bad())?;
+                    (v, v)
+                }
+            };
+            if a > b {
+                return Err(bad());
+            }
+            out.push((a, b));
+        }
+        Ok(RangeSet(out))
+    }
+
+    pub fn contains(&self, v: u64) -> bool {
+        self.0.iter().any(|&(a, b)| a <= v && v <= b)
+    }
+}
+
+impl std::fmt::Display for RangeSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// Families of ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Memcpy,
+    Gemm,
+    Nccl,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Memcpy, Family::Gemm, Family::Nccl];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Memcpy => "memcpy",
+            Family::Gemm => "gemm",
+            Family::Nccl => "nccl",
+        }
+    }
+}
+
+/// How steps are numbered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepRule {
+    /// No code change: see docs/format.md, "Step numbering".
+    Auto,
+    /// An NVTX range push or mark with this exact name starts a new step.
+    Nvtx(String),
+    /// Only `ttrace_step()` (include/ttrace.h) starts a new step.
+    Api,
+}
+
+/// Everything a traced process needs to know about what to capture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureConfig {
+    pub socket: Option<String>,
+    pub families: Vec<Family>,
+    pub steps: Option<RangeSet>,
+    pub ranks: Option<RangeSet>,
+    pub max_tensor_bytes: u64,
+    pub inputs: bool,
+    pub kernels: bool,
+    pub ring_bytes: u64,
+    pub wait_ms: u64,
+    pub step_rule: StepRule,
+    pub log: String,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            socket: None,
+            families: Family::ALL.to_vec(),
+            steps: None,
+            ranks: None,
+            max_tensor_bytes: 256 << 20,
+            inputs: true,
+            kernels: true,
+            ring_bytes: 256 << 20,
+            wait_ms: 10_000,
+            step_rule: StepRule::Auto,
+            log: "warn".into(),
+        }
+    }
+}
+
+fn flag(name: &str, v: &str) -> Result<bool, FormatError> {
+    match v.trim() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" => Ok(false),
+        _ => Err(FormatError::Invalid(format!("{name}={v}: expected 1 or 0"))),
+    }
+}
+
+fn number(name: &str, v: &str) -> Result<u64, FormatError> {
+    v.trim()
+        .parse()
+        .map_err(|_| FormatError::Invalid(format!("{name}={v}: expected a number")))
+}
+
+impl CaptureConfig {
+    /// Reads the configuration from `vars` (e.g. `std::env::vars()`); unknown `TTRACE_*`
+    /// variables are ignored, malformed known ones are errors naming the variable.
+    pub fn from_vars<I: IntoIterator<Item = (String, String)>>(
+        vars: I,
+    ) -> Result<CaptureConfig, FormatError> {
+        let mut c = CaptureConfig::default();
+        for (k, v) in vars {
+            match k.as_str() {
+                "TTRACE_SOCKET" => c.socket = Some(v).filter(|s| !s.is_empty()),
+                "TTRACE_APIS" => {
+                    let mut fams = Vec::new();
+                    for f in v.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+                        let fam =
+                            Family::ALL
+                                .into_iter()
+                                .find(|x| x.name() == f)
+                                .ok_or_else(|| {
+                                    FormatError::Invalid(format!(
+                                        "TTRACE_APIS: unknown family `{f}` (memcpy, gemm, nccl)"
+                                    ))
+                                })?;
+                        fams.push(fam);
+                    }
+                    fams.sort();
+                    fams.dedup();
+                    c.families = fams;
+                }
+                "TTRACE_STEPS" => {
+                    c.steps = Some(
+                        RangeSet::parse(&v)
+                            .map_err(|e| FormatError::Invalid(format!("{k}: {e}")))?,
+                    )
+                }
+                "TTRACE_RANKS" => {
+                    c.ranks = Some(
+                        RangeSet::parse(&v)
+                            .map_err(|e| FormatError::Invalid(format!("{k}: {e}")))?,
+                    )
+                }
+                "TTRACE_MAX_TENSOR_BYTES" => c.max_tensor_bytes = number(&k, &v)?,
+                "TTRACE_INPUTS" => c.inputs = flag(&k, &v)?,
+                "TTRACE_KERNELS" => c.kernels = flag(&k, &v)?,
+                "TTRACE_RING_BYTES" => c.ring_bytes = number(&k, &v)?,
+                "TTRACE_WAIT_MS" => c.wait_ms = number(&k, &v)?,
+                "TTRACE_STEP_RULE" => {
+                    c.step_rule = match v.trim() {
+                        "auto" => StepRule::Auto,
+                        "api" => StepRule::Api,
+                        s if s.starts_with("nvtx:") && s.len() > 5 => {
+                            StepRule::Nvtx(s[5..].to_string())
+                        }
+                        _ => {
+                            return Err(FormatError::Invalid(format!(
+                                "TTRACE_STEP_RULE={v}: expected auto, api or nvtx:NAME"
+                            )))
+                        }
+                    }
+                }
+                "TTRACE_LOG" => c.log = v,
+                _ => {}
+            }
+        }
+        Ok(c)
+    }
+
+    /// The environment that reproduces this configuration (what `ttrace run` exports).
+    pub fn to_vars(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if let Some(s) = &self.socket {
+            m.insert("TTRACE_SOCKET".into(), s.clone());
+        }
+        let fams: Vec<&str> = self.families.iter().map(|f| f.name()).collect();
+        m.insert("TTRACE_APIS".into(), fams.join(","));
+        if let Some(s) = &self.steps {
+            m.insert("TTRACE_STEPS".into(), s.to_string());
+        }
+        if let Some(r) = &self.ranks {
+            m.insert("TTRACE_RANKS".into(), r.to_string());
+        }
+        m.insert(
+            "TTRACE_MAX_TENSOR_BYTES".into(),
+            self.max_tensor_bytes.to_string(),
+        );
+        m.insert("TTRACE_INPUTS".into(), (self.inputs as u8).to_string());
+        m.insert("TTRACE_KERNELS".into(), (self.kernels as u8).to_string());
+        m.insert("TTRACE_RING_BYTES".into(), self.ring_bytes.to_string());
+        m.insert("TTRACE_WAIT_MS".into(), self.wait_ms.to_string());
+        m.insert(
+            "TTRACE_STEP_RULE".into(),
+            match &self.step_rule {
+                StepRule::Auto => "auto".into(),
+                StepRule::Api => "api".into(),
+                StepRule::Nvtx(n) => format!("nvtx:{n}"),
+            },
+        );
+        m.insert("TTRACE_LOG".into(), self.log.clone());
+        m
+    }
+
+    /// Whether `family` is captured.
+    pub fn captures(&self, family: Family) -> bool {
+        self.families.contains(&family)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_round_trips_through_the_environment() {
+        let c = CaptureConfig {
+            socket: Some("/tmp/x.sock".into()),
+            families: vec![Family::Gemm, Family::Nccl],
+            steps: Some(RangeSet(vec![(0, 3), (7, 7)])),
+            ranks: Some(RangeSet(vec![(1, 1)])),
+            max_tensor_bytes: 1024,
+            inputs: false,
+            kernels: false,
+            ring_bytes: 1 << 20,
+            wait_ms: 5,
+            step_rule: StepRule::Nvtx("train_step".into()),
+            log: "info".into(),
+        };
+        assert_eq!(CaptureConfig::from_vars(c.to_vars()).expect("parses"), c);
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for (k, v) in [
+            ("TTRACE_STEPS", "3-1"),
+            ("TTRACE_STEPS", "x"),
+            ("TTRACE_APIS", "gemm,cudnn"),
+            ("TTRACE_INPUTS", "maybe"),
+            ("TTRACE_RING_BYTES", "-1"),
+            ("TTRACE_STEP_RULE", "nvtx:"),
+        ] {
+            let e = CaptureConfig::from_vars([(k.to_string(), v.to_string())]).expect_err(v);
+            assert!(e.to_string().contains(k), "{e}");
+        }
+    }
+
+    #[test]
+    fn range_sets() {
+        let r = RangeSet::parse("0-3, 7").expect("parses");
+        assert!(r.contains(0) && r.contains(3) && r.contains(7));
+        assert!(!r.contains(4) && !r.contains(8));
+        assert_eq!(r.to_string(), "0-3,7");
+    }
+}

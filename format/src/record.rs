@@ -1,0 +1,273 @@
+//! What one captured operation is: a [`Record`], self-describing (rank, step, seq, stream, API,
+//! the op's parameters, every tensor's shape, dtype, strides, device pointer and checksum, NVTX
+//! path, timestamps). Records are encoded as CBOR (RFC 8949) maps with the field names below,
+//! so any CBOR reader can decode them; see docs/format.md.
+//!
+//! Enum-valued C parameters (data types, compute types, operations) are kept as the raw
+//! integers the program passed, never mapped to a closed Rust enum: a value from a newer CUDA
+//! must survive the round trip (shared/notes/cuda-interception.md §4.11). Helpers such as
+//! [`DType::from_cuda`] interpret them where the meaning is known.
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+
+/// One captured operation, or a gap where capture was skipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Global rank of the process.
+    pub rank: u32,
+    /// Training step (see `docs/format.md`, "Step numbering").
+    pub step: u64,
+    /// Host call order of captured ops within (rank, step), from 0.
+    pub seq: u64,
+    /// The exact C function the program called, e.g. `cublasGemmEx`, `ncclAllReduce`,
+    /// `cudaMemcpyAsync_ptsz`.
+    pub api: String,
+    /// The family and parameters of the op.
+    pub op: Op,
+    /// Stream handle the op ran on (`0` legacy default; `2` per-thread default), as the program
+    /// passed it (cuBLAS: the handle's stream at call time).
+    pub stream: u64,
+    /// Device current when the op was called.
+    pub device: i32,
+    /// OS thread id of the calling thread.
+    pub thread: u64,
+    /// NVTX ranges open on the calling thread at call time, outermost first.
+    pub nvtx: Vec<String>,
+    /// Kernel launches (names) seen on this thread since the previous captured op, in order
+    /// (empty unless kernel names are captured). They are where uncaptured work happened.
+    pub kernels_before: Vec<String>,
+    /// Tensors read or written by the op, in the order the op's family documents.
+    pub tensors: Vec<Tensor>,
+    /// Wall-clock nanoseconds since the Unix epoch when the op was called.
+    pub t_call_ns: u64,
+    /// When the tracer saw the snapshot complete (the op and its copies done on the device).
+    pub t_done_ns: u64,
+}
+
+/// Families of captured ops and their parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "family", rename_all = "snake_case")]
+pub enum Op {
+    /// Host/device copies (`cudaMemcpy*`, `cuMemcpy*`).
+    Memcpy(MemcpyOp),
+    /// cuBLAS and cuBLASLt GEMMs.
+    Gemm(Box<GemmOp>),
+    /// NCCL collectives and point-to-point.
+    Collective(CollectiveOp),
+    /// Capture was skipped: nothing is lost silently.
+    Gap(GapOp),
+}
+
+/// Direction of a copy, as decided by the kind argument or, for `cudaMemcpyDefault`, by the
+/// pointers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyDirection {
+    HostToHost,
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// A copy. Its one tensor (role `Dst`, or `Src` for a device-to-host copy whose destination is
+/// host memory the tracer does not own) holds the bytes copied, dtype `u8`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemcpyOp {
+    pub direction: CopyDirection,
+    /// The `cudaMemcpyKind` the program passed.
+    pub kind: u32,
+    pub dst: u64,
+    pub src: u64,
+    /// Bytes per row and rows (a 1-D copy is one row).
+    pub width: u64,
+    pub height: u64,
+    pub dpitch: u64,
+    pub spitch: u64,
+}
+
+/// A GEMM: `D = alpha * op(A) op(B) + beta * C` (column-major, as cuBLAS defines it), with the
+/// cuBLASLt extras (epilogue, bias, FP8 scales, amax) when the API is `cublasLtMatmul`.
+///
+/// Tensors: `A` and `B` as stored (`rows x cols` of the stored matrix, packed: the tracer copies
+/// them without the leading-dimension padding; transposes are in `transa`/`transb`), `C` before
+/// the op when `beta != 0` and `C` is read (role `CIn`), `D` after, and any of `Bias`, `Aux`,
+/// `ScaleA`, `ScaleB`, `ScaleC`, `ScaleD`, `AmaxD`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GemmOp {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    /// `cublasOperation_t` (0 N, 1 T, 2 C).
+    pub transa: u32,
+    pub transb: u32,
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub ldd: u64,
+    pub batch: u64,
+    /// Element strides between batch entries (0 when not batched).
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub stride_d: i64,
+    /// `cudaDataType_t` of each operand, raw.
+    pub a_type: u32,
+    pub b_type: u32,
+    pub c_type: u32,
+    pub d_type: u32,
+    /// `cublasComputeType_t` (or the legacy `cudaDataType_t` a caller passed), raw.
+    pub compute_type: u32,
+    /// `cudaDataType_t` of alpha and beta.
+    pub scale_type: u32,
+    /// alpha and beta when they were host scalars (`None`: device pointers, see tensors).
+    pub alpha: Option<f64>,
+    pub beta: Option<f64>,
+    /// `cublasLtEpilogue_t` (1 = default, no epilogue).
+    pub epilogue: u32,
+    /// `cublasGemmAlgo_t` for cuBLAS, -1 for cuBLASLt.
+    pub algo: i32,
+    /// cuBLASLt FAST_ACCUM (FP8 reduced-precision accumulation).
+    pub fast_accum: bool,
+}
+
+/// NCCL operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    Send,
+    Recv,
+}
+
+/// A collective or point-to-point op. Tensors: `Input` (before, the send buffer) and `Output`
+/// (after, the receive buffer); a send has only `Input`, a recv only `Output`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveOp {
+    pub kind: CollectiveKind,
+    /// Elements per rank as the API counts them (AllGather: send count; ReduceScatter: recv
+    /// count).
+    pub count: u64,
+    /// `ncclDataType_t`, raw.
+    pub nccl_type: u32,
+    /// `ncclRedOp_t`, raw (values >= 5 are dynamic PreMulSum handles).
+    pub redop: Option<u32>,
+    /// Root (broadcast, reduce) or peer (send, recv), as a rank of the communicator.
+    pub root_or_peer: Option<i32>,
+    /// The communicator (see [`crate::wire::CommInfo`]).
+    pub comm: u64,
+    /// This rank's rank in it, and its size.
+    pub comm_rank: u32,
+    pub comm_size: u32,
+    pub sendbuff: u64,
+    pub recvbuff: u64,
+    /// Ops launched together by one outermost `ncclGroupEnd` share a group number (0: none).
+    pub group: u64,
+}
+
+/// Why capture was skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapReason {
+    /// The op's stream was being captured into a CUDA graph: its replays run no API call.
+    GraphCapture,
+    /// The ring stayed full past the back-pressure bound.
+    RingFull,
+    /// A tensor exceeded the size cap (the op is recorded, the tensor is not).
+    SizeCap,
+    /// A tracer fault disabled capture from here on.
+    TracerFault,
+    /// A shape could not be read on the host (e.g. grouped GEMM layouts in device memory).
+    ShapeUnknown,
+}
+
+/// A skipped op.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GapOp {
+    pub reason: GapReason,
+    /// The API that was skipped (the record's `api` says the same).
+    pub skipped_api: String,
+    /// Bytes that would have been captured, when known.
+    pub bytes: u64,
+    /// Free text for people (what failed).
+    pub detail: String,
+}
+
+/// The part a tensor plays in its op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    A,
+    B,
+    /// C as read by the op (before it ran).
+    CIn,
+    /// The result (cuBLAS writes C in place: its D is C after the op).
+    D,
+    Bias,
+    Aux,
+    ScaleA,
+    ScaleB,
+    ScaleC,
+    ScaleD,
+    AmaxD,
+    /// alpha/beta when they live in device memory.
+    Alpha,
+    Beta,
+    Input,
+    Output,
+    Src,
+    Dst,
+}
+
+/// One tensor of a record. Its bytes follow the record in its frame (see docs/format.md) unless
+/// `captured` is false (size cap, inputs off): then only the metadata is stored and `crc32` is 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tensor {
+    pub role: Role,
+    pub dtype: DType,
+    /// Row-major shape of the bytes as stored (after packing).
+    pub shape: Vec<u64>,
+    /// Element strides of the stored bytes (row-major, packed: the usual C strides) — the
+    /// logical view is the shape; a column-major matrix is stored as `[cols, rows]`.
+    pub strides: Vec<u64>,
+    /// Device (or host) address the op used.
+    pub ptr: u64,
+    /// Bytes of the packed tensor.
+    pub nbytes: u64,
+    /// Whether the bytes were captured.
+    pub captured: bool,
+    /// CRC-32 (IEEE) of the packed bytes; 0 when not captured.
+    pub crc32: u32,
+}
+
+impl Tensor {
+    /// Number of elements.
+    pub fn elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Row-major packed strides of `shape`, in elements.
+pub fn packed_strides(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1u64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_strides_are_row_major() {
+        assert_eq!(packed_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(packed_strides(&[5]), vec![1]);
+        assert!(packed_strides(&[]).is_empty());
+    }
+}

@@ -1,0 +1,411 @@
+//! The snapshot ring: a byte FIFO in a `memfd` that one traced process (the producer) shares
+//! with `ttraced` (the consumer).
+//!
+//! The producer creates the memfd, pins the mapping for DMA (`cudaHostRegister`), and sends the
+//! fd to the daemon with its `Hello`. D2H snapshot copies land directly in the ring (the one
+//! host copy of invariant 4); record metadata travels over the socket in a `Publish` message
+//! naming the slot. Because the daemon holds its own mapping, a producer that crashes loses
+//! nothing it had published.
+//!
+//! Layout: a 4 KiB header, then `capacity` data bytes. Positions are monotonic byte counters
+//! (`pos % capacity` is the offset in the data area), so `head - tail` is the bytes in use:
+//! * `head` (producer): bytes reserved so far;
+//! * `tail` (consumer): bytes released so far;
+//! * `released` (consumer): a futex word bumped after every release, which a producer waiting
+//!   for space sleeps on.
+//!
+//! Slots are reserved and released in order, and never wrap: a slot that does not fit before
+//! the end of the data area starts at the next multiple of `capacity`, and the skipped bytes
+//! are released with it. Slots are 64-byte aligned.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::FormatError;
+
+/// `b"TTRING01"` as a little-endian integer.
+pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"TTRING01");
+/// Layout version.
+pub const RING_VERSION: u32 = 1;
+/// Bytes before the data area.
+pub const HEADER_BYTES: usize = 4096;
+/// Slot alignment (and of each tensor inside a slot).
+pub const ALIGN: u64 = 64;
+
+// Header field offsets (separate cache lines for fields written by different processes).
+const OFF_MAGIC: usize = 0;
+const OFF_VERSION: usize = 8;
+const OFF_CAPACITY: usize = 16;
+const OFF_HEAD: usize = 128;
+const OFF_TAIL: usize = 256;
+const OFF_RELEASED: usize = 384;
+
+/// Rounds `n` up to the slot alignment.
+pub const fn align(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where each tensor of a slot starts: tensor `i` at `align(end of tensor i-1)`.
+pub fn tensor_offsets(sizes: &[u64]) -> (Vec<u64>, u64) {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut at = 0u64;
+    for &s in sizes {
+        offsets.push(at);
+        at = align(at + s);
+    }
+    (offsets, at)
+}
+
+/// Total bytes of a ring mapping with `capacity` data bytes.
+pub const fn mapping_bytes(capacity: u64) -> usize {
+    HEADER_BYTES + capacity as usize
+}
+
+/// A mapped ring. The mapping is owned by the caller (producer or consumer) and must outlive
+/// the view.
+pub struct Ring {
+    base: *mut u8,
+    capacity: u64,
+}
+
+// SAFETY: all shared state is accessed through atomics or through slots whose ownership the
+// FIFO protocol hands from producer to consumer.
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
+
+/// A reserved slot: `len` bytes at `pos`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Slot {
+    /// Monotonic position of the first byte.
+    pub pos: u64,
+    /// Bytes reserved (a multiple of [`ALIGN`]).
+    pub len: u64,
+    /// Where the slot ends, counting skipped bytes: what the consumer releases to.
+    pub end: u64,
+}
+
+impl Ring {
+    /// Initialises the header of a fresh mapping (producer side).
+    ///
+    /// # Safety
+    /// `base` points to a writable mapping of at least `mapping_bytes(capacity)` bytes, aligned
+    /// to a page, that stays mapped while the returned view lives.
+    pub unsafe fn create(base: *mut u8, capacity: u64) -> Result<Ring, FormatError> {
+        if capacity < ALIGN * 2 || !capacity.is_multiple_of(ALIGN) {
+            return Err(FormatError::Invalid(format!(
+                "ring capacity {capacity} is not a multiple of {ALIGN} of at least {}",
+                ALIGN * 2
+            )));
+        }
+        // SAFETY: inside the header page of the caller's mapping.
+        unsafe {
+            std::ptr::write_bytes(base, 0, HEADER_BYTES);
+            base.add(OFF_VERSION).cast::<u32>().write(RING_VERSION);
+            base.add(OFF_CAPACITY).cast::<u64>().write(capacity);
+        }
+        let ring = Ring { base, capacity };
+        // Written last, with release ordering: a consumer that sees the magic sees the rest.
+        ring.atomic64(OFF_MAGIC)
+            .store(RING_MAGIC, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// Opens a mapping made by a producer (consumer side), checking the header.
+    ///
+    /// # Safety
+    /// `base` points to a readable and writable mapping of `len` bytes, aligned to a page, that
+    /// stays mapped while the returned view lives.
+    pub unsafe fn open(base: *mut u8, len: usize) -> Result<Ring, FormatError> {
+        if len < HEADER_BYTES {
+            return Err(FormatError::Invalid(format!(
+                "ring mapping of {len} bytes has no header"
+            )));
+        }
+        let probe = Ring { base, capacity: 0 };
+        if probe.atomic64(OFF_MAGIC).load(Ordering::Acquire) != RING_MAGIC {
+            return Err(FormatError::Invalid(
+                "ring header has the wrong magic".into(),
+            ));
+        }
+        // SAFETY: inside the header page.
+        let (version, capacity) = unsafe {
+            (
+                base.add(OFF_VERSION).cast::<u32>().read(),
+                base.add(OFF_CAPACITY).cast::<u64>().read(),
+            )
+        };
+        if version != RING_VERSION {
+            return Err(FormatError::Invalid(format!(
+                "ring version {version}, expected {RING_VERSION}"
+            )));
+        }
+        if !capacity.is_multiple_of(ALIGN) || mapping_bytes(capacity) > len {
+            return Err(FormatError::Invalid(format!(
+                "ring capacity {capacity} does not fit a mapping of {len} bytes"
+            )));
+        }
+        Ok(Ring { base, capacity })
+    }
+
+    fn atomic64(&self, off: usize) -> &AtomicU64 {
+        // SAFETY: `off` is an 8-aligned offset inside the header page, which lives as long as
+        // `self`; the field is only ever accessed atomically.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+
+    fn atomic32(&self, off: usize) -> &AtomicU32 {
+        // SAFETY: as in `atomic64`.
+        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+    }
+
+    /// Data bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes reserved so far.
+    pub fn head(&self) -> u64 {
+        self.atomic64(OFF_HEAD).load(Ordering::Acquire)
+    }
+
+    /// Bytes released so far.
+    pub fn tail(&self) -> u64 {
+        self.atomic64(OFF_TAIL).load(Ordering::Acquire)
+    }
+
+    /// Where a slot of `len` bytes reserved now would start and end (without reserving it).
+    fn place(&self, head: u64, len: u64) -> (u64, u64) {
+        let off = head % self.capacity;
+        let start = if off + len > self.capacity {
+            head + (self.capacity - off)
+        } else {
+            head
+        };
+        (start, start + len)
+    }
+
+    /// Reserves `len` bytes (producer; callers serialise reservations). Waits for space until
+    /// `timeout`, then returns `None`. A request larger than the ring is refused at once.
+    pub fn reserve(&self, len: u64, timeout: Duration) -> Option<Slot> {
+        let len = align(len.max(1));
+        if len > self.capacity {
+            return None;
+        }
+        let deadline = Instant::now() + timeout;
+        let head = self.head();
+        let (start, end) = self.place(head, len);
+        loop {
+            let seen = self.atomic32(OFF_RELEASED).load(Ordering::Acquire);
+            if end - self.tail() <= self.capacity {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            futex_wait(
+                self.atomic32(OFF_RELEASED),
+                seen,
+                (deadline - now).min(Duration::from_millis(50)),
+            );
+        }
+        self.atomic64(OFF_HEAD).store(end, Ordering::Release);
+        Some(Slot {
+            pos: start,
+            len,
+            end,
+        })
+    }
+
+    /// The bytes of a slot, for the producer to fill (through DMA) or the consumer to read.
+    ///
+    /// # Safety
+    /// The caller owns the slot under the FIFO protocol: the producer between `reserve` and
+    /// publishing it, the consumer between receiving it and `release`.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_bytes(&self, slot: &Slot) -> &mut [u8] {
+        let off = (slot.pos % self.capacity) as usize;
+        // SAFETY: `place` guarantees the slot lies inside the data area; ownership per contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(HEADER_BYTES + off), slot.len as usize)
+        }
+    }
+
+    /// Checks a slot a producer announced before the consumer touches it: it must lie inside
+    /// the data area without wrapping and between the released and reserved positions.
+    pub fn validate(&self, slot: &Slot) -> Result<(), FormatError> {
+        let off = slot.pos % self.capacity;
+        let ok = slot.len > 0
+            && slot.len.is_multiple_of(ALIGN)
+            && off + slot.len <= self.capacity
+            && slot.end == slot.pos + slot.len
+            && slot.pos >= self.tail()
+            && slot.end <= self.head();
+        if ok {
+            Ok(())
+        } else {
+            Err(FormatError::Invalid(format!(
+                "slot {slot:?} is outside the ring (tail {}, head {}, capacity {})",
+                self.tail(),
+                self.head(),
+                self.capacity
+            )))
+        }
+    }
+
+    /// Releases every byte up to `end` (consumer), waking a producer waiting for space.
+    pub fn release_to(&self, end: u64) {
+        self.atomic64(OFF_TAIL).fetch_max(end, Ordering::AcqRel);
+        self.atomic32(OFF_RELEASED).fetch_add(1, Ordering::AcqRel);
+        futex_wake(self.atomic32(OFF_RELEASED));
+    }
+}
+
+/// Sleeps while `*word == seen`, at most `timeout` (spurious wake-ups are fine).
+fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a 4-byte aligned word of a shared mapping (not FUTEX_PRIVATE: the
+    // waker is another process); the kernel only reads the word and the timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wakes every waiter on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(capacity: u64) -> Vec<u64> {
+        vec![0u64; mapping_bytes(capacity) / 8]
+    }
+
+    #[test]
+    fn slots_are_fifo_aligned_and_never_wrap() {
+        let mut mem = mapping(1024);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` outlives both views.
+        let (p, c) = unsafe {
+            (
+                Ring::create(base, 1024).expect("create"),
+                Ring::open(base, mem.len() * 8).expect("open"),
+            )
+        };
+        let a = p.reserve(100, Duration::ZERO).expect("fits");
+        assert_eq!((a.pos, a.len), (0, 128));
+        let b = p.reserve(700, Duration::ZERO).expect("fits");
+        assert_eq!((b.pos, b.len), (128, 704));
+        // 192 bytes left before the end: a 256-byte slot skips to the next lap, after release.
+        assert!(
+            p.reserve(256, Duration::from_millis(10)).is_none(),
+            "no space until released"
+        );
+        c.validate(&a).expect("a is valid");
+        c.release_to(a.end);
+        c.validate(&b).expect("b is valid");
+        c.release_to(b.end);
+        let d = p.reserve(256, Duration::ZERO).expect("fits after release");
+        assert_eq!(d.pos, 1024, "started at the next lap instead of wrapping");
+        assert_eq!(d.pos % 1024, 0);
+        assert!(
+            p.reserve(2048, Duration::ZERO).is_none(),
+            "larger than the ring"
+        );
+    }
+
+    #[test]
+    fn the_consumer_rejects_slots_outside_the_ring() {
+        let mut mem = mapping(1024);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` outlives both views.
+        let (p, c) = unsafe {
+            (
+                Ring::create(base, 1024).expect("create"),
+                Ring::open(base, mem.len() * 8).expect("open"),
+            )
+        };
+        let a = p.reserve(64, Duration::ZERO).expect("fits");
+        for bad in [
+            Slot {
+                pos: 0,
+                len: 4096,
+                end: 4096,
+            },
+            Slot {
+                pos: 960,
+                len: 128,
+                end: 1088,
+            },
+            Slot {
+                pos: 64,
+                len: 64,
+                end: 128,
+            },
+            Slot {
+                pos: 0,
+                len: 30,
+                end: 30,
+            },
+        ] {
+            assert!(c.validate(&bad).is_err(), "{bad:?}");
+        }
+        c.validate(&a).expect("the real slot is fine");
+    }
+
+    #[test]
+    fn open_refuses_a_foreign_mapping() {
+        let mut mem = mapping(1024);
+        // SAFETY: `mem` outlives the view.
+        assert!(unsafe { Ring::open(mem.as_mut_ptr().cast(), mem.len() * 8) }.is_err());
+    }
+
+    #[test]
+    fn a_waiting_producer_wakes_on_release() {
+        let mut mem = mapping(256);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` outlives both views (the thread is joined before it drops).
+        let (p, c) = unsafe {
+            (
+                Ring::create(base, 256).expect("create"),
+                Ring::open(base, mem.len() * 8).expect("open"),
+            )
+        };
+        let a = p.reserve(256, Duration::ZERO).expect("fits");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                c.release_to(a.end);
+            });
+            let t = Instant::now();
+            let b = p
+                .reserve(64, Duration::from_secs(5))
+                .expect("space after release");
+            assert!(t.elapsed() < Duration::from_secs(2));
+            assert_eq!(b.pos, 256);
+        });
+    }
+
+    #[test]
+    fn tensor_offsets_are_aligned() {
+        let (offs, total) = tensor_offsets(&[10, 64, 1]);
+        assert_eq!(offs, vec![0, 64, 128]);
+        assert_eq!(total, 192);
+    }
+}

@@ -1,0 +1,572 @@
+//! The trace store on disk (docs/format.md is the specification; this module is its code).
+//!
+//! ```text
+//! RUN/manifest.json                 run, command, environment, configuration, ranks, communicators
+//! RUN/rank00003/step000002.seg      records of rank 3 at step 2: a header, then frames
+//! RUN/rank00003/step000002.idx      seq -> frame offset (rebuilt by scanning when missing)
+//! ```
+//!
+//! A frame is `magic "TTRF" | flags u32 | body_len u64 | crc32(body) u32 | reserved u32 | body`;
+//! a body is `meta_len u32 | CBOR Record | one blob per captured tensor`; a blob is
+//! `codec u8 | elem_size u8 | 0u16 | 0u32 | raw_len u64 | stored_len u64 | stored bytes`.
+//! All integers are little-endian.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{self, Codec};
+use crate::config::CaptureConfig;
+use crate::record::Record;
+use crate::FormatError;
+
+/// Major version: a reader refuses a store with another one.
+pub const FORMAT_MAJOR: u16 = 1;
+/// Minor version: additions a reader of the same major may ignore.
+pub const FORMAT_MINOR: u16 = 0;
+
+pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
+pub const INDEX_MAGIC: [u8; 8] = *b"TTRIDX\r\n";
+pub const FRAME_MAGIC: [u8; 4] = *b"TTRF";
+pub const SEGMENT_HEADER_BYTES: u64 = 64;
+pub const FRAME_HEADER_BYTES: u64 = 24;
+pub const BLOB_HEADER_BYTES: usize = 24;
+pub const INDEX_ENTRY_BYTES: usize = 32;
+
+/// `RUN/manifest.json`.
+pub fn manifest_path(run: &Path) -> PathBuf {
+    run.join("manifest.json")
+}
+/// `RUN/rankNNNNN`.
+pub fn rank_dir(run: &Path, rank: u32) -> PathBuf {
+    run.join(format!("rank{rank:05}"))
+}
+/// `RUN/rankNNNNN/stepNNNNNN.seg`.
+pub fn segment_path(run: &Path, rank: u32, step: u64) -> PathBuf {
+    rank_dir(run, rank).join(format!("step{step:06}.seg"))
+}
+/// The index next to a segment.
+pub fn index_path(segment: &Path) -> PathBuf {
+    segment.with_extension("idx")
+}
+
+/// One traced process, as the manifest lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub pid: u32,
+    pub hostname: String,
+    pub local_rank: u32,
+    pub world_size: u32,
+    pub records: u64,
+    pub gaps: u64,
+    pub bytes_raw: u64,
+    pub bytes_stored: u64,
+    /// False when the process vanished without saying goodbye (crash, SIGKILL).
+    pub clean_exit: bool,
+}
+
+/// One communicator: which global rank holds each of its ranks (`None`: never registered,
+/// e.g. a member that was not traced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommEntry {
+    pub key: u64,
+    pub size: u32,
+    pub members: Vec<Option<u32>>,
+    pub parent: Option<u64>,
+    pub color: Option<i32>,
+    pub api: String,
+}
+
+/// `RUN/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_major: u16,
+    pub format_minor: u16,
+    pub run_id: String,
+    pub created_unix_ns: u64,
+    pub command: Vec<String>,
+    pub cwd: String,
+    /// The environment the command ran with (secrets are the user's business: `ttrace run`
+    /// records what it was given).
+    pub env: BTreeMap<String, String>,
+    pub config: CaptureConfig,
+    pub ranks: Vec<RankInfo>,
+    pub comms: Vec<CommEntry>,
+    /// Written by the daemon when the run ended and every segment was closed.
+    pub finalized: bool,
+    pub exit_code: Option<i32>,
+}
+
+impl Manifest {
+    /// Writes atomically (temporary file, fsync, rename, fsync of the directory).
+    pub fn write(&self, run: &Path) -> Result<(), FormatError> {
+        let path = manifest_path(run);
+        let tmp = run.join(".manifest.json.tmp");
+        let mut f = File::create(&tmp).map_err(|e| FormatError::at(&tmp, e))?;
+        let body =
+            serde_json::to_vec_pretty(self).map_err(|e| FormatError::Invalid(e.to_string()))?;
+        f.write_all(&body).map_err(|e| FormatError::at(&tmp, e))?;
+        f.sync_all().map_err(|e| FormatError::at(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| FormatError::at(&path, e))?;
+        if let Ok(d) = File::open(run) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Reads and version-checks `RUN/manifest.json`.
+    pub fn read(run: &Path) -> Result<Manifest, FormatError> {
+        let path = manifest_path(run);
+        let body = std::fs::read(&path).map_err(|e| FormatError::at(&path, e))?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| FormatError::Corrupt(format!("{}: not JSON: {e}", path.display())))?;
+        let major = v.get("format_major").and_then(|m| m.as_u64());
+        if major != Some(FORMAT_MAJOR as u64) {
+            return Err(FormatError::Version(format!(
+                "{}: format major version {major:?}, this ttrace reads {FORMAT_MAJOR}",
+                path.display()
+            )));
+        }
+        serde_json::from_value(v)
+            .map_err(|e| FormatError::Corrupt(format!("{}: {e}", path.display())))
+    }
+}
+
+/// A tensor's bytes as they go into a frame.
+pub struct Blob {
+    pub codec: Codec,
+    pub elem_size: u8,
+    pub raw_len: u64,
+    pub stored: Vec<u8>,
+}
+
+impl Blob {
+    /// Compresses `raw` (byte-shuffled by `elem_size`, zstd `level`; level 0 stores raw).
+    pub fn encode(
+        raw: &[u8],
+        elem_size: usize,
+        level: i32,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Blob, FormatError> {
+        let codec = if level == 0 {
+            Codec::Raw
+        } else if elem_size > 1 {
+            Codec::ShuffleZstd
+        } else {
+            Codec::Zstd
+        };
+        Ok(Blob {
+            codec,
+            elem_size: elem_size as u8,
+            raw_len: raw.len() as u64,
+            stored: codec::encode(raw, elem_size, codec, level, scratch)?,
+        })
+    }
+}
+
+/// One entry of a segment index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub seq: u64,
+    /// Offset of the frame header in the segment.
+    pub offset: u64,
+    /// Header plus body.
+    pub frame_len: u64,
+    pub crc32: u32,
+}
+
+/// Appends frames to one segment.
+pub struct SegmentWriter {
+    path: PathBuf,
+    file: BufWriter<File>,
+    offset: u64,
+    index: Vec<IndexEntry>,
+}
+
+impl SegmentWriter {
+    /// Creates the segment (and its rank directory) and writes its header.
+    pub fn create(run: &Path, rank: u32, step: u64) -> Result<SegmentWriter, FormatError> {
+        let path = segment_path(run, rank, step);
+        let dir = rank_dir(run, rank);
+        std::fs::create_dir_all(&dir).map_err(|e| FormatError::at(&dir, e))?;
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| FormatError::at(&path, e))?;
+        let mut file = BufWriter::with_capacity(1 << 20, f);
+        let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+        h[..8].copy_from_slice(&SEGMENT_MAGIC);
+        h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
+        h[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
+        h[12..16].copy_from_slice(&rank.to_le_bytes());
+        h[16..24].copy_from_slice(&step.to_le_bytes());
+        file.write_all(&h).map_err(|e| FormatError::at(&path, e))?;
+        Ok(SegmentWriter {
+            path,
+            file,
+            offset: SEGMENT_HEADER_BYTES,
+            index: Vec::new(),
+        })
+    }
+
+    /// Appends one record with its blobs (one per captured tensor, in order). Returns the
+    /// bytes written.
+    pub fn append(&mut self, record: &Record, blobs: &[Blob]) -> Result<u64, FormatError> {
+        let mut meta = Vec::new();
+        ciborium::into_writer(record, &mut meta)
+            .map_err(|e| FormatError::Invalid(format!("encode record: {e}")))?;
+        let body_len = 4
+            + meta.len()
+            + blobs
+                .iter()
+                .map(|b| BLOB_HEADER_BYTES + b.stored.len())
+                .sum::<usize>();
+        let mut crc = crc32fast::Hasher::new();
+        let meta_len = (meta.len() as u32).to_le_bytes();
+        crc.update(&meta_len);
+        crc.update(&meta);
+        let mut headers = Vec::with_capacity(blobs.len());
+        for b in blobs {
+            let mut h = [0u8; BLOB_HEADER_BYTES];
+            h[0] = b.codec as u8;
+            h[1] = b.elem_size;
+            h[8..16].copy_from_slice(&b.raw_len.to_le_bytes());
+            h[16..24].copy_from_slice(&(b.stored.len() as u64).to_le_bytes());
+            crc.update(&h);
+            crc.update(&b.stored);
+            headers.push(h);
+        }
+        let crc = crc.finalize();
+        let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
+        fh[..4].copy_from_slice(&FRAME_MAGIC);
+        fh[8..16].copy_from_slice(&(body_len as u64).to_le_bytes());
+        fh[16..20].copy_from_slice(&crc.to_le_bytes());
+        let io = |e| FormatError::at(&self.path, e);
+        self.file.write_all(&fh).map_err(io)?;
+        self.file.write_all(&meta_len).map_err(io)?;
+        self.file.write_all(&meta).map_err(io)?;
+        for (h, b) in headers.iter().zip(blobs) {
+            self.file.write_all(h).map_err(io)?;
+            self.file.write_all(&b.stored).map_err(io)?;
+        }
+        let frame_len = FRAME_HEADER_BYTES + body_len as u64;
+        self.index.push(IndexEntry {
+            seq: record.seq,
+            offset: self.offset,
+            frame_len,
+            crc32: crc,
+        });
+        self.offset += frame_len;
+        Ok(frame_len)
+    }
+
+    /// Pushes buffered frames to the kernel (a crash of this process then loses nothing).
+    pub fn flush(&mut self) -> Result<(), FormatError> {
+        self.file
+            .flush()
+            .map_err(|e| FormatError::at(&self.path, e))
+    }
+
+    /// Flushes and fsyncs the segment (step end).
+    pub fn sync(&mut self) -> Result<(), FormatError> {
+        self.flush()?;
+        self.file
+            .get_ref()
+            .sync_data()
+            .map_err(|e| FormatError::at(&self.path, e))
+    }
+
+    /// Syncs the segment and writes its index.
+    pub fn finish(mut self) -> Result<(), FormatError> {
+        self.sync()?;
+        write_index(&index_path(&self.path), &self.index)
+    }
+
+    /// Frames written so far.
+    pub fn records(&self) -> usize {
+        self.index.len()
+    }
+}
+
+/// Writes an index file atomically.
+pub fn write_index(path: &Path, entries: &[IndexEntry]) -> Result<(), FormatError> {
+    let mut buf = Vec::with_capacity(16 + entries.len() * INDEX_ENTRY_BYTES);
+    buf.extend_from_slice(&INDEX_MAGIC);
+    buf.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
+    buf.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
+    buf.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for e in entries {
+        buf.extend_from_slice(&e.seq.to_le_bytes());
+        buf.extend_from_slice(&e.offset.to_le_bytes());
+        buf.extend_from_slice(&e.frame_len.to_le_bytes());
+        buf.extend_from_slice(&e.crc32.to_le_bytes());
+        buf.extend_from_slice(&0u32.to_le_bytes());
+    }
+    let tmp = path.with_extension("idx.tmp");
+    std::fs::write(&tmp, &buf).map_err(|e| FormatError::at(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| FormatError::at(path, e))
+}
+
+/// Reads an index file.
+pub fn read_index(path: &Path) -> Result<Vec<IndexEntry>, FormatError> {
+    let buf = std::fs::read(path).map_err(|e| FormatError::at(path, e))?;
+    let bad = |why: &str| FormatError::Corrupt(format!("{}: {why}", path.display()));
+    if buf.len() < 16 || buf[..8] != INDEX_MAGIC {
+        return Err(bad("not a ttrace index"));
+    }
+    let major = u16::from_le_bytes([buf[8], buf[9]]);
+    if major != FORMAT_MAJOR {
+        return Err(FormatError::Version(format!(
+            "{}: index major version {major}, this ttrace reads {FORMAT_MAJOR}",
+            path.display()
+        )));
+    }
+    let n = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
+    if buf.len() != 16 + n * INDEX_ENTRY_BYTES {
+        return Err(bad("entry count does not match the file size"));
+    }
+    Ok(buf[16..]
+        .chunks_exact(INDEX_ENTRY_BYTES)
+        .map(|c| {
+            let u64at = |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8 bytes"));
+            IndexEntry {
+                seq: u64at(0),
+                offset: u64at(8),
+                frame_len: u64at(16),
+                crc32: u32::from_le_bytes(c[24..28].try_into().expect("4 bytes")),
+            }
+        })
+        .collect())
+}
+
+/// Where a blob's bytes sit inside a frame body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobRef {
+    pub codec: Codec,
+    pub elem_size: u8,
+    pub raw_len: u64,
+    /// Range of the stored bytes in the body.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// Offset of the frame header in the segment.
+    pub offset: u64,
+    pub record: Record,
+    pub body: Vec<u8>,
+    pub blobs: Vec<BlobRef>,
+}
+
+impl Frame {
+    /// The raw bytes of the `i`-th captured tensor.
+    pub fn tensor_bytes(&self, i: usize) -> Result<Vec<u8>, FormatError> {
+        let b = self.blobs.get(i).ok_or_else(|| {
+            FormatError::Invalid(format!(
+                "record has {} captured tensors, asked for {i}",
+                self.blobs.len()
+            ))
+        })?;
+        let mut scratch = Vec::new();
+        codec::decode(
+            &self.body[b.start..b.end],
+            b.raw_len as usize,
+            b.elem_size as usize,
+            b.codec,
+            &mut scratch,
+        )
+    }
+
+    /// Decodes a body (already checked against its CRC).
+    pub fn parse(offset: u64, body: Vec<u8>) -> Result<Frame, FormatError> {
+        let bad = |why: String| FormatError::Corrupt(format!("frame at {offset}: {why}"));
+        if body.len() < 4 {
+            return Err(bad("body shorter than its metadata length".into()));
+        }
+        let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+        let meta_end = 4usize
+            .checked_add(meta_len)
+            .filter(|&e| e <= body.len())
+            .ok_or_else(|| bad("metadata runs past the body".into()))?;
+        let record: Record = ciborium::from_reader(&body[4..meta_end])
+            .map_err(|e| bad(format!("record metadata: {e}")))?;
+        let mut blobs = Vec::new();
+        let mut at = meta_end;
+        while at < body.len() {
+            if at + BLOB_HEADER_BYTES > body.len() {
+                return Err(bad("truncated blob header".into()));
+            }
+            let h = &body[at..at + BLOB_HEADER_BYTES];
+            let codec =
+                Codec::from_u8(h[0]).ok_or_else(|| bad(format!("unknown codec {}", h[0])))?;
+            let raw_len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+            let stored = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")) as usize;
+            let start = at + BLOB_HEADER_BYTES;
+            let end = start
+                .checked_add(stored)
+                .filter(|&e| e <= body.len())
+                .ok_or_else(|| bad("blob runs past the body".into()))?;
+            blobs.push(BlobRef {
+                codec,
+                elem_size: h[1],
+                raw_len,
+                start,
+                end,
+            });
+            at = end;
+        }
+        let captured = record.tensors.iter().filter(|t| t.captured).count();
+        if captured != blobs.len() {
+            return Err(bad(format!(
+                "{captured} captured tensors but {} blobs",
+                blobs.len()
+            )));
+        }
+        Ok(Frame {
+            offset,
+            record,
+            body,
+            blobs,
+        })
+    }
+}
+
+/// What a scan of a segment met besides good frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanIssue {
+    /// A frame whose CRC or structure is wrong, skipped; scanning resumed at the next frame.
+    Corrupt { offset: u64, why: String },
+    /// The file ends inside a frame (a writer killed mid-frame): dropped.
+    TornTail { offset: u64 },
+}
+
+/// Reads a segment's frames in order, streaming.
+pub struct SegmentReader {
+    path: PathBuf,
+    file: BufReader<File>,
+    offset: u64,
+    len: u64,
+    pub rank: u32,
+    pub step: u64,
+}
+
+impl SegmentReader {
+    /// Opens a segment and checks its header.
+    pub fn open(path: &Path) -> Result<SegmentReader, FormatError> {
+        let f = File::open(path).map_err(|e| FormatError::at(path, e))?;
+        let len = f.metadata().map_err(|e| FormatError::at(path, e))?.len();
+        let mut file = BufReader::with_capacity(1 << 20, f);
+        let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+        file.read_exact(&mut h).map_err(|_| {
+            FormatError::Corrupt(format!("{}: shorter than a segment header", path.display()))
+        })?;
+        if h[..8] != SEGMENT_MAGIC {
+            return Err(FormatError::Corrupt(format!(
+                "{}: not a ttrace segment",
+                path.display()
+            )));
+        }
+        let major = u16::from_le_bytes([h[8], h[9]]);
+        if major != FORMAT_MAJOR {
+            return Err(FormatError::Version(format!(
+                "{}: segment major version {major}, this ttrace reads {FORMAT_MAJOR}",
+                path.display()
+            )));
+        }
+        Ok(SegmentReader {
+            path: path.to_path_buf(),
+            file,
+            offset: SEGMENT_HEADER_BYTES,
+            len,
+            rank: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
+            step: u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")),
+        })
+    }
+
+    /// The next frame, an issue met on the way, or `None` at the end.
+    pub fn next_frame(&mut self) -> Option<Result<Frame, ScanIssue>> {
+        if self.offset >= self.len {
+            return None;
+        }
+        let start = self.offset;
+        if self.len - start < FRAME_HEADER_BYTES {
+            self.offset = self.len;
+            return Some(Err(ScanIssue::TornTail { offset: start }));
+        }
+        let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
+        if self.file.read_exact(&mut fh).is_err() {
+            self.offset = self.len;
+            return Some(Err(ScanIssue::TornTail { offset: start }));
+        }
+        let body_len = u64::from_le_bytes(fh[8..16].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(fh[16..20].try_into().expect("4 bytes"));
+        if fh[..4] != FRAME_MAGIC {
+            return Some(Err(self.resync(start, "bad frame magic".into())));
+        }
+        if body_len > self.len - start - FRAME_HEADER_BYTES {
+            self.offset = self.len;
+            return Some(Err(ScanIssue::TornTail { offset: start }));
+        }
+        let mut body = vec![0u8; body_len as usize];
+        if self.file.read_exact(&mut body).is_err() {
+            self.offset = self.len;
+            return Some(Err(ScanIssue::TornTail { offset: start }));
+        }
+        if crc32fast::hash(&body) != crc {
+            return Some(Err(self.resync(start, "CRC mismatch".into())));
+        }
+        self.offset = start + FRAME_HEADER_BYTES + body_len;
+        Some(Frame::parse(start, body).map_err(|e| ScanIssue::Corrupt {
+            offset: start,
+            why: e.to_string(),
+        }))
+    }
+
+    /// After a bad frame at `start`, continues at the next frame magic after it.
+    fn resync(&mut self, start: u64, why: String) -> ScanIssue {
+        let issue = ScanIssue::Corrupt { offset: start, why };
+        let mut pos = start + 1;
+        let found = (|| -> std::io::Result<Option<u64>> {
+            self.file.seek(SeekFrom::Start(pos))?;
+            let mut window = [0u8; 4];
+            let mut filled = 0usize;
+            let mut byte = [0u8; 1];
+            loop {
+                if self.file.read(&mut byte)? == 0 {
+                    return Ok(None);
+                }
+                if filled < 4 {
+                    window[filled] = byte[0];
+                    filled += 1;
+                } else {
+                    window.rotate_left(1);
+                    window[3] = byte[0];
+                    pos += 1;
+                }
+                if filled == 4 && window == FRAME_MAGIC {
+                    return Ok(Some(pos));
+                }
+            }
+        })();
+        match found {
+            Ok(Some(p)) => {
+                self.offset = p;
+                let _ = self.file.seek(SeekFrom::Start(p));
+            }
+            _ => self.offset = self.len,
+        }
+        issue
+    }
+
+    /// The segment's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}

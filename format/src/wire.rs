@@ -1,0 +1,179 @@
+//! The protocol between a traced process (`libttrace.so`) and `ttraced`, over the daemon's Unix
+//! stream socket.
+//!
+//! Every message is a frame: a little-endian `u32` length, then that many bytes of CBOR (a
+//! [`ClientMsg`] or [`DaemonMsg`]). A frame longer than [`MAX_FRAME`] or that does not decode
+//! is a protocol error: the daemon drops that client (after keeping what it had published)
+//! and keeps serving the others. The client's `Hello` carries its ring's memfd as `SCM_RIGHTS`
+//! ancillary data.
+//!
+//! Order of a session: `Hello` (+fd) → `Welcome` | `Refused`; then any number of `Comm` and
+//! `Publish` in the client's order; finally `Bye` (absent when the process died: the daemon
+//! sees EOF and finalises what it has).
+
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::Record;
+use crate::ring::Slot;
+use crate::FormatError;
+
+/// Protocol version a client announces; the daemon refuses others.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame either side accepts (a record's metadata is a few KiB).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Identity of a traced process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub pid: u32,
+    /// Global rank (from RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID or PMI_RANK; else 0 until the
+    /// world communicator says otherwise).
+    pub rank: u32,
+    pub world_size: u32,
+    pub local_rank: u32,
+    pub hostname: String,
+    pub exe: String,
+    pub argv: Vec<String>,
+    /// Data bytes of the ring whose memfd rides along.
+    pub ring_capacity: u64,
+}
+
+/// A communicator this process joined (`ncclCommInitRank*`, `ncclCommInitAll`, `ncclCommSplit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommInfo {
+    /// Identical on every member: a hash of the `ncclUniqueId`, or for a split of the parent's
+    /// key, the split's sequence number on the parent and the color.
+    pub key: u64,
+    pub size: u32,
+    /// This process's rank in the communicator.
+    pub rank: u32,
+    /// This process's global rank.
+    pub global_rank: u32,
+    pub parent: Option<u64>,
+    pub color: Option<i32>,
+    /// The API that created it.
+    pub api: String,
+}
+
+/// Client to daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ClientMsg {
+    Hello(Hello),
+    Comm(CommInfo),
+    /// A record is complete: its metadata, and its captured tensors' bytes in `slot` at
+    /// [`crate::ring::tensor_offsets`] of the captured tensors' `nbytes` (no slot for a record
+    /// without captured bytes, e.g. a gap).
+    Publish {
+        record: Box<Record>,
+        slot: Option<Slot>,
+    },
+    /// The process is exiting normally.
+    Bye {
+        records: u64,
+        gaps: u64,
+    },
+}
+
+/// Daemon to client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum DaemonMsg {
+    Welcome { run_id: String },
+    Refused { reason: String },
+}
+
+/// Encodes `msg` as one frame.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FormatError> {
+    let mut buf = vec![0u8; 4];
+    ciborium::into_writer(msg, &mut buf)
+        .map_err(|e| FormatError::Invalid(format!("encode: {e}")))?;
+    let len = buf.len() - 4;
+    if len > MAX_FRAME {
+        return Err(FormatError::Invalid(format!(
+            "message of {len} bytes exceeds {MAX_FRAME}"
+        )));
+    }
+    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(buf)
+}
+
+/// Decodes a frame body (without its length prefix).
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FormatError> {
+    ciborium::from_reader(body).map_err(|e| FormatError::Invalid(format!("malformed message: {e}")))
+}
+
+/// Writes one frame.
+pub fn write_msg<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FormatError> {
+    w.write_all(&encode(msg)?).map_err(FormatError::Io)
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream (between frames).
+pub fn read_msg<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<Option<T>, FormatError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(FormatError::Io(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FormatError::Invalid(format!(
+            "frame of {len} bytes exceeds {MAX_FRAME}"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(FormatError::Io)?;
+    decode(&body).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_end_cleanly() {
+        let msgs = vec![
+            ClientMsg::Comm(CommInfo {
+                key: 7,
+                size: 2,
+                rank: 1,
+                global_rank: 3,
+                parent: Some(1),
+                color: Some(0),
+                api: "ncclCommSplit".into(),
+            }),
+            ClientMsg::Bye {
+                records: 10,
+                gaps: 0,
+            },
+        ];
+        let mut buf = Vec::new();
+        for m in &msgs {
+            write_msg(&mut buf, m).expect("writes");
+        }
+        let mut r = &buf[..];
+        for m in &msgs {
+            assert_eq!(
+                read_msg::<ClientMsg>(&mut r).expect("reads").as_ref(),
+                Some(m)
+            );
+        }
+        assert_eq!(read_msg::<ClientMsg>(&mut r).expect("clean end"), None);
+    }
+
+    #[test]
+    fn garbage_and_oversized_frames_are_errors() {
+        let mut huge = (MAX_FRAME as u32 + 1).to_le_bytes().to_vec();
+        huge.extend([0u8; 8]);
+        assert!(read_msg::<ClientMsg>(&mut &huge[..]).is_err());
+        let mut junk = 3u32.to_le_bytes().to_vec();
+        junk.extend([0xff, 0x00, 0x13]);
+        assert!(read_msg::<ClientMsg>(&mut &junk[..]).is_err());
+        let truncated = [10u8, 0, 0, 0, 1, 2];
+        assert!(read_msg::<ClientMsg>(&mut &truncated[..]).is_err());
+    }
+}

@@ -1,5 +1,57 @@
-//! ttrace, the command-line front end (issues 4-7).
+//! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; later
+//! issues add `ls`, `show`, `export`, `compare` and `check` as further subcommands.
+
+mod dump;
+mod run;
+mod units;
+
+use clap::{Parser, Subcommand};
+
+/// Find silent bugs in distributed training by tracing what the GPUs computed.
+///
+/// `ttrace run -- CMD` runs CMD with libttrace.so preloaded into every process it starts.
+/// Each process snapshots the tensors of its CUDA memcpys, cuBLAS/cuBLASLt GEMMs and NCCL
+/// collectives and streams them to a collector (ttraced, embedded in `ttrace run`), which files
+/// them by rank and step into a trace store (a directory; format in docs/format.md).
+///
+/// Examples:
+///
+///   ttrace run -- torchrun --nproc-per-node 8 train.py
+///
+///   ttrace run --steps 0-1 --apis gemm,nccl --out runs/tp2 -- python train.py --tp 2
+///
+///   ttraced --socket /tmp/tt/s --store runs/all &  ttrace run --daemon /tmp/tt/s -- CMD
+#[derive(Parser, Debug)]
+#[command(name = "ttrace", version, verbatim_doc_comment)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    Run(run::RunArgs),
+    Dump(dump::DumpArgs),
+}
+
 fn main() {
-    eprintln!("ttrace: no subcommand is built yet (issue 4)");
-    std::process::exit(2);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TTRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Dump(args) => match dump::main(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("ttrace dump: {e:#}");
+                2
+            }
+        },
+    };
+    std::process::exit(code);
 }

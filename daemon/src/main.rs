@@ -1,5 +1,98 @@
-//! ttraced, the trace collector (issue 4).
-fn main() {
-    eprintln!("ttraced: the capture path is not built yet (issue 4)");
-    std::process::exit(2);
+//! `ttraced`: a standalone trace collector. `ttrace run` embeds the same daemon; run this one
+//! when several commands (or several `ttrace run --daemon SOCKET`) should trace into one store.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+/// Collect ttrace snapshots into a trace store until SIGINT or SIGTERM.
+///
+/// Traced processes find the daemon through TTRACE_SOCKET (`ttrace run --daemon SOCKET -- CMD`
+/// sets it). On SIGINT/SIGTERM the daemon stops accepting, waits for connected processes to
+/// leave (up to --wait seconds), writes what they published, and finalises the manifest.
+#[derive(Parser, Debug)]
+#[command(name = "ttraced", version)]
+struct Args {
+    /// Unix socket to listen on (its directory is created 0700 when missing).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Store directory for the run (created 0700; must not hold a run already).
+    #[arg(long, value_name = "DIR")]
+    store: PathBuf,
+    /// zstd level of the stored tensors (0 = raw; negative = zstd's fast modes).
+    #[arg(long, value_name = "N", default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
+    level: i32,
+    /// Compression threads shared by all clients [default: the cores, at most 8].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Seconds to wait for connected processes to leave once asked to stop.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    wait: u64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Async-signal-safe: an atomic store only.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TTRACE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs a handler that only stores to an atomic; a zeroed sigaction with
+        // an empty mask is a valid argument.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            anyhow::bail!("cannot install a handler for signal {sig}");
+        }
+    }
+    let mut config = ttraced::Config::new(&args.socket, &args.store);
+    config.level = args.level;
+    if let Some(t) = args.threads {
+        config.threads = t;
+    }
+    config.run.cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    let handle = ttraced::Daemon::start(config).context("starting ttraced")?;
+    eprintln!(
+        "ttraced: run {} listening on {} (store {}); SIGINT or SIGTERM ends the run",
+        handle.run_id(),
+        handle.socket().display(),
+        handle.store().display()
+    );
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("ttraced: finalising");
+    let s = handle
+        .finalize(None, Duration::from_secs(args.wait))
+        .context("finalising the store")?;
+    eprintln!(
+        "ttraced: {} processes, {} ranks, {} records ({} gaps), {} bytes raw, {} stored, in {:.1}s",
+        s.processes.len(),
+        s.ranks,
+        s.records,
+        s.gaps,
+        s.bytes_raw,
+        s.bytes_stored,
+        s.elapsed.as_secs_f64()
+    );
+    Ok(())
 }

@@ -1,0 +1,546 @@
+//! `ttrace run`: trace a command into a store.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use ttrace_format::config::{CaptureConfig, RangeSet};
+use ttraced::{Config, Daemon, Summary};
+
+use crate::units::{human, parse_bytes};
+
+/// Exit code of `ttrace run` when it fails before or around the command (as `env` and
+/// `timeout` use 125 for their own failures).
+const EXIT_TTRACE: i32 = 125;
+
+/// Trace a command: run it with libttrace.so preloaded and collect its snapshots into a store.
+///
+/// Every process CMD starts (torchrun workers, MPI ranks, helpers) inherits the library and
+/// the capture settings through its environment; a process that never calls CUDA is not
+/// affected. When CMD exits, ttrace waits for the traced processes' last snapshots, closes the
+/// store and prints a summary. It exits with CMD's exit code (128+N if a signal N killed it);
+/// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found.
+///
+/// SIGINT and SIGTERM sent to ttrace are forwarded to CMD (a Ctrl-C at the terminal already
+/// reaches CMD and is not sent twice).
+///
+/// The store (default ttrace-runs/<UTC time>-<id>) holds manifest.json (command, working
+/// directory, environment, capture settings, ranks, communicators) and one segment per rank
+/// and step; see docs/format.md.
+///
+/// Examples:
+///
+///   ttrace run -- torchrun --nproc-per-node 2 train.py
+///
+///   ttrace run --steps 0-3 --apis gemm,nccl --no-kernels --out runs/ref -- python train.py
+///
+///   ttrace run --step-rule nvtx:train_step --max-tensor-bytes 64M -- ./train
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// Store directory for this run [default: ttrace-runs/<UTC time>-<id>].
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Send the snapshots to a running ttraced (its --socket) instead of an embedded
+    /// collector; the store is then that daemon's.
+    #[arg(long, value_name = "SOCKET", env = "TTRACE_DAEMON")]
+    daemon: Option<PathBuf>,
+    /// Families of calls to capture: memcpy, gemm, nccl (comma-separated).
+    #[arg(long, value_name = "LIST", default_value = "memcpy,gemm,nccl")]
+    apis: String,
+    /// Steps to capture, e.g. 0-3,7 [default: all].
+    #[arg(long, value_name = "RANGES")]
+    steps: Option<String>,
+    /// Global ranks to capture, e.g. 0,2-3 [default: all].
+    #[arg(long, value_name = "RANGES")]
+    ranks: Option<String>,
+    /// Tensors larger than this keep their metadata only (K, M, G suffixes).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "256M")]
+    max_tensor_bytes: u64,
+    /// Do not capture op inputs (GEMM A/B/C, collective inputs): outputs only.
+    #[arg(long)]
+    no_inputs: bool,
+    /// Do not record kernel launch names between captured ops.
+    #[arg(long)]
+    no_kernels: bool,
+    /// Snapshot ring per traced process (pinned host memory).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "256M")]
+    ring_bytes: u64,
+    /// How long a capture waits for ring space before recording a gap instead.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    wait_ms: u64,
+    /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
+    /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
+    #[arg(long, value_name = "RULE", default_value = "auto")]
+    step_rule: String,
+    /// zstd level of stored tensors (0 = raw, negative = fastest) [default: 1].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    level: Option<i32>,
+    /// Compression threads of the embedded collector [default: the cores, at most 8].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Seconds to wait, once CMD has exited, for traced processes it left running.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    linger: u64,
+    /// Print no summary.
+    #[arg(long, short)]
+    quiet: bool,
+    /// The command to trace, with its arguments (put `--` before it).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+/// Runs `ttrace run`; returns the process exit code.
+pub fn main(args: RunArgs) -> i32 {
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ttrace run: {e:#}");
+            EXIT_TTRACE
+        }
+    }
+}
+
+/// The capture configuration the options describe (each parsed as its `TTRACE_*` variable
+/// would be, errors naming the option).
+fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
+    let var = |flag: &str, k: &str, v: &str| {
+        CaptureConfig::from_vars([(k.to_string(), v.to_string())])
+            .map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
+    };
+    let mut c = CaptureConfig {
+        families: var("--apis", "TTRACE_APIS", &a.apis)?.families,
+        ..CaptureConfig::default()
+    };
+    if c.families.is_empty() {
+        bail!("--apis {}: nothing to capture (memcpy, gemm, nccl)", a.apis);
+    }
+    let ranges = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<RangeSet>> {
+        v.as_deref()
+            .map(|s| RangeSet::parse(s).map_err(|e| anyhow::anyhow!("{flag} {s}: {e}")))
+            .transpose()
+    };
+    c.steps = ranges("--steps", &a.steps)?;
+    c.ranks = ranges("--ranks", &a.ranks)?;
+    c.max_tensor_bytes = a.max_tensor_bytes;
+    c.inputs = !a.no_inputs;
+    c.kernels = !a.no_kernels;
+    c.ring_bytes = a.ring_bytes;
+    c.wait_ms = a.wait_ms;
+    c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
+    if let Ok(log) = std::env::var("TTRACE_LOG") {
+        c.log = log;
+    }
+    Ok(c)
+}
+
+/// libttrace.so: `TTRACE_LIB`, else next to this executable.
+fn find_lib() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("TTRACE_LIB").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("TTRACE_LIB={} does not name a file", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("cannot locate the ttrace executable")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let lib = dir.join("libttrace.so");
+    if !lib.is_file() {
+        bail!(
+            "libttrace.so is not next to {} — build it (cargo build --release -p \
+             ttrace-intercept) or point TTRACE_LIB at it",
+            exe.display()
+        );
+    }
+    Ok(lib)
+}
+
+// Signals received (written by the handler; only atomics there).
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+static FORWARD: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // A terminal's Ctrl-C (si_code SI_KERNEL) went to the whole foreground process group, CMD
+    // included: forwarding it would deliver it twice. Signals sent to ttrace itself (kill,
+    // a scheduler) are forwarded.
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = if info.is_null() {
+        libc::SI_USER
+    } else {
+        unsafe { (*info).si_code }
+    };
+    LAST_SIGNAL.store(sig, Ordering::SeqCst);
+    if code != libc::SI_KERNEL {
+        FORWARD.fetch_add(1, Ordering::SeqCst);
+    }
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> anyhow::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: an SA_SIGINFO handler that only touches atomics; a zeroed sigaction with an
+        // empty mask is valid. The child gets default dispositions back at exec.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            bail!(
+                "cannot handle signal {sig}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The exit code a shell would report.
+fn shell_code(st: ExitStatus) -> i32 {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        _ => EXIT_TTRACE,
+    }
+}
+
+/// Where the collector listens: a fresh `0700` directory under `$XDG_RUNTIME_DIR` or `/tmp`.
+fn socket_dir(id: &str) -> anyhow::Result<PathBuf> {
+    let name = format!("ttrace-{id}");
+    let mut bases = Vec::new();
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        bases.push(PathBuf::from(x));
+    }
+    bases.push(std::env::temp_dir());
+    bases.push(PathBuf::from("/tmp"));
+    let mut last = None;
+    for base in bases {
+        let dir = base.join(&name);
+        // sun_path holds 108 bytes.
+        if dir.join("ttraced.sock").as_os_str().len() >= 100 || !base.is_dir() {
+            continue;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) => last = Some(anyhow::anyhow!("{}: {e}", dir.display())),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no directory for the collector's socket")))
+}
+
+/// `ttrace-runs/20250102T030405Z-1a2b3c` under the current directory.
+fn default_out(run_id: &str) -> PathBuf {
+    let ts: String = humantime::format_rfc3339_seconds(SystemTime::now())
+        .to_string()
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect();
+    PathBuf::from("ttrace-runs").join(format!("{ts}-{}", &run_id[..6.min(run_id.len())]))
+}
+
+enum Collector {
+    Embedded {
+        handle: ttraced::Handle,
+        sock_dir: PathBuf,
+    },
+    Joined(PathBuf),
+}
+
+fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let mut capture = capture_config(&args)?;
+    let lib = find_lib()?;
+    let command: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    install_signal_handlers()?;
+
+    let collector = match &args.daemon {
+        Some(sock) => {
+            if args.out.is_some() || args.level.is_some() || args.threads.is_some() {
+                bail!("--out, --level and --threads belong to the daemon when --daemon is given");
+            }
+            let meta = std::fs::metadata(sock)
+                .with_context(|| format!("--daemon {}: no such socket", sock.display()))?;
+            if !meta.file_type().is_socket() {
+                bail!("--daemon {}: not a socket", sock.display());
+            }
+            Collector::Joined(std::path::absolute(sock)?)
+        }
+        None => {
+            let run_id = ttraced::new_run_id();
+            let out = args.out.clone().unwrap_or_else(|| default_out(&run_id));
+            let out = std::path::absolute(&out)?;
+            if let Some(parent) = out.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            let sock_dir = socket_dir(&run_id[..12.min(run_id.len())])?;
+            let mut config = Config::new(sock_dir.join("ttraced.sock"), &out);
+            config.run.run_id = run_id;
+            if let Some(l) = args.level {
+                config.level = l;
+            }
+            if let Some(t) = args.threads {
+                config.threads = t;
+            }
+            capture.socket = Some(config.socket.display().to_string());
+            config.run.command = command.clone();
+            config.run.cwd = cwd.display().to_string();
+            config.run.env = child_env(&lib, &capture);
+            config.run.capture = capture.clone();
+            match Daemon::start(config) {
+                Ok(handle) => Collector::Embedded { handle, sock_dir },
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&sock_dir);
+                    return Err(e).context("starting the collector");
+                }
+            }
+        }
+    };
+    if let Collector::Joined(sock) = &collector {
+        capture.socket = Some(sock.display().to_string());
+    }
+    let env = child_env(&lib, &capture);
+
+    let started = Instant::now();
+    let spawned = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .envs(
+            env.iter()
+                .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
+        )
+        .spawn();
+    let (code, how) = match spawned {
+        Ok(child) => {
+            let st = wait_forwarding(child)?;
+            (shell_code(st), describe(st))
+        }
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                std::io::ErrorKind::PermissionDenied => 126,
+                _ => EXIT_TTRACE,
+            };
+            eprintln!("ttrace run: cannot execute {}: {e}", command[0]);
+            (code, format!("not started ({e})"))
+        }
+    };
+    let cmd_time = started.elapsed();
+
+    match collector {
+        Collector::Joined(sock) => {
+            if !args.quiet {
+                eprintln!(
+                    "ttrace: `{}` {how}; its snapshots went to the ttraced at {}",
+                    command.join(" "),
+                    sock.display()
+                );
+            }
+        }
+        Collector::Embedded { handle, sock_dir } => {
+            let summary = finalize(handle, code, Duration::from_secs(args.linger));
+            let _ = std::fs::remove_dir(&sock_dir);
+            let summary = summary?;
+            if !args.quiet {
+                eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// What the traced processes get on top of ttrace's own environment: `LD_PRELOAD` (appended
+/// to an existing one) and the capture settings.
+fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let lib = lib.display().to_string();
+    let preload = match env.get("LD_PRELOAD").filter(|p| !p.trim().is_empty()) {
+        Some(p) if p.split([':', ' ']).any(|x| x == lib) => p.clone(),
+        Some(p) => format!("{p}:{lib}"),
+        None => lib,
+    };
+    env.insert("LD_PRELOAD".into(), preload);
+    env.extend(capture.to_vars());
+    env
+}
+
+fn describe(st: ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exited with {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        _ => format!("ended with {st}"),
+    }
+}
+
+/// Waits for the command, forwarding SIGINT/SIGTERM sent to ttrace.
+fn wait_forwarding(mut child: Child) -> anyhow::Result<ExitStatus> {
+    let mut forwarded = 0;
+    loop {
+        if let Some(st) = child.try_wait().context("waiting for the command")? {
+            return Ok(st);
+        }
+        let want = FORWARD.load(Ordering::SeqCst);
+        if want > forwarded {
+            forwarded = want;
+            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+            // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs), so the
+            // pid cannot have been reused.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, sig);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Finalises the embedded collector, with a progress line when it takes a moment. A signal
+/// during the wait for lingering processes cuts the wait short.
+fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Result<Summary> {
+    let monitor = handle.monitor();
+    let signals_before = SIGNALS.load(Ordering::SeqCst);
+    let worker = std::thread::spawn(move || handle.finalize(Some(code), linger));
+    let started = Instant::now();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    while !worker.is_finished() {
+        std::thread::sleep(Duration::from_millis(50));
+        if SIGNALS.load(Ordering::SeqCst) > signals_before {
+            monitor.hurry();
+        }
+        if started.elapsed() < Duration::from_millis(500) {
+            continue;
+        }
+        let p = monitor.progress();
+        let b = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        });
+        b.set_length(p.records_received);
+        b.set_message(format!(
+            "finalising the store: {}/{} records written, {} processes still connected",
+            p.records_written, p.records_received, p.clients_active
+        ));
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match worker.join() {
+        Ok(r) => r.context("finalising the store"),
+        Err(_) => bail!("the collector panicked while finalising"),
+    }
+}
+
+/// The summary printed after a run.
+fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let store = s.store.strip_prefix(cwd).unwrap_or(&s.store);
+    let _ = writeln!(o, "ttrace: `{}` {how}", command.join(" "));
+    let _ = writeln!(o, "  store     {}", store.display());
+    let _ = writeln!(
+        o,
+        "  ranks     {} ({} processes{}), steps {}, records {}, gaps {}",
+        s.ranks,
+        s.processes.len(),
+        if s.dropped_clients > 0 {
+            format!(", {} dropped", s.dropped_clients)
+        } else {
+            String::new()
+        },
+        s.steps,
+        s.records,
+        s.gaps
+    );
+    let ratio = if s.bytes_stored > 0 {
+        s.bytes_raw as f64 / s.bytes_stored as f64
+    } else {
+        1.0
+    };
+    let _ = writeln!(
+        o,
+        "  tensors   {} raw, {} stored (ratio {ratio:.2}x){}",
+        human(s.bytes_raw),
+        human(s.bytes_stored),
+        if s.crc_mismatches > 0 {
+            format!(", {} CHECKSUM MISMATCHES", s.crc_mismatches)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  time      {:.2}s (command {:.2}s)",
+        s.elapsed.as_secs_f64(),
+        cmd.as_secs_f64()
+    );
+    if s.processes.len() > 1 && s.processes.len() <= 16 {
+        let _ = writeln!(
+            o,
+            "  {:>5} {:>8} {:>6} {:>8} {:>5} {:>11} {:>11}  exit",
+            "rank", "pid", "steps", "records", "gaps", "raw", "stored"
+        );
+        for p in &s.processes {
+            let _ = writeln!(
+                o,
+                "  {:>5} {:>8} {:>6} {:>8} {:>5} {:>11} {:>11}  {}",
+                p.rank,
+                p.pid,
+                p.steps,
+                p.records,
+                p.gaps,
+                human(p.bytes_raw),
+                human(p.bytes_stored),
+                match (&p.error, p.clean_exit) {
+                    (Some(e), _) => format!("dropped: {e}"),
+                    (None, true) => "clean".into(),
+                    (None, false) => "no goodbye (crashed?)".into(),
+                }
+            );
+        }
+    } else {
+        for p in s
+            .processes
+            .iter()
+            .filter(|p| p.error.is_some() || !p.clean_exit)
+        {
+            let _ = writeln!(
+                o,
+                "  rank {} pid {}: {}",
+                p.rank,
+                p.pid,
+                p.error
+                    .clone()
+                    .unwrap_or_else(|| "ended without goodbye (crashed?)".into())
+            );
+        }
+    }
+    o
+}

@@ -1,0 +1,599 @@
+//! One traced process: its connection (reader thread) and its writer thread.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver};
+use memmap2::MmapMut;
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+use ttrace_format::codec::Codec;
+use ttrace_format::record::{Op, Record};
+use ttrace_format::ring::{self, Ring, Slot};
+use ttrace_format::store::{Blob, RankInfo};
+use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL_VERSION};
+
+use crate::fdpass;
+use crate::segments::SegRef;
+use crate::{ProcessSummary, Shared};
+
+/// How long a new connection may take to say `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest `Hello` frame accepted (it carries a command line).
+const MAX_HELLO: usize = 1 << 20;
+/// Records queued between a client's reader and writer (their bytes stay in the ring until
+/// written, so the ring bounds the memory too).
+const QUEUE: usize = 256;
+
+/// Why a client was dropped.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    #[error("refused: {0}")]
+    Refused(String),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What the daemon knows about one connection.
+pub(crate) struct ClientState {
+    pub(crate) id: u64,
+    /// A clone of the connection, to disconnect it when the run ends.
+    conn: Mutex<Option<UnixStream>>,
+    info: Mutex<Info>,
+    /// The reader saw the end of the connection (or dropped it).
+    closed: AtomicBool,
+    /// Reader and writer are both done.
+    done: AtomicBool,
+}
+
+#[derive(Default)]
+struct Info {
+    hello: Option<Hello>,
+    last_rank: Option<u32>,
+    records: u64,
+    gaps: u64,
+    steps: BTreeSet<(u32, u64)>,
+    bytes_raw: u64,
+    bytes_stored: u64,
+    crc_mismatches: u64,
+    clean_exit: bool,
+    error: Option<String>,
+}
+
+impl ClientState {
+    pub(crate) fn new(id: u64, conn: Option<UnixStream>) -> ClientState {
+        ClientState {
+            id,
+            conn: Mutex::new(conn),
+            info: Mutex::new(Info::default()),
+            closed: AtomicBool::new(false),
+            done: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_connection_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Shuts the connection down: the reader sees the end of the stream.
+    pub(crate) fn disconnect(&self) {
+        if let Some(c) = self.conn.lock().take() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub(crate) fn was_dropped(&self) -> bool {
+        self.info.lock().error.is_some()
+    }
+
+    /// The manifest's entry (none for a connection that never said a valid `Hello`).
+    pub(crate) fn rank_info(&self) -> Option<RankInfo> {
+        let i = self.info.lock();
+        let h = i.hello.as_ref()?;
+        Some(RankInfo {
+            rank: i.last_rank.unwrap_or(h.rank),
+            pid: h.pid,
+            hostname: h.hostname.clone(),
+            local_rank: h.local_rank,
+            world_size: h.world_size,
+            records: i.records,
+            gaps: i.gaps,
+            bytes_raw: i.bytes_raw,
+            bytes_stored: i.bytes_stored,
+            clean_exit: i.clean_exit,
+        })
+    }
+
+    pub(crate) fn summary(&self) -> Option<ProcessSummary> {
+        let i = self.info.lock();
+        let h = i.hello.as_ref()?;
+        Some(ProcessSummary {
+            rank: i.last_rank.unwrap_or(h.rank),
+            pid: h.pid,
+            hostname: h.hostname.clone(),
+            records: i.records,
+            steps: i
+                .steps
+                .iter()
+                .map(|&(_, s)| s)
+                .collect::<BTreeSet<_>>()
+                .len() as u64,
+            gaps: i.gaps,
+            bytes_raw: i.bytes_raw,
+            bytes_stored: i.bytes_stored,
+            crc_mismatches: i.crc_mismatches,
+            clean_exit: i.clean_exit,
+            error: i.error.clone(),
+        })
+    }
+}
+
+/// A client's ring as the daemon maps it.
+pub(crate) struct ClientRing {
+    ring: Ring,
+    // Keeps the mapping `ring` points into alive.
+    _map: MmapMut,
+}
+
+impl ClientRing {
+    /// Maps the memfd a client sent and checks it holds a ring of `capacity` data bytes.
+    fn map(fd: OwnedFd, capacity: u64) -> Result<ClientRing, String> {
+        if let Err(e) = fdpass::seal_shrink(&fd) {
+            debug!("cannot seal the ring against shrinking ({e}); trusting the same-uid client");
+        }
+        let file = File::from(fd);
+        let len = file
+            .metadata()
+            .map_err(|e| format!("cannot stat the ring: {e}"))?
+            .len();
+        let want = ring::mapping_bytes(capacity) as u64;
+        if len < want {
+            return Err(format!(
+                "ring memfd of {len} bytes is smaller than the {want} bytes its Hello announces"
+            ));
+        }
+        // SAFETY: a shared mapping of the client's memfd. Its size was checked above and the
+        // memfd is sealed against shrinking where the client allows it; the contents are
+        // shared with the producer, which only writes slots it owns under the ring protocol.
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(want as usize)
+                .map_mut(&file)
+        }
+        .map_err(|e| format!("cannot map the ring: {e}"))?;
+        // SAFETY: `map` is page aligned, `want` bytes long, and lives as long as the ring view
+        // (both are fields of the returned value).
+        let ring = unsafe { Ring::open(map.as_mut_ptr(), map.len()) }
+            .map_err(|e| format!("not a ttrace ring: {e}"))?;
+        if ring.capacity() != capacity {
+            return Err(format!(
+                "ring header says {} data bytes, Hello says {capacity}",
+                ring.capacity()
+            ));
+        }
+        Ok(ClientRing { ring, _map: map })
+    }
+
+    /// The bytes at `offset..offset + len` of a slot.
+    ///
+    /// # Safety
+    /// The daemon owns `slot` (received in a `Publish`, validated, not yet released) and the
+    /// range lies inside it.
+    unsafe fn bytes(&self, slot: &Slot, offset: u64, len: u64) -> &[u8] {
+        // SAFETY: per the caller's contract.
+        let all = unsafe { self.ring.slot_bytes(slot) };
+        &all[offset as usize..(offset + len) as usize]
+    }
+}
+
+/// What the compression of one tensor produced.
+struct Encoded {
+    blob: Blob,
+    /// CRC-32 of the bytes in the ring.
+    crc: u32,
+}
+
+/// A record on its way from the reader to the writer.
+struct Pending {
+    record: Box<Record>,
+    slot: Option<Slot>,
+    /// Per captured tensor: its place in the slot, element size, and the compression result.
+    tensors: Vec<(u64, u64, usize, Receiver<Encoded>)>,
+}
+
+/// Serves one connection until it ends; records what happened in `state`.
+pub(crate) fn serve(shared: Arc<Shared>, state: Arc<ClientState>, stream: UnixStream) {
+    let result = session(&shared, &state, stream);
+    state.closed.store(true, Ordering::Release);
+    {
+        let mut i = state.info.lock();
+        match result {
+            Ok(clean) => i.clean_exit = clean,
+            Err(e) => {
+                let rank = i.last_rank.or(i.hello.as_ref().map(|h| h.rank));
+                warn!(client = state.id, ?rank, "dropping client: {e}");
+                i.error = Some(e.to_string());
+            }
+        }
+        if let Some(h) = &i.hello {
+            info!(
+                client = state.id,
+                pid = h.pid,
+                rank = i.last_rank.unwrap_or(h.rank),
+                records = i.records,
+                clean = i.clean_exit,
+                "client left"
+            );
+        }
+    }
+    state.disconnect();
+    if let Err(e) = shared.write_manifest(false, None) {
+        warn!("updating the manifest: {e}");
+    }
+    state.done.store(true, Ordering::Release);
+}
+
+fn refuse(stream: &mut UnixStream, reason: String) -> ClientError {
+    if let Ok(frame) = wire::encode(&DaemonMsg::Refused {
+        reason: reason.clone(),
+    }) {
+        let _ = stream.write_all(&frame);
+    }
+    ClientError::Refused(reason)
+}
+
+/// Runs the session; `Ok(true)` when the client said `Bye`, `Ok(false)` at EOF without it.
+fn session(
+    shared: &Arc<Shared>,
+    state: &Arc<ClientState>,
+    mut stream: UnixStream,
+) -> Result<bool, ClientError> {
+    let cred = fdpass::peer_cred(&stream)?;
+    if cred.uid != shared.uid {
+        return Err(refuse(
+            &mut stream,
+            format!(
+                "peer pid {} runs as uid {}, this daemon as uid {}",
+                cred.pid, cred.uid, shared.uid
+            ),
+        ));
+    }
+    let (hello, fd) = match read_hello(&stream)? {
+        Some(h) => h,
+        None => return Ok(false),
+    };
+    if hello.protocol != PROTOCOL_VERSION {
+        return Err(refuse(
+            &mut stream,
+            format!(
+                "protocol version {} (this ttraced speaks {PROTOCOL_VERSION})",
+                hello.protocol
+            ),
+        ));
+    }
+    let fd = match fd {
+        Some(fd) => fd,
+        None => return Err(refuse(&mut stream, "Hello came without a ring fd".into())),
+    };
+    let ring = match ClientRing::map(fd, hello.ring_capacity) {
+        Ok(r) => Arc::new(r),
+        Err(why) => return Err(refuse(&mut stream, why)),
+    };
+    info!(client = state.id, pid = hello.pid, rank = hello.rank, host = %hello.hostname,
+          ring = hello.ring_capacity, "client connected");
+    state.info.lock().hello = Some(hello);
+    wire::write_msg(
+        &mut stream,
+        &DaemonMsg::Welcome {
+            run_id: shared.run.run_id.clone(),
+        },
+    )
+    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+
+    let (tx, rx) = bounded::<Pending>(QUEUE);
+    let writer = {
+        let (shared, state, ring) = (shared.clone(), state.clone(), ring.clone());
+        std::thread::Builder::new()
+            .name(format!("ttraced-write-{}", state.id))
+            .spawn(move || write_loop(&shared, &state, &ring, rx))?
+    };
+    let mut reader = BufReader::with_capacity(64 << 10, &stream);
+    let mut last_end = 0u64;
+    let outcome = loop {
+        let msg = match wire::read_msg::<ClientMsg>(&mut reader) {
+            Ok(Some(m)) => m,
+            Ok(None) => break Ok(false),
+            Err(ttrace_format::FormatError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                // Died mid-frame: a crash like any other.
+                break Ok(false);
+            }
+            Err(e) => break Err(ClientError::Protocol(e.to_string())),
+        };
+        match msg {
+            ClientMsg::Publish { record, slot } => {
+                match prepare(shared, &ring, record, slot, &mut last_end) {
+                    Ok(p) => {
+                        shared.records_received.fetch_add(1, Ordering::Relaxed);
+                        if tx.send(p).is_err() {
+                            break Err(ClientError::Protocol("writer stopped".into()));
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            ClientMsg::Comm(c) => shared.register_comm(&c),
+            ClientMsg::Bye { records, gaps } => {
+                debug!(client = state.id, records, gaps, "bye");
+                break Ok(true);
+            }
+            ClientMsg::Hello(_) => break Err(ClientError::Protocol("a second Hello".into())),
+        }
+    };
+    drop(tx);
+    if writer.join().is_err() {
+        warn!(client = state.id, "the writer thread panicked");
+    }
+    outcome
+}
+
+/// Reads the `Hello` frame with `recvmsg`, collecting the ring fd that rides along.
+fn read_hello(stream: &UnixStream) -> Result<Option<(Hello, Option<OwnedFd>)>, ClientError> {
+    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let mut fds = Vec::new();
+    let mut len = [0u8; 4];
+    if !fdpass::read_exact_with_fds(stream, &mut len, &mut fds)? {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_HELLO.min(MAX_FRAME) {
+        return Err(ClientError::Protocol(format!(
+            "first frame of {len} bytes is too large for a Hello"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    if !fdpass::read_exact_with_fds(stream, &mut body, &mut fds)? && len > 0 {
+        return Err(ClientError::Protocol(
+            "connection closed inside Hello".into(),
+        ));
+    }
+    stream.set_read_timeout(None)?;
+    let hello = match wire::decode::<ClientMsg>(&body) {
+        Ok(ClientMsg::Hello(h)) => h,
+        Ok(_) => {
+            return Err(ClientError::Protocol(
+                "the first message is not Hello".into(),
+            ))
+        }
+        Err(e) => return Err(ClientError::Protocol(e.to_string())),
+    };
+    if fds.len() > 1 {
+        return Err(ClientError::Protocol(format!(
+            "Hello came with {} descriptors, expected one",
+            fds.len()
+        )));
+    }
+    Ok(Some((hello, fds.pop())))
+}
+
+/// Checks a `Publish` and queues the compression of its tensors.
+fn prepare(
+    shared: &Arc<Shared>,
+    ring: &Arc<ClientRing>,
+    record: Box<Record>,
+    slot: Option<Slot>,
+    last_end: &mut u64,
+) -> Result<Pending, ClientError> {
+    let captured: Vec<(u64, usize)> = record
+        .tensors
+        .iter()
+        .filter(|t| t.captured)
+        .map(|t| (t.nbytes, t.dtype.size()))
+        .collect();
+    let sizes: Vec<u64> = captured.iter().map(|c| c.0).collect();
+    let (offsets, total) = checked_offsets(&sizes).ok_or_else(|| {
+        ClientError::Protocol(format!(
+            "record rank {} step {} seq {}: tensor sizes overflow",
+            record.rank, record.step, record.seq
+        ))
+    })?;
+    let bad = |why: String| {
+        ClientError::Protocol(format!(
+            "record rank {} step {} seq {} ({}): {why}",
+            record.rank, record.step, record.seq, record.api
+        ))
+    };
+    match &slot {
+        None if total > 0 => return Err(bad(format!("{total} captured bytes but no slot"))),
+        None => {}
+        Some(s) => {
+            ring.ring.validate(s).map_err(|e| bad(e.to_string()))?;
+            if s.pos < *last_end {
+                return Err(bad(format!(
+                    "slot at {} overlaps the previous one (ending at {last_end}): slots must be published in the order they were reserved",
+                    s.pos
+                )));
+            }
+            if total > s.len {
+                return Err(bad(format!(
+                    "captured tensors need {total} bytes, the slot has {}",
+                    s.len
+                )));
+            }
+            *last_end = s.end;
+        }
+    }
+    let mut tensors = Vec::with_capacity(captured.len());
+    for (i, &(nbytes, elem)) in captured.iter().enumerate() {
+        let (tx, rx) = bounded::<Encoded>(1);
+        let (ring, level, off) = (ring.clone(), shared.level, offsets[i]);
+        if let Some(s) = slot {
+            shared.pool.submit(Box::new(move |scratch: &mut Vec<u8>| {
+                // SAFETY: the slot was validated and is released only by this client's writer
+                // after it has received this job's result; the range is inside the slot
+                // (checked against its length above).
+                let bytes = unsafe { ring.bytes(&s, off, nbytes) };
+                let _ = tx.send(encode(bytes, elem, level, scratch));
+            }));
+        } else {
+            let _ = tx.send(encode(&[], elem, level, &mut Vec::new()));
+        }
+        tensors.push((off, nbytes, elem, rx));
+    }
+    Ok(Pending {
+        record,
+        slot,
+        tensors,
+    })
+}
+
+/// `ring::tensor_offsets` without overflow on hostile sizes.
+fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
+    let mut at = 0u64;
+    for &s in sizes {
+        at = at.checked_add(s)?.checked_add(ring::ALIGN)?;
+    }
+    Some(ring::tensor_offsets(sizes))
+}
+
+fn encode(bytes: &[u8], elem: usize, level: i32, scratch: &mut Vec<u8>) -> Encoded {
+    let crc = crc32fast::hash(bytes);
+    let blob = Blob::encode(bytes, elem, level, scratch).unwrap_or_else(|e| {
+        warn!("compression failed ({e}); storing the tensor raw");
+        raw_blob(bytes, elem)
+    });
+    Encoded { blob, crc }
+}
+
+fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
+    Blob {
+        codec: Codec::Raw,
+        elem_size: elem as u8,
+        raw_len: bytes.len() as u64,
+        stored: bytes.to_vec(),
+    }
+}
+
+/// In publish order: collects a record's compressed tensors, appends it to its segment,
+/// releases its slot. A step change finishes the client's segments of earlier steps.
+fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Receiver<Pending>) {
+    let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
+    while let Ok(p) = rx.recv() {
+        let rec = &p.record;
+        let mut blobs = Vec::with_capacity(p.tensors.len());
+        let mut mismatches = 0u64;
+        let expected: Vec<u32> = rec
+            .tensors
+            .iter()
+            .filter(|t| t.captured)
+            .map(|t| t.crc32)
+            .collect();
+        for (i, (off, nbytes, elem, result)) in p.tensors.into_iter().enumerate() {
+            let enc = match (result.recv(), &p.slot) {
+                (Ok(e), _) => e,
+                // The job was lost (a worker panicked): store the bytes raw, here.
+                (Err(_), Some(s)) => {
+                    // SAFETY: as in `prepare`: the slot is ours until released below.
+                    let bytes = unsafe { ring.bytes(s, off, nbytes) };
+                    Encoded {
+                        blob: raw_blob(bytes, elem),
+                        crc: crc32fast::hash(bytes),
+                    }
+                }
+                (Err(_), None) => Encoded {
+                    blob: raw_blob(&[], elem),
+                    crc: 0,
+                },
+            };
+            if enc.crc != expected[i] {
+                mismatches += 1;
+                warn!(
+                    rank = rec.rank,
+                    step = rec.step,
+                    seq = rec.seq,
+                    tensor = i,
+                    "tensor bytes do not match the record's crc32 ({:08x} in the ring, {:08x} published); kept as published",
+                    enc.crc,
+                    expected[i]
+                );
+            }
+            blobs.push(enc.blob);
+        }
+        let key = (rec.rank, rec.step);
+        if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(key) {
+            match shared.segments.acquire(rec.rank, rec.step) {
+                Ok(s) => {
+                    slot.insert(s);
+                }
+                Err(e) => warn!(
+                    rank = rec.rank,
+                    step = rec.step,
+                    "cannot open the segment: {e}; record seq {} lost",
+                    rec.seq
+                ),
+            }
+            // The client moved on: let go of its segments of earlier steps.
+            let older: Vec<(u32, u64)> = held.keys().filter(|k| k.1 < rec.step).copied().collect();
+            for k in older {
+                if let Some(s) = held.remove(&k) {
+                    shared.segments.release(s);
+                }
+            }
+        }
+        let written = held.get(&key).map(|seg| seg.append(rec, &blobs));
+        if let Some(s) = &p.slot {
+            ring.ring.release_to(s.end);
+        }
+        let raw: u64 = blobs.iter().map(|b| b.raw_len).sum();
+        let stored: u64 = blobs.iter().map(|b| b.stored.len() as u64).sum();
+        match written {
+            Some(Ok(_)) => {
+                let mut i = state.info.lock();
+                i.records += 1;
+                i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
+                i.steps.insert(key);
+                i.last_rank = Some(rec.rank);
+                i.bytes_raw += raw;
+                i.bytes_stored += stored;
+                i.crc_mismatches += mismatches;
+                shared.records_written.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(Err(e)) => warn!(
+                rank = rec.rank,
+                step = rec.step,
+                "writing record seq {}: {e}",
+                rec.seq
+            ),
+            None => {}
+        }
+        if rx.is_empty() {
+            if let Some(seg) = held.get(&key) {
+                seg.flush();
+            }
+        }
+    }
+    for (_, s) in std::mem::take(&mut held) {
+        debug!(
+            rank = s.key().0,
+            step = s.key().1,
+            "client done with segment"
+        );
+        shared.segments.release(s);
+    }
+}

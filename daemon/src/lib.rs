@@ -1,0 +1,619 @@
+//! `ttraced`: the collector that files the snapshots of traced processes into a trace store.
+//!
+//! One daemon serves every traced process of a node. Each process (`libttrace.so`) connects to
+//! the daemon's Unix socket, says `Hello` and hands over its snapshot ring (a memfd, passed with
+//! `SCM_RIGHTS`); from then on it sends `Comm` registrations and one `Publish` per snapshot (the
+//! record's metadata and the ring slot holding its tensors' bytes). See `ttrace_format::wire`
+//! and `ttrace_format::ring` for the contracts, docs/format.md for the store.
+//!
+//! For each client the daemon runs a *reader* thread (socket → validated work) and a *writer*
+//! thread (in publish order: wait for the tensors' compression, append the record to the
+//! `(rank, step)` segment, release the ring slot). Compression (byte shuffle + zstd,
+//! [`ttrace_format::store::Blob::encode`]) runs on a small pool shared by all clients, so one
+//! fast rank is not limited to one core; the writer keeps publish order, so slots are released
+//! in the order they were reserved.
+//!
+//! Robustness rules:
+//! * a peer with another uid is refused (`SO_PEERCRED`); the socket is `0600` in a `0700`
+//!   directory and the store is `0700`;
+//! * a malformed message (wrong protocol version, oversized frame, undecodable CBOR, a slot
+//!   outside the ring, out of order, or too small for the record's tensors) drops that client
+//!   only — everything it published before is still written — and never stops the daemon;
+//! * a client that vanishes without `Bye` (crash, SIGKILL) keeps everything it published (the
+//!   daemon holds its own mapping of the ring) and is marked `clean_exit = false`;
+//! * paths are built from numbers only (rank, step), never from client strings.
+//!
+//! **Checksum mismatches.** Before writing, the daemon computes the CRC-32 of each captured
+//! tensor's bytes in the ring and compares it with the record's `crc32` (computed by the
+//! producer when the copy completed). On a mismatch the record is still written, unchanged:
+//! its blob holds the bytes the ring held and its `crc32` stays the producer's, so the
+//! disagreement is visible to any reader that checks a tensor against its checksum (the
+//! record is thereby flagged in the store itself). The daemon logs a warning naming rank,
+//! step, seq and tensor, and counts mismatches per process in its [`Summary`].
+
+mod client;
+mod fdpass;
+mod pool;
+mod segments;
+pub mod test_client;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+use ttrace_format::config::CaptureConfig;
+use ttrace_format::store::{CommEntry, Manifest, RankInfo, FORMAT_MAJOR, FORMAT_MINOR};
+use ttrace_format::wire::CommInfo;
+use ttrace_format::FormatError;
+
+use crate::client::ClientState;
+use crate::pool::Pool;
+use crate::segments::Segments;
+
+/// zstd level used when none is configured. Level 1 keeps up with the goal of 1 GB/s per node
+/// on two cores and gives nearly the ratio of level 3 on shuffled BF16/FP32 activations
+/// (scripts/bench-capture.sh measures both).
+pub const DEFAULT_LEVEL: i32 = 1;
+
+/// Errors of starting, running and finalising the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An I/O error on a named path.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Another daemon answers on the socket path.
+    #[error("{0}: another ttraced is already listening there")]
+    InUse(PathBuf),
+    /// The store directory already holds a run.
+    #[error("{0}: the directory already holds a trace (manifest.json exists); choose a new one")]
+    StoreInUse(PathBuf),
+    /// Writing the store failed.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A configuration value is unusable.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl Error {
+    fn at(path: &Path, source: io::Error) -> Error {
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// What the manifest says about the run besides what the daemon sees: the command, where and
+/// with which environment it ran, and the capture configuration it was given.
+#[derive(Debug, Clone, Default)]
+pub struct RunInfo {
+    /// Unique id of the run (see [`new_run_id`]).
+    pub run_id: String,
+    /// The traced command (empty for a standalone daemon).
+    pub command: Vec<String>,
+    /// Its working directory.
+    pub cwd: String,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// The capture configuration exported to the traced processes.
+    pub capture: CaptureConfig,
+}
+
+/// How to run a daemon.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Unix socket to listen on (its directory is created `0700` when missing).
+    pub socket: PathBuf,
+    /// The store directory (created `0700`; must not hold a run yet).
+    pub store: PathBuf,
+    /// zstd level (0 stores raw bytes; negative levels are zstd's fast modes).
+    pub level: i32,
+    /// Compression threads shared by all clients (at least 1).
+    pub threads: usize,
+    /// Run description written to the manifest.
+    pub run: RunInfo,
+}
+
+impl Config {
+    /// A configuration with the default level and thread count and a fresh run id.
+    pub fn new(socket: impl Into<PathBuf>, store: impl Into<PathBuf>) -> Config {
+        Config {
+            socket: socket.into(),
+            store: store.into(),
+            level: DEFAULT_LEVEL,
+            threads: default_threads(),
+            run: RunInfo {
+                run_id: new_run_id(),
+                ..RunInfo::default()
+            },
+        }
+    }
+}
+
+/// Compression threads by default: the machine's cores, at most 8.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8))
+}
+
+/// A fresh run id: 16 hex digits from the clock, the pid and the process's random hash keys.
+pub fn new_run_id() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(unix_ns() as u128);
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Per traced process: what the daemon received from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessSummary {
+    /// Global rank of its records (the last one seen; its `Hello` rank when it sent none).
+    pub rank: u32,
+    pub pid: u32,
+    pub hostname: String,
+    /// Records written to the store (gaps included).
+    pub records: u64,
+    /// Distinct steps among them.
+    pub steps: u64,
+    /// Gap records among them.
+    pub gaps: u64,
+    /// Tensor bytes before and after compression.
+    pub bytes_raw: u64,
+    pub bytes_stored: u64,
+    /// Tensors whose ring bytes did not match the record's checksum (records kept, see the
+    /// crate documentation).
+    pub crc_mismatches: u64,
+    /// Whether it said `Bye`.
+    pub clean_exit: bool,
+    /// Why the daemon dropped it, if it did.
+    pub error: Option<String>,
+}
+
+/// What [`Handle::finalize`] returns.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub run_id: String,
+    pub store: PathBuf,
+    /// Traced processes, by rank.
+    pub processes: Vec<ProcessSummary>,
+    /// Distinct ranks.
+    pub ranks: usize,
+    /// Distinct step numbers over all ranks.
+    pub steps: u64,
+    /// Distinct (rank, step) pairs, i.e. segments.
+    pub segments: u64,
+    pub records: u64,
+    pub gaps: u64,
+    pub bytes_raw: u64,
+    pub bytes_stored: u64,
+    pub crc_mismatches: u64,
+    /// Communicators registered.
+    pub comms: usize,
+    /// Connections refused (wrong uid, protocol, unusable ring) or dropped for a protocol
+    /// error.
+    pub dropped_clients: usize,
+    /// From [`Daemon::start`] to the end of [`Handle::finalize`].
+    pub elapsed: Duration,
+}
+
+/// A snapshot of the daemon's progress (for a progress bar while finalising).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Clients still connected or still writing.
+    pub clients_active: usize,
+    /// Records received and records written so far.
+    pub records_received: u64,
+    pub records_written: u64,
+}
+
+/// State shared by the accept loop, the client threads and the handle.
+pub(crate) struct Shared {
+    pub(crate) store: PathBuf,
+    pub(crate) level: i32,
+    pub(crate) run: RunInfo,
+    pub(crate) created_unix_ns: u64,
+    pub(crate) uid: u32,
+    pub(crate) pool: Pool,
+    pub(crate) segments: Segments,
+    pub(crate) clients: Mutex<Vec<Arc<ClientState>>>,
+    pub(crate) comms: Mutex<BTreeMap<u64, CommEntry>>,
+    manifest_lock: Mutex<()>,
+    pub(crate) records_received: AtomicU64,
+    pub(crate) records_written: AtomicU64,
+    stopping: AtomicBool,
+    /// Set by [`Monitor::hurry`]: stop waiting for clients to leave.
+    hurry: AtomicBool,
+}
+
+impl Shared {
+    /// Joins a communicator registration into the comm map.
+    pub(crate) fn register_comm(&self, c: &CommInfo) {
+        let mut comms = self.comms.lock();
+        let e = comms.entry(c.key).or_insert_with(|| CommEntry {
+            key: c.key,
+            size: c.size,
+            members: vec![None; c.size as usize],
+            parent: c.parent,
+            color: c.color,
+            api: c.api.clone(),
+        });
+        if e.size != c.size {
+            warn!(
+                comm = c.key,
+                "communicator registered with sizes {} and {}; keeping the larger", e.size, c.size
+            );
+            e.size = e.size.max(c.size);
+            e.members.resize(e.size as usize, None);
+        }
+        match e.members.get_mut(c.rank as usize) {
+            Some(slot @ None) => *slot = Some(c.global_rank),
+            Some(Some(g)) if *g != c.global_rank => warn!(
+                comm = c.key,
+                "communicator rank {} claimed by global ranks {} and {}", c.rank, g, c.global_rank
+            ),
+            Some(Some(_)) => {}
+            None => warn!(
+                comm = c.key,
+                "communicator rank {} outside its size {}", c.rank, c.size
+            ),
+        }
+    }
+
+    /// Rewrites the manifest from the current state.
+    pub(crate) fn write_manifest(
+        &self,
+        finalized: bool,
+        exit_code: Option<i32>,
+    ) -> Result<(), FormatError> {
+        let _guard = self.manifest_lock.lock();
+        let mut ranks: Vec<RankInfo> = self
+            .clients
+            .lock()
+            .iter()
+            .filter_map(|c| c.rank_info())
+            .collect();
+        ranks.sort_by_key(|r| (r.rank, r.pid));
+        let comms = self.comms.lock().values().cloned().collect();
+        Manifest {
+            format_major: FORMAT_MAJOR,
+            format_minor: FORMAT_MINOR,
+            run_id: self.run.run_id.clone(),
+            created_unix_ns: self.created_unix_ns,
+            command: self.run.command.clone(),
+            cwd: self.run.cwd.clone(),
+            env: self.run.env.clone(),
+            config: self.run.capture.clone(),
+            ranks,
+            comms,
+            finalized,
+            exit_code,
+        }
+        .write(&self.store)
+    }
+}
+
+/// The daemon.
+pub struct Daemon;
+
+impl Daemon {
+    /// Creates the store, writes the initial manifest, binds the socket and starts serving.
+    pub fn start(config: Config) -> Result<Handle, Error> {
+        if config.threads == 0 {
+            return Err(Error::Config("--threads must be at least 1".into()));
+        }
+        if !(-7..=22).contains(&config.level) {
+            return Err(Error::Config(format!(
+                "zstd level {} is outside -7..=22",
+                config.level
+            )));
+        }
+        make_private_dir(&config.store)?;
+        if ttrace_format::store::manifest_path(&config.store).exists() {
+            return Err(Error::StoreInUse(config.store.clone()));
+        }
+        let listener = bind_private(&config.socket)?;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let shared = Arc::new(Shared {
+            store: config.store.clone(),
+            level: config.level,
+            run: config.run,
+            created_unix_ns: unix_ns(),
+            uid,
+            pool: Pool::new(config.threads),
+            segments: Segments::new(config.store.clone()),
+            clients: Mutex::new(Vec::new()),
+            comms: Mutex::new(BTreeMap::new()),
+            manifest_lock: Mutex::new(()),
+            records_received: AtomicU64::new(0),
+            records_written: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            hurry: AtomicBool::new(false),
+        });
+        if let Err(e) = shared.write_manifest(false, None) {
+            let _ = std::fs::remove_file(&config.socket);
+            return Err(e.into());
+        }
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let accept = {
+            let shared = shared.clone();
+            let threads = threads.clone();
+            std::thread::Builder::new()
+                .name("ttraced-accept".into())
+                .spawn(move || accept_loop(listener, shared, threads))
+                .map_err(|e| Error::at(&config.socket, e))?
+        };
+        info!(socket = %config.socket.display(), store = %config.store.display(),
+              level = config.level, threads = config.threads, "ttraced listening");
+        Ok(Handle {
+            shared,
+            accept: Some(accept),
+            threads,
+            socket: config.socket,
+            started: Instant::now(),
+        })
+    }
+}
+
+type ClientThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>, threads: ClientThreads) {
+    let mut next_id = 0u64;
+    for conn in listener.incoming() {
+        if shared.stopping.load(Ordering::Acquire) {
+            break;
+        }
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                warn!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        next_id += 1;
+        let state = Arc::new(ClientState::new(next_id, stream.try_clone().ok()));
+        shared.clients.lock().push(state.clone());
+        let sh = shared.clone();
+        match std::thread::Builder::new()
+            .name(format!("ttraced-client-{next_id}"))
+            .spawn(move || client::serve(sh, state, stream))
+        {
+            Ok(h) => {
+                let mut t = threads.lock();
+                // Reap finished threads so a long-lived daemon does not accumulate handles.
+                t.retain(|h| !h.is_finished());
+                t.push(h);
+            }
+            Err(e) => warn!("cannot start a client thread: {e}"),
+        }
+    }
+    debug!("accept loop ended");
+}
+
+/// A view of a running daemon's progress.
+#[derive(Clone)]
+pub struct Monitor {
+    shared: Arc<Shared>,
+}
+
+impl Monitor {
+    /// Current progress.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            clients_active: self
+                .shared
+                .clients
+                .lock()
+                .iter()
+                .filter(|c| !c.is_done())
+                .count(),
+            records_received: self.shared.records_received.load(Ordering::Relaxed),
+            records_written: self.shared.records_written.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Makes a running [`Handle::finalize`] stop waiting for connected clients (they are
+    /// disconnected at once; what they published is still written).
+    pub fn hurry(&self) {
+        self.shared.hurry.store(true, Ordering::Release);
+    }
+}
+
+/// A running daemon. Call [`Handle::finalize`] when the traced command is done; dropping the
+/// handle without it stops accepting and disconnects clients but leaves the manifest
+/// unfinalised.
+pub struct Handle {
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+    threads: ClientThreads,
+    socket: PathBuf,
+    started: Instant,
+}
+
+impl Handle {
+    /// The socket clients connect to (`TTRACE_SOCKET`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The store directory.
+    pub fn store(&self) -> &Path {
+        &self.shared.store
+    }
+
+    /// The run id written to the manifest and sent to clients in `Welcome`.
+    pub fn run_id(&self) -> &str {
+        &self.shared.run.run_id
+    }
+
+    /// Current progress.
+    pub fn progress(&self) -> Progress {
+        self.monitor().progress()
+    }
+
+    /// A cheap, cloneable view of the daemon's progress that outlives a moved handle (e.g.
+    /// to draw a progress bar while another thread runs [`Handle::finalize`]).
+    pub fn monitor(&self) -> Monitor {
+        Monitor {
+            shared: self.shared.clone(),
+        }
+    }
+
+    fn stop_accepting(&mut self) {
+        if let Some(accept) = self.accept.take() {
+            self.shared.stopping.store(true, Ordering::Release);
+            // Wake the blocking accept with a connection of our own.
+            let _ = UnixStream::connect(&self.socket);
+            let _ = accept.join();
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+
+    /// Ends the run: stops accepting, waits up to `wait` for connected clients to leave
+    /// (then disconnects the rest, which count as crashed), writes everything they published,
+    /// closes every segment, writes the finalised manifest with `exit_code`, and returns the
+    /// summary.
+    pub fn finalize(mut self, exit_code: Option<i32>, wait: Duration) -> Result<Summary, Error> {
+        self.stop_accepting();
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline
+            && !self.shared.hurry.load(Ordering::Acquire)
+            && self
+                .shared
+                .clients
+                .lock()
+                .iter()
+                .any(|c| !c.is_connection_closed())
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let lingering: Vec<Arc<ClientState>> = self
+            .shared
+            .clients
+            .lock()
+            .iter()
+            .filter(|c| !c.is_connection_closed())
+            .cloned()
+            .collect();
+        for c in &lingering {
+            warn!(
+                client = c.id,
+                "still connected after {wait:?}: disconnecting it (kept as an unclean exit)"
+            );
+            c.disconnect();
+        }
+        let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *self.threads.lock());
+        for h in handles {
+            let _ = h.join();
+        }
+        self.shared.segments.finish_all();
+        self.shared.write_manifest(true, exit_code)?;
+        Ok(self.summary())
+    }
+
+    fn summary(&self) -> Summary {
+        let mut processes: Vec<ProcessSummary> = self
+            .shared
+            .clients
+            .lock()
+            .iter()
+            .filter_map(|c| c.summary())
+            .collect();
+        processes.sort_by_key(|p| (p.rank, p.pid));
+        let dropped_clients = self
+            .shared
+            .clients
+            .lock()
+            .iter()
+            .filter(|c| c.was_dropped())
+            .count();
+        let ranks: BTreeSet<u32> = processes.iter().map(|p| p.rank).collect();
+        Summary {
+            run_id: self.shared.run.run_id.clone(),
+            store: self.shared.store.clone(),
+            ranks: ranks.len(),
+            steps: self.shared.segments.steps(),
+            segments: self.shared.segments.count(),
+            records: processes.iter().map(|p| p.records).sum(),
+            gaps: processes.iter().map(|p| p.gaps).sum(),
+            bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
+            bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),
+            crc_mismatches: processes.iter().map(|p| p.crc_mismatches).sum(),
+            comms: self.shared.comms.lock().len(),
+            dropped_clients,
+            processes,
+            elapsed: self.started.elapsed(),
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if self.accept.is_some() {
+            self.stop_accepting();
+            for c in self.shared.clients.lock().iter() {
+                c.disconnect();
+            }
+        }
+    }
+}
+
+/// Creates `dir` (and missing parents) with mode `0700`, or tightens an existing one to it.
+pub fn make_private_dir(dir: &Path) -> Result<(), Error> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::at(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::at(dir, e))
+}
+
+/// Binds `socket`, mode `0600`. Its directory is created `0700` when missing; an existing
+/// directory that others can enter is only warned about (the peer uid check is the gate). A
+/// stale socket file (nobody answers) is replaced; a live one is an error.
+fn bind_private(socket: &Path) -> Result<UnixListener, Error> {
+    let dir = match socket.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.exists() {
+        make_private_dir(&dir)?;
+    } else if let Ok(m) = std::fs::metadata(&dir) {
+        if m.permissions().mode() & 0o077 != 0 {
+            warn!(dir = %dir.display(),
+                  "the socket's directory is accessible to others; peers are still checked by uid");
+        }
+    }
+    if socket.exists() {
+        if UnixStream::connect(socket).is_ok() {
+            return Err(Error::InUse(socket.to_path_buf()));
+        }
+        std::fs::remove_file(socket).map_err(|e| Error::at(socket, e))?;
+    }
+    let listener = UnixListener::bind(socket).map_err(|e| Error::at(socket, e))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::at(socket, e))?;
+    Ok(listener)
+}

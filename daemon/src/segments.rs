@@ -1,0 +1,287 @@
+//! The open segments of a store, one per (rank, step), shared by the clients that write them.
+//!
+//! Usually one process writes a rank, and a segment is finished (fsync + index) when that
+//! process moves on to the next step. Two processes can carry the same rank (a launcher and
+//! its worker both tracing, processes that learn their rank late), so a segment is held by
+//! every client writing it and finished when the last one lets go. A record for a segment that
+//! was already finished (a slow process of the same rank) reopens it: the old frames are
+//! copied into a staged segment under `STORE/.reopen/N/`, the new ones appended, and the
+//! staged files renamed over the old ones when it is finished again — the old segment stays
+//! readable until then.
+
+use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tracing::{debug, error, warn};
+use ttrace_format::record::Record;
+use ttrace_format::store::{
+    index_path, rank_dir, segment_path, Blob, SegmentReader, SegmentWriter,
+};
+use ttrace_format::FormatError;
+
+type Key = (u32, u64);
+
+enum State {
+    /// Never opened by this daemon.
+    Absent,
+    Open {
+        writer: SegmentWriter,
+        holders: usize,
+        /// Where a reopened segment is staged until it is finished.
+        staged: Option<PathBuf>,
+    },
+    Finished,
+    /// Could not be created; records for it are counted as lost in the log.
+    Failed,
+}
+
+/// One segment's state behind its own lock.
+pub(crate) struct Entry {
+    state: State,
+}
+
+/// A client's hold on an open segment.
+pub(crate) struct SegRef {
+    key: Key,
+    entry: Arc<Mutex<Entry>>,
+}
+
+impl SegRef {
+    /// Appends a record; returns the frame's bytes on disk.
+    pub(crate) fn append(&self, record: &Record, blobs: &[Blob]) -> Result<u64, FormatError> {
+        match &mut self.entry.lock().state {
+            State::Open { writer, .. } => writer.append(record, blobs),
+            _ => Err(FormatError::Invalid(format!(
+                "segment rank {} step {} is not open",
+                self.key.0, self.key.1
+            ))),
+        }
+    }
+
+    /// Hands buffered frames to the kernel.
+    pub(crate) fn flush(&self) {
+        if let State::Open { writer, .. } = &mut self.entry.lock().state {
+            if let Err(e) = writer.flush() {
+                error!("flush of rank {} step {}: {e}", self.key.0, self.key.1);
+            }
+        }
+    }
+
+    /// The segment's (rank, step).
+    pub(crate) fn key(&self) -> Key {
+        self.key
+    }
+}
+
+/// Every segment the daemon opened.
+pub(crate) struct Segments {
+    store: PathBuf,
+    map: Mutex<HashMap<Key, Arc<Mutex<Entry>>>>,
+    reopened: AtomicU64,
+}
+
+impl Segments {
+    pub(crate) fn new(store: PathBuf) -> Segments {
+        Segments {
+            store,
+            map: Mutex::new(HashMap::new()),
+            reopened: AtomicU64::new(0),
+        }
+    }
+
+    /// Segments opened so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.map.lock().len() as u64
+    }
+
+    /// Distinct step numbers among the segments opened.
+    pub(crate) fn steps(&self) -> u64 {
+        let steps: std::collections::BTreeSet<u64> = self.map.lock().keys().map(|k| k.1).collect();
+        steps.len() as u64
+    }
+
+    /// Takes a hold on the segment of (rank, step), creating or reopening it.
+    pub(crate) fn acquire(&self, rank: u32, step: u64) -> Result<SegRef, FormatError> {
+        let key = (rank, step);
+        let entry = self
+            .map
+            .lock()
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Entry {
+                    state: State::Absent,
+                }))
+            })
+            .clone();
+        {
+            let mut e = entry.lock();
+            match &mut e.state {
+                State::Open { holders, .. } => *holders += 1,
+                State::Absent | State::Finished | State::Failed => {
+                    let reopen = !matches!(e.state, State::Absent);
+                    match self.open(rank, step, reopen) {
+                        Ok((writer, staged)) => {
+                            e.state = State::Open {
+                                writer,
+                                holders: 1,
+                                staged,
+                            }
+                        }
+                        Err(err) => {
+                            e.state = State::Failed;
+                            return Err(err);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(SegRef { key, entry })
+    }
+
+    fn open(
+        &self,
+        rank: u32,
+        step: u64,
+        reopen: bool,
+    ) -> Result<(SegmentWriter, Option<PathBuf>), FormatError> {
+        let dir = rank_dir(&self.store, rank);
+        private_dir(&dir)?;
+        if !reopen {
+            match SegmentWriter::create(&self.store, rank, step) {
+                Ok(w) => return Ok((w, None)),
+                // A segment left by an earlier writer of this store: keep its frames.
+                Err(FormatError::File { source, .. })
+                    if source.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.reopen(rank, step)
+    }
+
+    fn reopen(
+        &self,
+        rank: u32,
+        step: u64,
+    ) -> Result<(SegmentWriter, Option<PathBuf>), FormatError> {
+        let n = self.reopened.fetch_add(1, Ordering::Relaxed);
+        let staged = self.store.join(".reopen").join(n.to_string());
+        private_dir(&rank_dir(&staged, rank))?;
+        let mut w = SegmentWriter::create(&staged, rank, step)?;
+        let old = segment_path(&self.store, rank, step);
+        let mut copied = 0u64;
+        match SegmentReader::open(&old) {
+            Ok(mut r) => {
+                while let Some(f) = r.next_frame() {
+                    match f {
+                        Ok(frame) => {
+                            let blobs: Vec<Blob> = frame
+                                .blobs
+                                .iter()
+                                .map(|b| Blob {
+                                    codec: b.codec,
+                                    elem_size: b.elem_size,
+                                    raw_len: b.raw_len,
+                                    stored: frame.body[b.start..b.end].to_vec(),
+                                })
+                                .collect();
+                            w.append(&frame.record, &blobs)?;
+                            copied += 1;
+                        }
+                        Err(issue) => warn!("{}: {issue:?} while reopening", old.display()),
+                    }
+                }
+            }
+            Err(e) => warn!(
+                "{}: cannot read the segment to reopen it: {e}",
+                old.display()
+            ),
+        }
+        warn!(
+            rank,
+            step, copied, "a record arrived for a finished segment: reopened it"
+        );
+        Ok((w, Some(staged)))
+    }
+
+    /// Lets go of a hold; the last one finishes the segment (fsync + index).
+    pub(crate) fn release(&self, seg: SegRef) {
+        let mut e = seg.entry.lock();
+        let last = match &mut e.state {
+            State::Open { holders, .. } => {
+                *holders -= 1;
+                *holders == 0
+            }
+            _ => false,
+        };
+        if last {
+            if let State::Open { writer, staged, .. } =
+                std::mem::replace(&mut e.state, State::Finished)
+            {
+                finish(&self.store, seg.key, writer, staged);
+            }
+        }
+    }
+
+    /// Finishes every segment still open (clients that never let go).
+    pub(crate) fn finish_all(&self) {
+        let entries: Vec<(Key, Arc<Mutex<Entry>>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (key, entry) in entries {
+            let mut e = entry.lock();
+            if !matches!(e.state, State::Open { .. }) {
+                continue;
+            }
+            if let State::Open { writer, staged, .. } =
+                std::mem::replace(&mut e.state, State::Finished)
+            {
+                warn!(
+                    rank = key.0,
+                    step = key.1,
+                    "segment still open at the end: finishing it"
+                );
+                finish(&self.store, key, writer, staged);
+            }
+        }
+    }
+}
+
+fn finish(store: &Path, key: Key, writer: SegmentWriter, staged: Option<PathBuf>) {
+    let records = writer.records();
+    if let Err(e) = writer.finish() {
+        error!("finishing rank {} step {}: {e}", key.0, key.1);
+        return;
+    }
+    debug!(rank = key.0, step = key.1, records, "segment finished");
+    if let Some(staged) = staged {
+        let from = segment_path(&staged, key.0, key.1);
+        let to = segment_path(store, key.0, key.1);
+        let moved = std::fs::rename(&from, &to)
+            .and_then(|()| std::fs::rename(index_path(&from), index_path(&to)));
+        match moved {
+            Ok(()) => {
+                let _ = std::fs::remove_dir_all(&staged);
+            }
+            Err(e) => error!(
+                "moving the reopened segment {} over {}: {e} (it stays staged)",
+                from.display(),
+                to.display()
+            ),
+        }
+    }
+}
+
+fn private_dir(dir: &Path) -> Result<(), FormatError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| FormatError::at(dir, e))
+}

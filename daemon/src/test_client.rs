@@ -1,0 +1,228 @@
+//! A minimal producer: the client side of the wire protocol with a real memfd ring.
+//!
+//! `libttrace.so` is the real producer; this one lets tests and benchmarks drive a daemon
+//! without CUDA — including the misbehaviour a daemon must survive (raw frames, bogus slots).
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use memmap2::MmapMut;
+use ttrace_format::record::Record;
+use ttrace_format::ring::{self, Ring, Slot};
+use ttrace_format::wire::{self, ClientMsg, CommInfo, DaemonMsg, Hello, PROTOCOL_VERSION};
+use ttrace_format::FormatError;
+
+/// Errors of the test client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The daemon answered `Refused`.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The ring stayed full.
+    #[error("no ring space for {0} bytes")]
+    RingFull(u64),
+}
+
+/// A `Hello` for a process of `rank` in a world of `world_size`, with this process's pid.
+pub fn hello(rank: u32, world_size: u32, ring_capacity: u64) -> Hello {
+    Hello {
+        protocol: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        rank,
+        world_size,
+        local_rank: rank,
+        hostname: "localhost".into(),
+        exe: "test-client".into(),
+        argv: vec!["test-client".into()],
+        ring_capacity,
+    }
+}
+
+/// A connected producer with its ring.
+pub struct TestClient {
+    stream: UnixStream,
+    ring: Ring,
+    // Keeps the mapping `ring` points into alive.
+    _map: MmapMut,
+    /// The run id from the daemon's `Welcome`.
+    pub run_id: String,
+    /// How long `publish` waits for ring space.
+    pub wait: Duration,
+}
+
+/// Creates a memfd of `len` bytes (sealable, as libttrace.so should create it).
+fn memfd(len: u64) -> io::Result<File> {
+    // SAFETY: memfd_create with a NUL-terminated name; the returned fd is new and owned here.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"ttrace-test-ring".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len)?;
+    Ok(file)
+}
+
+/// Sends `bytes` with `fd` attached as `SCM_RIGHTS`.
+fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: Option<&File>) -> io::Result<()> {
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(f) = fd {
+        // SAFETY: the control buffer (64 bytes, 8-aligned) has room for one cmsghdr with one
+        // int; the CMSG macros compute positions inside it.
+        unsafe {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            libc::CMSG_DATA(c)
+                .cast::<libc::c_int>()
+                .write_unaligned(f.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` points at live buffers; sendmsg only reads them.
+    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The descriptor went with the first bytes; the rest (if any) is plain data.
+    (&*stream).write_all(&bytes[n as usize..])
+}
+
+impl TestClient {
+    /// Connects, sends `hello` with a fresh ring of `hello.ring_capacity` bytes, and waits for
+    /// `Welcome`.
+    pub fn connect(socket: &Path, hello: Hello) -> Result<TestClient, ClientError> {
+        Self::connect_with(socket, hello, true)
+    }
+
+    /// As [`TestClient::connect`]; `send_fd = false` leaves the ring fd out of the `Hello`.
+    pub fn connect_with(
+        socket: &Path,
+        hello: Hello,
+        send_fd: bool,
+    ) -> Result<TestClient, ClientError> {
+        let capacity = hello.ring_capacity;
+        let file = memfd(ring::mapping_bytes(capacity) as u64)?;
+        // SAFETY: a shared mapping of our own memfd, sized above.
+        let mut map = unsafe { MmapMut::map_mut(&file)? };
+        // SAFETY: the mapping is page aligned, large enough, and lives in the returned client.
+        let ring = unsafe { Ring::create(map.as_mut_ptr(), capacity)? };
+        let mut stream = UnixStream::connect(socket)?;
+        send_with_fd(
+            &stream,
+            &wire::encode(&ClientMsg::Hello(hello))?,
+            send_fd.then_some(&file),
+        )?;
+        match wire::read_msg::<DaemonMsg>(&mut stream)? {
+            Some(DaemonMsg::Welcome { run_id }) => Ok(TestClient {
+                stream,
+                ring,
+                _map: map,
+                run_id,
+                wait: Duration::from_secs(10),
+            }),
+            Some(DaemonMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
+            None => Err(ClientError::Refused("connection closed".into())),
+        }
+    }
+
+    /// The ring, as the producer sees it.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// Reserves a slot for tensors of `sizes` bytes (laid out by `ring::tensor_offsets`).
+    pub fn reserve(&self, sizes: &[u64]) -> Result<Slot, ClientError> {
+        let (_, total) = ring::tensor_offsets(sizes);
+        self.ring
+            .reserve(total, self.wait)
+            .ok_or(ClientError::RingFull(total))
+    }
+
+    /// The bytes of a slot this client reserved and has not published.
+    pub fn slot_bytes(&mut self, slot: &Slot) -> &mut [u8] {
+        // SAFETY: the producer owns a slot between reserve and publish; `&mut self` keeps the
+        // borrow exclusive on this side.
+        unsafe { self.ring.slot_bytes(slot) }
+    }
+
+    /// Publishes `record` whose captured tensors' bytes are `data` (in order): reserves a slot,
+    /// copies the bytes in, and sends `Publish`. The record's `nbytes` and `crc32` are left as
+    /// the caller set them (tests lie on purpose).
+    pub fn publish(&mut self, record: Record, data: &[&[u8]]) -> Result<Option<Slot>, ClientError> {
+        if data.is_empty() {
+            self.send(&ClientMsg::Publish {
+                record: Box::new(record),
+                slot: None,
+            })?;
+            return Ok(None);
+        }
+        let sizes: Vec<u64> = data.iter().map(|d| d.len() as u64).collect();
+        let (offsets, _) = ring::tensor_offsets(&sizes);
+        let slot = self.reserve(&sizes)?;
+        let bytes = self.slot_bytes(&slot);
+        for (d, off) in data.iter().zip(offsets) {
+            bytes[off as usize..off as usize + d.len()].copy_from_slice(d);
+        }
+        self.send(&ClientMsg::Publish {
+            record: Box::new(record),
+            slot: Some(slot),
+        })?;
+        Ok(Some(slot))
+    }
+
+    /// Registers a communicator.
+    pub fn comm(&mut self, c: CommInfo) -> Result<(), ClientError> {
+        self.send(&ClientMsg::Comm(c))
+    }
+
+    /// Says goodbye and closes the connection.
+    pub fn bye(mut self, records: u64, gaps: u64) -> Result<(), ClientError> {
+        self.send(&ClientMsg::Bye { records, gaps })
+    }
+
+    /// Sends one message.
+    pub fn send(&mut self, msg: &ClientMsg) -> Result<(), ClientError> {
+        wire::write_msg(&mut self.stream, msg).map_err(ClientError::from)
+    }
+
+    /// Sends raw bytes (for protocol-violation tests).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(bytes).map_err(ClientError::from)
+    }
+
+    /// Waits until the daemon has released everything published so far.
+    pub fn wait_drained(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        while self.ring.tail() < self.ring.head() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+}

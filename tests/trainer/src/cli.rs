@@ -32,6 +32,8 @@ first rank (tp=0, dp=0) of the last pipeline stage after the DP all-reduce). --d
 the losses and the final fp32 master weights as shards of canonical tensors (see `dump` in the
 crate docs, or README in the dump directory).
 
+An option given twice takes its last value.
+
 Silent bugs: --list-bugs shows the catalogue, --explain-bug NAME where one lives, --bug NAME
 injects it. A bug refused in a layout where it cannot act is a usage error.";
 
@@ -138,7 +140,8 @@ impl fmt::Display for Order {
     version,
     about = "A Megatron-style GPT fixture on the CUDA ABI, with injectable silent bugs.",
     long_about = LONG_ABOUT,
-    after_help = AFTER_HELP
+    after_help = AFTER_HELP,
+    args_override_self = true
 )]
 pub struct Args {
     /// Vocabulary size.

@@ -536,3 +536,160 @@ pub fn add_positions_in(x: &mut [f32], pos: &[f32], batch: usize, h: usize) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::init::SplitMix;
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut g = SplitMix::new(seed, &[]);
+        (0..n).map(|_| g.normal() as f32).collect()
+    }
+
+    fn dot(a: &[f32], b: &[f32]) -> f64 {
+        a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+    }
+
+    /// Central difference of `f` along coordinate `i` of `x`.
+    fn fd(f: &dyn Fn(&[f32]) -> f64, x: &[f32], i: usize) -> f64 {
+        let h = 1e-2f32;
+        let (mut a, mut b) = (x.to_vec(), x.to_vec());
+        a[i] += h;
+        b[i] -= h;
+        (f(&a) - f(&b)) / (2.0 * h as f64)
+    }
+
+    #[test]
+    fn norm_backward_matches_finite_differences() {
+        let h = 8;
+        let x = rand(3 * h, 1);
+        let gamma: Vec<f32> = rand(h, 2).iter().map(|v| 1.0 + 0.3 * v).collect();
+        let beta = rand(h, 3);
+        let r = rand(3 * h, 4);
+        for layer in [true, false] {
+            let b = layer.then_some(beta.as_slice());
+            let loss = |xv: &[f32]| dot(&norm_forward(xv, h, &gamma, b).0, &r);
+            let loss_g = |g: &[f32]| dot(&norm_forward(&x, h, g, b).0, &r);
+            let (_, stats) = norm_forward(&x, h, &gamma, b);
+            let mut dg = vec![0f32; h];
+            let mut db = vec![0f32; h];
+            let dx = norm_backward(
+                &r,
+                &x,
+                h,
+                &gamma,
+                &stats,
+                &mut dg,
+                layer.then_some(db.as_mut_slice()),
+                1.0,
+            );
+            for i in 0..x.len() {
+                let want = fd(&loss, &x, i);
+                assert!(
+                    (dx[i] as f64 - want).abs() < 2e-3,
+                    "dx[{i}] {} vs {want}",
+                    dx[i]
+                );
+            }
+            for i in 0..h {
+                let want = fd(&loss_g, &gamma, i);
+                assert!((dg[i] as f64 - want).abs() < 2e-3, "dgamma[{i}]");
+                if layer {
+                    let want: f64 = (0..3).map(|row| r[row * h + i] as f64).sum();
+                    assert!((db[i] as f64 - want).abs() < 1e-4, "dbeta[{i}]");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_and_softmax_backward_match_finite_differences() {
+        for x in [-3.0f32, -0.5, 0.0, 0.7, 2.5] {
+            let want = (gelu(x + 1e-3) - gelu(x - 1e-3)) as f64 / 2e-3;
+            assert!((gelu_grad(x) as f64 - want).abs() < 1e-3, "gelu'({x})");
+        }
+        let s = 4;
+        let scores = rand(2 * s * s, 5);
+        let r = rand(2 * s * s, 6);
+        let p = causal_softmax(&scores, s);
+        // Causal: query i sees keys 0..=i, each column sums to 1.
+        for z in 0..2 {
+            for i in 0..s {
+                let col = &p[z * s * s + i * s..z * s * s + (i + 1) * s];
+                assert!(col[i + 1..].iter().all(|&v| v == 0.0));
+                assert!((col.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            }
+        }
+        let loss = |sc: &[f32]| dot(&causal_softmax(sc, s), &r);
+        let ds = causal_softmax_backward(&r, &p, s);
+        for i in 0..scores.len() {
+            let want = fd(&loss, &scores, i);
+            assert!(
+                (ds[i] as f64 - want).abs() < 1e-3,
+                "dS[{i}] {} vs {want}",
+                ds[i]
+            );
+        }
+    }
+
+    #[test]
+    fn cross_entropy_gradient_matches_finite_differences() {
+        let (t, v) = (3, 5);
+        let logits = rand(t * v, 7);
+        let labels = [1i32, -1, 4];
+        let pieces = |l: &[f32]| {
+            let max: Vec<f32> = l
+                .chunks(v)
+                .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+                .collect();
+            let se: Vec<f32> = l
+                .chunks(v)
+                .zip(&max)
+                .map(|(r, m)| r.iter().map(|x| (x - m).exp()).sum())
+                .collect();
+            let pred: Vec<f32> = (0..t)
+                .map(|i| match usize::try_from(labels[i]) {
+                    Ok(lab) => l[i * v + lab] - max[i],
+                    Err(_) => 0.0,
+                })
+                .collect();
+            (max, se, pred)
+        };
+        let loss = |l: &[f32]| {
+            let (max, se, pred) = pieces(l);
+            CrossEntropy {
+                logits: l,
+                max: &max,
+                sum_exp: &se,
+                predicted: &pred,
+                labels: &labels,
+                v0: 0,
+            }
+            .loss()
+        };
+        let (max, se, pred) = pieces(&logits);
+        let ce = CrossEntropy {
+            logits: &logits,
+            max: &max,
+            sum_exp: &se,
+            predicted: &pred,
+            labels: &labels,
+            v0: 0,
+        };
+        // Two labelled tokens: the mean's gradient is 1/2 per token.
+        let g = ce.grad(v, 0.5);
+        for i in 0..logits.len() {
+            let want = fd(&loss, &logits, i);
+            assert!(
+                (g[i] as f64 - want).abs() < 1e-3,
+                "dlogits[{i}] {} vs {want}",
+                g[i]
+            );
+        }
+        assert!(
+            g[v..2 * v].iter().all(|&x| x == 0.0),
+            "a prompt token has no gradient"
+        );
+    }
+}

@@ -321,14 +321,6 @@ impl Stage {
     pub fn forward(&mut self, c: &Ctx, mb: usize) -> Result<()> {
         let d = c.d;
         let _outer = c.nvtx.range(&format!("forward.mb{mb}"));
-        if mb == 0 && c.fp8() {
-            for b in &self.blocks {
-                for lin in [&b.qkv, &b.proj, &b.fc1, &b.fc2] {
-                    let _r = c.nvtx.range(&lin.module);
-                    lin.quantize_weight(c, &mut self.fp8)?;
-                }
-            }
-        }
         if let (Some((w, _)), Some((pos, _))) = (self.word, self.pos) {
             let _r = c.nvtx.range("embedding");
             let a = &self.acts[mb];
@@ -403,6 +395,10 @@ impl Stage {
         }
         {
             let _r = c.nvtx.range(&blk.qkv.module);
+            if mb == 0 {
+                // FP8 weights are quantised (and cached) on the first micro-batch of a step.
+                blk.qkv.quantize_weight(c, &mut self.fp8)?;
+            }
             blk.qkv
                 .forward(c, &mut self.fp8, &self.sc, a.ln1, a.qkv, a.f8[0], true)?;
         }
@@ -424,6 +420,9 @@ impl Stage {
         {
             let _r = c.nvtx.range(&blk.proj.module);
             let reduce = !(c.bug(Bug::TpRowParallelNoReduce) && bug_layer == Some(l));
+            if mb == 0 {
+                blk.proj.quantize_weight(c, &mut self.fp8)?;
+            }
             blk.proj
                 .forward(c, &mut self.fp8, &self.sc, a.ctx, a.x1, a.f8[1], reduce)?;
             // Residual (Megatron's bias-dropout-add, without bias or dropout).
@@ -435,12 +434,19 @@ impl Stage {
         }
         {
             let _r = c.nvtx.range(&blk.fc1.module);
+            if mb == 0 {
+                // FP8 weights are quantised (and cached) on the first micro-batch of a step.
+                blk.fc1.quantize_weight(c, &mut self.fp8)?;
+            }
             blk.fc1
                 .forward(c, &mut self.fp8, &self.sc, a.ln2, a.h1, a.f8[2], true)?;
             c.k.gelu_fwd(a.h1, a.a1)?;
         }
         {
             let _r = c.nvtx.range(&blk.fc2.module);
+            if mb == 0 {
+                blk.fc2.quantize_weight(c, &mut self.fp8)?;
+            }
             blk.fc2
                 .forward(c, &mut self.fp8, &self.sc, a.a1, next_x, a.f8[3], true)?;
             c.k.add(next_x, a.x1, next_x)?;

@@ -197,3 +197,28 @@ pub fn gather_masters(c: &Ctx, st: &Stage) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adam_first_step_is_bias_corrected() {
+        let a = AdamConfig {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-3,
+            weight_decay: 0.0,
+        };
+        let (mut p, mut m, mut v) = (vec![1.0f32, 1.0], vec![0.0; 2], vec![0.0; 2]);
+        adam(&mut p, &[0.01, -0.0005], &mut m, &mut v, &a, 1, true);
+        // Bias correction makes m_hat = g and v_hat = g^2: the step is lr * g / (|g| + eps).
+        let want = |g: f32| 1.0 - 0.1 * g / (g.abs() + 1e-3);
+        assert!((p[0] - want(0.01)).abs() < 1e-6 && (p[1] - want(-0.0005)).abs() < 1e-6);
+        // A gradient twice as large moves the small element twice as far (eps dominates).
+        let (mut q, mut m2, mut v2) = (vec![1.0f32], vec![0.0], vec![0.0]);
+        adam(&mut q, &[-0.001], &mut m2, &mut v2, &a, 1, true);
+        assert!((1.0 - q[0]) / (1.0 - p[1]) > 1.3);
+    }
+}

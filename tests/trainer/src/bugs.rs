@@ -335,7 +335,8 @@ impl Bug {
                     ),
                 ),
                 Bug::PpStaleActivation => (
-                    format!("layers.{}.input_norm", c.layers_per_stage()),
+                    // Stage 1's first layer (for pp = 1, where the bug cannot act, as if pp = 2).
+                    format!("layers.{}.input_norm", c.model.layers / c.layout.pp.max(2)),
                     Pass::Forward,
                     0,
                     Some(1),

@@ -29,8 +29,8 @@ sequences (global, for any --dp; each DP rank takes its contiguous slice).
 
 Output: one line per step, `step <n> loss <value>` (the global-batch mean loss, printed by the
 first rank (tp=0, dp=0) of the last pipeline stage after the DP all-reduce). --dump DIR writes
-the losses and the final fp32 master weights as shards of canonical tensors (see `dump` in the
-crate docs, or README in the dump directory).
+the losses and the final fp32 master weights as shards of canonical tensors (the format is in
+DIR/README).
 
 An option given twice takes its last value.
 

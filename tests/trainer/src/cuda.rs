@@ -393,8 +393,8 @@ pub unsafe fn store(b: Buf, v: &[f32]) {
     assert_eq!(v.len(), b.len, "store length");
     let p = access(b);
     match b.dt {
-        // SAFETY: per the contract.
         DType::F32 => {
+            // SAFETY: per the contract.
             unsafe { std::slice::from_raw_parts_mut(p.cast::<f32>(), b.len) }.copy_from_slice(v)
         }
         DType::BF16 => {

@@ -20,6 +20,25 @@ use anyhow::{Context, Result};
 
 use crate::params::StageParams;
 
+/// The `README` written next to the files (global rank 0).
+pub const README: &str = "\
+Trainer dump.
+losses.txt: one line per step, `step <n> loss <value>`, as printed on stdout.
+weights.rank<R>.tsv / weights.rank<R>.f32, one pair per global rank R: the final fp32 master
+weights the rank holds, each as a block of a canonical (unsharded) tensor. TSV columns after the
+`#` header: name, full shape (`128x64`, or `64` for a vector), rows `r0:r1`, columns `c0:c1`
+(`-` for a vector), byte offset of the block in the .f32 file, element count. Values are
+little-endian f32, row-major within the block. Replicas (DP ranks, TP copies of norms, the
+tied embedding on the first and last stage) each write their block.
+";
+
+/// Writes the `README`.
+pub fn readme(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let p = dir.join("README");
+    std::fs::write(&p, README).with_context(|| format!("writing {}", p.display()))
+}
+
 /// Appends a step's loss line to `losses.txt`.
 pub fn loss(dir: &Path, line: &str) -> Result<()> {
     use std::io::Write;

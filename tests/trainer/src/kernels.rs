@@ -584,13 +584,9 @@ mod tests {
                 layer.then_some(db.as_mut_slice()),
                 1.0,
             );
-            for i in 0..x.len() {
+            for (i, got) in dx.iter().enumerate() {
                 let want = fd(&loss, &x, i);
-                assert!(
-                    (dx[i] as f64 - want).abs() < 2e-3,
-                    "dx[{i}] {} vs {want}",
-                    dx[i]
-                );
+                assert!((*got as f64 - want).abs() < 2e-3, "dx[{i}] {got} vs {want}");
             }
             for i in 0..h {
                 let want = fd(&loss_g, &gamma, i);
@@ -623,13 +619,9 @@ mod tests {
         }
         let loss = |sc: &[f32]| dot(&causal_softmax(sc, s), &r);
         let ds = causal_softmax_backward(&r, &p, s);
-        for i in 0..scores.len() {
+        for (i, got) in ds.iter().enumerate() {
             let want = fd(&loss, &scores, i);
-            assert!(
-                (ds[i] as f64 - want).abs() < 1e-3,
-                "dS[{i}] {} vs {want}",
-                ds[i]
-            );
+            assert!((*got as f64 - want).abs() < 1e-3, "dS[{i}] {got} vs {want}");
         }
     }
 
@@ -679,12 +671,11 @@ mod tests {
         };
         // Two labelled tokens: the mean's gradient is 1/2 per token.
         let g = ce.grad(v, 0.5);
-        for i in 0..logits.len() {
+        for (i, got) in g.iter().enumerate() {
             let want = fd(&loss, &logits, i);
             assert!(
-                (g[i] as f64 - want).abs() < 1e-3,
-                "dlogits[{i}] {} vs {want}",
-                g[i]
+                (*got as f64 - want).abs() < 1e-3,
+                "dlogits[{i}] {got} vs {want}"
             );
         }
         assert!(

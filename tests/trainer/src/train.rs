@@ -163,6 +163,9 @@ pub fn run(cfg: &Config) -> Result<()> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
         crate::dump::weights(dir, j.rank, &st.params, &master)?;
+        if j.rank == 0 {
+            crate::dump::readme(dir)?;
+        }
     }
     s.sync()?;
     Ok(())

@@ -1,1 +1,113 @@
-//! Hooks and the snapshot engine of libttrace.so (issue 4).
+//! libttrace.so: the capture library of ttrace, loaded with `LD_PRELOAD` into every process of
+//! a training job.
+//!
+//! It interposes the CUDA runtime's copies and kernel launches, cuBLAS and cuBLASLt GEMMs,
+//! NCCL collectives, point-to-point and communicator calls, and NVTX ranges. Until the first
+//! intercepted call it does nothing; then, when `TTRACE_SOCKET` names a `ttraced`, every
+//! selected op is snapshotted into a page-locked shared ring on the op's own stream and
+//! published to the daemon by a tracer thread. Without `TTRACE_SOCKET` every hook only calls
+//! the real function.
+//!
+//! Layout (unsafe and FFI stay in small modules):
+//! * [`real`]: the real functions (`dlsym(RTLD_NEXT)`, else the already loaded soname);
+//! * `hooks/*`: the exported C functions, thin and typed, one module per library;
+//! * [`mode`]: the one atomic word a hook reads before passing through;
+//! * [`plan`]: which tensors an op has and how to copy them packed (pure);
+//! * [`engine`]: reserving ring slots, enqueuing copies and events around the real call;
+//! * [`tracer`]: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
+//! * [`steps`]: the step rule (pure); `session`, `client`: ring, daemon connection;
+//! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry.
+//!
+//! Invariants (shared/design.md): a hook returns exactly what the real function returned; a
+//! fault disables capture with one log line and a `TracerFault` gap; no panic crosses the C
+//! boundary; no device synchronisation; no lock held across a CUDA call; a forked child passes
+//! everything through.
+
+pub mod plan;
+pub mod steps;
+
+mod client;
+mod comms;
+mod cuda;
+mod engine;
+mod hooks;
+mod identity;
+mod log;
+mod mode;
+mod real;
+mod session;
+mod thread;
+mod tracer;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use ttrace_format::record::{GapOp, GapReason, Op};
+
+/// Disables capture for good: one log line and a `TracerFault` gap (only the first fault).
+pub(crate) fn fault(api: &'static str, detail: String) {
+    if !mode::disable() {
+        return;
+    }
+    log::error(&format!("capture disabled: {api}: {detail}"));
+    if session::current().is_some() {
+        let meta = engine::meta(
+            api,
+            Op::Gap(GapOp {
+                reason: GapReason::TracerFault,
+                skipped_api: api.to_string(),
+                bytes: 0,
+                detail,
+            }),
+            0,
+            -1,
+        );
+        tracer::push(tracer::Entry::Gap(Box::new(meta)));
+    }
+}
+
+/// Runs tracer code, turning a panic into a fault (never unwinding into C).
+pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => Some(v),
+        Err(_) => {
+            fault("ttrace", "internal error (panic) in a hook".into());
+            None
+        }
+    }
+}
+
+/// The capturing path of a hook: `prepare` plans the snapshot and begins it, `call` runs the
+/// real function exactly once, `done` completes the snapshot with the result. Reentrant calls
+/// (from inside the tracer, or a library calling another hooked function) only `call`.
+pub(crate) fn around<R: Copy>(
+    prepare: impl FnOnce() -> Option<engine::InFlight>,
+    call: impl FnOnce() -> R,
+    done: impl FnOnce(engine::InFlight, R),
+) -> R {
+    let Some(_guard) = thread::Guard::enter() else {
+        return call();
+    };
+    let f = catch(prepare).flatten();
+    let r = call();
+    if let Some(f) = f {
+        let _ = catch(|| done(f, r));
+    }
+    r
+}
+
+extern "C" fn in_fork_child() {
+    mode::disable_in_child();
+}
+
+extern "C" fn on_load() {
+    // SAFETY: registers an async-signal-safe child handler (two atomic stores); nothing else
+    // happens at load time (no std, no CUDA: shared notes §4.8).
+    unsafe {
+        libc::pthread_atfork(None, None, Some(in_fork_child));
+    }
+}
+
+/// Runs [`on_load`] when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

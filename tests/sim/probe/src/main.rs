@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+mod capture;
 mod collectives;
 mod gemm;
 mod ksplit;
@@ -65,6 +66,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "collectives",
         "NCCL collectives, groups, splits, peer death",
         collectives::collectives,
+    ),
+    (
+        "traced",
+        "programs for the capture tests: memcpy|gemm|nccl|graph|errors|steps",
+        capture::traced,
     ),
     (
         "ksplit",

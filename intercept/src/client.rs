@@ -1,0 +1,106 @@
+//! The connection to `ttraced`: `Hello` with the ring's memfd as `SCM_RIGHTS`, the daemon's
+//! answer, then frames written by the tracer thread only (format/src/wire.rs).
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello};
+
+/// How long the daemon may take to answer `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connected, welcomed client.
+pub struct Client {
+    stream: UnixStream,
+}
+
+impl Client {
+    /// Connects to `path`, sends `hello` with `ring_fd`, and waits for the daemon's answer.
+    pub fn connect(path: &str, hello: Hello, ring_fd: RawFd) -> Result<(Client, String), String> {
+        let mut stream =
+            UnixStream::connect(path).map_err(|e| format!("cannot connect to {path}: {e}"))?;
+        let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| e.to_string())?;
+        let sent = send_with_fd(&stream, &frame, ring_fd)
+            .map_err(|e| format!("cannot send hello to {path}: {e}"))?;
+        send_all(&stream, &frame[sent..])
+            .map_err(|e| format!("cannot send hello to {path}: {e}"))?;
+        stream
+            .set_read_timeout(Some(HELLO_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        let answer = wire::read_msg::<DaemonMsg>(&mut stream)
+            .map_err(|e| format!("no answer from {path}: {e}"))?;
+        match answer {
+            Some(DaemonMsg::Welcome { run_id }) => Ok((Client { stream }, run_id)),
+            Some(DaemonMsg::Refused { reason }) => Err(format!("the daemon refused: {reason}")),
+            None => Err(format!("{path} closed the connection")),
+        }
+    }
+
+    /// Writes one message.
+    pub fn send(&mut self, msg: &ClientMsg) -> Result<(), String> {
+        let frame = wire::encode(msg).map_err(|e| e.to_string())?;
+        send_all(&self.stream, &frame).map_err(|e| e.to_string())
+    }
+}
+
+/// Writes all of `buf` with `MSG_NOSIGNAL`: a daemon that went away is an error, never a
+/// SIGPIPE that kills the traced program.
+fn send_all(stream: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a live slice; send reads at most its length.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Sends the start of `frame` with `fd` attached (the ancillary data rides with the first
+/// bytes); returns how many bytes went.
+fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: RawFd) -> std::io::Result<usize> {
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut cmsg_buf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: frame.as_ptr() as *mut libc::c_void,
+        iov_len: frame.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points to `space` bytes, enough for one cmsg carrying one fd;
+    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+    let n = unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::copy_nonoverlapping(
+            (&fd as *const RawFd).cast::<u8>(),
+            libc::CMSG_DATA(c),
+            std::mem::size_of::<RawFd>(),
+        );
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}

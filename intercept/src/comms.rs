@@ -1,0 +1,165 @@
+//! NCCL communicators this process joined: their key (identical on every member), this
+//! process's rank in them, their size and device. Each registration is announced to the daemon
+//! (`CommInfo`), which joins the members into the run's communicator map.
+//!
+//! Keys: `InitRank*` hash the `ncclUniqueId`; `Split` hashes the parent's key, the number of
+//! splits made on the parent so far and the color (every member splits in the same order);
+//! `InitAll` hashes the pid and a per-process counter (all members live in this process).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use core::ffi::c_int;
+
+use cuda_abi::nccl::{ncclComm_t, ncclSuccess};
+use ttrace_format::wire::CommInfo;
+
+use crate::identity::{self, Fnv};
+use crate::{real, session, tracer};
+
+/// A communicator as the tracer knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Comm {
+    pub key: u64,
+    pub rank: u32,
+    pub size: u32,
+    pub device: Option<i32>,
+    splits: u64,
+}
+
+static COMMS: Mutex<Option<HashMap<usize, Comm>>> = Mutex::new(None);
+static INIT_ALL_CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn with<R>(f: impl FnOnce(&mut HashMap<usize, Comm>) -> R) -> R {
+    f(COMMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new))
+}
+
+fn query(
+    f: Option<unsafe extern "C" fn(ncclComm_t, *mut c_int) -> u32>,
+    comm: ncclComm_t,
+) -> Option<i32> {
+    let f = f?;
+    let mut v: c_int = 0;
+    // SAFETY: a communicator handle the program passed and an out-pointer to a local.
+    (unsafe { f(comm, &mut v) } == ncclSuccess).then_some(v)
+}
+
+/// The communicator `comm` (asked of NCCL and remembered with a local key when it was created
+/// before the tracer saw it).
+pub fn lookup(comm: ncclComm_t) -> Option<Comm> {
+    if let Some(c) = with(|m| m.get(&(comm as usize)).copied()) {
+        if c.device.is_some() {
+            return Some(c);
+        }
+    }
+    // Outside the registry's lock: NCCL calls may block.
+    let rank = query(real::ncclCommUserRank(), comm)?;
+    let size = query(real::ncclCommCount(), comm)?;
+    let device = query(real::ncclCommCuDevice(), comm);
+    Some(with(|m| {
+        let e = m.entry(comm as usize).or_insert(Comm {
+            key: Fnv::default()
+                .u64(std::process::id() as u64)
+                .u64(comm as u64)
+                .finish(),
+            rank: rank as u32,
+            size: size as u32,
+            device,
+            splits: 0,
+        });
+        e.rank = rank as u32;
+        e.size = size as u32;
+        e.device = e.device.or(device);
+        *e
+    }))
+}
+
+/// A communicator this process just joined.
+#[derive(Debug, Clone, Copy)]
+pub struct Joined {
+    pub key: u64,
+    pub rank: u32,
+    pub size: u32,
+    pub device: Option<i32>,
+    pub parent: Option<u64>,
+    pub color: Option<i32>,
+    pub api: &'static str,
+}
+
+/// Registers a communicator and announces it.
+pub fn register(comm: ncclComm_t, j: Joined) {
+    if comm.is_null() {
+        return;
+    }
+    with(|m| {
+        m.insert(
+            comm as usize,
+            Comm {
+                key: j.key,
+                rank: j.rank,
+                size: j.size,
+                device: j.device,
+                splits: 0,
+            },
+        )
+    });
+    if session::get().is_some() {
+        tracer::push(tracer::Entry::Comm(CommInfo {
+            key: j.key,
+            size: j.size,
+            rank: j.rank,
+            global_rank: identity::rank(),
+            parent: j.parent,
+            color: j.color,
+            api: j.api.to_string(),
+        }));
+    }
+}
+
+/// The key of a communicator made from unique ids.
+pub fn key_of_ids(ids: &[u8]) -> u64 {
+    Fnv::default().bytes(ids).finish()
+}
+
+/// The key of the next split of `parent` with `color` (counts the split on the parent).
+pub fn split_key(parent: ncclComm_t, color: i32) -> Option<u64> {
+    let pkey = lookup(parent)?.key;
+    let n = with(|m| {
+        m.get_mut(&(parent as usize)).map(|c| {
+            c.splits += 1;
+            c.splits
+        })
+    })?;
+    Some(
+        Fnv::default()
+            .u64(pkey)
+            .u64(n)
+            .u64(color as u32 as u64)
+            .finish(),
+    )
+}
+
+/// The key of the communicators of one `ncclCommInitAll` call.
+pub fn init_all_key() -> u64 {
+    Fnv::default()
+        .u64(std::process::id() as u64)
+        .u64(INIT_ALL_CALLS.fetch_add(1, Ordering::Relaxed))
+        .finish()
+}
+
+/// The rank and size NCCL reports for `comm`.
+pub fn rank_and_size(comm: ncclComm_t) -> Option<(u32, u32)> {
+    Some((
+        query(real::ncclCommUserRank(), comm)? as u32,
+        query(real::ncclCommCount(), comm)? as u32,
+    ))
+}
+
+/// Forgets a destroyed communicator.
+pub fn forget(comm: ncclComm_t) {
+    with(|m| m.remove(&(comm as usize)));
+}

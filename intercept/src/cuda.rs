@@ -1,0 +1,242 @@
+//! The runtime calls the tracer itself makes, through the real functions (never the hooks),
+//! as small safe wrappers. A missing function is `cudaErrorSharedObjectSymbolNotFound`.
+//!
+//! A failing runtime call sets the calling thread's last error, which the program may read
+//! with `cudaGetLastError`; [`ErrScope`] puts it back when the tracer's own call failed.
+
+use core::ffi::{c_int, c_void};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use cuda_abi::cudart::*;
+
+use crate::real;
+
+/// `cudaErrorSharedObjectSymbolNotFound`: what a hook returns when the real function is
+/// nowhere (a program probing for the symbol found the hook).
+pub const MISSING: cudaError_t = 302;
+
+/// Keeps the calling thread's last runtime error as the program left it.
+pub struct ErrScope {
+    before: Option<cudaError_t>,
+}
+
+impl ErrScope {
+    /// Notes the current last error (without clearing it).
+    pub fn new() -> ErrScope {
+        ErrScope {
+            // SAFETY: no arguments; only reads the thread's last error.
+            before: real::cudaPeekAtLastError().map(|f| unsafe { f() }),
+        }
+    }
+}
+
+impl Drop for ErrScope {
+    fn drop(&mut self) {
+        let (Some(before), Some(peek), Some(get)) = (
+            self.before,
+            real::cudaPeekAtLastError(),
+            real::cudaGetLastError(),
+        ) else {
+            return;
+        };
+        // SAFETY: no arguments.
+        let now = unsafe { peek() };
+        // A tracer call failed after a clean state: clear it. (An error the program had not
+        // read yet cannot be put back if the tracer's replaced it; the tracer only makes calls
+        // that fail when the program's own call fails the same way.)
+        if now != before && before == cudaSuccess {
+            // SAFETY: no arguments; clears the thread's last error.
+            unsafe { get() };
+        }
+    }
+}
+
+fn check(code: cudaError_t) -> Result<(), cudaError_t> {
+    if code == cudaSuccess {
+        Ok(())
+    } else {
+        Err(code)
+    }
+}
+
+/// The current device.
+pub fn get_device() -> Result<i32, cudaError_t> {
+    let f = real::cudaGetDevice().ok_or(MISSING)?;
+    let mut d: c_int = 0;
+    // SAFETY: an out-pointer to a local.
+    check(unsafe { f(&mut d) })?;
+    Ok(d)
+}
+
+fn set_device(d: i32) -> Result<(), cudaError_t> {
+    let f = real::cudaSetDevice().ok_or(MISSING)?;
+    // SAFETY: plain value argument.
+    check(unsafe { f(d) })
+}
+
+/// Whether `stream` is being captured into a graph (active or invalidated capture).
+pub fn is_capturing(stream: cudaStream_t) -> Result<bool, cudaError_t> {
+    let f = real::cudaStreamIsCapturing().ok_or(MISSING)?;
+    let mut st: cudaStreamCaptureStatus = cudaStreamCaptureStatusNone;
+    // SAFETY: the program's stream handle and an out-pointer to a local.
+    check(unsafe { f(stream, &mut st) })?;
+    Ok(st != cudaStreamCaptureStatusNone)
+}
+
+/// Whether `ptr` is device memory (device or managed), per `cudaPointerGetAttributes`.
+pub fn is_device_memory(ptr: *const c_void) -> Result<bool, cudaError_t> {
+    let f = real::cudaPointerGetAttributes().ok_or(MISSING)?;
+    let mut a = cudaPointerAttributes {
+        type_: cudaMemoryTypeUnregistered,
+        device: 0,
+        devicePointer: core::ptr::null_mut(),
+        hostPointer: core::ptr::null_mut(),
+    };
+    // SAFETY: an out-pointer to a local; the pointer is only classified.
+    check(unsafe { f(&mut a, ptr) })?;
+    Ok(matches!(
+        a.type_,
+        cudaMemoryTypeDevice | cudaMemoryTypeManaged
+    ))
+}
+
+/// Enqueues a copy of `len` bytes from `src` (any memory the device reaches) to `dst` in the
+/// pinned ring, on `stream`.
+pub fn copy_linear(
+    dst: *mut u8,
+    src: u64,
+    len: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaMemcpyAsync().ok_or(MISSING)?;
+    // SAFETY: `dst` is `len` bytes of the pinned ring slot the caller owns; `src` is an address
+    // the program's op uses; cudaMemcpyDefault lets the runtime classify both.
+    check(unsafe {
+        f(
+            dst.cast(),
+            src as *const c_void,
+            len as usize,
+            cudaMemcpyDefault,
+            stream,
+        )
+    })
+}
+
+/// Enqueues a pitched copy (`height` rows of `width` bytes, `spitch` apart) packed into `dst`.
+pub fn copy_pitched(
+    dst: *mut u8,
+    src: u64,
+    spitch: u64,
+    width: u64,
+    height: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaMemcpy2DAsync().ok_or(MISSING)?;
+    // SAFETY: `dst` is `width * height` bytes of the caller's ring slot; the source rows are
+    // inside the operand the program's op reads or writes.
+    check(unsafe {
+        f(
+            dst.cast(),
+            width as usize,
+            src as *const c_void,
+            spitch as usize,
+            width as usize,
+            height as usize,
+            cudaMemcpyDefault,
+            stream,
+        )
+    })
+}
+
+/// Records `ev` on `stream`.
+pub fn event_record(ev: cudaEvent_t, stream: cudaStream_t) -> Result<(), cudaError_t> {
+    let f = real::cudaEventRecord().ok_or(MISSING)?;
+    // SAFETY: an event from the pool and the op's stream.
+    check(unsafe { f(ev, stream) })
+}
+
+/// `cudaEventQuery`: `cudaSuccess` when complete, `cudaErrorNotReady` while pending.
+pub fn event_query(ev: cudaEvent_t) -> cudaError_t {
+    match real::cudaEventQuery() {
+        // SAFETY: an event from the pool.
+        Some(f) => unsafe { f(ev) },
+        None => MISSING,
+    }
+}
+
+/// Page-locks `len` bytes at `ptr` for DMA (portable: every device).
+pub fn host_register(ptr: *mut u8, len: usize) -> Result<(), cudaError_t> {
+    let f = real::cudaHostRegister().ok_or(MISSING)?;
+    // SAFETY: a live mapping of `len` bytes owned by the tracer for the life of the process.
+    check(unsafe { f(ptr.cast(), len, cudaHostRegisterPortable) })
+}
+
+/// Sets the calling thread's stream-capture mode; returns the previous one.
+pub fn exchange_capture_mode(
+    mode: cudaStreamCaptureMode,
+) -> Result<cudaStreamCaptureMode, cudaError_t> {
+    let f = real::cudaThreadExchangeStreamCaptureMode().ok_or(MISSING)?;
+    let mut m = mode;
+    // SAFETY: an in/out pointer to a local.
+    check(unsafe { f(&mut m) })?;
+    Ok(m)
+}
+
+/// A completion event from the pool, with the device it belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub raw: usize,
+    pub device: i32,
+}
+
+impl Event {
+    /// The handle.
+    pub fn handle(self) -> cudaEvent_t {
+        self.raw as cudaEvent_t
+    }
+}
+
+/// Events per device, created lazily (`cudaEventDisableTiming`) and reused once complete.
+static POOL: Mutex<Option<HashMap<i32, Vec<usize>>>> = Mutex::new(None);
+
+/// An event of `device` (the caller's current device must be `device`, or it is switched for
+/// the creation and restored).
+pub fn event_get(device: i32) -> Result<Event, cudaError_t> {
+    let pooled = POOL
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .get_mut(&device)
+        .and_then(Vec::pop);
+    if let Some(raw) = pooled {
+        return Ok(Event { raw, device });
+    }
+    // Created outside the pool's lock: never hold a tracer lock while calling CUDA.
+    let f = real::cudaEventCreateWithFlags().ok_or(MISSING)?;
+    let current = get_device()?;
+    if current != device {
+        set_device(device)?;
+    }
+    let mut ev: cudaEvent_t = core::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    let r = check(unsafe { f(&mut ev, cudaEventDisableTiming) });
+    if current != device {
+        let _ = set_device(current);
+    }
+    r?;
+    Ok(Event {
+        raw: ev as usize,
+        device,
+    })
+}
+
+/// Returns a completed event to the pool.
+pub fn event_put(ev: Event) {
+    POOL.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(ev.device)
+        .or_default()
+        .push(ev.raw);
+}

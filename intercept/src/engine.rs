@@ -1,0 +1,319 @@
+//! The snapshot engine: runs a [`plan`](crate::plan) around the real call.
+//!
+//! [`begin`] (before the real call): skips a stream under graph capture (a `GraphCapture` gap),
+//! applies the selection (inputs, size cap), reserves ONE ring slot for all captured tensors in
+//! ticket order (waiting at most `TTRACE_WAIT_MS`, else a `RingFull` gap), and enqueues the
+//! copies of inputs the op overwrites. [`finish`] (after it): enqueues the other copies on the
+//! op's stream, records a pooled event after them and hands the entry to the tracer. NCCL ops
+//! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
+//! No device synchronisation anywhere; no lock is held across a CUDA call.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cuda_abi::cudart::cudaStream_t;
+use ttrace_format::record::{GapReason, Op, Tensor};
+use ttrace_format::ring::{tensor_offsets, Slot};
+
+use crate::cuda::{self, ErrScope};
+use crate::plan::{Copy, TensorPlan, When};
+use crate::session::{self, Session};
+use crate::tracer::{self, Captured, Entry, Meta, Ticket};
+use crate::{mode, thread};
+
+/// An op about to be called.
+pub struct Call {
+    /// The C function, exactly.
+    pub api: &'static str,
+    pub op: Op,
+    /// The stream the op runs on, as the copies and the event must use it (the per-thread
+    /// default stream is `cudaStreamPerThread`, never 0, for a `_ptsz` call).
+    pub stream: cudaStream_t,
+    /// The stream as recorded.
+    pub stream_id: u64,
+    /// The device the op runs on (`None`: the current device).
+    pub device: Option<i32>,
+    pub tensors: Vec<TensorPlan>,
+}
+
+/// An op between [`begin`] and [`finish`].
+pub struct InFlight {
+    ticket: Ticket,
+    meta: Meta,
+    plans: Vec<TensorPlan>,
+    tensors: Vec<Tensor>,
+    offsets: Vec<Option<u64>>,
+    slot: Option<Slot>,
+    slot_ptr: usize,
+    stream: usize,
+    device: i32,
+    copied: bool,
+    /// A communicator whose asynchronous launch must finish before the copies after the op
+    /// (non-blocking NCCL communicators).
+    pub nccl_comm: usize,
+}
+
+impl InFlight {
+    /// The ticket's number.
+    pub fn ticket(&self) -> u64 {
+        self.ticket.number()
+    }
+}
+
+/// Serialises ring reservations (with their tickets) among the process's threads.
+static RESERVE: Mutex<()> = Mutex::new(());
+
+/// The call-time metadata of an op on this thread.
+pub fn meta(api: &'static str, op: Op, stream_id: u64, device: i32) -> Meta {
+    let (thread, nvtx, kernels_before) =
+        thread::with(|t| (t.tid(), t.nvtx.clone(), t.take_kernels()))
+            .unwrap_or_else(|| (crate::identity::gettid(), Vec::new(), Vec::new()));
+    Meta {
+        api,
+        op,
+        stream: stream_id,
+        device,
+        thread,
+        nvtx,
+        kernels_before,
+        t_call_ns: tracer::now_ns(),
+    }
+}
+
+/// Records a gap in call order.
+pub fn gap(meta: Meta, reason: GapReason, bytes: u64, detail: String) {
+    tracer::push(Entry::Gap(Box::new(tracer::gap_meta(
+        meta, reason, bytes, detail,
+    ))));
+}
+
+/// Prepares the snapshot of `call` before the real function runs. `None`: not captured (a gap
+/// was recorded if something was skipped).
+pub fn begin(call: Call) -> Option<InFlight> {
+    let session = session::get()?;
+    let _err = ErrScope::new();
+    let device = match call.device {
+        Some(d) => d,
+        None => cuda::get_device().unwrap_or(0),
+    };
+    match cuda::is_capturing(call.stream) {
+        Ok(false) => {}
+        Ok(true) => {
+            let bytes = call.tensors.iter().map(|t| t.nbytes).sum();
+            let m = meta(call.api, call.op, call.stream_id, device);
+            gap(
+                m,
+                GapReason::GraphCapture,
+                bytes,
+                "the stream is being captured into a CUDA graph; its replays run no API call"
+                    .into(),
+            );
+            return None;
+        }
+        // The legacy stream during a capture, a bad handle: the op reports the same error.
+        Err(_) => return None,
+    }
+    let cfg = session.cfg;
+    let mut plans = call.tensors;
+    for t in &mut plans {
+        if t.captured && ((t.input && !cfg.inputs) || t.nbytes > cfg.max_tensor_bytes) {
+            t.captured = false;
+        }
+    }
+    let sizes: Vec<u64> = plans
+        .iter()
+        .filter(|t| t.captured)
+        .map(|t| t.nbytes)
+        .collect();
+    let (offs, mut total) = tensor_offsets(&sizes);
+    if total > session.ring.capacity() {
+        // Larger than the whole ring: metadata only (the tensors say so).
+        plans.iter_mut().for_each(|t| t.captured = false);
+        total = 0;
+    }
+    let m = meta(call.api, call.op, call.stream_id, device);
+    let (ticket, slot) = if total > 0 {
+        match reserve(session, total) {
+            Some((t, s)) => (t, Some(s)),
+            None => {
+                gap(
+                    m,
+                    GapReason::RingFull,
+                    total,
+                    format!(
+                        "no ring space for {total} bytes within TTRACE_WAIT_MS={} ms",
+                        cfg.wait_ms
+                    ),
+                );
+                return None;
+            }
+        }
+    } else {
+        (Ticket::take(), None)
+    };
+    let mut k = 0;
+    let offsets = plans
+        .iter()
+        .map(|t| {
+            t.captured.then(|| {
+                k += 1;
+                offs[k - 1]
+            })
+        })
+        .collect();
+    let slot_ptr = slot.map_or(0, |s| {
+        // SAFETY: the slot was just reserved by this thread; only its address is taken here,
+        // the bytes are written by the device copies.
+        unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
+    });
+    let tensors = plans
+        .iter()
+        .map(|t| Tensor {
+            role: t.role,
+            dtype: t.dtype,
+            strides: ttrace_format::record::packed_strides(&t.shape),
+            shape: t.shape.clone(),
+            ptr: t.ptr,
+            nbytes: t.nbytes,
+            captured: t.captured,
+            crc32: 0,
+        })
+        .collect();
+    let mut f = InFlight {
+        ticket,
+        meta: m,
+        plans,
+        tensors,
+        offsets,
+        slot,
+        slot_ptr,
+        stream: call.stream as usize,
+        device,
+        copied: false,
+        nccl_comm: 0,
+    };
+    f.copy(When::Before);
+    Some(f)
+}
+
+/// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
+/// that failed is not recorded; copies already enqueued still complete before its slot is
+/// reused).
+pub fn finish(mut f: InFlight, ok: bool) {
+    let _err = ErrScope::new();
+    if ok && !mode::dead() {
+        f.copy(When::After);
+    }
+    let stream = f.stream as cudaStream_t;
+    let event = if f.copied {
+        match cuda::event_get(f.device)
+            .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
+        {
+            Ok(ev) => Some(ev),
+            Err(code) => {
+                // Copies are in flight with no way to see them finish: stop capturing so the
+                // ring space is never handed out again.
+                crate::fault(
+                    f.meta.api,
+                    format!("cannot record a completion event (cudaError {code})"),
+                );
+                f.ticket.push(Entry::Skip {
+                    slot: None,
+                    event: None,
+                });
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    if !ok {
+        f.ticket.push(Entry::Skip {
+            slot: f.slot,
+            event,
+        });
+        return;
+    }
+    let c = Captured {
+        meta: f.meta,
+        tensors: f.tensors,
+        offsets: f.offsets,
+        slot: f.slot,
+        event,
+    };
+    f.ticket.push(Entry::Capture(Box::new(c)));
+}
+
+impl InFlight {
+    /// Enqueues the copies of the captured tensors taken at `when`. A copy the runtime refuses
+    /// leaves its tensor uncaptured.
+    fn copy(&mut self, when: When) {
+        let stream = self.stream as cudaStream_t;
+        for (i, p) in self.plans.iter().enumerate() {
+            let (Some(off), true) = (self.offsets[i], self.tensors[i].captured) else {
+                continue;
+            };
+            if p.when != when {
+                continue;
+            }
+            let base = self.slot_ptr + off as usize;
+            for c in p.source.copies() {
+                let r = match c {
+                    Copy::Linear { dst, src, len } => {
+                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
+                    }
+                    Copy::Pitched {
+                        dst,
+                        src,
+                        spitch,
+                        width,
+                        height,
+                    } => cuda::copy_pitched(
+                        (base + dst as usize) as *mut u8,
+                        src,
+                        spitch,
+                        width,
+                        height,
+                        stream,
+                    ),
+                };
+                match r {
+                    Ok(()) => self.copied = true,
+                    Err(code) => {
+                        crate::log::debug(&format!(
+                            "{}: snapshot copy of {:?} refused (cudaError {code})",
+                            self.meta.api, p.role
+                        ));
+                        self.tensors[i].captured = false;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reserves `total` bytes and a ticket, waiting for the daemon to free space at most
+/// `TTRACE_WAIT_MS`. Gives up at once when the tracer waits for this thread's own deferred
+/// group (no space can come before the group ends).
+fn reserve(s: &Session, total: u64) -> Option<(Ticket, Slot)> {
+    let deadline = Instant::now() + Duration::from_millis(s.cfg.wait_ms);
+    let mine = thread::with(|t| t.deferred.iter().map(InFlight::ticket).min()).flatten();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        {
+            let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = s.ring.reserve(total, Duration::ZERO) {
+                return Some((Ticket::take(), slot));
+            }
+        }
+        if mode::dead() || Instant::now() >= deadline {
+            return None;
+        }
+        if mine.is_some_and(|m| tracer::waiting_for() == m) {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}

@@ -1,0 +1,464 @@
+//! The `cublasLtMatmul` hook. Shapes, types, transposes, epilogue, bias/aux and FP8 scale
+//! pointers are read from the descriptors at call time with the real
+//! `cublasLtMatmulDescGetAttribute` / `cublasLtMatrixLayoutGetAttribute` (never by shadowing
+//! `*Create`/`SetAttribute`: caller-initialised and mutated descriptors are seen as they are).
+//! A layout that is not column-major, or a descriptor that cannot be read, is recorded as a
+//! `ShapeUnknown` gap.
+
+use core::ffi::c_void;
+
+use cuda_abi::cublas::*;
+use cuda_abi::cublaslt::*;
+use cuda_abi::cudart::cudaStream_t;
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
+
+use super::cublas::read_scalar;
+use crate::engine::{self, Call};
+use crate::plan::{self, Matrix, Vector, When};
+use crate::{mode, real};
+
+/// An attribute's raw bytes.
+trait Attr: Copy + Default {}
+impl Attr for u32 {}
+impl Attr for i32 {}
+impl Attr for u64 {}
+impl Attr for i64 {}
+impl Attr for i8 {}
+
+fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
+    let f = real::cublasLtMatmulDescGetAttribute()?;
+    let mut v = T::default();
+    let mut written = 0usize;
+    // SAFETY: the program's descriptor; a buffer of exactly the attribute's documented size.
+    let st = unsafe {
+        f(
+            d,
+            attr,
+            (&mut v as *mut T).cast(),
+            core::mem::size_of::<T>(),
+            &mut written,
+        )
+    };
+    (st == CUBLAS_STATUS_SUCCESS).then_some(v)
+}
+
+fn layout_attr<T: Attr>(l: cublasLtMatrixLayout_t, attr: u32) -> Option<T> {
+    let f = real::cublasLtMatrixLayoutGetAttribute()?;
+    let mut v = T::default();
+    let mut written = 0usize;
+    // SAFETY: the program's layout; a buffer of exactly the attribute's documented size.
+    let st = unsafe {
+        f(
+            l,
+            attr,
+            (&mut v as *mut T).cast(),
+            core::mem::size_of::<T>(),
+            &mut written,
+        )
+    };
+    (st == CUBLAS_STATUS_SUCCESS).then_some(v)
+}
+
+/// A matrix layout as read from its descriptor.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    dtype: u32,
+    order: i32,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    batch: i32,
+    stride: i64,
+}
+
+fn layout(l: cublasLtMatrixLayout_t) -> Option<Layout> {
+    if l.is_null() {
+        return None;
+    }
+    Some(Layout {
+        dtype: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_TYPE)?,
+        order: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_ORDER).unwrap_or(CUBLASLT_ORDER_COL as i32),
+        rows: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_ROWS)?,
+        cols: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_COLS)?,
+        ld: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_LD)?,
+        batch: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT).unwrap_or(1),
+        stride: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET).unwrap_or(0),
+    })
+}
+
+fn is_fp8(t: u32) -> bool {
+    matches!(DType::from_cuda(t), Some(DType::F8_E4M3 | DType::F8_E5M2))
+}
+
+/// The arguments of one `cublasLtMatmul`.
+struct Matmul {
+    desc: cublasLtMatmulDesc_t,
+    alpha: *const c_void,
+    a: *const c_void,
+    adesc: cublasLtMatrixLayout_t,
+    b: *const c_void,
+    bdesc: cublasLtMatrixLayout_t,
+    beta: *const c_void,
+    c: *const c_void,
+    cdesc: cublasLtMatrixLayout_t,
+    d: *mut c_void,
+    ddesc: cublasLtMatrixLayout_t,
+    stream: cudaStream_t,
+}
+
+fn unknown(stream: cudaStream_t, detail: &str) -> Call {
+    Call {
+        api: "cublasLtMatmul",
+        op: Op::Gap(GapOp {
+            reason: GapReason::ShapeUnknown,
+            skipped_api: "cublasLtMatmul".into(),
+            bytes: 0,
+            detail: detail.to_string(),
+        }),
+        stream,
+        stream_id: stream as u64,
+        device: None,
+        tensors: Vec::new(),
+    }
+}
+
+/// The snapshot plan of a matmul.
+fn call(x: &Matmul) -> Call {
+    match plan_matmul(x) {
+        Ok(c) => c,
+        Err(why) => unknown(x.stream, why),
+    }
+}
+
+fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
+    let d = x.desc;
+    let bad = "a matmul descriptor attribute cannot be read";
+    let compute: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE).ok_or(bad)?;
+    let scale_raw: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_SCALE_TYPE).ok_or(bad)?;
+    let pmode: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_POINTER_MODE).unwrap_or(0);
+    let transa: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSA).unwrap_or(CUBLAS_OP_N);
+    let transb: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSB).unwrap_or(CUBLAS_OP_N);
+    let epilogue: u32 =
+        desc_attr(d, CUBLASLT_MATMUL_DESC_EPILOGUE).unwrap_or(CUBLASLT_EPILOGUE_DEFAULT);
+    let fast_accum = desc_attr::<i8>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM).unwrap_or(0) != 0;
+    let ptr = |attr| desc_attr::<u64>(d, attr).unwrap_or(0);
+    let int = |attr| desc_attr::<i64>(d, attr).unwrap_or(0);
+
+    let bad = "a matrix layout cannot be read";
+    let la = layout(x.adesc).ok_or(bad)?;
+    let lb = layout(x.bdesc).ok_or(bad)?;
+    let ld_ = layout(x.ddesc).ok_or(bad)?;
+    let lc = if x.cdesc.is_null() {
+        ld_
+    } else {
+        layout(x.cdesc).ok_or(bad)?
+    };
+    if [la, lb, lc, ld_]
+        .iter()
+        .any(|l| l.order != CUBLASLT_ORDER_COL as i32)
+    {
+        return Err("a layout is not column-major (CUBLASLT_ORDER_COL): the packed bytes would not say which order they are in");
+    }
+    let (m, n) = (ld_.rows, ld_.cols);
+    let k = if transa == CUBLAS_OP_N {
+        la.cols
+    } else {
+        la.rows
+    };
+    let batch = ld_.batch.max(1) as u64;
+    let batched = batch > 1;
+    let scale = DType::from_cuda(scale_raw);
+
+    // alpha and beta: host values, device scalars or device vectors (pointer modes 0..4).
+    let host_alpha = pmode == CUBLASLT_POINTER_MODE_HOST;
+    let host_beta = matches!(pmode, 0 | 4);
+    let read = |p: *const c_void, host: bool| -> Option<f64> {
+        if !host {
+            return None;
+        }
+        // SAFETY: in this pointer mode the scalar is a host value of the scale type.
+        scale.and_then(|t| unsafe { read_scalar(p, t) })
+    };
+    let alpha = read(x.alpha, host_alpha);
+    let beta = if pmode == 3 {
+        Some(0.0)
+    } else {
+        read(x.beta, host_beta)
+    };
+    let c_read = !x.c.is_null() && beta.is_none_or(|b| b != 0.0);
+
+    let matrix = |p: *const c_void, l: &Layout, rows, cols| Matrix {
+        ptr: p as u64,
+        dtype: l.dtype,
+        rows,
+        cols,
+        ld: l.ld.max(0) as u64,
+        batch,
+        stride: l.stride,
+        batched,
+    };
+    let mut tensors = vec![
+        plan::matrix(
+            Role::A,
+            &matrix(x.a, &la, la.rows, la.cols),
+            When::After,
+            true,
+        ),
+        plan::matrix(
+            Role::B,
+            &matrix(x.b, &lb, lb.rows, lb.cols),
+            When::After,
+            true,
+        ),
+    ];
+    if c_read {
+        // C may be D (in place): always taken before the op.
+        tensors.push(plan::matrix(
+            Role::CIn,
+            &matrix(x.c, &lc, m, n),
+            When::Before,
+            true,
+        ));
+    }
+    tensors.push(plan::matrix(
+        Role::D,
+        &matrix(x.d, &ld_, m, n),
+        When::After,
+        false,
+    ));
+
+    // Device alpha/beta.
+    let vec_len = |mode_vector: bool| if mode_vector { m } else { 1 };
+    if !host_alpha {
+        let vector = pmode != CUBLASLT_POINTER_MODE_DEVICE;
+        tensors.push(plan::vector(
+            Role::Alpha,
+            Vector::new(x.alpha as u64, scale, vec_len(vector)),
+            When::After,
+            true,
+        ));
+    }
+    if !host_beta && pmode != 3 {
+        let vector = pmode == 2;
+        tensors.push(plan::vector(
+            Role::Beta,
+            Vector::new(x.beta as u64, scale, vec_len(vector)),
+            When::After,
+            true,
+        ));
+    }
+
+    // Bias (input), or bias gradient (output).
+    let fp8 = is_fp8(la.dtype);
+    let bias_in = matches!(epilogue, 4 | 6 | 36 | 134 | 164);
+    let bias_out = matches!(epilogue, 152 | 208 | 256 | 512);
+    let bias_ptr = ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER);
+    if (bias_in || bias_out) && bias_ptr != 0 {
+        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).unwrap_or(-1);
+        let dtype = if raw >= 0 {
+            DType::from_cuda(raw as u32)
+        } else if !fp8 {
+            DType::from_cuda(ld_.dtype)
+        } else {
+            match DType::from_cuda(lc.dtype) {
+                Some(t @ (DType::BF16 | DType::F16)) => Some(t),
+                _ => Some(DType::BF16),
+            }
+        };
+        let len = if epilogue == 512 { n } else { m };
+        let stride = int(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE).max(0) as u64;
+        let b = if batched { batch } else { 1 };
+        let v = Vector::new(bias_ptr, dtype, len).batched(b, stride);
+        tensors.push(plan::vector(Role::Bias, v, When::After, bias_in));
+    }
+
+    // Aux matrix: GELU pre-activations (output of GELU_AUX*, input of DGELU*). The ReLU masks
+    // are bit-packed: metadata only.
+    let aux_ptr = ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
+    if aux_ptr != 0 && matches!(epilogue, 130 | 134 | 136 | 152 | 160 | 164 | 192 | 208) {
+        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).unwrap_or(-1);
+        let dtype = if raw >= 0 { raw as u32 } else { ld_.dtype };
+        let relu_mask = matches!(epilogue, 130 | 134 | 136 | 152);
+        let aux = Matrix {
+            ptr: aux_ptr,
+            dtype: if relu_mask { u32::MAX } else { dtype },
+            rows: m,
+            cols: n,
+            ld: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).max(0) as u64,
+            batch,
+            stride: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE),
+            batched,
+        };
+        let input = matches!(epilogue, 136 | 152 | 192 | 208);
+        tensors.push(plan::matrix(Role::Aux, &aux, When::After, input));
+    }
+
+    // FP8 / block scales (TransformerEngine passes scale_inv) and amax.
+    for (role, pattr, mattr, outer, inner) in [
+        (
+            Role::ScaleA,
+            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+            m,
+            k,
+        ),
+        (
+            Role::ScaleB,
+            CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            n,
+            k,
+        ),
+        (
+            Role::ScaleC,
+            CUBLASLT_MATMUL_DESC_C_SCALE_POINTER,
+            CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
+            m,
+            n,
+        ),
+        (
+            Role::ScaleD,
+            CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+            CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
+            m,
+            n,
+        ),
+    ] {
+        let p = ptr(pattr);
+        if p == 0 {
+            continue;
+        }
+        let mode = desc_attr::<u32>(d, mattr).unwrap_or(0);
+        let (dtype, len) = match (mode, plan::scale_bytes(mode, outer, inner)) {
+            (1, Some(b)) => (Some(DType::F8_E4M3), b),
+            (2, Some(b)) => (Some(DType::U8), b),
+            (_, Some(b)) => (Some(DType::F32), b / 4),
+            (_, None) => (None, 1),
+        };
+        tensors.push(plan::vector(
+            role,
+            Vector::new(p, dtype, len),
+            When::After,
+            false,
+        ));
+    }
+    let amax = ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER);
+    if amax != 0 {
+        tensors.push(plan::vector(
+            Role::AmaxD,
+            Vector::new(amax, Some(DType::F32), 1),
+            When::After,
+            false,
+        ));
+    }
+
+    let stride = |l: &Layout| if batched { l.stride } else { 0 };
+    let op = GemmOp {
+        m,
+        n,
+        k,
+        transa,
+        transb,
+        lda: la.ld.max(0) as u64,
+        ldb: lb.ld.max(0) as u64,
+        ldc: lc.ld.max(0) as u64,
+        ldd: ld_.ld.max(0) as u64,
+        batch,
+        stride_a: stride(&la),
+        stride_b: stride(&lb),
+        stride_c: stride(&lc),
+        stride_d: stride(&ld_),
+        a_type: la.dtype,
+        b_type: lb.dtype,
+        c_type: lc.dtype,
+        d_type: ld_.dtype,
+        compute_type: compute,
+        scale_type: scale_raw,
+        alpha,
+        beta,
+        epilogue,
+        algo: -1,
+        fast_accum,
+    };
+    Ok(Call {
+        api: "cublasLtMatmul",
+        op: Op::Gemm(Box::new(op)),
+        stream: x.stream,
+        stream_id: x.stream as u64,
+        device: None,
+        tensors,
+    })
+}
+
+/// `cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
+/// computeDesc, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc, const void* B,
+/// cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
+/// void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
+/// size_t workspaceSizeInBytes, cudaStream_t stream)`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmul(
+    lightHandle: cublasLtHandle_t,
+    computeDesc: cublasLtMatmulDesc_t,
+    alpha: *const c_void,
+    A: *const c_void,
+    Adesc: cublasLtMatrixLayout_t,
+    B: *const c_void,
+    Bdesc: cublasLtMatrixLayout_t,
+    beta: *const c_void,
+    C: *const c_void,
+    Cdesc: cublasLtMatrixLayout_t,
+    D: *mut c_void,
+    Ddesc: cublasLtMatrixLayout_t,
+    algo: *const cublasLtMatmulAlgo_t,
+    workspace: *mut c_void,
+    workspaceSizeInBytes: usize,
+    stream: cudaStream_t,
+) -> cublasStatus_t {
+    let Some(real) = real::cublasLtMatmul() else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the program's arguments, forwarded unchanged (here and below).
+    let run = || unsafe {
+        real(
+            lightHandle,
+            computeDesc,
+            alpha,
+            A,
+            Adesc,
+            B,
+            Bdesc,
+            beta,
+            C,
+            Cdesc,
+            D,
+            Ddesc,
+            algo,
+            workspace,
+            workspaceSizeInBytes,
+            stream,
+        )
+    };
+    if mode::off(mode::GEMM) {
+        return run();
+    }
+    let x = Matmul {
+        desc: computeDesc,
+        alpha,
+        a: A,
+        adesc: Adesc,
+        b: B,
+        bdesc: Bdesc,
+        beta,
+        c: C,
+        cdesc: Cdesc,
+        d: D,
+        ddesc: Ddesc,
+        stream,
+    };
+    crate::around(
+        || engine::begin(call(&x)),
+        run,
+        |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
+    )
+}

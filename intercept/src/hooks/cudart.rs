@@ -1,0 +1,532 @@
+//! CUDA runtime hooks: the copies (every spelling, incl. the per-thread default stream ones)
+//! and kernel launches (their names only).
+//!
+//! A copy's snapshot is the bytes that ended up on the device (`Dst`) or that left it (`Src`
+//! of a device-to-host copy), copied from the device side on the op's stream after the op.
+//! `cudaMemcpyDefault` is resolved with the real `cudaPointerGetAttributes`; host-to-host copies
+//! are not snapshotted. Synchronous copies run on the legacy default stream (`_ptds`: the
+//! per-thread one), so their snapshot does too: it is ordered after them as they are.
+
+use core::ffi::{c_int, c_void};
+
+use cuda_abi::cudart::*;
+use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Role};
+
+use crate::cuda::{self, ErrScope, MISSING};
+use crate::engine::{self, Call};
+use crate::real::{self, dim3};
+use crate::{mode, plan, thread};
+
+/// A copy's geometry: `height` rows of `width` bytes.
+#[derive(Clone, Copy)]
+struct Geometry {
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+}
+
+impl Geometry {
+    fn linear(dst: *mut c_void, src: *const c_void, count: usize) -> Geometry {
+        Geometry {
+            dst,
+            dpitch: count,
+            src,
+            spitch: count,
+            width: count,
+            height: 1,
+        }
+    }
+}
+
+/// The legacy default stream, as synchronous copies use it (recorded as 0).
+const LEGACY: cudaStream_t = core::ptr::null_mut();
+
+/// The stream a `_ptsz`/`_ptds` call means by 0.
+fn per_thread(s: cudaStream_t) -> cudaStream_t {
+    if s.is_null() {
+        cudaStreamPerThread
+    } else {
+        s
+    }
+}
+
+fn direction(kind: cudaMemcpyKind, g: &Geometry) -> Option<CopyDirection> {
+    Some(match kind {
+        cudaMemcpyHostToHost => CopyDirection::HostToHost,
+        cudaMemcpyHostToDevice => CopyDirection::HostToDevice,
+        cudaMemcpyDeviceToHost => CopyDirection::DeviceToHost,
+        cudaMemcpyDeviceToDevice => CopyDirection::DeviceToDevice,
+        cudaMemcpyDefault => {
+            let _e = ErrScope::new();
+            let d = cuda::is_device_memory(g.dst).ok()?;
+            let s = cuda::is_device_memory(g.src).ok()?;
+            match (s, d) {
+                (false, false) => CopyDirection::HostToHost,
+                (false, true) => CopyDirection::HostToDevice,
+                (true, false) => CopyDirection::DeviceToHost,
+                (true, true) => CopyDirection::DeviceToDevice,
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// The snapshot plan of a copy (`None`: nothing to snapshot).
+fn call(
+    api: &'static str,
+    g: Geometry,
+    kind: cudaMemcpyKind,
+    dir: Option<CopyDirection>,
+    stream: cudaStream_t,
+) -> Option<Call> {
+    let dir = dir.or_else(|| direction(kind, &g))?;
+    if dir == CopyDirection::HostToHost || g.width == 0 || g.height == 0 {
+        return None;
+    }
+    let (w, h) = (g.width as u64, g.height as u64);
+    let t = if dir == CopyDirection::DeviceToHost {
+        plan::bytes(Role::Src, g.src as u64, w, h, g.spitch as u64)
+    } else {
+        plan::bytes(Role::Dst, g.dst as u64, w, h, g.dpitch as u64)
+    };
+    Some(Call {
+        api,
+        op: Op::Memcpy(MemcpyOp {
+            direction: dir,
+            kind,
+            dst: g.dst as u64,
+            src: g.src as u64,
+            width: w,
+            height: h,
+            dpitch: g.dpitch as u64,
+            spitch: g.spitch as u64,
+        }),
+        stream,
+        stream_id: stream as u64,
+        device: None,
+        tensors: vec![t],
+    })
+}
+
+/// The capturing path of every copy hook.
+fn capture(
+    api: &'static str,
+    g: Geometry,
+    kind: cudaMemcpyKind,
+    dir: Option<CopyDirection>,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    crate::around(
+        || engine::begin(call(api, g, kind, dir, stream)?),
+        real,
+        |f, r| engine::finish(f, r == cudaSuccess),
+    )
+}
+
+/// `cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, src, count, kind) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    // SAFETY: as above.
+    capture("cudaMemcpy", g, kind, None, LEGACY, || unsafe {
+        real(dst, src, count, kind)
+    })
+}
+
+/// `cudaMemcpy` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy_ptds(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy_ptds() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, src, count, kind) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpy_ptds",
+        g,
+        kind,
+        None,
+        cudaStreamPerThread,
+        || unsafe { real(dst, src, count, kind) },
+    )
+}
+
+/// `cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+/// cudaStream_t stream)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpyAsync() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, src, count, kind, stream) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    // SAFETY: as above.
+    capture("cudaMemcpyAsync", g, kind, None, stream, || unsafe {
+        real(dst, src, count, kind, stream)
+    })
+}
+
+/// `cudaMemcpyAsync` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpyAsync_ptsz() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, src, count, kind, stream) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpyAsync_ptsz",
+        g,
+        kind,
+        None,
+        per_thread(stream),
+        || unsafe { real(dst, src, count, kind, stream) },
+    )
+}
+
+/// `cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t
+/// width, size_t height, cudaMemcpyKind kind)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2D(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy2D() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dpitch, src, spitch, width, height, kind) };
+    }
+    let g = Geometry {
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+    };
+    // SAFETY: as above.
+    capture("cudaMemcpy2D", g, kind, None, LEGACY, || unsafe {
+        real(dst, dpitch, src, spitch, width, height, kind)
+    })
+}
+
+/// `cudaMemcpy2D` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2D_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy2D_ptds() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dpitch, src, spitch, width, height, kind) };
+    }
+    let g = Geometry {
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+    };
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpy2D_ptds",
+        g,
+        kind,
+        None,
+        cudaStreamPerThread,
+        || unsafe { real(dst, dpitch, src, spitch, width, height, kind) },
+    )
+}
+
+/// `cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+/// size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2DAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy2DAsync() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) };
+    }
+    let g = Geometry {
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+    };
+    // SAFETY: as above.
+    capture("cudaMemcpy2DAsync", g, kind, None, stream, || unsafe {
+        real(dst, dpitch, src, spitch, width, height, kind, stream)
+    })
+}
+
+/// `cudaMemcpy2DAsync` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy2DAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpy2DAsync_ptsz() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) };
+    }
+    let g = Geometry {
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
+    };
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpy2DAsync_ptsz",
+        g,
+        kind,
+        None,
+        per_thread(stream),
+        || unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) },
+    )
+}
+
+/// `cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice, size_t
+/// count)`: recorded as a device-to-device copy (kind 3).
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeer(
+    dst: *mut c_void,
+    dstDevice: c_int,
+    src: *const c_void,
+    srcDevice: c_int,
+    count: usize,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpyPeer() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dstDevice, src, srcDevice, count) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    let dir = Some(CopyDirection::DeviceToDevice);
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpyPeer",
+        g,
+        cudaMemcpyDeviceToDevice,
+        dir,
+        LEGACY,
+        || unsafe { real(dst, dstDevice, src, srcDevice, count) },
+    )
+}
+
+/// `cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+/// size_t count, cudaStream_t stream)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyPeerAsync(
+    dst: *mut c_void,
+    dstDevice: c_int,
+    src: *const c_void,
+    srcDevice: c_int,
+    count: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaMemcpyPeerAsync() else {
+        return MISSING;
+    };
+    if mode::off(mode::MEMCPY) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(dst, dstDevice, src, srcDevice, count, stream) };
+    }
+    let g = Geometry::linear(dst, src, count);
+    let dir = Some(CopyDirection::DeviceToDevice);
+    // SAFETY: as above.
+    capture(
+        "cudaMemcpyPeerAsync",
+        g,
+        cudaMemcpyDeviceToDevice,
+        dir,
+        stream,
+        || unsafe { real(dst, dstDevice, src, srcDevice, count, stream) },
+    )
+}
+
+/// The name of the function at `addr`: its dynamic symbol, else `fn@0x...`.
+fn symbol_name(addr: usize) -> String {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
+    let ok = unsafe { libc::dladdr(addr as *const c_void, info.as_mut_ptr()) } != 0;
+    if ok {
+        // SAFETY: dladdr succeeded and filled the struct.
+        let info = unsafe { info.assume_init() };
+        if !info.dli_sname.is_null() && info.dli_saddr as usize == addr {
+            // SAFETY: dladdr's symbol names are NUL-terminated and static.
+            return unsafe { super::c_string(info.dli_sname) };
+        }
+    }
+    format!("fn@{addr:#x}")
+}
+
+/// Notes a kernel or host-function launch on this thread.
+fn launched(addr: usize) {
+    let Some(_g) = thread::Guard::enter() else {
+        return;
+    };
+    let _ = crate::catch(|| thread::with(|t| t.launched(addr, || symbol_name(addr))));
+}
+
+/// `cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+/// size_t sharedMem, cudaStream_t stream)`: its name joins the next captured op's
+/// `kernels_before`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchKernel(
+    func: *const c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut *mut c_void,
+    sharedMem: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaLaunchKernel() else {
+        return MISSING;
+    };
+    if !mode::off(mode::KERNELS) {
+        launched(func as usize);
+    }
+    // SAFETY: the program's arguments, forwarded unchanged.
+    unsafe { real(func, gridDim, blockDim, args, sharedMem, stream) }
+}
+
+/// `cudaLaunchKernel` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchKernel_ptsz(
+    func: *const c_void,
+    gridDim: dim3,
+    blockDim: dim3,
+    args: *mut *mut c_void,
+    sharedMem: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let Some(real) = real::cudaLaunchKernel_ptsz() else {
+        return MISSING;
+    };
+    if !mode::off(mode::KERNELS) {
+        launched(func as usize);
+    }
+    // SAFETY: the program's arguments, forwarded unchanged.
+    unsafe { real(func, gridDim, blockDim, args, sharedMem, stream) }
+}
+
+/// `cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchHostFunc(
+    stream: cudaStream_t,
+    fn_: cudaHostFn_t,
+    userData: *mut c_void,
+) -> cudaError_t {
+    let Some(real) = real::cudaLaunchHostFunc() else {
+        return MISSING;
+    };
+    if !mode::off(mode::KERNELS) {
+        launched(fn_.map_or(0, |f| f as usize));
+    }
+    // SAFETY: the program's arguments, forwarded unchanged.
+    unsafe { real(stream, fn_, userData) }
+}
+
+/// `cudaLaunchHostFunc` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaLaunchHostFunc_ptsz(
+    stream: cudaStream_t,
+    fn_: cudaHostFn_t,
+    userData: *mut c_void,
+) -> cudaError_t {
+    let Some(real) = real::cudaLaunchHostFunc_ptsz() else {
+        return MISSING;
+    };
+    if !mode::off(mode::KERNELS) {
+        launched(fn_.map_or(0, |f| f as usize));
+    }
+    // SAFETY: the program's arguments, forwarded unchanged.
+    unsafe { real(stream, fn_, userData) }
+}

@@ -1,0 +1,48 @@
+//! The exported C functions. Each has NVIDIA's exact signature (enums as raw integers), starts
+//! with [`mode::off`](crate::mode::off) and, when it does not capture, is a tail call to the
+//! real function. Capturing bodies go through [`around`](crate::around): planning and snapshot
+//! code runs under `catch_unwind`, the real function runs exactly once, its return value is
+//! returned untouched.
+
+pub mod api;
+pub mod cublas;
+pub mod cublaslt;
+pub mod cudart;
+pub mod nccl;
+pub mod nvtx;
+
+use std::ffi::CStr;
+
+use core::ffi::c_char;
+
+/// A C string the program passed, or `""`.
+///
+/// # Safety
+/// `p` is null or NUL-terminated.
+pub(crate) unsafe fn c_string(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: per the contract.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// A wide (`wchar_t`) C string the program passed, or `""`; at most 4096 characters.
+///
+/// # Safety
+/// `p` is null or NUL-terminated.
+pub(crate) unsafe fn wide_string(p: *const cuda_abi::nvtx::wchar_t) -> String {
+    let mut s = String::new();
+    if p.is_null() {
+        return s;
+    }
+    for i in 0..4096 {
+        // SAFETY: reads up to the terminating NUL, per the contract.
+        let c = unsafe { *p.add(i) };
+        if c == 0 {
+            break;
+        }
+        s.push(char::from_u32(c as u32).unwrap_or(char::REPLACEMENT_CHARACTER));
+    }
+    s
+}

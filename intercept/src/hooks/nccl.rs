@@ -1,0 +1,600 @@
+//! NCCL hooks: every collective and point-to-point call, groups, and communicator life.
+//!
+//! A collective's `Input` is its send buffer (taken before the op when the op overwrites it:
+//! in place), its `Output` the receive buffer after. Inside `ncclGroupStart/End` operations are
+//! only recorded; their kernels are launched by the outermost `ncclGroupEnd`, so a snapshot
+//! enqueued at call time would run before the collective. The after-op copies of grouped calls
+//! are therefore deferred (per thread) to the outermost `ncclGroupEnd`. Non-blocking
+//! communicators (`ncclInProgress`) are polled with the real `ncclCommGetAsyncError` before the
+//! copies are enqueued.
+
+use core::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_abi::cudart::cudaStream_t;
+use cuda_abi::nccl::*;
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, Role};
+
+use crate::comms;
+use crate::cuda::ErrScope;
+use crate::engine::{self, Call, InFlight};
+use crate::plan::{self, Vector, When};
+use crate::{identity, mode, real, thread};
+
+/// What a hook returns when the real function is missing.
+const MISSING: ncclResult_t = ncclSystemError;
+/// Group numbers (0: not in a group).
+static GROUPS: AtomicU64 = AtomicU64::new(0);
+
+/// One collective or point-to-point call.
+struct Coll {
+    api: &'static str,
+    kind: CollectiveKind,
+    send: *const c_void,
+    recv: *const c_void,
+    count: usize,
+    dtype: ncclDataType_t,
+    redop: Option<ncclRedOp_t>,
+    root_or_peer: Option<c_int>,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+}
+
+fn call(c: &Coll) -> Option<Call> {
+    let info = comms::lookup(c.comm)?;
+    let (rank, size) = (info.rank as u64, info.size as u64);
+    let count = c.count as u64;
+    let dtype = DType::from_nccl(c.dtype);
+    let es = dtype.map_or(0, |t| t.size() as u64);
+    let root = c.root_or_peer.map(|r| r as u64);
+    use CollectiveKind::*;
+    let input_len = match c.kind {
+        AllReduce | AllGather | Reduce | Send => Some(count),
+        ReduceScatter => Some(count * size),
+        Broadcast => (root == Some(rank)).then_some(count),
+        Recv => None,
+    };
+    let output_len = match c.kind {
+        AllReduce | ReduceScatter | Broadcast | Recv => Some(count),
+        AllGather => Some(count * size),
+        Reduce => (root == Some(rank)).then_some(count),
+        Send => None,
+    };
+    let (send, recv) = (c.send as u64, c.recv as u64);
+    let in_place = match (input_len, output_len) {
+        (Some(i), Some(o)) => plan::overlaps(send, i * es, recv, o * es),
+        _ => false,
+    };
+    let mut tensors = Vec::new();
+    if let Some(len) = input_len {
+        let when = if in_place { When::Before } else { When::After };
+        tensors.push(plan::vector(
+            Role::Input,
+            Vector::new(send, dtype, len),
+            when,
+            true,
+        ));
+    }
+    if let Some(len) = output_len {
+        tensors.push(plan::vector(
+            Role::Output,
+            Vector::new(recv, dtype, len),
+            When::After,
+            false,
+        ));
+    }
+    let group = thread::with(|t| if t.group_depth > 0 { t.group_id } else { 0 }).unwrap_or(0);
+    let op = CollectiveOp {
+        kind: c.kind,
+        count,
+        nccl_type: c.dtype,
+        redop: c.redop,
+        root_or_peer: c.root_or_peer,
+        comm: info.key,
+        comm_rank: info.rank,
+        comm_size: info.size,
+        sendbuff: send,
+        recvbuff: recv,
+        group,
+    };
+    Some(Call {
+        api: c.api,
+        op: Op::Collective(op),
+        stream: c.stream,
+        stream_id: c.stream as u64,
+        device: info.device,
+        tensors,
+    })
+}
+
+/// Waits until a non-blocking communicator has launched what was enqueued (bounded by
+/// `TTRACE_WAIT_MS`). Whether it succeeded.
+fn settle(comm: ncclComm_t) -> bool {
+    let Some(f) = real::ncclCommGetAsyncError() else {
+        return false;
+    };
+    let wait = mode::config().map_or(10_000, |c| c.wait_ms);
+    let deadline = Instant::now() + Duration::from_millis(wait);
+    loop {
+        let mut st: ncclResult_t = ncclSuccess;
+        // SAFETY: a live communicator and an out-pointer to a local.
+        let r = unsafe { f(comm, &mut st) };
+        if r != ncclSuccess {
+            return false;
+        }
+        if st != ncclInProgress {
+            return st == ncclSuccess;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Completes a snapshot once its op is launched.
+fn complete(mut f: InFlight, r: ncclResult_t) {
+    let ok = match r {
+        ncclSuccess => true,
+        ncclInProgress => settle(f.nccl_comm as ncclComm_t),
+        _ => false,
+    };
+    f.nccl_comm = 0;
+    engine::finish(f, ok);
+}
+
+fn capture(c: Coll, real: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    let comm = c.comm as usize;
+    crate::around(
+        || {
+            let mut f = engine::begin(call(&c)?)?;
+            f.nccl_comm = comm;
+            Some(f)
+        },
+        real,
+        |f, r| {
+            let in_group = thread::with(|t| t.group_depth > 0).unwrap_or(false);
+            let mut f = Some(f);
+            if in_group && matches!(r, ncclSuccess | ncclInProgress) {
+                // Launched by the outermost ncclGroupEnd: finished there.
+                thread::with(|t| t.deferred.extend(f.take()));
+            }
+            if let Some(f) = f {
+                complete(f, r);
+            }
+        },
+    )
+}
+
+macro_rules! coll_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* ) => $kind:ident {
+        send: $send:expr, recv: $recv:expr, count: $count:expr, dtype: $dt:expr,
+        redop: $redop:expr, root: $root:expr, comm: $comm:expr, stream: $stream:expr $(,)?
+    }) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
+            let Some(real) = real::$name() else {
+                return MISSING;
+            };
+            if mode::off(mode::NCCL) {
+                // SAFETY: the program's arguments, forwarded unchanged.
+                return unsafe { real($($a),*) };
+            }
+            let c = Coll {
+                api: stringify!($name),
+                kind: CollectiveKind::$kind,
+                send: $send,
+                recv: $recv,
+                count: $count,
+                dtype: $dt,
+                redop: $redop,
+                root_or_peer: $root,
+                comm: $comm,
+                stream: $stream,
+            };
+            // SAFETY: as above.
+            capture(c, || unsafe { real($($a),*) })
+        }
+    };
+}
+
+coll_hook! {
+    /// `ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)`.
+    ncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => AllReduce {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: Some(op), root: None, comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)`.
+    ncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllGather {
+        send: sendbuff, recv: recvbuff.cast_const(), count: sendcount, dtype: datatype,
+        redop: None, root: None, comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)`.
+    ncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => ReduceScatter {
+        send: sendbuff, recv: recvbuff.cast_const(), count: recvcount, dtype: datatype,
+        redop: Some(op), root: None, comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)`.
+    ncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: Some(root), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclBcast(buff, count, datatype, root, comm, stream)`: in-place broadcast (NCCL
+    /// implements it with `ncclBroadcast`, which then passes through the reentrancy guard).
+    ncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
+        send: buff.cast_const(), recv: buff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: Some(root), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)`.
+    ncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Reduce {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: Some(op), root: Some(root), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclSend(sendbuff, count, datatype, peer, comm, stream)`.
+    ncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Send {
+        send: sendbuff, recv: core::ptr::null(), count: count, dtype: datatype,
+        redop: None, root: Some(peer), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclRecv(recvbuff, count, datatype, peer, comm, stream)`.
+    ncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Recv {
+        send: core::ptr::null(), recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: Some(peer), comm: comm, stream: stream,
+    }
+}
+
+/// `ncclGroupStart()`: one level deeper (the outermost opens a new group number).
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
+    let Some(real) = real::ncclGroupStart() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: no arguments.
+        return unsafe { real() };
+    }
+    // SAFETY: no arguments.
+    let r = unsafe { real() };
+    if r == ncclSuccess {
+        let _ = crate::catch(|| {
+            thread::with(|t| {
+                if t.group_depth == 0 {
+                    t.group_id = GROUPS.fetch_add(1, Ordering::Relaxed) + 1;
+                }
+                t.group_depth += 1;
+            })
+        });
+    }
+    r
+}
+
+/// `ncclGroupEnd()`: the outermost one launches the group; the deferred snapshots are
+/// enqueued after it returns.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    let Some(real) = real::ncclGroupEnd() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: no arguments.
+        return unsafe { real() };
+    }
+    // SAFETY: no arguments.
+    let r = unsafe { real() };
+    let _ = crate::catch(|| {
+        let deferred = thread::with(|t| {
+            if t.group_depth == 0 {
+                return Vec::new();
+            }
+            t.group_depth -= 1;
+            if t.group_depth == 0 {
+                std::mem::take(&mut t.deferred)
+            } else {
+                Vec::new()
+            }
+        })
+        .unwrap_or_default();
+        if deferred.is_empty() {
+            return;
+        }
+        let Some(_g) = thread::Guard::enter() else {
+            deferred.into_iter().for_each(|f| engine::finish(f, false));
+            return;
+        };
+        for f in deferred {
+            complete(f, r);
+        }
+    });
+    r
+}
+
+/// The current device (where NCCL binds a new communicator).
+fn current_device() -> Option<i32> {
+    let _e = ErrScope::new();
+    crate::cuda::get_device().ok()
+}
+
+fn ids_bytes(id: &ncclUniqueId) -> Vec<u8> {
+    id.internal.iter().map(|&c| c as u8).collect()
+}
+
+fn after_init(
+    r: ncclResult_t,
+    comm: *mut ncclComm_t,
+    key: u64,
+    nranks: c_int,
+    rank: c_int,
+    api: &'static str,
+) {
+    if !matches!(r, ncclSuccess | ncclInProgress) || comm.is_null() {
+        return;
+    }
+    let _ = crate::catch(|| {
+        let Some(_g) = thread::Guard::enter() else {
+            return;
+        };
+        // SAFETY: NCCL wrote the new communicator to the program's out-pointer.
+        let c = unsafe { *comm };
+        identity::joined(rank as u32);
+        comms::register(
+            c,
+            comms::Joined {
+                key,
+                rank: rank as u32,
+                size: nranks as u32,
+                device: current_device(),
+                parent: None,
+                color: None,
+                api,
+            },
+        );
+    });
+}
+
+/// `ncclCommInitRank(comm, nranks, commId, rank)`: registers the communicator (key: a hash of
+/// the unique id, the same on every member).
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommInitRank() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(comm, nranks, commId, rank) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm, nranks, commId, rank) };
+    let key = comms::key_of_ids(&ids_bytes(&commId));
+    after_init(r, comm, key, nranks, rank, "ncclCommInitRank");
+    r
+}
+
+/// `ncclCommInitRankConfig(comm, nranks, commId, rank, config)`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommInitRankConfig() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(comm, nranks, commId, rank, config) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm, nranks, commId, rank, config) };
+    let key = comms::key_of_ids(&ids_bytes(&commId));
+    after_init(r, comm, key, nranks, rank, "ncclCommInitRankConfig");
+    r
+}
+
+/// `ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config)`: the key hashes
+/// every id.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommInitRankScalable() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(newcomm, nranks, myrank, nId, commIds, config) };
+    }
+    let mut bytes = Vec::new();
+    if !commIds.is_null() {
+        for i in 0..nId.max(0) as usize {
+            // SAFETY: the program passes `nId` ids.
+            bytes.extend(ids_bytes(unsafe { &*commIds.add(i) }));
+        }
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(newcomm, nranks, myrank, nId, commIds, config) };
+    after_init(
+        r,
+        newcomm,
+        comms::key_of_ids(&bytes),
+        nranks,
+        myrank,
+        "ncclCommInitRankScalable",
+    );
+    r
+}
+
+/// `ncclCommInitAll(comm, ndev, devlist)`: one communicator per device in this process.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comm: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommInitAll() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(comm, ndev, devlist) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm, ndev, devlist) };
+    if r == ncclSuccess && !comm.is_null() {
+        let _ = crate::catch(|| {
+            let Some(_g) = thread::Guard::enter() else {
+                return;
+            };
+            let key = comms::init_all_key();
+            for i in 0..ndev.max(0) as usize {
+                // SAFETY: NCCL wrote `ndev` communicators; `devlist`, when given, has `ndev`.
+                let (c, dev) = unsafe {
+                    (
+                        *comm.add(i),
+                        if devlist.is_null() {
+                            i as c_int
+                        } else {
+                            *devlist.add(i)
+                        },
+                    )
+                };
+                comms::register(
+                    c,
+                    comms::Joined {
+                        key,
+                        rank: i as u32,
+                        size: ndev as u32,
+                        device: Some(dev),
+                        parent: None,
+                        color: None,
+                        api: "ncclCommInitAll",
+                    },
+                );
+            }
+        });
+    }
+    r
+}
+
+/// `ncclCommSplit(comm, color, key, newcomm, config)`: the new communicator's key hashes the
+/// parent's key, the split's number on the parent and the color.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommSplit() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(comm, color, key, newcomm, config) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm, color, key, newcomm, config) };
+    if matches!(r, ncclSuccess | ncclInProgress) && !newcomm.is_null() {
+        let _ = crate::catch(|| {
+            let Some(_g) = thread::Guard::enter() else {
+                return;
+            };
+            let Some(k) = comms::split_key(comm, color) else {
+                return;
+            };
+            // SAFETY: NCCL wrote the new communicator (null for NCCL_SPLIT_NOCOLOR).
+            let c = unsafe { *newcomm };
+            if c.is_null() || color == NCCL_SPLIT_NOCOLOR {
+                return;
+            }
+            let parent = comms::lookup(comm);
+            // A non-blocking split may still be initialising: wait for it (bounded).
+            let rs = comms::rank_and_size(c).or_else(|| {
+                settle(c);
+                comms::rank_and_size(c)
+            });
+            if let Some((rank, size)) = rs {
+                comms::register(
+                    c,
+                    comms::Joined {
+                        key: k,
+                        rank,
+                        size,
+                        device: parent.and_then(|p| p.device),
+                        parent: parent.map(|p| p.key),
+                        color: Some(color),
+                        api: "ncclCommSplit",
+                    },
+                );
+            }
+        });
+    }
+    r
+}
+
+/// `ncclCommDestroy(comm)`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    let Some(real) = real::ncclCommDestroy() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's argument, forwarded unchanged.
+        return unsafe { real(comm) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm) };
+    let _ = crate::catch(|| comms::forget(comm));
+    r
+}
+
+/// `ncclCommAbort(comm)`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    let Some(real) = real::ncclCommAbort() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's argument, forwarded unchanged.
+        return unsafe { real(comm) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(comm) };
+    let _ = crate::catch(|| comms::forget(comm));
+    r
+}

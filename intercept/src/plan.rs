@@ -1,0 +1,466 @@
+//! What to snapshot of an op: its tensors, their shapes as stored (packed), where their bytes
+//! are on the device, and which copies bring them into a ring slot. Pure arithmetic; the
+//! engine executes the plan.
+
+use ttrace_format::dtype::DType;
+use ttrace_format::record::Role;
+
+/// When a tensor is copied relative to the op on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// Before the op: an input the op overwrites (GEMM C with beta != 0, an in-place
+    /// collective's send buffer).
+    Before,
+    /// After the op: outputs, and inputs the op leaves alone.
+    After,
+}
+
+/// Where a tensor's bytes are: `batch` blocks `bstride` bytes apart, each `height` rows of
+/// `width` bytes, `spitch` bytes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Source {
+    pub src: u64,
+    pub spitch: u64,
+    pub width: u64,
+    pub height: u64,
+    pub batch: u64,
+    pub bstride: u64,
+}
+
+impl Source {
+    /// `len` contiguous bytes at `src`.
+    pub fn linear(src: u64, len: u64) -> Source {
+        Source {
+            src,
+            spitch: len,
+            width: len,
+            height: 1,
+            batch: 1,
+            bstride: 0,
+        }
+    }
+
+    /// Packed bytes.
+    pub fn bytes(&self) -> u64 {
+        self.width * self.height * self.batch
+    }
+
+    /// The copies that pack the source into a buffer: as few as the layout allows (one linear
+    /// copy when it is contiguous, one pitched copy when the blocks follow each other at the
+    /// row pitch, else one pitched copy per block).
+    pub fn copies(&self) -> Vec<Copy> {
+        let (w, h, b) = (self.width, self.height, self.batch);
+        if w == 0 || h == 0 || b == 0 {
+            return Vec::new();
+        }
+        let rows_packed = h == 1 || self.spitch == w;
+        let blocks_packed = b == 1 || self.bstride == w * h;
+        if rows_packed && blocks_packed {
+            return vec![Copy::Linear {
+                dst: 0,
+                src: self.src,
+                len: w * h * b,
+            }];
+        }
+        let rows_follow = b == 1 || self.bstride == self.spitch * h;
+        if rows_follow {
+            return vec![Copy::Pitched {
+                dst: 0,
+                src: self.src,
+                spitch: self.spitch,
+                width: w,
+                height: h * b,
+            }];
+        }
+        (0..b)
+            .map(|i| {
+                let src = self.src.wrapping_add(i * self.bstride);
+                let dst = i * w * h;
+                if rows_packed {
+                    Copy::Linear {
+                        dst,
+                        src,
+                        len: w * h,
+                    }
+                } else {
+                    Copy::Pitched {
+                        dst,
+                        src,
+                        spitch: self.spitch,
+                        width: w,
+                        height: h,
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// One copy into a tensor's place in the slot (`dst` relative to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copy {
+    Linear {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    Pitched {
+        dst: u64,
+        src: u64,
+        spitch: u64,
+        width: u64,
+        height: u64,
+    },
+}
+
+/// A tensor of an op and how to snapshot it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorPlan {
+    pub role: Role,
+    pub dtype: DType,
+    /// Row-major shape of the packed bytes.
+    pub shape: Vec<u64>,
+    /// The address the op used.
+    pub ptr: u64,
+    /// Packed bytes.
+    pub nbytes: u64,
+    /// Whether its bytes will be copied.
+    pub captured: bool,
+    /// An op input (subject to `TTRACE_INPUTS`).
+    pub input: bool,
+    pub when: When,
+    pub source: Source,
+}
+
+impl TensorPlan {
+    /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
+    fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
+        TensorPlan {
+            role,
+            dtype,
+            shape,
+            ptr,
+            nbytes: 0,
+            captured: false,
+            input,
+            when: When::After,
+            source: Source::linear(ptr, 0),
+        }
+    }
+}
+
+/// A matrix operand as cuBLAS describes it: column-major `rows x cols` with leading dimension
+/// `ld` (elements), `batch` matrices `stride` elements apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matrix {
+    pub ptr: u64,
+    /// `cudaDataType_t`, raw.
+    pub dtype: u32,
+    pub rows: u64,
+    pub cols: u64,
+    pub ld: u64,
+    pub batch: u64,
+    pub stride: i64,
+    /// Whether the API is batched (shape `[batch, cols, rows]` instead of `[cols, rows]`).
+    pub batched: bool,
+}
+
+/// The tensor of a matrix operand, packed without leading-dimension padding.
+pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
+    let shape = if m.batched {
+        vec![m.batch, m.cols, m.rows]
+    } else {
+        vec![m.cols, m.rows]
+    };
+    let Some(dtype) = DType::from_cuda(m.dtype) else {
+        return TensorPlan::metadata(role, DType::U8, shape, m.ptr, input);
+    };
+    let es = dtype.size() as u64;
+    let valid = m.ptr != 0 && m.ld >= m.rows.max(1) && m.stride >= 0 && m.batch >= 1;
+    if !valid {
+        return TensorPlan::metadata(role, dtype, shape, m.ptr, input);
+    }
+    let source = Source {
+        src: m.ptr,
+        spitch: m.ld * es,
+        width: m.rows * es,
+        height: m.cols,
+        batch: m.batch,
+        bstride: m.stride as u64 * es,
+    };
+    TensorPlan {
+        role,
+        dtype,
+        shape,
+        ptr: m.ptr,
+        nbytes: source.bytes(),
+        captured: source.bytes() > 0,
+        input,
+        when,
+        source,
+    }
+}
+
+/// A vector operand: `len` elements of `dtype` (`None`: a type the tracer cannot size), `batch`
+/// of them `stride` elements apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vector {
+    pub ptr: u64,
+    pub dtype: Option<DType>,
+    pub len: u64,
+    pub batch: u64,
+    pub stride: u64,
+}
+
+impl Vector {
+    /// One vector of `len` elements.
+    pub fn new(ptr: u64, dtype: Option<DType>, len: u64) -> Vector {
+        Vector {
+            ptr,
+            dtype,
+            len,
+            batch: 1,
+            stride: 0,
+        }
+    }
+
+    /// `batch` vectors `stride` elements apart.
+    pub fn batched(self, batch: u64, stride: u64) -> Vector {
+        Vector {
+            batch,
+            stride,
+            ..self
+        }
+    }
+}
+
+/// The tensor of a vector operand, packed (shape `[len]`, or `[batch, len]` when
+/// `batch > 1`).
+pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
+    let Vector {
+        ptr,
+        dtype,
+        len,
+        batch,
+        stride,
+    } = v;
+    let shape = if batch > 1 {
+        vec![batch, len]
+    } else {
+        vec![len]
+    };
+    let Some(dtype) = dtype else {
+        return TensorPlan::metadata(role, DType::U8, shape, ptr, input);
+    };
+    if ptr == 0 {
+        return TensorPlan::metadata(role, dtype, shape, ptr, input);
+    }
+    let es = dtype.size() as u64;
+    let source = if batch > 1 {
+        Source {
+            src: ptr,
+            spitch: len * es,
+            width: len * es,
+            height: 1,
+            batch,
+            bstride: stride * es,
+        }
+    } else {
+        Source::linear(ptr, len * es)
+    };
+    TensorPlan {
+        role,
+        dtype,
+        shape,
+        ptr,
+        nbytes: source.bytes(),
+        captured: source.bytes() > 0,
+        input,
+        when,
+        source,
+    }
+}
+
+/// Bytes of a copy: `height` rows of `width` bytes, `pitch` apart (shape `[width]` for one
+/// row, else `[height, width]`), dtype `U8`.
+pub fn bytes(role: Role, ptr: u64, width: u64, height: u64, pitch: u64) -> TensorPlan {
+    let shape = if height == 1 {
+        vec![width]
+    } else {
+        vec![height, width]
+    };
+    let source = Source {
+        src: ptr,
+        spitch: pitch,
+        width,
+        height,
+        batch: 1,
+        bstride: 0,
+    };
+    TensorPlan {
+        role,
+        dtype: DType::U8,
+        shape,
+        ptr,
+        nbytes: source.bytes(),
+        captured: ptr != 0 && source.bytes() > 0 && pitch >= width,
+        input: false,
+        when: When::After,
+        source,
+    }
+}
+
+/// Whether two byte ranges overlap.
+pub fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+/// Bytes of a cuBLASLt scale tensor for one operand: `mode` is the
+/// `cublasLtMatmulMatrixScale_t`, `outer` the operand's non-K dimension, `k` the inner one.
+/// (SCALAR_32F: one float; VEC16_UE4M3 / VEC32_UE8M0: swizzled blocks, padded to 128 rows and
+/// 4 columns; OUTER_VEC_32F: one float per outer index; VEC128_32F / BLK128x128_32F: one float
+/// per 128 (x128) block, padded to 4. See shared/notes/cuda-interception.md §2.3.)
+pub fn scale_bytes(mode: u32, outer: u64, k: u64) -> Option<u64> {
+    let up = |v: u64, m: u64| v.div_ceil(m) * m;
+    Some(match mode {
+        0 => 4,
+        1 => up(outer, 128) * up(k.div_ceil(16), 4),
+        2 => up(outer, 128) * up(k.div_ceil(32), 4),
+        3 => 4 * outer,
+        4 => 4 * k.div_ceil(128) * up(outer, 4),
+        5 => 4 * outer.div_ceil(128) * up(k.div_ceil(128), 4),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_padded_matrix_is_one_pitched_copy_and_packs_its_rows() {
+        let m = Matrix {
+            ptr: 0x1000,
+            dtype: 14, // BF16
+            rows: 3,
+            cols: 4,
+            ld: 8,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        let t = matrix(Role::A, &m, When::After, true);
+        assert_eq!(t.shape, vec![4, 3]);
+        assert_eq!(t.nbytes, 24);
+        assert_eq!(
+            t.source.copies(),
+            vec![Copy::Pitched {
+                dst: 0,
+                src: 0x1000,
+                spitch: 16,
+                width: 6,
+                height: 4
+            }]
+        );
+    }
+
+    #[test]
+    fn batches_are_one_copy_when_contiguous_and_one_per_matrix_otherwise() {
+        let base = Matrix {
+            ptr: 0x1000,
+            dtype: 0, // F32
+            rows: 2,
+            cols: 3,
+            ld: 2,
+            batch: 4,
+            stride: 6,
+            batched: true,
+        };
+        let t = matrix(Role::B, &base, When::After, true);
+        assert_eq!(t.shape, vec![4, 3, 2]);
+        assert_eq!(
+            t.source.copies(),
+            vec![Copy::Linear {
+                dst: 0,
+                src: 0x1000,
+                len: 96
+            }]
+        );
+        // Padded rows, matrices back to back: one pitched copy over all rows.
+        let padded = Matrix {
+            ld: 4,
+            stride: 12,
+            ..base
+        };
+        assert_eq!(
+            matrix(Role::B, &padded, When::After, true).source.copies(),
+            vec![Copy::Pitched {
+                dst: 0,
+                src: 0x1000,
+                spitch: 16,
+                width: 8,
+                height: 12
+            }]
+        );
+        // Stride 0 (one matrix broadcast over the batch): one copy per entry.
+        let broadcast = Matrix { stride: 0, ..base };
+        let c = matrix(Role::B, &broadcast, When::After, true)
+            .source
+            .copies();
+        assert_eq!(c.len(), 4);
+        assert_eq!(
+            c[3],
+            Copy::Linear {
+                dst: 72,
+                src: 0x1000,
+                len: 24
+            }
+        );
+    }
+
+    #[test]
+    fn unusable_operands_are_metadata_only() {
+        let bad_ld = Matrix {
+            ptr: 0x1000,
+            dtype: 0,
+            rows: 4,
+            cols: 4,
+            ld: 2,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        assert!(!matrix(Role::A, &bad_ld, When::After, true).captured);
+        let complex = Matrix {
+            dtype: 4,
+            ld: 4,
+            ..bad_ld
+        };
+        let t = matrix(Role::A, &complex, When::After, true);
+        assert!(!t.captured && t.nbytes == 0);
+        assert!(
+            !vector(
+                Role::Input,
+                Vector::new(0, Some(DType::F32), 4),
+                When::After,
+                true
+            )
+            .captured
+        );
+    }
+
+    #[test]
+    fn ranges_overlap_only_when_they_share_a_byte() {
+        assert!(overlaps(0, 10, 9, 1));
+        assert!(!overlaps(0, 10, 10, 5));
+        assert!(!overlaps(0, 0, 0, 5));
+    }
+
+    #[test]
+    fn scale_sizes_follow_the_modes() {
+        assert_eq!(scale_bytes(0, 1000, 1000), Some(4));
+        // MXFP8: 128 rows x ceil(64/32)=2 padded to 4.
+        assert_eq!(scale_bytes(2, 100, 64), Some(128 * 4));
+        assert_eq!(scale_bytes(9, 1, 1), None);
+    }
+}

@@ -1,0 +1,231 @@
+//! The real CUDA, cuBLAS, cuBLASLt, NCCL and NVTX functions behind the hooks.
+//!
+//! libttrace.so has no `DT_NEEDED` on any CUDA library (shared/notes/cuda-interception.md
+//! §4.3): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
+//! definition after this library in the global scope), else in the library already loaded
+//! under one of its sonames (`dlopen(soname, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a
+//! second copy, §4.4). A missing symbol is `None`: the hook returns an error code, never panics.
+//!
+//! The resolved address is cached in one atomic word per function, so a hook's pass-through
+//! path costs that load and the indirect call.
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_abi::cublas::*;
+use cuda_abi::cublaslt::*;
+use cuda_abi::cudart::*;
+use cuda_abi::library_types::cudaDataType;
+use cuda_abi::nccl::*;
+use cuda_abi::nvtx::*;
+
+/// `dim3` (`vector_types.h`): a launch's grid or block size, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
+/// The library a function belongs to, with the sonames it may be loaded under.
+#[derive(Clone, Copy)]
+pub enum Lib {
+    Cudart,
+    Cublas,
+    CublasLt,
+    Nccl,
+    Nvtx,
+}
+
+impl Lib {
+    fn sonames(self) -> &'static [&'static str] {
+        match self {
+            Lib::Cudart => &[
+                "libcudart.so.12\0",
+                "libcudart.so.13\0",
+                "libcudart.so.11.0\0",
+                "libcudart.so\0",
+            ],
+            Lib::Cublas => &["libcublas.so.12\0", "libcublas.so.13\0", "libcublas.so\0"],
+            Lib::CublasLt => &[
+                "libcublasLt.so.12\0",
+                "libcublasLt.so.13\0",
+                "libcublasLt.so\0",
+            ],
+            Lib::Nccl => &["libnccl.so.2\0", "libnccl.so\0"],
+            Lib::Nvtx => &["libnvToolsExt.so.1\0", "libnvToolsExt.so\0"],
+        }
+    }
+}
+
+/// The load address of libttrace.so itself: a lookup that lands here found a hook, not the
+/// real function.
+fn own_base() -> usize {
+    static BASE: AtomicUsize = AtomicUsize::new(0);
+    let b = BASE.load(Ordering::Relaxed);
+    if b != 0 {
+        return b;
+    }
+    let b = object_base(own_base as *const c_void);
+    BASE.store(b, Ordering::Relaxed);
+    b
+}
+
+/// The load address of the object containing `addr` (0 when none).
+fn object_base(addr: *const c_void) -> usize {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
+    let ok = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
+    if ok == 0 {
+        return 0;
+    }
+    // SAFETY: dladdr succeeded and filled the struct.
+    unsafe { info.assume_init() }.dli_fbase as usize
+}
+
+/// Looks `name` (NUL-terminated) up and caches it in `slot`; 0 when it is nowhere.
+#[cold]
+#[inline(never)]
+fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
+    let cname = name.as_ptr().cast::<c_char>();
+    let me = own_base();
+    let usable = |p: *mut c_void| !p.is_null() && (me == 0 || object_base(p) != me);
+    // SAFETY: `cname` is NUL-terminated; RTLD_NEXT searches the objects after this one.
+    let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, cname) };
+    if !usable(p) {
+        p = core::ptr::null_mut();
+        for so in lib.sonames() {
+            // SAFETY: a NUL-terminated soname; RTLD_NOLOAD only returns an already loaded
+            // object (its reference count is bumped and never dropped: the library stays).
+            let h = unsafe {
+                libc::dlopen(
+                    so.as_ptr().cast::<c_char>(),
+                    libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+                )
+            };
+            if h.is_null() {
+                continue;
+            }
+            // SAFETY: a live handle and a NUL-terminated name.
+            let q = unsafe { libc::dlsym(h, cname) };
+            if usable(q) {
+                p = q;
+                break;
+            }
+        }
+    }
+    let p = p as usize;
+    if p != 0 {
+        slot.store(p, Ordering::Release);
+    }
+    p
+}
+
+/// Declares one accessor per real function: `real::cudaMemcpyAsync()` is the function or
+/// `None`.
+macro_rules! real_fns {
+    ($( $lib:ident: fn $name:ident($($t:ty),* $(,)?) -> $r:ty; )*) => {
+        $(
+            #[doc = concat!("The real `", stringify!($name), "`, if some loaded library has it.")]
+            #[inline(always)]
+            pub fn $name() -> Option<unsafe extern "C" fn($($t),*) -> $r> {
+                static SLOT: AtomicUsize = AtomicUsize::new(0);
+                let p = SLOT.load(Ordering::Acquire);
+                let p = if p != 0 {
+                    p
+                } else {
+                    resolve(&SLOT, concat!(stringify!($name), "\0"), Lib::$lib)
+                };
+                if p == 0 {
+                    None
+                } else {
+                    // SAFETY: `p` is the address of the exported C function of this name,
+                    // whose signature NVIDIA's header declares as written here.
+                    Some(unsafe {
+                        core::mem::transmute::<usize, unsafe extern "C" fn($($t),*) -> $r>(p)
+                    })
+                }
+            }
+        )*
+    };
+}
+
+real_fns! {
+    // ---- runtime: hooked ----
+    Cudart: fn cudaMemcpy(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
+    Cudart: fn cudaMemcpy_ptds(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
+    Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpyAsync_ptsz(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpy2D(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
+    Cudart: fn cudaMemcpy2D_ptds(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
+    Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpy2DAsync_ptsz(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpyPeer(*mut c_void, c_int, *const c_void, c_int, usize) -> cudaError_t;
+    Cudart: fn cudaMemcpyPeerAsync(*mut c_void, c_int, *const c_void, c_int, usize, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaLaunchKernel(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaLaunchKernel_ptsz(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
+    Cudart: fn cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
+    // ---- runtime: used by the tracer ----
+    Cudart: fn cudaGetDevice(*mut c_int) -> cudaError_t;
+    Cudart: fn cudaSetDevice(c_int) -> cudaError_t;
+    Cudart: fn cudaGetLastError() -> cudaError_t;
+    Cudart: fn cudaPeekAtLastError() -> cudaError_t;
+    Cudart: fn cudaPointerGetAttributes(*mut cudaPointerAttributes, *const c_void) -> cudaError_t;
+    Cudart: fn cudaStreamIsCapturing(cudaStream_t, *mut cudaStreamCaptureStatus) -> cudaError_t;
+    Cudart: fn cudaThreadExchangeStreamCaptureMode(*mut cudaStreamCaptureMode) -> cudaError_t;
+    Cudart: fn cudaEventCreateWithFlags(*mut cudaEvent_t, c_uint) -> cudaError_t;
+    Cudart: fn cudaEventRecord(cudaEvent_t, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaEventQuery(cudaEvent_t) -> cudaError_t;
+    Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
+
+    // ---- cuBLAS ----
+    Cublas: fn cublasSgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f32, *const f32, c_int, *const f32, c_int, *const f32, *mut f32, c_int) -> cublasStatus_t;
+    Cublas: fn cublasDgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f64, *const f64, c_int, *const f64, c_int, *const f64, *mut f64, c_int) -> cublasStatus_t;
+    Cublas: fn cublasHgemm(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const __half, *const __half, c_int, *const __half, c_int, *const __half, *mut __half, c_int) -> cublasStatus_t;
+    Cublas: fn cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f32, *const f32, c_int, core::ffi::c_longlong, *const f32, c_int, core::ffi::c_longlong, *const f32, *mut f32, c_int, core::ffi::c_longlong, c_int) -> cublasStatus_t;
+    Cublas: fn cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const c_void, cudaDataType, c_int, *const c_void, cudaDataType, c_int, *const c_void, *mut c_void, cudaDataType, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
+    Cublas: fn cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const c_void, cudaDataType, c_int, core::ffi::c_longlong, *const c_void, cudaDataType, c_int, core::ffi::c_longlong, *const c_void, *mut c_void, cudaDataType, c_int, core::ffi::c_longlong, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
+    Cublas: fn cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const *const c_void, cudaDataType, c_int, *const *const c_void, cudaDataType, c_int, *const c_void, *const *mut c_void, cudaDataType, c_int, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
+    Cublas: fn cublasGetStream_v2(cublasHandle_t, *mut cudaStream_t) -> cublasStatus_t;
+    Cublas: fn cublasGetPointerMode_v2(cublasHandle_t, *mut cublasPointerMode_t) -> cublasStatus_t;
+
+    // ---- cuBLASLt ----
+    CublasLt: fn cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *const c_void, cublasLtMatrixLayout_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *mut c_void, cublasLtMatrixLayout_t, *const cublasLtMatmulAlgo_t, *mut c_void, usize, cudaStream_t) -> cublasStatus_t;
+    CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
+    CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
+
+    // ---- NCCL ----
+    Nccl: fn ncclAllReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclAllGather(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclReduceScatter(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclBroadcast(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclBcast(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclSend(*const c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclRecv(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclGroupStart() -> ncclResult_t;
+    Nccl: fn ncclGroupEnd() -> ncclResult_t;
+    Nccl: fn ncclCommInitRank(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
+    Nccl: fn ncclCommInitRankConfig(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> ncclResult_t;
+    Nccl: fn ncclCommInitRankScalable(*mut ncclComm_t, c_int, c_int, c_int, *mut ncclUniqueId, *mut ncclConfig_t) -> ncclResult_t;
+    Nccl: fn ncclCommInitAll(*mut ncclComm_t, c_int, *const c_int) -> ncclResult_t;
+    Nccl: fn ncclCommSplit(ncclComm_t, c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t) -> ncclResult_t;
+    Nccl: fn ncclCommDestroy(ncclComm_t) -> ncclResult_t;
+    Nccl: fn ncclCommAbort(ncclComm_t) -> ncclResult_t;
+    Nccl: fn ncclCommCount(ncclComm_t, *mut c_int) -> ncclResult_t;
+    Nccl: fn ncclCommUserRank(ncclComm_t, *mut c_int) -> ncclResult_t;
+    Nccl: fn ncclCommCuDevice(ncclComm_t, *mut c_int) -> ncclResult_t;
+    Nccl: fn ncclCommGetAsyncError(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
+
+    // ---- NVTX ----
+    Nvtx: fn nvtxRangePushA(*const c_char) -> c_int;
+    Nvtx: fn nvtxRangePushW(*const wchar_t) -> c_int;
+    Nvtx: fn nvtxRangePushEx(*const nvtxEventAttributes_t) -> c_int;
+    Nvtx: fn nvtxRangePop() -> c_int;
+    Nvtx: fn nvtxDomainRangePushEx(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
+    Nvtx: fn nvtxDomainRangePop(nvtxDomainHandle_t) -> c_int;
+    Nvtx: fn nvtxMarkA(*const c_char) -> ();
+    Nvtx: fn nvtxMarkEx(*const nvtxEventAttributes_t) -> ();
+}

@@ -1,0 +1,100 @@
+//! Per-thread state of the capturing path: the reentrancy guard, NVTX ranges, kernel launches
+//! since the last captured op, and NCCL group depth with the snapshots deferred to the
+//! outermost `ncclGroupEnd`. None of it is touched by a hook that does not capture.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+
+use crate::engine::InFlight;
+
+/// Kernel names kept per thread between captured ops (older ones are counted, not kept).
+const MAX_KERNELS: usize = 256;
+
+thread_local! {
+    // `const`, no destructor: usable during thread teardown (shared notes §4.5).
+    static IN_TRACER: Cell<bool> = const { Cell::new(false) };
+    static STATE: RefCell<ThreadState> = RefCell::new(ThreadState::default());
+}
+
+/// Marks the thread as inside the tracer: hooks reached meanwhile (a library calling another
+/// hooked function, the tracer's own work) pass through.
+pub struct Guard(());
+
+impl Guard {
+    /// `None` when the thread is already inside the tracer.
+    pub fn enter() -> Option<Guard> {
+        IN_TRACER
+            .try_with(|c| {
+                if c.get() {
+                    None
+                } else {
+                    c.set(true);
+                    Some(Guard(()))
+                }
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = IN_TRACER.try_with(|c| c.set(false));
+    }
+}
+
+/// What a thread remembers between hooks.
+#[derive(Default)]
+pub struct ThreadState {
+    tid: u64,
+    /// Open NVTX ranges, outermost first.
+    pub nvtx: Vec<String>,
+    kernels: VecDeque<String>,
+    kernels_dropped: u64,
+    names: HashMap<usize, String>,
+    /// `ncclGroupStart` nesting.
+    pub group_depth: u32,
+    /// Group number of the current outermost group.
+    pub group_id: u64,
+    /// Snapshots waiting for the outermost `ncclGroupEnd`.
+    pub deferred: Vec<InFlight>,
+}
+
+impl ThreadState {
+    /// The OS thread id.
+    pub fn tid(&mut self) -> u64 {
+        if self.tid == 0 {
+            self.tid = crate::identity::gettid();
+        }
+        self.tid
+    }
+
+    /// Notes a kernel launch (`addr` named by `name` on first sight).
+    pub fn launched(&mut self, addr: usize, name: impl FnOnce() -> String) {
+        let n = self.names.entry(addr).or_insert_with(name).clone();
+        if self.kernels.len() == MAX_KERNELS {
+            self.kernels.pop_front();
+            self.kernels_dropped += 1;
+        }
+        self.kernels.push_back(n);
+    }
+
+    /// The kernel launches since the previous captured op (and forgets them).
+    pub fn take_kernels(&mut self) -> Vec<String> {
+        let mut v = Vec::with_capacity(self.kernels.len() + 1);
+        if self.kernels_dropped > 0 {
+            v.push(format!("... {} earlier launches", self.kernels_dropped));
+            self.kernels_dropped = 0;
+        }
+        v.extend(self.kernels.drain(..));
+        v
+    }
+}
+
+/// Runs `f` on the thread's state (`None` during thread teardown or a nested borrow).
+pub fn with<R>(f: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
+    STATE
+        .try_with(|s| s.try_borrow_mut().ok().map(|mut s| f(&mut s)))
+        .ok()
+        .flatten()
+}

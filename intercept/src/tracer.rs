@@ -1,0 +1,545 @@
+//! The tracer thread and the FIFO that feeds it.
+//!
+//! Every captured op, gap, step mark and communicator takes a **ticket** (a number in host
+//! call order) when it is called; ring slots are reserved in ticket order. The hook (or the
+//! outermost `ncclGroupEnd`) hands the finished entry in under its ticket; the tracer takes
+//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, short sleeps:
+//! the device is never synchronised), computes the CRC-32s, assigns step and seq, and sends
+//! `Publish`. The daemon releases each published slot, which frees ring space for the hooks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ttrace_format::config::CaptureConfig;
+use ttrace_format::record::{
+    CollectiveKind, CopyDirection, GapOp, GapReason, Op, Record, Role, Tensor,
+};
+use ttrace_format::ring::{tensor_offsets, Ring, Slot};
+use ttrace_format::wire::{ClientMsg, CommInfo};
+
+use crate::client::Client;
+use crate::cuda::{self, Event};
+use crate::identity::Fnv;
+use crate::steps::{Class, Operand, Steps};
+
+/// Where an op ran and who called it, noted at call time.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub api: &'static str,
+    pub op: Op,
+    pub stream: u64,
+    pub device: i32,
+    pub thread: u64,
+    pub nvtx: Vec<String>,
+    pub kernels_before: Vec<String>,
+    pub t_call_ns: u64,
+}
+
+/// A snapshot whose copies are enqueued.
+#[derive(Debug)]
+pub struct Captured {
+    pub meta: Meta,
+    /// The record's tensors (`crc32` filled by the tracer).
+    pub tensors: Vec<Tensor>,
+    /// Where each captured tensor was copied in the slot (`None`: not captured).
+    pub offsets: Vec<Option<u64>>,
+    pub slot: Option<Slot>,
+    /// Completes after the op and every copy.
+    pub event: Option<Event>,
+}
+
+/// What a ticket stands for.
+#[derive(Debug)]
+pub enum Entry {
+    Capture(Box<Captured>),
+    /// A gap record (`meta.op` is `Op::Gap`).
+    Gap(Box<Meta>),
+    /// Nothing to publish (the call failed, or the entry was abandoned); the slot's copies, if
+    /// any, complete with the event.
+    Skip {
+        slot: Option<Slot>,
+        event: Option<Event>,
+    },
+    Comm(CommInfo),
+    /// A step mark: `ttrace_step()` or an NVTX range or mark with this name.
+    Mark {
+        api: bool,
+        name: Option<String>,
+    },
+}
+
+struct Fifo {
+    entries: Mutex<BTreeMap<u64, Entry>>,
+    cv: Condvar,
+}
+
+static FIFO: Fifo = Fifo {
+    entries: Mutex::new(BTreeMap::new()),
+    cv: Condvar::new(),
+};
+static NEXT: AtomicU64 = AtomicU64::new(0);
+/// The ticket the tracer waits for (`u64::MAX` before it starts).
+static AT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Exit: the tracer drains up to this ticket, then says goodbye.
+static DRAIN_TO: AtomicU64 = AtomicU64::new(u64::MAX);
+static DRAIN_DEADLINE: Mutex<Option<Instant>> = Mutex::new(None);
+static FINISHED: Mutex<bool> = Mutex::new(false);
+static FINISHED_CV: Condvar = Condvar::new();
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// A place in host call order. Dropped without [`Ticket::push`] (a panic), it becomes a skip,
+/// so the tracer never waits for it forever.
+#[derive(Debug)]
+pub struct Ticket {
+    n: u64,
+    done: bool,
+}
+
+impl Ticket {
+    /// The next ticket.
+    pub fn take() -> Ticket {
+        Ticket {
+            n: NEXT.fetch_add(1, Ordering::AcqRel),
+            done: false,
+        }
+    }
+
+    /// Its number.
+    pub fn number(&self) -> u64 {
+        self.n
+    }
+
+    /// Hands the entry to the tracer.
+    pub fn push(mut self, e: Entry) {
+        self.done = true;
+        put(self.n, e);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.done {
+            put(
+                self.n,
+                Entry::Skip {
+                    slot: None,
+                    event: None,
+                },
+            );
+        }
+    }
+}
+
+fn put(n: u64, e: Entry) {
+    FIFO.entries
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(n, e);
+    FIFO.cv.notify_all();
+}
+
+/// The ticket the tracer is waiting for.
+pub fn waiting_for() -> u64 {
+    AT.load(Ordering::Acquire)
+}
+
+/// Pushes an entry under a fresh ticket.
+pub fn push(e: Entry) {
+    Ticket::take().push(e);
+}
+
+/// Wall-clock nanoseconds since the Unix epoch.
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Waits for ticket `n` (`None`: the process is exiting and the drain is over).
+fn take(n: u64) -> Option<Entry> {
+    AT.store(n, Ordering::Release);
+    let mut map = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if let Some(e) = map.remove(&n) {
+            return Some(e);
+        }
+        if draining_over(n) {
+            return None;
+        }
+        map = FIFO
+            .cv
+            .wait_timeout(map, Duration::from_millis(50))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn draining_over(n: u64) -> bool {
+    let to = DRAIN_TO.load(Ordering::Acquire);
+    to != u64::MAX && (n >= to || drain_deadline_passed())
+}
+
+fn drain_deadline_passed() -> bool {
+    DRAIN_DEADLINE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_some_and(|d| Instant::now() >= d)
+}
+
+/// At exit: lets the tracer publish everything called so far (bounded by `grace`), send `Bye`,
+/// and waits for it.
+pub fn shutdown(grace: Duration) {
+    if !RUNNING.load(Ordering::Acquire) {
+        return;
+    }
+    *DRAIN_DEADLINE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + grace);
+    DRAIN_TO.store(NEXT.load(Ordering::Acquire), Ordering::Release);
+    FIFO.cv.notify_all();
+    let mut done = FINISHED.lock().unwrap_or_else(|p| p.into_inner());
+    let until = Instant::now() + grace + Duration::from_millis(500);
+    while !*done {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        done = FINISHED_CV
+            .wait_timeout(done, until - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+/// A record waiting for its step.
+struct Pending {
+    record: Record,
+    slot: Option<Slot>,
+}
+
+/// Starts the tracer thread.
+pub fn start(
+    client: Client,
+    ring: &'static Ring,
+    cfg: &'static CaptureConfig,
+) -> Result<(), String> {
+    RUNNING.store(true, Ordering::Release);
+    std::thread::Builder::new()
+        .name("ttrace-tracer".into())
+        .spawn(move || {
+            let mut t = Tracer {
+                client,
+                ring,
+                cfg,
+                steps: Steps::new(cfg.step_rule.clone()),
+                seq: HashMap::new(),
+                records: 0,
+                gaps: 0,
+                published_end: 0,
+                to_release: 0,
+                broken: false,
+            };
+            t.run();
+            *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            FINISHED_CV.notify_all();
+        })
+        .map(|_| ())
+        .map_err(|e| {
+            RUNNING.store(false, Ordering::Release);
+            format!("cannot start the tracer thread: {e}")
+        })
+}
+
+struct Tracer {
+    client: Client,
+    ring: &'static Ring,
+    cfg: &'static CaptureConfig,
+    steps: Steps<Pending>,
+    seq: HashMap<u64, u64>,
+    records: u64,
+    gaps: u64,
+    /// End of the last slot published (the daemon releases up to it).
+    published_end: u64,
+    /// Slots the daemon will never see (skipped, dropped by the step filter): released by the
+    /// tracer once the daemon has released everything published before them.
+    to_release: u64,
+    broken: bool,
+}
+
+impl Tracer {
+    fn run(&mut self) {
+        // Tracer work must never invalidate a program's global-mode graph capture.
+        let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
+        let mut n = 0u64;
+        while let Some(e) = take(n) {
+            n += 1;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
+            if r.is_err() {
+                crate::fault("ttrace", "the tracer thread panicked".into());
+            }
+            if self.broken {
+                break;
+            }
+            self.release_skipped();
+        }
+        if !self.broken {
+            let mut out = Vec::new();
+            self.steps.flush(&mut |p, s| out.push((p, s)));
+            for (p, s) in out {
+                self.publish(p, s);
+            }
+            let bye = ClientMsg::Bye {
+                records: self.records,
+                gaps: self.gaps,
+            };
+            let _ = self.client.send(&bye);
+        }
+        AT.store(u64::MAX, Ordering::Release);
+    }
+
+    fn handle(&mut self, e: Entry) {
+        match e {
+            Entry::Capture(c) => self.captured(*c),
+            Entry::Gap(meta) => {
+                let rec = record(*meta, Vec::new());
+                self.feed(rec, None, Class::Other);
+            }
+            Entry::Skip { slot, event } => {
+                if let Some(ev) = event {
+                    let _ = self.wait(ev);
+                }
+                if let Some(s) = slot {
+                    self.skip_slot(s);
+                }
+            }
+            Entry::Comm(info) => self.send(&ClientMsg::Comm(info)),
+            Entry::Mark { api, name } => self.steps.mark(api, name.as_deref()),
+        }
+    }
+
+    /// Waits for an event; `Err` with the runtime's error when the op or a copy failed.
+    fn wait(&mut self, ev: Event) -> Result<(), u32> {
+        let mut pause = Duration::from_micros(20);
+        loop {
+            match cuda::event_query(ev.handle()) {
+                cuda_abi::cudart::cudaSuccess => {
+                    cuda::event_put(ev);
+                    return Ok(());
+                }
+                cuda_abi::cudart::cudaErrorNotReady => {}
+                e => return Err(e),
+            }
+            if drain_deadline_passed() {
+                return Err(cuda_abi::cudart::cudaErrorNotReady);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn captured(&mut self, mut c: Captured) {
+        if let Some(ev) = c.event {
+            if let Err(code) = self.wait(ev) {
+                if code == cuda_abi::cudart::cudaErrorNotReady {
+                    // The exit drain ran out of time: the device is still busy with it.
+                    crate::log::warn(&format!(
+                        "{}: snapshot still in flight at exit, not published",
+                        c.meta.api
+                    ));
+                    self.broken = true;
+                    return;
+                }
+                let detail = format!(
+                    "the op or its snapshot copies did not complete on the device (cudaError {code})"
+                );
+                crate::fault(c.meta.api, detail);
+                if let Some(s) = c.slot {
+                    self.skip_slot(s);
+                }
+                return;
+            }
+        }
+        let Some(slot) = c.slot else {
+            let class = classify(c.meta.api, &c.meta.op, &c.tensors);
+            let rec = record(c.meta, c.tensors);
+            return self.feed(rec, None, class);
+        };
+        // SAFETY: the slot belongs to the tracer until it is published; its copies completed.
+        let bytes = unsafe { self.ring.slot_bytes(&slot) };
+        // Tensors whose copy could not be enqueued are dropped from the slot: move the others
+        // to the offsets the daemon computes from the captured tensors.
+        let sizes: Vec<u64> = c
+            .tensors
+            .iter()
+            .filter(|t| t.captured)
+            .map(|t| t.nbytes)
+            .collect();
+        let (packed, _) = tensor_offsets(&sizes);
+        let mut k = 0;
+        for (t, off) in c.tensors.iter_mut().zip(&c.offsets) {
+            let Some(from) = *off else { continue };
+            if !t.captured {
+                continue;
+            }
+            let (from, to, len) = (from as usize, packed[k] as usize, t.nbytes as usize);
+            if from != to {
+                bytes.copy_within(from..from + len, to);
+            }
+            t.crc32 = crc32fast::hash(&bytes[to..to + len]);
+            k += 1;
+        }
+        let class = classify(c.meta.api, &c.meta.op, &c.tensors);
+        let rec = record(c.meta, c.tensors);
+        if k == 0 {
+            self.skip_slot(slot);
+            self.feed(rec, None, class);
+        } else {
+            self.feed(rec, Some(slot), class);
+        }
+    }
+
+    fn feed(&mut self, mut record: Record, slot: Option<Slot>, class: Class) {
+        record.t_done_ns = now_ns();
+        let mut out = Vec::new();
+        self.steps
+            .push(Pending { record, slot }, class, &mut |p, s| {
+                out.push((p, s))
+            });
+        for (p, s) in out {
+            self.publish(p, s);
+        }
+    }
+
+    fn publish(&mut self, p: Pending, step: u64) {
+        if self.broken {
+            return;
+        }
+        if self
+            .cfg
+            .steps
+            .as_ref()
+            .is_some_and(|set| !set.contains(step))
+        {
+            if let Some(s) = p.slot {
+                self.skip_slot(s);
+            }
+            return;
+        }
+        let mut record = p.record;
+        let seq = self.seq.entry(step).or_insert(0);
+        record.step = step;
+        record.seq = *seq;
+        *seq += 1;
+        record.rank = crate::identity::rank();
+        if matches!(record.op, Op::Gap(_)) {
+            self.gaps += 1;
+        } else {
+            self.records += 1;
+        }
+        if let Some(s) = p.slot {
+            self.published_end = self.published_end.max(s.end);
+        }
+        self.send(&ClientMsg::Publish {
+            record: Box::new(record),
+            slot: p.slot,
+        });
+    }
+
+    fn send(&mut self, msg: &ClientMsg) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.client.send(msg) {
+            if crate::mode::disable() {
+                crate::log::error(&format!(
+                    "capture disabled: the daemon connection failed: {e}"
+                ));
+            }
+            self.broken = true;
+        }
+    }
+
+    fn skip_slot(&mut self, s: Slot) {
+        self.to_release = self.to_release.max(s.end);
+    }
+
+    /// Releases skipped slots once the daemon released everything published before them
+    /// (releasing is cumulative: earlier published slots must be done with).
+    fn release_skipped(&mut self) {
+        if self.to_release > self.published_end && self.ring.tail() >= self.published_end {
+            self.ring.release_to(self.to_release);
+        }
+    }
+}
+
+/// A record from its metadata and tensors (rank, step and seq are set at publication).
+fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
+    Record {
+        rank: 0,
+        step: 0,
+        seq: 0,
+        api: meta.api.to_string(),
+        op: meta.op,
+        stream: meta.stream,
+        device: meta.device,
+        thread: meta.thread,
+        nvtx: meta.nvtx,
+        kernels_before: meta.kernels_before,
+        tensors,
+        t_call_ns: meta.t_call_ns,
+        t_done_ns: 0,
+    }
+}
+
+/// What the step rule needs of a record.
+fn classify(api: &str, op: &Op, tensors: &[Tensor]) -> Class {
+    match op {
+        Op::Gemm(g) => {
+            let operand = |role| {
+                tensors
+                    .iter()
+                    .find(|t| t.role == role)
+                    .map_or(Operand { ptr: 0, crc: None }, |t| Operand {
+                        ptr: t.ptr,
+                        crc: t.captured.then_some(t.crc32),
+                    })
+            };
+            let sig = Fnv::default()
+                .bytes(api.as_bytes())
+                .u64(g.m)
+                .u64(g.n)
+                .u64(g.k)
+                .u64(g.batch)
+                .u64(g.transa as u64)
+                .u64(g.transb as u64)
+                .u64(g.a_type as u64)
+                .u64(g.b_type as u64)
+                .u64(g.c_type as u64)
+                .u64(g.d_type as u64)
+                .u64(g.compute_type as u64)
+                .finish();
+            Class::Gemm {
+                sig,
+                a: operand(Role::A),
+                b: operand(Role::B),
+            }
+        }
+        Op::Memcpy(m) if m.direction == CopyDirection::HostToDevice => Class::Arrival,
+        Op::Collective(c) if c.kind == CollectiveKind::Recv => Class::Arrival,
+        _ => Class::Other,
+    }
+}
+
+/// A gap's metadata.
+pub fn gap_meta(base: Meta, reason: GapReason, bytes: u64, detail: String) -> Meta {
+    let api = base.api;
+    Meta {
+        op: Op::Gap(GapOp {
+            reason,
+            skipped_api: api.to_string(),
+            bytes,
+            detail,
+        }),
+        ..base
+    }
+}

@@ -1,0 +1,149 @@
+//! libttrace.so never changes what a program sees: without `TTRACE_SOCKET` the probes behave
+//! exactly as untraced; traced, they still pass (every check of the simulated stack, under
+//! capture); failing calls return the same codes; graph capture becomes a gap and the graph
+//! replays correctly; a device fault disables capture with one log line and a gap.
+
+mod intercept_util;
+
+use integration_tests::describe;
+use intercept_util::*;
+use ttrace_format::record::{GapReason, Op};
+
+/// Single-process probes (and their arguments) that check the simulated stack's behaviour.
+const PROBES: &[&[&str]] = &[
+    &["gemm-cublas", "--sim"],
+    &["gemm-lt", "--sim"],
+    &["stream-order"],
+    &["stale-read"],
+    &["capture"],
+    &["pageable-copies"],
+    &["errors"],
+    &["traced", "memcpy"],
+    &["traced", "gemm"],
+    &["traced", "graph"],
+    &["traced", "errors"],
+];
+
+fn gaps(run: &Run) -> Vec<(GapReason, String)> {
+    run.records
+        .iter()
+        .filter_map(|r| match &r.record.op {
+            Op::Gap(g) => Some((g.reason, g.skipped_api.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn without_a_socket_every_probe_behaves_as_untraced() {
+    for args in PROBES {
+        let plain = untraced(1, args);
+        let pre = probe_command(1, args)
+            .env("LD_PRELOAD", libttrace())
+            .output()
+            .expect("probe starts");
+        assert!(
+            plain.status.success(),
+            "{args:?} untraced\n{}",
+            describe(&plain)
+        );
+        assert!(
+            pre.status.success(),
+            "{args:?} preloaded\n{}",
+            describe(&pre)
+        );
+        assert_eq!(plain.stdout, pre.stdout, "{args:?}: same output");
+        assert!(
+            pre.stderr.is_empty(),
+            "{args:?}: nothing logged\n{}",
+            describe(&pre)
+        );
+    }
+    let pre = probe_command(3, &["collectives"])
+        .env("LD_PRELOAD", libttrace())
+        .output()
+        .expect("simrun starts");
+    assert!(pre.status.success(), "{}", describe(&pre));
+}
+
+#[test]
+fn traced_probes_still_pass_and_their_snapshots_are_intact() {
+    for args in PROBES {
+        let run = traced(1, args, &[]);
+        assert!(
+            run.out.status.success(),
+            "{args:?} traced\n{}",
+            describe(&run.out)
+        );
+        assert_checksums(&run);
+        assert!(
+            !stderr(&run.out).contains("ttrace["),
+            "{args:?}: the tracer logged\n{}",
+            describe(&run.out)
+        );
+    }
+    let run = traced(3, &["collectives"], &[]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    assert_eq!(run.summary.processes.len(), 3);
+    assert!(run
+        .summary
+        .processes
+        .iter()
+        .all(|p| p.clean_exit && p.error.is_none()));
+    // The probe captures one all-reduce into a graph: one gap per rank, nothing else missing.
+    let g = gaps(&run);
+    assert_eq!(g.len(), 3, "{g:?}");
+    assert!(g
+        .iter()
+        .all(|(r, api)| *r == GapReason::GraphCapture && api == "ncclAllReduce"));
+}
+
+#[test]
+fn failing_calls_return_the_same_codes_under_the_tracer() {
+    let plain = untraced(1, &["traced", "errors"]);
+    let run = traced(1, &["traced", "errors"], &[]);
+    assert_ok(&run);
+    let line = String::from_utf8_lossy(&plain.stdout);
+    assert!(line.contains("codes ["), "{line}");
+    assert_eq!(run.out.stdout, plain.stdout);
+    // A failed call is not a record.
+    assert!(
+        run.records
+            .iter()
+            .all(|r| !r.record.api.starts_with("cublas")),
+        "no GEMM ran"
+    );
+}
+
+#[test]
+fn ops_in_a_captured_graph_are_gaps_and_the_graph_still_replays() {
+    let run = traced(1, &["traced", "graph"], &[]);
+    assert_ok(&run);
+    assert!(String::from_utf8_lossy(&run.out.stdout).contains("2 replays"));
+    assert_eq!(
+        gaps(&run),
+        vec![
+            (GapReason::GraphCapture, "cudaMemcpyAsync".into()),
+            (GapReason::GraphCapture, "cublasGemmEx".into())
+        ]
+    );
+    // Outside the capture, copies are snapshotted as usual.
+    assert!(run
+        .records
+        .iter()
+        .any(|r| matches!(r.record.op, Op::Memcpy(_))));
+}
+
+#[test]
+fn a_device_fault_disables_capture_with_one_line_and_a_gap() {
+    let run = traced(1, &["gemm-fault"], &[]);
+    assert_ok(&run);
+    let err = stderr(&run.out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("ttrace[")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("capture disabled"), "{err}");
+    let g = gaps(&run);
+    assert_eq!(g.len(), 1, "{g:?}");
+    assert_eq!(g[0].0, GapReason::TracerFault);
+}

@@ -1,0 +1,257 @@
+//! Shared by the intercept_* tests: run a `sim-probe traced ...` scenario under
+//! `LD_PRELOAD=libttrace.so` with a real `ttraced` (the daemon library) on a private socket,
+//! then read the store back: every record with the bytes of its captured tensors.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use integration_tests::{bin, describe, profile_dir, sim_dir};
+use ttrace_format::record::{Record, Role, Tensor};
+use ttrace_format::store::SegmentReader;
+use ttraced::{Config, Daemon, Summary};
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "ttrace-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("tempdir");
+        TempDir(d)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `target/<profile>/libttrace.so`.
+pub fn libttrace() -> PathBuf {
+    let p = profile_dir().join("libttrace.so");
+    assert!(
+        p.exists(),
+        "{} is missing: cargo build --release -p ttrace-intercept",
+        p.display()
+    );
+    p
+}
+
+/// A record read back from the store, with the bytes of each tensor (None: not captured).
+#[derive(Debug, Clone)]
+pub struct Rec {
+    pub record: Record,
+    pub bytes: Vec<Option<Vec<u8>>>,
+}
+
+impl Rec {
+    /// The tensor of `role` and its bytes (panics when absent or not captured).
+    pub fn tensor(&self, role: Role) -> (&Tensor, &[u8]) {
+        let i = self
+            .record
+            .tensors
+            .iter()
+            .position(|t| t.role == role)
+            .unwrap_or_else(|| panic!("{} has no {role:?}: {:?}", self.record.api, self.record));
+        let b = self.bytes[i]
+            .as_deref()
+            .unwrap_or_else(|| panic!("{} {role:?} not captured", self.record.api));
+        (&self.record.tensors[i], b)
+    }
+
+    /// Whether a tensor of `role` is present.
+    pub fn has(&self, role: Role) -> bool {
+        self.record.tensors.iter().any(|t| t.role == role)
+    }
+}
+
+/// A traced run: the command's output, the daemon's summary, and the records in store order
+/// (by rank, step, seq).
+pub struct Run {
+    pub out: Output,
+    pub summary: Summary,
+    pub records: Vec<Rec>,
+    pub store: PathBuf,
+    _dir: TempDir,
+}
+
+impl Run {
+    /// Records of `rank`.
+    pub fn of_rank(&self, rank: u32) -> Vec<&Rec> {
+        self.records
+            .iter()
+            .filter(|r| r.record.rank == rank)
+            .collect()
+    }
+}
+
+/// The probe command (under simrun when `nproc > 1`).
+pub fn probe_command(nproc: usize, args: &[&str]) -> Command {
+    let mut c = if nproc > 1 {
+        let mut c = Command::new(bin("simrun"));
+        c.arg("--nproc-per-node")
+            .arg(nproc.to_string())
+            .arg("--")
+            .arg(bin("sim-probe"));
+        c
+    } else {
+        Command::new(bin("sim-probe"))
+    };
+    c.args(args).env("LD_LIBRARY_PATH", sim_dir());
+    c
+}
+
+/// Runs `sim-probe ARGS` untraced.
+pub fn untraced(nproc: usize, args: &[&str]) -> Output {
+    probe_command(nproc, args).output().expect("probe starts")
+}
+
+/// Runs `sim-probe ARGS` traced, with `env` added, and reads the store.
+pub fn traced(nproc: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = TempDir::new("intercept");
+    let mut cfg = Config::new(
+        dir.path().join("sock/ttraced.sock"),
+        dir.path().join("store"),
+    );
+    cfg.threads = 1;
+    let h = Daemon::start(cfg).expect("daemon starts");
+    let mut c = probe_command(nproc, args);
+    c.env("LD_PRELOAD", libttrace())
+        .env("TTRACE_SOCKET", h.socket());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("probe starts");
+    let store = h.store().to_path_buf();
+    let summary = h
+        .finalize(out.status.code(), Duration::from_secs(20))
+        .expect("finalize");
+    let records = read_store(&store);
+    Run {
+        out,
+        summary,
+        records,
+        store,
+        _dir: dir,
+    }
+}
+
+/// Every record of a store with its tensors' bytes, by rank, step, seq.
+pub fn read_store(store: &Path) -> Vec<Rec> {
+    let mut out = Vec::new();
+    let Ok(ranks) = std::fs::read_dir(store) else {
+        return out;
+    };
+    for rd in ranks.flatten() {
+        if !rd.file_name().to_string_lossy().starts_with("rank") {
+            continue;
+        }
+        for seg in std::fs::read_dir(rd.path()).expect("rank dir").flatten() {
+            let p = seg.path();
+            if p.extension().is_none_or(|e| e != "seg") {
+                continue;
+            }
+            let mut r = SegmentReader::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            while let Some(f) = r.next_frame() {
+                let f = f.unwrap_or_else(|i| panic!("{}: {i:?}", p.display()));
+                let mut k = 0;
+                let bytes = f
+                    .record
+                    .tensors
+                    .iter()
+                    .map(|t| {
+                        t.captured.then(|| {
+                            k += 1;
+                            f.tensor_bytes(k - 1).expect("blob decodes")
+                        })
+                    })
+                    .collect();
+                out.push(Rec {
+                    record: f.record.clone(),
+                    bytes,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.record.rank, r.record.step, r.record.seq));
+    out
+}
+
+/// Asserts the run succeeded, with its output in the message.
+pub fn assert_ok(run: &Run) {
+    assert!(run.out.status.success(), "{}", describe(&run.out));
+}
+
+/// Every tensor's bytes match its CRC-32 and the daemon saw no mismatch.
+pub fn assert_checksums(run: &Run) {
+    assert_eq!(run.summary.crc_mismatches, 0, "daemon CRC mismatches");
+    for r in &run.records {
+        for (t, b) in r.record.tensors.iter().zip(&r.bytes) {
+            if let Some(b) = b {
+                assert_eq!(
+                    b.len() as u64,
+                    t.nbytes,
+                    "{} {:?} size",
+                    r.record.api,
+                    t.role
+                );
+                assert_eq!(
+                    crc32fast::hash(b),
+                    t.crc32,
+                    "{} {:?} crc",
+                    r.record.api,
+                    t.role
+                );
+            }
+        }
+    }
+}
+
+/// The bytes of `sim-probe traced memcpy`'s copy number `salt` (tests/sim/probe/src/capture.rs).
+pub fn pattern(salt: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            ((i as u32).wrapping_mul(31).wrapping_add(salt as u32 * 7) ^ (i as u32 >> 8)) as u8
+        })
+        .collect()
+}
+
+/// The simulator's dtype of a record's dtype.
+pub fn sim_dtype(t: ttrace_format::dtype::DType) -> sim_kernels::dtype::DType {
+    use sim_kernels::dtype::DType as S;
+    use ttrace_format::dtype::DType as F;
+    match t {
+        F::F32 => S::F32,
+        F::F64 => S::F64,
+        F::F16 => S::F16,
+        F::BF16 => S::BF16,
+        F::F8_E4M3 => S::E4M3,
+        F::F8_E5M2 => S::E5M2,
+        F::I8 => S::I8,
+        F::U8 => S::U8,
+        F::I32 => S::I32,
+        F::U32 => S::U32,
+        F::I64 => S::I64,
+        F::U64 => S::U64,
+        other => panic!("no simulator dtype for {other:?}"),
+    }
+}
+
+/// Stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,901 @@
+//! `traced`: programs for the capture tests (tests/integration/tests/intercept_*.rs). Each
+//! scenario drives one family of hooked calls in a fixed order with data the tests can predict
+//! or recompute, checks what it can see itself (results, return codes), and prints one line the
+//! test can compare between a traced and an untraced run. They know nothing of ttrace, except
+//! `steps api`, which calls `ttrace_step()` when the global scope has it.
+//!
+//! * `memcpy`: every copy spelling; the bytes are [`pattern`]s (the tests regenerate them).
+//! * `gemm`: cuBLAS (S/H/Ex, strided batches, device scalars, the pointer-array batch) and
+//!   cuBLASLt (bias, FP8 scales and amax, GELU aux, batched).
+//! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
+//!   split communicator.
+//! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
+//! * `errors`: calls that fail; prints their return codes.
+//! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
+
+use core::ffi::{c_char, c_int, c_void};
+
+use cuda_dyn::abi::cublas::*;
+use cuda_dyn::abi::cublaslt::*;
+use cuda_dyn::abi::cudart::*;
+use cuda_dyn::abi::library_types::*;
+use cuda_dyn::abi::nccl::*;
+use cuda_dyn::cublas::*;
+use cuda_dyn::cublaslt::*;
+use cuda_dyn::cudart::*;
+use cuda_dyn::nccl::*;
+use cuda_dyn::nvtx::*;
+use sim_kernels::dtype::DType;
+use sim_kernels::gemm::{gemm as sim_gemm, Buffers, CInput, Compute, Gemm};
+
+use crate::support::{ck, job, nc, stream, world, DevBuf};
+
+/// Fails unless the cuBLAS(Lt) call succeeded.
+macro_rules! bl {
+    ($e:expr) => {{
+        // SAFETY: a cuBLAS call with arguments prepared by the probe.
+        let code = unsafe { $e };
+        if code != CUBLAS_STATUS_SUCCESS {
+            return Err(format!("{} returned status {code}", stringify!($e)));
+        }
+    }};
+}
+
+extern "C" {
+    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+}
+
+/// The bytes of copy number `salt`: `len` bytes the tests regenerate.
+pub fn pattern(salt: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            ((i as u32).wrapping_mul(31).wrapping_add(salt as u32 * 7) ^ (i as u32 >> 8)) as u8
+        })
+        .collect()
+}
+
+/// Entry point: `traced SCENARIO [ARGS]`.
+pub fn traced(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("memcpy") => memcpy(),
+        Some("gemm") => gemms(),
+        Some("nccl") => nccl(),
+        Some("graph") => graph(),
+        Some("errors") => errors(),
+        Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
+        _ => Err("usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]".into()),
+    }
+}
+
+/// A host function enqueued between copies: its launch is recorded by name.
+unsafe extern "C" fn traced_marker(_: *mut c_void) {}
+
+fn pinned(data: &[u8]) -> Result<*mut u8, String> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    ck!(cudaMallocHost(&mut p, data.len().max(1)));
+    // SAFETY: a fresh pinned allocation of `data.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p.cast::<u8>(), data.len()) };
+    Ok(p.cast())
+}
+
+fn memcpy() -> Result<(), String> {
+    let s = stream()?;
+    let d1 = DevBuf::new(4096)?;
+    let d2 = DevBuf::new(4096)?;
+    let d3 = DevBuf::new(64 * 10)?;
+    let d4 = DevBuf::new(4096)?;
+    let p1 = pattern(1, 4096);
+    // 1: pageable host to device.
+    ck!(cudaMemcpyAsync(
+        d1.ptr,
+        p1.as_ptr().cast(),
+        4096,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    // Two host functions: named in the next op's kernels_before.
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(traced_marker),
+        std::ptr::null_mut()
+    ));
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(traced_marker),
+        std::ptr::null_mut()
+    ));
+    // 2: device to host.
+    let mut back = vec![0u8; 4096];
+    ck!(cudaMemcpyAsync(
+        back.as_mut_ptr().cast(),
+        d1.ptr,
+        4096,
+        cudaMemcpyDeviceToHost,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    if back != p1 {
+        return Err("device-to-host copy returned other bytes".into());
+    }
+    // 3: cudaMemcpyDefault from pinned memory (resolved to host-to-device).
+    let p2 = pinned(&pattern(2, 1000))?;
+    ck!(cudaMemcpy(d2.ptr, p2.cast(), 1000, cudaMemcpyDefault));
+    // 4: pitched 40 x 10 from a 48-byte pitch into a 64-byte pitch.
+    let p3 = pattern(3, 48 * 10);
+    ck!(cudaMemcpy2DAsync(
+        d3.ptr,
+        64,
+        p3.as_ptr().cast(),
+        48,
+        40,
+        10,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    // 5: device to device on the per-thread default stream.
+    ck!(cudaMemcpyAsync_ptsz(
+        d4.ptr,
+        d1.ptr,
+        4096,
+        cudaMemcpyDeviceToDevice,
+        std::ptr::null_mut()
+    ));
+    ck!(cudaStreamSynchronize(cudaStreamPerThread));
+    // 6: peer copy to device 1.
+    ck!(cudaSetDevice(1));
+    let d5 = DevBuf::new(4096)?;
+    ck!(cudaSetDevice(0));
+    ck!(cudaMemcpyPeer(d5.ptr, 1, d1.ptr, 0, 4096));
+    // Host to host: not a device snapshot.
+    let mut hh = vec![0u8; 64];
+    ck!(cudaMemcpy(
+        hh.as_mut_ptr().cast(),
+        p1.as_ptr().cast(),
+        64,
+        cudaMemcpyHostToHost
+    ));
+    ck!(cudaDeviceSynchronize());
+    ck!(cudaFreeHost(p2.cast()));
+    println!("traced memcpy OK");
+    Ok(())
+}
+
+/// Deterministic values in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+    }
+}
+
+/// `len` elements of `t`, random (NaN in padding is the tests' business, not needed here).
+fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut v = vec![0u8; len * t.size()];
+    for i in 0..len {
+        t.store(&mut v, i, rng.next() * 2.0);
+    }
+    v
+}
+
+fn up(data: &[u8]) -> Result<DevBuf, String> {
+    // Uploads without a hooked copy would need a kernel; a plain copy is one more record,
+    // which the tests expect (host-to-device records before each GEMM).
+    DevBuf::from_host(data)
+}
+
+fn scalar_dev(v: f32) -> Result<DevBuf, String> {
+    up(&v.to_le_bytes())
+}
+
+fn gemms() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let mut rng = Rng(7);
+
+    // 1. Sgemm, padded leading dimensions, beta != 0 in place.
+    let (m, n, k) = (5, 4, 3);
+    let a = up(&values(DType::F32, 8 * k, &mut rng))?;
+    let b = up(&values(DType::F32, 3 * n, &mut rng))?;
+    let c = up(&values(DType::F32, 6 * n, &mut rng))?;
+    let (alpha, beta) = (1.5f32, 0.5f32);
+    bl!(cublasSgemm_v2(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        m as c_int,
+        n as c_int,
+        k as c_int,
+        &alpha,
+        a.ptr.cast(),
+        8,
+        b.ptr.cast(),
+        3,
+        &beta,
+        c.ptr.cast(),
+        6
+    ));
+
+    // 2. GemmEx bf16 x bf16 -> f32, TN, beta = 0.
+    let (m, n, k) = (16usize, 8usize, 32usize);
+    let a = up(&values(DType::BF16, k * m, &mut rng))?;
+    let b = up(&values(DType::BF16, k * n, &mut rng))?;
+    let c2 = DevBuf::new(m * n * 4)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasGemmEx(
+        h,
+        CUBLAS_OP_T,
+        CUBLAS_OP_N,
+        m as c_int,
+        n as c_int,
+        k as c_int,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_16BF,
+        k as c_int,
+        b.ptr,
+        CUDA_R_16BF,
+        k as c_int,
+        (&beta as *const f32).cast(),
+        c2.ptr,
+        CUDA_R_32F,
+        m as c_int,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT_TENSOR_OP
+    ));
+
+    // 3. Hgemm, beta = 1.
+    let a = up(&values(DType::F16, 64, &mut rng))?;
+    let b = up(&values(DType::F16, 64, &mut rng))?;
+    let c3 = up(&values(DType::F16, 64, &mut rng))?;
+    let one = __half { __x: 0x3c00 };
+    bl!(cublasHgemm(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_T,
+        8,
+        8,
+        8,
+        &one,
+        a.ptr.cast(),
+        8,
+        b.ptr.cast(),
+        8,
+        &one,
+        c3.ptr.cast(),
+        8
+    ));
+
+    // 4. Strided batch, bf16 in and out, padded strides, beta = 0.25.
+    let (m, n, k, batch) = (6usize, 5usize, 7usize, 3usize);
+    let (sa, sb, sc) = (m * k + 3, k * n + 5, m * n + 2);
+    let a = up(&values(DType::BF16, sa * batch, &mut rng))?;
+    let b = up(&values(DType::BF16, sb * batch, &mut rng))?;
+    let c4 = up(&values(DType::BF16, sc * batch, &mut rng))?;
+    let (alpha, beta) = (1.0f32, 0.25f32);
+    bl!(cublasGemmStridedBatchedEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        m as c_int,
+        n as c_int,
+        k as c_int,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_16BF,
+        m as c_int,
+        sa as i64,
+        b.ptr,
+        CUDA_R_16BF,
+        k as c_int,
+        sb as i64,
+        (&beta as *const f32).cast(),
+        c4.ptr,
+        CUDA_R_16BF,
+        m as c_int,
+        sc as i64,
+        batch as c_int,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+
+    // 5. SgemmStridedBatched, contiguous.
+    let a = up(&values(DType::F32, 4 * 4 * 2, &mut rng))?;
+    let b = up(&values(DType::F32, 4 * 4 * 2, &mut rng))?;
+    let c5 = DevBuf::new(4 * 4 * 2 * 4)?;
+    let (alpha, beta) = (2.0f32, 0.0f32);
+    bl!(cublasSgemmStridedBatched(
+        h,
+        CUBLAS_OP_T,
+        CUBLAS_OP_T,
+        4,
+        4,
+        4,
+        &alpha,
+        a.ptr.cast(),
+        4,
+        16,
+        b.ptr.cast(),
+        4,
+        16,
+        &beta,
+        c5.ptr.cast(),
+        4,
+        16,
+        2
+    ));
+
+    // 6. Pointer-array batch: the tracer records a gap.
+    let a6 = up(&values(DType::F32, 16, &mut rng))?;
+    let c6 = DevBuf::new(16 * 4)?;
+    let ptrs = up(&[(a6.ptr as u64).to_le_bytes(), (c6.ptr as u64).to_le_bytes()].concat())?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasGemmBatchedEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        4,
+        4,
+        4,
+        (&alpha as *const f32).cast(),
+        ptrs.ptr.cast(),
+        CUDA_R_32F,
+        4,
+        ptrs.ptr.cast(),
+        CUDA_R_32F,
+        4,
+        (&beta as *const f32).cast(),
+        ptrs.at(8).cast(),
+        CUDA_R_32F,
+        4,
+        1,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+
+    // 7. Device pointer mode: alpha and beta in device memory, beta = 1.
+    let a = up(&values(DType::F32, 9, &mut rng))?;
+    let b = up(&values(DType::F32, 9, &mut rng))?;
+    let c7 = up(&values(DType::F32, 9, &mut rng))?;
+    let (da, db) = (scalar_dev(0.75)?, scalar_dev(1.0)?);
+    bl!(cublasSetPointerMode_v2(h, CUBLAS_POINTER_MODE_DEVICE));
+    bl!(cublasGemmEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        3,
+        3,
+        3,
+        da.ptr,
+        a.ptr,
+        CUDA_R_32F,
+        3,
+        b.ptr,
+        CUDA_R_32F,
+        3,
+        db.ptr,
+        c7.ptr,
+        CUDA_R_32F,
+        3,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+    bl!(cublasSetPointerMode_v2(h, CUBLAS_POINTER_MODE_HOST));
+    ck!(cudaStreamSynchronize(s));
+    bl!(cublasDestroy_v2(h));
+
+    lt_cases(s, &mut rng)?;
+    ck!(cudaStreamSynchronize(s));
+    println!("traced gemm OK");
+    Ok(())
+}
+
+fn desc(compute: u32, scale: u32) -> Result<cublasLtMatmulDesc_t, String> {
+    let mut d: cublasLtMatmulDesc_t = std::ptr::null_mut();
+    bl!(cublasLtMatmulDescCreate(&mut d, compute, scale));
+    Ok(d)
+}
+
+fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> {
+    bl!(cublasLtMatmulDescSetAttribute(
+        d,
+        attr,
+        (&v as *const T).cast(),
+        std::mem::size_of::<T>()
+    ));
+    Ok(())
+}
+
+fn layout(
+    t: u32,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    batch: i32,
+    stride: i64,
+) -> Result<cublasLtMatrixLayout_t, String> {
+    let mut l: cublasLtMatrixLayout_t = std::ptr::null_mut();
+    bl!(cublasLtMatrixLayoutCreate(&mut l, t, rows, cols, ld));
+    if batch > 1 {
+        bl!(cublasLtMatrixLayoutSetAttribute(
+            l,
+            CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+            (&batch as *const i32).cast(),
+            4
+        ));
+        bl!(cublasLtMatrixLayoutSetAttribute(
+            l,
+            CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+            (&stride as *const i64).cast(),
+            8
+        ));
+    }
+    Ok(l)
+}
+
+fn lt_cases(s: cudaStream_t, rng: &mut Rng) -> Result<(), String> {
+    let mut lt: cublasLtHandle_t = std::ptr::null_mut();
+    bl!(cublasLtCreate(&mut lt));
+
+    // 8. bf16 TN with a bias epilogue, in place with beta = 1.
+    let (m, n, k) = (16usize, 12usize, 24usize);
+    let a = up(&values(DType::BF16, k * m, rng))?;
+    let b = up(&values(DType::BF16, k * n, rng))?;
+    let cd = up(&values(DType::BF16, m * n, rng))?;
+    let bias = up(&values(DType::BF16, m, rng))?;
+    let d = desc(CUBLAS_COMPUTE_32F, CUDA_R_32F)?;
+    set(d, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T as i32)?;
+    set(d, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS)?;
+    set(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.ptr as u64)?;
+    let la = layout(CUDA_R_16BF, k as u64, m as u64, k as i64, 1, 0)?;
+    let lb = layout(CUDA_R_16BF, k as u64, n as u64, k as i64, 1, 0)?;
+    let lc = layout(CUDA_R_16BF, m as u64, n as u64, m as i64, 1, 0)?;
+    let (alpha, beta) = (1.0f32, 1.0f32);
+    bl!(cublasLtMatmul(
+        lt,
+        d,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        la,
+        b.ptr,
+        lb,
+        (&beta as *const f32).cast(),
+        cd.ptr,
+        lc,
+        cd.ptr,
+        lc,
+        std::ptr::null(),
+        std::ptr::null_mut(),
+        0,
+        s
+    ));
+
+    // 9. FP8 E4M3 TN, scales for A, B and D, amax of D; D in E4M3, C in BF16 (not read).
+    let (m, n, k) = (16usize, 16usize, 32usize);
+    let a = up(&values(DType::E4M3, k * m, rng))?;
+    let b = up(&values(DType::E4M3, k * n, rng))?;
+    let c = DevBuf::new(m * n * 2)?;
+    let d8 = DevBuf::new(m * n)?;
+    let (sa, sb, sd) = (scalar_dev(0.5)?, scalar_dev(2.0)?, scalar_dev(4.0)?);
+    let amax = DevBuf::new(4)?;
+    let d = desc(CUBLAS_COMPUTE_32F, CUDA_R_32F)?;
+    set(d, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T as i32)?;
+    set(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sa.ptr as u64)?;
+    set(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sb.ptr as u64)?;
+    set(d, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, sd.ptr as u64)?;
+    set(d, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax.ptr as u64)?;
+    set(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, 1i8)?;
+    let la = layout(CUDA_R_8F_E4M3, k as u64, m as u64, k as i64, 1, 0)?;
+    let lb = layout(CUDA_R_8F_E4M3, k as u64, n as u64, k as i64, 1, 0)?;
+    let lc = layout(CUDA_R_16BF, m as u64, n as u64, m as i64, 1, 0)?;
+    let ld = layout(CUDA_R_8F_E4M3, m as u64, n as u64, m as i64, 1, 0)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasLtMatmul(
+        lt,
+        d,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        la,
+        b.ptr,
+        lb,
+        (&beta as *const f32).cast(),
+        c.ptr,
+        lc,
+        d8.ptr,
+        ld,
+        std::ptr::null(),
+        std::ptr::null_mut(),
+        0,
+        s
+    ));
+
+    // 10. f32, batch of 2 with padded strides, GELU with its aux output, C != D with beta.
+    let (m, n, k, batch) = (8usize, 4usize, 5usize, 2i32);
+    let (sa, sb, sc) = (m * k + 4, k * n + 1, m * n + 8);
+    let a = up(&values(DType::F32, sa * 2, rng))?;
+    let b = up(&values(DType::F32, sb * 2, rng))?;
+    let c = up(&values(DType::F32, sc * 2, rng))?;
+    let dd = DevBuf::new(sc * 2 * 4)?;
+    let aux = DevBuf::new(sc * 2 * 4)?;
+    let d = desc(CUBLAS_COMPUTE_32F, CUDA_R_32F)?;
+    set(d, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX)?;
+    set(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux.ptr as u64)?;
+    set(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, m as i64)?;
+    set(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, sc as i64)?;
+    let la = layout(CUDA_R_32F, m as u64, k as u64, m as i64, batch, sa as i64)?;
+    let lb = layout(CUDA_R_32F, k as u64, n as u64, k as i64, batch, sb as i64)?;
+    let lc = layout(CUDA_R_32F, m as u64, n as u64, m as i64, batch, sc as i64)?;
+    let (alpha, beta) = (0.5f32, 2.0f32);
+    bl!(cublasLtMatmul(
+        lt,
+        d,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        la,
+        b.ptr,
+        lb,
+        (&beta as *const f32).cast(),
+        c.ptr,
+        lc,
+        dd.ptr,
+        lc,
+        std::ptr::null(),
+        std::ptr::null_mut(),
+        0,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    bl!(cublasLtDestroy(lt));
+    Ok(())
+}
+
+/// Rank-specific f32 values.
+fn rank_f32(rank: usize, salt: usize, len: usize) -> Vec<u8> {
+    let mut rng = Rng((rank * 1000 + salt) as u64 + 1);
+    values(DType::F32, len, &mut rng)
+}
+
+/// A buffer of NaNs (what a snapshot taken too early would show).
+fn garbage(bytes: usize) -> Result<DevBuf, String> {
+    up(&vec![0xffu8; bytes])
+}
+
+fn nccl() -> Result<(), String> {
+    let j = job()?;
+    let (r, n) = (j.rank, j.n);
+    let comm = world(&j)?;
+    let s = stream()?;
+    let f32t = ncclFloat32;
+
+    // 1. All-reduce, out of place.
+    let a1 = up(&rank_f32(r, 1, 1000))?;
+    let b1 = garbage(4000)?;
+    nc!(ncclAllReduce(a1.ptr, b1.ptr, 1000, f32t, ncclSum, comm, s));
+    // 2. All-reduce in place, bf16.
+    let mut rng = Rng(r as u64 + 50);
+    let x2 = up(&values(DType::BF16, 512, &mut rng))?;
+    nc!(ncclAllReduce(
+        x2.ptr,
+        x2.ptr,
+        512,
+        ncclBfloat16,
+        ncclSum,
+        comm,
+        s
+    ));
+    // 3. Two all-reduces in a group (launched at the outermost end; nested start/end inside).
+    let a3 = up(&rank_f32(r, 3, 300))?;
+    let b3 = garbage(1200)?;
+    let a4 = up(&rank_f32(r, 4, 200))?;
+    let b4 = garbage(800)?;
+    nc!(ncclGroupStart());
+    nc!(ncclAllReduce(a3.ptr, b3.ptr, 300, f32t, ncclSum, comm, s));
+    nc!(ncclGroupStart());
+    nc!(ncclAllReduce(a4.ptr, b4.ptr, 200, f32t, ncclSum, comm, s));
+    nc!(ncclGroupEnd());
+    nc!(ncclGroupEnd());
+    // 4. All-gather and reduce-scatter.
+    let a5 = up(&rank_f32(r, 5, 100))?;
+    let b5 = garbage(400 * n)?;
+    nc!(ncclAllGather(a5.ptr, b5.ptr, 100, f32t, comm, s));
+    let a6 = up(&rank_f32(r, 6, 100 * n))?;
+    let b6 = garbage(400)?;
+    nc!(ncclReduceScatter(
+        a6.ptr, b6.ptr, 100, f32t, ncclSum, comm, s
+    ));
+    // 5. Broadcast from 0; in-place ncclBcast from the last rank.
+    let a7 = up(&rank_f32(r, 7, 200))?;
+    let b7 = garbage(800)?;
+    nc!(ncclBroadcast(a7.ptr, b7.ptr, 200, f32t, 0, comm, s));
+    let x8 = up(&rank_f32(r, 8, 64))?;
+    nc!(ncclBcast(x8.ptr, 64, f32t, (n - 1) as c_int, comm, s));
+    // 6. A ring of sends and receives in one group.
+    let a9 = up(&rank_f32(r, 9, 300))?;
+    let b9 = garbage(1200)?;
+    nc!(ncclGroupStart());
+    nc!(ncclSend(a9.ptr, 300, f32t, ((r + 1) % n) as c_int, comm, s));
+    nc!(ncclRecv(
+        b9.ptr,
+        300,
+        f32t,
+        ((r + n - 1) % n) as c_int,
+        comm,
+        s
+    ));
+    nc!(ncclGroupEnd());
+    // 7. A split communicator (everyone, reversed order) and an all-reduce on it.
+    let mut sub: ncclComm_t = std::ptr::null_mut();
+    nc!(ncclCommSplit(
+        comm,
+        0,
+        (n - r) as c_int,
+        &mut sub,
+        std::ptr::null_mut()
+    ));
+    let a10 = up(&rank_f32(r, 10, 128))?;
+    let b10 = garbage(512)?;
+    nc!(ncclAllReduce(a10.ptr, b10.ptr, 128, f32t, ncclSum, sub, s));
+    ck!(cudaStreamSynchronize(s));
+    nc!(ncclCommDestroy(sub));
+    nc!(ncclCommDestroy(comm));
+    println!("rank {r} of {n}: traced nccl OK");
+    Ok(())
+}
+
+fn graph() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let (m, n, k) = (8usize, 8usize, 8usize);
+    let mut rng = Rng(3);
+    let a_host = values(DType::F32, m * k, &mut rng);
+    let b1 = values(DType::F32, k * n, &mut rng);
+    let b2 = values(DType::F32, k * n, &mut rng);
+    let staging = pinned(&b1)?;
+    let a = up(&a_host)?;
+    let b = DevBuf::new(k * n * 4)?;
+    let c = DevBuf::new(m * n * 4)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ck!(cudaMemcpyAsync(
+        b.ptr,
+        staging.cast(),
+        k * n * 4,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    bl!(cublasGemmEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        m as c_int,
+        n as c_int,
+        k as c_int,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_32F,
+        m as c_int,
+        b.ptr,
+        CUDA_R_32F,
+        k as c_int,
+        (&beta as *const f32).cast(),
+        c.ptr,
+        CUDA_R_32F,
+        m as c_int,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+    let mut g: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut g));
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, g, 0));
+    for (round, bh) in [&b1, &b2].into_iter().enumerate() {
+        // SAFETY: the pinned staging buffer the graph's copy reads, idle between replays.
+        unsafe { std::ptr::copy_nonoverlapping(bh.as_ptr(), staging, bh.len()) };
+        ck!(cudaGraphLaunch(exec, s));
+        ck!(cudaStreamSynchronize(s));
+        let got = c.download(s)?;
+        let gm = Gemm::simple(m, n, k, DType::F32, DType::F32, Compute::F32);
+        let mut want = vec![0u8; m * n * 4];
+        sim_gemm(
+            &gm,
+            Buffers {
+                a: &a_host,
+                b: bh,
+                c: CInput::None,
+                d: &mut want,
+                bias: None,
+                aux: None,
+                bgrad: None,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        if got != want {
+            return Err(format!("graph replay {round} computed a wrong GEMM"));
+        }
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(g));
+    bl!(cublasDestroy_v2(h));
+    println!("traced graph OK (2 replays)");
+    Ok(())
+}
+
+fn errors() -> Result<(), String> {
+    let d = DevBuf::new(64)?;
+    let host = [0u8; 64];
+    let mut codes = Vec::new();
+    // SAFETY: calls that must fail, with arguments the runtime validates.
+    unsafe {
+        codes.push(cudaMemcpy(d.ptr, host.as_ptr().cast(), 16, 77));
+        codes.push(cudaMemcpyAsync(
+            d.ptr,
+            host.as_ptr().cast(),
+            16,
+            cudaMemcpyHostToDevice,
+            0xdead0 as cudaStream_t,
+        ));
+        codes.push(cudaGetLastError());
+        // An explicit direction contradicting the pointers.
+        codes.push(cudaMemcpy(
+            d.ptr,
+            host.as_ptr().cast(),
+            16,
+            cudaMemcpyDeviceToHost,
+        ));
+        codes.push(cudaGetLastError());
+    }
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    let one = 1.0f32;
+    // SAFETY: invalid sizes; cuBLAS validates them before touching memory.
+    unsafe {
+        codes.push(cublasGemmEx(
+            h,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            -1,
+            4,
+            4,
+            (&one as *const f32).cast(),
+            d.ptr,
+            CUDA_R_32F,
+            4,
+            d.ptr,
+            CUDA_R_32F,
+            4,
+            (&one as *const f32).cast(),
+            d.ptr,
+            CUDA_R_32F,
+            4,
+            CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT,
+        ));
+        codes.push(cublasSgemm_v2(
+            h,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            4,
+            4,
+            4,
+            &one,
+            d.ptr.cast(),
+            2,
+            d.ptr.cast(),
+            4,
+            &one,
+            d.ptr.cast(),
+            4,
+        ));
+    }
+    bl!(cublasDestroy_v2(h));
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    let dev: c_int = 0;
+    nc!(ncclCommInitAll(&mut comm, 1, &dev));
+    // SAFETY: an invalid datatype, refused before launch.
+    unsafe {
+        codes.push(ncclAllReduce(
+            d.ptr,
+            d.ptr,
+            4,
+            99,
+            ncclSum,
+            comm,
+            std::ptr::null_mut(),
+        ));
+    }
+    nc!(ncclCommDestroy(comm));
+    if codes.iter().take(2).any(|&c| c == cudaSuccess) {
+        return Err(format!("an invalid call succeeded: {codes:?}"));
+    }
+    println!("traced errors: codes {codes:?}");
+    Ok(())
+}
+
+fn steps(rule: &str) -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    // SAFETY: a NUL-terminated name looked up in the global scope (RTLD_DEFAULT is null).
+    let step_fn = unsafe { dlsym(std::ptr::null_mut(), c"ttrace_step".as_ptr()) };
+    let (m, n, k) = (8usize, 4usize, 16usize);
+    let mut rng = Rng(11);
+    // Weights, and the values the "optimizer" writes into them after each step.
+    let w = up(&values(DType::F32, m * k, &mut rng))?;
+    let updates: Vec<DevBuf> = (0..3)
+        .map(|_| up(&values(DType::F32, m * k, &mut rng)))
+        .collect::<Result<_, _>>()?;
+    let x = DevBuf::new(k * n * 4)?;
+    let y = DevBuf::new(m * n * 4)?;
+    let batches: Vec<Vec<u8>> = (0..6)
+        .map(|_| values(DType::F32, k * n, &mut rng))
+        .collect();
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    for step in 0..3 {
+        if rule == "nvtx" {
+            // SAFETY: a NUL-terminated message.
+            unsafe { nvtxRangePushA(c"train_step".as_ptr()) };
+        }
+        if rule == "api" && !step_fn.is_null() {
+            // SAFETY: `void ttrace_step(void)` from include/ttrace.h.
+            unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn()>(step_fn)() };
+        }
+        for micro in 0..2 {
+            let batch = &batches[step * 2 + micro];
+            ck!(cudaMemcpyAsync(
+                x.ptr,
+                batch.as_ptr().cast(),
+                batch.len(),
+                cudaMemcpyHostToDevice,
+                s
+            ));
+            bl!(cublasGemmEx(
+                h,
+                CUBLAS_OP_N,
+                CUBLAS_OP_N,
+                m as c_int,
+                n as c_int,
+                k as c_int,
+                (&alpha as *const f32).cast(),
+                w.ptr,
+                CUDA_R_32F,
+                m as c_int,
+                x.ptr,
+                CUDA_R_32F,
+                k as c_int,
+                (&beta as *const f32).cast(),
+                y.ptr,
+                CUDA_R_32F,
+                m as c_int,
+                CUBLAS_COMPUTE_32F,
+                CUBLAS_GEMM_DEFAULT
+            ));
+            ck!(cudaStreamSynchronize(s));
+        }
+        // The optimizer: new weights in place.
+        ck!(cudaMemcpyAsync(
+            w.ptr,
+            updates[step].ptr,
+            m * k * 4,
+            cudaMemcpyDeviceToDevice,
+            s
+        ));
+        if rule == "nvtx" {
+            // SAFETY: closes the range opened above.
+            unsafe { nvtxRangePop() };
+        }
+    }
+    ck!(cudaStreamSynchronize(s));
+    bl!(cublasDestroy_v2(h));
+    println!("traced steps {rule} OK");
+    Ok(())
+}

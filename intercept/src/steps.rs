@@ -6,10 +6,12 @@
 //! wait for the next GEMM, which decides whether they open a new step.
 //!
 //! `auto`: the **anchor** is the first GEMM (its signature: API, shape, transposes, types). A
-//! later GEMM with the anchor's signature that reuses one of the anchor's operand buffers (same
-//! role, same address) is a recurrence: if some reused operand still holds the bytes it held at
-//! the previous recurrence (same CRC-32), it is another micro-batch of the same step; if every
-//! reused operand changed, the optimizer ran and a new step begins. An operand whose bytes were
+//! later GEMM with the anchor's signature that reuses both of the anchor's operand buffers (A
+//! and B at the same addresses) is a recurrence: if an operand still holds the bytes it held at
+//! the previous recurrence (same CRC-32), it is another micro-batch of the same step; if both
+//! changed, the optimizer ran and a new step begins. Both buffers, because later layers of the
+//! same shape usually share the anchor's activation buffer while their weights live elsewhere:
+//! one shared buffer with new bytes says nothing about the step. An operand whose bytes were
 //! not captured (inputs off, size cap) counts as changed.
 //!
 //! `nvtx:NAME` and `api`: a mark ([`Steps::mark`]) starts a new step, unless the current step
@@ -141,22 +143,14 @@ impl<T> Steps<T> {
             });
             return false;
         };
-        if sig != anchor.sig {
+        if sig != anchor.sig || a.ptr != anchor.a_ptr || b.ptr != anchor.b_ptr {
             return false;
         }
-        let mut reused = 0;
-        let mut unchanged = false;
-        if a.ptr == anchor.a_ptr {
-            reused += 1;
-            unchanged |= a.crc.is_some() && a.crc == anchor.a_crc;
-            anchor.a_crc = a.crc;
-        }
-        if b.ptr == anchor.b_ptr {
-            reused += 1;
-            unchanged |= b.crc.is_some() && b.crc == anchor.b_crc;
-            anchor.b_crc = b.crc;
-        }
-        reused > 0 && !unchanged
+        let same = |now: Option<u32>, before: Option<u32>| now.is_some() && now == before;
+        let unchanged = same(a.crc, anchor.a_crc) || same(b.crc, anchor.b_crc);
+        anchor.a_crc = a.crc;
+        anchor.b_crc = b.crc;
+        !unchanged
     }
 
     /// A step mark: an NVTX range or mark named as the rule says (`nvtx:NAME`), or
@@ -272,6 +266,10 @@ mod tests {
                 ("fwd", gemm(0x10, 1, 0x20, 5)),
                 ("bwd", other_sig),
                 ("elsewhere", gemm(0x30, 2, 0x40, 6)),
+                // The next layer: same shape, the same activation buffer with new bytes, its
+                // own weights.
+                ("layer1", gemm(0x50, 3, 0x20, 7)),
+                ("layer1_again", gemm(0x10, 4, 0x60, 8)),
             ],
         );
         assert!(out.iter().all(|o| o.1 == 0), "{out:?}");

@@ -19,7 +19,10 @@ const RUNS: usize = 7;
 /// `target/<profile>`: where the benchmark binary's `deps/` lives.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
-    exe.ancestors().nth(2).expect("target/<profile>/deps").to_path_buf()
+    exe.ancestors()
+        .nth(2)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
 }
 
 fn open(path: &Path, flags: c_int) -> *mut c_void {
@@ -60,6 +63,8 @@ fn ns_per_call(mut f: impl FnMut()) -> f64 {
 type Push = unsafe extern "C" fn(*const c_char) -> c_int;
 type Pop = unsafe extern "C" fn() -> c_int;
 type Group = unsafe extern "C" fn() -> u32;
+/// A case: its name, the loop body on the real functions, the same through the hooks.
+type Case = (&'static str, Box<dyn FnMut()>, Box<dyn FnMut()>);
 
 fn main() {
     if std::env::var_os("TTRACE_SOCKET").is_some() {
@@ -68,12 +73,21 @@ fn main() {
     }
     let dir = profile_dir();
     let sim = dir.join("sim");
-    let nvtx = open(&sim.join("libnvToolsExt.so.1"), libc::RTLD_NOW | libc::RTLD_GLOBAL);
-    let nccl = open(&sim.join("libnccl.so.2"), libc::RTLD_NOW | libc::RTLD_GLOBAL);
-    let lib = [dir.join("libttrace.so"), dir.join("deps").join("libttrace.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| dir.join("libttrace.so"));
+    let nvtx = open(
+        &sim.join("libnvToolsExt.so.1"),
+        libc::RTLD_NOW | libc::RTLD_GLOBAL,
+    );
+    let nccl = open(
+        &sim.join("libnccl.so.2"),
+        libc::RTLD_NOW | libc::RTLD_GLOBAL,
+    );
+    let lib = [
+        dir.join("libttrace.so"),
+        dir.join("deps").join("libttrace.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| dir.join("libttrace.so"));
     let ttrace = open(&lib, libc::RTLD_NOW | libc::RTLD_LOCAL);
 
     // SAFETY: the symbols have these C signatures (nvToolsExt.h, nccl.h).
@@ -103,7 +117,7 @@ fn main() {
         gs_hook();
         ge_hook();
     }
-    let cases: [(&str, Box<dyn FnMut()>, Box<dyn FnMut()>); 2] = [
+    let cases: [Case; 2] = [
         (
             "nvtxRangePushA + nvtxRangePop",
             // SAFETY: balanced push/pop with a NUL-terminated message.
@@ -137,7 +151,10 @@ fn main() {
         let r = ns_per_call(&mut real);
         let h = ns_per_call(&mut hooked);
         worst = worst.max(h - r);
-        println!("  {name:<32} real {r:6.2} ns/call   hooked {h:6.2} ns/call   overhead {:+6.2} ns", h - r);
+        println!(
+            "  {name:<32} real {r:6.2} ns/call   hooked {h:6.2} ns/call   overhead {:+6.2} ns",
+            h - r
+        );
     }
     println!(
         "worst overhead {worst:.2} ns/call (goal <= 20 ns): {}",

@@ -108,6 +108,80 @@ pub fn decode(
     Ok(out)
 }
 
+/// Decodes a blob of `raw_len` bytes into `out` (cleared first), reusing `scratch` and
+/// `out`'s capacity between calls. Safe on untrusted input: the decoded size is bounded by
+/// `raw_len` (a frame header's claim is never used to allocate more than the data yields), and
+/// any other length is reported as corruption.
+pub fn decode_into(
+    stored: &[u8],
+    raw_len: u64,
+    elem: usize,
+    codec: Codec,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let wrong = |got: u64| {
+        FormatError::Corrupt(format!(
+            "blob decodes to {got} bytes, header says {raw_len}"
+        ))
+    };
+    out.clear();
+    match codec {
+        Codec::Raw => {
+            if stored.len() as u64 != raw_len {
+                return Err(wrong(stored.len() as u64));
+            }
+            out.extend_from_slice(stored);
+        }
+        Codec::Zstd => zstd_bounded(stored, raw_len, out)?,
+        Codec::ShuffleZstd => {
+            zstd_bounded(stored, raw_len, scratch)?;
+            unshuffle(scratch, elem, out);
+        }
+    }
+    if out.len() as u64 != raw_len {
+        return Err(wrong(out.len() as u64));
+    }
+    Ok(())
+}
+
+/// zstd-decodes `stored` into `out`, expecting exactly `raw_len` bytes.
+fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), FormatError> {
+    use std::io::Read;
+    out.clear();
+    let corrupt = |e: std::io::Error| FormatError::Corrupt(format!("zstd: {e}"));
+    // The frame header of a one-shot compression carries the content size: when it does and
+    // agrees, decode in one call into an exactly sized buffer (the fast path).
+    let declared = zstd::zstd_safe::get_frame_content_size(stored)
+        .ok()
+        .flatten();
+    // A zstd block expands at most 128 KiB from 4 bytes (an RLE block): a larger claim is a
+    // lie, refused before it can size an allocation.
+    let most = (stored.len() as u64)
+        .saturating_mul(1 << 15)
+        .saturating_add(1 << 17);
+    if raw_len > most {
+        return Err(FormatError::Corrupt(format!(
+            "blob claims {raw_len} bytes from {} stored",
+            stored.len()
+        )));
+    }
+    if declared == Some(raw_len) {
+        let n = usize::try_from(raw_len)
+            .map_err(|_| FormatError::Corrupt(format!("blob of {raw_len} bytes")))?;
+        out.reserve_exact(n);
+        let mut d = zstd::bulk::Decompressor::new().map_err(FormatError::Io)?;
+        d.decompress_to_buffer(stored, out).map_err(corrupt)?;
+        return Ok(());
+    }
+    // Otherwise stream, never reading past one byte more than promised.
+    let dec = zstd::stream::read::Decoder::with_buffer(stored).map_err(corrupt)?;
+    dec.take(raw_len.saturating_add(1))
+        .read_to_end(out)
+        .map_err(corrupt)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +211,25 @@ mod tests {
             let back = decode(&stored, raw.len(), 4, codec, &mut scratch).expect("decodes");
             assert_eq!(back, raw, "{codec:?}");
         }
+    }
+
+    #[test]
+    fn decode_into_matches_decode_and_bounds_lies() {
+        let raw: Vec<u8> = (0..3001u32).map(|i| (i % 251) as u8).collect();
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        for codec in [Codec::Raw, Codec::Zstd, Codec::ShuffleZstd] {
+            let stored = encode(&raw, 2, codec, 3, &mut scratch).expect("encodes");
+            decode_into(&stored, raw.len() as u64, 2, codec, &mut scratch, &mut out)
+                .expect("decodes");
+            assert_eq!(out, raw, "{codec:?}");
+            for lie in [0, raw.len() as u64 - 1, raw.len() as u64 + 1, u64::MAX] {
+                assert!(
+                    decode_into(&stored, lie, 2, codec, &mut scratch, &mut out).is_err(),
+                    "{codec:?} accepted raw_len {lie}"
+                );
+            }
+        }
+        assert!(decode_into(b"not zstd", 8, 1, Codec::Zstd, &mut scratch, &mut out).is_err());
     }
 
     #[test]

@@ -5,9 +5,12 @@
 pub mod codec;
 pub mod config;
 pub mod dtype;
+pub mod reader;
 pub mod record;
+pub mod recover;
 pub mod ring;
 pub mod store;
+pub mod tensor;
 pub mod wire;
 
 use std::path::Path;

@@ -127,8 +127,9 @@ impl Manifest {
         let major = v.get("format_major").and_then(|m| m.as_u64());
         if major != Some(FORMAT_MAJOR as u64) {
             return Err(FormatError::Version(format!(
-                "{}: format major version {major:?}, this ttrace reads {FORMAT_MAJOR}",
-                path.display()
+                "{}: format major version {}, this ttrace reads {FORMAT_MAJOR}",
+                path.display(),
+                major.map_or_else(|| "missing".to_string(), |m| m.to_string())
             )));
         }
         serde_json::from_value(v)
@@ -386,49 +387,7 @@ impl Frame {
 
     /// Decodes a body (already checked against its CRC).
     pub fn parse(offset: u64, body: Vec<u8>) -> Result<Frame, FormatError> {
-        let bad = |why: String| FormatError::Corrupt(format!("frame at {offset}: {why}"));
-        if body.len() < 4 {
-            return Err(bad("body shorter than its metadata length".into()));
-        }
-        let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
-        let meta_end = 4usize
-            .checked_add(meta_len)
-            .filter(|&e| e <= body.len())
-            .ok_or_else(|| bad("metadata runs past the body".into()))?;
-        let record: Record = ciborium::from_reader(&body[4..meta_end])
-            .map_err(|e| bad(format!("record metadata: {e}")))?;
-        let mut blobs = Vec::new();
-        let mut at = meta_end;
-        while at < body.len() {
-            if at + BLOB_HEADER_BYTES > body.len() {
-                return Err(bad("truncated blob header".into()));
-            }
-            let h = &body[at..at + BLOB_HEADER_BYTES];
-            let codec =
-                Codec::from_u8(h[0]).ok_or_else(|| bad(format!("unknown codec {}", h[0])))?;
-            let raw_len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-            let stored = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")) as usize;
-            let start = at + BLOB_HEADER_BYTES;
-            let end = start
-                .checked_add(stored)
-                .filter(|&e| e <= body.len())
-                .ok_or_else(|| bad("blob runs past the body".into()))?;
-            blobs.push(BlobRef {
-                codec,
-                elem_size: h[1],
-                raw_len,
-                start,
-                end,
-            });
-            at = end;
-        }
-        let captured = record.tensors.iter().filter(|t| t.captured).count();
-        if captured != blobs.len() {
-            return Err(bad(format!(
-                "{captured} captured tensors but {} blobs",
-                blobs.len()
-            )));
-        }
+        let (record, blobs) = parse_body(offset, &body)?;
         Ok(Frame {
             offset,
             record,
@@ -436,6 +395,56 @@ impl Frame {
             blobs,
         })
     }
+}
+
+/// Decodes a frame body in place (already checked against its CRC): the record and where each
+/// blob's stored bytes sit in `body`. `offset` (of the frame in its segment) only names the
+/// frame in errors.
+pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), FormatError> {
+    let bad = |why: String| FormatError::Corrupt(format!("frame at {offset}: {why}"));
+    if body.len() < 4 {
+        return Err(bad("body shorter than its metadata length".into()));
+    }
+    let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+    let meta_end = 4usize
+        .checked_add(meta_len)
+        .filter(|&e| e <= body.len())
+        .ok_or_else(|| bad("metadata runs past the body".into()))?;
+    let record: Record = ciborium::from_reader(&body[4..meta_end])
+        .map_err(|e| bad(format!("record metadata: {e}")))?;
+    let mut blobs = Vec::new();
+    let mut at = meta_end;
+    while at < body.len() {
+        if at + BLOB_HEADER_BYTES > body.len() {
+            return Err(bad("truncated blob header".into()));
+        }
+        let h = &body[at..at + BLOB_HEADER_BYTES];
+        let codec = Codec::from_u8(h[0]).ok_or_else(|| bad(format!("unknown codec {}", h[0])))?;
+        let raw_len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+        let stored = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let start = at + BLOB_HEADER_BYTES;
+        let end = usize::try_from(stored)
+            .ok()
+            .and_then(|s| start.checked_add(s))
+            .filter(|&e| e <= body.len())
+            .ok_or_else(|| bad("blob runs past the body".into()))?;
+        blobs.push(BlobRef {
+            codec,
+            elem_size: h[1],
+            raw_len,
+            start,
+            end,
+        });
+        at = end;
+    }
+    let captured = record.tensors.iter().filter(|t| t.captured).count();
+    if captured != blobs.len() {
+        return Err(bad(format!(
+            "{captured} captured tensors but {} blobs",
+            blobs.len()
+        )));
+    }
+    Ok((record, blobs))
 }
 
 /// What a scan of a segment met besides good frames.

@@ -1,0 +1,1156 @@
+//! Reading a trace store: open a run directory, list its ranks and steps, and read records and
+//! tensors from its segments, surviving what a crash or a bad disk leaves behind.
+//!
+//! A [`Store`] lists the segments (`RUN/rankNNNNN/stepNNNNNN.seg`) and reads the manifest
+//! through [`Manifest::read`] (which refuses an unknown major version). A [`Segment`] is opened
+//! through [`SegmentReader::open`] (the same header and version check every reader uses), then
+//! memory-mapped: frames are read in place, never loaded whole, and a record's tensors are
+//! decoded one at a time.
+//!
+//! Recovery rules (docs/format.md, "Reading and recovery"):
+//!
+//! * The index (`.idx`) is used when it agrees with the segment (every entry inside the file,
+//!   in order, and on a frame header with the same length and CRC). A missing index is rebuilt
+//!   in memory by scanning; so is one that disagrees (reported as damaged). Bytes the index
+//!   does not cover (after its last entry, or between entries) are scanned too.
+//! * A frame whose body does not match its CRC is reported with its rank, step and seq (the
+//!   seq from the index, else bracketed by the intact neighbours) and skipped; scanning resumes
+//!   at the next intact frame, so every other record stays readable.
+//! * A frame cut short by the end of the file is a torn tail, dropped with a warning.
+//! * Checksums are verified when a record is read ([`Segment::read`]); metadata-only reads
+//!   ([`Segment::read_meta`]) skip the body CRC for speed (listing a store).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::File;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::codec;
+use crate::record::{Record, Tensor};
+use crate::store::{
+    index_path, parse_body, read_index, BlobRef, IndexEntry, Manifest, SegmentReader,
+    FRAME_HEADER_BYTES, FRAME_MAGIC, SEGMENT_HEADER_BYTES,
+};
+use crate::tensor::TensorData;
+use crate::FormatError;
+
+/// What kind of problem a reader met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IssueKind {
+    /// A record whose bytes do not match their checksum or do not decode: skipped.
+    CorruptRecord,
+    /// The segment ends inside a record (its writer was killed): the partial record is dropped.
+    TornTail,
+    /// The segment has no index (its writer never closed it): rebuilt by scanning.
+    MissingIndex,
+    /// The index does not match the segment: rebuilt by scanning.
+    DamagedIndex,
+    /// A frame header is damaged but the index located its intact body.
+    RecoveredByIndex,
+    /// The segment's header (magic, version, or rank and step) is unusable or disagrees with its
+    /// file name.
+    BadHeader,
+    /// A record claims another rank or step than its segment, or repeats a seq.
+    Inconsistent,
+    /// A tensor's bytes do not decode or do not match the record's CRC-32.
+    BadTensor,
+    /// Fewer intact records than the manifest counts.
+    LostRecords,
+    /// `manifest.json` is missing or unreadable: run details are unknown.
+    BadManifest,
+    /// A file or directory in the store that is not part of the format.
+    Stray,
+}
+
+impl IssueKind {
+    /// Whether records or bytes were lost (as opposed to a structure a reader rebuilt).
+    pub fn loses_data(self) -> bool {
+        matches!(
+            self,
+            IssueKind::CorruptRecord
+                | IssueKind::TornTail
+                | IssueKind::BadHeader
+                | IssueKind::BadTensor
+                | IssueKind::LostRecords
+        )
+    }
+}
+
+/// What is known of the seq of a record that could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SeqHint {
+    /// Known (read from the index or the record).
+    Exact(u64),
+    /// Between two intact neighbours (inclusive); `lo > hi` cannot happen.
+    Between(u64, u64),
+    /// After the last intact record.
+    AtLeast(u64),
+    /// Nothing to go by.
+    Unknown,
+}
+
+impl fmt::Display for SeqHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SeqHint::Exact(s) => write!(f, "seq {s}"),
+            SeqHint::Between(a, b) if a == b => write!(f, "seq {a}"),
+            SeqHint::Between(a, b) => write!(f, "seq {a}..{b}"),
+            SeqHint::AtLeast(a) => write!(f, "seq >= {a}"),
+            SeqHint::Unknown => write!(f, "seq unknown"),
+        }
+    }
+}
+
+/// A problem found while reading, located as precisely as the data allows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Issue {
+    pub kind: IssueKind,
+    /// The file concerned.
+    pub path: PathBuf,
+    pub rank: Option<u32>,
+    pub step: Option<u64>,
+    pub seq: Option<SeqHint>,
+    /// Byte offset in the file, when it applies.
+    pub offset: Option<u64>,
+    /// Bytes affected (skipped, dropped), when it applies.
+    pub bytes: Option<u64>,
+    /// What exactly is wrong and what the reader did about it.
+    pub detail: String,
+}
+
+impl fmt::Display for Issue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut at = Vec::new();
+        if let Some(r) = self.rank {
+            at.push(format!("rank {r}"));
+        }
+        if let Some(s) = self.step {
+            at.push(format!("step {s}"));
+        }
+        if let Some(q) = self.seq {
+            at.push(q.to_string());
+        }
+        if !at.is_empty() {
+            write!(f, "{}: ", at.join(" "))?;
+        }
+        let what = match self.kind {
+            IssueKind::CorruptRecord => "corrupt record",
+            IssueKind::TornTail => "torn tail",
+            IssueKind::MissingIndex => "missing index",
+            IssueKind::DamagedIndex => "damaged index",
+            IssueKind::RecoveredByIndex => "damaged frame header",
+            IssueKind::BadHeader => "bad segment header",
+            IssueKind::Inconsistent => "inconsistent record",
+            IssueKind::BadTensor => "bad tensor",
+            IssueKind::LostRecords => "lost records",
+            IssueKind::BadManifest => "manifest",
+            IssueKind::Stray => "stray file",
+        };
+        write!(f, "{what}: {}", self.detail)?;
+        match (self.offset, self.bytes) {
+            (Some(o), Some(b)) => write!(f, " ({} at byte {o}, {b} bytes)", self.path.display()),
+            (Some(o), None) => write!(f, " ({} at byte {o})", self.path.display()),
+            _ => write!(f, " ({})", self.path.display()),
+        }
+    }
+}
+
+/// One segment file of a store, as listed (not opened).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentInfo {
+    pub rank: u32,
+    pub step: u64,
+    pub path: PathBuf,
+    /// Size of the segment file.
+    pub bytes: u64,
+    /// Whether an index file sits next to it.
+    pub has_index: bool,
+}
+
+/// An opened store directory.
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    manifest: Option<Manifest>,
+    segments: Vec<SegmentInfo>,
+    issues: Vec<Issue>,
+}
+
+/// Parses `prefix` followed by decimal digits, then `suffix`.
+fn numbered(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+impl Store {
+    /// Opens a store: reads the manifest (refusing an unknown major version) and lists the
+    /// segments. A missing or unreadable manifest is an [`Issue`], not an error, as long as
+    /// segments are there: the records stay readable.
+    pub fn open(root: &Path) -> Result<Store, FormatError> {
+        let meta = std::fs::metadata(root).map_err(|e| FormatError::at(root, e))?;
+        if !meta.is_dir() {
+            return Err(FormatError::Invalid(format!(
+                "{}: not a ttrace store (not a directory)",
+                root.display()
+            )));
+        }
+        let mut issues = Vec::new();
+        let manifest_file = crate::store::manifest_path(root);
+        let manifest = match Manifest::read(root) {
+            Ok(m) => Some(m),
+            Err(e @ FormatError::Version(_)) => return Err(e),
+            Err(FormatError::File { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                issues.push(Issue {
+                    kind: IssueKind::BadManifest,
+                    path: manifest_file,
+                    rank: None,
+                    step: None,
+                    seq: None,
+                    offset: None,
+                    bytes: None,
+                    detail: "manifest.json is missing: the command, environment, ranks and \
+                             communicators of the run are unknown; the records are read from \
+                             the segments (`ttrace fsck --repair` rebuilds it)"
+                        .into(),
+                });
+                None
+            }
+            Err(e) => {
+                issues.push(Issue {
+                    kind: IssueKind::BadManifest,
+                    path: manifest_file,
+                    rank: None,
+                    step: None,
+                    seq: None,
+                    offset: None,
+                    bytes: None,
+                    detail: format!(
+                        "unreadable ({e}); the records are read from the segments \
+                         (`ttrace fsck --repair` rebuilds it)"
+                    ),
+                });
+                None
+            }
+        };
+        let mut segments = Vec::new();
+        let entries = std::fs::read_dir(root).map_err(|e| FormatError::at(root, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| FormatError::at(root, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(rank) = numbered(name, "rank", "") else {
+                continue;
+            };
+            let Ok(rank) = u32::try_from(rank) else {
+                continue;
+            };
+            let dir = entry.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&dir).map_err(|e| FormatError::at(&dir, e))? {
+                let f = f.map_err(|e| FormatError::at(&dir, e))?;
+                let fname = f.file_name();
+                let Some(fname) = fname.to_str() else {
+                    continue;
+                };
+                let path = f.path();
+                if let Some(step) = numbered(fname, "step", ".seg") {
+                    let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+                    let has_index = index_path(&path).is_file();
+                    segments.push(SegmentInfo {
+                        rank,
+                        step,
+                        path,
+                        bytes,
+                        has_index,
+                    });
+                } else if numbered(fname, "step", ".idx").is_some() || fname.ends_with(".idx.tmp") {
+                    // An index (or one a killed writer left half-written): read with its segment.
+                } else {
+                    issues.push(Issue {
+                        kind: IssueKind::Stray,
+                        path,
+                        rank: Some(rank),
+                        step: None,
+                        seq: None,
+                        offset: None,
+                        bytes: None,
+                        detail: "not a segment or an index; ignored".into(),
+                    });
+                }
+            }
+        }
+        if manifest.is_none() && segments.is_empty() {
+            return Err(FormatError::Invalid(format!(
+                "{}: not a ttrace store (no manifest.json and no rankNNNNN/stepNNNNNN.seg)",
+                root.display()
+            )));
+        }
+        segments.sort_by_key(|s| (s.rank, s.step));
+        Ok(Store {
+            root: root.to_path_buf(),
+            manifest,
+            segments,
+            issues,
+        })
+    }
+
+    /// The store directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The manifest, when it was readable.
+    pub fn manifest(&self) -> Option<&Manifest> {
+        self.manifest.as_ref()
+    }
+
+    /// Problems found while opening (manifest, stray files).
+    pub fn issues(&self) -> &[Issue] {
+        &self.issues
+    }
+
+    /// Every segment, by rank then step.
+    pub fn segments(&self) -> &[SegmentInfo] {
+        &self.segments
+    }
+
+    /// Ranks that have at least one segment, ascending.
+    pub fn ranks(&self) -> Vec<u32> {
+        let mut r: Vec<u32> = self.segments.iter().map(|s| s.rank).collect();
+        r.dedup();
+        r
+    }
+
+    /// Steps of `rank`, ascending.
+    pub fn steps(&self, rank: u32) -> Vec<u64> {
+        self.segments
+            .iter()
+            .filter(|s| s.rank == rank)
+            .map(|s| s.step)
+            .collect()
+    }
+
+    /// The listed segment of (rank, step).
+    pub fn segment_info(&self, rank: u32, step: u64) -> Option<&SegmentInfo> {
+        self.segments
+            .binary_search_by_key(&(rank, step), |s| (s.rank, s.step))
+            .ok()
+            .map(|i| &self.segments[i])
+    }
+
+    /// Opens the segment of (rank, step).
+    pub fn open_segment(&self, rank: u32, step: u64) -> Result<Segment, FormatError> {
+        let info = self.segment_info(rank, step).ok_or_else(|| {
+            FormatError::Invalid(format!(
+                "{}: no segment for rank {rank} step {step}",
+                self.root.display()
+            ))
+        })?;
+        Segment::open_as(&info.path, Some((rank, step)))
+    }
+}
+
+/// The bytes of a segment: memory-mapped, or read when mapping is not possible.
+enum Bytes {
+    Map(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// Where one intact-looking frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct FrameLoc {
+    pub seq: u64,
+    /// Offset of the frame header.
+    pub offset: u64,
+    /// Header plus body.
+    pub frame_len: u64,
+    /// CRC-32 its body must have.
+    pub crc32: u32,
+    /// Whether the body was already checked against `crc32` (frames found by scanning).
+    pub verified: bool,
+}
+
+/// How a segment's frames were located.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexState {
+    /// The index matched the segment and was used (bytes it did not cover were scanned).
+    Used,
+    /// There was no index: the segment was scanned.
+    Missing,
+    /// The index was unusable: the segment was scanned.
+    Damaged,
+}
+
+/// An opened segment: its frames located, its problems listed.
+pub struct Segment {
+    path: PathBuf,
+    /// From the header.
+    pub rank: u32,
+    pub step: u64,
+    data: Bytes,
+    frames: Vec<FrameLoc>,
+    issues: Vec<Issue>,
+    index: IndexState,
+    /// End of the last intact frame (where a torn tail starts).
+    good_end: u64,
+}
+
+impl fmt::Debug for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Segment")
+            .field("path", &self.path)
+            .field("rank", &self.rank)
+            .field("step", &self.step)
+            .field("frames", &self.frames.len())
+            .field("issues", &self.issues)
+            .field("index", &self.index)
+            .finish()
+    }
+}
+
+/// Why bytes at an offset are not an intact frame.
+#[derive(Debug)]
+enum Bad {
+    /// The file ends inside the frame.
+    Truncated,
+    Magic,
+    Crc,
+    Parse(String),
+}
+
+impl fmt::Display for Bad {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bad::Truncated => f.write_str("cut short by the end of the file"),
+            Bad::Magic => f.write_str("no frame magic"),
+            Bad::Crc => f.write_str("checksum mismatch"),
+            Bad::Parse(w) => write!(f, "undecodable: {w}"),
+        }
+    }
+}
+
+fn u32_at(d: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&d[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(d: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&d[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Checks the frame at `pos` completely (header, CRC, record) and returns where it is.
+fn check_frame(data: &[u8], pos: usize) -> Result<FrameLoc, Bad> {
+    let hdr = FRAME_HEADER_BYTES as usize;
+    let rest = data.len().saturating_sub(pos);
+    if rest < hdr {
+        // A header cut short still starts with (a prefix of) the magic.
+        let n = rest.min(4);
+        return Err(if data[pos..pos + n] == FRAME_MAGIC[..n] {
+            Bad::Truncated
+        } else {
+            Bad::Magic
+        });
+    }
+    if data[pos..pos + 4] != FRAME_MAGIC {
+        return Err(Bad::Magic);
+    }
+    let body_len = u64_at(data, pos + 8);
+    let crc = u32_at(data, pos + 16);
+    if body_len > (rest - hdr) as u64 {
+        return Err(Bad::Truncated);
+    }
+    let body = &data[pos + hdr..pos + hdr + body_len as usize];
+    if crc32fast::hash(body) != crc {
+        return Err(Bad::Crc);
+    }
+    let (record, _) = parse_body(pos as u64, body).map_err(|e| Bad::Parse(e.to_string()))?;
+    Ok(FrameLoc {
+        seq: record.seq,
+        offset: pos as u64,
+        frame_len: FRAME_HEADER_BYTES + body_len,
+        crc32: crc,
+        verified: true,
+    })
+}
+
+/// Whether an index entry locates an intact body even though the frame header may be damaged.
+fn check_by_index(data: &[u8], e: &IndexEntry) -> Option<FrameLoc> {
+    let start = e.offset.checked_add(FRAME_HEADER_BYTES)?;
+    let end = e.offset.checked_add(e.frame_len)?;
+    if start > end || end > data.len() as u64 {
+        return None;
+    }
+    let body = &data[start as usize..end as usize];
+    if crc32fast::hash(body) != e.crc32 {
+        return None;
+    }
+    let (record, _) = parse_body(e.offset, body).ok()?;
+    (record.seq == e.seq).then_some(FrameLoc {
+        seq: e.seq,
+        offset: e.offset,
+        frame_len: e.frame_len,
+        crc32: e.crc32,
+        verified: true,
+    })
+}
+
+/// The next offset at or after `from` (and before `end`) where an intact frame starts.
+fn find_next_frame(data: &[u8], from: usize, end: usize) -> Option<FrameLoc> {
+    let end = end.min(data.len());
+    let mut at = from;
+    while at + 4 <= end {
+        let rel = data[at..end].windows(4).position(|w| w == FRAME_MAGIC)?;
+        let pos = at + rel;
+        if let Ok(loc) = check_frame(data, pos) {
+            if loc.offset + loc.frame_len <= end as u64 {
+                return Some(loc);
+            }
+        }
+        at = pos + 1;
+    }
+    None
+}
+
+impl Segment {
+    /// Opens a segment file: checks its header and version, locates its frames through the
+    /// index or by scanning (see the module documentation), and lists the problems met.
+    pub fn open(path: &Path) -> Result<Segment, FormatError> {
+        Segment::open_as(path, None)
+    }
+
+    /// [`Segment::open`], checking the header against the (rank, step) its name gives.
+    pub fn open_as(path: &Path, named: Option<(u32, u64)>) -> Result<Segment, FormatError> {
+        // The shared header and version check of every reader.
+        let header = SegmentReader::open(path)?;
+        let (rank, step) = (header.rank, header.step);
+        drop(header);
+        let file = File::open(path).map_err(|e| FormatError::at(path, e))?;
+        // SAFETY: the mapping is read-only and lives as long as this Segment. Segments are
+        // append-only while a collector writes them (bytes past the length mapped here are not
+        // seen); only `ttrace fsck --repair` shrinks one, and it drops its own mappings first
+        // and refuses a store that is still being written. A file truncated under the mapping
+        // by another program would fault on access — the documented hazard of reading files
+        // that something else is cutting.
+        let data = match unsafe { memmap2::Mmap::map(&file) } {
+            Ok(m) => {
+                #[cfg(unix)]
+                let _ = m.advise(memmap2::Advice::Sequential);
+                Bytes::Map(m)
+            }
+            Err(_) => Bytes::Owned(std::fs::read(path).map_err(|e| FormatError::at(path, e))?),
+        };
+        if (data.len() as u64) < SEGMENT_HEADER_BYTES {
+            return Err(FormatError::Corrupt(format!(
+                "{}: shorter than a segment header",
+                path.display()
+            )));
+        }
+        let mut seg = Segment {
+            path: path.to_path_buf(),
+            rank,
+            step,
+            data,
+            frames: Vec::new(),
+            issues: Vec::new(),
+            index: IndexState::Used,
+            good_end: SEGMENT_HEADER_BYTES,
+        };
+        if let Some((r, s)) = named {
+            if (r, s) != (rank, step) {
+                seg.issue(
+                    IssueKind::BadHeader,
+                    None,
+                    Some(0),
+                    None,
+                    format!(
+                        "the header says rank {rank} step {step} but the file is named for \
+                         rank {r} step {s}; the header's numbers are used"
+                    ),
+                );
+            }
+        }
+        seg.locate();
+        seg.check_records_belong();
+        Ok(seg)
+    }
+
+    fn issue(
+        &mut self,
+        kind: IssueKind,
+        seq: Option<SeqHint>,
+        offset: Option<u64>,
+        bytes: Option<u64>,
+        detail: String,
+    ) {
+        self.issues.push(Issue {
+            kind,
+            path: self.path.clone(),
+            rank: Some(self.rank),
+            step: Some(self.step),
+            seq,
+            offset,
+            bytes,
+            detail,
+        });
+    }
+
+    /// Fills `frames` from the index when it is usable, else by scanning.
+    fn locate(&mut self) {
+        let ipath = index_path(&self.path);
+        let entries = match read_index(&ipath) {
+            Ok(e) => Some(e),
+            Err(FormatError::File { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                self.index = IndexState::Missing;
+                self.issue(
+                    IssueKind::MissingIndex,
+                    None,
+                    None,
+                    None,
+                    "no index (the segment was not closed: its collector stopped early); \
+                     located the records by scanning"
+                        .into(),
+                );
+                None
+            }
+            Err(e) => {
+                self.index = IndexState::Damaged;
+                self.issue(
+                    IssueKind::DamagedIndex,
+                    None,
+                    None,
+                    None,
+                    format!("{e}; located the records by scanning"),
+                );
+                None
+            }
+        };
+        let len = self.data.len() as u64;
+        if let Some(entries) = entries {
+            match self.validate_index(&entries) {
+                Ok(valid) => {
+                    // Entries past the end of the file: the segment lost its tail.
+                    let lost = &entries[valid..];
+                    let mut pos = SEGMENT_HEADER_BYTES;
+                    let mut frames = Vec::with_capacity(valid);
+                    for e in &entries[..valid] {
+                        if e.offset > pos {
+                            self.scan(pos, e.offset, &entries, &mut frames);
+                        }
+                        frames.push(FrameLoc {
+                            seq: e.seq,
+                            offset: e.offset,
+                            frame_len: e.frame_len,
+                            crc32: e.crc32,
+                            verified: false,
+                        });
+                        pos = e.offset + e.frame_len;
+                    }
+                    self.good_end = pos;
+                    if pos < len {
+                        self.scan(pos, len, &entries, &mut frames);
+                    }
+                    if let Some(first) = lost.first() {
+                        let seqs = match lost.last() {
+                            Some(l) if l.seq != first.seq => SeqHint::Between(first.seq, l.seq),
+                            _ => SeqHint::Exact(first.seq),
+                        };
+                        // The scan already reported a torn frame where the first lost one
+                        // began: give it the seq the index knows instead of a second issue.
+                        let torn = self.issues.iter_mut().find(|i| {
+                            i.kind == IssueKind::TornTail && i.offset == Some(first.offset)
+                        });
+                        let detail = format!(
+                            "the index lists {} record(s) that the file no longer holds \
+                             (it was cut at byte {len})",
+                            lost.len()
+                        );
+                        match torn {
+                            Some(i) => {
+                                i.seq = Some(seqs);
+                                i.detail = format!("{}; {detail}", i.detail);
+                            }
+                            None => self.issue(
+                                IssueKind::TornTail,
+                                Some(seqs),
+                                Some(first.offset),
+                                Some(0),
+                                detail,
+                            ),
+                        }
+                    }
+                    self.frames = frames;
+                    return;
+                }
+                Err(why) => {
+                    self.index = IndexState::Damaged;
+                    self.issue(
+                        IssueKind::DamagedIndex,
+                        None,
+                        None,
+                        None,
+                        format!("{why}; located the records by scanning"),
+                    );
+                    let mut frames = Vec::new();
+                    self.scan(SEGMENT_HEADER_BYTES, len, &entries, &mut frames);
+                    self.frames = frames;
+                    return;
+                }
+            }
+        }
+        let mut frames = Vec::new();
+        self.scan(SEGMENT_HEADER_BYTES, len, &[], &mut frames);
+        self.frames = frames;
+    }
+
+    /// Checks index entries against the segment. Returns how many leading entries are usable
+    /// (the rest lie past the end of the file), or why the index cannot be trusted.
+    fn validate_index(&self, entries: &[IndexEntry]) -> Result<usize, String> {
+        let data = &self.data[..];
+        let len = data.len() as u64;
+        let mut prev_end = SEGMENT_HEADER_BYTES;
+        let mut valid = entries.len();
+        for (i, e) in entries.iter().enumerate() {
+            let end = e
+                .offset
+                .checked_add(e.frame_len)
+                .ok_or_else(|| format!("entry {i} overflows"))?;
+            if e.offset < prev_end || e.frame_len < FRAME_HEADER_BYTES {
+                return Err(format!(
+                    "entry {i} (seq {}) overlaps its predecessor or is too short",
+                    e.seq
+                ));
+            }
+            if end > len {
+                // Every later entry must be past the end too (a cut file), else the index is
+                // simply wrong.
+                if entries[i..]
+                    .iter()
+                    .all(|l| l.offset.saturating_add(l.frame_len) > len)
+                {
+                    valid = i;
+                    break;
+                }
+                return Err(format!("entry {i} (seq {}) lies past the end", e.seq));
+            }
+            let o = e.offset as usize;
+            let h = &data[o..o + FRAME_HEADER_BYTES as usize];
+            if h[..4] != FRAME_MAGIC
+                || u64_at(h, 8) != e.frame_len - FRAME_HEADER_BYTES
+                || u32_at(h, 16) != e.crc32
+            {
+                return Err(format!(
+                    "entry {i} (seq {}) does not match the frame header at byte {}",
+                    e.seq, e.offset
+                ));
+            }
+            prev_end = end;
+        }
+        Ok(valid)
+    }
+
+    /// Scans `[from, to)` for frames, appending intact ones to `frames` and reporting the
+    /// rest. `hints` (a possibly damaged index) gives seqs of frames that cannot be read.
+    fn scan(&mut self, from: u64, to: u64, hints: &[IndexEntry], frames: &mut Vec<FrameLoc>) {
+        let hint_at: HashMap<u64, &IndexEntry> = hints.iter().map(|e| (e.offset, e)).collect();
+        let len = self.data.len() as u64;
+        let mut pos = from;
+        while pos < to {
+            let checked = check_frame(&self.data, pos as usize);
+            let bad = match checked {
+                Ok(loc) if loc.offset + loc.frame_len <= to => {
+                    frames.push(loc);
+                    pos += loc.frame_len;
+                    self.good_end = self.good_end.max(pos);
+                    continue;
+                }
+                Ok(_) => Bad::Parse("overlaps an indexed record".into()),
+                Err(b) => b,
+            };
+            // Damaged header, intact body: the index still knows where it ends.
+            if let Some(loc) = hint_at
+                .get(&pos)
+                .and_then(|e| check_by_index(&self.data, e))
+            {
+                if loc.offset + loc.frame_len <= to {
+                    self.issue(
+                        IssueKind::RecoveredByIndex,
+                        Some(SeqHint::Exact(loc.seq)),
+                        Some(pos),
+                        None,
+                        format!("frame header {bad}; the record's body is intact and was read through the index"),
+                    );
+                    frames.push(loc);
+                    pos += loc.frame_len;
+                    self.good_end = self.good_end.max(pos);
+                    continue;
+                }
+            }
+            let next = find_next_frame(&self.data, pos as usize + 1, to as usize);
+            let skip_to = next.map_or(to, |n| n.offset);
+            let prev_seq = frames.last().map(|f| f.seq);
+            let seq = match (hint_at.get(&pos), prev_seq, next.map(|n| n.seq)) {
+                (Some(e), _, _) => SeqHint::Exact(e.seq),
+                (None, Some(p), Some(n)) if n > p + 1 => SeqHint::Between(p + 1, n - 1),
+                (None, None, Some(n)) if n > 0 => SeqHint::Between(0, n - 1),
+                (None, Some(p), None) => SeqHint::AtLeast(p + 1),
+                (None, None, None) => SeqHint::AtLeast(0),
+                _ => SeqHint::Unknown,
+            };
+            let skipped = skip_to - pos;
+            if next.is_none() && to == len && matches!(bad, Bad::Truncated | Bad::Magic) {
+                self.issue(
+                    IssueKind::TornTail,
+                    Some(seq),
+                    Some(pos),
+                    Some(skipped),
+                    format!(
+                        "the segment ends inside a record ({bad}; its writer was killed \
+                         mid-record): {skipped} bytes dropped, every earlier record is intact"
+                    ),
+                );
+            } else {
+                self.issue(
+                    IssueKind::CorruptRecord,
+                    Some(seq),
+                    Some(pos),
+                    Some(skipped),
+                    format!(
+                        "{bad}; skipped {skipped} bytes, {}",
+                        if next.is_some() {
+                            "reading resumed at the next intact record"
+                        } else {
+                            "no intact record follows"
+                        }
+                    ),
+                );
+            }
+            pos = skip_to;
+        }
+    }
+
+    /// Reports seqs that repeat within the segment.
+    fn check_records_belong(&mut self) {
+        let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+        for f in &self.frames {
+            *seen.entry(f.seq).or_default() += 1;
+        }
+        let dups: Vec<u64> = seen
+            .iter()
+            .filter(|(_, &n)| n > 1)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in dups {
+            self.issue(
+                IssueKind::Inconsistent,
+                Some(SeqHint::Exact(s)),
+                None,
+                None,
+                "several records carry this seq".into(),
+            );
+        }
+    }
+
+    /// The segment file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size of the segment file.
+    pub fn file_len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// Where the intact frames end (a torn tail begins there).
+    pub fn good_end(&self) -> u64 {
+        self.good_end
+    }
+
+    /// How the frames were located.
+    pub fn index_state(&self) -> IndexState {
+        self.index
+    }
+
+    /// Problems met while opening (reads of single records can report more).
+    pub fn issues(&self) -> &[Issue] {
+        &self.issues
+    }
+
+    /// The located frames, in file order.
+    pub fn frames(&self) -> &[FrameLoc] {
+        &self.frames
+    }
+
+    /// Number of located frames.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether the segment holds no frame.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// The frame index of the record with `seq`.
+    pub fn find_seq(&self, seq: u64) -> Option<usize> {
+        // Frames are in seq order unless a segment was rewritten oddly; fall back to a scan.
+        match self.frames.binary_search_by_key(&seq, |f| f.seq) {
+            Ok(i) => Some(i),
+            Err(_) => self.frames.iter().position(|f| f.seq == seq),
+        }
+    }
+
+    /// Reads the record with `seq` (checking its CRC), `None` when no frame has it. Seqs
+    /// come from the index when there is one; a record whose own seq disagrees is still found.
+    pub fn read_seq(&self, seq: u64) -> Option<Result<RecordView<'_>, Box<Issue>>> {
+        if let Some(i) = self.find_seq(seq) {
+            match self.read(i) {
+                Ok(v) if v.record.seq == seq => return Some(Ok(v)),
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        (0..self.frames.len()).find_map(|i| match self.read_meta(i) {
+            Ok(v) if v.record.seq == seq => Some(self.read(i)),
+            _ => None,
+        })
+    }
+
+    /// An issue about frame `loc`.
+    fn frame_issue(&self, kind: IssueKind, loc: &FrameLoc, detail: String) -> Box<Issue> {
+        Box::new(Issue {
+            kind,
+            path: self.path.clone(),
+            rank: Some(self.rank),
+            step: Some(self.step),
+            seq: Some(SeqHint::Exact(loc.seq)),
+            offset: Some(loc.offset),
+            bytes: Some(loc.frame_len),
+            detail,
+        })
+    }
+
+    fn body(&self, loc: &FrameLoc) -> &[u8] {
+        let s = (loc.offset + FRAME_HEADER_BYTES) as usize;
+        &self.data[s..(loc.offset + loc.frame_len) as usize]
+    }
+
+    /// Reads frame `i`, checking its body against its CRC: a mismatch is a
+    /// [`IssueKind::CorruptRecord`] naming rank, step and seq; every other frame stays
+    /// readable.
+    pub fn read(&self, i: usize) -> Result<RecordView<'_>, Box<Issue>> {
+        self.read_inner(i, true)
+    }
+
+    /// Reads frame `i`'s record without checking the body's CRC (its metadata is still
+    /// decoded and bounds-checked). For listing; use [`Segment::read`] for data.
+    pub fn read_meta(&self, i: usize) -> Result<RecordView<'_>, Box<Issue>> {
+        self.read_inner(i, false)
+    }
+
+    fn read_inner(&self, i: usize, verify: bool) -> Result<RecordView<'_>, Box<Issue>> {
+        let loc = *self.frames.get(i).ok_or_else(|| {
+            Box::new(Issue {
+                kind: IssueKind::Inconsistent,
+                path: self.path.clone(),
+                rank: Some(self.rank),
+                step: Some(self.step),
+                seq: None,
+                offset: None,
+                bytes: None,
+                detail: format!("no frame {i}: the segment holds {}", self.frames.len()),
+            })
+        })?;
+        let body = self.body(&loc);
+        if verify && !loc.verified && crc32fast::hash(body) != loc.crc32 {
+            return Err(self.frame_issue(
+                IssueKind::CorruptRecord,
+                &loc,
+                "checksum mismatch: the record's bytes were damaged on disk; it is skipped, \
+                 the other records are intact"
+                    .into(),
+            ));
+        }
+        let (record, blobs) = parse_body(loc.offset, body).map_err(|e| {
+            self.frame_issue(IssueKind::CorruptRecord, &loc, format!("undecodable: {e}"))
+        })?;
+        // The record's own seq (under its CRC) wins over the index's (which no CRC covers):
+        // `ttrace fsck` reports and rewrites such an index.
+        let mut blob_of = Vec::with_capacity(record.tensors.len());
+        let mut b = 0;
+        for t in &record.tensors {
+            if t.captured {
+                blob_of.push(Some(b));
+                b += 1;
+            } else {
+                blob_of.push(None);
+            }
+        }
+        Ok(RecordView {
+            offset: loc.offset,
+            frame_len: loc.frame_len,
+            path: &self.path,
+            record,
+            body,
+            blobs,
+            blob_of,
+        })
+    }
+
+    /// Every located record in file order, each checked against its CRC.
+    pub fn records(&self) -> impl Iterator<Item = Result<RecordView<'_>, Box<Issue>>> + '_ {
+        (0..self.frames.len()).map(move |i| self.read(i))
+    }
+}
+
+/// A record read from a segment, with access to its tensors' bytes (decoded on demand).
+pub struct RecordView<'a> {
+    /// Offset of the frame in its segment.
+    pub offset: u64,
+    /// Header plus body.
+    pub frame_len: u64,
+    path: &'a Path,
+    pub record: Record,
+    body: &'a [u8],
+    blobs: Vec<BlobRef>,
+    /// The blob of each tensor (`None`: not captured).
+    blob_of: Vec<Option<usize>>,
+}
+
+impl RecordView<'_> {
+    fn blob(&self, tensor: usize) -> Result<&BlobRef, FormatError> {
+        let t = self.record.tensors.get(tensor).ok_or_else(|| {
+            FormatError::Invalid(format!(
+                "{}: the record has {} tensors, asked for {tensor}",
+                self.name(),
+                self.record.tensors.len()
+            ))
+        })?;
+        self.blob_of[tensor]
+            .and_then(|b| self.blobs.get(b))
+            .ok_or_else(|| {
+                FormatError::Invalid(format!(
+                    "{}: tensor {tensor} ({:?}) was not captured (metadata only)",
+                    self.name(),
+                    t.role
+                ))
+            })
+    }
+
+    /// `rank R step S seq Q API` for messages.
+    pub fn name(&self) -> String {
+        let r = &self.record;
+        format!("rank {} step {} seq {} {}", r.rank, r.step, r.seq, r.api)
+    }
+
+    /// Whether tensor `i` has stored bytes.
+    pub fn is_captured(&self, tensor: usize) -> bool {
+        self.blob_of.get(tensor).copied().flatten().is_some()
+    }
+
+    /// Bytes stored on disk for tensor `i` (compressed), if captured.
+    pub fn stored_len(&self, tensor: usize) -> Option<u64> {
+        let b = self.blob_of.get(tensor).copied().flatten()?;
+        self.blobs.get(b).map(|b| (b.end - b.start) as u64)
+    }
+
+    /// Raw bytes of all captured tensors (as the daemon counts `bytes_raw`).
+    pub fn raw_bytes(&self) -> u64 {
+        self.blobs.iter().map(|b| b.raw_len).sum()
+    }
+
+    /// Stored bytes of all captured tensors (as the daemon counts `bytes_stored`).
+    pub fn stored_bytes(&self) -> u64 {
+        self.blobs.iter().map(|b| (b.end - b.start) as u64).sum()
+    }
+
+    /// Decodes tensor `i`'s bytes into `out` (reusing its capacity and `scratch`), checking
+    /// the length against the record and the bytes against the record's CRC-32.
+    pub fn tensor_bytes_into(
+        &self,
+        tensor: usize,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FormatError> {
+        let b = *self.blob(tensor)?;
+        let t: &Tensor = &self.record.tensors[tensor];
+        let bad = |why: String| {
+            FormatError::Corrupt(format!(
+                "{}: tensor {tensor} ({:?}) in {}: {why}",
+                self.name(),
+                t.role,
+                self.path.display()
+            ))
+        };
+        if b.raw_len != t.nbytes {
+            return Err(bad(format!(
+                "stored {} bytes but the record says {}",
+                b.raw_len, t.nbytes
+            )));
+        }
+        codec::decode_into(
+            &self.body[b.start..b.end],
+            b.raw_len,
+            b.elem_size as usize,
+            b.codec,
+            scratch,
+            out,
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        let crc = crc32fast::hash(out);
+        if crc != t.crc32 {
+            return Err(bad(format!(
+                "CRC-32 {crc:#010x} of the bytes, the record says {:#010x}",
+                t.crc32
+            )));
+        }
+        Ok(())
+    }
+
+    /// Tensor `i`'s bytes (packed row-major, little-endian, as the record's shape and dtype
+    /// say).
+    pub fn tensor_bytes(&self, tensor: usize) -> Result<Vec<u8>, FormatError> {
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        self.tensor_bytes_into(tensor, &mut scratch, &mut out)?;
+        Ok(out)
+    }
+
+    /// Tensor `i` as typed values.
+    pub fn tensor(&self, tensor: usize) -> Result<TensorData, FormatError> {
+        let bytes = self.tensor_bytes(tensor)?;
+        TensorData::from_le_bytes(self.record.tensors[tensor].dtype, &bytes)
+    }
+
+    /// The stored (compressed) bytes and codec of tensor `i`, as on disk.
+    pub fn stored(&self, tensor: usize) -> Result<(codec::Codec, &[u8]), FormatError> {
+        let b = self.blob(tensor)?;
+        Ok((b.codec, &self.body[b.start..b.end]))
+    }
+}

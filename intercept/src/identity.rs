@@ -3,6 +3,7 @@
 //! hash communicator keys are made of.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 
 use ttrace_format::config::CaptureConfig;
 
@@ -18,7 +19,8 @@ fn env_u32(names: &[&str]) -> Option<u32> {
 
 /// The global rank from the launcher (torchrun, Open MPI, Slurm, PMI), if any.
 pub fn env_rank() -> Option<u32> {
-    env_u32(&["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"])
+    static RANK: OnceLock<Option<u32>> = OnceLock::new();
+    *RANK.get_or_init(|| env_u32(&["RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"]))
 }
 
 /// The global rank: the launcher's, else the first communicator's, else 0.

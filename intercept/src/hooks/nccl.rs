@@ -341,6 +341,19 @@ fn ids_bytes(id: &ncclUniqueId) -> Vec<u8> {
     id.internal.iter().map(|&c| c as u8).collect()
 }
 
+/// Runs a communicator-creating call with the reentrancy guard held (NCCL may create
+/// communicators through its own exported functions, e.g. `ncclCommInitAll` through
+/// `ncclCommInitRank`: those inner calls pass through), then `register` with its result. A call
+/// reached from inside another hook only runs.
+fn creating<R: Copy>(call: impl FnOnce() -> R, register: impl FnOnce(R)) -> R {
+    let Some(_g) = thread::Guard::enter() else {
+        return call();
+    };
+    let r = call();
+    register(r);
+    r
+}
+
 fn after_init(
     r: ncclResult_t,
     comm: *mut ncclComm_t,
@@ -353,9 +366,6 @@ fn after_init(
         return;
     }
     let _ = crate::catch(|| {
-        let Some(_g) = thread::Guard::enter() else {
-            return;
-        };
         // SAFETY: NCCL wrote the new communicator to the program's out-pointer.
         let c = unsafe { *comm };
         identity::joined(rank as u32);
@@ -390,11 +400,12 @@ pub unsafe extern "C" fn ncclCommInitRank(
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe { real(comm, nranks, commId, rank) };
     }
-    // SAFETY: as above.
-    let r = unsafe { real(comm, nranks, commId, rank) };
     let key = comms::key_of_ids(&ids_bytes(&commId));
-    after_init(r, comm, key, nranks, rank, "ncclCommInitRank");
-    r
+    creating(
+        // SAFETY: as above.
+        || unsafe { real(comm, nranks, commId, rank) },
+        |r| after_init(r, comm, key, nranks, rank, "ncclCommInitRank"),
+    )
 }
 
 /// `ncclCommInitRankConfig(comm, nranks, commId, rank, config)`.
@@ -413,11 +424,12 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe { real(comm, nranks, commId, rank, config) };
     }
-    // SAFETY: as above.
-    let r = unsafe { real(comm, nranks, commId, rank, config) };
     let key = comms::key_of_ids(&ids_bytes(&commId));
-    after_init(r, comm, key, nranks, rank, "ncclCommInitRankConfig");
-    r
+    creating(
+        // SAFETY: as above.
+        || unsafe { real(comm, nranks, commId, rank, config) },
+        |r| after_init(r, comm, key, nranks, rank, "ncclCommInitRankConfig"),
+    )
 }
 
 /// `ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config)`: the key hashes
@@ -445,17 +457,12 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
             bytes.extend(ids_bytes(unsafe { &*commIds.add(i) }));
         }
     }
-    // SAFETY: as above.
-    let r = unsafe { real(newcomm, nranks, myrank, nId, commIds, config) };
-    after_init(
-        r,
-        newcomm,
-        comms::key_of_ids(&bytes),
-        nranks,
-        myrank,
-        "ncclCommInitRankScalable",
-    );
-    r
+    let key = comms::key_of_ids(&bytes);
+    creating(
+        // SAFETY: as above.
+        || unsafe { real(newcomm, nranks, myrank, nId, commIds, config) },
+        |r| after_init(r, newcomm, key, nranks, myrank, "ncclCommInitRankScalable"),
+    )
 }
 
 /// `ncclCommInitAll(comm, ndev, devlist)`: one communicator per device in this process.
@@ -473,12 +480,12 @@ pub unsafe extern "C" fn ncclCommInitAll(
         return unsafe { real(comm, ndev, devlist) };
     }
     // SAFETY: as above.
-    let r = unsafe { real(comm, ndev, devlist) };
-    if r == ncclSuccess && !comm.is_null() {
+    let call = || unsafe { real(comm, ndev, devlist) };
+    creating(call, |r| {
+        if r != ncclSuccess || comm.is_null() {
+            return;
+        }
         let _ = crate::catch(|| {
-            let Some(_g) = thread::Guard::enter() else {
-                return;
-            };
             let key = comms::init_all_key();
             for i in 0..ndev.max(0) as usize {
                 // SAFETY: NCCL wrote `ndev` communicators; `devlist`, when given, has `ndev`.
@@ -506,8 +513,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
                 );
             }
         });
-    }
-    r
+    })
 }
 
 /// `ncclCommSplit(comm, color, key, newcomm, config)`: the new communicator's key hashes the
@@ -528,12 +534,12 @@ pub unsafe extern "C" fn ncclCommSplit(
         return unsafe { real(comm, color, key, newcomm, config) };
     }
     // SAFETY: as above.
-    let r = unsafe { real(comm, color, key, newcomm, config) };
-    if matches!(r, ncclSuccess | ncclInProgress) && !newcomm.is_null() {
+    let call = || unsafe { real(comm, color, key, newcomm, config) };
+    creating(call, |r| {
+        if !matches!(r, ncclSuccess | ncclInProgress) || newcomm.is_null() {
+            return;
+        }
         let _ = crate::catch(|| {
-            let Some(_g) = thread::Guard::enter() else {
-                return;
-            };
             let Some(k) = comms::split_key(comm, color) else {
                 return;
             };
@@ -563,8 +569,7 @@ pub unsafe extern "C" fn ncclCommSplit(
                 );
             }
         });
-    }
-    r
+    })
 }
 
 /// `ncclCommDestroy(comm)`.

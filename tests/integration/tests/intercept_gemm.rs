@@ -222,3 +222,44 @@ fn captured_gemms_recompute_bitwise() {
     assert_eq!(gemms[9].tensor(Role::Aux).0.shape, vec![2, 4, 8]);
     assert_eq!(gemm_op(9).batch, 2);
 }
+
+#[test]
+fn the_selection_variables_limit_what_is_taken() {
+    let run = traced(
+        1,
+        &["traced", "gemm"],
+        &[
+            ("TTRACE_APIS", "gemm"),
+            ("TTRACE_INPUTS", "0"),
+            ("TTRACE_MAX_TENSOR_BYTES", "200"),
+        ],
+    );
+    assert_ok(&run);
+    assert_checksums(&run);
+    assert!(
+        run.records
+            .iter()
+            .all(|r| r.record.api.starts_with("cublas")),
+        "only GEMMs"
+    );
+    assert_eq!(run.records.len(), 10);
+    for r in &run.records {
+        for (t, b) in r.record.tensors.iter().zip(&r.bytes) {
+            // The bias of a BIAS epilogue is read: an input too.
+            let input = matches!(
+                t.role,
+                Role::A | Role::B | Role::CIn | Role::Alpha | Role::Beta | Role::Bias
+            );
+            let expect = !input && t.nbytes <= 200 && t.nbytes > 0;
+            assert_eq!(
+                b.is_some(),
+                expect,
+                "{} {:?} ({} bytes)",
+                r.record.api,
+                t.role,
+                t.nbytes
+            );
+            assert_eq!(t.captured, b.is_some());
+        }
+    }
+}

@@ -22,6 +22,8 @@ const PROBES: &[&[&str]] = &[
     &["traced", "gemm"],
     &["traced", "graph"],
     &["traced", "errors"],
+    &["traced", "fork"],
+    &["collectives", "single-process"],
 ];
 
 fn gaps(run: &Run) -> Vec<(GapReason, String)> {
@@ -146,4 +148,32 @@ fn a_device_fault_disables_capture_with_one_line_and_a_gap() {
     let g = gaps(&run);
     assert_eq!(g.len(), 1, "{g:?}");
     assert_eq!(g[0].0, GapReason::TracerFault);
+}
+
+#[test]
+fn a_forked_child_passes_through_and_the_parent_keeps_capturing() {
+    let plain = untraced(1, &["traced", "fork"]);
+    let run = traced(1, &["traced", "fork"], &[]);
+    assert_ok(&run);
+    assert_eq!(
+        run.out.stdout, plain.stdout,
+        "the child's copy fails the same way"
+    );
+    assert!(
+        !stderr(&run.out).contains("ttrace["),
+        "{}",
+        describe(&run.out)
+    );
+    assert_eq!(run.summary.processes.len(), 1, "the child never connected");
+    let copies: Vec<_> = run
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, Op::Memcpy(_)))
+        .collect();
+    assert_eq!(
+        copies.len(),
+        2,
+        "the parent's two copies, before and after the fork"
+    );
+    assert_checksums(&run);
 }

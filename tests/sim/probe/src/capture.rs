@@ -12,6 +12,8 @@
 //! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
 //! * `errors`: calls that fail; prints their return codes.
 //! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
+//! * `fork`: a copy, `fork()` (the child copies too, which the runtime refuses after
+//!   initialisation, and exits through `exit`), another copy in the parent.
 
 use core::ffi::{c_char, c_int, c_void};
 
@@ -43,6 +45,8 @@ macro_rules! bl {
 
 extern "C" {
     fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+    fn fork() -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
 }
 
 /// The bytes of copy number `salt`: `len` bytes the tests regenerate.
@@ -63,7 +67,8 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("graph") => graph(),
         Some("errors") => errors(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
-        _ => Err("usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]".into()),
+        Some("fork") => forked(),
+        _ => Err("usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]|fork".into()),
     }
 }
 
@@ -897,5 +902,46 @@ fn steps(rule: &str) -> Result<(), String> {
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));
     println!("traced steps {rule} OK");
+    Ok(())
+}
+
+fn forked() -> Result<(), String> {
+    let s = stream()?;
+    let d = DevBuf::new(256)?;
+    let data = pattern(9, 256);
+    ck!(cudaMemcpyAsync(
+        d.ptr,
+        data.as_ptr().cast(),
+        256,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    // SAFETY: fork in a program that only calls async-signal-safe-enough code in the child
+    // (one runtime call, a print, exit).
+    let pid = unsafe { fork() };
+    if pid < 0 {
+        return Err("fork failed".into());
+    }
+    if pid == 0 {
+        // SAFETY: a plain copy with valid arguments.
+        let code = unsafe { cudaMemcpy(d.ptr, data.as_ptr().cast(), 256, cudaMemcpyHostToDevice) };
+        println!("child copy returned {code}");
+        std::process::exit(0);
+    }
+    let mut status: c_int = -1;
+    // SAFETY: waits for our own child.
+    if unsafe { waitpid(pid, &mut status, 0) } != pid || status != 0 {
+        return Err(format!("the child failed: wait status {status}"));
+    }
+    ck!(cudaMemcpyAsync(
+        d.ptr,
+        data.as_ptr().cast(),
+        256,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    println!("traced fork OK");
     Ok(())
 }

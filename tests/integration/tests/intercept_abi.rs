@@ -1,0 +1,136 @@
+//! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
+//! `intercept/src/hooks` (those written out and those the NCCL `coll_hook!` macro makes) is
+//! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
+//! (`integration_tests::abi_check`), and the built library exports nothing else.
+//!
+//! Not compiled: `cudaLaunchKernel(_ptsz)`, whose `dim3` parameters cuda-abi does not define
+//! yet (the checker translates cuda-abi types only), and the `ttrace_*` C API of
+//! include/ttrace.h (not NVIDIA's).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use integration_tests::abi_check::{self, check, dynamic_symbols, AbiTypes, Export};
+use integration_tests::profile_dir;
+use syn::parse::{Parse, ParseStream};
+use syn::visit::Visit;
+
+/// Exports the checker cannot translate (see the module documentation).
+const UNCHECKED: [&str; 2] = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"];
+
+/// One `coll_hook!` invocation: `#[doc] name(args) => Kind { ... }`.
+struct CollHook {
+    name: syn::Ident,
+    args: syn::punctuated::Punctuated<syn::FnArg, syn::Token![,]>,
+}
+
+impl Parse for CollHook {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let _ = input.call(syn::Attribute::parse_outer)?;
+        let name: syn::Ident = input.parse()?;
+        let content;
+        syn::parenthesized!(content in input);
+        let args = content.parse_terminated(syn::FnArg::parse, syn::Token![,])?;
+        let _: syn::Token![=>] = input.parse()?;
+        let _: syn::Ident = input.parse()?;
+        let _body;
+        syn::braced!(_body in input);
+        let _: proc_macro2::TokenStream = _body.parse()?;
+        Ok(CollHook { name, args })
+    }
+}
+
+struct Hooks<'a> {
+    file: &'a Path,
+    library: String,
+    out: Vec<Export>,
+}
+
+impl<'ast> Visit<'ast> for Hooks<'_> {
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if f.attrs.iter().any(|a| a.path().is_ident("no_mangle")) {
+            self.out.push(Export {
+                name: f.sig.ident.to_string(),
+                library: self.library.clone(),
+                file: self.file.to_path_buf(),
+                sig: f.sig.clone(),
+            });
+        }
+    }
+
+    fn visit_item_macro(&mut self, m: &'ast syn::ItemMacro) {
+        if !m.mac.path.is_ident("coll_hook") {
+            return;
+        }
+        let h: CollHook = m.mac.parse_body().expect("coll_hook! body parses");
+        let (name, args) = (&h.name, &h.args);
+        self.out.push(Export {
+            name: name.to_string(),
+            library: self.library.clone(),
+            file: self.file.to_path_buf(),
+            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> ncclResult_t),
+        });
+    }
+}
+
+/// Every hook export in `intercept/src/hooks`.
+fn hook_exports() -> Vec<Export> {
+    let dir = abi_check::repo_root().join("intercept/src/hooks");
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("hooks dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let stem = f.file_stem().expect("stem").to_string_lossy().into_owned();
+        let mut v = Hooks {
+            file: &f,
+            library: format!("libttrace/{stem}"),
+            out: Vec::new(),
+        };
+        v.visit_file(&ast);
+        out.extend(v.out);
+    }
+    out
+}
+
+#[test]
+fn every_hook_matches_nvidias_headers() {
+    let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
+    let abi = AbiTypes::parse(&abi_check::repo_root().join("abi/src")).expect("cuda-abi parses");
+    let all = hook_exports();
+    let exports: Vec<Export> = all
+        .iter()
+        .filter(|e| !e.library.ends_with("/api") && !UNCHECKED.contains(&e.name.as_str()))
+        .cloned()
+        .collect();
+    assert!(exports.len() >= 45, "only {} hooks found", exports.len());
+    let report = check(
+        &exports,
+        &abi,
+        &include,
+        &profile_dir().join("abi-check"),
+        "libttrace",
+    );
+    assert!(
+        report.failures.is_empty(),
+        "hooks that differ from NVIDIA's headers:\n{}",
+        report.describe_failures()
+    );
+    assert!(report.exports_checked.len() >= exports.len());
+
+    // The built library exports exactly the hooks found here (and the C API).
+    let lib = profile_dir().join("libttrace.so");
+    let symbols: BTreeSet<String> = dynamic_symbols(&lib)
+        .expect("nm")
+        .into_iter()
+        .filter(|s| !s.starts_with('_'))
+        .collect();
+    let found: BTreeSet<String> = all.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(symbols, found, "exports of {}", lib.display());
+}

@@ -190,6 +190,7 @@ real_fns! {
     Cublas: fn cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const *const c_void, cudaDataType, c_int, *const *const c_void, cudaDataType, c_int, *const c_void, *const *mut c_void, cudaDataType, c_int, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
     Cublas: fn cublasGetStream_v2(cublasHandle_t, *mut cudaStream_t) -> cublasStatus_t;
     Cublas: fn cublasGetPointerMode_v2(cublasHandle_t, *mut cublasPointerMode_t) -> cublasStatus_t;
+    Cublas: fn cublasGetMathMode(cublasHandle_t, *mut cublasMath_t) -> cublasStatus_t;
 
     // ---- cuBLASLt ----
     CublasLt: fn cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *const c_void, cublasLtMatrixLayout_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *mut c_void, cublasLtMatrixLayout_t, *const cublasLtMatmulAlgo_t, *mut c_void, usize, cudaStream_t) -> cublasStatus_t;

@@ -3,6 +3,12 @@
 //! pointer mode (real `cublasGetPointerMode_v2`); in device mode they are snapshotted as
 //! tensors and C is taken before the op whatever beta is.
 //!
+//! The single-precision routines (`cublasSgemm_v2`, `cublasSgemmStridedBatched`) compute as the
+//! handle's math mode says (real `cublasGetMathMode`): their record carries the compute type in
+//! effect (`CUBLAS_COMPUTE_32F_FAST_TF32` under `CUBLAS_TF32_TENSOR_OP_MATH`, as PyTorch sets
+//! it for `allow_tf32`), so the GEMM can be recomputed. The `*Ex` functions follow their
+//! explicit compute type.
+//!
 //! `cublasGemmBatchedEx` takes arrays of matrix pointers that live in device memory: the host
 //! cannot know the matrices without reading those arrays, i.e. synchronising, which the tracer
 //! never does. The call is recorded as a `ShapeUnknown` gap carrying its parameters.
@@ -97,6 +103,24 @@ fn handle_stream(handle: cublasHandle_t) -> Option<cudaStream_t> {
     let mut s: cudaStream_t = core::ptr::null_mut();
     // SAFETY: the program's handle and an out-pointer to a local.
     (unsafe { f(handle, &mut s) } == CUBLAS_STATUS_SUCCESS).then_some(s)
+}
+
+/// The compute type of a single-precision routine under the handle's math mode.
+fn single_precision_compute(handle: cublasHandle_t) -> cublasComputeType_t {
+    let Some(f) = real::cublasGetMathMode() else {
+        return CUBLAS_COMPUTE_32F;
+    };
+    let mut m: cublasMath_t = CUBLAS_DEFAULT_MATH;
+    // SAFETY: the program's handle and an out-pointer to a local.
+    if unsafe { f(handle, &mut m) } != CUBLAS_STATUS_SUCCESS {
+        return CUBLAS_COMPUTE_32F;
+    }
+    match m & !CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION {
+        CUBLAS_TF32_TENSOR_OP_MATH => CUBLAS_COMPUTE_32F_FAST_TF32,
+        CUBLAS_TENSOR_OP_MATH => CUBLAS_COMPUTE_32F_FAST_16F,
+        CUBLAS_PEDANTIC_MATH => CUBLAS_COMPUTE_32F_PEDANTIC,
+        _ => CUBLAS_COMPUTE_32F,
+    }
 }
 
 fn host_pointers(handle: cublasHandle_t) -> bool {
@@ -255,7 +279,7 @@ pub unsafe extern "C" fn cublasSgemm_v2(
         c: op(C.cast(), 0, ldc, 0),
         batch: 1,
         batched: false,
-        compute: CUBLAS_COMPUTE_32F,
+        compute: single_precision_compute(handle),
         algo: CUBLAS_GEMM_DEFAULT,
     };
     // SAFETY: as above.
@@ -425,7 +449,7 @@ pub unsafe extern "C" fn cublasSgemmStridedBatched(
         c: op(C.cast(), 0, ldc, strideC),
         batch: batchCount,
         batched: true,
-        compute: CUBLAS_COMPUTE_32F,
+        compute: single_precision_compute(handle),
         algo: CUBLAS_GEMM_DEFAULT,
     };
     // SAFETY: as above.

@@ -139,6 +139,7 @@ fn captured_gemms_recompute_bitwise() {
             "cublasSgemmStridedBatched",
             "cublasGemmBatchedEx",
             "cublasGemmEx",
+            "cublasSgemm_v2",
             "cublasLtMatmul",
             "cublasLtMatmul",
             "cublasLtMatmul",
@@ -207,20 +208,22 @@ fn captured_gemms_recompute_bitwise() {
         (0.75, 1.0)
     );
     assert!(gemms[6].has(Role::CIn));
+    // The TF32 math mode is the Sgemm's compute type.
+    assert_eq!(gemm_op(7).compute_type, 77);
     // cuBLASLt: bias epilogue in place; FP8 with scales, amax and fast accumulation; GELU aux.
-    assert_eq!(gemm_op(7).epilogue, 4);
-    assert_eq!(gemms[7].tensor(Role::Bias).0.dtype, DType::BF16);
-    assert!(gemms[7].has(Role::CIn));
-    let fp8 = gemm_op(8);
+    assert_eq!(gemm_op(8).epilogue, 4);
+    assert_eq!(gemms[8].tensor(Role::Bias).0.dtype, DType::BF16);
+    assert!(gemms[8].has(Role::CIn));
+    let fp8 = gemm_op(9);
     assert!(fp8.fast_accum && fp8.a_type == 28 && fp8.d_type == 28);
     assert_eq!(
-        [Role::ScaleA, Role::ScaleB, Role::ScaleD].map(|s| f32_of(gemms[8], s)),
+        [Role::ScaleA, Role::ScaleB, Role::ScaleD].map(|s| f32_of(gemms[9], s)),
         [0.5, 2.0, 4.0]
     );
-    assert!(!gemms[8].has(Role::CIn), "beta = 0: C is not read");
-    assert!(f32_of(gemms[8], Role::AmaxD) > 0.0);
-    assert_eq!(gemms[9].tensor(Role::Aux).0.shape, vec![2, 4, 8]);
-    assert_eq!(gemm_op(9).batch, 2);
+    assert!(!gemms[9].has(Role::CIn), "beta = 0: C is not read");
+    assert!(f32_of(gemms[9], Role::AmaxD) > 0.0);
+    assert_eq!(gemms[10].tensor(Role::Aux).0.shape, vec![2, 4, 8]);
+    assert_eq!(gemm_op(10).batch, 2);
 }
 
 #[test]
@@ -242,7 +245,7 @@ fn the_selection_variables_limit_what_is_taken() {
             .all(|r| r.record.api.starts_with("cublas")),
         "only GEMMs"
     );
-    assert_eq!(run.records.len(), 10);
+    assert_eq!(run.records.len(), 11);
     for r in &run.records {
         for (t, b) in r.record.tensors.iter().zip(&r.bytes) {
             // The bias of a BIAS epilogue is read: an input too.

@@ -5,7 +5,8 @@
 //! `steps api`, which calls `ttrace_step()` when the global scope has it.
 //!
 //! * `memcpy`: every copy spelling; the bytes are [`pattern`]s (the tests regenerate them).
-//! * `gemm`: cuBLAS (S/H/Ex, strided batches, device scalars, the pointer-array batch) and
+//! * `gemm`: cuBLAS (S/H/Ex, strided batches, device scalars, the pointer-array batch, TF32
+//!   math mode) and
 //!   cuBLASLt (bias, FP8 scales and amax, GELU aux, batched).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
 //!   split communicator.
@@ -393,6 +394,30 @@ fn gemms() -> Result<(), String> {
         CUBLAS_GEMM_DEFAULT
     ));
     bl!(cublasSetPointerMode_v2(h, CUBLAS_POINTER_MODE_HOST));
+
+    // 8. Sgemm under the TF32 math mode (what PyTorch's allow_tf32 sets).
+    let a = up(&values(DType::F32, 16 * 32, &mut rng))?;
+    let b = up(&values(DType::F32, 32 * 8, &mut rng))?;
+    let c8 = DevBuf::new(16 * 8 * 4)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH));
+    bl!(cublasSgemm_v2(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        16,
+        8,
+        32,
+        &alpha,
+        a.ptr.cast(),
+        16,
+        b.ptr.cast(),
+        32,
+        &beta,
+        c8.ptr.cast(),
+        16
+    ));
+    bl!(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));
 

@@ -13,6 +13,7 @@
 //! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
 //! * `errors`: calls that fail; prints their return codes.
 //! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
+//! * `threads`: four threads copying concurrently ([`thread_copy`] says what).
 //! * `fork`: a copy, `fork()` (the child copies too, which the runtime refuses after
 //!   initialisation, and exits through `exit`), another copy in the parent.
 
@@ -69,7 +70,10 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("errors") => errors(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
         Some("fork") => forked(),
-        _ => Err("usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]|fork".into()),
+        Some("threads") => threads(),
+        _ => Err(
+            "usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]|fork|threads".into(),
+        ),
     }
 }
 
@@ -968,5 +972,46 @@ fn forked() -> Result<(), String> {
     ));
     ck!(cudaStreamSynchronize(s));
     println!("traced fork OK");
+    Ok(())
+}
+
+/// Copy `i` of thread `t` in `threads`: its salt and length.
+pub fn thread_copy(t: usize, i: usize) -> (u8, usize) {
+    ((t * 50 + i) as u8, 1000 + (i * 37 + t * 11) % 3000)
+}
+
+/// Threads in `threads`, and copies per thread.
+pub const THREADS: (usize, usize) = (4, 200);
+
+fn threads() -> Result<(), String> {
+    let (nt, per) = THREADS;
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..nt)
+            .map(|t| {
+                sc.spawn(move || -> Result<(), String> {
+                    let s = stream()?;
+                    let d = DevBuf::new(4096)?;
+                    for i in 0..per {
+                        let (salt, len) = thread_copy(t, i);
+                        let data = pattern(salt, len);
+                        ck!(cudaMemcpyAsync(
+                            d.ptr,
+                            data.as_ptr().cast(),
+                            len,
+                            cudaMemcpyHostToDevice,
+                            s
+                        ));
+                    }
+                    ck!(cudaStreamSynchronize(s));
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    println!("traced threads OK");
     Ok(())
 }

@@ -54,7 +54,10 @@ pub fn off(bits: u32) -> bool {
 #[cold]
 #[inline(never)]
 fn init_then_off(bits: u32) -> bool {
-    init();
+    if std::panic::catch_unwind(init).is_err() {
+        // Never unwind into the program: a tracer that cannot start stays out of the way.
+        let _ = MODE.compare_exchange(UNINIT, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
     MODE.load(Ordering::Relaxed) & bits == 0
 }
 
@@ -88,7 +91,7 @@ fn init() {
 /// The capture configuration (`None`: malformed, reported once).
 pub fn config() -> Option<&'static CaptureConfig> {
     CONFIG
-        .get_or_init(|| match CaptureConfig::from_vars(std::env::vars()) {
+        .get_or_init(|| match CaptureConfig::from_vars(ttrace_vars()) {
             Ok(c) => Some(c),
             Err(e) => {
                 crate::log::error(&format!("capture disabled: {e}"));
@@ -96,6 +99,15 @@ pub fn config() -> Option<&'static CaptureConfig> {
             }
         })
         .as_ref()
+}
+
+/// The `TTRACE_*` variables of the environment (`std::env::vars` would panic on a variable
+/// that is not UTF-8, and any program may have one).
+fn ttrace_vars() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with("TTRACE_"))
+        .collect()
 }
 
 /// Turns capture off for good. Returns whether this call did it (the first one).

@@ -177,3 +177,14 @@ fn a_forked_child_passes_through_and_the_parent_keeps_capturing() {
     );
     assert_checksums(&run);
 }
+
+#[test]
+fn an_environment_that_is_not_utf8_is_no_problem() {
+    use std::os::unix::ffi::OsStrExt;
+    let junk = std::ffi::OsStr::from_bytes(b"\xff\xfe junk");
+    let run = traced_with(1, &["traced", "memcpy"], |c| {
+        c.env("NOT_UTF8", junk);
+    });
+    assert_ok(&run);
+    assert!(!run.records.is_empty());
+}

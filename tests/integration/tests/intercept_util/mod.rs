@@ -122,6 +122,15 @@ pub fn untraced(nproc: usize, args: &[&str]) -> Output {
 
 /// Runs `sim-probe ARGS` traced, with `env` added, and reads the store.
 pub fn traced(nproc: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
+    traced_with(nproc, args, |c| {
+        for (k, v) in env {
+            c.env(k, v);
+        }
+    })
+}
+
+/// Runs `sim-probe ARGS` traced, after `setup` adjusted the command, and reads the store.
+pub fn traced_with(nproc: usize, args: &[&str], setup: impl FnOnce(&mut Command)) -> Run {
     let dir = TempDir::new("intercept");
     let mut cfg = Config::new(
         dir.path().join("sock/ttraced.sock"),
@@ -132,9 +141,7 @@ pub fn traced(nproc: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut c = probe_command(nproc, args);
     c.env("LD_PRELOAD", libttrace())
         .env("TTRACE_SOCKET", h.socket());
-    for (k, v) in env {
-        c.env(k, v);
-    }
+    setup(&mut c);
     let out = c.output().expect("probe starts");
     let store = h.store().to_path_buf();
     let summary = h

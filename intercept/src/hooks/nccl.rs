@@ -67,9 +67,17 @@ fn call(c: &Coll) -> Option<Call> {
         (Some(i), Some(o)) => plan::overlaps(send, i * es, recv, o * es),
         _ => false,
     };
+    let group = thread::with(|t| if t.group_depth > 0 { t.group_id } else { 0 }).unwrap_or(0);
     let mut tensors = Vec::new();
     if let Some(len) = input_len {
-        let when = if in_place { When::Before } else { When::After };
+        // Taken before the op when the op overwrites it, and inside a group (nothing of the
+        // group runs before its end, so the copy at call time sees every input as the group
+        // will, whatever the group's other ops write).
+        let when = if in_place || group != 0 {
+            When::Before
+        } else {
+            When::After
+        };
         tensors.push(plan::vector(
             Role::Input,
             Vector::new(send, dtype, len),
@@ -85,7 +93,6 @@ fn call(c: &Coll) -> Option<Call> {
             false,
         ));
     }
-    let group = thread::with(|t| if t.group_depth > 0 { t.group_id } else { 0 }).unwrap_or(0);
     let op = CollectiveOp {
         kind: c.kind,
         count,

@@ -16,6 +16,15 @@ use crate::real;
 /// nowhere (a program probing for the symbol found the hook).
 pub const MISSING: cudaError_t = 302;
 
+/// Whether `code` is one of the runtime's sticky errors: the context is unusable, every later
+/// call fails the same way (a kernel fault, a launch failure, a destroyed context).
+pub fn is_fatal(code: cudaError_t) -> bool {
+    matches!(
+        code,
+        214 | 700 | 702 | 709 | 710 | 714 | 715 | 716 | 717 | 718 | 719
+    )
+}
+
 /// Keeps the calling thread's last runtime error as the program left it.
 pub struct ErrScope {
     before: Option<cudaError_t>,

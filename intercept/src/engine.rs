@@ -48,6 +48,8 @@ pub struct InFlight {
     stream: usize,
     device: i32,
     copied: bool,
+    /// A copy was refused with a sticky error: the context failed.
+    fatal: Option<u32>,
     /// A communicator whose asynchronous launch must finish before the copies after the op
     /// (non-blocking NCCL communicators).
     pub nccl_comm: usize,
@@ -190,6 +192,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         stream: call.stream as usize,
         device,
         copied: false,
+        fatal: None,
         nccl_comm: 0,
     };
     f.copy(When::Before);
@@ -205,6 +208,18 @@ pub fn finish(mut f: InFlight, ok: bool) {
         f.copy(When::After);
     }
     let stream = f.stream as cudaStream_t;
+    if let Some(code) = f.fatal {
+        // The context failed (a kernel fault, possibly this op's): nothing more can be taken.
+        crate::fault(
+            f.meta.api,
+            format!("the device context failed (cudaError {code})"),
+        );
+        f.ticket.push(Entry::Skip {
+            slot: None,
+            event: None,
+        });
+        return;
+    }
     let event = if f.copied {
         match cuda::event_get(f.device)
             .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
@@ -280,6 +295,9 @@ impl InFlight {
                 match r {
                     Ok(()) => self.copied = true,
                     Err(code) => {
+                        if cuda::is_fatal(code) {
+                            self.fatal.get_or_insert(code);
+                        }
                         crate::log::debug(&format!(
                             "{}: snapshot copy of {:?} refused (cudaError {code})",
                             self.meta.api, p.role

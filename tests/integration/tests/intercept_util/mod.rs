@@ -131,6 +131,14 @@ pub fn traced(nproc: usize, args: &[&str], env: &[(&str, &str)]) -> Run {
 
 /// Runs `sim-probe ARGS` traced, after `setup` adjusted the command, and reads the store.
 pub fn traced_with(nproc: usize, args: &[&str], setup: impl FnOnce(&mut Command)) -> Run {
+    let mut c = probe_command(nproc, args);
+    setup(&mut c);
+    traced_command(c)
+}
+
+/// Runs `c` traced (`LD_PRELOAD` and `TTRACE_SOCKET` added) with a daemon of its own, and
+/// reads the store.
+pub fn traced_command(mut c: Command) -> Run {
     let dir = TempDir::new("intercept");
     let mut cfg = Config::new(
         dir.path().join("sock/ttraced.sock"),
@@ -138,11 +146,9 @@ pub fn traced_with(nproc: usize, args: &[&str], setup: impl FnOnce(&mut Command)
     );
     cfg.threads = 1;
     let h = Daemon::start(cfg).expect("daemon starts");
-    let mut c = probe_command(nproc, args);
     c.env("LD_PRELOAD", libttrace())
         .env("TTRACE_SOCKET", h.socket());
-    setup(&mut c);
-    let out = c.output().expect("probe starts");
+    let out = c.output().expect("the command starts");
     let store = h.store().to_path_buf();
     let summary = h
         .finalize(out.status.code(), Duration::from_secs(20))

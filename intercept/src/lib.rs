@@ -9,12 +9,12 @@
 //! the real function.
 //!
 //! Layout (unsafe and FFI stay in small modules):
-//! * [`real`]: the real functions (`dlsym(RTLD_NEXT)`, else the already loaded soname);
+//! * `real`: the real functions (`dlsym(RTLD_NEXT)`, else the already loaded soname);
 //! * `hooks/*`: the exported C functions, thin and typed, one module per library;
-//! * [`mode`]: the one atomic word a hook reads before passing through;
+//! * `mode`: the one atomic word a hook reads before passing through;
 //! * [`plan`]: which tensors an op has and how to copy them packed (pure);
-//! * [`engine`]: reserving ring slots, enqueuing copies and events around the real call;
-//! * [`tracer`]: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
+//! * `engine`: reserving ring slots, enqueuing copies and events around the real call;
+//! * `tracer`: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
 //! * [`steps`]: the step rule (pure); `session`, `client`: ring, daemon connection;
 //! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry.
 //!

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod recompute;
+pub use recompute::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -138,8 +141,14 @@ pub fn traced_with(nproc: usize, args: &[&str], setup: impl FnOnce(&mut Command)
 
 /// Runs `c` traced (`LD_PRELOAD` and `TTRACE_SOCKET` added) with a daemon of its own, and
 /// reads the store.
-pub fn traced_command(mut c: Command) -> Run {
-    let dir = TempDir::new("intercept");
+pub fn traced_command(c: Command) -> Run {
+    traced_command_tagged(c, "intercept")
+}
+
+/// As [`traced_command`], with the daemon's directory (and so `TTRACE_SOCKET`) named after
+/// `tag`: `<tmp>/ttrace-<tag>-<test pid>-<n>/sock/ttraced.sock`.
+pub fn traced_command_tagged(mut c: Command, tag: &str) -> Run {
+    let dir = TempDir::new(tag);
     let mut cfg = Config::new(
         dir.path().join("sock/ttraced.sock"),
         dir.path().join("store"),

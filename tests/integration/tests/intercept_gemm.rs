@@ -6,7 +6,7 @@ mod intercept_util;
 
 use intercept_util::*;
 use ttrace_format::dtype::DType;
-use ttrace_format::record::{GapReason, GemmOp, Op, Role};
+use ttrace_format::record::{GapReason, Op, Role};
 
 #[test]
 fn captured_gemms_recompute_bitwise() {

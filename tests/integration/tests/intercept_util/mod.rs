@@ -2,7 +2,7 @@
 //! `LD_PRELOAD=libttrace.so` with a real `ttraced` (the daemon library) on a private socket,
 //! then read the store back: every record with the bytes of its captured tensors.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod recompute;
 pub use recompute::*;

@@ -47,6 +47,13 @@ fn main() {
         Command::Run(args) => run::main(args),
         Command::Dump(args) => match dump::main(args) {
             Ok(()) => 0,
+            // `ttrace dump RUN | head`: the reader left, which is fine.
+            Err(e)
+                if e.downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+            {
+                0
+            }
             Err(e) => {
                 eprintln!("ttrace dump: {e:#}");
                 2

@@ -495,6 +495,13 @@ fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path)
             String::new()
         }
     );
+    if s.processes.is_empty() {
+        let _ = writeln!(
+            o,
+            "  no traced process connected: did the command call CUDA? (TTRACE_LOG=info shows \
+             what libttrace.so does)"
+        );
+    }
     let _ = writeln!(
         o,
         "  time      {:.2}s (command {:.2}s)",

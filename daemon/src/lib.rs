@@ -377,13 +377,26 @@ impl Daemon {
 type ClientThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
 fn accept_loop(listener: UnixListener, shared: Arc<Shared>, threads: ClientThreads) {
+    use std::os::fd::AsRawFd;
     let mut next_id = 0u64;
-    for conn in listener.incoming() {
+    loop {
         if shared.stopping.load(Ordering::Acquire) {
             break;
         }
-        let stream = match conn {
-            Ok(s) => s,
+        // Wait for a connection at most 100 ms at a time, so a stop request is seen even when
+        // nobody can connect (e.g. the socket file was removed).
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one valid pollfd that lives across the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if ready <= 0 {
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning.
                 warn!("accept failed: {e}");
@@ -391,6 +404,9 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, threads: ClientThrea
                 continue;
             }
         };
+        if shared.stopping.load(Ordering::Acquire) {
+            break;
+        }
         next_id += 1;
         let state = Arc::new(ClientState::new(next_id, stream.try_clone().ok()));
         shared.clients.lock().push(state.clone());
@@ -483,8 +499,6 @@ impl Handle {
     fn stop_accepting(&mut self) {
         if let Some(accept) = self.accept.take() {
             self.shared.stopping.store(true, Ordering::Release);
-            // Wake the blocking accept with a connection of our own.
-            let _ = UnixStream::connect(&self.socket);
             let _ = accept.join();
             let _ = std::fs::remove_file(&self.socket);
         }

@@ -31,6 +31,22 @@ pub enum ClientError {
     RingFull(u64),
 }
 
+/// Deterministic bytes that look like BF16 activations (random signs and mantissas, a few
+/// exponents), `n` elements from `seed`.
+pub fn bf16_pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let exp = 120 + (x >> 61) as u16;
+            let v: u16 = ((x & 1) as u16) << 15 | exp << 7 | ((x >> 8) & 0x7f) as u16;
+            v.to_le_bytes()
+        })
+        .collect()
+}
+
 /// A `Hello` for a process of `rank` in a world of `world_size`, with this process's pid.
 pub fn hello(rank: u32, world_size: u32, ring_capacity: u64) -> Hello {
     Hello {

@@ -1,0 +1,429 @@
+//! `ttrace ls RUN`: what a store holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use ttrace_format::config::{RangeSet, StepRule};
+use ttrace_format::reader::Issue;
+use ttrace_format::record::Op;
+use ttrace_format::store::CommEntry;
+
+use crate::reading::{open_store, print_table, warn, Progress};
+use crate::units::human;
+
+/// List a store: ranks, steps, record counts, bytes raw and compressed, gaps, the
+/// communicator map (which global ranks form each communicator), and the command and
+/// environment the run was made with.
+///
+/// Counts come from the records themselves (their metadata: fast, through the indexes);
+/// `ttrace fsck` verifies every byte.
+///
+/// Examples:
+///
+///   ttrace ls runs/tp2
+///
+///   ttrace ls runs/tp2 --json | jq '.ranks[] | {rank, records}'
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct LsArgs {
+    /// The store (a directory written by `ttrace run`).
+    run: PathBuf,
+    /// Print the whole environment (by default: the variables that shape a distributed run).
+    #[arg(long)]
+    env: bool,
+    /// Machine-readable output (one JSON object on stdout).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Per-rank totals.
+#[derive(Default, Serialize)]
+struct RankSum {
+    rank: u32,
+    steps: Vec<u64>,
+    records: u64,
+    gaps: u64,
+    gap_reasons: BTreeMap<String, u64>,
+    bytes_raw: u64,
+    bytes_stored: u64,
+    /// From the manifest, when known.
+    pid: Option<u32>,
+    hostname: Option<String>,
+    clean_exit: Option<bool>,
+}
+
+/// Per-step totals.
+#[derive(Default, Serialize)]
+struct StepSum {
+    step: u64,
+    ranks: Vec<u32>,
+    records: u64,
+    gaps: u64,
+    bytes_raw: u64,
+    bytes_stored: u64,
+}
+
+/// Variables shown without `--env`: the ones that shape a distributed run.
+fn interesting(k: &str) -> bool {
+    const PREFIXES: [&str; 8] = [
+        "TTRACE_", "NCCL_", "CUDA_", "CUBLAS", "TORCH", "PYTORCH_", "OMP_", "SLURM_",
+    ];
+    const NAMES: [&str; 7] = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LD_PRELOAD",
+    ];
+    PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k)
+}
+
+/// Runs `ttrace ls`.
+pub fn main(a: LsArgs) -> anyhow::Result<()> {
+    let store = open_store("ls", &a.run)?;
+    let total: u64 = store.segments().iter().map(|s| s.bytes).sum();
+    let progress = Progress::bytes(total, "reading");
+    let mut ranks: BTreeMap<u32, RankSum> = BTreeMap::new();
+    let mut steps: BTreeMap<u64, StepSum> = BTreeMap::new();
+    let mut issues: Vec<Issue> = Vec::new();
+    // Communicators as the records show them: key -> (size, comm rank -> global rank).
+    let mut seen_comms: BTreeMap<u64, (u32, BTreeMap<u32, u32>)> = BTreeMap::new();
+    for info in store.segments() {
+        let seg = match store.open_segment(info.rank, info.step) {
+            Ok(s) => s,
+            Err(e) => {
+                progress.println(&format!("ttrace ls: warning: {e}"));
+                progress.inc(info.bytes);
+                continue;
+            }
+        };
+        issues.extend(seg.issues().iter().cloned());
+        let r = ranks.entry(info.rank).or_default();
+        r.rank = info.rank;
+        r.steps.push(info.step);
+        let s = steps.entry(info.step).or_default();
+        s.step = info.step;
+        s.ranks.push(info.rank);
+        for i in 0..seg.len() {
+            let v = match seg.read_meta(i) {
+                Ok(v) => v,
+                Err(issue) => {
+                    issues.push(*issue);
+                    continue;
+                }
+            };
+            r.records += 1;
+            s.records += 1;
+            let (raw, stored) = (v.raw_bytes(), v.stored_bytes());
+            r.bytes_raw += raw;
+            r.bytes_stored += stored;
+            s.bytes_raw += raw;
+            s.bytes_stored += stored;
+            match &v.record.op {
+                Op::Gap(g) => {
+                    r.gaps += 1;
+                    s.gaps += 1;
+                    let reason = serde_json::to_value(g.reason)
+                        .ok()
+                        .and_then(|x| x.as_str().map(str::to_string))
+                        .unwrap_or_else(|| format!("{:?}", g.reason));
+                    *r.gap_reasons.entry(reason).or_default() += 1;
+                }
+                Op::Collective(c) => {
+                    seen_comms
+                        .entry(c.comm)
+                        .or_insert_with(|| (c.comm_size, BTreeMap::new()))
+                        .1
+                        .insert(c.comm_rank, v.record.rank);
+                }
+                _ => {}
+            }
+        }
+        progress.inc(info.bytes);
+    }
+    progress.finish();
+    let manifest = store.manifest();
+    if let Some(m) = manifest {
+        for ri in &m.ranks {
+            let r = ranks.entry(ri.rank).or_default();
+            r.rank = ri.rank;
+            r.pid = Some(ri.pid);
+            r.hostname = Some(ri.hostname.clone());
+            r.clean_exit = Some(r.clean_exit.unwrap_or(true) && ri.clean_exit);
+        }
+    }
+    // The manifest's communicators, completed by what the records show (a run whose daemon
+    // died may not have written them).
+    let mut comms: Vec<CommEntry> = manifest.map(|m| m.comms.clone()).unwrap_or_default();
+    for (key, (size, members)) in seen_comms {
+        if let Some(c) = comms.iter_mut().find(|c| c.key == key) {
+            for (cr, gr) in members {
+                if let Some(slot) = c.members.get_mut(cr as usize) {
+                    slot.get_or_insert(gr);
+                }
+            }
+        } else {
+            let mut m = vec![None; size as usize];
+            for (cr, gr) in members {
+                if let Some(slot) = m.get_mut(cr as usize) {
+                    *slot = Some(gr);
+                }
+            }
+            comms.push(CommEntry {
+                key,
+                size,
+                members: m,
+                parent: None,
+                color: None,
+                api: "(from records)".into(),
+            });
+        }
+    }
+    if a.json {
+        let v = json!({
+            "run": a.run,
+            "run_id": manifest.map(|m| m.run_id.clone()),
+            "finalized": manifest.map(|m| m.finalized),
+            "exit_code": manifest.and_then(|m| m.exit_code),
+            "created_unix_ns": manifest.map(|m| m.created_unix_ns),
+            "command": manifest.map(|m| m.command.clone()),
+            "cwd": manifest.map(|m| m.cwd.clone()),
+            "env": manifest.map(|m| m.env.clone()),
+            "config": manifest.map(|m| m.config.clone()),
+            "ranks": ranks.values().collect::<Vec<_>>(),
+            "steps": steps.values().collect::<Vec<_>>(),
+            "comms": comms,
+            "issues": store.issues().iter().chain(&issues).collect::<Vec<_>>(),
+        });
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    for i in &issues {
+        warn("ls", i);
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    writeln!(out, "store    {}", a.run.display())?;
+    match manifest {
+        Some(m) => {
+            let state = if m.finalized {
+                match m.exit_code {
+                    Some(c) => format!("finalized, exit code {c}"),
+                    None => "finalized".into(),
+                }
+            } else {
+                "NOT finalized (the collector stopped early; the segments are readable)".into()
+            };
+            writeln!(out, "run      {} ({state})", m.run_id)?;
+            if m.created_unix_ns > 0 {
+                let when =
+                    std::time::UNIX_EPOCH + std::time::Duration::from_nanos(m.created_unix_ns);
+                writeln!(out, "created  {}", humantime::format_rfc3339_seconds(when))?;
+            }
+            if m.command.is_empty() {
+                writeln!(
+                    out,
+                    "command  (unknown: the manifest was rebuilt from the segments)"
+                )?;
+            } else {
+                writeln!(out, "command  {}", shell_words(&m.command))?;
+                writeln!(out, "cwd      {}", m.cwd)?;
+            }
+            let c = &m.config;
+            let fams: Vec<&str> = c.families.iter().map(|f| f.name()).collect();
+            let all = |r: &Option<RangeSet>| r.as_ref().map_or("all".into(), |r| r.to_string());
+            writeln!(
+                out,
+                "capture  apis={} steps={} ranks={} max-tensor={} inputs={} kernels={} step-rule={}",
+                fams.join(","),
+                all(&c.steps),
+                all(&c.ranks),
+                human(c.max_tensor_bytes),
+                c.inputs,
+                c.kernels,
+                match &c.step_rule {
+                    StepRule::Auto => "auto".to_string(),
+                    StepRule::Nvtx(n) => format!("nvtx:{n}"),
+                    StepRule::Api => "api".to_string(),
+                }
+            )?;
+            let shown: Vec<(&String, &String)> = m
+                .env
+                .iter()
+                .filter(|(k, _)| a.env || interesting(k))
+                .collect();
+            if a.env {
+                writeln!(out, "environment ({} variables)", m.env.len())?;
+            } else {
+                writeln!(
+                    out,
+                    "environment ({} variables; {} shown, --env for all)",
+                    m.env.len(),
+                    shown.len()
+                )?;
+            }
+            for (k, v) in shown {
+                writeln!(out, "  {k}={v}")?;
+            }
+        }
+        None => writeln!(out, "run      (manifest.json missing or unreadable)")?,
+    }
+    writeln!(out)?;
+    let mut rows = vec![[
+        "rank", "pid", "host", "steps", "records", "gaps", "raw", "stored", "ratio", "exit",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for r in ranks.values() {
+        rows.push(vec![
+            r.rank.to_string(),
+            r.pid.map_or("-".into(), |p| p.to_string()),
+            r.hostname.clone().unwrap_or_else(|| "-".into()),
+            steps_set(&r.steps),
+            r.records.to_string(),
+            if r.gap_reasons.is_empty() {
+                r.gaps.to_string()
+            } else {
+                let reasons: Vec<String> = r
+                    .gap_reasons
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                format!("{} ({})", r.gaps, reasons.join(", "))
+            },
+            human(r.bytes_raw),
+            human(r.bytes_stored),
+            ratio(r.bytes_raw, r.bytes_stored),
+            match r.clean_exit {
+                Some(true) => "clean".into(),
+                Some(false) => "crashed".into(),
+                None => "-".into(),
+            },
+        ]);
+    }
+    print_table(&mut out, &rows)?;
+    writeln!(out)?;
+    let mut rows = vec![["step", "ranks", "records", "gaps", "raw", "stored"]
+        .map(String::from)
+        .to_vec()];
+    for s in steps.values() {
+        rows.push(vec![
+            s.step.to_string(),
+            steps_set(&s.ranks.iter().map(|&r| r as u64).collect::<Vec<_>>()),
+            s.records.to_string(),
+            s.gaps.to_string(),
+            human(s.bytes_raw),
+            human(s.bytes_stored),
+        ]);
+    }
+    print_table(&mut out, &rows)?;
+    writeln!(out)?;
+    if comms.is_empty() {
+        writeln!(out, "communicators: none")?;
+    } else {
+        writeln!(
+            out,
+            "communicators (members: the global rank of each communicator rank)"
+        )?;
+        let mut rows = vec![["key", "size", "created by", "parent/color", "members"]
+            .map(String::from)
+            .to_vec()];
+        for c in &comms {
+            let members: Vec<String> = c
+                .members
+                .iter()
+                .map(|m| m.map_or("?".into(), |r| r.to_string()))
+                .collect();
+            rows.push(vec![
+                format!("{:#018x}", c.key),
+                c.size.to_string(),
+                c.api.clone(),
+                match (c.parent, c.color) {
+                    (Some(p), Some(col)) => format!("{p:#x}/{col}"),
+                    (Some(p), None) => format!("{p:#x}"),
+                    _ => "-".into(),
+                },
+                format!("[{}]", members.join(", ")),
+            ]);
+        }
+        print_table(&mut out, &rows)?;
+    }
+    let n_issues = store.issues().len() + issues.len();
+    if n_issues > 0 {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{n_issues} problem(s) reported above; `ttrace fsck {}` checks every byte",
+            a.run.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// `0-3,7` from a sorted list.
+fn steps_set(v: &[u64]) -> String {
+    let set: BTreeSet<u64> = v.iter().copied().collect();
+    let mut parts = Vec::new();
+    let mut it = set.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let mut b = a;
+        while it.peek() == Some(&(b + 1)) {
+            b += 1;
+            it.next();
+        }
+        parts.push((a, b));
+    }
+    if parts.is_empty() {
+        return "-".into();
+    }
+    RangeSet(parts).to_string()
+}
+
+fn ratio(raw: u64, stored: u64) -> String {
+    if stored == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}x", raw as f64 / stored as f64)
+    }
+}
+
+/// A command line as a shell would read it back.
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_and_words_print_compactly() {
+        assert_eq!(steps_set(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(steps_set(&[]), "-");
+        assert_eq!(
+            shell_words(&["python".into(), "a b".into(), "it's".into()]),
+            r"python 'a b' 'it'\''s'"
+        );
+    }
+}

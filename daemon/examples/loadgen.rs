@@ -1,0 +1,434 @@
+//! A load generator for ttraced, standing in for libttrace.so where no GPU (or no intercept)
+//! is wanted.
+//!
+//! * `loadgen publish` — one traced process: connects to `--socket` (or `TTRACE_SOCKET`, as
+//!   libttrace.so does), publishes GEMM records with known bytes, then says goodbye or, with
+//!   `--hang`, waits to be killed (the crash tests SIGKILL it).
+//! * `loadgen bench` — the capture benchmark behind scripts/bench-capture.sh: realistic BF16
+//!   activations pushed through a ring into an in-process daemon, compared with a plain memcpy
+//!   of the same bytes and with plain zstd at the same level.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{packed_strides, GemmOp, Op, Record, Role, Tensor};
+use ttrace_format::ring;
+use ttrace_format::store::Blob;
+use ttrace_format::wire::ClientMsg;
+use ttraced::test_client::{bf16_pattern, hello, TestClient};
+
+#[derive(Parser)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Publish GEMM records as one traced process.
+    Publish {
+        /// The daemon's socket [default: $TTRACE_SOCKET].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Global rank [default: $RANK, else 0].
+        #[arg(long)]
+        rank: Option<u32>,
+        /// [default: $WORLD_SIZE, else 1]
+        #[arg(long)]
+        world_size: Option<u32>,
+        /// Records to publish (0 with --hang: publish until killed).
+        #[arg(long, default_value_t = 20)]
+        records: u64,
+        /// Records per step.
+        #[arg(long, default_value_t = 10)]
+        per_step: u64,
+        /// BF16 elements per tensor.
+        #[arg(long, default_value_t = 4096)]
+        elems: usize,
+        /// After publishing (and the daemon releasing everything), wait to be killed instead of
+        /// saying goodbye.
+        #[arg(long)]
+        hang: bool,
+    },
+    /// Measure capture throughput and compression.
+    Bench {
+        /// Bytes pushed through the capture path, in MiB.
+        #[arg(long, default_value_t = 2048)]
+        total_mib: u64,
+        /// Bytes per tensor, in MiB (a record carries --per-record tensors).
+        #[arg(long, default_value_t = 8)]
+        tensor_mib: u64,
+        #[arg(long, default_value_t = 3)]
+        per_record: usize,
+        /// zstd level.
+        #[arg(long, default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
+        level: i32,
+        /// Compression threads of the daemon.
+        #[arg(long, default_value_t = ttraced::default_threads())]
+        threads: usize,
+        /// Ring size in MiB.
+        #[arg(long, default_value_t = 256)]
+        ring_mib: u64,
+        /// Element type of the activations: bf16 or f32.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        /// Where the store goes (removed afterwards) [default: the temp directory].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().cmd {
+        Cmd::Publish {
+            socket,
+            rank,
+            world_size,
+            records,
+            per_step,
+            elems,
+            hang,
+        } => {
+            let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+            publish(
+                socket,
+                rank.or_else(|| env("RANK")).unwrap_or(0),
+                world_size.or_else(|| env("WORLD_SIZE")).unwrap_or(1),
+                records,
+                per_step,
+                elems,
+                hang,
+            )
+        }
+        Cmd::Bench {
+            total_mib,
+            tensor_mib,
+            per_record,
+            level,
+            threads,
+            ring_mib,
+            dtype,
+            dir,
+        } => bench(BenchArgs {
+            total: total_mib << 20,
+            tensor: tensor_mib << 20,
+            per_record,
+            level,
+            threads,
+            ring: ring_mib << 20,
+            dtype: match dtype.as_str() {
+                "bf16" => DType::BF16,
+                "f32" => DType::F32,
+                other => anyhow::bail!("--dtype {other}: bf16 or f32"),
+            },
+            dir,
+        }),
+    }
+}
+
+/// A GEMM record of rank/step/seq whose captured tensors (A, B, D) have these bytes.
+fn gemm_record(rank: u32, step: u64, seq: u64, dtype: DType, data: &[&[u8]]) -> Record {
+    let tensors = data
+        .iter()
+        .zip([Role::A, Role::B, Role::D].into_iter().cycle())
+        .map(|(d, role)| {
+            let shape = vec![(d.len() / dtype.size()) as u64];
+            Tensor {
+                role,
+                dtype,
+                strides: packed_strides(&shape),
+                shape,
+                ptr: 0x7f00_0000_0000 + seq * 0x1000,
+                nbytes: d.len() as u64,
+                captured: true,
+                crc32: crc32fast::hash(d),
+            }
+        })
+        .collect();
+    Record {
+        rank,
+        step,
+        seq,
+        api: "cublasGemmEx".into(),
+        op: Op::Gemm(Box::new(GemmOp {
+            m: 64,
+            n: 64,
+            k: 64,
+            transa: 0,
+            transb: 0,
+            lda: 64,
+            ldb: 64,
+            ldc: 64,
+            ldd: 64,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 14,
+            b_type: 14,
+            c_type: 14,
+            d_type: 14,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        })),
+        stream: 0,
+        device: 0,
+        thread: 1,
+        nvtx: vec![],
+        kernels_before: vec![],
+        tensors,
+        t_call_ns: 0,
+        t_done_ns: 0,
+    }
+}
+
+/// The bytes `loadgen publish` sends as tensor `t` of record `seq` of `rank` (tests rebuild
+/// them to compare).
+pub fn publish_bytes(rank: u32, seq: u64, t: u64, elems: usize) -> Vec<u8> {
+    bf16_pattern(elems, (rank as u64) << 40 | seq << 2 | t)
+}
+
+fn publish(
+    socket: Option<PathBuf>,
+    rank: u32,
+    world_size: u32,
+    records: u64,
+    per_step: u64,
+    elems: usize,
+    hang: bool,
+) -> anyhow::Result<()> {
+    let socket = socket
+        .or_else(|| std::env::var_os("TTRACE_SOCKET").map(PathBuf::from))
+        .context("no --socket and no TTRACE_SOCKET")?;
+    let mut c = TestClient::connect(&socket, hello(rank, world_size, 4 << 20))
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    let mut stdout = std::io::stdout();
+    let mut seq_all = 0u64;
+    loop {
+        let seq = seq_all % per_step.max(1);
+        let step = seq_all / per_step.max(1);
+        let a = publish_bytes(rank, seq_all, 0, elems);
+        let d = publish_bytes(rank, seq_all, 1, elems);
+        let mut rec = gemm_record(rank, step, seq, DType::BF16, &[&a, &d]);
+        rec.t_call_ns = seq_all;
+        c.publish(rec, &[&a, &d])?;
+        seq_all += 1;
+        if records > 0 && seq_all == records {
+            break;
+        }
+        if seq_all.is_multiple_of(50) {
+            // Crash tests wait for this line before killing us mid-stream.
+            writeln!(stdout, "published {seq_all}")?;
+            stdout.flush()?;
+        }
+    }
+    if !c.wait_drained(Duration::from_secs(30)) {
+        anyhow::bail!("the daemon did not release the ring");
+    }
+    writeln!(stdout, "published {seq_all}")?;
+    stdout.flush()?;
+    if hang {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    c.bye(seq_all, 0)?;
+    Ok(())
+}
+
+struct BenchArgs {
+    total: u64,
+    tensor: u64,
+    per_record: usize,
+    level: i32,
+    threads: usize,
+    ring: u64,
+    dtype: DType,
+    dir: Option<PathBuf>,
+}
+
+/// Activations drawn from normal distributions of varied scale, as `dtype` bytes.
+fn activations(bytes: usize, dtype: DType, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut uniform = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let n = bytes / dtype.size();
+    let mut out = Vec::with_capacity(bytes);
+    // One scale per 1 MiB chunk (layers and tensors differ in magnitude).
+    let mut sigma = 1.0f64;
+    for i in 0..n {
+        if i % (1 << 19) == 0 {
+            sigma = 10f64.powf(uniform() * 3.0 - 2.0); // 0.01 .. 10
+        }
+        // Box–Muller.
+        let v =
+            sigma * (-2.0 * uniform().ln()).sqrt() * (2.0 * std::f64::consts::PI * uniform()).cos();
+        match dtype {
+            DType::BF16 => out.extend(half::bf16::from_f64(v).to_le_bytes()),
+            _ => out.extend((v as f32).to_le_bytes()),
+        }
+    }
+    out
+}
+
+fn gbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let pool_bytes = (a.tensor as usize * a.per_record * 4)
+        .min(a.total as usize)
+        .max(1 << 20);
+    eprintln!(
+        "generating {} MiB of {} activations ...",
+        pool_bytes >> 20,
+        a.dtype.name()
+    );
+    let pool = activations(pool_bytes, a.dtype, 42);
+    let records = a.total / (a.tensor * a.per_record as u64);
+    let total = records * a.tensor * a.per_record as u64;
+    let chunk = |i: u64| -> &[u8] {
+        let slots = (pool.len() as u64 / a.tensor).max(1);
+        let off = ((i % slots) * a.tensor) as usize;
+        &pool[off..off + a.tensor as usize]
+    };
+
+    // 1. A plain memcpy of the same bytes into a ring-sized buffer.
+    let mut dst = vec![0u8; a.ring as usize];
+    dst.iter_mut().step_by(4096).for_each(|b| *b = 1); // fault the pages in first
+    let t = Instant::now();
+    let mut at = 0usize;
+    for i in 0..records * a.per_record as u64 {
+        let src = chunk(i);
+        if at + src.len() > dst.len() {
+            at = 0;
+        }
+        dst[at..at + src.len()].copy_from_slice(src);
+        at += src.len();
+    }
+    let memcpy = t.elapsed();
+    std::hint::black_box(&dst);
+    drop(dst);
+
+    // 2. Compression alone, one thread, on a sample: plain zstd vs shuffle + zstd (Blob).
+    let sample = &pool[..pool.len().min(64 << 20)];
+    let t = Instant::now();
+    let plain = zstd::bulk::compress(sample, a.level).context("zstd")?;
+    let t_plain = t.elapsed();
+    let mut scratch = Vec::new();
+    let t = Instant::now();
+    let blob = Blob::encode(sample, a.dtype.size(), a.level, &mut scratch)?;
+    let t_blob = t.elapsed();
+    let t = Instant::now();
+    ttrace_format::codec::shuffle(sample, a.dtype.size(), &mut scratch);
+    let t_shuffle = t.elapsed();
+    let t = Instant::now();
+    let shuffled_zstd = zstd::bulk::compress(&scratch, a.level).context("zstd")?;
+    let t_szstd = t.elapsed();
+    std::hint::black_box(&shuffled_zstd);
+    let t = Instant::now();
+    let crc = crc32fast::hash(sample);
+    let t_crc = t.elapsed();
+    std::hint::black_box(crc);
+
+    // 3. End to end: producer -> ring -> daemon (crc check, shuffle + zstd, segment) -> disk.
+    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("ttrace-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut cfg = ttraced::Config::new(dir.join("sock/s"), dir.join("store"));
+    cfg.level = a.level;
+    cfg.threads = a.threads;
+    let h = ttraced::Daemon::start(cfg)?;
+    let mut c = TestClient::connect(h.socket(), hello(0, 1, a.ring))?;
+    c.wait = Duration::from_secs(60);
+    let sizes = vec![a.tensor; a.per_record];
+    let (offsets, _) = ring::tensor_offsets(&sizes);
+    let t = Instant::now();
+    let mut produce = Duration::ZERO;
+    for r in 0..records {
+        let slot = c.reserve(&sizes)?;
+        let p0 = Instant::now();
+        {
+            let bytes = c.slot_bytes(&slot);
+            for (j, &off) in offsets.iter().enumerate() {
+                let src = chunk(r * a.per_record as u64 + j as u64);
+                // The copy a GPU's DMA engine would make, and the tracer's checksum.
+                bytes[off as usize..off as usize + src.len()].copy_from_slice(src);
+            }
+        }
+        let datas: Vec<&[u8]> = (0..a.per_record)
+            .map(|j| chunk(r * a.per_record as u64 + j as u64))
+            .collect();
+        let rec = gemm_record(0, r / 64, r % 64, a.dtype, &datas);
+        produce += p0.elapsed();
+        c.send(&ClientMsg::Publish {
+            record: Box::new(rec),
+            slot: Some(slot),
+        })?;
+    }
+    c.bye(records, 0)?;
+    let s = h.finalize(Some(0), Duration::from_secs(60))?;
+    let e2e = t.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let ratio = |raw: usize, stored: usize| raw as f64 / stored as f64;
+    let mbps = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64() / 1e6;
+    println!(
+        "capture benchmark: {} activations, {} records x {} tensors x {} MiB = {} MiB, zstd level {}, {} daemon threads, {} cores",
+        a.dtype.name(),
+        records,
+        a.per_record,
+        a.tensor >> 20,
+        total >> 20,
+        a.level,
+        a.threads,
+        ttraced::default_threads()
+    );
+    println!(
+        "  memcpy of the same bytes          {:>8.2} GB/s",
+        gbps(total, memcpy)
+    );
+    println!(
+        "  end to end into the store         {:>8.2} GB/s  ({:.2}x memcpy; producer copy+crc {:.2}s of {:.2}s)",
+        gbps(total, e2e),
+        memcpy.as_secs_f64() / e2e.as_secs_f64(),
+        produce.as_secs_f64(),
+        e2e.as_secs_f64()
+    );
+    println!(
+        "  store ratio (raw / stored)        {:>8.3}x  ({} records, {} crc mismatches)",
+        s.bytes_raw as f64 / s.bytes_stored.max(1) as f64,
+        s.records,
+        s.crc_mismatches
+    );
+    println!(
+        "  one thread, {} MiB sample: plain zstd {:.3}x at {:.0} MB/s; shuffle+zstd {:.3}x at {:.0} MB/s ({:.2}x plain's ratio); crc32 {:.0} MB/s",
+        sample.len() >> 20,
+        ratio(sample.len(), plain.len()),
+        mbps(sample.len(), t_plain),
+        ratio(sample.len(), blob.stored.len()),
+        mbps(sample.len(), t_blob),
+        ratio(sample.len(), blob.stored.len()) / ratio(sample.len(), plain.len()),
+        mbps(sample.len(), t_crc)
+    );
+    println!(
+        "  of which: shuffle {:.0} MB/s, zstd of the shuffled bytes {:.0} MB/s",
+        mbps(sample.len(), t_shuffle),
+        mbps(sample.len(), t_szstd)
+    );
+    Ok(())
+}

@@ -145,6 +145,15 @@ pub struct cudaPointerAttributes {
     pub hostPointer: *mut c_void,
 }
 
+/// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
 /// `struct CUuuid_st` (`cudaUUID_t`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

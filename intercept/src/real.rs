@@ -19,14 +19,7 @@ use cuda_abi::library_types::cudaDataType;
 use cuda_abi::nccl::*;
 use cuda_abi::nvtx::*;
 
-/// `dim3` (`vector_types.h`): a launch's grid or block size, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct dim3 {
-    pub x: c_uint,
-    pub y: c_uint,
-    pub z: c_uint,
-}
+pub use cuda_abi::cudart::dim3;
 
 /// The library a function belongs to, with the sonames it may be loaded under.
 #[derive(Clone, Copy)]

@@ -3,9 +3,7 @@
 //! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
 //! (`integration_tests::abi_check`), and the built library exports nothing else.
 //!
-//! Not compiled: `cudaLaunchKernel(_ptsz)`, whose `dim3` parameters cuda-abi does not define
-//! yet (the checker translates cuda-abi types only), and the `ttrace_*` C API of
-//! include/ttrace.h (not NVIDIA's).
+//! Not compiled: the `ttrace_*` C API of include/ttrace.h (not NVIDIA's).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,9 +12,6 @@ use integration_tests::abi_check::{self, check, dynamic_symbols, AbiTypes, Expor
 use integration_tests::profile_dir;
 use syn::parse::{Parse, ParseStream};
 use syn::visit::Visit;
-
-/// Exports the checker cannot translate (see the module documentation).
-const UNCHECKED: [&str; 2] = ["cudaLaunchKernel", "cudaLaunchKernel_ptsz"];
 
 /// One `coll_hook!` invocation: `#[doc] name(args) => Kind { ... }`.
 struct CollHook {
@@ -106,7 +101,7 @@ fn every_hook_matches_nvidias_headers() {
     let all = hook_exports();
     let exports: Vec<Export> = all
         .iter()
-        .filter(|e| !e.library.ends_with("/api") && !UNCHECKED.contains(&e.name.as_str()))
+        .filter(|e| !e.library.ends_with("/api"))
         .cloned()
         .collect();
     assert!(exports.len() >= 45, "only {} hooks found", exports.len());

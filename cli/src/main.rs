@@ -2,7 +2,12 @@
 //! issues add `ls`, `show`, `export`, `compare` and `check` as further subcommands.
 
 mod dump;
+mod export;
+mod fsck;
+mod ls;
+mod reading;
 mod run;
+mod show;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +37,29 @@ struct Cli {
 enum Command {
     Run(run::RunArgs),
     Dump(dump::DumpArgs),
+    Ls(ls::LsArgs),
+    Show(show::ShowArgs),
+    Stats(show::StatsArgs),
+    Export(export::ExportArgs),
+    Fsck(fsck::FsckArgs),
+}
+
+/// Exit status of a reading command: 0, or 2 with the error on stderr (a closed stdout pipe,
+/// `ttrace ls RUN | head`, is not an error).
+fn status(cmd: &str, r: anyhow::Result<i32>) -> i32 {
+    match r {
+        Ok(code) => code,
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            0
+        }
+        Err(e) => {
+            eprintln!("ttrace {cmd}: {e:#}");
+            2
+        }
+    }
 }
 
 fn main() {
@@ -59,6 +87,11 @@ fn main() {
                 2
             }
         },
+        Command::Ls(a) => status("ls", ls::main(a).map(|()| 0)),
+        Command::Show(a) => status("show", show::main(a).map(|()| 0)),
+        Command::Stats(a) => status("stats", show::stats_main(a).map(|()| 0)),
+        Command::Export(a) => status("export", export::main(a).map(|()| 0)),
+        Command::Fsck(a) => status("fsck", fsck::main(a)),
     };
     std::process::exit(code);
 }

@@ -662,7 +662,7 @@ impl Segment {
                     let mut frames = Vec::with_capacity(valid);
                     for e in &entries[..valid] {
                         if e.offset > pos {
-                            self.scan(pos, e.offset, &entries, &mut frames);
+                            self.scan(pos, e.offset, &entries, &mut frames, Some(e.seq));
                         }
                         frames.push(FrameLoc {
                             seq: e.seq,
@@ -675,7 +675,7 @@ impl Segment {
                     }
                     self.good_end = pos;
                     if pos < len {
-                        self.scan(pos, len, &entries, &mut frames);
+                        self.scan(pos, len, &entries, &mut frames, None);
                     }
                     if let Some(first) = lost.first() {
                         let seqs = match lost.last() {
@@ -719,14 +719,14 @@ impl Segment {
                         format!("{why}; located the records by scanning"),
                     );
                     let mut frames = Vec::new();
-                    self.scan(SEGMENT_HEADER_BYTES, len, &entries, &mut frames);
+                    self.scan(SEGMENT_HEADER_BYTES, len, &entries, &mut frames, None);
                     self.frames = frames;
                     return;
                 }
             }
         }
         let mut frames = Vec::new();
-        self.scan(SEGMENT_HEADER_BYTES, len, &[], &mut frames);
+        self.scan(SEGMENT_HEADER_BYTES, len, &[], &mut frames, None);
         self.frames = frames;
     }
 
@@ -778,7 +778,16 @@ impl Segment {
 
     /// Scans `[from, to)` for frames, appending intact ones to `frames` and reporting the
     /// rest. `hints` (a possibly damaged index) gives seqs of frames that cannot be read.
-    fn scan(&mut self, from: u64, to: u64, hints: &[IndexEntry], frames: &mut Vec<FrameLoc>) {
+    ///
+    /// `next_seq` is the seq of the (indexed) record at `to`, when the scan fills a gap.
+    fn scan(
+        &mut self,
+        from: u64,
+        to: u64,
+        hints: &[IndexEntry],
+        frames: &mut Vec<FrameLoc>,
+        next_seq: Option<u64>,
+    ) {
         let hint_at: HashMap<u64, &IndexEntry> = hints.iter().map(|e| (e.offset, e)).collect();
         let len = self.data.len() as u64;
         let mut pos = from;
@@ -816,7 +825,12 @@ impl Segment {
             let next = find_next_frame(&self.data, pos as usize + 1, to as usize);
             let skip_to = next.map_or(to, |n| n.offset);
             let prev_seq = frames.last().map(|f| f.seq);
-            let seq = match (hint_at.get(&pos), prev_seq, next.map(|n| n.seq)) {
+            let resumes = next.is_some() || next_seq.is_some();
+            let seq = match (
+                hint_at.get(&pos),
+                prev_seq,
+                next.map(|n| n.seq).or(next_seq),
+            ) {
                 (Some(e), _, _) => SeqHint::Exact(e.seq),
                 (None, Some(p), Some(n)) if n > p + 1 => SeqHint::Between(p + 1, n - 1),
                 (None, None, Some(n)) if n > 0 => SeqHint::Between(0, n - 1),
@@ -844,7 +858,7 @@ impl Segment {
                     Some(skipped),
                     format!(
                         "{bad}; skipped {skipped} bytes, {}",
-                        if next.is_some() {
+                        if resumes {
                             "reading resumed at the next intact record"
                         } else {
                             "no intact record follows"
@@ -989,6 +1003,16 @@ impl Segment {
             })
         })?;
         let body = self.body(&loc);
+        if !verify && !loc.verified {
+            // A metadata-only read still checks the body when its blob headers disagree with
+            // the record (a damaged length would otherwise be reported as data).
+            if let Ok((record, blobs)) = parse_body(loc.offset, body) {
+                let captured = record.tensors.iter().filter(|t| t.captured);
+                if captured.zip(&blobs).any(|(t, b)| t.nbytes != b.raw_len) {
+                    return self.read_inner(i, true);
+                }
+            }
+        }
         if verify && !loc.verified && crc32fast::hash(body) != loc.crc32 {
             return Err(self.frame_issue(
                 IssueKind::CorruptRecord,

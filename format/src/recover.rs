@@ -20,7 +20,8 @@ use crate::reader::{Issue, IssueKind, Segment, SeqHint, Store};
 use crate::record::Op;
 use crate::store::{
     index_path, manifest_path, read_index, write_index, CommEntry, IndexEntry, Manifest, RankInfo,
-    FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
+    FORMAT_MAJOR, FORMAT_MINOR, FRAME_HEADER_BYTES, FRAME_MAGIC, SEGMENT_HEADER_BYTES,
+    SEGMENT_MAGIC,
 };
 use crate::FormatError;
 
@@ -48,6 +49,9 @@ pub struct SegmentCheck {
     pub index_wanted: Option<Vec<IndexEntry>>,
     /// Where a torn tail starts, when there is one to cut.
     pub torn_at: Option<u64>,
+    /// Frames whose damaged header the index recovered: (offset, body length, CRC) to write
+    /// back.
+    pub headers_wanted: Vec<(u64, u64, u32)>,
     /// Communicator members seen in collective records: key -> (size, comm rank -> rank).
     #[serde(skip)]
     pub comms: HashMap<u64, (u32, BTreeMap<u32, u32>)>,
@@ -71,6 +75,7 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
         issues: seg.issues().to_vec(),
         index_wanted: None,
         torn_at: None,
+        headers_wanted: Vec::new(),
         comms: HashMap::new(),
         first_call_ns: None,
     };
@@ -164,6 +169,15 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
     if read_index(&index_path(seg.path())).ok().as_ref() != Some(&wanted) {
         c.index_wanted = Some(wanted);
     }
+    for i in &c.issues {
+        if i.kind != IssueKind::RecoveredByIndex {
+            continue;
+        }
+        if let Some(f) = seg.frames().iter().find(|f| Some(f.offset) == i.offset) {
+            c.headers_wanted
+                .push((f.offset, f.frame_len - FRAME_HEADER_BYTES, f.crc32));
+        }
+    }
     let torn = c
         .issues
         .iter()
@@ -183,6 +197,35 @@ pub fn rebuild_index(check: &SegmentCheck) -> Result<bool, FormatError> {
         }
         None => Ok(false),
     }
+}
+
+/// Writes back the frame headers `check` found damaged (their bodies intact, located by the
+/// index), saving the damaged ones under `lost+found/`. Returns how many it wrote.
+pub fn repair_frame_headers(run: &Path, check: &SegmentCheck) -> Result<usize, FormatError> {
+    if check.headers_wanted.is_empty() {
+        return Ok(0);
+    }
+    let path = &check.path;
+    let io = |e| FormatError::at(path, e);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
+    for &(offset, body_len, crc) in &check.headers_wanted {
+        let mut old = [0u8; FRAME_HEADER_BYTES as usize];
+        f.seek(SeekFrom::Start(offset)).map_err(io)?;
+        f.read_exact(&mut old).map_err(io)?;
+        save_lost(run, &lost_name(run, path, "frame-header", offset), &old)?;
+        let mut h = [0u8; FRAME_HEADER_BYTES as usize];
+        h[..4].copy_from_slice(&FRAME_MAGIC);
+        h[8..16].copy_from_slice(&body_len.to_le_bytes());
+        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        f.seek(SeekFrom::Start(offset)).map_err(io)?;
+        f.write_all(&h).map_err(io)?;
+    }
+    f.sync_all().map_err(io)?;
+    Ok(check.headers_wanted.len())
 }
 
 /// A name under `lost+found/` for bytes cut from `path` at `offset`.
@@ -244,7 +287,7 @@ pub fn repair_header(run: &Path, path: &Path, rank: u32, step: u64) -> Result<bo
     }
     // Evidence that this is a segment: a frame magic right after the header.
     let mut first = [0u8; 4];
-    if f.read_exact(&mut first).is_err() || first != crate::store::FRAME_MAGIC {
+    if f.read_exact(&mut first).is_err() || first != FRAME_MAGIC {
         return Ok(false);
     }
     save_lost(run, &lost_name(run, path, "header", 0), &h)?;

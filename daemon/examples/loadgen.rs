@@ -289,6 +289,34 @@ fn gbps(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e9
 }
 
+/// CPU time of this process (all threads) and of the calling thread.
+fn cpu_times() -> (Duration, Duration) {
+    let get = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    };
+    (
+        get(libc::CLOCK_PROCESS_CPUTIME_ID),
+        get(libc::CLOCK_THREAD_CPUTIME_ID),
+    )
+}
+
+/// One compression on this thread: (ratio, MB per CPU-second).
+fn measure(raw: &[u8], f: impl FnOnce(&[u8]) -> usize) -> (f64, f64) {
+    let t = cpu_times().1;
+    let stored = f(raw);
+    let d = cpu_times().1 - t;
+    (
+        raw.len() as f64 / stored.max(1) as f64,
+        raw.len() as f64 / d.as_secs_f64() / 1e6,
+    )
+}
+
 fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let pool_bytes = (a.tensor as usize * a.per_record * 4)
         .min(a.total as usize)
@@ -299,7 +327,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         a.dtype.name()
     );
     let pool = activations(pool_bytes, a.dtype, 42);
-    let records = a.total / (a.tensor * a.per_record as u64);
+    let records = (a.total / (a.tensor * a.per_record as u64)).max(1);
     let total = records * a.tensor * a.per_record as u64;
     let chunk = |i: u64| -> &[u8] {
         let slots = (pool.len() as u64 / a.tensor).max(1);
@@ -324,28 +352,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     std::hint::black_box(&dst);
     drop(dst);
 
-    // 2. Compression alone, one thread, on a sample: plain zstd vs shuffle + zstd (Blob).
-    let sample = &pool[..pool.len().min(64 << 20)];
-    let t = Instant::now();
-    let plain = zstd::bulk::compress(sample, a.level).context("zstd")?;
-    let t_plain = t.elapsed();
-    let mut scratch = Vec::new();
-    let t = Instant::now();
-    let blob = Blob::encode(sample, a.dtype.size(), a.level, &mut scratch)?;
-    let t_blob = t.elapsed();
-    let t = Instant::now();
-    ttrace_format::codec::shuffle(sample, a.dtype.size(), &mut scratch);
-    let t_shuffle = t.elapsed();
-    let t = Instant::now();
-    let shuffled_zstd = zstd::bulk::compress(&scratch, a.level).context("zstd")?;
-    let t_szstd = t.elapsed();
-    std::hint::black_box(&shuffled_zstd);
-    let t = Instant::now();
-    let crc = crc32fast::hash(sample);
-    let t_crc = t.elapsed();
-    std::hint::black_box(crc);
-
-    // 3. End to end: producer -> ring -> daemon (crc check, shuffle + zstd, segment) -> disk.
+    // 2. End to end: producer -> ring -> daemon (crc check, shuffle + zstd, segment) -> disk.
     let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("ttrace-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -357,24 +364,23 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     c.wait = Duration::from_secs(60);
     let sizes = vec![a.tensor; a.per_record];
     let (offsets, _) = ring::tensor_offsets(&sizes);
+    let (cpu0, thread0) = cpu_times();
     let t = Instant::now();
-    let mut produce = Duration::ZERO;
     for r in 0..records {
         let slot = c.reserve(&sizes)?;
-        let p0 = Instant::now();
         {
             let bytes = c.slot_bytes(&slot);
             for (j, &off) in offsets.iter().enumerate() {
                 let src = chunk(r * a.per_record as u64 + j as u64);
-                // The copy a GPU's DMA engine would make, and the tracer's checksum.
+                // The copy a GPU's DMA engine would make.
                 bytes[off as usize..off as usize + src.len()].copy_from_slice(src);
             }
         }
         let datas: Vec<&[u8]> = (0..a.per_record)
             .map(|j| chunk(r * a.per_record as u64 + j as u64))
             .collect();
+        // gemm_record computes each tensor's CRC-32, as the tracer thread does.
         let rec = gemm_record(0, r / 64, r % 64, a.dtype, &datas);
-        produce += p0.elapsed();
         c.send(&ClientMsg::Publish {
             record: Box::new(rec),
             slot: Some(slot),
@@ -383,12 +389,15 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     c.bye(records, 0)?;
     let s = h.finalize(Some(0), Duration::from_secs(60))?;
     let e2e = t.elapsed();
+    let (cpu1, thread1) = cpu_times();
     let _ = std::fs::remove_dir_all(&dir);
+    let gb = total as f64 / 1e9;
+    let cpu_all = (cpu1 - cpu0).as_secs_f64() / gb;
+    let cpu_producer = (thread1 - thread0).as_secs_f64() / gb;
+    let cores = ttraced::default_threads() as f64;
 
-    let ratio = |raw: usize, stored: usize| raw as f64 / stored as f64;
-    let mbps = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64() / 1e6;
     println!(
-        "capture benchmark: {} activations, {} records x {} tensors x {} MiB = {} MiB, zstd level {}, {} daemon threads, {} cores",
+        "capture benchmark: {} activations (normal, sigma 0.01-10), {} records x {} tensors x {} MiB = {} MiB; zstd level {}, {} daemon threads, {} cores",
         a.dtype.name(),
         records,
         a.per_record,
@@ -396,39 +405,74 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         total >> 20,
         a.level,
         a.threads,
-        ttraced::default_threads()
+        cores
     );
+    println!("end to end (producer copy + crc -> ring -> ttraced: crc check, shuffle + zstd -> segment files):");
     println!(
-        "  memcpy of the same bytes          {:>8.2} GB/s",
+        "  memcpy of the same bytes       {:>7.2} GB/s",
         gbps(total, memcpy)
     );
     println!(
-        "  end to end into the store         {:>8.2} GB/s  ({:.2}x memcpy; producer copy+crc {:.2}s of {:.2}s)",
+        "  capture into the store         {:>7.2} GB/s   = {:.3}x memcpy; stored ratio {:.3}x; {} records, {} crc mismatches",
         gbps(total, e2e),
         memcpy.as_secs_f64() / e2e.as_secs_f64(),
-        produce.as_secs_f64(),
-        e2e.as_secs_f64()
-    );
-    println!(
-        "  store ratio (raw / stored)        {:>8.3}x  ({} records, {} crc mismatches)",
         s.bytes_raw as f64 / s.bytes_stored.max(1) as f64,
         s.records,
         s.crc_mismatches
     );
     println!(
-        "  one thread, {} MiB sample: plain zstd {:.3}x at {:.0} MB/s; shuffle+zstd {:.3}x at {:.0} MB/s ({:.2}x plain's ratio); crc32 {:.0} MB/s",
-        sample.len() >> 20,
-        ratio(sample.len(), plain.len()),
-        mbps(sample.len(), t_plain),
-        ratio(sample.len(), blob.stored.len()),
-        mbps(sample.len(), t_blob),
-        ratio(sample.len(), blob.stored.len()) / ratio(sample.len(), plain.len()),
-        mbps(sample.len(), t_crc)
+        "  CPU per GB captured            {cpu_all:>7.2} s    (producer {cpu_producer:.2} s, of which the copy a GPU would do by DMA)"
     );
     println!(
-        "  of which: shuffle {:.0} MB/s, zstd of the shuffled bytes {:.0} MB/s",
-        mbps(sample.len(), t_shuffle),
-        mbps(sample.len(), t_szstd)
+        "  => ceiling on {cores} idle cores     {:>7.2} GB/s   (daemon only, as with a GPU: {:.2} GB/s)",
+        cores / cpu_all,
+        cores / (cpu_all - cpu_producer).max(1e-9)
+    );
+
+    // 3. Compression alone, one thread, CPU time, on a sample.
+    let sample = &pool[..pool.len().min(64 << 20)];
+    let elem = a.dtype.size();
+    println!(
+        "compression alone, one thread, {} MiB sample (ratio, MB per CPU-second):",
+        sample.len() >> 20
+    );
+    let show =
+        |name: String, (r, mbps): (f64, f64)| println!("  {name:40} {r:>6.3}x {mbps:>7.0} MB/s");
+    for level in [a.level, 1, 3] {
+        show(
+            format!("plain zstd level {level} (no shuffle)"),
+            measure(sample, |raw| {
+                zstd::bulk::compress(raw, level).map_or(raw.len(), |v| v.len())
+            }),
+        );
+    }
+    show(
+        "format Blob::encode level 1 (shuffle+zstd)".into(),
+        measure(sample, |raw| {
+            Blob::encode(raw, elem, 1, &mut Vec::new()).map_or(raw.len(), |b| b.stored.len())
+        }),
+    );
+    let mut levels = vec![a.level, 3, 1, -10, -100, -1000];
+    levels.dedup();
+    for level in levels {
+        let mut enc = ttraced::Encoder::new(level);
+        let _ = enc.encode(&sample[..1 << 20], elem); // warm the context
+        show(
+            format!(
+                "ttraced encoder level {level}{}",
+                if level == a.level { " (this run)" } else { "" }
+            ),
+            measure(sample, |raw| {
+                enc.encode(raw, elem).map_or(raw.len(), |b| b.stored.len())
+            }),
+        );
+    }
+    let t = cpu_times().1;
+    std::hint::black_box(crc32fast::hash(sample));
+    let d = cpu_times().1 - t;
+    println!(
+        "  crc32                                     {:>7.0} MB/s",
+        sample.len() as f64 / d.as_secs_f64() / 1e6
     );
     Ok(())
 }

@@ -19,6 +19,7 @@ use ttrace_format::ring::{self, Ring, Slot};
 use ttrace_format::store::{Blob, RankInfo};
 use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL_VERSION};
 
+use crate::encode::Encoder;
 use crate::fdpass;
 use crate::segments::SegRef;
 use crate::{ProcessSummary, Shared};
@@ -444,15 +445,15 @@ fn prepare(
         let (tx, rx) = bounded::<Encoded>(1);
         let (ring, level, off) = (ring.clone(), shared.level, offsets[i]);
         if let Some(s) = slot {
-            shared.pool.submit(Box::new(move |scratch: &mut Vec<u8>| {
+            shared.pool.submit(Box::new(move |enc: &mut Encoder| {
                 // SAFETY: the slot was validated and is released only by this client's writer
                 // after it has received this job's result; the range is inside the slot
                 // (checked against its length above).
                 let bytes = unsafe { ring.bytes(&s, off, nbytes) };
-                let _ = tx.send(encode(bytes, elem, level, scratch));
+                let _ = tx.send(encode(bytes, elem, enc));
             }));
         } else {
-            let _ = tx.send(encode(&[], elem, level, &mut Vec::new()));
+            let _ = tx.send(encode(&[], elem, &mut Encoder::new(level)));
         }
         tensors.push((off, nbytes, elem, rx));
     }
@@ -472,9 +473,9 @@ fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
     Some(ring::tensor_offsets(sizes))
 }
 
-fn encode(bytes: &[u8], elem: usize, level: i32, scratch: &mut Vec<u8>) -> Encoded {
+fn encode(bytes: &[u8], elem: usize, enc: &mut Encoder) -> Encoded {
     let crc = crc32fast::hash(bytes);
-    let blob = Blob::encode(bytes, elem, level, scratch).unwrap_or_else(|e| {
+    let blob = enc.encode(bytes, elem).unwrap_or_else(|e| {
         warn!("compression failed ({e}); storing the tensor raw");
         raw_blob(bytes, elem)
     });

@@ -32,6 +32,7 @@
 //! step, seq and tensor, and counts mismatches per process in its [`Summary`].
 
 mod client;
+pub mod encode;
 mod fdpass;
 mod pool;
 mod segments;
@@ -56,6 +57,7 @@ use ttrace_format::wire::CommInfo;
 use ttrace_format::FormatError;
 
 use crate::client::ClientState;
+pub use crate::encode::Encoder;
 use crate::pool::Pool;
 use crate::segments::Segments;
 
@@ -320,10 +322,13 @@ impl Daemon {
         if config.threads == 0 {
             return Err(Error::Config("--threads must be at least 1".into()));
         }
-        if !(-7..=22).contains(&config.level) {
+        let levels = zstd::zstd_safe::min_c_level()..=zstd::zstd_safe::max_c_level();
+        if !levels.contains(&config.level) {
             return Err(Error::Config(format!(
-                "zstd level {} is outside -7..=22",
-                config.level
+                "zstd level {} is outside {}..={}",
+                config.level,
+                levels.start(),
+                levels.end()
             )));
         }
         make_private_dir(&config.store)?;
@@ -339,7 +344,7 @@ impl Daemon {
             run: config.run,
             created_unix_ns: unix_ns(),
             uid,
-            pool: Pool::new(config.threads),
+            pool: Pool::new(config.threads, config.level),
             segments: Segments::new(config.store.clone()),
             clients: Mutex::new(Vec::new()),
             comms: Mutex::new(BTreeMap::new()),

@@ -1,23 +1,26 @@
 //! The compression pool: a few worker threads shared by every client, each with its own
-//! scratch buffer for the byte shuffle.
+//! [`Encoder`] (zstd context and shuffle buffer).
 
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{unbounded, Sender};
 use tracing::warn;
 
-/// A unit of work; it gets the worker's scratch buffer.
-pub(crate) type Job = Box<dyn FnOnce(&mut Vec<u8>) + Send>;
+use crate::encode::Encoder;
+
+/// A unit of work; it gets the worker's encoder.
+pub(crate) type Job = Box<dyn FnOnce(&mut Encoder) + Send>;
 
 /// Worker threads fed by one FIFO queue.
 pub(crate) struct Pool {
     tx: Sender<Job>,
     workers: Vec<JoinHandle<()>>,
+    level: i32,
 }
 
 impl Pool {
-    /// Starts `threads` workers (at least one).
-    pub(crate) fn new(threads: usize) -> Pool {
+    /// Starts `threads` workers (at least one) compressing at zstd `level`.
+    pub(crate) fn new(threads: usize, level: i32) -> Pool {
         let (tx, rx) = unbounded::<Job>();
         let workers = (0..threads.max(1))
             .filter_map(|i| {
@@ -25,32 +28,28 @@ impl Pool {
                 std::thread::Builder::new()
                     .name(format!("ttraced-zstd-{i}"))
                     .spawn(move || {
-                        let mut scratch = Vec::new();
+                        let mut encoder = Encoder::new(level);
                         for job in rx {
-                            job(&mut scratch);
-                            // Do not keep a huge tensor's worth of scratch forever.
-                            if scratch.capacity() > 64 << 20 {
-                                scratch = Vec::new();
-                            }
+                            job(&mut encoder);
                         }
                     })
                     .map_err(|e| warn!("cannot start compression thread {i}: {e}"))
                     .ok()
             })
             .collect();
-        Pool { tx, workers }
+        Pool { tx, workers, level }
     }
 
     /// Queues a job. When no worker could be started, runs it on the caller's thread.
     pub(crate) fn submit(&self, job: Job) {
         if self.workers.is_empty() {
-            job(&mut Vec::new());
+            job(&mut Encoder::new(self.level));
             return;
         }
         if let Err(e) = self.tx.send(job) {
-            // Unreachable while the pool lives (it holds a receiver through its workers);
-            // run the job here rather than lose it.
-            (e.into_inner())(&mut Vec::new());
+            // Every worker is gone (they only end by panicking): run the job here rather than
+            // lose it.
+            (e.into_inner())(&mut Encoder::new(self.level));
         }
     }
 }

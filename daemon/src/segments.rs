@@ -8,6 +8,9 @@
 //! copied into a staged segment under `STORE/.reopen/N/`, the new ones appended, and the
 //! staged files renamed over the old ones when it is finished again — the old segment stays
 //! readable until then.
+//!
+//! Finishing (fsync, index) runs on a background thread, so a rank's next step is not held
+//! up by the previous one's fsync; a segment being finished cannot be reopened until it is.
 
 use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
@@ -15,7 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{unbounded, Sender};
+use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
 use ttrace_format::record::Record;
 use ttrace_format::store::{
@@ -34,6 +40,8 @@ enum State {
         /// Where a reopened segment is staged until it is finished.
         staged: Option<PathBuf>,
     },
+    /// Handed to the finisher thread.
+    Finishing,
     Finished,
     /// Could not be created; records for it are counted as lost in the log.
     Failed,
@@ -44,16 +52,25 @@ pub(crate) struct Entry {
     state: State,
 }
 
+/// An entry and the condition variable signalled when it leaves `Finishing`.
+pub(crate) struct Slot {
+    entry: Mutex<Entry>,
+    finished: Condvar,
+}
+
 /// A client's hold on an open segment.
 pub(crate) struct SegRef {
     key: Key,
-    entry: Arc<Mutex<Entry>>,
+    entry: Arc<Slot>,
 }
+
+/// Work for the finisher thread.
+type FinishJob = (Key, SegmentWriter, Option<PathBuf>, Arc<Slot>);
 
 impl SegRef {
     /// Appends a record; returns the frame's bytes on disk.
     pub(crate) fn append(&self, record: &Record, blobs: &[Blob]) -> Result<u64, FormatError> {
-        match &mut self.entry.lock().state {
+        match &mut self.entry.entry.lock().state {
             State::Open { writer, .. } => writer.append(record, blobs),
             _ => Err(FormatError::Invalid(format!(
                 "segment rank {} step {} is not open",
@@ -64,7 +81,7 @@ impl SegRef {
 
     /// Hands buffered frames to the kernel.
     pub(crate) fn flush(&self) {
-        if let State::Open { writer, .. } = &mut self.entry.lock().state {
+        if let State::Open { writer, .. } = &mut self.entry.entry.lock().state {
             if let Err(e) = writer.flush() {
                 error!("flush of rank {} step {}: {e}", self.key.0, self.key.1);
             }
@@ -80,16 +97,32 @@ impl SegRef {
 /// Every segment the daemon opened.
 pub(crate) struct Segments {
     store: PathBuf,
-    map: Mutex<HashMap<Key, Arc<Mutex<Entry>>>>,
+    map: Mutex<HashMap<Key, Arc<Slot>>>,
     reopened: AtomicU64,
+    finisher: Mutex<Option<(Sender<FinishJob>, JoinHandle<()>)>>,
 }
 
 impl Segments {
     pub(crate) fn new(store: PathBuf) -> Segments {
+        let (tx, rx) = unbounded::<FinishJob>();
+        let dir = store.clone();
+        let finisher = std::thread::Builder::new()
+            .name("ttraced-finish".into())
+            .spawn(move || {
+                for (key, writer, staged, slot) in rx {
+                    finish(&dir, key, writer, staged);
+                    slot.entry.lock().state = State::Finished;
+                    slot.finished.notify_all();
+                }
+            })
+            .map_err(|e| warn!("no finisher thread ({e}): segments finish inline"))
+            .ok()
+            .map(|h| (tx, h));
         Segments {
             store,
             map: Mutex::new(HashMap::new()),
             reopened: AtomicU64::new(0),
+            finisher: Mutex::new(finisher),
         }
     }
 
@@ -112,16 +145,22 @@ impl Segments {
             .lock()
             .entry(key)
             .or_insert_with(|| {
-                Arc::new(Mutex::new(Entry {
-                    state: State::Absent,
-                }))
+                Arc::new(Slot {
+                    entry: Mutex::new(Entry {
+                        state: State::Absent,
+                    }),
+                    finished: Condvar::new(),
+                })
             })
             .clone();
         {
-            let mut e = entry.lock();
+            let mut e = entry.entry.lock();
+            while matches!(e.state, State::Finishing) {
+                entry.finished.wait(&mut e);
+            }
             match &mut e.state {
                 State::Open { holders, .. } => *holders += 1,
-                State::Absent | State::Finished | State::Failed => {
+                State::Absent | State::Finished | State::Failed | State::Finishing => {
                     let reopen = !matches!(e.state, State::Absent);
                     match self.open(rank, step, reopen) {
                         Ok((writer, staged)) => {
@@ -207,9 +246,10 @@ impl Segments {
         Ok((w, Some(staged)))
     }
 
-    /// Lets go of a hold; the last one finishes the segment (fsync + index).
+    /// Lets go of a hold; the last one has the segment finished (fsync + index) in the
+    /// background.
     pub(crate) fn release(&self, seg: SegRef) {
-        let mut e = seg.entry.lock();
+        let mut e = seg.entry.entry.lock();
         let last = match &mut e.state {
             State::Open { holders, .. } => {
                 *holders -= 1;
@@ -217,25 +257,41 @@ impl Segments {
             }
             _ => false,
         };
-        if last {
-            if let State::Open { writer, staged, .. } =
-                std::mem::replace(&mut e.state, State::Finished)
-            {
-                finish(&self.store, seg.key, writer, staged);
-            }
+        if !last {
+            return;
+        }
+        let State::Open { writer, staged, .. } = std::mem::replace(&mut e.state, State::Finishing)
+        else {
+            return;
+        };
+        drop(e);
+        let job = (seg.key, writer, staged, seg.entry.clone());
+        let queued = match &*self.finisher.lock() {
+            Some((tx, _)) => tx.send(job).map_err(|e| e.into_inner()),
+            None => Err(job),
+        };
+        if let Err((key, writer, staged, slot)) = queued {
+            finish(&self.store, key, writer, staged);
+            slot.entry.lock().state = State::Finished;
+            slot.finished.notify_all();
         }
     }
 
-    /// Finishes every segment still open (clients that never let go).
+    /// Waits for the background finishes, then finishes every segment still open (clients
+    /// that never let go).
     pub(crate) fn finish_all(&self) {
-        let entries: Vec<(Key, Arc<Mutex<Entry>>)> = self
+        if let Some((tx, worker)) = self.finisher.lock().take() {
+            drop(tx);
+            let _ = worker.join();
+        }
+        let entries: Vec<(Key, Arc<Slot>)> = self
             .map
             .lock()
             .iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
         for (key, entry) in entries {
-            let mut e = entry.lock();
+            let mut e = entry.entry.lock();
             if !matches!(e.state, State::Open { .. }) {
                 continue;
             }

@@ -240,12 +240,16 @@ fn two_processes_with_the_same_rank_share_its_segments() {
     a.publish(gemm(0, 0, 0, &[&d]), &[&d]).expect("a step 0");
     a.publish(gemm(0, 1, 0, &[&d]), &[&d]).expect("a step 1");
     assert!(a.wait_drained(Duration::from_secs(5)));
-    // Let the daemon finish step 0 (a moved on, b never held it), then b writes step 0 late.
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        index_path(&segment_path(&store, 0, 0)).exists(),
-        "step 0 was finished when its only holder moved on"
-    );
+    // The daemon finishes step 0 (a moved on, b never held it); then b writes step 0 late.
+    let idx0 = index_path(&segment_path(&store, 0, 0));
+    let t = std::time::Instant::now();
+    while !idx0.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "step 0 is finished once its only holder moved on"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     b.publish(gemm(0, 0, 1, &[&d]), &[&d])
         .expect("b step 0, late");
     b.publish(gemm(0, 1, 1, &[&d]), &[&d]).expect("b step 1");

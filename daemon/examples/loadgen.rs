@@ -429,6 +429,21 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         cores / (cpu_all - cpu_producer).max(1e-9)
     );
 
+    let e2e_gbps = gbps(total, e2e);
+    let ratio = s.bytes_raw as f64 / s.bytes_stored.max(1) as f64;
+    let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    println!("goals of issue 4:");
+    println!(
+        "  >= 1 GB/s end to end           {e2e_gbps:>7.2} GB/s   {} (wall clock on this machine, shared with whatever else runs)",
+        verdict(e2e_gbps >= 1.0)
+    );
+    if a.dtype == DType::BF16 {
+        println!(
+            "  BF16 activations >= 1.2x       {ratio:>7.3}x       {}",
+            verdict(ratio >= 1.2)
+        );
+    }
+
     // 3. Compression alone, one thread, CPU time, on a sample.
     let sample = &pool[..pool.len().min(64 << 20)];
     let elem = a.dtype.size();

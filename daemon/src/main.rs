@@ -22,7 +22,8 @@ struct Args {
     /// Store directory for the run (created 0700; must not hold a run already).
     #[arg(long, value_name = "DIR")]
     store: PathBuf,
-    /// zstd level of the stored tensors (0 = raw; negative = zstd's fast modes).
+    /// zstd level of the stored tensors (0 = raw; negative = zstd's fast modes, literals still
+    /// Huffman-coded).
     #[arg(long, value_name = "N", default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
     level: i32,
     /// Compression threads shared by all clients [default: the cores, at most 8].

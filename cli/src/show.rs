@@ -470,8 +470,8 @@ fn show_one(a: &ShowArgs, seg: &Segment, seq: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Per (rank, step): records, tensors and elements read, NaN and Inf counts, the largest
-/// absolute value, and the first record (in host order) whose tensors hold a NaN or Inf —
+/// Per (rank, step), over the floating-point tensors: records, tensors and elements read, NaN
+/// and Inf counts, the largest finite absolute value, and the first record (in host order) whose tensors hold a NaN or Inf —
 /// where to start looking when a run diverged.
 ///
 /// Examples:
@@ -541,7 +541,9 @@ pub fn stats_main(a: StatsArgs) -> anyhow::Result<()> {
             }
             records += 1;
             for t in 0..v.record.tensors.len() {
-                if !filter.role(v.record.tensors[t].role) || !v.is_captured(t) {
+                // Floating-point tensors only: copied bytes (U8) and integers have no NaN.
+                let tensor = &v.record.tensors[t];
+                if !filter.role(tensor.role) || !v.is_captured(t) || !tensor.dtype.is_float() {
                     continue;
                 }
                 let s = match tensor_stats(&v, t, &mut scratch, &mut buf) {

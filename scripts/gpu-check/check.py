@@ -43,7 +43,7 @@ def main(expected_dir, records_path, tensors_dir):
     for name, meta in expected.items():
         want = open(os.path.join(expected_dir, name + ".bin"), "rb").read()
         hits = [
-            f'{r["api"]} {t["role"]} {t["dtype"]}{t["shape"]} (step {r["step"]} seq {r["seq"]})'
+            f'{r["api"]} {t["role"]} {t["dtype"]}{t["shape"]} (rank {r["rank"]} step {r["step"]} seq {r["seq"]})'
             for r, t in by_size.get(len(want), [])
             if captured_bytes(t) == want
         ]

@@ -18,7 +18,7 @@ use ttrace_format::codec::Codec;
 use ttrace_format::dtype::DType;
 use ttrace_format::reader::Store;
 use ttrace_format::record::{packed_strides, GemmOp, Op, Record, Role, Tensor};
-use ttrace_format::store::{Blob, SegmentWriter};
+use ttrace_format::store::{Blob, Manifest, SegmentWriter, FORMAT_MAJOR, FORMAT_MINOR};
 
 /// xorshift64*.
 struct Rng(u64);
@@ -136,7 +136,21 @@ fn write(dir: &Path, mib: u64, ranks: u32, steps: u64, level: i32) -> std::io::R
             w.finish().map_err(std::io::Error::other)?;
         }
     }
-    Ok(())
+    let manifest = Manifest {
+        format_major: FORMAT_MAJOR,
+        format_minor: FORMAT_MINOR,
+        run_id: "synthetic".into(),
+        created_unix_ns: 0,
+        command: vec!["synth_store".into(), "write".into()],
+        cwd: String::new(),
+        env: Default::default(),
+        config: Default::default(),
+        ranks: Vec::new(),
+        comms: Vec::new(),
+        finalized: true,
+        exit_code: Some(0),
+    };
+    manifest.write(dir).map_err(std::io::Error::other)
 }
 
 /// Concatenates every zstd-coded blob of the store (a valid multi-frame zstd stream).

@@ -20,7 +20,9 @@ if ! command -v zstd >/dev/null 2>&1; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq zstd
 fi
 
-cargo build --release -q -p ttrace-cli -p ttrace-format --example synth_store
+# Two builds: target selection flags (--example) would leave the ttrace binary out.
+cargo build --release -q -p ttrace-cli --bin ttrace
+cargo build --release -q -p ttrace-format --example synth_store
 TTRACE="$TARGET/release/ttrace"
 SYNTH="$TARGET/release/examples/synth_store"
 
@@ -49,7 +51,11 @@ best() {
     rm -rf "$OUT"; mkdir -p "$OUT"
     local t0 t1
     t0=$(date +%s.%N)
-    "$@" >/dev/null 2>&1
+    if ! "$@" >/dev/null 2>"$WORK/last.err"; then
+      echo "failed: $*" >&2
+      cat "$WORK/last.err" >&2
+      exit 1
+    fi
     t1=$(date +%s.%N)
     local dt
     dt=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", b - a }')
@@ -71,8 +77,8 @@ rate() { awk -v s="$stored" -v t="$1" 'BEGIN { printf "%.0f", s / t / 1e6 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 printf '%-42s %7.3f s  %5s MB/s compressed in\n' "zstd -d (to a file in OUT)" "$t_zstd_file" "$(rate "$t_zstd_file")"
 printf '%-42s %7.3f s  %5s MB/s\n' "zstd -d (to /dev/null)" "$t_zstd_null" "$(rate "$t_zstd_null")"
-printf '%-42s %7.3f s  %5s MB/s  = %s x zstd -d\n' "ttrace export safetensors (${JOBS:-all} jobs)" "$t_export" "$(rate "$t_export")" "$(ratio "$t_zstd_file" "$t_export")"
-printf '%-42s %7.3f s  %5s MB/s  = %s x zstd -d\n' "ttrace export safetensors (1 job)" "$t_export1" "$(rate "$t_export1")" "$(ratio "$t_zstd_file" "$t_export1")"
+printf '%-42s %7.3f s  %5s MB/s  = %s x zstd -d to a file, %s x to /dev/null\n' "ttrace export safetensors (${JOBS:-all} jobs)" "$t_export" "$(rate "$t_export")" "$(ratio "$t_zstd_file" "$t_export")" "$(ratio "$t_zstd_null" "$t_export")"
+printf '%-42s %7.3f s  %5s MB/s  = %s x zstd -d to a file, %s x to /dev/null\n' "ttrace export safetensors (1 job)" "$t_export1" "$(rate "$t_export1")" "$(ratio "$t_zstd_file" "$t_export1")" "$(ratio "$t_zstd_null" "$t_export1")"
 if awk -v e="$t_export" -v z="$t_zstd_file" 'BEGIN { exit !(e <= 2 * z) }'; then
   echo "PASS: export runs at no less than half the speed of zstd -d"
 else

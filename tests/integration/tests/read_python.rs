@@ -16,41 +16,63 @@ use std::process::Command;
 use common::{write_store, Scratch};
 use integration_tests::{bin, describe, profile_dir};
 
-/// A python3 that imports safetensors and numpy.
-fn python() -> PathBuf {
-    let has = |py: &Path| {
-        Command::new(py)
-            .args(["-c", "import safetensors, numpy"])
+/// A python3 command that imports safetensors and numpy: the system one, else a virtual
+/// environment under the target directory, else the system one with the packages installed
+/// into a directory on PYTHONPATH (systems without the venv module).
+fn python() -> Command {
+    let has = |mut c: Command| {
+        c.args(["-c", "import safetensors, numpy"])
             .output()
             .is_ok_and(|o| o.status.success())
     };
+    let with_path = |py: &Path, path: Option<&Path>| {
+        let mut c = Command::new(py);
+        if let Some(p) = path {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    };
     if let Ok(p) = std::env::var("TTRACE_TEST_PYTHON") {
-        return PathBuf::from(p);
+        return Command::new(p);
     }
     let system = PathBuf::from("python3");
-    if has(&system) {
-        return system;
+    if has(with_path(&system, None)) {
+        return with_path(&system, None);
     }
     let venv = profile_dir().join("pyvenv-read");
     let py = venv.join("bin/python");
-    if !has(&py) {
-        let out = Command::new("python3")
+    let site = profile_dir().join("pysite-read");
+    for _ in 0..2 {
+        if has(with_path(&py, None)) {
+            return with_path(&py, None);
+        }
+        if has(with_path(&system, Some(&site))) {
+            return with_path(&system, Some(&site));
+        }
+        let venv_ok = Command::new("python3")
             .args(["-m", "venv"])
             .arg(&venv)
             .output()
-            .expect("python3 runs (CI installs it)");
-        assert!(out.status.success(), "python3 -m venv: {}", describe(&out));
-        let out = Command::new(&py)
-            .args(["-m", "pip", "install", "--quiet", "safetensors", "numpy"])
-            .output()
-            .expect("pip runs");
+            .is_ok_and(|o| o.status.success());
+        let out = if venv_ok {
+            Command::new(&py)
+                .args(["-m", "pip", "install", "--quiet", "safetensors", "numpy"])
+                .output()
+        } else {
+            Command::new(&system)
+                .args(["-m", "pip", "install", "--quiet", "--target"])
+                .arg(&site)
+                .args(["safetensors", "numpy"])
+                .output()
+        }
+        .expect("python3 runs (CI installs it)");
         assert!(
             out.status.success(),
             "pip install safetensors numpy: {}",
             describe(&out)
         );
     }
-    py
+    panic!("safetensors and numpy installed but not importable");
 }
 
 const CHECK: &str = r#"
@@ -145,7 +167,7 @@ print("OK", seen, "torch" if torch is not None else "no torch")
 
 #[test]
 fn exported_tensors_load_in_python_equal_to_the_captured_bytes() {
-    let py = python();
+    let mut py = python();
     let dir = Scratch::new("read-python");
     let run = dir.path().join("run");
     let all = write_store(&run, 2, 1, 12);
@@ -200,7 +222,7 @@ fn exported_tensors_load_in_python_equal_to_the_captured_bytes() {
         let o = c.output().expect("ttrace");
         assert!(o.status.success(), "{}", describe(&o));
     }
-    let out = Command::new(&py)
+    let out = py
         .args(["-c", CHECK])
         .arg(&st)
         .arg(&npy)

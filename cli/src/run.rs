@@ -460,6 +460,16 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
     }
 }
 
+/// How a traced process ended, for the summary.
+fn exit_note(p: &ttraced::ProcessSummary) -> String {
+    match (&p.error, p.clean_exit, p.outlived_run) {
+        (Some(e), _, _) => format!("dropped: {e}"),
+        (None, true, _) => "clean".into(),
+        (None, false, true) => "still running after --linger: disconnected".into(),
+        (None, false, false) => "ended without goodbye (crashed?)".into(),
+    }
+}
+
 /// The summary printed after a run.
 fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path) -> String {
     use std::fmt::Write;
@@ -527,11 +537,7 @@ fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path)
                 p.gaps,
                 human(p.bytes_raw),
                 human(p.bytes_stored),
-                match (&p.error, p.clean_exit) {
-                    (Some(e), _) => format!("dropped: {e}"),
-                    (None, true) => "clean".into(),
-                    (None, false) => "no goodbye (crashed?)".into(),
-                }
+                exit_note(p)
             );
         }
     } else {
@@ -540,15 +546,7 @@ fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path)
             .iter()
             .filter(|p| p.error.is_some() || !p.clean_exit)
         {
-            let _ = writeln!(
-                o,
-                "  rank {} pid {}: {}",
-                p.rank,
-                p.pid,
-                p.error
-                    .clone()
-                    .unwrap_or_else(|| "ended without goodbye (crashed?)".into())
-            );
+            let _ = writeln!(o, "  rank {} pid {}: {}", p.rank, p.pid, exit_note(p));
         }
     }
     o

@@ -53,6 +53,8 @@ pub(crate) struct ClientState {
     closed: AtomicBool,
     /// Reader and writer are both done.
     done: AtomicBool,
+    /// The daemon cut the connection at the end of the run (the process outlived it).
+    cut: AtomicBool,
 }
 
 #[derive(Default)]
@@ -77,6 +79,7 @@ impl ClientState {
             info: Mutex::new(Info::default()),
             closed: AtomicBool::new(false),
             done: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
         }
     }
 
@@ -86,6 +89,12 @@ impl ClientState {
 
     pub(crate) fn is_connection_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Disconnects a process still connected when the run ends.
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Release);
+        self.disconnect();
     }
 
     /// Shuts the connection down: the reader sees the end of the stream.
@@ -136,6 +145,7 @@ impl ClientState {
             bytes_stored: i.bytes_stored,
             crc_mismatches: i.crc_mismatches,
             clean_exit: i.clean_exit,
+            outlived_run: self.cut.load(Ordering::Acquire),
             error: i.error.clone(),
         })
     }

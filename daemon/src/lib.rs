@@ -188,6 +188,8 @@ pub struct ProcessSummary {
     pub crc_mismatches: u64,
     /// Whether it said `Bye`.
     pub clean_exit: bool,
+    /// It was still connected when the run ended and the daemon disconnected it.
+    pub outlived_run: bool,
     /// Why the daemon dropped it, if it did.
     pub error: Option<String>,
 }
@@ -542,7 +544,7 @@ impl Handle {
                 client = c.id,
                 "still connected after {wait:?}: disconnecting it (kept as an unclean exit)"
             );
-            c.disconnect();
+            c.cut();
         }
         let handles: Vec<JoinHandle<()>> = std::mem::take(&mut *self.threads.lock());
         for h in handles {

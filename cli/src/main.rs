@@ -1,6 +1,7 @@
 //! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; later
 //! issues add `ls`, `show`, `export`, `compare` and `check` as further subcommands.
 
+mod check;
 mod dump;
 mod export;
 mod fsck;
@@ -42,6 +43,7 @@ enum Command {
     Stats(show::StatsArgs),
     Export(export::ExportArgs),
     Fsck(fsck::FsckArgs),
+    Check(check::CheckArgs),
 }
 
 /// Exit status of a reading command: 0, or 2 with the error on stderr (a closed stdout pipe,
@@ -93,6 +95,7 @@ fn main() {
         Command::Stats(a) => status("stats", show::stats_main(a).map(|()| 0)),
         Command::Export(a) => status("export", export::main(a).map(|()| 0)),
         Command::Fsck(a) => status("fsck", fsck::main(a)),
+        Command::Check(a) => status("check", check::main(a)),
     };
     std::process::exit(code);
 }

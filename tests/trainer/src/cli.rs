@@ -239,6 +239,12 @@ pub struct Args {
     /// Inject a silent bug from the catalogue (--list-bugs).
     #[arg(long, value_name = "NAME")]
     pub bug: Option<String>,
+    /// Test fixture, not a catalogue bug: from step STEP (default 0) on, global rank 0 writes
+    /// +Inf into element 0 of the input of `layers.LAYER.mlp.fc1` (forward, every
+    /// micro-batch), by an elementwise kernel just before that GEMM. The layer must live on
+    /// rank 0's pipeline stage.
+    #[arg(long, value_name = "LAYER[:STEP]", value_parser = parse_inject_inf)]
+    pub inject_inf: Option<(usize, usize)>,
     /// Do not push NVTX ranges.
     #[arg(long)]
     pub no_nvtx: bool,
@@ -255,6 +261,16 @@ pub struct Args {
     /// Machine-readable output for --list-bugs and --explain-bug.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Parses `--inject-inf LAYER[:STEP]`.
+fn parse_inject_inf(s: &str) -> Result<(usize, usize), String> {
+    let (layer, step) = s.split_once(':').unwrap_or((s, "0"));
+    let num = |v: &str| {
+        v.parse::<usize>()
+            .map_err(|e| format!("`{v}` in `{s}`: {e} (expected LAYER[:STEP])"))
+    };
+    Ok((num(layer)?, num(step)?))
 }
 
 /// A usage error: reported with exit code 2.
@@ -350,6 +366,8 @@ pub struct Config {
     pub bucket_size: usize,
     /// Injected bug.
     pub bug: Option<Bug>,
+    /// `--inject-inf`: (layer, first step).
+    pub inject_inf: Option<(usize, usize)>,
     /// Push NVTX ranges.
     pub nvtx: bool,
     /// Dump directory.
@@ -521,9 +539,15 @@ impl Args {
             },
             bucket_size: self.bucket_size,
             bug,
+            inject_inf: self.inject_inf,
             nvtx: !self.no_nvtx,
             dump: self.dump.clone(),
         };
+        if let Some((layer, _)) = self.inject_inf {
+            need(layer < self.layers, || {
+                format!("--inject-inf {layer}: the model has {} layers", self.layers)
+            })?;
+        }
         if let Some(b) = bug {
             need(b.active(&cfg), || {
                 format!(

@@ -514,6 +514,20 @@ impl Kernels {
         })
     }
 
+    /// Sets element 0 of `b` to +Inf (the `--inject-inf` fixture).
+    pub fn set_inf(&self, b: Buf) -> Result<()> {
+        self.s.kernel(move || {
+            // SAFETY: stream order.
+            unsafe {
+                let mut v = load(b);
+                if let Some(x) = v.first_mut() {
+                    *x = f32::INFINITY;
+                }
+                store(b, &v);
+            }
+        })
+    }
+
     /// Multiplies an f32 buffer by `factor` in place.
     pub fn scale(&self, b: Buf, factor: f32) -> Result<()> {
         self.s.kernel(move || {

@@ -143,6 +143,8 @@ pub struct Stage {
     pub loss: Buf,
     sc: Scratch,
     gr: Grads,
+    /// Forward passes of micro-batch 0 so far: the step, for `--inject-inf`.
+    fwd_steps: usize,
 }
 
 impl Stage {
@@ -312,6 +314,7 @@ impl Stage {
             acts,
             fp8: fp8_state,
             gr,
+            fwd_steps: 0,
         })
     }
 
@@ -321,6 +324,9 @@ impl Stage {
     pub fn forward(&mut self, c: &Ctx, mb: usize) -> Result<()> {
         let d = c.d;
         let _outer = c.nvtx.range(&format!("forward.mb{mb}"));
+        if mb == 0 {
+            self.fwd_steps += 1;
+        }
         if let (Some((w, _)), Some((pos, _))) = (self.word, self.pos) {
             let _r = c.nvtx.range("embedding");
             let a = &self.acts[mb];
@@ -434,6 +440,12 @@ impl Stage {
         }
         {
             let _r = c.nvtx.range(&blk.fc1.module);
+            if let Some((layer, from)) = c.cfg.inject_inf {
+                // `fwd_steps` was counted up by this step's micro-batch 0.
+                if c.topo.rank == 0 && layer == l && self.fwd_steps > from {
+                    c.k.set_inf(a.ln2)?;
+                }
+            }
             if mb == 0 {
                 // FP8 weights are quantised (and cached) on the first micro-batch of a step.
                 blk.fc1.quantize_weight(c, &mut self.fp8)?;

@@ -1,0 +1,449 @@
+//! Collective semantics across ranks: each call's output against its group's inputs.
+//!
+//! Calls are grouped per communicator by call order: the n-th collective a member makes on a
+//! communicator belongs to call n (NCCL requires every member to issue its collectives on a
+//! communicator in the same order). Send and recv are matched per (communicator, sender,
+//! receiver) by order. Members come from the manifest's comm map; a member that is in the
+//! store but never made a call is reported as missing.
+//!
+//! Reductions are not reproduced bitwise (NCCL's ring order depends on its algorithm and
+//! channel count): the exact reduction is computed in f64 from the captured inputs and the
+//! output must lie within [`reduction_bound`] of it. Gathers, broadcasts and transfers move
+//! bytes and are checked bitwise.
+
+use std::collections::BTreeMap;
+
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, Role};
+use ttrace_format::store::Manifest;
+use ttrace_format::tensor::TensorData;
+
+use crate::check::load::{Rec, Trace};
+use crate::check::report::{Finding, FindingKind};
+
+/// What the collective checks found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Calls and send/recv pairs checked.
+    pub checked: u64,
+    pub findings: Vec<Finding>,
+}
+
+/// Unit round-off of a float type (half the distance from 1 to the next value) and its
+/// smallest positive value; `None` for integer types (reduced exactly).
+pub fn roundoff(dtype: DType) -> Option<(f64, f64)> {
+    Some(match dtype {
+        DType::F64 => (2f64.powi(-53), f64::from_bits(1)),
+        DType::F32 => (2f64.powi(-24), 2f64.powi(-149)),
+        DType::F16 => (2f64.powi(-11), 2f64.powi(-24)),
+        DType::BF16 => (2f64.powi(-8), 2f64.powi(-133)),
+        DType::F8_E4M3 => (2f64.powi(-4), 2f64.powi(-9)),
+        DType::F8_E5M2 => (2f64.powi(-3), 2f64.powi(-16)),
+        _ => return None,
+    })
+}
+
+/// The largest difference allowed between a reduction of `n` values computed in `dtype` in
+/// any order and the exact one, given `abs_sum` (the sum of the values' magnitudes):
+/// `k` roundings (k = n-1 additions, one more per division for an average) of partial sums
+/// each at most `abs_sum` in magnitude: `gamma_k * abs_sum + k * smallest`, with
+/// `gamma_k = k u / (1 - k u)` (Higham's bound for recursive summation in any order).
+pub fn reduction_bound(dtype: DType, k: usize, abs_sum: f64) -> f64 {
+    let Some((u, tiny)) = roundoff(dtype) else {
+        return 0.0;
+    };
+    let ku = k as f64 * u;
+    if ku >= 1.0 {
+        return f64::INFINITY;
+    }
+    ku / (1.0 - ku) * abs_sum + k as f64 * tiny
+}
+
+/// `ncclRedOp_t` values the check understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Red {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+}
+
+fn red(op: Option<u32>) -> Option<Red> {
+    Some(match op? {
+        0 => Red::Sum,
+        1 => Red::Prod,
+        2 => Red::Max,
+        3 => Red::Min,
+        4 => Red::Avg,
+        // PreMulSum handles carry a scalar the trace does not hold.
+        _ => return None,
+    })
+}
+
+/// The first element of `out` (from `out_off`) that the reduction of `inputs` (from `in_off`,
+/// `len` elements) does not explain: (index, got, exact, bound).
+fn check_reduction(
+    dtype: DType,
+    op: Red,
+    inputs: &[TensorData],
+    in_off: usize,
+    out: &TensorData,
+    out_off: usize,
+    len: usize,
+) -> Option<(usize, f64, f64, f64)> {
+    let n = inputs.len();
+    for e in 0..len {
+        let xs = inputs
+            .iter()
+            .map(|t| t.get_f64(in_off + e).unwrap_or(f64::NAN));
+        let got = out.get_f64(out_off + e).unwrap_or(f64::NAN);
+        let abs_sum: f64 = xs.clone().map(f64::abs).sum();
+        let (want, bound) = match op {
+            Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1, abs_sum)),
+            Red::Avg => (
+                xs.sum::<f64>() / n as f64,
+                reduction_bound(dtype, n + 1, abs_sum) / n as f64,
+            ),
+            Red::Prod => {
+                let p: f64 = xs.product();
+                (p, reduction_bound(dtype, n - 1, p.abs()))
+            }
+            Red::Max => (xs.fold(f64::NEG_INFINITY, f64::max), 0.0),
+            Red::Min => (xs.fold(f64::INFINITY, f64::min), 0.0),
+        };
+        let ok = if want.is_nan() || abs_sum.is_nan() {
+            got.is_nan()
+        } else if want.is_infinite() {
+            got == want
+        } else {
+            got.is_finite() && (got - want).abs() <= bound
+        };
+        if !ok {
+            return Some((e, got, want, bound));
+        }
+    }
+    None
+}
+
+/// The collective parameters of a record.
+pub fn coll(r: &Rec) -> Option<&CollectiveOp> {
+    match &r.record.op {
+        Op::Collective(c) => Some(c),
+        _ => None,
+    }
+}
+
+fn module(r: &Rec) -> String {
+    r.record.nvtx.last().cloned().unwrap_or_default()
+}
+
+/// A call's description: `all_reduce #N on comm K (step S)`.
+fn call_name(c: &CollectiveOp, n: usize, step: u64) -> String {
+    format!("{:?} #{n} on comm {:#x} (step {step})", c.kind, c.comm)
+}
+
+/// Decoded tensor `role` of `r` (None: not captured or undecodable).
+fn data(r: &Rec, role: Role) -> Option<TensorData> {
+    let i = r.find(role)?;
+    let bytes = r.bytes.get(i)?.as_deref()?;
+    TensorData::from_le_bytes(r.record.tensors[i].dtype, bytes).ok()
+}
+
+/// Collective calls (not send/recv) keyed by (communicator, call number), each with its
+/// members' records sorted by communicator rank.
+pub fn group_calls(trace: &Trace) -> BTreeMap<(u64, usize), Vec<&Rec>> {
+    let mut calls: BTreeMap<(u64, usize), Vec<&Rec>> = BTreeMap::new();
+    let mut counters: BTreeMap<(u64, u32), usize> = BTreeMap::new();
+    for r in &trace.records {
+        let Some(c) = coll(r) else { continue };
+        if matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv) {
+            continue;
+        }
+        let n = counters.entry((c.comm, r.record.rank)).or_default();
+        calls.entry((c.comm, *n)).or_default().push(r);
+        *n += 1;
+    }
+    for recs in calls.values_mut() {
+        recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
+    }
+    calls
+}
+
+/// Runs the collective checks.
+pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
+    let mut out = Outcome::default();
+    let mut sends: BTreeMap<(u64, u32, u32), Vec<&Rec>> = BTreeMap::new();
+    let mut recvs: BTreeMap<(u64, u32, u32), Vec<&Rec>> = BTreeMap::new();
+    for r in &trace.records {
+        let Some(c) = coll(r) else { continue };
+        let peer = c.root_or_peer.unwrap_or(-1).max(0) as u32;
+        match c.kind {
+            CollectiveKind::Send => sends
+                .entry((c.comm, c.comm_rank, peer))
+                .or_default()
+                .push(r),
+            CollectiveKind::Recv => recvs
+                .entry((c.comm, peer, c.comm_rank))
+                .or_default()
+                .push(r),
+            _ => {}
+        }
+    }
+    for ((comm, n), recs) in group_calls(trace) {
+        check_call(trace, manifest, comm, n, &recs, &mut out);
+    }
+    let keys: Vec<(u64, u32, u32)> = sends.keys().chain(recvs.keys()).copied().collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for key in keys {
+        if !seen.insert(key) {
+            continue;
+        }
+        let s = sends.get(&key).map_or(&[][..], |v| &v[..]);
+        let r = recvs.get(&key).map_or(&[][..], |v| &v[..]);
+        check_p2p(key, s, r, &mut out);
+    }
+    out
+}
+
+/// Send/recv pairs between two communicator ranks, in order.
+fn check_p2p(key: (u64, u32, u32), sends: &[&Rec], recvs: &[&Rec], out: &mut Outcome) {
+    let (comm, from, to) = key;
+    for i in 0..sends.len().max(recvs.len()) {
+        let (s, r) = (sends.get(i), recvs.get(i));
+        let (Some(s), Some(r)) = (s, r) else {
+            let (have, lacks) = match (s, r) {
+                (Some(s), None) => (s, "no matching recv"),
+                (None, Some(r)) => (r, "no matching send"),
+                _ => continue,
+            };
+            out.findings.push(Finding {
+                kind: FindingKind::PointToPoint,
+                step: have.record.step,
+                ranks: vec![have.record.rank],
+                op: have.name(),
+                module: module(have),
+                detail: format!(
+                    "transfer #{i} from comm rank {from} to {to} on comm {comm:#x}: {lacks}"
+                ),
+            });
+            continue;
+        };
+        out.checked += 1;
+        let (Some(cs), Some(cr)) = (coll(s), coll(r)) else {
+            continue;
+        };
+        let ranks = vec![s.record.rank, r.record.rank];
+        let finding = |detail: String| Finding {
+            kind: FindingKind::PointToPoint,
+            step: r.record.step,
+            ranks: ranks.clone(),
+            op: format!("{} -> {}", s.name(), r.name()),
+            module: module(r),
+            detail,
+        };
+        if cs.count != cr.count || cs.nccl_type != cr.nccl_type {
+            out.findings.push(finding(format!(
+                "send of {} elements of type {} received as {} of type {}",
+                cs.count, cs.nccl_type, cr.count, cr.nccl_type
+            )));
+            continue;
+        }
+        if let (Some(a), Some(b)) = (s.bytes_of(Role::Input), r.bytes_of(Role::Output)) {
+            if a != b {
+                let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
+                out.findings.push(finding(format!(
+                    "the received bytes differ from the sent ones (first at byte {at})"
+                )));
+            }
+        }
+    }
+}
+
+/// Checks one collective call (its members' records, by communicator rank).
+fn check_call(
+    trace: &Trace,
+    manifest: &Manifest,
+    comm: u64,
+    n: usize,
+    recs: &[&Rec],
+    out: &mut Outcome,
+) {
+    let Some(c0) = recs.first().and_then(|r| coll(r)) else {
+        return;
+    };
+    let step = recs.iter().map(|r| r.record.step).min().unwrap_or(0);
+    let name = call_name(c0, n, step);
+    let shape_finding = |ranks: Vec<u32>, detail: String| Finding {
+        kind: FindingKind::CollectiveShape,
+        step,
+        ranks,
+        op: name.clone(),
+        module: module(recs[0]),
+        detail,
+    };
+    // Missing members: in the comm map and in the store, but absent from this call.
+    let present: Vec<u32> = recs.iter().map(|r| r.record.rank).collect();
+    if let Some(entry) = manifest.comms.iter().find(|e| e.key == comm) {
+        let missing: Vec<u32> = entry
+            .members
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|g| trace.ranks.contains(g) && !present.contains(g))
+            .collect();
+        if !missing.is_empty() {
+            out.findings.push(shape_finding(
+                missing.clone(),
+                format!("ranks {missing:?} never made this call (members present: {present:?})"),
+            ));
+            return;
+        }
+    }
+    if recs.len() != c0.comm_size as usize {
+        // Members that were not traced: nothing to compare against.
+        return;
+    }
+    for r in &recs[1..] {
+        let Some(c) = coll(r) else { return };
+        if c.kind != c0.kind
+            || c.count != c0.count
+            || c.nccl_type != c0.nccl_type
+            || c.redop != c0.redop
+            || c.root_or_peer != c0.root_or_peer
+        {
+            out.findings.push(shape_finding(
+                vec![recs[0].record.rank, r.record.rank],
+                format!(
+                    "members disagree: rank {} calls {:?} count {} type {} op {:?} root {:?}; rank {} calls {:?} count {} type {} op {:?} root {:?}",
+                    recs[0].record.rank, c0.kind, c0.count, c0.nccl_type, c0.redop, c0.root_or_peer,
+                    r.record.rank, c.kind, c.count, c.nccl_type, c.redop, c.root_or_peer
+                ),
+            ));
+            return;
+        }
+    }
+    out.checked += 1;
+    let mismatch = |ranks: Vec<u32>, detail: String| Finding {
+        kind: FindingKind::CollectiveMismatch,
+        step,
+        ranks,
+        op: name.clone(),
+        module: module(recs[0]),
+        detail,
+    };
+    let size = recs.len();
+    match c0.kind {
+        CollectiveKind::AllReduce | CollectiveKind::Reduce | CollectiveKind::ReduceScatter => {
+            let Some(op) = red(c0.redop) else { return };
+            let inputs: Option<Vec<TensorData>> =
+                recs.iter().map(|r| data(r, Role::Input)).collect();
+            let Some(inputs) = inputs else { return };
+            let dtype = inputs[0].dtype();
+            let count = c0.count as usize;
+            let mut bad = Vec::new();
+            let mut first = None;
+            for (i, r) in recs.iter().enumerate() {
+                let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
+                if c0.kind == CollectiveKind::Reduce && i != root {
+                    continue;
+                }
+                let Some(o) = data(r, Role::Output) else {
+                    continue;
+                };
+                let in_off = if c0.kind == CollectiveKind::ReduceScatter {
+                    i * count
+                } else {
+                    0
+                };
+                if let Some(m) = check_reduction(dtype, op, &inputs, in_off, &o, 0, count) {
+                    bad.push(r.record.rank);
+                    first.get_or_insert(m);
+                }
+            }
+            if let Some((e, got, want, bound)) = first {
+                out.findings.push(mismatch(
+                    bad,
+                    format!(
+                        "output element {e} is {got:e}; the {op:?} of the {size} inputs is {want:e} (allowed difference {bound:e} for {})",
+                        dtype.name()
+                    ),
+                ));
+            }
+        }
+        CollectiveKind::AllGather => {
+            let inputs: Option<Vec<&[u8]>> = recs.iter().map(|r| r.bytes_of(Role::Input)).collect();
+            let Some(inputs) = inputs else { return };
+            let want: Vec<u8> = inputs.concat();
+            let bad: Vec<u32> = recs
+                .iter()
+                .filter(|r| {
+                    r.bytes_of(Role::Output)
+                        .is_some_and(|o| o != want.as_slice())
+                })
+                .map(|r| r.record.rank)
+                .collect();
+            if !bad.is_empty() {
+                out.findings.push(mismatch(
+                    bad,
+                    "the gathered output is not the members' inputs in communicator rank order"
+                        .to_string(),
+                ));
+            }
+        }
+        CollectiveKind::Broadcast => {
+            let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
+            let Some(want) = recs.get(root).and_then(|r| r.bytes_of(Role::Input)) else {
+                return;
+            };
+            let bad: Vec<u32> = recs
+                .iter()
+                .filter(|r| r.bytes_of(Role::Output).is_some_and(|o| o != want))
+                .map(|r| r.record.rank)
+                .collect();
+            if !bad.is_empty() {
+                out.findings.push(mismatch(
+                    bad,
+                    format!("the received bytes differ from the root's (comm rank {root})"),
+                ));
+            }
+        }
+        CollectiveKind::Send | CollectiveKind::Recv => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_covers_every_summation_order_and_nothing_more() {
+        // bf16: 1 + 2^-8 rounds to 1 (ties to even) in one order and is exact in f64.
+        let b = reduction_bound(DType::BF16, 1, 1.0 + 2f64.powi(-8));
+        assert!(b >= 2f64.powi(-8));
+        assert!(b < 2f64.powi(-7));
+        assert_eq!(reduction_bound(DType::I32, 7, 100.0), 0.0);
+        assert_eq!(reduction_bound(DType::F32, 0, 5.0), 0.0);
+    }
+
+    #[test]
+    fn reductions_within_round_off_pass_and_wrong_ones_fail() {
+        let inputs = vec![
+            TensorData::F32(vec![1.0, 1e-8, 3.0]),
+            TensorData::F32(vec![2.0, 1.0, f32::INFINITY]),
+        ];
+        let good = TensorData::F32(vec![3.0, 1.0, f32::INFINITY]);
+        assert_eq!(
+            check_reduction(DType::F32, Red::Sum, &inputs, 0, &good, 0, 3),
+            None
+        );
+        let bad = TensorData::F32(vec![3.0, 1.0 + 2f32.powi(-20), f32::INFINITY]);
+        let m = check_reduction(DType::F32, Red::Sum, &inputs, 0, &bad, 0, 3);
+        assert_eq!(m.map(|m| m.0), Some(1));
+        let avg = TensorData::F32(vec![1.5, 0.5, f32::INFINITY]);
+        assert_eq!(
+            check_reduction(DType::F32, Red::Avg, &inputs, 0, &avg, 0, 3),
+            None
+        );
+    }
+}

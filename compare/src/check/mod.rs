@@ -1,0 +1,78 @@
+//! `ttrace check`: silent bugs found in one distributed trace, without a reference run.
+//!
+//! Three kinds of evidence (each in its own module):
+//!
+//! * [`collectives`]: every collective's output is determined by its group's inputs. Calls
+//!   are grouped per communicator by call order (the n-th collective on a communicator on each
+//!   member; send/recv pairs by the n-th transfer between two communicator ranks), membership
+//!   from the manifest's comm map. Reductions are checked against the f64 reduction of the
+//!   captured inputs within a bound of round-off (see [`collectives::reduction_bound`]); NCCL's
+//!   ring order is not reproduced, so the check is a tolerance, not bitwise. Gathers,
+//!   broadcasts and point-to-point transfers are bitwise.
+//! * [`replicas`]: tensors every member must hold identically (the outputs of all-reduce and
+//!   all-gather; GEMM weight operands across data-parallel replicas) are compared bitwise.
+//! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
+//!   the op's inputs or was produced by it.
+//!
+//! The whole trace's collective tensors are held in memory while they are matched; GEMM
+//! operands are compared through their recorded CRC-32s (a differing CRC is a differing
+//! tensor; bytes are decoded only to look for non-finite values).
+
+pub mod collectives;
+pub mod load;
+pub mod nonfinite;
+pub mod replicas;
+pub mod report;
+
+use std::path::Path;
+
+use ttrace_format::reader::Store;
+use ttrace_format::FormatError;
+
+pub use report::{Finding, FindingKind, Report};
+
+/// Errors of `ttrace check` (as opposed to findings, which are in the [`Report`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The store could not be read.
+    #[error("{0}")]
+    Format(#[from] FormatError),
+    /// The store has no manifest (run `ttrace fsck --repair` first).
+    #[error("{0}: no readable manifest (try `ttrace fsck --repair`)")]
+    NoManifest(String),
+}
+
+/// Runs every check on the store at `run`. `progress` is called with (records read, records
+/// in the store) as segments are read.
+pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Report, CheckError> {
+    let store = Store::open(run)?;
+    let manifest = store
+        .manifest()
+        .cloned()
+        .ok_or_else(|| CheckError::NoManifest(run.display().to_string()))?;
+    let trace = load::load(&store, progress)?;
+    let mut report = Report {
+        ranks: trace.ranks.len(),
+        records: trace.records.len() as u64,
+        ..Report::default()
+    };
+    let coll = collectives::check(&trace, &manifest);
+    report.collectives_checked = coll.checked;
+    report.findings.extend(coll.findings);
+    let rep = replicas::check(&trace, &manifest);
+    report.replica_groups = rep.groups;
+    report.weights_compared = rep.compared;
+    report.findings.extend(rep.findings);
+    report.nonfinite = trace.first_nonfinite.clone();
+    if let Some(nf) = &trace.first_nonfinite {
+        report.findings.push(nf.to_finding());
+    }
+    for issue in store.issues() {
+        if issue.kind.loses_data() {
+            report.unreadable.push(issue.to_string());
+        }
+    }
+    report.unreadable.extend(trace.unreadable.iter().cloned());
+    report.sort();
+    Ok(report)
+}

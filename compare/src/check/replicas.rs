@@ -1,0 +1,379 @@
+//! Replica consistency: tensors a group must hold identically, compared bitwise (through the
+//! CRC-32s the tracer recorded).
+//!
+//! * Outputs of all-reduce, all-gather and broadcast: every member receives the same bytes.
+//! * GEMM weights across data-parallel replicas. Heuristic (no layout is recorded): on each
+//!   rank, a GEMM is identified within its step by its NVTX module (innermost range), API, shape and transposes;
+//!   when a GEMM recurs within a step (micro-batches, or forward and backward of the same
+//!   module) and one operand keeps the same bytes while the other changes, that operand is a
+//!   weight. A communicator's members form a replica group when, in some step, most of the
+//!   weights they have in common are bitwise equal (data-parallel replicas; tensor-parallel
+//!   shards never are, pipeline stages have no GEMM in common). In a replica group every
+//!   common weight must be equal in every step; those that are not are findings, naming the
+//!   ranks outside the majority. Runs with one micro-batch and no recurring GEMM have no
+//!   identifiable weight and are not compared.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ttrace_format::record::{CollectiveKind, Op, Role};
+use ttrace_format::store::Manifest;
+
+use crate::check::collectives::{coll, group_calls};
+use crate::check::load::{Rec, Trace};
+use crate::check::report::{Finding, FindingKind};
+
+/// What the replica checks found.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Replica groups found (global ranks).
+    pub groups: Vec<Vec<u32>>,
+    /// Weight operands compared (one per group member and weight).
+    pub compared: u64,
+    pub findings: Vec<Finding>,
+}
+
+/// A GEMM's identity within a step on one rank: NVTX path, API, m, n, k, transposes, the
+/// operand (A or B), and its occurrence among GEMMs of the same signature.
+type WeightKey = (u64, String, String, [u64; 5], &'static str);
+
+/// The ranks whose value is not the most common one (ties: the lowest value wins).
+fn minority(values: &[(u32, u32)]) -> Vec<u32> {
+    let mut counts: BTreeMap<u32, usize> = BTreeMap::new();
+    for (_, v) in values {
+        *counts.entry(*v).or_default() += 1;
+    }
+    let top = counts
+        .iter()
+        .max_by_key(|(v, c)| (**c, std::cmp::Reverse(**v)))
+        .map(|(v, _)| *v)
+        .unwrap_or(0);
+    values
+        .iter()
+        .filter(|(_, v)| *v != top)
+        .map(|(r, _)| *r)
+        .collect()
+}
+
+/// Runs the replica checks.
+pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
+    let mut out = Outcome::default();
+    received_outputs(trace, &mut out);
+    weights(trace, manifest, &mut out);
+    out
+}
+
+/// Members of an all-reduce, all-gather or broadcast must receive identical bytes.
+fn received_outputs(trace: &Trace, out: &mut Outcome) {
+    for ((comm, n), recs) in group_calls(trace) {
+        let Some(c0) = recs.first().and_then(|r| coll(r)) else {
+            continue;
+        };
+        if !matches!(
+            c0.kind,
+            CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::Broadcast
+        ) || recs.len() != c0.comm_size as usize
+        {
+            continue;
+        }
+        let crcs: Vec<(u32, u32)> = recs
+            .iter()
+            .filter_map(|r| {
+                let i = r.find(Role::Output)?;
+                let t = &r.record.tensors[i];
+                t.captured.then_some((r.record.rank, t.crc32))
+            })
+            .collect();
+        if crcs.len() != recs.len() {
+            continue;
+        }
+        let bad = minority(&crcs);
+        if !bad.is_empty() {
+            out.findings.push(Finding {
+                kind: FindingKind::ReplicaMismatch,
+                step: recs[0].record.step,
+                ranks: bad.clone(),
+                op: format!("{:?} #{n} on comm {comm:#x}", c0.kind),
+                module: recs[0].record.nvtx.last().cloned().unwrap_or_default(),
+                detail: format!(
+                    "members received different outputs: ranks {bad:?} differ from the others of {:?}",
+                    crcs.iter().map(|(r, _)| *r).collect::<Vec<_>>()
+                ),
+            });
+        }
+    }
+}
+
+/// A weight operand of one rank: its CRC, the first record using it, and the activation
+/// operand (CRC when captured, seq) of each use in call order.
+#[derive(Debug, Clone)]
+struct Weight {
+    crc: u32,
+    name: String,
+    acts: Vec<(Option<u32>, u64)>,
+}
+
+/// One use of a GEMM signature: CRCs of A and B, the record's name and seq.
+type Use = (Option<u32>, Option<u32>, String, u64);
+
+/// Picks one operand's CRC out of a [`Use`].
+type UseCrc = fn(&Use) -> Option<u32>;
+
+/// Weight operands of each rank.
+fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
+    let mut sigs: BTreeMap<(u64, String, String, [u64; 5]), Vec<Use>> = BTreeMap::new();
+    for r in recs {
+        let Op::Gemm(g) = &r.record.op else { continue };
+        let crc = |role| {
+            r.find(role).and_then(|i| {
+                let t = &r.record.tensors[i];
+                t.captured.then_some(t.crc32)
+            })
+        };
+        sigs.entry((
+            r.record.step,
+            // The module (innermost range): outer ranges name the micro-batch.
+            r.record.nvtx.last().cloned().unwrap_or_default(),
+            r.record.api.clone(),
+            [g.m, g.n, g.k, g.transa as u64, g.transb as u64],
+        ))
+        .or_default()
+        .push((crc(Role::A), crc(Role::B), r.name(), r.record.seq));
+    }
+    let mut weights = BTreeMap::new();
+    for ((step, nvtx, api, shape), occ) in sigs {
+        if occ.len() < 2 {
+            continue;
+        }
+        let same = |f: fn(&Use) -> Option<u32>| {
+            let first = f(&occ[0])?;
+            occ.iter().all(|o| f(o) == Some(first)).then_some(first)
+        };
+        let (a, b) = (same(|o| o.0), same(|o| o.1));
+        let (role, crc, other): (&'static str, u32, UseCrc) = match (a, b) {
+            (Some(a), None) => ("A", a, |o| o.1),
+            (None, Some(b)) => ("B", b, |o| o.0),
+            _ => continue,
+        };
+        let acts = occ.iter().map(|o| (other(o), o.3)).collect();
+        weights.insert(
+            (step, nvtx, api, shape, role),
+            Weight {
+                crc,
+                name: occ[0].2.clone(),
+                acts,
+            },
+        );
+    }
+    weights
+}
+
+/// Activation operands across a group that is not a weight-replica group (e.g. tensor
+/// parallel): GEMMs of one kind (same step, API, shape, operand and use) either see the same
+/// activation on every member (column-parallel inputs are replicated across TP) or not; a
+/// module (layer numbers aside, see [`module_kind`]) of a kind whose earlier instances agreed but which itself disagrees is where a
+/// replicated activation diverged (a missing reduction upstream).
+fn diverging_activations(
+    members: &[u32],
+    maps: &[&BTreeMap<WeightKey, Weight>],
+    common: &[&WeightKey],
+    out: &mut Outcome,
+) {
+    // (step, API, module kind, shape, operand, use) -> (seq, module, agrees, name)
+    type Kind = (u64, String, String, [u64; 5], &'static str, usize);
+    let mut kinds: BTreeMap<Kind, Vec<(u64, String, bool, String)>> = BTreeMap::new();
+    for k in common {
+        let uses = maps[0].get(*k).map_or(0, |w| w.acts.len());
+        for u in 0..uses {
+            let acts: Vec<Option<u32>> = maps
+                .iter()
+                .map(|m| m.get(*k).and_then(|w| w.acts.get(u)).and_then(|a| a.0))
+                .collect();
+            let Some(Some(first)) = acts.first().copied() else {
+                continue;
+            };
+            if acts.iter().any(|a| a.is_none()) {
+                continue;
+            }
+            let agrees = acts.iter().all(|a| *a == Some(first));
+            let (seq, name) = maps[0]
+                .get(*k)
+                .map(|w| (w.acts[u].1, w.name.clone()))
+                .unwrap_or_default();
+            kinds
+                .entry((k.0, k.2.clone(), module_kind(&k.1), k.3, k.4, u))
+                .or_default()
+                .push((seq, k.1.clone(), agrees, name));
+        }
+    }
+    for ((step, ..), mut inst) in kinds {
+        // In call order; instances of one kind are the layers of the module.
+        inst.sort();
+        let Some(first_agree) = inst.iter().position(|i| i.2) else {
+            continue;
+        };
+        if let Some((_, module, _, name)) = inst[first_agree..].iter().find(|i| !i.2) {
+            out.findings.push(Finding {
+                kind: FindingKind::ReplicaMismatch,
+                step,
+                ranks: members.to_vec(),
+                op: name.clone(),
+                module: module.clone(),
+                detail: format!(
+                    "the activation operand of {module} differs across ranks {members:?}, while the same GEMM of earlier modules ({}) saw identical activations on all of them: a replicated activation diverged upstream (e.g. a skipped all-reduce)",
+                    inst[first_agree].1
+                ),
+            });
+        }
+    }
+}
+
+/// GEMM weights across the replica groups found in the comm map.
+fn weights(trace: &Trace, manifest: &Manifest, out: &mut Outcome) {
+    let mut per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = BTreeMap::new();
+    for &rank in &trace.ranks {
+        let recs: Vec<&Rec> = trace.of_rank(rank).collect();
+        per_rank.insert(rank, rank_weights(&recs));
+    }
+    let mut groups: BTreeSet<Vec<u32>> = BTreeSet::new();
+    for entry in &manifest.comms {
+        let members: Option<Vec<u32>> = entry.members.iter().copied().collect();
+        let Some(mut members) = members else { continue };
+        members.sort_unstable();
+        members.dedup();
+        if members.len() >= 2 && members.iter().all(|m| per_rank.contains_key(m)) {
+            groups.insert(members);
+        }
+    }
+    for members in groups {
+        let maps: Vec<&BTreeMap<WeightKey, Weight>> =
+            members.iter().filter_map(|m| per_rank.get(m)).collect();
+        let Some(first) = maps.first() else { continue };
+        let common: Vec<&WeightKey> = first
+            .keys()
+            .filter(|k| maps.iter().all(|m| m.contains_key(*k)))
+            .collect();
+        // Replica group: in some step, most common weights agree on every member.
+        let mut per_step: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        for k in &common {
+            let e = per_step.entry(k.0).or_default();
+            e.1 += 1;
+            if maps
+                .iter()
+                .all(|m| m.get(*k).map(|v| v.crc) == first.get(*k).map(|v| v.crc))
+            {
+                e.0 += 1;
+            }
+        }
+        if !per_step
+            .values()
+            .any(|(eq, all)| *all >= 2 && eq * 2 > *all)
+        {
+            diverging_activations(&members, &maps, &common, out);
+            continue;
+        }
+        identical_data(&members, &maps, &common, out);
+        out.groups.push(members.clone());
+        for k in common {
+            out.compared += maps.len() as u64;
+            let vals: Vec<(u32, u32)> = members
+                .iter()
+                .zip(&maps)
+                .filter_map(|(r, m)| m.get(k).map(|v| (*r, v.crc)))
+                .collect();
+            let bad = minority(&vals);
+            if bad.is_empty() {
+                continue;
+            }
+            let name = bad
+                .first()
+                .and_then(|b| members.iter().position(|m| m == b))
+                .and_then(|i| maps[i].get(k))
+                .map(|v| v.name.clone())
+                .unwrap_or_default();
+            out.findings.push(Finding {
+                kind: FindingKind::ReplicaMismatch,
+                step: k.0,
+                ranks: bad.clone(),
+                op: name,
+                module: k.1.clone(),
+                detail: format!(
+                    "GEMM weight operand {} differs across replicas {members:?}: ranks {bad:?} hold other bytes than the rest",
+                    k.4
+                ),
+            });
+        }
+    }
+}
+
+/// A module's kind: its name with layer numbers replaced (`layers.3.mlp.fc1` ->
+/// `layers.#.mlp.fc1`), so that the same module of different layers compares.
+fn module_kind(module: &str) -> String {
+    module
+        .split('.')
+        .map(|p| {
+            if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                "#"
+            } else {
+                p
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Data-parallel replicas must train on different data: when every activation operand of
+/// their common GEMMs is bitwise equal across the group, they read the same samples.
+fn identical_data(
+    members: &[u32],
+    maps: &[&BTreeMap<WeightKey, Weight>],
+    common: &[&WeightKey],
+    out: &mut Outcome,
+) {
+    let (mut equal, mut all) = (0usize, 0usize);
+    let mut first: Option<(u64, String, String)> = None;
+    for k in common {
+        let Some(w0) = maps[0].get(*k) else { continue };
+        for (u, (a0, _)) in w0.acts.iter().enumerate() {
+            let Some(a0) = a0 else { continue };
+            all += 1;
+            if maps
+                .iter()
+                .all(|m| m.get(*k).and_then(|w| w.acts.get(u)).and_then(|a| a.0) == Some(*a0))
+            {
+                equal += 1;
+                first.get_or_insert((k.0, k.1.clone(), w0.name.clone()));
+            }
+        }
+    }
+    if all >= 4 && equal == all {
+        let (step, module, name) = first.unwrap_or_default();
+        out.findings.push(Finding {
+            kind: FindingKind::ReplicaMismatch,
+            step,
+            ranks: members.to_vec(),
+            op: name,
+            module,
+            detail: format!(
+                "data-parallel replicas {members:?} hold the same weights and also saw bitwise identical activations in all {all} GEMMs compared: they trained on the same data"
+            ),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_kinds_drop_layer_numbers() {
+        assert_eq!(module_kind("layers.12.mlp.fc1"), "layers.#.mlp.fc1");
+        assert_eq!(module_kind("head"), "head");
+    }
+
+    #[test]
+    fn the_minority_is_who_differs_from_the_most_common_value() {
+        assert_eq!(minority(&[(0, 7), (1, 7), (2, 9)]), vec![2]);
+        assert!(minority(&[(0, 7), (1, 7)]).is_empty());
+        assert_eq!(minority(&[(0, 5), (1, 7)]), vec![1]);
+    }
+}

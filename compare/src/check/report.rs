@@ -1,0 +1,144 @@
+//! What `ttrace check` found, as one screen of text or JSON.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::check::nonfinite::NonFinite;
+
+/// What kind of evidence a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// The first NaN or Inf (listed first: it is the most direct evidence).
+    NonFinite,
+    /// A collective's output is not what its group's inputs make.
+    CollectiveMismatch,
+    /// Members of a collective call disagree on its count, type, reduction or root, or a
+    /// member never made the call.
+    CollectiveShape,
+    /// A send without its recv (or the reverse), or the bytes differ.
+    PointToPoint,
+    /// Tensors that must be identical across a replica group are not.
+    ReplicaMismatch,
+}
+
+impl FindingKind {
+    /// A short name for text reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            FindingKind::CollectiveMismatch => "collective",
+            FindingKind::CollectiveShape => "collective-shape",
+            FindingKind::PointToPoint => "send/recv",
+            FindingKind::ReplicaMismatch => "replica",
+            FindingKind::NonFinite => "non-finite",
+        }
+    }
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    /// The step where it shows.
+    pub step: u64,
+    /// The ranks concerned (those that disagree, or the one that holds it).
+    pub ranks: Vec<u32>,
+    /// The op (`rank R step S seq Q API`), or the collective call.
+    pub op: String,
+    /// The innermost NVTX range (the module), when known.
+    pub module: String,
+    /// What is wrong, for people.
+    pub detail: String,
+}
+
+/// Everything `ttrace check` found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Ranks and records read.
+    pub ranks: usize,
+    pub records: u64,
+    /// Collective calls (and send/recv pairs) checked.
+    pub collectives_checked: u64,
+    /// Replica groups found (sets of global ranks) and weight operands compared across them.
+    pub replica_groups: Vec<Vec<u32>>,
+    pub weights_compared: u64,
+    /// The first non-finite value, if any.
+    pub nonfinite: Option<NonFinite>,
+    /// Findings, earliest step first.
+    pub findings: Vec<Finding>,
+    /// What could not be read (skipped, not a finding about the training).
+    pub unreadable: Vec<String>,
+}
+
+impl Report {
+    /// Whether anything was found (exit status 1).
+    pub fn has_findings(&self) -> bool {
+        !self.findings.is_empty()
+    }
+
+    /// Orders findings by step, then kind (a stable sort keeps each check's own order).
+    pub fn sort(&mut self) {
+        self.findings.sort_by_key(|f| (f.step, f.kind));
+    }
+}
+
+/// Findings of one kind shown in full in text; the rest are counted.
+const SHOWN_PER_KIND: usize = 3;
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "checked {} records on {} ranks: {} collective calls, {} weight operands across {} replica groups",
+            self.records,
+            self.ranks,
+            self.collectives_checked,
+            self.weights_compared,
+            self.replica_groups.len()
+        )?;
+        if self.findings.is_empty() {
+            writeln!(f, "no finding")?;
+        } else {
+            writeln!(f, "{} findings:", self.findings.len())?;
+            let mut kinds: Vec<FindingKind> = self.findings.iter().map(|x| x.kind).collect();
+            kinds.sort();
+            kinds.dedup();
+            for kind in kinds {
+                let of: Vec<&Finding> = self.findings.iter().filter(|x| x.kind == kind).collect();
+                for x in of.iter().take(SHOWN_PER_KIND) {
+                    let module = if x.module.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{}]", x.module)
+                    };
+                    writeln!(
+                        f,
+                        "  {:<16} step {} ranks {:?}: {}{module}\n    {}",
+                        kind.label(),
+                        x.step,
+                        x.ranks,
+                        x.op,
+                        x.detail
+                    )?;
+                }
+                if of.len() > SHOWN_PER_KIND {
+                    writeln!(
+                        f,
+                        "  ... and {} more {}",
+                        of.len() - SHOWN_PER_KIND,
+                        kind.label()
+                    )?;
+                }
+            }
+        }
+        if !self.unreadable.is_empty() {
+            writeln!(
+                f,
+                "{} records or tensors could not be read and were skipped (ttrace fsck RUN)",
+                self.unreadable.len()
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,223 @@
+//! Issue 7's acceptance: `ttrace check` on the fixture trainer traced by the real `ttrace run`
+//! (libttrace.so + ttraced) under simrun, 2 steps, 2 micro-batches. Bug-free runs in a
+//! representative set of layouts and precisions pass (exit 0); the catalogue bugs that a single
+//! trace can reveal and the `--inject-inf` fixture are found (exit 1) and localized.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use integration_tests::{bin, describe, sim_dir};
+use serde_json::Value;
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "ttrace-check-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("tempdir");
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What `ttrace check` said about a traced trainer run.
+struct Checked {
+    code: i32,
+    text: String,
+    report: Value,
+}
+
+/// Traces the trainer on `nproc` ranks with `args` (2 steps, 2 micro-batches) and checks it.
+fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
+    let dir = TempDir::new("run");
+    let store = dir.0.join("store");
+    let out = Command::new(bin("ttrace"))
+        .current_dir(&dir.0)
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("TTRACE_LIB")
+        .env_remove("TTRACE_DAEMON")
+        .env_remove("LD_PRELOAD")
+        .arg("run")
+        .arg("--out")
+        .arg(&store)
+        .arg("--")
+        .arg(bin("simrun"))
+        .args(["--nproc-per-node", &nproc.to_string(), "--"])
+        .arg(bin("trainer"))
+        .args(["--steps", "2", "--micro-batches", "2"])
+        .args(args)
+        .output()
+        .expect("ttrace runs");
+    assert!(
+        out.status.success(),
+        "ttrace run {args:?}: {}",
+        describe(&out)
+    );
+    check(&store, &dir.0.join("report.json"))
+}
+
+fn check(store: &Path, json: &Path) -> Checked {
+    let out = Command::new(bin("ttrace"))
+        .arg("check")
+        .arg(store)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("ttrace check runs");
+    let code = out.status.code().unwrap_or(-1);
+    assert!(code == 0 || code == 1, "ttrace check: {}", describe(&out));
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(json).expect("report written")).expect("JSON");
+    Checked {
+        code,
+        text: String::from_utf8_lossy(&out.stdout).into_owned(),
+        report,
+    }
+}
+
+fn findings(c: &Checked) -> &Vec<Value> {
+    c.report["findings"].as_array().expect("findings")
+}
+
+#[test]
+fn bug_free_runs_pass() {
+    for (nproc, layout) in [
+        (2, &["--tp", "2", "--sp", "--precision", "bf16"][..]),
+        (2, &["--dp", "2", "--zero1", "--precision", "fp32"][..]),
+        (2, &["--pp", "2", "--precision", "bf16"][..]),
+        (
+            4,
+            &["--tp", "2", "--sp", "--dp", "2", "--precision", "fp8"][..],
+        ),
+        (
+            8,
+            &["--tp", "2", "--dp", "2", "--pp", "2", "--precision", "fp8"][..],
+        ),
+        (
+            8,
+            &[
+                "--tp",
+                "2",
+                "--dp",
+                "2",
+                "--pp",
+                "2",
+                "--zero1",
+                "--tie-embeddings",
+                "--precision",
+                "bf16",
+            ][..],
+        ),
+    ] {
+        let c = trace_and_check(nproc, layout);
+        assert_eq!(c.code, 0, "{layout:?}: {}", c.text);
+        assert!(findings(&c).is_empty(), "{layout:?}: {}", c.text);
+        assert!(
+            c.report["collectives_checked"].as_u64().unwrap_or(0) > 0,
+            "{layout:?}: nothing checked"
+        );
+        if layout.contains(&"--dp") {
+            assert!(
+                c.report["weights_compared"].as_u64().unwrap_or(0) > 0,
+                "{layout:?}: DP replicas not found: {}",
+                c.text
+            );
+        }
+    }
+}
+
+#[test]
+fn inject_inf_is_found_at_its_layer_and_rank() {
+    let c = trace_and_check(
+        4,
+        &[
+            "--tp",
+            "2",
+            "--dp",
+            "2",
+            "--precision",
+            "bf16",
+            "--inject-inf",
+            "1:1",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let nf = &c.report["nonfinite"];
+    assert_eq!(nf["rank"], 0, "{}", c.text);
+    assert_eq!(nf["step"], 1, "{}", c.text);
+    assert_eq!(nf["origin"], "inputs", "{}", c.text);
+    assert_eq!(nf["api"], "cublasGemmEx", "{}", c.text);
+    assert_eq!(
+        nf["nvtx"].as_array().and_then(|a| a.last()),
+        Some(&Value::from("layers.1.mlp.fc1")),
+        "{}",
+        c.text
+    );
+    assert!(c.text.contains("non-finite"), "{}", c.text);
+    assert!(c.text.contains("layers.1.mlp.fc1"), "{}", c.text);
+    assert!(
+        c.text.contains("came in through the op's input"),
+        "{}",
+        c.text
+    );
+}
+
+#[test]
+fn tp_row_parallel_no_reduce_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--tp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "tp-row-parallel-no-reduce",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
+    assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("diverged"),
+        "{}",
+        c.text
+    );
+}
+
+#[test]
+fn dp_data_slice_overlap_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--dp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "dp-data-slice-overlap",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("same data"),
+        "{}",
+        c.text
+    );
+}

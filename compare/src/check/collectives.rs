@@ -415,6 +415,141 @@ fn check_call(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ttrace_format::config::CaptureConfig;
+    use ttrace_format::record::{packed_strides, Record, Tensor};
+    use ttrace_format::store::CommEntry;
+
+    const COMM: u64 = 0xc0;
+
+    fn tensor(role: Role, bytes: &[u8]) -> Tensor {
+        let shape = vec![(bytes.len() / 4) as u64];
+        Tensor {
+            role,
+            dtype: DType::F32,
+            strides: packed_strides(&shape),
+            shape,
+            ptr: 0,
+            nbytes: bytes.len() as u64,
+            captured: true,
+            crc32: 0,
+        }
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// A collective record of global rank `rank` (= communicator rank) on a comm of 2.
+    fn rec(rank: u32, kind: CollectiveKind, peer: Option<i32>, tensors: &[(Role, Vec<u8>)]) -> Rec {
+        let count = tensors.first().map_or(0, |t| t.1.len() / 4) as u64;
+        Rec {
+            record: Record {
+                rank,
+                step: 0,
+                seq: 0,
+                api: "ncclAllReduce".into(),
+                op: Op::Collective(CollectiveOp {
+                    kind,
+                    count,
+                    nccl_type: 7,
+                    redop: (kind == CollectiveKind::AllReduce).then_some(0),
+                    root_or_peer: peer,
+                    comm: COMM,
+                    comm_rank: rank,
+                    comm_size: 2,
+                    sendbuff: 0,
+                    recvbuff: 0,
+                    group: 0,
+                }),
+                stream: 0,
+                device: 0,
+                thread: 0,
+                nvtx: vec!["layers.0.attention.proj".into()],
+                kernels_before: vec![],
+                tensors: tensors.iter().map(|(r, b)| tensor(*r, b)).collect(),
+                t_call_ns: 0,
+                t_done_ns: 0,
+            },
+            bytes: tensors.iter().map(|(_, b)| Some(b.clone())).collect(),
+        }
+    }
+
+    fn run(records: Vec<Rec>) -> Outcome {
+        let manifest = Manifest {
+            format_major: 1,
+            format_minor: 0,
+            run_id: "t".into(),
+            created_unix_ns: 0,
+            command: vec![],
+            cwd: String::new(),
+            env: Default::default(),
+            config: CaptureConfig::default(),
+            ranks: vec![],
+            comms: vec![CommEntry {
+                key: COMM,
+                size: 2,
+                members: vec![Some(0), Some(1)],
+                parent: None,
+                color: None,
+                api: "ncclCommInitRank".into(),
+            }],
+            finalized: true,
+            exit_code: Some(0),
+        };
+        let trace = Trace {
+            ranks: vec![0, 1],
+            records,
+            ..Trace::default()
+        };
+        check(&trace, &manifest)
+    }
+
+    fn all_reduce(rank: u32, input: &[f32], output: &[f32]) -> Rec {
+        rec(
+            rank,
+            CollectiveKind::AllReduce,
+            None,
+            &[(Role::Input, f32s(input)), (Role::Output, f32s(output))],
+        )
+    }
+
+    #[test]
+    fn all_reduces_that_reduce_pass_and_others_are_named() {
+        let ok = run(vec![
+            all_reduce(0, &[1.0, 2.0], &[4.0, 2.5]),
+            all_reduce(1, &[3.0, 0.5], &[4.0, 2.5]),
+        ]);
+        assert_eq!((ok.checked, ok.findings.len()), (1, 0));
+        let bad = run(vec![
+            all_reduce(0, &[1.0, 2.0], &[4.0, 2.5]),
+            all_reduce(1, &[3.0, 0.5], &[4.0, 2.0]),
+        ]);
+        assert_eq!(bad.findings.len(), 1);
+        assert_eq!(bad.findings[0].kind, FindingKind::CollectiveMismatch);
+        assert_eq!(bad.findings[0].ranks, vec![1]);
+    }
+
+    #[test]
+    fn a_member_that_never_calls_is_missing() {
+        let out = run(vec![all_reduce(0, &[1.0], &[1.0])]);
+        assert_eq!(out.findings.len(), 1);
+        assert_eq!(out.findings[0].kind, FindingKind::CollectiveShape);
+        assert_eq!(out.findings[0].ranks, vec![1]);
+    }
+
+    #[test]
+    fn sends_match_their_recvs_byte_for_byte() {
+        let send = |v: &[f32]| rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]);
+        let recv = |v: &[f32]| rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))]);
+        let ok = run(vec![send(&[1.0, 2.0]), recv(&[1.0, 2.0])]);
+        assert_eq!((ok.checked, ok.findings.len()), (1, 0));
+        let bad = run(vec![send(&[1.0, 2.0]), recv(&[1.0, 3.0])]);
+        assert_eq!(bad.findings.len(), 1);
+        assert_eq!(bad.findings[0].kind, FindingKind::PointToPoint);
+        let lone = run(vec![send(&[1.0])]);
+        assert_eq!(lone.findings.len(), 1);
+        assert!(lone.findings[0].detail.contains("no matching recv"));
+    }
 
     #[test]
     fn the_bound_covers_every_summation_order_and_nothing_more() {

@@ -161,9 +161,10 @@ pub(crate) struct ClientRing {
 impl ClientRing {
     /// Maps the memfd a client sent and checks it holds a ring of `capacity` data bytes.
     fn map(fd: OwnedFd, capacity: u64) -> Result<ClientRing, String> {
-        if let Err(e) = fdpass::seal_shrink(&fd) {
-            debug!("cannot seal the ring against shrinking ({e}); trusting the same-uid client");
-        }
+        // A ring that could shrink under the daemon's mapping would make its reads fault
+        // (SIGBUS): refuse one that cannot be sealed.
+        fdpass::seal_shrink(&fd)
+            .map_err(|e| format!("the ring memfd cannot be sealed against shrinking: {e}"))?;
         let file = File::from(fd);
         let len = file
             .metadata()
@@ -176,7 +177,7 @@ impl ClientRing {
             ));
         }
         // SAFETY: a shared mapping of the client's memfd. Its size was checked above and the
-        // memfd is sealed against shrinking where the client allows it; the contents are
+        // memfd is sealed against shrinking; the contents are
         // shared with the producer, which only writes slots it owns under the ring protocol.
         let mut map = unsafe {
             memmap2::MmapOptions::new()

@@ -56,7 +56,12 @@ fn start() -> Result<Session, String> {
     let len = ring::mapping_bytes(capacity);
 
     // SAFETY: a NUL-terminated name; the fd is owned below.
-    let fd = unsafe { libc::memfd_create(c"ttrace-ring".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe {
+        libc::memfd_create(
+            c"ttrace-ring".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
     if fd < 0 {
         return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
     }

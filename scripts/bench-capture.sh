@@ -1,21 +1,56 @@
 #!/usr/bin/env bash
-# Capture throughput and compression of ttraced, end to end, on this machine.
+# The capture benchmark (issue 4), on this machine, as ratios against baselines run in the
+# same script:
+#   1. the cost of a hook that does not capture, in ns over the bare real function
+#      (intercept/benches/hook_overhead.rs);
+#   2. end-to-end capture throughput into the store next to a plain memcpy of the same bytes,
+#      the stored ratio of BF16 activations, and compression alone vs plain zstd at the same
+#      level (daemon/examples/loadgen.rs: a producer standing in for libttrace.so copies
+#      realistic BF16 activations, normal with sigma 0.01-10, into a snapshot ring and publishes
+#      them to an in-process ttraced, which checks their CRC-32, shuffles, compresses and writes
+#      segment files);
+#   3. the fixture trainer's step time with and without ttrace (tp=2, dp=2, pp=2, BF16, on the
+#      simulated stack).
 #
-# A producer (daemon/examples/loadgen.rs, standing in for libttrace.so) copies realistic BF16
-# activations (normal, sigma 0.01-10) into a snapshot ring and publishes them to an in-process
-# ttraced, which checks their CRC-32, shuffles and compresses them and writes segment files.
-# Printed: end-to-end GB/s next to a plain memcpy of the same bytes, the stored ratio, CPU
-# seconds per GB (and the ceiling that implies on idle cores), and compression alone on one
-# thread: plain zstd vs the format's Blob::encode vs ttraced's encoder at several levels.
+#   scripts/bench-capture.sh                      # everything, defaults
+#   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
 #
-#   scripts/bench-capture.sh                      # 2 GiB, default level and threads
-#   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm
-#   scripts/bench-capture.sh --dtype f32
-#
-# Options are loadgen's (`loadgen bench --help`). The store goes to the temp directory (a real
-# disk here, fsync included) unless --dir says otherwise, and is removed afterwards.
+# The store goes to the temp directory (a real disk here, fsync included) unless --dir says
+# otherwise, and is removed afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
+cargo build --release -q --workspace
 cargo build --release -q -p ttraced --example loadgen
-exec "$target/release/examples/loadgen" bench "$@"
+
+echo "== 1. hook cost with capture off (ns per call over the bare function)"
+cargo bench -q -p ttrace-intercept --bench hook_overhead 2>/dev/null | grep -v '^$' || true
+
+echo
+echo "== 2. capture throughput and compression"
+"$target/release/examples/loadgen" bench "$@"
+
+echo
+echo "== 3. fixture trainer step time, untraced vs traced (tp=2 dp=2 pp=2, bf16)"
+export LD_LIBRARY_PATH="$target/release/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+steps=20
+trainer=("$target/release/simrun" --nproc-per-node 8 -- "$target/release/trainer"
+  --tp 2 --dp 2 --pp 2 --precision bf16 --steps "$steps")
+store="$(mktemp -d)"
+trap 'rm -rf "$store"' EXIT
+best() { # best wall time of 3 runs of "$@", in seconds
+  local b=""
+  for _ in 1 2 3; do
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$@" >/dev/null 2>&1
+    t1=$(date +%s.%N)
+    b=$(awk -v a="$b" -v t0="$t0" -v t1="$t1" 'BEGIN { d = t1 - t0; if (a == "" || d < a) print d; else print a }')
+  done
+  echo "$b"
+}
+plain=$(best "${trainer[@]}")
+traced=$(best bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" -- "${trainer[@]}")
+awk -v p="$plain" -v t="$traced" -v s="$steps" 'BEGIN {
+  printf "  untraced  %.3f s (%.1f ms/step)\n  traced    %.3f s (%.1f ms/step)\n  ratio     %.2fx\n",
+         p, 1000 * p / s, t, 1000 * t / s, t / p }'

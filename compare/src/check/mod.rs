@@ -10,13 +10,16 @@
 //!   ring order is not reproduced, so the check is a tolerance, not bitwise. Gathers,
 //!   broadcasts and point-to-point transfers are bitwise.
 //! * [`replicas`]: tensors every member must hold identically (the outputs of all-reduce and
-//!   all-gather; GEMM weight operands across data-parallel replicas) are compared bitwise.
+//!   all-gather; GEMM weight operands across data-parallel replicas) are compared bitwise;
+//!   tensor-parallel groups are checked for diverging replicated activations and overlapping
+//!   weight shards.
 //! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
 //!   the op's inputs or was produced by it.
 //!
 //! The whole trace's collective tensors are held in memory while they are matched; GEMM
 //! operands are compared through their recorded CRC-32s (a differing CRC is a differing
-//! tensor; bytes are decoded only to look for non-finite values).
+//! tensor; bytes are decoded to look for non-finite values, and re-read for the weights of
+//! the first step when shards are compared).
 
 pub mod collectives;
 pub mod load;
@@ -59,7 +62,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     let coll = collectives::check(&trace, &manifest);
     report.collectives_checked = coll.checked;
     report.findings.extend(coll.findings);
-    let rep = replicas::check(&trace, &manifest);
+    let rep = replicas::check(&trace, &manifest, &store);
     report.replica_groups = rep.groups;
     report.weights_compared = rep.compared;
     report.findings.extend(rep.findings);

@@ -12,11 +12,19 @@
 //!   common weight must be equal in every step; those that are not are findings, naming the
 //!   ranks outside the majority. Runs with one micro-batch and no recurring GEMM have no
 //!   identifiable weight and are not compared.
+//! * In groups that are not weight replicas (tensor parallel): a replicated activation (the
+//!   same GEMM of every layer sees identical inputs on all members) that stops agreeing from
+//!   one layer on (a missing reduction upstream), and weight shards that differ yet share
+//!   aligned 16-byte blocks (sliced from overlapping ranges).
+//! * In weight-replica groups: activations that are identical everywhere (the replicas read
+//!   the same data).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ttrace_format::record::{CollectiveKind, Op, Role};
 use ttrace_format::store::Manifest;
+
+use ttrace_format::reader::Store;
 
 use crate::check::collectives::{coll, group_calls};
 use crate::check::load::{Rec, Trace};
@@ -55,10 +63,10 @@ fn minority(values: &[(u32, u32)]) -> Vec<u32> {
 }
 
 /// Runs the replica checks.
-pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
+pub fn check(trace: &Trace, manifest: &Manifest, store: &Store) -> Outcome {
     let mut out = Outcome::default();
     received_outputs(trace, &mut out);
-    weights(trace, manifest, &mut out);
+    weights(trace, manifest, store, &mut out);
     out
 }
 
@@ -109,11 +117,14 @@ fn received_outputs(trace: &Trace, out: &mut Outcome) {
 struct Weight {
     crc: u32,
     name: String,
+    /// Rank, step and seq of the first record using it, and the operand's tensor index.
+    at: (u32, u64, u64, usize),
     acts: Vec<(Option<u32>, u64)>,
 }
 
-/// One use of a GEMM signature: CRCs of A and B, the record's name and seq.
-type Use = (Option<u32>, Option<u32>, String, u64);
+/// One use of a GEMM signature: CRCs of A and B, the record's name and seq, and the tensor
+/// indexes of A and B.
+type Use = (Option<u32>, Option<u32>, String, u64, [usize; 2]);
 
 /// Picks one operand's CRC out of a [`Use`].
 type UseCrc = fn(&Use) -> Option<u32>;
@@ -137,7 +148,13 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
             [g.m, g.n, g.k, g.transa as u64, g.transb as u64],
         ))
         .or_default()
-        .push((crc(Role::A), crc(Role::B), r.name(), r.record.seq));
+        .push((
+            crc(Role::A),
+            crc(Role::B),
+            r.name(),
+            r.record.seq,
+            [r.find(Role::A).unwrap_or(0), r.find(Role::B).unwrap_or(0)],
+        ));
     }
     let mut weights = BTreeMap::new();
     for ((step, nvtx, api, shape), occ) in sigs {
@@ -160,6 +177,12 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
             Weight {
                 crc,
                 name: occ[0].2.clone(),
+                at: (
+                    recs.first().map_or(0, |r| r.record.rank),
+                    step,
+                    occ[0].3,
+                    occ[0].4[usize::from(role == "B")],
+                ),
                 acts,
             },
         );
@@ -205,14 +228,16 @@ fn diverging_activations(
                 .push((seq, k.1.clone(), agrees, name));
         }
     }
+    // Earliest divergence first (in call order on the first member).
+    let mut found: Vec<(u64, Finding)> = Vec::new();
     for ((step, ..), mut inst) in kinds {
         // In call order; instances of one kind are the layers of the module.
         inst.sort();
         let Some(first_agree) = inst.iter().position(|i| i.2) else {
             continue;
         };
-        if let Some((_, module, _, name)) = inst[first_agree..].iter().find(|i| !i.2) {
-            out.findings.push(Finding {
+        if let Some((seq, module, _, name)) = inst[first_agree..].iter().find(|i| !i.2) {
+            found.push((*seq, Finding {
                 kind: FindingKind::ReplicaMismatch,
                 step,
                 ranks: members.to_vec(),
@@ -222,13 +247,15 @@ fn diverging_activations(
                     "the activation operand of {module} differs across ranks {members:?}, while the same GEMM of earlier modules ({}) saw identical activations on all of them: a replicated activation diverged upstream (e.g. a skipped all-reduce)",
                     inst[first_agree].1
                 ),
-            });
+            }));
         }
     }
+    found.sort_by_key(|f| (f.1.step, f.0));
+    out.findings.extend(found.into_iter().map(|f| f.1));
 }
 
 /// GEMM weights across the replica groups found in the comm map.
-fn weights(trace: &Trace, manifest: &Manifest, out: &mut Outcome) {
+fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome) {
     let mut per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = BTreeMap::new();
     for &rank in &trace.ranks {
         let recs: Vec<&Rec> = trace.of_rank(rank).collect();
@@ -269,6 +296,7 @@ fn weights(trace: &Trace, manifest: &Manifest, out: &mut Outcome) {
             .any(|(eq, all)| *all >= 2 && eq * 2 > *all)
         {
             diverging_activations(&members, &maps, &common, out);
+            overlapping_shards(store, &members, &maps, &common, out);
             continue;
         }
         identical_data(&members, &maps, &common, out);
@@ -301,6 +329,74 @@ fn weights(trace: &Trace, manifest: &Manifest, out: &mut Outcome) {
                     k.4
                 ),
             });
+        }
+    }
+}
+
+/// Bytes of a weight operand, read back from the store (`None`: unreadable).
+fn weight_bytes(store: &Store, w: &Weight) -> Option<Vec<u8>> {
+    let (rank, step, seq, tensor) = w.at;
+    let seg = store.open_segment(rank, step).ok()?;
+    let view = seg.read_seq(seq)?.ok()?;
+    view.tensor_bytes(tensor).ok()
+}
+
+/// Bytes per block compared between shards.
+const BLOCK: usize = 16;
+
+/// Tensor-parallel shards of one weight partition it: two members' shards that differ as a
+/// whole yet share aligned 16-byte blocks (not constant ones) were sliced from overlapping
+/// ranges (a wrong shard offset). Checked on the first step each weight appears.
+fn overlapping_shards(
+    store: &Store,
+    members: &[u32],
+    maps: &[&BTreeMap<WeightKey, Weight>],
+    common: &[&WeightKey],
+    out: &mut Outcome,
+) {
+    let Some(first_step) = common.iter().map(|k| k.0).min() else {
+        return;
+    };
+    for k in common.iter().filter(|k| k.0 == first_step) {
+        let ws: Vec<&Weight> = maps.iter().filter_map(|m| m.get(*k)).collect();
+        if ws.len() != members.len() {
+            continue;
+        }
+        let bytes: Vec<Option<Vec<u8>>> = ws.iter().map(|w| weight_bytes(store, w)).collect();
+        'pairs: for i in 0..ws.len() {
+            for j in i + 1..ws.len() {
+                if ws[i].crc == ws[j].crc {
+                    continue;
+                }
+                let (Some(a), Some(b)) = (&bytes[i], &bytes[j]) else {
+                    continue;
+                };
+                let blocks = |x: &[u8]| -> BTreeSet<Vec<u8>> {
+                    x.chunks_exact(BLOCK)
+                        .filter(|c| c.iter().any(|v| *v != c[0]))
+                        .map(<[u8]>::to_vec)
+                        .collect()
+                };
+                let (ba, bb) = (blocks(a), blocks(b));
+                let shared = ba.intersection(&bb).count();
+                if shared > 0 {
+                    out.findings.push(Finding {
+                        kind: FindingKind::ReplicaMismatch,
+                        step: k.0,
+                        ranks: vec![members[i], members[j]],
+                        op: ws[j].name.clone(),
+                        module: k.1.clone(),
+                        detail: format!(
+                            "the shards of weight operand {} on ranks {} and {} differ but share {shared} of {} blocks of {BLOCK} bytes: they were sliced from overlapping ranges (wrong shard offset)",
+                            k.4,
+                            members[i],
+                            members[j],
+                            ba.len()
+                        ),
+                    });
+                    break 'pairs;
+                }
+            }
         }
     }
 }

@@ -192,6 +192,8 @@ fn tp_row_parallel_no_reduce_is_found() {
     let f = &findings(&c)[0];
     assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
     assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
+    // The bug is in layers.1.attention.proj: the next replicated input is layer 1's fc1's.
+    assert_eq!(f["module"], "layers.1.mlp.fc1", "{}", c.text);
     assert!(
         f["detail"].as_str().unwrap_or("").contains("diverged"),
         "{}",
@@ -217,6 +219,31 @@ fn dp_data_slice_overlap_is_found() {
     assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
     assert!(
         f["detail"].as_str().unwrap_or("").contains("same data"),
+        "{}",
+        c.text
+    );
+}
+
+#[test]
+fn tp_column_shard_offset_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--tp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "tp-column-shard-offset",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
+    assert_eq!(f["module"], "layers.0.mlp.fc1", "{}", c.text);
+    assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("overlapping"),
         "{}",
         c.text
     );

@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
-# README's main command. Builds the workspace, then runs a 4-rank job on the simulated CUDA
-# stack (no GPU needed): GEMMs through cuBLAS and cuBLASLt (fp32, bf16, fp8) and NCCL collectives
-# across processes, each checked against an f64 reference. When the capture path lands, this
-# script traces the fixture trainer and compares it against its reference run.
+# README's main command: ttrace end to end on a machine without a GPU. Builds everything, then,
+# on the simulated CUDA stack (target/release/sim):
+#   1. traces the fixture trainer's world-size-1 reference run;
+#   2. traces a tp=2, dp=2, pp=2 run of the same training with a silent bug injected
+#      (the sequence-parallel norm grads are not all-reduced across TP: Megatron-LM #1446);
+#   3. lists what was captured and shows an op table;
+#   4. runs `ttrace check` on the distributed run (no reference needed), which names the bug's
+#      symptom: replicas that should be bitwise identical are not.
+# Output goes to ./ttrace-demo (removed and rewritten on every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --workspace --release
-sim=target/release/sim
-export LD_LIBRARY_PATH="$sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T=target/release
+export LD_LIBRARY_PATH="$PWD/$T/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+out=ttrace-demo
+rm -rf "$out"
+mkdir -p "$out"
 
-echo "== simulated stack in $sim:"
-for lib in "$sim"/*; do
-  printf '   %-22s SONAME %s\n' "$(basename "$lib")" "$(readelf -d "$lib" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')"
-done
+model=(--precision bf16 --micro-batches 2 --steps 3)
+layout=(--tp 2 --dp 2 --pp 2 --sp)
+bug=sp-norm-grad-unreduced
 
-run() {
-  echo "== $*"
-  "$@"
-}
-run target/release/sim-probe stale-read
-run target/release/sim-probe stream-order
-for p in $(target/release/sim-probe 2>&1 | awk '/^  (gemm|collectives)/ {print $1}'); do
-  case "$p" in
-    collectives*) run target/release/simrun --nproc-per-node 4 -- target/release/sim-probe "$p" ;;
-    *) run target/release/sim-probe "$p" ;;
-  esac
-done
-echo "== all checks passed"
+echo "== 1. reference run (world size 1), traced"
+"$T/ttrace" run --out "$out/reference" -- "$T/trainer" "${model[@]}"
+
+echo
+echo "== 2. tp=2 dp=2 pp=2 with SP, bug '$bug' injected, traced"
+"$T/trainer" --explain-bug "$bug" "${layout[@]}"
+"$T/ttrace" run --out "$out/distributed" -- \
+  "$T/simrun" --nproc-per-node 8 -- "$T/trainer" "${model[@]}" "${layout[@]}" --bug "$bug"
+
+echo
+echo "== 3. what was captured"
+"$T/ttrace" ls "$out/distributed"
+"$T/ttrace" show "$out/distributed" --rank 0 --step 0 | head -25
+
+if "$T/ttrace" check --help >/dev/null 2>&1; then
+  echo
+  echo "== 4. ttrace check (no reference)"
+  set +e
+  "$T/ttrace" check "$out/distributed"
+  code=$?
+  set -e
+  echo "ttrace check exited $code (0: nothing found, 1: findings, 2: error)"
+fi

@@ -13,6 +13,7 @@
 //!   all-gather; GEMM weight operands across data-parallel replicas) are compared bitwise;
 //!   tensor-parallel groups are checked for diverging replicated activations and overlapping
 //!   weight shards.
+//! * [`layers`]: the same GEMM of every layer accumulates (or overwrites) alike.
 //! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
 //!   the op's inputs or was produced by it.
 //!
@@ -22,6 +23,7 @@
 //! the first step when shards are compared).
 
 pub mod collectives;
+pub mod layers;
 pub mod load;
 pub mod nonfinite;
 pub mod replicas;
@@ -66,6 +68,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     report.replica_groups = rep.groups;
     report.weights_compared = rep.compared;
     report.findings.extend(rep.findings);
+    report.findings.extend(layers::check(&trace));
     report.nonfinite = trace.first_nonfinite.clone();
     if let Some(nf) = &trace.first_nonfinite {
         report.findings.push(nf.to_finding());

@@ -403,7 +403,7 @@ fn overlapping_shards(
 
 /// A module's kind: its name with layer numbers replaced (`layers.3.mlp.fc1` ->
 /// `layers.#.mlp.fc1`), so that the same module of different layers compares.
-fn module_kind(module: &str) -> String {
+pub fn module_kind(module: &str) -> String {
     module
         .split('.')
         .map(|p| {

@@ -21,6 +21,8 @@ pub enum FindingKind {
     PointToPoint,
     /// Tensors that must be identical across a replica group are not.
     ReplicaMismatch,
+    /// One layer calls a GEMM differently from the same GEMM of the other layers.
+    LayerInconsistency,
 }
 
 impl FindingKind {
@@ -31,6 +33,7 @@ impl FindingKind {
             FindingKind::CollectiveShape => "collective-shape",
             FindingKind::PointToPoint => "send/recv",
             FindingKind::ReplicaMismatch => "replica",
+            FindingKind::LayerInconsistency => "layers",
             FindingKind::NonFinite => "non-finite",
         }
     }

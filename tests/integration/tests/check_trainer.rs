@@ -248,3 +248,35 @@ fn tp_column_shard_offset_is_found() {
         c.text
     );
 }
+
+#[test]
+fn grad_accum_overwrite_is_found_at_its_layer() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--dp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "grad-accum-overwrite",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "layer_inconsistency", "{}", c.text);
+    assert_eq!(f["module"], "layers.3.mlp.fc2", "{}", c.text);
+    assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
+}
+
+#[test]
+fn a_store_that_cannot_be_read_is_an_error() {
+    let dir = TempDir::new("missing");
+    let out = Command::new(bin("ttrace"))
+        .arg("check")
+        .arg(dir.0.join("no-such-store"))
+        .output()
+        .expect("ttrace check runs");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ttrace check"));
+}

@@ -280,3 +280,27 @@ fn a_store_that_cannot_be_read_is_an_error() {
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("ttrace check"));
 }
+
+#[test]
+fn attention_softmax_scale_local_is_found_at_its_layer() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--tp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "attention-softmax-scale-local",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "layer_inconsistency", "{}", c.text);
+    assert_eq!(f["module"], "layers.3.attention.core", "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("alpha"),
+        "{}",
+        c.text
+    );
+}

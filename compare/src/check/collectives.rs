@@ -206,9 +206,36 @@ pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
     out
 }
 
-/// Send/recv pairs between two communicator ranks, in order.
+/// Send/recv pairs between two communicator ranks, in order. Also: a send that repeats the
+/// bytes of an earlier send of the same step on the same path (not a constant tensor) sends a
+/// stale buffer (each micro-batch's activation or gradient is different).
 fn check_p2p(key: (u64, u32, u32), sends: &[&Rec], recvs: &[&Rec], out: &mut Outcome) {
     let (comm, from, to) = key;
+    let mut seen: BTreeMap<(u64, &[u8]), usize> = BTreeMap::new();
+    for (i, s) in sends.iter().enumerate() {
+        let Some(b) = s.bytes_of(Role::Input) else {
+            continue;
+        };
+        let es = s
+            .find(Role::Input)
+            .map_or(1, |t| s.record.tensors[t].dtype.size());
+        let constant = b.chunks(es).all(|c| c == &b[..es.min(b.len())]);
+        if constant {
+            continue;
+        }
+        if let Some(j) = seen.insert((s.record.step, b), i) {
+            out.findings.push(Finding {
+                kind: FindingKind::PointToPoint,
+                step: s.record.step,
+                ranks: vec![s.record.rank],
+                op: s.name(),
+                module: module(s),
+                detail: format!(
+                    "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
+                ),
+            });
+        }
+    }
     for i in 0..sends.len().max(recvs.len()) {
         let (s, r) = (sends.get(i), recvs.get(i));
         let (Some(s), Some(r)) = (s, r) else {

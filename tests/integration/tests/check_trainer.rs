@@ -304,3 +304,28 @@ fn attention_softmax_scale_local_is_found_at_its_layer() {
         c.text
     );
 }
+
+#[test]
+fn pp_stale_activation_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--pp",
+            "2",
+            "--precision",
+            "bf16",
+            "--bug",
+            "pp-stale-activation",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "point_to_point", "{}", c.text);
+    // The first stage (global rank 0) sends micro-batch 0's activation again.
+    assert_eq!(f["ranks"], serde_json::json!([0]), "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("stale"),
+        "{}",
+        c.text
+    );
+}

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use ttrace_format::record::{CollectiveKind, Op, Role};
 use ttrace_format::store::Manifest;
 
+use ttrace_format::dtype::DType;
 use ttrace_format::reader::Store;
 
 use crate::check::collectives::{coll, group_calls};
@@ -261,6 +262,7 @@ fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome)
         let recs: Vec<&Rec> = trace.of_rank(rank).collect();
         per_rank.insert(rank, rank_weights(&recs));
     }
+    frozen_weights(store, &per_rank, out);
     let mut groups: BTreeSet<Vec<u32>> = BTreeSet::new();
     for entry in &manifest.comms {
         let members: Option<Vec<u32>> = entry.members.iter().copied().collect();
@@ -335,10 +337,16 @@ fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome)
 
 /// Bytes of a weight operand, read back from the store (`None`: unreadable).
 fn weight_bytes(store: &Store, w: &Weight) -> Option<Vec<u8>> {
+    weight_data(store, w).map(|d| d.0)
+}
+
+/// Bytes and element type of a weight operand, read back from the store.
+fn weight_data(store: &Store, w: &Weight) -> Option<(Vec<u8>, DType)> {
     let (rank, step, seq, tensor) = w.at;
     let seg = store.open_segment(rank, step).ok()?;
     let view = seg.read_seq(seq)?.ok()?;
-    view.tensor_bytes(tensor).ok()
+    let dtype = view.record.tensors.get(tensor)?.dtype;
+    Some((view.tensor_bytes(tensor).ok()?, dtype))
 }
 
 /// Bytes per block compared between shards.
@@ -398,6 +406,88 @@ fn overlapping_shards(
                 }
             }
         }
+    }
+}
+
+/// Weights must change when the optimizer steps: between the first two steps of each rank,
+/// a weight whose aligned 16-byte blocks (not constant ones) stayed the same in a quarter or
+/// more of its blocks, while the median weight kept fewer than 5%, did not update (a skipped
+/// optimizer shard). A run where most weights stay (a zero learning rate) reports nothing;
+/// FP8 weights (requantised each step onto few values) are not compared.
+fn frozen_weights(
+    store: &Store,
+    per_rank: &BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
+    out: &mut Outcome,
+) {
+    // (module, operand) -> (ranks, detail, op, step)
+    type Stale = (Vec<u32>, String, String, u64);
+    let mut found: BTreeMap<(String, &'static str), Stale> = BTreeMap::new();
+    for (&rank, map) in per_rank {
+        let Some(s0) = map.keys().map(|k| k.0).min() else {
+            continue;
+        };
+        let mut fracs: Vec<(f64, &WeightKey, &Weight)> = Vec::new();
+        for (k, w0) in map.iter().filter(|(k, _)| k.0 == s0) {
+            let next = (s0 + 1, k.1.clone(), k.2.clone(), k.3, k.4);
+            let Some(w1) = map.get(&next) else { continue };
+            let (Some((a, dtype)), Some((b, _))) = (weight_data(store, w0), weight_data(store, w1))
+            else {
+                continue;
+            };
+            // FP8 weights are requantised every step with few values: most blocks may stay.
+            if a.len() != b.len() || a.len() < BLOCK * 8 || dtype.size() < 2 {
+                continue;
+            }
+            let (mut same, mut all) = (0usize, 0usize);
+            for (x, y) in a.chunks_exact(BLOCK).zip(b.chunks_exact(BLOCK)) {
+                if x.iter().all(|v| *v == x[0]) {
+                    continue;
+                }
+                all += 1;
+                same += usize::from(x == y);
+            }
+            if all > 0 {
+                fracs.push((same as f64 / all as f64, k, w1));
+            }
+        }
+        if fracs.len() < 3 {
+            continue;
+        }
+        let mut sorted: Vec<f64> = fracs.iter().map(|f| f.0).collect();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        if median >= 0.05 {
+            continue;
+        }
+        for (frac, k, w1) in fracs.into_iter().filter(|f| f.0 >= 0.25) {
+            let e = found.entry((k.1.clone(), k.4)).or_insert_with(|| {
+                (
+                    Vec::new(),
+                    format!(
+                        "{:.0}% of weight operand {}'s blocks are unchanged between steps {s0} and {} (the median weight: {:.1}%): part of this weight was not updated",
+                        frac * 100.0,
+                        k.4,
+                        s0 + 1,
+                        median * 100.0
+                    ),
+                    w1.name.clone(),
+                    s0 + 1,
+                )
+            });
+            e.0.push(rank);
+        }
+    }
+    for ((module, _), (mut ranks, detail, op, step)) in found {
+        ranks.sort_unstable();
+        ranks.dedup();
+        out.findings.push(Finding {
+            kind: FindingKind::StaleWeight,
+            step,
+            ranks,
+            op,
+            module,
+            detail,
+        });
     }
 }
 

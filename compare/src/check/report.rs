@@ -21,6 +21,8 @@ pub enum FindingKind {
     PointToPoint,
     /// Tensors that must be identical across a replica group are not.
     ReplicaMismatch,
+    /// A weight (or part of one) did not change when the optimizer stepped.
+    StaleWeight,
     /// One layer calls a GEMM differently from the same GEMM of the other layers.
     LayerInconsistency,
 }
@@ -34,6 +36,7 @@ impl FindingKind {
             FindingKind::PointToPoint => "send/recv",
             FindingKind::ReplicaMismatch => "replica",
             FindingKind::LayerInconsistency => "layers",
+            FindingKind::StaleWeight => "stale-weight",
             FindingKind::NonFinite => "non-finite",
         }
     }

@@ -329,3 +329,28 @@ fn pp_stale_activation_is_found() {
         c.text
     );
 }
+
+#[test]
+fn zero1_skip_shard_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--dp",
+            "2",
+            "--zero1",
+            "--precision",
+            "bf16",
+            "--bug",
+            "zero1-skip-shard",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(&c)[0];
+    assert_eq!(f["kind"], "stale_weight", "{}", c.text);
+    assert_eq!(f["step"], 1, "{}", c.text);
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains("not updated"),
+        "{}",
+        c.text
+    );
+}

@@ -15,7 +15,8 @@
 //! * In groups that are not weight replicas (tensor parallel): a replicated activation (the
 //!   same GEMM of every layer sees identical inputs on all members) that stops agreeing from
 //!   one layer on (a missing reduction upstream), and weight shards that differ yet share
-//!   aligned 16-byte blocks (sliced from overlapping ranges).
+//!   aligned 16-byte blocks (sliced from overlapping ranges); identical FP8 activations used
+//!   with different scales on different members.
 //! * In weight-replica groups: activations that are identical everywhere (the replicas read
 //!   the same data).
 
@@ -121,11 +122,20 @@ struct Weight {
     /// Rank, step and seq of the first record using it, and the operand's tensor index.
     at: (u32, u64, u64, usize),
     acts: Vec<(Option<u32>, u64)>,
+    /// The CRC of the activation's FP8 scale in each use (`None`: not FP8).
+    act_scales: Vec<Option<u32>>,
 }
 
 /// One use of a GEMM signature: CRCs of A and B, the record's name and seq, and the tensor
-/// indexes of A and B.
-type Use = (Option<u32>, Option<u32>, String, u64, [usize; 2]);
+/// indexes of A and B, and the CRCs of the FP8 scales of A and B.
+type Use = (
+    Option<u32>,
+    Option<u32>,
+    String,
+    u64,
+    [usize; 2],
+    [Option<u32>; 2],
+);
 
 /// Picks one operand's CRC out of a [`Use`].
 type UseCrc = fn(&Use) -> Option<u32>;
@@ -155,6 +165,7 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
             r.name(),
             r.record.seq,
             [r.find(Role::A).unwrap_or(0), r.find(Role::B).unwrap_or(0)],
+            [crc(Role::ScaleA), crc(Role::ScaleB)],
         ));
     }
     let mut weights = BTreeMap::new();
@@ -173,6 +184,7 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
             _ => continue,
         };
         let acts = occ.iter().map(|o| (other(o), o.3)).collect();
+        let act_scales = occ.iter().map(|o| o.5[usize::from(role == "A")]).collect();
         weights.insert(
             (step, nvtx, api, shape, role),
             Weight {
@@ -185,6 +197,7 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
                     occ[0].4[usize::from(role == "B")],
                 ),
                 acts,
+                act_scales,
             },
         );
     }
@@ -205,6 +218,7 @@ fn diverging_activations(
     // (step, API, module kind, shape, operand, use) -> (seq, module, agrees, name)
     type Kind = (u64, String, String, [u64; 5], &'static str, usize);
     let mut kinds: BTreeMap<Kind, Vec<(u64, String, bool, String)>> = BTreeMap::new();
+    let mut scale_findings: Vec<Finding> = Vec::new();
     for k in common {
         let uses = maps[0].get(*k).map_or(0, |w| w.acts.len());
         for u in 0..uses {
@@ -219,6 +233,29 @@ fn diverging_activations(
                 continue;
             }
             let agrees = acts.iter().all(|a| *a == Some(first));
+            let scales: Vec<Option<u32>> = maps
+                .iter()
+                .map(|m| {
+                    m.get(*k)
+                        .and_then(|w| w.act_scales.get(u).copied().flatten())
+                })
+                .collect();
+            if agrees
+                && scales.iter().all(Option::is_some)
+                && scales.iter().any(|c| *c != scales[0])
+            {
+                let name = maps[0].get(*k).map(|w| w.name.clone()).unwrap_or_default();
+                scale_findings.push(Finding {
+                    kind: FindingKind::ReplicaMismatch,
+                    step: k.0,
+                    ranks: members.to_vec(),
+                    op: name,
+                    module: k.1.clone(),
+                    detail: format!(
+                        "ranks {members:?} multiply bitwise identical FP8 activations by different scales: the same bytes mean different values (scales or amaxes not reduced across the group)"
+                    ),
+                });
+            }
             let (seq, name) = maps[0]
                 .get(*k)
                 .map(|w| (w.acts[u].1, w.name.clone()))
@@ -253,6 +290,9 @@ fn diverging_activations(
     }
     found.sort_by_key(|f| (f.1.step, f.0));
     out.findings.extend(found.into_iter().map(|f| f.1));
+    // One per module is enough.
+    scale_findings.dedup_by(|a, b| a.module == b.module && a.step == b.step);
+    out.findings.extend(scale_findings);
 }
 
 /// GEMM weights across the replica groups found in the comm map.

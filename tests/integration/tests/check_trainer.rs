@@ -354,3 +354,29 @@ fn zero1_skip_shard_is_found() {
         c.text
     );
 }
+
+#[test]
+fn fp8_amax_unreduced_is_found() {
+    let c = trace_and_check(
+        2,
+        &[
+            "--tp",
+            "2",
+            "--sp",
+            "--precision",
+            "fp8",
+            "--bug",
+            "fp8-amax-unreduced",
+        ],
+    );
+    assert_eq!(c.code, 1, "{}", c.text);
+    assert!(
+        findings(&c).iter().any(|f| f["kind"] == "replica_mismatch"
+            && f["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("different scales")),
+        "{}",
+        c.text
+    );
+}

@@ -84,7 +84,19 @@ impl Report {
     }
 
     /// Orders findings by step, then kind (a stable sort keeps each check's own order).
+    /// Identical findings (the same evidence found through two groups or uses) are kept once.
     pub fn sort(&mut self) {
+        let mut seen = std::collections::BTreeSet::new();
+        self.findings.retain(|f| {
+            seen.insert((
+                f.kind,
+                f.step,
+                f.ranks.clone(),
+                f.op.clone(),
+                f.module.clone(),
+                f.detail.clone(),
+            ))
+        });
         self.findings.sort_by_key(|f| (f.step, f.kind));
     }
 }

@@ -76,3 +76,44 @@ pub fn describe(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+fn strs(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+/// The layouts with tp in {1, 2, 4}, dp in {1, 2}, pp in {1, 2}, world 2..=8, each plain and
+/// with SP (tp > 1) and ZeRO-1 (dp > 1) on; the GEMM path and rank order vary along the way.
+pub fn trainer_layouts() -> Vec<Vec<String>> {
+    let mut v = Vec::new();
+    for tp in [1, 2, 4] {
+        for dp in [1, 2] {
+            for pp in [1, 2] {
+                let world = tp * dp * pp;
+                if world == 1 || world > 8 {
+                    continue;
+                }
+                for variant in [false, true] {
+                    if variant && tp == 1 && dp == 1 {
+                        continue;
+                    }
+                    let mut a = strs(&["--tp", &tp.to_string(), "--dp", &dp.to_string()]);
+                    a.extend(strs(&["--pp", &pp.to_string()]));
+                    if variant && tp > 1 {
+                        a.push("--sp".into());
+                    }
+                    if variant && dp > 1 {
+                        a.push("--zero1".into());
+                    }
+                    if v.len() % 2 == 1 {
+                        a.extend(strs(&["--gemm", "lt"]));
+                    }
+                    if variant && dp > 1 && pp > 1 {
+                        a.extend(strs(&["--order", "tp-pp-dp"]));
+                    }
+                    v.push(a);
+                }
+            }
+        }
+    }
+    v
+}

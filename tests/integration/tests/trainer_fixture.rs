@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Instant;
 
-use integration_tests::{bin, command, describe, profile_dir};
+use integration_tests::{bin, command, describe, profile_dir, trainer_layouts};
 
 /// FP32 machine epsilon, 2^-23.
 const EPS_F32: f64 = 1.0 / 8_388_608.0;
@@ -292,43 +292,6 @@ fn loss_delta(reference: &Run, cand: &Run) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The layouts with tp in {1, 2, 4}, dp in {1, 2}, pp in {1, 2}, world 2..=8, each plain and
-/// with SP (tp > 1) and ZeRO-1 (dp > 1) on; the GEMM path and rank order vary along the way.
-fn layouts() -> Vec<Vec<String>> {
-    let mut v = Vec::new();
-    for tp in [1, 2, 4] {
-        for dp in [1, 2] {
-            for pp in [1, 2] {
-                let world = tp * dp * pp;
-                if world == 1 || world > 8 {
-                    continue;
-                }
-                for variant in [false, true] {
-                    if variant && tp == 1 && dp == 1 {
-                        continue;
-                    }
-                    let mut a = strings(&["--tp", &tp.to_string(), "--dp", &dp.to_string()]);
-                    a.extend(strings(&["--pp", &pp.to_string()]));
-                    if variant && tp > 1 {
-                        a.push("--sp".into());
-                    }
-                    if variant && dp > 1 {
-                        a.push("--zero1".into());
-                    }
-                    if v.len() % 2 == 1 {
-                        a.extend(strings(&["--gemm", "lt"]));
-                    }
-                    if variant && dp > 1 && pp > 1 {
-                        a.extend(strings(&["--order", "tp-pp-dp"]));
-                    }
-                    v.push(a);
-                }
-            }
-        }
-    }
-    v
-}
-
 fn with(base: &[&str], prec: Prec, extra: &[String]) -> Vec<String> {
     let mut a = strings(base);
     a.extend(strings(&["--precision", prec.name()]));
@@ -384,17 +347,17 @@ fn check_layouts(tag: &str, prec: Prec, model: &[&str], layouts: &[Vec<String>])
 
 #[test]
 fn every_layout_matches_the_reference_in_fp32() {
-    check_layouts("fp32", Prec::Fp32, &[], &layouts());
+    check_layouts("fp32", Prec::Fp32, &[], &trainer_layouts());
 }
 
 #[test]
 fn every_layout_matches_the_reference_in_bf16() {
-    check_layouts("bf16", Prec::Bf16, &[], &layouts());
+    check_layouts("bf16", Prec::Bf16, &[], &trainer_layouts());
 }
 
 #[test]
 fn every_layout_matches_the_reference_in_fp8() {
-    check_layouts("fp8", Prec::Fp8, &[], &layouts());
+    check_layouts("fp8", Prec::Fp8, &[], &trainer_layouts());
 }
 
 #[test]

@@ -141,10 +141,7 @@ fn bug_free_runs_pass() {
             c.report["collectives_checked"].as_u64().unwrap_or(0) > 0,
             "{layout:?}: nothing checked"
         );
-        if world(layout) > 1
-            && layout.iter().any(|a| a == "--dp")
-            && layout.windows(2).any(|w| w[0] == "--dp" && w[1] != "1")
-        {
+        if size(layout, "--dp") > 1 {
             assert!(
                 c.report["weights_compared"].as_u64().unwrap_or(0) > 0,
                 "{layout:?}: DP replicas not found: {}",

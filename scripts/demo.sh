@@ -2,11 +2,12 @@
 # README's main command: ttrace end to end on a machine without a GPU. Builds everything, then,
 # on the simulated CUDA stack (target/release/sim):
 #   1. traces the fixture trainer's world-size-1 reference run;
-#   2. traces a tp=2, dp=2, pp=2 run of the same training with a silent bug injected
-#      (the sequence-parallel norm grads are not all-reduced across TP: Megatron-LM #1446);
+#   2. traces a tp=2, dp=2, pp=2 run of the same training with a silent bug injected (one
+#      layer's row-parallel attention projection skips its TP reduction: the loss stays within
+#      a fraction of a percent of the correct one);
 #   3. lists what was captured and shows an op table;
-#   4. runs `ttrace check` on the distributed run (no reference needed), which names the bug's
-#      symptom: replicas that should be bitwise identical are not.
+#   4. runs `ttrace check` on the distributed run (no reference needed): activations that the
+#      TP ranks must hold identically diverge right after the faulty layer.
 # Output goes to ./ttrace-demo (removed and rewritten on every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +20,14 @@ rm -rf "$out"
 mkdir -p "$out"
 
 model=(--precision bf16 --micro-batches 2 --steps 3)
-layout=(--tp 2 --dp 2 --pp 2 --sp)
-bug=sp-norm-grad-unreduced
+layout=(--tp 2 --dp 2 --pp 2)
+bug=tp-row-parallel-no-reduce
 
 echo "== 1. reference run (world size 1), traced"
 "$T/ttrace" run --out "$out/reference" -- "$T/trainer" "${model[@]}"
 
 echo
-echo "== 2. tp=2 dp=2 pp=2 with SP, bug '$bug' injected, traced"
+echo "== 2. tp=2 dp=2 pp=2, bug '$bug' injected, traced"
 "$T/trainer" --explain-bug "$bug" "${layout[@]}"
 "$T/ttrace" run --out "$out/distributed" -- \
   "$T/simrun" --nproc-per-node 8 -- "$T/trainer" "${model[@]}" "${layout[@]}" --bug "$bug"

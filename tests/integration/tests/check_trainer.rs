@@ -92,6 +92,24 @@ fn findings(c: &Checked) -> &Vec<Value> {
     c.report["findings"].as_array().expect("findings")
 }
 
+/// Asserts that check found something (exit 1) and that its first finding is of `kind`;
+/// returns that finding for the test's own assertions.
+fn first_finding<'a>(c: &'a Checked, kind: &str) -> &'a Value {
+    assert_eq!(c.code, 1, "{}", c.text);
+    let f = &findings(c)[0];
+    assert_eq!(f["kind"], kind, "{}", c.text);
+    f
+}
+
+/// Asserts that a finding's detail mentions `words`.
+fn detail_mentions(f: &Value, words: &str, c: &Checked) {
+    assert!(
+        f["detail"].as_str().unwrap_or("").contains(words),
+        "{}",
+        c.text
+    );
+}
+
 /// The value of `--tp`, `--dp` or `--pp` in a layout (1 when absent).
 fn size(layout: &[String], flag: &str) -> usize {
     layout
@@ -200,17 +218,11 @@ fn tp_row_parallel_no_reduce_is_found() {
             "tp-row-parallel-no-reduce",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
+    let f = first_finding(&c, "replica_mismatch");
     assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
     // The bug is in layers.1.attention.proj: the next replicated input is layer 1's fc1's.
     assert_eq!(f["module"], "layers.1.mlp.fc1", "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("diverged"),
-        "{}",
-        c.text
-    );
+    detail_mentions(f, "diverged", &c);
 }
 
 #[test]
@@ -226,14 +238,8 @@ fn dp_data_slice_overlap_is_found() {
             "dp-data-slice-overlap",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("same data"),
-        "{}",
-        c.text
-    );
+    let f = first_finding(&c, "replica_mismatch");
+    detail_mentions(f, "same data", &c);
 }
 
 #[test]
@@ -249,16 +255,10 @@ fn tp_column_shard_offset_is_found() {
             "tp-column-shard-offset",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "replica_mismatch", "{}", c.text);
+    let f = first_finding(&c, "replica_mismatch");
     assert_eq!(f["module"], "layers.0.mlp.fc1", "{}", c.text);
     assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("overlapping"),
-        "{}",
-        c.text
-    );
+    detail_mentions(f, "overlapping", &c);
 }
 
 #[test]
@@ -274,9 +274,7 @@ fn grad_accum_overwrite_is_found_at_its_layer() {
             "grad-accum-overwrite",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "layer_inconsistency", "{}", c.text);
+    let f = first_finding(&c, "layer_inconsistency");
     assert_eq!(f["module"], "layers.3.mlp.fc2", "{}", c.text);
     assert_eq!(f["ranks"], serde_json::json!([0, 1]), "{}", c.text);
 }
@@ -306,15 +304,9 @@ fn attention_softmax_scale_local_is_found_at_its_layer() {
             "attention-softmax-scale-local",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "layer_inconsistency", "{}", c.text);
+    let f = first_finding(&c, "layer_inconsistency");
     assert_eq!(f["module"], "layers.3.attention.core", "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("alpha"),
-        "{}",
-        c.text
-    );
+    detail_mentions(f, "alpha", &c);
 }
 
 #[test]
@@ -330,16 +322,10 @@ fn pp_stale_activation_is_found() {
             "pp-stale-activation",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "point_to_point", "{}", c.text);
+    let f = first_finding(&c, "point_to_point");
     // The first stage (global rank 0) sends micro-batch 0's activation again.
     assert_eq!(f["ranks"], serde_json::json!([0]), "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("stale"),
-        "{}",
-        c.text
-    );
+    detail_mentions(f, "stale", &c);
 }
 
 #[test]
@@ -356,15 +342,9 @@ fn zero1_skip_shard_is_found() {
             "zero1-skip-shard",
         ],
     );
-    assert_eq!(c.code, 1, "{}", c.text);
-    let f = &findings(&c)[0];
-    assert_eq!(f["kind"], "stale_weight", "{}", c.text);
+    let f = first_finding(&c, "stale_weight");
     assert_eq!(f["step"], 1, "{}", c.text);
-    assert!(
-        f["detail"].as_str().unwrap_or("").contains("not updated"),
-        "{}",
-        c.text
-    );
+    detail_mentions(f, "not updated", &c);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! issues add `ls`, `show`, `export`, `compare` and `check` as further subcommands.
 
 mod check;
+mod compare;
 mod dump;
 mod export;
 mod fsck;
@@ -44,6 +45,7 @@ enum Command {
     Export(export::ExportArgs),
     Fsck(fsck::FsckArgs),
     Check(check::CheckArgs),
+    Compare(compare::CompareArgs),
 }
 
 /// Exit status of a reading command: 0, or 2 with the error on stderr (a closed stdout pipe,
@@ -96,6 +98,7 @@ fn main() {
         Command::Export(a) => status("export", export::main(a).map(|()| 0)),
         Command::Fsck(a) => status("fsck", fsck::main(a)),
         Command::Check(a) => status("check", check::main(a)),
+        Command::Compare(a) => status("compare", compare::main(a)),
     };
     std::process::exit(code);
 }

@@ -1,0 +1,909 @@
+//! `ttrace compare`: align, place shards, measure, tolerate, localize.
+//!
+//! Every reference GEMM with counterparts in the run is compared tensor by tensor (inputs A,
+//! B, C, then the output D), in the reference's execution order: forward, backward and
+//! optimizer, micro-batch after micro-batch, step after step. Collectives have no
+//! counterpart in a single-device run, so a reduction's output is compared with the reference
+//! GEMM output it reduces (found by dataflow: the GEMM whose output buffer the collective
+//! reads, the latest one to write it). The first tensor beyond its tolerance is the verdict.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{CollectiveKind, Record, Role};
+
+use crate::align::{self, Alignment, RefOp};
+use crate::numerics::{self, Placement, ShardError};
+use crate::report::{
+    Cause, CompareReport, CompareStats, Divergence, LayoutSummary, RankError, RunSummary,
+    TensorComparison, Verdict, WorstRow,
+};
+use crate::tolerance::{self, Precision};
+use crate::trace::{collective, gemm, RunTrace, Values};
+use crate::CompareError;
+
+/// What to compare.
+#[derive(Debug, Clone, Default)]
+pub struct CompareOptions {
+    /// Steps to compare (`None`: every step both runs have).
+    pub steps: Option<Vec<u64>>,
+    /// The layout, when the user gave it (otherwise discovered).
+    pub layout: Option<LayoutSummary>,
+    /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
+    pub perturbed: Option<std::path::PathBuf>,
+}
+
+/// One shard's comparison.
+struct Shard {
+    rank: u32,
+    seq: u64,
+    err: ShardError,
+}
+
+/// Where a shard went: its placement and the scale it was divided by.
+type Placed = (u32, u64, Placement, f32);
+
+/// Sort key of a comparison in execution order: (step, reference seq, sub-order).
+type Position = (u64, u64, u32);
+
+struct Pending {
+    key: Position,
+    cmp: TensorComparison,
+    /// For localization: the run records (rank, step, seq) behind each shard.
+    shards: Vec<(u32, u64)>,
+    ref_op: RefOp,
+    is_collective: bool,
+}
+
+/// Compares `run` against the reference `reff`.
+pub fn compare(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<CompareReport, CompareError> {
+    let started = Instant::now();
+    let reff = RunTrace::open(reff_path)?;
+    let run = RunTrace::open(run_path)?;
+    let pert = match &opts.perturbed {
+        Some(p) => Some(RunTrace::open(p)?),
+        None => None,
+    };
+    let ref_rank = *reff
+        .ranks()
+        .first()
+        .ok_or_else(|| CompareError::Empty(reff_path.display().to_string()))?;
+    if run.ranks().is_empty() {
+        return Err(CompareError::Empty(run_path.display().to_string()));
+    }
+    let mut steps: Vec<u64> = reff
+        .steps()
+        .into_iter()
+        .filter(|s| run.steps().contains(s))
+        .collect();
+    if let Some(want) = &opts.steps {
+        for s in want {
+            if !steps.contains(s) {
+                return Err(CompareError::Steps(format!(
+                    "step {s} is not in both runs (reference has {:?}, run has {:?})",
+                    reff.steps(),
+                    run.steps()
+                )));
+            }
+        }
+        steps.retain(|s| want.contains(s));
+    }
+    if steps.is_empty() {
+        return Err(CompareError::Steps(format!(
+            "no step in common (reference has {:?}, run has {:?})",
+            reff.steps(),
+            run.steps()
+        )));
+    }
+
+    let al = align::align(&reff, &run, &steps);
+    let precision = Precision::of(&reff, ref_rank, &steps);
+    let eps = precision.epsilon();
+    let layout = match &opts.layout {
+        Some(l) => l.clone(),
+        None => crate::layout::discover(&run, &al),
+    };
+    let mut warnings: Vec<String> = al.warnings.clone();
+    warnings.extend(reff.unreadable.iter().cloned());
+    warnings.extend(run.unreadable.iter().cloned());
+    if let Some(p) = &pert {
+        warnings.extend(p.unreadable.iter().cloned());
+    }
+
+    let total_ops = al.of_ref.len() as u64;
+    let mut pending: Vec<Pending> = Vec::new();
+    // Placement of each run GEMM's D (for the collectives that reduce it).
+    let mut d_place: BTreeMap<(u32, u64, u64), (Placement, f32)> = BTreeMap::new();
+    // The placement that fitted the same kind of tensor last time, per rank: tried first.
+    let mut hints: BTreeMap<(u32, usize, Vec<u64>, Vec<u64>, String), (Placement, f32)> =
+        BTreeMap::new();
+    // Gradients of a loss averaged over each rank's own batch are DP times the reference's.
+    let scales: Vec<f32> = if layout.dp > 1 {
+        vec![1.0, layout.dp as f32]
+    } else {
+        vec![1.0]
+    };
+    let mut d_tol: BTreeMap<RefOp, f64> = BTreeMap::new();
+    let ref_ordinal = gemm_ordinals(&reff, ref_rank, &steps);
+
+    for (done, (&ref_op, shards)) in al.of_ref.iter().enumerate() {
+        progress(done as u64, total_ops);
+        let (step, ref_seq) = ref_op;
+        let Some(ref_rec) = reff.records(ref_rank, step).iter().find(|r| r.seq == ref_seq) else {
+            continue;
+        };
+        let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
+        let pert_rec = pert.as_ref().and_then(|p| {
+            p.records(ref_rank, step)
+                .iter()
+                .find(|r| r.seq == ref_seq && r.api == ref_rec.api)
+        });
+        for (sub, role) in [Role::A, Role::B, Role::CIn, Role::D].into_iter().enumerate() {
+            let Some(ref_vals) = reff.values(ref_rec, role)? else {
+                continue;
+            };
+            let tol = tolerance::tolerance(
+                precision,
+                ref_vals.dtype,
+                depth,
+                pert_rec
+                    .map(|p| perturbed_error(pert.as_ref(), p, role, &ref_vals))
+                    .transpose()?
+                    .flatten(),
+            );
+            let mut results: Vec<Shard> = Vec::new();
+            let mut place_of: Vec<Placed> = Vec::new();
+            let mut merge_group = 1u32;
+            let mut vals: BTreeMap<(u32, u64), Values> = BTreeMap::new();
+            for &(rank, seq) in shards {
+                let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) else {
+                    continue;
+                };
+                let Some(x) = run.values(rec, role)? else {
+                    continue;
+                };
+                let hint_key = (rank, sub, x.shape.clone(), ref_vals.shape.clone(), rec.api.clone());
+                let hint = hints.get(&hint_key).map(|(p, s)| (p, *s));
+                if let Some(f) = numerics::place(&x, &ref_vals, hint, &scales, tol.value * eps) {
+                    hints.insert(hint_key, (f.placement.clone(), f.scale));
+                    results.push(Shard {
+                        rank,
+                        seq,
+                        err: f.err,
+                    });
+                    place_of.push((rank, seq, f.placement, f.scale));
+                } else {
+                    warnings.push(format!(
+                        "rank {rank} step {step} seq {seq} {} {role:?}: shape {:?} cannot be \
+                         cut out of the reference's {:?}",
+                        rec.api, x.shape, ref_vals.shape
+                    ));
+                }
+                vals.insert((rank, seq), x);
+            }
+            if results.is_empty() {
+                continue;
+            }
+            // Partial results before a reduction: the reference is the sum over a group.
+            if matches!(role, Role::D | Role::CIn) && results.iter().any(|s| s.err.rel / eps > tol.value) {
+                if let Some((group, summed)) =
+                    sum_groups(&run, step, shards, &vals, &ref_vals, &results, &scales)
+                {
+                    merge_group = group;
+                    results = summed.0;
+                    place_of = summed.1;
+                }
+            }
+            if role == Role::D {
+                for (rank, seq, p, sc) in &place_of {
+                    d_place.insert((*rank, step, *seq), (p.clone(), *sc));
+                }
+                d_tol.insert(ref_op, tol.value);
+            }
+            let merge = place_of
+                .first()
+                .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
+                .unwrap_or(crate::report::Merge::Replicated);
+            let cmp = comparison(
+                ref_rec,
+                role,
+                &ref_vals,
+                &results,
+                merge,
+                eps,
+                tol,
+                step,
+                ref_seq,
+            );
+            pending.push(Pending {
+                key: (step, ref_seq, sub as u32),
+                shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
+                cmp,
+                ref_op,
+                is_collective: false,
+            });
+        }
+    }
+    progress(total_ops, total_ops);
+
+    collectives(
+        &reff, ref_rank, &run, &al, &steps, &d_place, &d_tol, eps, &mut pending,
+    )?;
+
+    pending.sort_by_key(|p| p.key);
+    let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
+    for (i, p) in pending.iter_mut().enumerate() {
+        p.cmp.position = i as u64;
+        tensors.push(p.cmp.clone());
+    }
+    let first = pending.iter().position(|p| p.cmp.diverged);
+    let first_divergence = match first {
+        Some(i) => Some(localize(&reff, ref_rank, &run, &pending, i, &al)?),
+        None => None,
+    };
+    let mut worst: Vec<usize> = (0..tensors.len()).collect();
+    worst.sort_by(|&a, &b| {
+        let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
+        r(&tensors[b]).total_cmp(&r(&tensors[a]))
+    });
+    worst.truncate(10);
+
+    let summary = |t: &RunTrace| RunSummary {
+        path: t.path.display().to_string(),
+        run_id: t.manifest.run_id.clone(),
+        command: t.manifest.command.join(" "),
+        world_size: t.ranks().len() as u32,
+    };
+    let stats = CompareStats {
+        reference_ops: steps
+            .iter()
+            .map(|&s| reff.records(ref_rank, s).len() as u64)
+            .sum(),
+        aligned_ops: al.of_run.len() as u64,
+        unaligned_ops: al.unaligned,
+        tensors_compared: tensors.len() as u64,
+        bytes_compared: reff.bytes_read()
+            + run.bytes_read()
+            + pert.as_ref().map_or(0, |p| p.bytes_read()),
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    Ok(CompareReport {
+        reference: summary(&reff),
+        run: summary(&run),
+        perturbed: pert.as_ref().map(summary),
+        layout,
+        precision: precision.name().to_string(),
+        epsilon: eps,
+        steps,
+        verdict: if first_divergence.is_some() {
+            Verdict::Divergence
+        } else {
+            Verdict::Match
+        },
+        first_divergence,
+        tensors,
+        worst,
+        warnings,
+        stats,
+    })
+}
+
+/// The ordinal of every reference GEMM within its step (depth for the analytic bound).
+fn gemm_ordinals(reff: &RunTrace, rank: u32, steps: &[u64]) -> BTreeMap<RefOp, u64> {
+    let mut out = BTreeMap::new();
+    for &s in steps {
+        let mut n = 0u64;
+        for r in reff.records(rank, s) {
+            if gemm(r).is_some() {
+                out.insert((s, r.seq), n);
+                n += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The perturbed reference's relative error on the same tensor.
+fn perturbed_error(
+    pert: Option<&RunTrace>,
+    rec: &Record,
+    role: Role,
+    ref_vals: &Values,
+) -> Result<Option<f64>, CompareError> {
+    let Some(p) = pert else { return Ok(None) };
+    let Some(v) = p.values(rec, role)? else {
+        return Ok(None);
+    };
+    if v.shape != ref_vals.shape {
+        return Ok(None);
+    }
+    Ok(Some(numerics::shard_error(&v.data, &ref_vals.data, 1).rel))
+}
+
+/// Tries the reference as the sum of a communicator's members' shards (row-parallel partial
+/// outputs, data-parallel weight gradients): returns the group size and the shards' errors
+/// against it, when that fits better than any single-shard placement.
+#[allow(clippy::type_complexity)]
+fn sum_groups(
+    run: &RunTrace,
+    step: u64,
+    shards: &[(u32, u64)],
+    vals: &BTreeMap<(u32, u64), Values>,
+    ref_vals: &Values,
+    current: &[Shard],
+    scales: &[f32],
+) -> Option<(u32, (Vec<Shard>, Vec<Placed>))> {
+    let current_worst = current.iter().map(|s| s.err.rel).fold(0f64, f64::max);
+    let seq_of: BTreeMap<u32, u64> = shards.iter().copied().collect();
+    let mut best: Option<(f64, u32, Vec<Shard>, Vec<Placed>)> = None;
+    // Communicators the shards' ranks use in this step.
+    let mut comms: Vec<u64> = Vec::new();
+    for &(rank, _) in shards {
+        for r in run.records(rank, step) {
+            if let Some(c) = collective(r) {
+                if c.comm_size > 1 && !comms.contains(&c.comm) {
+                    comms.push(c.comm);
+                }
+            }
+        }
+    }
+    for comm in comms {
+        let Some(groups) = partition(run, comm, shards) else {
+            continue;
+        };
+        let mut results = Vec::new();
+        let mut places = Vec::new();
+        let mut ok = true;
+        let mut hint: Option<(Placement, f32)> = None;
+        for g in &groups {
+            let mut sum: Option<Values> = None;
+            for rank in g {
+                let v = seq_of.get(rank).and_then(|seq| vals.get(&(*rank, *seq)));
+                match (&mut sum, v) {
+                    (_, None) => ok = false,
+                    (None, Some(v)) => sum = Some(v.clone()),
+                    (Some(s), Some(v)) if s.shape == v.shape => {
+                        for (a, b) in s.data.iter_mut().zip(&v.data) {
+                            *a += *b;
+                        }
+                    }
+                    (Some(_), Some(_)) => ok = false,
+                }
+            }
+            let Some(sum) = sum.filter(|_| ok) else {
+                ok = false;
+                break;
+            };
+            let h = hint.as_ref().map(|(p, s)| (p, *s));
+            let Some(f) = numerics::place(&sum, ref_vals, h, scales, 0.0) else {
+                ok = false;
+                break;
+            };
+            hint = Some((f.placement.clone(), f.scale));
+            for rank in g {
+                results.push(Shard {
+                    rank: *rank,
+                    seq: seq_of[rank],
+                    err: f.err,
+                });
+                places.push((*rank, seq_of[rank], f.placement.clone(), f.scale));
+            }
+        }
+        if !ok || results.len() != shards.len() {
+            continue;
+        }
+        let worst = results.iter().map(|s| s.err.rel).fold(0f64, f64::max);
+        if worst < current_worst * 0.5 && best.as_ref().is_none_or(|b| worst < b.0) {
+            let size = groups.first().map_or(1, |g| g.len()) as u32;
+            best = Some((worst, size, results, places));
+        }
+    }
+    best.map(|(_, size, r, p)| (size, (r, p)))
+}
+
+/// The groups of the communicator family of `comm` that cover the shards' ranks: `comm`'s
+/// members, and for every rank outside them the communicator whose members are the same
+/// set translated by a rank offset (the sibling groups of a regular layout). `None` when a
+/// rank has no such group.
+fn partition(run: &RunTrace, comm: u64, shards: &[(u32, u64)]) -> Option<Vec<Vec<u32>>> {
+    let mut base = run.comm_members(comm)?;
+    base.sort_unstable();
+    let sets: Vec<Vec<u32>> = run
+        .manifest
+        .comms
+        .iter()
+        .filter_map(|c| {
+            let mut m = c.members.iter().copied().collect::<Option<Vec<u32>>>()?;
+            m.sort_unstable();
+            Some(m)
+        })
+        .collect();
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    for &(rank, _) in shards {
+        if groups.iter().any(|g| g.contains(&rank)) {
+            continue;
+        }
+        let found = base.iter().find_map(|&x| {
+            let t: Vec<u32> = base
+                .iter()
+                .map(|&m| m as i64 + rank as i64 - x as i64)
+                .filter(|v| *v >= 0)
+                .map(|v| v as u32)
+                .collect();
+            (t.len() == base.len() && sets.contains(&t)).then_some(t)
+        })?;
+        groups.push(found);
+    }
+    Some(groups)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn comparison(
+    rec: &Record,
+    role: Role,
+    ref_vals: &Values,
+    results: &[Shard],
+    merge: crate::report::Merge,
+    eps: f64,
+    tol: tolerance::Tolerance,
+    step: u64,
+    ref_seq: u64,
+) -> TensorComparison {
+    let worst_shard = results
+        .iter()
+        .map(|s| s.err.rel)
+        .fold(0f64, f64::max);
+    let (d2, y2, x2): (f64, f64, f64) = results.iter().fold((0.0, 0.0, 0.0), |acc, s| {
+        (
+            acc.0 + s.err.diff_sq,
+            acc.1 + s.err.ref_sq,
+            acc.2 + s.err.ref_sq * s.err.norm_ratio * s.err.norm_ratio,
+        )
+    });
+    let norm_ratio = if y2 > 0.0 { (x2 / y2).sqrt() } else { 1.0 };
+    let _ = d2;
+    let worst_row = results
+        .iter()
+        .filter_map(|s| s.err.worst_row.map(|(row, e)| (s.rank, row, e)))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
+        .map(|(rank, row, e)| WorstRow {
+            rank,
+            row,
+            error_eps: e / eps,
+        });
+    let error_eps = worst_shard / eps;
+    TensorComparison {
+        position: 0,
+        step,
+        ref_seq,
+        api: rec.api.clone(),
+        role: format!("{role:?}"),
+        nvtx: nvtx_path(rec),
+        shape: ref_vals.shape.clone(),
+        dtype: ref_vals.dtype.name().to_string(),
+        merge,
+        ranks: results
+            .iter()
+            .map(|s| RankError {
+                rank: s.rank,
+                seq: s.seq,
+                error_eps: s.err.rel / eps,
+            })
+            .collect(),
+        error_eps,
+        worst_row,
+        norm_ratio,
+        tolerance_eps: tol.value,
+        tolerance_source: tol.source.to_string(),
+        diverged: error_eps > tol.value,
+    }
+}
+
+fn nvtx_path(rec: &Record) -> Option<String> {
+    if rec.nvtx.is_empty() {
+        None
+    } else {
+        Some(rec.nvtx.join("/"))
+    }
+}
+
+/// `ncclAvg`.
+const NCCL_AVG: u32 = 4;
+
+/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
+#[allow(clippy::too_many_arguments)]
+fn collectives(
+    reff: &RunTrace,
+    ref_rank: u32,
+    run: &RunTrace,
+    al: &Alignment,
+    steps: &[u64],
+    d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    d_tol: &BTreeMap<RefOp, f64>,
+    eps: f64,
+    pending: &mut Vec<Pending>,
+) -> Result<(), CompareError> {
+    // (step, n-th call on the comm, comm, ref op) → shards.
+    type Key = (u64, u64, usize, RefOp);
+    let mut by_call: BTreeMap<Key, Vec<(u32, u64, ShardError, String, Position)>> =
+        BTreeMap::new();
+    let mut ref_cache: BTreeMap<RefOp, Values> = BTreeMap::new();
+    for &step in steps {
+        for rank in run.ranks() {
+            let recs = run.records(rank, step);
+            let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
+            for (i, r) in recs.iter().enumerate() {
+                let Some(c) = collective(r) else { continue };
+                let n = calls.entry(c.comm).and_modify(|n| *n += 1).or_insert(0);
+                let n = *n;
+                let elem = match c.kind {
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
+                        r.tensors.iter().find(|t| t.role == Role::Output)
+                    }
+                    _ => None,
+                };
+                let Some(out_t) = elem else { continue };
+                let size = out_t.dtype.size() as u64;
+                // Output element e reads send address `base + e * size`.
+                let base = match c.kind {
+                    CollectiveKind::ReduceScatter => c.sendbuff + c.comm_rank as u64 * c.count * size,
+                    _ => c.sendbuff,
+                };
+                let len = out_t.nbytes;
+                // The latest GEMM before it writing each part of that range.
+                let mut writers: Vec<(usize, u64, u64)> = Vec::new(); // (rec idx, lo, hi)
+                for (j, g) in recs[..i].iter().enumerate().rev() {
+                    if gemm(g).is_none() {
+                        continue;
+                    }
+                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
+                        continue;
+                    };
+                    if d.dtype != out_t.dtype {
+                        continue;
+                    }
+                    let (lo, hi) = (d.ptr.max(base), (d.ptr + d.nbytes).min(base + len));
+                    if lo >= hi {
+                        continue;
+                    }
+                    if writers.iter().any(|w| w.1 < hi && lo < w.2) {
+                        continue; // a later GEMM already wrote (part of) it
+                    }
+                    writers.push((j, lo, hi));
+                }
+                if writers.is_empty() {
+                    continue;
+                }
+                let Some(out) = run.values(r, Role::Output)? else { continue };
+                // Where the collective sits in the reference's order: after the aligned GEMM
+                // that precedes it on this rank.
+                let pos = recs[..i]
+                    .iter()
+                    .rev()
+                    .find_map(|g| al.of_run.get(&(rank, step, g.seq)))
+                    .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
+                for (j, lo, hi) in writers {
+                    let g = &recs[j];
+                    let Some(&ref_op) = al.of_run.get(&(rank, step, g.seq)) else {
+                        continue;
+                    };
+                    let Some((place, d_scale)) = d_place.get(&(rank, step, g.seq)) else {
+                        continue;
+                    };
+                    // What the reduction's output is expected to be, relative to the GEMM
+                    // output's fit: a sum keeps its scale, an average divides it.
+                    let expect = if c.redop == Some(NCCL_AVG) {
+                        d_scale / c.comm_size as f32
+                    } else {
+                        *d_scale
+                    };
+                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
+                        continue;
+                    };
+                    if !ref_cache.contains_key(&ref_op) {
+                        let Some(rr) = reff
+                            .records(ref_rank, ref_op.0)
+                            .iter()
+                            .find(|x| x.seq == ref_op.1)
+                        else {
+                            continue;
+                        };
+                        let Some(v) = reff.values(rr, Role::D)? else { continue };
+                        ref_cache.insert(ref_op, v);
+                    }
+                    let rv = &ref_cache[&ref_op];
+                    let idx = place.ref_indices(&d.shape, &rv.shape);
+                    let (e0, e1) = (((lo - d.ptr) / size) as usize, ((hi - d.ptr) / size) as usize);
+                    let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
+                    if e1 > idx.len() || o1 > out.data.len() {
+                        continue;
+                    }
+                    let y: Vec<f32> = idx[e0..e1]
+                        .iter()
+                        .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
+                        .collect();
+                    let row = d.shape.last().copied().unwrap_or(1) as usize;
+                    let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
+                    let err = numerics::shard_error(&xs, &y, row);
+                    by_call
+                        .entry((step, c.comm, n, ref_op))
+                        .or_default()
+                        .push((rank, r.seq, err, r.api.clone(), pos));
+                }
+            }
+        }
+    }
+    for ((step, _comm, _n, ref_op), shards) in by_call {
+        let Some(rr) = reff
+            .records(ref_rank, ref_op.0)
+            .iter()
+            .find(|x| x.seq == ref_op.1)
+        else {
+            continue;
+        };
+        let Some(rv) = ref_cache.get(&ref_op) else { continue };
+        let (rank0, seq0) = (shards[0].0, shards[0].1);
+        let Some(run_rec) = run.records(rank0, step).iter().find(|r| r.seq == seq0) else {
+            continue;
+        };
+        let tol = tolerance::Tolerance {
+            // One more reduction than the reference's GEMM: its rounding on top.
+            value: d_tol.get(&ref_op).copied().unwrap_or(8.0) * 2.0,
+            source: "analytic (reduced GEMM output)",
+        };
+        let key = shards.iter().map(|s| s.4).min().unwrap_or((step, ref_op.1, 4));
+        let results: Vec<Shard> = shards
+            .iter()
+            .map(|s| Shard {
+                rank: s.0,
+                seq: s.1,
+                err: s.2,
+            })
+            .collect();
+        let mut cmp = comparison(
+            run_rec,
+            Role::Output,
+            rv,
+            &results,
+            crate::report::Merge::Replicated,
+            eps,
+            tol,
+            step,
+            ref_op.1,
+        );
+        cmp.nvtx = nvtx_path(run_rec).or_else(|| nvtx_path(rr));
+        pending.push(Pending {
+            key,
+            shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
+            cmp,
+            ref_op,
+            is_collective: true,
+        });
+    }
+    Ok(())
+}
+
+/// Splits an NVTX path `forward.mb1/layers.0.mlp.fc1` into pass, micro-batch and module.
+pub fn split_nvtx(path: &str) -> (Option<String>, Option<u32>, Option<String>) {
+    let mut parts = path.splitn(2, '/');
+    let head = parts.next().unwrap_or("");
+    let module = parts.next().map(str::to_string);
+    let (pass, mb) = match head.split_once('.') {
+        Some((p, m)) => (p, m.strip_prefix("mb").and_then(|n| n.parse().ok())),
+        None => (head, None),
+    };
+    let pass = matches!(pass, "forward" | "backward" | "optimizer").then(|| pass.to_string());
+    match pass {
+        Some(p) => (Some(p), mb, module),
+        None => (None, None, Some(path.to_string())),
+    }
+}
+
+/// Names the first divergence and decides whether its op made it.
+fn localize(
+    reff: &RunTrace,
+    ref_rank: u32,
+    run: &RunTrace,
+    pending: &[Pending],
+    i: usize,
+    al: &Alignment,
+) -> Result<Divergence, CompareError> {
+    let p = &pending[i];
+    let t = &p.cmp;
+    let diverged_ranks: Vec<u32> = t
+        .ranks
+        .iter()
+        .filter(|r| r.error_eps > t.tolerance_eps)
+        .map(|r| r.rank)
+        .collect();
+    let (rank, seq) = t
+        .ranks
+        .iter()
+        .filter(|r| r.error_eps > t.tolerance_eps)
+        .max_by(|a, b| a.error_eps.total_cmp(&b.error_eps))
+        .map_or(p.shards[0], |r| (r.rank, r.seq));
+    let step = t.step;
+    let run_rec = run.records(rank, step).iter().find(|r| r.seq == seq);
+    let last_good = (0..i).rev().find(|&j| !pending[j].cmp.diverged);
+    let (pass, nvtx_mb, module) = t.nvtx.as_deref().map_or((None, None, None), split_nvtx);
+    let micro_batch = nvtx_mb.or_else(|| al.micro_batch.get(&p.ref_op).copied());
+    let position = match run_rec {
+        Some(r) => describe(r),
+        None => format!("rank {rank} step {step} seq {seq}"),
+    };
+    let ratio_hint = scale_hint(t.norm_ratio);
+    let (cause, explanation) = if p.is_collective {
+        (
+            Cause::Local,
+            format!(
+                "the {} output differs from the reference while the GEMM output it reduces \
+                 matched: the reduction itself is wrong (op, group, or scaling){ratio_hint}",
+                t.api
+            ),
+        )
+    } else if t.role == "D" {
+        let why = local_gemm_reason(reff, ref_rank, run, p, rank, seq)?;
+        (Cause::Local, format!("{why}{ratio_hint}"))
+    } else {
+        let prev = last_good.map(|j| {
+            let g = &pending[j].cmp;
+            format!(
+                "{} {} of {}",
+                g.role,
+                g.api,
+                g.nvtx.clone().unwrap_or_else(|| format!("step {} seq {}", g.step, g.ref_seq))
+            )
+        });
+        (
+            Cause::Upstream,
+            format!(
+                "input {} of this {} was already wrong when the op read it: the bug lies \
+                 between the last good tensor{} and this op, in code ttrace does not capture \
+                 (kernels, host-side copies, or a missing collective){ratio_hint}",
+                t.role,
+                t.api,
+                prev.map(|s| format!(" ({s})")).unwrap_or_default()
+            ),
+        )
+    };
+    Ok(Divergence {
+        tensor: i,
+        cause,
+        explanation,
+        last_good,
+        kernels_between: run_rec.map(|r| r.kernels_before.clone()).unwrap_or_default(),
+        ranks: diverged_ranks,
+        step,
+        micro_batch,
+        pass,
+        module,
+        position,
+    })
+}
+
+/// `rank 3 step 0 seq 17: cublasGemmEx m=64 n=128 k=64`.
+pub fn describe(r: &Record) -> String {
+    match gemm(r) {
+        Some(g) => format!(
+            "rank {} step {} seq {}: {} m={} n={} k={}{}",
+            r.rank,
+            r.step,
+            r.seq,
+            r.api,
+            g.m,
+            g.n,
+            g.k,
+            if g.batch > 1 {
+                format!(" batch={}", g.batch)
+            } else {
+                String::new()
+            }
+        ),
+        None => match collective(r) {
+            Some(c) => format!(
+                "rank {} step {} seq {}: {} count={} ({} of {})",
+                r.rank, r.step, r.seq, r.api, c.count, c.comm_rank, c.comm_size
+            ),
+            None => format!("rank {} step {} seq {}: {}", r.rank, r.step, r.seq, r.api),
+        },
+    }
+}
+
+/// A hint when the norm ratio reads as a scaling bug.
+fn scale_hint(ratio: f64) -> String {
+    for k in [2.0f64, 3.0, 4.0, 8.0, 0.5, 0.25, 0.125] {
+        if (ratio / k - 1.0).abs() < 0.02 {
+            return format!("; run/reference norm = {ratio:.2}: the tensor looks scaled by {k}");
+        }
+    }
+    String::new()
+}
+
+/// Why a GEMM's output diverged although its inputs matched.
+fn local_gemm_reason(
+    reff: &RunTrace,
+    ref_rank: u32,
+    run: &RunTrace,
+    p: &Pending,
+    rank: u32,
+    seq: u64,
+) -> Result<String, CompareError> {
+    let step = p.cmp.step;
+    let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) else {
+        return Ok("the GEMM's output diverges while its inputs match".into());
+    };
+    let Some(g) = gemm(rec) else {
+        return Ok("the op's output diverges while its inputs match".into());
+    };
+    let ref_g = reff
+        .records(ref_rank, p.ref_op.0)
+        .iter()
+        .find(|r| r.seq == p.ref_op.1)
+        .and_then(gemm);
+    if let Some(f) = ref_g {
+        if g.beta != f.beta || g.alpha != f.alpha {
+            return Ok(format!(
+                "rank {rank} called the GEMM with alpha={:?} beta={:?} where the reference used \
+                 alpha={:?} beta={:?}{}",
+                g.alpha,
+                g.beta,
+                f.alpha,
+                f.beta,
+                if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
+                    " (it overwrites instead of accumulating)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if g.epilogue != f.epilogue {
+            return Ok(format!(
+                "rank {rank} ran the GEMM with epilogue {} where the reference used {}",
+                g.epilogue, f.epilogue
+            ));
+        }
+    }
+    // Recompute from the rank's own inputs.
+    let a = run.values(rec, Role::A)?;
+    let b = run.values(rec, Role::B)?;
+    let c = run.values(rec, Role::CIn)?;
+    let d = run.values(rec, Role::D)?;
+    if let (Some(a), Some(b), Some(d)) = (a, b, d) {
+        let alpha = g.alpha.unwrap_or(1.0);
+        let beta = g.beta.unwrap_or(0.0);
+        if d.dtype != DType::F8_E4M3 && d.dtype != DType::F8_E5M2 {
+            if let Some((exact, abs)) =
+                numerics::gemm_f64(g, &a.data, &b.data, c.as_ref().map(|c| c.data.as_slice()), alpha, beta)
+            {
+                let u = tolerance::unit_roundoff(d.dtype);
+                let k = g.k as f64;
+                let worst = exact
+                    .iter()
+                    .zip(&abs)
+                    .zip(&d.data)
+                    .map(|((e, s), &v)| (v as f64 - e).abs() / (u * (1.0 + k.sqrt()) * s + u * e.abs() + f64::MIN_POSITIVE))
+                    .fold(0f64, f64::max);
+                if worst > 4.0 {
+                    return Ok(format!(
+                        "rank {rank}'s GEMM output does not follow from its own captured inputs \
+                         ({worst:.0}x the round-off bound when recomputed in f64): the GEMM itself \
+                         or something writing its output buffer is wrong"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(format!(
+        "every rank's GEMM output follows from its own inputs (recomputed in f64), and the \
+         inputs match the reference, yet the output does not: the shards do not combine into \
+         the reference's result (a wrong shard layout, or a reduction added or missing){}",
+        if p.shards.len() > 1 { "" } else { "" }
+    ))
+}

@@ -1,0 +1,118 @@
+//! The run's parallel layout, read from its communicator map when the user does not give it.
+//!
+//! Pipeline size: the point-to-point communicator's size. Tensor parallel: the communicator
+//! whose collectives most often sit between GEMMs of the forward and backward passes (the
+//! TP all-reduces and SP gathers). Data parallel: what is left of the world. The rank order
+//! (fastest-varying first) from the rank strides of those groups.
+
+use std::collections::BTreeMap;
+
+use crate::align::Alignment;
+use crate::report::LayoutSummary;
+use crate::trace::{collective, gemm, RunTrace};
+
+/// Parses `tp=2,dp=2,pp=2[,order=tp-dp-pp]`.
+pub fn parse(s: &str) -> Result<LayoutSummary, String> {
+    let mut l = LayoutSummary {
+        tp: 1,
+        dp: 1,
+        pp: 1,
+        order: "tp-dp-pp".into(),
+        discovered: false,
+    };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: expected KEY=VALUE (e.g. tp=2)"))?;
+        let num = || {
+            v.parse::<u32>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("`{part}`: {k} must be a positive integer"))
+        };
+        match k {
+            "tp" => l.tp = num()?,
+            "dp" => l.dp = num()?,
+            "pp" => l.pp = num()?,
+            "order" => {
+                let mut dims: Vec<&str> = v.split('-').collect();
+                dims.sort_unstable();
+                if dims != ["dp", "pp", "tp"] {
+                    return Err(format!(
+                        "`{part}`: order must name tp, dp and pp once each (e.g. tp-dp-pp)"
+                    ));
+                }
+                l.order = v.to_string();
+            }
+            _ => return Err(format!("`{part}`: unknown key `{k}` (tp, dp, pp, order)")),
+        }
+    }
+    Ok(l)
+}
+
+/// The layout of `run`, from its communicators and alignment.
+pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
+    let world = run.ranks().len() as u32;
+    let pp = al.pp.max(1);
+    // Collectives between two GEMMs of a step, per communicator.
+    let mut between: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
+    for recs in run.ops.values() {
+        let first = recs.iter().position(|r| gemm(r).is_some());
+        let last = recs.iter().rposition(|r| gemm(r).is_some());
+        let (Some(first), Some(last)) = (first, last) else {
+            continue;
+        };
+        for r in &recs[first..last] {
+            if let Some(c) = collective(r) {
+                if Some(c.comm) != al.p2p_comm && c.comm_size > 1 && c.comm_size < world {
+                    between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
+                }
+            }
+        }
+    }
+    let tp_comm = between.iter().max_by_key(|(_, (_, n))| *n).map(|(k, v)| (*k, v.0));
+    let tp = tp_comm.map_or(1, |t| t.1);
+    let dp = (world / (tp * pp).max(1)).max(1);
+    let stride = |comm: Option<u64>| -> Option<u32> {
+        let m = run.comm_members(comm?)?;
+        (m.len() > 1).then(|| m[1].abs_diff(m[0]))
+    };
+    let tp_stride = if tp > 1 { stride(tp_comm.map(|t| t.0)) } else { None };
+    let pp_stride = if pp > 1 { stride(al.p2p_comm) } else { None };
+    // DP's stride is whichever of 1, tp, tp*pp... the other two leave.
+    let mut dims: Vec<(&str, u32)> = vec![
+        ("tp", tp_stride.unwrap_or(if tp > 1 { 1 } else { 0 })),
+        ("pp", pp_stride.unwrap_or(u32::MAX)),
+    ];
+    let dp_stride = {
+        let used: Vec<u32> = dims.iter().map(|d| d.1).collect();
+        [1, tp, tp * dp, tp * pp, pp, dp * pp]
+            .into_iter()
+            .find(|s| !used.contains(s))
+            .unwrap_or(u32::MAX - 1)
+    };
+    dims.push(("dp", if dp > 1 { dp_stride } else { u32::MAX - 1 }));
+    dims.sort_by_key(|d| d.1);
+    LayoutSummary {
+        tp,
+        dp,
+        pp,
+        order: dims.iter().map(|d| d.0).collect::<Vec<_>>().join("-"),
+        discovered: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_parse_and_bad_ones_say_why() {
+        let l = parse("tp=2,dp=4,pp=2,order=tp-pp-dp").expect("valid");
+        assert_eq!((l.tp, l.dp, l.pp, l.order.as_str()), (2, 4, 2, "tp-pp-dp"));
+        assert!(parse("tp=0").unwrap_err().contains("positive"));
+        assert!(parse("cp=2").unwrap_err().contains("unknown key"));
+        assert!(parse("order=tp-tp-pp").unwrap_err().contains("once each"));
+        assert!(parse("tp2").unwrap_err().contains("KEY=VALUE"));
+    }
+}

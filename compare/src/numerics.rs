@@ -1,0 +1,599 @@
+//! Where a rank's shard sits in the reference tensor, and how far it is off.
+//!
+//! A shard is placed without annotations by trying every way it can be cut out of the
+//! reference: per dimension, the whole dimension, or one of `parts` slices of it, viewed as
+//! `[outer, parts, inner]` (`outer` > 1: interleaved slices, e.g. a data-parallel batch slice
+//! of a sequence-first activation). The placement with the smallest error wins: a correct
+//! shard matches one placement to round-off and every other by O(1), and a wrong shard matches
+//! none. Errors are relative Frobenius norms (as TTrace and Megatron-LM compute them), plus the
+//! worst row, so an error confined to a few rows is not averaged away.
+
+use crate::report::Merge;
+use crate::trace::Values;
+
+/// One cut of a dimension: view it as `[outer, parts, inner]` and keep slice `chunk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    /// Slices the dimension is cut into.
+    pub parts: u64,
+    /// Leading blocks (1: a contiguous slice).
+    pub outer: u64,
+    /// Which slice.
+    pub chunk: u64,
+}
+
+/// How one dimension of a shard maps into the reference: the cuts applied to the reference
+/// dimension, outermost first (none: the whole dimension). Two cuts express two parallel
+/// splits of one dimension, e.g. attention's batch×heads dimension cut by DP and by TP.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DimSlice {
+    /// Outermost first.
+    pub cuts: Vec<Cut>,
+}
+
+impl DimSlice {
+    /// The whole dimension.
+    pub fn whole() -> DimSlice {
+        DimSlice::default()
+    }
+
+    /// Total slices.
+    pub fn parts(&self) -> u64 {
+        self.cuts.iter().map(|c| c.parts).product()
+    }
+
+    /// The reference index of shard index `i` along this dimension (shard size `size`).
+    fn map(&self, mut i: u64, size: u64) -> u64 {
+        let mut out_size = size;
+        for c in self.cuts.iter().rev() {
+            let inner = (out_size / c.outer.max(1)).max(1);
+            i = (i / inner) * c.parts * inner + c.chunk * inner + i % inner;
+            out_size *= c.parts;
+        }
+        i
+    }
+}
+
+/// Where a shard sits in the reference tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// One entry per dimension of the shard.
+    pub dims: Vec<DimSlice>,
+}
+
+impl Placement {
+    /// The whole tensor.
+    pub fn whole(ndim: usize) -> Placement {
+        Placement {
+            dims: vec![DimSlice::whole(); ndim],
+        }
+    }
+
+    /// The merge kind for the report (`group_size` > 1: partial sums).
+    pub fn merge(&self, ref_shape: &[u64], group_size: u32) -> Merge {
+        if group_size > 1 {
+            return Merge::Sum { group_size };
+        }
+        match self.dims.iter().position(|d| d.parts() > 1) {
+            None => Merge::Replicated,
+            Some(dim) => Merge::Slice {
+                dim: dim.min(ref_shape.len().saturating_sub(1)),
+                parts: self.dims[dim].parts(),
+                outer: self.dims[dim].cuts.iter().map(|c| c.outer).max().unwrap_or(1),
+            },
+        }
+    }
+
+    /// The reference element index of shard element `flat` (row-major).
+    fn ref_index(&self, shard_shape: &[u64], ref_strides: &[usize], mut flat: u64) -> usize {
+        let mut out = 0usize;
+        for d in (0..shard_shape.len()).rev() {
+            let size = shard_shape[d].max(1);
+            let i = flat % size;
+            flat /= size;
+            out += self.dims[d].map(i, size) as usize * ref_strides[d];
+        }
+        out
+    }
+
+    /// The reference element index of every shard element, row-major.
+    pub fn ref_indices(&self, shard_shape: &[u64], ref_shape: &[u64]) -> Vec<usize> {
+        let strides = row_major_strides(ref_shape);
+        let tables: Vec<Vec<usize>> = self
+            .dims
+            .iter()
+            .zip(shard_shape)
+            .zip(&strides)
+            .map(|((d, &s), &st)| (0..s).map(|i| d.map(i, s) as usize * st).collect())
+            .collect();
+        let mut out = vec![0usize];
+        for t in &tables {
+            let mut next = Vec::with_capacity(out.len() * t.len());
+            for base in &out {
+                for &i in t {
+                    next.push(base + i);
+                }
+            }
+            out = next;
+        }
+        out
+    }
+}
+
+fn row_major_strides(shape: &[u64]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as usize;
+    }
+    s
+}
+
+fn divisors(n: u64) -> Vec<u64> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Every way of cutting a reference dimension of size `r` down to `s` with one or two cuts.
+fn dim_options(s: u64, r: u64) -> Vec<DimSlice> {
+    let ratio = r / s;
+    let mut out = Vec::new();
+    // One cut.
+    for outer in divisors(s) {
+        for chunk in 0..ratio {
+            out.push(DimSlice {
+                cuts: vec![Cut {
+                    parts: ratio,
+                    outer,
+                    chunk,
+                }],
+            });
+        }
+    }
+    // Two cuts: ratio = p1 * p2.
+    for p1 in divisors(ratio).into_iter().filter(|p| *p > 1 && *p < ratio) {
+        let p2 = ratio / p1;
+        let mid = r / p1;
+        for o1 in divisors(mid) {
+            for c1 in 0..p1 {
+                for o2 in divisors(s) {
+                    for c2 in 0..p2 {
+                        out.push(DimSlice {
+                            cuts: vec![
+                                Cut {
+                                    parts: p1,
+                                    outer: o1,
+                                    chunk: c1,
+                                },
+                                Cut {
+                                    parts: p2,
+                                    outer: o2,
+                                    chunk: c2,
+                                },
+                            ],
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The candidate placements of a shard of `shard` shape in a reference of `reff` shape
+/// (`None`: it cannot be cut out of it).
+pub fn candidates(shard: &[u64], reff: &[u64]) -> Option<Vec<Placement>> {
+    if shard.len() != reff.len() {
+        return None;
+    }
+    let mut per_dim: Vec<Vec<DimSlice>> = Vec::new();
+    for (&s, &r) in shard.iter().zip(reff) {
+        if s == r {
+            per_dim.push(vec![DimSlice::whole()]);
+        } else if s > 0 && r > s && r % s == 0 {
+            per_dim.push(dim_options(s, r));
+        } else {
+            return None;
+        }
+    }
+    let mut out = vec![Placement { dims: Vec::new() }];
+    for opts in per_dim {
+        let mut next = Vec::with_capacity(out.len() * opts.len());
+        for p in &out {
+            for o in &opts {
+                let mut q = p.clone();
+                q.dims.push(o.clone());
+                next.push(q);
+            }
+        }
+        out = next;
+        if out.len() > 20_000 {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// Error of a shard against its place in the reference.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShardError {
+    /// ‖x − y‖ / ‖y‖ (relative Frobenius; absolute when ‖y‖ is 0).
+    pub rel: f64,
+    /// ‖x‖ / ‖y‖.
+    pub norm_ratio: f64,
+    /// Σ (x − y)² and Σ y² (to combine shards).
+    pub diff_sq: f64,
+    /// Σ y².
+    pub ref_sq: f64,
+    /// The worst row (last dimension) and its relative error against the tensor's RMS row.
+    pub worst_row: Option<(u64, f64)>,
+}
+
+/// Errors of `x` against `y` (same length), rows of `row_len` elements.
+pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
+    let (mut d2, mut y2, mut x2) = (0f64, 0f64, 0f64);
+    let row_len = row_len.max(1);
+    let rows = x.len() / row_len;
+    let mut row_d2 = Vec::with_capacity(rows);
+    for (xr, yr) in x.chunks(row_len).zip(y.chunks(row_len)) {
+        let mut rd = 0f64;
+        for (&a, &b) in xr.iter().zip(yr) {
+            let (a, b) = (a as f64, b as f64);
+            let d = if a == b { 0.0 } else { a - b };
+            rd += d * d;
+            y2 += b * b;
+            x2 += a * a;
+        }
+        d2 += rd;
+        row_d2.push(rd);
+    }
+    let rel = if y2 > 0.0 {
+        (d2 / y2).sqrt()
+    } else {
+        d2.sqrt()
+    };
+    let norm_ratio = if y2 > 0.0 {
+        (x2 / y2).sqrt()
+    } else if x2 > 0.0 {
+        f64::INFINITY
+    } else {
+        1.0
+    };
+    // A row's error relative to the RMS row norm: a wrong row in a healthy tensor stands out
+    // even when tiny rows are noisy in relative terms.
+    let mean_row_sq = if rows > 0 { y2 / rows as f64 } else { 0.0 };
+    let worst_row = row_d2
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, &rd)| {
+            let e = if mean_row_sq > 0.0 {
+                (rd / mean_row_sq).sqrt()
+            } else {
+                rd.sqrt()
+            };
+            (i as u64, e)
+        });
+    ShardError {
+        rel: if rel.is_nan() { f64::INFINITY } else { rel },
+        norm_ratio,
+        diff_sq: d2,
+        ref_sq: y2,
+        worst_row,
+    }
+}
+
+/// The reference values at `placement`, in the shard's layout.
+pub fn gather(reff: &Values, shard_shape: &[u64], placement: &Placement) -> Vec<f32> {
+    placement
+        .ref_indices(shard_shape, &reff.shape)
+        .into_iter()
+        .map(|i| reff.data.get(i).copied().unwrap_or(f32::NAN))
+        .collect()
+}
+
+/// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
+fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usize) -> f64 {
+    let strides = row_major_strides(&reff.shape);
+    let n = x.data.len().max(1);
+    let stride = (n / samples.max(1)).max(1);
+    let (mut d2, mut y2) = (0f64, 0f64);
+    let mut i = 0;
+    while i < x.data.len() {
+        let a = x.data[i] as f64;
+        let k = placement.ref_index(&x.shape, &strides, i as u64);
+        let b = reff.data.get(k).copied().unwrap_or(f32::NAN) as f64;
+        let d = if a == b { 0.0 } else { a - b };
+        d2 += d * d;
+        y2 += b * b;
+        i += stride;
+    }
+    let e = if y2 > 0.0 {
+        (d2 / y2).sqrt()
+    } else {
+        d2.sqrt()
+    };
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// A shard's place in the reference and the factor its values are divided by first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    /// Where it sits.
+    pub placement: Placement,
+    /// The run's values are divided by this before comparing (1, or the DP size for
+    /// gradients of a loss averaged over each rank's own batch).
+    pub scale: f32,
+    /// How far off it is.
+    pub err: ShardError,
+}
+
+fn scaled(x: &Values, scale: f32) -> Values {
+    if scale == 1.0 {
+        return x.clone();
+    }
+    Values {
+        shape: x.shape.clone(),
+        data: x.data.iter().map(|v| v / scale).collect(),
+        dtype: x.dtype,
+    }
+}
+
+fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit {
+    let y = gather(reff, &x.shape, &placement);
+    let row = x.shape.last().copied().unwrap_or(1) as usize;
+    let err = if scale == 1.0 {
+        shard_error(&x.data, &y, row)
+    } else {
+        shard_error(&scaled(x, scale).data, &y, row)
+    };
+    Fit {
+        placement,
+        scale,
+        err,
+    }
+}
+
+/// The best placement of shard `x` in `reff`, trying `hint` first (accepted when its
+/// relative error is at most `accept`), then every candidate at every scale in `scales`;
+/// `None` when the shapes cannot correspond.
+pub fn place(
+    x: &Values,
+    reff: &Values,
+    hint: Option<(&Placement, f32)>,
+    scales: &[f32],
+    accept: f64,
+) -> Option<Fit> {
+    if let Some((p, s)) = hint {
+        if p.dims.len() == x.shape.len() {
+            let f = full_fit(x, reff, p.clone(), s);
+            if f.err.rel <= accept {
+                return Some(f);
+            }
+        }
+    }
+    let cands = candidates(&x.shape, &reff.shape)?;
+    let mut scored: Vec<(f64, Placement, f32)> = Vec::new();
+    for &scale in scales {
+        let xs = scaled(x, scale);
+        for p in &cands {
+            let e = if cands.len() == 1 {
+                0.0
+            } else {
+                sampled_error(&xs, reff, p, 512)
+            };
+            scored.push((e, p.clone(), scale));
+        }
+    }
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    scored.truncate(3);
+    scored
+        .into_iter()
+        .map(|(_, p, s)| full_fit(x, reff, p, s))
+        .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel))
+}
+
+/// The f64 product `alpha · op(A) · op(B) + beta · C` of a captured GEMM on the stored
+/// layouts (column-major operands stored as `[cols, rows]`, batched as `[batch, cols, rows]`),
+/// as the stored D layout (`[batch,] n, m`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f64(
+    g: &ttrace_format::record::GemmOp,
+    a: &[f32],
+    b: &[f32],
+    c: Option<&[f32]>,
+    alpha: f64,
+    beta: f64,
+) -> Option<(Vec<f64>, Vec<f64>)> {
+    let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+    let batch = g.batch.max(1) as usize;
+    let a_rows = if g.transa == 0 { m } else { k };
+    let b_rows = if g.transb == 0 { k } else { n };
+    if a.len() < batch * m * k || b.len() < batch * k * n {
+        return None;
+    }
+    let mut d = vec![0f64; batch * m * n];
+    // Σ |a||b| per element: the scale of the round-off bound.
+    let mut abs = vec![0f64; batch * m * n];
+    for bi in 0..batch {
+        let (ao, bo, dof) = (bi * m * k, bi * k * n, bi * m * n);
+        for j in 0..n {
+            for i in 0..m {
+                let (mut s, mut sa) = (0f64, 0f64);
+                for p in 0..k {
+                    // op(A)[i, p] and op(B)[p, j] in column-major storage.
+                    let av = if g.transa == 0 {
+                        a[ao + p * a_rows + i]
+                    } else {
+                        a[ao + i * a_rows + p]
+                    } as f64;
+                    let bv = if g.transb == 0 {
+                        b[bo + j * b_rows + p]
+                    } else {
+                        b[bo + p * b_rows + j]
+                    } as f64;
+                    s += av * bv;
+                    sa += (av * bv).abs();
+                }
+                let mut v = alpha * s;
+                let mut va = alpha.abs() * sa;
+                if beta != 0.0 {
+                    let cv = c.and_then(|c| c.get(dof + j * m + i)).copied().unwrap_or(0.0) as f64;
+                    v += beta * cv;
+                    va += (beta * cv).abs();
+                }
+                d[dof + j * m + i] = v;
+                abs[dof + j * m + i] = va;
+            }
+        }
+    }
+    Some((d, abs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttrace_format::dtype::DType;
+
+    fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
+        let n: u64 = shape.iter().product();
+        Values {
+            shape: shape.to_vec(),
+            data: (0..n as usize).map(f).collect(),
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn a_column_shard_is_placed_at_its_offset() {
+        let reff = vals(&[4, 6], |i| (i as f32).sin());
+        // Rows 0..4, columns 2..4 of a [4, 6] tensor cut in 3.
+        let shard = vals(&[4, 2], |i| {
+            let (r, c) = (i / 2, i % 2);
+            ((r * 6 + 2 + c) as f32).sin()
+        });
+        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let (p, e) = (f.placement, f.err);
+        assert_eq!(p.dims[1].cuts[0].chunk, 1);
+        assert_eq!(p.dims[1].parts(), 3);
+        assert_eq!(e.rel, 0.0);
+    }
+
+    #[test]
+    fn an_interleaved_batch_slice_is_found() {
+        // [s=3, B=4] tokens flattened as rows; DP rank 1 of 2 holds batch entries 2..4 of every
+        // position: rows {p*4 + 2, p*4 + 3}.
+        let reff = vals(&[12, 2], |i| (i as f32 * 0.37).cos());
+        let rows: Vec<usize> = (0..3).flat_map(|p| [p * 4 + 2, p * 4 + 3]).collect();
+        let shard = Values {
+            shape: vec![6, 2],
+            data: rows
+                .iter()
+                .flat_map(|&r| [reff.data[r * 2], reff.data[r * 2 + 1]])
+                .collect(),
+            dtype: DType::F32,
+        };
+        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let (p, e) = (f.placement, f.err);
+        assert_eq!(e.rel, 0.0);
+        assert_eq!(
+            p.dims[0].cuts,
+            vec![Cut {
+                parts: 2,
+                outer: 3,
+                chunk: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn a_dimension_cut_twice_is_found() {
+        // Attention's batch x heads dimension: z = b * NP + n over B = 4, NP = 4; DP rank 1
+        // of 2 holds b in 2..4, TP rank 0 of 2 holds n in 0..2.
+        let reff = vals(&[16, 3], |i| (i as f32 * 0.71).sin());
+        let zs: Vec<usize> = (2..4).flat_map(|b| (0..2).map(move |n| b * 4 + n)).collect();
+        let shard = Values {
+            shape: vec![4, 3],
+            data: zs
+                .iter()
+                .flat_map(|&z| (0..3).map(move |c| z * 3 + c))
+                .map(|k| reff.data[k])
+                .collect(),
+            dtype: DType::F32,
+        };
+        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let (p, e) = (f.placement, f.err);
+        assert_eq!(e.rel, 0.0, "{p:?}");
+        assert_eq!(p.dims[0].parts(), 4);
+    }
+
+    #[test]
+    fn a_wrong_shard_matches_no_placement() {
+        let reff = vals(&[4, 6], |i| (i as f32).sin());
+        let shard = vals(&[4, 2], |i| (i as f32 * 7.1).cos());
+        let e = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable").err;
+        assert!(e.rel > 0.3, "{}", e.rel);
+    }
+
+    #[test]
+    fn a_scaled_tensor_reports_its_ratio() {
+        let y: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
+        let x: Vec<f32> = y.iter().map(|v| v * 2.0).collect();
+        let e = shard_error(&x, &y, 8);
+        assert!((e.norm_ratio - 2.0).abs() < 1e-9);
+        assert!((e.rel - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn one_bad_row_stands_out() {
+        let y: Vec<f32> = (0..1024).map(|i| 1.0 + (i as f32).sin() * 0.1).collect();
+        let mut x = y.clone();
+        for v in &mut x[64..80] {
+            *v *= 1.5;
+        }
+        let e = shard_error(&x, &y, 16);
+        let (row, err) = e.worst_row.expect("rows");
+        assert_eq!(row, 4);
+        assert!(err > 0.4 && e.rel < 0.1, "{err} {}", e.rel);
+    }
+
+    #[test]
+    fn gemm_recompute_follows_cublas_layouts() {
+        // C (2x2) = A^T (2x3 from a stored 3x2 col-major A) * B (3x2).
+        let g = ttrace_format::record::GemmOp {
+            m: 2,
+            n: 2,
+            k: 3,
+            transa: 1,
+            transb: 0,
+            lda: 3,
+            ldb: 3,
+            ldc: 2,
+            ldd: 2,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 0,
+            b_type: 0,
+            c_type: 0,
+            d_type: 0,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        };
+        // A col-major 3x2: columns [1,2,3] and [4,5,6]; B col-major 3x2: [1,0,1], [0,1,0].
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let b = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let (d, _) = gemm_f64(&g, &a, &b, None, 1.0, 0.0).expect("sizes");
+        // D[i, j] = sum_p A[p, i] B[p, j]: D[0,0]=1+3=4, D[1,0]=4+6=10, D[0,1]=2, D[1,1]=5.
+        assert_eq!(d, vec![4.0, 10.0, 2.0, 5.0]);
+    }
+}

@@ -1,0 +1,229 @@
+//! What `ttrace compare` found, as data: the text, JSON and HTML reports are views of a
+//! [`CompareReport`]. JSON is `serde_json` of this type (stable field names: CI parses it).
+
+pub mod html;
+pub mod text;
+
+use serde::{Deserialize, Serialize};
+
+/// The outcome of comparing a run against a reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every compared tensor is within its tolerance.
+    Match,
+    /// At least one tensor is beyond its tolerance; see [`CompareReport::first_divergence`].
+    Divergence,
+}
+
+/// One store taking part in the comparison.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// The store's directory as given.
+    pub path: String,
+    /// The run id from the manifest.
+    pub run_id: String,
+    /// The traced command line.
+    pub command: String,
+    /// Number of ranks in the store.
+    pub world_size: u32,
+}
+
+/// The parallel layout of the compared run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutSummary {
+    /// Tensor-parallel size.
+    pub tp: u32,
+    /// Data-parallel size.
+    pub dp: u32,
+    /// Pipeline-parallel size.
+    pub pp: u32,
+    /// Rank order, fastest-varying first (e.g. `tp-dp-pp`).
+    pub order: String,
+    /// True when read from the communicator map, false when given with `--layout`.
+    pub discovered: bool,
+}
+
+/// How the shards of a tensor were put together to compare with the reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Merge {
+    /// Every rank holds the whole tensor (each is compared with the reference).
+    Replicated,
+    /// Each rank holds a slice along `dim` (of the reference's row-major shape), viewed as
+    /// `[outer, parts, inner]` along that dimension: `outer` > 1 means interleaved slices
+    /// (DP batches in a sequence-first layout).
+    Slice {
+        /// Dimension of the reference's stored shape.
+        dim: usize,
+        /// Number of slices the dimension is cut into.
+        parts: u64,
+        /// Leading blocks of the dimension (1: contiguous slices).
+        outer: u64,
+    },
+    /// The reference tensor is the sum of the shards of a communicator's members (partial
+    /// results before a reduction), possibly also sliced.
+    Sum {
+        /// Ranks summed per group.
+        group_size: u32,
+    },
+}
+
+/// The error of one rank's shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankError {
+    /// Global rank.
+    pub rank: u32,
+    /// The op's seq on that rank.
+    pub seq: u64,
+    /// Relative Frobenius error of the shard against its part of the reference, in epsilon.
+    pub error_eps: f64,
+}
+
+/// The worst slice (row) of a compared tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorstRow {
+    /// Rank holding it.
+    pub rank: u32,
+    /// Row index in the reference's stored shape (leading dimensions flattened).
+    pub row: u64,
+    /// Relative error of that row, in epsilon.
+    pub error_eps: f64,
+}
+
+/// One reference tensor compared with its counterparts in the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorComparison {
+    /// Position along the reference's op sequence over all compared steps (x axis of the
+    /// plot; equal for the tensors of one op).
+    pub position: u64,
+    /// Training step.
+    pub step: u64,
+    /// The reference op's seq in its step.
+    pub ref_seq: u64,
+    /// API of the op (`cublasGemmEx`, ...).
+    pub api: String,
+    /// Role of the tensor in the op (`A`, `B`, `D`, ...).
+    pub role: String,
+    /// NVTX path of the reference op (`forward.mb0/layers.1.mlp.fc1`), when named.
+    pub nvtx: Option<String>,
+    /// Reference's stored shape.
+    pub shape: Vec<u64>,
+    /// Element type (safetensors name).
+    pub dtype: String,
+    /// How the shards were merged.
+    pub merge: Merge,
+    /// Per rank: which op and how far its shard is off.
+    pub ranks: Vec<RankError>,
+    /// Relative Frobenius error over all shards, in epsilon.
+    pub error_eps: f64,
+    /// Worst row over all shards.
+    pub worst_row: Option<WorstRow>,
+    /// ‖run‖ / ‖reference‖ (a ratio of exactly 2 or TP reads as a scaling bug).
+    pub norm_ratio: f64,
+    /// The tolerance in epsilon.
+    pub tolerance_eps: f64,
+    /// Where the tolerance came from (`analytic`, `perturbed`).
+    pub tolerance_source: String,
+    /// `error_eps > tolerance_eps` (or a worst row beyond its own bound).
+    pub diverged: bool,
+}
+
+/// Whether the first divergence was made by its op or came in with its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// The op's output is wrong given its own captured inputs, or its inputs are right and
+    /// its output is not.
+    Local,
+    /// The tensor was already wrong when the op read it: the bug lies between the last good
+    /// tensor and this op.
+    Upstream,
+}
+
+/// The first tensor beyond tolerance, and what it means.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// Index into [`CompareReport::tensors`].
+    pub tensor: usize,
+    /// Local or upstream.
+    pub cause: Cause,
+    /// Why, in one or two sentences an engineer understands without docs.
+    pub explanation: String,
+    /// Index into [`CompareReport::tensors`] of the last tensor within tolerance before it.
+    pub last_good: Option<usize>,
+    /// Kernels launched (uncaptured) between the last good tensor and this op, on the
+    /// diverging rank, when launches were logged.
+    pub kernels_between: Vec<String>,
+    /// Ranks whose shard diverged.
+    pub ranks: Vec<u32>,
+    /// Training step.
+    pub step: u64,
+    /// Micro-batch, when the NVTX path names one (`forward.mb1`) or the alignment knows it.
+    pub micro_batch: Option<u32>,
+    /// Pass: `forward`, `backward` or `optimizer`, when known.
+    pub pass: Option<String>,
+    /// The module (NVTX path below the pass), when named.
+    pub module: Option<String>,
+    /// The op by position: `rank 3 step 0 seq 17: cublasGemmEx m=64 n=128 k=64`.
+    pub position: String,
+}
+
+/// Totals for the run of `ttrace compare`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompareStats {
+    /// Ops of the reference considered.
+    pub reference_ops: u64,
+    /// Ops of the run aligned with a reference op.
+    pub aligned_ops: u64,
+    /// Ops of the run with no counterpart in the reference (collectives are compared through
+    /// the buffers they share with GEMMs).
+    pub unaligned_ops: u64,
+    /// Tensors compared.
+    pub tensors_compared: u64,
+    /// Stored bytes of the run's and reference's tensors read and compared.
+    pub bytes_compared: u64,
+    /// Wall time of the comparison.
+    pub elapsed_s: f64,
+}
+
+/// Everything `ttrace compare` found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    /// The trusted reference.
+    pub reference: RunSummary,
+    /// The run under test.
+    pub run: RunSummary,
+    /// The perturbed reference, when one gave tolerances.
+    pub perturbed: Option<RunSummary>,
+    /// The run's layout.
+    pub layout: LayoutSummary,
+    /// Working precision (`fp32`, `bf16`, `fp8`), from the GEMMs' types.
+    pub precision: String,
+    /// Epsilon of the working precision (BF16's for FP8 recipes).
+    pub epsilon: f64,
+    /// Steps compared.
+    pub steps: Vec<u64>,
+    /// Match or divergence.
+    pub verdict: Verdict,
+    /// The first tensor beyond tolerance in execution order.
+    pub first_divergence: Option<Divergence>,
+    /// Every compared tensor, in the reference's execution order.
+    pub tensors: Vec<TensorComparison>,
+    /// Indices into `tensors` of the worst ones (by error / tolerance), worst first.
+    pub worst: Vec<usize>,
+    /// Things the comparison could not use (unreadable records, ops with no counterpart).
+    pub warnings: Vec<String>,
+    /// Totals.
+    pub stats: CompareStats,
+}
+
+impl CompareReport {
+    /// Exit code of `ttrace compare`: 0 match, 1 divergence.
+    pub fn exit_code(&self) -> i32 {
+        match self.verdict {
+            Verdict::Match => 0,
+            Verdict::Divergence => 1,
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! How large a difference round-off can explain, per tensor (docs/tolerance.md).
+//!
+//! Errors are measured in units of the working precision's machine epsilon (BF16's for FP8
+//! recipes, as TTrace and Megatron-LM do). The analytic bound grows geometrically with the
+//! depth of the op in the step (TTrace's Theorem 5.3 as Megatron-LM implements it:
+//! `k · C^depth · ε`); a tensor stored in a narrower type than the working precision (FP8
+//! operands) gets that type's epsilon instead. A perturbed reference (`ttrace run
+//! --perturb`) measures, per tensor, how far one rounding-sized disturbance per GEMM output
+//! moves it; the tolerance is the larger of the two.
+
+use ttrace_format::dtype::DType;
+
+use crate::trace::{gemm, RunTrace};
+
+/// The working precision of a run, from its GEMMs' operand types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// FP32 operands.
+    Fp32,
+    /// FP16 operands.
+    Fp16,
+    /// BF16 operands.
+    Bf16,
+    /// FP8 operands (accumulated and stored in BF16/FP32).
+    Fp8,
+}
+
+/// `cudaDataType_t` values of the operand types that decide the precision.
+const CUDA_R_16F: u32 = 2;
+const CUDA_R_16BF: u32 = 14;
+const CUDA_R_8F_E4M3: u32 = 28;
+const CUDA_R_8F_E5M2: u32 = 29;
+
+impl Precision {
+    /// The narrowest operand type over the reference's GEMMs in `steps`.
+    pub fn of(reff: &RunTrace, rank: u32, steps: &[u64]) -> Precision {
+        let mut p = Precision::Fp32;
+        for &s in steps {
+            for r in reff.records(rank, s) {
+                if let Some(g) = gemm(r) {
+                    for t in [g.a_type, g.b_type] {
+                        let q = match t {
+                            CUDA_R_8F_E4M3 | CUDA_R_8F_E5M2 => Precision::Fp8,
+                            CUDA_R_16BF => Precision::Bf16,
+                            CUDA_R_16F => Precision::Fp16,
+                            _ => Precision::Fp32,
+                        };
+                        if q.rank() > p.rank() {
+                            p = q;
+                        }
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Precision::Fp32 => 0,
+            Precision::Fp16 => 1,
+            Precision::Bf16 => 2,
+            Precision::Fp8 => 3,
+        }
+    }
+
+    /// `fp32`, `fp16`, `bf16`, `fp8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        }
+    }
+
+    /// Machine epsilon the errors are measured in (BF16's for FP8 recipes).
+    pub fn epsilon(self) -> f64 {
+        match self {
+            Precision::Fp32 => epsilon(DType::F32),
+            Precision::Fp16 => epsilon(DType::F16),
+            Precision::Bf16 | Precision::Fp8 => epsilon(DType::BF16),
+        }
+    }
+}
+
+/// Machine epsilon of a float type (`2^(1-t)`, t significand bits).
+pub fn epsilon(d: DType) -> f64 {
+    2f64.powi(match d {
+        DType::F64 => -52,
+        DType::F32 => -23,
+        DType::F16 => -10,
+        DType::BF16 => -7,
+        DType::F8_E4M3 => -3,
+        DType::F8_E5M2 => -2,
+        _ => 0,
+    })
+}
+
+/// Unit roundoff (half of epsilon).
+pub fn unit_roundoff(d: DType) -> f64 {
+    epsilon(d) / 2.0
+}
+
+/// A tolerance in epsilon, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// In units of the working precision's epsilon.
+    pub value: f64,
+    /// `analytic` or `perturbed`.
+    pub source: &'static str,
+}
+
+/// The analytic constant k (Megatron-LM uses 4; "2–8 are common").
+pub const K: f64 = 4.0;
+/// Growth per GEMM of depth.
+pub const C_PER_GEMM: f64 = 1.01;
+/// Depth is capped: beyond it the perturbed reference is the better estimate.
+pub const MAX_GROWTH: f64 = 16.0;
+/// Multiplier on the perturbed reference's error (two round-off terms and a margin).
+pub const ALPHA: f64 = 4.0;
+
+/// The tolerance, in epsilon of `precision`, of a tensor of type `dtype` at `depth` (GEMMs
+/// before its op in the step), given the perturbed reference's relative error on it.
+pub fn tolerance(precision: Precision, dtype: DType, depth: u64, perturbed: Option<f64>) -> Tolerance {
+    let eps = precision.epsilon();
+    let growth = C_PER_GEMM.powf(depth as f64).min(MAX_GROWTH);
+    // A tensor stored narrower than the working precision rounds at its own epsilon.
+    let own = (epsilon(dtype) / eps).max(1.0);
+    let analytic = K * growth * own;
+    match perturbed {
+        Some(r) if ALPHA * r / eps > analytic => Tolerance {
+            value: ALPHA * r / eps,
+            source: "perturbed",
+        },
+        _ => Tolerance {
+            value: analytic,
+            source: "analytic",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epsilons_are_the_textbook_ones() {
+        assert_eq!(epsilon(DType::BF16), 0.0078125);
+        assert_eq!(epsilon(DType::F32), 1.1920928955078125e-7);
+        assert_eq!(Precision::Fp8.epsilon(), epsilon(DType::BF16));
+    }
+
+    #[test]
+    fn tolerance_grows_with_depth_and_is_capped() {
+        let t0 = tolerance(Precision::Bf16, DType::BF16, 0, None).value;
+        let t50 = tolerance(Precision::Bf16, DType::BF16, 50, None).value;
+        let t5000 = tolerance(Precision::Bf16, DType::BF16, 5000, None).value;
+        assert_eq!(t0, K);
+        assert!(t50 > t0 && t5000 == K * MAX_GROWTH);
+    }
+
+    #[test]
+    fn a_sensitive_tensor_takes_the_perturbed_estimate() {
+        let t = tolerance(Precision::Bf16, DType::BF16, 0, Some(0.5));
+        assert_eq!(t.source, "perturbed");
+        assert!((t.value - ALPHA * 0.5 / 0.0078125).abs() < 1e-9);
+        let t = tolerance(Precision::Bf16, DType::BF16, 0, Some(1e-6));
+        assert_eq!(t.source, "analytic");
+    }
+
+    #[test]
+    fn fp8_operands_are_judged_at_their_own_epsilon() {
+        let t = tolerance(Precision::Fp8, DType::F8_E4M3, 0, None).value;
+        assert_eq!(t, K * 16.0);
+    }
+}

@@ -1,0 +1,251 @@
+//! A store opened for comparison: every record's metadata in memory, tensors decoded to `f32`
+//! on demand (FP8 operands multiplied by their captured scales), bytes read counted.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use ttrace_format::dtype::DType;
+use ttrace_format::reader::{Segment, Store};
+use ttrace_format::record::{Op, Record, Role};
+use ttrace_format::store::Manifest;
+use ttrace_format::tensor::widen_f32_into;
+
+use crate::CompareError;
+
+/// A tensor's values as `f32` with its stored shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Values {
+    /// Stored (row-major) shape.
+    pub shape: Vec<u64>,
+    /// Elements, row-major; FP8 already multiplied by its scale.
+    pub data: Vec<f32>,
+    /// Stored element type.
+    pub dtype: DType,
+}
+
+/// One opened store.
+pub struct RunTrace {
+    /// Where it is.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    store: Store,
+    /// Records by (rank, step), in seq order.
+    pub ops: BTreeMap<(u32, u64), Vec<Record>>,
+    segments: RefCell<HashMap<(u32, u64), Segment>>,
+    bytes_read: Cell<u64>,
+    /// Records that could not be read.
+    pub unreadable: Vec<String>,
+}
+
+impl RunTrace {
+    /// Opens the store at `path` and reads every record's metadata.
+    pub fn open(path: &Path) -> Result<RunTrace, CompareError> {
+        let store = Store::open(path).map_err(|e| CompareError::Store {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        let manifest = store
+            .manifest()
+            .cloned()
+            .ok_or_else(|| CompareError::NoManifest(path.display().to_string()))?;
+        let mut ops = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        for rank in store.ranks() {
+            for step in store.steps(rank) {
+                let seg = match store.open_segment(rank, step) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        unreadable.push(format!("{}: rank {rank} step {step}: {e}", path.display()));
+                        continue;
+                    }
+                };
+                let mut recs = Vec::with_capacity(seg.len());
+                for i in 0..seg.len() {
+                    match seg.read_meta(i) {
+                        Ok(v) => recs.push(v.record),
+                        Err(issue) => unreadable.push(issue.to_string()),
+                    }
+                }
+                recs.sort_by_key(|r| r.seq);
+                ops.insert((rank, step), recs);
+            }
+        }
+        Ok(RunTrace {
+            path: path.to_path_buf(),
+            manifest,
+            store,
+            ops,
+            segments: RefCell::new(HashMap::new()),
+            bytes_read: Cell::new(0),
+            unreadable,
+        })
+    }
+
+    /// Ranks present.
+    pub fn ranks(&self) -> Vec<u32> {
+        let mut r: Vec<u32> = self.ops.keys().map(|k| k.0).collect();
+        r.dedup();
+        r
+    }
+
+    /// Steps present on every rank.
+    pub fn steps(&self) -> Vec<u64> {
+        let ranks = self.ranks();
+        let mut steps: Vec<u64> = self.ops.keys().map(|k| k.1).collect();
+        steps.sort_unstable();
+        steps.dedup();
+        steps.retain(|s| ranks.iter().all(|r| self.ops.contains_key(&(*r, *s))));
+        steps
+    }
+
+    /// Records of `rank` in `step`.
+    pub fn records(&self, rank: u32, step: u64) -> &[Record] {
+        self.ops.get(&(rank, step)).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Stored bytes decoded so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.get()
+    }
+
+    /// The bytes of tensor `index` of the record `(rank, step, seq)`; `None` when it was not
+    /// captured.
+    pub fn bytes(
+        &self,
+        rank: u32,
+        step: u64,
+        seq: u64,
+        index: usize,
+    ) -> Result<Option<Vec<u8>>, CompareError> {
+        let mut segs = self.segments.borrow_mut();
+        let seg = match segs.entry((rank, step)) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let s = self
+                    .store
+                    .open_segment(rank, step)
+                    .map_err(|e| CompareError::Store {
+                        path: self.path.display().to_string(),
+                        source: e,
+                    })?;
+                v.insert(s)
+            }
+        };
+        let view = match seg.read_seq(seq) {
+            Some(Ok(v)) => v,
+            Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),
+            None => {
+                return Err(CompareError::Record(format!(
+                    "{}: rank {rank} step {step}: no record with seq {seq}",
+                    self.path.display()
+                )))
+            }
+        };
+        if !view.is_captured(index) {
+            return Ok(None);
+        }
+        let bytes = view.tensor_bytes(index).map_err(|e| CompareError::Store {
+            path: self.path.display().to_string(),
+            source: e,
+        })?;
+        self.bytes_read.set(self.bytes_read.get() + bytes.len() as u64);
+        Ok(Some(bytes))
+    }
+
+    /// The values of the tensor with `role` in `rec`, FP8 operands scaled by their captured
+    /// scale (`ScaleA` for `A`, `ScaleB` for `B`, `ScaleD`'s inverse is not applied: D is
+    /// compared as stored). `None` when absent or not captured.
+    pub fn values(&self, rec: &Record, role: Role) -> Result<Option<Values>, CompareError> {
+        let Some(index) = rec.tensors.iter().position(|t| t.role == role) else {
+            return Ok(None);
+        };
+        let t = &rec.tensors[index];
+        if !is_float(t.dtype) {
+            return Ok(None);
+        }
+        let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
+            return Ok(None);
+        };
+        let mut data = to_f32(t.dtype, &bytes)?;
+        if matches!(t.dtype, DType::F8_E4M3 | DType::F8_E5M2) {
+            let scale_role = match role {
+                Role::A => Some(Role::ScaleA),
+                Role::B => Some(Role::ScaleB),
+                _ => None,
+            };
+            if let Some(sr) = scale_role {
+                if let Some(s) = self.scalar(rec, sr)? {
+                    for v in &mut data {
+                        *v *= s;
+                    }
+                }
+            }
+        }
+        Ok(Some(Values {
+            shape: t.shape.clone(),
+            data,
+            dtype: t.dtype,
+        }))
+    }
+
+    /// A captured one-element float tensor (a scale), as `f32`.
+    pub fn scalar(&self, rec: &Record, role: Role) -> Result<Option<f32>, CompareError> {
+        let Some(index) = rec.tensors.iter().position(|t| t.role == role) else {
+            return Ok(None);
+        };
+        let t = &rec.tensors[index];
+        let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
+            return Ok(None);
+        };
+        Ok(to_f32(t.dtype, &bytes)?.first().copied())
+    }
+
+    /// The communicator members (global ranks by communicator rank) of `comm`.
+    pub fn comm_members(&self, comm: u64) -> Option<Vec<u32>> {
+        let c = self.manifest.comms.iter().find(|c| c.key == comm)?;
+        c.members.iter().map(|m| *m).collect()
+    }
+}
+
+/// Floating-point dtypes (the ones compared numerically).
+pub fn is_float(d: DType) -> bool {
+    matches!(
+        d,
+        DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8_E4M3 | DType::F8_E5M2
+    )
+}
+
+/// Decodes packed little-endian `bytes` of `dtype` to `f32` (exact for every float type but
+/// F64, which is rounded).
+pub fn to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, CompareError> {
+    if dtype == DType::F64 {
+        return Ok(bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+            .collect());
+    }
+    let mut wide = Vec::new();
+    widen_f32_into(dtype, bytes, &mut wide).map_err(|e| CompareError::Record(e.to_string()))?;
+    Ok(wide
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// The GEMM parameters of a record, if it is one.
+pub fn gemm(rec: &Record) -> Option<&ttrace_format::record::GemmOp> {
+    match &rec.op {
+        Op::Gemm(g) => Some(g),
+        _ => None,
+    }
+}
+
+/// The collective parameters of a record, if it is one.
+pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> {
+    match &rec.op {
+        Op::Collective(c) => Some(c),
+        _ => None,
+    }
+}

@@ -243,7 +243,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             let all = |r: &Option<RangeSet>| r.as_ref().map_or("all".into(), |r| r.to_string());
             writeln!(
                 out,
-                "capture  apis={} steps={} ranks={} max-tensor={} inputs={} kernels={} step-rule={}",
+                "capture  apis={} steps={} ranks={} max-tensor={} inputs={} kernels={} step-rule={}{}",
                 fams.join(","),
                 all(&c.steps),
                 all(&c.ranks),
@@ -254,7 +254,9 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                     StepRule::Auto => "auto".to_string(),
                     StepRule::Nvtx(n) => format!("nvtx:{n}"),
                     StepRule::Api => "api".to_string(),
-                }
+                },
+                // A perturbed reference run (ttrace run --perturb).
+                c.perturb.map_or(String::new(), |s| format!(" perturb={s}"))
             )?;
             let shown: Vec<(&String, &String)> = m
                 .env

@@ -42,6 +42,8 @@ const EXIT_TTRACE: i32 = 125;
 ///   ttrace run --steps 0-3 --apis gemm,nccl --no-kernels --out runs/ref -- python train.py
 ///
 ///   ttrace run --step-rule nvtx:train_step --max-tensor-bytes 64M -- ./train
+///
+///   ttrace run --out ref -- ./train  &&  ttrace run --perturb --out ref-perturbed -- ./train
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -80,6 +82,22 @@ pub struct RunArgs {
     /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
     #[arg(long, value_name = "RULE", default_value = "auto")]
     step_rule: String,
+    /// Make this a perturbed reference run, for tolerances: every F32/F16/BF16 GEMM output
+    /// (cuBLAS, cuBLASLt) gets round-off-sized noise, its last mantissa bit flipped in about
+    /// half its elements (±1 ulp, one rounding's worth; drawn from SEED, the rank and the call
+    /// number, so a seed reproduces its run bit for bit). Run the reference command twice,
+    /// plainly and with --perturb, then `ttrace compare REF RUN --perturbed PERTURBED_REF`
+    /// measures per tensor how much such a disturbance grows through the network and sets the
+    /// tolerance from it. Slow (each GEMM waits for its output); for a reference run, not a
+    /// run under test. [default SEED: 1]
+    #[arg(
+        long,
+        value_name = "SEED",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "1"
+    )]
+    perturb: Option<u64>,
     /// zstd level of stored tensors: 0 stores raw bytes, 1..22 trade speed for size, negative
     /// levels are zstd's fast modes [default: -100, as small as level 1 on float activations
     /// and about twice as fast].
@@ -142,6 +160,7 @@ fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
     c.ring_bytes = a.ring_bytes;
     c.wait_ms = a.wait_ms;
     c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
+    c.perturb = a.perturb;
     if let Ok(log) = std::env::var("TTRACE_LOG") {
         c.log = log;
     }
@@ -358,6 +377,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                     command.join(" "),
                     sock.display()
                 );
+                if let Some(seed) = capture.perturb {
+                    eprint!("{}", perturb_note(seed, None));
+                }
             }
         }
         Collector::Embedded { handle, sock_dir } => {
@@ -366,6 +388,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             let summary = summary?;
             if !args.quiet {
                 eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
+                if let Some(seed) = capture.perturb {
+                    eprint!("{}", perturb_note(seed, perturbed_outputs(&summary.store)));
+                }
             }
         }
     }
@@ -458,6 +483,39 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
         Ok(r) => r.context("finalising the store"),
         Err(_) => bail!("the collector panicked while finalising"),
     }
+}
+
+/// GEMM records of the store whose output was perturbed (F32, F16 or BF16 D), from the
+/// records' metadata; `None` when the store cannot be read.
+fn perturbed_outputs(store: &Path) -> Option<u64> {
+    use ttrace_format::dtype::DType;
+    use ttrace_format::record::{Op, Role};
+    let st = ttrace_format::reader::Store::open(store).ok()?;
+    let mut n = 0;
+    for info in st.segments() {
+        let seg = st.open_segment(info.rank, info.step).ok()?;
+        for i in 0..seg.len() {
+            let Ok(r) = seg.read_meta(i) else { continue };
+            let perturbed = matches!(r.record.op, Op::Gemm(_))
+                && r.record.tensors.iter().any(|t| {
+                    t.role == Role::D && matches!(t.dtype, DType::F32 | DType::F16 | DType::BF16)
+                });
+            n += u64::from(perturbed);
+        }
+    }
+    Some(n)
+}
+
+/// The summary line of a perturbed reference run.
+fn perturb_note(seed: u64, stored: Option<u64>) -> String {
+    let n = stored.map_or(String::new(), |n| {
+        format!("; {n} perturbed GEMM outputs stored")
+    });
+    format!(
+        "  perturb   seed {seed}: F32/F16/BF16 GEMM outputs moved by ±1 ulp in about half their \
+         elements{n}\n            (a perturbed reference: `ttrace compare REF RUN --perturbed \
+         THIS_STORE`)\n"
+    )
 }
 
 /// How a traced process ended, for the summary.

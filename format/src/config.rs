@@ -14,6 +14,7 @@
 //! | `TTRACE_WAIT_MS` | how long capture waits for ring space before recording a gap | 10000 |
 //! | `TTRACE_STEP_RULE` | `auto`, `nvtx:NAME` (a range or mark named NAME starts a step), `api` (`ttrace_step()` only) | auto |
 //! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` | warn |
+//! | `TTRACE_PERTURB` | seed of a perturbed reference run: every GEMM output (F32/F16/BF16) gets ±1 ulp noise | off |
 
 use std::collections::BTreeMap;
 
@@ -118,6 +119,12 @@ pub struct CaptureConfig {
     pub wait_ms: u64,
     pub step_rule: StepRule,
     pub log: String,
+    /// A perturbed reference run (`TTRACE_PERTURB`): the seed of the round-off-sized noise
+    /// added to every GEMM output (the last mantissa bit of each F32/F16/BF16 element flipped
+    /// with probability 1/2). `None`: the program's numbers are left alone. Absent from
+    /// manifests written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perturb: Option<u64>,
 }
 
 impl Default for CaptureConfig {
@@ -134,6 +141,7 @@ impl Default for CaptureConfig {
             wait_ms: 10_000,
             step_rule: StepRule::Auto,
             log: "warn".into(),
+            perturb: None,
         }
     }
 }
@@ -212,6 +220,13 @@ impl CaptureConfig {
                     }
                 }
                 "TTRACE_LOG" => c.log = v,
+                "TTRACE_PERTURB" => {
+                    c.perturb = Some(v.trim().parse().map_err(|_| {
+                        FormatError::Invalid(format!(
+                            "TTRACE_PERTURB={v}: expected a seed (an unsigned 64-bit number)"
+                        ))
+                    })?)
+                }
                 _ => {}
             }
         }
@@ -249,6 +264,9 @@ impl CaptureConfig {
             },
         );
         m.insert("TTRACE_LOG".into(), self.log.clone());
+        if let Some(seed) = self.perturb {
+            m.insert("TTRACE_PERTURB".into(), seed.to_string());
+        }
         m
     }
 
@@ -276,8 +294,31 @@ mod tests {
             wait_ms: 5,
             step_rule: StepRule::Nvtx("train_step".into()),
             log: "info".into(),
+            perturb: Some(u64::MAX),
         };
         assert_eq!(CaptureConfig::from_vars(c.to_vars()).expect("parses"), c);
+        let plain = CaptureConfig::default();
+        assert!(!plain.to_vars().contains_key("TTRACE_PERTURB"));
+        assert_eq!(
+            CaptureConfig::from_vars(plain.to_vars()).expect("parses"),
+            plain
+        );
+    }
+
+    #[test]
+    fn manifests_without_perturb_still_read() {
+        let mut v = serde_json::to_value(CaptureConfig::default()).expect("serialises");
+        assert!(v.get("perturb").is_none(), "not written when off: {v}");
+        v.as_object_mut().expect("object").remove("perturb");
+        let c: CaptureConfig = serde_json::from_value(v).expect("reads");
+        assert_eq!(c.perturb, None);
+        let on = CaptureConfig {
+            perturb: Some(7),
+            ..CaptureConfig::default()
+        };
+        let back: CaptureConfig =
+            serde_json::from_value(serde_json::to_value(&on).expect("serialises")).expect("reads");
+        assert_eq!(back.perturb, Some(7));
     }
 
     #[test]
@@ -289,6 +330,9 @@ mod tests {
             ("TTRACE_INPUTS", "maybe"),
             ("TTRACE_RING_BYTES", "-1"),
             ("TTRACE_STEP_RULE", "nvtx:"),
+            ("TTRACE_PERTURB", "-1"),
+            ("TTRACE_PERTURB", "yes"),
+            ("TTRACE_PERTURB", ""),
         ] {
             let e = CaptureConfig::from_vars([(k.to_string(), v.to_string())]).expect_err(v);
             assert!(e.to_string().contains(k), "{e}");

@@ -181,6 +181,82 @@ pub fn host_register(ptr: *mut u8, len: usize) -> Result<(), cudaError_t> {
     check(unsafe { f(ptr.cast(), len, cudaHostRegisterPortable) })
 }
 
+/// Waits until `stream` has done everything enqueued on it (the perturbation of a reference
+/// run only: the capture path never synchronises).
+pub fn stream_synchronize(stream: cudaStream_t) -> Result<(), cudaError_t> {
+    let f = real::cudaStreamSynchronize().ok_or(MISSING)?;
+    // SAFETY: the program's stream handle, which its op just used.
+    check(unsafe { f(stream) })
+}
+
+/// Allocates `len` bytes of page-locked host memory.
+pub fn malloc_host(len: usize) -> Result<*mut u8, cudaError_t> {
+    let f = real::cudaMallocHost().ok_or(MISSING)?;
+    let mut p: *mut c_void = core::ptr::null_mut();
+    // SAFETY: an out-pointer to a local.
+    check(unsafe { f(&mut p, len) })?;
+    if p.is_null() {
+        return Err(2); // cudaErrorMemoryAllocation
+    }
+    Ok(p.cast())
+}
+
+/// Frees memory from [`malloc_host`].
+pub fn free_host(p: *mut u8) -> Result<(), cudaError_t> {
+    let f = real::cudaFreeHost().ok_or(MISSING)?;
+    // SAFETY: `p` came from cudaMallocHost and nothing uses it any more.
+    check(unsafe { f(p.cast()) })
+}
+
+/// Enqueues a copy of `len` bytes from the host buffer `src` to `dst` (device memory the
+/// program's op wrote), on `stream`.
+pub fn copy_back_linear(
+    dst: u64,
+    src: *const u8,
+    len: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaMemcpyAsync().ok_or(MISSING)?;
+    // SAFETY: `src` is `len` readable bytes of the caller's pinned buffer; `dst` is the range
+    // of the op's output the same bytes were copied from.
+    check(unsafe {
+        f(
+            dst as *mut c_void,
+            src.cast(),
+            len as usize,
+            cudaMemcpyDefault,
+            stream,
+        )
+    })
+}
+
+/// Enqueues the inverse of [`copy_pitched`]: `height` packed rows of `width` bytes at `src`
+/// back to rows `dpitch` bytes apart at `dst`.
+pub fn copy_back_pitched(
+    dst: u64,
+    dpitch: u64,
+    src: *const u8,
+    width: u64,
+    height: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaMemcpy2DAsync().ok_or(MISSING)?;
+    // SAFETY: `src` is `width * height` readable bytes of the caller's pinned buffer; the
+    // destination rows are the ones the same bytes were copied from.
+    check(unsafe {
+        f(
+            dst as *mut c_void,
+            dpitch as usize,
+            src.cast(),
+            width as usize,
+            width as usize,
+            height as usize,
+            cudaMemcpyDefault,
+            stream,
+        )
+    })
+}
+
 /// Sets the calling thread's stream-capture mode; returns the previous one.
 pub fn exchange_capture_mode(
     mode: cudaStreamCaptureMode,

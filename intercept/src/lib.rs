@@ -16,12 +16,14 @@
 //! * `engine`: reserving ring slots, enqueuing copies and events around the real call;
 //! * `tracer`: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
 //! * [`steps`]: the step rule (pure); `session`, `client`: ring, daemon connection;
-//! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry.
+//! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry;
+//! * `perturb`: the perturbed reference run (`TTRACE_PERTURB`): ±1 ulp noise on GEMM outputs.
 //!
 //! Invariants (shared/design.md): a hook returns exactly what the real function returned; a
 //! fault disables capture with one log line and a `TracerFault` gap; no panic crosses the C
-//! boundary; no device synchronisation; no lock held across a CUDA call; a forked child passes
-//! everything through.
+//! boundary; no device synchronisation (except in a perturbed reference run, which waits for
+//! each GEMM's output to add noise to it on the host); no lock held across a CUDA call; a
+//! forked child passes everything through.
 
 pub mod plan;
 pub mod steps;
@@ -34,6 +36,7 @@ mod hooks;
 mod identity;
 mod log;
 mod mode;
+mod perturb;
 mod real;
 mod session;
 mod thread;
@@ -89,6 +92,33 @@ pub(crate) fn around<R: Copy>(
     };
     let f = catch(prepare).flatten();
     let r = call();
+    if let Some(f) = f {
+        let _ = catch(|| done(f, r));
+    }
+    r
+}
+
+/// [`around`] for a GEMM: the snapshot is planned only when GEMMs are captured, and `perturb`
+/// (a perturbed reference run) runs after the real call and before `done` enqueues the
+/// snapshot of its outputs, so the store holds the output the program goes on with.
+pub(crate) fn around_gemm<R: Copy>(
+    prepare: impl FnOnce() -> Option<engine::InFlight>,
+    call: impl FnOnce() -> R,
+    perturb: impl FnOnce(R),
+    done: impl FnOnce(engine::InFlight, R),
+) -> R {
+    let Some(_guard) = thread::Guard::enter() else {
+        return call();
+    };
+    let f = if mode::on(mode::GEMM) {
+        catch(prepare).flatten()
+    } else {
+        None
+    };
+    let r = call();
+    if mode::on(mode::PERTURB) {
+        let _ = catch(|| perturb(r));
+    }
     if let Some(f) = f {
         let _ = catch(|| done(f, r));
     }

@@ -27,6 +27,10 @@ pub const COMMS: u32 = 1 << 3;
 pub const NVTX: u32 = 1 << 4;
 /// Record kernel launch names.
 pub const KERNELS: u32 = 1 << 5;
+/// A perturbed reference run: GEMM outputs get round-off-sized noise (`TTRACE_PERTURB`). Not
+/// a capture bit: `ttrace_pause()` leaves the run perturbed, so the program's numbers do not
+/// depend on what is captured.
+pub const PERTURB: u32 = 1 << 6;
 /// The configuration has not been read yet.
 pub const UNINIT: u32 = 1 << 31;
 
@@ -61,6 +65,12 @@ fn init_then_off(bits: u32) -> bool {
     MODE.load(Ordering::Relaxed) & bits == 0
 }
 
+/// Whether any of `bits` is set now (after [`off`] initialised the mode).
+#[inline(always)]
+pub fn on(bits: u32) -> bool {
+    MODE.load(Ordering::Relaxed) & bits != 0
+}
+
 /// Reads the configuration once and sets the mode.
 fn init() {
     let cfg = config();
@@ -79,8 +89,14 @@ fn init() {
             if c.kernels {
                 b |= KERNELS;
             }
+            if c.perturb.is_some() {
+                b |= PERTURB;
+            }
             b
         }
+        // A rank left out of the capture is still perturbed: the run as a whole is the
+        // perturbed reference.
+        Some(c) if c.socket.is_some() && c.perturb.is_some() => PERTURB,
         _ => 0,
     };
     CONFIGURED.store(bits, Ordering::Relaxed);
@@ -116,6 +132,12 @@ pub fn disable() -> bool {
     let first = !DEAD.swap(true, Ordering::AcqRel);
     MODE.store(0, Ordering::Release);
     first
+}
+
+/// Stops perturbing GEMM outputs for good (capture goes on). Returns whether this call did
+/// it.
+pub fn stop_perturbing() -> bool {
+    MODE.fetch_and(!PERTURB, Ordering::AcqRel) & PERTURB != 0
 }
 
 /// Whether capture was disabled for good.

@@ -172,6 +172,10 @@ real_fns! {
     Cudart: fn cudaEventRecord(cudaEvent_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaEventQuery(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
+    // ---- runtime: used by the perturbation of a reference run ----
+    Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;
+    Cudart: fn cudaFreeHost(*mut c_void) -> cudaError_t;
 
     // ---- cuBLAS ----
     Cublas: fn cublasSgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f32, *const f32, c_int, *const f32, c_int, *const f32, *mut f32, c_int) -> cublasStatus_t;

@@ -23,7 +23,7 @@ use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
 
 use crate::engine::{self, Call};
 use crate::plan::{self, Matrix, Vector, When};
-use crate::{mode, real};
+use crate::{mode, perturb, real};
 
 /// What a hook returns when the real function is missing.
 const MISSING: cublasStatus_t = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -219,11 +219,39 @@ fn call(g: &Gemm) -> Option<Call> {
 }
 
 fn capture(g: Gemm, real: impl FnOnce() -> cublasStatus_t) -> cublasStatus_t {
-    crate::around(
+    crate::around_gemm(
         || engine::begin(call(&g)?),
         real,
+        |r| {
+            if r == CUBLAS_STATUS_SUCCESS {
+                perturb_output(&g);
+            }
+        },
         |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
     )
+}
+
+/// A perturbed reference run: noise on C, the output, on the handle's stream.
+fn perturb_output(g: &Gemm) {
+    if g.m <= 0 || g.n <= 0 || g.batch <= 0 {
+        return;
+    }
+    let Some(stream) = handle_stream(g.handle) else {
+        return;
+    };
+    perturb::gemm_output(
+        stream,
+        &Matrix {
+            ptr: g.c.ptr as u64,
+            dtype: g.c.dtype,
+            rows: g.m as u64,
+            cols: g.n as u64,
+            ld: g.c.ld.max(0) as u64,
+            batch: g.batch as u64,
+            stride: g.c.stride,
+            batched: g.batched,
+        },
+    );
 }
 
 fn op(ptr: *const c_void, dtype: cudaDataType, ld: c_int, stride: c_longlong) -> Operand {
@@ -256,7 +284,7 @@ pub unsafe extern "C" fn cublasSgemm_v2(
     let Some(real) = real::cublasSgemm_v2() else {
         return MISSING;
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe {
             real(
@@ -366,7 +394,7 @@ pub unsafe extern "C" fn cublasHgemm(
     let Some(real) = real::cublasHgemm() else {
         return MISSING;
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe {
             real(
@@ -425,7 +453,7 @@ pub unsafe extern "C" fn cublasSgemmStridedBatched(
     let Some(real) = real::cublasSgemmStridedBatched() else {
         return MISSING;
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe {
             real(
@@ -488,7 +516,7 @@ pub unsafe extern "C" fn cublasGemmEx(
     let Some(real) = real::cublasGemmEx() else {
         return MISSING;
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe {
             real(
@@ -588,7 +616,7 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     let Some(real) = real::cublasGemmStridedBatchedEx() else {
         return MISSING;
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         // SAFETY: the program's arguments, forwarded unchanged.
         return unsafe {
             real(

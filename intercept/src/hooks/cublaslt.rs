@@ -16,7 +16,7 @@ use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
 use super::cublas::read_scalar;
 use crate::engine::{self, Call};
 use crate::plan::{self, Matrix, Vector, When};
-use crate::{mode, real};
+use crate::{mode, perturb, real};
 
 /// An attribute's raw bytes.
 trait Attr: Copy + Default {}
@@ -439,7 +439,7 @@ pub unsafe extern "C" fn cublasLtMatmul(
             stream,
         )
     };
-    if mode::off(mode::GEMM) {
+    if mode::off(mode::GEMM | mode::PERTURB) {
         return run();
     }
     let x = Matmul {
@@ -456,9 +456,42 @@ pub unsafe extern "C" fn cublasLtMatmul(
         ddesc: Ddesc,
         stream,
     };
-    crate::around(
+    crate::around_gemm(
         || engine::begin(call(&x)),
         run,
+        |r| {
+            if r == CUBLAS_STATUS_SUCCESS {
+                perturb_output(&x);
+            }
+        },
         |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
     )
+}
+
+/// A perturbed reference run: noise on D, as its layout describes it (column-major; a
+/// row-major D is the same bytes seen transposed, which the element-wise noise does not mind;
+/// other orders are left alone).
+fn perturb_output(x: &Matmul) {
+    let Some(l) = layout(x.ddesc) else {
+        return;
+    };
+    let (rows, cols) = match l.order {
+        o if o == CUBLASLT_ORDER_COL as i32 => (l.rows, l.cols),
+        o if o == CUBLASLT_ORDER_ROW as i32 => (l.cols, l.rows),
+        _ => return,
+    };
+    let batch = l.batch.max(1) as u64;
+    perturb::gemm_output(
+        x.stream,
+        &Matrix {
+            ptr: x.d as u64,
+            dtype: l.dtype,
+            rows,
+            cols,
+            ld: l.ld.max(0) as u64,
+            batch,
+            stride: l.stride,
+            batched: batch > 1,
+        },
+    );
 }

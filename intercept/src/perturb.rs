@@ -1,0 +1,417 @@
+//! The perturbed reference run (`TTRACE_PERTURB=<seed>`, `ttrace run --perturb`).
+//!
+//! TTrace estimates, per tensor, how far round-off moves a correct run by running the
+//! reference twice: once as is, once with round-off-sized noise injected (shared notes,
+//! tolerance.md §2 and §8). This module injects that noise with no change to the program:
+//! after every GEMM whose output D is F32, F16 or BF16 (cuBLAS and cuBLASLt), the last
+//! mantissa bit of each finite, nonzero element of D is flipped with probability 1/2, i.e.
+//! D moves to an adjacent representable value (±1 ulp, the size of one rounding) in about half
+//! its elements. The noise is a deterministic function of (seed, rank, per-process GEMM
+//! counter), so the same seed reproduces the same run bit for bit, another seed gives another
+//! draw. FP8 outputs (their scaling dominates), F64 and integer outputs are left alone.
+//!
+//! With the CUDA runtime API only (no device code of our own, which a real GPU would need
+//! compiled): on the op's stream, the real `cudaMemcpyAsync`/`cudaMemcpy2DAsync` bring D
+//! (packed, without the leading-dimension padding) into a page-locked staging buffer,
+//! `cudaStreamSynchronize` waits for it, the host flips the bits, the same copies run back
+//! and the stream is synchronised again (so the staging buffer can be reused). The snapshot of
+//! D is enqueued afterwards, so the store holds the perturbed D the program goes on with. This
+//! synchronises twice per GEMM: slow, and meant for a reference run only.
+//!
+//! Never inside a stream capture (the copies would become graph nodes and the host step
+//! would not happen on replay): such a GEMM is left alone and counted. A runtime error stops
+//! the perturbation for the rest of the run with one log line; the hooked function's return
+//! value is never affected.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t};
+use ttrace_format::dtype::DType;
+use ttrace_format::record::Role;
+
+use crate::cuda::{self, ErrScope};
+use crate::plan::{self, Copy, Matrix, Source, When};
+use crate::{identity, log, mode};
+
+/// A SplitMix64 stream (Steele, Lea, Flood 2014): tiny, fast, and good enough for coin flips.
+pub struct Noise(u64);
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Noise {
+    /// The noise of the `call`-th perturbed GEMM of `rank` under `seed`.
+    pub fn new(seed: u64, rank: u32, call: u64) -> Noise {
+        let s = mix(seed ^ 0x7474_7261_6365_0001);
+        let s = mix(s ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        Noise(mix(s ^ call.wrapping_mul(0xd1b5_4a32_d192_ed03)))
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+}
+
+/// Whether the outputs of `dtype` are perturbed.
+pub fn perturbable(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Flips the last mantissa bit of each finite, nonzero element of `bytes` (packed
+/// little-endian elements of `dtype`) where the noise says so (one bit per element, whether it
+/// is finite or not, so the draw does not depend on the values). Returns how many elements
+/// changed.
+pub fn apply(dtype: DType, bytes: &mut [u8], noise: &mut Noise) -> u64 {
+    // (element size, exponent mask, magnitude mask): all exponent bits set is Inf or NaN.
+    let (es, exp, mag): (usize, u32, u32) = match dtype {
+        DType::F32 => (4, 0x7f80_0000, 0x7fff_ffff),
+        DType::F16 => (2, 0x7c00, 0x7fff),
+        DType::BF16 => (2, 0x7f80, 0x7fff),
+        _ => return 0,
+    };
+    let mut changed = 0;
+    for chunk in bytes.chunks_mut(64 * es) {
+        let coins = noise.next_u64();
+        for (i, e) in chunk.chunks_exact_mut(es).enumerate() {
+            if coins >> i & 1 == 0 {
+                continue;
+            }
+            let v = if es == 4 {
+                u32::from_le_bytes([e[0], e[1], e[2], e[3]])
+            } else {
+                u16::from_le_bytes([e[0], e[1]]) as u32
+            };
+            if v & exp == exp || v & mag == 0 {
+                continue;
+            }
+            // Little-endian: the lowest mantissa bit is bit 0 of the first byte.
+            e[0] ^= 1;
+            changed += 1;
+        }
+    }
+    changed
+}
+
+/// Whether the batch entries of `s` cover distinct bytes: one after the other, or side by side
+/// within each row of the pitch (attention heads interleaved in one activation, as
+/// `[seq, batch, heads * dim]` layouts give).
+pub fn disjoint(s: &Source) -> bool {
+    let (w, h, b) = (s.width, s.height, s.batch);
+    b <= 1
+        || h == 0
+        || s.bstride >= s.spitch * (h - 1) + w
+        || (s.bstride >= w && s.spitch >= s.bstride * (b - 1) + w)
+}
+
+/// GEMM outputs perturbed, and left alone (stream capture, runtime errors), in this process.
+static PERTURBED: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+/// Perturbable GEMMs seen so far (the noise's call counter).
+static CALLS: AtomicU64 = AtomicU64::new(0);
+static WARNED_CAPTURE: AtomicBool = AtomicBool::new(false);
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+/// Page-locked staging buffers (address, capacity); one is taken out per perturbation, so no
+/// lock is held across a CUDA call.
+static POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Why a GEMM was left alone.
+enum Skip {
+    /// The stream is being captured into a graph (or cannot be asked: the legacy stream
+    /// during another capture).
+    Capturing,
+    /// A runtime call failed.
+    Failed(&'static str, cudaError_t),
+}
+
+/// Perturbs the output `d` of a GEMM that was just launched on `stream` (if the run is
+/// perturbed and `d` is F32, F16 or BF16).
+pub fn gemm_output(stream: cudaStream_t, d: &Matrix) {
+    if !mode::on(mode::PERTURB) {
+        return;
+    }
+    let Some(seed) = mode::config().and_then(|c| c.perturb) else {
+        return;
+    };
+    let t = plan::matrix(Role::D, d, When::After, false);
+    if !perturbable(t.dtype) || !t.captured {
+        return;
+    }
+    let s = t.source;
+    if !disjoint(&s) {
+        // Overlapping batch entries (a stride of 0 broadcasts one D): the noise would be
+        // applied twice to the same bytes.
+        log::debug("perturbation: a batched GEMM whose outputs overlap is left alone");
+        return;
+    }
+    if !AT_EXIT.swap(true, Ordering::Relaxed) {
+        // SAFETY: `report` is an extern "C" fn without arguments, registered once.
+        unsafe { libc::atexit(report) };
+    }
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let mut noise = Noise::new(seed, identity::rank(), call);
+    let _err = ErrScope::new();
+    // Staging allocation and synchronisation are illegal for this thread while another one
+    // captures in global mode (and would invalidate that capture): relaxed mode for our calls.
+    let old = cuda::exchange_capture_mode(cudaStreamCaptureModeRelaxed);
+    let r = perturb(stream, &s, t.dtype, &mut noise);
+    if let Ok(m) = old {
+        let _ = cuda::exchange_capture_mode(m);
+    }
+    match r {
+        Ok(()) => {
+            PERTURBED.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(Skip::Capturing) => {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            if !WARNED_CAPTURE.swap(true, Ordering::Relaxed) {
+                log::warn(
+                    "perturbation: GEMMs captured into CUDA graphs are not perturbed (their \
+                     replays run no API call); the count is reported at exit with TTRACE_LOG=info",
+                );
+            }
+        }
+        Err(Skip::Failed(what, code)) => {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            // Give up for good: one line, and the run goes on unperturbed from here.
+            if mode::stop_perturbing() {
+                log::error(&format!(
+                    "perturbation stopped: {what} failed (cudaError {code}); the rest of the \
+                     run is not perturbed"
+                ));
+            }
+        }
+    }
+}
+
+fn perturb(stream: cudaStream_t, s: &Source, dtype: DType, noise: &mut Noise) -> Result<(), Skip> {
+    match cuda::is_capturing(stream) {
+        Ok(false) => {}
+        Ok(true) | Err(_) => return Err(Skip::Capturing),
+    }
+    let len = s.bytes() as usize;
+    let (buf, cap) = staging(len)?;
+    let r = round_trip(stream, s, dtype, noise, buf, len);
+    if r.is_ok() {
+        // After a failure copies may still be in flight into it: it is not reused.
+        POOL.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((buf as usize, cap));
+    }
+    r
+}
+
+/// A staging buffer of at least `len` bytes, taken out of the pool.
+fn staging(len: usize) -> Result<(*mut u8, usize), Skip> {
+    let pooled = POOL.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    if let Some((p, cap)) = pooled {
+        if cap >= len {
+            return Ok((p as *mut u8, cap));
+        }
+        // Too small: replaced by one twice as large as needed (a few growths per run). Our
+        // stream was synchronised after its last use.
+        let _ = cuda::free_host(p as *mut u8);
+    }
+    let cap = len.next_power_of_two().max(1 << 16);
+    let p = cuda::malloc_host(cap).map_err(|c| Skip::Failed("cudaMallocHost", c))?;
+    Ok((p, cap))
+}
+
+fn round_trip(
+    stream: cudaStream_t,
+    s: &Source,
+    dtype: DType,
+    noise: &mut Noise,
+    buf: *mut u8,
+    len: usize,
+) -> Result<(), Skip> {
+    let copies = s.copies();
+    for c in &copies {
+        match *c {
+            Copy::Linear { dst, src, len } => {
+                cuda::copy_linear(buf.wrapping_add(dst as usize), src, len, stream)
+                    .map_err(|e| Skip::Failed("cudaMemcpyAsync (device to host)", e))?
+            }
+            Copy::Pitched {
+                dst,
+                src,
+                spitch,
+                width,
+                height,
+            } => cuda::copy_pitched(
+                buf.wrapping_add(dst as usize),
+                src,
+                spitch,
+                width,
+                height,
+                stream,
+            )
+            .map_err(|e| Skip::Failed("cudaMemcpy2DAsync (device to host)", e))?,
+        }
+    }
+    cuda::stream_synchronize(stream).map_err(|e| Skip::Failed("cudaStreamSynchronize", e))?;
+    // SAFETY: `buf` holds at least `len` bytes of our page-locked allocation, taken out of the
+    // pool by this thread alone; the copies that wrote it completed (the stream was
+    // synchronised) and no other copy touches it until the next synchronisation below.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+    apply(dtype, bytes, noise);
+    for c in &copies {
+        match *c {
+            Copy::Linear { dst, src, len } => {
+                cuda::copy_back_linear(src, buf.wrapping_add(dst as usize), len, stream)
+                    .map_err(|e| Skip::Failed("cudaMemcpyAsync (host to device)", e))?
+            }
+            Copy::Pitched {
+                dst,
+                src,
+                spitch,
+                width,
+                height,
+            } => cuda::copy_back_pitched(
+                src,
+                spitch,
+                buf.wrapping_add(dst as usize),
+                width,
+                height,
+                stream,
+            )
+            .map_err(|e| Skip::Failed("cudaMemcpy2DAsync (host to device)", e))?,
+        }
+    }
+    cuda::stream_synchronize(stream).map_err(|e| Skip::Failed("cudaStreamSynchronize", e))
+}
+
+/// At exit: how many GEMM outputs were perturbed (`TTRACE_LOG=info`; a warning when some
+/// were left alone).
+extern "C" fn report() {
+    let _ = std::panic::catch_unwind(|| {
+        let (p, s) = (
+            PERTURBED.load(Ordering::Relaxed),
+            SKIPPED.load(Ordering::Relaxed),
+        );
+        let seed = mode::config().and_then(|c| c.perturb).unwrap_or(0);
+        let msg = format!("perturbation (seed {seed}): {p} GEMM outputs perturbed, {s} left alone");
+        if s > 0 {
+            log::warn(&msg);
+        } else {
+            log::info(&msg);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn about_half_the_elements_move_by_one_ulp() {
+        let vals: Vec<f32> = (0..10_000).map(|i| (i as f32 - 5000.5) * 0.37).collect();
+        let mut b = f32s(&vals);
+        let n = apply(DType::F32, &mut b, &mut Noise::new(1, 0, 0));
+        assert!((4_700..5_300).contains(&n), "{n} of 10000 changed");
+        let mut seen = 0;
+        for (x, y) in vals.iter().zip(b.chunks_exact(4)) {
+            let y = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
+            if y != *x {
+                seen += 1;
+                let d = (x.to_bits() as i64 - y.to_bits() as i64).abs();
+                assert_eq!(d, 1, "{x} -> {y}: adjacent values");
+                assert_eq!(x.signum(), y.signum());
+            }
+        }
+        assert_eq!(seen, n);
+    }
+
+    #[test]
+    fn non_finite_values_and_zeros_are_left_alone() {
+        for (dtype, specials) in [
+            (
+                DType::F32,
+                vec![0u32, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0001],
+            ),
+            (DType::BF16, vec![0, 0x8000, 0x7f80, 0xff80, 0x7fc1]),
+            (DType::F16, vec![0, 0x8000, 0x7c00, 0xfc00, 0x7e01]),
+        ] {
+            let es = dtype.size();
+            let mut b: Vec<u8> = (0..640)
+                .flat_map(|i| specials[i % specials.len()].to_le_bytes()[..es].to_vec())
+                .collect();
+            let before = b.clone();
+            assert_eq!(apply(dtype, &mut b, &mut Noise::new(9, 1, 2)), 0);
+            assert_eq!(b, before, "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_formats_flip_their_own_last_bit() {
+        let vals: Vec<half::bf16> = (1..=256).map(|i| half::bf16::from_f32(i as f32)).collect();
+        let mut b: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let n = apply(DType::BF16, &mut b, &mut Noise::new(3, 0, 0));
+        assert!((80..180).contains(&n), "{n}");
+        for (x, y) in vals.iter().zip(b.chunks_exact(2)) {
+            let y = u16::from_le_bytes([y[0], y[1]]);
+            assert!(y == x.to_bits() || (y ^ x.to_bits()) == 1);
+        }
+    }
+
+    #[test]
+    fn the_draw_depends_on_seed_rank_and_call_only() {
+        let draw = |s, r, c| {
+            let mut n = Noise::new(s, r, c);
+            (0..4).map(|_| n.next_u64()).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1, 0, 0), draw(1, 0, 0));
+        for other in [draw(2, 0, 0), draw(1, 1, 0), draw(1, 0, 1)] {
+            assert_ne!(draw(1, 0, 0), other);
+        }
+    }
+
+    #[test]
+    fn batch_entries_must_not_overlap() {
+        let src = |spitch, width, height, batch, bstride| Source {
+            src: 0x1000,
+            spitch,
+            width,
+            height,
+            batch,
+            bstride,
+        };
+        // 16 heads of 16x16 bf16 blocks: packed, padded, interleaved in rows of 768 bytes.
+        assert!(disjoint(&src(32, 32, 16, 16, 512)));
+        assert!(disjoint(&src(64, 32, 16, 16, 1024)));
+        assert!(disjoint(&src(512, 32, 16, 16, 32)));
+        assert!(disjoint(&src(1536, 32, 16, 16, 96)));
+        assert!(disjoint(&src(32, 32, 16, 1, 0)));
+        // Broadcast (stride 0), and strides that make blocks overlap.
+        assert!(!disjoint(&src(32, 32, 16, 2, 0)));
+        assert!(!disjoint(&src(32, 32, 16, 2, 256)));
+        assert!(!disjoint(&src(512, 32, 16, 17, 32)));
+        assert!(!disjoint(&src(512, 32, 16, 2, 16)));
+    }
+
+    #[test]
+    fn other_dtypes_are_not_perturbed() {
+        assert!(perturbable(DType::BF16) && perturbable(DType::F16) && perturbable(DType::F32));
+        for t in [
+            DType::F64,
+            DType::F8_E4M3,
+            DType::F8_E5M2,
+            DType::I32,
+            DType::U8,
+        ] {
+            assert!(!perturbable(t));
+            let mut b = vec![0x55u8; 64];
+            assert_eq!(apply(t, &mut b, &mut Noise::new(1, 0, 0)), 0);
+        }
+    }
+}

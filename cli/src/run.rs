@@ -93,6 +93,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_name = "SEED",
+        env = "TTRACE_PERTURB",
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "1"

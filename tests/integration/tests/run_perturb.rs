@@ -68,7 +68,7 @@ struct Traced {
     _dir: TempDir,
 }
 
-fn traced(perturb: Option<&str>, extra: &[&str]) -> Traced {
+fn trainer_run(perturb: Option<&str>, extra: &[&str]) -> Traced {
     let dir = TempDir::new("perturb");
     let out = ttrace_run(dir.path(), perturb, extra);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
@@ -140,10 +140,10 @@ fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
     let plain_losses = losses(dump.path());
     assert_eq!(plain_losses.len(), 2);
 
-    let unperturbed = traced(None, &[]);
-    let p1 = traced(Some("--perturb"), &[]);
-    let p1_again = traced(Some("--perturb=1"), &[]);
-    let p2 = traced(Some("--perturb=2"), &[]);
+    let unperturbed = trainer_run(None, &[]);
+    let p1 = trainer_run(Some("--perturb"), &[]);
+    let p1_again = trainer_run(Some("--perturb=1"), &[]);
+    let p2 = trainer_run(Some("--perturb=2"), &[]);
 
     // (1) Tracing alone changes nothing; the perturbation changes the losses by round-off.
     assert_eq!(
@@ -253,7 +253,7 @@ fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
 
 #[test]
 fn the_cublaslt_path_is_perturbed_too() {
-    let run = traced(Some("--perturb=7"), &["--gemm", "lt"]);
+    let run = trainer_run(Some("--perturb=7"), &["--gemm", "lt"]);
     let g = gemms(&run);
     assert!(g.iter().all(|r| r.record.api == "cublasLtMatmul"));
     let (mut total, mut moved) = (0, 0);
@@ -280,4 +280,69 @@ fn a_bad_seed_is_refused_naming_the_option() {
         .expect("ttrace runs");
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--perturb"));
+}
+
+#[test]
+fn the_environment_variable_is_the_option() {
+    let dir = TempDir::new("perturb-env");
+    let mut c = Command::new(bin("ttrace"));
+    c.env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("TTRACE_LIB")
+        .env_remove("TTRACE_DAEMON")
+        .env_remove("LD_PRELOAD")
+        .env("TTRACE_PERTURB", "11")
+        .args(["run", "--out"])
+        .arg(dir.path().join("store"))
+        .arg("--")
+        .arg(bin("sim-probe"))
+        .args(["traced", "gemm"]);
+    let out = c.output().expect("ttrace runs");
+    let m = Manifest::read(&dir.path().join("store")).expect("manifest");
+    assert_eq!(m.config.perturb, Some(11), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("perturb   seed 11"));
+}
+
+/// Under `TTRACE_PERTURB` straight (no `ttrace run`), as a launcher would pass it on.
+fn perturbed_probe(args: &[&str]) -> Run {
+    intercept_util::traced(1, args, &[("TTRACE_PERTURB", "5")])
+}
+
+#[test]
+fn gemms_in_a_captured_graph_are_left_alone_and_replay_exactly() {
+    // The probe checks every replay's output against the exact product: a perturbed GEMM
+    // would fail it.
+    let run = perturbed_probe(&["traced", "graph"]);
+    assert_ok(&run);
+    let out = String::from_utf8_lossy(&run.out.stdout);
+    assert!(out.contains("2 replays"), "{}", describe(&run.out));
+    let err = String::from_utf8_lossy(&run.out.stderr);
+    assert!(
+        err.contains("GEMMs captured into CUDA graphs are not perturbed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("0 GEMM outputs perturbed, 1 left alone"),
+        "{err}"
+    );
+}
+
+#[test]
+fn failing_gemms_return_their_codes_and_are_not_touched() {
+    // Invalid arguments, missing handles and the like: the same codes as untraced.
+    let plain = untraced(1, &["traced", "errors"]);
+    assert!(plain.status.success(), "{}", describe(&plain));
+    let run = perturbed_probe(&["traced", "errors"]);
+    assert_ok(&run);
+    assert_eq!(
+        run.out.stdout, plain.stdout,
+        "the calls returned other codes"
+    );
+    // The probe's own checks of GEMM results see the noise (they compare exactly).
+    let checked = perturbed_probe(&["gemm-cublas", "--sim"]);
+    assert!(
+        String::from_utf8_lossy(&checked.out.stdout).contains("differs")
+            || String::from_utf8_lossy(&checked.out.stderr).contains("differs"),
+        "{}",
+        describe(&checked.out)
+    );
 }

@@ -94,6 +94,7 @@ pub struct RunArgs {
         long,
         value_name = "SEED",
         env = "TTRACE_PERTURB",
+        value_parser = parse_seed,
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "1"
@@ -121,6 +122,16 @@ pub struct RunArgs {
         value_name = "CMD"
     )]
     command: Vec<OsString>,
+}
+
+/// A `--perturb` seed (also read from `TTRACE_PERTURB`, hence the variable in the message).
+fn parse_seed(s: &str) -> Result<u64, String> {
+    s.trim().parse().map_err(|_| {
+        format!(
+            "`{s}` is not a seed: expected an unsigned 64-bit number (--perturb=SEED or \
+             TTRACE_PERTURB=SEED)"
+        )
+    })
 }
 
 /// Runs `ttrace run`; returns the process exit code.
@@ -379,7 +390,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                     sock.display()
                 );
                 if let Some(seed) = capture.perturb {
-                    eprint!("{}", perturb_note(seed, None));
+                    eprint!("{}", perturb_note(seed, None, "PERTURBED_REF"));
                 }
             }
         }
@@ -390,7 +401,12 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             if !args.quiet {
                 eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
                 if let Some(seed) = capture.perturb {
-                    eprint!("{}", perturb_note(seed, perturbed_outputs(&summary.store)));
+                    let store = summary.store.strip_prefix(&cwd).unwrap_or(&summary.store);
+                    let stored = perturbed_outputs(&summary.store);
+                    eprint!(
+                        "{}",
+                        perturb_note(seed, stored, &store.display().to_string())
+                    );
                 }
             }
         }
@@ -507,15 +523,15 @@ fn perturbed_outputs(store: &Path) -> Option<u64> {
     Some(n)
 }
 
-/// The summary line of a perturbed reference run.
-fn perturb_note(seed: u64, stored: Option<u64>) -> String {
+/// The summary lines of a perturbed reference run.
+fn perturb_note(seed: u64, stored: Option<u64>, store: &str) -> String {
     let n = stored.map_or(String::new(), |n| {
         format!("; {n} perturbed GEMM outputs stored")
     });
     format!(
         "  perturb   seed {seed}: F32/F16/BF16 GEMM outputs moved by ±1 ulp in about half their \
-         elements{n}\n            (a perturbed reference: `ttrace compare REF RUN --perturbed \
-         THIS_STORE`)\n"
+         elements{n}\n            a perturbed reference: ttrace compare REF RUN --perturbed \
+         {store}\n"
     )
 }
 

@@ -165,7 +165,9 @@ fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
     assert_eq!(p2.manifest.config.perturb, Some(2));
     let summary = String::from_utf8_lossy(&p1.out.stderr);
     assert!(
-        summary.contains("perturb   seed 1") && summary.contains("perturbed GEMM outputs stored"),
+        summary.contains("perturb   seed 1")
+            && summary.contains("perturbed GEMM outputs stored")
+            && summary.contains("--perturbed /"),
         "{summary}"
     );
     assert!(!String::from_utf8_lossy(&unperturbed.out.stderr).contains("perturb   seed"));
@@ -280,6 +282,23 @@ fn a_bad_seed_is_refused_naming_the_option() {
         .expect("ttrace runs");
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--perturb"));
+    let out = Command::new(bin("ttrace"))
+        .env("TTRACE_PERTURB", "-3")
+        .args(["run", "--", "true"])
+        .output()
+        .expect("ttrace runs");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TTRACE_PERTURB"));
+}
+
+#[test]
+fn libttrace_refuses_a_bad_seed_naming_the_variable_and_stays_out_of_the_way() {
+    let run = intercept_util::traced(1, &["gemm-cublas", "--sim"], &[("TTRACE_PERTURB", "x")]);
+    // Untraced and unperturbed: the probe's exact checks pass.
+    assert_ok(&run);
+    let err = String::from_utf8_lossy(&run.out.stderr);
+    assert!(err.contains("TTRACE_PERTURB=x"), "{err}");
+    assert!(run.records.is_empty());
 }
 
 #[test]

@@ -332,7 +332,7 @@ code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; 
 .banner.divergence { background: var(--bad); }
 .banner.match { background: var(--good); }
 h2 { font-size: 17px; margin: 22px 0 8px; }
-section { background: #fff; border: 1px solid #e3e3e3; border-radius: 6px; padding: 4px 16px 12px; margin-top: 16px; }
+section { overflow-x: auto; background: #fff; border: 1px solid #e3e3e3; border-radius: 6px; padding: 4px 16px 12px; margin-top: 16px; }
 table { border-collapse: collapse; }
 .facts th { text-align: left; vertical-align: top; padding: 3px 14px 3px 0; color: var(--muted); font-weight: 600; white-space: nowrap; }
 .facts td { padding: 3px 0; }
@@ -358,7 +358,7 @@ table { border-collapse: collapse; }
 #plot .series { fill: none; stroke-width: 4; stroke-linecap: round; }
 #plot .marker { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 4 3; }
 #plot .marker-ring { fill: none; stroke: var(--bad); stroke-width: 2; }
-#plot .label { font-size: 11.5px; }
+#plot .label { font-size: 11.5px; paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 #plot .hover { stroke: #888; stroke-width: 1; }
 #tooltip { position: absolute; pointer-events: none; background: rgba(255,255,255,0.97); border: 1px solid #ccc; border-radius: 4px; padding: 6px 8px; font-size: 12px; max-width: 460px; box-shadow: 0 2px 6px rgba(0,0,0,0.12); }
 .plot-error { margin: 10px 0; padding: 10px; border: 1px solid var(--bad); color: var(--bad); white-space: pre-wrap; font-family: ui-monospace, monospace; }
@@ -445,12 +445,18 @@ const JS: &str = r##"
       (t.ranks || []).forEach(function (r) { if (!isFinite(ratio(r.error_eps, t.tolerance_eps))) offscale = true; });
     });
     var TOP = offscale ? T + 22 : T;
+    // Exact matches (error 0) get theirs below the bottom decade.
+    var exact = tensors.some(function (t) {
+      return (t.ranks || []).some(function (r) { return ratio(r.error_eps, t.tolerance_eps) === 0; });
+    });
+    var BOT = exact ? H - B - 22 : H - B;
     var Y = function (y) {
       if (!isFinite(y)) return T;
+      if (y === 0) return H - B;
       var k = y > 0 ? Math.log10(y) : kLo;
       if (k > kHi) k = kHi;
       if (k < kLo) k = kLo;
-      return TOP + (kHi - k) / (kHi - kLo) * (H - TOP - B);
+      return TOP + (kHi - k) / (kHi - kLo) * (BOT - TOP);
     };
 
     // Axes: decades on y, round numbers on x, step boundaries.
@@ -459,6 +465,10 @@ const JS: &str = r##"
       var y = Y(Math.pow(10, k));
       el("line", { x1: L, x2: W - R, y1: y, y2: y }, axis);
       text(axis, L - 6, y + 4, k === 0 ? "1" : k === 1 ? "10" : k === -1 ? "0.1" : "1e" + k, { "text-anchor": "end" });
+    }
+    if (exact) {
+      el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "grid-line" }, axis);
+      text(axis, L - 6, H - B + 4, "exact", { "text-anchor": "end" });
     }
     if (offscale) {
       el("line", { x1: L, x2: W - R, y1: T, y2: T, class: "grid-line" }, axis);

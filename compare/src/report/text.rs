@@ -14,7 +14,9 @@ const WORST_ROWS: usize = 6;
 /// Warnings printed before "and N more".
 const WARNINGS_SHOWN: usize = 2;
 /// Width the explanation is wrapped at.
-const WRAP: usize = 100;
+const WRAP: usize = 104;
+/// Lines a divergence report aims to fit in.
+const SCREEN: usize = 25;
 
 /// Renders `report` as one screen of text; ANSI colors only when `color`.
 pub fn render(report: &CompareReport, color: bool) -> String {
@@ -27,7 +29,14 @@ pub fn render(report: &CompareReport, color: bool) -> String {
     let _ = writeln!(out, "{verdict}  {}", headline(report));
     match report.verdict {
         Verdict::Match => render_match(report, &p, &mut out),
-        Verdict::Divergence => render_divergence(report, &p, &mut out),
+        Verdict::Divergence => {
+            // The explanation gets the lines the rest leaves of the screen (2 to 5).
+            let mut probe = String::new();
+            render_divergence(report, &p, 1, &mut probe);
+            let rest = probe.lines().count() + 1 + report.warnings.len().min(WARNINGS_SHOWN + 1);
+            let budget = SCREEN.saturating_sub(rest) + 1;
+            render_divergence(report, &p, budget.clamp(2, 5), &mut out);
+        }
     }
     let _ = writeln!(out, "{}", counts(report));
     for w in report.warnings.iter().take(WARNINGS_SHOWN) {
@@ -89,7 +98,7 @@ fn render_match(r: &CompareReport, p: &Paint, out: &mut String) {
     }
 }
 
-fn render_divergence(r: &CompareReport, p: &Paint, out: &mut String) {
+fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &mut String) {
     let Some(d) = &r.first_divergence else {
         let _ = writeln!(out, "  (no first divergence recorded)");
         render_worst(r, p, out);
@@ -155,7 +164,7 @@ fn render_divergence(r: &CompareReport, p: &Paint, out: &mut String) {
         Cause::Local => "LOCAL",
         Cause::Upstream => "UPSTREAM",
     };
-    let explanation = wrap(&d.explanation, WRAP - 23, 3);
+    let explanation = wrap(&d.explanation, WRAP - 15 - cause.len(), explain_lines);
     for (i, chunk) in explanation.iter().enumerate() {
         if i == 0 {
             let _ = writeln!(out, "{}{}: {chunk}", label("cause"), p.paint("1;33", cause));
@@ -209,7 +218,7 @@ fn render_worst(r: &CompareReport, p: &Paint, out: &mut String) {
         p.paint(
             "1",
             &format!(
-                "worst tensors:\n  {:>6} {:>4}  {:<40} {:<22} {:<4} {:>9} {:>9} {:>9}",
+                "worst tensors:\n  {:>6} {:>4}  {:<38} {:<20} {:<6} {:>9} {:>9} {:>9}",
                 "pos", "step", "module", "api", "role", "error eps", "tol eps", "x tol"
             )
         )
@@ -217,12 +226,12 @@ fn render_worst(r: &CompareReport, p: &Paint, out: &mut String) {
     for t in rows {
         let x = ratio(t.error_eps, t.tolerance_eps);
         let cells = format!(
-            "  {:>6} {:>4}  {:<40} {:<22} {:<4} {:>9} {:>9} {:>9}",
+            "  {:>6} {:>4}  {:<38} {:<20} {:<6} {:>9} {:>9} {:>9}",
             t.position,
             t.step,
-            clip_left(t.nvtx.as_deref().unwrap_or("-"), 40),
-            clip_left(&t.api, 22),
-            clip_left(&t.role, 4),
+            clip_left(t.nvtx.as_deref().unwrap_or("-"), 38),
+            clip_right(&t.api, 20),
+            clip_left(&t.role, 6),
             fmt_num(t.error_eps),
             fmt_num(t.tolerance_eps),
             fmt_num(x),
@@ -245,9 +254,9 @@ pub(crate) fn counts(r: &CompareReport) -> String {
     }
     let _ = write!(
         line,
-        "; ops: {} aligned of {} in the reference, {} unaligned; {} read in {}",
-        s.aligned_ops,
+        "; ops: {} in the reference, {} aligned in the run, {} unaligned; {} read in {}",
         s.reference_ops,
+        s.aligned_ops,
         s.unaligned_ops,
         fmt_bytes(s.bytes_compared),
         fmt_secs(s.elapsed_s)
@@ -381,7 +390,14 @@ pub(crate) fn norm_reading(norm_ratio: f64, layout: &LayoutSummary) -> Option<St
         ("tp", layout.tp),
         ("dp", layout.dp),
         ("pp", layout.pp),
-        ("tp*dp", layout.tp.saturating_mul(layout.dp)),
+        (
+            "tp*dp",
+            if layout.tp > 1 && layout.dp > 1 {
+                layout.tp.saturating_mul(layout.dp)
+            } else {
+                1
+            },
+        ),
     ];
     for (name, k) in sizes {
         if k < 2 {
@@ -460,11 +476,22 @@ pub(crate) fn merge_label(m: &Merge) -> String {
 }
 
 pub(crate) fn kernels_label(kernels: &[String], width: usize) -> String {
+    // Consecutive launches of one kernel read as `name x4`.
+    let mut runs: Vec<(&str, usize)> = Vec::new();
+    for k in kernels {
+        match runs.last_mut() {
+            Some((name, n)) if *name == k.as_str() => *n += 1,
+            _ => runs.push((k, 1)),
+        }
+    }
     let mut s = format!("{}: ", plural(kernels.len() as u64, "kernel"));
-    for (i, k) in kernels.iter().enumerate() {
-        let name = clip_right(k, 56);
-        let rest = kernels.len() - i;
-        if i > 0 && s.len() + name.len() + 12 > width {
+    for (i, (k, n)) in runs.iter().enumerate() {
+        let mut name = clip_right(k, 56);
+        if *n > 1 {
+            let _ = write!(name, " x{n}");
+        }
+        let rest: usize = runs[i..].iter().map(|r| r.1).sum();
+        if i > 0 && s.chars().count() + name.chars().count() + 12 > width {
             let _ = write!(s, ", and {rest} more");
             return s;
         }
@@ -737,7 +764,7 @@ pub(crate) mod tests {
             "pos 3 step 0 forward.mb1/layers.1.mlp.fc2 B (cublasGemmEx) at 13.0 eps",
             "1 kernel: void at::native::vectorized_elementwise_kernel<4>",
             "worst tensors:",
-            "compared 24 tensors (13 beyond tolerance); ops: 400 aligned of 410",
+            "compared 24 tensors (13 beyond tolerance); ops: 410 in the reference, 400 aligned",
             "12 unaligned; 33.4 MiB read in 1.3 s",
             "warning: rank 5: 2 records unreadable",
             "warning: and 1 more",
@@ -801,6 +828,40 @@ pub(crate) mod tests {
             assert!(text.contains(s), "missing {s:?} in\n{text}");
         }
         assert!(text.lines().count() <= 25, "{text}");
+    }
+
+    #[test]
+    fn a_long_explanation_takes_the_lines_left_and_repeated_kernels_collapse() {
+        let mut r = sample(Verdict::Divergence);
+        r.warnings.truncate(1);
+        let d = r.first_divergence.as_mut().unwrap();
+        d.cause = Cause::Upstream;
+        d.explanation = "input B of this cublasGemmEx was already wrong when the op read it: the \
+                         bug lies between the last good tensor (A cublasGemmEx of \
+                         backward.mb0/output_layer) and this op, in code ttrace does not capture \
+                         (kernels, host-side copies, or a missing collective); run/reference \
+                         norm = 2.00: the tensor looks scaled by 2"
+            .into();
+        d.kernels_between = vec!["fn@0x5568".into(); 4];
+        d.kernels_between.push("softmax_kernel".into());
+        let text = render(&r, false);
+        assert!(
+            text.contains("5 kernels: fn@0x5568 x4, softmax_kernel"),
+            "{text}"
+        );
+        // Every word of the explanation is there: nothing was cut.
+        let shown: Vec<&str> = text.split_whitespace().collect();
+        let explanation = &r.first_divergence.as_ref().unwrap().explanation;
+        for w in explanation.split_whitespace() {
+            assert!(shown.contains(&w), "{w:?} cut from\n{text}");
+        }
+        assert!(!text.contains('…'), "{text}");
+        assert!(text.lines().count() <= 25, "{text}");
+        // With many warnings the explanation shrinks, the screen holds.
+        let mut r2 = r.clone();
+        r2.warnings = vec!["w".into(); 9];
+        let text2 = render(&r2, false);
+        assert!(text2.lines().count() <= 25, "{text2}");
     }
 
     #[test]

@@ -295,7 +295,11 @@ pub(crate) fn ranks_label(d: &Divergence, t: Option<&TensorComparison>) -> Strin
         let _ = write!(s, " and {} more", ranks.len() - 12);
     }
     if let Some(t) = t {
-        let _ = write!(s, " (of {} holding it", t.ranks.len());
+        if t.ranks.len() > 1 && t.ranks.iter().all(|r| ranks.contains(&r.rank)) {
+            let _ = write!(s, " (all {} holding it", t.ranks.len());
+        } else {
+            let _ = write!(s, " (of {} holding it", t.ranks.len());
+        }
         let worst = t
             .ranks
             .iter()

@@ -16,7 +16,9 @@
 #   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
 #
 # The store goes to the temp directory (a real disk here, fsync included) unless --dir says
-# otherwise, and is removed afterwards.
+# otherwise, and is removed afterwards. `loadgen bench --e2e-only` runs section 2's capture
+# alone (for `perf record`). The machine is shared: the script prints the load average next
+# to the numbers; wall-clock throughput means little when it is above ~0.5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -27,7 +29,7 @@ echo "== 1. hook cost with capture off (ns per call over the bare function)"
 cargo bench -q -p ttrace-intercept --bench hook_overhead 2>/dev/null | grep -v '^$' || true
 
 echo
-echo "== 2. capture throughput and compression"
+echo "== 2. capture throughput and compression (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$target/release/examples/loadgen" bench "$@"
 
 echo

@@ -79,6 +79,10 @@ enum Cmd {
         /// Where the store goes (removed afterwards) [default: the temp directory].
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Only the end-to-end run (no memcpy baseline, no compression comparison): for
+        /// profiling the capture path alone.
+        #[arg(long)]
+        e2e_only: bool,
     },
 }
 
@@ -113,6 +117,7 @@ fn main() -> anyhow::Result<()> {
             ring_mib,
             dtype,
             dir,
+            e2e_only,
         } => bench(BenchArgs {
             total: total_mib << 20,
             tensor: tensor_mib << 20,
@@ -126,6 +131,7 @@ fn main() -> anyhow::Result<()> {
                 other => anyhow::bail!("--dtype {other}: bf16 or f32"),
             },
             dir,
+            e2e_only,
         }),
     }
 }
@@ -255,6 +261,7 @@ struct BenchArgs {
     ring: u64,
     dtype: DType,
     dir: Option<PathBuf>,
+    e2e_only: bool,
 }
 
 /// Activations drawn from normal distributions of varied scale, as `dtype` bytes.
@@ -304,6 +311,29 @@ fn cpu_times() -> (Duration, Duration) {
         get(libc::CLOCK_PROCESS_CPUTIME_ID),
         get(libc::CLOCK_THREAD_CPUTIME_ID),
     )
+}
+
+/// CPU seconds the whole machine spent busy so far (all cores, `/proc/stat`).
+fn machine_busy() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: all but idle and iowait.
+    let busy: f64 = cpu
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|&(i, _)| i != 3 && i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some(busy / hz.max(1) as f64)
 }
 
 /// One compression on this thread: (ratio, MB per CPU-second).
@@ -365,6 +395,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let sizes = vec![a.tensor; a.per_record];
     let (offsets, _) = ring::tensor_offsets(&sizes);
     let (cpu0, thread0) = cpu_times();
+    let busy0 = machine_busy();
     let t = Instant::now();
     for r in 0..records {
         let slot = c.reserve(&sizes)?;
@@ -390,6 +421,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let s = h.finalize(Some(0), Duration::from_secs(60))?;
     let e2e = t.elapsed();
     let (cpu1, thread1) = cpu_times();
+    let busy1 = machine_busy();
     let _ = std::fs::remove_dir_all(&dir);
     let gb = total as f64 / 1e9;
     let cpu_all = (cpu1 - cpu0).as_secs_f64() / gb;
@@ -423,6 +455,19 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     println!(
         "  CPU per GB captured            {cpu_all:>7.2} s    (producer {cpu_producer:.2} s, of which the copy a GPU would do by DMA)"
     );
+    if let (Some(b0), Some(b1)) = (busy0, busy1) {
+        // Whatever else ran meanwhile (other processes, kernel threads such as write-back).
+        let others = ((b1 - b0) - (cpu1 - cpu0).as_secs_f64()).max(0.0) / e2e.as_secs_f64();
+        println!(
+            "  other CPU use during the run   {others:>7.2} cores (load average {})",
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .split(' ')
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
     println!(
         "  => ceiling on {cores} idle cores     {:>7.2} GB/s   (daemon only, as with a GPU: {:.2} GB/s)",
         cores / cpu_all,
@@ -444,6 +489,9 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         );
     }
 
+    if a.e2e_only {
+        return Ok(());
+    }
     // 3. Compression alone, one thread, CPU time, on a sample.
     let sample = &pool[..pool.len().min(64 << 20)];
     let elem = a.dtype.size();

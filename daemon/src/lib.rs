@@ -13,6 +13,12 @@
 //! fast rank is not limited to one core; the writer keeps publish order, so slots are released
 //! in the order they were reserved.
 //!
+//! Segments are written with `O_DIRECT` where the file system allows it
+//! (`SegmentWriter::create_direct`): at capture rates the page cache costs a copy into fresh
+//! pages plus a write-back that competes with compression for the cores. Frames are handed to
+//! the kernel whenever a client's queue runs empty (a crash of the daemon then loses nothing
+//! handed over) and fsynced when the segment is finished, at the rank's next step.
+//!
 //! Robustness rules:
 //! * a peer with another uid is refused (`SO_PEERCRED`); the socket is `0600` in a `0700`
 //!   directory and the store is `0700`;

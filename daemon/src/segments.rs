@@ -190,7 +190,7 @@ impl Segments {
         let dir = rank_dir(&self.store, rank);
         private_dir(&dir)?;
         if !reopen {
-            match SegmentWriter::create(&self.store, rank, step) {
+            match SegmentWriter::create_direct(&self.store, rank, step) {
                 Ok(w) => return Ok((w, None)),
                 // A segment left by an earlier writer of this store: keep its frames.
                 Err(FormatError::File { source, .. })
@@ -209,7 +209,7 @@ impl Segments {
         let n = self.reopened.fetch_add(1, Ordering::Relaxed);
         let staged = self.store.join(".reopen").join(n.to_string());
         private_dir(&rank_dir(&staged, rank))?;
-        let mut w = SegmentWriter::create(&staged, rank, step)?;
+        let mut w = SegmentWriter::create_direct(&staged, rank, step)?;
         let old = segment_path(&self.store, rank, step);
         let mut copied = 0u64;
         match SegmentReader::open(&old) {

@@ -3,6 +3,11 @@
 //! Shuffling groups the k-th byte of every element together (all high bytes, then all low
 //! bytes, ...). Exponent bytes of neighbouring BF16/FP32 activations are similar, so zstd
 //! compresses the shuffled stream far better than the raw one.
+//!
+//! [`Codec::ShufflePlanes`] (format 1.1) goes one step further: each byte plane is stored on
+//! its own, zstd-compressed or raw, whichever a sample of it says. The low (mantissa) bytes of
+//! floats are close to random: compressing them costs as much CPU as compressing the exponent
+//! plane and saves almost nothing, so they are stored as they are.
 
 use crate::FormatError;
 
@@ -16,14 +21,19 @@ pub enum Codec {
     Zstd = 1,
     /// zstd of the bytes shuffled by element size.
     ShuffleZstd = 2,
+    /// Shuffled by element size, then each byte plane raw or zstd (format 1.1): see
+    /// [`encode_planes`].
+    ShufflePlanes = 3,
 }
 
 impl Codec {
+    /// The codec of a stored code, `None` for one this version does not know.
     pub fn from_u8(v: u8) -> Option<Codec> {
         match v {
             0 => Some(Codec::Raw),
             1 => Some(Codec::Zstd),
             2 => Some(Codec::ShuffleZstd),
+            3 => Some(Codec::ShufflePlanes),
             _ => None,
         }
     }
@@ -34,13 +44,18 @@ impl Codec {
 /// move a word at a time, near memory speed; a byte-at-a-time loop costs as much as the
 /// compression that follows.
 pub fn shuffle(src: &[u8], elem: usize, dst: &mut Vec<u8>) {
-    dst.clear();
     if elem <= 1 {
+        dst.clear();
         dst.extend_from_slice(src);
         return;
     }
     let n = src.len() / elem;
-    dst.resize(src.len(), 0);
+    // Every byte is written below: a reused buffer of the right length (a compression
+    // thread's scratch, tensor after tensor of one size) needs no zero fill first.
+    if dst.len() != src.len() {
+        dst.clear();
+        dst.resize(src.len(), 0);
+    }
     let (planes, tail) = dst.split_at_mut(n * elem);
     match elem {
         2 => shuffle2(&src[..2 * n], planes, n),
@@ -165,7 +180,111 @@ pub fn encode(
             shuffle(raw, elem, scratch);
             zstd::bulk::compress(scratch, level).map_err(FormatError::Io)
         }
+        Codec::ShufflePlanes => {
+            let mut ctx = zstd::bulk::Compressor::new(level).map_err(FormatError::Io)?;
+            let mut out = Vec::new();
+            encode_planes(raw, elem, &mut ctx, scratch, &mut out)?;
+            Ok(out)
+        }
     }
+}
+
+/// Bytes of one entry of a [`Codec::ShufflePlanes`] blob's plane table.
+pub const PLANE_ENTRY_BYTES: usize = 16;
+/// Plane stored as it is.
+pub const PLANE_RAW: u8 = 0;
+/// Plane stored zstd-compressed (one zstd frame, content size declared).
+pub const PLANE_ZSTD: u8 = 1;
+
+/// A plane is compressed only when a sample of it shrinks below this fraction (in 1/64ths:
+/// 58/64 = 0.906): saving less is not worth compressing it on the capture path.
+const KEEP_64THS: usize = 58;
+/// Planes up to this size are compressed whole and kept raw if that did not pay.
+const SAMPLE_ALL: usize = 256 << 10;
+/// Larger planes are judged by compressing this many pieces of [`SAMPLE_PIECE`] bytes spread
+/// over the plane.
+const SAMPLE_PIECES: usize = 4;
+const SAMPLE_PIECE: usize = 16 << 10;
+
+/// The [`Codec::ShufflePlanes`] encoding of `raw` (elements of `elem` bytes) into `out`
+/// (cleared first), compressing with `ctx`; `scratch` holds the shuffled bytes. (At zstd's
+/// negative levels literals are stored raw unless the context enables their compression,
+/// as the capture daemon's does: without it a float's exponent plane does not shrink.)
+///
+/// Layout: a table of `elem` entries of [`PLANE_ENTRY_BYTES`] (`mode u8` — [`PLANE_RAW`] or
+/// [`PLANE_ZSTD`] — 7 zero bytes, `stored_len u64`), then each plane's stored bytes in plane
+/// order (plane `b` holds byte `b` of every element: `raw_len / elem` bytes before encoding),
+/// then the trailing partial element (`raw_len % elem` bytes) as it is. An element size of 0
+/// counts as 1.
+pub fn encode_planes(
+    raw: &[u8],
+    elem: usize,
+    ctx: &mut zstd::bulk::Compressor<'_>,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let e = elem.max(1);
+    let n = raw.len() / e;
+    let src: &[u8] = if e == 1 {
+        raw
+    } else {
+        shuffle(raw, e, scratch);
+        scratch
+    };
+    let bound = zstd::zstd_safe::compress_bound(n);
+    out.clear();
+    out.reserve(e * PLANE_ENTRY_BYTES + e * bound.max(n) + (raw.len() - n * e));
+    out.resize(e * PLANE_ENTRY_BYTES, 0);
+    let mut sample = Vec::new();
+    for b in 0..e {
+        let plane = &src[b * n..(b + 1) * n];
+        let start = out.len();
+        let mut mode = PLANE_RAW;
+        if worth_compressing(ctx, plane, &mut sample)? {
+            out.reserve(bound);
+            let mut cursor = std::io::Cursor::new(&mut *out);
+            cursor.set_position(start as u64);
+            let len = ctx
+                .compress_to_buffer(plane, &mut cursor)
+                .map_err(FormatError::Io)?;
+            if len * 64 < plane.len() * KEEP_64THS {
+                mode = PLANE_ZSTD;
+            } else {
+                out.truncate(start);
+            }
+        }
+        if mode == PLANE_RAW {
+            out.extend_from_slice(plane);
+        }
+        let len = (out.len() - start) as u64;
+        let entry = &mut out[b * PLANE_ENTRY_BYTES..(b + 1) * PLANE_ENTRY_BYTES];
+        entry[0] = mode;
+        entry[8..16].copy_from_slice(&len.to_le_bytes());
+    }
+    out.extend_from_slice(&raw[n * e..]);
+    Ok(())
+}
+
+/// Whether compressing `plane` looks worth it, from a sample (small planes: always try).
+fn worth_compressing(
+    ctx: &mut zstd::bulk::Compressor<'_>,
+    plane: &[u8],
+    buf: &mut Vec<u8>,
+) -> Result<bool, FormatError> {
+    if plane.len() <= SAMPLE_ALL {
+        return Ok(!plane.is_empty());
+    }
+    let stride = plane.len() / SAMPLE_PIECES;
+    let mut stored = 0usize;
+    for i in 0..SAMPLE_PIECES {
+        let piece = &plane[i * stride..i * stride + SAMPLE_PIECE];
+        buf.clear();
+        buf.reserve(zstd::zstd_safe::compress_bound(piece.len()));
+        stored += ctx
+            .compress_to_buffer(piece, &mut *buf)
+            .map_err(FormatError::Io)?;
+    }
+    Ok(stored * 64 < SAMPLE_PIECES * SAMPLE_PIECE * KEEP_64THS)
 }
 
 /// Decodes a blob of `raw_len` bytes.
@@ -183,6 +302,11 @@ pub fn decode(
             *scratch = zstd::bulk::decompress(stored, raw_len).map_err(FormatError::Io)?;
             let mut out = Vec::new();
             unshuffle(scratch, elem, &mut out);
+            out
+        }
+        Codec::ShufflePlanes => {
+            let mut out = Vec::new();
+            decode_into(stored, raw_len as u64, elem, codec, scratch, &mut out)?;
             out
         }
     };
@@ -225,10 +349,81 @@ pub fn decode_into(
             zstd_bounded(stored, raw_len, scratch)?;
             unshuffle(scratch, elem, out);
         }
+        Codec::ShufflePlanes => {
+            decode_planes(stored, raw_len, elem, scratch)?;
+            unshuffle(scratch, elem.max(1), out);
+        }
     }
     if out.len() as u64 != raw_len {
         return Err(wrong(out.len() as u64));
     }
+    Ok(())
+}
+
+/// Decodes a [`Codec::ShufflePlanes`] blob into its shuffled bytes (planes, then the partial
+/// element) in `out`. Every length is checked against the blob before anything is allocated
+/// from it.
+fn decode_planes(
+    stored: &[u8],
+    raw_len: u64,
+    elem: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let bad = |why: String| FormatError::Corrupt(format!("plane blob: {why}"));
+    let e = elem.max(1);
+    let n = raw_len / e as u64;
+    let tail = (raw_len % e as u64) as usize;
+    let table_len = e * PLANE_ENTRY_BYTES;
+    if stored.len() < table_len + tail {
+        return Err(bad(format!(
+            "{} bytes cannot hold a table of {e} planes",
+            stored.len()
+        )));
+    }
+    let (table, data) = stored.split_at(table_len);
+    let mut planes = Vec::with_capacity(e);
+    let mut at = 0usize;
+    for entry in table.chunks_exact(PLANE_ENTRY_BYTES) {
+        let len = u64::from_le_bytes(entry[8..16].try_into().expect("8 bytes"));
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| at.checked_add(l))
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| bad(format!("plane of {len} bytes runs past the blob")))?;
+        let plane = &data[at..end];
+        match entry[0] {
+            PLANE_RAW if len == n => {}
+            PLANE_RAW => return Err(bad(format!("raw plane of {len} bytes, expected {n}"))),
+            PLANE_ZSTD => {}
+            m => return Err(bad(format!("unknown plane mode {m}"))),
+        }
+        planes.push((entry[0], plane));
+        at = end;
+    }
+    if data.len() - at != tail {
+        return Err(bad(format!(
+            "{} bytes after the planes, expected {tail}",
+            data.len() - at
+        )));
+    }
+    out.clear();
+    let mut plane_out = Vec::new();
+    for (mode, plane) in planes {
+        if mode == PLANE_RAW {
+            out.extend_from_slice(plane);
+        } else {
+            // zstd_bounded refuses a claim the stored bytes cannot back, before allocating.
+            zstd_bounded(plane, n, &mut plane_out)?;
+            if plane_out.len() as u64 != n {
+                return Err(bad(format!(
+                    "plane decodes to {} bytes, expected {n}",
+                    plane_out.len()
+                )));
+            }
+            out.extend_from_slice(&plane_out);
+        }
+    }
+    out.extend_from_slice(&data[at..]);
     Ok(())
 }
 
@@ -325,7 +520,12 @@ mod tests {
             .flat_map(|i| ((i % 97) as f32).to_le_bytes())
             .collect();
         let mut scratch = Vec::new();
-        for codec in [Codec::Raw, Codec::Zstd, Codec::ShuffleZstd] {
+        for codec in [
+            Codec::Raw,
+            Codec::Zstd,
+            Codec::ShuffleZstd,
+            Codec::ShufflePlanes,
+        ] {
             let stored = encode(&raw, 4, codec, 3, &mut scratch).expect("encodes");
             let back = decode(&stored, raw.len(), 4, codec, &mut scratch).expect("decodes");
             assert_eq!(back, raw, "{codec:?}");
@@ -336,7 +536,12 @@ mod tests {
     fn decode_into_matches_decode_and_bounds_lies() {
         let raw: Vec<u8> = (0..3001u32).map(|i| (i % 251) as u8).collect();
         let (mut scratch, mut out) = (Vec::new(), Vec::new());
-        for codec in [Codec::Raw, Codec::Zstd, Codec::ShuffleZstd] {
+        for codec in [
+            Codec::Raw,
+            Codec::Zstd,
+            Codec::ShuffleZstd,
+            Codec::ShufflePlanes,
+        ] {
             let stored = encode(&raw, 2, codec, 3, &mut scratch).expect("encodes");
             decode_into(&stored, raw.len() as u64, 2, codec, &mut scratch, &mut out)
                 .expect("decodes");
@@ -356,5 +561,122 @@ mod tests {
         let mut scratch = Vec::new();
         let stored = encode(&[1, 2, 3, 4], 1, Codec::Zstd, 1, &mut scratch).expect("encodes");
         assert!(decode(&stored, 5, 1, Codec::Zstd, &mut scratch).is_err());
+    }
+
+    /// BF16-like values: a few distinct high (sign + exponent) bytes, random low bytes.
+    fn bf16_like(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                [(x >> 24) as u8, 0x3c + (x >> 60) as u8 % 3]
+            })
+            .collect()
+    }
+
+    fn plane_modes(stored: &[u8], elem: usize) -> Vec<u8> {
+        stored[..elem * PLANE_ENTRY_BYTES]
+            .chunks_exact(PLANE_ENTRY_BYTES)
+            .map(|e| e[0])
+            .collect()
+    }
+
+    #[test]
+    fn planes_keep_random_bytes_raw_and_compress_the_rest() {
+        let mut ctx = zstd::bulk::Compressor::new(1).expect("context");
+        let (mut scratch, mut out, mut back) = (Vec::new(), Vec::new(), Vec::new());
+        // Small (compressed whole, then judged) and large (judged by samples) tensors.
+        for n in [5000, 400_000] {
+            let raw = bf16_like(n, 7);
+            encode_planes(&raw, 2, &mut ctx, &mut scratch, &mut out).expect("encodes");
+            assert_eq!(plane_modes(&out, 2), vec![PLANE_RAW, PLANE_ZSTD], "n {n}");
+            assert!(out.len() < raw.len() * 7 / 10, "n {n}: {} bytes", out.len());
+            decode_into(
+                &out,
+                raw.len() as u64,
+                2,
+                Codec::ShufflePlanes,
+                &mut scratch,
+                &mut back,
+            )
+            .expect("decodes");
+            assert_eq!(back, raw, "n {n}");
+        }
+    }
+
+    #[test]
+    fn planes_round_trip_every_element_size_and_tail() {
+        let mut ctx = zstd::bulk::Compressor::new(1).expect("context");
+        let (mut scratch, mut out, mut back) = (Vec::new(), Vec::new(), Vec::new());
+        let mixed: Vec<u8> = bf16_like(150_000, 3)
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| if i % 3 == 0 { 0 } else { b })
+            .collect();
+        for elem in 0..=9 {
+            for len in [0, 1, 2, 3, 17, 1000, 1001, 299_999, 300_000] {
+                let raw = &mixed[..len];
+                encode_planes(raw, elem, &mut ctx, &mut scratch, &mut out).expect("encodes");
+                decode_into(
+                    &out,
+                    len as u64,
+                    elem,
+                    Codec::ShufflePlanes,
+                    &mut scratch,
+                    &mut back,
+                )
+                .expect("decodes");
+                assert_eq!(back, raw, "elem {elem} len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_plane_blobs_are_reported() {
+        let mut ctx = zstd::bulk::Compressor::new(1).expect("context");
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        let raw = bf16_like(3001, 5);
+        let mut good = Vec::new();
+        encode_planes(&raw[..6001], 2, &mut ctx, &mut scratch, &mut good).expect("encodes");
+        let len = 6001u64;
+        let decode = |stored: &[u8], raw_len: u64, out: &mut Vec<u8>| {
+            decode_into(
+                stored,
+                raw_len,
+                2,
+                Codec::ShufflePlanes,
+                &mut Vec::new(),
+                out,
+            )
+        };
+        decode(&good, len, &mut out).expect("the intact blob decodes");
+        for lie in [0, len - 1, len + 1, len + 2, u64::MAX] {
+            assert!(decode(&good, lie, &mut out).is_err(), "raw_len {lie}");
+        }
+        assert!(decode(&good[..20], len, &mut out).is_err(), "short table");
+        assert!(
+            decode(&good[..good.len() - 1], len, &mut out).is_err(),
+            "cut tail"
+        );
+        let mut bad_mode = good.clone();
+        bad_mode[0] = 7;
+        assert!(decode(&bad_mode, len, &mut out).is_err(), "unknown mode");
+        let mut bad_len = good.clone();
+        bad_len[8] ^= 1;
+        assert!(decode(&bad_len, len, &mut out).is_err(), "plane length");
+        let mut huge = good.clone();
+        huge[PLANE_ENTRY_BYTES + 8..PLANE_ENTRY_BYTES + 16]
+            .copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode(&huge, len, &mut out).is_err(), "huge plane");
+        let mut flipped = good.clone();
+        let last = flipped.len() - 2;
+        flipped[last] ^= 0x55;
+        let r = decode(&flipped, len, &mut out);
+        assert!(
+            r.is_err() || out != raw[..6001],
+            "a damaged zstd plane went unnoticed"
+        );
     }
 }

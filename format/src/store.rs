@@ -8,8 +8,8 @@
 //!
 //! A frame is `magic "TTRF" | flags u32 | body_len u64 | crc32(body) u32 | reserved u32 | body`;
 //! a body is `meta_len u32 | CBOR Record | one blob per captured tensor`; a blob is
-//! `codec u8 | elem_size u8 | 0u16 | 0u32 | raw_len u64 | stored_len u64 | stored bytes`.
-//! All integers are little-endian.
+//! `codec u8 | elem_size u8 | 0u16 | 0u32 | raw_len u64 | stored_len u64 | stored bytes`
+//! (the codecs are in [`crate::codec`]). All integers are little-endian.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -26,7 +26,7 @@ use crate::FormatError;
 /// Major version: a reader refuses a store with another one.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 0;
+pub const FORMAT_MINOR: u16 = 1;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
 pub const INDEX_MAGIC: [u8; 8] = *b"TTRIDX\r\n";
@@ -147,6 +147,7 @@ pub struct Blob {
 
 impl Blob {
     /// Compresses `raw` (byte-shuffled by `elem_size`, zstd `level`; level 0 stores raw).
+    /// The capture daemon writes [`Codec::ShufflePlanes`] instead (`codec::encode_planes`).
     pub fn encode(
         raw: &[u8],
         elem_size: usize,
@@ -183,14 +184,185 @@ pub struct IndexEntry {
 /// Appends frames to one segment.
 pub struct SegmentWriter {
     path: PathBuf,
-    file: BufWriter<File>,
+    file: Sink,
     offset: u64,
     index: Vec<IndexEntry>,
+}
+
+/// How a segment writer reaches its file.
+enum Sink {
+    /// Through the page cache.
+    Buffered(BufWriter<File>),
+    /// Around it: see [`DirectFile`].
+    Direct(DirectFile),
+}
+
+impl Sink {
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Buffered(f) => f.write_all(data),
+            Sink::Direct(d) => d.write_all(data),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Buffered(f) => f.flush(),
+            Sink::Direct(d) => d.flush(),
+        }
+    }
+
+    fn file(&self) -> &File {
+        match self {
+            Sink::Buffered(f) => f.get_ref(),
+            Sink::Direct(d) => &d.plain,
+        }
+    }
+}
+
+/// Alignment of `O_DIRECT` transfers (buffer address, length and file offset).
+const DIRECT_ALIGN: usize = 4096;
+/// Bytes a direct writer gathers before writing them out.
+const DIRECT_BUF: usize = 4 << 20;
+
+/// A segment written with `O_DIRECT`: frames are gathered in an aligned buffer and written
+/// to the device in large aligned blocks, without passing through the page cache. Through the
+/// page cache, a fast capture pays twice for every byte (the copy into fresh cache pages, then
+/// the write-back) and the write-back competes with compression for the CPU; direct writes
+/// move the bytes to the device from the buffer itself.
+///
+/// [`DirectFile::flush`] writes the aligned part directly and the last, partial block through
+/// a second, ordinary descriptor of the same file, so the file always ends exactly at the last
+/// frame (never with padding) and a crash of the writer loses nothing flushed. That block is
+/// written again, directly, once it is complete; the kernel keeps the two paths coherent.
+/// A file system that refuses direct writes gets them through the ordinary descriptor.
+struct DirectFile {
+    direct: File,
+    plain: File,
+    buf: memmap2::MmapMut,
+    /// File offset of `buf[0]`, a multiple of [`DIRECT_ALIGN`].
+    at: u64,
+    /// Bytes of `buf` in use.
+    len: usize,
+    /// `len` at the last flush (the partial block already handed to the kernel).
+    flushed: usize,
+    /// Direct writes work on this file.
+    direct_ok: bool,
+}
+
+impl DirectFile {
+    /// Opens `path` (already created, empty, through `plain`) for direct writes; `None` when
+    /// the file system does not do `O_DIRECT`.
+    fn open(path: &Path, plain: File) -> Option<DirectFile> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        // SAFETY: fstatfs fills one statfs for a descriptor that lives across the call.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstatfs(plain.as_raw_fd(), &mut fs) } != 0 {
+            return None;
+        }
+        // tmpfs and ramfs are the page cache: a direct write there is one more copy.
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        if matches!(fs.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC) {
+            return None;
+        }
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok()?;
+        let buf = memmap2::MmapMut::map_anon(DIRECT_BUF).ok()?;
+        Some(DirectFile {
+            direct,
+            plain,
+            buf,
+            at: 0,
+            len: 0,
+            flushed: 0,
+            direct_ok: true,
+        })
+    }
+
+    fn write_all(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            let k = (DIRECT_BUF - self.len).min(data.len());
+            self.buf[self.len..self.len + k].copy_from_slice(&data[..k]);
+            self.len += k;
+            data = &data[k..];
+            if self.len == DIRECT_BUF {
+                self.write_out(DIRECT_BUF)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the first `k` bytes of the buffer (a multiple of [`DIRECT_ALIGN`]) at `at` and
+    /// drops them from the buffer.
+    fn write_out(&mut self, k: usize) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.direct_ok {
+            match self.direct.write_all_at(&self.buf[..k], self.at) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    // The file system takes O_DIRECT opens but not the writes (or wants
+                    // another alignment): write through the page cache from now on.
+                    self.direct_ok = false;
+                    self.plain.write_all_at(&self.buf[..k], self.at)?;
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.plain.write_all_at(&self.buf[..k], self.at)?;
+        }
+        self.buf.copy_within(k..self.len, 0);
+        self.at += k as u64;
+        self.len -= k;
+        self.flushed = self.flushed.saturating_sub(k);
+        Ok(())
+    }
+
+    /// Hands everything gathered to the kernel.
+    fn flush(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let aligned = self.len / DIRECT_ALIGN * DIRECT_ALIGN;
+        if aligned > 0 {
+            self.write_out(aligned)?;
+        }
+        if self.len > self.flushed {
+            self.plain.write_all_at(&self.buf[..self.len], self.at)?;
+            self.flushed = self.len;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DirectFile {
+    /// Like a `BufWriter`, hands what it gathered to the kernel when dropped unflushed.
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
 }
 
 impl SegmentWriter {
     /// Creates the segment (and its rank directory) and writes its header.
     pub fn create(run: &Path, rank: u32, step: u64) -> Result<SegmentWriter, FormatError> {
+        SegmentWriter::create_with(run, rank, step, false)
+    }
+
+    /// Like [`SegmentWriter::create`], but writes with `O_DIRECT` where the file system
+    /// allows it (the capture daemon: see [`DirectFile`]); same file contents.
+    pub fn create_direct(run: &Path, rank: u32, step: u64) -> Result<SegmentWriter, FormatError> {
+        SegmentWriter::create_with(run, rank, step, true)
+    }
+
+    fn create_with(
+        run: &Path,
+        rank: u32,
+        step: u64,
+        direct: bool,
+    ) -> Result<SegmentWriter, FormatError> {
         let path = segment_path(run, rank, step);
         let dir = rank_dir(run, rank);
         std::fs::create_dir_all(&dir).map_err(|e| FormatError::at(&dir, e))?;
@@ -199,7 +371,14 @@ impl SegmentWriter {
             .create_new(true)
             .open(&path)
             .map_err(|e| FormatError::at(&path, e))?;
-        let mut file = BufWriter::with_capacity(1 << 20, f);
+        let mut file = if direct {
+            match f.try_clone().ok().and_then(|p| DirectFile::open(&path, p)) {
+                Some(d) => Sink::Direct(d),
+                None => Sink::Buffered(BufWriter::with_capacity(1 << 20, f)),
+            }
+        } else {
+            Sink::Buffered(BufWriter::with_capacity(1 << 20, f))
+        };
         let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
         h[..8].copy_from_slice(&SEGMENT_MAGIC);
         h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
@@ -277,7 +456,7 @@ impl SegmentWriter {
     pub fn sync(&mut self) -> Result<(), FormatError> {
         self.flush()?;
         self.file
-            .get_ref()
+            .file()
             .sync_data()
             .map_err(|e| FormatError::at(&self.path, e))
     }
@@ -577,5 +756,155 @@ impl SegmentReader {
     /// The segment's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::record::{CopyDirection, MemcpyOp, Op, Role, Tensor};
+
+    fn memcpy_record(seq: u64, bytes: &[u8]) -> Record {
+        Record {
+            rank: 1,
+            step: 2,
+            seq,
+            api: "cudaMemcpyAsync".into(),
+            op: Op::Memcpy(MemcpyOp {
+                direction: CopyDirection::DeviceToHost,
+                kind: 2,
+                dst: 0x2000,
+                src: 0x1000,
+                width: bytes.len() as u64,
+                height: 1,
+                dpitch: bytes.len() as u64,
+                spitch: bytes.len() as u64,
+            }),
+            stream: 0,
+            device: 0,
+            thread: 1,
+            nvtx: vec![],
+            kernels_before: vec![],
+            tensors: vec![Tensor {
+                role: Role::Src,
+                dtype: DType::U8,
+                shape: vec![bytes.len() as u64],
+                strides: vec![1],
+                ptr: 0x1000,
+                nbytes: bytes.len() as u64,
+                captured: true,
+                crc32: crc32fast::hash(bytes),
+            }],
+            t_call_ns: seq,
+            t_done_ns: seq,
+        }
+    }
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        // Under the build's target directory, on the same (disk) file system as the build:
+        // the temp directory may be a tmpfs, where the direct path is not taken.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target")
+            .join(format!("store-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// A direct writer's file is byte for byte the buffered writer's, at every flush (a
+    /// crash of the writer then loses nothing flushed) and after finishing, for frames
+    /// smaller and larger than its buffer.
+    #[test]
+    fn direct_and_buffered_segments_are_identical() {
+        let dir = scratch_dir("direct");
+        let (a, b) = (dir.join("buffered"), dir.join("direct"));
+        let mut buffered = SegmentWriter::create(&a, 1, 2).expect("create");
+        let mut direct = SegmentWriter::create_direct(&b, 1, 2).expect("create");
+        let sizes = [
+            0usize,
+            1,
+            100,
+            4095,
+            4096,
+            70_000,
+            5 << 20,
+            3,
+            9 << 20,
+            12_345,
+        ];
+        for (seq, &n) in sizes.iter().enumerate() {
+            let bytes: Vec<u8> = (0..n).map(|i| (i * 31 + seq) as u8).collect();
+            let rec = memcpy_record(seq as u64, &bytes);
+            let blob = Blob {
+                codec: Codec::Raw,
+                elem_size: 1,
+                raw_len: n as u64,
+                stored: bytes,
+            };
+            let x = buffered
+                .append(&rec, std::slice::from_ref(&blob))
+                .expect("append");
+            let y = direct.append(&rec, &[blob]).expect("append");
+            assert_eq!(x, y);
+            if seq % 3 != 1 {
+                buffered.flush().expect("flush");
+                direct.flush().expect("flush");
+                let (pa, pb) = (segment_path(&a, 1, 2), segment_path(&b, 1, 2));
+                let (fa, fb) = (
+                    std::fs::read(&pa).expect("read"),
+                    std::fs::read(&pb).expect("read"),
+                );
+                assert_eq!(fa.len(), fb.len(), "after record {seq}");
+                assert!(fa == fb, "contents differ after record {seq}");
+            }
+        }
+        buffered.finish().expect("finish");
+        direct.finish().expect("finish");
+        for p in [segment_path(&a, 1, 2), index_path(&segment_path(&a, 1, 2))] {
+            let q = b.join(p.strip_prefix(&a).expect("under a"));
+            assert!(
+                std::fs::read(&p).expect("read") == std::fs::read(&q).expect("read"),
+                "{} differs",
+                q.display()
+            );
+        }
+        let mut r = SegmentReader::open(&segment_path(&b, 1, 2)).expect("open");
+        let mut seqs = Vec::new();
+        while let Some(f) = r.next_frame() {
+            let f = f.expect("intact frame");
+            assert_eq!(f.tensor_bytes(0).expect("bytes").len(), sizes[seqs.len()]);
+            seqs.push(f.record.seq);
+        }
+        assert_eq!(seqs, (0..sizes.len() as u64).collect::<Vec<_>>());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A direct writer dropped without `finish` (its owner died) still leaves every frame
+    /// appended before in the file.
+    #[test]
+    fn a_dropped_direct_writer_keeps_its_frames() {
+        let dir = scratch_dir("dropped");
+        let mut w = SegmentWriter::create_direct(&dir, 1, 2).expect("create");
+        for seq in 0..3u64 {
+            let bytes = vec![seq as u8; 10_000];
+            let rec = memcpy_record(seq, &bytes);
+            let blob = Blob {
+                codec: Codec::Raw,
+                elem_size: 1,
+                raw_len: bytes.len() as u64,
+                stored: bytes,
+            };
+            w.append(&rec, &[blob]).expect("append");
+        }
+        drop(w);
+        let mut r = SegmentReader::open(&segment_path(&dir, 1, 2)).expect("open");
+        let mut n = 0;
+        while let Some(f) = r.next_frame() {
+            f.expect("intact frame");
+            n += 1;
+        }
+        assert_eq!(n, 3);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -63,7 +63,8 @@ fn parse_steps(s: &str) -> anyhow::Result<Vec<u64>> {
         let bad = || anyhow::anyhow!("--steps: `{part}` is not a step or a range like 0-2");
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                let (a, b): (u64, u64) =
+                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
                 if a > b {
                     return Err(bad());
                 }
@@ -92,7 +93,9 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     if tty {
         bar.set_draw_target(ProgressDrawTarget::stderr());
     }
-    if let Ok(style) = ProgressStyle::with_template("comparing ops [{bar:30}] {pos}/{len} eta {eta}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("comparing ops [{bar:30}] {pos}/{len} eta {eta}")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     let report = compare(&args.reference, &args.run, &opts, &mut |done, total| {
@@ -101,7 +104,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     })?;
     bar.finish_and_clear();
     if let Some(p) = &args.html {
-        std::fs::write(p, html::render(&report)).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        std::fs::write(p, html::render(&report))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
     match &args.json {

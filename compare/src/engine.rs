@@ -42,6 +42,37 @@ struct Shard {
     err: ShardError,
 }
 
+/// A kind of tensor on a rank: (rank, role slot, shard shape, reference shape, API).
+type HintKey = (u32, usize, Vec<u64>, Vec<u64>, String);
+
+/// A shard not placed yet (its error is unknown).
+fn unplaced() -> ShardError {
+    ShardError {
+        rel: f64::INFINITY,
+        norm_ratio: 1.0,
+        diff_sq: 0.0,
+        ref_sq: 0.0,
+        worst_row: None,
+    }
+}
+
+/// Placements that fitted a group sum before, by (communicator, shard shape, reference shape).
+type SumHints = BTreeMap<(u64, Vec<u64>, Vec<u64>), Vec<(Placement, f32)>>;
+
+/// Keeps the last few distinct placements that fitted (several ops share a key).
+fn remember(known: &mut Vec<(Placement, f32)>, f: &numerics::Fit) {
+    if let Some(i) = known
+        .iter()
+        .position(|(p, s)| *p == f.placement && *s == f.scale)
+    {
+        let k = known.remove(i);
+        known.insert(0, k);
+    } else {
+        known.insert(0, (f.placement.clone(), f.scale));
+        known.truncate(4);
+    }
+}
+
 /// Where a shard went: its placement and the scale it was divided by.
 type Placed = (u32, u64, Placement, f32);
 
@@ -55,6 +86,85 @@ struct Pending {
     shards: Vec<(u32, u64)>,
     ref_op: RefOp,
     is_collective: bool,
+    /// The op was called with other scalars than the reference's.
+    param_note: Option<String>,
+}
+
+/// Whether a GEMM accumulates into its output (beta != 0).
+fn accumulates(g: &ttrace_format::record::GemmOp) -> bool {
+    g.beta.is_some_and(|b| b != 0.0)
+}
+
+/// Whether two GEMMs' alpha/beta differ (beyond the rounding of the scale type).
+fn params_differ(a: &ttrace_format::record::GemmOp, b: &ttrace_format::record::GemmOp) -> bool {
+    let differ = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) => (x - y).abs() > 1e-6 * x.abs().max(y.abs()),
+        _ => false,
+    };
+    differ(a.alpha, b.alpha) || differ(a.beta, b.beta)
+}
+
+fn show_scalar(v: Option<f64>) -> String {
+    v.map_or_else(|| "(device)".into(), |v| format!("{v}"))
+}
+
+/// A GEMM's tensor for comparison: `D` of an accumulating GEMM is its increment `D - beta*C`
+/// (C is a partial accumulation whose content depends on how buffers are shared, e.g. tied
+/// weights or gradient buckets, which differ between a single device and a pipeline).
+fn operand(t: &RunTrace, rec: &Record, role: Role) -> Result<Option<Values>, CompareError> {
+    let Some(mut v) = t.values(rec, role)? else {
+        return Ok(None);
+    };
+    if role == Role::D {
+        if let Some(g) = gemm(rec).filter(|g| accumulates(g)) {
+            let beta = g.beta.unwrap_or(0.0) as f32;
+            if let Some(c) = t.values(rec, Role::CIn)? {
+                if c.data.len() == v.data.len() {
+                    for (d, c) in v.data.iter_mut().zip(&c.data) {
+                        *d -= beta * c;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Some(v))
+}
+
+/// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
+/// two accumulations (its C differs from the previous GEMM's D in the same buffer): their
+/// final value is not the GEMM's, so reductions of it are not compared with it.
+fn shared_buffers(reff: &RunTrace, rank: u32, steps: &[u64]) -> std::collections::BTreeSet<RefOp> {
+    let mut out = std::collections::BTreeSet::new();
+    for &s in steps {
+        let mut last: BTreeMap<(u64, u64), u32> = BTreeMap::new();
+        let mut shared_ptrs: Vec<(u64, u64)> = Vec::new();
+        let mut members: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+        for r in reff.records(rank, s) {
+            let Some(g) = gemm(r) else { continue };
+            let Some(d) = r.tensors.iter().find(|t| t.role == Role::D) else {
+                continue;
+            };
+            let key = (d.ptr, d.nbytes);
+            members.entry(key).or_default().push(r.seq);
+            if accumulates(g) {
+                let c = r.tensors.iter().find(|t| t.role == Role::CIn);
+                if let (Some(c), Some(prev)) = (c, last.get(&key)) {
+                    if c.captured && c.crc32 != *prev {
+                        shared_ptrs.push(key);
+                    }
+                }
+            }
+            if d.captured {
+                last.insert(key, d.crc32);
+            }
+        }
+        for key in shared_ptrs {
+            for seq in members.get(&key).into_iter().flatten() {
+                out.insert((s, *seq));
+            }
+        }
+    }
+    out
 }
 
 /// Compares `run` against the reference `reff`.
@@ -122,8 +232,9 @@ pub fn compare(
     // Placement of each run GEMM's D (for the collectives that reduce it).
     let mut d_place: BTreeMap<(u32, u64, u64), (Placement, f32)> = BTreeMap::new();
     // The placement that fitted the same kind of tensor last time, per rank: tried first.
-    let mut hints: BTreeMap<(u32, usize, Vec<u64>, Vec<u64>, String), (Placement, f32)> =
-        BTreeMap::new();
+    let mut hints: BTreeMap<HintKey, Vec<(Placement, f32)>> = BTreeMap::new();
+    let mut sum_hints: SumHints = BTreeMap::new();
+    let mut needs_sum: std::collections::BTreeSet<HintKey> = std::collections::BTreeSet::new();
     // Gradients of a loss averaged over each rank's own batch are DP times the reference's.
     let scales: Vec<f32> = if layout.dp > 1 {
         vec![1.0, layout.dp as f32]
@@ -136,7 +247,11 @@ pub fn compare(
     for (done, (&ref_op, shards)) in al.of_ref.iter().enumerate() {
         progress(done as u64, total_ops);
         let (step, ref_seq) = ref_op;
-        let Some(ref_rec) = reff.records(ref_rank, step).iter().find(|r| r.seq == ref_seq) else {
+        let Some(ref_rec) = reff
+            .records(ref_rank, step)
+            .iter()
+            .find(|r| r.seq == ref_seq)
+        else {
             continue;
         };
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
@@ -145,8 +260,9 @@ pub fn compare(
                 .iter()
                 .find(|r| r.seq == ref_seq && r.api == ref_rec.api)
         });
-        for (sub, role) in [Role::A, Role::B, Role::CIn, Role::D].into_iter().enumerate() {
-            let Some(ref_vals) = reff.values(ref_rec, role)? else {
+        let ref_gemm = gemm(ref_rec);
+        for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
+            let Some(ref_vals) = operand(&reff, ref_rec, role)? else {
                 continue;
             };
             let tol = tolerance::tolerance(
@@ -161,18 +277,55 @@ pub fn compare(
             let mut results: Vec<Shard> = Vec::new();
             let mut place_of: Vec<Placed> = Vec::new();
             let mut merge_group = 1u32;
+            let mut param_note: Option<String> = None;
             let mut vals: BTreeMap<(u32, u64), Values> = BTreeMap::new();
             for &(rank, seq) in shards {
                 let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) else {
                     continue;
                 };
-                let Some(x) = run.values(rec, role)? else {
+                let Some(x) = operand(&run, rec, role)? else {
                     continue;
                 };
-                let hint_key = (rank, sub, x.shape.clone(), ref_vals.shape.clone(), rec.api.clone());
-                let hint = hints.get(&hint_key).map(|(p, s)| (p, *s));
-                if let Some(f) = numerics::place(&x, &ref_vals, hint, &scales, tol.value * eps) {
-                    hints.insert(hint_key, (f.placement.clone(), f.scale));
+                if role == Role::D {
+                    if let (Some(g), Some(f)) = (gemm(rec), ref_gemm) {
+                        if param_note.is_none() && params_differ(g, f) {
+                            param_note = Some(format!(
+                                "rank {rank} called this GEMM with alpha={} beta={} where the \
+                                 reference used alpha={} beta={}{}",
+                                show_scalar(g.alpha),
+                                show_scalar(g.beta),
+                                show_scalar(f.alpha),
+                                show_scalar(f.beta),
+                                if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
+                                    " (it overwrites its output instead of accumulating into it)"
+                                } else {
+                                    ""
+                                }
+                            ));
+                        }
+                    }
+                }
+                let hint_key = (
+                    rank,
+                    sub,
+                    x.shape.clone(),
+                    ref_vals.shape.clone(),
+                    rec.api.clone(),
+                );
+                if needs_sum.contains(&hint_key) {
+                    // Partial results last time: go straight to the group sums.
+                    results.push(Shard {
+                        rank,
+                        seq,
+                        err: unplaced(),
+                    });
+                    place_of.push((rank, seq, Placement::whole(x.shape.len()), 1.0));
+                    vals.insert((rank, seq), x);
+                    continue;
+                }
+                let known = hints.get(&hint_key).map_or(&[][..], |v| v.as_slice());
+                if let Some(f) = numerics::place(&x, &ref_vals, known, &scales, tol.value * eps) {
+                    remember(hints.entry(hint_key).or_default(), &f);
                     results.push(Shard {
                         rank,
                         seq,
@@ -192,13 +345,36 @@ pub fn compare(
                 continue;
             }
             // Partial results before a reduction: the reference is the sum over a group.
-            if matches!(role, Role::D | Role::CIn) && results.iter().any(|s| s.err.rel / eps > tol.value) {
-                if let Some((group, summed)) =
-                    sum_groups(&run, step, shards, &vals, &ref_vals, &results, &scales)
-                {
+            if matches!(role, Role::D | Role::CIn)
+                && results.iter().any(|s| s.err.rel / eps > tol.value)
+            {
+                if let Some((group, summed)) = sum_groups(
+                    &run,
+                    step,
+                    shards,
+                    &vals,
+                    &ref_vals,
+                    &results,
+                    &scales,
+                    tol.value * eps,
+                    &mut sum_hints,
+                ) {
                     merge_group = group;
                     results = summed.0;
                     place_of = summed.1;
+                    for &(rank, seq) in shards {
+                        if let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) {
+                            if let Some(x) = vals.get(&(rank, seq)) {
+                                needs_sum.insert((
+                                    rank,
+                                    sub,
+                                    x.shape.clone(),
+                                    ref_vals.shape.clone(),
+                                    rec.api.clone(),
+                                ));
+                            }
+                        }
+                    }
                 }
             }
             if role == Role::D {
@@ -211,30 +387,51 @@ pub fn compare(
                 .first()
                 .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
                 .unwrap_or(crate::report::Merge::Replicated);
-            let cmp = comparison(
-                ref_rec,
-                role,
-                &ref_vals,
-                &results,
-                merge,
-                eps,
-                tol,
-                step,
-                ref_seq,
+            let mut cmp = comparison(
+                ref_rec, role, &ref_vals, &results, merge, eps, tol, step, ref_seq,
             );
+            if role == Role::D && ref_gemm.is_some_and(accumulates) {
+                cmp.role = "D-C".into();
+            }
+            if param_note.is_some() {
+                cmp.diverged = true;
+            }
             pending.push(Pending {
                 key: (step, ref_seq, sub as u32),
                 shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
                 cmp,
                 ref_op,
                 is_collective: false,
+                param_note,
             });
         }
     }
     progress(total_ops, total_ops);
 
+    if pending.is_empty() {
+        return Err(CompareError::NothingAligned(format!(
+            "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
+             model, data and steps?{}",
+            run_path.display(),
+            reff_path.display(),
+            al.unaligned,
+            al.warnings
+                .first()
+                .map(|w| format!(" (first problem: {w})"))
+                .unwrap_or_default()
+        )));
+    }
     collectives(
-        &reff, ref_rank, &run, &al, &steps, &d_place, &d_tol, eps, &mut pending,
+        &reff,
+        ref_rank,
+        &run,
+        &al,
+        &steps,
+        &d_place,
+        &d_tol,
+        eps,
+        &layout,
+        &mut pending,
     )?;
 
     pending.sort_by_key(|p| p.key);
@@ -339,6 +536,8 @@ fn sum_groups(
     ref_vals: &Values,
     current: &[Shard],
     scales: &[f32],
+    accept: f64,
+    hints: &mut SumHints,
 ) -> Option<(u32, (Vec<Shard>, Vec<Placed>))> {
     let current_worst = current.iter().map(|s| s.err.rel).fold(0f64, f64::max);
     let seq_of: BTreeMap<u32, u64> = shards.iter().copied().collect();
@@ -354,6 +553,18 @@ fn sum_groups(
             }
         }
     }
+    // The communicator that fitted this kind of tensor before goes first.
+    let shape_key = |c: u64| {
+        (
+            c,
+            vals.values()
+                .next()
+                .map(|v| v.shape.clone())
+                .unwrap_or_default(),
+            ref_vals.shape.clone(),
+        )
+    };
+    comms.sort_by_key(|&c| !hints.contains_key(&shape_key(c)));
     for comm in comms {
         let Some(groups) = partition(run, comm, shards) else {
             continue;
@@ -361,7 +572,6 @@ fn sum_groups(
         let mut results = Vec::new();
         let mut places = Vec::new();
         let mut ok = true;
-        let mut hint: Option<(Placement, f32)> = None;
         for g in &groups {
             let mut sum: Option<Values> = None;
             for rank in g {
@@ -381,12 +591,15 @@ fn sum_groups(
                 ok = false;
                 break;
             };
-            let h = hint.as_ref().map(|(p, s)| (p, *s));
-            let Some(f) = numerics::place(&sum, ref_vals, h, scales, 0.0) else {
+            let key = (comm, sum.shape.clone(), ref_vals.shape.clone());
+            let known = hints.get(&key).map_or(&[][..], |v| v.as_slice());
+            let Some(f) = numerics::place(&sum, ref_vals, known, scales, accept) else {
                 ok = false;
                 break;
             };
-            hint = Some((f.placement.clone(), f.scale));
+            if f.err.rel <= accept {
+                remember(hints.entry(key).or_default(), &f);
+            }
             for rank in g {
                 results.push(Shard {
                     rank: *rank,
@@ -403,6 +616,9 @@ fn sum_groups(
         if worst < current_worst * 0.5 && best.as_ref().is_none_or(|b| worst < b.0) {
             let size = groups.first().map_or(1, |g| g.len()) as u32;
             best = Some((worst, size, results, places));
+        }
+        if worst <= accept {
+            break;
         }
     }
     best.map(|(_, size, r, p)| (size, (r, p)))
@@ -456,10 +672,7 @@ fn comparison(
     step: u64,
     ref_seq: u64,
 ) -> TensorComparison {
-    let worst_shard = results
-        .iter()
-        .map(|s| s.err.rel)
-        .fold(0f64, f64::max);
+    let worst_shard = results.iter().map(|s| s.err.rel).fold(0f64, f64::max);
     let (d2, y2, x2): (f64, f64, f64) = results.iter().fold((0.0, 0.0, 0.0), |acc, s| {
         (
             acc.0 + s.err.diff_sq,
@@ -514,6 +727,12 @@ fn nvtx_path(rec: &Record) -> Option<String> {
     }
 }
 
+/// Whether `comm` is a data-parallel group of `layout`.
+fn dp_comm(run: &RunTrace, layout: &LayoutSummary, comm: u64) -> bool {
+    run.comm_members(comm)
+        .is_some_and(|m| crate::layout::is_dp_group(layout, &m))
+}
+
 /// `ncclAvg`.
 const NCCL_AVG: u32 = 4;
 
@@ -528,13 +747,14 @@ fn collectives(
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
     eps: f64,
+    layout: &LayoutSummary,
     pending: &mut Vec<Pending>,
 ) -> Result<(), CompareError> {
     // (step, n-th call on the comm, comm, ref op) → shards.
     type Key = (u64, u64, usize, RefOp);
-    let mut by_call: BTreeMap<Key, Vec<(u32, u64, ShardError, String, Position)>> =
-        BTreeMap::new();
+    let mut by_call: BTreeMap<Key, Vec<(u32, u64, ShardError, String, Position)>> = BTreeMap::new();
     let mut ref_cache: BTreeMap<RefOp, Values> = BTreeMap::new();
+    let shared = shared_buffers(reff, ref_rank, steps);
     for &step in steps {
         for rank in run.ranks() {
             let recs = run.records(rank, step);
@@ -550,10 +770,22 @@ fn collectives(
                     _ => None,
                 };
                 let Some(out_t) = elem else { continue };
+                // Only tensor- and data-parallel reductions have a reference meaning; others
+                // (tied weights across stages) combine buffers the reference fills otherwise.
+                let Some(members) = run.comm_members(c.comm) else {
+                    continue;
+                };
+                if !crate::layout::is_dp_group(layout, &members)
+                    && !crate::layout::is_tp_group(layout, &members)
+                {
+                    continue;
+                }
                 let size = out_t.dtype.size() as u64;
                 // Output element e reads send address `base + e * size`.
                 let base = match c.kind {
-                    CollectiveKind::ReduceScatter => c.sendbuff + c.comm_rank as u64 * c.count * size,
+                    CollectiveKind::ReduceScatter => {
+                        c.sendbuff + c.comm_rank as u64 * c.count * size
+                    }
                     _ => c.sendbuff,
                 };
                 let len = out_t.nbytes;
@@ -581,7 +813,9 @@ fn collectives(
                 if writers.is_empty() {
                     continue;
                 }
-                let Some(out) = run.values(r, Role::Output)? else { continue };
+                let Some(out) = run.values(r, Role::Output)? else {
+                    continue;
+                };
                 // Where the collective sits in the reference's order: after the aligned GEMM
                 // that precedes it on this rank.
                 let pos = recs[..i]
@@ -594,12 +828,20 @@ fn collectives(
                     let Some(&ref_op) = al.of_run.get(&(rank, step, g.seq)) else {
                         continue;
                     };
+                    if shared.contains(&ref_op) {
+                        continue;
+                    }
                     let Some((place, d_scale)) = d_place.get(&(rank, step, g.seq)) else {
                         continue;
                     };
                     // What the reduction's output is expected to be, relative to the GEMM
                     // output's fit: a sum keeps its scale, an average divides it.
-                    let expect = if c.redop == Some(NCCL_AVG) {
+                    // A reduction over the data-parallel group is the last one a weight
+                    // gradient sees: it must come out as the reference's, whatever scale
+                    // each rank's partial carried.
+                    let expect = if dp_comm(run, layout, c.comm) {
+                        1.0
+                    } else if c.redop == Some(NCCL_AVG) {
                         d_scale / c.comm_size as f32
                     } else {
                         *d_scale
@@ -615,12 +857,17 @@ fn collectives(
                         else {
                             continue;
                         };
-                        let Some(v) = reff.values(rr, Role::D)? else { continue };
+                        let Some(v) = reff.values(rr, Role::D)? else {
+                            continue;
+                        };
                         ref_cache.insert(ref_op, v);
                     }
                     let rv = &ref_cache[&ref_op];
                     let idx = place.ref_indices(&d.shape, &rv.shape);
-                    let (e0, e1) = (((lo - d.ptr) / size) as usize, ((hi - d.ptr) / size) as usize);
+                    let (e0, e1) = (
+                        ((lo - d.ptr) / size) as usize,
+                        ((hi - d.ptr) / size) as usize,
+                    );
                     let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
                     if e1 > idx.len() || o1 > out.data.len() {
                         continue;
@@ -632,10 +879,13 @@ fn collectives(
                     let row = d.shape.last().copied().unwrap_or(1) as usize;
                     let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
                     let err = numerics::shard_error(&xs, &y, row);
-                    by_call
-                        .entry((step, c.comm, n, ref_op))
-                        .or_default()
-                        .push((rank, r.seq, err, r.api.clone(), pos));
+                    by_call.entry((step, c.comm, n, ref_op)).or_default().push((
+                        rank,
+                        r.seq,
+                        err,
+                        r.api.clone(),
+                        pos,
+                    ));
                 }
             }
         }
@@ -648,7 +898,9 @@ fn collectives(
         else {
             continue;
         };
-        let Some(rv) = ref_cache.get(&ref_op) else { continue };
+        let Some(rv) = ref_cache.get(&ref_op) else {
+            continue;
+        };
         let (rank0, seq0) = (shards[0].0, shards[0].1);
         let Some(run_rec) = run.records(rank0, step).iter().find(|r| r.seq == seq0) else {
             continue;
@@ -658,7 +910,11 @@ fn collectives(
             value: d_tol.get(&ref_op).copied().unwrap_or(8.0) * 2.0,
             source: "analytic (reduced GEMM output)",
         };
-        let key = shards.iter().map(|s| s.4).min().unwrap_or((step, ref_op.1, 4));
+        let key = shards
+            .iter()
+            .map(|s| s.4)
+            .min()
+            .unwrap_or((step, ref_op.1, 4));
         let results: Vec<Shard> = shards
             .iter()
             .map(|s| Shard {
@@ -685,6 +941,7 @@ fn collectives(
             cmp,
             ref_op,
             is_collective: true,
+            param_note: None,
         });
     }
     Ok(())
@@ -739,7 +996,9 @@ fn localize(
         None => format!("rank {rank} step {step} seq {seq}"),
     };
     let ratio_hint = scale_hint(t.norm_ratio);
-    let (cause, explanation) = if p.is_collective {
+    let (cause, explanation) = if let Some(note) = &p.param_note {
+        (Cause::Local, format!("{note}{ratio_hint}"))
+    } else if p.is_collective {
         (
             Cause::Local,
             format!(
@@ -758,7 +1017,9 @@ fn localize(
                 "{} {} of {}",
                 g.role,
                 g.api,
-                g.nvtx.clone().unwrap_or_else(|| format!("step {} seq {}", g.step, g.ref_seq))
+                g.nvtx
+                    .clone()
+                    .unwrap_or_else(|| format!("step {} seq {}", g.step, g.ref_seq))
             )
         });
         (
@@ -778,7 +1039,9 @@ fn localize(
         cause,
         explanation,
         last_good,
-        kernels_between: run_rec.map(|r| r.kernels_before.clone()).unwrap_or_default(),
+        kernels_between: run_rec
+            .map(|r| r.kernels_before.clone())
+            .unwrap_or_default(),
         ranks: diverged_ranks,
         step,
         micro_batch,
@@ -879,16 +1142,24 @@ fn local_gemm_reason(
         let alpha = g.alpha.unwrap_or(1.0);
         let beta = g.beta.unwrap_or(0.0);
         if d.dtype != DType::F8_E4M3 && d.dtype != DType::F8_E5M2 {
-            if let Some((exact, abs)) =
-                numerics::gemm_f64(g, &a.data, &b.data, c.as_ref().map(|c| c.data.as_slice()), alpha, beta)
-            {
+            if let Some((exact, abs)) = numerics::gemm_f64(
+                g,
+                &a.data,
+                &b.data,
+                c.as_ref().map(|c| c.data.as_slice()),
+                alpha,
+                beta,
+            ) {
                 let u = tolerance::unit_roundoff(d.dtype);
                 let k = g.k as f64;
                 let worst = exact
                     .iter()
                     .zip(&abs)
                     .zip(&d.data)
-                    .map(|((e, s), &v)| (v as f64 - e).abs() / (u * (1.0 + k.sqrt()) * s + u * e.abs() + f64::MIN_POSITIVE))
+                    .map(|((e, s), &v)| {
+                        (v as f64 - e).abs()
+                            / (u * (1.0 + k.sqrt()) * s + u * e.abs() + f64::MIN_POSITIVE)
+                    })
                     .fold(0f64, f64::max);
                 if worst > 4.0 {
                     return Ok(format!(

@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use ttrace_format::record::CollectiveKind;
+
 use crate::align::Alignment;
 use crate::report::LayoutSummary;
 use crate::trace::{collective, gemm, RunTrace};
@@ -54,6 +56,15 @@ pub fn parse(s: &str) -> Result<LayoutSummary, String> {
 pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
     let world = run.ranks().len() as u32;
     let pp = al.pp.max(1);
+    // Point-to-point communicators (one per pipeline).
+    let p2p: Vec<u64> = run
+        .ops
+        .values()
+        .flatten()
+        .filter_map(collective)
+        .filter(|c| matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv))
+        .map(|c| c.comm)
+        .collect();
     // Collectives between two GEMMs of a step, per communicator.
     let mut between: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
     for recs in run.ops.values() {
@@ -64,20 +75,27 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
         };
         for r in &recs[first..last] {
             if let Some(c) = collective(r) {
-                if Some(c.comm) != al.p2p_comm && c.comm_size > 1 && c.comm_size < world {
+                if !p2p.contains(&c.comm) && c.comm_size > 1 && c.comm_size < world {
                     between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
                 }
             }
         }
     }
-    let tp_comm = between.iter().max_by_key(|(_, (_, n))| *n).map(|(k, v)| (*k, v.0));
+    let tp_comm = between
+        .iter()
+        .max_by_key(|(_, (_, n))| *n)
+        .map(|(k, v)| (*k, v.0));
     let tp = tp_comm.map_or(1, |t| t.1);
     let dp = (world / (tp * pp).max(1)).max(1);
     let stride = |comm: Option<u64>| -> Option<u32> {
         let m = run.comm_members(comm?)?;
         (m.len() > 1).then(|| m[1].abs_diff(m[0]))
     };
-    let tp_stride = if tp > 1 { stride(tp_comm.map(|t| t.0)) } else { None };
+    let tp_stride = if tp > 1 {
+        stride(tp_comm.map(|t| t.0))
+    } else {
+        None
+    };
     let pp_stride = if pp > 1 { stride(al.p2p_comm) } else { None };
     // DP's stride is whichever of 1, tp, tp*pp... the other two leave.
     let mut dims: Vec<(&str, u32)> = vec![
@@ -102,9 +120,62 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
     }
 }
 
+/// A rank's `(tp, dp, pp)` coordinates in `layout`.
+pub fn coords(layout: &LayoutSummary, rank: u32) -> (u32, u32, u32) {
+    let mut rest = rank;
+    let (mut t, mut d, mut p) = (0, 0, 0);
+    for dim in layout.order.split('-') {
+        let (size, slot) = match dim {
+            "tp" => (layout.tp, &mut t),
+            "dp" => (layout.dp, &mut d),
+            _ => (layout.pp, &mut p),
+        };
+        *slot = rest % size.max(1);
+        rest /= size.max(1);
+    }
+    (t, d, p)
+}
+
+/// Whether `members` form a data-parallel group of `layout`: more than one rank, all with the
+/// same tensor- and pipeline-parallel coordinates.
+pub fn is_dp_group(layout: &LayoutSummary, members: &[u32]) -> bool {
+    if members.len() < 2 || layout.dp < 2 {
+        return false;
+    }
+    let c0 = coords(layout, members[0]);
+    members.iter().all(|&m| {
+        let c = coords(layout, m);
+        c.0 == c0.0 && c.2 == c0.2
+    })
+}
+
+/// Whether `members` form a tensor-parallel group of `layout`: more than one rank, all with
+/// the same data- and pipeline-parallel coordinates.
+pub fn is_tp_group(layout: &LayoutSummary, members: &[u32]) -> bool {
+    if members.len() < 2 || layout.tp < 2 {
+        return false;
+    }
+    let c0 = coords(layout, members[0]);
+    members.iter().all(|&m| {
+        let c = coords(layout, m);
+        c.1 == c0.1 && c.2 == c0.2
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coordinates_follow_the_order() {
+        let l = parse("tp=2,dp=2,pp=2,order=tp-dp-pp").expect("valid");
+        assert_eq!(coords(&l, 5), (1, 0, 1));
+        assert!(is_dp_group(&l, &[1, 3]));
+        assert!(!is_dp_group(&l, &[0, 1]));
+        let l = parse("tp=2,dp=2,pp=2,order=tp-pp-dp").expect("valid");
+        assert_eq!(coords(&l, 5), (1, 1, 0));
+        assert!(is_dp_group(&l, &[1, 5]));
+    }
 
     #[test]
     fn layouts_parse_and_bad_ones_say_why() {

@@ -38,6 +38,9 @@ pub enum CompareError {
     /// A record could not be read.
     #[error("{0}")]
     Record(String),
+    /// Nothing in the run lines up with the reference.
+    #[error("{0}")]
+    NothingAligned(String),
     /// The steps asked for are not in both runs.
     #[error("{0}")]
     Steps(String),

@@ -79,7 +79,12 @@ impl Placement {
             Some(dim) => Merge::Slice {
                 dim: dim.min(ref_shape.len().saturating_sub(1)),
                 parts: self.dims[dim].parts(),
-                outer: self.dims[dim].cuts.iter().map(|c| c.outer).max().unwrap_or(1),
+                outer: self.dims[dim]
+                    .cuts
+                    .iter()
+                    .map(|c| c.outer)
+                    .max()
+                    .unwrap_or(1),
             },
         }
     }
@@ -132,8 +137,9 @@ fn divisors(n: u64) -> Vec<u64> {
     (1..=n).filter(|d| n % d == 0).collect()
 }
 
-/// Every way of cutting a reference dimension of size `r` down to `s` with one or two cuts.
-fn dim_options(s: u64, r: u64) -> Vec<DimSlice> {
+/// Every way of cutting a reference dimension of size `r` down to `s` with one cut, or with
+/// two when `two_cuts`.
+fn dim_options(s: u64, r: u64, two_cuts: bool) -> Vec<DimSlice> {
     let ratio = r / s;
     let mut out = Vec::new();
     // One cut.
@@ -149,7 +155,10 @@ fn dim_options(s: u64, r: u64) -> Vec<DimSlice> {
         }
     }
     // Two cuts: ratio = p1 * p2.
-    for p1 in divisors(ratio).into_iter().filter(|p| *p > 1 && *p < ratio) {
+    for p1 in divisors(ratio)
+        .into_iter()
+        .filter(|p| two_cuts && *p > 1 && *p < ratio)
+    {
         let p2 = ratio / p1;
         let mid = r / p1;
         for o1 in divisors(mid) {
@@ -179,8 +188,8 @@ fn dim_options(s: u64, r: u64) -> Vec<DimSlice> {
 }
 
 /// The candidate placements of a shard of `shard` shape in a reference of `reff` shape
-/// (`None`: it cannot be cut out of it).
-pub fn candidates(shard: &[u64], reff: &[u64]) -> Option<Vec<Placement>> {
+/// (`None`: it cannot be cut out of it), with dimensions cut twice when `two_cuts`.
+pub fn candidates(shard: &[u64], reff: &[u64], two_cuts: bool) -> Option<Vec<Placement>> {
     if shard.len() != reff.len() {
         return None;
     }
@@ -189,7 +198,7 @@ pub fn candidates(shard: &[u64], reff: &[u64]) -> Option<Vec<Placement>> {
         if s == r {
             per_dim.push(vec![DimSlice::whole()]);
         } else if s > 0 && r > s && r % s == 0 {
-            per_dim.push(dim_options(s, r));
+            per_dim.push(dim_options(s, r, two_cuts));
         } else {
             return None;
         }
@@ -356,43 +365,56 @@ fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit 
     }
 }
 
-/// The best placement of shard `x` in `reff`, trying `hint` first (accepted when its
-/// relative error is at most `accept`), then every candidate at every scale in `scales`;
-/// `None` when the shapes cannot correspond.
+/// The best placement of shard `x` in `reff`, trying `hints` first (the first with a
+/// relative error of at most `accept` wins), then every candidate at every scale in
+/// `scales`; `None` when the shapes cannot correspond.
 pub fn place(
     x: &Values,
     reff: &Values,
-    hint: Option<(&Placement, f32)>,
+    hints: &[(Placement, f32)],
     scales: &[f32],
     accept: f64,
 ) -> Option<Fit> {
-    if let Some((p, s)) = hint {
+    for (p, s) in hints {
         if p.dims.len() == x.shape.len() {
-            let f = full_fit(x, reff, p.clone(), s);
+            let f = full_fit(x, reff, p.clone(), *s);
             if f.err.rel <= accept {
                 return Some(f);
             }
         }
     }
-    let cands = candidates(&x.shape, &reff.shape)?;
-    let mut scored: Vec<(f64, Placement, f32)> = Vec::new();
-    for &scale in scales {
-        let xs = scaled(x, scale);
-        for p in &cands {
-            let e = if cands.len() == 1 {
-                0.0
-            } else {
-                sampled_error(&xs, reff, p, 512)
-            };
-            scored.push((e, p.clone(), scale));
+    // One cut per dimension first; dimensions cut twice only when nothing simpler fits.
+    let mut best: Option<Fit> = None;
+    for two_cuts in [false, true] {
+        let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
+        let mut scored: Vec<(f64, Placement, f32)> = Vec::new();
+        for &scale in scales {
+            let xs = scaled(x, scale);
+            for p in &cands {
+                let e = if cands.len() == 1 {
+                    0.0
+                } else {
+                    sampled_error(&xs, reff, p, 256)
+                };
+                scored.push((e, p.clone(), scale));
+            }
+        }
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        scored.truncate(3);
+        let fit = scored
+            .into_iter()
+            .map(|(_, p, s)| full_fit(x, reff, p, s))
+            .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel));
+        if let Some(f) = fit {
+            if best.as_ref().is_none_or(|b| f.err.rel < b.err.rel) {
+                best = Some(f);
+            }
+        }
+        if best.as_ref().is_some_and(|b| b.err.rel <= accept) {
+            break;
         }
     }
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    scored.truncate(3);
-    scored
-        .into_iter()
-        .map(|(_, p, s)| full_fit(x, reff, p, s))
-        .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel))
+    best
 }
 
 /// The f64 product `alpha · op(A) · op(B) + beta · C` of a captured GEMM on the stored
@@ -440,7 +462,10 @@ pub fn gemm_f64(
                 let mut v = alpha * s;
                 let mut va = alpha.abs() * sa;
                 if beta != 0.0 {
-                    let cv = c.and_then(|c| c.get(dof + j * m + i)).copied().unwrap_or(0.0) as f64;
+                    let cv = c
+                        .and_then(|c| c.get(dof + j * m + i))
+                        .copied()
+                        .unwrap_or(0.0) as f64;
                     v += beta * cv;
                     va += (beta * cv).abs();
                 }
@@ -474,7 +499,7 @@ mod tests {
             let (r, c) = (i / 2, i % 2);
             ((r * 6 + 2 + c) as f32).sin()
         });
-        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
         let (p, e) = (f.placement, f.err);
         assert_eq!(p.dims[1].cuts[0].chunk, 1);
         assert_eq!(p.dims[1].parts(), 3);
@@ -495,7 +520,7 @@ mod tests {
                 .collect(),
             dtype: DType::F32,
         };
-        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
         let (p, e) = (f.placement, f.err);
         assert_eq!(e.rel, 0.0);
         assert_eq!(
@@ -513,7 +538,9 @@ mod tests {
         // Attention's batch x heads dimension: z = b * NP + n over B = 4, NP = 4; DP rank 1
         // of 2 holds b in 2..4, TP rank 0 of 2 holds n in 0..2.
         let reff = vals(&[16, 3], |i| (i as f32 * 0.71).sin());
-        let zs: Vec<usize> = (2..4).flat_map(|b| (0..2).map(move |n| b * 4 + n)).collect();
+        let zs: Vec<usize> = (2..4)
+            .flat_map(|b| (0..2).map(move |n| b * 4 + n))
+            .collect();
         let shard = Values {
             shape: vec![4, 3],
             data: zs
@@ -523,7 +550,7 @@ mod tests {
                 .collect(),
             dtype: DType::F32,
         };
-        let f = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable");
+        let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
         let (p, e) = (f.placement, f.err);
         assert_eq!(e.rel, 0.0, "{p:?}");
         assert_eq!(p.dims[0].parts(), 4);
@@ -533,7 +560,9 @@ mod tests {
     fn a_wrong_shard_matches_no_placement() {
         let reff = vals(&[4, 6], |i| (i as f32).sin());
         let shard = vals(&[4, 2], |i| (i as f32 * 7.1).cos());
-        let e = place(&shard, &reff, None, &[1.0], 0.0).expect("placeable").err;
+        let e = place(&shard, &reff, &[], &[1.0], 0.0)
+            .expect("placeable")
+            .err;
         assert!(e.rel > 0.3, "{}", e.rel);
     }
 

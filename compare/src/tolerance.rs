@@ -122,7 +122,12 @@ pub const ALPHA: f64 = 4.0;
 
 /// The tolerance, in epsilon of `precision`, of a tensor of type `dtype` at `depth` (GEMMs
 /// before its op in the step), given the perturbed reference's relative error on it.
-pub fn tolerance(precision: Precision, dtype: DType, depth: u64, perturbed: Option<f64>) -> Tolerance {
+pub fn tolerance(
+    precision: Precision,
+    dtype: DType,
+    depth: u64,
+    perturbed: Option<f64>,
+) -> Tolerance {
     let eps = precision.epsilon();
     let growth = C_PER_GEMM.powf(depth as f64).min(MAX_GROWTH);
     // A tensor stored narrower than the working precision rounds at its own epsilon.

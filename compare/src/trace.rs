@@ -57,7 +57,8 @@ impl RunTrace {
                 let seg = match store.open_segment(rank, step) {
                     Ok(s) => s,
                     Err(e) => {
-                        unreadable.push(format!("{}: rank {rank} step {step}: {e}", path.display()));
+                        unreadable
+                            .push(format!("{}: rank {rank} step {step}: {e}", path.display()));
                         continue;
                     }
                 };
@@ -150,7 +151,8 @@ impl RunTrace {
             path: self.path.display().to_string(),
             source: e,
         })?;
-        self.bytes_read.set(self.bytes_read.get() + bytes.len() as u64);
+        self.bytes_read
+            .set(self.bytes_read.get() + bytes.len() as u64);
         Ok(Some(bytes))
     }
 

@@ -224,6 +224,9 @@ impl Sink {
 const DIRECT_ALIGN: usize = 4096;
 /// Bytes a direct writer gathers before writing them out.
 const DIRECT_BUF: usize = 4 << 20;
+/// A flush writes directly only when it has at least this much to write; less (a trickle of
+/// small records) goes through the page cache, where it costs no wait for the device.
+const DIRECT_FLUSH_MIN: usize = 512 << 10;
 
 /// A segment written with `O_DIRECT`: frames are gathered in an aligned buffer and written
 /// to the device in large aligned blocks, without passing through the page cache. Through the
@@ -231,11 +234,13 @@ const DIRECT_BUF: usize = 4 << 20;
 /// the write-back) and the write-back competes with compression for the CPU; direct writes
 /// move the bytes to the device from the buffer itself.
 ///
-/// [`DirectFile::flush`] writes the aligned part directly and the last, partial block through
-/// a second, ordinary descriptor of the same file, so the file always ends exactly at the last
-/// frame (never with padding) and a crash of the writer loses nothing flushed. That block is
-/// written again, directly, once it is complete; the kernel keeps the two paths coherent.
-/// A file system that refuses direct writes gets them through the ordinary descriptor.
+/// [`DirectFile::flush`] hands everything gathered to the kernel, so a crash of the writer
+/// loses nothing flushed and the file always ends exactly at the last frame (never with
+/// padding): the aligned part directly when there is a lot of it, the rest (the last,
+/// partial block, or all of a small amount) through a second, ordinary descriptor of the same
+/// file. A block that went through the page cache is completed through it too, so a direct
+/// write never overlaps cached pages (which would make it wait for their write-back). A file
+/// system that refuses direct writes gets them all through the ordinary descriptor.
 struct DirectFile {
     direct: File,
     plain: File,
@@ -244,8 +249,8 @@ struct DirectFile {
     at: u64,
     /// Bytes of `buf` in use.
     len: usize,
-    /// `len` at the last flush (the partial block already handed to the kernel).
-    flushed: usize,
+    /// Leading bytes of `buf` already written through the page cache.
+    cached: usize,
     /// Direct writes work on this file.
     direct_ok: bool,
 }
@@ -280,7 +285,7 @@ impl DirectFile {
             buf,
             at: 0,
             len: 0,
-            flushed: 0,
+            cached: 0,
             direct_ok: true,
         })
     }
@@ -298,41 +303,64 @@ impl DirectFile {
         Ok(())
     }
 
-    /// Writes the first `k` bytes of the buffer (a multiple of [`DIRECT_ALIGN`]) at `at` and
-    /// drops them from the buffer.
+    /// Writes the first `k` bytes of the buffer (a multiple of [`DIRECT_ALIGN`]) at `at`,
+    /// directly except for blocks already (partly) in the page cache, and drops them from the
+    /// buffer.
     fn write_out(&mut self, k: usize) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        if self.direct_ok {
-            match self.direct.write_all_at(&self.buf[..k], self.at) {
-                Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    // The file system takes O_DIRECT opens but not the writes (or wants
-                    // another alignment): write through the page cache from now on.
-                    self.direct_ok = false;
-                    self.plain.write_all_at(&self.buf[..k], self.at)?;
-                }
-                Err(e) => return Err(e),
-            }
-        } else {
-            self.plain.write_all_at(&self.buf[..k], self.at)?;
+        let cached_end = self.cached.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+        let split = cached_end.min(k);
+        if split > self.cached {
+            self.plain
+                .write_all_at(&self.buf[self.cached..split], self.at + self.cached as u64)?;
         }
+        if k > split {
+            let (data, pos) = (&self.buf[split..k], self.at + split as u64);
+            if self.direct_ok {
+                match self.direct.write_all_at(data, pos) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        // The file system takes O_DIRECT opens but not the writes (or wants
+                        // another alignment): write through the page cache from now on.
+                        self.direct_ok = false;
+                        self.plain.write_all_at(data, pos)?;
+                    }
+                    Err(e) => return Err(e),
+                }
+            } else {
+                self.plain.write_all_at(data, pos)?;
+            }
+        }
+        self.drop_front(k);
+        Ok(())
+    }
+
+    /// Forgets the first `k` bytes of the buffer (written), keeping `buf[0]` at `at`.
+    fn drop_front(&mut self, k: usize) {
         self.buf.copy_within(k..self.len, 0);
         self.at += k as u64;
         self.len -= k;
-        self.flushed = self.flushed.saturating_sub(k);
-        Ok(())
+        self.cached = self.cached.saturating_sub(k);
     }
 
     /// Hands everything gathered to the kernel.
     fn flush(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let aligned = self.len / DIRECT_ALIGN * DIRECT_ALIGN;
-        if aligned > 0 {
+        if self.direct_ok && aligned >= self.cached + DIRECT_FLUSH_MIN {
             self.write_out(aligned)?;
         }
-        if self.len > self.flushed {
-            self.plain.write_all_at(&self.buf[..self.len], self.at)?;
-            self.flushed = self.len;
+        if self.len > self.cached {
+            self.plain.write_all_at(
+                &self.buf[self.cached..self.len],
+                self.at + self.cached as u64,
+            )?;
+            self.cached = self.len;
+        }
+        // Whole blocks now in the page cache need not stay in the buffer.
+        let done = self.cached / DIRECT_ALIGN * DIRECT_ALIGN;
+        if done > 0 {
+            self.drop_front(done);
         }
         Ok(())
     }
@@ -821,7 +849,9 @@ mod tests {
         let (a, b) = (dir.join("buffered"), dir.join("direct"));
         let mut buffered = SegmentWriter::create(&a, 1, 2).expect("create");
         let mut direct = SegmentWriter::create_direct(&b, 1, 2).expect("create");
-        let sizes = [
+        // Small and large frames, flushed or not: each path of the direct writer (direct,
+        // through the page cache, a partly cached block completed) at buffer boundaries.
+        let mut sizes = vec![
             0usize,
             1,
             100,
@@ -833,6 +863,14 @@ mod tests {
             9 << 20,
             12_345,
         ];
+        let mut x = 0x9e37_79b9u64;
+        for _ in 0..120 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pick = [10, 3000, 70_000, 700_000, 1_500_000][(x % 5) as usize];
+            sizes.push(pick + (x >> 40) as usize % 5000);
+        }
         for (seq, &n) in sizes.iter().enumerate() {
             let bytes: Vec<u8> = (0..n).map(|i| (i * 31 + seq) as u8).collect();
             let rec = memcpy_record(seq as u64, &bytes);
@@ -850,6 +888,8 @@ mod tests {
             if seq % 3 != 1 {
                 buffered.flush().expect("flush");
                 direct.flush().expect("flush");
+            }
+            if seq % 3 != 1 && (seq < 10 || seq % 7 == 0) {
                 let (pa, pb) = (segment_path(&a, 1, 2), segment_path(&b, 1, 2));
                 let (fa, fb) = (
                     std::fs::read(&pa).expect("read"),

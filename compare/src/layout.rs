@@ -73,9 +73,20 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
         let (Some(first), Some(last)) = (first, last) else {
             continue;
         };
+        // Buffers GEMMs read or wrote in this step: a TP collective reduces a GEMM output
+        // or gathers a GEMM input (an FP8 amax reduction, also between GEMMs, does neither).
+        let ranges: Vec<(u64, u64)> = recs
+            .iter()
+            .filter(|r| gemm(r).is_some())
+            .flat_map(|r| r.tensors.iter().map(|t| (t.ptr, t.ptr + t.nbytes)))
+            .collect();
+        let touches = |lo: u64, hi: u64| ranges.iter().any(|&(a, b)| a < hi && lo < b);
         for r in &recs[first..last] {
             if let Some(c) = collective(r) {
-                if !p2p.contains(&c.comm) && c.comm_size > 1 && c.comm_size < world {
+                let bytes: u64 = r.tensors.iter().map(|t| t.nbytes).max().unwrap_or(0);
+                let gemm_buffer =
+                    touches(c.sendbuff, c.sendbuff + bytes) || touches(c.recvbuff, c.recvbuff + bytes);
+                if gemm_buffer && !p2p.contains(&c.comm) && c.comm_size > 1 {
                     between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
                 }
             }

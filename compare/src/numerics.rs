@@ -302,18 +302,22 @@ pub fn gather(reff: &Values, shard_shape: &[u64], placement: &Placement) -> Vec<
 /// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
 fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usize) -> f64 {
     let strides = row_major_strides(&reff.shape);
-    let n = x.data.len().max(1);
-    let stride = (n / samples.max(1)).max(1);
+    let n = x.data.len();
+    if n == 0 {
+        return 0.0;
+    }
+    // Spread the samples over every coordinate: a fixed stride that divides a row length
+    // would only ever look at a few columns.
+    const STEP: u64 = 2_654_435_761;
     let (mut d2, mut y2) = (0f64, 0f64);
-    let mut i = 0;
-    while i < x.data.len() {
-        let a = x.data[i] as f64;
-        let k = placement.ref_index(&x.shape, &strides, i as u64);
-        let b = reff.data.get(k).copied().unwrap_or(f32::NAN) as f64;
+    for k in 0..samples.min(n) as u64 {
+        let i = if n <= samples { k } else { (k * STEP) % n as u64 };
+        let a = x.data[i as usize] as f64;
+        let j = placement.ref_index(&x.shape, &strides, i);
+        let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
         let d = if a == b { 0.0 } else { a - b };
         d2 += d * d;
         y2 += b * b;
-        i += stride;
     }
     let e = if y2 > 0.0 {
         (d2 / y2).sqrt()

@@ -574,6 +574,9 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
         }
         let raw: u64 = blobs.iter().map(|b| b.raw_len).sum();
         let stored: u64 = blobs.iter().map(|b| b.stored.len() as u64).sum();
+        for b in blobs {
+            shared.pool.recycle(b.stored);
+        }
         match written {
             Some(Ok(_)) => {
                 let mut i = state.info.lock();

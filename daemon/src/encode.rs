@@ -16,16 +16,22 @@
 //!   stored as they are, judged from a sample, instead of costing as much CPU as the exponent
 //!   plane for a 1% gain.
 
+use std::sync::Arc;
+
 use ttrace_format::codec::Codec;
 use ttrace_format::store::Blob;
 use ttrace_format::FormatError;
 use zstd::zstd_safe::{CParameter, ParamSwitch};
+
+use crate::pool::Spare;
 
 /// A compression thread's reusable state: makes blobs at one zstd level.
 pub struct Encoder {
     level: i32,
     ctx: Option<zstd::bulk::Compressor<'static>>,
     scratch: Vec<u8>,
+    /// Where blob buffers come from, when the daemon recycles them.
+    spare: Option<Arc<Spare>>,
 }
 
 impl Encoder {
@@ -35,7 +41,14 @@ impl Encoder {
             level,
             ctx: None,
             scratch: Vec::new(),
+            spare: None,
         }
+    }
+
+    /// Takes the buffers of new blobs from `spare`.
+    pub(crate) fn with_spare(mut self, spare: Arc<Spare>) -> Encoder {
+        self.spare = Some(spare);
+        self
     }
 
     fn ctx(&mut self) -> Result<&mut zstd::bulk::Compressor<'static>, FormatError> {
@@ -52,16 +65,17 @@ impl Encoder {
 
     /// The blob of `raw`, whose elements are `elem` bytes wide.
     pub fn encode(&mut self, raw: &[u8], elem: usize) -> Result<Blob, FormatError> {
+        let mut stored = self.spare.as_ref().map(|s| s.take()).unwrap_or_default();
         if self.level == 0 {
+            stored.extend_from_slice(raw);
             return Ok(Blob {
                 codec: Codec::Raw,
                 elem_size: elem as u8,
                 raw_len: raw.len() as u64,
-                stored: raw.to_vec(),
+                stored,
             });
         }
         let mut scratch = std::mem::take(&mut self.scratch);
-        let mut stored = Vec::new();
         let done =
             ttrace_format::codec::encode_planes(raw, elem, self.ctx()?, &mut scratch, &mut stored);
         // Do not keep a huge tensor's worth of scratch forever.

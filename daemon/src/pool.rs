@@ -1,9 +1,11 @@
 //! The compression pool: a few worker threads shared by every client, each with its own
-//! [`Encoder`] (zstd context and shuffle buffer).
+//! [`Encoder`] (zstd context and shuffle buffer), and the spare blob buffers they reuse.
 
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{unbounded, Sender};
+use parking_lot::Mutex;
 use tracing::warn;
 
 use crate::encode::Encoder;
@@ -11,24 +13,60 @@ use crate::encode::Encoder;
 /// A unit of work; it gets the worker's encoder.
 pub(crate) type Job = Box<dyn FnOnce(&mut Encoder) + Send>;
 
+/// Spare buffers kept for reuse.
+const SPARE_BUFFERS: usize = 8;
+/// Larger buffers are not kept (a huge tensor's buffer would pin its memory for small ones).
+const SPARE_MAX_BYTES: usize = 16 << 20;
+
+/// Stored-blob buffers handed back by the writers once written, for the encoders to fill
+/// again: a fresh multi-megabyte buffer per tensor costs a page fault (and a page clearing)
+/// per 4 KiB, a good part of what compressing it costs.
+#[derive(Default)]
+pub(crate) struct Spare {
+    bufs: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Spare {
+    /// A buffer to fill (empty; possibly with capacity).
+    pub(crate) fn take(&self) -> Vec<u8> {
+        self.bufs.lock().pop().unwrap_or_default()
+    }
+
+    /// Keeps `buf` for reuse, unless enough are kept or it is too large or too small to
+    /// matter.
+    pub(crate) fn give(&self, mut buf: Vec<u8>) {
+        if !(64 << 10..=SPARE_MAX_BYTES).contains(&buf.capacity()) {
+            return;
+        }
+        buf.clear();
+        let mut bufs = self.bufs.lock();
+        if bufs.len() < SPARE_BUFFERS {
+            bufs.push(buf);
+        }
+    }
+}
+
 /// Worker threads fed by one FIFO queue.
 pub(crate) struct Pool {
     tx: Sender<Job>,
     workers: Vec<JoinHandle<()>>,
     level: i32,
+    spare: Arc<Spare>,
 }
 
 impl Pool {
     /// Starts `threads` workers (at least one) compressing at zstd `level`.
     pub(crate) fn new(threads: usize, level: i32) -> Pool {
         let (tx, rx) = unbounded::<Job>();
+        let spare = Arc::new(Spare::default());
         let workers = (0..threads.max(1))
             .filter_map(|i| {
                 let rx = rx.clone();
+                let spare = spare.clone();
                 std::thread::Builder::new()
                     .name(format!("ttraced-zstd-{i}"))
                     .spawn(move || {
-                        let mut encoder = Encoder::new(level);
+                        let mut encoder = Encoder::new(level).with_spare(spare);
                         for job in rx {
                             job(&mut encoder);
                         }
@@ -37,7 +75,17 @@ impl Pool {
                     .ok()
             })
             .collect();
-        Pool { tx, workers, level }
+        Pool {
+            tx,
+            workers,
+            level,
+            spare,
+        }
+    }
+
+    /// Hands a written blob's buffer back for reuse.
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+        self.spare.give(buf);
     }
 
     /// Queues a job. When no worker could be started, runs it on the caller's thread.

@@ -84,8 +84,8 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
         for r in &recs[first..last] {
             if let Some(c) = collective(r) {
                 let bytes: u64 = r.tensors.iter().map(|t| t.nbytes).max().unwrap_or(0);
-                let gemm_buffer =
-                    touches(c.sendbuff, c.sendbuff + bytes) || touches(c.recvbuff, c.recvbuff + bytes);
+                let gemm_buffer = touches(c.sendbuff, c.sendbuff + bytes)
+                    || touches(c.recvbuff, c.recvbuff + bytes);
                 if gemm_buffer && !p2p.contains(&c.comm) && c.comm_size > 1 {
                     between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
                 }

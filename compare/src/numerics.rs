@@ -311,7 +311,11 @@ fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usiz
     const STEP: u64 = 2_654_435_761;
     let (mut d2, mut y2) = (0f64, 0f64);
     for k in 0..samples.min(n) as u64 {
-        let i = if n <= samples { k } else { (k * STEP) % n as u64 };
+        let i = if n <= samples {
+            k
+        } else {
+            (k * STEP) % n as u64
+        };
         let a = x.data[i as usize] as f64;
         let j = placement.ref_index(&x.shape, &strides, i);
         let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
@@ -354,7 +358,8 @@ fn scaled(x: &Values, scale: f32) -> Values {
     }
 }
 
-fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit {
+/// The fit of `x` at `placement` after dividing it by `scale`, over every element.
+pub fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit {
     let y = gather(reff, &x.shape, &placement);
     let row = x.shape.last().copied().unwrap_or(1) as usize;
     let err = if scale == 1.0 {

@@ -1,6 +1,6 @@
 //! One traced process: its connection (reader thread) and its writer thread.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{BufReader, Write};
 use std::os::fd::OwnedFd;
@@ -502,11 +502,51 @@ fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
     }
 }
 
+/// A written record whose ring slot waits for its frame to reach the kernel.
+struct Unreleased {
+    key: (u32, u64),
+    /// Where its frame ends in that segment.
+    frame_end: u64,
+    slot_end: u64,
+}
+
+/// Releases, in order, the slots of records whose frames are in the kernel (a segment this
+/// client no longer holds was flushed before it let go). Segment writers buffer frames: a slot
+/// released before its frame left the buffer would be lost if the daemon died. With `all`
+/// (a flush failed: those frames are lost anyway), releases every slot, so that the producer
+/// is never stalled by a failing disk.
+fn release_written(
+    held: &BTreeMap<(u32, u64), SegRef>,
+    waiting: &mut VecDeque<Unreleased>,
+    ring: &ClientRing,
+    all: bool,
+) {
+    let mut upto = None;
+    while let Some(w) = waiting.front() {
+        let done = all
+            || match held.get(&w.key) {
+                Some(seg) => seg.handed().is_none_or(|h| h >= w.frame_end),
+                None => true,
+            };
+        if !done {
+            break;
+        }
+        upto = Some(w.slot_end);
+        waiting.pop_front();
+    }
+    if let Some(end) = upto {
+        ring.ring.release_to(end);
+    }
+}
+
 /// In publish order: collects a record's compressed tensors, appends it to its segment,
-/// releases its slot. A step change finishes the client's segments of earlier steps.
+/// releases its slot once the frame is in the kernel. A step change finishes the client's
+/// segments of earlier steps.
 fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Receiver<Pending>) {
     let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
+    let mut waiting: VecDeque<Unreleased> = VecDeque::new();
     while let Ok(p) = rx.recv() {
+        let mut flushed = true;
         let rec = &p.record;
         let mut blobs = Vec::with_capacity(p.tensors.len());
         let mut mismatches = 0u64;
@@ -560,17 +600,29 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
                     rec.seq
                 ),
             }
-            // The client moved on: let go of its segments of earlier steps.
+            // The client moved on: let go of its segments of earlier steps (flushed first:
+            // the slots of their last records may still wait for it).
             let older: Vec<(u32, u64)> = held.keys().filter(|k| k.1 < rec.step).copied().collect();
             for k in older {
                 if let Some(s) = held.remove(&k) {
+                    flushed &= s.flush();
                     shared.segments.release(s);
                 }
             }
         }
         let written = held.get(&key).map(|seg| seg.append(rec, &blobs));
+        // A failed write may leave earlier frames stuck in the writer's buffer.
+        flushed &= !matches!(written, Some(Err(_)));
         if let Some(s) = &p.slot {
-            ring.ring.release_to(s.end);
+            waiting.push_back(Unreleased {
+                key,
+                // A record that could not be written has nothing to wait for.
+                frame_end: match &written {
+                    Some(Ok(end)) => *end,
+                    _ => 0,
+                },
+                slot_end: s.end,
+            });
         }
         let raw: u64 = blobs.iter().map(|b| b.raw_len).sum();
         let stored: u64 = blobs.iter().map(|b| b.stored.len() as u64).sum();
@@ -598,11 +650,17 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
             None => {}
         }
         if rx.is_empty() {
-            if let Some(seg) = held.get(&key) {
-                seg.flush();
+            for seg in held.values() {
+                flushed &= seg.flush();
             }
         }
+        release_written(&held, &mut waiting, ring, !flushed);
     }
+    let mut flushed = true;
+    for seg in held.values() {
+        flushed &= seg.flush();
+    }
+    release_written(&held, &mut waiting, ring, !flushed);
     for (_, s) in std::mem::take(&mut held) {
         debug!(
             rank = s.key().0,
@@ -610,5 +668,97 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
             "client done with segment"
         );
         shared.segments.release(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use ttrace_format::dtype::DType;
+    use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Record, Role, Tensor};
+    use ttrace_format::store::{segment_path, SegmentReader};
+
+    use crate::test_client::{hello, TestClient};
+
+    fn copy_record(seq: u64, bytes: &[u8]) -> Record {
+        Record {
+            rank: 0,
+            step: 0,
+            seq,
+            api: "cudaMemcpyAsync".into(),
+            op: Op::Memcpy(MemcpyOp {
+                direction: CopyDirection::DeviceToHost,
+                kind: 2,
+                dst: 0x2000,
+                src: 0x1000,
+                width: bytes.len() as u64,
+                height: 1,
+                dpitch: bytes.len() as u64,
+                spitch: bytes.len() as u64,
+            }),
+            stream: 0,
+            device: 0,
+            thread: 1,
+            nvtx: vec![],
+            kernels_before: vec![],
+            tensors: vec![Tensor {
+                role: Role::Src,
+                dtype: DType::U8,
+                shape: vec![bytes.len() as u64],
+                strides: vec![1],
+                ptr: 0x1000,
+                nbytes: bytes.len() as u64,
+                captured: true,
+                crc32: crc32fast::hash(bytes),
+            }],
+            t_call_ns: seq,
+            t_done_ns: seq,
+        }
+    }
+
+    /// The daemon releases a slot only once its record's frame is in the kernel: when the
+    /// ring is drained, every record is in the segment file, before the segment is finished
+    /// (a daemon killed at that moment would have lost nothing).
+    #[test]
+    fn a_released_slot_is_already_in_the_segment_file() {
+        let dir = std::env::temp_dir().join(format!("ttraced-release-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = dir.join("store");
+        let h = crate::Daemon::start(crate::Config::new(dir.join("sock/s"), &store))
+            .expect("daemon starts");
+        let mut c = TestClient::connect(h.socket(), hello(0, 1, 1 << 20)).expect("connects");
+        c.wait = Duration::from_secs(20);
+        let mut n = 0u64;
+        for round in 0..3 {
+            // Bursts of small records (the queue rarely empties) and a few large ones.
+            for i in 0..200u64 {
+                let len = if i % 50 == 49 {
+                    300_000
+                } else {
+                    3000 + i as usize
+                };
+                let bytes: Vec<u8> = (0..len).map(|j| (j as u64 * 7 + i + round) as u8).collect();
+                c.publish(copy_record(n, &bytes), &[&bytes])
+                    .expect("publishes");
+                n += 1;
+            }
+            assert!(c.wait_drained(Duration::from_secs(20)), "the ring drains");
+            let seg: PathBuf = segment_path(&store, 0, 0);
+            let mut r = SegmentReader::open(&seg).expect("the segment exists");
+            let mut seen = 0u64;
+            while let Some(f) = r.next_frame() {
+                assert_eq!(f.expect("intact frame").record.seq, seen);
+                seen += 1;
+            }
+            assert_eq!(seen, n, "round {round}: records in the file once released");
+        }
+        c.bye(n, 0).expect("bye");
+        let s = h
+            .finalize(Some(0), Duration::from_secs(10))
+            .expect("finalizes");
+        assert_eq!(s.records, n);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -68,10 +68,13 @@ pub(crate) struct SegRef {
 type FinishJob = (Key, SegmentWriter, Option<PathBuf>, Arc<Slot>);
 
 impl SegRef {
-    /// Appends a record; returns the frame's bytes on disk.
+    /// Appends a record; returns where its frame ends in the segment.
     pub(crate) fn append(&self, record: &Record, blobs: &[Blob]) -> Result<u64, FormatError> {
         match &mut self.entry.entry.lock().state {
-            State::Open { writer, .. } => writer.append(record, blobs),
+            State::Open { writer, .. } => {
+                writer.append(record, blobs)?;
+                Ok(writer.len())
+            }
             _ => Err(FormatError::Invalid(format!(
                 "segment rank {} step {} is not open",
                 self.key.0, self.key.1
@@ -79,13 +82,24 @@ impl SegRef {
         }
     }
 
-    /// Hands buffered frames to the kernel.
-    pub(crate) fn flush(&self) {
+    /// End of the frames of this segment that are in the kernel (see
+    /// `SegmentWriter::handed`); `None` when the segment is not open.
+    pub(crate) fn handed(&self) -> Option<u64> {
+        match &self.entry.entry.lock().state {
+            State::Open { writer, .. } => Some(writer.handed()),
+            _ => None,
+        }
+    }
+
+    /// Hands buffered frames to the kernel; false when that failed (logged).
+    pub(crate) fn flush(&self) -> bool {
         if let State::Open { writer, .. } = &mut self.entry.entry.lock().state {
             if let Err(e) = writer.flush() {
                 error!("flush of rank {} step {}: {e}", self.key.0, self.key.1);
+                return false;
             }
         }
+        true
     }
 
     /// The segment's (rank, step).

@@ -473,6 +473,26 @@ impl SegmentWriter {
         Ok(frame_len)
     }
 
+    /// Bytes of the segment appended so far (header included): the end of the last frame.
+    pub fn len(&self) -> u64 {
+        self.offset
+    }
+
+    /// Always false: a segment holds at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Bytes of the segment already handed to the kernel (they survive a crash of this
+    /// process); the rest, up to [`SegmentWriter::len`], waits in this writer's buffer until
+    /// it fills or [`SegmentWriter::flush`].
+    pub fn handed(&self) -> u64 {
+        match &self.file {
+            Sink::Buffered(f) => self.offset - f.buffer().len() as u64,
+            Sink::Direct(d) => d.at + d.cached as u64,
+        }
+    }
+
     /// Pushes buffered frames to the kernel (a crash of this process then loses nothing).
     pub fn flush(&mut self) -> Result<(), FormatError> {
         self.file

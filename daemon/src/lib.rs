@@ -16,8 +16,10 @@
 //! Segments are written with `O_DIRECT` where the file system allows it
 //! (`SegmentWriter::create_direct`): at capture rates the page cache costs a copy into fresh
 //! pages plus a write-back that competes with compression for the cores. Frames are handed to
-//! the kernel whenever a client's queue runs empty (a crash of the daemon then loses nothing
-//! handed over) and fsynced when the segment is finished, at the rank's next step.
+//! the kernel when the writer's buffer fills and whenever a client's queue runs empty, and
+//! fsynced when the segment is finished, at the rank's next step. A ring slot is released only
+//! once its record's frame is in the kernel: until then the bytes stay in the client's ring,
+//! so a daemon killed at any moment has lost nothing it released.
 //!
 //! Robustness rules:
 //! * a peer with another uid is refused (`SO_PEERCRED`); the socket is `0600` in a `0700`

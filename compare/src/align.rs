@@ -56,7 +56,7 @@ pub fn compatible(run: (&str, &GemmOp), reff: (&str, &GemmOp)) -> bool {
     // The API may differ (a reference on cuBLAS, a run on cuBLASLt): the math may not.
     let (_, r) = run;
     let (_, f) = reff;
-    let divides = |x: u64, y: u64| x == y || (x > 0 && y % x == 0);
+    let divides = |x: u64, y: u64| x == y || (x > 0 && y.is_multiple_of(x));
     r.transa == f.transa
         && r.transb == f.transb
         && r.a_type == f.a_type
@@ -158,8 +158,8 @@ pub fn needleman_wunsch<T, U>(
     for i in 1..=n {
         score[i * w] = GAP * i as i64;
     }
-    for j in 1..=m {
-        score[j] = GAP * j as i64;
+    for (j, s) in score.iter_mut().enumerate().take(m + 1).skip(1) {
+        *s = GAP * j as i64;
     }
     for i in 1..=n {
         for j in 1..=m {

@@ -599,7 +599,7 @@ fn cover(
         }
     }
     let slices = all.len();
-    if slices < 2 || place_of.len() % slices != 0 {
+    if slices < 2 || !place_of.len().is_multiple_of(slices) {
         return;
     }
     let per_slice = place_of.len() / slices;
@@ -640,7 +640,7 @@ fn cover(
 /// Tries the reference as the sum of a communicator's members' shards (row-parallel partial
 /// outputs, data-parallel weight gradients): returns the group size and the shards' errors
 /// against it, when that fits better than any single-shard placement.
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn sum_groups(
     run: &RunTrace,
     step: u64,
@@ -865,7 +865,9 @@ fn collectives(
 ) -> Result<(), CompareError> {
     // (step, n-th call on the comm, comm, ref op) → shards.
     type Key = (u64, u64, usize, RefOp);
-    let mut by_call: BTreeMap<Key, Vec<(u32, u64, ShardError, String, Position)>> = BTreeMap::new();
+    // Per rank: (rank, seq, error, API, where it sits).
+    type Piece = (u32, u64, ShardError, String, Position);
+    let mut by_call: BTreeMap<Key, Vec<Piece>> = BTreeMap::new();
     let mut ref_cache: BTreeMap<RefOp, Values> = BTreeMap::new();
     let shared = shared_buffers(reff, ref_rank, steps);
     for &step in steps {
@@ -962,7 +964,9 @@ fn collectives(
                     let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
                         continue;
                     };
-                    if !ref_cache.contains_key(&ref_op) {
+                    if let std::collections::btree_map::Entry::Vacant(slot) =
+                        ref_cache.entry(ref_op)
+                    {
                         let Some(rr) = reff
                             .records(ref_rank, ref_op.0)
                             .iter()
@@ -973,7 +977,7 @@ fn collectives(
                         let Some(v) = reff.values(rr, Role::D)? else {
                             continue;
                         };
-                        ref_cache.insert(ref_op, v);
+                        slot.insert(v);
                     }
                     let rv = &ref_cache[&ref_op];
                     let idx = place.ref_indices(&d.shape, &rv.shape);
@@ -1284,10 +1288,10 @@ fn local_gemm_reason(
             }
         }
     }
-    Ok(format!(
+    Ok(
         "every rank's GEMM output follows from its own inputs (recomputed in f64), and the \
          inputs match the reference, yet the output does not: the shards do not combine into \
-         the reference's result (a wrong shard layout, or a reduction added or missing){}",
-        if p.shards.len() > 1 { "" } else { "" }
-    ))
+         the reference's result (a wrong shard layout, or a reduction added or missing)"
+            .to_string(),
+    )
 }

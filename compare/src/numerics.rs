@@ -134,7 +134,7 @@ fn row_major_strides(shape: &[u64]) -> Vec<usize> {
 }
 
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 /// Every way of cutting a reference dimension of size `r` down to `s` with one cut, or with

@@ -207,7 +207,7 @@ impl RunTrace {
     /// The communicator members (global ranks by communicator rank) of `comm`.
     pub fn comm_members(&self, comm: u64) -> Option<Vec<u32>> {
         let c = self.manifest.comms.iter().find(|c| c.key == comm)?;
-        c.members.iter().map(|m| *m).collect()
+        c.members.iter().copied().collect()
     }
 }
 

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # README's main command: ttrace end to end on a machine without a GPU. Builds everything, then,
 # on the simulated CUDA stack (target/release/sim):
-#   1. traces the fixture trainer's world-size-1 reference run;
+#   1. traces the fixture trainer's world-size-1 reference run, and the same run with
+#      round-off-sized noise injected (`ttrace run --perturb`: per-tensor tolerances);
 #   2. traces a tp=2, dp=2, pp=2 run of the same training with a silent bug injected (one
 #      layer's row-parallel attention projection skips its TP reduction: the loss stays within
 #      a fraction of a percent of the correct one);
 #   3. lists what was captured and shows an op table;
-#   4. runs `ttrace check` on the distributed run (no reference needed): activations that the
-#      TP ranks must hold identically diverge right after the faulty layer.
+#   4. runs `ttrace check` on the distributed run (no reference needed);
+#   5. runs `ttrace compare` of the distributed run against the reference: the verdict names
+#      the first tensor beyond round-off, where the bug lies, and writes JSON and HTML reports.
 # Output goes to ./ttrace-demo (removed and rewritten on every run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +25,9 @@ model=(--precision bf16 --micro-batches 2 --steps 3)
 layout=(--tp 2 --dp 2 --pp 2)
 bug=tp-row-parallel-no-reduce
 
-echo "== 1. reference run (world size 1), traced"
+echo "== 1. reference run (world size 1), traced; and a perturbed reference for tolerances"
 "$T/ttrace" run --out "$out/reference" -- "$T/trainer" "${model[@]}"
+"$T/ttrace" run --perturb --out "$out/reference-perturbed" -- "$T/trainer" "${model[@]}"
 
 echo
 echo "== 2. tp=2 dp=2 pp=2, bug '$bug' injected, traced"
@@ -46,3 +49,12 @@ if "$T/ttrace" check --help >/dev/null 2>&1; then
   set -e
   echo "ttrace check exited $code (0: nothing found, 1: findings, 2: error)"
 fi
+
+echo
+echo "== 5. ttrace compare (against the reference)"
+set +e
+"$T/ttrace" compare "$out/reference" "$out/distributed" --perturbed "$out/reference-perturbed" \
+  --json "$out/compare.json" --html "$out/compare.html"
+code=$?
+set -e
+echo "ttrace compare exited $code (0: match, 1: divergence, 2: error); reports: $out/compare.json, $out/compare.html"

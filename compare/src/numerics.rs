@@ -399,8 +399,14 @@ pub fn place_with(
 ) -> Option<Fit> {
     let mut best: Option<Fit> = None;
     for (p, s) in hints {
-        if p.dims.len() == x.shape.len() {
-            let f = full_fit(x, reff, p.clone(), *s);
+        if p.dims.len() != x.shape.len() {
+            continue;
+        }
+        // The remembered scale first, then the others (a kind of tensor may carry the DP
+        // gradient scale in one pass and not in another).
+        let order = std::iter::once(*s).chain(scales.iter().copied().filter(|c| c != s));
+        for scale in order {
+            let f = full_fit(x, reff, p.clone(), scale);
             if f.err.rel <= accept {
                 return Some(f);
             }
@@ -410,9 +416,9 @@ pub fn place_with(
         }
     }
     // One cut per dimension first; dimensions cut twice only when nothing simpler fits.
-    // A kind of tensor already placed (hints are kept only for clear fits) that fits none of
-    // its known places has diverged: a search would only find it a wrong place.
-    if best.is_some() {
+    // After the verdict (quick), a kind of tensor already placed that fits none of its known
+    // places is taken as diverged there; before it, a search makes sure no other place fits.
+    if quick && best.is_some() {
         return best;
     }
     for two_cuts in [false, true] {

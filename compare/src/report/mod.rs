@@ -6,6 +6,48 @@ pub mod text;
 
 use serde::{Deserialize, Serialize};
 
+/// Floats that may be NaN or infinite (an error against a non-finite tensor) are written as
+/// JSON numbers when finite and as the strings `"NaN"`, `"inf"`, `"-inf"` otherwise: JSON has
+/// no non-finite numbers, and `null` would not read back as a float.
+pub mod float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `v`.
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else if v.is_nan() {
+            s.serialize_str("NaN")
+        } else if *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Text(String),
+    }
+
+    /// Reads a number or one of the three strings.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Num(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, \"NaN\", \"inf\" or \"-inf\", got \"{other}\""
+                ))),
+            },
+        }
+    }
+}
+
 /// The outcome of comparing a run against a reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -77,6 +119,7 @@ pub struct RankError {
     /// The op's seq on that rank.
     pub seq: u64,
     /// Relative Frobenius error of the shard against its part of the reference, in epsilon.
+    #[serde(with = "float")]
     pub error_eps: f64,
 }
 
@@ -88,6 +131,7 @@ pub struct WorstRow {
     /// Row index in the reference's stored shape (leading dimensions flattened).
     pub row: u64,
     /// Relative error of that row, in epsilon.
+    #[serde(with = "float")]
     pub error_eps: f64,
 }
 
@@ -116,12 +160,15 @@ pub struct TensorComparison {
     /// Per rank: which op and how far its shard is off.
     pub ranks: Vec<RankError>,
     /// Relative Frobenius error over all shards, in epsilon.
+    #[serde(with = "float")]
     pub error_eps: f64,
     /// Worst row over all shards.
     pub worst_row: Option<WorstRow>,
     /// ‖run‖ / ‖reference‖ (a ratio of exactly 2 or TP reads as a scaling bug).
+    #[serde(with = "float")]
     pub norm_ratio: f64,
     /// The tolerance in epsilon.
+    #[serde(with = "float")]
     pub tolerance_eps: f64,
     /// Where the tolerance came from (`analytic`, `perturbed`).
     pub tolerance_source: String,
@@ -225,5 +272,33 @@ impl CompareReport {
             Verdict::Match => 0,
             Verdict::Divergence => 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_errors_survive_a_json_round_trip() {
+        let r = RankError {
+            rank: 1,
+            seq: 2,
+            error_eps: f64::NAN,
+        };
+        let text = serde_json::to_string(&r).expect("serialize");
+        assert!(text.contains("\"NaN\""), "{text}");
+        let back: RankError = serde_json::from_str(&text).expect("deserialize");
+        assert!(back.error_eps.is_nan());
+        let w = WorstRow {
+            rank: 0,
+            row: 3,
+            error_eps: f64::INFINITY,
+        };
+        let back: WorstRow =
+            serde_json::from_str(&serde_json::to_string(&w).expect("serialize")).expect("back");
+        assert_eq!(back.error_eps, f64::INFINITY);
+        let bad = serde_json::from_str::<RankError>(r#"{"rank":1,"seq":2,"error_eps":"lots"}"#);
+        assert!(bad.unwrap_err().to_string().contains("lots"));
     }
 }

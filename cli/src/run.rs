@@ -101,8 +101,8 @@ pub struct RunArgs {
     )]
     perturb: Option<u64>,
     /// zstd level of stored tensors: 0 stores raw bytes, 1..22 trade speed for size, negative
-    /// levels are zstd's fast modes [default: -100, as small as level 1 on float activations
-    /// and about twice as fast].
+    /// levels are zstd's fast modes [default: -1000; float mantissa planes are stored raw and
+    /// the rest zstd-compressed, about as small as level 1 on float activations and faster].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     level: Option<i32>,
     /// Compression threads of the embedded collector [default: the cores, at most 8].

@@ -374,7 +374,7 @@ pub fn compare(
                 all_known &= !known.is_empty();
                 // A hint is trusted only when it fits clearly: a wrong slice of a loosely
                 // tolerated tensor (FP8) must not pass as round-off.
-                let accept = (tol.value * eps).min(hint_accept(x.dtype));
+                let accept = (0.25 * tol.value * eps).min(hint_accept(x.dtype));
                 // After the first divergence the verdict is settled: later tensors only feed
                 // the plot and the worst-tensor table, so their placement search is cheaper.
                 let quick = pending.iter().any(|p| p.cmp.diverged);

@@ -823,14 +823,21 @@ impl Segment {
                 }
             }
             let next = find_next_frame(&self.data, pos as usize + 1, to as usize);
-            let skip_to = next.map_or(to, |n| n.offset);
+            // An indexed frame before the next intact header may have a damaged header and an
+            // intact body: stop there, so the next pass recovers it through the index instead
+            // of skipping (and misreporting) it.
+            let next_indexed = hints
+                .iter()
+                .filter(|e| e.offset > pos && e.offset < next.map_or(to, |n| n.offset))
+                .min_by_key(|e| e.offset);
+            let skip_to = next_indexed.map_or(next.map_or(to, |n| n.offset), |e| e.offset);
             let prev_seq = frames.last().map(|f| f.seq);
-            let resumes = next.is_some() || next_seq.is_some();
-            let seq = match (
-                hint_at.get(&pos),
-                prev_seq,
-                next.map(|n| n.seq).or(next_seq),
-            ) {
+            let resumes = next.is_some() || next_indexed.is_some() || next_seq.is_some();
+            let following_seq = next_indexed
+                .map(|e| e.seq)
+                .or(next.map(|n| n.seq))
+                .or(next_seq);
+            let seq = match (hint_at.get(&pos), prev_seq, following_seq) {
                 (Some(e), _, _) => SeqHint::Exact(e.seq),
                 (None, Some(p), Some(n)) if n > p + 1 => SeqHint::Between(p + 1, n - 1),
                 (None, None, Some(n)) if n > 0 => SeqHint::Between(0, n - 1),
@@ -839,7 +846,11 @@ impl Segment {
                 _ => SeqHint::Unknown,
             };
             let skipped = skip_to - pos;
-            if next.is_none() && to == len && matches!(bad, Bad::Truncated | Bad::Magic) {
+            if next.is_none()
+                && next_indexed.is_none()
+                && to == len
+                && matches!(bad, Bad::Truncated | Bad::Magic)
+            {
                 self.issue(
                     IssueKind::TornTail,
                     Some(seq),

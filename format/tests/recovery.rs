@@ -470,3 +470,41 @@ fn an_unindexed_segment_being_written_reads_up_to_its_last_whole_record() {
     assert!(seg.issues()[0].to_string().contains("scanning"));
     assert_eq!(assert_intact(&seg, &made, &[]).len(), 8);
 }
+
+#[test]
+fn a_damaged_header_right_after_a_lost_record_is_still_recovered_by_the_index() {
+    // Record 1 loses its body; record 2 only its header magic. Skipping from the damaged
+    // record 1 to the next intact header would jump over record 2, whose body the index still
+    // locates: it must read back, and only record 1 is lost.
+    let dir = Scratch::new("header-after-loss");
+    let run = dir.path();
+    let made = common::records(0, 4, 5, 1);
+    write_segment(run, &made, 0, 4, true);
+    let seg_path = segment_path(run, 0, 4);
+    let frames = offsets(&seg_path);
+    let mut bytes = std::fs::read(&seg_path).expect("segment");
+    let (o1, l1) = frames[1];
+    bytes[(o1 + l1 / 2) as usize] ^= 0x40;
+    bytes[frames[2].0 as usize] ^= 0xff;
+    std::fs::write(&seg_path, &bytes).expect("damage");
+    let seg = Segment::open(&seg_path).expect("a damaged segment still opens");
+    let read = assert_intact(&seg, &made, &[1]);
+    assert_eq!(read, vec![0, 2, 3, 4], "every record but seq 1 reads back");
+    let check = check_segment(&seg, true, &mut |_| {});
+    assert!(
+        check
+            .issues
+            .iter()
+            .any(|i| i.kind == IssueKind::RecoveredByIndex && covers(i.seq, 2)),
+        "{:?}",
+        check.issues
+    );
+    assert!(
+        check
+            .issues
+            .iter()
+            .any(|i| i.kind.loses_data() && covers(i.seq, 1)),
+        "{:?}",
+        check.issues
+    );
+}

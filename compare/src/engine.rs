@@ -269,11 +269,7 @@ pub fn compare(
     for (done, (&ref_op, shards)) in al.of_ref.iter().enumerate() {
         progress(done as u64, total_ops);
         let (step, ref_seq) = ref_op;
-        let Some(ref_rec) = reff
-            .records(ref_rank, step)
-            .iter()
-            .find(|r| r.seq == ref_seq)
-        else {
+        let Some(ref_rec) = reff.record(ref_rank, step, ref_seq) else {
             continue;
         };
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
@@ -326,7 +322,7 @@ pub fn compare(
             // partial result, and a misfit means divergence, not a missing sum).
             let mut all_known = true;
             for &(rank, seq) in shards {
-                let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) else {
+                let Some(rec) = run.record(rank, step, seq) else {
                     continue;
                 };
                 let Some(x) = operand(&run, rec, role)? else {
@@ -429,7 +425,7 @@ pub fn compare(
                     &mut sum_hints,
                     &shards
                         .first()
-                        .and_then(|&(r, q)| run.records(r, step).iter().find(|x| x.seq == q))
+                        .and_then(|&(r, q)| run.record(r, step, q))
                         .map(kind_of)
                         .unwrap_or_default(),
                 ) {
@@ -437,7 +433,7 @@ pub fn compare(
                     results = summed.0;
                     place_of = summed.1;
                     for &(rank, seq) in shards {
-                        if let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) {
+                        if let Some(rec) = run.record(rank, step, seq) {
                             if let Some(x) = vals.get(&(rank, seq)) {
                                 needs_sum.insert((
                                     rank,
@@ -1028,11 +1024,7 @@ fn collectives(
                     if let std::collections::btree_map::Entry::Vacant(slot) =
                         ref_cache.entry(ref_op)
                     {
-                        let Some(rr) = reff
-                            .records(ref_rank, ref_op.0)
-                            .iter()
-                            .find(|x| x.seq == ref_op.1)
-                        else {
+                        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
                             continue;
                         };
                         let Some(v) = reff.values(rr, Role::D)? else {
@@ -1069,18 +1061,14 @@ fn collectives(
         }
     }
     for ((step, _comm, _n, ref_op), shards) in by_call {
-        let Some(rr) = reff
-            .records(ref_rank, ref_op.0)
-            .iter()
-            .find(|x| x.seq == ref_op.1)
-        else {
+        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
             continue;
         };
         let Some(rv) = ref_cache.get(&ref_op) else {
             continue;
         };
         let (rank0, seq0) = (shards[0].0, shards[0].1);
-        let Some(run_rec) = run.records(rank0, step).iter().find(|r| r.seq == seq0) else {
+        let Some(run_rec) = run.record(rank0, step, seq0) else {
             continue;
         };
         let tol = tolerance::Tolerance {
@@ -1165,7 +1153,7 @@ fn localize(
         .max_by(|a, b| a.error_eps.total_cmp(&b.error_eps))
         .map_or(p.shards[0], |r| (r.rank, r.seq));
     let step = t.step;
-    let run_rec = run.records(rank, step).iter().find(|r| r.seq == seq);
+    let run_rec = run.record(rank, step, seq);
     // The last good tensor of an earlier op (the op's own other inputs say nothing about
     // where its diverged input came from).
     let last_good = (0..i).rev().find(|&j| {
@@ -1281,17 +1269,13 @@ fn local_gemm_reason(
     seq: u64,
 ) -> Result<String, CompareError> {
     let step = p.cmp.step;
-    let Some(rec) = run.records(rank, step).iter().find(|r| r.seq == seq) else {
+    let Some(rec) = run.record(rank, step, seq) else {
         return Ok("the GEMM's output diverges while its inputs match".into());
     };
     let Some(g) = gemm(rec) else {
         return Ok("the op's output diverges while its inputs match".into());
     };
-    let ref_g = reff
-        .records(ref_rank, p.ref_op.0)
-        .iter()
-        .find(|r| r.seq == p.ref_op.1)
-        .and_then(gemm);
+    let ref_g = reff.record(ref_rank, p.ref_op.0, p.ref_op.1).and_then(gemm);
     if let Some(f) = ref_g {
         if g.beta != f.beta || g.alpha != f.alpha {
             return Ok(format!(

@@ -106,6 +106,19 @@ impl RunTrace {
         self.ops.get(&(rank, step)).map_or(&[], |v| v.as_slice())
     }
 
+    /// The record `seq` of `rank` in `step`.
+    pub fn record(&self, rank: u32, step: u64, seq: u64) -> Option<&Record> {
+        let recs = self.records(rank, step);
+        // Records are sorted by seq (and dense in practice): look where it should be first.
+        match recs.get(seq as usize) {
+            Some(r) if r.seq == seq => Some(r),
+            _ => recs
+                .binary_search_by_key(&seq, |r| r.seq)
+                .ok()
+                .map(|i| &recs[i]),
+        }
+    }
+
     /// Stored bytes decoded so far.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.get()

@@ -676,46 +676,13 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use ttrace_format::dtype::DType;
-    use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Record, Role, Tensor};
+    use ttrace_format::record::Record;
     use ttrace_format::store::{segment_path, SegmentReader};
 
     use crate::test_client::{hello, TestClient};
 
     fn copy_record(seq: u64, bytes: &[u8]) -> Record {
-        Record {
-            rank: 0,
-            step: 0,
-            seq,
-            api: "cudaMemcpyAsync".into(),
-            op: Op::Memcpy(MemcpyOp {
-                direction: CopyDirection::DeviceToHost,
-                kind: 2,
-                dst: 0x2000,
-                src: 0x1000,
-                width: bytes.len() as u64,
-                height: 1,
-                dpitch: bytes.len() as u64,
-                spitch: bytes.len() as u64,
-            }),
-            stream: 0,
-            device: 0,
-            thread: 1,
-            nvtx: vec![],
-            kernels_before: vec![],
-            tensors: vec![Tensor {
-                role: Role::Src,
-                dtype: DType::U8,
-                shape: vec![bytes.len() as u64],
-                strides: vec![1],
-                ptr: 0x1000,
-                nbytes: bytes.len() as u64,
-                captured: true,
-                crc32: crc32fast::hash(bytes),
-            }],
-            t_call_ns: seq,
-            t_done_ns: seq,
-        }
+        Record::d2h_copy(0, 0, seq, bytes)
     }
 
     /// The daemon releases a slot only once its record's frame is in the kernel: when the

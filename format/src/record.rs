@@ -244,6 +244,47 @@ pub struct Tensor {
     pub crc32: u32,
 }
 
+impl Record {
+    /// A captured device-to-host copy of `bytes` (one `U8` tensor with its CRC-32): the
+    /// smallest complete record, for tests and tools that need one.
+    pub fn d2h_copy(rank: u32, step: u64, seq: u64, bytes: &[u8]) -> Record {
+        let n = bytes.len() as u64;
+        Record {
+            rank,
+            step,
+            seq,
+            api: "cudaMemcpyAsync".into(),
+            op: Op::Memcpy(MemcpyOp {
+                direction: CopyDirection::DeviceToHost,
+                kind: 2,
+                dst: 0x2000,
+                src: 0x1000,
+                width: n,
+                height: 1,
+                dpitch: n,
+                spitch: n,
+            }),
+            stream: 0,
+            device: 0,
+            thread: 1,
+            nvtx: vec![],
+            kernels_before: vec![],
+            tensors: vec![Tensor {
+                role: Role::Src,
+                dtype: DType::U8,
+                shape: vec![n],
+                strides: vec![1],
+                ptr: 0x1000,
+                nbytes: n,
+                captured: true,
+                crc32: crc32fast::hash(bytes),
+            }],
+            t_call_ns: seq,
+            t_done_ns: seq,
+        }
+    }
+}
+
 impl Tensor {
     /// Number of elements.
     pub fn elements(&self) -> u64 {

@@ -810,43 +810,9 @@ impl SegmentReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::DType;
-    use crate::record::{CopyDirection, MemcpyOp, Op, Role, Tensor};
 
     fn memcpy_record(seq: u64, bytes: &[u8]) -> Record {
-        Record {
-            rank: 1,
-            step: 2,
-            seq,
-            api: "cudaMemcpyAsync".into(),
-            op: Op::Memcpy(MemcpyOp {
-                direction: CopyDirection::DeviceToHost,
-                kind: 2,
-                dst: 0x2000,
-                src: 0x1000,
-                width: bytes.len() as u64,
-                height: 1,
-                dpitch: bytes.len() as u64,
-                spitch: bytes.len() as u64,
-            }),
-            stream: 0,
-            device: 0,
-            thread: 1,
-            nvtx: vec![],
-            kernels_before: vec![],
-            tensors: vec![Tensor {
-                role: Role::Src,
-                dtype: DType::U8,
-                shape: vec![bytes.len() as u64],
-                strides: vec![1],
-                ptr: 0x1000,
-                nbytes: bytes.len() as u64,
-                captured: true,
-                crc32: crc32fast::hash(bytes),
-            }],
-            t_call_ns: seq,
-            t_done_ns: seq,
-        }
+        Record::d2h_copy(1, 2, seq, bytes)
     }
 
     fn scratch_dir(name: &str) -> PathBuf {

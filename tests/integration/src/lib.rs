@@ -10,6 +10,36 @@ pub mod abi_check;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// A fresh directory under the system temp dir, removed when dropped (`.0` is its path).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `ttrace-<tag>-<pid>-<n>`, empty.
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "ttrace-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("tempdir");
+        TempDir(d)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `target/<profile>`: two levels above the test executable (`target/<profile>/deps/test-…`).
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");

@@ -3,35 +3,11 @@
 //! representative set of layouts and precisions pass (exit 0); the catalogue bugs that a single
 //! trace can reveal and the `--inject-inf` fixture are found (exit 1) and localized.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use integration_tests::{bin, describe, sim_dir, trainer_layouts};
+use integration_tests::{bin, describe, sim_dir, trainer_layouts, TempDir};
 use serde_json::Value;
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ttrace-check-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("tempdir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// What `ttrace check` said about a traced trainer run.
 struct Checked {
@@ -42,7 +18,7 @@ struct Checked {
 
 /// Traces the trainer on `nproc` ranks with `args` (2 steps, 2 micro-batches) and checks it.
 fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
-    let dir = TempDir::new("run");
+    let dir = TempDir::new("check-run");
     let store = dir.0.join("store");
     let out = Command::new(bin("ttrace"))
         .current_dir(&dir.0)
@@ -281,7 +257,7 @@ fn grad_accum_overwrite_is_found_at_its_layer() {
 
 #[test]
 fn a_store_that_cannot_be_read_is_an_error() {
-    let dir = TempDir::new("missing");
+    let dir = TempDir::new("check-missing");
     let out = Command::new(bin("ttrace"))
         .arg("check")
         .arg(dir.0.join("no-such-store"))

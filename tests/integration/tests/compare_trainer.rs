@@ -22,32 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use integration_tests::{bin, sim_dir, trainer_layouts};
+use integration_tests::{bin, sim_dir, trainer_layouts, TempDir};
 use serde_json::Value;
-
-/// A directory removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ttrace-compare-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("tempdir");
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 const STEPS: &str = "3";
 
@@ -92,7 +68,7 @@ struct Reference {
 }
 
 fn reference(model: &[String]) -> Reference {
-    let dir = TempDir::new("ref");
+    let dir = TempDir::new("compare-ref");
     let store = dir.0.join("ref");
     let perturbed = dir.0.join("ref-perturbed");
     trace(&store, 1, model, false);
@@ -378,7 +354,7 @@ fn matrix(precision: &str) {
         for nvtx in [true, false] {
             let m = model(precision, tie, nvtx);
             let reff = shared_reference(&m);
-            let dir = TempDir::new(name);
+            let dir = TempDir::new(&format!("compare-{name}"));
             let run = dir.0.join("run");
             let mut args = m.clone();
             args.extend(layout.iter().cloned());
@@ -483,7 +459,7 @@ fn bug_free(precision: &str) {
         let nproc = size("--tp") * size("--dp") * size("--pp");
         let m = model(precision, tie, true);
         let reff = shared_reference(&m);
-        let dir = TempDir::new("clean");
+        let dir = TempDir::new("compare-clean");
         let run = dir.0.join("run");
         let mut args = m.clone();
         args.extend(layout.iter().cloned());
@@ -536,7 +512,7 @@ fn bug_free_layouts_match_in_fp8() {
 #[test]
 fn a_run_of_another_model_is_an_error_not_a_match() {
     let reff = shared_reference(&model("bf16", false, true));
-    let dir = TempDir::new("other");
+    let dir = TempDir::new("compare-other");
     let run = dir.0.join("run");
     // Another hidden size: no GEMM lines up.
     let mut args = model("bf16", false, true);

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ttrace_format::dtype::DType;
@@ -14,32 +14,7 @@ use ttrace_format::record::{
 use ttrace_format::store::{segment_path, Frame, SegmentReader};
 use ttraced::{Config, Daemon, Handle};
 
-/// A directory removed when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ttrace-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("tempdir");
-        TempDir(d)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use integration_tests::TempDir;
 
 /// A daemon on `dir/sock/ttraced.sock` writing `dir/store`, two compression threads.
 pub fn start(dir: &Path) -> Handle {

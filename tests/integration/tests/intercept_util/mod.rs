@@ -16,32 +16,7 @@ use ttrace_format::record::{Record, Role, Tensor};
 use ttrace_format::store::SegmentReader;
 use ttraced::{Config, Daemon, Summary};
 
-/// A directory removed when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static N: AtomicU64 = AtomicU64::new(0);
-        let d = std::env::temp_dir().join(format!(
-            "ttrace-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("tempdir");
-        TempDir(d)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use integration_tests::TempDir;
 
 /// `target/<profile>/libttrace.so`.
 pub fn libttrace() -> PathBuf {

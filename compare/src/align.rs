@@ -339,6 +339,145 @@ pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ttrace_format::record::{CollectiveOp, Op};
+
+    /// A GEMM record (shape irrelevant here).
+    fn g(seq: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "cublasGemmEx".into();
+        r.op = Op::Gemm(Box::new(GemmOp {
+            m: 8,
+            n: 8,
+            k: 8,
+            transa: 0,
+            transb: 0,
+            lda: 8,
+            ldb: 8,
+            ldc: 8,
+            ldd: 8,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 14,
+            b_type: 14,
+            c_type: 14,
+            d_type: 14,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        }));
+        r
+    }
+
+    /// A send (`to`) or receive (`from`) with a pipeline peer.
+    fn p2p(seq: u64, kind: CollectiveKind, peer: i32) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "ncclSend".into();
+        r.op = Op::Collective(CollectiveOp {
+            kind,
+            count: 1,
+            nccl_type: 7,
+            redop: None,
+            root_or_peer: Some(peer),
+            comm: 1,
+            comm_rank: 0,
+            comm_size: 2,
+            sendbuff: 0,
+            recvbuff: 0,
+            group: 0,
+        });
+        r
+    }
+
+    fn kinds(recs: &[Record], stage: u32, pp: u32) -> Vec<(Kind, usize)> {
+        segments(recs, stage, pp)
+            .into_iter()
+            .map(|s| (s.kind, s.gemms.len()))
+            .collect()
+    }
+
+    #[test]
+    fn a_first_stage_under_1f1b_has_forwards_then_backwards() {
+        // F0 send F1 send | recv B0 | recv B1.
+        use CollectiveKind::{Recv, Send};
+        let recs = vec![
+            g(0),
+            g(1),
+            p2p(2, Send, 1),
+            g(3),
+            g(4),
+            p2p(5, Send, 1),
+            p2p(6, Recv, 1),
+            g(7),
+            g(8),
+            g(9),
+            p2p(10, Recv, 1),
+            g(11),
+            g(12),
+            g(13),
+        ];
+        assert_eq!(
+            kinds(&recs, 0, 2),
+            vec![
+                (Kind::Forward, 2),
+                (Kind::Forward, 2),
+                (Kind::Backward, 3),
+                (Kind::Backward, 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_last_stage_runs_forward_and_backward_back_to_back() {
+        use CollectiveKind::{Recv, Send};
+        let recs = vec![
+            p2p(0, Recv, 0),
+            g(1),
+            g(2),
+            g(3),
+            p2p(4, Send, 0),
+            p2p(5, Recv, 0),
+            g(6),
+            g(7),
+            g(8),
+            p2p(9, Send, 0),
+        ];
+        assert_eq!(kinds(&recs, 1, 2), vec![(Kind::Both, 3), (Kind::Both, 3)]);
+    }
+
+    #[test]
+    fn without_a_pipeline_the_step_is_one_segment() {
+        let recs: Vec<Record> = (0..5).map(g).collect();
+        assert_eq!(kinds(&recs, 0, 1), vec![(Kind::Whole, 5)]);
+    }
+
+    #[test]
+    fn shards_are_compatible_when_every_dimension_divides() {
+        let full = g(0);
+        let mut shard = g(1);
+        if let Op::Gemm(s) = &mut shard.op {
+            s.n = 4;
+        }
+        let (Some(f), Some(h)) = (gemm(&full), gemm(&shard)) else {
+            panic!("gemms")
+        };
+        assert!(compatible(("cublasLtMatmul", h), ("cublasGemmEx", f)));
+        let mut other = h.clone();
+        other.n = 3;
+        assert!(!compatible(("x", &other), ("x", f)), "3 does not divide 8");
+        other.n = 4;
+        other.transa = 1;
+        assert!(
+            !compatible(("x", &other), ("x", f)),
+            "transposes must agree"
+        );
+    }
 
     #[test]
     fn needleman_wunsch_skips_an_extra_op() {

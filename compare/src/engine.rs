@@ -69,7 +69,6 @@ fn unplaced() -> ShardError {
     ShardError {
         rel: f64::INFINITY,
         norm_ratio: 1.0,
-        diff_sq: 0.0,
         ref_sq: 0.0,
         worst_row: None,
     }
@@ -131,24 +130,33 @@ fn show_scalar(v: Option<f64>) -> String {
 
 /// A GEMM's tensor for comparison: `D` of an accumulating GEMM is its increment `D - beta*C`
 /// (C is a partial accumulation whose content depends on how buffers are shared, e.g. tied
-/// weights or gradient buckets, which differ between a single device and a pipeline).
-fn operand(t: &RunTrace, rec: &Record, role: Role) -> Result<Option<Values>, CompareError> {
+/// weights or gradient buckets, which differ between a single device and a pipeline). With
+/// it, `‖beta*C‖ / ‖D - beta*C‖`: how many digits the subtraction cancelled (0 otherwise).
+fn operand(t: &RunTrace, rec: &Record, role: Role) -> Result<Option<(Values, f64)>, CompareError> {
     let Some(mut v) = t.values(rec, role)? else {
         return Ok(None);
     };
+    let mut cancelled = 0.0;
     if role == Role::D {
         if let Some(g) = gemm(rec).filter(|g| accumulates(g)) {
             let beta = g.beta.unwrap_or(0.0) as f32;
             if let Some(c) = t.values(rec, Role::CIn)? {
                 if c.data.len() == v.data.len() {
+                    let (mut nc, mut ni) = (0f64, 0f64);
                     for (d, c) in v.data.iter_mut().zip(&c.data) {
-                        *d -= beta * c;
+                        let bc = beta * c;
+                        *d -= bc;
+                        nc += (bc as f64).powi(2);
+                        ni += (*d as f64).powi(2);
+                    }
+                    if ni > 0.0 {
+                        cancelled = (nc / ni).sqrt();
                     }
                 }
             }
         }
     }
-    Ok(Some(v))
+    Ok(Some((v, cancelled)))
 }
 
 /// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
@@ -250,6 +258,8 @@ pub fn compare(
 
     let total_ops = al.of_ref.len() as u64;
     let mut pending: Vec<Pending> = Vec::new();
+    // Whether a tensor diverged already: the verdict is then settled (ops come in order).
+    let mut settled = false;
     // Placement of each run GEMM's D (for the collectives that reduce it).
     let mut d_place: BTreeMap<(u32, u64, u64), (Placement, f32)> = BTreeMap::new();
     // The placement that fitted the same kind of tensor last time, per rank: tried first.
@@ -282,7 +292,7 @@ pub fn compare(
         // Errors of this op's inputs (within their tolerance) propagate into its output.
         let mut input_error = 0f64;
         for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
-            let Some(ref_vals) = operand(&reff, ref_rec, role)? else {
+            let Some((ref_vals, cancelled)) = operand(&reff, ref_rec, role)? else {
                 continue;
             };
             let increment = role == Role::D && ref_gemm.is_some_and(accumulates);
@@ -291,21 +301,14 @@ pub fn compare(
             let perturbed = if increment {
                 None
             } else {
-                pert_rec
-                    .map(|p| perturbed_error(pert.as_ref(), p, role, &ref_vals))
-                    .transpose()?
-                    .flatten()
+                match (&pert, pert_rec) {
+                    (Some(p), Some(rec)) => perturbed_error(p, rec, role, &ref_vals)?,
+                    _ => None,
+                }
             };
             let mut tol = tolerance::tolerance(precision, ref_vals.dtype, depth, perturbed);
             if increment {
-                if let Some(c) = reff.values(ref_rec, Role::CIn)? {
-                    let norm =
-                        |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-                    let (nc, ni) = (norm(&c.data), norm(&ref_vals.data));
-                    if ni > 0.0 {
-                        tol.value += 4.0 * tolerance::unit_roundoff(ref_vals.dtype) / eps * nc / ni;
-                    }
-                }
+                tol.value += 4.0 * tolerance::unit_roundoff(ref_vals.dtype) / eps * cancelled;
             }
             if role == Role::D && 2.0 * input_error > 0.5 * tol.value {
                 tol = tolerance::Tolerance {
@@ -325,7 +328,7 @@ pub fn compare(
                 let Some(rec) = run.record(rank, step, seq) else {
                     continue;
                 };
-                let Some(x) = operand(&run, rec, role)? else {
+                let Some((x, _)) = operand(&run, rec, role)? else {
                     continue;
                 };
                 if role == Role::D {
@@ -373,7 +376,7 @@ pub fn compare(
                 let accept = (0.25 * tol.value * eps).min(hint_accept(x.dtype));
                 // After the first divergence the verdict is settled: later tensors only feed
                 // the plot and the worst-tensor table, so their placement search is cheaper.
-                let quick = pending.iter().any(|p| p.cmp.diverged);
+                let quick = settled;
                 let fit = match provisional.get(&hint_key) {
                     Some((p, sc)) if quick && known.is_empty() => {
                         Some(numerics::full_fit(&x, &ref_vals, p.clone(), *sc))
@@ -480,6 +483,7 @@ pub fn compare(
                 is_collective: false,
                 param_note,
             });
+            settled |= pending.last().is_some_and(|p| p.cmp.diverged);
         }
     }
     progress(total_ops, total_ops);
@@ -585,13 +589,12 @@ fn gemm_ordinals(reff: &RunTrace, rank: u32, steps: &[u64]) -> BTreeMap<RefOp, u
 
 /// The perturbed reference's relative error on the same tensor.
 fn perturbed_error(
-    pert: Option<&RunTrace>,
+    pert: &RunTrace,
     rec: &Record,
     role: Role,
     ref_vals: &Values,
 ) -> Result<Option<f64>, CompareError> {
-    let Some(p) = pert else { return Ok(None) };
-    let Some(v) = p.values(rec, role)? else {
+    let Some(v) = pert.values(rec, role)? else {
         return Ok(None);
     };
     if v.shape != ref_vals.shape {
@@ -698,11 +701,9 @@ fn sum_groups(
     // Communicators the shards' ranks use in this step.
     let mut comms: Vec<u64> = Vec::new();
     for &(rank, _) in shards {
-        for r in run.records(rank, step) {
-            if let Some(c) = collective(r) {
-                if c.comm_size > 1 && !comms.contains(&c.comm) {
-                    comms.push(c.comm);
-                }
+        for &c in run.comms_used(rank, step) {
+            if !comms.contains(&c) {
+                comms.push(c);
             }
         }
     }
@@ -843,15 +844,13 @@ fn comparison(
     ref_seq: u64,
 ) -> TensorComparison {
     let worst_shard = results.iter().map(|s| s.err.rel).fold(0f64, f64::max);
-    let (d2, y2, x2): (f64, f64, f64) = results.iter().fold((0.0, 0.0, 0.0), |acc, s| {
+    let (y2, x2) = results.iter().fold((0.0, 0.0), |acc, s| {
         (
-            acc.0 + s.err.diff_sq,
-            acc.1 + s.err.ref_sq,
-            acc.2 + s.err.ref_sq * s.err.norm_ratio * s.err.norm_ratio,
+            acc.0 + s.err.ref_sq,
+            acc.1 + s.err.ref_sq * s.err.norm_ratio * s.err.norm_ratio,
         )
     });
     let norm_ratio = if y2 > 0.0 { (x2 / y2).sqrt() } else { 1.0 };
-    let _ = d2;
     let worst_row = results
         .iter()
         .filter_map(|s| s.err.worst_row.map(|(row, e)| (s.rank, row, e)))

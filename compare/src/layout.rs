@@ -147,30 +147,32 @@ pub fn coords(layout: &LayoutSummary, rank: u32) -> (u32, u32, u32) {
     (t, d, p)
 }
 
-/// Whether `members` form a data-parallel group of `layout`: more than one rank, all with the
-/// same tensor- and pipeline-parallel coordinates.
+/// Whether `members` form a data-parallel group of `layout`: more than one rank, differing
+/// only in their data-parallel coordinate.
 pub fn is_dp_group(layout: &LayoutSummary, members: &[u32]) -> bool {
-    if members.len() < 2 || layout.dp < 2 {
-        return false;
-    }
-    let c0 = coords(layout, members[0]);
-    members.iter().all(|&m| {
-        let c = coords(layout, m);
-        c.0 == c0.0 && c.2 == c0.2
-    })
+    layout.dp > 1 && varies_only_in(layout, members, 1)
 }
 
-/// Whether `members` form a tensor-parallel group of `layout`: more than one rank, all with
-/// the same data- and pipeline-parallel coordinates.
+/// Whether `members` form a tensor-parallel group of `layout`: more than one rank, differing
+/// only in their tensor-parallel coordinate.
 pub fn is_tp_group(layout: &LayoutSummary, members: &[u32]) -> bool {
-    if members.len() < 2 || layout.tp < 2 {
-        return false;
+    layout.tp > 1 && varies_only_in(layout, members, 0)
+}
+
+/// More than one member, all with the same coordinates but for `axis` (0 tp, 1 dp, 2 pp).
+fn varies_only_in(layout: &LayoutSummary, members: &[u32], axis: usize) -> bool {
+    let others = |rank: u32| {
+        let (t, d, p) = coords(layout, rank);
+        let mut c = [t, d, p];
+        c[axis] = 0;
+        c
+    };
+    match members.split_first() {
+        Some((&first, rest)) if !rest.is_empty() => {
+            rest.iter().all(|&m| others(m) == others(first))
+        }
+        _ => false,
     }
-    let c0 = coords(layout, members[0]);
-    members.iter().all(|&m| {
-        let c = coords(layout, m);
-        c.1 == c0.1 && c.2 == c0.2
-    })
 }
 
 #[cfg(test)]

@@ -228,9 +228,7 @@ pub struct ShardError {
     pub rel: f64,
     /// ‖x‖ / ‖y‖.
     pub norm_ratio: f64,
-    /// Σ (x − y)² and Σ y² (to combine shards).
-    pub diff_sq: f64,
-    /// Σ y².
+    /// Σ y² (to weigh shards when combining their norm ratios).
     pub ref_sq: f64,
     /// The worst row (last dimension) and its relative error against the tensor's RMS row.
     pub worst_row: Option<(u64, f64)>,
@@ -284,7 +282,6 @@ pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
     ShardError {
         rel: if rel.is_nan() { f64::INFINITY } else { rel },
         norm_ratio,
-        diff_sq: d2,
         ref_sq: y2,
         worst_row,
     }
@@ -347,26 +344,23 @@ pub struct Fit {
     pub err: ShardError,
 }
 
-fn scaled(x: &Values, scale: f32) -> Values {
+/// `x` divided by `scale` (borrowed as is at scale 1).
+fn scaled(x: &Values, scale: f32) -> std::borrow::Cow<'_, Values> {
     if scale == 1.0 {
-        return x.clone();
+        return std::borrow::Cow::Borrowed(x);
     }
-    Values {
+    std::borrow::Cow::Owned(Values {
         shape: x.shape.clone(),
         data: x.data.iter().map(|v| v / scale).collect(),
         dtype: x.dtype,
-    }
+    })
 }
 
 /// The fit of `x` at `placement` after dividing it by `scale`, over every element.
 pub fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit {
     let y = gather(reff, &x.shape, &placement);
     let row = x.shape.last().copied().unwrap_or(1) as usize;
-    let err = if scale == 1.0 {
-        shard_error(&x.data, &y, row)
-    } else {
-        shard_error(&scaled(x, scale).data, &y, row)
-    };
+    let err = shard_error(&scaled(x, scale).data, &y, row);
     Fit {
         placement,
         scale,
@@ -429,7 +423,8 @@ pub fn place_with(
         // Screen every candidate on a few elements, the best few on more, the best three on
         // all of them.
         let mut scored: Vec<(f64, Placement, f32)> = Vec::new();
-        let xs: Vec<Values> = scales.iter().map(|&sc| scaled(x, sc)).collect();
+        let xs: Vec<std::borrow::Cow<'_, Values>> =
+            scales.iter().map(|&sc| scaled(x, sc)).collect();
         for (xi, &scale) in scales.iter().enumerate() {
             for p in &cands {
                 let e = if cands.len() == 1 {

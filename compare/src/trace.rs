@@ -33,6 +33,9 @@ pub struct RunTrace {
     store: Store,
     /// Records by (rank, step), in seq order.
     pub ops: BTreeMap<(u32, u64), Vec<Record>>,
+    /// Communicators of more than one rank each (rank, step) calls collectives on, in order
+    /// of first use.
+    comms_used: BTreeMap<(u32, u64), Vec<u64>>,
     segments: RefCell<HashMap<(u32, u64), Segment>>,
     bytes_read: Cell<u64>,
     /// Records that could not be read.
@@ -73,11 +76,24 @@ impl RunTrace {
                 ops.insert((rank, step), recs);
             }
         }
+        let comms_used = ops
+            .iter()
+            .map(|(&key, recs)| {
+                let mut used: Vec<u64> = Vec::new();
+                for c in recs.iter().filter_map(collective) {
+                    if c.comm_size > 1 && !used.contains(&c.comm) {
+                        used.push(c.comm);
+                    }
+                }
+                (key, used)
+            })
+            .collect();
         Ok(RunTrace {
             path: path.to_path_buf(),
             manifest,
             store,
             ops,
+            comms_used,
             segments: RefCell::new(HashMap::new()),
             bytes_read: Cell::new(0),
             unreadable,
@@ -104,6 +120,13 @@ impl RunTrace {
     /// Records of `rank` in `step`.
     pub fn records(&self, rank: u32, step: u64) -> &[Record] {
         self.ops.get(&(rank, step)).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Communicators (of more than one rank) that `rank` calls collectives on in `step`.
+    pub fn comms_used(&self, rank: u32, step: u64) -> &[u64] {
+        self.comms_used
+            .get(&(rank, step))
+            .map_or(&[], |v| v.as_slice())
     }
 
     /// The record `seq` of `rank` in `step`.

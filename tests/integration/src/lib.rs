@@ -10,6 +10,22 @@ pub mod abi_check;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// `ttrace run --out STORE` on the simulated stack, cut off from the caller's environment (no
+/// inherited LD_PRELOAD, collector, library path or perturbation); append options, `--` and
+/// the command.
+pub fn ttrace_run(store: &std::path::Path) -> Command {
+    let mut cmd = Command::new(bin("ttrace"));
+    cmd.env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("TTRACE_LIB")
+        .env_remove("TTRACE_DAEMON")
+        .env_remove("TTRACE_PERTURB")
+        .env_remove("LD_PRELOAD")
+        .arg("run")
+        .arg("--out")
+        .arg(store);
+    cmd
+}
+
 /// A fresh directory under the system temp dir, removed when dropped (`.0` is its path).
 pub struct TempDir(pub PathBuf);
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use integration_tests::{bin, describe, sim_dir, trainer_layouts, TempDir};
+use integration_tests::{bin, describe, trainer_layouts, ttrace_run, TempDir};
 use serde_json::Value;
 
 /// What `ttrace check` said about a traced trainer run.
@@ -20,15 +20,8 @@ struct Checked {
 fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
     let dir = TempDir::new("check-run");
     let store = dir.0.join("store");
-    let out = Command::new(bin("ttrace"))
+    let out = ttrace_run(&store)
         .current_dir(&dir.0)
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env_remove("TTRACE_LIB")
-        .env_remove("TTRACE_DAEMON")
-        .env_remove("LD_PRELOAD")
-        .arg("run")
-        .arg("--out")
-        .arg(&store)
         .arg("--")
         .arg(bin("simrun"))
         .args(["--nproc-per-node", &nproc.to_string(), "--"])

@@ -22,22 +22,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use integration_tests::{bin, sim_dir, trainer_layouts, TempDir};
+use integration_tests::{bin, trainer_layouts, ttrace_run, TempDir};
 use serde_json::Value;
 
 const STEPS: &str = "3";
 
 /// Traces `trainer args` (under simrun when `nproc` > 1) into `store`.
 fn trace(store: &Path, nproc: usize, args: &[String], perturb: bool) {
-    let mut cmd = Command::new(bin("ttrace"));
-    cmd.env("LD_LIBRARY_PATH", sim_dir())
-        .env_remove("TTRACE_LIB")
-        .env_remove("TTRACE_DAEMON")
-        .env_remove("TTRACE_PERTURB")
-        .env_remove("LD_PRELOAD")
-        .arg("run")
-        .arg("--out")
-        .arg(store);
+    let mut cmd = ttrace_run(store);
     if perturb {
         cmd.arg("--perturb");
     }

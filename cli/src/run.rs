@@ -308,6 +308,9 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     install_signal_handlers()?;
 
+    // Every process of the command is one job, whatever launcher sits in between (a daemon
+    // keeps jobs apart by this name).
+    let job = ttraced::new_run_id();
     let collector = match &args.daemon {
         Some(sock) => {
             if args.out.is_some() || args.level.is_some() || args.threads.is_some() {
@@ -321,7 +324,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             Collector::Joined(std::path::absolute(sock)?)
         }
         None => {
-            let run_id = ttraced::new_run_id();
+            let run_id = job.clone();
             let out = args.out.clone().unwrap_or_else(|| default_out(&run_id));
             let out = std::path::absolute(&out)?;
             if let Some(parent) = out.parent() {
@@ -342,6 +345,11 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             config.run.cwd = cwd.display().to_string();
             config.run.env = child_env(&lib, &capture);
             config.run.capture = capture.clone();
+            config.run.job = Some(ttrace_format::wire::JobInfo {
+                id: format!("ttrace:{job}"),
+                label: job.clone(),
+                source: "TTRACE_JOB".into(),
+            });
             match Daemon::start(config) {
                 Ok(handle) => Collector::Embedded { handle, sock_dir },
                 Err(e) => {
@@ -354,7 +362,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Collector::Joined(sock) = &collector {
         capture.socket = Some(sock.display().to_string());
     }
-    let env = child_env(&lib, &capture);
+    let mut env = child_env(&lib, &capture);
+    env.insert("TTRACE_JOB".into(), job);
 
     let started = Instant::now();
     let spawned = Command::new(&args.command[0])

@@ -99,6 +99,10 @@ pub struct Manifest {
     /// Written by the daemon when the run ended and every segment was closed.
     pub finalized: bool,
     pub exit_code: Option<i32>,
+    /// The job the run belongs to, as its processes named it (see `wire::JobInfo`); absent
+    /// from manifests written before jobs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::wire::JobInfo>,
 }
 
 impl Manifest {

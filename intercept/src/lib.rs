@@ -29,6 +29,7 @@ pub mod plan;
 pub mod steps;
 
 mod client;
+mod collector;
 mod comms;
 mod cuda;
 mod engine;

@@ -284,7 +284,8 @@ fn session(
             &mut stream,
             format!(
                 "peer pid {} runs as uid {}, this daemon as uid {}",
-                cred.pid, cred.uid,
+                cred.pid,
+                cred.uid,
                 router.uid()
             ),
         ));

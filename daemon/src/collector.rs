@@ -100,9 +100,11 @@ impl Jobs {
                 hello.cwd
             ));
         }
-        let base = cwd
-            .join("ttrace-runs")
-            .join(format!("{}-{}", utc_stamp(), file_safe(&hello.job.label)));
+        let base = cwd.join("ttrace-runs").join(format!(
+            "{}-{}",
+            utc_stamp(),
+            file_safe(&hello.job.label)
+        ));
         let mut p = base.clone();
         let mut n = 1;
         while p.exists() {
@@ -315,7 +317,11 @@ impl Collector {
                 continue;
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if self.config.idle_exit.is_some_and(|limit| since.elapsed() >= limit) {
+            if self
+                .config
+                .idle_exit
+                .is_some_and(|limit| since.elapsed() >= limit)
+            {
                 info!("no client for {:?}: exiting", since.elapsed());
                 break;
             }
@@ -334,7 +340,10 @@ impl Collector {
         for j in self.jobs.open.lock().values() {
             for c in j.shared.clients.lock().iter() {
                 if !c.is_connection_closed() {
-                    warn!(client = c.id, "still connected at shutdown: disconnecting it");
+                    warn!(
+                        client = c.id,
+                        "still connected at shutdown: disconnecting it"
+                    );
                     c.cut();
                 }
             }

@@ -65,7 +65,9 @@ struct Args {
 fn seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.0..=86_400.0).contains(&v) => Ok(v),
-        _ => Err(format!("`{s}` is not a number of seconds between 0 and 86400")),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds between 0 and 86400"
+        )),
     }
 }
 

@@ -132,7 +132,9 @@ pub enum DaemonMsg {
         #[serde(default)]
         first: bool,
     },
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
 }
 
 /// Encodes `msg` as one frame.

@@ -82,10 +82,14 @@ impl Client {
         stream
             .set_read_timeout(Some(HELLO_TIMEOUT))
             .map_err(|e| failed("timeout on", &e))?;
-        let answer = wire::read_msg::<DaemonMsg>(&mut stream)
-            .map_err(|e| failed("no answer from", &e))?;
+        let answer =
+            wire::read_msg::<DaemonMsg>(&mut stream).map_err(|e| failed("no answer from", &e))?;
         match answer {
-            Some(DaemonMsg::Welcome { run_id, store, first }) => Ok((
+            Some(DaemonMsg::Welcome {
+                run_id,
+                store,
+                first,
+            }) => Ok((
                 Client { stream },
                 Welcome {
                     run_id,
@@ -96,7 +100,9 @@ impl Client {
             Some(DaemonMsg::Refused { reason }) => Err(ConnectError::Failed(format!(
                 "the collector refused: {reason}"
             ))),
-            None => Err(ConnectError::Failed(format!("{shown} closed the connection"))),
+            None => Err(ConnectError::Failed(format!(
+                "{shown} closed the connection"
+            ))),
         }
     }
 

@@ -252,7 +252,8 @@ mod tests {
 
     #[test]
     fn a_directory_others_can_enter_or_a_link_is_refused() {
-        let base = std::env::temp_dir().join(format!("ttrace-collector-dir-{}", std::process::id()));
+        let base =
+            std::env::temp_dir().join(format!("ttrace-collector-dir-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).expect("mkdir");
         // SAFETY: getuid cannot fail.
@@ -264,9 +265,14 @@ mod tests {
         assert!(e.contains("accessible to other users"), "{e}");
         let link = base.join("link");
         std::os::unix::fs::symlink(&open, &link).expect("symlink");
-        assert!(check_private(&link, uid).expect_err("link").contains("not a directory"));
+        assert!(check_private(&link, uid)
+            .expect_err("link")
+            .contains("not a directory"));
         let private = base.join("private");
-        std::fs::DirBuilder::new().mode(0o700).create(&private).expect("mkdir");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&private)
+            .expect("mkdir");
         check_private(&private, uid).expect("0700 and ours");
         let e = check_private(&private, uid + 1).expect_err("another uid");
         assert!(e.contains("belongs to uid"), "{e}");

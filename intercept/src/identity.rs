@@ -121,7 +121,12 @@ impl ProcId {
         let open = stat.find('(')?;
         let close = stat.rfind(')')?;
         let name = stat.get(open + 1..close)?.to_string();
-        let start = stat.get(close + 1..)?.split_whitespace().nth(19)?.parse().ok()?;
+        let start = stat
+            .get(close + 1..)?
+            .split_whitespace()
+            .nth(19)?
+            .parse()
+            .ok()?;
         Some(ProcId { pid, start, name })
     }
 }
@@ -157,7 +162,11 @@ pub fn job_from(
     me: &ProcId,
     parent: Option<&ProcId>,
 ) -> JobInfo {
-    let get = |k: &str| var(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let get = |k: &str| {
+        var(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
     let job = |id: String, label: String, source: &str| JobInfo {
         id,
         label,
@@ -179,7 +188,14 @@ pub fn job_from(
     }
     if let Some(r) = get("TORCHELASTIC_RUN_ID").filter(|r| r != "none") {
         let restart = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
-        let short: String = r.chars().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+        let short: String = r
+            .chars()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         return job(
             format!("torchrun:{r}:{restart}"),
             format!("torchrun-{short}-r{restart}"),
@@ -268,7 +284,11 @@ mod tests {
     use super::*;
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     const ME: ProcId = ProcId {
@@ -288,32 +308,79 @@ mod tests {
     #[test]
     fn a_job_is_named_by_the_most_specific_launcher_variables() {
         let p = launcher();
-        let j = job_from(&env(&[("TTRACE_JOB", "abc"), ("SLURM_JOB_ID", "9")]), &ME, Some(&p));
-        assert_eq!((j.id.as_str(), j.source.as_str()), ("ttrace:abc", "TTRACE_JOB"));
-        let j = job_from(&env(&[("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "2"), ("RANK", "1")]), &ME, Some(&p));
-        assert_eq!((j.id.as_str(), j.label.as_str()), ("slurm:9.2", "slurm-9.2"));
-        let j = job_from(&env(&[("PMIX_NAMESPACE", "prterun-h-1@1"), ("OMPI_COMM_WORLD_RANK", "0")]), &ME, Some(&p));
+        let j = job_from(
+            &env(&[("TTRACE_JOB", "abc"), ("SLURM_JOB_ID", "9")]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(
+            (j.id.as_str(), j.source.as_str()),
+            ("ttrace:abc", "TTRACE_JOB")
+        );
+        let j = job_from(
+            &env(&[("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "2"), ("RANK", "1")]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(
+            (j.id.as_str(), j.label.as_str()),
+            ("slurm:9.2", "slurm-9.2")
+        );
+        let j = job_from(
+            &env(&[
+                ("PMIX_NAMESPACE", "prterun-h-1@1"),
+                ("OMPI_COMM_WORLD_RANK", "0"),
+            ]),
+            &ME,
+            Some(&p),
+        );
         assert_eq!(j.id, "mpi:prterun-h-1@1");
-        let j = job_from(&env(&[("TORCHELASTIC_RUN_ID", "r1"), ("TORCHELASTIC_RESTART_COUNT", "2"), ("RANK", "3")]), &ME, Some(&p));
+        let j = job_from(
+            &env(&[
+                ("TORCHELASTIC_RUN_ID", "r1"),
+                ("TORCHELASTIC_RESTART_COUNT", "2"),
+                ("RANK", "3"),
+            ]),
+            &ME,
+            Some(&p),
+        );
         assert_eq!(j.id, "torchrun:r1:2");
     }
 
     #[test]
     fn ranks_of_one_launcher_share_a_job_and_a_lone_process_is_its_own() {
         let p = launcher();
-        let vars = [("TORCHELASTIC_RUN_ID", "none"), ("RANK", "0"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "29500")];
+        let vars = [
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("RANK", "0"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+        ];
         let a = job_from(&env(&vars), &ME, Some(&p));
         let other = ProcId { pid: 4243, ..ME };
         let b = job_from(&env(&vars), &other, Some(&p));
         assert_eq!(a, b, "two ranks of one torchrun");
         assert_eq!(a.id, "proc:100@5");
         assert_eq!(a.label, "torchrun-100");
-        let later = ProcId { start: 6, ..launcher() };
-        assert_ne!(job_from(&env(&vars), &ME, Some(&later)).id, a.id, "a reused pid is another job");
+        let later = ProcId {
+            start: 6,
+            ..launcher()
+        };
+        assert_ne!(
+            job_from(&env(&vars), &ME, Some(&later)).id,
+            a.id,
+            "a reused pid is another job"
+        );
         let alone = job_from(&env(&[]), &ME, Some(&p));
-        assert_eq!((alone.id.as_str(), alone.source.as_str()), ("proc:4242@77", "process"));
+        assert_eq!(
+            (alone.id.as_str(), alone.source.as_str()),
+            ("proc:4242@77", "process")
+        );
         let spawned = job_from(&env(&[("RANK", "1")]), &other, Some(&ME));
-        assert_eq!(spawned.id, alone.id, "ranks a traced process starts share its job");
+        assert_eq!(
+            spawned.id, alone.id,
+            "ranks a traced process starts share its job"
+        );
     }
 
     #[test]

@@ -186,8 +186,9 @@ fn start() -> Result<Session, String> {
     job_hello(&mut hello, cfg)?;
     let job_label = hello.job.label.clone();
     let (client, welcome) = match cfg.socket.as_deref() {
-        Some(socket) => Client::connect(Path::new(socket), hello, fd.as_raw_fd())
-            .map_err(|e| e.to_string())?,
+        Some(socket) => {
+            Client::connect(Path::new(socket), hello, fd.as_raw_fd()).map_err(|e| e.to_string())?
+        }
         None => collector::connect(&hello, fd.as_raw_fd())?,
     };
     drop(fd); // the daemon holds its own; the mapping stays

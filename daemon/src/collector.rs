@@ -6,8 +6,9 @@
 //! Each process says which job it belongs to in its `Hello` (`wire::JobInfo`, derived from the
 //! launcher's environment); the first process of a job creates the job's store (`TTRACE_OUT`,
 //! else `CWD/ttrace-runs/<UTC time>-<job label>`), later ones join it. Once every process of
-//! a job has left and none has joined for the *linger* time, the job's store is finalised; a
-//! process of the same job arriving later starts a new store. The collector exits on its own
+//! a job has left and none has joined for the *linger* time, the job's store is finalised (at
+//! once when every rank of its world said `Bye`); a process of the same job arriving later
+//! starts a new store. The collector exits on its own
 //! once it has had no client for the *idle* time, after finalising every store.
 
 use std::collections::HashMap;
@@ -156,7 +157,7 @@ impl Jobs {
                     keys.push(k.clone());
                 } else if j.shared.all_clients_done() {
                     let since = *j.idle_since.get_or_insert(now);
-                    if now.duration_since(since) >= linger {
+                    if now.duration_since(since) >= linger || j.shared.every_rank_said_bye() {
                         keys.push(k.clone());
                     }
                 } else {

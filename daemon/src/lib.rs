@@ -367,6 +367,23 @@ impl Shared {
         self.clients.lock().iter().all(|c| c.is_done())
     }
 
+    /// Whether every rank of the job's world (the largest world size its processes
+    /// announced) is here and every process left with `Bye`: nothing more is coming.
+    pub(crate) fn every_rank_said_bye(&self) -> bool {
+        let ranks: Vec<RankInfo> = self
+            .clients
+            .lock()
+            .iter()
+            .filter_map(|c| c.rank_info())
+            .collect();
+        let world = ranks.iter().map(|r| r.world_size).max().unwrap_or(0);
+        let seen: BTreeSet<u32> = ranks.iter().map(|r| r.rank).collect();
+        world > 0
+            && ranks.iter().all(|r| r.clean_exit)
+            && seen.len() == world as usize
+            && seen.iter().all(|&r| r < world)
+    }
+
     /// Closes every segment and writes the finalised manifest.
     pub(crate) fn finish(&self, exit_code: Option<i32>) -> Result<(), FormatError> {
         self.segments.finish_all();

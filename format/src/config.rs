@@ -1,9 +1,11 @@
-//! Capture configuration, passed from `ttrace run` to every traced process through the
-//! environment (children inherit it, whatever launcher sits in between).
+//! Capture configuration, passed from `ttrace run` (or the user's shell, with the bare
+//! preload) to every traced process through the environment (children inherit it, whatever
+//! launcher sits in between). `TTRACE=0`, `TTRACE_OUT`, `TTRACE_JOB`, `TTRACE_LEVEL` and the
+//! collector's variables are read by libttrace.so itself (docs/capture.md).
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `TTRACE_SOCKET` | the daemon's socket; unset: `libttrace.so` only passes calls through | — |
+//! | `TTRACE_SOCKET` | the daemon's socket; unset: the user's collector, started on demand (docs/capture.md) | — |
 //! | `TTRACE_APIS` | families to capture: `memcpy`, `gemm`, `nccl` (comma-separated) | all |
 //! | `TTRACE_STEPS` | steps to capture: `0-3,7` | all |
 //! | `TTRACE_RANKS` | global ranks to capture: `0,2-3` | all |

@@ -99,6 +99,8 @@ pub struct CommInfo {
 }
 
 /// Client to daemon.
+// One Hello per connection, decoded straight into its variant: boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ClientMsg {

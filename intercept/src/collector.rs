@@ -173,14 +173,20 @@ fn start(dir: &Path, socket: &Path) -> Result<(), String> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file))
-        .status()
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-    if !status.success() {
-        return Err(format!(
-            "{} --detach failed ({status}); see {}",
-            exe.display(),
-            log_path.display()
-        ));
+        .status();
+    match status {
+        Ok(st) if !st.success() => {
+            return Err(format!(
+                "{} --detach failed ({st}); see {}",
+                exe.display(),
+                log_path.display()
+            ))
+        }
+        Ok(_) => {}
+        // The program ignores SIGCHLD or reaps every child itself: the starter is gone
+        // either way, and the connect loop finds out whether the collector listens.
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {}
+        Err(e) => return Err(format!("cannot start {}: {e}", exe.display())),
     }
     log::info(&format!(
         "started the collector {} on {}",

@@ -77,10 +77,9 @@ fn job_hello(hello: &mut Hello, cfg: &CaptureConfig) -> Result<(), String> {
     hello.job = identity::job();
     hello.command = identity::job_command(&hello.job);
     hello.cwd = cwd.display().to_string();
-    hello.out = match std::env::var_os("TTRACE_OUT").filter(|v| !v.is_empty()) {
-        Some(v) => Some(cwd.join(v).display().to_string()),
-        None => None,
-    };
+    hello.out = std::env::var_os("TTRACE_OUT")
+        .filter(|v| !v.is_empty())
+        .map(|v| cwd.join(v).display().to_string());
     hello.level = match std::env::var("TTRACE_LEVEL") {
         Ok(v) if !v.trim().is_empty() => Some(v.trim().parse().map_err(|_| {
             format!("TTRACE_LEVEL={v}: expected a zstd level (an integer, e.g. -1000 or 3)")

@@ -78,6 +78,11 @@ pub struct RunArgs {
     /// How long a capture waits for ring space before recording a gap instead.
     #[arg(long, value_name = "MS", default_value_t = 10_000)]
     wait_ms: u64,
+    /// The most each traced process waits on the collector over its whole run (ring space,
+    /// its first connection); once spent, an op that does not fit at once is recorded as a
+    /// gap, so a stalled collector delays the job by at most this.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    max_stall_ms: u64,
     /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
     /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
     #[arg(long, value_name = "RULE", default_value = "auto")]
@@ -171,6 +176,7 @@ fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
     c.kernels = !a.no_kernels;
     c.ring_bytes = a.ring_bytes;
     c.wait_ms = a.wait_ms;
+    c.max_stall_ms = a.max_stall_ms;
     c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
     c.perturb = a.perturb;
     if let Ok(log) = std::env::var("TTRACE_LOG") {

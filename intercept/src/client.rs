@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello};
 
-/// How long the daemon may take to answer `Hello`.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the daemon may take to answer `Hello`, at most (the stall budget may allow less).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connected, welcomed client.
 pub struct Client {
@@ -51,6 +51,7 @@ impl Client {
         path: &Path,
         hello: Hello,
         ring_fd: RawFd,
+        answer_within: Duration,
     ) -> Result<(Client, Welcome), ConnectError> {
         let shown = path.display();
         let mut stream = UnixStream::connect(path).map_err(|e| {
@@ -79,8 +80,12 @@ impl Client {
         let sent = send_with_fd(&stream, &frame, ring_fd)
             .map_err(|e| failed("cannot send hello to", &e))?;
         send_all(&stream, &frame[sent..]).map_err(|e| failed("cannot send hello to", &e))?;
+        // A zero timeout means none to the socket layer: wait at least a millisecond.
+        let within = answer_within
+            .min(HELLO_TIMEOUT)
+            .max(Duration::from_millis(1));
         stream
-            .set_read_timeout(Some(HELLO_TIMEOUT))
+            .set_read_timeout(Some(within))
             .map_err(|e| failed("timeout on", &e))?;
         let answer =
             wire::read_msg::<DaemonMsg>(&mut stream).map_err(|e| failed("no answer from", &e))?;

@@ -82,23 +82,28 @@ fn check_private(dir: &Path, uid: u32) -> Result<(), String> {
 }
 
 /// Connects to the user's collector, starting one when nobody listens.
-pub fn connect(hello: &Hello, ring_fd: RawFd) -> Result<(Client, Welcome), String> {
+/// `answer_within` bounds each wait for the collector's answer to `Hello`.
+pub fn connect(
+    hello: &Hello,
+    ring_fd: RawFd,
+    answer_within: Duration,
+) -> Result<(Client, Welcome), String> {
     let dir = private_dir()?;
     let socket = dir.join(SOCKET);
-    match Client::connect(&socket, hello.clone(), ring_fd) {
+    match Client::connect(&socket, hello.clone(), ring_fd, answer_within) {
         Err(ConnectError::NoListener(_)) => {}
         other => return other.map_err(|e| e.to_string()),
     }
     let _lock = lock(&dir.join("collector.lock"))?;
     // Another process may have started it while this one waited for the lock.
-    match Client::connect(&socket, hello.clone(), ring_fd) {
+    match Client::connect(&socket, hello.clone(), ring_fd, answer_within) {
         Err(ConnectError::NoListener(_)) => {}
         other => return other.map_err(|e| e.to_string()),
     }
     start(&dir, &socket)?;
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        match Client::connect(&socket, hello.clone(), ring_fd) {
+        match Client::connect(&socket, hello.clone(), ring_fd, answer_within) {
             Err(ConnectError::NoListener(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }

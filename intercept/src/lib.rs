@@ -40,6 +40,7 @@ mod mode;
 mod perturb;
 mod real;
 mod session;
+mod stall;
 mod thread;
 mod tracer;
 

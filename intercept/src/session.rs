@@ -13,7 +13,7 @@ use ttrace_format::ring::{self, Ring};
 use ttrace_format::wire::{Hello, PROTOCOL_VERSION};
 
 use crate::client::Client;
-use crate::{collector, cuda, identity, log, mode, tracer};
+use crate::{collector, cuda, identity, log, mode, stall, tracer};
 
 /// A running session.
 pub struct Session {
@@ -184,12 +184,16 @@ fn start() -> Result<Session, String> {
     };
     job_hello(&mut hello, cfg)?;
     let job_label = hello.job.label.clone();
-    let (client, welcome) = match cfg.socket.as_deref() {
-        Some(socket) => {
-            Client::connect(Path::new(socket), hello, fd.as_raw_fd()).map_err(|e| e.to_string())?
-        }
-        None => collector::connect(&hello, fd.as_raw_fd())?,
+    // An unresponsive daemon delays the first captured call by at most the stall budget.
+    let connecting = std::time::Instant::now();
+    let within = stall::remaining(cfg.max_stall_ms);
+    let connected = match cfg.socket.as_deref() {
+        Some(socket) => Client::connect(Path::new(socket), hello, fd.as_raw_fd(), within)
+            .map_err(|e| e.to_string()),
+        None => collector::connect(&hello, fd.as_raw_fd(), within),
     };
+    stall::charge(connecting.elapsed());
+    let (client, welcome) = connected?;
     drop(fd); // the daemon holds its own; the mapping stays
     if cfg.socket.is_none() && welcome.first {
         announce(&format!(

@@ -62,9 +62,7 @@ impl Store {
     /// Opens the store at `path` (a run directory).
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Store> {
-        let reader = py
-            .detach(|| StoreReader::open(&path))
-            .map_err(|e| trace_err(format!("{}: {e}", path.display())))?;
+        let reader = py.detach(|| StoreReader::open(&path)).map_err(trace_err)?;
         Ok(Store {
             reader,
             open: Mutex::new(HashMap::new()),

@@ -21,7 +21,7 @@ use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL
 
 use crate::encode::Encoder;
 use crate::fdpass;
-use crate::segments::SegRef;
+use crate::segments::{self, SegRef};
 use crate::{ProcessSummary, Shared};
 
 /// How long a new connection may take to say `Hello`.
@@ -31,6 +31,8 @@ const MAX_HELLO: usize = 1 << 20;
 /// Records queued between a client's reader and writer (their bytes stay in the ring until
 /// written, so the ring bounds the memory too).
 const QUEUE: usize = 256;
+/// Segments one client holds open at most (each is a descriptor and a write buffer).
+const MAX_HELD: usize = 16;
 
 /// Why a client was dropped.
 #[derive(Debug, thiserror::Error)]
@@ -545,6 +547,7 @@ fn release_written(
 fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Receiver<Pending>) {
     let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
     let mut waiting: VecDeque<Unreleased> = VecDeque::new();
+    let losses = shared.segments.losses();
     while let Ok(p) = rx.recv() {
         let mut flushed = true;
         let rec = &p.record;
@@ -593,24 +596,35 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
                 Ok(s) => {
                     slot.insert(s);
                 }
-                Err(e) => warn!(
-                    rank = rec.rank,
-                    step = rec.step,
-                    "cannot open the segment: {e}; record seq {} lost",
-                    rec.seq
-                ),
+                // Counted (and logged once per cause) by the loss ledger.
+                Err(e) => losses.add(&segments::cause("creating a segment", &e), 1),
             }
             // The client moved on: let go of its segments of earlier steps (flushed first:
-            // the slots of their last records may still wait for it).
-            let older: Vec<(u32, u64)> = held.keys().filter(|k| k.1 < rec.step).copied().collect();
+            // the slots of their last records may still wait for it), and of the oldest ones
+            // beyond [`MAX_HELD`] (steps that go down, several ranks: a client cannot hold
+            // descriptors without bound).
+            let mut older: Vec<(u32, u64)> = held
+                .keys()
+                .filter(|k| k.1 < rec.step && **k != key)
+                .copied()
+                .collect();
+            if held.len() > MAX_HELD {
+                let mut rest: Vec<(u32, u64)> = held
+                    .keys()
+                    .filter(|k| **k != key && !older.contains(k))
+                    .copied()
+                    .collect();
+                rest.sort_by_key(|k| k.1);
+                older.extend(rest.into_iter().take(held.len() - MAX_HELD));
+            }
             for k in older {
                 if let Some(s) = held.remove(&k) {
-                    flushed &= s.flush();
+                    flushed &= s.flush(losses);
                     shared.segments.release(s);
                 }
             }
         }
-        let written = held.get(&key).map(|seg| seg.append(rec, &blobs));
+        let written = held.get(&key).map(|seg| seg.append(rec, &blobs, losses));
         // A failed write may leave earlier frames stuck in the writer's buffer.
         flushed &= !matches!(written, Some(Err(_)));
         if let Some(s) = &p.slot {
@@ -641,24 +655,20 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
                 i.crc_mismatches += mismatches;
                 shared.records_written.fetch_add(1, Ordering::Relaxed);
             }
-            Some(Err(e)) => warn!(
-                rank = rec.rank,
-                step = rec.step,
-                "writing record seq {}: {e}",
-                rec.seq
-            ),
-            None => {}
+            // Counted when the segment is finished (module `segments`: what is not in the
+            // file is lost), logged once per cause.
+            Some(Err(_)) | None => {}
         }
         if rx.is_empty() {
             for seg in held.values() {
-                flushed &= seg.flush();
+                flushed &= seg.flush(losses);
             }
         }
         release_written(&held, &mut waiting, ring, !flushed);
     }
     let mut flushed = true;
     for seg in held.values() {
-        flushed &= seg.flush();
+        flushed &= seg.flush(losses);
     }
     release_written(&held, &mut waiting, ring, !flushed);
     for (_, s) in std::mem::take(&mut held) {

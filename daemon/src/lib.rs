@@ -44,6 +44,7 @@ pub mod encode;
 mod fdpass;
 mod pool;
 mod segments;
+pub mod store_dir;
 pub mod test_client;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -96,6 +97,9 @@ pub enum Error {
     /// Writing the store failed.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// The store directory cannot be taken (not empty, locked by another writer, ...).
+    #[error(transparent)]
+    StoreDir(#[from] store_dir::StoreDirError),
     /// A configuration value is unusable.
     #[error("{0}")]
     Config(String),
@@ -216,7 +220,10 @@ pub struct Summary {
     pub steps: u64,
     /// Distinct (rank, step) pairs, i.e. segments.
     pub segments: u64,
+    /// Records stored: received and in the store (see [`Summary::lost`]).
     pub records: u64,
+    /// Records received but not stored, by cause (the store is incomplete when not empty).
+    pub lost: Vec<ttrace_format::store::Loss>,
     pub gaps: u64,
     pub bytes_raw: u64,
     pub bytes_stored: u64,
@@ -321,6 +328,7 @@ impl Shared {
             comms,
             finalized,
             exit_code,
+            lost: self.segments.lost(),
         }
         .write(&self.store)
     }
@@ -344,11 +352,14 @@ impl Daemon {
                 levels.end()
             )));
         }
-        make_private_dir(&config.store)?;
-        if ttrace_format::store::manifest_path(&config.store).exists() {
-            return Err(Error::StoreInUse(config.store.clone()));
-        }
-        let listener = bind_private(&config.socket)?;
+        let segments = Segments::create(config.store.clone())?;
+        let listener = match bind_private(&config.socket) {
+            Ok(l) => l,
+            Err(e) => {
+                segments.abandon();
+                return Err(e);
+            }
+        };
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         let shared = Arc::new(Shared {
@@ -358,7 +369,7 @@ impl Daemon {
             created_unix_ns: unix_ns(),
             uid,
             pool: Pool::new(config.threads, config.level),
-            segments: Segments::new(config.store.clone()),
+            segments,
             clients: Mutex::new(Vec::new()),
             comms: Mutex::new(BTreeMap::new()),
             manifest_lock: Mutex::new(()),
@@ -587,7 +598,12 @@ impl Handle {
             ranks: ranks.len(),
             steps: self.shared.segments.steps(),
             segments: self.shared.segments.count(),
-            records: processes.iter().map(|p| p.records).sum(),
+            records: self
+                .shared
+                .records_received
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.shared.segments.lost().iter().map(|l| l.records).sum()),
+            lost: self.shared.segments.lost(),
             gaps: processes.iter().map(|p| p.gaps).sum(),
             bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
             bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),

@@ -522,6 +522,7 @@ mod tests {
             }],
             finalized: true,
             exit_code: Some(0),
+            lost: Vec::new(),
         };
         let trace = Trace {
             ranks: vec![0, 1],

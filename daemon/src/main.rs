@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-/// Collect ttrace snapshots into a trace store until SIGINT or SIGTERM.
+/// Collect ttrace snapshots into a trace store until SIGINT, SIGTERM or SIGHUP.
+///
+/// Exits 1 when records were lost (the store is then incomplete; manifest.json says why).
 ///
 /// Traced processes find the daemon through TTRACE_SOCKET (`ttrace run --daemon SOCKET -- CMD`
 /// sets it). On SIGINT/SIGTERM the daemon stops accepting, waits for connected processes to
@@ -26,11 +28,12 @@ struct Args {
     /// Huffman-coded).
     #[arg(long, value_name = "N", default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
     level: i32,
-    /// Compression threads shared by all clients [default: the cores, at most 8].
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
-    /// Seconds to wait for connected processes to leave once asked to stop.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    /// Compression threads shared by all clients, 1..=256 [default: the cores, at most 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: Option<u64>,
+    /// Seconds to wait for connected processes to leave once asked to stop (at most a week).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
     wait: u64,
 }
 
@@ -51,7 +54,9 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let args = Args::parse();
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    // HUP too: a daemon started from a shell that goes away finalises its store instead of
+    // dying with it unfinalised.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installs a handler that only stores to an atomic; a zeroed sigaction with
         // an empty mask is a valid argument.
         let rc = unsafe {
@@ -67,7 +72,7 @@ fn main() -> anyhow::Result<()> {
     let mut config = ttraced::Config::new(&args.socket, &args.store);
     config.level = args.level;
     if let Some(t) = args.threads {
-        config.threads = t;
+        config.threads = t as usize;
     }
     config.run.cwd = std::env::current_dir()
         .map(|d| d.display().to_string())
@@ -96,5 +101,12 @@ fn main() -> anyhow::Result<()> {
         s.bytes_stored,
         s.elapsed.as_secs_f64()
     );
+    let lost: u64 = s.lost.iter().map(|l| l.records).sum();
+    if lost > 0 {
+        for l in &s.lost {
+            eprintln!("ttraced: {} records lost: {}", l.records, l.cause);
+        }
+        anyhow::bail!("the trace is incomplete: {lost} records could not be stored");
+    }
     Ok(())
 }

@@ -140,9 +140,16 @@ impl Ring {
                 "ring version {version}, expected {RING_VERSION}"
             )));
         }
-        if !capacity.is_multiple_of(ALIGN) || mapping_bytes(capacity) > len {
+        // A capacity below two slots (0 included: every position is taken modulo it) or that
+        // does not fit the mapping comes from a hostile or broken producer.
+        if capacity < ALIGN * 2
+            || !capacity.is_multiple_of(ALIGN)
+            || capacity > len.saturating_sub(HEADER_BYTES) as u64
+        {
             return Err(FormatError::Invalid(format!(
-                "ring capacity {capacity} does not fit a mapping of {len} bytes"
+                "ring capacity {capacity} is not a multiple of {ALIGN} of at least {} that fits \
+                 a mapping of {len} bytes",
+                ALIGN * 2
             )));
         }
         Ok(Ring { base, capacity })

@@ -712,6 +712,7 @@ fn write_loop(
             blobs.push(enc.blob);
         }
         let key = (rec.rank, rec.step);
+        losses.given();
         if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(key) {
             match shared.segments.acquire(rec.rank, rec.step) {
                 Ok(s) => {

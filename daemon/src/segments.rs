@@ -95,6 +95,8 @@ type FinishJob = (Closing, Arc<Slot>);
 #[derive(Default)]
 pub(crate) struct Losses {
     by_cause: Mutex<BTreeMap<String, u64>>,
+    /// Records given to the store (to a segment, or lost for want of one).
+    given: AtomicU64,
 }
 
 impl Losses {
@@ -106,6 +108,11 @@ impl Losses {
             error!("records are being lost: {cause}");
             m.insert(cause.to_string(), 0);
         }
+    }
+
+    /// Counts a record given to the store (whatever becomes of it).
+    pub(crate) fn given(&self) {
+        self.given.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts `n` records lost to `cause`.
@@ -215,6 +222,10 @@ pub(crate) struct Segments {
     finisher: Mutex<Option<(Sender<FinishJob>, JoinHandle<()>)>>,
     losses: Arc<Losses>,
 }
+
+/// The cause of the records lost with a store removed under the collector.
+const STORE_REMOVED: &str =
+    "the store directory was removed or replaced during the run: its records are gone";
 
 impl Segments {
     /// Takes possession of the store directory (see [`StoreDir::create`]: a new or empty
@@ -477,6 +488,13 @@ impl Segments {
             }
         }
         let _ = std::fs::remove_dir(self.store.join(".reopen"));
+        if !self.dir.still_there() {
+            // Whatever was stored went with the directory.
+            let lost: u64 = self.losses.list().iter().map(|l| l.records).sum();
+            let given = self.losses.given.load(Ordering::Relaxed);
+            self.losses
+                .add(STORE_REMOVED, given.saturating_sub(lost));
+        }
     }
 }
 

@@ -62,6 +62,8 @@ pub struct StoreDir {
     _lock: File,
     /// The directory was created by [`StoreDir::create`] (not an existing empty one).
     created: bool,
+    /// Its device and inode, to notice it removed or replaced during the run.
+    id: (u64, u64),
 }
 
 impl StoreDir {
@@ -107,7 +109,13 @@ impl StoreDir {
         // Under the lock: a writer that came and went in between left its files.
         check_empty(path, true)?;
         reserve(path);
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            let m = lock.metadata().map_err(at(&lock_path))?;
+            (m.dev(), m.ino())
+        };
         Ok(StoreDir {
+            id,
             path: path.to_path_buf(),
             _lock: lock,
             created,
@@ -128,6 +136,14 @@ impl StoreDir {
     /// The store directory.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the store is still where it was created (its lock file is still the one this
+    /// writer holds: the directory was not removed or replaced).
+    pub fn still_there(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(self.path.join(LOCK_FILE))
+            .is_ok_and(|m| (m.dev(), m.ino()) == self.id)
     }
 
     /// Frees the space reserve (before the last files of the store are written).

@@ -186,7 +186,7 @@ pub fn main(args: RunArgs) -> i32 {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ttrace run: {e:#}");
+            eprintln!("ttrace run: {}", crate::error_chain(&e));
             EXIT_TTRACE
         }
     }
@@ -431,7 +431,10 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                 Err(e) => {
                     // The command's own exit code is what the caller needs most; the trace's
                     // failure is said, and --strict turns it into 74.
-                    eprintln!("ttrace run: the trace is INCOMPLETE: {e:#}");
+                    eprintln!(
+                        "ttrace run: the trace is INCOMPLETE: {}",
+                        crate::error_chain(&e)
+                    );
                     return Ok(strict_code(&args, code, true));
                 }
             };
@@ -533,9 +536,6 @@ fn start_collector(
     config.run.command = command.to_vec();
     config.run.cwd = cwd.display().to_string();
     let mut env = child_env(lib, capture);
-    for k in inherited_ttrace_vars() {
-        env.remove(&*k.to_string_lossy());
-    }
     ttrace_format::secrets::redact_env(&mut env, &args.env_allow);
     config.run.env = env;
     config.run.capture = capture.clone();
@@ -553,7 +553,8 @@ fn start_collector(
 }
 
 /// What the traced processes get on top of ttrace's own environment: `LD_PRELOAD` (appended
-/// to an existing one) and the capture settings.
+/// to an existing one) and the capture settings, less the inherited `TTRACE_*` variables
+/// ttrace run does not apply ([`inherited_ttrace_vars`]).
 fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
@@ -570,6 +571,9 @@ fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
         None => lib,
     };
     env.insert("LD_PRELOAD".into(), preload);
+    for k in inherited_ttrace_vars() {
+        env.remove(&*k.to_string_lossy());
+    }
     env.extend(capture.to_vars());
     env
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
 use ttrace_format::record::Record;
@@ -223,6 +223,9 @@ pub(crate) struct Segments {
     losses: Arc<Losses>,
 }
 
+/// Segments waiting for the finisher at most.
+const MAX_FINISHING: usize = 32;
+
 /// The cause of the records lost with a store removed under the collector.
 const STORE_REMOVED: &str =
     "the store directory was removed or replaced during the run: its records are gone";
@@ -232,7 +235,9 @@ impl Segments {
     /// directory, locked for this writer) and starts the finisher.
     pub(crate) fn create(store: PathBuf) -> Result<Segments, crate::store_dir::StoreDirError> {
         let dir = StoreDir::create(&store)?;
-        let (tx, rx) = unbounded::<FinishJob>();
+        // Bounded: a segment waiting to be finished still holds its descriptors and buffer, so
+        // clients that hand segments over faster than they are fsynced wait for the finisher.
+        let (tx, rx) = bounded::<FinishJob>(MAX_FINISHING);
         let losses = Arc::new(Losses::default());
         let (root, lost) = (store.clone(), losses.clone());
         let finisher = std::thread::Builder::new()

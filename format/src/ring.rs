@@ -304,6 +304,23 @@ mod tests {
         vec![0u64; mapping_bytes(capacity) / 8]
     }
 
+    /// Issue 14 row 13: a header announcing a capacity of 0 (or one larger than the mapping)
+    /// is refused at open; it used to pass and divide by zero in the consumer.
+    #[test]
+    fn a_hostile_capacity_is_refused_at_open() {
+        for cap in [0u64, ALIGN, 1 << 40] {
+            let mut mem = mapping(1024);
+            let base = mem.as_mut_ptr().cast::<u8>();
+            // SAFETY: `mem` outlives the views; the capacity field is inside the header.
+            let opened = unsafe {
+                Ring::create(base, 1024).expect("create");
+                base.add(OFF_CAPACITY).cast::<u64>().write(cap);
+                Ring::open(base, mem.len() * 8)
+            };
+            assert!(opened.is_err(), "capacity {cap} accepted");
+        }
+    }
+
     #[test]
     fn slots_are_fifo_aligned_and_never_wrap() {
         let mut mem = mapping(1024);

@@ -12,6 +12,7 @@ use integration_tests::{bin, profile_dir};
 use ttrace_format::reader::Store;
 use ttrace_format::store::{Manifest, SegmentReader};
 
+#[allow(unused_imports)]
 pub use integration_tests::{describe, TempDir};
 
 /// The library `ttrace run` preloads: libttrace.so when built, else an inert stand-in.

@@ -488,7 +488,12 @@ fn abandon_store(store: &Path, existed: bool) {
 /// ones ttrace run reads itself (`TTRACE_LIB`, `TTRACE_DAEMON`, `TTRACE_PERTURB`, `TTRACE_LOG`)
 /// are applied, not ignored.
 fn inherited_ttrace_vars() -> Vec<OsString> {
-    const APPLIED: [&str; 4] = ["TTRACE_LIB", "TTRACE_DAEMON", "TTRACE_PERTURB", "TTRACE_LOG"];
+    const APPLIED: [&str; 4] = [
+        "TTRACE_LIB",
+        "TTRACE_DAEMON",
+        "TTRACE_PERTURB",
+        "TTRACE_LOG",
+    ];
     std::env::vars_os()
         .map(|(k, _)| k)
         .filter(|k| {

@@ -182,7 +182,8 @@ impl ClientRing {
     fn map(fd: OwnedFd, capacity: u64) -> Result<ClientRing, String> {
         // Bounded before anything is sized from it (0 would divide by zero in the ring, a
         // huge one overflow the mapping size).
-        if !(2 * ring::ALIGN..=MAX_RING).contains(&capacity) || !capacity.is_multiple_of(ring::ALIGN)
+        if !(2 * ring::ALIGN..=MAX_RING).contains(&capacity)
+            || !capacity.is_multiple_of(ring::ALIGN)
         {
             return Err(format!(
                 "ring capacity {capacity} is not a multiple of {} between {} and {MAX_RING}",

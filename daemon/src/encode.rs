@@ -141,9 +141,14 @@ mod tests {
         for n in [0usize, 1, 2, 4, 8, 30, 64] {
             let raw: Vec<u8> = (0..n as u32).map(|i| (i * 37 + 11) as u8).collect();
             let blob = e.encode(&raw, 2).expect("encodes");
-            assert!(blob.stored.len() <= raw.len(), "{n} bytes stored as {}", blob.stored.len());
-            let back = ttrace_format::codec::decode(&blob.stored, n, 2, blob.codec, &mut Vec::new())
-                .expect("decodes");
+            assert!(
+                blob.stored.len() <= raw.len(),
+                "{n} bytes stored as {}",
+                blob.stored.len()
+            );
+            let back =
+                ttrace_format::codec::decode(&blob.stored, n, 2, blob.codec, &mut Vec::new())
+                    .expect("decodes");
             assert_eq!(back, raw);
         }
     }

@@ -94,6 +94,8 @@ type FinishJob = (Closing, Arc<Slot>);
 /// Records lost, by cause (see the module documentation).
 #[derive(Default)]
 pub(crate) struct Losses {
+    /// Records lost per cause (0 for a cause seen that has cost nothing so far, e.g. an index
+    /// that could not be written: readers scan instead).
     by_cause: Mutex<BTreeMap<String, u64>>,
     /// Records given to the store (to a segment, or lost for want of one).
     given: AtomicU64,
@@ -105,7 +107,7 @@ impl Losses {
     pub(crate) fn note(&self, cause: &str) {
         let mut m = self.by_cause.lock();
         if !m.contains_key(cause) {
-            error!("records are being lost: {cause}");
+            warn!("store: {cause}");
             m.insert(cause.to_string(), 0);
         }
     }
@@ -115,10 +117,19 @@ impl Losses {
         self.given.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts `n` records lost to `cause`.
+    /// Counts `n` records lost to `cause`; the first records a cause costs are logged (once
+    /// per cause).
     pub(crate) fn add(&self, cause: &str, n: u64) {
-        self.note(cause);
-        *self.by_cause.lock().entry(cause.to_string()).or_default() += n;
+        if n == 0 {
+            self.note(cause);
+            return;
+        }
+        let mut m = self.by_cause.lock();
+        let count = m.entry(cause.to_string()).or_default();
+        if *count == 0 {
+            error!("records are being lost: {cause}");
+        }
+        *count += n;
     }
 
     /// Causes that cost records, for the manifest.
@@ -365,7 +376,11 @@ impl Segments {
     ) -> Result<(SegmentWriter, Option<PathBuf>), FormatError> {
         let n = self.reopened.fetch_add(1, Ordering::Relaxed);
         let staged = self.store.join(".reopen").join(n.to_string());
-        for d in [self.store.join(".reopen"), staged.clone(), rank_dir(&staged, rank)] {
+        for d in [
+            self.store.join(".reopen"),
+            staged.clone(),
+            rank_dir(&staged, rank),
+        ] {
             private_dir(&d)?;
         }
         let mut w = SegmentWriter::create_direct(&staged, rank, step)?;
@@ -497,8 +512,7 @@ impl Segments {
             // Whatever was stored went with the directory.
             let lost: u64 = self.losses.list().iter().map(|l| l.records).sum();
             let given = self.losses.given.load(Ordering::Relaxed);
-            self.losses
-                .add(STORE_REMOVED, given.saturating_sub(lost));
+            self.losses.add(STORE_REMOVED, given.saturating_sub(lost));
         }
     }
 }
@@ -569,7 +583,12 @@ fn finish(store: &Path, c: Closing, losses: &Losses) {
         );
         return;
     }
-    debug!(rank = key.0, step = key.1, records = given, "segment finished");
+    debug!(
+        rank = key.0,
+        step = key.1,
+        records = given,
+        "segment finished"
+    );
 }
 
 /// Device and inode of `path`, `None` when it is missing.
@@ -582,9 +601,8 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
 
 /// A segment file without even its header (a full disk at its creation): nothing to keep.
 fn headerless(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| {
-        m.is_file() && m.len() < ttrace_format::store::SEGMENT_HEADER_BYTES
-    })
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| m.is_file() && m.len() < ttrace_format::store::SEGMENT_HEADER_BYTES)
 }
 
 /// Intact frames of the segment at `path` (0 when it is missing or unreadable).

@@ -209,7 +209,10 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let d = scratch("new");
         let s = StoreDir::create(&d.join("a/b")).expect("creates");
-        let mode = std::fs::metadata(s.path()).expect("stat").permissions().mode();
+        let mode = std::fs::metadata(s.path())
+            .expect("stat")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o700);
         match StoreDir::create(s.path()) {
             Err(StoreDirError::NotEmpty(..) | StoreDirError::Locked(_)) => {}

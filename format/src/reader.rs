@@ -294,8 +294,8 @@ impl Store {
                 }
                 if let Some(step) = numbered(fname, "step", ".seg") {
                     let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
-                    let has_index = std::fs::symlink_metadata(index_path(&path))
-                        .is_ok_and(|m| m.is_file());
+                    let has_index =
+                        std::fs::symlink_metadata(index_path(&path)).is_ok_and(|m| m.is_file());
                     segments.push(SegmentInfo {
                         rank,
                         step,

@@ -298,6 +298,25 @@ fn save_lost(run: &Path, to: &Path, bytes: &[u8]) -> Result<(), FormatError> {
     f.sync_all().map_err(|e| FormatError::at(to, e))
 }
 
+/// Sets aside a segment file too short to hold even its header (a disk that filled as it was
+/// created): its bytes, if any, are saved under `lost+found/` and the file is removed, so the
+/// store stops reporting a segment none of whose records can exist. Returns whether it did.
+pub fn set_aside_headerless(run: &Path, path: &Path) -> Result<bool, FormatError> {
+    let mut f = open_segment_rw(path)?;
+    let len = f.metadata().map_err(|e| FormatError::at(path, e))?.len();
+    if len >= SEGMENT_HEADER_BYTES {
+        return Ok(false);
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|e| FormatError::at(path, e))?;
+    if !bytes.is_empty() {
+        save_lost(run, &lost_name(run, path, "headerless", 0), &bytes)?;
+    }
+    std::fs::remove_file(path).map_err(|e| FormatError::at(path, e))?;
+    Ok(true)
+}
+
 /// Restores the header of a segment whose magic is damaged, from the rank and step its file
 /// name gives, when the bytes after the header still scan as frames. The old header is saved
 /// under `lost+found/`. Returns whether it rewrote the header. A header that carries the magic

@@ -85,9 +85,7 @@ fn scheduler_signals_are_forwarded_and_the_store_finalized() {
         (libc::SIGQUIT, "QUIT", 44),
     ] {
         let store = format!("st-{name}");
-        let script = format!(
-            "trap 'exit {code}' {name}; echo ready; while :; do sleep 0.05; done"
-        );
+        let script = format!("trap 'exit {code}' {name}; echo ready; while :; do sleep 0.05; done");
         let mut child = started(dir.path(), &store, &script);
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, sig) };
@@ -120,7 +118,12 @@ fn out_of_range_options_are_refused_before_anything_starts() {
         let mut c = ttrace(dir.path());
         c.args(["run", "--out", "st", opt, value, "--", "true"]);
         let out = output_within(&mut c, LIMIT);
-        assert_eq!(out.status.code(), Some(2), "{opt} {value}: {}", describe(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{opt} {value}: {}",
+            describe(&out)
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(opt), "{opt}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
@@ -136,13 +139,21 @@ fn inherited_ttrace_variables_never_diverge_from_the_manifest() {
     use std::os::unix::ffi::OsStrExt;
     let dir = TempDir::new("rel-inherit");
     let mut c = ttrace(dir.path());
-    c.args(["run", "--out", "st", "--", "sh", "-c", "env | grep ^TTRACE_ | sort"])
-        .env("TTRACE_STEPS", "5-6")
-        .env("TTRACE_MAX_TENSOR_BYTES", "1")
-        .env(
-            std::ffi::OsStr::from_bytes(b"TTRACE_RANKS"),
-            std::ffi::OsStr::from_bytes(b"\xff\xfe"),
-        );
+    c.args([
+        "run",
+        "--out",
+        "st",
+        "--",
+        "sh",
+        "-c",
+        "env | grep ^TTRACE_ | sort",
+    ])
+    .env("TTRACE_STEPS", "5-6")
+    .env("TTRACE_MAX_TENSOR_BYTES", "1")
+    .env(
+        std::ffi::OsStr::from_bytes(b"TTRACE_RANKS"),
+        std::ffi::OsStr::from_bytes(b"\xff\xfe"),
+    );
     let out = output_within(&mut c, LIMIT);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -155,13 +166,19 @@ fn inherited_ttrace_variables_never_diverge_from_the_manifest() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     assert!(
-        !child_env.iter().any(|(k, _)| k == "TTRACE_STEPS" || k == "TTRACE_RANKS"),
+        !child_env
+            .iter()
+            .any(|(k, _)| k == "TTRACE_STEPS" || k == "TTRACE_RANKS"),
         "{child_env:?}"
     );
     let m = Manifest::read(&dir.path().join("st")).expect("manifest");
     assert!(m.config.steps.is_none());
     for (k, v) in &child_env {
-        assert_eq!(m.env.get(k), Some(v), "{k}: the command's value is the manifest's");
+        assert_eq!(
+            m.env.get(k),
+            Some(v),
+            "{k}: the command's value is the manifest's"
+        );
     }
     assert_eq!(m.env["TTRACE_MAX_TENSOR_BYTES"], "268435456");
 }
@@ -179,7 +196,12 @@ fn a_command_that_never_ran_leaves_no_store() {
     let mut c = ttrace(dir.path());
     c.args(["run", "-q", "--out", "st", "--", "true"]);
     let out = output_within(&mut c, LIMIT);
-    assert_eq!(out.status.code(), Some(0), "the retry works: {}", describe(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the retry works: {}",
+        describe(&out)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     // One cause, said once (anyhow's chain printed the io error twice).
     let mut c = ttrace(dir.path());
@@ -189,4 +211,44 @@ fn a_command_that_never_ran_leaves_no_store() {
     assert_eq!(out.status.code(), Some(125), "{again}");
     assert_eq!(again.matches("not empty").count(), 1, "{again}");
     let _ = stderr;
+}
+
+/// Row 16: a reading command's `--apis` that names nothing known is an error, not an empty
+/// success.
+#[test]
+fn an_unknown_api_filter_is_an_error() {
+    let dir = TempDir::new("rel-apis");
+    let mut c = ttrace(dir.path());
+    c.args(["run", "-q", "--out", "st", "--"])
+        .arg(loadgen())
+        .args(["publish", "--records", "3"]);
+    let out = output_within(&mut c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let mut c = ttrace(dir.path());
+    c.args([
+        "export",
+        "st",
+        "--format",
+        "safetensors",
+        "--apis",
+        "foo",
+        "--out",
+        "x",
+    ]);
+    let out = output_within(&mut c, LIMIT);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--apis"));
+    let mut c = ttrace(dir.path());
+    c.args([
+        "export",
+        "st",
+        "--format",
+        "safetensors",
+        "--apis",
+        "gemm",
+        "--out",
+        "x",
+    ]);
+    let out = output_within(&mut c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
 }

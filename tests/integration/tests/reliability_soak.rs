@@ -101,7 +101,9 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
         .args(["--nproc-per-node", "2", "--"])
         .arg(bin("trainer"))
         .args(["--dp", "2", "--steps", &steps.to_string()])
-        .args(["--layers", "1", "--hidden", "16", "--heads", "2", "--ffn", "32"])
+        .args([
+            "--layers", "1", "--hidden", "16", "--heads", "2", "--ffn", "32",
+        ])
         .args(["--seq", "8", "--vocab", "32", "--micro-batch-size", "2"])
         .env("LD_LIBRARY_PATH", sim_dir())
         .stdout(Stdio::piped())
@@ -161,7 +163,10 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
         }
         None => stored,
     };
-    assert_eq!(readable, stored, "every record reported stored is readable: {stderr}");
+    assert_eq!(
+        readable, stored,
+        "every record reported stored is readable: {stderr}"
+    );
     assert_eq!(
         readable + lost,
         received,

@@ -37,7 +37,11 @@ fn assert_accounted(out: &Output, store: &Path, published: u64) {
     let m = Manifest::read(store).expect("the final manifest fits (space reserve)");
     assert!(m.finalized, "{}", describe(out));
     let (readable, lost) = (intact_records(store), m.lost_records());
-    assert!(lost > 0, "the disk filled: records were lost ({})", describe(out));
+    assert!(
+        lost > 0,
+        "the disk filled: records were lost ({})",
+        describe(out)
+    );
     assert_eq!(
         readable + lost,
         published,
@@ -66,6 +70,24 @@ fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
         "$LG publish --records 400 --per-step 50 --elems 8192",
     );
     assert_accounted(&out, &store, 400);
+    // Row 16: nothing half-written left behind; `ls` and `fsck` say the trace is incomplete.
+    for leftover in [".manifest.json.tmp", ".reopen", ".reserve"] {
+        assert!(!store.join(leftover).exists(), "{leftover} left behind");
+    }
+    let st = store.to_str().expect("utf-8");
+    let ls = ttrace_cmd(dir.path(), &["ls", st]);
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains("INCOMPLETE"),
+        "{}",
+        describe(&ls)
+    );
+    let fsck = ttrace_cmd(dir.path(), &["fsck", st]);
+    assert_eq!(fsck.status.code(), Some(1), "{}", describe(&fsck));
+    assert!(
+        String::from_utf8_lossy(&fsck.stdout).contains("incomplete trace"),
+        "{}",
+        describe(&fsck)
+    );
     // --strict: the command succeeded but the trace is incomplete.
     let store2 = fs.mount.join("st2");
     std::fs::remove_dir_all(&store).expect("room again");
@@ -121,7 +143,11 @@ fn a_store_removed_during_the_run_is_reported() {
     );
     let out = run_script(dir.path(), &store, &[], &script);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    assert!(!store.exists(), "the store was re-created: {}", describe(&out));
+    assert!(
+        !store.exists(),
+        "the store was re-created: {}",
+        describe(&out)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("INCOMPLETE"), "{stderr}");
     assert!(
@@ -141,7 +167,10 @@ fn existing_directories_keep_their_mode_and_must_be_empty() {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
     let out = run_script(dir.path(), &shared, &[], "$LG publish --records 5");
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    let mode = std::fs::metadata(&shared).expect("stat").permissions().mode();
+    let mode = std::fs::metadata(&shared)
+        .expect("stat")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o7777, 0o1777, "the directory's mode was changed");
     assert_eq!(intact_records(&shared), 5);
 
@@ -175,7 +204,15 @@ fn two_runs_into_one_store_never_both_write_it() {
                 .arg(&store)
                 .arg("--")
                 .arg(loadgen())
-                .args(["publish", "--records", "20", "--per-step", "5", "--rank", rank])
+                .args([
+                    "publish",
+                    "--records",
+                    "20",
+                    "--per-step",
+                    "5",
+                    "--rank",
+                    rank,
+                ])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped());
             c.spawn().expect("starts")
@@ -267,5 +304,35 @@ fn a_crafted_store_neither_hangs_readers_nor_leads_repair_outside() {
         .expect("ls")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names, vec!["step000000.seg".to_string()], "nothing written outside");
+    assert_eq!(
+        names,
+        vec!["step000000.seg".to_string()],
+        "nothing written outside"
+    );
+}
+
+/// Rows 2 and 16: `fsck --repair` removes a segment too short for its header (left by a disk
+/// that filled as it was created), and creates `lost+found/` private.
+#[test]
+fn repair_removes_headerless_segments_and_keeps_lost_found_private() {
+    let dir = TempDir::new("rel-repair");
+    let st = good_store(dir.path(), "st");
+    std::fs::write(st.join("rank00000/step000099.seg"), b"").expect("empty segment");
+    let seg = st.join("rank00000/step000001.seg");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    bytes.truncate(bytes.len() - 5);
+    std::fs::write(&seg, &bytes).expect("torn tail");
+    let s = st.to_str().expect("utf-8");
+    let out = ttrace_cmd(dir.path(), &["fsck", "--repair", "--force", s]);
+    // 1: the record cut with the torn tail stays reported as lost.
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(!st.join("rank00000/step000099.seg").exists());
+    let mode = std::fs::metadata(st.join("lost+found"))
+        .expect("lost+found")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let out = ttrace_cmd(dir.path(), &["fsck", s]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("step 99"), "{stdout}");
 }

@@ -126,11 +126,7 @@ fn oversized_metadata_drops_the_client_only() {
     let s = h
         .finalize(Some(0), Duration::from_secs(5))
         .expect("finalizes");
-    let errors: Vec<String> = s
-        .processes
-        .iter()
-        .filter_map(|p| p.error.clone())
-        .collect();
+    let errors: Vec<String> = s.processes.iter().filter_map(|p| p.error.clone()).collect();
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(errors.iter().any(|e| e.contains("NVTX")), "{errors:?}");
     assert!(errors.iter().any(|e| e.contains("exceeds")), "{errors:?}");

@@ -91,7 +91,13 @@ impl SmallFs {
         let mount = dir.path().join("m");
         std::fs::create_dir(&mount).expect("mount point");
         let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
             .arg(&mount)
             .stderr(Stdio::null())
             .status()

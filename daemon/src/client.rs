@@ -766,21 +766,18 @@ fn write_loop(
         for b in blobs {
             shared.pool.recycle(b.stored);
         }
-        match written {
-            Some(Ok(_)) => {
-                let mut i = state.info.lock();
-                i.records += 1;
-                i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
-                i.steps.insert(key);
-                i.last_rank = Some(rec.rank);
-                i.bytes_raw += raw;
-                i.bytes_stored += stored;
-                i.crc_mismatches += mismatches;
-                shared.records_written.fetch_add(1, Ordering::Relaxed);
-            }
-            // Counted when the segment is finished (module `segments`: what is not in the
-            // file is lost), logged once per cause.
-            Some(Err(_)) | None => {}
+        // A record not written is counted when its segment is finished (module `segments`:
+        // what is not in the file is lost), logged once per cause.
+        if let Some(Ok(_)) = written {
+            let mut i = state.info.lock();
+            i.records += 1;
+            i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
+            i.steps.insert(key);
+            i.last_rank = Some(rec.rank);
+            i.bytes_raw += raw;
+            i.bytes_stored += stored;
+            i.crc_mismatches += mismatches;
+            shared.records_written.fetch_add(1, Ordering::Relaxed);
         }
         if rx.is_empty() {
             for seg in held.values() {

@@ -35,6 +35,8 @@ pub const SEGMENT_HEADER_BYTES: u64 = 64;
 pub const FRAME_HEADER_BYTES: u64 = 24;
 pub const BLOB_HEADER_BYTES: usize = 24;
 pub const INDEX_ENTRY_BYTES: usize = 32;
+/// Largest record metadata (CBOR) a frame may carry.
+pub const MAX_META_BYTES: usize = 1 << 20;
 
 /// Opens a file of a store for reading, refusing anything but a regular file: a store may come
 /// from elsewhere (a received tarball), and a FIFO would hang its reader, a device feed it
@@ -747,6 +749,13 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         return Err(bad("body shorter than its metadata length".into()));
     }
     let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+    // The collector takes no message over 1 MiB, so no record it wrote has more metadata; a
+    // larger one is a crafted frame that would cost many times its size to decode.
+    if meta_len > MAX_META_BYTES {
+        return Err(bad(format!(
+            "{meta_len} bytes of record metadata (at most {MAX_META_BYTES})"
+        )));
+    }
     let meta_end = 4usize
         .checked_add(meta_len)
         .filter(|&e| e <= body.len())

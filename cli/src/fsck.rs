@@ -11,7 +11,8 @@ use serde_json::json;
 use ttrace_format::reader::{Issue, IssueKind, Segment, Store};
 use ttrace_format::recover::{
     check_counts, check_segment, lost_found_dir, rebuild_index, rebuild_manifest,
-    repair_frame_headers, repair_header, truncate_tail, write_rebuilt_manifest, SegmentCheck,
+    repair_frame_headers, repair_header, set_aside_headerless, truncate_tail,
+    write_rebuilt_manifest, SegmentCheck,
 };
 use ttrace_format::FormatError;
 
@@ -168,6 +169,13 @@ pub fn main(a: FsckArgs) -> anyhow::Result<i32> {
                     "{}: restored the segment header (old one saved in {})",
                     info.path.display(),
                     lost_found_dir(&a.run).display()
+                ));
+            } else if matches!(e, FormatError::Corrupt(_))
+                && set_aside_headerless(&a.run, &info.path)?
+            {
+                repairs.push(format!(
+                    "{}: removed (shorter than a segment header: it held no record)",
+                    info.path.display()
                 ));
             }
         }

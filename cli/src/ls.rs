@@ -191,6 +191,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             "run_id": manifest.map(|m| m.run_id.clone()),
             "finalized": manifest.map(|m| m.finalized),
             "exit_code": manifest.and_then(|m| m.exit_code),
+            "lost": manifest.map(|m| m.lost.clone()),
             "created_unix_ns": manifest.map(|m| m.created_unix_ns),
             "command": manifest.map(|m| m.command.clone()),
             "cwd": manifest.map(|m| m.cwd.clone()),
@@ -224,6 +225,9 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                 "NOT finalized (the collector stopped early; the segments are readable)".into()
             };
             writeln!(out, "run      {} ({state})", m.run_id)?;
+            for l in &m.lost {
+                writeln!(out, "INCOMPLETE {} records lost: {}", l.records, l.cause)?;
+            }
             if m.created_unix_ns > 0 {
                 let when =
                     std::time::UNIX_EPOCH + std::time::Duration::from_nanos(m.created_unix_ns);

@@ -48,6 +48,23 @@ enum Command {
     Compare(compare::CompareArgs),
 }
 
+/// An error and its causes on one line, each said once: a cause whose text the message before
+/// it already contains (`{path}: {source}` over `source`) is not repeated.
+pub(crate) fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Exit status of a reading command: 0, or 2 with the error on stderr (a closed stdout pipe,
 /// `ttrace ls RUN | head`, is not an error).
 fn status(cmd: &str, r: anyhow::Result<i32>) -> i32 {
@@ -60,7 +77,7 @@ fn status(cmd: &str, r: anyhow::Result<i32>) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("ttrace {cmd}: {e:#}");
+            eprintln!("ttrace {cmd}: {}", error_chain(&e));
             2
         }
     }

@@ -96,10 +96,24 @@ impl FilterArgs {
                 ),
             }
         }
+        let apis = list(&self.apis);
+        // A misspelt filter would select nothing and look like an empty store.
+        for a in &apis {
+            let family = ["gemm", "nccl", "collective", "memcpy", "gap"]
+                .iter()
+                .any(|f| a.eq_ignore_ascii_case(f));
+            let api = a.starts_with("cu") || a.starts_with("nccl");
+            if !family && !api {
+                bail!(
+                    "--apis: `{a}` is neither a family (gemm, nccl, memcpy, gap) nor a CUDA, \
+                     cuBLAS or NCCL API name or prefix (cublasLtMatmul, ncclAllReduce, cublas*)"
+                );
+            }
+        }
         Ok(Filter {
             ranks: set(&self.ranks, "ranks")?,
             steps: set(&self.steps, "steps")?,
-            apis: list(&self.apis),
+            apis,
             roles,
         })
     }

@@ -6,7 +6,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
@@ -19,6 +19,19 @@ use crate::units::{human, parse_bytes};
 /// Exit code of `ttrace run` when it fails before or around the command (as `env` and
 /// `timeout` use 125 for their own failures).
 const EXIT_TTRACE: i32 = 125;
+/// Exit code of `ttrace run --strict` when the command succeeded but the trace is incomplete
+/// (records lost, or the store could not be finalized): sysexits' `EX_IOERR`.
+const EXIT_INCOMPLETE: i32 = 74;
+/// Signals a scheduler or a terminal sends that `ttrace run` forwards to the command (Slurm
+/// sends USR1/USR2 ahead of a time limit, HUP when the session ends).
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
 
 /// Trace a command: run it with libttrace.so preloaded and collect its snapshots into a store.
 ///
@@ -28,8 +41,21 @@ const EXIT_TTRACE: i32 = 125;
 /// store and prints a summary. It exits with CMD's exit code (128+N if a signal N killed it);
 /// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found.
 ///
-/// SIGINT and SIGTERM sent to ttrace are forwarded to CMD (a Ctrl-C at the terminal already
-/// reaches CMD and is not sent twice).
+/// A trace is *incomplete* when the collector could not store every record it received (a
+/// full disk, a failed write; the summary and manifest.json say how many and why) or could not
+/// finalize the store. ttrace still exits with CMD's code; with --strict, a CMD that exited 0
+/// over an incomplete trace makes ttrace exit 74 instead.
+///
+/// SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to ttrace are forwarded to CMD
+/// (a Ctrl-C at the terminal already reaches CMD and is not sent twice); ttrace itself keeps
+/// running until CMD exits, then finalizes the store.
+///
+/// TTRACE_* variables inherited from the shell do not reach CMD: the options above (whose
+/// defaults they do not change) set them. One line names each one ignored.
+///
+/// The manifest records CMD's environment with the values of credential-looking variables
+/// (*SECRET*, *TOKEN*, *PASSWORD*, *_KEY, ...) and URL passwords replaced by <redacted>;
+/// --env-allow keeps named ones.
 ///
 /// The store (default ttrace-runs/<UTC time>-<id>) holds manifest.json (command, working
 /// directory, environment, capture settings, ranks, communicators) and one segment per rank
@@ -72,11 +98,13 @@ pub struct RunArgs {
     /// Do not record kernel launch names between captured ops.
     #[arg(long)]
     no_kernels: bool,
-    /// Snapshot ring per traced process (pinned host memory).
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "256M")]
+    /// Snapshot ring per traced process (pinned host memory), 64K..=64G.
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring_bytes, default_value = "256M")]
     ring_bytes: u64,
-    /// How long a capture waits for ring space before recording a gap instead.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    /// How long a capture waits for ring space before recording a gap instead (at most an
+    /// hour).
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     wait_ms: u64,
     /// The most each traced process waits on the collector over its whole run (ring space,
     /// its first connection); once spent, an op that does not fit at once is recorded as a
@@ -110,12 +138,22 @@ pub struct RunArgs {
     /// the rest zstd-compressed, about as small as level 1 on float activations and faster].
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     level: Option<i32>,
-    /// Compression threads of the embedded collector [default: the cores, at most 8].
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
-    /// Seconds to wait, once CMD has exited, for traced processes it left running.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    /// Compression threads of the embedded collector, 1..=256 [default: the cores, at most 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: Option<u64>,
+    /// Seconds to wait, once CMD has exited, for traced processes it left running (at most a
+    /// week).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
     linger: u64,
+    /// Exit 74 when CMD exited 0 but the trace is incomplete (records lost, store not
+    /// finalized).
+    #[arg(long)]
+    strict: bool,
+    /// Environment variables to record verbatim in the manifest although their names look
+    /// like credentials (comma-separated names).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    env_allow: Vec<String>,
     /// Print no summary.
     #[arg(long, short)]
     quiet: bool,
@@ -139,12 +177,21 @@ fn parse_seed(s: &str) -> Result<u64, String> {
     })
 }
 
+/// A ring size: the pinned memory a traced process sets aside, so bounded both ways.
+fn parse_ring_bytes(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    if !(64 << 10..=64 << 30).contains(&n) {
+        return Err(format!("{s}: a ring holds between 64K and 64G"));
+    }
+    Ok(n)
+}
+
 /// Runs `ttrace run`; returns the process exit code.
 pub fn main(args: RunArgs) -> i32 {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ttrace run: {e:#}");
+            eprintln!("ttrace run: {}", crate::error_chain(&e));
             EXIT_TTRACE
         }
     }
@@ -207,10 +254,10 @@ fn find_lib() -> anyhow::Result<PathBuf> {
     Ok(lib)
 }
 
-// Signals received (written by the handler; only atomics there).
+// Signals received (written by the handler; only atomics there): a count of all, and per
+// signal number those to forward.
 static SIGNALS: AtomicUsize = AtomicUsize::new(0);
-static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-static FORWARD: AtomicUsize = AtomicUsize::new(0);
+static PENDING: [AtomicUsize; 32] = [const { AtomicUsize::new(0) }; 32];
 
 extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // A terminal's Ctrl-C (si_code SI_KERNEL) went to the whole foreground process group, CMD
@@ -222,15 +269,16 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
     } else {
         unsafe { (*info).si_code }
     };
-    LAST_SIGNAL.store(sig, Ordering::SeqCst);
     if code != libc::SI_KERNEL {
-        FORWARD.fetch_add(1, Ordering::SeqCst);
+        if let Some(p) = PENDING.get(sig as usize) {
+            p.fetch_add(1, Ordering::SeqCst);
+        }
     }
     SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
 fn install_signal_handlers() -> anyhow::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in FORWARDED {
         // SAFETY: an SA_SIGINFO handler that only touches atomics; a zeroed sigaction with an
         // empty mask is valid. The child gets default dispositions back at exec.
         let rc = unsafe {
@@ -299,6 +347,8 @@ enum Collector {
     Embedded {
         handle: ttraced::Handle,
         sock_dir: PathBuf,
+        /// `--out` existed before (an empty directory the user made).
+        out_existed: bool,
     },
     Joined(PathBuf),
 }
@@ -312,58 +362,22 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
+    let ignored = inherited_ttrace_vars();
+    for k in &ignored {
+        eprintln!(
+            "ttrace run: ignoring {} from the environment: ttrace run's options set the \
+             capture (see ttrace run --help)",
+            k.to_string_lossy()
+        );
+    }
     install_signal_handlers()?;
 
     // Every process of the command is one job, whatever launcher sits in between (a daemon
     // keeps jobs apart by this name).
     let job = ttraced::new_run_id();
     let collector = match &args.daemon {
-        Some(sock) => {
-            if args.out.is_some() || args.level.is_some() || args.threads.is_some() {
-                bail!("--out, --level and --threads belong to the daemon when --daemon is given");
-            }
-            let meta = std::fs::metadata(sock)
-                .with_context(|| format!("--daemon {}: no such socket", sock.display()))?;
-            if !meta.file_type().is_socket() {
-                bail!("--daemon {}: not a socket", sock.display());
-            }
-            Collector::Joined(std::path::absolute(sock)?)
-        }
-        None => {
-            let run_id = job.clone();
-            let out = args.out.clone().unwrap_or_else(|| default_out(&run_id));
-            let out = std::path::absolute(&out)?;
-            if let Some(parent) = out.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("creating {}", parent.display()))?;
-            }
-            let sock_dir = socket_dir(&run_id[..12.min(run_id.len())])?;
-            let mut config = Config::new(sock_dir.join("ttraced.sock"), &out);
-            config.run.run_id = run_id;
-            if let Some(l) = args.level {
-                config.level = l;
-            }
-            if let Some(t) = args.threads {
-                config.threads = t;
-            }
-            capture.socket = Some(config.socket.display().to_string());
-            config.run.command = command.clone();
-            config.run.cwd = cwd.display().to_string();
-            config.run.env = child_env(&lib, &capture);
-            config.run.capture = capture.clone();
-            config.run.job = Some(ttrace_format::wire::JobInfo {
-                id: format!("ttrace:{job}"),
-                label: job.clone(),
-                source: "TTRACE_JOB".into(),
-            });
-            match Daemon::start(config) {
-                Ok(handle) => Collector::Embedded { handle, sock_dir },
-                Err(e) => {
-                    let _ = std::fs::remove_dir(&sock_dir);
-                    return Err(e).context("starting the collector");
-                }
-            }
-        }
+        Some(sock) => join_daemon(&args, sock)?,
+        None => start_collector(&args, &mut capture, &lib, &command, &cwd, &job)?,
     };
     if let Collector::Joined(sock) = &collector {
         capture.socket = Some(sock.display().to_string());
@@ -372,17 +386,21 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     env.insert("TTRACE_JOB".into(), job);
 
     let started = Instant::now();
-    let spawned = Command::new(&args.command[0])
-        .args(&args.command[1..])
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..]);
+    for k in &ignored {
+        cmd.env_remove(k);
+    }
+    let spawned = cmd
         .envs(
             env.iter()
                 .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
         )
         .spawn();
-    let (code, how) = match spawned {
+    let (code, how, ran) = match spawned {
         Ok(child) => {
             let st = wait_forwarding(child)?;
-            (shell_code(st), describe(st))
+            (shell_code(st), describe(st), true)
         }
         Err(e) => {
             let code = match e.kind() {
@@ -391,7 +409,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                 _ => EXIT_TTRACE,
             };
             eprintln!("ttrace run: cannot execute {}: {e}", command[0]);
-            (code, format!("not started ({e})"))
+            (code, format!("not started ({e})"), false)
         }
     };
     let cmd_time = started.elapsed();
@@ -408,11 +426,34 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                     eprint!("{}", perturb_note(seed, None, "PERTURBED_REF"));
                 }
             }
+            Ok(code)
         }
-        Collector::Embedded { handle, sock_dir } => {
+        Collector::Embedded {
+            handle,
+            sock_dir,
+            out_existed,
+        } => {
+            let store = handle.store().to_path_buf();
             let summary = finalize(handle, code, Duration::from_secs(args.linger));
             let _ = std::fs::remove_dir(&sock_dir);
-            let summary = summary?;
+            let summary = match summary {
+                Ok(s) => s,
+                Err(e) => {
+                    // The command's own exit code is what the caller needs most; the trace's
+                    // failure is said, and --strict turns it into 74.
+                    eprintln!(
+                        "ttrace run: the trace is INCOMPLETE: {}",
+                        crate::error_chain(&e)
+                    );
+                    return Ok(strict_code(&args, code, true));
+                }
+            };
+            if !ran && summary.processes.is_empty() {
+                // Nothing ran, nothing was stored: leave no store behind, so that the same
+                // --out works once the command is fixed.
+                abandon_store(&store, out_existed);
+                return Ok(code);
+            }
             if !args.quiet {
                 eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
                 if let Some(seed) = capture.perturb {
@@ -423,14 +464,118 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
                         perturb_note(seed, stored, &store.display().to_string())
                     );
                 }
+            } else if !summary.lost.is_empty() {
+                eprint!("{}", render_lost(&summary));
             }
+            Ok(strict_code(&args, code, !summary.lost.is_empty()))
         }
     }
-    Ok(code)
+}
+
+/// `ttrace run`'s exit code: the command's, unless `--strict` and the command succeeded over
+/// an incomplete trace.
+fn strict_code(args: &RunArgs, code: i32, incomplete: bool) -> i32 {
+    if args.strict && incomplete && code == 0 {
+        EXIT_INCOMPLETE
+    } else {
+        code
+    }
+}
+
+/// Removes the files of a store that never held a record (the manifest, the lock), and the
+/// directory when `ttrace run` created it. Anything else in it stays.
+fn abandon_store(store: &Path, existed: bool) {
+    let _ = std::fs::remove_file(ttrace_format::store::manifest_path(store));
+    let _ = std::fs::remove_file(store.join(ttraced::store_dir::LOCK_FILE));
+    let _ = std::fs::remove_file(store.join(ttraced::store_dir::RESERVE_FILE));
+    if !existed {
+        let _ = std::fs::remove_dir(store);
+    }
+}
+
+/// `TTRACE_*` variables in ttrace's own environment that must not reach the command: the
+/// capture settings come from the options (and are recorded in the manifest as such). The
+/// ones ttrace run reads itself (`TTRACE_LIB`, `TTRACE_DAEMON`, `TTRACE_PERTURB`, `TTRACE_LOG`)
+/// are applied, not ignored.
+fn inherited_ttrace_vars() -> Vec<OsString> {
+    const APPLIED: [&str; 4] = [
+        "TTRACE_LIB",
+        "TTRACE_DAEMON",
+        "TTRACE_PERTURB",
+        "TTRACE_LOG",
+    ];
+    std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| {
+            use std::os::unix::ffi::OsStrExt;
+            k.as_bytes().starts_with(b"TTRACE_") && !APPLIED.iter().any(|a| k == a)
+        })
+        .collect()
+}
+
+/// `--daemon SOCKET`: checks the socket and the options that belong to the daemon.
+fn join_daemon(args: &RunArgs, sock: &Path) -> anyhow::Result<Collector> {
+    if args.out.is_some() || args.level.is_some() || args.threads.is_some() {
+        bail!("--out, --level and --threads belong to the daemon when --daemon is given");
+    }
+    let meta = std::fs::metadata(sock)
+        .with_context(|| format!("--daemon {}: no such socket", sock.display()))?;
+    if !meta.file_type().is_socket() {
+        bail!("--daemon {}: not a socket", sock.display());
+    }
+    Ok(Collector::Joined(std::path::absolute(sock)?))
+}
+
+/// Starts the embedded collector on a fresh socket and the store.
+fn start_collector(
+    args: &RunArgs,
+    capture: &mut CaptureConfig,
+    lib: &Path,
+    command: &[String],
+    cwd: &Path,
+    job: &str,
+) -> anyhow::Result<Collector> {
+    let run_id = job.to_string();
+    let out = args.out.clone().unwrap_or_else(|| default_out(&run_id));
+    let out = std::path::absolute(&out)?;
+    let out_existed = std::fs::symlink_metadata(&out).is_ok();
+    let sock_dir = socket_dir(&run_id[..12.min(run_id.len())])?;
+    let mut config = Config::new(sock_dir.join("ttraced.sock"), &out);
+    config.run.run_id = run_id;
+    if let Some(l) = args.level {
+        config.level = l;
+    }
+    if let Some(t) = args.threads {
+        config.threads = t as usize;
+    }
+    capture.socket = Some(config.socket.display().to_string());
+    config.run.command = command.to_vec();
+    config.run.cwd = cwd.display().to_string();
+    let mut env = child_env(lib, capture);
+    ttrace_format::secrets::redact_env(&mut env, &args.env_allow);
+    config.run.env = env;
+    config.run.capture = capture.clone();
+    config.run.job = Some(ttrace_format::wire::JobInfo {
+        id: format!("ttrace:{job}"),
+        label: job.to_string(),
+        source: "TTRACE_JOB".into(),
+    });
+    match Daemon::start(config) {
+        Ok(handle) => Ok(Collector::Embedded {
+            handle,
+            sock_dir,
+            out_existed,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_dir(&sock_dir);
+            Err(e).context("starting the collector")
+        }
+    }
 }
 
 /// What the traced processes get on top of ttrace's own environment: `LD_PRELOAD` (appended
-/// to an existing one) and the capture settings.
+/// to an existing one) and the capture settings, less the inherited `TTRACE_*` variables
+/// ttrace run does not apply ([`inherited_ttrace_vars`]).
 fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
@@ -447,6 +592,9 @@ fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
         None => lib,
     };
     env.insert("LD_PRELOAD".into(), preload);
+    for k in inherited_ttrace_vars() {
+        env.remove(&*k.to_string_lossy());
+    }
     env.extend(capture.to_vars());
     env
 }
@@ -459,21 +607,22 @@ fn describe(st: ExitStatus) -> String {
     }
 }
 
-/// Waits for the command, forwarding SIGINT/SIGTERM sent to ttrace.
+/// Waits for the command, forwarding the signals sent to ttrace ([`FORWARDED`]).
 fn wait_forwarding(mut child: Child) -> anyhow::Result<ExitStatus> {
-    let mut forwarded = 0;
+    let mut forwarded = [0usize; 32];
     loop {
         if let Some(st) = child.try_wait().context("waiting for the command")? {
             return Ok(st);
         }
-        let want = FORWARD.load(Ordering::SeqCst);
-        if want > forwarded {
-            forwarded = want;
-            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
-            // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs), so the
-            // pid cannot have been reused.
-            unsafe {
-                libc::kill(child.id() as libc::pid_t, sig);
+        for sig in FORWARDED {
+            let want = PENDING[sig as usize].load(Ordering::SeqCst);
+            while forwarded[sig as usize] < want {
+                forwarded[sig as usize] += 1;
+                // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs),
+                // so the pid cannot have been reused.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, sig);
+                }
             }
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -560,6 +709,25 @@ fn exit_note(p: &ttraced::ProcessSummary) -> String {
     }
 }
 
+/// The lines of the summary that say the trace is incomplete (empty when it is not).
+fn render_lost(s: &Summary) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let lost: u64 = s.lost.iter().map(|l| l.records).sum();
+    if lost == 0 {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "  INCOMPLETE {lost} of {} records received could not be stored:",
+        s.records + lost
+    );
+    for l in &s.lost {
+        let _ = writeln!(o, "            {} records: {}", l.records, l.cause);
+    }
+    o
+}
+
 /// The summary printed after a run.
 fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path) -> String {
     use std::fmt::Write;
@@ -597,6 +765,7 @@ fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path)
             String::new()
         }
     );
+    o.push_str(&render_lost(s));
     if s.processes.is_empty() {
         let _ = writeln!(
             o,

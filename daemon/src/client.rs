@@ -21,7 +21,7 @@ use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL
 
 use crate::encode::Encoder;
 use crate::fdpass;
-use crate::segments::SegRef;
+use crate::segments::{self, SegRef};
 use crate::{ProcessSummary, Route, Routed, Shared};
 
 /// How long a new connection may take to say `Hello`.
@@ -31,6 +31,25 @@ const MAX_HELLO: usize = 1 << 20;
 /// Records queued between a client's reader and writer (their bytes stay in the ring until
 /// written, so the ring bounds the memory too).
 const QUEUE: usize = 256;
+/// Segments one client holds open at most (each is a descriptor and a write buffer).
+const MAX_HELD: usize = 16;
+/// Largest ring a client may hand over (the `--ring-bytes` limit of `ttrace run`).
+const MAX_RING: u64 = 64 << 30;
+/// Largest message after `Hello` (a record's metadata is a few KiB; its tensors travel in the
+/// ring).
+const MAX_MESSAGE: usize = 1 << 20;
+/// Strings (NVTX ranges, kernel names) and tensors one record may carry.
+const MAX_RECORD_STRINGS: usize = 4096;
+const MAX_RECORD_TENSORS: usize = 256;
+/// Dimensions of one tensor.
+const MAX_DIMS: usize = 32;
+/// Ranks of one communicator (larger sizes are refused: the comm map is sized by them).
+const MAX_COMM_SIZE: u32 = 1 << 17;
+/// Communicator registrations one client may send.
+const MAX_COMMS: u64 = 1 << 16;
+/// Metadata bytes (estimated) of one client's records waiting for its writer: beyond it the
+/// reader stops reading the socket until the writer catches up.
+const MAX_QUEUED_META: u64 = 64 << 20;
 
 /// Why a client was dropped.
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +183,17 @@ pub(crate) struct ClientRing {
 impl ClientRing {
     /// Maps the memfd a client sent and checks it holds a ring of `capacity` data bytes.
     fn map(fd: OwnedFd, capacity: u64) -> Result<ClientRing, String> {
+        // Bounded before anything is sized from it (0 would divide by zero in the ring, a
+        // huge one overflow the mapping size).
+        if !(2 * ring::ALIGN..=MAX_RING).contains(&capacity)
+            || !capacity.is_multiple_of(ring::ALIGN)
+        {
+            return Err(format!(
+                "ring capacity {capacity} is not a multiple of {} between {} and {MAX_RING}",
+                ring::ALIGN,
+                2 * ring::ALIGN
+            ));
+        }
         // A ring that could shrink under the daemon's mapping would make its reads fault
         // (SIGBUS): refuse one that cannot be sealed.
         fdpass::seal_shrink(&fd)
@@ -222,6 +252,8 @@ struct Encoded {
 
 /// A record on its way from the reader to the writer.
 struct Pending {
+    /// Its metadata's memory (see [`Budget`]).
+    meta: u64,
     record: Box<Record>,
     slot: Option<Slot>,
     /// Per captured tensor: its place in the slot, element size, and the compression result.
@@ -332,16 +364,19 @@ fn session(
     let shared = &shared;
 
     let (tx, rx) = bounded::<Pending>(QUEUE);
+    let budget = Arc::new(Budget::default());
     let writer = {
         let (shared, state, ring) = (shared.clone(), state.clone(), ring.clone());
+        let budget = budget.clone();
         std::thread::Builder::new()
             .name(format!("ttraced-write-{}", state.id))
-            .spawn(move || write_loop(&shared, &state, &ring, rx))?
+            .spawn(move || write_loop(&shared, &state, &ring, rx, &budget))?
     };
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut last_end = 0u64;
+    let mut comms = 0u64;
     let outcome = loop {
-        let msg = match wire::read_msg::<ClientMsg>(&mut reader) {
+        let msg = match wire::read_msg_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
             Ok(Some(m)) => m,
             Ok(None) => break Ok(false),
             Err(ttrace_format::FormatError::Io(e))
@@ -359,6 +394,7 @@ fn session(
             ClientMsg::Publish { record, slot } => {
                 match prepare(shared, &ring, record, slot, &mut last_end) {
                     Ok(p) => {
+                        budget.take(p.meta);
                         shared.records_received.fetch_add(1, Ordering::Relaxed);
                         if tx.send(p).is_err() {
                             break Err(ClientError::Protocol("writer stopped".into()));
@@ -367,7 +403,13 @@ fn session(
                     Err(e) => break Err(e),
                 }
             }
-            ClientMsg::Comm(c) => shared.register_comm(&c),
+            ClientMsg::Comm(c) => {
+                comms += 1;
+                if let Err(why) = check_comm(&c, comms) {
+                    break Err(ClientError::Protocol(why));
+                }
+                shared.register_comm(&c);
+            }
             ClientMsg::Bye { records, gaps } => {
                 debug!(client = state.id, records, gaps, "bye");
                 break Ok(true);
@@ -380,6 +422,79 @@ fn session(
         warn!(client = state.id, "the writer thread panicked");
     }
     outcome
+}
+
+/// Metadata bytes of a client's records between its reader and its writer (see
+/// [`MAX_QUEUED_META`]).
+#[derive(Default)]
+struct Budget {
+    queued: Mutex<u64>,
+    freed: parking_lot::Condvar,
+}
+
+impl Budget {
+    /// Waits until `n` more bytes fit (a single record always fits an empty queue).
+    fn take(&self, n: u64) {
+        let mut q = self.queued.lock();
+        while *q > 0 && *q + n > MAX_QUEUED_META {
+            self.freed.wait(&mut q);
+        }
+        *q += n;
+    }
+
+    fn give(&self, n: u64) {
+        let mut q = self.queued.lock();
+        *q = q.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
+/// Refuses a communicator registration that would size the comm map from a hostile number.
+fn check_comm(c: &wire::CommInfo, count: u64) -> Result<(), String> {
+    if count > MAX_COMMS {
+        return Err(format!("more than {MAX_COMMS} communicator registrations"));
+    }
+    if c.size == 0 || c.size > MAX_COMM_SIZE || c.rank >= c.size || c.api.len() > 256 {
+        return Err(format!(
+            "communicator {:#x}: rank {} of size {} (sizes 1..={MAX_COMM_SIZE})",
+            c.key, c.rank, c.size
+        ));
+    }
+    Ok(())
+}
+
+/// The memory a record's metadata takes (strings and vectors), estimated; refuses records
+/// beyond the per-record bounds.
+fn record_meta_bytes(r: &Record) -> Result<u64, String> {
+    let strings = r.nvtx.len() + r.kernels_before.len();
+    if strings > MAX_RECORD_STRINGS {
+        return Err(format!(
+            "{strings} NVTX ranges and kernel names (at most {MAX_RECORD_STRINGS})"
+        ));
+    }
+    if r.tensors.len() > MAX_RECORD_TENSORS {
+        return Err(format!(
+            "{} tensors (at most {MAX_RECORD_TENSORS})",
+            r.tensors.len()
+        ));
+    }
+    if let Some(t) = r
+        .tensors
+        .iter()
+        .find(|t| t.shape.len() > MAX_DIMS || t.strides.len() > MAX_DIMS)
+    {
+        return Err(format!(
+            "a tensor of {} dimensions (at most {MAX_DIMS})",
+            t.shape.len().max(t.strides.len())
+        ));
+    }
+    let text: usize = r
+        .nvtx
+        .iter()
+        .chain(&r.kernels_before)
+        .map(|s| s.len() + 24)
+        .sum();
+    Ok((512 + text + r.api.len() + r.tensors.len() * 600) as u64)
 }
 
 /// Reads the `Hello` frame with `recvmsg`, collecting the ring fd that rides along.
@@ -448,6 +563,7 @@ fn prepare(
             record.rank, record.step, record.seq, record.api
         ))
     };
+    let meta = record_meta_bytes(&record).map_err(bad)?;
     match &slot {
         None if total > 0 => return Err(bad(format!("{total} captured bytes but no slot"))),
         None => {}
@@ -486,6 +602,7 @@ fn prepare(
         tensors.push((off, nbytes, elem, rx));
     }
     Ok(Pending {
+        meta,
         record,
         slot,
         tensors,
@@ -559,10 +676,18 @@ fn release_written(
 /// In publish order: collects a record's compressed tensors, appends it to its segment,
 /// releases its slot once the frame is in the kernel. A step change finishes the client's
 /// segments of earlier steps.
-fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Receiver<Pending>) {
+fn write_loop(
+    shared: &Shared,
+    state: &ClientState,
+    ring: &ClientRing,
+    rx: Receiver<Pending>,
+    budget: &Budget,
+) {
     let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
     let mut waiting: VecDeque<Unreleased> = VecDeque::new();
+    let losses = shared.segments.losses();
     while let Ok(p) = rx.recv() {
+        budget.give(p.meta);
         let mut flushed = true;
         let rec = &p.record;
         let mut blobs = Vec::with_capacity(p.tensors.len());
@@ -605,29 +730,41 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
             blobs.push(enc.blob);
         }
         let key = (rec.rank, rec.step);
+        losses.given();
         if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(key) {
             match shared.segments.acquire(rec.rank, rec.step) {
                 Ok(s) => {
                     slot.insert(s);
                 }
-                Err(e) => warn!(
-                    rank = rec.rank,
-                    step = rec.step,
-                    "cannot open the segment: {e}; record seq {} lost",
-                    rec.seq
-                ),
+                // Counted (and logged once per cause) by the loss ledger.
+                Err(e) => losses.add(&segments::cause("creating a segment", &e), 1),
             }
             // The client moved on: let go of its segments of earlier steps (flushed first:
-            // the slots of their last records may still wait for it).
-            let older: Vec<(u32, u64)> = held.keys().filter(|k| k.1 < rec.step).copied().collect();
+            // the slots of their last records may still wait for it), and of the oldest ones
+            // beyond [`MAX_HELD`] (steps that go down, several ranks: a client cannot hold
+            // descriptors without bound).
+            let mut older: Vec<(u32, u64)> = held
+                .keys()
+                .filter(|k| k.1 < rec.step && **k != key)
+                .copied()
+                .collect();
+            if held.len() > MAX_HELD {
+                let mut rest: Vec<(u32, u64)> = held
+                    .keys()
+                    .filter(|k| **k != key && !older.contains(k))
+                    .copied()
+                    .collect();
+                rest.sort_by_key(|k| k.1);
+                older.extend(rest.into_iter().take(held.len() - MAX_HELD));
+            }
             for k in older {
                 if let Some(s) = held.remove(&k) {
-                    flushed &= s.flush();
+                    flushed &= s.flush(losses);
                     shared.segments.release(s);
                 }
             }
         }
-        let written = held.get(&key).map(|seg| seg.append(rec, &blobs));
+        let written = held.get(&key).map(|seg| seg.append(rec, &blobs, losses));
         // A failed write may leave earlier frames stuck in the writer's buffer.
         flushed &= !matches!(written, Some(Err(_)));
         if let Some(s) = &p.slot {
@@ -646,36 +783,29 @@ fn write_loop(shared: &Shared, state: &ClientState, ring: &ClientRing, rx: Recei
         for b in blobs {
             shared.pool.recycle(b.stored);
         }
-        match written {
-            Some(Ok(_)) => {
-                let mut i = state.info.lock();
-                i.records += 1;
-                i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
-                i.steps.insert(key);
-                i.last_rank = Some(rec.rank);
-                i.bytes_raw += raw;
-                i.bytes_stored += stored;
-                i.crc_mismatches += mismatches;
-                shared.records_written.fetch_add(1, Ordering::Relaxed);
-            }
-            Some(Err(e)) => warn!(
-                rank = rec.rank,
-                step = rec.step,
-                "writing record seq {}: {e}",
-                rec.seq
-            ),
-            None => {}
+        // A record not written is counted when its segment is finished (module `segments`:
+        // what is not in the file is lost), logged once per cause.
+        if let Some(Ok(_)) = written {
+            let mut i = state.info.lock();
+            i.records += 1;
+            i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
+            i.steps.insert(key);
+            i.last_rank = Some(rec.rank);
+            i.bytes_raw += raw;
+            i.bytes_stored += stored;
+            i.crc_mismatches += mismatches;
+            shared.records_written.fetch_add(1, Ordering::Relaxed);
         }
         if rx.is_empty() {
             for seg in held.values() {
-                flushed &= seg.flush();
+                flushed &= seg.flush(losses);
             }
         }
         release_written(&held, &mut waiting, ring, !flushed);
     }
     let mut flushed = true;
     for seg in held.values() {
-        flushed &= seg.flush();
+        flushed &= seg.flush(losses);
     }
     release_written(&held, &mut waiting, ring, !flushed);
     for (_, s) in std::mem::take(&mut held) {

@@ -65,6 +65,8 @@ pub struct JobStore {
     pub store: PathBuf,
     /// Whether its manifest was finalised.
     pub finalized: bool,
+    /// Records the collector received for it but could not store.
+    pub lost_records: u64,
 }
 
 /// An open job.
@@ -179,11 +181,13 @@ impl Jobs {
                         false
                     }
                 };
-                info!(job = %job, store = %shared.store.display(), "job finished");
+                let lost_records = shared.segments.lost().iter().map(|l| l.records).sum();
+                info!(job = %job, store = %shared.store.display(), lost_records, "job finished");
                 JobStore {
                     job,
                     store: shared.store.clone(),
                     finalized,
+                    lost_records,
                 }
             })
             .collect()

@@ -83,6 +83,18 @@ impl Encoder {
             self.scratch = scratch;
         }
         done?;
+        if stored.len() >= raw.len() {
+            // A tiny tensor (or incompressible bytes): the plane table alone would make it
+            // larger than it is.
+            stored.clear();
+            stored.extend_from_slice(raw);
+            return Ok(Blob {
+                codec: Codec::Raw,
+                elem_size: elem as u8,
+                raw_len: raw.len() as u64,
+                stored,
+            });
+        }
         Ok(Blob {
             codec: Codec::ShufflePlanes,
             elem_size: elem as u8,
@@ -119,6 +131,25 @@ mod tests {
                     assert_eq!(blob.codec, Codec::ShufflePlanes);
                 }
             }
+        }
+    }
+
+    /// Issue 14 row 16: a tiny tensor is never stored larger than its bytes.
+    #[test]
+    fn tiny_tensors_are_not_stored_larger_than_raw() {
+        let mut e = Encoder::new(crate::DEFAULT_LEVEL);
+        for n in [0usize, 1, 2, 4, 8, 30, 64] {
+            let raw: Vec<u8> = (0..n as u32).map(|i| (i * 37 + 11) as u8).collect();
+            let blob = e.encode(&raw, 2).expect("encodes");
+            assert!(
+                blob.stored.len() <= raw.len(),
+                "{n} bytes stored as {}",
+                blob.stored.len()
+            );
+            let back =
+                ttrace_format::codec::decode(&blob.stored, n, 2, blob.codec, &mut Vec::new())
+                    .expect("decodes");
+            assert_eq!(back, raw);
         }
     }
 

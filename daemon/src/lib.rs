@@ -45,6 +45,7 @@ pub mod encode;
 mod fdpass;
 mod pool;
 mod segments;
+pub mod store_dir;
 pub mod test_client;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -97,6 +98,9 @@ pub enum Error {
     /// Writing the store failed.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// The store directory cannot be taken (not empty, locked by another writer, ...).
+    #[error(transparent)]
+    StoreDir(#[from] store_dir::StoreDirError),
     /// A configuration value is unusable.
     #[error("{0}")]
     Config(String),
@@ -219,7 +223,10 @@ pub struct Summary {
     pub steps: u64,
     /// Distinct (rank, step) pairs, i.e. segments.
     pub segments: u64,
+    /// Records stored: received and in the store (see [`Summary::lost`]).
     pub records: u64,
+    /// Records received but not stored, by cause (the store is incomplete when not empty).
+    pub lost: Vec<ttrace_format::store::Loss>,
     pub gaps: u64,
     pub bytes_raw: u64,
     pub bytes_stored: u64,
@@ -326,6 +333,7 @@ impl Shared {
             finalized,
             exit_code,
             job: self.job.lock().clone(),
+            lost: self.segments.lost(),
         }
         .write(&self.store)
     }
@@ -338,13 +346,10 @@ impl Shared {
         run: RunInfo,
         pool: Arc<Pool>,
     ) -> Result<Arc<Shared>, Error> {
-        make_private_dir(&store)?;
-        if ttrace_format::store::manifest_path(&store).exists() {
-            return Err(Error::StoreInUse(store));
-        }
+        let segments = Segments::create(store.clone())?;
         let shared = Arc::new(Shared {
             job: Mutex::new(run.job.clone()),
-            segments: Segments::new(store.clone()),
+            segments,
             store,
             level,
             run,
@@ -358,7 +363,12 @@ impl Shared {
             stopping: AtomicBool::new(false),
             hurry: AtomicBool::new(false),
         });
-        shared.write_manifest(false, None)?;
+        if let Err(e) = shared.write_manifest(false, None) {
+            if let Ok(s) = Arc::try_unwrap(shared) {
+                s.segments.abandon();
+            }
+            return Err(e.into());
+        }
         Ok(shared)
     }
 
@@ -473,9 +483,16 @@ impl Daemon {
                 levels.end()
             )));
         }
-        let pool = Arc::new(Pool::new(config.threads, config.level));
-        let shared = Shared::create(config.store.clone(), config.level, config.run, pool)?;
+        // The socket first: a daemon already listening there must not cost a store.
         let listener = bind_private(&config.socket)?;
+        let pool = Arc::new(Pool::new(config.threads, config.level));
+        let shared = match Shared::create(config.store.clone(), config.level, config.run, pool) {
+            Ok(s) => s,
+            Err(e) => {
+                remove_own_socket(&config.socket);
+                return Err(e);
+            }
+        };
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         let router: Arc<dyn Route> = Arc::new(FixedStore {
@@ -711,7 +728,12 @@ impl Handle {
             ranks: ranks.len(),
             steps: self.shared.segments.steps(),
             segments: self.shared.segments.count(),
-            records: processes.iter().map(|p| p.records).sum(),
+            records: self
+                .shared
+                .records_received
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.shared.segments.lost().iter().map(|l| l.records).sum()),
+            lost: self.shared.segments.lost(),
             gaps: processes.iter().map(|p| p.gaps).sum(),
             bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
             bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),

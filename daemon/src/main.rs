@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-/// Collect ttrace snapshots into trace stores until SIGINT or SIGTERM.
+/// Collect ttrace snapshots into trace stores until SIGINT, SIGTERM or SIGHUP.
+///
+/// Exits 1 when records were lost (a store is then incomplete; its manifest.json says why).
 ///
 /// With --store DIR every traced process writes into that one store, and a process of
 /// another job is refused. Without --store, ttraced is a collector: each job (named by its
@@ -42,11 +44,12 @@ struct Args {
     /// Huffman-coded).
     #[arg(long, value_name = "N", default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
     level: i32,
-    /// Compression threads shared by all clients [default: the cores, at most 8].
-    #[arg(long, value_name = "N")]
-    threads: Option<usize>,
-    /// Seconds to wait for connected processes to leave once asked to stop.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    /// Compression threads shared by all clients, 1..=256 [default: the cores, at most 8].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: Option<u64>,
+    /// Seconds to wait for connected processes to leave once asked to stop (at most a week).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
     wait: u64,
     /// Collector: seconds a job's store stays open after its last process left.
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = seconds)]
@@ -89,12 +92,9 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let mut signals = vec![libc::SIGINT, libc::SIGTERM];
-    if args.detach {
-        // Detached, a hangup of the terminal the job ran in is not ours to die of.
-        signals.push(libc::SIGHUP);
-    }
-    for sig in signals {
+    // HUP too: a daemon started from a shell that goes away finalises its stores instead of
+    // dying with them unfinalised.
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installs a handler that only stores to an atomic; a zeroed sigaction with
         // an empty mask is a valid argument.
         let rc = unsafe {
@@ -181,7 +181,7 @@ fn one_store(args: &Args, store: &std::path::Path) -> anyhow::Result<()> {
     let mut config = ttraced::Config::new(&args.socket, store);
     config.level = args.level;
     if let Some(t) = args.threads {
-        config.threads = t;
+        config.threads = t as usize;
     }
     config.run.cwd = std::env::current_dir()
         .map(|d| d.display().to_string())
@@ -210,6 +210,13 @@ fn one_store(args: &Args, store: &std::path::Path) -> anyhow::Result<()> {
         s.bytes_stored,
         s.elapsed.as_secs_f64()
     );
+    let lost: u64 = s.lost.iter().map(|l| l.records).sum();
+    if lost > 0 {
+        for l in &s.lost {
+            eprintln!("ttraced: {} records lost: {}", l.records, l.cause);
+        }
+        anyhow::bail!("the trace is incomplete: {lost} records could not be stored");
+    }
     Ok(())
 }
 
@@ -217,7 +224,7 @@ fn collector(args: &Args, ready: Option<std::fs::File>) -> anyhow::Result<()> {
     let mut config = ttraced::collector::CollectorConfig::new(&args.socket);
     config.level = args.level;
     if let Some(t) = args.threads {
-        config.threads = t;
+        config.threads = t as usize;
     }
     config.job_linger = Duration::from_secs_f64(args.job_linger);
     config.idle_exit = (args.idle_exit > 0.0).then(|| Duration::from_secs_f64(args.idle_exit));
@@ -233,17 +240,18 @@ fn collector(args: &Args, ready: Option<std::fs::File>) -> anyhow::Result<()> {
     );
     c.serve(&STOP);
     let stores = c.shutdown(Duration::from_secs(args.wait));
+    let mut incomplete = 0;
     for s in &stores {
-        eprintln!(
-            "ttraced: job {}: {} ({})",
-            s.job,
-            s.store.display(),
-            if s.finalized {
-                "finalised"
-            } else {
-                "NOT finalised"
-            }
-        );
+        let state = match (s.finalized, s.lost_records) {
+            (false, _) => "NOT finalised".to_string(),
+            (true, 0) => "finalised".to_string(),
+            (true, n) => format!("finalised, INCOMPLETE: {n} records lost"),
+        };
+        eprintln!("ttraced: job {}: {} ({state})", s.job, s.store.display());
+        incomplete += usize::from(!s.finalized || s.lost_records > 0);
+    }
+    if incomplete > 0 {
+        anyhow::bail!("{incomplete} job stores are incomplete (their manifests say why)");
     }
     Ok(())
 }

@@ -59,7 +59,8 @@ impl Pool {
     pub(crate) fn new(threads: usize, level: i32) -> Pool {
         let (tx, rx) = unbounded::<Job>();
         let spare = Arc::new(Spare::default());
-        let workers = (0..threads.max(1))
+        // More compression threads than this only cost memory (each has a zstd context).
+        let workers = (0..threads.clamp(1, 256))
             .filter_map(|i| {
                 let rx = rx.clone();
                 let spare = spare.clone();

@@ -308,27 +308,9 @@ pub fn decode(
     codec: Codec,
     scratch: &mut Vec<u8>,
 ) -> Result<Vec<u8>, FormatError> {
-    let out = match codec {
-        Codec::Raw => stored.to_vec(),
-        Codec::Zstd => zstd::bulk::decompress(stored, raw_len).map_err(FormatError::Io)?,
-        Codec::ShuffleZstd => {
-            *scratch = zstd::bulk::decompress(stored, raw_len).map_err(FormatError::Io)?;
-            let mut out = Vec::new();
-            unshuffle(scratch, elem, &mut out);
-            out
-        }
-        Codec::ShufflePlanes => {
-            let mut out = Vec::new();
-            decode_into(stored, raw_len as u64, elem, codec, scratch, &mut out)?;
-            out
-        }
-    };
-    if out.len() != raw_len {
-        return Err(FormatError::Corrupt(format!(
-            "blob decodes to {} bytes, header says {raw_len}",
-            out.len()
-        )));
-    }
+    // Through `decode_into`: a crafted header's `raw_len` must not size an allocation.
+    let mut out = Vec::new();
+    decode_into(stored, raw_len as u64, elem, codec, scratch, &mut out)?;
     Ok(out)
 }
 
@@ -497,6 +479,22 @@ fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), Fo
 
 #[cfg(test)]
 mod tests {
+    /// Issue 14: a crafted blob header claiming an enormous decoded size is corruption, not
+    /// an allocation of that size.
+    #[test]
+    fn a_huge_claimed_size_is_not_allocated() {
+        let stored = zstd::bulk::compress(&[7u8; 100], 1).expect("compress");
+        for codec in [
+            Codec::Zstd,
+            Codec::ShuffleZstd,
+            Codec::ShufflePlanes,
+            Codec::Raw,
+        ] {
+            let r = decode(&stored, 1 << 50, 2, codec, &mut Vec::new());
+            assert!(r.is_err(), "{codec:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

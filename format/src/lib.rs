@@ -9,6 +9,7 @@ pub mod reader;
 pub mod record;
 pub mod recover;
 pub mod ring;
+pub mod secrets;
 pub mod store;
 pub mod tensor;
 pub mod wire;

@@ -22,7 +22,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
@@ -255,7 +254,21 @@ impl Store {
                 continue;
             };
             let dir = entry.path();
-            if !dir.is_dir() {
+            // Not followed: a rank directory that is a symbolic link would lead the reader
+            // (and `fsck --repair`) out of the store.
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+                    issues.push(Issue {
+                        kind: IssueKind::Stray,
+                        path: dir,
+                        rank: Some(rank),
+                        step: None,
+                        seq: None,
+                        offset: None,
+                        bytes: None,
+                        detail: "a symbolic link, not a rank directory; not followed".into(),
+                    });
+                }
                 continue;
             }
             for f in std::fs::read_dir(&dir).map_err(|e| FormatError::at(&dir, e))? {
@@ -265,9 +278,24 @@ impl Store {
                     continue;
                 };
                 let path = f.path();
+                let regular = f.file_type().is_ok_and(|t| t.is_file());
+                if !regular && !fname.ends_with(".idx") {
+                    issues.push(Issue {
+                        kind: IssueKind::Stray,
+                        path,
+                        rank: Some(rank),
+                        step: None,
+                        seq: None,
+                        offset: None,
+                        bytes: None,
+                        detail: "not a regular file (a link, FIFO or device); not read".into(),
+                    });
+                    continue;
+                }
                 if let Some(step) = numbered(fname, "step", ".seg") {
                     let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
-                    let has_index = index_path(&path).is_file();
+                    let has_index =
+                        std::fs::symlink_metadata(index_path(&path)).is_ok_and(|m| m.is_file());
                     segments.push(SegmentInfo {
                         rank,
                         step,
@@ -550,7 +578,7 @@ impl Segment {
         let header = SegmentReader::open(path)?;
         let (rank, step) = (header.rank, header.step);
         drop(header);
-        let file = File::open(path).map_err(|e| FormatError::at(path, e))?;
+        let file = crate::store::open_regular(path)?;
         // SAFETY: the mapping is read-only and lives as long as this Segment. Segments are
         // append-only while a collector writes them (bytes past the length mapped here are not
         // seen); only `ttrace fsck --repair` shrinks one, and it drops its own mappings first

@@ -207,11 +207,7 @@ pub fn repair_frame_headers(run: &Path, check: &SegmentCheck) -> Result<usize, F
     }
     let path = &check.path;
     let io = |e| FormatError::at(path, e);
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io)?;
+    let mut f = open_segment_rw(path)?;
     for &(offset, body_len, crc) in &check.headers_wanted {
         let mut old = [0u8; FRAME_HEADER_BYTES as usize];
         f.seek(SeekFrom::Start(offset)).map_err(io)?;
@@ -226,6 +222,29 @@ pub fn repair_frame_headers(run: &Path, check: &SegmentCheck) -> Result<usize, F
     }
     f.sync_all().map_err(io)?;
     Ok(check.headers_wanted.len())
+}
+
+/// Opens a segment for repair: a regular file, never through a symbolic link (a crafted store
+/// must not make `fsck --repair` write outside it).
+fn open_segment_rw(path: &Path) -> Result<std::fs::File, FormatError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| FormatError::at(path, e))?;
+    if !f
+        .metadata()
+        .map_err(|e| FormatError::at(path, e))?
+        .is_file()
+    {
+        return Err(FormatError::Corrupt(format!(
+            "{}: not a regular file; not repaired",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 /// A name under `lost+found/` for bytes cut from `path` at `offset`.
@@ -244,11 +263,7 @@ fn lost_name(run: &Path, path: &Path, what: &str, offset: u64) -> PathBuf {
 /// Returns the bytes cut.
 pub fn truncate_tail(run: &Path, path: &Path, offset: u64) -> Result<u64, FormatError> {
     let io = |e| FormatError::at(path, e);
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io)?;
+    let mut f = open_segment_rw(path)?;
     let len = f.metadata().map_err(io)?.len();
     if offset >= len {
         return Ok(0);
@@ -263,11 +278,43 @@ pub fn truncate_tail(run: &Path, path: &Path, offset: u64) -> Result<u64, Format
 }
 
 fn save_lost(run: &Path, to: &Path, bytes: &[u8]) -> Result<(), FormatError> {
+    use std::os::unix::fs::DirBuilderExt;
     let dir = lost_found_dir(run);
-    std::fs::create_dir_all(&dir).map_err(|e| FormatError::at(&dir, e))?;
-    let mut f = std::fs::File::create(to).map_err(|e| FormatError::at(to, e))?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // Written into only when it is a real directory of the store, not a link out.
+            if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                return Err(FormatError::Corrupt(format!(
+                    "{}: not a directory; nothing saved there",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) => return Err(FormatError::at(&dir, e)),
+    }
+    let mut f = crate::store::create_regular(to)?;
     f.write_all(bytes).map_err(|e| FormatError::at(to, e))?;
     f.sync_all().map_err(|e| FormatError::at(to, e))
+}
+
+/// Sets aside a segment file too short to hold even its header (a disk that filled as it was
+/// created): its bytes, if any, are saved under `lost+found/` and the file is removed, so the
+/// store stops reporting a segment none of whose records can exist. Returns whether it did.
+pub fn set_aside_headerless(run: &Path, path: &Path) -> Result<bool, FormatError> {
+    let mut f = open_segment_rw(path)?;
+    let len = f.metadata().map_err(|e| FormatError::at(path, e))?.len();
+    if len >= SEGMENT_HEADER_BYTES {
+        return Ok(false);
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|e| FormatError::at(path, e))?;
+    if !bytes.is_empty() {
+        save_lost(run, &lost_name(run, path, "headerless", 0), &bytes)?;
+    }
+    std::fs::remove_file(path).map_err(|e| FormatError::at(path, e))?;
+    Ok(true)
 }
 
 /// Restores the header of a segment whose magic is damaged, from the rank and step its file
@@ -276,11 +323,7 @@ fn save_lost(run: &Path, to: &Path, bytes: &[u8]) -> Result<(), FormatError> {
 /// and another major version is never touched (a newer format is not damage).
 pub fn repair_header(run: &Path, path: &Path, rank: u32, step: u64) -> Result<bool, FormatError> {
     let io = |e| FormatError::at(path, e);
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io)?;
+    let mut f = open_segment_rw(path)?;
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
     if f.read_exact(&mut h).is_err() || h[..8] == SEGMENT_MAGIC {
         return Ok(false);
@@ -418,6 +461,7 @@ pub fn rebuild_manifest(store: &Store, checks: &[SegmentCheck]) -> Manifest {
         finalized: false,
         exit_code: field(&old, "exit_code"),
         job: field(&old, "job"),
+        lost: field(&old, "lost").unwrap_or_default(),
     }
 }
 
@@ -451,6 +495,36 @@ pub fn check_counts(store: &Store, checks: &[SegmentCheck]) -> Vec<Issue> {
     let mut listed: BTreeMap<u32, u64> = BTreeMap::new();
     for r in &m.ranks {
         *listed.entry(r.rank).or_default() += r.records;
+    }
+    // Losses the collector saw and reported (a full disk, a failed write): the store is
+    // incomplete, and the per-rank shortfalls they explain are not reported again.
+    let reported = m.lost_records();
+    if reported > 0 {
+        let causes: Vec<String> = m
+            .lost
+            .iter()
+            .map(|l| format!("{} ({} records)", l.cause, l.records))
+            .collect();
+        out.push(Issue {
+            kind: IssueKind::LostRecords,
+            path: manifest_path(store.root()),
+            rank: None,
+            step: None,
+            seq: None,
+            offset: None,
+            bytes: None,
+            detail: format!(
+                "incomplete trace: the collector could not store {reported} records: {}",
+                causes.join("; ")
+            ),
+        });
+    }
+    let shortfall: u64 = listed
+        .iter()
+        .map(|(rank, &n)| n.saturating_sub(found.get(rank).copied().unwrap_or(0)))
+        .sum();
+    if shortfall <= reported {
+        return out;
     }
     for (&rank, &records) in &listed {
         let have = found.get(&rank).copied().unwrap_or(0);

@@ -140,9 +140,16 @@ impl Ring {
                 "ring version {version}, expected {RING_VERSION}"
             )));
         }
-        if !capacity.is_multiple_of(ALIGN) || mapping_bytes(capacity) > len {
+        // A capacity below two slots (0 included: every position is taken modulo it) or that
+        // does not fit the mapping comes from a hostile or broken producer.
+        if capacity < ALIGN * 2
+            || !capacity.is_multiple_of(ALIGN)
+            || capacity > len.saturating_sub(HEADER_BYTES) as u64
+        {
             return Err(FormatError::Invalid(format!(
-                "ring capacity {capacity} does not fit a mapping of {len} bytes"
+                "ring capacity {capacity} is not a multiple of {ALIGN} of at least {} that fits \
+                 a mapping of {len} bytes",
+                ALIGN * 2
             )));
         }
         Ok(Ring { base, capacity })
@@ -295,6 +302,23 @@ mod tests {
 
     fn mapping(capacity: u64) -> Vec<u64> {
         vec![0u64; mapping_bytes(capacity) / 8]
+    }
+
+    /// Issue 14 row 13: a header announcing a capacity of 0 (or one larger than the mapping)
+    /// is refused at open; it used to pass and divide by zero in the consumer.
+    #[test]
+    fn a_hostile_capacity_is_refused_at_open() {
+        for cap in [0u64, ALIGN, 1 << 40] {
+            let mut mem = mapping(1024);
+            let base = mem.as_mut_ptr().cast::<u8>();
+            // SAFETY: `mem` outlives the views; the capacity field is inside the header.
+            let opened = unsafe {
+                Ring::create(base, 1024).expect("create");
+                base.add(OFF_CAPACITY).cast::<u64>().write(cap);
+                Ring::open(base, mem.len() * 8)
+            };
+            assert!(opened.is_err(), "capacity {cap} accepted");
+        }
     }
 
     #[test]

@@ -35,6 +35,58 @@ pub const SEGMENT_HEADER_BYTES: u64 = 64;
 pub const FRAME_HEADER_BYTES: u64 = 24;
 pub const BLOB_HEADER_BYTES: usize = 24;
 pub const INDEX_ENTRY_BYTES: usize = 32;
+/// Largest record metadata (CBOR) a frame may carry.
+pub const MAX_META_BYTES: usize = 1 << 20;
+
+/// Opens a file of a store for reading, refusing anything but a regular file: a store may come
+/// from elsewhere (a received tarball), and a FIFO would hang its reader, a device feed it
+/// without end, a symbolic link lead it outside the store. The last component is not
+/// followed; the open does not block (a FIFO is seen for what it is before anything waits).
+pub fn open_regular(path: &Path) -> Result<File, FormatError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => FormatError::Corrupt(format!(
+                "{}: a symbolic link, not a file of the store; not followed",
+                path.display()
+            )),
+            _ => FormatError::at(path, e),
+        })?;
+    let m = f.metadata().map_err(|e| FormatError::at(path, e))?;
+    if !m.is_file() {
+        return Err(FormatError::Corrupt(format!(
+            "{}: not a regular file ({:?}); not read",
+            path.display(),
+            m.file_type()
+        )));
+    }
+    Ok(f)
+}
+
+/// Opens (creating or truncating) a file of a store for writing, never through a symbolic
+/// link and never anything but a regular file, mode `0600` when created.
+pub fn create_regular(path: &Path) -> Result<File, FormatError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| FormatError::at(path, e))?;
+    let m = f.metadata().map_err(|e| FormatError::at(path, e))?;
+    if !m.is_file() {
+        return Err(FormatError::Corrupt(format!(
+            "{}: not a regular file; not written",
+            path.display()
+        )));
+    }
+    Ok(f)
+}
 
 /// `RUN/manifest.json`.
 pub fn manifest_path(run: &Path) -> PathBuf {
@@ -103,19 +155,58 @@ pub struct Manifest {
     /// from manifests written before jobs existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<crate::wire::JobInfo>,
+    /// Records the collector received but could not store, by cause (a full disk, a write
+    /// or fsync error, the store removed during the run). Empty for a complete trace: a store
+    /// whose manifest lists losses is *incomplete* (`ttrace ls`, `ttrace fsck`, the run's
+    /// summary say so). Absent in stores written before this field existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<Loss>,
+}
+
+/// Records lost for one cause (see [`Manifest::lost`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loss {
+    /// What went wrong, e.g. `write: No space left on device (os error 28)`.
+    pub cause: String,
+    /// Records received for the store that are not in it because of this cause.
+    pub records: u64,
+}
+
+impl Manifest {
+    /// Records lost over all causes (0: the trace is complete as far as the collector knows).
+    pub fn lost_records(&self) -> u64 {
+        self.lost.iter().map(|l| l.records).sum()
+    }
 }
 
 impl Manifest {
     /// Writes atomically (temporary file, fsync, rename, fsync of the directory).
     pub fn write(&self, run: &Path) -> Result<(), FormatError> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = manifest_path(run);
         let tmp = run.join(".manifest.json.tmp");
-        let mut f = File::create(&tmp).map_err(|e| FormatError::at(&tmp, e))?;
         let body =
             serde_json::to_vec_pretty(self).map_err(|e| FormatError::Invalid(e.to_string()))?;
-        f.write_all(&body).map_err(|e| FormatError::at(&tmp, e))?;
-        f.sync_all().map_err(|e| FormatError::at(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| FormatError::at(&path, e))?;
+        // 0600: the manifest records the command's environment (credentials redacted, but
+        // the rest is still the user's business).
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(&body)?;
+                f.sync_all()
+            })
+            .map_err(|e| FormatError::at(&tmp, e))
+            .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| FormatError::at(&path, e)));
+        if written.is_err() {
+            // A full disk must not leave a half-written temporary behind.
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written?;
         if let Ok(d) = File::open(run) {
             let _ = d.sync_all();
         }
@@ -125,7 +216,10 @@ impl Manifest {
     /// Reads and version-checks `RUN/manifest.json`.
     pub fn read(run: &Path) -> Result<Manifest, FormatError> {
         let path = manifest_path(run);
-        let body = std::fs::read(&path).map_err(|e| FormatError::at(&path, e))?;
+        let mut body = Vec::new();
+        open_regular(&path)?
+            .read_to_end(&mut body)
+            .map_err(|e| FormatError::at(&path, e))?;
         let v: serde_json::Value = serde_json::from_slice(&body)
             .map_err(|e| FormatError::Corrupt(format!("{}: not JSON: {e}", path.display())))?;
         let major = v.get("format_major").and_then(|m| m.as_u64());
@@ -519,6 +613,20 @@ impl SegmentWriter {
         write_index(&index_path(&self.path), &self.index)
     }
 
+    /// Device and inode of the segment file as this writer holds it open: compared with the
+    /// path's, it tells whether the file is still where readers look for it (the store may
+    /// have been removed or replaced under a running collector).
+    pub fn file_id(&self) -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.file().metadata()?;
+        Ok((m.dev(), m.ino()))
+    }
+
+    /// The segment's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Frames written so far.
     pub fn records(&self) -> usize {
         self.index.len()
@@ -540,13 +648,21 @@ pub fn write_index(path: &Path, entries: &[IndexEntry]) -> Result<(), FormatErro
         buf.extend_from_slice(&0u32.to_le_bytes());
     }
     let tmp = path.with_extension("idx.tmp");
-    std::fs::write(&tmp, &buf).map_err(|e| FormatError::at(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| FormatError::at(path, e))
+    let written = create_regular(&tmp)
+        .and_then(|mut f| f.write_all(&buf).map_err(|e| FormatError::at(&tmp, e)))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| FormatError::at(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Reads an index file.
 pub fn read_index(path: &Path) -> Result<Vec<IndexEntry>, FormatError> {
-    let buf = std::fs::read(path).map_err(|e| FormatError::at(path, e))?;
+    let mut buf = Vec::new();
+    open_regular(path)?
+        .read_to_end(&mut buf)
+        .map_err(|e| FormatError::at(path, e))?;
     let bad = |why: &str| FormatError::Corrupt(format!("{}: {why}", path.display()));
     if buf.len() < 16 || buf[..8] != INDEX_MAGIC {
         return Err(bad("not a ttrace index"));
@@ -637,6 +753,13 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         return Err(bad("body shorter than its metadata length".into()));
     }
     let meta_len = u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize;
+    // The collector takes no message over 1 MiB, so no record it wrote has more metadata; a
+    // larger one is a crafted frame that would cost many times its size to decode.
+    if meta_len > MAX_META_BYTES {
+        return Err(bad(format!(
+            "{meta_len} bytes of record metadata (at most {MAX_META_BYTES})"
+        )));
+    }
     let meta_end = 4usize
         .checked_add(meta_len)
         .filter(|&e| e <= body.len())
@@ -700,7 +823,7 @@ pub struct SegmentReader {
 impl SegmentReader {
     /// Opens a segment and checks its header.
     pub fn open(path: &Path) -> Result<SegmentReader, FormatError> {
-        let f = File::open(path).map_err(|e| FormatError::at(path, e))?;
+        let f = open_regular(path)?;
         let len = f.metadata().map_err(|e| FormatError::at(path, e))?.len();
         let mut file = BufReader::with_capacity(1 << 20, f);
         let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];

@@ -166,6 +166,16 @@ pub fn write_msg<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), Format
 
 /// Reads one frame; `Ok(None)` at a clean end of stream (between frames).
 pub fn read_msg<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<Option<T>, FormatError> {
+    read_msg_limited(r, MAX_FRAME)
+}
+
+/// [`read_msg`] with a smaller frame limit (`max` at most [`MAX_FRAME`]): the length is checked
+/// before anything is allocated for the body.
+pub fn read_msg_limited<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    max: usize,
+) -> Result<Option<T>, FormatError> {
+    let max = max.min(MAX_FRAME);
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -173,9 +183,9 @@ pub fn read_msg<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<Optio
         Err(e) => return Err(FormatError::Io(e)),
     }
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(FormatError::Invalid(format!(
-            "frame of {len} bytes exceeds {MAX_FRAME}"
+            "frame of {len} bytes exceeds {max}"
         )));
     }
     let mut body = vec![0u8; len];

@@ -92,7 +92,8 @@ fn job_hello(hello: &mut Hello, cfg: &CaptureConfig) -> Result<(), String> {
 }
 
 /// The environment for the manifest: every variable that is valid UTF-8, up to 256 KiB in
-/// all (a Hello is at most 1 MiB).
+/// all (a Hello is at most 1 MiB), credentials redacted before they leave the process (names
+/// in `TTRACE_ENV_ALLOW`, comma-separated, are kept).
 fn manifest_env() -> std::collections::BTreeMap<String, String> {
     let mut out = std::collections::BTreeMap::new();
     let mut total = 0usize;
@@ -106,6 +107,10 @@ fn manifest_env() -> std::collections::BTreeMap<String, String> {
         }
         out.insert(k, v);
     }
+    let allow: Vec<String> = std::env::var("TTRACE_ENV_ALLOW")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default();
+    ttrace_format::secrets::redact_env(&mut out, &allow);
     out
 }
 

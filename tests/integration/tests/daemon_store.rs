@@ -169,7 +169,16 @@ fn the_socket_is_private_while_the_daemon_runs() {
         dir.path().join("sock2/s"),
         dir.path().join("store"),
     ));
-    assert!(matches!(reuse, Err(ttraced::Error::StoreInUse(_))));
+    assert!(
+        matches!(
+            reuse,
+            Err(ttraced::Error::StoreDir(
+                ttraced::store_dir::StoreDirError::NotEmpty(..)
+            ))
+        ),
+        "{:?}",
+        reuse.err()
+    );
 }
 
 #[test]

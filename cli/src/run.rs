@@ -382,8 +382,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Collector::Joined(sock) = &collector {
         capture.socket = Some(sock.display().to_string());
     }
-    let mut env = child_env(&lib, &capture);
-    env.insert("TTRACE_JOB".into(), job);
+    let env = child_env(&lib, &capture, &job);
 
     let started = Instant::now();
     let mut cmd = Command::new(&args.command[0]);
@@ -391,6 +390,8 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     for k in &ignored {
         cmd.env_remove(k);
     }
+    // `TTRACE=0` in the shell would make the library a pass-through: `ttrace run` means capture.
+    cmd.env_remove("TTRACE");
     let spawned = cmd
         .envs(
             env.iter()
@@ -551,7 +552,7 @@ fn start_collector(
     capture.socket = Some(config.socket.display().to_string());
     config.run.command = command.to_vec();
     config.run.cwd = cwd.display().to_string();
-    let mut env = child_env(lib, capture);
+    let mut env = child_env(lib, capture, job);
     ttrace_format::secrets::redact_env(&mut env, &args.env_allow);
     config.run.env = env;
     config.run.capture = capture.clone();
@@ -575,8 +576,9 @@ fn start_collector(
 
 /// What the traced processes get on top of ttrace's own environment: `LD_PRELOAD` (appended
 /// to an existing one) and the capture settings, less the inherited `TTRACE_*` variables
-/// ttrace run does not apply ([`inherited_ttrace_vars`]).
-fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
+/// ttrace run does not apply ([`inherited_ttrace_vars`]), plus `TTRACE_JOB`: every process
+/// the command starts is this one job.
+fn child_env(lib: &Path, capture: &CaptureConfig, job: &str) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -595,7 +597,9 @@ fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
     for k in inherited_ttrace_vars() {
         env.remove(&*k.to_string_lossy());
     }
+    env.remove("TTRACE");
     env.extend(capture.to_vars());
+    env.insert("TTRACE_JOB".into(), job.to_string());
     env
 }
 

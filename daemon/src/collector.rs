@@ -26,7 +26,8 @@ use ttrace_format::wire::Hello;
 use crate::client::ClientState;
 use crate::pool::Pool;
 use crate::{
-    accept_loop, bind_private, new_run_id, ClientThreads, Error, Route, Routed, RunInfo, Shared,
+    accept_loop, bind_private, check_settings, new_run_id, ClientThreads, Error, Route, Routed,
+    RunInfo, Shared,
 };
 
 /// How a collector runs.
@@ -132,14 +133,7 @@ impl Jobs {
             job: Some(hello.job.clone()).filter(|j| !j.id.is_empty()),
         };
         let level = hello.level.unwrap_or(self.level);
-        let levels = zstd::zstd_safe::min_c_level()..=zstd::zstd_safe::max_c_level();
-        if !levels.contains(&level) {
-            return Err(format!(
-                "TTRACE_LEVEL {level} is outside {}..={}",
-                levels.start(),
-                levels.end()
-            ));
-        }
+        crate::check_level(level).map_err(|e| format!("TTRACE_LEVEL: {e}"))?;
         let shared = Shared::create(store, level, run, self.pool.clone())
             .map_err(|e| format!("cannot create the job's store: {e}"))?;
         info!(job = %hello.job.id, store = %shared.store.display(), "new job");
@@ -253,18 +247,7 @@ pub struct Collector {
 impl Collector {
     /// Binds the socket and starts accepting.
     pub fn start(config: CollectorConfig) -> Result<Collector, Error> {
-        if config.threads == 0 {
-            return Err(Error::Config("--threads must be at least 1".into()));
-        }
-        let levels = zstd::zstd_safe::min_c_level()..=zstd::zstd_safe::max_c_level();
-        if !levels.contains(&config.level) {
-            return Err(Error::Config(format!(
-                "zstd level {} is outside {}..={}",
-                config.level,
-                levels.start(),
-                levels.end()
-            )));
-        }
+        check_settings(config.threads, config.level)?;
         let listener: UnixListener = bind_private(&config.socket)?;
         let jobs = Arc::new(Jobs {
             // SAFETY: getuid cannot fail.

@@ -465,24 +465,34 @@ impl Route for FixedStore {
     }
 }
 
+/// Refuses zero compression threads and a zstd level zstd does not have.
+pub(crate) fn check_settings(threads: usize, level: i32) -> Result<(), Error> {
+    if threads == 0 {
+        return Err(Error::Config("--threads must be at least 1".into()));
+    }
+    check_level(level).map_err(Error::Config)
+}
+
+/// Whether zstd has `level` (the message says its range).
+pub(crate) fn check_level(level: i32) -> Result<(), String> {
+    let levels = zstd::zstd_safe::min_c_level()..=zstd::zstd_safe::max_c_level();
+    if levels.contains(&level) {
+        return Ok(());
+    }
+    Err(format!(
+        "zstd level {level} is outside {}..={}",
+        levels.start(),
+        levels.end()
+    ))
+}
+
 /// The daemon.
 pub struct Daemon;
 
 impl Daemon {
     /// Creates the store, writes the initial manifest, binds the socket and starts serving.
     pub fn start(config: Config) -> Result<Handle, Error> {
-        if config.threads == 0 {
-            return Err(Error::Config("--threads must be at least 1".into()));
-        }
-        let levels = zstd::zstd_safe::min_c_level()..=zstd::zstd_safe::max_c_level();
-        if !levels.contains(&config.level) {
-            return Err(Error::Config(format!(
-                "zstd level {} is outside {}..={}",
-                config.level,
-                levels.start(),
-                levels.end()
-            )));
-        }
+        check_settings(config.threads, config.level)?;
         // The socket first: a daemon already listening there must not cost a store.
         let listener = bind_private(&config.socket)?;
         let pool = Arc::new(Pool::new(config.threads, config.level));

@@ -489,10 +489,8 @@ fn a_collector_killed_mid_run_leaves_the_job_untraced_and_the_store_readable() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let store = loop {
         if let Some(s) = sb.stores().into_iter().next() {
-            if s.join("rank00000")
-                .read_dir()
-                .is_ok_and(|mut d| d.next().is_some())
-            {
+            let seg = s.join("rank00000/step000000.seg");
+            if std::fs::metadata(&seg).is_ok_and(|m| m.len() > 4096) {
                 break s;
             }
         }
@@ -509,10 +507,11 @@ fn a_collector_killed_mid_run_leaves_the_job_untraced_and_the_store_readable() {
     assert!(!m.finalized);
     let ls = run(Command::new(bin("ttrace")).arg("ls").arg(&store));
     assert!(ls.status.success(), "{}", describe(&ls));
-    assert!(
-        !read_store(&store).is_empty(),
-        "what was written reads back"
-    );
+    // What reached the disk reads back (the tolerant reader: the last frame may be cut).
+    let r = ttrace_format::reader::Store::open(&store).expect("the store opens");
+    let seg = r.open_segment(0, 0).expect("the first segment opens");
+    let good = seg.records().filter(|v| v.is_ok()).count();
+    assert!(good > 0, "{:?}", seg.issues());
 }
 
 #[test]

@@ -902,8 +902,23 @@ fn dp_comm(run: &RunTrace, layout: &LayoutSummary, comm: u64) -> bool {
         .is_some_and(|m| crate::layout::is_dp_group(layout, &m))
 }
 
-/// `ncclAvg`.
-const NCCL_AVG: u32 = 4;
+/// The scale a reduction's output must have relative to the reference GEMM output it
+/// reduces, given the scale `input_scale` its inputs were placed at.
+///
+/// * Over a data-parallel group (the last reduction a weight gradient sees): 1, the
+///   reference's gradient, whatever scale each rank's partial carried.
+/// * Over any other group (tensor-parallel partial sums: row-parallel all-reduce,
+///   sequence-parallel reduce-scatter; averages of replicas): the reference's unsharded
+///   result at the inputs' own scale. The reduction op is not consulted: averaging partial
+///   sums (`ncclAvg` where a sum was due) gives the group size times too little, which is a
+///   divergence at that collective, not a legitimate gradient scale.
+fn reduction_scale(over_dp_group: bool, input_scale: f32) -> f32 {
+    if over_dp_group {
+        1.0
+    } else {
+        input_scale
+    }
+}
 
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
 #[allow(clippy::too_many_arguments)]
@@ -1010,13 +1025,7 @@ fn collectives(
                     // A reduction over the data-parallel group is the last one a weight
                     // gradient sees: it must come out as the reference's, whatever scale
                     // each rank's partial carried.
-                    let expect = if dp_comm(run, layout, c.comm) {
-                        1.0
-                    } else if c.redop == Some(NCCL_AVG) {
-                        d_scale / c.comm_size as f32
-                    } else {
-                        *d_scale
-                    };
+                    let expect = reduction_scale(dp_comm(run, layout, c.comm), *d_scale);
                     let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
                         continue;
                     };
@@ -1168,11 +1177,26 @@ fn localize(
     let (cause, explanation) = if let Some(note) = &p.param_note {
         (Cause::Local, format!("{note}{ratio_hint}"))
     } else if p.is_collective {
+        let op_hint = run_rec
+            .and_then(collective)
+            .filter(|c| {
+                c.redop == Some(cuda_abi::nccl::ncclAvg)
+                    && (t.norm_ratio * c.comm_size as f64 - 1.0).abs() < 0.05
+            })
+            .map(|c| {
+                format!(
+                    "; it averages (ncclAvg) over {} ranks where the reference's result is their \
+                     sum",
+                    c.comm_size
+                )
+            })
+            .unwrap_or_default();
         (
             Cause::Local,
             format!(
                 "the {} output differs from the reference while the GEMM output it reduces \
-                 matched: the reduction itself is wrong (op, group, or scaling){ratio_hint}",
+                 matched: the reduction itself is wrong (op, group, or scaling){ratio_hint}\
+                 {op_hint}",
                 t.api
             ),
         )

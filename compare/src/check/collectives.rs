@@ -70,12 +70,13 @@ enum Red {
 }
 
 fn red(op: Option<u32>) -> Option<Red> {
+    use cuda_abi::nccl as n;
     Some(match op? {
-        0 => Red::Sum,
-        1 => Red::Prod,
-        2 => Red::Max,
-        3 => Red::Min,
-        4 => Red::Avg,
+        n::ncclSum => Red::Sum,
+        n::ncclProd => Red::Prod,
+        n::ncclMax => Red::Max,
+        n::ncclMin => Red::Min,
+        n::ncclAvg => Red::Avg,
         // PreMulSum handles carry a scalar the trace does not hold.
         _ => return None,
     })

@@ -27,8 +27,8 @@ use crate::CompareError;
 /// What to compare.
 #[derive(Debug, Clone, Default)]
 pub struct CompareOptions {
-    /// Steps to compare (`None`: every step both runs have).
-    pub steps: Option<Vec<u64>>,
+    /// Steps to compare, as inclusive ranges (`None`: every step both runs have).
+    pub steps: Option<Vec<(u64, u64)>>,
     /// The layout, when the user gave it (otherwise discovered).
     pub layout: Option<LayoutSummary>,
     /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
@@ -204,51 +204,17 @@ pub fn compare(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
-    let reff = RunTrace::open(reff_path)?;
-    let run = RunTrace::open(run_path)?;
-    let pert = match &opts.perturbed {
-        Some(p) => Some(RunTrace::open(p)?),
-        None => None,
-    };
-    let ref_rank = *reff
-        .ranks()
-        .first()
-        .ok_or_else(|| CompareError::Empty(reff_path.display().to_string()))?;
-    if run.ranks().is_empty() {
-        return Err(CompareError::Empty(run_path.display().to_string()));
-    }
-    let mut steps: Vec<u64> = reff
-        .steps()
-        .into_iter()
-        .filter(|s| run.steps().contains(s))
-        .collect();
-    if let Some(want) = &opts.steps {
-        for s in want {
-            if !steps.contains(s) {
-                return Err(CompareError::Steps(format!(
-                    "step {s} is not in both runs (reference has {:?}, run has {:?})",
-                    reff.steps(),
-                    run.steps()
-                )));
-            }
-        }
-        steps.retain(|s| want.contains(s));
-    }
-    if steps.is_empty() {
-        return Err(CompareError::Steps(format!(
-            "no step in common (reference has {:?}, run has {:?})",
-            reff.steps(),
-            run.steps()
-        )));
-    }
-
-    let al = align::align(&reff, &run, &steps);
-    let precision = Precision::of(&reff, ref_rank, &steps);
+    let Prepared {
+        reff,
+        run,
+        pert,
+        ref_rank,
+        steps,
+        al,
+        precision,
+        layout,
+    } = prepare(reff_path, run_path, opts)?;
     let eps = precision.epsilon();
-    let layout = match &opts.layout {
-        Some(l) => l.clone(),
-        None => crate::layout::discover(&run, &al),
-    };
     let mut warnings: Vec<String> = al.warnings.clone();
     warnings.extend(reff.unreadable.iter().cloned());
     warnings.extend(run.unreadable.iter().cloned());
@@ -570,6 +536,116 @@ pub fn compare(
         warnings,
         stats,
     })
+}
+
+/// The stores opened and checked against each other, the steps chosen, the run aligned.
+struct Prepared {
+    reff: RunTrace,
+    run: RunTrace,
+    pert: Option<RunTrace>,
+    ref_rank: u32,
+    steps: Vec<u64>,
+    al: Alignment,
+    precision: Precision,
+    layout: LayoutSummary,
+}
+
+/// Opens the stores, checks that they can be compared (one model, one precision, a
+/// world-size-1 reference, a perturbed reference of the same command, a layout the
+/// communicator map does not contradict), chooses the steps and aligns the run.
+fn prepare(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+) -> Result<Prepared, CompareError> {
+    let reff = RunTrace::open(reff_path)?;
+    let run = RunTrace::open(run_path)?;
+    let pert = match &opts.perturbed {
+        Some(p) => Some(RunTrace::open(p)?),
+        None => None,
+    };
+    let ref_rank = *reff
+        .ranks()
+        .first()
+        .ok_or_else(|| CompareError::Empty(reff_path.display().to_string()))?;
+    if run.ranks().is_empty() {
+        return Err(CompareError::Empty(run_path.display().to_string()));
+    }
+    crate::validate::references(&reff, &run)?;
+    let steps = choose_steps(&reff, &run, opts.steps.as_deref())?;
+    let precision = Precision::of(&reff, ref_rank, &steps);
+    crate::validate::precisions(&reff, &run, precision, &steps)?;
+    if let Some(p) = &pert {
+        crate::validate::perturbed(&reff, p, precision, &steps)?;
+    }
+    let al = align::align(&reff, &run, &steps);
+    crate::validate::same_model(&reff, ref_rank, &run, &al, &steps)?;
+    let layout = match &opts.layout {
+        Some(l) => {
+            crate::layout::validate(l, &run, &al).map_err(CompareError::Invalid)?;
+            l.clone()
+        }
+        None if run.world_size() > 1 && !run.has_collectives() => {
+            return Err(CompareError::Invalid(format!(
+                "{} holds no collectives (captured without the nccl family?): its layout \
+                 cannot be read from the trace; give it with --layout (e.g. tp=2,dp=2)",
+                run.path.display()
+            )));
+        }
+        None => crate::layout::discover(&run, &al),
+    };
+    Ok(Prepared {
+        reff,
+        run,
+        pert,
+        ref_rank,
+        steps,
+        al,
+        precision,
+        layout,
+    })
+}
+
+/// The steps to compare: those both stores hold on every rank, within `want` (inclusive
+/// ranges) when given. Never proportional to the ranges' width: a range is only a filter.
+fn choose_steps(
+    reff: &RunTrace,
+    run: &RunTrace,
+    want: Option<&[(u64, u64)]>,
+) -> Result<Vec<u64>, CompareError> {
+    let run_steps = run.steps();
+    let mut steps: Vec<u64> = reff
+        .steps()
+        .into_iter()
+        .filter(|s| run_steps.contains(s))
+        .collect();
+    let held = |v: &[u64]| match (v.first(), v.last()) {
+        (Some(a), Some(b)) if a == b => format!("step {a}"),
+        (Some(a), Some(b)) => format!("steps {a}-{b}"),
+        _ => "no step".to_string(),
+    };
+    if let Some(want) = want {
+        // A single step asked for by name must be there; a range is clipped to what is.
+        for &(a, b) in want {
+            if a == b && !steps.contains(&a) {
+                return Err(CompareError::Steps(format!(
+                    "step {a} is not in both runs (the reference holds {}, the run {})",
+                    held(&reff.steps()),
+                    held(&run_steps)
+                )));
+            }
+        }
+        steps.retain(|s| want.iter().any(|&(a, b)| (a..=b).contains(s)));
+    }
+    if steps.is_empty() {
+        return Err(CompareError::Steps(format!(
+            "no step to compare (the reference holds {}, the run {}{})",
+            held(&reff.steps()),
+            held(&run_steps),
+            if want.is_some() { ", within --steps" } else { "" }
+        )));
+    }
+    Ok(steps)
 }
 
 /// The ordinal of every reference GEMM within its step (depth for the analytic bound).

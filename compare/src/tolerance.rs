@@ -55,6 +55,11 @@ impl Precision {
         p
     }
 
+    /// Narrowness: fp32 < fp16 < bf16 < fp8.
+    pub fn order(self) -> u8 {
+        self.rank()
+    }
+
     fn rank(self) -> u8 {
         match self {
             Precision::Fp32 => 0,

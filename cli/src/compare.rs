@@ -111,7 +111,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         bar.set_length(total);
         bar.set_position(done);
     })
-    .map_err(|e| anyhow::anyhow!(ttrace_compare::error_line(&e)))?;
+    .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;
     bar.finish_and_clear();
     if let Some(p) = &args.html {
         std::fs::write(p, html::render(&report))

@@ -159,6 +159,50 @@ fn operand(t: &RunTrace, rec: &Record, role: Role) -> Result<Option<(Values, f64
     Ok(Some((v, cancelled)))
 }
 
+/// Whether `rec` accumulates into its output (beta != 0) while its C was not captured
+/// (`ttrace run --no-inputs`): its increment `D - beta*C` cannot be formed.
+fn increment_unknown(rec: &Record) -> bool {
+    gemm(rec).is_some_and(accumulates)
+        && !rec
+            .tensors
+            .iter()
+            .any(|t| t.role == Role::CIn && t.captured)
+}
+
+/// Whether a communicator `rank` belongs to (by the manifest's map) has members the store
+/// holds no records of in `step`.
+fn partners_missing(run: &RunTrace, rank: u32, step: u64) -> bool {
+    run.manifest.comms.iter().any(|c| {
+        c.size > 1
+            && c.members.contains(&Some(rank))
+            && c.members
+                .iter()
+                .any(|m| m.is_none_or(|m| run.records(m, step).is_empty()))
+    })
+}
+
+/// What could not be judged, by reason: how many tensors and the first op.
+#[derive(Default)]
+struct Unjudged(BTreeMap<&'static str, (u64, String)>);
+
+impl Unjudged {
+    fn note(&mut self, reason: &'static str, rec: &Record) {
+        let e = self.0.entry(reason).or_insert_with(|| (0, describe(rec)));
+        e.0 += 1;
+    }
+
+    fn into_report(self) -> Vec<crate::report::NotComparable> {
+        self.0
+            .into_iter()
+            .map(|(reason, (tensors, first))| crate::report::NotComparable {
+                reason: reason.to_string(),
+                tensors,
+                first,
+            })
+            .collect()
+    }
+}
+
 /// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
 /// two accumulations (its C differs from the previous GEMM's D in the same buffer): their
 /// final value is not the GEMM's, so reductions of it are not compared with it.
@@ -224,6 +268,7 @@ pub fn compare(
 
     let total_ops = al.of_ref.len() as u64;
     let mut pending: Vec<Pending> = Vec::new();
+    let mut unjudged = Unjudged::default();
     // Whether a tensor diverged already: the verdict is then settled (ops come in order).
     let mut settled = false;
     // Placement of each run GEMM's D (for the collectives that reduce it).
@@ -294,6 +339,14 @@ pub fn compare(
                 let Some(rec) = run.record(rank, step, seq) else {
                     continue;
                 };
+                if role == Role::D && increment_unknown(rec) {
+                    unjudged.note(
+                        "an accumulating GEMM's output without its captured C (--no-inputs): \
+                         its increment is unknown",
+                        rec,
+                    );
+                    continue;
+                }
                 let Some((x, _)) = operand(&run, rec, role)? else {
                     continue;
                 };
@@ -416,13 +469,32 @@ pub fn compare(
                     }
                 }
             }
+            // A partial result whose group partners were not captured cannot be summed:
+            // not comparable, rather than a divergence made of missing data.
+            if matches!(role, Role::D | Role::CIn)
+                && merge_group == 1
+                && results.iter().any(|s| s.err.rel / eps > tol.value)
+                && shards
+                    .iter()
+                    .any(|&(rank, _)| partners_missing(&run, rank, step))
+            {
+                if let Some(rec) = shards.first().and_then(|&(r, q)| run.record(r, step, q)) {
+                    unjudged.note(
+                        "a partial result (before its reduction) whose group partners were not \
+                         captured (--ranks, or ranks missing from the store)",
+                        rec,
+                    );
+                }
+                continue;
+            }
             if role == Role::D {
                 for (rank, seq, p, sc) in &place_of {
                     d_place.insert((*rank, step, *seq), (p.clone(), *sc));
                 }
                 d_tol.insert(ref_op, tol.value);
             }
-            if merge_group == 1 {
+            // Shards must tile the reference only when every rank was captured.
+            if merge_group == 1 && run.missing_ranks().is_empty() {
                 cover(&mut results, &mut place_of, &vals, &ref_vals);
             }
             let merge = place_of
@@ -509,6 +581,7 @@ pub fn compare(
             .iter()
             .map(|&s| reff.records(ref_rank, s).len() as u64)
             .sum(),
+        reference_gemms_aligned: al.of_ref.len() as u64,
         aligned_ops: al.of_run.len() as u64,
         unaligned_ops: al.unaligned,
         tensors_compared: tensors.len() as u64,
@@ -534,6 +607,7 @@ pub fn compare(
         tensors,
         worst,
         warnings,
+        not_comparable: unjudged.into_report(),
         stats,
     })
 }
@@ -780,6 +854,16 @@ fn sum_groups(
         for &c in run.comms_used(rank, step) {
             if !comms.contains(&c) {
                 comms.push(c);
+            }
+        }
+    }
+    // Collectives not captured (`--apis gemm`): every communicator of the manifest's map the
+    // ranks belong to is a candidate group.
+    if comms.is_empty() {
+        for c in &run.manifest.comms {
+            let holds = shards.iter().any(|&(r, _)| c.members.contains(&Some(r)));
+            if c.size > 1 && holds && !comms.contains(&c.key) {
+                comms.push(c.key);
             }
         }
     }

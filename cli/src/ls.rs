@@ -54,6 +54,10 @@ struct RankSum {
     pid: Option<u32>,
     hostname: Option<String>,
     clean_exit: Option<bool>,
+    /// `None` when the store holds the rank's records; otherwise why it does not: `not
+    /// captured` (outside `ttrace run --ranks`) or `missing` (listed with records by the
+    /// manifest, absent from the store).
+    absent: Option<String>,
 }
 
 /// Per-step totals.
@@ -82,6 +86,12 @@ fn interesting(k: &str) -> bool {
         "LD_PRELOAD",
     ];
     PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k)
+}
+
+/// Text from the traced program (command line, environment, host names) with its control
+/// characters escaped: it must not drive the terminal.
+fn esc(s: &str) -> String {
+    ttrace_compare::report::text::escape_controls(s)
 }
 
 /// Runs `ttrace ls`.
@@ -156,6 +166,34 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             r.pid = Some(ri.pid);
             r.hostname = Some(ri.hostname.clone());
             r.clean_exit = Some(r.clean_exit.unwrap_or(true) && ri.clean_exit);
+            if r.steps.is_empty() && ri.records > 0 {
+                r.absent = Some(format!("missing ({} records listed)", ri.records));
+            }
+        }
+        // Ranks of the world the store holds nothing of (`--ranks`, or lost before start).
+        let world = m
+            .ranks
+            .iter()
+            .map(|r| r.world_size)
+            .chain(m.comms.iter().map(|c| c.size))
+            .max()
+            .unwrap_or(0);
+        for rank in 0..world {
+            if !ranks.contains_key(&rank) {
+                let captured = m
+                    .config
+                    .ranks
+                    .as_ref()
+                    .is_none_or(|set| set.contains(u64::from(rank)));
+                ranks.insert(
+                    rank,
+                    RankSum {
+                        rank,
+                        absent: Some(if captured { "missing" } else { "not captured" }.into()),
+                        ..RankSum::default()
+                    },
+                );
+            }
         }
     }
     // The manifest's communicators, completed by what the records show (a run whose daemon
@@ -212,7 +250,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    writeln!(out, "store    {}", a.run.display())?;
+    writeln!(out, "store    {}", esc(&a.run.display().to_string()))?;
     match manifest {
         Some(m) => {
             let state = if m.finalized {
@@ -235,8 +273,8 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                     "command  (unknown: the manifest was rebuilt from the segments)"
                 )?;
             } else {
-                writeln!(out, "command  {}", shell_words(&m.command))?;
-                writeln!(out, "cwd      {}", m.cwd)?;
+                writeln!(out, "command  {}", esc(&shell_words(&m.command)))?;
+                writeln!(out, "cwd      {}", esc(&m.cwd))?;
             }
             let c = &m.config;
             let fams: Vec<&str> = c.families.iter().map(|f| f.name()).collect();
@@ -274,7 +312,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                 )?;
             }
             for (k, v) in shown {
-                writeln!(out, "  {k}={v}")?;
+                writeln!(out, "  {}={}", esc(k), esc(v))?;
             }
         }
         None => writeln!(out, "run      (manifest.json missing or unreadable)")?,
@@ -289,7 +327,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
         rows.push(vec![
             r.rank.to_string(),
             r.pid.map_or("-".into(), |p| p.to_string()),
-            r.hostname.clone().unwrap_or_else(|| "-".into()),
+            r.hostname.as_deref().map_or_else(|| "-".into(), esc),
             steps_set(&r.steps),
             r.records.to_string(),
             if r.gap_reasons.is_empty() {
@@ -305,10 +343,11 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             human(r.bytes_raw),
             human(r.bytes_stored),
             ratio(r.bytes_raw, r.bytes_stored),
-            match r.clean_exit {
-                Some(true) => "clean".into(),
-                Some(false) => "crashed".into(),
-                None => "-".into(),
+            match (&r.absent, r.clean_exit) {
+                (Some(why), _) => why.clone(),
+                (None, Some(true)) => "clean".into(),
+                (None, Some(false)) => "crashed".into(),
+                (None, None) => "-".into(),
             },
         ]);
     }

@@ -260,6 +260,14 @@ pub fn compare(
     } = prepare(reff_path, run_path, opts)?;
     let eps = precision.epsilon();
     let mut warnings: Vec<String> = al.warnings.clone();
+    let missing = run.missing_ranks();
+    if !missing.is_empty() {
+        warnings.push(format!(
+            "ranks {missing:?} of the run's {} hold no records (not captured, or lost): compared \
+             on what the store holds",
+            run.world_size()
+        ));
+    }
     warnings.extend(reff.unreadable.iter().cloned());
     warnings.extend(run.unreadable.iter().cloned());
     if let Some(p) = &pert {
@@ -317,7 +325,10 @@ pub fn compare(
                     _ => None,
                 }
             };
-            let mut tol = tolerance::tolerance(precision, ref_vals.dtype, depth, perturbed);
+            // Without a perturbed reference, the drift over the steps is modelled.
+            let updates = if pert.is_none() { step } else { 0 };
+            let mut tol =
+                tolerance::tolerance(precision, ref_vals.dtype, depth, updates, perturbed);
             if increment {
                 tol.value += 4.0 * tolerance::unit_roundoff(ref_vals.dtype) / eps * cancelled;
             }

@@ -27,6 +27,8 @@ pub struct Outcome {
     /// Calls and send/recv pairs checked.
     pub checked: u64,
     pub findings: Vec<Finding>,
+    /// Send/recv transfers not checked: their peer's rank holds no records in the store.
+    pub peer_missing: u64,
 }
 
 /// Unit round-off of a float type (half the distance from 1 to the next value) and its
@@ -202,6 +204,20 @@ pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
         }
         let s = sends.get(&key).map_or(&[][..], |v| &v[..]);
         let r = recvs.get(&key).map_or(&[][..], |v| &v[..]);
+        // A transfer whose other end was not captured (or was lost) cannot be matched.
+        let (comm, from, to) = key;
+        let held = |comm_rank: u32| {
+            manifest
+                .comms
+                .iter()
+                .find(|e| e.key == comm)
+                .and_then(|e| e.members.get(comm_rank as usize).copied().flatten())
+                .is_some_and(|g| trace.ranks.contains(&g))
+        };
+        if !held(from) || !held(to) {
+            out.peer_missing += (s.len() + r.len()) as u64;
+            continue;
+        }
         check_p2p(key, s, r, &mut out);
     }
     out

@@ -75,6 +75,11 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// What could not be read (skipped, not a finding about the training).
     pub unreadable: Vec<String>,
+    /// Ranks of the world (per the manifest) that hold no records in the store: not captured
+    /// (`ttrace run --ranks`) or lost. What needs them is not checked.
+    pub missing_ranks: Vec<u32>,
+    /// Send/recv transfers not checked because their peer is a missing rank.
+    pub transfers_unchecked: u64,
 }
 
 impl Report {
@@ -149,6 +154,14 @@ impl fmt::Display for Report {
                     )?;
                 }
             }
+        }
+        if !self.missing_ranks.is_empty() {
+            writeln!(
+                f,
+                "not checked: ranks {:?} of the world hold no records (not captured, or lost); \
+                 {} send/recv transfers with them and their replicas' weights were not checked",
+                self.missing_ranks, self.transfers_unchecked
+            )?;
         }
         if !self.unreadable.is_empty() {
             writeln!(

@@ -7,7 +7,7 @@
 //! GEMM output it reduces (found by dataflow: the GEMM whose output buffer the collective
 //! reads, the latest one to write it). The first tensor beyond its tolerance is the verdict.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Instant;
 
@@ -248,321 +248,62 @@ pub fn compare(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
-    let Prepared {
-        reff,
-        run,
-        pert,
-        ref_rank,
-        steps,
-        al,
-        precision,
-        layout,
-    } = prepare(reff_path, run_path, opts)?;
-    let eps = precision.epsilon();
-    let mut warnings: Vec<String> = al.warnings.clone();
-    let missing = run.missing_ranks();
-    if !missing.is_empty() {
-        warnings.push(format!(
-            "ranks {missing:?} of the run's {} hold no records (not captured, or lost): compared \
-             on what the store holds",
-            run.world_size()
-        ));
-    }
-    warnings.extend(reff.unreadable.iter().cloned());
-    warnings.extend(run.unreadable.iter().cloned());
-    if let Some(p) = &pert {
-        warnings.extend(p.unreadable.iter().cloned());
-    }
-
-    let total_ops = al.of_ref.len() as u64;
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut unjudged = Unjudged::default();
-    // Whether a tensor diverged already: the verdict is then settled (ops come in order).
-    let mut settled = false;
-    // Placement of each run GEMM's D (for the collectives that reduce it).
-    let mut d_place: BTreeMap<(u32, u64, u64), (Placement, f32)> = BTreeMap::new();
-    // The placement that fitted the same kind of tensor last time, per rank: tried first.
-    let mut hints: BTreeMap<HintKey, Vec<(Placement, f32)>> = BTreeMap::new();
-    let mut sum_hints: SumHints = BTreeMap::new();
-    let mut needs_sum: std::collections::BTreeSet<HintKey> = std::collections::BTreeSet::new();
-    let mut provisional: BTreeMap<HintKey, (Placement, f32)> = BTreeMap::new();
-    // Gradients of a loss averaged over each rank's own batch are DP times the reference's.
-    let scales: Vec<f32> = if layout.dp > 1 {
-        vec![1.0, layout.dp as f32]
-    } else {
-        vec![1.0]
-    };
-    let mut d_tol: BTreeMap<RefOp, f64> = BTreeMap::new();
-    let ref_ordinal = gemm_ordinals(&reff, ref_rank, &steps);
-
-    for (done, (&ref_op, shards)) in al.of_ref.iter().enumerate() {
+    let p = prepare(reff_path, run_path, opts)?;
+    let mut walk = Walk::new(&p);
+    let total_ops = p.al.of_ref.len() as u64;
+    let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, &p.steps);
+    for (done, (&ref_op, shards)) in p.al.of_ref.iter().enumerate() {
         progress(done as u64, total_ops);
-        let (step, ref_seq) = ref_op;
-        let Some(ref_rec) = reff.record(ref_rank, step, ref_seq) else {
-            continue;
-        };
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
-        let pert_rec = pert.as_ref().and_then(|p| {
-            p.records(ref_rank, step)
-                .iter()
-                .find(|r| r.seq == ref_seq && r.api == ref_rec.api)
-        });
-        let ref_gemm = gemm(ref_rec);
-        // Errors of this op's inputs (within their tolerance) propagate into its output.
-        let mut input_error = 0f64;
-        for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
-            let Some((ref_vals, cancelled)) = operand(&reff, ref_rec, role)? else {
-                continue;
-            };
-            let increment = role == Role::D && ref_gemm.is_some_and(accumulates);
-            // An increment D - C loses the digits C and D share: its round-off is that of C,
-            // and a perturbed run's 1-ulp change of C says nothing more about it.
-            let perturbed = if increment {
-                None
-            } else {
-                match (&pert, pert_rec) {
-                    (Some(p), Some(rec)) => perturbed_error(p, rec, role, &ref_vals)?,
-                    _ => None,
-                }
-            };
-            // Without a perturbed reference, the drift over the steps is modelled.
-            let updates = if pert.is_none() { step } else { 0 };
-            let mut tol =
-                tolerance::tolerance(precision, ref_vals.dtype, depth, updates, perturbed);
-            if increment {
-                tol.value += 4.0 * tolerance::unit_roundoff(ref_vals.dtype) / eps * cancelled;
-            }
-            if role == Role::D && 2.0 * input_error > 0.5 * tol.value {
-                tol = tolerance::Tolerance {
-                    value: tol.value + 2.0 * input_error,
-                    source: "analytic + inputs' errors",
-                };
-            }
-            let mut results: Vec<Shard> = Vec::new();
-            let mut place_of: Vec<Placed> = Vec::new();
-            let mut merge_group = 1u32;
-            let mut param_note: Option<String> = None;
-            let mut vals: BTreeMap<(u32, u64), Values> = BTreeMap::new();
-            // Whether every shard's kind has been placed whole before (then it is not a
-            // partial result, and a misfit means divergence, not a missing sum).
-            let mut all_known = true;
-            for &(rank, seq) in shards {
-                let Some(rec) = run.record(rank, step, seq) else {
-                    continue;
-                };
-                if role == Role::D && increment_unknown(rec) {
-                    unjudged.note(
-                        "an accumulating GEMM's output without its captured C (--no-inputs): \
-                         its increment is unknown",
-                        rec,
-                    );
-                    continue;
-                }
-                let Some((x, _)) = operand(&run, rec, role)? else {
-                    continue;
-                };
-                if role == Role::D {
-                    if let (Some(g), Some(f)) = (gemm(rec), ref_gemm) {
-                        if param_note.is_none() && params_differ(g, f) {
-                            param_note = Some(format!(
-                                "rank {rank} called this GEMM with alpha={} beta={} where the \
-                                 reference used alpha={} beta={}{}",
-                                show_scalar(g.alpha),
-                                show_scalar(g.beta),
-                                show_scalar(f.alpha),
-                                show_scalar(f.beta),
-                                if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
-                                    " (it overwrites its output instead of accumulating into it)"
-                                } else {
-                                    ""
-                                }
-                            ));
-                        }
-                    }
-                }
-                let hint_key = (
-                    rank,
-                    sub,
-                    x.shape.clone(),
-                    ref_vals.shape.clone(),
-                    kind_of(rec),
-                );
-                if needs_sum.contains(&hint_key) {
-                    // Partial results last time: go straight to the group sums.
-                    all_known = false;
-                    results.push(Shard {
-                        rank,
-                        seq,
-                        err: unplaced(),
-                    });
-                    place_of.push((rank, seq, Placement::whole(x.shape.len()), 1.0));
-                    vals.insert((rank, seq), x);
-                    continue;
-                }
-                let known = hints.get(&hint_key).map_or(&[][..], |v| v.as_slice());
-                all_known &= !known.is_empty();
-                // A hint is trusted only when it fits clearly: a wrong slice of a loosely
-                // tolerated tensor (FP8) must not pass as round-off.
-                let accept = (0.25 * tol.value * eps).min(hint_accept(x.dtype));
-                // After the first divergence the verdict is settled: later tensors only feed
-                // the plot and the worst-tensor table, so their placement search is cheaper.
-                let quick = settled;
-                let fit = match provisional.get(&hint_key) {
-                    Some((p, sc)) if quick && known.is_empty() => {
-                        Some(numerics::full_fit(&x, &ref_vals, p.clone(), *sc))
-                    }
-                    _ => numerics::place_with(&x, &ref_vals, known, &scales, accept, quick),
-                };
-                if let Some(f) = fit {
-                    if f.err.rel <= accept {
-                        remember(hints.entry(hint_key).or_default(), &f);
-                    } else {
-                        // The best place found for a kind that never fitted cleanly: reused,
-                        // without a search, once the verdict is settled.
-                        provisional
-                            .entry(hint_key)
-                            .or_insert_with(|| (f.placement.clone(), f.scale));
-                    }
-                    results.push(Shard {
-                        rank,
-                        seq,
-                        err: f.err,
-                    });
-                    place_of.push((rank, seq, f.placement, f.scale));
-                } else {
-                    warnings.push(format!(
-                        "rank {rank} step {step} seq {seq} {} {role:?}: shape {:?} cannot be \
-                         cut out of the reference's {:?}",
-                        rec.api, x.shape, ref_vals.shape
-                    ));
-                }
-                vals.insert((rank, seq), x);
-            }
-            if results.is_empty() {
-                continue;
-            }
-            // Partial results before a reduction: the reference is the sum over a group.
-            if matches!(role, Role::D | Role::CIn)
-                && !all_known
-                && results.iter().any(|s| s.err.rel / eps > tol.value)
-            {
-                if let Some((group, summed)) = sum_groups(
-                    &run,
-                    step,
-                    shards,
-                    &vals,
-                    &ref_vals,
-                    &results,
-                    &scales,
-                    (tol.value * eps).min(hint_accept(ref_vals.dtype)),
-                    &mut sum_hints,
-                    &shards
-                        .first()
-                        .and_then(|&(r, q)| run.record(r, step, q))
-                        .map(kind_of)
-                        .unwrap_or_default(),
-                ) {
-                    merge_group = group;
-                    results = summed.0;
-                    place_of = summed.1;
-                    for &(rank, seq) in shards {
-                        if let Some(rec) = run.record(rank, step, seq) {
-                            if let Some(x) = vals.get(&(rank, seq)) {
-                                needs_sum.insert((
-                                    rank,
-                                    sub,
-                                    x.shape.clone(),
-                                    ref_vals.shape.clone(),
-                                    kind_of(rec),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-            // A partial result whose group partners were not captured cannot be summed:
-            // not comparable, rather than a divergence made of missing data.
-            if matches!(role, Role::D | Role::CIn)
-                && merge_group == 1
-                && results.iter().any(|s| s.err.rel / eps > tol.value)
-                && shards
-                    .iter()
-                    .any(|&(rank, _)| partners_missing(&run, rank, step))
-            {
-                if let Some(rec) = shards.first().and_then(|&(r, q)| run.record(r, step, q)) {
-                    unjudged.note(
-                        "a partial result (before its reduction) whose group partners were not \
-                         captured (--ranks, or ranks missing from the store)",
-                        rec,
-                    );
-                }
-                continue;
-            }
-            if role == Role::D {
-                for (rank, seq, p, sc) in &place_of {
-                    d_place.insert((*rank, step, *seq), (p.clone(), *sc));
-                }
-                d_tol.insert(ref_op, tol.value);
-            }
-            // Shards must tile the reference only when every rank was captured.
-            if merge_group == 1 && run.missing_ranks().is_empty() {
-                cover(&mut results, &mut place_of, &vals, &ref_vals);
-            }
-            let merge = place_of
-                .first()
-                .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
-                .unwrap_or(crate::report::Merge::Replicated);
-            let mut cmp = comparison(
-                ref_rec, role, &ref_vals, &results, merge, eps, tol, step, ref_seq,
-            );
-            if role == Role::D && ref_gemm.is_some_and(accumulates) {
-                cmp.role = "D-C".into();
-            }
-            if role != Role::D && cmp.error_eps.is_finite() {
-                input_error += cmp.error_eps;
-            }
-            if param_note.is_some() {
-                cmp.diverged = true;
-            }
-            pending.push(Pending {
-                key: (step, ref_seq, sub as u32),
-                shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
-                cmp,
-                ref_op,
-                is_collective: false,
-                param_note,
-            });
-            settled |= pending.last().is_some_and(|p| p.cmp.diverged);
-        }
+        walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
-
-    if pending.is_empty() {
+    if walk.pending.is_empty() {
         return Err(CompareError::NothingAligned(format!(
             "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
-             model, data and steps?{}",
+             model, data and steps?",
             run_path.display(),
             reff_path.display(),
-            al.unaligned,
-            al.warnings
-                .first()
-                .map(|w| format!(" (first problem: {w})"))
-                .unwrap_or_default()
+            p.al.unaligned,
         )));
     }
     collectives(
-        &reff,
-        ref_rank,
-        &run,
-        &al,
-        &steps,
-        &d_place,
-        &d_tol,
-        eps,
-        &layout,
-        &mut pending,
+        &Ctx {
+            reff: &p.reff,
+            ref_rank: p.ref_rank,
+            run: &p.run,
+            al: &p.al,
+            steps: &p.steps,
+            eps: walk.eps,
+            layout: &p.layout,
+        },
+        &walk.d_place,
+        &walk.d_tol,
+        &mut walk.pending,
     )?;
+    finish(&p, walk, started)
+}
 
+/// What the collectives' comparison reads.
+struct Ctx<'a> {
+    reff: &'a RunTrace,
+    ref_rank: u32,
+    run: &'a RunTrace,
+    al: &'a Alignment,
+    steps: &'a [u64],
+    eps: f64,
+    layout: &'a LayoutSummary,
+}
+
+/// Orders the comparisons, localizes the first divergence and assembles the report.
+fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, CompareError> {
+    let Walk {
+        mut pending,
+        warnings,
+        unjudged,
+        eps,
+        ..
+    } = walk;
     pending.sort_by_key(|p| p.key);
     let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
     for (i, p) in pending.iter_mut().enumerate() {
@@ -571,7 +312,7 @@ pub fn compare(
     }
     let first = pending.iter().position(|p| p.cmp.diverged);
     let first_divergence = match first {
-        Some(i) => Some(localize(&reff, ref_rank, &run, &pending, i, &al)?),
+        Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
         None => None,
     };
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
@@ -580,7 +321,6 @@ pub fn compare(
         r(&tensors[b]).total_cmp(&r(&tensors[a]))
     });
     worst.truncate(10);
-
     let summary = |t: &RunTrace| RunSummary {
         path: t.path.display().to_string(),
         run_id: t.manifest.run_id.clone(),
@@ -588,27 +328,28 @@ pub fn compare(
         world_size: t.ranks().len() as u32,
     };
     let stats = CompareStats {
-        reference_ops: steps
+        reference_ops: p
+            .steps
             .iter()
-            .map(|&s| reff.records(ref_rank, s).len() as u64)
+            .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
             .sum(),
-        reference_gemms_aligned: al.of_ref.len() as u64,
-        aligned_ops: al.of_run.len() as u64,
-        unaligned_ops: al.unaligned,
+        reference_gemms_aligned: p.al.of_ref.len() as u64,
+        aligned_ops: p.al.of_run.len() as u64,
+        unaligned_ops: p.al.unaligned,
         tensors_compared: tensors.len() as u64,
-        bytes_compared: reff.bytes_read()
-            + run.bytes_read()
-            + pert.as_ref().map_or(0, |p| p.bytes_read()),
+        bytes_compared: p.reff.bytes_read()
+            + p.run.bytes_read()
+            + p.pert.as_ref().map_or(0, |p| p.bytes_read()),
         elapsed_s: started.elapsed().as_secs_f64(),
     };
     Ok(CompareReport {
-        reference: summary(&reff),
-        run: summary(&run),
-        perturbed: pert.as_ref().map(summary),
-        layout,
-        precision: precision.name().to_string(),
+        reference: summary(&p.reff),
+        run: summary(&p.run),
+        perturbed: p.pert.as_ref().map(summary),
+        layout: p.layout.clone(),
+        precision: p.precision.name().to_string(),
         epsilon: eps,
-        steps,
+        steps: p.steps.clone(),
         verdict: if first_divergence.is_some() {
             Verdict::Divergence
         } else {
@@ -621,6 +362,428 @@ pub fn compare(
         not_comparable: unjudged.into_report(),
         stats,
     })
+}
+
+/// Placements that fitted before, per kind of tensor: tried first next time.
+#[derive(Default)]
+struct Memory {
+    /// Placements that fitted a kind of tensor whole, per rank.
+    hints: BTreeMap<HintKey, Vec<(Placement, f32)>>,
+    /// Placements that fitted group sums.
+    sum_hints: SumHints,
+    /// Kinds that were partial results last time (go straight to the group sums).
+    needs_sum: BTreeSet<HintKey>,
+    /// The best place found for a kind that never fitted cleanly (reused, without a search,
+    /// once the verdict is settled).
+    provisional: BTreeMap<HintKey, (Placement, f32)>,
+}
+
+/// One reference tensor's counterparts, placed.
+#[derive(Default)]
+struct Placing {
+    results: Vec<Shard>,
+    place_of: Vec<Placed>,
+    vals: BTreeMap<(u32, u64), Values>,
+    /// Every shard's kind was placed whole before (a misfit is then a divergence, not a
+    /// missing sum).
+    all_known: bool,
+    /// The op was called with other scalars than the reference's.
+    param_note: Option<String>,
+}
+
+/// The walk over the reference's ops in execution order, and what it found.
+struct Walk<'a> {
+    reff: &'a RunTrace,
+    run: &'a RunTrace,
+    pert: Option<&'a RunTrace>,
+    ref_rank: u32,
+    precision: Precision,
+    eps: f64,
+    /// Scales a placement may divide a shard by (gradients of a loss averaged over each
+    /// rank's own batch are DP times the reference's).
+    scales: Vec<f32>,
+    mem: Memory,
+    /// Placement of each run GEMM's D (for the collectives that reduce it).
+    d_place: BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    /// Tolerance of each reference GEMM's D.
+    d_tol: BTreeMap<RefOp, f64>,
+    pending: Vec<Pending>,
+    unjudged: Unjudged,
+    warnings: Vec<String>,
+    /// A tensor diverged already: the verdict is settled (ops come in order), later
+    /// placements are searched more cheaply.
+    settled: bool,
+    /// Every rank of the world is in the store (shards must then tile the reference).
+    whole: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn new(p: &'a Prepared) -> Walk<'a> {
+        let mut warnings: Vec<String> = p.al.warnings.clone();
+        let missing = p.run.missing_ranks();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "ranks {missing:?} of the run's {} hold no records (not captured, or lost): \
+                 compared on what the store holds",
+                p.run.world_size()
+            ));
+        }
+        warnings.extend(p.reff.unreadable.iter().cloned());
+        warnings.extend(p.run.unreadable.iter().cloned());
+        if let Some(pt) = &p.pert {
+            warnings.extend(pt.unreadable.iter().cloned());
+        }
+        Walk {
+            reff: &p.reff,
+            run: &p.run,
+            pert: p.pert.as_ref(),
+            ref_rank: p.ref_rank,
+            precision: p.precision,
+            eps: p.precision.epsilon(),
+            scales: if p.layout.dp > 1 {
+                vec![1.0, p.layout.dp as f32]
+            } else {
+                vec![1.0]
+            },
+            mem: Memory::default(),
+            d_place: BTreeMap::new(),
+            d_tol: BTreeMap::new(),
+            pending: Vec::new(),
+            unjudged: Unjudged::default(),
+            warnings,
+            settled: false,
+            whole: missing.is_empty(),
+        }
+    }
+
+    /// Compares the tensors of one reference op (A, B, then D) with their shards.
+    fn op(&mut self, ref_op: RefOp, shards: &[(u32, u64)], depth: u64) -> Result<(), CompareError> {
+        let (step, ref_seq) = ref_op;
+        let Some(ref_rec) = self.reff.record(self.ref_rank, step, ref_seq) else {
+            return Ok(());
+        };
+        // Errors of this op's inputs (within their tolerance) propagate into its output.
+        let mut input_error = 0f64;
+        for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
+            let Some((ref_vals, cancelled)) = operand(self.reff, ref_rec, role)? else {
+                continue;
+            };
+            let tol = self.tolerance(ref_rec, role, &ref_vals, depth, cancelled, input_error)?;
+            let Some(cmp_error) =
+                self.tensor(ref_op, ref_rec, shards, (sub, role), &ref_vals, tol)?
+            else {
+                continue;
+            };
+            if role != Role::D && cmp_error.is_finite() {
+                input_error += cmp_error;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tolerance of a reference tensor (see [`tolerance::Terms`]).
+    fn tolerance(
+        &self,
+        ref_rec: &Record,
+        role: Role,
+        ref_vals: &Values,
+        depth: u64,
+        cancelled: f64,
+        input_error: f64,
+    ) -> Result<tolerance::Tolerance, CompareError> {
+        let increment = role == Role::D && gemm(ref_rec).is_some_and(accumulates);
+        // An increment D - C loses the digits C and D share: a perturbed run's 1-ulp change
+        // of C says nothing more about it.
+        let pert_rec = self.pert.and_then(|p| {
+            p.records(self.ref_rank, ref_rec.step)
+                .iter()
+                .find(|r| r.seq == ref_rec.seq && r.api == ref_rec.api)
+        });
+        let perturbed = match (self.pert, pert_rec) {
+            (Some(p), Some(rec)) if !increment => perturbed_error(p, rec, role, ref_vals)?,
+            _ => None,
+        };
+        Ok(tolerance::Terms {
+            precision: self.precision,
+            dtype: ref_vals.dtype,
+            depth,
+            // Without a perturbed reference, the drift over the steps is modelled.
+            updates: if self.pert.is_none() { ref_rec.step } else { 0 },
+            perturbed,
+            cancelled: increment.then_some(cancelled),
+            input_error: (role == Role::D).then_some(input_error),
+        }
+        .tolerance())
+    }
+
+    /// Places every shard of one reference tensor and records the comparison; returns its
+    /// error in epsilon (`None` when nothing was compared).
+    fn tensor(
+        &mut self,
+        ref_op: RefOp,
+        ref_rec: &Record,
+        shards: &[(u32, u64)],
+        (sub, role): (usize, Role),
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Result<Option<f64>, CompareError> {
+        let step = ref_op.0;
+        let mut placed = self.place_shards(step, ref_rec, shards, (sub, role), ref_vals, tol)?;
+        if placed.results.is_empty() {
+            return Ok(None);
+        }
+        let eps = self.eps;
+        let beyond = |p: &Placing| p.results.iter().any(|s| s.err.rel / eps > tol.value);
+        let mut merge_group = 1u32;
+        // Partial results before a reduction: the reference is the sum over a group.
+        if matches!(role, Role::D | Role::CIn) && !placed.all_known && beyond(&placed) {
+            merge_group = self.sums(step, shards, sub, ref_vals, tol, &mut placed);
+        }
+        // A partial result whose group partners were not captured cannot be summed: not
+        // comparable, rather than a divergence made of missing data.
+        if matches!(role, Role::D | Role::CIn)
+            && merge_group == 1
+            && beyond(&placed)
+            && shards
+                .iter()
+                .any(|&(rank, _)| partners_missing(self.run, rank, step))
+        {
+            if let Some(rec) = shards
+                .first()
+                .and_then(|&(r, q)| self.run.record(r, step, q))
+            {
+                self.unjudged.note(
+                    "a partial result (before its reduction) whose group partners were not \
+                     captured (--ranks, or ranks missing from the store)",
+                    rec,
+                );
+            }
+            return Ok(None);
+        }
+        if role == Role::D {
+            for (rank, seq, p, sc) in &placed.place_of {
+                self.d_place.insert((*rank, step, *seq), (p.clone(), *sc));
+            }
+            self.d_tol.insert(ref_op, tol.value);
+        }
+        // Shards must tile the reference only when every rank was captured.
+        if merge_group == 1 && self.whole {
+            cover(
+                &mut placed.results,
+                &mut placed.place_of,
+                &placed.vals,
+                ref_vals,
+            );
+        }
+        let merge = placed
+            .place_of
+            .first()
+            .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
+            .unwrap_or(crate::report::Merge::Replicated);
+        let mut cmp = comparison(
+            ref_rec,
+            role,
+            ref_vals,
+            &placed.results,
+            merge,
+            eps,
+            tol,
+            step,
+            ref_op.1,
+        );
+        if role == Role::D && gemm(ref_rec).is_some_and(accumulates) {
+            cmp.role = "D-C".into();
+        }
+        if placed.param_note.is_some() {
+            cmp.diverged = true;
+        }
+        let error = cmp.error_eps;
+        self.settled |= cmp.diverged;
+        self.pending.push(Pending {
+            key: (step, ref_op.1, sub as u32),
+            shards: placed.results.iter().map(|s| (s.rank, s.seq)).collect(),
+            cmp,
+            ref_op,
+            is_collective: false,
+            param_note: placed.param_note,
+        });
+        Ok(Some(error))
+    }
+
+    /// Each shard at its best placement (remembered ones first).
+    fn place_shards(
+        &mut self,
+        step: u64,
+        ref_rec: &Record,
+        shards: &[(u32, u64)],
+        (sub, role): (usize, Role),
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Result<Placing, CompareError> {
+        let mut out = Placing {
+            all_known: true,
+            ..Placing::default()
+        };
+        for &(rank, seq) in shards {
+            let Some(rec) = self.run.record(rank, step, seq) else {
+                continue;
+            };
+            if role == Role::D && increment_unknown(rec) {
+                self.unjudged.note(
+                    "an accumulating GEMM's output without its captured C (--no-inputs): \
+                     its increment is unknown",
+                    rec,
+                );
+                continue;
+            }
+            let Some((x, _)) = operand(self.run, rec, role)? else {
+                continue;
+            };
+            if role == Role::D && out.param_note.is_none() {
+                out.param_note = param_note(rank, rec, ref_rec);
+            }
+            let key: HintKey = (
+                rank,
+                sub,
+                x.shape.clone(),
+                ref_vals.shape.clone(),
+                kind_of(rec),
+            );
+            if self.mem.needs_sum.contains(&key) {
+                // Partial results last time: go straight to the group sums.
+                out.all_known = false;
+                out.results.push(Shard {
+                    rank,
+                    seq,
+                    err: unplaced(),
+                });
+                out.place_of
+                    .push((rank, seq, Placement::whole(x.shape.len()), 1.0));
+                out.vals.insert((rank, seq), x);
+                continue;
+            }
+            out.all_known &= self.mem.hints.get(&key).is_some_and(|v| !v.is_empty());
+            match self.fit(&key, &x, ref_vals, tol) {
+                Some(f) => {
+                    out.results.push(Shard {
+                        rank,
+                        seq,
+                        err: f.err,
+                    });
+                    out.place_of.push((rank, seq, f.placement, f.scale));
+                }
+                None => self.warnings.push(format!(
+                    "rank {rank} step {step} seq {seq} {} {role:?}: shape {:?} cannot be cut \
+                     out of the reference's {:?}",
+                    rec.api, x.shape, ref_vals.shape
+                )),
+            }
+            out.vals.insert((rank, seq), x);
+        }
+        Ok(out)
+    }
+
+    /// The best placement of one shard, remembered for its kind when it fits clearly.
+    fn fit(
+        &mut self,
+        key: &HintKey,
+        x: &Values,
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Option<numerics::Fit> {
+        let known = self.mem.hints.get(key).map_or(&[][..], |v| v.as_slice());
+        // A hint is trusted only when it fits clearly: a wrong slice of a loosely tolerated
+        // tensor (FP8) must not pass as round-off.
+        let accept = (0.25 * tol.value * self.eps).min(hint_accept(x.dtype));
+        // After the first divergence the verdict is settled: later tensors only feed the
+        // plot and the worst-tensor table, so their placement search is cheaper.
+        let quick = self.settled;
+        let fit = match self.mem.provisional.get(key) {
+            Some((p, sc)) if quick && known.is_empty() => {
+                Some(numerics::full_fit(x, ref_vals, p.clone(), *sc))
+            }
+            _ => numerics::place_with(x, ref_vals, known, &self.scales, accept, quick),
+        }?;
+        if fit.err.rel <= accept {
+            remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
+        } else {
+            self.mem
+                .provisional
+                .entry(key.clone())
+                .or_insert_with(|| (fit.placement.clone(), fit.scale));
+        }
+        Some(fit)
+    }
+
+    /// Tries the group sums for partial results; returns the group size (1: no sum fitted).
+    fn sums(
+        &mut self,
+        step: u64,
+        shards: &[(u32, u64)],
+        sub: usize,
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+        placed: &mut Placing,
+    ) -> u32 {
+        let kind = shards
+            .first()
+            .and_then(|&(r, q)| self.run.record(r, step, q))
+            .map(kind_of)
+            .unwrap_or_default();
+        let Some((group, (results, places))) = sum_groups(
+            self.run,
+            step,
+            shards,
+            &placed.vals,
+            ref_vals,
+            &placed.results,
+            &self.scales,
+            (tol.value * self.eps).min(hint_accept(ref_vals.dtype)),
+            &mut self.mem.sum_hints,
+            &kind,
+        ) else {
+            return 1;
+        };
+        placed.results = results;
+        placed.place_of = places;
+        for &(rank, seq) in shards {
+            if let (Some(rec), Some(x)) = (
+                self.run.record(rank, step, seq),
+                placed.vals.get(&(rank, seq)),
+            ) {
+                self.mem.needs_sum.insert((
+                    rank,
+                    sub,
+                    x.shape.clone(),
+                    ref_vals.shape.clone(),
+                    kind_of(rec),
+                ));
+            }
+        }
+        group
+    }
+}
+
+/// Why a run GEMM's scalars make it diverge: called with another alpha or beta than the
+/// reference's (e.g. overwriting where it should accumulate).
+fn param_note(rank: u32, rec: &Record, ref_rec: &Record) -> Option<String> {
+    let (g, f) = (gemm(rec)?, gemm(ref_rec)?);
+    if !params_differ(g, f) {
+        return None;
+    }
+    Some(format!(
+        "rank {rank} called this GEMM with alpha={} beta={} where the reference used \
+         alpha={} beta={}{}",
+        show_scalar(g.alpha),
+        show_scalar(g.beta),
+        show_scalar(f.alpha),
+        show_scalar(f.beta),
+        if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
+            " (it overwrites its output instead of accumulating into it)"
+        } else {
+            ""
+        }
+    ))
 }
 
 /// The stores opened and checked against each other, the steps chosen, the run aligned.
@@ -1092,19 +1255,21 @@ fn reduction_scale(over_dp_group: bool, input_scale: f32) -> f32 {
 }
 
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
-#[allow(clippy::too_many_arguments)]
 fn collectives(
-    reff: &RunTrace,
-    ref_rank: u32,
-    run: &RunTrace,
-    al: &Alignment,
-    steps: &[u64],
+    ctx: &Ctx,
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
-    eps: f64,
-    layout: &LayoutSummary,
     pending: &mut Vec<Pending>,
 ) -> Result<(), CompareError> {
+    let &Ctx {
+        reff,
+        ref_rank,
+        run,
+        al,
+        steps,
+        eps,
+        layout,
+    } = ctx;
     // (step, n-th call on the comm, comm, ref op) → shards.
     type Key = (u64, u64, usize, RefOp);
     // Per rank: (rank, seq, error, API, where it sits).
@@ -1250,11 +1415,7 @@ fn collectives(
         let Some(run_rec) = run.record(rank0, step, seq0) else {
             continue;
         };
-        let tol = tolerance::Tolerance {
-            // One more reduction than the reference's GEMM: its rounding on top.
-            value: d_tol.get(&ref_op).copied().unwrap_or(8.0) * 2.0,
-            source: "analytic (reduced GEMM output)",
-        };
+        let tol = tolerance::reduced(d_tol.get(&ref_op).copied());
         let key = shards
             .iter()
             .map(|s| s.4)

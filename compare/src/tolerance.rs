@@ -164,6 +164,63 @@ pub fn tolerance(
     }
 }
 
+/// Every term of a tensor's tolerance, with where each comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct Terms {
+    /// The working precision (errors are in its epsilon).
+    pub precision: Precision,
+    /// The tensor's stored type.
+    pub dtype: DType,
+    /// Reference GEMMs before the op in its step.
+    pub depth: u64,
+    /// Optimizer steps of drift to allow for ([`step_growth`]); 0 with a perturbed reference.
+    pub updates: u64,
+    /// The perturbed reference's relative error on the tensor, when there is one.
+    pub perturbed: Option<f64>,
+    /// For an increment `D - beta*C`: `‖beta*C‖ / ‖D - beta*C‖`, the digits it cancelled.
+    pub cancelled: Option<f64>,
+    /// For an op's output: the summed errors (in epsilon) of its inputs.
+    pub input_error: Option<f64>,
+}
+
+impl Terms {
+    /// The tolerance: the larger of the analytic and the perturbed estimates ([`tolerance`]);
+    /// an increment adds `4 · u_D / ε · cancelled` (it loses the digits C and D share); an
+    /// output adds twice its inputs' errors when that is at least a quarter of the rest
+    /// (inputs within their tolerance carry that much difference into the product).
+    pub fn tolerance(&self) -> Tolerance {
+        let eps = self.precision.epsilon();
+        let mut tol = tolerance(
+            self.precision,
+            self.dtype,
+            self.depth,
+            self.updates,
+            self.perturbed,
+        );
+        if let Some(c) = self.cancelled {
+            tol.value += 4.0 * unit_roundoff(self.dtype) / eps * c;
+        }
+        if let Some(e) = self.input_error {
+            if 2.0 * e > 0.5 * tol.value {
+                tol = Tolerance {
+                    value: tol.value + 2.0 * e,
+                    source: "analytic + inputs' errors",
+                };
+            }
+        }
+        tol
+    }
+}
+
+/// The tolerance of a reduction compared through the GEMM output it reduces: twice that
+/// output's (one more rounding, in the storage type, per summand).
+pub fn reduced(gemm_output: Option<f64>) -> Tolerance {
+    Tolerance {
+        value: gemm_output.unwrap_or(2.0 * K) * 2.0,
+        source: "analytic (reduced GEMM output)",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +258,38 @@ mod tests {
         // The perturbed estimate is taken as measured, whatever the step.
         let p = tolerance(Precision::Fp32, DType::F32, 3, 0, Some(1e-3));
         assert_eq!(p.source, "perturbed");
+    }
+
+    #[test]
+    fn terms_add_cancellation_and_inputs_errors() {
+        let base = Terms {
+            precision: Precision::Bf16,
+            dtype: DType::BF16,
+            depth: 0,
+            updates: 0,
+            perturbed: None,
+            cancelled: None,
+            input_error: None,
+        };
+        assert_eq!(base.tolerance().value, K);
+        let inc = Terms {
+            cancelled: Some(10.0),
+            ..base
+        };
+        // 4 u / eps = 2 per unit of cancellation.
+        assert!((inc.tolerance().value - (K + 20.0)).abs() < 1e-9);
+        let small = Terms {
+            input_error: Some(0.5),
+            ..base
+        };
+        assert_eq!(small.tolerance().value, K);
+        let large = Terms {
+            input_error: Some(3.0),
+            ..base
+        };
+        let t = large.tolerance();
+        assert_eq!((t.value, t.source), (K + 6.0, "analytic + inputs' errors"));
+        assert_eq!(reduced(Some(5.0)).value, 10.0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use ttrace_format::dtype::DType;
-use ttrace_format::record::{CollectiveKind, Record, Role};
+use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
 
 use crate::align::{self, Alignment, RefOp};
 use crate::numerics::{self, Placement, ShardError};
@@ -1230,11 +1230,6 @@ fn nvtx_path(rec: &Record) -> Option<String> {
     }
 }
 
-/// Whether `comm` is a data-parallel group of `layout`.
-fn dp_comm(run: &RunTrace, layout: &LayoutSummary, comm: u64) -> bool {
-    run.comm_members(comm)
-        .is_some_and(|m| crate::layout::is_dp_group(layout, &m))
-}
 
 /// The scale a reduction's output must have relative to the reference GEMM output it
 /// reduces, given the scale `input_scale` its inputs were placed at.
@@ -1254,6 +1249,166 @@ fn reduction_scale(over_dp_group: bool, input_scale: f32) -> f32 {
     }
 }
 
+/// The send range a reduction's output reads: output element e reads `base + e * size`.
+fn reduction_input_range(c: &ttrace_format::record::CollectiveOp, out: &Tensor) -> (u64, u64) {
+    let size = out.dtype.size() as u64;
+    let base = match c.kind {
+        CollectiveKind::ReduceScatter => c.sendbuff + c.comm_rank as u64 * c.count * size,
+        _ => c.sendbuff,
+    };
+    (base, out.nbytes)
+}
+
+/// The tensors an op writes: a GEMM's D, a copy's destination, a collective's output.
+fn written(r: &Record) -> impl Iterator<Item = &Tensor> {
+    r.tensors
+        .iter()
+        .filter(|t| matches!(t.role, Role::D | Role::Dst | Role::Output))
+}
+
+/// The GEMMs whose output is the last write, before `recs[i]`, to each part of
+/// `[base, base + len)`: `(record index, lo, hi)`. Every captured op counts as a writer
+/// (copies and collectives included): a part last written by a copy (an allocator that
+/// reused the block for a fresh upload) is linked to no GEMM. Only GEMM outputs of `dtype`
+/// are linked.
+fn last_writers(recs: &[Record], i: usize, base: u64, len: u64, dtype: DType) -> Vec<(usize, u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = Vec::new();
+    let mut writers: Vec<(usize, u64, u64)> = Vec::new();
+    for (j, g) in recs[..i].iter().enumerate().rev() {
+        for t in written(g) {
+            let (lo, hi) = (t.ptr.max(base), (t.ptr + t.nbytes).min(base + len));
+            // The parts no later op wrote.
+            for (a, b) in uncovered(&covered, lo, hi) {
+                if gemm(g).is_some() && t.role == Role::D && t.dtype == dtype {
+                    writers.push((j, a, b));
+                }
+            }
+            if lo < hi {
+                covered.push((lo, hi));
+            }
+        }
+    }
+    writers
+}
+
+/// The parts of `[lo, hi)` outside every interval of `covered`.
+fn uncovered(covered: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let mut parts: Vec<(u64, u64)> = (lo < hi).then_some((lo, hi)).into_iter().collect();
+    for &(a, b) in covered {
+        parts = parts
+            .into_iter()
+            .flat_map(|(x, y)| [(x, y.min(a)), (x.max(b), y)])
+            .filter(|(x, y)| x < y)
+            .collect();
+    }
+    parts
+}
+
+/// (step, comm, n-th call on the comm, ref op) → the ranks' pieces.
+type CallKey = (u64, u64, usize, RefOp);
+/// Per rank: (rank, seq, error, where it sits).
+type Piece = (u32, u64, ShardError, Position);
+
+/// The reductions of a run compared with the reference GEMM outputs they reduce.
+struct Reductions<'a> {
+    ctx: &'a Ctx<'a>,
+    d_place: &'a BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    ref_cache: BTreeMap<RefOp, Values>,
+    shared: BTreeSet<RefOp>,
+    by_call: BTreeMap<CallKey, Vec<Piece>>,
+}
+
+impl Reductions<'_> {
+    /// The reference GEMM output of `ref_op` (read once).
+    fn reference(&mut self, ref_op: RefOp) -> Result<Option<&Values>, CompareError> {
+        if !self.ref_cache.contains_key(&ref_op) {
+            let c = self.ctx;
+            let Some(rr) = c.reff.record(c.ref_rank, ref_op.0, ref_op.1) else {
+                return Ok(None);
+            };
+            let Some(v) = c.reff.values(rr, Role::D)? else {
+                return Ok(None);
+            };
+            self.ref_cache.insert(ref_op, v);
+        }
+        Ok(self.ref_cache.get(&ref_op))
+    }
+
+    /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
+    fn reduction(&mut self, rank: u32, step: u64, recs: &[Record], i: usize, n: usize) -> Result<(), CompareError> {
+        let ctx = self.ctx;
+        let r = &recs[i];
+        let Some(c) = collective(r) else {
+            return Ok(());
+        };
+        let Some(out_t) = r.tensors.iter().find(|t| t.role == Role::Output) else {
+            return Ok(());
+        };
+        // Only tensor- and data-parallel reductions have a reference meaning; others (tied
+        // weights across stages) combine buffers the reference fills otherwise.
+        let Some(members) = ctx.run.comm_members(c.comm) else {
+            return Ok(());
+        };
+        let over_dp = crate::layout::is_dp_group(ctx.layout, &members);
+        if !over_dp && !crate::layout::is_tp_group(ctx.layout, &members) {
+            return Ok(());
+        }
+        let (base, len) = reduction_input_range(c, out_t);
+        let writers = last_writers(recs, i, base, len, out_t.dtype);
+        if writers.is_empty() {
+            return Ok(());
+        }
+        let Some(out) = ctx.run.values(r, Role::Output)? else {
+            return Ok(());
+        };
+        // Where the collective sits in the reference's order: after the aligned GEMM that
+        // precedes it on this rank.
+        let pos = recs[..i]
+            .iter()
+            .rev()
+            .find_map(|g| ctx.al.of_run.get(&(rank, step, g.seq)))
+            .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
+        let size = out_t.dtype.size() as u64;
+        for (j, lo, hi) in writers {
+            let g = &recs[j];
+            let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, g.seq)) else {
+                continue;
+            };
+            if self.shared.contains(&ref_op) {
+                continue;
+            }
+            let (Some((place, d_scale)), Some(d)) = (
+                self.d_place.get(&(rank, step, g.seq)),
+                g.tensors.iter().find(|t| t.role == Role::D),
+            ) else {
+                continue;
+            };
+            let expect = reduction_scale(over_dp, *d_scale);
+            let Some(rv) = self.reference(ref_op)? else {
+                continue;
+            };
+            let idx = place.ref_indices(&d.shape, &rv.shape);
+            let (e0, e1) = (((lo - d.ptr) / size) as usize, ((hi - d.ptr) / size) as usize);
+            let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
+            if e1 > idx.len() || o1 > out.data.len() {
+                continue;
+            }
+            let y: Vec<f32> = idx[e0..e1]
+                .iter()
+                .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
+                .collect();
+            let row = d.shape.last().copied().unwrap_or(1) as usize;
+            let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
+            let err = numerics::shard_error(&xs, &y, row);
+            self.by_call
+                .entry((step, c.comm, n, ref_op))
+                .or_default()
+                .push((rank, r.seq, err, pos));
+        }
+        Ok(())
+    }
+}
+
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
 fn collectives(
     ctx: &Ctx,
@@ -1261,164 +1416,43 @@ fn collectives(
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Vec<Pending>,
 ) -> Result<(), CompareError> {
-    let &Ctx {
-        reff,
-        ref_rank,
-        run,
-        al,
-        steps,
-        eps,
-        layout,
-    } = ctx;
-    // (step, n-th call on the comm, comm, ref op) → shards.
-    type Key = (u64, u64, usize, RefOp);
-    // Per rank: (rank, seq, error, API, where it sits).
-    type Piece = (u32, u64, ShardError, String, Position);
-    let mut by_call: BTreeMap<Key, Vec<Piece>> = BTreeMap::new();
-    let mut ref_cache: BTreeMap<RefOp, Values> = BTreeMap::new();
-    let shared = shared_buffers(reff, ref_rank, steps);
-    for &step in steps {
-        for rank in run.ranks() {
-            let recs = run.records(rank, step);
+    let mut red = Reductions {
+        ctx,
+        d_place,
+        ref_cache: BTreeMap::new(),
+        shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
+        by_call: BTreeMap::new(),
+    };
+    for &step in ctx.steps {
+        for rank in ctx.run.ranks() {
+            let recs = ctx.run.records(rank, step);
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
                 let Some(c) = collective(r) else { continue };
                 let n = calls.entry(c.comm).and_modify(|n| *n += 1).or_insert(0);
                 let n = *n;
-                let elem = match c.kind {
-                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                        r.tensors.iter().find(|t| t.role == Role::Output)
-                    }
-                    _ => None,
-                };
-                let Some(out_t) = elem else { continue };
-                // Only tensor- and data-parallel reductions have a reference meaning; others
-                // (tied weights across stages) combine buffers the reference fills otherwise.
-                let Some(members) = run.comm_members(c.comm) else {
-                    continue;
-                };
-                if !crate::layout::is_dp_group(layout, &members)
-                    && !crate::layout::is_tp_group(layout, &members)
-                {
-                    continue;
-                }
-                let size = out_t.dtype.size() as u64;
-                // Output element e reads send address `base + e * size`.
-                let base = match c.kind {
-                    CollectiveKind::ReduceScatter => {
-                        c.sendbuff + c.comm_rank as u64 * c.count * size
-                    }
-                    _ => c.sendbuff,
-                };
-                let len = out_t.nbytes;
-                // The latest GEMM before it writing each part of that range.
-                let mut writers: Vec<(usize, u64, u64)> = Vec::new(); // (rec idx, lo, hi)
-                for (j, g) in recs[..i].iter().enumerate().rev() {
-                    if gemm(g).is_none() {
-                        continue;
-                    }
-                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
-                        continue;
-                    };
-                    if d.dtype != out_t.dtype {
-                        continue;
-                    }
-                    let (lo, hi) = (d.ptr.max(base), (d.ptr + d.nbytes).min(base + len));
-                    if lo >= hi {
-                        continue;
-                    }
-                    if writers.iter().any(|w| w.1 < hi && lo < w.2) {
-                        continue; // a later GEMM already wrote (part of) it
-                    }
-                    writers.push((j, lo, hi));
-                }
-                if writers.is_empty() {
-                    continue;
-                }
-                let Some(out) = run.values(r, Role::Output)? else {
-                    continue;
-                };
-                // Where the collective sits in the reference's order: after the aligned GEMM
-                // that precedes it on this rank.
-                let pos = recs[..i]
-                    .iter()
-                    .rev()
-                    .find_map(|g| al.of_run.get(&(rank, step, g.seq)))
-                    .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
-                for (j, lo, hi) in writers {
-                    let g = &recs[j];
-                    let Some(&ref_op) = al.of_run.get(&(rank, step, g.seq)) else {
-                        continue;
-                    };
-                    if shared.contains(&ref_op) {
-                        continue;
-                    }
-                    let Some((place, d_scale)) = d_place.get(&(rank, step, g.seq)) else {
-                        continue;
-                    };
-                    // What the reduction's output is expected to be, relative to the GEMM
-                    // output's fit: a sum keeps its scale, an average divides it.
-                    // A reduction over the data-parallel group is the last one a weight
-                    // gradient sees: it must come out as the reference's, whatever scale
-                    // each rank's partial carried.
-                    let expect = reduction_scale(dp_comm(run, layout, c.comm), *d_scale);
-                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
-                        continue;
-                    };
-                    if let std::collections::btree_map::Entry::Vacant(slot) =
-                        ref_cache.entry(ref_op)
-                    {
-                        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
-                            continue;
-                        };
-                        let Some(v) = reff.values(rr, Role::D)? else {
-                            continue;
-                        };
-                        slot.insert(v);
-                    }
-                    let rv = &ref_cache[&ref_op];
-                    let idx = place.ref_indices(&d.shape, &rv.shape);
-                    let (e0, e1) = (
-                        ((lo - d.ptr) / size) as usize,
-                        ((hi - d.ptr) / size) as usize,
-                    );
-                    let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
-                    if e1 > idx.len() || o1 > out.data.len() {
-                        continue;
-                    }
-                    let y: Vec<f32> = idx[e0..e1]
-                        .iter()
-                        .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
-                        .collect();
-                    let row = d.shape.last().copied().unwrap_or(1) as usize;
-                    let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
-                    let err = numerics::shard_error(&xs, &y, row);
-                    by_call.entry((step, c.comm, n, ref_op)).or_default().push((
-                        rank,
-                        r.seq,
-                        err,
-                        r.api.clone(),
-                        pos,
-                    ));
+                if matches!(
+                    c.kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                ) {
+                    red.reduction(rank, step, recs, i, n)?;
                 }
             }
         }
     }
-    for ((step, _comm, _n, ref_op), shards) in by_call {
-        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
+    for ((step, _comm, _n, ref_op), shards) in std::mem::take(&mut red.by_call) {
+        let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
             continue;
         };
-        let Some(rv) = ref_cache.get(&ref_op) else {
+        let Some(rv) = red.ref_cache.get(&ref_op) else {
             continue;
         };
-        let (rank0, seq0) = (shards[0].0, shards[0].1);
-        let Some(run_rec) = run.record(rank0, step, seq0) else {
+        let Some(run_rec) = ctx.run.record(shards[0].0, step, shards[0].1) else {
             continue;
         };
-        let tol = tolerance::reduced(d_tol.get(&ref_op).copied());
         let key = shards
             .iter()
-            .map(|s| s.4)
+            .map(|s| s.3)
             .min()
             .unwrap_or((step, ref_op.1, 4));
         let results: Vec<Shard> = shards
@@ -1435,8 +1469,8 @@ fn collectives(
             rv,
             &results,
             crate::report::Merge::Replicated,
-            eps,
-            tol,
+            ctx.eps,
+            tolerance::reduced(d_tol.get(&ref_op).copied()),
             step,
             ref_op.1,
         );
@@ -1698,4 +1732,88 @@ fn local_gemm_reason(
          the reference's result (a wrong shard layout, or a reduction added or missing)"
             .to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttrace_format::record::{GemmOp, Op};
+
+    fn tensor(role: Role, ptr: u64, nbytes: u64) -> Tensor {
+        Tensor {
+            role,
+            dtype: DType::F32,
+            shape: vec![nbytes / 4],
+            strides: vec![1],
+            ptr,
+            nbytes,
+            captured: true,
+            crc32: 0,
+        }
+    }
+
+    /// A copy (an upload) writing `[ptr, ptr + nbytes)`.
+    fn copy_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.tensors = vec![tensor(Role::Dst, ptr, nbytes)];
+        r
+    }
+
+    fn gemm_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "cublasGemmEx".into();
+        r.op = Op::Gemm(Box::new(GemmOp {
+            m: 4,
+            n: nbytes / 16,
+            k: 4,
+            transa: 0,
+            transb: 0,
+            lda: 4,
+            ldb: 4,
+            ldc: 4,
+            ldd: 4,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 0,
+            b_type: 0,
+            c_type: 0,
+            d_type: 0,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        }));
+        r.tensors = vec![tensor(Role::D, ptr, nbytes)];
+        r
+    }
+
+    #[test]
+    fn the_last_writer_of_a_buffer_may_be_a_copy() {
+        let copy = copy_writing(2, 0x1000, 64);
+        // A GEMM wrote the block, then an upload reused it: the reduction reads the upload.
+        let recs = vec![gemm_writing(0, 0x1000, 256), copy, gemm_writing(3, 0x2000, 64)];
+        assert!(last_writers(&recs, 3, 0x1000, 64, DType::F32).is_empty());
+        // The part the copy did not overwrite is still the GEMM's.
+        let w = last_writers(&recs, 3, 0x1000, 128, DType::F32);
+        assert_eq!(w, vec![(0, 0x1040, 0x1080)]);
+        // A later GEMM writing the whole range is the writer.
+        let w = last_writers(&recs, 3, 0x2000, 64, DType::F32);
+        assert_eq!(w, vec![(2, 0x2000, 0x2040)]);
+    }
+
+    #[test]
+    fn partial_sums_keep_their_scale_whatever_the_reduction_op() {
+        // TP partial sums: the reference's unsharded result at the inputs' own scale (an
+        // average would be tp times too small and is a divergence).
+        assert_eq!(reduction_scale(false, 1.0), 1.0);
+        assert_eq!(reduction_scale(false, 2.0), 2.0);
+        // DP gradients: the reference's gradient.
+        assert_eq!(reduction_scale(true, 2.0), 1.0);
+    }
 }

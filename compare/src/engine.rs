@@ -890,7 +890,11 @@ fn choose_steps(
             "no step to compare (the reference holds {}, the run {}{})",
             held(&reff.steps()),
             held(&run_steps),
-            if want.is_some() { ", within --steps" } else { "" }
+            if want.is_some() {
+                ", within --steps"
+            } else {
+                ""
+            }
         )));
     }
     Ok(steps)
@@ -1230,7 +1234,6 @@ fn nvtx_path(rec: &Record) -> Option<String> {
     }
 }
 
-
 /// The scale a reduction's output must have relative to the reference GEMM output it
 /// reduces, given the scale `input_scale` its inputs were placed at.
 ///
@@ -1271,7 +1274,13 @@ fn written(r: &Record) -> impl Iterator<Item = &Tensor> {
 /// (copies and collectives included): a part last written by a copy (an allocator that
 /// reused the block for a fresh upload) is linked to no GEMM. Only GEMM outputs of `dtype`
 /// are linked.
-fn last_writers(recs: &[Record], i: usize, base: u64, len: u64, dtype: DType) -> Vec<(usize, u64, u64)> {
+fn last_writers(
+    recs: &[Record],
+    i: usize,
+    base: u64,
+    len: u64,
+    dtype: DType,
+) -> Vec<(usize, u64, u64)> {
     let mut covered: Vec<(u64, u64)> = Vec::new();
     let mut writers: Vec<(usize, u64, u64)> = Vec::new();
     for (j, g) in recs[..i].iter().enumerate().rev() {
@@ -1335,7 +1344,14 @@ impl Reductions<'_> {
     }
 
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
-    fn reduction(&mut self, rank: u32, step: u64, recs: &[Record], i: usize, n: usize) -> Result<(), CompareError> {
+    fn reduction(
+        &mut self,
+        rank: u32,
+        step: u64,
+        recs: &[Record],
+        i: usize,
+        n: usize,
+    ) -> Result<(), CompareError> {
         let ctx = self.ctx;
         let r = &recs[i];
         let Some(c) = collective(r) else {
@@ -1388,7 +1404,10 @@ impl Reductions<'_> {
                 continue;
             };
             let idx = place.ref_indices(&d.shape, &rv.shape);
-            let (e0, e1) = (((lo - d.ptr) / size) as usize, ((hi - d.ptr) / size) as usize);
+            let (e0, e1) = (
+                ((lo - d.ptr) / size) as usize,
+                ((hi - d.ptr) / size) as usize,
+            );
             let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
             if e1 > idx.len() || o1 > out.data.len() {
                 continue;
@@ -1797,7 +1816,11 @@ mod tests {
     fn the_last_writer_of_a_buffer_may_be_a_copy() {
         let copy = copy_writing(2, 0x1000, 64);
         // A GEMM wrote the block, then an upload reused it: the reduction reads the upload.
-        let recs = vec![gemm_writing(0, 0x1000, 256), copy, gemm_writing(3, 0x2000, 64)];
+        let recs = vec![
+            gemm_writing(0, 0x1000, 256),
+            copy,
+            gemm_writing(3, 0x2000, 64),
+        ];
         assert!(last_writers(&recs, 3, 0x1000, 64, DType::F32).is_empty());
         // The part the copy did not overwrite is still the GEMM's.
         let w = last_writers(&recs, 3, 0x1000, 128, DType::F32);

@@ -118,7 +118,14 @@ impl RunTrace {
             .max()
             .unwrap_or(0)
             .max(present)
-            .max(self.manifest.comms.iter().map(|c| c.size).max().unwrap_or(0))
+            .max(
+                self.manifest
+                    .comms
+                    .iter()
+                    .map(|c| c.size)
+                    .max()
+                    .unwrap_or(0),
+            )
     }
 
     /// Ranks of the world with no record in the store (not captured with `--ranks`, or lost).

@@ -109,10 +109,8 @@ pub fn perturbed(
         if b.is_empty() {
             continue;
         }
-        let differs = a.len() != b.len()
-            || a.iter()
-                .zip(&b)
-                .any(|(x, y)| signature(x) != signature(y));
+        let differs =
+            a.len() != b.len() || a.iter().zip(&b).any(|(x, y)| signature(x) != signature(y));
         if differs {
             return Err(CompareError::Invalid(format!(
                 "--perturbed {name} is another model: its GEMMs in step {s} differ from the \

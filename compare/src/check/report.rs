@@ -130,10 +130,12 @@ impl fmt::Display for Report {
             for kind in kinds {
                 let of: Vec<&Finding> = self.findings.iter().filter(|x| x.kind == kind).collect();
                 for x in of.iter().take(SHOWN_PER_KIND) {
+                    // Names come from the traced program: no control characters.
+                    let esc = crate::report::text::escape_controls;
                     let module = if x.module.is_empty() {
                         String::new()
                     } else {
-                        format!(" [{}]", x.module)
+                        format!(" [{}]", esc(&x.module))
                     };
                     writeln!(
                         f,
@@ -141,8 +143,8 @@ impl fmt::Display for Report {
                         kind.label(),
                         x.step,
                         x.ranks,
-                        x.op,
-                        x.detail
+                        esc(&x.op),
+                        esc(&x.detail)
                     )?;
                 }
                 if of.len() > SHOWN_PER_KIND {

@@ -227,21 +227,16 @@ fn add_manifest(ranks: &mut BTreeMap<u32, RankSum>, m: &Manifest) {
         .max()
         .unwrap_or(0);
     for rank in 0..world {
-        if !ranks.contains_key(&rank) {
-            let captured = m
-                .config
-                .ranks
-                .as_ref()
-                .is_none_or(|set| set.contains(u64::from(rank)));
-            ranks.insert(
-                rank,
-                RankSum {
-                    rank,
-                    absent: Some(if captured { "missing" } else { "not captured" }.into()),
-                    ..RankSum::default()
-                },
-            );
-        }
+        let captured = m
+            .config
+            .ranks
+            .as_ref()
+            .is_none_or(|set| set.contains(u64::from(rank)));
+        ranks.entry(rank).or_insert_with(|| RankSum {
+            rank,
+            absent: Some(if captured { "missing" } else { "not captured" }.into()),
+            ..RankSum::default()
+        });
     }
 }
 

@@ -32,7 +32,11 @@ fn trace<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
         cmd.arg(bin("simrun"))
             .args(["--nproc-per-node", &nproc.to_string(), "--"]);
     }
-    let out = cmd.arg(bin("trainer")).args(args).output().expect("ttrace run");
+    let out = cmd
+        .arg(bin("trainer"))
+        .args(args)
+        .output()
+        .expect("ttrace run");
     assert!(
         out.status.success(),
         "ttrace run {opts:?} -- trainer {args:?}: {}",
@@ -40,7 +44,14 @@ fn trace<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(
     );
 }
 
-const MODEL: &[&str] = &["--precision", "bf16", "--micro-batches", "2", "--steps", "3"];
+const MODEL: &[&str] = &[
+    "--precision",
+    "bf16",
+    "--micro-batches",
+    "2",
+    "--steps",
+    "3",
+];
 
 fn with(extra: &[&str]) -> Vec<String> {
     MODEL.iter().chain(extra).map(|s| s.to_string()).collect()
@@ -65,7 +76,12 @@ fn stores() -> &'static Stores {
         let root = dir.0.clone();
         trace(&root.join("ref"), 1, &[], MODEL);
         trace(&root.join("ref-perturbed"), 1, &["--perturb"], MODEL);
-        trace(&root.join("tp2dp2"), 4, &[], &with(&["--tp", "2", "--dp", "2"]));
+        trace(
+            &root.join("tp2dp2"),
+            4,
+            &[],
+            &with(&["--tp", "2", "--dp", "2"]),
+        );
         Stores { _dir: dir, root }
     })
 }
@@ -110,10 +126,18 @@ fn a_tensor_parallel_partial_sum_averaged_is_local_at_the_collective() {
     let s = stores();
     let dir = TempDir::new("compare-avg");
     let run = dir.0.join("run");
-    trace(&run, 2, &[], &with(&["--tp", "2", "--bug", "tp-row-parallel-avg"]));
+    trace(
+        &run,
+        2,
+        &[],
+        &with(&["--tp", "2", "--bug", "tp-row-parallel-avg"]),
+    );
     let (o, r) = compare(
         &[&s.path("ref"), &run],
-        &["--perturbed", s.path("ref-perturbed").to_str().expect("utf-8")],
+        &[
+            "--perturbed",
+            s.path("ref-perturbed").to_str().expect("utf-8"),
+        ],
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let r = r.expect("json");
@@ -157,7 +181,9 @@ fn partial_captures_of_a_bug_free_run_never_diverge() {
         let r = r.expect("json");
         let (tp, dp) = (r["layout"]["tp"].as_u64(), r["layout"]["dp"].as_u64());
         assert_eq!((tp, dp), (Some(2), Some(2)), "{name}: {}", r["layout"]);
-        let listed = r["not_comparable"].as_array().is_some_and(|a| !a.is_empty());
+        let listed = r["not_comparable"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
         assert_eq!(listed, not_comparable, "{name}: {}", text(&o));
         if listed {
             assert!(text(&o).contains("not comparable"), "{name}: {}", text(&o));
@@ -213,7 +239,12 @@ fn a_store_missing_ranks_is_not_a_divergence() {
 fn check_and_ls_are_honest_about_a_pipeline_rank_not_captured() {
     let dir = TempDir::new("check-pp-ranks");
     let run = dir.0.join("run");
-    trace(&run, 4, &["--ranks", "0-2"], &with(&["--pp", "2", "--dp", "2"]));
+    trace(
+        &run,
+        4,
+        &["--ranks", "0-2"],
+        &with(&["--pp", "2", "--dp", "2"]),
+    );
     let c = Command::new(bin("ttrace"))
         .arg("check")
         .arg(&run)
@@ -230,7 +261,8 @@ fn check_and_ls_are_honest_about_a_pipeline_rank_not_captured() {
         .expect("ttrace ls");
     let out = String::from_utf8_lossy(&l.stdout);
     assert!(
-        out.lines().any(|l| l.starts_with("3 ") && l.contains("not captured")),
+        out.lines()
+            .any(|l| l.starts_with("3 ") && l.contains("not captured")),
         "{out}"
     );
 }
@@ -247,7 +279,14 @@ fn stores_that_cannot_be_compared_exit_2_naming_the_difference() {
         &fp32,
         1,
         &[],
-        &["--precision", "fp32", "--micro-batches", "2", "--steps", "3"],
+        &[
+            "--precision",
+            "fp32",
+            "--micro-batches",
+            "2",
+            "--steps",
+            "3",
+        ],
     );
     let seed = dir.0.join("seed");
     trace(&seed, 1, &["--perturb"], &with(&["--seed", "9"]));
@@ -359,7 +398,10 @@ fn three_hundred_bug_free_steps_without_a_perturbed_reference_stay_quiet() {
         );
         // A bug in the same long run is still caught, where it is.
         let bug = dir.0.join("bug");
-        args.extend(["--bug".to_string(), "attention-softmax-scale-local".to_string()]);
+        args.extend([
+            "--bug".to_string(),
+            "attention-softmax-scale-local".to_string(),
+        ]);
         trace(&bug, 2, &[], &args);
         let (o, r) = compare(&[&reff, &bug], &[]);
         assert_eq!(o.status.code(), Some(1), "{precision}: {}", text(&o));

@@ -376,6 +376,33 @@ struct Memory {
     /// The best place found for a kind that never fitted cleanly (reused, without a search,
     /// once the verdict is settled).
     provisional: BTreeMap<HintKey, (Placement, f32)>,
+    /// Where each rank's shards cleanly sat: (rank, slices of a cut) → slice → times.
+    usual: Usual,
+}
+
+/// (rank, slices of a cut) → which slice → how many clean placements put it there.
+type Usual = BTreeMap<(u32, u64), BTreeMap<u64, u32>>;
+
+/// How much `rank` belongs at placement `p`: for every cut of `p`, the clean placements of
+/// the rank's earlier shards at that slice, plus one when the rank's tensor- or
+/// data-parallel coordinate in the layout is that slice's index.
+fn slice_affinity(usual: &Usual, layout: &LayoutSummary, rank: u32, p: &Placement) -> u32 {
+    let (tp, dp, _) = crate::layout::coords(layout, rank);
+    let mut a = 0;
+    for cut in p.dims.iter().flat_map(|d| d.cuts.iter()) {
+        a += 2 * usual
+            .get(&(rank, cut.parts))
+            .and_then(|m| m.get(&cut.chunk))
+            .copied()
+            .unwrap_or(0);
+        let coord = if cut.parts == u64::from(layout.tp) {
+            tp
+        } else {
+            dp
+        };
+        a += u32::from(u64::from(coord) == cut.chunk);
+    }
+    a
 }
 
 /// One reference tensor's counterparts, placed.
@@ -415,6 +442,8 @@ struct Walk<'a> {
     settled: bool,
     /// Every rank of the world is in the store (shards must then tile the reference).
     whole: bool,
+    /// The run's layout (ranks' coordinates).
+    layout: LayoutSummary,
 }
 
 impl<'a> Walk<'a> {
@@ -453,6 +482,7 @@ impl<'a> Walk<'a> {
             warnings,
             settled: false,
             whole: missing.is_empty(),
+            layout: p.layout.clone(),
         }
     }
 
@@ -568,11 +598,14 @@ impl<'a> Walk<'a> {
         }
         // Shards must tile the reference only when every rank was captured.
         if merge_group == 1 && self.whole {
+            let (usual, layout) = (&self.mem.usual, &self.layout);
+            let affinity = |rank: u32, p: &Placement| slice_affinity(usual, layout, rank, p);
             cover(
                 &mut placed.results,
                 &mut placed.place_of,
                 &placed.vals,
                 ref_vals,
+                &affinity,
             );
         }
         let merge = placed
@@ -706,6 +739,15 @@ impl<'a> Walk<'a> {
         }?;
         if fit.err.rel <= accept {
             remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
+            for cut in fit.placement.dims.iter().flat_map(|d| d.cuts.iter()) {
+                *self
+                    .mem
+                    .usual
+                    .entry((key.0, cut.parts))
+                    .or_default()
+                    .entry(cut.chunk)
+                    .or_default() += 1;
+            }
         } else {
             self.mem
                 .provisional
@@ -933,12 +975,16 @@ fn perturbed_error(
 
 /// Shards must tile the reference: when several ranks claim the same slice while another
 /// slice is claimed by nobody (two data-parallel ranks reading the same batch), the surplus
-/// shards are judged at the unclaimed slices instead.
+/// shards are judged at the unclaimed slices instead. Among shards that fit a free slice
+/// equally (identical shards), the one with the larger `affinity` for it takes it: the rank
+/// whose place in the layout is that slice, so that the blame falls on the rank whose shard
+/// is wrong for its place.
 fn cover(
     results: &mut [Shard],
     place_of: &mut [Placed],
     vals: &BTreeMap<(u32, u64), Values>,
     ref_vals: &Values,
+    affinity: &dyn Fn(u32, &Placement) -> u32,
 ) {
     let Some(first) = place_of.first() else {
         return;
@@ -992,7 +1038,16 @@ fn cover(
                 let f = numerics::full_fit(x, ref_vals, free.clone(), *scale);
                 Some((i, f))
             })
-            .min_by(|a, b| a.1.err.rel.total_cmp(&b.1.err.rel));
+            .min_by(|a, b| {
+                // Equal fits within round-off of the comparison itself are ties.
+                let (x, y) = (a.1.err.rel, b.1.err.rel);
+                if (x - y).abs() <= 1e-9 * x.abs().max(y.abs()) {
+                    let aff = |i: usize| affinity(place_of[i].0, &free);
+                    aff(b.0).cmp(&aff(a.0))
+                } else {
+                    x.total_cmp(&y)
+                }
+            });
         let Some((i, f)) = best else { break };
         place_of[i].2 = free.clone();
         if let Some(r) = results
@@ -1828,6 +1883,52 @@ mod tests {
         // A later GEMM writing the whole range is the writer.
         let w = last_writers(&recs, 3, 0x2000, 64, DType::F32);
         assert_eq!(w, vec![(2, 0x2000, 0x2040)]);
+    }
+
+    fn values(data: &[f32]) -> Values {
+        Values {
+            shape: vec![data.len() as u64],
+            data: data.to_vec(),
+            dtype: DType::F32,
+        }
+    }
+
+    fn half(chunk: u64) -> Placement {
+        Placement {
+            dims: vec![numerics::DimSlice {
+                cuts: vec![numerics::Cut {
+                    parts: 2,
+                    outer: 1,
+                    chunk,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn identical_shards_blame_the_rank_whose_place_they_do_not_fit() {
+        let reference = values(&[1.0, 2.0, 3.0, 4.0]);
+        // Rank 1 loaded rank 0's half: both fit the first half exactly.
+        let vals: BTreeMap<(u32, u64), Values> = [
+            ((0, 10), values(&[1.0, 2.0])),
+            ((1, 10), values(&[1.0, 2.0])),
+        ]
+        .into_iter()
+        .collect();
+        let fit = |rank: u32| Shard {
+            rank,
+            seq: 10,
+            err: numerics::full_fit(&vals[&(rank, 10)], &reference, half(0), 1.0).err,
+        };
+        let mut results = vec![fit(0), fit(1)];
+        let mut place_of: Vec<Placed> = vec![(0, 10, half(0), 1.0), (1, 10, half(0), 1.0)];
+        // Rank 1's place is the second half.
+        let affinity =
+            |rank: u32, p: &Placement| u32::from(u64::from(rank) == p.dims[0].cuts[0].chunk);
+        cover(&mut results, &mut place_of, &vals, &reference, &affinity);
+        assert_eq!(place_of[1].2, half(1));
+        assert!(results[0].err.rel < 1e-9, "rank 0 holds its own half");
+        assert!(results[1].err.rel > 0.1, "rank 1 is judged at its place");
     }
 
     #[test]

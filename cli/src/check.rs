@@ -55,6 +55,11 @@ pub fn main(args: CheckArgs) -> anyhow::Result<i32> {
             last_total = total;
         }
         bar.set_position(done);
+    })
+    .map_err(|e| {
+        anyhow::anyhow!(ttrace_compare::report::text::escape_controls(
+            &ttrace_compare::error_line(&e)
+        ))
     })?;
     bar.finish_and_clear();
     let json = serde_json::to_string_pretty(&report)?;

@@ -56,22 +56,31 @@ pub struct CompareArgs {
     html: Option<PathBuf>,
 }
 
-/// Parses `0`, `0-2`, `0,3,5-6`.
-fn parse_steps(s: &str) -> anyhow::Result<Vec<u64>> {
+/// Parses `0`, `0-2`, `0,3,5-6` into inclusive ranges (a range is a filter on the steps
+/// the stores hold, never expanded).
+fn parse_steps(s: &str) -> anyhow::Result<Vec<(u64, u64)>> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let bad = || anyhow::anyhow!("--steps: `{part}` is not a step or a range like 0-2");
         match part.split_once('-') {
             Some((a, b)) => {
-                let (a, b): (u64, u64) =
-                    (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                let (a, b): (u64, u64) = (
+                    a.trim().parse().map_err(|_| bad())?,
+                    b.trim().parse().map_err(|_| bad())?,
+                );
                 if a > b {
                     return Err(bad());
                 }
-                out.extend(a..=b);
+                out.push((a, b));
             }
-            None => out.push(part.parse().map_err(|_| bad())?),
+            None => {
+                let v = part.parse().map_err(|_| bad())?;
+                out.push((v, v));
+            }
         }
+    }
+    if out.is_empty() {
+        anyhow::bail!("--steps: `{s}` names no step");
     }
     Ok(out)
 }
@@ -101,7 +110,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     let report = compare(&args.reference, &args.run, &opts, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })?;
+    })
+    .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;
     bar.finish_and_clear();
     if let Some(p) = &args.html {
         std::fs::write(p, html::render(&report))
@@ -126,7 +136,12 @@ mod tests {
 
     #[test]
     fn steps_parse_as_lists_and_ranges() {
-        assert_eq!(parse_steps("0-2,5").expect("valid"), vec![0, 1, 2, 5]);
+        assert_eq!(parse_steps("0-2,5").expect("valid"), vec![(0, 2), (5, 5)]);
+        // A range as wide as u64 is a filter, not a list.
+        assert_eq!(
+            parse_steps("0-18446744073709551615").expect("valid"),
+            vec![(0, u64::MAX)]
+        );
         assert!(parse_steps("2-1").is_err());
         assert!(parse_steps("x").unwrap_err().to_string().contains("`x`"));
     }

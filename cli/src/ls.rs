@@ -8,9 +8,9 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::json;
 use ttrace_format::config::{RangeSet, StepRule};
-use ttrace_format::reader::Issue;
+use ttrace_format::reader::{Issue, Store};
 use ttrace_format::record::Op;
-use ttrace_format::store::CommEntry;
+use ttrace_format::store::{CommEntry, Manifest};
 
 use crate::reading::{open_store, print_table, warn, Progress};
 use crate::units::human;
@@ -54,6 +54,10 @@ struct RankSum {
     pid: Option<u32>,
     hostname: Option<String>,
     clean_exit: Option<bool>,
+    /// `None` when the store holds the rank's records; otherwise why it does not: `not
+    /// captured` (outside `ttrace run --ranks`) or `missing` (listed with records by the
+    /// manifest, absent from the store).
+    absent: Option<String>,
 }
 
 /// Per-step totals.
@@ -84,15 +88,60 @@ fn interesting(k: &str) -> bool {
     PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k)
 }
 
+/// Text from the traced program (command line, environment, host names) with its control
+/// characters escaped: it must not drive the terminal.
+fn esc(s: &str) -> String {
+    ttrace_compare::report::text::escape_controls(s)
+}
+
 /// Runs `ttrace ls`.
 pub fn main(a: LsArgs) -> anyhow::Result<()> {
     let store = open_store("ls", &a.run)?;
+    let mut l = read_segments(&store);
+    let manifest = store.manifest();
+    if let Some(m) = manifest {
+        add_manifest(&mut l.ranks, m);
+    }
+    let comms = merged_comms(manifest, std::mem::take(&mut l.seen_comms));
+    if a.json {
+        return print_json(&a, &store, &l, &comms);
+    }
+    for i in &l.issues {
+        warn("ls", i);
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    print_header(&mut out, &a, manifest)?;
+    print_tables(&mut out, &l, &comms)?;
+    let n_issues = store.issues().len() + l.issues.len();
+    if n_issues > 0 {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "{n_issues} problem(s) reported above; `ttrace fsck {}` checks every byte",
+            a.run.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// What the segments hold, per rank and per step.
+#[derive(Default)]
+struct Listing {
+    ranks: BTreeMap<u32, RankSum>,
+    steps: BTreeMap<u64, StepSum>,
+    issues: Vec<Issue>,
+    /// Communicators as the records show them: key -> (size, comm rank -> global rank).
+    seen_comms: BTreeMap<u64, (u32, BTreeMap<u32, u32>)>,
+}
+
+/// Reads every record's metadata (fast, through the indexes).
+fn read_segments(store: &Store) -> Listing {
     let total: u64 = store.segments().iter().map(|s| s.bytes).sum();
     let progress = Progress::bytes(total, "reading");
     let mut ranks: BTreeMap<u32, RankSum> = BTreeMap::new();
     let mut steps: BTreeMap<u64, StepSum> = BTreeMap::new();
     let mut issues: Vec<Issue> = Vec::new();
-    // Communicators as the records show them: key -> (size, comm rank -> global rank).
     let mut seen_comms: BTreeMap<u64, (u32, BTreeMap<u32, u32>)> = BTreeMap::new();
     for info in store.segments() {
         let seg = match store.open_segment(info.rank, info.step) {
@@ -148,18 +197,55 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
         progress.inc(info.bytes);
     }
     progress.finish();
-    let manifest = store.manifest();
-    if let Some(m) = manifest {
-        for ri in &m.ranks {
-            let r = ranks.entry(ri.rank).or_default();
-            r.rank = ri.rank;
-            r.pid = Some(ri.pid);
-            r.hostname = Some(ri.hostname.clone());
-            r.clean_exit = Some(r.clean_exit.unwrap_or(true) && ri.clean_exit);
+    Listing {
+        ranks,
+        steps,
+        issues,
+        seen_comms,
+    }
+}
+
+/// Adds the manifest's view of the ranks: pid, host, exit, and the ranks of the world the
+/// store holds nothing of (not captured, or missing).
+fn add_manifest(ranks: &mut BTreeMap<u32, RankSum>, m: &Manifest) {
+    for ri in &m.ranks {
+        let r = ranks.entry(ri.rank).or_default();
+        r.rank = ri.rank;
+        r.pid = Some(ri.pid);
+        r.hostname = Some(ri.hostname.clone());
+        r.clean_exit = Some(r.clean_exit.unwrap_or(true) && ri.clean_exit);
+        if r.steps.is_empty() && ri.records > 0 {
+            r.absent = Some(format!("missing ({} records listed)", ri.records));
         }
     }
-    // The manifest's communicators, completed by what the records show (a run whose daemon
-    // died may not have written them).
+    // Ranks of the world the store holds nothing of (`--ranks`, or lost before start).
+    let world = m
+        .ranks
+        .iter()
+        .map(|r| r.world_size)
+        .chain(m.comms.iter().map(|c| c.size))
+        .max()
+        .unwrap_or(0);
+    for rank in 0..world {
+        let captured = m
+            .config
+            .ranks
+            .as_ref()
+            .is_none_or(|set| set.contains(u64::from(rank)));
+        ranks.entry(rank).or_insert_with(|| RankSum {
+            rank,
+            absent: Some(if captured { "missing" } else { "not captured" }.into()),
+            ..RankSum::default()
+        });
+    }
+}
+
+/// The manifest's communicators, completed by what the records show (a run whose daemon
+/// died may not have written them).
+fn merged_comms(
+    manifest: Option<&Manifest>,
+    seen_comms: BTreeMap<u64, (u32, BTreeMap<u32, u32>)>,
+) -> Vec<CommEntry> {
     let mut comms: Vec<CommEntry> = manifest.map(|m| m.comms.clone()).unwrap_or_default();
     for (key, (size, members)) in seen_comms {
         if let Some(c) = comms.iter_mut().find(|c| c.key == key) {
@@ -185,35 +271,44 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             });
         }
     }
-    if a.json {
-        let v = json!({
-            "run": a.run,
-            "run_id": manifest.map(|m| m.run_id.clone()),
-            "finalized": manifest.map(|m| m.finalized),
-            "exit_code": manifest.and_then(|m| m.exit_code),
-            "lost": manifest.map(|m| m.lost.clone()),
-            "created_unix_ns": manifest.map(|m| m.created_unix_ns),
-            "command": manifest.map(|m| m.command.clone()),
-            "cwd": manifest.map(|m| m.cwd.clone()),
-            "env": manifest.map(|m| m.env.clone()),
-            "config": manifest.map(|m| m.config.clone()),
-            "ranks": ranks.values().collect::<Vec<_>>(),
-            "steps": steps.values().collect::<Vec<_>>(),
-            "comms": comms,
-            "issues": store.issues().iter().chain(&issues).collect::<Vec<_>>(),
-        });
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        serde_json::to_writer_pretty(&mut out, &v)?;
-        writeln!(out)?;
-        return Ok(());
-    }
-    for i in &issues {
-        warn("ls", i);
-    }
+    comms
+}
+
+/// `ttrace ls --json`.
+fn print_json(a: &LsArgs, store: &Store, l: &Listing, comms: &[CommEntry]) -> anyhow::Result<()> {
+    let manifest = store.manifest();
+    let (ranks, steps, issues) = (&l.ranks, &l.steps, &l.issues);
+    let v = json!({
+        "run": a.run,
+        "run_id": manifest.map(|m| m.run_id.clone()),
+        "finalized": manifest.map(|m| m.finalized),
+        "exit_code": manifest.and_then(|m| m.exit_code),
+        "lost": manifest.map(|m| m.lost.clone()),
+        "job": manifest.and_then(|m| m.job.clone()),
+        "created_unix_ns": manifest.map(|m| m.created_unix_ns),
+        "command": manifest.map(|m| m.command.clone()),
+        "cwd": manifest.map(|m| m.cwd.clone()),
+        "env": manifest.map(|m| m.env.clone()),
+        "config": manifest.map(|m| m.config.clone()),
+        "ranks": ranks.values().collect::<Vec<_>>(),
+        "steps": steps.values().collect::<Vec<_>>(),
+        "comms": comms,
+        "issues": store.issues().iter().chain(issues).collect::<Vec<_>>(),
+    });
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    writeln!(out, "store    {}", a.run.display())?;
+    serde_json::to_writer_pretty(&mut out, &v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// The store, the run and how it was captured.
+fn print_header(
+    out: &mut impl Write,
+    a: &LsArgs,
+    manifest: Option<&Manifest>,
+) -> anyhow::Result<()> {
+    writeln!(out, "store    {}", esc(&a.run.display().to_string()))?;
     match manifest {
         Some(m) => {
             let state = if m.finalized {
@@ -228,6 +323,9 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             for l in &m.lost {
                 writeln!(out, "INCOMPLETE {} records lost: {}", l.records, l.cause)?;
             }
+            if let Some(j) = &m.job {
+                writeln!(out, "job      {} ({}: {})", esc(&j.label), j.source, esc(&j.id))?;
+            }
             if m.created_unix_ns > 0 {
                 let when =
                     std::time::UNIX_EPOCH + std::time::Duration::from_nanos(m.created_unix_ns);
@@ -239,8 +337,8 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                     "command  (unknown: the manifest was rebuilt from the segments)"
                 )?;
             } else {
-                writeln!(out, "command  {}", shell_words(&m.command))?;
-                writeln!(out, "cwd      {}", m.cwd)?;
+                writeln!(out, "command  {}", esc(&shell_words(&m.command)))?;
+                writeln!(out, "cwd      {}", esc(&m.cwd))?;
             }
             let c = &m.config;
             let fams: Vec<&str> = c.families.iter().map(|f| f.name()).collect();
@@ -278,11 +376,17 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                 )?;
             }
             for (k, v) in shown {
-                writeln!(out, "  {k}={v}")?;
+                writeln!(out, "  {}={}", esc(k), esc(v))?;
             }
         }
         None => writeln!(out, "run      (manifest.json missing or unreadable)")?,
     }
+    Ok(())
+}
+
+/// The rank, step and communicator tables.
+fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyhow::Result<()> {
+    let (ranks, steps) = (&l.ranks, &l.steps);
     writeln!(out)?;
     let mut rows = vec![[
         "rank", "pid", "host", "steps", "records", "gaps", "raw", "stored", "ratio", "exit",
@@ -293,7 +397,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
         rows.push(vec![
             r.rank.to_string(),
             r.pid.map_or("-".into(), |p| p.to_string()),
-            r.hostname.clone().unwrap_or_else(|| "-".into()),
+            r.hostname.as_deref().map_or_else(|| "-".into(), esc),
             steps_set(&r.steps),
             r.records.to_string(),
             if r.gap_reasons.is_empty() {
@@ -309,14 +413,15 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             human(r.bytes_raw),
             human(r.bytes_stored),
             ratio(r.bytes_raw, r.bytes_stored),
-            match r.clean_exit {
-                Some(true) => "clean".into(),
-                Some(false) => "crashed".into(),
-                None => "-".into(),
+            match (&r.absent, r.clean_exit) {
+                (Some(why), _) => why.clone(),
+                (None, Some(true)) => "clean".into(),
+                (None, Some(false)) => "crashed".into(),
+                (None, None) => "-".into(),
             },
         ]);
     }
-    print_table(&mut out, &rows)?;
+    print_table(out, &rows)?;
     writeln!(out)?;
     let mut rows = vec![["step", "ranks", "records", "gaps", "raw", "stored"]
         .map(String::from)
@@ -331,7 +436,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
             human(s.bytes_stored),
         ]);
     }
-    print_table(&mut out, &rows)?;
+    print_table(out, &rows)?;
     writeln!(out)?;
     if comms.is_empty() {
         writeln!(out, "communicators: none")?;
@@ -343,7 +448,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
         let mut rows = vec![["key", "size", "created by", "parent/color", "members"]
             .map(String::from)
             .to_vec()];
-        for c in &comms {
+        for c in comms {
             let members: Vec<String> = c
                 .members
                 .iter()
@@ -361,16 +466,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
                 format!("[{}]", members.join(", ")),
             ]);
         }
-        print_table(&mut out, &rows)?;
-    }
-    let n_issues = store.issues().len() + issues.len();
-    if n_issues > 0 {
-        writeln!(out)?;
-        writeln!(
-            out,
-            "{n_issues} problem(s) reported above; `ttrace fsck {}` checks every byte",
-            a.run.display()
-        )?;
+        print_table(out, &rows)?;
     }
     Ok(())
 }

@@ -191,17 +191,10 @@ pub fn needleman_wunsch<T, U>(
     pairs
 }
 
-/// Aligns every GEMM of `run` with `reff` (rank 0 of the reference) for `steps`.
-pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
-    let mut al = Alignment {
-        pp: 1,
-        ..Alignment::default()
-    };
-    let ref_rank = reff.ranks().first().copied().unwrap_or(0);
-    let ranks = run.ranks();
-
-    // Stages from the point-to-point communicator.
-    for &rank in &ranks {
+/// Each rank's pipeline stage: its rank in the communicator its send/recv ops use (0
+/// without point-to-point ops); the pipeline size and communicator.
+fn stages(run: &RunTrace, ranks: &[u32], al: &mut Alignment) {
+    for &rank in ranks {
         let p2p = run
             .ops
             .range((rank, 0)..=(rank, u64::MAX))
@@ -218,6 +211,52 @@ pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
             }
         }
     }
+}
+
+/// Per stage, the GEMMs of a forward and of a backward segment (from the first rank of each
+/// stage), and the micro-batches per step (forward segments of a pipelined rank).
+#[allow(clippy::type_complexity)]
+fn segment_lengths(
+    per_rank: &BTreeMap<u32, Vec<Segment>>,
+    al: &Alignment,
+) -> (BTreeMap<u32, usize>, BTreeMap<u32, usize>, usize) {
+    let mut fwd_len: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut bwd_len: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut micro_batches = 1usize;
+    for (&r, segs) in per_rank {
+        let st = al.stage[&r];
+        for s in segs {
+            match s.kind {
+                Kind::Forward => {
+                    fwd_len.entry(st).or_insert(s.gemms.len());
+                }
+                Kind::Backward => {
+                    bwd_len.entry(st).or_insert(s.gemms.len());
+                }
+                _ => {}
+            }
+        }
+        let n = segs
+            .iter()
+            .filter(|s| matches!(s.kind, Kind::Forward | Kind::Both))
+            .count();
+        if al.pp > 1 {
+            micro_batches = micro_batches.max(n);
+        }
+    }
+    (fwd_len, bwd_len, micro_batches)
+}
+
+/// Aligns every GEMM of `run` with `reff` (rank 0 of the reference) for `steps`.
+pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
+    let mut al = Alignment {
+        pp: 1,
+        ..Alignment::default()
+    };
+    let ref_rank = reff.ranks().first().copied().unwrap_or(0);
+    let ranks = run.ranks();
+
+    stages(run, &ranks, &mut al);
 
     for &step in steps {
         let ref_recs = reff.records(ref_rank, step);
@@ -232,31 +271,7 @@ pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
             })
             .collect();
 
-        // Segment lengths per stage (from the first rank of each stage).
-        let mut fwd_len: BTreeMap<u32, usize> = BTreeMap::new();
-        let mut bwd_len: BTreeMap<u32, usize> = BTreeMap::new();
-        let mut micro_batches = 1usize;
-        for (&r, segs) in &per_rank {
-            let st = al.stage[&r];
-            for s in segs {
-                match s.kind {
-                    Kind::Forward => {
-                        fwd_len.entry(st).or_insert(s.gemms.len());
-                    }
-                    Kind::Backward => {
-                        bwd_len.entry(st).or_insert(s.gemms.len());
-                    }
-                    _ => {}
-                }
-            }
-            let n = segs
-                .iter()
-                .filter(|s| matches!(s.kind, Kind::Forward | Kind::Both))
-                .count();
-            if al.pp > 1 {
-                micro_batches = micro_batches.max(n);
-            }
-        }
+        let (fwd_len, bwd_len, micro_batches) = segment_lengths(&per_rank, &al);
         let total = ref_gemms.len();
         if al.pp > 1 && !total.is_multiple_of(micro_batches) {
             al.warnings.push(format!(

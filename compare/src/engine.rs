@@ -7,12 +7,12 @@
 //! GEMM output it reduces (found by dataflow: the GEMM whose output buffer the collective
 //! reads, the latest one to write it). The first tensor beyond its tolerance is the verdict.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Instant;
 
 use ttrace_format::dtype::DType;
-use ttrace_format::record::{CollectiveKind, Record, Role};
+use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
 
 use crate::align::{self, Alignment, RefOp};
 use crate::numerics::{self, Placement, ShardError};
@@ -27,8 +27,8 @@ use crate::CompareError;
 /// What to compare.
 #[derive(Debug, Clone, Default)]
 pub struct CompareOptions {
-    /// Steps to compare (`None`: every step both runs have).
-    pub steps: Option<Vec<u64>>,
+    /// Steps to compare, as inclusive ranges (`None`: every step both runs have).
+    pub steps: Option<Vec<(u64, u64)>>,
     /// The layout, when the user gave it (otherwise discovered).
     pub layout: Option<LayoutSummary>,
     /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
@@ -159,6 +159,50 @@ fn operand(t: &RunTrace, rec: &Record, role: Role) -> Result<Option<(Values, f64
     Ok(Some((v, cancelled)))
 }
 
+/// Whether `rec` accumulates into its output (beta != 0) while its C was not captured
+/// (`ttrace run --no-inputs`): its increment `D - beta*C` cannot be formed.
+fn increment_unknown(rec: &Record) -> bool {
+    gemm(rec).is_some_and(accumulates)
+        && !rec
+            .tensors
+            .iter()
+            .any(|t| t.role == Role::CIn && t.captured)
+}
+
+/// Whether a communicator `rank` belongs to (by the manifest's map) has members the store
+/// holds no records of in `step`.
+fn partners_missing(run: &RunTrace, rank: u32, step: u64) -> bool {
+    run.manifest.comms.iter().any(|c| {
+        c.size > 1
+            && c.members.contains(&Some(rank))
+            && c.members
+                .iter()
+                .any(|m| m.is_none_or(|m| run.records(m, step).is_empty()))
+    })
+}
+
+/// What could not be judged, by reason: how many tensors and the first op.
+#[derive(Default)]
+struct Unjudged(BTreeMap<&'static str, (u64, String)>);
+
+impl Unjudged {
+    fn note(&mut self, reason: &'static str, rec: &Record) {
+        let e = self.0.entry(reason).or_insert_with(|| (0, describe(rec)));
+        e.0 += 1;
+    }
+
+    fn into_report(self) -> Vec<crate::report::NotComparable> {
+        self.0
+            .into_iter()
+            .map(|(reason, (tensors, first))| crate::report::NotComparable {
+                reason: reason.to_string(),
+                tensors,
+                first,
+            })
+            .collect()
+    }
+}
+
 /// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
 /// two accumulations (its C differs from the previous GEMM's D in the same buffer): their
 /// final value is not the GEMM's, so reductions of it are not compared with it.
@@ -204,6 +248,606 @@ pub fn compare(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
+    let p = prepare(reff_path, run_path, opts)?;
+    let mut walk = Walk::new(&p);
+    let total_ops = p.al.of_ref.len() as u64;
+    let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, &p.steps);
+    for (done, (&ref_op, shards)) in p.al.of_ref.iter().enumerate() {
+        progress(done as u64, total_ops);
+        let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
+        walk.op(ref_op, shards, depth)?;
+    }
+    progress(total_ops, total_ops);
+    if walk.pending.is_empty() {
+        return Err(CompareError::NothingAligned(format!(
+            "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
+             model, data and steps?",
+            run_path.display(),
+            reff_path.display(),
+            p.al.unaligned,
+        )));
+    }
+    collectives(
+        &Ctx {
+            reff: &p.reff,
+            ref_rank: p.ref_rank,
+            run: &p.run,
+            al: &p.al,
+            steps: &p.steps,
+            eps: walk.eps,
+            layout: &p.layout,
+        },
+        &walk.d_place,
+        &walk.d_tol,
+        &mut walk.pending,
+    )?;
+    finish(&p, walk, started)
+}
+
+/// What the collectives' comparison reads.
+struct Ctx<'a> {
+    reff: &'a RunTrace,
+    ref_rank: u32,
+    run: &'a RunTrace,
+    al: &'a Alignment,
+    steps: &'a [u64],
+    eps: f64,
+    layout: &'a LayoutSummary,
+}
+
+/// Orders the comparisons, localizes the first divergence and assembles the report.
+fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, CompareError> {
+    let Walk {
+        mut pending,
+        warnings,
+        unjudged,
+        eps,
+        ..
+    } = walk;
+    pending.sort_by_key(|p| p.key);
+    let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
+    for (i, p) in pending.iter_mut().enumerate() {
+        p.cmp.position = i as u64;
+        tensors.push(p.cmp.clone());
+    }
+    let first = pending.iter().position(|p| p.cmp.diverged);
+    let first_divergence = match first {
+        Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
+        None => None,
+    };
+    let mut worst: Vec<usize> = (0..tensors.len()).collect();
+    worst.sort_by(|&a, &b| {
+        let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
+        r(&tensors[b]).total_cmp(&r(&tensors[a]))
+    });
+    worst.truncate(10);
+    let summary = |t: &RunTrace| RunSummary {
+        path: t.path.display().to_string(),
+        run_id: t.manifest.run_id.clone(),
+        command: t.manifest.command.join(" "),
+        world_size: t.ranks().len() as u32,
+    };
+    let stats = CompareStats {
+        reference_ops: p
+            .steps
+            .iter()
+            .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
+            .sum(),
+        reference_gemms_aligned: p.al.of_ref.len() as u64,
+        aligned_ops: p.al.of_run.len() as u64,
+        unaligned_ops: p.al.unaligned,
+        tensors_compared: tensors.len() as u64,
+        bytes_compared: p.reff.bytes_read()
+            + p.run.bytes_read()
+            + p.pert.as_ref().map_or(0, |p| p.bytes_read()),
+        elapsed_s: started.elapsed().as_secs_f64(),
+    };
+    Ok(CompareReport {
+        reference: summary(&p.reff),
+        run: summary(&p.run),
+        perturbed: p.pert.as_ref().map(summary),
+        layout: p.layout.clone(),
+        precision: p.precision.name().to_string(),
+        epsilon: eps,
+        steps: p.steps.clone(),
+        verdict: if first_divergence.is_some() {
+            Verdict::Divergence
+        } else {
+            Verdict::Match
+        },
+        first_divergence,
+        tensors,
+        worst,
+        warnings,
+        not_comparable: unjudged.into_report(),
+        stats,
+    })
+}
+
+/// Placements that fitted before, per kind of tensor: tried first next time.
+#[derive(Default)]
+struct Memory {
+    /// Placements that fitted a kind of tensor whole, per rank.
+    hints: BTreeMap<HintKey, Vec<(Placement, f32)>>,
+    /// Placements that fitted group sums.
+    sum_hints: SumHints,
+    /// Kinds that were partial results last time (go straight to the group sums).
+    needs_sum: BTreeSet<HintKey>,
+    /// The best place found for a kind that never fitted cleanly (reused, without a search,
+    /// once the verdict is settled).
+    provisional: BTreeMap<HintKey, (Placement, f32)>,
+    /// Where each rank's shards cleanly sat: (rank, slices of a cut) → slice → times.
+    usual: Usual,
+}
+
+/// (rank, slices of a cut) → which slice → how many clean placements put it there.
+type Usual = BTreeMap<(u32, u64), BTreeMap<u64, u32>>;
+
+/// How much `rank` belongs at placement `p`: for every cut of `p`, the clean placements of
+/// the rank's earlier shards at that slice, plus one when the rank's tensor- or
+/// data-parallel coordinate in the layout is that slice's index.
+fn slice_affinity(usual: &Usual, layout: &LayoutSummary, rank: u32, p: &Placement) -> u32 {
+    let (tp, dp, _) = crate::layout::coords(layout, rank);
+    let mut a = 0;
+    for cut in p.dims.iter().flat_map(|d| d.cuts.iter()) {
+        a += 2 * usual
+            .get(&(rank, cut.parts))
+            .and_then(|m| m.get(&cut.chunk))
+            .copied()
+            .unwrap_or(0);
+        let coord = if cut.parts == u64::from(layout.tp) {
+            tp
+        } else {
+            dp
+        };
+        a += u32::from(u64::from(coord) == cut.chunk);
+    }
+    a
+}
+
+/// One reference tensor's counterparts, placed.
+#[derive(Default)]
+struct Placing {
+    results: Vec<Shard>,
+    place_of: Vec<Placed>,
+    vals: BTreeMap<(u32, u64), Values>,
+    /// Every shard's kind was placed whole before (a misfit is then a divergence, not a
+    /// missing sum).
+    all_known: bool,
+    /// The op was called with other scalars than the reference's.
+    param_note: Option<String>,
+}
+
+/// The walk over the reference's ops in execution order, and what it found.
+struct Walk<'a> {
+    reff: &'a RunTrace,
+    run: &'a RunTrace,
+    pert: Option<&'a RunTrace>,
+    ref_rank: u32,
+    precision: Precision,
+    eps: f64,
+    /// Scales a placement may divide a shard by (gradients of a loss averaged over each
+    /// rank's own batch are DP times the reference's).
+    scales: Vec<f32>,
+    mem: Memory,
+    /// Placement of each run GEMM's D (for the collectives that reduce it).
+    d_place: BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    /// Tolerance of each reference GEMM's D.
+    d_tol: BTreeMap<RefOp, f64>,
+    pending: Vec<Pending>,
+    unjudged: Unjudged,
+    warnings: Vec<String>,
+    /// A tensor diverged already: the verdict is settled (ops come in order), later
+    /// placements are searched more cheaply.
+    settled: bool,
+    /// Every rank of the world is in the store (shards must then tile the reference).
+    whole: bool,
+    /// The run's layout (ranks' coordinates).
+    layout: LayoutSummary,
+}
+
+impl<'a> Walk<'a> {
+    fn new(p: &'a Prepared) -> Walk<'a> {
+        let mut warnings: Vec<String> = p.al.warnings.clone();
+        let missing = p.run.missing_ranks();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "ranks {missing:?} of the run's {} hold no records (not captured, or lost): \
+                 compared on what the store holds",
+                p.run.world_size()
+            ));
+        }
+        warnings.extend(p.reff.unreadable.iter().cloned());
+        warnings.extend(p.run.unreadable.iter().cloned());
+        if let Some(pt) = &p.pert {
+            warnings.extend(pt.unreadable.iter().cloned());
+        }
+        Walk {
+            reff: &p.reff,
+            run: &p.run,
+            pert: p.pert.as_ref(),
+            ref_rank: p.ref_rank,
+            precision: p.precision,
+            eps: p.precision.epsilon(),
+            scales: if p.layout.dp > 1 {
+                vec![1.0, p.layout.dp as f32]
+            } else {
+                vec![1.0]
+            },
+            mem: Memory::default(),
+            d_place: BTreeMap::new(),
+            d_tol: BTreeMap::new(),
+            pending: Vec::new(),
+            unjudged: Unjudged::default(),
+            warnings,
+            settled: false,
+            whole: missing.is_empty(),
+            layout: p.layout.clone(),
+        }
+    }
+
+    /// Compares the tensors of one reference op (A, B, then D) with their shards.
+    fn op(&mut self, ref_op: RefOp, shards: &[(u32, u64)], depth: u64) -> Result<(), CompareError> {
+        let (step, ref_seq) = ref_op;
+        let Some(ref_rec) = self.reff.record(self.ref_rank, step, ref_seq) else {
+            return Ok(());
+        };
+        // Errors of this op's inputs (within their tolerance) propagate into its output.
+        let mut input_error = 0f64;
+        for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
+            let Some((ref_vals, cancelled)) = operand(self.reff, ref_rec, role)? else {
+                continue;
+            };
+            let tol = self.tolerance(ref_rec, role, &ref_vals, depth, cancelled, input_error)?;
+            let Some(cmp_error) =
+                self.tensor(ref_op, ref_rec, shards, (sub, role), &ref_vals, tol)?
+            else {
+                continue;
+            };
+            if role != Role::D && cmp_error.is_finite() {
+                input_error += cmp_error;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tolerance of a reference tensor (see [`tolerance::Terms`]).
+    fn tolerance(
+        &self,
+        ref_rec: &Record,
+        role: Role,
+        ref_vals: &Values,
+        depth: u64,
+        cancelled: f64,
+        input_error: f64,
+    ) -> Result<tolerance::Tolerance, CompareError> {
+        let increment = role == Role::D && gemm(ref_rec).is_some_and(accumulates);
+        // An increment D - C loses the digits C and D share: a perturbed run's 1-ulp change
+        // of C says nothing more about it.
+        let pert_rec = self.pert.and_then(|p| {
+            p.records(self.ref_rank, ref_rec.step)
+                .iter()
+                .find(|r| r.seq == ref_rec.seq && r.api == ref_rec.api)
+        });
+        let perturbed = match (self.pert, pert_rec) {
+            (Some(p), Some(rec)) if !increment => perturbed_error(p, rec, role, ref_vals)?,
+            _ => None,
+        };
+        Ok(tolerance::Terms {
+            precision: self.precision,
+            dtype: ref_vals.dtype,
+            depth,
+            // Without a perturbed reference, the drift over the steps is modelled.
+            updates: if self.pert.is_none() { ref_rec.step } else { 0 },
+            perturbed,
+            cancelled: increment.then_some(cancelled),
+            input_error: (role == Role::D).then_some(input_error),
+        }
+        .tolerance())
+    }
+
+    /// Places every shard of one reference tensor and records the comparison; returns its
+    /// error in epsilon (`None` when nothing was compared).
+    fn tensor(
+        &mut self,
+        ref_op: RefOp,
+        ref_rec: &Record,
+        shards: &[(u32, u64)],
+        (sub, role): (usize, Role),
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Result<Option<f64>, CompareError> {
+        let step = ref_op.0;
+        let mut placed = self.place_shards(step, ref_rec, shards, (sub, role), ref_vals, tol)?;
+        if placed.results.is_empty() {
+            return Ok(None);
+        }
+        let eps = self.eps;
+        let beyond = |p: &Placing| p.results.iter().any(|s| s.err.rel / eps > tol.value);
+        let mut merge_group = 1u32;
+        // Partial results before a reduction: the reference is the sum over a group.
+        if matches!(role, Role::D | Role::CIn) && !placed.all_known && beyond(&placed) {
+            merge_group = self.sums(step, shards, sub, ref_vals, tol, &mut placed);
+        }
+        // A partial result whose group partners were not captured cannot be summed: not
+        // comparable, rather than a divergence made of missing data.
+        if matches!(role, Role::D | Role::CIn)
+            && merge_group == 1
+            && beyond(&placed)
+            && shards
+                .iter()
+                .any(|&(rank, _)| partners_missing(self.run, rank, step))
+        {
+            if let Some(rec) = shards
+                .first()
+                .and_then(|&(r, q)| self.run.record(r, step, q))
+            {
+                self.unjudged.note(
+                    "a partial result (before its reduction) whose group partners were not \
+                     captured (--ranks, or ranks missing from the store)",
+                    rec,
+                );
+            }
+            return Ok(None);
+        }
+        if role == Role::D {
+            for (rank, seq, p, sc) in &placed.place_of {
+                self.d_place.insert((*rank, step, *seq), (p.clone(), *sc));
+            }
+            self.d_tol.insert(ref_op, tol.value);
+        }
+        // Shards must tile the reference only when every rank was captured.
+        if merge_group == 1 && self.whole {
+            let (usual, layout) = (&self.mem.usual, &self.layout);
+            let affinity = |rank: u32, p: &Placement| slice_affinity(usual, layout, rank, p);
+            cover(
+                &mut placed.results,
+                &mut placed.place_of,
+                &placed.vals,
+                ref_vals,
+                &affinity,
+            );
+        }
+        let merge = placed
+            .place_of
+            .first()
+            .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
+            .unwrap_or(crate::report::Merge::Replicated);
+        let mut cmp = comparison(
+            ref_rec,
+            role,
+            ref_vals,
+            &placed.results,
+            merge,
+            eps,
+            tol,
+            step,
+            ref_op.1,
+        );
+        if role == Role::D && gemm(ref_rec).is_some_and(accumulates) {
+            cmp.role = "D-C".into();
+        }
+        if placed.param_note.is_some() {
+            cmp.diverged = true;
+        }
+        let error = cmp.error_eps;
+        self.settled |= cmp.diverged;
+        self.pending.push(Pending {
+            key: (step, ref_op.1, sub as u32),
+            shards: placed.results.iter().map(|s| (s.rank, s.seq)).collect(),
+            cmp,
+            ref_op,
+            is_collective: false,
+            param_note: placed.param_note,
+        });
+        Ok(Some(error))
+    }
+
+    /// Each shard at its best placement (remembered ones first).
+    fn place_shards(
+        &mut self,
+        step: u64,
+        ref_rec: &Record,
+        shards: &[(u32, u64)],
+        (sub, role): (usize, Role),
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Result<Placing, CompareError> {
+        let mut out = Placing {
+            all_known: true,
+            ..Placing::default()
+        };
+        for &(rank, seq) in shards {
+            let Some(rec) = self.run.record(rank, step, seq) else {
+                continue;
+            };
+            if role == Role::D && increment_unknown(rec) {
+                self.unjudged.note(
+                    "an accumulating GEMM's output without its captured C (--no-inputs): \
+                     its increment is unknown",
+                    rec,
+                );
+                continue;
+            }
+            let Some((x, _)) = operand(self.run, rec, role)? else {
+                continue;
+            };
+            if role == Role::D && out.param_note.is_none() {
+                out.param_note = param_note(rank, rec, ref_rec);
+            }
+            let key: HintKey = (
+                rank,
+                sub,
+                x.shape.clone(),
+                ref_vals.shape.clone(),
+                kind_of(rec),
+            );
+            if self.mem.needs_sum.contains(&key) {
+                // Partial results last time: go straight to the group sums.
+                out.all_known = false;
+                out.results.push(Shard {
+                    rank,
+                    seq,
+                    err: unplaced(),
+                });
+                out.place_of
+                    .push((rank, seq, Placement::whole(x.shape.len()), 1.0));
+                out.vals.insert((rank, seq), x);
+                continue;
+            }
+            out.all_known &= self.mem.hints.get(&key).is_some_and(|v| !v.is_empty());
+            match self.fit(&key, &x, ref_vals, tol) {
+                Some(f) => {
+                    out.results.push(Shard {
+                        rank,
+                        seq,
+                        err: f.err,
+                    });
+                    out.place_of.push((rank, seq, f.placement, f.scale));
+                }
+                None => self.warnings.push(format!(
+                    "rank {rank} step {step} seq {seq} {} {role:?}: shape {:?} cannot be cut \
+                     out of the reference's {:?}",
+                    rec.api, x.shape, ref_vals.shape
+                )),
+            }
+            out.vals.insert((rank, seq), x);
+        }
+        Ok(out)
+    }
+
+    /// The best placement of one shard, remembered for its kind when it fits clearly.
+    fn fit(
+        &mut self,
+        key: &HintKey,
+        x: &Values,
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+    ) -> Option<numerics::Fit> {
+        let known = self.mem.hints.get(key).map_or(&[][..], |v| v.as_slice());
+        // A hint is trusted only when it fits clearly: a wrong slice of a loosely tolerated
+        // tensor (FP8) must not pass as round-off.
+        let accept = (0.25 * tol.value * self.eps).min(hint_accept(x.dtype));
+        // After the first divergence the verdict is settled: later tensors only feed the
+        // plot and the worst-tensor table, so their placement search is cheaper.
+        let quick = self.settled;
+        let fit = match self.mem.provisional.get(key) {
+            Some((p, sc)) if quick && known.is_empty() => {
+                Some(numerics::full_fit(x, ref_vals, p.clone(), *sc))
+            }
+            _ => numerics::place_with(x, ref_vals, known, &self.scales, accept, quick),
+        }?;
+        if fit.err.rel <= accept {
+            remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
+            for cut in fit.placement.dims.iter().flat_map(|d| d.cuts.iter()) {
+                *self
+                    .mem
+                    .usual
+                    .entry((key.0, cut.parts))
+                    .or_default()
+                    .entry(cut.chunk)
+                    .or_default() += 1;
+            }
+        } else {
+            self.mem
+                .provisional
+                .entry(key.clone())
+                .or_insert_with(|| (fit.placement.clone(), fit.scale));
+        }
+        Some(fit)
+    }
+
+    /// Tries the group sums for partial results; returns the group size (1: no sum fitted).
+    fn sums(
+        &mut self,
+        step: u64,
+        shards: &[(u32, u64)],
+        sub: usize,
+        ref_vals: &Values,
+        tol: tolerance::Tolerance,
+        placed: &mut Placing,
+    ) -> u32 {
+        let kind = shards
+            .first()
+            .and_then(|&(r, q)| self.run.record(r, step, q))
+            .map(kind_of)
+            .unwrap_or_default();
+        let Some((group, (results, places))) = sum_groups(
+            self.run,
+            step,
+            shards,
+            &placed.vals,
+            ref_vals,
+            &placed.results,
+            &self.scales,
+            (tol.value * self.eps).min(hint_accept(ref_vals.dtype)),
+            &mut self.mem.sum_hints,
+            &kind,
+        ) else {
+            return 1;
+        };
+        placed.results = results;
+        placed.place_of = places;
+        for &(rank, seq) in shards {
+            if let (Some(rec), Some(x)) = (
+                self.run.record(rank, step, seq),
+                placed.vals.get(&(rank, seq)),
+            ) {
+                self.mem.needs_sum.insert((
+                    rank,
+                    sub,
+                    x.shape.clone(),
+                    ref_vals.shape.clone(),
+                    kind_of(rec),
+                ));
+            }
+        }
+        group
+    }
+}
+
+/// Why a run GEMM's scalars make it diverge: called with another alpha or beta than the
+/// reference's (e.g. overwriting where it should accumulate).
+fn param_note(rank: u32, rec: &Record, ref_rec: &Record) -> Option<String> {
+    let (g, f) = (gemm(rec)?, gemm(ref_rec)?);
+    if !params_differ(g, f) {
+        return None;
+    }
+    Some(format!(
+        "rank {rank} called this GEMM with alpha={} beta={} where the reference used \
+         alpha={} beta={}{}",
+        show_scalar(g.alpha),
+        show_scalar(g.beta),
+        show_scalar(f.alpha),
+        show_scalar(f.beta),
+        if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
+            " (it overwrites its output instead of accumulating into it)"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// The stores opened and checked against each other, the steps chosen, the run aligned.
+struct Prepared {
+    reff: RunTrace,
+    run: RunTrace,
+    pert: Option<RunTrace>,
+    ref_rank: u32,
+    steps: Vec<u64>,
+    al: Alignment,
+    precision: Precision,
+    layout: LayoutSummary,
+}
+
+/// Opens the stores, checks that they can be compared (one model, one precision, a
+/// world-size-1 reference, a perturbed reference of the same command, a layout the
+/// communicator map does not contradict), chooses the steps and aligns the run.
+fn prepare(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+) -> Result<Prepared, CompareError> {
     let reff = RunTrace::open(reff_path)?;
     let run = RunTrace::open(run_path)?;
     let pert = match &opts.perturbed {
@@ -217,359 +861,85 @@ pub fn compare(
     if run.ranks().is_empty() {
         return Err(CompareError::Empty(run_path.display().to_string()));
     }
+    crate::validate::references(&reff, &run)?;
+    let steps = choose_steps(&reff, &run, opts.steps.as_deref())?;
+    let precision = Precision::of(&reff, ref_rank, &steps);
+    crate::validate::precisions(&reff, &run, precision, &steps)?;
+    if let Some(p) = &pert {
+        crate::validate::perturbed(&reff, p, precision, &steps)?;
+    }
+    let al = align::align(&reff, &run, &steps);
+    crate::validate::same_model(&reff, ref_rank, &run, &al, &steps)?;
+    let layout = match &opts.layout {
+        Some(l) => {
+            crate::layout::validate(l, &run, &al).map_err(CompareError::Invalid)?;
+            l.clone()
+        }
+        None if run.world_size() > 1 && !run.has_collectives() => {
+            return Err(CompareError::Invalid(format!(
+                "{} holds no collectives (captured without the nccl family?): its layout \
+                 cannot be read from the trace; give it with --layout (e.g. tp=2,dp=2)",
+                run.path.display()
+            )));
+        }
+        None => crate::layout::discover(&run, &al),
+    };
+    Ok(Prepared {
+        reff,
+        run,
+        pert,
+        ref_rank,
+        steps,
+        al,
+        precision,
+        layout,
+    })
+}
+
+/// The steps to compare: those both stores hold on every rank, within `want` (inclusive
+/// ranges) when given. Never proportional to the ranges' width: a range is only a filter.
+fn choose_steps(
+    reff: &RunTrace,
+    run: &RunTrace,
+    want: Option<&[(u64, u64)]>,
+) -> Result<Vec<u64>, CompareError> {
+    let run_steps = run.steps();
     let mut steps: Vec<u64> = reff
         .steps()
         .into_iter()
-        .filter(|s| run.steps().contains(s))
+        .filter(|s| run_steps.contains(s))
         .collect();
-    if let Some(want) = &opts.steps {
-        for s in want {
-            if !steps.contains(s) {
+    let held = |v: &[u64]| match (v.first(), v.last()) {
+        (Some(a), Some(b)) if a == b => format!("step {a}"),
+        (Some(a), Some(b)) => format!("steps {a}-{b}"),
+        _ => "no step".to_string(),
+    };
+    if let Some(want) = want {
+        // A single step asked for by name must be there; a range is clipped to what is.
+        for &(a, b) in want {
+            if a == b && !steps.contains(&a) {
                 return Err(CompareError::Steps(format!(
-                    "step {s} is not in both runs (reference has {:?}, run has {:?})",
-                    reff.steps(),
-                    run.steps()
+                    "step {a} is not in both runs (the reference holds {}, the run {})",
+                    held(&reff.steps()),
+                    held(&run_steps)
                 )));
             }
         }
-        steps.retain(|s| want.contains(s));
+        steps.retain(|s| want.iter().any(|&(a, b)| (a..=b).contains(s)));
     }
     if steps.is_empty() {
         return Err(CompareError::Steps(format!(
-            "no step in common (reference has {:?}, run has {:?})",
-            reff.steps(),
-            run.steps()
-        )));
-    }
-
-    let al = align::align(&reff, &run, &steps);
-    let precision = Precision::of(&reff, ref_rank, &steps);
-    let eps = precision.epsilon();
-    let layout = match &opts.layout {
-        Some(l) => l.clone(),
-        None => crate::layout::discover(&run, &al),
-    };
-    let mut warnings: Vec<String> = al.warnings.clone();
-    warnings.extend(reff.unreadable.iter().cloned());
-    warnings.extend(run.unreadable.iter().cloned());
-    if let Some(p) = &pert {
-        warnings.extend(p.unreadable.iter().cloned());
-    }
-
-    let total_ops = al.of_ref.len() as u64;
-    let mut pending: Vec<Pending> = Vec::new();
-    // Whether a tensor diverged already: the verdict is then settled (ops come in order).
-    let mut settled = false;
-    // Placement of each run GEMM's D (for the collectives that reduce it).
-    let mut d_place: BTreeMap<(u32, u64, u64), (Placement, f32)> = BTreeMap::new();
-    // The placement that fitted the same kind of tensor last time, per rank: tried first.
-    let mut hints: BTreeMap<HintKey, Vec<(Placement, f32)>> = BTreeMap::new();
-    let mut sum_hints: SumHints = BTreeMap::new();
-    let mut needs_sum: std::collections::BTreeSet<HintKey> = std::collections::BTreeSet::new();
-    let mut provisional: BTreeMap<HintKey, (Placement, f32)> = BTreeMap::new();
-    // Gradients of a loss averaged over each rank's own batch are DP times the reference's.
-    let scales: Vec<f32> = if layout.dp > 1 {
-        vec![1.0, layout.dp as f32]
-    } else {
-        vec![1.0]
-    };
-    let mut d_tol: BTreeMap<RefOp, f64> = BTreeMap::new();
-    let ref_ordinal = gemm_ordinals(&reff, ref_rank, &steps);
-
-    for (done, (&ref_op, shards)) in al.of_ref.iter().enumerate() {
-        progress(done as u64, total_ops);
-        let (step, ref_seq) = ref_op;
-        let Some(ref_rec) = reff.record(ref_rank, step, ref_seq) else {
-            continue;
-        };
-        let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
-        let pert_rec = pert.as_ref().and_then(|p| {
-            p.records(ref_rank, step)
-                .iter()
-                .find(|r| r.seq == ref_seq && r.api == ref_rec.api)
-        });
-        let ref_gemm = gemm(ref_rec);
-        // Errors of this op's inputs (within their tolerance) propagate into its output.
-        let mut input_error = 0f64;
-        for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
-            let Some((ref_vals, cancelled)) = operand(&reff, ref_rec, role)? else {
-                continue;
-            };
-            let increment = role == Role::D && ref_gemm.is_some_and(accumulates);
-            // An increment D - C loses the digits C and D share: its round-off is that of C,
-            // and a perturbed run's 1-ulp change of C says nothing more about it.
-            let perturbed = if increment {
-                None
+            "no step to compare (the reference holds {}, the run {}{})",
+            held(&reff.steps()),
+            held(&run_steps),
+            if want.is_some() {
+                ", within --steps"
             } else {
-                match (&pert, pert_rec) {
-                    (Some(p), Some(rec)) => perturbed_error(p, rec, role, &ref_vals)?,
-                    _ => None,
-                }
-            };
-            let mut tol = tolerance::tolerance(precision, ref_vals.dtype, depth, perturbed);
-            if increment {
-                tol.value += 4.0 * tolerance::unit_roundoff(ref_vals.dtype) / eps * cancelled;
+                ""
             }
-            if role == Role::D && 2.0 * input_error > 0.5 * tol.value {
-                tol = tolerance::Tolerance {
-                    value: tol.value + 2.0 * input_error,
-                    source: "analytic + inputs' errors",
-                };
-            }
-            let mut results: Vec<Shard> = Vec::new();
-            let mut place_of: Vec<Placed> = Vec::new();
-            let mut merge_group = 1u32;
-            let mut param_note: Option<String> = None;
-            let mut vals: BTreeMap<(u32, u64), Values> = BTreeMap::new();
-            // Whether every shard's kind has been placed whole before (then it is not a
-            // partial result, and a misfit means divergence, not a missing sum).
-            let mut all_known = true;
-            for &(rank, seq) in shards {
-                let Some(rec) = run.record(rank, step, seq) else {
-                    continue;
-                };
-                let Some((x, _)) = operand(&run, rec, role)? else {
-                    continue;
-                };
-                if role == Role::D {
-                    if let (Some(g), Some(f)) = (gemm(rec), ref_gemm) {
-                        if param_note.is_none() && params_differ(g, f) {
-                            param_note = Some(format!(
-                                "rank {rank} called this GEMM with alpha={} beta={} where the \
-                                 reference used alpha={} beta={}{}",
-                                show_scalar(g.alpha),
-                                show_scalar(g.beta),
-                                show_scalar(f.alpha),
-                                show_scalar(f.beta),
-                                if g.beta == Some(0.0) && f.beta.is_some_and(|b| b != 0.0) {
-                                    " (it overwrites its output instead of accumulating into it)"
-                                } else {
-                                    ""
-                                }
-                            ));
-                        }
-                    }
-                }
-                let hint_key = (
-                    rank,
-                    sub,
-                    x.shape.clone(),
-                    ref_vals.shape.clone(),
-                    kind_of(rec),
-                );
-                if needs_sum.contains(&hint_key) {
-                    // Partial results last time: go straight to the group sums.
-                    all_known = false;
-                    results.push(Shard {
-                        rank,
-                        seq,
-                        err: unplaced(),
-                    });
-                    place_of.push((rank, seq, Placement::whole(x.shape.len()), 1.0));
-                    vals.insert((rank, seq), x);
-                    continue;
-                }
-                let known = hints.get(&hint_key).map_or(&[][..], |v| v.as_slice());
-                all_known &= !known.is_empty();
-                // A hint is trusted only when it fits clearly: a wrong slice of a loosely
-                // tolerated tensor (FP8) must not pass as round-off.
-                let accept = (0.25 * tol.value * eps).min(hint_accept(x.dtype));
-                // After the first divergence the verdict is settled: later tensors only feed
-                // the plot and the worst-tensor table, so their placement search is cheaper.
-                let quick = settled;
-                let fit = match provisional.get(&hint_key) {
-                    Some((p, sc)) if quick && known.is_empty() => {
-                        Some(numerics::full_fit(&x, &ref_vals, p.clone(), *sc))
-                    }
-                    _ => numerics::place_with(&x, &ref_vals, known, &scales, accept, quick),
-                };
-                if let Some(f) = fit {
-                    if f.err.rel <= accept {
-                        remember(hints.entry(hint_key).or_default(), &f);
-                    } else {
-                        // The best place found for a kind that never fitted cleanly: reused,
-                        // without a search, once the verdict is settled.
-                        provisional
-                            .entry(hint_key)
-                            .or_insert_with(|| (f.placement.clone(), f.scale));
-                    }
-                    results.push(Shard {
-                        rank,
-                        seq,
-                        err: f.err,
-                    });
-                    place_of.push((rank, seq, f.placement, f.scale));
-                } else {
-                    warnings.push(format!(
-                        "rank {rank} step {step} seq {seq} {} {role:?}: shape {:?} cannot be \
-                         cut out of the reference's {:?}",
-                        rec.api, x.shape, ref_vals.shape
-                    ));
-                }
-                vals.insert((rank, seq), x);
-            }
-            if results.is_empty() {
-                continue;
-            }
-            // Partial results before a reduction: the reference is the sum over a group.
-            if matches!(role, Role::D | Role::CIn)
-                && !all_known
-                && results.iter().any(|s| s.err.rel / eps > tol.value)
-            {
-                if let Some((group, summed)) = sum_groups(
-                    &run,
-                    step,
-                    shards,
-                    &vals,
-                    &ref_vals,
-                    &results,
-                    &scales,
-                    (tol.value * eps).min(hint_accept(ref_vals.dtype)),
-                    &mut sum_hints,
-                    &shards
-                        .first()
-                        .and_then(|&(r, q)| run.record(r, step, q))
-                        .map(kind_of)
-                        .unwrap_or_default(),
-                ) {
-                    merge_group = group;
-                    results = summed.0;
-                    place_of = summed.1;
-                    for &(rank, seq) in shards {
-                        if let Some(rec) = run.record(rank, step, seq) {
-                            if let Some(x) = vals.get(&(rank, seq)) {
-                                needs_sum.insert((
-                                    rank,
-                                    sub,
-                                    x.shape.clone(),
-                                    ref_vals.shape.clone(),
-                                    kind_of(rec),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-            if role == Role::D {
-                for (rank, seq, p, sc) in &place_of {
-                    d_place.insert((*rank, step, *seq), (p.clone(), *sc));
-                }
-                d_tol.insert(ref_op, tol.value);
-            }
-            if merge_group == 1 {
-                cover(&mut results, &mut place_of, &vals, &ref_vals);
-            }
-            let merge = place_of
-                .first()
-                .map(|(_, _, p, _)| p.merge(&ref_vals.shape, merge_group))
-                .unwrap_or(crate::report::Merge::Replicated);
-            let mut cmp = comparison(
-                ref_rec, role, &ref_vals, &results, merge, eps, tol, step, ref_seq,
-            );
-            if role == Role::D && ref_gemm.is_some_and(accumulates) {
-                cmp.role = "D-C".into();
-            }
-            if role != Role::D && cmp.error_eps.is_finite() {
-                input_error += cmp.error_eps;
-            }
-            if param_note.is_some() {
-                cmp.diverged = true;
-            }
-            pending.push(Pending {
-                key: (step, ref_seq, sub as u32),
-                shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
-                cmp,
-                ref_op,
-                is_collective: false,
-                param_note,
-            });
-            settled |= pending.last().is_some_and(|p| p.cmp.diverged);
-        }
-    }
-    progress(total_ops, total_ops);
-
-    if pending.is_empty() {
-        return Err(CompareError::NothingAligned(format!(
-            "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
-             model, data and steps?{}",
-            run_path.display(),
-            reff_path.display(),
-            al.unaligned,
-            al.warnings
-                .first()
-                .map(|w| format!(" (first problem: {w})"))
-                .unwrap_or_default()
         )));
     }
-    collectives(
-        &reff,
-        ref_rank,
-        &run,
-        &al,
-        &steps,
-        &d_place,
-        &d_tol,
-        eps,
-        &layout,
-        &mut pending,
-    )?;
-
-    pending.sort_by_key(|p| p.key);
-    let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
-    for (i, p) in pending.iter_mut().enumerate() {
-        p.cmp.position = i as u64;
-        tensors.push(p.cmp.clone());
-    }
-    let first = pending.iter().position(|p| p.cmp.diverged);
-    let first_divergence = match first {
-        Some(i) => Some(localize(&reff, ref_rank, &run, &pending, i, &al)?),
-        None => None,
-    };
-    let mut worst: Vec<usize> = (0..tensors.len()).collect();
-    worst.sort_by(|&a, &b| {
-        let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
-        r(&tensors[b]).total_cmp(&r(&tensors[a]))
-    });
-    worst.truncate(10);
-
-    let summary = |t: &RunTrace| RunSummary {
-        path: t.path.display().to_string(),
-        run_id: t.manifest.run_id.clone(),
-        command: t.manifest.command.join(" "),
-        world_size: t.ranks().len() as u32,
-    };
-    let stats = CompareStats {
-        reference_ops: steps
-            .iter()
-            .map(|&s| reff.records(ref_rank, s).len() as u64)
-            .sum(),
-        aligned_ops: al.of_run.len() as u64,
-        unaligned_ops: al.unaligned,
-        tensors_compared: tensors.len() as u64,
-        bytes_compared: reff.bytes_read()
-            + run.bytes_read()
-            + pert.as_ref().map_or(0, |p| p.bytes_read()),
-        elapsed_s: started.elapsed().as_secs_f64(),
-    };
-    Ok(CompareReport {
-        reference: summary(&reff),
-        run: summary(&run),
-        perturbed: pert.as_ref().map(summary),
-        layout,
-        precision: precision.name().to_string(),
-        epsilon: eps,
-        steps,
-        verdict: if first_divergence.is_some() {
-            Verdict::Divergence
-        } else {
-            Verdict::Match
-        },
-        first_divergence,
-        tensors,
-        worst,
-        warnings,
-        stats,
-    })
+    Ok(steps)
 }
 
 /// The ordinal of every reference GEMM within its step (depth for the analytic bound).
@@ -605,12 +975,16 @@ fn perturbed_error(
 
 /// Shards must tile the reference: when several ranks claim the same slice while another
 /// slice is claimed by nobody (two data-parallel ranks reading the same batch), the surplus
-/// shards are judged at the unclaimed slices instead.
+/// shards are judged at the unclaimed slices instead. Among shards that fit a free slice
+/// equally (identical shards), the one with the larger `affinity` for it takes it: the rank
+/// whose place in the layout is that slice, so that the blame falls on the rank whose shard
+/// is wrong for its place.
 fn cover(
     results: &mut [Shard],
     place_of: &mut [Placed],
     vals: &BTreeMap<(u32, u64), Values>,
     ref_vals: &Values,
+    affinity: &dyn Fn(u32, &Placement) -> u32,
 ) {
     let Some(first) = place_of.first() else {
         return;
@@ -664,7 +1038,16 @@ fn cover(
                 let f = numerics::full_fit(x, ref_vals, free.clone(), *scale);
                 Some((i, f))
             })
-            .min_by(|a, b| a.1.err.rel.total_cmp(&b.1.err.rel));
+            .min_by(|a, b| {
+                // Equal fits within round-off of the comparison itself are ties.
+                let (x, y) = (a.1.err.rel, b.1.err.rel);
+                if (x - y).abs() <= 1e-9 * x.abs().max(y.abs()) {
+                    let aff = |i: usize| affinity(place_of[i].0, &free);
+                    aff(b.0).cmp(&aff(a.0))
+                } else {
+                    x.total_cmp(&y)
+                }
+            });
         let Some((i, f)) = best else { break };
         place_of[i].2 = free.clone();
         if let Some(r) = results
@@ -704,6 +1087,16 @@ fn sum_groups(
         for &c in run.comms_used(rank, step) {
             if !comms.contains(&c) {
                 comms.push(c);
+            }
+        }
+    }
+    // Collectives not captured (`--apis gemm`): every communicator of the manifest's map the
+    // ranks belong to is a candidate group.
+    if comms.is_empty() {
+        for c in &run.manifest.comms {
+            let holds = shards.iter().any(|&(r, _)| c.members.contains(&Some(r)));
+            if c.size > 1 && holds && !comms.contains(&c.key) {
+                comms.push(c.key);
             }
         }
     }
@@ -896,188 +1289,244 @@ fn nvtx_path(rec: &Record) -> Option<String> {
     }
 }
 
-/// Whether `comm` is a data-parallel group of `layout`.
-fn dp_comm(run: &RunTrace, layout: &LayoutSummary, comm: u64) -> bool {
-    run.comm_members(comm)
-        .is_some_and(|m| crate::layout::is_dp_group(layout, &m))
+/// The scale a reduction's output must have relative to the reference GEMM output it
+/// reduces, given the scale `input_scale` its inputs were placed at.
+///
+/// * Over a data-parallel group (the last reduction a weight gradient sees): 1, the
+///   reference's gradient, whatever scale each rank's partial carried.
+/// * Over any other group (tensor-parallel partial sums: row-parallel all-reduce,
+///   sequence-parallel reduce-scatter; averages of replicas): the reference's unsharded
+///   result at the inputs' own scale. The reduction op is not consulted: averaging partial
+///   sums (`ncclAvg` where a sum was due) gives the group size times too little, which is a
+///   divergence at that collective, not a legitimate gradient scale.
+fn reduction_scale(over_dp_group: bool, input_scale: f32) -> f32 {
+    if over_dp_group {
+        1.0
+    } else {
+        input_scale
+    }
 }
 
-/// `ncclAvg`.
-const NCCL_AVG: u32 = 4;
+/// The send range a reduction's output reads: output element e reads `base + e * size`.
+fn reduction_input_range(c: &ttrace_format::record::CollectiveOp, out: &Tensor) -> (u64, u64) {
+    let size = out.dtype.size() as u64;
+    let base = match c.kind {
+        CollectiveKind::ReduceScatter => c.sendbuff + c.comm_rank as u64 * c.count * size,
+        _ => c.sendbuff,
+    };
+    (base, out.nbytes)
+}
+
+/// The tensors an op writes: a GEMM's D, a copy's destination, a collective's output.
+fn written(r: &Record) -> impl Iterator<Item = &Tensor> {
+    r.tensors
+        .iter()
+        .filter(|t| matches!(t.role, Role::D | Role::Dst | Role::Output))
+}
+
+/// The GEMMs whose output is the last write, before `recs[i]`, to each part of
+/// `[base, base + len)`: `(record index, lo, hi)`. Every captured op counts as a writer
+/// (copies and collectives included): a part last written by a copy (an allocator that
+/// reused the block for a fresh upload) is linked to no GEMM. Only GEMM outputs of `dtype`
+/// are linked.
+fn last_writers(
+    recs: &[Record],
+    i: usize,
+    base: u64,
+    len: u64,
+    dtype: DType,
+) -> Vec<(usize, u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = Vec::new();
+    let mut writers: Vec<(usize, u64, u64)> = Vec::new();
+    for (j, g) in recs[..i].iter().enumerate().rev() {
+        for t in written(g) {
+            let (lo, hi) = (t.ptr.max(base), (t.ptr + t.nbytes).min(base + len));
+            // The parts no later op wrote.
+            for (a, b) in uncovered(&covered, lo, hi) {
+                if gemm(g).is_some() && t.role == Role::D && t.dtype == dtype {
+                    writers.push((j, a, b));
+                }
+            }
+            if lo < hi {
+                covered.push((lo, hi));
+            }
+        }
+    }
+    writers
+}
+
+/// The parts of `[lo, hi)` outside every interval of `covered`.
+fn uncovered(covered: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let mut parts: Vec<(u64, u64)> = (lo < hi).then_some((lo, hi)).into_iter().collect();
+    for &(a, b) in covered {
+        parts = parts
+            .into_iter()
+            .flat_map(|(x, y)| [(x, y.min(a)), (x.max(b), y)])
+            .filter(|(x, y)| x < y)
+            .collect();
+    }
+    parts
+}
+
+/// (step, comm, n-th call on the comm, ref op) → the ranks' pieces.
+type CallKey = (u64, u64, usize, RefOp);
+/// Per rank: (rank, seq, error, where it sits).
+type Piece = (u32, u64, ShardError, Position);
+
+/// The reductions of a run compared with the reference GEMM outputs they reduce.
+struct Reductions<'a> {
+    ctx: &'a Ctx<'a>,
+    d_place: &'a BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    ref_cache: BTreeMap<RefOp, Values>,
+    shared: BTreeSet<RefOp>,
+    by_call: BTreeMap<CallKey, Vec<Piece>>,
+}
+
+impl Reductions<'_> {
+    /// The reference GEMM output of `ref_op` (read once).
+    fn reference(&mut self, ref_op: RefOp) -> Result<Option<&Values>, CompareError> {
+        if !self.ref_cache.contains_key(&ref_op) {
+            let c = self.ctx;
+            let Some(rr) = c.reff.record(c.ref_rank, ref_op.0, ref_op.1) else {
+                return Ok(None);
+            };
+            let Some(v) = c.reff.values(rr, Role::D)? else {
+                return Ok(None);
+            };
+            self.ref_cache.insert(ref_op, v);
+        }
+        Ok(self.ref_cache.get(&ref_op))
+    }
+
+    /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
+    fn reduction(
+        &mut self,
+        rank: u32,
+        step: u64,
+        recs: &[Record],
+        i: usize,
+        n: usize,
+    ) -> Result<(), CompareError> {
+        let ctx = self.ctx;
+        let r = &recs[i];
+        let Some(c) = collective(r) else {
+            return Ok(());
+        };
+        let Some(out_t) = r.tensors.iter().find(|t| t.role == Role::Output) else {
+            return Ok(());
+        };
+        // Only tensor- and data-parallel reductions have a reference meaning; others (tied
+        // weights across stages) combine buffers the reference fills otherwise.
+        let Some(members) = ctx.run.comm_members(c.comm) else {
+            return Ok(());
+        };
+        let over_dp = crate::layout::is_dp_group(ctx.layout, &members);
+        if !over_dp && !crate::layout::is_tp_group(ctx.layout, &members) {
+            return Ok(());
+        }
+        let (base, len) = reduction_input_range(c, out_t);
+        let writers = last_writers(recs, i, base, len, out_t.dtype);
+        if writers.is_empty() {
+            return Ok(());
+        }
+        let Some(out) = ctx.run.values(r, Role::Output)? else {
+            return Ok(());
+        };
+        // Where the collective sits in the reference's order: after the aligned GEMM that
+        // precedes it on this rank.
+        let pos = recs[..i]
+            .iter()
+            .rev()
+            .find_map(|g| ctx.al.of_run.get(&(rank, step, g.seq)))
+            .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
+        let size = out_t.dtype.size() as u64;
+        for (j, lo, hi) in writers {
+            let g = &recs[j];
+            let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, g.seq)) else {
+                continue;
+            };
+            if self.shared.contains(&ref_op) {
+                continue;
+            }
+            let (Some((place, d_scale)), Some(d)) = (
+                self.d_place.get(&(rank, step, g.seq)),
+                g.tensors.iter().find(|t| t.role == Role::D),
+            ) else {
+                continue;
+            };
+            let expect = reduction_scale(over_dp, *d_scale);
+            let Some(rv) = self.reference(ref_op)? else {
+                continue;
+            };
+            let idx = place.ref_indices(&d.shape, &rv.shape);
+            let (e0, e1) = (
+                ((lo - d.ptr) / size) as usize,
+                ((hi - d.ptr) / size) as usize,
+            );
+            let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
+            if e1 > idx.len() || o1 > out.data.len() {
+                continue;
+            }
+            let y: Vec<f32> = idx[e0..e1]
+                .iter()
+                .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
+                .collect();
+            let row = d.shape.last().copied().unwrap_or(1) as usize;
+            let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
+            let err = numerics::shard_error(&xs, &y, row);
+            self.by_call
+                .entry((step, c.comm, n, ref_op))
+                .or_default()
+                .push((rank, r.seq, err, pos));
+        }
+        Ok(())
+    }
+}
 
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
-#[allow(clippy::too_many_arguments)]
 fn collectives(
-    reff: &RunTrace,
-    ref_rank: u32,
-    run: &RunTrace,
-    al: &Alignment,
-    steps: &[u64],
+    ctx: &Ctx,
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
-    eps: f64,
-    layout: &LayoutSummary,
     pending: &mut Vec<Pending>,
 ) -> Result<(), CompareError> {
-    // (step, n-th call on the comm, comm, ref op) → shards.
-    type Key = (u64, u64, usize, RefOp);
-    // Per rank: (rank, seq, error, API, where it sits).
-    type Piece = (u32, u64, ShardError, String, Position);
-    let mut by_call: BTreeMap<Key, Vec<Piece>> = BTreeMap::new();
-    let mut ref_cache: BTreeMap<RefOp, Values> = BTreeMap::new();
-    let shared = shared_buffers(reff, ref_rank, steps);
-    for &step in steps {
-        for rank in run.ranks() {
-            let recs = run.records(rank, step);
+    let mut red = Reductions {
+        ctx,
+        d_place,
+        ref_cache: BTreeMap::new(),
+        shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
+        by_call: BTreeMap::new(),
+    };
+    for &step in ctx.steps {
+        for rank in ctx.run.ranks() {
+            let recs = ctx.run.records(rank, step);
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
                 let Some(c) = collective(r) else { continue };
                 let n = calls.entry(c.comm).and_modify(|n| *n += 1).or_insert(0);
                 let n = *n;
-                let elem = match c.kind {
-                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                        r.tensors.iter().find(|t| t.role == Role::Output)
-                    }
-                    _ => None,
-                };
-                let Some(out_t) = elem else { continue };
-                // Only tensor- and data-parallel reductions have a reference meaning; others
-                // (tied weights across stages) combine buffers the reference fills otherwise.
-                let Some(members) = run.comm_members(c.comm) else {
-                    continue;
-                };
-                if !crate::layout::is_dp_group(layout, &members)
-                    && !crate::layout::is_tp_group(layout, &members)
-                {
-                    continue;
-                }
-                let size = out_t.dtype.size() as u64;
-                // Output element e reads send address `base + e * size`.
-                let base = match c.kind {
-                    CollectiveKind::ReduceScatter => {
-                        c.sendbuff + c.comm_rank as u64 * c.count * size
-                    }
-                    _ => c.sendbuff,
-                };
-                let len = out_t.nbytes;
-                // The latest GEMM before it writing each part of that range.
-                let mut writers: Vec<(usize, u64, u64)> = Vec::new(); // (rec idx, lo, hi)
-                for (j, g) in recs[..i].iter().enumerate().rev() {
-                    if gemm(g).is_none() {
-                        continue;
-                    }
-                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
-                        continue;
-                    };
-                    if d.dtype != out_t.dtype {
-                        continue;
-                    }
-                    let (lo, hi) = (d.ptr.max(base), (d.ptr + d.nbytes).min(base + len));
-                    if lo >= hi {
-                        continue;
-                    }
-                    if writers.iter().any(|w| w.1 < hi && lo < w.2) {
-                        continue; // a later GEMM already wrote (part of) it
-                    }
-                    writers.push((j, lo, hi));
-                }
-                if writers.is_empty() {
-                    continue;
-                }
-                let Some(out) = run.values(r, Role::Output)? else {
-                    continue;
-                };
-                // Where the collective sits in the reference's order: after the aligned GEMM
-                // that precedes it on this rank.
-                let pos = recs[..i]
-                    .iter()
-                    .rev()
-                    .find_map(|g| al.of_run.get(&(rank, step, g.seq)))
-                    .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
-                for (j, lo, hi) in writers {
-                    let g = &recs[j];
-                    let Some(&ref_op) = al.of_run.get(&(rank, step, g.seq)) else {
-                        continue;
-                    };
-                    if shared.contains(&ref_op) {
-                        continue;
-                    }
-                    let Some((place, d_scale)) = d_place.get(&(rank, step, g.seq)) else {
-                        continue;
-                    };
-                    // What the reduction's output is expected to be, relative to the GEMM
-                    // output's fit: a sum keeps its scale, an average divides it.
-                    // A reduction over the data-parallel group is the last one a weight
-                    // gradient sees: it must come out as the reference's, whatever scale
-                    // each rank's partial carried.
-                    let expect = if dp_comm(run, layout, c.comm) {
-                        1.0
-                    } else if c.redop == Some(NCCL_AVG) {
-                        d_scale / c.comm_size as f32
-                    } else {
-                        *d_scale
-                    };
-                    let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
-                        continue;
-                    };
-                    if let std::collections::btree_map::Entry::Vacant(slot) =
-                        ref_cache.entry(ref_op)
-                    {
-                        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
-                            continue;
-                        };
-                        let Some(v) = reff.values(rr, Role::D)? else {
-                            continue;
-                        };
-                        slot.insert(v);
-                    }
-                    let rv = &ref_cache[&ref_op];
-                    let idx = place.ref_indices(&d.shape, &rv.shape);
-                    let (e0, e1) = (
-                        ((lo - d.ptr) / size) as usize,
-                        ((hi - d.ptr) / size) as usize,
-                    );
-                    let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
-                    if e1 > idx.len() || o1 > out.data.len() {
-                        continue;
-                    }
-                    let y: Vec<f32> = idx[e0..e1]
-                        .iter()
-                        .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
-                        .collect();
-                    let row = d.shape.last().copied().unwrap_or(1) as usize;
-                    let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
-                    let err = numerics::shard_error(&xs, &y, row);
-                    by_call.entry((step, c.comm, n, ref_op)).or_default().push((
-                        rank,
-                        r.seq,
-                        err,
-                        r.api.clone(),
-                        pos,
-                    ));
+                if matches!(
+                    c.kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                ) {
+                    red.reduction(rank, step, recs, i, n)?;
                 }
             }
         }
     }
-    for ((step, _comm, _n, ref_op), shards) in by_call {
-        let Some(rr) = reff.record(ref_rank, ref_op.0, ref_op.1) else {
+    for ((step, _comm, _n, ref_op), shards) in std::mem::take(&mut red.by_call) {
+        let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
             continue;
         };
-        let Some(rv) = ref_cache.get(&ref_op) else {
+        let Some(rv) = red.ref_cache.get(&ref_op) else {
             continue;
         };
-        let (rank0, seq0) = (shards[0].0, shards[0].1);
-        let Some(run_rec) = run.record(rank0, step, seq0) else {
+        let Some(run_rec) = ctx.run.record(shards[0].0, step, shards[0].1) else {
             continue;
-        };
-        let tol = tolerance::Tolerance {
-            // One more reduction than the reference's GEMM: its rounding on top.
-            value: d_tol.get(&ref_op).copied().unwrap_or(8.0) * 2.0,
-            source: "analytic (reduced GEMM output)",
         };
         let key = shards
             .iter()
-            .map(|s| s.4)
+            .map(|s| s.3)
             .min()
             .unwrap_or((step, ref_op.1, 4));
         let results: Vec<Shard> = shards
@@ -1094,8 +1543,8 @@ fn collectives(
             rv,
             &results,
             crate::report::Merge::Replicated,
-            eps,
-            tol,
+            ctx.eps,
+            tolerance::reduced(d_tol.get(&ref_op).copied()),
             step,
             ref_op.1,
         );
@@ -1168,11 +1617,26 @@ fn localize(
     let (cause, explanation) = if let Some(note) = &p.param_note {
         (Cause::Local, format!("{note}{ratio_hint}"))
     } else if p.is_collective {
+        let op_hint = run_rec
+            .and_then(collective)
+            .filter(|c| {
+                c.redop == Some(cuda_abi::nccl::ncclAvg)
+                    && (t.norm_ratio * c.comm_size as f64 - 1.0).abs() < 0.05
+            })
+            .map(|c| {
+                format!(
+                    "; it averages (ncclAvg) over {} ranks where the reference's result is their \
+                     sum",
+                    c.comm_size
+                )
+            })
+            .unwrap_or_default();
         (
             Cause::Local,
             format!(
                 "the {} output differs from the reference while the GEMM output it reduces \
-                 matched: the reduction itself is wrong (op, group, or scaling){ratio_hint}",
+                 matched: the reduction itself is wrong (op, group, or scaling){ratio_hint}\
+                 {op_hint}",
                 t.api
             ),
         )
@@ -1342,4 +1806,138 @@ fn local_gemm_reason(
          the reference's result (a wrong shard layout, or a reduction added or missing)"
             .to_string(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttrace_format::record::{GemmOp, Op};
+
+    fn tensor(role: Role, ptr: u64, nbytes: u64) -> Tensor {
+        Tensor {
+            role,
+            dtype: DType::F32,
+            shape: vec![nbytes / 4],
+            strides: vec![1],
+            ptr,
+            nbytes,
+            captured: true,
+            crc32: 0,
+        }
+    }
+
+    /// A copy (an upload) writing `[ptr, ptr + nbytes)`.
+    fn copy_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.tensors = vec![tensor(Role::Dst, ptr, nbytes)];
+        r
+    }
+
+    fn gemm_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "cublasGemmEx".into();
+        r.op = Op::Gemm(Box::new(GemmOp {
+            m: 4,
+            n: nbytes / 16,
+            k: 4,
+            transa: 0,
+            transb: 0,
+            lda: 4,
+            ldb: 4,
+            ldc: 4,
+            ldd: 4,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 0,
+            b_type: 0,
+            c_type: 0,
+            d_type: 0,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        }));
+        r.tensors = vec![tensor(Role::D, ptr, nbytes)];
+        r
+    }
+
+    #[test]
+    fn the_last_writer_of_a_buffer_may_be_a_copy() {
+        let copy = copy_writing(2, 0x1000, 64);
+        // A GEMM wrote the block, then an upload reused it: the reduction reads the upload.
+        let recs = vec![
+            gemm_writing(0, 0x1000, 256),
+            copy,
+            gemm_writing(3, 0x2000, 64),
+        ];
+        assert!(last_writers(&recs, 3, 0x1000, 64, DType::F32).is_empty());
+        // The part the copy did not overwrite is still the GEMM's.
+        let w = last_writers(&recs, 3, 0x1000, 128, DType::F32);
+        assert_eq!(w, vec![(0, 0x1040, 0x1080)]);
+        // A later GEMM writing the whole range is the writer.
+        let w = last_writers(&recs, 3, 0x2000, 64, DType::F32);
+        assert_eq!(w, vec![(2, 0x2000, 0x2040)]);
+    }
+
+    fn values(data: &[f32]) -> Values {
+        Values {
+            shape: vec![data.len() as u64],
+            data: data.to_vec(),
+            dtype: DType::F32,
+        }
+    }
+
+    fn half(chunk: u64) -> Placement {
+        Placement {
+            dims: vec![numerics::DimSlice {
+                cuts: vec![numerics::Cut {
+                    parts: 2,
+                    outer: 1,
+                    chunk,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn identical_shards_blame_the_rank_whose_place_they_do_not_fit() {
+        let reference = values(&[1.0, 2.0, 3.0, 4.0]);
+        // Rank 1 loaded rank 0's half: both fit the first half exactly.
+        let vals: BTreeMap<(u32, u64), Values> = [
+            ((0, 10), values(&[1.0, 2.0])),
+            ((1, 10), values(&[1.0, 2.0])),
+        ]
+        .into_iter()
+        .collect();
+        let fit = |rank: u32| Shard {
+            rank,
+            seq: 10,
+            err: numerics::full_fit(&vals[&(rank, 10)], &reference, half(0), 1.0).err,
+        };
+        let mut results = vec![fit(0), fit(1)];
+        let mut place_of: Vec<Placed> = vec![(0, 10, half(0), 1.0), (1, 10, half(0), 1.0)];
+        // Rank 1's place is the second half.
+        let affinity =
+            |rank: u32, p: &Placement| u32::from(u64::from(rank) == p.dims[0].cuts[0].chunk);
+        cover(&mut results, &mut place_of, &vals, &reference, &affinity);
+        assert_eq!(place_of[1].2, half(1));
+        assert!(results[0].err.rel < 1e-9, "rank 0 holds its own half");
+        assert!(results[1].err.rel > 0.1, "rank 1 is judged at its place");
+    }
+
+    #[test]
+    fn partial_sums_keep_their_scale_whatever_the_reduction_op() {
+        // TP partial sums: the reference's unsharded result at the inputs' own scale (an
+        // average would be tp times too small and is a divergence).
+        assert_eq!(reduction_scale(false, 1.0), 1.0);
+        assert_eq!(reduction_scale(false, 2.0), 2.0);
+        // DP gradients: the reference's gradient.
+        assert_eq!(reduction_scale(true, 2.0), 1.0);
+    }
 }

@@ -54,7 +54,7 @@ pub fn parse(s: &str) -> Result<LayoutSummary, String> {
 
 /// The layout of `run`, from its communicators and alignment.
 pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
-    let world = run.ranks().len() as u32;
+    let world = run.world_size();
     let pp = al.pp.max(1);
     // Point-to-point communicators (one per pipeline).
     let p2p: Vec<u64> = run
@@ -129,6 +129,47 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
         order: dims.iter().map(|d| d.0).collect::<Vec<_>>().join("-"),
         discovered: true,
     }
+}
+
+/// Checks a layout given with `--layout` against what the run's trace says: the world
+/// size the ranks reported, the pipeline's point-to-point communicator, and, when the trace
+/// holds collectives on GEMM buffers, the size of the tensor-parallel communicator. Returns
+/// one line naming the difference.
+pub fn validate(given: &LayoutSummary, run: &RunTrace, al: &Alignment) -> Result<(), String> {
+    let world = run.world_size();
+    let product = given.tp * given.dp * given.pp;
+    if product != world {
+        return Err(format!(
+            "--layout tp={} dp={} pp={} has {product} ranks but {} ran on {world}",
+            given.tp,
+            given.dp,
+            given.pp,
+            run.path.display()
+        ));
+    }
+    if al.pp > 1 && al.pp != given.pp {
+        return Err(format!(
+            "--layout says pp={} but {}'s send/recv communicator has {} ranks (pp={})",
+            given.pp,
+            run.path.display(),
+            al.pp,
+            al.pp
+        ));
+    }
+    if run.has_collectives() {
+        let found = discover(run, al);
+        if found.tp > 1 && found.tp != given.tp {
+            return Err(format!(
+                "--layout says tp={} but {}'s collectives between GEMMs run on communicators \
+                 of {} ranks (tp={})",
+                given.tp,
+                run.path.display(),
+                found.tp,
+                found.tp
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A rank's `(tp, dp, pp)` coordinates in `layout`.

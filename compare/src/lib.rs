@@ -14,6 +14,7 @@ pub mod numerics;
 pub mod report;
 pub mod tolerance;
 pub mod trace;
+pub mod validate;
 
 pub use engine::{compare, CompareOptions};
 
@@ -21,7 +22,7 @@ pub use engine::{compare, CompareOptions};
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
     /// A store could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("{}", store_message(.path, .source))]
     Store {
         /// The store.
         path: String,
@@ -44,4 +45,35 @@ pub enum CompareError {
     /// The steps asked for are not in both runs.
     #[error("{0}")]
     Steps(String),
+    /// The stores or options cannot be compared as given (another model, precision or
+    /// layout; stores swapped; a layout the communicator map contradicts).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// `path: error`, or the error alone when it names the path already.
+fn store_message(path: &str, e: &ttrace_format::FormatError) -> String {
+    let text = e.to_string();
+    if text.contains(path) {
+        text
+    } else {
+        format!("{path}: {text}")
+    }
+}
+
+/// One line for an error and its causes, each cause said once: a cause whose text an
+/// earlier message already holds (a store error that names its path and its I/O error) is
+/// not repeated.
+pub fn error_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }

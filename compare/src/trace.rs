@@ -107,6 +107,45 @@ impl RunTrace {
         r
     }
 
+    /// The world size the run was launched with: the manifest's (ranks report it when they
+    /// start), else the ranks present.
+    pub fn world_size(&self) -> u32 {
+        let present = self.ranks().last().map_or(0, |r| r + 1);
+        self.manifest
+            .ranks
+            .iter()
+            .map(|r| r.world_size)
+            .max()
+            .unwrap_or(0)
+            .max(present)
+            .max(
+                self.manifest
+                    .comms
+                    .iter()
+                    .map(|c| c.size)
+                    .max()
+                    .unwrap_or(0),
+            )
+    }
+
+    /// Ranks of the world with no record in the store (not captured with `--ranks`, or lost).
+    pub fn missing_ranks(&self) -> Vec<u32> {
+        let present = self.ranks();
+        (0..self.world_size())
+            .filter(|r| !present.contains(r))
+            .collect()
+    }
+
+    /// Whether the store holds collectives (captured with the `nccl` family and called).
+    pub fn has_collectives(&self) -> bool {
+        self.ops.values().flatten().any(|r| collective(r).is_some())
+    }
+
+    /// Whether inputs of ops were captured (not `ttrace run --no-inputs`).
+    pub fn has_inputs(&self) -> bool {
+        self.manifest.config.inputs
+    }
+
     /// Steps present on every rank.
     pub fn steps(&self) -> Vec<u64> {
         let ranks = self.ranks();

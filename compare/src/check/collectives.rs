@@ -27,6 +27,8 @@ pub struct Outcome {
     /// Calls and send/recv pairs checked.
     pub checked: u64,
     pub findings: Vec<Finding>,
+    /// Send/recv transfers not checked: their peer's rank holds no records in the store.
+    pub peer_missing: u64,
 }
 
 /// Unit round-off of a float type (half the distance from 1 to the next value) and its
@@ -70,12 +72,13 @@ enum Red {
 }
 
 fn red(op: Option<u32>) -> Option<Red> {
+    use cuda_abi::nccl as n;
     Some(match op? {
-        0 => Red::Sum,
-        1 => Red::Prod,
-        2 => Red::Max,
-        3 => Red::Min,
-        4 => Red::Avg,
+        n::ncclSum => Red::Sum,
+        n::ncclProd => Red::Prod,
+        n::ncclMax => Red::Max,
+        n::ncclMin => Red::Min,
+        n::ncclAvg => Red::Avg,
         // PreMulSum handles carry a scalar the trace does not hold.
         _ => return None,
     })
@@ -201,6 +204,20 @@ pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
         }
         let s = sends.get(&key).map_or(&[][..], |v| &v[..]);
         let r = recvs.get(&key).map_or(&[][..], |v| &v[..]);
+        // A transfer whose other end was not captured (or was lost) cannot be matched.
+        let (comm, from, to) = key;
+        let held = |comm_rank: u32| {
+            manifest
+                .comms
+                .iter()
+                .find(|e| e.key == comm)
+                .and_then(|e| e.members.get(comm_rank as usize).copied().flatten())
+                .is_some_and(|g| trace.ranks.contains(&g))
+        };
+        if !held(from) || !held(to) {
+            out.peer_missing += (s.len() + r.len()) as u64;
+            continue;
+        }
         check_p2p(key, s, r, &mut out);
     }
     out
@@ -351,92 +368,104 @@ fn check_call(
         }
     }
     out.checked += 1;
-    let mismatch = |ranks: Vec<u32>, detail: String| Finding {
-        kind: FindingKind::CollectiveMismatch,
-        step,
-        ranks,
-        op: name.clone(),
-        module: module(recs[0]),
-        detail,
-    };
-    let size = recs.len();
-    match c0.kind {
+    let verdict = match c0.kind {
         CollectiveKind::AllReduce | CollectiveKind::Reduce | CollectiveKind::ReduceScatter => {
-            let Some(op) = red(c0.redop) else { return };
-            let inputs: Option<Vec<TensorData>> =
-                recs.iter().map(|r| data(r, Role::Input)).collect();
-            let Some(inputs) = inputs else { return };
-            let dtype = inputs[0].dtype();
-            let count = c0.count as usize;
-            let mut bad = Vec::new();
-            let mut first = None;
-            for (i, r) in recs.iter().enumerate() {
-                let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
-                if c0.kind == CollectiveKind::Reduce && i != root {
-                    continue;
-                }
-                let Some(o) = data(r, Role::Output) else {
-                    continue;
-                };
-                let in_off = if c0.kind == CollectiveKind::ReduceScatter {
-                    i * count
-                } else {
-                    0
-                };
-                if let Some(m) = check_reduction(dtype, op, &inputs, in_off, &o, 0, count) {
-                    bad.push(r.record.rank);
-                    first.get_or_insert(m);
-                }
-            }
-            if let Some((e, got, want, bound)) = first {
-                out.findings.push(mismatch(
-                    bad,
-                    format!(
-                        "output element {e} is {got:e}; the {op:?} of the {size} inputs is {want:e} (allowed difference {bound:e} for {})",
-                        dtype.name()
-                    ),
-                ));
-            }
+            reduction_mismatch(c0, recs)
         }
-        CollectiveKind::AllGather => {
-            let inputs: Option<Vec<&[u8]>> = recs.iter().map(|r| r.bytes_of(Role::Input)).collect();
-            let Some(inputs) = inputs else { return };
-            let want: Vec<u8> = inputs.concat();
-            let bad: Vec<u32> = recs
-                .iter()
-                .filter(|r| {
-                    r.bytes_of(Role::Output)
-                        .is_some_and(|o| o != want.as_slice())
-                })
-                .map(|r| r.record.rank)
-                .collect();
-            if !bad.is_empty() {
-                out.findings.push(mismatch(
-                    bad,
-                    "the gathered output is not the members' inputs in communicator rank order"
-                        .to_string(),
-                ));
-            }
-        }
-        CollectiveKind::Broadcast => {
-            let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
-            let Some(want) = recs.get(root).and_then(|r| r.bytes_of(Role::Input)) else {
-                return;
-            };
-            let bad: Vec<u32> = recs
-                .iter()
-                .filter(|r| r.bytes_of(Role::Output).is_some_and(|o| o != want))
-                .map(|r| r.record.rank)
-                .collect();
-            if !bad.is_empty() {
-                out.findings.push(mismatch(
-                    bad,
-                    format!("the received bytes differ from the root's (comm rank {root})"),
-                ));
-            }
-        }
-        CollectiveKind::Send | CollectiveKind::Recv => {}
+        CollectiveKind::AllGather => gather_mismatch(recs),
+        CollectiveKind::Broadcast => broadcast_mismatch(c0, recs),
+        CollectiveKind::Send | CollectiveKind::Recv => None,
+    };
+    if let Some((ranks, detail)) = verdict {
+        out.findings.push(Finding {
+            kind: FindingKind::CollectiveMismatch,
+            step,
+            ranks,
+            op: name,
+            module: module(recs[0]),
+            detail,
+        });
     }
+}
+
+/// The members whose reduction output the captured inputs do not explain, and why.
+fn reduction_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
+    let op = red(c0.redop)?;
+    let inputs: Vec<TensorData> = recs
+        .iter()
+        .map(|r| data(r, Role::Input))
+        .collect::<Option<_>>()?;
+    let dtype = inputs[0].dtype();
+    let count = c0.count as usize;
+    let mut bad = Vec::new();
+    let mut first = None;
+    for (i, r) in recs.iter().enumerate() {
+        let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
+        if c0.kind == CollectiveKind::Reduce && i != root {
+            continue;
+        }
+        let Some(o) = data(r, Role::Output) else {
+            continue;
+        };
+        let in_off = if c0.kind == CollectiveKind::ReduceScatter {
+            i * count
+        } else {
+            0
+        };
+        if let Some(m) = check_reduction(dtype, op, &inputs, in_off, &o, 0, count) {
+            bad.push(r.record.rank);
+            first.get_or_insert(m);
+        }
+    }
+    let (e, got, want, bound) = first?;
+    Some((
+        bad,
+        format!(
+            "output element {e} is {got:e}; the {op:?} of the {} inputs is {want:e} (allowed difference {bound:e} for {})",
+            recs.len(),
+            dtype.name()
+        ),
+    ))
+}
+
+/// The members whose all-gather output is not the inputs in communicator rank order.
+fn gather_mismatch(recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
+    let inputs: Vec<&[u8]> = recs
+        .iter()
+        .map(|r| r.bytes_of(Role::Input))
+        .collect::<Option<_>>()?;
+    let want: Vec<u8> = inputs.concat();
+    let bad: Vec<u32> = recs
+        .iter()
+        .filter(|r| {
+            r.bytes_of(Role::Output)
+                .is_some_and(|o| o != want.as_slice())
+        })
+        .map(|r| r.record.rank)
+        .collect();
+    (!bad.is_empty()).then(|| {
+        (
+            bad,
+            "the gathered output is not the members' inputs in communicator rank order".to_string(),
+        )
+    })
+}
+
+/// The members whose broadcast output is not the root's input.
+fn broadcast_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
+    let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
+    let want = recs.get(root).and_then(|r| r.bytes_of(Role::Input))?;
+    let bad: Vec<u32> = recs
+        .iter()
+        .filter(|r| r.bytes_of(Role::Output).is_some_and(|o| o != want))
+        .map(|r| r.record.rank)
+        .collect();
+    (!bad.is_empty()).then(|| {
+        (
+            bad,
+            format!("the received bytes differ from the root's (comm rank {root})"),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -61,8 +61,17 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         records: trace.records.len() as u64,
         ..Report::default()
     };
+    let world = manifest
+        .ranks
+        .iter()
+        .map(|r| r.world_size)
+        .chain(manifest.comms.iter().map(|c| c.size))
+        .max()
+        .unwrap_or(0);
+    report.missing_ranks = (0..world).filter(|r| !trace.ranks.contains(r)).collect();
     let coll = collectives::check(&trace, &manifest);
     report.collectives_checked = coll.checked;
+    report.transfers_unchecked = coll.peer_missing;
     report.findings.extend(coll.findings);
     let rep = replicas::check(&trace, &manifest, &store);
     report.replica_groups = rep.groups;

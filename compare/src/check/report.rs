@@ -75,6 +75,11 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// What could not be read (skipped, not a finding about the training).
     pub unreadable: Vec<String>,
+    /// Ranks of the world (per the manifest) that hold no records in the store: not captured
+    /// (`ttrace run --ranks`) or lost. What needs them is not checked.
+    pub missing_ranks: Vec<u32>,
+    /// Send/recv transfers not checked because their peer is a missing rank.
+    pub transfers_unchecked: u64,
 }
 
 impl Report {
@@ -125,10 +130,12 @@ impl fmt::Display for Report {
             for kind in kinds {
                 let of: Vec<&Finding> = self.findings.iter().filter(|x| x.kind == kind).collect();
                 for x in of.iter().take(SHOWN_PER_KIND) {
+                    // Names come from the traced program: no control characters.
+                    let esc = crate::report::text::escape_controls;
                     let module = if x.module.is_empty() {
                         String::new()
                     } else {
-                        format!(" [{}]", x.module)
+                        format!(" [{}]", esc(&x.module))
                     };
                     writeln!(
                         f,
@@ -136,8 +143,8 @@ impl fmt::Display for Report {
                         kind.label(),
                         x.step,
                         x.ranks,
-                        x.op,
-                        x.detail
+                        esc(&x.op),
+                        esc(&x.detail)
                     )?;
                 }
                 if of.len() > SHOWN_PER_KIND {
@@ -149,6 +156,14 @@ impl fmt::Display for Report {
                     )?;
                 }
             }
+        }
+        if !self.missing_ranks.is_empty() {
+            writeln!(
+                f,
+                "not checked: ranks {:?} of the world hold no records (not captured, or lost); \
+                 {} send/recv transfers with them and their replicas' weights were not checked",
+                self.missing_ranks, self.transfers_unchecked
+            )?;
         }
         if !self.unreadable.is_empty() {
             writeln!(

@@ -216,11 +216,25 @@ pub struct Divergence {
     pub position: String,
 }
 
+/// Tensors that could not be judged for one reason (never counted as a divergence).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotComparable {
+    /// Why: what the store lacks.
+    pub reason: String,
+    /// How many tensors.
+    pub tensors: u64,
+    /// The first such op, by position.
+    pub first: String,
+}
+
 /// Totals for the run of `ttrace compare`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CompareStats {
     /// Ops of the reference considered.
     pub reference_ops: u64,
+    /// Reference GEMMs with at least one counterpart in the run.
+    #[serde(default)]
+    pub reference_gemms_aligned: u64,
     /// Ops of the run aligned with a reference op.
     pub aligned_ops: u64,
     /// Ops of the run with no counterpart in the reference (collectives are compared through
@@ -261,6 +275,9 @@ pub struct CompareReport {
     pub worst: Vec<usize>,
     /// Things the comparison could not use (unreadable records, ops with no counterpart).
     pub warnings: Vec<String>,
+    /// Tensors the store does not hold enough of to judge (a partial capture), by reason.
+    #[serde(default)]
+    pub not_comparable: Vec<NotComparable>,
     /// Totals.
     pub stats: CompareStats,
 }

@@ -18,8 +18,63 @@ const WRAP: usize = 104;
 /// Lines a divergence report aims to fit in.
 const SCREEN: usize = 25;
 
-/// Renders `report` as one screen of text; ANSI colors only when `color`.
+/// `s` with control characters (ESC, CR, BEL, ...) written as `\u{1b}` escapes: names and
+/// paths come from the traced program and must not drive the terminal.
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A copy of `r` whose strings from the trace (paths, commands, APIs, NVTX names, kernel
+/// names, explanations, warnings) have their control characters escaped.
+fn printable(r: &CompareReport) -> CompareReport {
+    let mut r = r.clone();
+    let e = |s: &mut String| *s = escape_controls(s);
+    for summary in [&mut r.reference, &mut r.run]
+        .into_iter()
+        .chain(r.perturbed.as_mut())
+    {
+        e(&mut summary.path);
+        e(&mut summary.command);
+        e(&mut summary.run_id);
+    }
+    for t in &mut r.tensors {
+        e(&mut t.api);
+        e(&mut t.role);
+        if let Some(n) = &mut t.nvtx {
+            e(n);
+        }
+    }
+    if let Some(d) = &mut r.first_divergence {
+        e(&mut d.explanation);
+        e(&mut d.position);
+        d.kernels_between.iter_mut().for_each(e);
+        for s in [&mut d.pass, &mut d.module].into_iter().flatten() {
+            e(s);
+        }
+    }
+    r.warnings.iter_mut().for_each(e);
+    for n in &mut r.not_comparable {
+        e(&mut n.reason);
+        e(&mut n.first);
+    }
+    r
+}
+
+/// Renders `report` as one screen of text; ANSI colors only when `color`. Control
+/// characters in names from the trace are escaped.
 pub fn render(report: &CompareReport, color: bool) -> String {
+    let report = &printable(report);
     let p = Paint(color);
     let mut out = String::new();
     let verdict = match report.verdict {
@@ -254,13 +309,24 @@ pub(crate) fn counts(r: &CompareReport) -> String {
     }
     let _ = write!(
         line,
-        "; ops: {} in the reference, {} aligned in the run, {} unaligned; {} read in {}",
+        "; reference: {} ops, {} GEMMs with a counterpart; run: {} GEMMs aligned, {} \
+         unaligned; {} read in {}",
         s.reference_ops,
+        s.reference_gemms_aligned,
         s.aligned_ops,
         s.unaligned_ops,
         fmt_bytes(s.bytes_compared),
         fmt_secs(s.elapsed_s)
     );
+    for n in &r.not_comparable {
+        let _ = write!(
+            line,
+            "\nnot comparable: {}: {} (first: {})",
+            plural(n.tensors, "tensor"),
+            n.reason,
+            n.first
+        );
+    }
     line
 }
 
@@ -734,7 +800,9 @@ pub(crate) mod tests {
                 "rank 6: 12 ops with no counterpart in the reference".into(),
                 "rank 7: 1 op with no counterpart in the reference".into(),
             ],
+            not_comparable: vec![],
             stats: CompareStats {
+                reference_gemms_aligned: 100,
                 reference_ops: 410,
                 aligned_ops: 400,
                 unaligned_ops: 12,
@@ -743,6 +811,21 @@ pub(crate) mod tests {
                 elapsed_s: 1.34,
             },
         }
+    }
+
+    #[test]
+    fn control_characters_from_the_trace_are_escaped() {
+        let mut r = sample(Verdict::Divergence);
+        r.run.path = "runs/\u{1b}[2J\u{1b}]0;pwned\u{7}".into();
+        if let Some(d) = &mut r.first_divergence {
+            d.module = Some("layers.1\r\u{1b}[31m".into());
+        }
+        for t in &mut r.tensors {
+            t.nvtx = Some("forward.mb1/layers.1.mlp.fc2\u{1b}[H".into());
+        }
+        let text = render(&r, false);
+        assert!(!text.contains('\u{1b}') && !text.contains('\r') && !text.contains('\u{7}'));
+        assert!(text.contains("runs/\\u{1b}[2J"), "{text}");
     }
 
     #[test]
@@ -768,7 +851,8 @@ pub(crate) mod tests {
             "pos 3 step 0 forward.mb1/layers.1.mlp.fc2 B (cublasGemmEx) at 13.0 eps",
             "1 kernel: void at::native::vectorized_elementwise_kernel<4>",
             "worst tensors:",
-            "compared 24 tensors (13 beyond tolerance); ops: 410 in the reference, 400 aligned",
+            "compared 24 tensors (13 beyond tolerance); reference: 410 ops, 100 GEMMs with a \
+             counterpart; run: 400 GEMMs aligned",
             "12 unaligned; 33.4 MiB read in 1.3 s",
             "warning: rank 5: 2 records unreadable",
             "warning: and 1 more",

@@ -376,6 +376,7 @@ fn tied_embeddings_and_rmsnorm_match_the_reference() {
 /// Each bug: a layout where it acts, the precision it is pinned in, extra model options.
 const BUG_CASES: &[(&str, &str, Prec, &str)] = &[
     ("tp-row-parallel-no-reduce", "--tp 2", Prec::Fp32, ""),
+    ("tp-row-parallel-avg", "--tp 2", Prec::Fp32, ""),
     ("sp-norm-grad-unreduced", "--tp 2 --sp", Prec::Fp32, ""),
     ("norm-grad-scaled-by-tp", "--tp 2", Prec::Fp32, ""),
     ("dp-grad-sum", "--dp 2", Prec::Fp32, ""),

@@ -14,6 +14,9 @@ pub enum Bug {
     /// A row-parallel output (attention projection of one layer) is not all-reduced (or
     /// reduce-scattered under SP): each TP rank continues with its partial sum.
     TpRowParallelNoReduce,
+    /// The same row-parallel reduction done with `ncclAvg` instead of `ncclSum`: the partial
+    /// sums are averaged (the output is the TP size times too small).
+    TpRowParallelAvg,
     /// Under SP, the final norm's weight grads are not all-reduced across TP (Megatron #1446).
     SpNormGradUnreduced,
     /// A norm weight grad is multiplied by the TP size in the backward (Megatron #1528).
@@ -83,8 +86,9 @@ pub struct Location {
 
 impl Bug {
     /// Every bug, in catalogue order.
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 16] = [
         Bug::TpRowParallelNoReduce,
+        Bug::TpRowParallelAvg,
         Bug::SpNormGradUnreduced,
         Bug::NormGradScaledByTp,
         Bug::DpGradSum,
@@ -105,6 +109,7 @@ impl Bug {
     pub fn name(self) -> &'static str {
         match self {
             Bug::TpRowParallelNoReduce => "tp-row-parallel-no-reduce",
+            Bug::TpRowParallelAvg => "tp-row-parallel-avg",
             Bug::SpNormGradUnreduced => "sp-norm-grad-unreduced",
             Bug::NormGradScaledByTp => "norm-grad-scaled-by-tp",
             Bug::DpGradSum => "dp-grad-sum",
@@ -133,6 +138,10 @@ impl Bug {
             Bug::TpRowParallelNoReduce => {
                 "the attention projection (row-parallel) of one layer skips its TP all-reduce \
                  (reduce-scatter under SP): each rank keeps its partial sum"
+            }
+            Bug::TpRowParallelAvg => {
+                "the attention projection (row-parallel) of one layer all-reduces \
+                 (reduce-scatters under SP) with ncclAvg instead of ncclSum"
             }
             Bug::SpNormGradUnreduced => {
                 "under SP the final norm's weight/bias grads are not all-reduced across TP, so \
@@ -193,6 +202,7 @@ impl Bug {
     pub fn requires(self) -> &'static str {
         match self {
             Bug::TpRowParallelNoReduce
+            | Bug::TpRowParallelAvg
             | Bug::NormGradScaledByTp
             | Bug::TpColumnShardOffset
             | Bug::AttentionSoftmaxScaleLocal => "tp >= 2",
@@ -243,6 +253,7 @@ impl Bug {
         let l = &c.layout;
         match self {
             Bug::TpRowParallelNoReduce
+            | Bug::TpRowParallelAvg
             | Bug::NormGradScaledByTp
             | Bug::TpColumnShardOffset
             | Bug::AttentionSoftmaxScaleLocal => l.tp >= 2,
@@ -263,7 +274,7 @@ impl Bug {
     pub fn layer(self, c: &Config) -> usize {
         let last = c.model.layers - 1;
         match self {
-            Bug::TpRowParallelNoReduce => 1.min(last),
+            Bug::TpRowParallelNoReduce | Bug::TpRowParallelAvg => 1.min(last),
             Bug::NormGradScaledByTp | Bug::AttentionSoftmaxScaleLocal | Bug::GradAccumOverwrite => {
                 last
             }
@@ -283,6 +294,14 @@ impl Bug {
                     0,
                     Some(0),
                     "the row-parallel GEMM's partial output is used without the TP reduction"
+                        .into(),
+                ),
+                Bug::TpRowParallelAvg => (
+                    format!("layers.{l}.attention.proj"),
+                    Pass::Forward,
+                    0,
+                    Some(0),
+                    "the row-parallel GEMM's partial outputs are averaged over TP, not summed"
                         .into(),
                 ),
                 Bug::SpNormGradUnreduced => (

@@ -205,8 +205,9 @@ impl Linear {
     /// Forward. `x` is `[rows, in]`: for a column-parallel linear under SP the local sequence
     /// shard (`ts` rows, all-gathered here), otherwise `t` rows. Writes `y` `[t, out]` for a
     /// column-parallel linear; a row-parallel one writes its reduced output into `y`
-    /// (`[ts, h]`), using `scratch.full` for the partial sum under SP. `reduce = false` skips
-    /// the TP reduction (the `tp-row-parallel-no-reduce` bug).
+    /// (`[ts, h]`), using `scratch.full` for the partial sum under SP, reduced with `reduce`
+    /// (`ncclSum`; `None` skips the TP reduction: the `tp-row-parallel-no-reduce` bug, `Avg`
+    /// the `tp-row-parallel-avg` bug).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -216,7 +217,7 @@ impl Linear {
         x: Buf,
         y: Buf,
         saved: Option<Fp8Saved>,
-        reduce: bool,
+        reduce: Option<Op>,
     ) -> Result<()> {
         let d = c.d;
         let gather = self.par == Parallel::Column && c.sp();
@@ -286,16 +287,16 @@ impl Linear {
             ))?;
         }
         if self.par == Parallel::Row {
-            if !reduce {
-                if row_sp {
-                    // Keep this rank's sequence chunk of its own partial sum.
-                    let chunk = d.ts * self.out;
-                    c.s.copy(y, out.slice(c.topo.tp.rank * chunk, chunk))?;
+            match reduce {
+                None => {
+                    if row_sp {
+                        // Keep this rank's sequence chunk of its own partial sum.
+                        let chunk = d.ts * self.out;
+                        c.s.copy(y, out.slice(c.topo.tp.rank * chunk, chunk))?;
+                    }
                 }
-            } else if row_sp {
-                c.topo.tp.reduce_scatter(out, y, Op::Sum, c.s)?;
-            } else {
-                c.topo.tp.all_reduce(y, y, Op::Sum, c.s)?;
+                Some(op) if row_sp => c.topo.tp.reduce_scatter(out, y, op, c.s)?,
+                Some(op) => c.topo.tp.all_reduce(y, y, op, c.s)?,
             }
         }
         Ok(())

@@ -351,7 +351,15 @@ impl Stage {
             }
             {
                 let _r = c.nvtx.range("output_layer");
-                head.forward(c, &mut self.fp8, &self.sc, a.lnf, a.logits, None, true)?;
+                head.forward(
+                    c,
+                    &mut self.fp8,
+                    &self.sc,
+                    a.lnf,
+                    a.logits,
+                    None,
+                    Some(Op::Sum),
+                )?;
             }
             let _r = c.nvtx.range("loss");
             let tp = &c.topo.tp;
@@ -405,8 +413,15 @@ impl Stage {
                 // FP8 weights are quantised (and cached) on the first micro-batch of a step.
                 blk.qkv.quantize_weight(c, &mut self.fp8)?;
             }
-            blk.qkv
-                .forward(c, &mut self.fp8, &self.sc, a.ln1, a.qkv, a.f8[0], true)?;
+            blk.qkv.forward(
+                c,
+                &mut self.fp8,
+                &self.sc,
+                a.ln1,
+                a.qkv,
+                a.f8[0],
+                Some(Op::Sum),
+            )?;
         }
         {
             let _r = c.nvtx.range(&format!("layers.{l}.attention.core"));
@@ -425,7 +440,15 @@ impl Stage {
         }
         {
             let _r = c.nvtx.range(&blk.proj.module);
-            let reduce = !(c.bug(Bug::TpRowParallelNoReduce) && bug_layer == Some(l));
+            let reduce = if bug_layer != Some(l) {
+                Some(Op::Sum)
+            } else if c.bug(Bug::TpRowParallelNoReduce) {
+                None
+            } else if c.bug(Bug::TpRowParallelAvg) {
+                Some(Op::Avg)
+            } else {
+                Some(Op::Sum)
+            };
             if mb == 0 {
                 blk.proj.quantize_weight(c, &mut self.fp8)?;
             }
@@ -450,8 +473,15 @@ impl Stage {
                 // FP8 weights are quantised (and cached) on the first micro-batch of a step.
                 blk.fc1.quantize_weight(c, &mut self.fp8)?;
             }
-            blk.fc1
-                .forward(c, &mut self.fp8, &self.sc, a.ln2, a.h1, a.f8[2], true)?;
+            blk.fc1.forward(
+                c,
+                &mut self.fp8,
+                &self.sc,
+                a.ln2,
+                a.h1,
+                a.f8[2],
+                Some(Op::Sum),
+            )?;
             c.k.gelu_fwd(a.h1, a.a1)?;
         }
         {
@@ -459,8 +489,15 @@ impl Stage {
             if mb == 0 {
                 blk.fc2.quantize_weight(c, &mut self.fp8)?;
             }
-            blk.fc2
-                .forward(c, &mut self.fp8, &self.sc, a.a1, next_x, a.f8[3], true)?;
+            blk.fc2.forward(
+                c,
+                &mut self.fp8,
+                &self.sc,
+                a.a1,
+                next_x,
+                a.f8[3],
+                Some(Op::Sum),
+            )?;
             c.k.add(next_x, a.x1, next_x)?;
         }
         Ok(())

@@ -41,7 +41,7 @@ WHEELS = [
     ("nvidia-cuda-nvcc-cu12", "12.8.93"),  # crt/host_defines.h
     ("nvidia-cuda-cccl-cu12", "12.8.90"),  # nv/target (pulled in by cuda_fp16.h)
     ("nvidia-cublas-cu12", "12.8.4.1"),  # cublas_v2.h, cublasLt.h
-    ("nvidia-nccl-cu12", "2.26.5"),  # nccl.h
+    ("nvidia-nccl-cu12", "2.27.5"),  # nccl.h
     ("nvidia-nvtx-cu12", "12.8.90"),  # nvToolsExt.h (NVTX v2 API) and nvtx3/
 ]
 

@@ -26,6 +26,53 @@ crate::opaque_struct!(
     CUmemPoolHandle_st
 );
 
+crate::opaque_struct!(
+    /// `struct cudaFuncAttributes`: filled by `cudaFuncGetAttributes` (which the simulator
+    /// refuses: it has no kernel images), so only passed by pointer.
+    cudaFuncAttributes
+);
+crate::opaque_struct!(
+    /// `struct cudaLaunchConfig_st` (`cudaLaunchConfig_t`), read by `cudaLaunchKernelExC`.
+    cudaLaunchConfig_st
+);
+crate::opaque_struct!(
+    /// `struct cudaMemAccessDesc`, an element of `cudaMemPoolSetAccess`'s list.
+    cudaMemAccessDesc
+);
+
+/// `enum cudaFuncAttribute`.
+pub type cudaFuncAttribute = c_uint;
+/// `enum cudaMemPoolAttr`.
+pub type cudaMemPoolAttr = c_uint;
+/// `enum cudaDriverEntryPointQueryResult`.
+pub type cudaDriverEntryPointQueryResult = c_uint;
+/// The symbol was found.
+pub const cudaDriverEntryPointSuccess: cudaDriverEntryPointQueryResult = 0;
+/// The driver does not export the symbol.
+pub const cudaDriverEntryPointSymbolNotFound: cudaDriverEntryPointQueryResult = 1;
+/// The symbol needs a newer driver than the requested version.
+pub const cudaDriverEntryPointVersionNotSufficent: cudaDriverEntryPointQueryResult = 2;
+/// `CUDA_IPC_HANDLE_SIZE`.
+pub const CUDA_IPC_HANDLE_SIZE: usize = 64;
+
+/// `struct cudaIpcMemHandle_st`: an opaque handle passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaIpcMemHandle_st {
+    pub reserved: [c_char; CUDA_IPC_HANDLE_SIZE],
+}
+/// `cudaIpcMemHandle_t`.
+pub type cudaIpcMemHandle_t = cudaIpcMemHandle_st;
+
+/// `struct cudaIpcEventHandle_st`: an opaque handle passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaIpcEventHandle_st {
+    pub reserved: [c_char; CUDA_IPC_HANDLE_SIZE],
+}
+/// `cudaIpcEventHandle_t`.
+pub type cudaIpcEventHandle_t = cudaIpcEventHandle_st;
+
 /// `enum cudaError` (non-negative values: C compatible type `unsigned int`).
 pub type cudaError_t = c_uint;
 /// A stream handle. `0` is the legacy default stream unless the caller was built per-thread.
@@ -113,6 +160,11 @@ pub const cudaErrorInvalidMemcpyDirection: cudaError_t = 21;
 pub const cudaErrorInsufficientDriver: cudaError_t = 35;
 pub const cudaErrorNoDevice: cudaError_t = 100;
 pub const cudaErrorInvalidDevice: cudaError_t = 101;
+pub const cudaErrorNoKernelImageForDevice: cudaError_t = 209;
+pub const cudaErrorInvalidDeviceFunction: cudaError_t = 98;
+pub const cudaErrorInvalidSymbol: cudaError_t = 13;
+pub const cudaErrorPeerAccessAlreadyEnabled: cudaError_t = 704;
+pub const cudaErrorProfilerDisabled: cudaError_t = 5;
 pub const cudaErrorInvalidResourceHandle: cudaError_t = 400;
 pub const cudaErrorIllegalState: cudaError_t = 401;
 pub const cudaErrorNotReady: cudaError_t = 600;
@@ -149,6 +201,15 @@ pub struct cudaPointerAttributes {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
+/// `uint3` (`vector_types.h`): a thread or block index.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct uint3 {
     pub x: c_uint,
     pub y: c_uint,
     pub z: c_uint,

@@ -13,9 +13,13 @@ fn main() {
         "sim-cublaslt" => ("libcublasLt.so", "libcublasLt.so.12"),
         "sim-nccl" => ("libnccl.so", "libnccl.so.2"),
         "sim-nvtx" => ("libnvToolsExt.so", "libnvToolsExt.so.1"),
+        "sim-driver" => ("libcuda.so", "libcuda.so.1"),
         other => panic!("build_sim_lib.rs does not know package {other}"),
     };
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
+    // The sonames of the libraries each one finds at run time (cuBLASLt asks cuBLAS).
+    println!("cargo:rustc-env=SIM_CUBLAS_SONAME=libcublas.so.12");
+    println!("cargo:rustc-env=SIM_CUDART_SONAME=libcudart.so.12");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
     println!("cargo:rerun-if-changed=../build_sim_lib.rs");
 

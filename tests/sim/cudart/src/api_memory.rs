@@ -432,6 +432,7 @@ pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c
     guard(|| {
         let r = rt()?;
         r.check_capture_safe()?;
+        r.activate(r.current_device());
         let p = r.heap.alloc(size, r.current_device()).map_err(heap_error)?;
         // SAFETY: out-pointer from the caller.
         unsafe { out(dev_ptr, p) }

@@ -249,7 +249,11 @@ pub unsafe extern "C" fn cudaEventDestroy(event: cudaEvent_t) -> cudaError_t {
     })
 }
 
-fn record(ev: cudaEvent_t, stream: cudaStream_t, per_thread: bool) -> Result<(), cudaError_t> {
+pub(crate) fn record(
+    ev: cudaEvent_t,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let e = event(r, ev)?;
     let s = r.stream(stream, per_thread)?;
@@ -337,11 +341,11 @@ pub unsafe extern "C" fn cudaEventElapsedTime(
 }
 
 /// A host function and its argument, moved to the stream worker.
-struct HostCall(unsafe extern "C" fn(*mut c_void), *mut c_void);
+pub(crate) struct HostCall(unsafe extern "C" fn(*mut c_void), *mut c_void);
 // SAFETY: CUDA runs host functions on a driver thread by contract; the caller made it so.
 unsafe impl Send for HostCall {}
 
-fn launch_host_func(
+pub(crate) fn launch_host_func(
     stream: cudaStream_t,
     f: cudaHostFn_t,
     data: *mut c_void,

@@ -111,6 +111,27 @@ pub fn end() -> ncclResult_t {
     launch(ops)
 }
 
+/// `ncclGroupSimulateEnd`: closes the group like `ncclGroupEnd` but runs nothing: the
+/// outermost close drops the recorded operations (NCCL only estimates their time). Returns
+/// the number of operations dropped.
+pub fn simulate_end() -> Result<usize, ncclResult_t> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            crate::set_last_error("ncclGroupSimulateEnd without ncclGroupStart");
+            return Err(ncclInvalidUsage);
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(0);
+        }
+        // Communicators initialised inside the group still initialise (their peers wait).
+        g.inits.clear();
+        g.error = ncclSuccess;
+        Ok(std::mem::take(&mut g.ops).len())
+    })
+}
+
 /// Launches `ops` as one task: the main kernel on the first operation's stream, join kernels
 /// on the others.
 pub fn launch(ops: Vec<Op>) -> ncclResult_t {

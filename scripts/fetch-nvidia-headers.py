@@ -40,6 +40,7 @@ WHEELS = [
     ("nvidia-cuda-runtime-cu12", "12.8.90"),  # cuda_runtime_api.h, driver_types.h, library_types.h
     ("nvidia-cuda-nvcc-cu12", "12.8.93"),  # crt/host_defines.h
     ("nvidia-cuda-cccl-cu12", "12.8.90"),  # nv/target (pulled in by cuda_fp16.h)
+    ("nvidia-cuda-profiler-api-cu12", "12.8.90"),  # cuda_profiler_api.h (cudaProfilerStart/Stop)
     ("nvidia-cublas-cu12", "12.8.4.1"),  # cublas_v2.h, cublasLt.h
     ("nvidia-nccl-cu12", "2.27.5"),  # nccl.h
     ("nvidia-nvtx-cu12", "12.8.90"),  # nvToolsExt.h (NVTX v2 API) and nvtx3/

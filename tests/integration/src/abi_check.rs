@@ -46,11 +46,13 @@ use syn::ext::IdentExt;
 use syn::visit::Visit;
 
 /// The simulated libraries: directories under `tests/sim`.
-pub const SIM_LIBRARIES: [&str; 5] = ["cudart", "cublas", "cublaslt", "nccl", "nvtx"];
+pub const SIM_LIBRARIES: [&str; 6] = ["cudart", "cublas", "cublaslt", "nccl", "nvtx", "driver"];
 
 /// Headers every generated C file includes, in order.
-pub const HEADERS: [&str; 6] = [
+pub const HEADERS: [&str; 8] = [
+    "cuda.h",
     "cuda_runtime_api.h",
+    "cuda_profiler_api.h",
     "cublas_v2.h",
     "cublasLt.h",
     "nccl.h",
@@ -240,6 +242,9 @@ pub struct Record {
     pub fields: Vec<(String, syn::Type)>,
     /// Source file.
     pub file: PathBuf,
+    /// `#[repr(C, align(N))]`: the alignment the C type declares (CUDA's `float2` is
+    /// `__builtin_align__(8)`).
+    pub align: Option<u64>,
 }
 
 /// The types of `cuda-abi`, as parsed from its sources.
@@ -279,6 +284,22 @@ fn is_repr_c(attrs: &[syn::Attribute]) -> bool {
             c
         }
     })
+}
+
+/// N of `#[repr(C, align(N))]`.
+fn repr_align(attrs: &[syn::Attribute]) -> Option<u64> {
+    let mut n = None;
+    for a in attrs.iter().filter(|a| a.path().is_ident("repr")) {
+        let _ = a.parse_nested_meta(|m| {
+            if m.path.is_ident("align") {
+                let content;
+                syn::parenthesized!(content in m.input);
+                n = content.parse::<syn::LitInt>()?.base10_parse().ok();
+            }
+            Ok(())
+        });
+    }
+    n
 }
 
 /// Evaluates a `#[cfg(...)]` predicate for the host target (the one gcc compiles for):
@@ -423,6 +444,9 @@ impl AbiTypes {
                         self.opaque.insert(s.ident.to_string());
                     } else {
                         self.add_record(&s.ident, false, fields, file);
+                        if let Some(r) = self.records.get_mut(&s.ident.to_string()) {
+                            r.align = repr_align(&s.attrs);
+                        }
                     }
                 }
                 syn::Item::Union(u) if cfg_enabled(&u.attrs) && is_repr_c(&u.attrs) => {
@@ -489,6 +513,7 @@ impl AbiTypes {
                 is_union,
                 fields,
                 file: file.to_path_buf(),
+                align: None,
             },
         );
     }
@@ -1010,7 +1035,9 @@ impl View {
     fn headers(self) -> Vec<&'static str> {
         let mut h: Vec<&str> = match self.lang() {
             Lang::C => vec!["stddef.h", "stdint.h"],
-            Lang::Cxx => vec!["cstddef", "cstdint", "type_traits"],
+            // <cstring> and <cmath>: crt/host_runtime.h (see `Unit::new`) uses memcpy and the
+            // math functions without including them.
+            Lang::Cxx => vec!["cstddef", "cstdint", "type_traits", "cstring", "cmath"],
         };
         for inc in HEADERS {
             h.push(if self == View::CublasLegacy && inc == "cublas_v2.h" {
@@ -1066,6 +1093,20 @@ impl Unit {
             u.push(format!("#include <{inc}>"), &h);
         }
         if view.lang() == Lang::Cxx {
+            // nvcc's host-side registration and launch entry points (`__cudaRegisterFunction`,
+            // `__cudaPopCallConfiguration`, ...), which libcudart exports for the code nvcc
+            // generates: declared by its internal header, which wants this guard.
+            u.push(
+                "#define __CUDA_INCLUDE_COMPILER_INTERNAL_HEADERS__".into(),
+                &h,
+            );
+            u.push("#define __CUDA_INTERNAL_COMPILATION__".into(), &h);
+            u.push("#include <crt/host_runtime.h>".into(), &h);
+            u.push("#undef __CUDA_INTERNAL_COMPILATION__".into(), &h);
+            u.push(
+                "#undef __CUDA_INCLUDE_COMPILER_INTERNAL_HEADERS__".into(),
+                &h,
+            );
             for l in CXX_TRAIT.lines() {
                 u.push(l.to_string(), &h);
             }
@@ -1118,7 +1159,11 @@ impl Unit {
                 .map_err(|e| format!("field `{fname}`: {e}"))?;
             let _ = write!(decl, " {};", ct.declare(fname));
         }
-        decl.push_str(" };");
+        decl.push_str(" }");
+        if let Some(n) = r.align {
+            let _ = write!(decl, " __attribute__((aligned({n})))");
+        }
+        decl.push(';');
         self.push(decl, &subject);
         let label = &r.name;
         let lang = self.view.lang();
@@ -1250,6 +1295,11 @@ fn run_view(
     report: &mut Report,
 ) -> Result<Errors, String> {
     let mut unit = Unit::new(view);
+    if view == View::Cxx {
+        if let Some(decl) = nvcc_only_declaration(out.include_dirs) {
+            unit.push(decl, &Subject::Headers);
+        }
+    }
     for (e, ty) in exports {
         let subject = Subject::Export(e.library.clone(), e.name.clone());
         if wanted(&subject) {
@@ -1274,6 +1324,28 @@ fn run_view(
         .work_dir
         .join(format!("abi_check_{}_{}.{ext}", out.tag, view.name()));
     unit.compile(&path, out.include_dirs, report)
+}
+
+/// `__cudaPushCallConfiguration`, which `kernel<<<...>>>` calls: NVIDIA declares it only for
+/// nvcc (`#ifdef __CUDACC__` in crt/device_functions.h, as `__host__ __device__` with default
+/// arguments). Its declaration is taken from that header as text, with those nvcc-only parts
+/// removed, so that the export is still compared with NVIDIA's own signature.
+fn nvcc_only_declaration(include_dirs: &[PathBuf]) -> Option<String> {
+    let text = include_dirs
+        .iter()
+        .find_map(|d| std::fs::read_to_string(d.join("crt/device_functions.h")).ok())?;
+    let at = text.find("__cudaPushCallConfiguration(")?;
+    let start = text[..at].rfind("extern \"C\"")?;
+    let end = at + text[at..].find(';')?;
+    let mut decl = text[start..=end]
+        .replace("__host__", "")
+        .replace("__device__", "");
+    // Default arguments (`size_t sharedMem = 0`) are C++ declarations' business only.
+    while let Some(eq) = decl.find(" = ") {
+        let stop = decl[eq..].find([',', ')']).map_or(decl.len(), |i| eq + i);
+        decl.replace_range(eq..stop, "");
+    }
+    Some(decl.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// Compiler messages per subject.

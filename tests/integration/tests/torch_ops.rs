@@ -59,6 +59,18 @@ fn ops(version: &'static str) {
         );
     }
 
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    let attached: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("attached to CUDA runtime"))
+        .collect();
+    assert_eq!(attached.len(), 1, "one attach line: {}", describe(&traced));
+    assert!(
+        attached[0].contains(&format!("libcudart.so.{}", torch.cuda_major)),
+        "attached to the wrong runtime: {}",
+        attached[0]
+    );
+
     let seen = saved(&traced_out);
     assert_eq!(
         seen,

@@ -17,6 +17,8 @@ use integration_tests::{abi_check::repo_root, bin, describe, profile_dir, sim_di
 /// A torch venv and the stub libraries generated for its wheel.
 pub struct Torch {
     pub version: &'static str,
+    /// The CUDA major its wheel is built for (torch 2.10: 12; torch 2.15: 13).
+    pub cuda_major: u32,
     pub python: PathBuf,
     pub torchrun: PathBuf,
     pub stubs: PathBuf,
@@ -73,8 +75,10 @@ pub fn find(version: &'static str) -> Option<Torch> {
         "torch-stubs.py failed: {}",
         describe(&gen)
     );
+    let cuda_major = if version.starts_with("2.10.") { 12 } else { 13 };
     Some(Torch {
         version,
+        cuda_major,
         torchrun: venv.join("bin/torchrun"),
         python,
         stubs,
@@ -109,6 +113,8 @@ impl Torch {
             .env_remove("TTRACE_DAEMON")
             .env_remove("TTRACE_PERTURB")
             .env_remove("LD_PRELOAD")
+            // Info level: libttrace.so names the CUDA runtime it attached to.
+            .env("TTRACE_LOG", "info")
             .arg("run")
             .arg("--out")
             .arg(store)

@@ -82,12 +82,20 @@ pub fn repo_root() -> PathBuf {
 /// returns the include directories, in `-I` order. `$TTRACE_NVIDIA_HEADERS` overrides the cache
 /// directory.
 pub fn fetch_headers() -> Result<Vec<PathBuf>, String> {
+    fetch_headers_for(12)
+}
+
+/// [`fetch_headers`] for CUDA major 12 or 13 (`--cuda 13`: CUDA 13.2, cuBLAS 13.4, NCCL 2.30;
+/// `$TTRACE_NVIDIA_HEADERS/cuda13` when that variable is set).
+pub fn fetch_headers_for(major: u32) -> Result<Vec<PathBuf>, String> {
     let repo = repo_root();
     let script = repo.join("scripts/fetch-nvidia-headers.py");
     let mut cmd = Command::new("python3");
-    cmd.arg(&script);
+    cmd.arg(&script).arg("--cuda").arg(major.to_string());
     if let Some(dest) = std::env::var_os("TTRACE_NVIDIA_HEADERS") {
-        cmd.arg("--dest").arg(dest);
+        let dest = PathBuf::from(dest);
+        cmd.arg("--dest")
+            .arg(if major == 12 { dest } else { dest.join(format!("cuda{major}")) });
     }
     let out = cmd
         .output()
@@ -1090,7 +1098,11 @@ impl Unit {
         }
         u.push("#define NVTX_SUPPRESS_V2_DEPRECATION_WARNING 1".into(), &h);
         for inc in view.headers() {
+            // Conditional: CUDA 13 dropped the NVTX v2 headers (nvToolsExt.h). An export that
+            // only a missing header declared still fails, as undeclared.
+            u.push(format!("#if __has_include(<{inc}>)"), &h);
             u.push(format!("#include <{inc}>"), &h);
+            u.push("#endif".into(), &h);
         }
         if view.lang() == Lang::Cxx {
             // nvcc's host-side registration and launch entry points (`__cudaRegisterFunction`,

@@ -426,3 +426,13 @@ fn negative_control_torch_entry_points() {
         report.describe_failures()
     );
 }
+
+/// What the CUDA 13 headers say about the CUDA 12 sources (printed; see docs/cuda13.md).
+#[test]
+#[ignore = "a report, not a check: run with --ignored to list the CUDA 13 differences"]
+fn cuda13_differences_report() {
+    let (exports, abi) = parsed();
+    let dirs = abi_check::fetch_headers_for(13).expect("CUDA 13 headers");
+    let report = check(&exports, &abi, &dirs, &work_dir(), "cuda13_report");
+    eprintln!("{}", report.describe_failures());
+}

@@ -115,7 +115,9 @@ pub fn is_device_memory(ptr: *const c_void) -> Result<bool, cudaError_t> {
     };
     // SAFETY: an out-pointer to a local as large as either major's struct; the pointer is
     // only classified.
-    check(unsafe { f(&mut buf.a, ptr) })?;
+    // The pointer covers the whole buffer, not only its first field.
+    let out = (&mut buf as *mut Attributes).cast::<cudaPointerAttributes>();
+    check(unsafe { f(out, ptr) })?;
     let a = buf.a;
     Ok(matches!(
         a.type_,

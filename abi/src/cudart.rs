@@ -40,6 +40,13 @@ crate::opaque_struct!(
     cudaMemAccessDesc
 );
 
+crate::opaque_struct!(
+    /// `struct cudaGraphEdgeData_st` (`cudaGraphEdgeData`): passed by pointer only.
+    cudaGraphEdgeData_st
+);
+/// `cudaGraphEdgeData`.
+pub type cudaGraphEdgeData = cudaGraphEdgeData_st;
+
 /// `enum cudaFuncAttribute`.
 pub type cudaFuncAttribute = c_uint;
 /// `enum cudaMemPoolAttr`.
@@ -146,7 +153,11 @@ pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
 
 /// `CUDART_VERSION` of the headers this ABI mirrors.
+#[cfg(not(sim_cuda13))]
 pub const CUDART_VERSION: c_int = 12080;
+/// `CUDART_VERSION` of the CUDA 13.2 headers.
+#[cfg(sim_cuda13)]
+pub const CUDART_VERSION: c_int = 13020;
 
 pub const cudaSuccess: cudaError_t = 0;
 pub const cudaErrorInvalidValue: cudaError_t = 1;
@@ -195,6 +206,9 @@ pub struct cudaPointerAttributes {
     pub device: c_int,
     pub devicePointer: *mut c_void,
     pub hostPointer: *mut c_void,
+    /// CUDA 13 appended `long reserved[8]`.
+    #[cfg(sim_cuda13)]
+    pub reserved: [core::ffi::c_long; 8],
 }
 
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
@@ -224,7 +238,8 @@ pub struct CUuuid_st {
 /// `cudaUUID_t`.
 pub type cudaUUID_t = CUuuid_st;
 
-/// `struct cudaDeviceProp` of CUDA 12 (filled by `cudaGetDeviceProperties_v2`).
+/// `struct cudaDeviceProp` of CUDA 12 (CUDA 13: eight fields removed, seven added; see
+/// docs/cuda13.md) (filled by `cudaGetDeviceProperties_v2`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct cudaDeviceProp {
@@ -240,20 +255,25 @@ pub struct cudaDeviceProp {
     pub maxThreadsPerBlock: c_int,
     pub maxThreadsDim: [c_int; 3],
     pub maxGridSize: [c_int; 3],
+    #[cfg(not(sim_cuda13))]
     pub clockRate: c_int,
     pub totalConstMem: usize,
     pub major: c_int,
     pub minor: c_int,
     pub textureAlignment: usize,
     pub texturePitchAlignment: usize,
+    #[cfg(not(sim_cuda13))]
     pub deviceOverlap: c_int,
     pub multiProcessorCount: c_int,
+    #[cfg(not(sim_cuda13))]
     pub kernelExecTimeoutEnabled: c_int,
     pub integrated: c_int,
     pub canMapHostMemory: c_int,
+    #[cfg(not(sim_cuda13))]
     pub computeMode: c_int,
     pub maxTexture1D: c_int,
     pub maxTexture1DMipmap: c_int,
+    #[cfg(not(sim_cuda13))]
     pub maxTexture1DLinear: c_int,
     pub maxTexture2D: [c_int; 2],
     pub maxTexture2DMipmap: [c_int; 2],
@@ -281,6 +301,7 @@ pub struct cudaDeviceProp {
     pub tccDriver: c_int,
     pub asyncEngineCount: c_int,
     pub unifiedAddressing: c_int,
+    #[cfg(not(sim_cuda13))]
     pub memoryClockRate: c_int,
     pub memoryBusWidth: c_int,
     pub l2CacheSize: c_int,
@@ -295,12 +316,14 @@ pub struct cudaDeviceProp {
     pub isMultiGpuBoard: c_int,
     pub multiGpuBoardGroupID: c_int,
     pub hostNativeAtomicSupported: c_int,
+    #[cfg(not(sim_cuda13))]
     pub singleToDoublePrecisionPerfRatio: c_int,
     pub pageableMemoryAccess: c_int,
     pub concurrentManagedAccess: c_int,
     pub computePreemptionSupported: c_int,
     pub canUseHostPointerForRegisteredMem: c_int,
     pub cooperativeLaunch: c_int,
+    #[cfg(not(sim_cuda13))]
     pub cooperativeMultiDeviceLaunch: c_int,
     pub sharedMemPerBlockOptin: usize,
     pub pageableMemoryAccessUsesHostPageTables: c_int,
@@ -321,7 +344,24 @@ pub struct cudaDeviceProp {
     pub ipcEventSupported: c_int,
     pub clusterLaunch: c_int,
     pub unifiedFunctionPointers: c_int,
+    #[cfg(not(sim_cuda13))]
     pub reserved: [c_int; 63],
+    #[cfg(sim_cuda13)]
+    pub deviceNumaConfig: c_int,
+    #[cfg(sim_cuda13)]
+    pub deviceNumaId: c_int,
+    #[cfg(sim_cuda13)]
+    pub mpsEnabled: c_int,
+    #[cfg(sim_cuda13)]
+    pub hostNumaId: c_int,
+    #[cfg(sim_cuda13)]
+    pub gpuPciDeviceID: c_uint,
+    #[cfg(sim_cuda13)]
+    pub gpuPciSubsystemID: c_uint,
+    #[cfg(sim_cuda13)]
+    pub hostNumaMultinodeIpcSupported: c_int,
+    #[cfg(sim_cuda13)]
+    pub reserved: [c_int; 56],
 }
 
 impl Default for cudaDeviceProp {

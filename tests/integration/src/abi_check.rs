@@ -94,8 +94,11 @@ pub fn fetch_headers_for(major: u32) -> Result<Vec<PathBuf>, String> {
     cmd.arg(&script).arg("--cuda").arg(major.to_string());
     if let Some(dest) = std::env::var_os("TTRACE_NVIDIA_HEADERS") {
         let dest = PathBuf::from(dest);
-        cmd.arg("--dest")
-            .arg(if major == 12 { dest } else { dest.join(format!("cuda{major}")) });
+        cmd.arg("--dest").arg(if major == 12 {
+            dest
+        } else {
+            dest.join(format!("cuda{major}"))
+        });
     }
     let out = cmd
         .output()
@@ -310,11 +313,38 @@ fn repr_align(attrs: &[syn::Attribute]) -> Option<u64> {
     n
 }
 
+/// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13 build of
+/// the simulated stack; see tests/sim/build_sim_lib.rs). Process-wide: a test binary checks
+/// one major.
+static CUDA_MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(12);
+
+/// Selects the CUDA major (12 or 13) whose `cfg`s [`parse_exports`] and [`AbiTypes::parse`]
+/// evaluate.
+pub fn set_cuda_major(major: u32) {
+    CUDA_MAJOR.store(major, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The CUDA major set by [`set_cuda_major`] (12 by default).
+pub fn cuda_major() -> u32 {
+    CUDA_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The simulated libraries of the selected CUDA major: CUDA 13 has no NVTX v2 library
+/// (`nvToolsExt.h` is gone; NVTX 3 is header-only).
+pub fn sim_libraries() -> Vec<&'static str> {
+    SIM_LIBRARIES
+        .into_iter()
+        .filter(|l| cuda_major() == 12 || *l != "nvtx")
+        .collect()
+}
+
 /// Evaluates a `#[cfg(...)]` predicate for the host target (the one gcc compiles for):
 /// `target_arch`, `target_os`, `target_pointer_width`, `unix`, `test` and `all/any/not`.
 fn cfg_holds(meta: &syn::Meta) -> bool {
     match meta {
-        syn::Meta::Path(p) => p.is_ident("unix"),
+        syn::Meta::Path(p) => {
+            p.is_ident("unix") || (p.is_ident("sim_cuda13") && cuda_major() == 13)
+        }
         syn::Meta::NameValue(nv) => {
             let value = match &nv.value {
                 syn::Expr::Lit(syn::ExprLit {
@@ -394,6 +424,8 @@ impl AbiTypes {
             .map_err(|e| format!("{}: {e}", abi_src.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            // CUDA 13 headers have no NVTX v2 types (see `sim_libraries`).
+            .filter(|p| cuda_major() == 12 || !p.ends_with("nvtx.rs"))
             .collect();
         files.sort();
         let mut abi = AbiTypes::default();
@@ -779,7 +811,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
 /// `sim_root` (`tests/sim`), sorted by library and name.
 pub fn parse_exports(sim_root: &Path) -> Result<Vec<Export>, String> {
     let mut all = Vec::new();
-    for lib in SIM_LIBRARIES {
+    for lib in sim_libraries() {
         let mut files = Vec::new();
         rust_files(&sim_root.join(lib).join("src"), &mut files)?;
         files.sort();

@@ -112,8 +112,8 @@ pub unsafe extern "C" fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) 
     })
 }
 
-/// A PCI bus id that is unique per simulated device, in CUDA's `domain:bus:device.function`
-/// form (`0000:<bus>:00.0`).
+/// The PCI bus id of a simulated device, in CUDA's `domain:bus:device.function` form: bus
+/// `pciBusID` of its properties (device + 1).
 #[no_mangle]
 pub unsafe extern "C" fn cudaDeviceGetPCIBusId(
     bus_id: *mut c_char,
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn cudaDeviceGetPCIBusId(
         if bus_id.is_null() || len <= 0 {
             return Err(cudaErrorInvalidValue);
         }
-        let s = format!("0000:{:02x}:00.0\0", 0x18 + device);
+        let s = format!("0000:{:02x}:00.0\0", device + 1);
         let n = s.len().min(len as usize);
         // SAFETY: the caller's buffer holds `len` bytes; the last byte written is a NUL.
         unsafe {
@@ -300,10 +300,24 @@ pub unsafe extern "C" fn cudaGraphGetNodes(
     })
 }
 
+#[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphNodeGetDependencies(
     _node: cudaGraphNode_t,
     _deps: *mut cudaGraphNode_t,
+    _count: *mut usize,
+) -> cudaError_t {
+    // No node handle is ever handed out, so any handle is invalid.
+    guard(|| rt().and(Err(cudaErrorInvalidValue)))
+}
+
+/// CUDA 13 (CUDA 12's `_v2`): with edge data.
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphNodeGetDependencies(
+    _node: cudaGraphNode_t,
+    _deps: *mut cudaGraphNode_t,
+    _edge_data: *mut cudaGraphEdgeData,
     _count: *mut usize,
 ) -> cudaError_t {
     // No node handle is ever handed out, so any handle is invalid.

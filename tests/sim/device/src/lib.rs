@@ -57,7 +57,7 @@ fn runtime() -> Option<&'static Runtime> {
         // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD finds the copy the program
         // already loaded (by any path), else the RUNPATH ($ORIGIN) of this library finds ours.
         unsafe {
-            let name = c"libcudart.so.12".as_ptr();
+            let name = concat!(env!("SIM_CUDART_SONAME"), "\0").as_ptr().cast();
             let mut h = libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD);
             if h.is_null() {
                 h = libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_GLOBAL);

@@ -200,18 +200,7 @@ fn is_capturing(stream: cudaStream_t) -> bool {
         unsafe extern "C" fn(cudaStream_t, *mut cudaStreamCaptureStatus) -> cudaError_t;
     static F: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let addr = *F.get_or_init(|| {
-        // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD only finds the runtime
-        // the program already loaded.
-        unsafe {
-            let h = libc::dlopen(
-                c"libcudart.so.12".as_ptr(),
-                libc::RTLD_NOW | libc::RTLD_NOLOAD,
-            );
-            if h.is_null() {
-                return 0;
-            }
-            libc::dlsym(h, c"cudaStreamIsCapturing".as_ptr()) as usize
-        }
+        sim_device::runtime_symbol(c"cudaStreamIsCapturing").map_or(0, |p| p as usize)
     });
     if addr == 0 {
         return false;

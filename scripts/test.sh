@@ -10,6 +10,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== build"
 cargo build --workspace --release
+echo "== build (CUDA 13 simulated stack, target/cuda13)"
+scripts/build-sim-cuda13.sh --release
 echo "== torch venvs"
 # PyPI torch wheels (installed --no-deps, cached under ~/.cache/ttrace-venvs) for the
 # tests/torch scripts; the torch_* tests skip, saying so, when a venv could not be made.

@@ -15,7 +15,7 @@ scripts/build-sim-cuda13.sh --release
 echo "== torch venvs"
 # PyPI torch wheels (installed --no-deps, cached under ~/.cache/ttrace-venvs) for the
 # tests/torch scripts; the torch_* tests skip, saying so, when a venv could not be made.
-for v in ${TTRACE_TORCH_VERSIONS:-2.10.0}; do
+for v in ${TTRACE_TORCH_VERSIONS:-2.10.0 2.15.0}; do
   scripts/torch-venv.sh "$v" || echo "warning: no torch $v venv; the torch_* tests will skip it" >&2
 done
 echo "== tests"

@@ -47,6 +47,37 @@ crate::opaque_struct!(
 /// `cudaGraphEdgeData`.
 pub type cudaGraphEdgeData = cudaGraphEdgeData_st;
 
+crate::opaque_struct!(
+    /// Pointee of `cudaKernel_t`.
+    CUkern_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaLibrary_t`.
+    CUlib_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaUserObject_t`.
+    CUuserObject_st
+);
+crate::opaque_struct!(
+    /// `struct cudaGraphNodeParams`: passed by pointer only.
+    cudaGraphNodeParams
+);
+/// A kernel of a loaded library (`cudaLibraryGetKernel`, `__cudaGetKernel`).
+pub type cudaKernel_t = *mut CUkern_st;
+/// A loaded device-code library.
+pub type cudaLibrary_t = *mut CUlib_st;
+/// A user object owned by graphs.
+pub type cudaUserObject_t = *mut CUuserObject_st;
+/// `cudaGraphConditionalHandle`.
+pub type cudaGraphConditionalHandle = core::ffi::c_ulonglong;
+/// `enum cudaGraphMemAttributeType`.
+pub type cudaGraphMemAttributeType = c_uint;
+/// `enum cudaJitOption`.
+pub type cudaJitOption = c_uint;
+/// `enum cudaLibraryOption`.
+pub type cudaLibraryOption = c_uint;
+
 /// `enum cudaFuncAttribute`.
 pub type cudaFuncAttribute = c_uint;
 /// `enum cudaMemPoolAttr`.

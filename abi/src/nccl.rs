@@ -21,6 +21,25 @@ crate::opaque_struct!(
     /// Pointee of `ncclWindow_t` from NCCL 2.28 on.
     ncclWindow_vidmem
 );
+crate::opaque_struct!(
+    /// `struct ncclDevComm` (`ncclDevComm_t`, NCCL 2.28+ device API): passed by pointer.
+    ncclDevComm
+);
+crate::opaque_struct!(
+    /// `struct ncclDevCommRequirements` (`ncclDevCommRequirements_t`): passed by pointer.
+    ncclDevCommRequirements
+);
+crate::opaque_struct!(
+    /// `ncclWaitSignalDesc_t` (NCCL 2.29+; an anonymous struct): passed by pointer.
+    ncclWaitSignalDesc_t
+);
+/// `ncclDevComm_t`.
+pub type ncclDevComm_t = ncclDevComm;
+/// `ncclDevCommRequirements_t`.
+pub type ncclDevCommRequirements_t = ncclDevCommRequirements;
+/// `ncclCommMemStat_t` (NCCL 2.29+).
+pub type ncclCommMemStat_t = c_uint;
+
 /// `ncclWindow_t`.
 #[cfg(not(sim_cuda13))]
 pub type ncclWindow_t = *mut ncclWindow;

@@ -8,8 +8,9 @@ copied back. What torch saw is saved as raw bytes, OUT/<index>_<label>.bin, with
 listing name, dtype and shape, so the test can compare them byte for byte with what ttrace
 captured (tests/integration/tests/torch_ops.rs).
 
-Finally a kernel launch (`torch.zeros` on the device fills with a kernel) must raise torch's
-RuntimeError naming "no kernel image", and a GEMM after it must still work.
+Finally a kernel launch (`torch.ones` on the device fills with a kernel; `torch.zeros` would
+be a memset) must raise torch's RuntimeError naming "no kernel image", and a GEMM after it
+must still work.
 
 Usage: python ops.py OUT [EXIT_CODE]   (exits with EXIT_CODE, default 0, after saving: the test
 checks that tracing leaves a program's exit status unchanged)
@@ -102,7 +103,7 @@ def linear_backward():
 
 def kernel_refused():
     try:
-        torch.zeros(4, device=DEV)
+        torch.ones(4, device=DEV)
     except RuntimeError as e:
         msg = str(e)
         assert "no kernel image" in msg, msg

@@ -1079,6 +1079,10 @@ impl View {
             // math functions without including them.
             Lang::Cxx => vec!["cstddef", "cstdint", "type_traits", "cstring", "cmath"],
         };
+        if self.lang() == Lang::Cxx {
+            // NCCL 2.28+'s host functions of the device API (C++ only; absent before 2.28).
+            h.push("nccl_device/core.h");
+        }
         for inc in HEADERS {
             h.push(if self == View::CublasLegacy && inc == "cublas_v2.h" {
                 "cublas.h"

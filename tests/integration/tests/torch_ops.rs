@@ -111,3 +111,8 @@ fn ops(version: &'static str) {
 fn torch_2_10_cuda_12_ops_are_captured_byte_exact() {
     ops("2.10.0");
 }
+
+#[test]
+fn torch_2_15_cuda_13_ops_are_captured_byte_exact() {
+    ops("2.15.0");
+}

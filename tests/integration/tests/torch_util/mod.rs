@@ -14,8 +14,22 @@ use std::process::{Command, Output};
 
 use integration_tests::{abi_check::repo_root, bin, describe, profile_dir, sim_dir};
 
+/// The simulated stack of CUDA `major`: target/<profile>/sim (12), or the CUDA 13 build in
+/// target/cuda13/<profile>/sim (scripts/build-sim-cuda13.sh), `None` when that is not built.
+pub fn sim_dir_for(major: u32) -> Option<PathBuf> {
+    if major == 12 {
+        return Some(sim_dir());
+    }
+    let profile = profile_dir();
+    let name = profile.file_name()?.to_owned();
+    let d = profile.parent()?.join("cuda13").join(name).join("sim");
+    d.join("libcudart.so.13").exists().then_some(d)
+}
+
 /// A torch venv and the stub libraries generated for its wheel.
 pub struct Torch {
+    /// The simulated stack it runs on (CUDA 12 or 13).
+    pub sim: PathBuf,
     pub version: &'static str,
     /// The CUDA major its wheel is built for (torch 2.10: 12; torch 2.15: 13).
     pub cuda_major: u32,
@@ -76,7 +90,15 @@ pub fn find(version: &'static str) -> Option<Torch> {
         describe(&gen)
     );
     let cuda_major = if version.starts_with("2.10.") { 12 } else { 13 };
+    let Some(sim) = sim_dir_for(cuda_major) else {
+        eprintln!(
+            "SKIP: torch {version} needs the CUDA {cuda_major} simulated stack: build it with \
+             scripts/build-sim-cuda13.sh --release (scripts/test.sh does)"
+        );
+        return None;
+    };
     Some(Torch {
+        sim,
         version,
         cuda_major,
         torchrun: venv.join("bin/torchrun"),
@@ -92,7 +114,7 @@ impl Torch {
     }
 
     fn library_path(&self) -> String {
-        format!("{}:{}", sim_dir().display(), self.stubs.display())
+        format!("{}:{}", self.sim.display(), self.stubs.display())
     }
 
     /// `program ARGS` on the simulated stack, without tracing.

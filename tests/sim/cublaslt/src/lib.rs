@@ -937,3 +937,68 @@ pub unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
         CUBLAS_STATUS_SUCCESS
     })
 }
+
+// ---- Algorithm enumeration: the simulator's algorithms are chosen per problem shape
+// (`cublasLtMatmulAlgoGetHeuristic`); there is no table of algorithm ids to initialise from or
+// configure, so these report CUBLAS_STATUS_NOT_SUPPORTED, as cuBLASLt does for an algorithm id
+// it lacks. PyTorch uses them only when tuning (TunableOp).
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoInit(
+    lightHandle: cublasLtHandle_t,
+    _computeType: cublasComputeType_t,
+    _scaleType: cudaDataType_t,
+    _Atype: cudaDataType_t,
+    _Btype: cudaDataType_t,
+    _Ctype: cudaDataType_t,
+    _Dtype: cudaDataType_t,
+    _algoId: c_int,
+    _algo: *mut cublasLtMatmulAlgo_t,
+) -> cublasStatus_t {
+    guard(|| {
+        if !handle_live(lightHandle) {
+            return CUBLAS_STATUS_NOT_INITIALIZED;
+        }
+        CUBLAS_STATUS_NOT_SUPPORTED
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoCheck(
+    lightHandle: cublasLtHandle_t,
+    _operationDesc: cublasLtMatmulDesc_t,
+    _Adesc: cublasLtMatrixLayout_t,
+    _Bdesc: cublasLtMatrixLayout_t,
+    _Cdesc: cublasLtMatrixLayout_t,
+    _Ddesc: cublasLtMatrixLayout_t,
+    _algo: *const cublasLtMatmulAlgo_t,
+    _result: *mut cublasLtMatmulHeuristicResult_t,
+) -> cublasStatus_t {
+    guard(|| {
+        if !handle_live(lightHandle) {
+            return CUBLAS_STATUS_NOT_INITIALIZED;
+        }
+        CUBLAS_STATUS_NOT_SUPPORTED
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoConfigSetAttribute(
+    _algo: *mut cublasLtMatmulAlgo_t,
+    _attr: cublasLtMatmulAlgoConfigAttributes_t,
+    _buf: *const c_void,
+    _sizeInBytes: usize,
+) -> cublasStatus_t {
+    CUBLAS_STATUS_NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoConfigGetAttribute(
+    _algo: *const cublasLtMatmulAlgo_t,
+    _attr: cublasLtMatmulAlgoConfigAttributes_t,
+    _buf: *mut c_void,
+    _sizeInBytes: usize,
+    _sizeWritten: *mut usize,
+) -> cublasStatus_t {
+    CUBLAS_STATUS_NOT_SUPPORTED
+}

@@ -44,7 +44,7 @@ fn log_kernels() -> bool {
 }
 
 /// The refusal of a launch of `func`, logged when asked for.
-fn no_image(func: *const c_void, api: &str) -> Result<(), cudaError_t> {
+pub(crate) fn no_image(func: *const c_void, api: &str) -> Result<(), cudaError_t> {
     rt()?;
     if log_kernels() {
         let name = kernels()

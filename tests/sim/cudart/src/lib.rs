@@ -21,6 +21,8 @@ pub mod errors;
 pub mod heap;
 pub mod streams;
 
+#[cfg(sim_cuda13)]
+mod api13;
 mod api_device;
 mod api_extra;
 mod api_kernel;

@@ -43,6 +43,8 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod api;
+#[cfg(sim_cuda13)]
+pub mod api13;
 pub mod api_extra;
 pub mod comm;
 pub mod exec;

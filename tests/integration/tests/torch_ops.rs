@@ -101,9 +101,13 @@ fn ops(version: &'static str) {
             );
         }
     }
-    for api in ["cublasLtMatmul", "cublasSgemm_v2", "cublasGemmEx"] {
-        assert!(cap.iter().any(|c| c.api == api), "no {api} captured");
-    }
+    // Which entry points torch picks differs between versions (2.10: cublasSgemm_v2 /
+    // cublasGemmEx / cublasLtMatmul; 2.15 more cuBLASLt); the bias and FP8 GEMMs are cuBLASLt
+    // in both.
+    assert!(
+        cap.iter().any(|c| c.api == "cublasLtMatmul"),
+        "no cublasLtMatmul captured"
+    );
     check_is_silent(&store);
 }
 

@@ -1344,7 +1344,7 @@ fn run_view(
 ) -> Result<Errors, String> {
     let mut unit = Unit::new(view);
     if view == View::Cxx {
-        if let Some(decl) = nvcc_only_declaration(out.include_dirs) {
+        for decl in nvcc_only_declarations(out.include_dirs) {
             unit.push(decl, &Subject::Headers);
         }
     }
@@ -1374,26 +1374,48 @@ fn run_view(
     unit.compile(&path, out.include_dirs, report)
 }
 
-/// `__cudaPushCallConfiguration`, which `kernel<<<...>>>` calls: NVIDIA declares it only for
-/// nvcc (`#ifdef __CUDACC__` in crt/device_functions.h, as `__host__ __device__` with default
-/// arguments). Its declaration is taken from that header as text, with those nvcc-only parts
-/// removed, so that the export is still compared with NVIDIA's own signature.
-fn nvcc_only_declaration(include_dirs: &[PathBuf]) -> Option<String> {
-    let text = include_dirs
+/// nvcc's launch entry points, declared by NVIDIA only for nvcc (`#ifdef __CUDACC__` in
+/// crt/device_functions.h, as `__host__ __device__` with default arguments):
+/// `__cudaPushCallConfiguration` (what `kernel<<<...>>>` calls) and, from CUDA 12.x/13,
+/// `__cudaGetKernel` / `__cudaLaunchKernel`.
+pub const NVCC_ONLY: [&str; 3] = [
+    "__cudaPushCallConfiguration",
+    "__cudaGetKernel",
+    "__cudaLaunchKernel",
+];
+
+/// The declarations of [`NVCC_ONLY`] present in the headers, taken from crt/device_functions.h
+/// as text with the nvcc-only parts removed, so that those exports are still compared with
+/// NVIDIA's own signatures.
+fn nvcc_only_declarations(include_dirs: &[PathBuf]) -> Vec<String> {
+    let Some(text) = include_dirs
         .iter()
-        .find_map(|d| std::fs::read_to_string(d.join("crt/device_functions.h")).ok())?;
-    let at = text.find("__cudaPushCallConfiguration(")?;
-    let start = text[..at].rfind("extern \"C\"")?;
-    let end = at + text[at..].find(';')?;
-    let mut decl = text[start..=end]
-        .replace("__host__", "")
-        .replace("__device__", "");
-    // Default arguments (`size_t sharedMem = 0`) are C++ declarations' business only.
-    while let Some(eq) = decl.find(" = ") {
-        let stop = decl[eq..].find([',', ')']).map_or(decl.len(), |i| eq + i);
-        decl.replace_range(eq..stop, "");
+        .find_map(|d| std::fs::read_to_string(d.join("crt/device_functions.h")).ok())
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in NVCC_ONLY {
+        let Some(at) = text.find(&format!("{name}(")) else {
+            continue;
+        };
+        let Some(start) = text[..at].rfind("extern \"C\"") else {
+            continue;
+        };
+        let Some(end) = text[at..].find(';').map(|e| at + e) else {
+            continue;
+        };
+        let mut decl = text[start..=end]
+            .replace("__host__", "")
+            .replace("__device__", "");
+        // Default arguments (`size_t sharedMem = 0`) are C++ declarations' business only.
+        while let Some(eq) = decl.find(" = ") {
+            let stop = decl[eq..].find([',', ')']).map_or(decl.len(), |i| eq + i);
+            decl.replace_range(eq..stop, "");
+        }
+        out.push(decl.split_whitespace().collect::<Vec<_>>().join(" "));
     }
-    Some(decl.split_whitespace().collect::<Vec<_>>().join(" "))
+    out
 }
 
 /// Compiler messages per subject.

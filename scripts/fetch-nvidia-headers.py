@@ -40,9 +40,24 @@ WHEELS = [
     ("nvidia-cuda-runtime-cu12", "12.8.90"),  # cuda_runtime_api.h, driver_types.h, library_types.h
     ("nvidia-cuda-nvcc-cu12", "12.8.93"),  # crt/host_defines.h
     ("nvidia-cuda-cccl-cu12", "12.8.90"),  # nv/target (pulled in by cuda_fp16.h)
+    ("nvidia-cuda-profiler-api-cu12", "12.8.90"),  # cuda_profiler_api.h (cudaProfilerStart/Stop)
     ("nvidia-cublas-cu12", "12.8.4.1"),  # cublas_v2.h, cublasLt.h
-    ("nvidia-nccl-cu12", "2.26.5"),  # nccl.h
+    ("nvidia-nccl-cu12", "2.27.5"),  # nccl.h
     ("nvidia-nvtx-cu12", "12.8.90"),  # nvToolsExt.h (NVTX v2 API) and nvtx3/
+]
+
+# CUDA 13 (what torch 2.15 is built with: cuda-toolkit 13.2.2, NCCL 2.30.7): `--cuda 13`.
+# These wheels have no -cu13 suffix (NCCL's does) and put every header of the toolkit under one
+# folder, nvidia/cu13/include, which the wheels share.
+WHEELS_13 = [
+    ("nvidia-cuda-runtime", "13.2.86"),
+    ("nvidia-cuda-nvcc", "13.2.86"),
+    ("nvidia-cuda-crt", "13.2.86"),  # crt/host_defines.h, crt/host_runtime.h (split out of nvcc in 13)
+    ("nvidia-cuda-cccl", "13.2.86"),
+    ("nvidia-cuda-profiler-api", "13.2.86"),
+    ("nvidia-cublas", "13.4.1.3"),
+    ("nvidia-nccl-cu13", "2.30.7"),
+    ("nvidia-nvtx", "13.2.86"),
 ]
 
 PYPI = "https://pypi.org/pypi"
@@ -228,7 +243,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dest", type=Path, default=repo / ".nvidia-headers", help="cache directory (default: %(default)s)")
     ap.add_argument("--force", action="store_true", help="fetch again even when present")
+    ap.add_argument("--cuda", type=int, choices=(12, 13), default=12, help="CUDA major (default 12; 13 goes to DEST/cuda13 unless --dest is given)")
     args = ap.parse_args()
+    wheels = WHEELS if args.cuda == 12 else WHEELS_13
+    if args.cuda == 13 and args.dest == repo / ".nvidia-headers":
+        args.dest = repo / ".nvidia-headers" / "cuda13"
     dest: Path = args.dest.resolve()
     dest.mkdir(parents=True, exist_ok=True)
 
@@ -237,7 +256,7 @@ def main() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX)
         manifest_path = dest / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-        for name, version in WHEELS:
+        for name, version in wheels:
             entry = manifest.get(name)
             if (
                 not args.force
@@ -252,10 +271,8 @@ def main() -> int:
             try:
                 libs, how = fetch_wheel(info, tmp)
                 for lib in libs:
-                    final = dest / lib
-                    if final.exists():
-                        shutil.rmtree(final)
-                    (tmp / lib).rename(final)
+                    # Merged, not replaced: CUDA 13 wheels share the folder `cu13`.
+                    shutil.copytree(tmp / lib, dest / lib, dirs_exist_ok=True)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             log(f"{name}=={version}: {', '.join(libs)} via {how}")
@@ -263,7 +280,12 @@ def main() -> int:
             # Written after each wheel, so that an interrupted run resumes where it stopped.
             manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
-        dirs = [str(dest / lib / "include") for name, _ in WHEELS for lib in manifest[name]["libs"]]
+        dirs = []
+        for name, _ in wheels:
+            for lib in manifest[name]["libs"]:
+                d = str(dest / lib / "include")
+                if d not in dirs:
+                    dirs.append(d)
         (dest / "include-dirs.txt").write_text("".join(d + "\n" for d in dirs))
     for d in dirs:
         print(d)

@@ -10,6 +10,14 @@ echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== build"
 cargo build --workspace --release
+echo "== build (CUDA 13 simulated stack, target/cuda13)"
+scripts/build-sim-cuda13.sh --release
+echo "== torch venvs"
+# PyPI torch wheels (installed --no-deps, cached under ~/.cache/ttrace-venvs) for the
+# tests/torch scripts; the torch_* tests skip, saying so, when a venv could not be made.
+for v in ${TTRACE_TORCH_VERSIONS:-2.10.0 2.15.0}; do
+  scripts/torch-venv.sh "$v" || echo "warning: no torch $v venv; the torch_* tests will skip it" >&2
+done
 echo "== tests"
 # The integration tests run the binaries and libraries of the profile they were built with.
 cargo test --workspace --release -- --test-threads="${TEST_THREADS:-2}"

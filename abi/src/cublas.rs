@@ -165,6 +165,26 @@ crate::opaque_struct!(
 /// A cuBLAS library context.
 pub type cublasHandle_t = *mut cublasContext;
 
+/// `float2` (`vector_types.h`, 8-byte aligned): the storage of `cuComplex`.
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct float2 {
+    pub x: f32,
+    pub y: f32,
+}
+/// `cuComplex` (`cuComplex.h`): single-precision complex.
+pub type cuComplex = float2;
+
+/// `double2` (`vector_types.h`, 16-byte aligned): the storage of `cuDoubleComplex`.
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct double2 {
+    pub x: f64,
+    pub y: f64,
+}
+/// `cuDoubleComplex` (`cuComplex.h`): double-precision complex.
+pub type cuDoubleComplex = double2;
+
 /// `cublasLogCallback`.
 pub type cublasLogCallback = Option<unsafe extern "C" fn(msg: *const c_char)>;
 

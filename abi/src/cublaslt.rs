@@ -20,7 +20,11 @@ pub type cublasLtHandle_t = *mut cublasLtContext;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct cublasLtMatrixLayoutOpaque_t {
     /// Library-defined contents.
+    #[cfg(not(sim_cuda13))]
     pub data: [u64; 8],
+    /// cuBLAS 13 grew it.
+    #[cfg(sim_cuda13)]
+    pub data: [u64; 14],
 }
 /// A matrix layout descriptor.
 pub type cublasLtMatrixLayout_t = *mut cublasLtMatrixLayoutOpaque_t;
@@ -58,7 +62,11 @@ pub type cublasLtMatrixTransformDesc_t = *mut cublasLtMatrixTransformDescOpaque_
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct cublasLtMatmulPreferenceOpaque_t {
     /// Library-defined contents.
+    #[cfg(not(sim_cuda13))]
     pub data: [u64; 8],
+    /// cuBLAS 13 grew it.
+    #[cfg(sim_cuda13)]
+    pub data: [u64; 12],
 }
 /// A heuristic search preference descriptor.
 pub type cublasLtMatmulPreference_t = *mut cublasLtMatmulPreferenceOpaque_t;
@@ -1234,7 +1242,13 @@ pub const CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: cublasLtMatmulAlgoConfigAttribu
 
 // The header's sizes: callers allocate these structs themselves.
 const _: () = assert!(core::mem::size_of::<cublasLtMatmulDescOpaque_t>() == 256);
+#[cfg(not(sim_cuda13))]
 const _: () = assert!(core::mem::size_of::<cublasLtMatrixLayoutOpaque_t>() == 64);
+#[cfg(sim_cuda13)]
+const _: () = assert!(core::mem::size_of::<cublasLtMatrixLayoutOpaque_t>() == 112);
+#[cfg(not(sim_cuda13))]
 const _: () = assert!(core::mem::size_of::<cublasLtMatmulPreferenceOpaque_t>() == 64);
+#[cfg(sim_cuda13)]
+const _: () = assert!(core::mem::size_of::<cublasLtMatmulPreferenceOpaque_t>() == 96);
 const _: () = assert!(core::mem::size_of::<cublasLtMatmulAlgo_t>() == 64);
 const _: () = assert!(core::mem::size_of::<cublasLtMatmulHeuristicResult_t>() == 96);

@@ -26,6 +26,91 @@ crate::opaque_struct!(
     CUmemPoolHandle_st
 );
 
+crate::opaque_struct!(
+    /// `struct cudaFuncAttributes`: filled by `cudaFuncGetAttributes` (which the simulator
+    /// refuses: it has no kernel images), so only passed by pointer.
+    cudaFuncAttributes
+);
+crate::opaque_struct!(
+    /// `struct cudaLaunchConfig_st` (`cudaLaunchConfig_t`), read by `cudaLaunchKernelExC`.
+    cudaLaunchConfig_st
+);
+crate::opaque_struct!(
+    /// `struct cudaMemAccessDesc`, an element of `cudaMemPoolSetAccess`'s list.
+    cudaMemAccessDesc
+);
+
+crate::opaque_struct!(
+    /// `struct cudaGraphEdgeData_st` (`cudaGraphEdgeData`): passed by pointer only.
+    cudaGraphEdgeData_st
+);
+/// `cudaGraphEdgeData`.
+pub type cudaGraphEdgeData = cudaGraphEdgeData_st;
+
+crate::opaque_struct!(
+    /// Pointee of `cudaKernel_t`.
+    CUkern_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaLibrary_t`.
+    CUlib_st
+);
+crate::opaque_struct!(
+    /// Pointee of `cudaUserObject_t`.
+    CUuserObject_st
+);
+crate::opaque_struct!(
+    /// `struct cudaGraphNodeParams`: passed by pointer only.
+    cudaGraphNodeParams
+);
+/// A kernel of a loaded library (`cudaLibraryGetKernel`, `__cudaGetKernel`).
+pub type cudaKernel_t = *mut CUkern_st;
+/// A loaded device-code library.
+pub type cudaLibrary_t = *mut CUlib_st;
+/// A user object owned by graphs.
+pub type cudaUserObject_t = *mut CUuserObject_st;
+/// `cudaGraphConditionalHandle`.
+pub type cudaGraphConditionalHandle = core::ffi::c_ulonglong;
+/// `enum cudaGraphMemAttributeType`.
+pub type cudaGraphMemAttributeType = c_uint;
+/// `enum cudaJitOption`.
+pub type cudaJitOption = c_uint;
+/// `enum cudaLibraryOption`.
+pub type cudaLibraryOption = c_uint;
+
+/// `enum cudaFuncAttribute`.
+pub type cudaFuncAttribute = c_uint;
+/// `enum cudaMemPoolAttr`.
+pub type cudaMemPoolAttr = c_uint;
+/// `enum cudaDriverEntryPointQueryResult`.
+pub type cudaDriverEntryPointQueryResult = c_uint;
+/// The symbol was found.
+pub const cudaDriverEntryPointSuccess: cudaDriverEntryPointQueryResult = 0;
+/// The driver does not export the symbol.
+pub const cudaDriverEntryPointSymbolNotFound: cudaDriverEntryPointQueryResult = 1;
+/// The symbol needs a newer driver than the requested version.
+pub const cudaDriverEntryPointVersionNotSufficent: cudaDriverEntryPointQueryResult = 2;
+/// `CUDA_IPC_HANDLE_SIZE`.
+pub const CUDA_IPC_HANDLE_SIZE: usize = 64;
+
+/// `struct cudaIpcMemHandle_st`: an opaque handle passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaIpcMemHandle_st {
+    pub reserved: [c_char; CUDA_IPC_HANDLE_SIZE],
+}
+/// `cudaIpcMemHandle_t`.
+pub type cudaIpcMemHandle_t = cudaIpcMemHandle_st;
+
+/// `struct cudaIpcEventHandle_st`: an opaque handle passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaIpcEventHandle_st {
+    pub reserved: [c_char; CUDA_IPC_HANDLE_SIZE],
+}
+/// `cudaIpcEventHandle_t`.
+pub type cudaIpcEventHandle_t = cudaIpcEventHandle_st;
+
 /// `enum cudaError` (non-negative values: C compatible type `unsigned int`).
 pub type cudaError_t = c_uint;
 /// A stream handle. `0` is the legacy default stream unless the caller was built per-thread.
@@ -99,7 +184,11 @@ pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
 
 /// `CUDART_VERSION` of the headers this ABI mirrors.
+#[cfg(not(sim_cuda13))]
 pub const CUDART_VERSION: c_int = 12080;
+/// `CUDART_VERSION` of the CUDA 13.2 headers.
+#[cfg(sim_cuda13)]
+pub const CUDART_VERSION: c_int = 13020;
 
 pub const cudaSuccess: cudaError_t = 0;
 pub const cudaErrorInvalidValue: cudaError_t = 1;
@@ -113,6 +202,11 @@ pub const cudaErrorInvalidMemcpyDirection: cudaError_t = 21;
 pub const cudaErrorInsufficientDriver: cudaError_t = 35;
 pub const cudaErrorNoDevice: cudaError_t = 100;
 pub const cudaErrorInvalidDevice: cudaError_t = 101;
+pub const cudaErrorNoKernelImageForDevice: cudaError_t = 209;
+pub const cudaErrorInvalidDeviceFunction: cudaError_t = 98;
+pub const cudaErrorInvalidSymbol: cudaError_t = 13;
+pub const cudaErrorPeerAccessAlreadyEnabled: cudaError_t = 704;
+pub const cudaErrorProfilerDisabled: cudaError_t = 5;
 pub const cudaErrorInvalidResourceHandle: cudaError_t = 400;
 pub const cudaErrorIllegalState: cudaError_t = 401;
 pub const cudaErrorNotReady: cudaError_t = 600;
@@ -143,12 +237,24 @@ pub struct cudaPointerAttributes {
     pub device: c_int,
     pub devicePointer: *mut c_void,
     pub hostPointer: *mut c_void,
+    /// CUDA 13 appended `long reserved[8]`.
+    #[cfg(sim_cuda13)]
+    pub reserved: [core::ffi::c_long; 8],
 }
 
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
+/// `uint3` (`vector_types.h`): a thread or block index.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct uint3 {
     pub x: c_uint,
     pub y: c_uint,
     pub z: c_uint,
@@ -163,7 +269,8 @@ pub struct CUuuid_st {
 /// `cudaUUID_t`.
 pub type cudaUUID_t = CUuuid_st;
 
-/// `struct cudaDeviceProp` of CUDA 12 (filled by `cudaGetDeviceProperties_v2`).
+/// `struct cudaDeviceProp` of CUDA 12 (CUDA 13: eight fields removed, seven added; see
+/// docs/cuda13.md) (filled by `cudaGetDeviceProperties_v2`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct cudaDeviceProp {
@@ -179,20 +286,25 @@ pub struct cudaDeviceProp {
     pub maxThreadsPerBlock: c_int,
     pub maxThreadsDim: [c_int; 3],
     pub maxGridSize: [c_int; 3],
+    #[cfg(not(sim_cuda13))]
     pub clockRate: c_int,
     pub totalConstMem: usize,
     pub major: c_int,
     pub minor: c_int,
     pub textureAlignment: usize,
     pub texturePitchAlignment: usize,
+    #[cfg(not(sim_cuda13))]
     pub deviceOverlap: c_int,
     pub multiProcessorCount: c_int,
+    #[cfg(not(sim_cuda13))]
     pub kernelExecTimeoutEnabled: c_int,
     pub integrated: c_int,
     pub canMapHostMemory: c_int,
+    #[cfg(not(sim_cuda13))]
     pub computeMode: c_int,
     pub maxTexture1D: c_int,
     pub maxTexture1DMipmap: c_int,
+    #[cfg(not(sim_cuda13))]
     pub maxTexture1DLinear: c_int,
     pub maxTexture2D: [c_int; 2],
     pub maxTexture2DMipmap: [c_int; 2],
@@ -220,6 +332,7 @@ pub struct cudaDeviceProp {
     pub tccDriver: c_int,
     pub asyncEngineCount: c_int,
     pub unifiedAddressing: c_int,
+    #[cfg(not(sim_cuda13))]
     pub memoryClockRate: c_int,
     pub memoryBusWidth: c_int,
     pub l2CacheSize: c_int,
@@ -234,12 +347,14 @@ pub struct cudaDeviceProp {
     pub isMultiGpuBoard: c_int,
     pub multiGpuBoardGroupID: c_int,
     pub hostNativeAtomicSupported: c_int,
+    #[cfg(not(sim_cuda13))]
     pub singleToDoublePrecisionPerfRatio: c_int,
     pub pageableMemoryAccess: c_int,
     pub concurrentManagedAccess: c_int,
     pub computePreemptionSupported: c_int,
     pub canUseHostPointerForRegisteredMem: c_int,
     pub cooperativeLaunch: c_int,
+    #[cfg(not(sim_cuda13))]
     pub cooperativeMultiDeviceLaunch: c_int,
     pub sharedMemPerBlockOptin: usize,
     pub pageableMemoryAccessUsesHostPageTables: c_int,
@@ -260,7 +375,24 @@ pub struct cudaDeviceProp {
     pub ipcEventSupported: c_int,
     pub clusterLaunch: c_int,
     pub unifiedFunctionPointers: c_int,
+    #[cfg(not(sim_cuda13))]
     pub reserved: [c_int; 63],
+    #[cfg(sim_cuda13)]
+    pub deviceNumaConfig: c_int,
+    #[cfg(sim_cuda13)]
+    pub deviceNumaId: c_int,
+    #[cfg(sim_cuda13)]
+    pub mpsEnabled: c_int,
+    #[cfg(sim_cuda13)]
+    pub hostNumaId: c_int,
+    #[cfg(sim_cuda13)]
+    pub gpuPciDeviceID: c_uint,
+    #[cfg(sim_cuda13)]
+    pub gpuPciSubsystemID: c_uint,
+    #[cfg(sim_cuda13)]
+    pub hostNumaMultinodeIpcSupported: c_int,
+    #[cfg(sim_cuda13)]
+    pub reserved: [c_int; 56],
 }
 
 impl Default for cudaDeviceProp {

@@ -14,6 +14,7 @@
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
+pub mod driver;
 pub mod library_types;
 pub mod nccl;
 pub mod nvtx;

@@ -1,4 +1,4 @@
-//! `nccl.h` (NCCL 2.26.5): types and constants of the NCCL API.
+//! `nccl.h` (NCCL 2.27.5): types and constants of the NCCL API.
 //!
 //! The C enums `ncclResult_t`, `ncclRedOp_t`, `ncclDataType_t` and `ncclScalarResidence_t` have
 //! only non-negative values, so gcc gives them the compatible type `unsigned int`. Values of
@@ -13,6 +13,39 @@ crate::opaque_struct!(
 
 /// A communicator handle.
 pub type ncclComm_t = *mut ncclComm;
+crate::opaque_struct!(
+    /// Pointee of `ncclWindow_t` (NCCL 2.27 symmetric-memory windows).
+    ncclWindow
+);
+crate::opaque_struct!(
+    /// Pointee of `ncclWindow_t` from NCCL 2.28 on.
+    ncclWindow_vidmem
+);
+crate::opaque_struct!(
+    /// `struct ncclDevComm` (`ncclDevComm_t`, NCCL 2.28+ device API): passed by pointer.
+    ncclDevComm
+);
+crate::opaque_struct!(
+    /// `struct ncclDevCommRequirements` (`ncclDevCommRequirements_t`): passed by pointer.
+    ncclDevCommRequirements
+);
+crate::opaque_struct!(
+    /// `ncclWaitSignalDesc_t` (NCCL 2.29+; an anonymous struct): passed by pointer.
+    ncclWaitSignalDesc_t
+);
+/// `ncclDevComm_t`.
+pub type ncclDevComm_t = ncclDevComm;
+/// `ncclDevCommRequirements_t`.
+pub type ncclDevCommRequirements_t = ncclDevCommRequirements;
+/// `ncclCommMemStat_t` (NCCL 2.29+).
+pub type ncclCommMemStat_t = c_uint;
+
+/// `ncclWindow_t`.
+#[cfg(not(sim_cuda13))]
+pub type ncclWindow_t = *mut ncclWindow;
+/// `ncclWindow_t` (NCCL 2.28+: `struct ncclWindow_vidmem*`).
+#[cfg(sim_cuda13)]
+pub type ncclWindow_t = *mut ncclWindow_vidmem;
 
 /// `NCCL_MAJOR`.
 pub const NCCL_MAJOR: c_int = 2;
@@ -20,8 +53,12 @@ pub const NCCL_MAJOR: c_int = 2;
 pub const NCCL_MINOR: c_int = 26;
 /// `NCCL_PATCH`.
 pub const NCCL_PATCH: c_int = 5;
-/// `NCCL_VERSION_CODE`: `NCCL_VERSION(2, 26, 5)`, what `ncclGetVersion` reports.
-pub const NCCL_VERSION_CODE: c_int = 22605;
+/// `NCCL_VERSION_CODE`: `NCCL_VERSION(2, 27, 5)`, what `ncclGetVersion` reports.
+#[cfg(not(sim_cuda13))]
+pub const NCCL_VERSION_CODE: c_int = 22705;
+/// `NCCL_VERSION(2, 30, 7)`: the NCCL of the CUDA 13 build (torch 2.15's).
+#[cfg(sim_cuda13)]
+pub const NCCL_VERSION_CODE: c_int = 23007;
 
 /// `NCCL_UNIQUE_ID_BYTES`.
 pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
@@ -58,7 +95,7 @@ pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
 /// `magic` of an `ncclSimInfo_t` made with `NCCL_SIM_INFO_INITIALIZER`.
 pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
 
-/// `ncclConfig_t` (`struct ncclConfig_v21700`). Versioned: `size`, `magic` and `version` say
+/// `ncclConfig_t` (`struct ncclConfig_v22700`; `ncclConfig_v23000` in the CUDA 13 build). Versioned: `size`, `magic` and `version` say
 /// how much of it the caller's header knew, so a library must read only `size` bytes of it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +110,23 @@ pub struct ncclConfig_t {
     pub netName: *const c_char,
     pub splitShare: c_int,
     pub trafficClass: c_int,
+    pub commName: *const c_char,
+    pub collnetEnable: c_int,
+    pub CTAPolicy: c_int,
+    pub shrinkShare: c_int,
+    pub nvlsCTAs: c_int,
+    #[cfg(sim_cuda13)]
+    pub nChannelsPerNetPeer: c_int,
+    #[cfg(sim_cuda13)]
+    pub nvlinkCentricSched: c_int,
+    #[cfg(sim_cuda13)]
+    pub graphUsageMode: c_int,
+    #[cfg(sim_cuda13)]
+    pub numRmaCtx: c_int,
+    #[cfg(sim_cuda13)]
+    pub maxP2pPeers: c_int,
+    #[cfg(sim_cuda13)]
+    pub graphStreamOrdering: c_int,
 }
 
 impl ncclConfig_t {
@@ -88,6 +142,23 @@ impl ncclConfig_t {
         netName: core::ptr::null(),
         splitShare: NCCL_CONFIG_UNDEF_INT,
         trafficClass: NCCL_CONFIG_UNDEF_INT,
+        commName: core::ptr::null(),
+        collnetEnable: NCCL_CONFIG_UNDEF_INT,
+        CTAPolicy: NCCL_CONFIG_UNDEF_INT,
+        shrinkShare: NCCL_CONFIG_UNDEF_INT,
+        nvlsCTAs: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        nChannelsPerNetPeer: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        nvlinkCentricSched: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        graphUsageMode: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        numRmaCtx: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        maxP2pPeers: NCCL_CONFIG_UNDEF_INT,
+        #[cfg(sim_cuda13)]
+        graphStreamOrdering: NCCL_CONFIG_UNDEF_INT,
     };
 }
 

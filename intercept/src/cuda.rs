@@ -95,15 +95,30 @@ pub fn is_capturing(stream: cudaStream_t) -> Result<bool, cudaError_t> {
 
 /// Whether `ptr` is device memory (device or managed), per `cudaPointerGetAttributes`.
 pub fn is_device_memory(ptr: *const c_void) -> Result<bool, cudaError_t> {
+    /// `struct cudaPointerAttributes` as CUDA 13 declares it: CUDA 12's four fields, then
+    /// `long reserved[8]`. CUDA 13's runtime writes all 88 bytes, CUDA 12's the first 24, so
+    /// this buffer is right for the runtime of either major (docs/cuda13.md).
+    #[repr(C)]
+    struct Attributes {
+        a: cudaPointerAttributes,
+        reserved: [core::ffi::c_long; 8],
+    }
     let f = real::cudaPointerGetAttributes().ok_or(MISSING)?;
-    let mut a = cudaPointerAttributes {
-        type_: cudaMemoryTypeUnregistered,
-        device: 0,
-        devicePointer: core::ptr::null_mut(),
-        hostPointer: core::ptr::null_mut(),
+    let mut buf = Attributes {
+        a: cudaPointerAttributes {
+            type_: cudaMemoryTypeUnregistered,
+            device: 0,
+            devicePointer: core::ptr::null_mut(),
+            hostPointer: core::ptr::null_mut(),
+        },
+        reserved: [0; 8],
     };
-    // SAFETY: an out-pointer to a local; the pointer is only classified.
-    check(unsafe { f(&mut a, ptr) })?;
+    // SAFETY: an out-pointer to a local as large as either major's struct; the pointer is
+    // only classified.
+    // The pointer covers the whole buffer, not only its first field.
+    let out = (&mut buf as *mut Attributes).cast::<cudaPointerAttributes>();
+    check(unsafe { f(out, ptr) })?;
+    let a = buf.a;
     Ok(matches!(
         a.type_,
         cudaMemoryTypeDevice | cudaMemoryTypeManaged

@@ -2,9 +2,11 @@
 //!
 //! libttrace.so has no `DT_NEEDED` on any CUDA library (shared/notes/cuda-interception.md
 //! §4.3): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
-//! definition after this library in the global scope), else in the library already loaded
-//! under one of its sonames (`dlopen(soname, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a
-//! second copy, §4.4). A missing symbol is `None`: the hook returns an error code, never panics.
+//! definition after this library in the global scope), else in a loaded object whose file name
+//! is the library's (`libcudart.so*`, any major: found with `dl_iterate_phdr`, reopened with
+//! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy, §4.4). No soname is
+//! hard-coded, so one libttrace.so serves CUDA 12 and CUDA 13 programs; the first runtime
+//! function resolved logs (at info level) which runtime it attached to. A missing symbol is `None`: the hook returns an error code, never panics.
 //!
 //! The resolved address is cached in one atomic word per function, so a hook's pass-through
 //! path costs that load and the indirect call.
@@ -21,8 +23,8 @@ use cuda_abi::nvtx::*;
 
 pub use cuda_abi::cudart::dim3;
 
-/// The library a function belongs to, with the sonames it may be loaded under.
-#[derive(Clone, Copy)]
+/// The library a function belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Lib {
     Cudart,
     Cublas,
@@ -32,24 +34,53 @@ pub enum Lib {
 }
 
 impl Lib {
-    fn sonames(self) -> &'static [&'static str] {
+    /// The file-name stem every version of the library shares: `libcudart.so` matches
+    /// `libcudart.so.12`, `libcudart.so.13`, `libcudart.so.13.0.48`, ... No soname (and so no
+    /// CUDA major) is written down here: the library found loaded is the one used.
+    fn stem(self) -> &'static str {
         match self {
-            Lib::Cudart => &[
-                "libcudart.so.12\0",
-                "libcudart.so.13\0",
-                "libcudart.so.11.0\0",
-                "libcudart.so\0",
-            ],
-            Lib::Cublas => &["libcublas.so.12\0", "libcublas.so.13\0", "libcublas.so\0"],
-            Lib::CublasLt => &[
-                "libcublasLt.so.12\0",
-                "libcublasLt.so.13\0",
-                "libcublasLt.so\0",
-            ],
-            Lib::Nccl => &["libnccl.so.2\0", "libnccl.so\0"],
-            Lib::Nvtx => &["libnvToolsExt.so.1\0", "libnvToolsExt.so\0"],
+            Lib::Cudart => "libcudart.so",
+            Lib::Cublas => "libcublas.so",
+            Lib::CublasLt => "libcublasLt.so",
+            Lib::Nccl => "libnccl.so",
+            Lib::Nvtx => "libnvToolsExt.so",
         }
     }
+}
+
+/// Paths of the loaded objects whose file name is `stem` or `stem.<version>`, in load order.
+fn loaded_objects(stem: &str) -> Vec<std::ffi::CString> {
+    struct Search<'a> {
+        stem: &'a str,
+        found: Vec<std::ffi::CString>,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info and our `data` back.
+        let (info, search) = unsafe { (&*info, &mut *data.cast::<Search<'_>>()) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: the loader's NUL-terminated path of a loaded object.
+        let path = unsafe { core::ffi::CStr::from_ptr(info.dlpi_name) };
+        let bytes = path.to_bytes();
+        let base = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+        let stem = search.stem.as_bytes();
+        if base == stem || (base.starts_with(stem) && base.get(stem.len()) == Some(&b'.')) {
+            search.found.push(path.to_owned());
+        }
+        0
+    }
+    let mut search = Search {
+        stem,
+        found: Vec::new(),
+    };
+    // SAFETY: `visit` matches dl_iterate_phdr's callback type and only reads what it is given.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search<'_>).cast()) };
+    search.found
 }
 
 /// The load address of libttrace.so itself: a lookup that lands here found a hook, not the
@@ -88,15 +119,10 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
     let mut p = unsafe { libc::dlsym(libc::RTLD_NEXT, cname) };
     if !usable(p) {
         p = core::ptr::null_mut();
-        for so in lib.sonames() {
-            // SAFETY: a NUL-terminated soname; RTLD_NOLOAD only returns an already loaded
+        for path in loaded_objects(lib.stem()) {
+            // SAFETY: the path of a loaded object; RTLD_NOLOAD only returns an already loaded
             // object (its reference count is bumped and never dropped: the library stays).
-            let h = unsafe {
-                libc::dlopen(
-                    so.as_ptr().cast::<c_char>(),
-                    libc::RTLD_NOLOAD | libc::RTLD_LAZY,
-                )
-            };
+            let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
             if h.is_null() {
                 continue;
             }
@@ -111,8 +137,48 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
     let p = p as usize;
     if p != 0 {
         slot.store(p, Ordering::Release);
+        if lib == Lib::Cudart {
+            announce_runtime(p);
+        }
     }
     p
+}
+
+/// Logs, once per process, which CUDA runtime the hooks attached to: its file and the version
+/// it reports (`cudaRuntimeGetVersion`), which says which major's ABI the program uses.
+#[cold]
+fn announce_runtime(any_fn: usize) {
+    use std::sync::atomic::AtomicBool;
+    static DONE: AtomicBool = AtomicBool::new(false);
+    // Swapped before the version query, whose own lookup comes back here.
+    if DONE.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads the address as a number and fills `info`.
+    let path = if unsafe { libc::dladdr(any_fn as *const c_void, info.as_mut_ptr()) } != 0 {
+        // SAFETY: dladdr succeeded; dli_fname is the loader's NUL-terminated path (or null).
+        let f = unsafe { info.assume_init() }.dli_fname;
+        if f.is_null() {
+            "?".to_string()
+        } else {
+            // SAFETY: as above.
+            unsafe { core::ffi::CStr::from_ptr(f) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    } else {
+        "?".to_string()
+    };
+    let mut v: c_int = 0;
+    let version = match cudaRuntimeGetVersion() {
+        // SAFETY: the real cudaRuntimeGetVersion with a valid out-pointer.
+        Some(f) if unsafe { f(&mut v) } == cudaSuccess => format!("{}.{}", v / 1000, v % 1000 / 10),
+        _ => "unknown".to_string(),
+    };
+    crate::log::info(&format!(
+        "attached to CUDA runtime {path} (version {version})"
+    ));
 }
 
 /// Declares one accessor per real function: `real::cudaMemcpyAsync()` is the function or
@@ -172,6 +238,7 @@ real_fns! {
     Cudart: fn cudaEventRecord(cudaEvent_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaEventQuery(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
+    Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
     // ---- runtime: used by the perturbation of a reference run ----
     Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;

@@ -46,11 +46,13 @@ use syn::ext::IdentExt;
 use syn::visit::Visit;
 
 /// The simulated libraries: directories under `tests/sim`.
-pub const SIM_LIBRARIES: [&str; 5] = ["cudart", "cublas", "cublaslt", "nccl", "nvtx"];
+pub const SIM_LIBRARIES: [&str; 6] = ["cudart", "cublas", "cublaslt", "nccl", "nvtx", "driver"];
 
 /// Headers every generated C file includes, in order.
-pub const HEADERS: [&str; 6] = [
+pub const HEADERS: [&str; 8] = [
+    "cuda.h",
     "cuda_runtime_api.h",
+    "cuda_profiler_api.h",
     "cublas_v2.h",
     "cublasLt.h",
     "nccl.h",
@@ -80,12 +82,23 @@ pub fn repo_root() -> PathBuf {
 /// returns the include directories, in `-I` order. `$TTRACE_NVIDIA_HEADERS` overrides the cache
 /// directory.
 pub fn fetch_headers() -> Result<Vec<PathBuf>, String> {
+    fetch_headers_for(12)
+}
+
+/// [`fetch_headers`] for CUDA major 12 or 13 (`--cuda 13`: CUDA 13.2, cuBLAS 13.4, NCCL 2.30;
+/// `$TTRACE_NVIDIA_HEADERS/cuda13` when that variable is set).
+pub fn fetch_headers_for(major: u32) -> Result<Vec<PathBuf>, String> {
     let repo = repo_root();
     let script = repo.join("scripts/fetch-nvidia-headers.py");
     let mut cmd = Command::new("python3");
-    cmd.arg(&script);
+    cmd.arg(&script).arg("--cuda").arg(major.to_string());
     if let Some(dest) = std::env::var_os("TTRACE_NVIDIA_HEADERS") {
-        cmd.arg("--dest").arg(dest);
+        let dest = PathBuf::from(dest);
+        cmd.arg("--dest").arg(if major == 12 {
+            dest
+        } else {
+            dest.join(format!("cuda{major}"))
+        });
     }
     let out = cmd
         .output()
@@ -240,6 +253,9 @@ pub struct Record {
     pub fields: Vec<(String, syn::Type)>,
     /// Source file.
     pub file: PathBuf,
+    /// `#[repr(C, align(N))]`: the alignment the C type declares (CUDA's `float2` is
+    /// `__builtin_align__(8)`).
+    pub align: Option<u64>,
 }
 
 /// The types of `cuda-abi`, as parsed from its sources.
@@ -281,11 +297,54 @@ fn is_repr_c(attrs: &[syn::Attribute]) -> bool {
     })
 }
 
+/// N of `#[repr(C, align(N))]`.
+fn repr_align(attrs: &[syn::Attribute]) -> Option<u64> {
+    let mut n = None;
+    for a in attrs.iter().filter(|a| a.path().is_ident("repr")) {
+        let _ = a.parse_nested_meta(|m| {
+            if m.path.is_ident("align") {
+                let content;
+                syn::parenthesized!(content in m.input);
+                n = content.parse::<syn::LitInt>()?.base10_parse().ok();
+            }
+            Ok(())
+        });
+    }
+    n
+}
+
+/// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13 build of
+/// the simulated stack; see tests/sim/build_sim_lib.rs). Process-wide: a test binary checks
+/// one major.
+static CUDA_MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(12);
+
+/// Selects the CUDA major (12 or 13) whose `cfg`s [`parse_exports`] and [`AbiTypes::parse`]
+/// evaluate.
+pub fn set_cuda_major(major: u32) {
+    CUDA_MAJOR.store(major, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The CUDA major set by [`set_cuda_major`] (12 by default).
+pub fn cuda_major() -> u32 {
+    CUDA_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The simulated libraries of the selected CUDA major: CUDA 13 has no NVTX v2 library
+/// (`nvToolsExt.h` is gone; NVTX 3 is header-only).
+pub fn sim_libraries() -> Vec<&'static str> {
+    SIM_LIBRARIES
+        .into_iter()
+        .filter(|l| cuda_major() == 12 || *l != "nvtx")
+        .collect()
+}
+
 /// Evaluates a `#[cfg(...)]` predicate for the host target (the one gcc compiles for):
 /// `target_arch`, `target_os`, `target_pointer_width`, `unix`, `test` and `all/any/not`.
 fn cfg_holds(meta: &syn::Meta) -> bool {
     match meta {
-        syn::Meta::Path(p) => p.is_ident("unix"),
+        syn::Meta::Path(p) => {
+            p.is_ident("unix") || (p.is_ident("sim_cuda13") && cuda_major() == 13)
+        }
         syn::Meta::NameValue(nv) => {
             let value = match &nv.value {
                 syn::Expr::Lit(syn::ExprLit {
@@ -365,6 +424,8 @@ impl AbiTypes {
             .map_err(|e| format!("{}: {e}", abi_src.display()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            // CUDA 13 headers have no NVTX v2 types (see `sim_libraries`).
+            .filter(|p| cuda_major() == 12 || !p.ends_with("nvtx.rs"))
             .collect();
         files.sort();
         let mut abi = AbiTypes::default();
@@ -423,6 +484,9 @@ impl AbiTypes {
                         self.opaque.insert(s.ident.to_string());
                     } else {
                         self.add_record(&s.ident, false, fields, file);
+                        if let Some(r) = self.records.get_mut(&s.ident.to_string()) {
+                            r.align = repr_align(&s.attrs);
+                        }
                     }
                 }
                 syn::Item::Union(u) if cfg_enabled(&u.attrs) && is_repr_c(&u.attrs) => {
@@ -489,6 +553,7 @@ impl AbiTypes {
                 is_union,
                 fields,
                 file: file.to_path_buf(),
+                align: None,
             },
         );
     }
@@ -746,7 +811,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
 /// `sim_root` (`tests/sim`), sorted by library and name.
 pub fn parse_exports(sim_root: &Path) -> Result<Vec<Export>, String> {
     let mut all = Vec::new();
-    for lib in SIM_LIBRARIES {
+    for lib in sim_libraries() {
         let mut files = Vec::new();
         rust_files(&sim_root.join(lib).join("src"), &mut files)?;
         files.sort();
@@ -1010,8 +1075,14 @@ impl View {
     fn headers(self) -> Vec<&'static str> {
         let mut h: Vec<&str> = match self.lang() {
             Lang::C => vec!["stddef.h", "stdint.h"],
-            Lang::Cxx => vec!["cstddef", "cstdint", "type_traits"],
+            // <cstring> and <cmath>: crt/host_runtime.h (see `Unit::new`) uses memcpy and the
+            // math functions without including them.
+            Lang::Cxx => vec!["cstddef", "cstdint", "type_traits", "cstring", "cmath"],
         };
+        if self.lang() == Lang::Cxx {
+            // NCCL 2.28+'s host functions of the device API (C++ only; absent before 2.28).
+            h.push("nccl_device/core.h");
+        }
         for inc in HEADERS {
             h.push(if self == View::CublasLegacy && inc == "cublas_v2.h" {
                 "cublas.h"
@@ -1063,9 +1134,27 @@ impl Unit {
         }
         u.push("#define NVTX_SUPPRESS_V2_DEPRECATION_WARNING 1".into(), &h);
         for inc in view.headers() {
+            // Conditional: CUDA 13 dropped the NVTX v2 headers (nvToolsExt.h). An export that
+            // only a missing header declared still fails, as undeclared.
+            u.push(format!("#if __has_include(<{inc}>)"), &h);
             u.push(format!("#include <{inc}>"), &h);
+            u.push("#endif".into(), &h);
         }
         if view.lang() == Lang::Cxx {
+            // nvcc's host-side registration and launch entry points (`__cudaRegisterFunction`,
+            // `__cudaPopCallConfiguration`, ...), which libcudart exports for the code nvcc
+            // generates: declared by its internal header, which wants this guard.
+            u.push(
+                "#define __CUDA_INCLUDE_COMPILER_INTERNAL_HEADERS__".into(),
+                &h,
+            );
+            u.push("#define __CUDA_INTERNAL_COMPILATION__".into(), &h);
+            u.push("#include <crt/host_runtime.h>".into(), &h);
+            u.push("#undef __CUDA_INTERNAL_COMPILATION__".into(), &h);
+            u.push(
+                "#undef __CUDA_INCLUDE_COMPILER_INTERNAL_HEADERS__".into(),
+                &h,
+            );
             for l in CXX_TRAIT.lines() {
                 u.push(l.to_string(), &h);
             }
@@ -1118,7 +1207,11 @@ impl Unit {
                 .map_err(|e| format!("field `{fname}`: {e}"))?;
             let _ = write!(decl, " {};", ct.declare(fname));
         }
-        decl.push_str(" };");
+        decl.push_str(" }");
+        if let Some(n) = r.align {
+            let _ = write!(decl, " __attribute__((aligned({n})))");
+        }
+        decl.push(';');
         self.push(decl, &subject);
         let label = &r.name;
         let lang = self.view.lang();
@@ -1250,6 +1343,11 @@ fn run_view(
     report: &mut Report,
 ) -> Result<Errors, String> {
     let mut unit = Unit::new(view);
+    if view == View::Cxx {
+        for decl in nvcc_only_declarations(out.include_dirs) {
+            unit.push(decl, &Subject::Headers);
+        }
+    }
     for (e, ty) in exports {
         let subject = Subject::Export(e.library.clone(), e.name.clone());
         if wanted(&subject) {
@@ -1274,6 +1372,50 @@ fn run_view(
         .work_dir
         .join(format!("abi_check_{}_{}.{ext}", out.tag, view.name()));
     unit.compile(&path, out.include_dirs, report)
+}
+
+/// nvcc's launch entry points, declared by NVIDIA only for nvcc (`#ifdef __CUDACC__` in
+/// crt/device_functions.h, as `__host__ __device__` with default arguments):
+/// `__cudaPushCallConfiguration` (what `kernel<<<...>>>` calls) and, from CUDA 12.x/13,
+/// `__cudaGetKernel` / `__cudaLaunchKernel`.
+pub const NVCC_ONLY: [&str; 3] = [
+    "__cudaPushCallConfiguration",
+    "__cudaGetKernel",
+    "__cudaLaunchKernel",
+];
+
+/// The declarations of [`NVCC_ONLY`] present in the headers, taken from crt/device_functions.h
+/// as text with the nvcc-only parts removed, so that those exports are still compared with
+/// NVIDIA's own signatures.
+fn nvcc_only_declarations(include_dirs: &[PathBuf]) -> Vec<String> {
+    let Some(text) = include_dirs
+        .iter()
+        .find_map(|d| std::fs::read_to_string(d.join("crt/device_functions.h")).ok())
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in NVCC_ONLY {
+        let Some(at) = text.find(&format!("{name}(")) else {
+            continue;
+        };
+        let Some(start) = text[..at].rfind("extern \"C\"") else {
+            continue;
+        };
+        let Some(end) = text[at..].find(';').map(|e| at + e) else {
+            continue;
+        };
+        let mut decl = text[start..=end]
+            .replace("__host__", "")
+            .replace("__device__", "");
+        // Default arguments (`size_t sharedMem = 0`) are C++ declarations' business only.
+        while let Some(eq) = decl.find(" = ") {
+            let stop = decl[eq..].find([',', ')']).map_or(decl.len(), |i| eq + i);
+            decl.replace_range(eq..stop, "");
+        }
+        out.push(decl.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    out
 }
 
 /// Compiler messages per subject.

@@ -82,6 +82,7 @@ fn every_symbol_in_the_built_libraries_is_a_checked_export() {
         ("cublaslt", "libcublasLt.so.12"),
         ("nccl", "libnccl.so.2"),
         ("nvtx", "libnvToolsExt.so.1"),
+        ("driver", "libcuda.so.1"),
     ] {
         let path = dir.join(soname);
         if !path.exists() {
@@ -389,4 +390,49 @@ fn cuda_dyn_declarations_match_nvidias_headers() {
         report.describe_failures()
     );
     assert_eq!(report.exports_checked.len(), decls.len());
+}
+
+#[test]
+fn negative_control_torch_entry_points() {
+    // The entry points added for PyTorch are checked like the others: a driver export, an
+    // nvcc registration export (compared in C++ with crt/host_runtime.h), the nvcc-only
+    // `__cudaPushCallConfiguration` (compared with crt/device_functions.h's declaration), a
+    // generated cuBLAS export and an NCCL 2.27 export, each with one wrong parameter.
+    let (mut exports, abi) = parsed();
+    set_param(&mut exports, "cuDevicePrimaryCtxGetState", 2, "*mut c_uint");
+    set_param(&mut exports, "__cudaRegisterFunction", 3, "*mut c_char");
+    set_param(&mut exports, "__cudaPushCallConfiguration", 2, "u32");
+    set_param(
+        &mut exports,
+        "cublasZgemmStridedBatched",
+        7,
+        "*const cuComplex",
+    );
+    set_param(&mut exports, "ncclCommWindowRegister", 4, "c_uint");
+    let report = run(&exports, &abi, "neg_torch");
+    for name in [
+        "cuDevicePrimaryCtxGetState",
+        "__cudaRegisterFunction",
+        "__cudaPushCallConfiguration",
+        "cublasZgemmStridedBatched",
+        "ncclCommWindowRegister",
+    ] {
+        assert_fails_naming(&report, name);
+    }
+    assert_eq!(
+        new_failures(&report).len(),
+        5,
+        "{}",
+        report.describe_failures()
+    );
+}
+
+/// What the CUDA 13 headers say about the CUDA 12 sources (printed; see docs/cuda13.md).
+#[test]
+#[ignore = "a report, not a check: run with --ignored to list the CUDA 13 differences"]
+fn cuda13_differences_report() {
+    let (exports, abi) = parsed();
+    let dirs = abi_check::fetch_headers_for(13).expect("CUDA 13 headers");
+    let report = check(&exports, &abi, &dirs, &work_dir(), "cuda13_report");
+    eprintln!("{}", report.describe_failures());
 }

@@ -60,6 +60,31 @@ fn state(h: cublasHandle_t) -> Result<Handle, cublasStatus_t> {
         .ok_or(CUBLAS_STATUS_NOT_INITIALIZED)
 }
 
+mod unsupported;
+
+/// Private export for the simulated cuBLASLt, which accepts a cuBLAS handle as its own.
+#[no_mangle]
+pub unsafe extern "C" fn __simcublasHandleLive(h: cublasHandle_t) -> c_int {
+    state(h).is_ok() as c_int
+}
+
+/// What an entry point the simulator does not compute returns: `CUBLAS_STATUS_NOT_SUPPORTED`
+/// for a live handle (or none expected), `CUBLAS_STATUS_NOT_INITIALIZED` for a bad one. With
+/// `SIM_CUDA_LOG_KERNELS=1` the call is logged, as refused kernel launches are.
+fn unsupported_call(name: &str, h: Option<cublasHandle_t>) -> cublasStatus_t {
+    if let Some(h) = h {
+        if let Err(e) = state(h) {
+            return e;
+        }
+    }
+    if std::env::var("SIM_CUDA_LOG_KERNELS").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "sim-cublas: {name} is not computed by the simulator (CUBLAS_STATUS_NOT_SUPPORTED)"
+        );
+    }
+    CUBLAS_STATUS_NOT_SUPPORTED
+}
+
 /// Changes a live handle.
 fn update(h: cublasHandle_t, f: impl FnOnce(&mut Handle)) -> cublasStatus_t {
     match handles().as_mut().and_then(|m| m.get_mut(&(h as usize))) {

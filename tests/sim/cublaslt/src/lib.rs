@@ -63,10 +63,37 @@ fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A live `cublasLtCreate` handle, or a live cuBLAS handle: cuBLAS documents that a
+/// `cublasHandle_t` may be passed where a `cublasLtHandle_t` is expected (PyTorch does so).
 fn handle_live(h: cublasLtHandle_t) -> bool {
     lock(&HANDLES)
         .as_ref()
         .is_some_and(|s| s.contains(&(h as usize)))
+        || cublas_handle_live(h)
+}
+
+/// Asks the simulated cuBLAS (already loaded: it is the one that made the handle) whether `h`
+/// is one of its live handles, through its private export.
+fn cublas_handle_live(h: cublasLtHandle_t) -> bool {
+    type Live = unsafe extern "C" fn(*mut core::ffi::c_void) -> core::ffi::c_int;
+    static F: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let f = F.get_or_init(|| {
+        let soname = concat!(env!("SIM_CUBLAS_SONAME"), "\0");
+        // SAFETY: NUL-terminated names; RTLD_NOLOAD never loads anything new.
+        unsafe {
+            let lib = libc::dlopen(soname.as_ptr().cast(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if lib.is_null() {
+                return None;
+            }
+            let f = libc::dlsym(lib, c"__simcublasHandleLive".as_ptr());
+            (!f.is_null()).then_some(f as usize)
+        }
+    });
+    match *f {
+        // SAFETY: the simulated cuBLAS's private export has this signature.
+        Some(f) => unsafe { std::mem::transmute::<usize, Live>(f)(h.cast()) != 0 },
+        None => false,
+    }
 }
 
 /// Bytes behind a `cublasLtHandle_t`.
@@ -909,4 +936,69 @@ pub unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
         }
         CUBLAS_STATUS_SUCCESS
     })
+}
+
+// ---- Algorithm enumeration: the simulator's algorithms are chosen per problem shape
+// (`cublasLtMatmulAlgoGetHeuristic`); there is no table of algorithm ids to initialise from or
+// configure, so these report CUBLAS_STATUS_NOT_SUPPORTED, as cuBLASLt does for an algorithm id
+// it lacks. PyTorch uses them only when tuning (TunableOp).
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoInit(
+    lightHandle: cublasLtHandle_t,
+    _computeType: cublasComputeType_t,
+    _scaleType: cudaDataType_t,
+    _Atype: cudaDataType_t,
+    _Btype: cudaDataType_t,
+    _Ctype: cudaDataType_t,
+    _Dtype: cudaDataType_t,
+    _algoId: c_int,
+    _algo: *mut cublasLtMatmulAlgo_t,
+) -> cublasStatus_t {
+    guard(|| {
+        if !handle_live(lightHandle) {
+            return CUBLAS_STATUS_NOT_INITIALIZED;
+        }
+        CUBLAS_STATUS_NOT_SUPPORTED
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoCheck(
+    lightHandle: cublasLtHandle_t,
+    _operationDesc: cublasLtMatmulDesc_t,
+    _Adesc: cublasLtMatrixLayout_t,
+    _Bdesc: cublasLtMatrixLayout_t,
+    _Cdesc: cublasLtMatrixLayout_t,
+    _Ddesc: cublasLtMatrixLayout_t,
+    _algo: *const cublasLtMatmulAlgo_t,
+    _result: *mut cublasLtMatmulHeuristicResult_t,
+) -> cublasStatus_t {
+    guard(|| {
+        if !handle_live(lightHandle) {
+            return CUBLAS_STATUS_NOT_INITIALIZED;
+        }
+        CUBLAS_STATUS_NOT_SUPPORTED
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoConfigSetAttribute(
+    _algo: *mut cublasLtMatmulAlgo_t,
+    _attr: cublasLtMatmulAlgoConfigAttributes_t,
+    _buf: *const c_void,
+    _sizeInBytes: usize,
+) -> cublasStatus_t {
+    CUBLAS_STATUS_NOT_SUPPORTED
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasLtMatmulAlgoConfigGetAttribute(
+    _algo: *const cublasLtMatmulAlgo_t,
+    _attr: cublasLtMatmulAlgoConfigAttributes_t,
+    _buf: *mut c_void,
+    _sizeInBytes: usize,
+    _sizeWritten: *mut usize,
+) -> cublasStatus_t {
+    CUBLAS_STATUS_NOT_SUPPORTED
 }

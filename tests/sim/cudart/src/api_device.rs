@@ -47,20 +47,29 @@ fn properties(device: c_int) -> Result<cudaDeviceProp, cudaError_t> {
     p.maxThreadsPerBlock = 1024;
     p.maxThreadsDim = [1024, 1024, 64];
     p.maxGridSize = [i32::MAX, 65535, 65535];
-    p.clockRate = 1_980_000;
+    #[cfg(not(sim_cuda13))]
+    {
+        p.clockRate = 1_980_000;
+    }
     p.totalConstMem = 64 << 10;
     p.major = 9;
     p.minor = 0;
     p.textureAlignment = 512;
     p.texturePitchAlignment = 32;
-    p.deviceOverlap = 1;
+    #[cfg(not(sim_cuda13))]
+    {
+        p.deviceOverlap = 1;
+    }
     p.multiProcessorCount = SM_COUNT;
     p.canMapHostMemory = 1;
     p.concurrentKernels = 1;
     p.pciBusID = device + 1;
     p.asyncEngineCount = 2;
     p.unifiedAddressing = 1;
-    p.memoryClockRate = 2_619_000;
+    #[cfg(not(sim_cuda13))]
+    {
+        p.memoryClockRate = 2_619_000;
+    }
     p.memoryBusWidth = 5120;
     p.l2CacheSize = 50 << 20;
     p.maxThreadsPerMultiProcessor = 2048;
@@ -73,6 +82,8 @@ fn properties(device: c_int) -> Result<cudaDeviceProp, cudaError_t> {
     Ok(p)
 }
 
+/// CUDA 12's name for the current struct (CUDA 13 dropped the `_v2` export).
+#[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDeviceProperties_v2(
     prop: *mut cudaDeviceProp,
@@ -82,14 +93,15 @@ pub unsafe extern "C" fn cudaGetDeviceProperties_v2(
     guard(|| unsafe { out(prop, properties(device)?) })
 }
 
-/// Pre-12.0 binaries import the unversioned name (same struct layout in CUDA 12).
+/// Pre-12.0 binaries import the unversioned name (same struct layout in CUDA 12); in CUDA 13
+/// it is the only name, with CUDA 13's struct.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGetDeviceProperties(
     prop: *mut cudaDeviceProp,
     device: c_int,
 ) -> cudaError_t {
-    // SAFETY: forwarded unchanged.
-    unsafe { cudaGetDeviceProperties_v2(prop, device) }
+    // SAFETY: out-pointer from the caller.
+    guard(|| unsafe { out(prop, properties(device)?) })
 }
 
 #[no_mangle]

@@ -432,6 +432,7 @@ pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> c
     guard(|| {
         let r = rt()?;
         r.check_capture_safe()?;
+        r.activate(r.current_device());
         let p = r.heap.alloc(size, r.current_device()).map_err(heap_error)?;
         // SAFETY: out-pointer from the caller.
         unsafe { out(dev_ptr, p) }
@@ -653,26 +654,35 @@ pub unsafe extern "C" fn cudaPointerGetAttributes(
 ) -> cudaError_t {
     guard(|| {
         let r = rt()?;
-        let a = match r.heap.classify(ptr) {
-            PointerKind::Device { device, .. } => cudaPointerAttributes {
-                type_: cudaMemoryTypeDevice,
+        let (type_, device, devicePointer, hostPointer) = match r.heap.classify(ptr) {
+            PointerKind::Device { device, .. } => (
+                cudaMemoryTypeDevice,
                 device,
-                devicePointer: ptr as *mut c_void,
-                hostPointer: std::ptr::null_mut(),
-            },
-            PointerKind::Pinned { device, .. } => cudaPointerAttributes {
-                type_: cudaMemoryTypeHost,
+                ptr as *mut c_void,
+                std::ptr::null_mut(),
+            ),
+            PointerKind::Pinned { device, .. } => (
+                cudaMemoryTypeHost,
                 device,
-                devicePointer: ptr as *mut c_void,
-                hostPointer: ptr as *mut c_void,
-            },
+                ptr as *mut c_void,
+                ptr as *mut c_void,
+            ),
             // CUDA 11+ reports unregistered memory as success with type Unregistered.
-            PointerKind::Pageable => cudaPointerAttributes {
-                type_: cudaMemoryTypeUnregistered,
-                device: -2,
-                devicePointer: std::ptr::null_mut(),
-                hostPointer: ptr as *mut c_void,
-            },
+            PointerKind::Pageable => (
+                cudaMemoryTypeUnregistered,
+                -2,
+                std::ptr::null_mut(),
+                ptr as *mut c_void,
+            ),
+        };
+        let a = cudaPointerAttributes {
+            type_,
+            device,
+            devicePointer,
+            hostPointer,
+            // CUDA 13's struct ends in `long reserved[8]`, written as zeros.
+            #[cfg(sim_cuda13)]
+            reserved: [0; 8],
         };
         // SAFETY: out-pointer from the caller.
         unsafe { out(attributes, a) }

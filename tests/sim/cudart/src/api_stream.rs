@@ -249,7 +249,11 @@ pub unsafe extern "C" fn cudaEventDestroy(event: cudaEvent_t) -> cudaError_t {
     })
 }
 
-fn record(ev: cudaEvent_t, stream: cudaStream_t, per_thread: bool) -> Result<(), cudaError_t> {
+pub(crate) fn record(
+    ev: cudaEvent_t,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
     let r = rt()?;
     let e = event(r, ev)?;
     let s = r.stream(stream, per_thread)?;
@@ -337,11 +341,11 @@ pub unsafe extern "C" fn cudaEventElapsedTime(
 }
 
 /// A host function and its argument, moved to the stream worker.
-struct HostCall(unsafe extern "C" fn(*mut c_void), *mut c_void);
+pub(crate) struct HostCall(unsafe extern "C" fn(*mut c_void), *mut c_void);
 // SAFETY: CUDA runs host functions on a driver thread by contract; the caller made it so.
 unsafe impl Send for HostCall {}
 
-fn launch_host_func(
+pub(crate) fn launch_host_func(
     stream: cudaStream_t,
     f: cudaHostFn_t,
     data: *mut c_void,
@@ -446,6 +450,7 @@ fn capture_info(
 }
 /// The unversioned export keeps its CUDA 11 signature for old binaries; headers of CUDA 12
 /// rename calls to `cudaStreamGetCaptureInfo_v2`.
+#[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo(
     stream: cudaStream_t,
@@ -465,6 +470,7 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo(
         )
     })
 }
+#[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2(
     stream: cudaStream_t,
@@ -486,6 +492,7 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2(
         )
     })
 }
+#[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2_ptsz(
     stream: cudaStream_t,
@@ -502,6 +509,76 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2_ptsz(
             id_out,
             graph_out,
             dependencies_out,
+            num_dependencies_out,
+            true,
+        )
+    })
+}
+
+/// CUDA 13's `cudaStreamGetCaptureInfo` (CUDA 12's `_v3`: with edge data). The simulator's
+/// graphs expose no nodes, so there are no edges either: `*edge_data_out` is null.
+#[cfg(sim_cuda13)]
+#[allow(clippy::too_many_arguments)]
+fn capture_info_13(
+    stream: cudaStream_t,
+    status: *mut cudaStreamCaptureStatus,
+    id: *mut c_ulonglong,
+    graph: *mut cudaGraph_t,
+    deps: *mut *const cudaGraphNode_t,
+    edges: *mut *const cudaGraphEdgeData,
+    count: *mut usize,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
+    capture_info(stream, status, id, graph, deps, count, per_thread)?;
+    if !edges.is_null() {
+        // SAFETY: optional out-pointer from the caller.
+        unsafe { edges.write(std::ptr::null()) };
+    }
+    Ok(())
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaStreamGetCaptureInfo(
+    stream: cudaStream_t,
+    capture_status_out: *mut cudaStreamCaptureStatus,
+    id_out: *mut c_ulonglong,
+    graph_out: *mut cudaGraph_t,
+    dependencies_out: *mut *const cudaGraphNode_t,
+    edge_data_out: *mut *const cudaGraphEdgeData,
+    num_dependencies_out: *mut usize,
+) -> cudaError_t {
+    guard(|| {
+        capture_info_13(
+            stream,
+            capture_status_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edge_data_out,
+            num_dependencies_out,
+            false,
+        )
+    })
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaStreamGetCaptureInfo_ptsz(
+    stream: cudaStream_t,
+    capture_status_out: *mut cudaStreamCaptureStatus,
+    id_out: *mut c_ulonglong,
+    graph_out: *mut cudaGraph_t,
+    dependencies_out: *mut *const cudaGraphNode_t,
+    edge_data_out: *mut *const cudaGraphEdgeData,
+    num_dependencies_out: *mut usize,
+) -> cudaError_t {
+    guard(|| {
+        capture_info_13(
+            stream,
+            capture_status_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edge_data_out,
             num_dependencies_out,
             true,
         )

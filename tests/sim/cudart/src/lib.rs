@@ -21,14 +21,18 @@ pub mod errors;
 pub mod heap;
 pub mod streams;
 
+#[cfg(sim_cuda13)]
+mod api13;
 mod api_device;
+mod api_extra;
+mod api_kernel;
 mod api_memory;
 mod api_stream;
 mod ext;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_abi::cudart::*;
@@ -41,6 +45,10 @@ pub struct Device {
     /// Every stream ever created on the device that is still alive (for implicit sync and
     /// `cudaDeviceSynchronize`).
     streams: Mutex<Vec<Weak<Stream>>>,
+    /// Whether the device's primary context exists: the runtime creates it on the first call
+    /// that needs the device (`cudaSetDevice`, work on a stream, an allocation), and the
+    /// simulated driver (`cuDevicePrimaryCtxGetState`) reports it, as PyTorch checks.
+    primary: AtomicBool,
 }
 
 /// Process-wide runtime state, created on the first call.
@@ -100,6 +108,7 @@ pub fn rt() -> Result<&'static Runtime, cudaError_t> {
                 .map(|_| Device {
                     legacy: OnceLock::new(),
                     streams: Mutex::new(Vec::new()),
+                    primary: AtomicBool::new(false),
                 })
                 .collect();
             Some(Runtime {
@@ -158,7 +167,29 @@ impl Runtime {
             return Err(cudaErrorInvalidDevice);
         }
         CURRENT_DEVICE.with(|c| c.set(d));
+        self.activate(d);
         Ok(())
+    }
+
+    /// `cudaErrorInvalidResourceHandle` unless `g` is a live graph.
+    pub fn graph_exists(&self, g: cudaGraph_t) -> Result<(), cudaError_t> {
+        self.graphs
+            .get(g as usize)
+            .map(|_| ())
+            .ok_or(cudaErrorInvalidResourceHandle)
+    }
+
+    /// Creates device `d`'s primary context (a flag: the simulator needs no context state).
+    pub fn activate(&self, d: i32) {
+        if let Ok(dev) = self.device(d) {
+            dev.primary.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether device `d`'s primary context exists.
+    pub fn is_active(&self, d: i32) -> bool {
+        self.device(d)
+            .is_ok_and(|dev| dev.primary.load(Ordering::Acquire))
     }
 
     fn device(&self, d: i32) -> Result<&Device, cudaError_t> {
@@ -208,6 +239,7 @@ impl Runtime {
         h: cudaStream_t,
         per_thread_default: bool,
     ) -> Result<Arc<Stream>, cudaError_t> {
+        self.activate(self.current_device());
         match h as usize {
             0 if per_thread_default => self.per_thread(),
             0 | 1 => self.legacy(self.current_device()),

@@ -44,6 +44,8 @@ pub const DEVICE_ACCESS_SYMBOL: &[u8] = b"__simcudaDeviceAccess\0";
 pub const CURRENT_DEVICE_SYMBOL: &[u8] = b"__simcudaCurrentDevice\0";
 
 struct Runtime {
+    /// The `dlopen` handle of the simulated runtime (kept open for the process).
+    handle: usize,
     launch: SimLaunchFn,
     device_access: SimDeviceAccessFn,
     current_device: SimCurrentDeviceFn,
@@ -55,7 +57,7 @@ fn runtime() -> Option<&'static Runtime> {
         // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD finds the copy the program
         // already loaded (by any path), else the RUNPATH ($ORIGIN) of this library finds ours.
         unsafe {
-            let name = c"libcudart.so.12".as_ptr();
+            let name = concat!(env!("SIM_CUDART_SONAME"), "\0").as_ptr().cast();
             let mut h = libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_NOLOAD);
             if h.is_null() {
                 h = libc::dlopen(name, libc::RTLD_NOW | libc::RTLD_GLOBAL);
@@ -73,6 +75,7 @@ fn runtime() -> Option<&'static Runtime> {
                 return None;
             }
             Some(Runtime {
+                handle: h as usize,
                 launch: std::mem::transmute::<*mut c_void, SimLaunchFn>(l),
                 device_access: std::mem::transmute::<*mut c_void, SimDeviceAccessFn>(d),
                 current_device: std::mem::transmute::<*mut c_void, SimCurrentDeviceFn>(c),
@@ -80,6 +83,16 @@ fn runtime() -> Option<&'static Runtime> {
         }
     })
     .as_ref()
+}
+
+/// The simulated runtime's export `name` (looked up in the runtime itself, so an `LD_PRELOAD`
+/// library does not interpose it: a library's internal use of the runtime stays invisible to
+/// a tracer, as with real libraries that link it statically).
+pub fn runtime_symbol(name: &core::ffi::CStr) -> Option<*mut c_void> {
+    let rt = runtime()?;
+    // SAFETY: a live dlopen handle and a NUL-terminated name.
+    let p = unsafe { libc::dlsym(rt.handle as *mut c_void, name.as_ptr()) };
+    (!p.is_null()).then_some(p)
 }
 
 /// Whether the simulated runtime could be reached (false when a real `libcudart.so.12` is

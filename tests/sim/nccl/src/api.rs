@@ -277,7 +277,7 @@ fn enqueue(
 // ---------------------------------------------------------------------------------------------
 // Version, ids, errors
 
-/// `ncclGetVersion`: 22605.
+/// `ncclGetVersion`: 22705.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     ffi(|| {

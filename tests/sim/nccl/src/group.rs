@@ -111,6 +111,27 @@ pub fn end() -> ncclResult_t {
     launch(ops)
 }
 
+/// `ncclGroupSimulateEnd`: closes the group like `ncclGroupEnd` but runs nothing: the
+/// outermost close drops the recorded operations (NCCL only estimates their time). Returns
+/// the number of operations dropped.
+pub fn simulate_end() -> Result<usize, ncclResult_t> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            crate::set_last_error("ncclGroupSimulateEnd without ncclGroupStart");
+            return Err(ncclInvalidUsage);
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(0);
+        }
+        // Communicators initialised inside the group still initialise (their peers wait).
+        g.inits.clear();
+        g.error = ncclSuccess;
+        Ok(std::mem::take(&mut g.ops).len())
+    })
+}
+
 /// Launches `ops` as one task: the main kernel on the first operation's stream, join kernels
 /// on the others.
 pub fn launch(ops: Vec<Op>) -> ncclResult_t {
@@ -179,18 +200,7 @@ fn is_capturing(stream: cudaStream_t) -> bool {
         unsafe extern "C" fn(cudaStream_t, *mut cudaStreamCaptureStatus) -> cudaError_t;
     static F: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let addr = *F.get_or_init(|| {
-        // SAFETY: dlopen/dlsym with NUL-terminated names; RTLD_NOLOAD only finds the runtime
-        // the program already loaded.
-        unsafe {
-            let h = libc::dlopen(
-                c"libcudart.so.12".as_ptr(),
-                libc::RTLD_NOW | libc::RTLD_NOLOAD,
-            );
-            if h.is_null() {
-                return 0;
-            }
-            libc::dlsym(h, c"cudaStreamIsCapturing".as_ptr()) as usize
-        }
+        sim_device::runtime_symbol(c"cudaStreamIsCapturing").map_or(0, |p| p as usize)
     });
     if addr == 0 {
         return false;

@@ -1,4 +1,4 @@
-//! Simulated `libnccl.so.2` (NCCL 2.26.5 ABI): collectives and point-to-point between ranks in
+//! Simulated `libnccl.so.2` (NCCL 2.27.5 ABI): collectives and point-to-point between ranks in
 //! different processes (or threads), through shared memory, on the simulated CUDA runtime.
 //!
 //! What tracers depend on, and this library reproduces:
@@ -43,6 +43,9 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod api;
+#[cfg(sim_cuda13)]
+pub mod api13;
+pub mod api_extra;
 pub mod comm;
 pub mod exec;
 pub mod group;

@@ -842,7 +842,7 @@ pub fn collectives(args: &[String]) -> Result<(), String> {
 fn run_all(j: &Job) -> Result<(), String> {
     let mut v: c_int = 0;
     nc!(ncclGetVersion(&mut v));
-    if v != 22605 {
+    if v != 22705 {
         return Err(format!("ncclGetVersion reports {v}"));
     }
     let comm = world(j)?;

@@ -1,0 +1,95 @@
+//! `cuda.h`: the CUDA driver API types the simulated `libcuda.so.1` exports use.
+use core::ffi::{c_int, c_uint, c_ulonglong};
+
+pub use crate::cudart::{CUstream_st, CUuuid_st};
+
+crate::opaque_struct!(
+    /// Pointee of `CUcontext`.
+    CUctx_st
+);
+crate::opaque_struct!(
+    /// Pointee of `CUmodule`.
+    CUmod_st
+);
+crate::opaque_struct!(
+    /// Pointee of `CUfunction`.
+    CUfunc_st
+);
+crate::opaque_struct!(
+    /// Pointee of `CUlinkState`.
+    CUlinkState_st
+);
+crate::opaque_struct!(
+    /// `CUtensorMap` (`struct CUtensorMap_st`, 64-byte aligned opaque words): passed by pointer.
+    CUtensorMap_st
+);
+
+/// `enum cudaError_enum` (non-negative values: `unsigned int`).
+pub type CUresult = c_uint;
+/// A device ordinal.
+pub type CUdevice = c_int;
+/// A context.
+pub type CUcontext = *mut CUctx_st;
+/// A module.
+pub type CUmodule = *mut CUmod_st;
+/// A kernel of a module.
+pub type CUfunction = *mut CUfunc_st;
+/// A stream (the runtime's `cudaStream_t` is the same pointer).
+pub type CUstream = *mut CUstream_st;
+/// A JIT link.
+pub type CUlinkState = *mut CUlinkState_st;
+/// A device address.
+pub type CUdeviceptr = c_ulonglong;
+/// `cuuint32_t`.
+pub type cuuint32_t = u32;
+/// `cuuint64_t`.
+pub type cuuint64_t = u64;
+/// `CUuuid`.
+pub type CUuuid = CUuuid_st;
+/// `CUdevice_attribute` (numerically the runtime's `cudaDeviceAttr`).
+pub type CUdevice_attribute = c_uint;
+/// `CUpointer_attribute`.
+pub type CUpointer_attribute = c_uint;
+/// `CUfunction_attribute`.
+pub type CUfunction_attribute = c_uint;
+/// `CUfunc_cache`.
+pub type CUfunc_cache = c_uint;
+/// `CUjit_option`.
+pub type CUjit_option = c_uint;
+/// `CUjitInputType`.
+pub type CUjitInputType = c_uint;
+/// `CUtensorMapDataType`.
+pub type CUtensorMapDataType = c_uint;
+/// `CUtensorMapInterleave`.
+pub type CUtensorMapInterleave = c_uint;
+/// `CUtensorMapSwizzle`.
+pub type CUtensorMapSwizzle = c_uint;
+/// `CUtensorMapL2promotion`.
+pub type CUtensorMapL2promotion = c_uint;
+/// `CUtensorMapFloatOOBfill`.
+pub type CUtensorMapFloatOOBfill = c_uint;
+/// `CUdriverProcAddressQueryResult`.
+pub type CUdriverProcAddressQueryResult = c_uint;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: cuuint64_t = 1 << 1;
+/// `CU_GET_PROC_ADDRESS_SUCCESS`.
+pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
+/// `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND`.
+pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult = 1;
+/// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult = 2;

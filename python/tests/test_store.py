@@ -218,3 +218,45 @@ def test_the_package_ships_its_executables():
     p = subprocess.run([sys.executable, "-m", "ttrace", "lib"], capture_output=True, text=True)
     assert p.stdout.strip() == str(lib)
     assert shutil.which("ttraced", path=str(VENV_BIN))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_torch_script_traced_with_the_installed_ttrace_reads_back_byte_exact(tmp_path):
+    """Real PyTorch (the torch 2.10 venv of tests/torch, when scripts/torch-venv.sh made it)
+    traced by the wheel's `ttrace run`: every tensor torch saw is a captured tensor read
+    from Python."""
+    venvs = Path(os.environ.get("TTRACE_TORCH_VENVS", Path.home() / ".cache/ttrace-venvs"))
+    py = venvs / "torch-2.10.0" / "bin" / "python"
+    if not py.exists():
+        pytest.skip(f"no torch 2.10.0 venv at {py.parent.parent} (scripts/torch-venv.sh 2.10.0)")
+    torch_dir = subprocess.run(
+        [str(py), "-c", "import os, importlib.util as u; print(os.path.dirname(u.find_spec('torch').origin))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    stubs = tmp_path / "stubs"
+    subprocess.run(
+        ["python3", str(REPO / "scripts/torch-stubs.py"), "--torch-lib", f"{torch_dir}/lib",
+         "--out", str(stubs)],
+        check=True, capture_output=True,
+    )
+    env = sim_env()
+    env["LD_LIBRARY_PATH"] = f"{BIN / 'sim'}:{stubs}"
+    out, store = tmp_path / "out", tmp_path / "store"
+    proc = subprocess.run(
+        [installed_ttrace(), "run", "--quiet", "--out", str(store), "--",
+         str(py), str(REPO / "tests/torch/ops.py"), str(out)],
+        env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    captured = set()
+    for rec in ttrace.open(store):
+        for t in rec.tensors:
+            if t.captured:
+                captured.add(rec.bytes(t.index).tobytes())
+    listed = json.loads((out / "torch.json").read_text())
+    assert len(listed) > 20
+    for t in listed:
+        raw = (out / (t["name"] + ".bin")).read_bytes()
+        assert raw in captured, f"{t['name']} ({t['dtype']} {t['shape']}) was not captured"

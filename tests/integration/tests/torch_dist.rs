@@ -30,7 +30,16 @@ fn collective_of(label: &str) -> &'static [&'static str] {
     }
 }
 
-fn dist(version: &'static str) {
+/// How the traced run is launched.
+#[derive(Clone, Copy, PartialEq)]
+enum Launch {
+    /// `ttrace run -- torchrun ...`.
+    Wrapped,
+    /// `LD_PRELOAD=libttrace.so torchrun ...` (the collector starts by itself).
+    Bare,
+}
+
+fn dist(version: &'static str, launch: Launch) {
     let Some(torch) = find(version) else { return };
     let tmp = TempDir::new(&format!("torch-dist-{version}"));
     let script = Torch::script("dist.py");
@@ -45,7 +54,11 @@ fn dist(version: &'static str) {
         "untraced run: {}",
         describe(&plain)
     );
-    let traced = torch.traced(&store, &torch.torchrun, &[nproc, &script, &traced_out]);
+    let args = [nproc, script.as_path(), traced_out.as_path()];
+    let traced = match launch {
+        Launch::Wrapped => torch.traced(&store, &torch.torchrun, &args),
+        Launch::Bare => torch.bare(&store, &torch.torchrun, &args),
+    };
     assert_eq!(
         traced.status.code(),
         Some(0),
@@ -55,6 +68,10 @@ fn dist(version: &'static str) {
 
     let m = Manifest::read(&store).expect("manifest");
     assert!(m.finalized);
+    if launch == Launch::Bare {
+        let job = m.job.as_ref().expect("a collector's store names its job");
+        assert_eq!(job.source, "launcher", "torchrun's ranks are its job: {job:?}");
+    }
     let ranks: Vec<(u32, u64)> = m.ranks.iter().map(|r| (r.rank, r.gaps)).collect();
     assert_eq!(
         ranks,
@@ -127,10 +144,15 @@ fn dist(version: &'static str) {
 
 #[test]
 fn torch_2_10_cuda_12_torchrun_nccl_is_captured_byte_exact() {
-    dist("2.10.0");
+    dist("2.10.0", Launch::Wrapped);
+}
+
+#[test]
+fn torch_2_10_bare_preload_under_torchrun_is_captured_byte_exact() {
+    dist("2.10.0", Launch::Bare);
 }
 
 #[test]
 fn torch_2_15_cuda_13_torchrun_nccl_is_captured_byte_exact() {
-    dist("2.15.0");
+    dist("2.15.0", Launch::Wrapped);
 }

@@ -127,6 +127,43 @@ impl Torch {
         c.output().expect("the program runs")
     }
 
+    /// `LD_PRELOAD=libttrace.so TTRACE_OUT=STORE program ARGS` on the simulated stack, no
+    /// wrapper: the job's first traced process starts a collector (in a private
+    /// `XDG_RUNTIME_DIR` next to the store), which finalises the store once the job is gone;
+    /// returns once it is.
+    pub fn bare(&self, store: &Path, program: &Path, args: &[&Path]) -> Output {
+        use std::os::unix::fs::DirBuilderExt;
+        let xdg = store.with_extension("xdg");
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&xdg)
+            .expect("collector dir");
+        let mut c = Command::new(program);
+        c.args(args)
+            .env("LD_LIBRARY_PATH", self.library_path())
+            .env("LD_PRELOAD", profile_dir().join("libttrace.so"))
+            .env("TTRACE_OUT", store)
+            .env("XDG_RUNTIME_DIR", &xdg)
+            .env("TTRACE_COLLECTOR_LINGER", "0.5")
+            .env("TTRACE_COLLECTOR_IDLE", "2")
+            .env_remove("TTRACE")
+            .env_remove("TTRACE_SOCKET")
+            .env_remove("TTRACE_JOB")
+            .env_remove("TTRACE_PERTURB");
+        let out = c.output().expect("the program runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !ttrace_format::store::Manifest::read(store).is_ok_and(|m| m.finalized) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the collector did not finalise {}: {}",
+                store.display(),
+                describe(&out)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        out
+    }
+
     /// `ttrace run --out STORE -- program ARGS` on the simulated stack.
     pub fn traced(&self, store: &Path, program: &Path, args: &[&Path]) -> Output {
         let mut c = Command::new(bin("ttrace"));

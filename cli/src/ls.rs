@@ -324,7 +324,13 @@ fn print_header(
                 writeln!(out, "INCOMPLETE {} records lost: {}", l.records, l.cause)?;
             }
             if let Some(j) = &m.job {
-                writeln!(out, "job      {} ({}: {})", esc(&j.label), j.source, esc(&j.id))?;
+                writeln!(
+                    out,
+                    "job      {} ({}: {})",
+                    esc(&j.label),
+                    j.source,
+                    esc(&j.id)
+                )?;
             }
             if m.created_unix_ns > 0 {
                 let when =

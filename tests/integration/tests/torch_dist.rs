@@ -70,7 +70,10 @@ fn dist(version: &'static str, launch: Launch) {
     assert!(m.finalized);
     if launch == Launch::Bare {
         let job = m.job.as_ref().expect("a collector's store names its job");
-        assert_eq!(job.source, "launcher", "torchrun's ranks are its job: {job:?}");
+        assert_eq!(
+            job.source, "launcher",
+            "torchrun's ranks are its job: {job:?}"
+        );
     }
     let ranks: Vec<(u32, u64)> = m.ranks.iter().map(|r| (r.rank, r.gaps)).collect();
     assert_eq!(

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ttrace_compare::report::{html, text};
-use ttrace_compare::{compare, layout, CompareOptions};
+use ttrace_compare::{compare, layout, CompareOptions, DpScale};
 
 /// Compare a distributed run with a trusted single-device reference run.
 ///
@@ -48,6 +48,11 @@ pub struct CompareArgs {
     /// A perturbed reference run (`ttrace run --perturb`) to derive per-tensor tolerances.
     #[arg(long, value_name = "STORE")]
     perturbed: Option<PathBuf>,
+    /// What a data-parallel gradient reduction must output, relative to the reference's
+    /// gradient: 1 (default: ncclAvg of mean-loss gradients), `dp` (summed, divided later in
+    /// uncaptured code), `1/dp` (averaged sum-loss gradients), or a number.
+    #[arg(long, value_name = "SCALE")]
+    dp_reduction_scale: Option<String>,
     /// Write the full report as JSON to FILE (`-`: stdout, instead of the text).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -96,6 +101,12 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
             .transpose()
             .map_err(|e| anyhow::anyhow!("--layout: {e}"))?,
         perturbed: args.perturbed.clone(),
+        dp_reduction_scale: args
+            .dp_reduction_scale
+            .as_deref()
+            .map(DpScale::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--dp-reduction-scale: {e}"))?,
     };
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());

@@ -33,6 +33,46 @@ pub struct CompareOptions {
     pub layout: Option<LayoutSummary>,
     /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
     pub perturbed: Option<std::path::PathBuf>,
+    /// What a data-parallel gradient reduction's output must be, relative to the reference's
+    /// gradient (default 1; see [`DpScale`]).
+    pub dp_reduction_scale: Option<DpScale>,
+}
+
+/// The expected scale of a data-parallel gradient reduction's output, for programs that
+/// rescale gradients after it in code ttrace does not capture (`--dp-reduction-scale`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DpScale {
+    /// A fixed factor.
+    Factor(f32),
+    /// The data-parallel size (a sum of mean-loss gradients, divided afterwards).
+    Dp,
+    /// One over the data-parallel size (an average of sum-loss gradients).
+    InverseDp,
+}
+
+impl DpScale {
+    /// Parses `1`, `0.5`, `dp` or `1/dp`.
+    pub fn parse(s: &str) -> Result<DpScale, String> {
+        match s.trim() {
+            "dp" => Ok(DpScale::Dp),
+            "1/dp" => Ok(DpScale::InverseDp),
+            t => t
+                .parse::<f32>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map(DpScale::Factor)
+                .ok_or_else(|| format!("`{s}`: expected a positive number, `dp` or `1/dp`")),
+        }
+    }
+
+    /// The factor for a data-parallel size.
+    pub fn factor(self, dp: u32) -> f32 {
+        match self {
+            DpScale::Factor(f) => f,
+            DpScale::Dp => dp as f32,
+            DpScale::InverseDp => 1.0 / dp.max(1) as f32,
+        }
+    }
 }
 
 /// One shard's comparison.
@@ -276,6 +316,9 @@ pub fn compare(
             steps: &p.steps,
             eps: walk.eps,
             layout: &p.layout,
+            dp_scale: opts
+                .dp_reduction_scale
+                .map_or(1.0, |d| d.factor(p.layout.dp)),
         },
         &walk.d_place,
         &walk.d_tol,
@@ -293,6 +336,8 @@ struct Ctx<'a> {
     steps: &'a [u64],
     eps: f64,
     layout: &'a LayoutSummary,
+    /// Expected scale of data-parallel reductions' outputs.
+    dp_scale: f32,
 }
 
 /// Orders the comparisons, localizes the first divergence and assembles the report.
@@ -1292,16 +1337,17 @@ fn nvtx_path(rec: &Record) -> Option<String> {
 /// The scale a reduction's output must have relative to the reference GEMM output it
 /// reduces, given the scale `input_scale` its inputs were placed at.
 ///
-/// * Over a data-parallel group (the last reduction a weight gradient sees): 1, the
-///   reference's gradient, whatever scale each rank's partial carried.
+/// * Over a data-parallel group (the last reduction a weight gradient sees): `dp_scale`
+///   (1 unless `--dp-reduction-scale` says otherwise) times the reference's gradient,
+///   whatever scale each rank's partial carried.
 /// * Over any other group (tensor-parallel partial sums: row-parallel all-reduce,
 ///   sequence-parallel reduce-scatter; averages of replicas): the reference's unsharded
 ///   result at the inputs' own scale. The reduction op is not consulted: averaging partial
 ///   sums (`ncclAvg` where a sum was due) gives the group size times too little, which is a
 ///   divergence at that collective, not a legitimate gradient scale.
-fn reduction_scale(over_dp_group: bool, input_scale: f32) -> f32 {
+fn reduction_scale(over_dp_group: bool, input_scale: f32, dp_scale: f32) -> f32 {
     if over_dp_group {
-        1.0
+        dp_scale
     } else {
         input_scale
     }
@@ -1454,7 +1500,7 @@ impl Reductions<'_> {
             ) else {
                 continue;
             };
-            let expect = reduction_scale(over_dp, *d_scale);
+            let expect = reduction_scale(over_dp, *d_scale, ctx.dp_scale);
             let Some(rv) = self.reference(ref_op)? else {
                 continue;
             };
@@ -1935,9 +1981,13 @@ mod tests {
     fn partial_sums_keep_their_scale_whatever_the_reduction_op() {
         // TP partial sums: the reference's unsharded result at the inputs' own scale (an
         // average would be tp times too small and is a divergence).
-        assert_eq!(reduction_scale(false, 1.0), 1.0);
-        assert_eq!(reduction_scale(false, 2.0), 2.0);
+        assert_eq!(reduction_scale(false, 1.0, 1.0), 1.0);
+        assert_eq!(reduction_scale(false, 2.0, 1.0), 2.0);
         // DP gradients: the reference's gradient.
-        assert_eq!(reduction_scale(true, 2.0), 1.0);
+        assert_eq!(reduction_scale(true, 2.0, 1.0), 1.0);
+        // Unless the program says it rescales afterwards.
+        assert_eq!(reduction_scale(true, 2.0, DpScale::Dp.factor(2)), 2.0);
+        assert_eq!(DpScale::parse("1/dp").map(|d| d.factor(4)), Ok(0.25));
+        assert!(DpScale::parse("-1").is_err());
     }
 }

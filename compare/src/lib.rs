@@ -16,7 +16,7 @@ pub mod tolerance;
 pub mod trace;
 pub mod validate;
 
-pub use engine::{compare, CompareOptions};
+pub use engine::{compare, CompareOptions, DpScale};
 
 /// Errors of `ttrace compare` (as opposed to divergences, which are in the report).
 #[derive(Debug, thiserror::Error)]

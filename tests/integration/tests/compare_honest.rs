@@ -411,3 +411,24 @@ fn three_hundred_bug_free_steps_without_a_perturbed_reference_stay_quiet() {
         assert!(module.ends_with("attention.core"), "{}", text(&o));
     }
 }
+
+#[test]
+fn the_data_parallel_reduction_scale_is_an_explicit_option() {
+    let s = stores();
+    let pert = s.path("ref-perturbed");
+    let pert = pert.to_str().expect("utf-8");
+    // The fixture averages mean-loss gradients: declared as summed (`dp`), its reduction is
+    // half of what is declared, and said so at that collective.
+    let (o, r) = compare(
+        &[&s.path("ref"), &s.path("tp2dp2")],
+        &["--perturbed", pert, "--dp-reduction-scale", "dp"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let d = &r.expect("json")["first_divergence"];
+    assert_eq!(d["module"], "ddp.bucket0", "{}", text(&o));
+    let (o, _) = compare(
+        &[&s.path("ref"), &s.path("tp2dp2")],
+        &["--dp-reduction-scale", "many"],
+    );
+    refused(&o, &["--dp-reduction-scale"]);
+}

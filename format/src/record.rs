@@ -143,6 +143,15 @@ pub enum CollectiveKind {
     Reduce,
     Send,
     Recv,
+    /// `ncclAlltoAll` (NCCL 2.28+): block `p` of a member's input goes to member `p`, whose
+    /// output block `r` comes from member `r` (`count` elements per block).
+    AllToAll,
+    /// `ncclGather` (NCCL 2.28+): every member's `count` elements land in block `rank` of
+    /// the root's output.
+    Gather,
+    /// `ncclScatter` (NCCL 2.28+): block `rank` of the root's input lands in each member's
+    /// `count`-element output.
+    Scatter,
 }
 
 /// A collective or point-to-point op. Tensors: `Input` (before, the send buffer) and `Output`

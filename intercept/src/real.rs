@@ -270,6 +270,9 @@ real_fns! {
     Nccl: fn ncclReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
     Nccl: fn ncclSend(*const c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
     Nccl: fn ncclRecv(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclAlltoAll(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclGather(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    Nccl: fn ncclScatter(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
     Nccl: fn ncclGroupStart() -> ncclResult_t;
     Nccl: fn ncclGroupEnd() -> ncclResult_t;
     Nccl: fn ncclCommInitRank(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;

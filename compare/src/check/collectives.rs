@@ -374,6 +374,9 @@ fn check_call(
         }
         CollectiveKind::AllGather => gather_mismatch(recs),
         CollectiveKind::Broadcast => broadcast_mismatch(c0, recs),
+        CollectiveKind::AllToAll | CollectiveKind::Gather | CollectiveKind::Scatter => {
+            exchange_mismatch(c0, recs)
+        }
         CollectiveKind::Send | CollectiveKind::Recv => None,
     };
     if let Some((ranks, detail)) = verdict {
@@ -447,6 +450,48 @@ fn gather_mismatch(recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
         (
             bad,
             "the gathered output is not the members' inputs in communicator rank order".to_string(),
+        )
+    })
+}
+
+/// The members whose all-to-all, gather or scatter output does not hold the blocks the
+/// members' inputs sent them: all-to-all output block `r` of member `p` is input block `p` of
+/// member `r`; gather output block `r` (root) is member `r`'s input; scatter output of member
+/// `r` is block `r` of the root's input.
+fn exchange_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
+    let es = ttrace_format::dtype::DType::from_nccl(c0.nccl_type)?.size();
+    let block = c0.count as usize * es;
+    let root = c0.root_or_peer.unwrap_or(0).max(0) as usize;
+    let input = |r: usize| recs.get(r).and_then(|x| x.bytes_of(Role::Input));
+    let block_of = |b: &[u8], i: usize| b.get(i * block..(i + 1) * block).map(<[u8]>::to_vec);
+    let mut bad = Vec::new();
+    for (p, rec) in recs.iter().enumerate() {
+        let Some(out) = rec.bytes_of(Role::Output) else {
+            continue;
+        };
+        let want: Option<Vec<u8>> = match c0.kind {
+            CollectiveKind::AllToAll => (0..recs.len())
+                .map(|r| input(r).and_then(|b| block_of(b, p)))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.concat()),
+            CollectiveKind::Gather if p == root => (0..recs.len())
+                .map(|r| input(r).map(<[u8]>::to_vec))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.concat()),
+            CollectiveKind::Scatter => input(root).and_then(|b| block_of(b, p)),
+            _ => None,
+        };
+        if want.is_some_and(|w| w != out) {
+            bad.push(rec.record.rank);
+        }
+    }
+    (!bad.is_empty()).then(|| {
+        (
+            bad,
+            format!(
+                "the {:?} output does not hold the blocks the members' inputs sent (communicator rank order)",
+                c0.kind
+            ),
         )
     })
 }

@@ -50,16 +50,19 @@ fn call(c: &Coll) -> Option<Call> {
     let es = dtype.map_or(0, |t| t.size() as u64);
     let root = c.root_or_peer.map(|r| r as u64);
     use CollectiveKind::*;
+    let is_root = root == Some(rank);
     let input_len = match c.kind {
-        AllReduce | AllGather | Reduce | Send => Some(count),
-        ReduceScatter => Some(count * size),
-        Broadcast => (root == Some(rank)).then_some(count),
+        AllReduce | AllGather | Reduce | Send | Gather => Some(count),
+        ReduceScatter | AllToAll => Some(count * size),
+        Broadcast => is_root.then_some(count),
+        Scatter => is_root.then_some(count * size),
         Recv => None,
     };
     let output_len = match c.kind {
-        AllReduce | ReduceScatter | Broadcast | Recv => Some(count),
-        AllGather => Some(count * size),
-        Reduce => (root == Some(rank)).then_some(count),
+        AllReduce | ReduceScatter | Broadcast | Recv | Scatter => Some(count),
+        AllGather | AllToAll => Some(count * size),
+        Reduce => is_root.then_some(count),
+        Gather => is_root.then_some(count * size),
         Send => None,
     };
     let (send, recv) = (c.send as u64, c.recv as u64);
@@ -254,6 +257,31 @@ coll_hook! {
     ncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Reduce {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: Some(op), root: Some(root), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)` (NCCL 2.28+; `count`
+    /// elements per peer).
+    ncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllToAll {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: None, comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream)` (NCCL 2.28+).
+    ncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Gather {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: Some(root), comm: comm, stream: stream,
+    }
+}
+
+coll_hook! {
+    /// `ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)` (NCCL 2.28+).
+    ncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Scatter {
+        send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
+        redop: None, root: Some(root), comm: comm, stream: stream,
     }
 }
 

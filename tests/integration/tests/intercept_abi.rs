@@ -94,17 +94,45 @@ fn hook_exports() -> Vec<Export> {
     out
 }
 
+/// Hooks of entry points NCCL added in 2.28 (absent from the CUDA 12 header set's NCCL 2.27).
+const NCCL_2_28: [&str; 3] = ["ncclAlltoAll", "ncclGather", "ncclScatter"];
+
 #[test]
 fn every_hook_matches_nvidias_headers() {
     let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
     let abi = AbiTypes::parse(&abi_check::repo_root().join("abi/src")).expect("cuda-abi parses");
     let all = hook_exports();
+    // NCCL 2.28+ entry points are declared by the CUDA 13 header set only (NCCL 2.30).
+    let newer = |e: &Export| NCCL_2_28.contains(&e.name.as_str());
     let exports: Vec<Export> = all
         .iter()
-        .filter(|e| !e.library.ends_with("/api"))
+        .filter(|e| !e.library.ends_with("/api") && !newer(e))
         .cloned()
         .collect();
     assert!(exports.len() >= 45, "only {} hooks found", exports.len());
+    let exports13: Vec<Export> = all.iter().filter(|e| newer(e)).cloned().collect();
+    assert_eq!(exports13.len(), NCCL_2_28.len(), "the NCCL 2.28 hooks");
+    let include13 = abi_check::fetch_headers_for(13).unwrap_or_else(|e| panic!("headers: {e}"));
+    let report13 = check(
+        &exports13,
+        &abi,
+        &include13,
+        &profile_dir().join("abi-check-hooks13"),
+        "libttrace13",
+    );
+    // Only the functions: cuda-abi's structs are CUDA 12's (abi_cuda13 checks CUDA 13's).
+    let hook_failures: Vec<String> = report13
+        .failures
+        .iter()
+        .filter(|f| !matches!(f.subject, abi_check::Subject::Record(_)))
+        .map(|f| format!("* {}:\n    {}", f.subject, f.message))
+        .collect();
+    assert!(
+        hook_failures.is_empty(),
+        "NCCL 2.28+ hooks that differ from NVIDIA's NCCL 2.30 headers:\n{}",
+        hook_failures.join("\n")
+    );
+    assert_eq!(report13.exports_checked.len(), exports13.len());
     let report = check(
         &exports,
         &abi,

@@ -633,6 +633,53 @@ mod tests {
     }
 
     #[test]
+    fn all_to_all_and_scatter_outputs_must_hold_the_blocks_sent() {
+        let with_count = |mut r: Rec| {
+            if let Op::Collective(c) = &mut r.record.op {
+                c.count = 1;
+            }
+            r
+        };
+        let a2a = |rank, inp: &[f32], out: &[f32]| {
+            with_count(rec(
+                rank,
+                CollectiveKind::AllToAll,
+                None,
+                &[(Role::Input, f32s(inp)), (Role::Output, f32s(out))],
+            ))
+        };
+        // Rank 0 sends [1 to 0, 2 to 1], rank 1 sends [3 to 0, 4 to 1].
+        let ok = run(vec![
+            a2a(0, &[1.0, 2.0], &[1.0, 3.0]),
+            a2a(1, &[3.0, 4.0], &[2.0, 4.0]),
+        ]);
+        assert_eq!((ok.checked, ok.findings.len()), (1, 0));
+        let bad = run(vec![
+            a2a(0, &[1.0, 2.0], &[1.0, 3.0]),
+            a2a(1, &[3.0, 4.0], &[4.0, 2.0]),
+        ]);
+        assert_eq!(bad.findings.len(), 1);
+        assert_eq!(bad.findings[0].ranks, vec![1]);
+
+        let scatter = |rank, tensors: &[(Role, Vec<u8>)]| {
+            with_count(rec(rank, CollectiveKind::Scatter, Some(0), tensors))
+        };
+        let root = || {
+            scatter(
+                0,
+                &[
+                    (Role::Input, f32s(&[5.0, 6.0])),
+                    (Role::Output, f32s(&[5.0])),
+                ],
+            )
+        };
+        let ok = run(vec![root(), scatter(1, &[(Role::Output, f32s(&[6.0]))])]);
+        assert_eq!(ok.findings.len(), 0);
+        let bad = run(vec![root(), scatter(1, &[(Role::Output, f32s(&[5.0]))])]);
+        assert_eq!(bad.findings[0].ranks, vec![1]);
+    }
+
+    #[test]
     fn a_member_that_never_calls_is_missing() {
         let out = run(vec![all_reduce(0, &[1.0], &[1.0])]);
         assert_eq!(out.findings.len(), 1);

@@ -49,6 +49,12 @@ fn assert_accounted(out: &Output, store: &Path, published: u64) {
         describe(out)
     );
     assert!(stderr.contains("INCOMPLETE"), "{stderr}");
+    // Row 1: the per-process counts claim only records that reached the kernel.
+    let claimed: u64 = m.ranks.iter().map(|r| r.records).sum();
+    assert!(
+        claimed <= readable,
+        "{claimed} claimed, {readable} readable"
+    );
     assert!(
         stderr.matches("records are being lost").count() <= m.lost.len(),
         "one error line per cause, not per record: {stderr}"

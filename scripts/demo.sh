@@ -5,7 +5,8 @@
 #      round-off-sized noise injected (`ttrace run --perturb`: per-tensor tolerances);
 #   2. traces a tp=2, dp=2, pp=2 run of the same training with a silent bug injected (one
 #      layer's row-parallel attention projection skips its TP reduction: the loss stays within
-#      a fraction of a percent of the correct one);
+#      a fraction of a percent of the correct one), with the bare `LD_PRELOAD=libttrace.so`
+#      (the user's collector starts by itself and writes the job's store);
 #   3. lists what was captured and shows an op table;
 #   4. runs `ttrace check` on the distributed run (no reference needed);
 #   5. runs `ttrace compare` of the distributed run against the reference: the verdict names
@@ -30,10 +31,16 @@ echo "== 1. reference run (world size 1), traced; and a perturbed reference for 
 "$T/ttrace" run --perturb --out "$out/reference-perturbed" -- "$T/trainer" "${model[@]}"
 
 echo
-echo "== 2. tp=2 dp=2 pp=2, bug '$bug' injected, traced"
+echo "== 2. tp=2 dp=2 pp=2, bug '$bug' injected, traced with the bare preload"
 "$T/trainer" --explain-bug "$bug" "${layout[@]}"
-"$T/ttrace" run --out "$out/distributed" -- \
+echo "LD_PRELOAD=$T/libttrace.so TTRACE_OUT=$out/distributed simrun --nproc-per-node 8 -- trainer ..."
+LD_PRELOAD="$PWD/$T/libttrace.so" TTRACE_OUT="$out/distributed" \
   "$T/simrun" --nproc-per-node 8 -- "$T/trainer" "${model[@]}" "${layout[@]}" --bug "$bug"
+# The collector finalises the job's store once every rank has left.
+for _ in $(seq 100); do
+  grep -q '"finalized": true' "$out/distributed/manifest.json" 2>/dev/null && break
+  sleep 0.1
+done
 
 echo
 echo "== 3. what was captured"

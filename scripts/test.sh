@@ -13,3 +13,6 @@ cargo build --workspace --release
 echo "== tests"
 # The integration tests run the binaries and libraries of the profile they were built with.
 cargo test --workspace --release -- --test-threads="${TEST_THREADS:-2}"
+echo "== python package"
+# The wheel built, installed into a fresh venv and tested from Python (needs PyPI).
+scripts/test-python.sh

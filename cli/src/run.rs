@@ -106,6 +106,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     wait_ms: u64,
+    /// The most each traced process waits on the collector over its whole run (ring space,
+    /// its first connection); once spent, an op that does not fit at once is recorded as a
+    /// gap, so a stalled collector delays the job by at most this.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    max_stall_ms: u64,
     /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
     /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
     #[arg(long, value_name = "RULE", default_value = "auto")]
@@ -218,6 +223,7 @@ fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
     c.kernels = !a.no_kernels;
     c.ring_bytes = a.ring_bytes;
     c.wait_ms = a.wait_ms;
+    c.max_stall_ms = a.max_stall_ms;
     c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
     c.perturb = a.perturb;
     if let Ok(log) = std::env::var("TTRACE_LOG") {
@@ -378,14 +384,18 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     }
     install_signal_handlers()?;
 
+    // Every process of the command is one job, whatever launcher sits in between (a daemon
+    // keeps jobs apart by this name).
+    let job = ttraced::new_run_id();
     let collector = match &args.daemon {
         Some(sock) => join_daemon(&args, sock)?,
-        None => start_collector(&args, &mut capture, &lib, &command, &cwd)?,
+        None => start_collector(&args, &mut capture, &lib, &command, &cwd, &job)?,
     };
     if let Collector::Joined(sock) = &collector {
         capture.socket = Some(sock.display().to_string());
     }
-    let env = child_env(&lib, &capture);
+    let mut env = child_env(&lib, &capture);
+    env.insert("TTRACE_JOB".into(), job);
 
     let started = Instant::now();
     let mut cmd = Command::new(&args.command[0]);
@@ -535,8 +545,9 @@ fn start_collector(
     lib: &Path,
     command: &[String],
     cwd: &Path,
+    job: &str,
 ) -> anyhow::Result<Collector> {
-    let run_id = ttraced::new_run_id();
+    let run_id = job.to_string();
     let out = args.out.clone().unwrap_or_else(|| default_out(&run_id));
     let out = std::path::absolute(&out)?;
     let out_existed = std::fs::symlink_metadata(&out).is_ok();
@@ -556,6 +567,11 @@ fn start_collector(
     ttrace_format::secrets::redact_env(&mut env, &args.env_allow);
     config.run.env = env;
     config.run.capture = capture.clone();
+    config.run.job = Some(ttrace_format::wire::JobInfo {
+        id: format!("ttrace:{job}"),
+        label: job.to_string(),
+        source: "TTRACE_JOB".into(),
+    });
     match Daemon::start(config) {
         Ok(handle) => Ok(Collector::Embedded {
             handle,

@@ -22,7 +22,7 @@ use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL
 use crate::encode::Encoder;
 use crate::fdpass;
 use crate::segments::{self, SegRef};
-use crate::{ProcessSummary, Shared};
+use crate::{ProcessSummary, Route, Routed, Shared};
 
 /// How long a new connection may take to say `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +74,8 @@ pub(crate) struct ClientState {
     done: AtomicBool,
     /// The daemon cut the connection at the end of the run (the process outlived it).
     cut: AtomicBool,
+    /// The store its records go to, from its `Hello` until it is done.
+    store: Mutex<Option<Arc<Shared>>>,
 }
 
 #[derive(Default)]
@@ -99,6 +101,7 @@ impl ClientState {
             closed: AtomicBool::new(false),
             done: AtomicBool::new(false),
             cut: AtomicBool::new(false),
+            store: Mutex::new(None),
         }
     }
 
@@ -258,8 +261,8 @@ struct Pending {
 }
 
 /// Serves one connection until it ends; records what happened in `state`.
-pub(crate) fn serve(shared: Arc<Shared>, state: Arc<ClientState>, stream: UnixStream) {
-    let result = session(&shared, &state, stream);
+pub(crate) fn serve(router: Arc<dyn Route>, state: Arc<ClientState>, stream: UnixStream) {
+    let result = session(&*router, &state, stream);
     state.closed.store(true, Ordering::Release);
     {
         let mut i = state.info.lock();
@@ -283,8 +286,11 @@ pub(crate) fn serve(shared: Arc<Shared>, state: Arc<ClientState>, stream: UnixSt
         }
     }
     state.disconnect();
-    if let Err(e) = shared.write_manifest(false, None) {
-        warn!("updating the manifest: {e}");
+    // The store keeps the client (for its manifest entry); the client lets go of the store.
+    if let Some(shared) = state.store.lock().take() {
+        if let Err(e) = shared.write_manifest(false, None) {
+            warn!("updating the manifest: {e}");
+        }
     }
     state.done.store(true, Ordering::Release);
 }
@@ -300,17 +306,19 @@ fn refuse(stream: &mut UnixStream, reason: String) -> ClientError {
 
 /// Runs the session; `Ok(true)` when the client said `Bye`, `Ok(false)` at EOF without it.
 fn session(
-    shared: &Arc<Shared>,
+    router: &dyn Route,
     state: &Arc<ClientState>,
     mut stream: UnixStream,
 ) -> Result<bool, ClientError> {
     let cred = fdpass::peer_cred(&stream)?;
-    if cred.uid != shared.uid {
+    if cred.uid != router.uid() {
         return Err(refuse(
             &mut stream,
             format!(
                 "peer pid {} runs as uid {}, this daemon as uid {}",
-                cred.pid, cred.uid, shared.uid
+                cred.pid,
+                cred.uid,
+                router.uid()
             ),
         ));
     }
@@ -335,16 +343,25 @@ fn session(
         Ok(r) => Arc::new(r),
         Err(why) => return Err(refuse(&mut stream, why)),
     };
+    let Routed { shared, first } = match router.route(&hello, state) {
+        Ok(r) => r,
+        Err(why) => return Err(refuse(&mut stream, why)),
+    };
+    *state.store.lock() = Some(shared.clone());
     info!(client = state.id, pid = hello.pid, rank = hello.rank, host = %hello.hostname,
+          job = %hello.job.id, store = %shared.store.display(),
           ring = hello.ring_capacity, "client connected");
     state.info.lock().hello = Some(hello);
     wire::write_msg(
         &mut stream,
         &DaemonMsg::Welcome {
             run_id: shared.run.run_id.clone(),
+            store: shared.store.display().to_string(),
+            first,
         },
     )
     .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let shared = &shared;
 
     let (tx, rx) = bounded::<Pending>(QUEUE);
     let budget = Arc::new(Budget::default());

@@ -40,6 +40,7 @@
 //! step, seq and tensor, and counts mismatches per process in its [`Summary`].
 
 mod client;
+pub mod collector;
 pub mod encode;
 mod fdpass;
 mod pool;
@@ -62,7 +63,7 @@ use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 use ttrace_format::config::CaptureConfig;
 use ttrace_format::store::{CommEntry, Manifest, RankInfo, FORMAT_MAJOR, FORMAT_MINOR};
-use ttrace_format::wire::CommInfo;
+use ttrace_format::wire::{CommInfo, Hello, JobInfo};
 use ttrace_format::FormatError;
 
 use crate::client::ClientState;
@@ -128,6 +129,8 @@ pub struct RunInfo {
     pub env: BTreeMap<String, String>,
     /// The capture configuration exported to the traced processes.
     pub capture: CaptureConfig,
+    /// The job whose store this is, when its processes named one.
+    pub job: Option<JobInfo>,
 }
 
 /// How to run a daemon.
@@ -253,10 +256,11 @@ pub(crate) struct Shared {
     pub(crate) level: i32,
     pub(crate) run: RunInfo,
     pub(crate) created_unix_ns: u64,
-    pub(crate) uid: u32,
-    pub(crate) pool: Pool,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) segments: Segments,
     pub(crate) clients: Mutex<Vec<Arc<ClientState>>>,
+    /// The job the store belongs to (set by the first process that names one).
+    job: Mutex<Option<JobInfo>>,
     pub(crate) comms: Mutex<BTreeMap<u64, CommEntry>>,
     manifest_lock: Mutex<()>,
     pub(crate) records_received: AtomicU64,
@@ -328,9 +332,136 @@ impl Shared {
             comms,
             finalized,
             exit_code,
+            job: self.job.lock().clone(),
             lost: self.segments.lost(),
         }
         .write(&self.store)
+    }
+
+    /// Creates the store directory (`0700`; it must not hold a run yet) and writes its
+    /// initial manifest.
+    pub(crate) fn create(
+        store: PathBuf,
+        level: i32,
+        run: RunInfo,
+        pool: Arc<Pool>,
+    ) -> Result<Arc<Shared>, Error> {
+        let segments = Segments::create(store.clone())?;
+        let shared = Arc::new(Shared {
+            job: Mutex::new(run.job.clone()),
+            segments,
+            store,
+            level,
+            run,
+            created_unix_ns: unix_ns(),
+            pool,
+            clients: Mutex::new(Vec::new()),
+            comms: Mutex::new(BTreeMap::new()),
+            manifest_lock: Mutex::new(()),
+            records_received: AtomicU64::new(0),
+            records_written: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            hurry: AtomicBool::new(false),
+        });
+        if let Err(e) = shared.write_manifest(false, None) {
+            if let Ok(s) = Arc::try_unwrap(shared) {
+                s.segments.abandon();
+            }
+            return Err(e.into());
+        }
+        Ok(shared)
+    }
+
+    /// Whether every client that joined the store is done (reader and writer).
+    pub(crate) fn all_clients_done(&self) -> bool {
+        self.clients.lock().iter().all(|c| c.is_done())
+    }
+
+    /// Whether every rank of the job's world (the largest world size its processes
+    /// announced) is here and every process left with `Bye`: nothing more is coming.
+    pub(crate) fn every_rank_said_bye(&self) -> bool {
+        let ranks: Vec<RankInfo> = self
+            .clients
+            .lock()
+            .iter()
+            .filter_map(|c| c.rank_info())
+            .collect();
+        let world = ranks.iter().map(|r| r.world_size).max().unwrap_or(0);
+        let seen: BTreeSet<u32> = ranks.iter().map(|r| r.rank).collect();
+        world > 0
+            && ranks.iter().all(|r| r.clean_exit)
+            && seen.len() == world as usize
+            && seen.iter().all(|&r| r < world)
+    }
+
+    /// Closes every segment and writes the finalised manifest.
+    pub(crate) fn finish(&self, exit_code: Option<i32>) -> Result<(), FormatError> {
+        self.segments.finish_all();
+        self.write_manifest(true, exit_code)
+    }
+}
+
+/// Where a connection's records go, decided once its `Hello` is read.
+pub(crate) trait Route: Send + Sync {
+    /// The uid every peer must have.
+    fn uid(&self) -> u32;
+    /// Whether the daemon stopped accepting.
+    fn stopping(&self) -> bool;
+    /// A connection was accepted (before it said anything).
+    fn accepted(&self, state: &Arc<ClientState>);
+    /// The store the process that said `hello` writes into (`Err`: refused, with the reason
+    /// the process is told).
+    fn route(&self, hello: &Hello, state: &Arc<ClientState>) -> Result<Routed, String>;
+}
+
+/// What [`Route::route`] decided.
+pub(crate) struct Routed {
+    pub(crate) shared: Arc<Shared>,
+    /// The first process of its job here.
+    pub(crate) first: bool,
+}
+
+/// A daemon with one store: every process of one job writes into it; a process of another
+/// job is refused (two jobs' ranks would share segments).
+struct FixedStore {
+    shared: Arc<Shared>,
+    uid: u32,
+}
+
+impl Route for FixedStore {
+    fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    fn accepted(&self, state: &Arc<ClientState>) {
+        self.shared.clients.lock().push(state.clone());
+    }
+
+    fn route(&self, hello: &Hello, _: &Arc<ClientState>) -> Result<Routed, String> {
+        let id = &hello.job.id;
+        let mut job = self.shared.job.lock();
+        let first = job.is_none();
+        match job.as_ref().map(|j| j.id.as_str()) {
+            _ if id.is_empty() => {}
+            None => *job = Some(hello.job.clone()),
+            Some(owner) if owner == id => {}
+            Some(owner) => {
+                return Err(format!(
+                    "this ttraced writes the store {} of job `{owner}`; job `{id}` needs a \
+                     collector of its own (unset TTRACE_SOCKET: libttrace.so then starts one \
+                     that keeps one store per job)",
+                    self.shared.store.display()
+                ))
+            }
+        }
+        Ok(Routed {
+            shared: self.shared.clone(),
+            first,
+        })
     }
 }
 
@@ -352,43 +483,28 @@ impl Daemon {
                 levels.end()
             )));
         }
-        let segments = Segments::create(config.store.clone())?;
-        let listener = match bind_private(&config.socket) {
-            Ok(l) => l,
+        // The socket first: a daemon already listening there must not cost a store.
+        let listener = bind_private(&config.socket)?;
+        let pool = Arc::new(Pool::new(config.threads, config.level));
+        let shared = match Shared::create(config.store.clone(), config.level, config.run, pool) {
+            Ok(s) => s,
             Err(e) => {
-                segments.abandon();
+                remove_own_socket(&config.socket);
                 return Err(e);
             }
         };
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        let shared = Arc::new(Shared {
-            store: config.store.clone(),
-            level: config.level,
-            run: config.run,
-            created_unix_ns: unix_ns(),
+        let router: Arc<dyn Route> = Arc::new(FixedStore {
+            shared: shared.clone(),
             uid,
-            pool: Pool::new(config.threads, config.level),
-            segments,
-            clients: Mutex::new(Vec::new()),
-            comms: Mutex::new(BTreeMap::new()),
-            manifest_lock: Mutex::new(()),
-            records_received: AtomicU64::new(0),
-            records_written: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            hurry: AtomicBool::new(false),
         });
-        if let Err(e) = shared.write_manifest(false, None) {
-            let _ = std::fs::remove_file(&config.socket);
-            return Err(e.into());
-        }
         let threads = Arc::new(Mutex::new(Vec::new()));
         let accept = {
-            let shared = shared.clone();
             let threads = threads.clone();
             std::thread::Builder::new()
                 .name("ttraced-accept".into())
-                .spawn(move || accept_loop(listener, shared, threads))
+                .spawn(move || accept_loop(listener, router, threads, None))
                 .map_err(|e| Error::at(&config.socket, e))?
         };
         info!(socket = %config.socket.display(), store = %config.store.display(),
@@ -403,13 +519,20 @@ impl Daemon {
     }
 }
 
-type ClientThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
+pub(crate) type ClientThreads = Arc<Mutex<Vec<JoinHandle<()>>>>;
 
-fn accept_loop(listener: UnixListener, shared: Arc<Shared>, threads: ClientThreads) {
+/// Accepts connections until the router says it is stopping; each is served on a thread of
+/// its own. `live` counts the connections being served.
+pub(crate) fn accept_loop(
+    listener: UnixListener,
+    router: Arc<dyn Route>,
+    threads: ClientThreads,
+    live: Option<Arc<std::sync::atomic::AtomicUsize>>,
+) {
     use std::os::fd::AsRawFd;
     let mut next_id = 0u64;
     loop {
-        if shared.stopping.load(Ordering::Acquire) {
+        if router.stopping() {
             break;
         }
         // Wait for a connection at most 100 ms at a time, so a stop request is seen even when
@@ -433,17 +556,25 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>, threads: ClientThrea
                 continue;
             }
         };
-        if shared.stopping.load(Ordering::Acquire) {
+        if router.stopping() {
             break;
         }
         next_id += 1;
         let state = Arc::new(ClientState::new(next_id, stream.try_clone().ok()));
-        shared.clients.lock().push(state.clone());
-        let sh = shared.clone();
+        router.accepted(&state);
+        let r = router.clone();
+        let live = live.clone();
+        if let Some(n) = &live {
+            n.fetch_add(1, Ordering::AcqRel);
+        }
         match std::thread::Builder::new()
             .name(format!("ttraced-client-{next_id}"))
-            .spawn(move || client::serve(sh, state, stream))
-        {
+            .spawn(move || {
+                client::serve(r, state, stream);
+                if let Some(n) = live {
+                    n.fetch_sub(1, Ordering::AcqRel);
+                }
+            }) {
             Ok(h) => {
                 let mut t = threads.lock();
                 // Reap finished threads so a long-lived daemon does not accumulate handles.
@@ -529,7 +660,7 @@ impl Handle {
         if let Some(accept) = self.accept.take() {
             self.shared.stopping.store(true, Ordering::Release);
             let _ = accept.join();
-            let _ = std::fs::remove_file(&self.socket);
+            remove_own_socket(&self.socket);
         }
     }
 
@@ -570,8 +701,7 @@ impl Handle {
         for h in handles {
             let _ = h.join();
         }
-        self.shared.segments.finish_all();
-        self.shared.write_manifest(true, exit_code)?;
+        self.shared.finish(exit_code)?;
         Ok(self.summary())
     }
 
@@ -640,8 +770,10 @@ pub fn make_private_dir(dir: &Path) -> Result<(), Error> {
 
 /// Binds `socket`, mode `0600`. Its directory is created `0700` when missing; an existing
 /// directory that others can enter is only warned about (the peer uid check is the gate). A
-/// stale socket file (nobody answers) is replaced; a live one is an error.
-fn bind_private(socket: &Path) -> Result<UnixListener, Error> {
+/// stale socket (nobody answers) is replaced; a live one is an error, and so is any other
+/// kind of file at that path (it is never deleted).
+pub(crate) fn bind_private(socket: &Path) -> Result<UnixListener, Error> {
+    use std::os::unix::fs::FileTypeExt;
     let dir = match socket.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -654,14 +786,34 @@ fn bind_private(socket: &Path) -> Result<UnixListener, Error> {
                   "the socket's directory is accessible to others; peers are still checked by uid");
         }
     }
-    if socket.exists() {
-        if UnixStream::connect(socket).is_ok() {
-            return Err(Error::InUse(socket.to_path_buf()));
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(socket).is_ok() {
+                return Err(Error::InUse(socket.to_path_buf()));
+            }
+            std::fs::remove_file(socket).map_err(|e| Error::at(socket, e))?;
         }
-        std::fs::remove_file(socket).map_err(|e| Error::at(socket, e))?;
+        Ok(_) => {
+            return Err(Error::at(
+                socket,
+                io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "exists and is not a socket; it is left alone",
+                ),
+            ))
+        }
+        Err(_) => {}
     }
     let listener = UnixListener::bind(socket).map_err(|e| Error::at(socket, e))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| Error::at(socket, e))?;
     Ok(listener)
+}
+
+/// Removes the daemon's socket file, and only a socket (whatever replaced it stays).
+pub(crate) fn remove_own_socket(socket: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(socket);
+    }
 }

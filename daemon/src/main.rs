@@ -1,5 +1,7 @@
-//! `ttraced`: a standalone trace collector. `ttrace run` embeds the same daemon; run this one
-//! when several commands (or several `ttrace run --daemon SOCKET`) should trace into one store.
+//! `ttraced`: a standalone trace collector. With `--store DIR` it writes one job into one
+//! store (`ttrace run` embeds the same daemon); without it, it is the collector that keeps
+//! every job in a store of its own, the one `libttrace.so` starts by itself when it is
+//! preloaded without `TTRACE_SOCKET`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,22 +10,36 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-/// Collect ttrace snapshots into a trace store until SIGINT, SIGTERM or SIGHUP.
+/// Collect ttrace snapshots into trace stores until SIGINT, SIGTERM or SIGHUP.
 ///
-/// Exits 1 when records were lost (the store is then incomplete; manifest.json says why).
+/// Exits 1 when records were lost (a store is then incomplete; its manifest.json says why).
+///
+/// With --store DIR every traced process writes into that one store, and a process of
+/// another job is refused. Without --store, ttraced is a collector: each job (named by its
+/// launcher's environment: TTRACE_JOB, Slurm, MPI, torchrun, else the launching process) gets
+/// a store of its own, at the job's TTRACE_OUT or under its working directory in
+/// ttrace-runs/<UTC time>-<job>, finalised --job-linger seconds after its last process left.
+/// libttrace.so starts such a collector by itself when it is preloaded without TTRACE_SOCKET.
 ///
 /// Traced processes find the daemon through TTRACE_SOCKET (`ttrace run --daemon SOCKET -- CMD`
 /// sets it). On SIGINT/SIGTERM the daemon stops accepting, waits for connected processes to
-/// leave (up to --wait seconds), writes what they published, and finalises the manifest.
+/// leave (up to --wait seconds), writes what they published, and finalises the manifests.
+///
+/// Examples:
+///
+///   ttraced --socket /tmp/t/ttraced.sock --store runs/one
+///
+///   ttraced --socket "$XDG_RUNTIME_DIR/ttrace/collector.sock" --idle-exit 0
 #[derive(Parser, Debug)]
-#[command(name = "ttraced", version)]
+#[command(name = "ttraced", version, verbatim_doc_comment)]
 struct Args {
     /// Unix socket to listen on (its directory is created 0700 when missing).
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
-    /// Store directory for the run (created 0700; must not hold a run already).
+    /// Store directory for the run (created 0700; must not hold a run already). Without it,
+    /// ttraced is a collector with one store per job.
     #[arg(long, value_name = "DIR")]
-    store: PathBuf,
+    store: Option<PathBuf>,
     /// zstd level of the stored tensors (0 = raw; negative = zstd's fast modes, literals still
     /// Huffman-coded).
     #[arg(long, value_name = "N", default_value_t = ttraced::DEFAULT_LEVEL, allow_negative_numbers = true)]
@@ -35,6 +51,27 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
     wait: u64,
+    /// Collector: seconds a job's store stays open after its last process left.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = seconds)]
+    job_linger: f64,
+    /// Collector: exit after this many seconds without any client or open job (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0, value_parser = seconds)]
+    idle_exit: f64,
+    /// Collector: detach from the launching job (a session of its own, standard input and
+    /// output on /dev/null, inherited descriptors closed). libttrace.so starts it so, with
+    /// standard error going to the collector's log file.
+    #[arg(long, conflicts_with = "store")]
+    detach: bool,
+}
+
+/// A number of seconds between 0 and a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds between 0 and 86400"
+        )),
+    }
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -45,6 +82,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let ready = if args.detach { detach() } else { None };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TTRACE_LOG")
@@ -53,9 +92,8 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let args = Args::parse();
-    // HUP too: a daemon started from a shell that goes away finalises its store instead of
-    // dying with it unfinalised.
+    // HUP too: a daemon started from a shell that goes away finalises its stores instead of
+    // dying with them unfinalised.
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installs a handler that only stores to an atomic; a zeroed sigaction with
         // an empty mask is a valid argument.
@@ -69,7 +107,78 @@ fn main() -> anyhow::Result<()> {
             anyhow::bail!("cannot install a handler for signal {sig}");
         }
     }
-    let mut config = ttraced::Config::new(&args.socket, &args.store);
+    match &args.store {
+        Some(store) => one_store(&args, store),
+        None => collector(&args, ready),
+    }
+}
+
+/// Detaches from the launching job: forks, and the starter (the process libttrace.so waits
+/// for) exits once the collector listens (status 0) or failed to start (1). The collector
+/// runs in a new session (no terminal signals), with standard input and output on
+/// /dev/null and every inherited descriptor above standard error closed (a pipe that the
+/// job's caller waits on must not stay open in a long-lived collector). Returns the pipe
+/// end on which to say "listening".
+fn detach() -> Option<std::fs::File> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: fresh descriptors owned here from now on.
+    let (read_end, write_end) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    // SAFETY: fork in a process that has not started any thread yet.
+    match unsafe { libc::fork() } {
+        -1 => return None,
+        0 => {}
+        _ => {
+            drop(write_end);
+            let mut byte = [0u8; 1];
+            let ok = matches!((&read_end).read(&mut byte), Ok(1));
+            // SAFETY: _exit ends the starter without running the collector's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+    }
+    drop(read_end);
+    // SAFETY: setsid has no arguments; in a fresh child it cannot fail.
+    unsafe { libc::setsid() };
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        // SAFETY: dup2 of a valid descriptor onto standard input and output.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+    let keep = write_end.as_raw_fd() as u32;
+    for (lo, hi) in [(3u32, keep.saturating_sub(1)), (keep + 1, u32::MAX)] {
+        if lo > hi {
+            continue;
+        }
+        // SAFETY: closes descriptors this process inherited and does not use.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) };
+        if rc != 0 {
+            for fd in lo..hi.min(4096) {
+                // SAFETY: as above, one at a time where close_range is missing.
+                unsafe { libc::close(fd as libc::c_int) };
+            }
+        }
+    }
+    Some(write_end)
+}
+
+fn one_store(args: &Args, store: &std::path::Path) -> anyhow::Result<()> {
+    let mut config = ttraced::Config::new(&args.socket, store);
     config.level = args.level;
     if let Some(t) = args.threads {
         config.threads = t as usize;
@@ -107,6 +216,42 @@ fn main() -> anyhow::Result<()> {
             eprintln!("ttraced: {} records lost: {}", l.records, l.cause);
         }
         anyhow::bail!("the trace is incomplete: {lost} records could not be stored");
+    }
+    Ok(())
+}
+
+fn collector(args: &Args, ready: Option<std::fs::File>) -> anyhow::Result<()> {
+    let mut config = ttraced::collector::CollectorConfig::new(&args.socket);
+    config.level = args.level;
+    if let Some(t) = args.threads {
+        config.threads = t as usize;
+    }
+    config.job_linger = Duration::from_secs_f64(args.job_linger);
+    config.idle_exit = (args.idle_exit > 0.0).then(|| Duration::from_secs_f64(args.idle_exit));
+    let mut c = ttraced::collector::Collector::start(config).context("starting the collector")?;
+    if let Some(mut r) = ready {
+        use std::io::Write;
+        let _ = r.write_all(b"1");
+    }
+    eprintln!(
+        "ttraced: collector (pid {}) listening on {}; one store per job",
+        std::process::id(),
+        c.socket().display()
+    );
+    c.serve(&STOP);
+    let stores = c.shutdown(Duration::from_secs(args.wait));
+    let mut incomplete = 0;
+    for s in &stores {
+        let state = match (s.finalized, s.lost_records) {
+            (false, _) => "NOT finalised".to_string(),
+            (true, 0) => "finalised".to_string(),
+            (true, n) => format!("finalised, INCOMPLETE: {n} records lost"),
+        };
+        eprintln!("ttraced: job {}: {} ({state})", s.job, s.store.display());
+        incomplete += usize::from(!s.finalized || s.lost_records > 0);
+    }
+    if incomplete > 0 {
+        anyhow::bail!("{incomplete} job stores are incomplete (their manifests say why)");
     }
     Ok(())
 }

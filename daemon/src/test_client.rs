@@ -59,6 +59,7 @@ pub fn hello(rank: u32, world_size: u32, ring_capacity: u64) -> Hello {
         exe: "test-client".into(),
         argv: vec!["test-client".into()],
         ring_capacity,
+        ..Hello::default()
     }
 }
 
@@ -153,7 +154,7 @@ impl TestClient {
             send_fd.then_some(&file),
         )?;
         match wire::read_msg::<DaemonMsg>(&mut stream)? {
-            Some(DaemonMsg::Welcome { run_id }) => Ok(TestClient {
+            Some(DaemonMsg::Welcome { run_id, .. }) => Ok(TestClient {
                 stream,
                 ring,
                 _map: map,

@@ -149,6 +149,7 @@ fn write(dir: &Path, mib: u64, ranks: u32, steps: u64, level: i32) -> std::io::R
         comms: Vec::new(),
         finalized: true,
         exit_code: Some(0),
+        job: None,
         lost: Vec::new(),
     };
     manifest.write(dir).map_err(std::io::Error::other)

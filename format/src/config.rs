@@ -1,9 +1,11 @@
-//! Capture configuration, passed from `ttrace run` to every traced process through the
-//! environment (children inherit it, whatever launcher sits in between).
+//! Capture configuration, passed from `ttrace run` (or the user's shell, with the bare
+//! preload) to every traced process through the environment (children inherit it, whatever
+//! launcher sits in between). `TTRACE=0`, `TTRACE_OUT`, `TTRACE_JOB`, `TTRACE_LEVEL` and the
+//! collector's variables are read by libttrace.so itself (docs/capture.md).
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `TTRACE_SOCKET` | the daemon's socket; unset: `libttrace.so` only passes calls through | — |
+//! | `TTRACE_SOCKET` | the daemon's socket; unset: the user's collector, started on demand (docs/capture.md) | — |
 //! | `TTRACE_APIS` | families to capture: `memcpy`, `gemm`, `nccl` (comma-separated) | all |
 //! | `TTRACE_STEPS` | steps to capture: `0-3,7` | all |
 //! | `TTRACE_RANKS` | global ranks to capture: `0,2-3` | all |
@@ -12,6 +14,7 @@
 //! | `TTRACE_KERNELS` | record kernel launch names: `1`/`0` | 1 |
 //! | `TTRACE_RING_BYTES` | snapshot ring per process | 268435456 |
 //! | `TTRACE_WAIT_MS` | how long capture waits for ring space before recording a gap | 10000 |
+//! | `TTRACE_MAX_STALL_MS` | the most a process waits on the daemon over its whole run (ring space, `Hello`); once spent, what does not fit at once is a gap | 30000 |
 //! | `TTRACE_STEP_RULE` | `auto`, `nvtx:NAME` (a range or mark named NAME starts a step), `api` (`ttrace_step()` only) | auto |
 //! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` | warn |
 //! | `TTRACE_PERTURB` | seed of a perturbed reference run: every GEMM output (F32/F16/BF16) gets ±1 ulp noise | off |
@@ -117,6 +120,11 @@ pub struct CaptureConfig {
     pub kernels: bool,
     pub ring_bytes: u64,
     pub wait_ms: u64,
+    /// The most a process waits on the daemon in all (ring space and its `Hello`); once spent,
+    /// an op whose tensors do not fit at once becomes a `RingFull` gap, and capture resumes as
+    /// soon as space is free. Absent from manifests written before it existed.
+    #[serde(default = "default_max_stall_ms")]
+    pub max_stall_ms: u64,
     pub step_rule: StepRule,
     pub log: String,
     /// A perturbed reference run (`TTRACE_PERTURB`): the seed of the round-off-sized noise
@@ -139,11 +147,16 @@ impl Default for CaptureConfig {
             kernels: true,
             ring_bytes: 256 << 20,
             wait_ms: 10_000,
+            max_stall_ms: default_max_stall_ms(),
             step_rule: StepRule::Auto,
             log: "warn".into(),
             perturb: None,
         }
     }
+}
+
+fn default_max_stall_ms() -> u64 {
+    30_000
 }
 
 fn flag(name: &str, v: &str) -> Result<bool, FormatError> {
@@ -205,6 +218,7 @@ impl CaptureConfig {
                 "TTRACE_KERNELS" => c.kernels = flag(&k, &v)?,
                 "TTRACE_RING_BYTES" => c.ring_bytes = number(&k, &v)?,
                 "TTRACE_WAIT_MS" => c.wait_ms = number(&k, &v)?,
+                "TTRACE_MAX_STALL_MS" => c.max_stall_ms = number(&k, &v)?,
                 "TTRACE_STEP_RULE" => {
                     c.step_rule = match v.trim() {
                         "auto" => StepRule::Auto,
@@ -255,6 +269,7 @@ impl CaptureConfig {
         m.insert("TTRACE_KERNELS".into(), (self.kernels as u8).to_string());
         m.insert("TTRACE_RING_BYTES".into(), self.ring_bytes.to_string());
         m.insert("TTRACE_WAIT_MS".into(), self.wait_ms.to_string());
+        m.insert("TTRACE_MAX_STALL_MS".into(), self.max_stall_ms.to_string());
         m.insert(
             "TTRACE_STEP_RULE".into(),
             match &self.step_rule {
@@ -292,6 +307,7 @@ mod tests {
             kernels: false,
             ring_bytes: 1 << 20,
             wait_ms: 5,
+            max_stall_ms: 7,
             step_rule: StepRule::Nvtx("train_step".into()),
             log: "info".into(),
             perturb: Some(u64::MAX),

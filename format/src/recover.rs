@@ -460,6 +460,7 @@ pub fn rebuild_manifest(store: &Store, checks: &[SegmentCheck]) -> Manifest {
         comms: comm_list,
         finalized: false,
         exit_code: field(&old, "exit_code"),
+        job: field(&old, "job"),
         lost: field(&old, "lost").unwrap_or_default(),
     }
 }

@@ -151,6 +151,10 @@ pub struct Manifest {
     /// Written by the daemon when the run ended and every segment was closed.
     pub finalized: bool,
     pub exit_code: Option<i32>,
+    /// The job the run belongs to, as its processes named it (see `wire::JobInfo`); absent
+    /// from manifests written before jobs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<crate::wire::JobInfo>,
     /// Records the collector received but could not store, by cause (a full disk, a write
     /// or fsync error, the store removed during the run). Empty for a complete trace: a store
     /// whose manifest lists losses is *incomplete* (`ttrace ls`, `ttrace fsck`, the run's

@@ -11,10 +11,12 @@
 //! `Publish` in the client's order; finally `Bye` (absent when the process died: the daemon
 //! sees EOF and finalises what it has).
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::CaptureConfig;
 use crate::record::Record;
 use crate::ring::Slot;
 use crate::FormatError;
@@ -25,7 +27,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// Identity of a traced process.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
     pub protocol: u32,
     pub pid: u32,
@@ -39,6 +41,44 @@ pub struct Hello {
     pub argv: Vec<String>,
     /// Data bytes of the ring whose memfd rides along.
     pub ring_capacity: u64,
+    /// The job this process belongs to (from its launcher's environment): a collector keeps
+    /// every job in a store of its own. Empty from clients that predate jobs.
+    #[serde(default)]
+    pub job: JobInfo,
+    /// Where the job wants its store (`TTRACE_OUT`, made absolute against `cwd`); `None`: the
+    /// collector's default, `CWD/ttrace-runs/<UTC time>-<job label>`.
+    #[serde(default)]
+    pub out: Option<String>,
+    /// The process's working directory.
+    #[serde(default)]
+    pub cwd: String,
+    /// The job's command line as this process sees it (its launcher's, when it has one).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The process's environment, for the manifest.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The capture settings the process runs with (its `TTRACE_*` variables), for the manifest.
+    #[serde(default)]
+    pub capture: Option<CaptureConfig>,
+    /// zstd level it asks its store to be written with (`TTRACE_LEVEL`); `None`: the
+    /// collector's.
+    #[serde(default)]
+    pub level: Option<i32>,
+}
+
+/// Which job a traced process belongs to, derived from its launcher's environment
+/// (`TTRACE_JOB`, Slurm, MPI, torchrun, else the launching process).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    /// Identical for every process of one job, different for two jobs (e.g.
+    /// `slurm:1234.0`, `torchrun:<run id>:<restart>`, `proc:<pid>@<start time>`).
+    pub id: String,
+    /// A short file-name-safe form for the store's directory name (e.g. `slurm-1234.0`).
+    pub label: String,
+    /// Which rule named the job (`TTRACE_JOB`, `slurm`, `mpi`, `torchrun`, `launcher`,
+    /// `process`).
+    pub source: String,
 }
 
 /// A communicator this process joined (`ncclCommInitRank*`, `ncclCommInitAll`, `ncclCommSplit`).
@@ -59,6 +99,8 @@ pub struct CommInfo {
 }
 
 /// Client to daemon.
+// One Hello per connection, decoded straight into its variant: boxing it would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ClientMsg {
@@ -82,8 +124,19 @@ pub enum ClientMsg {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum DaemonMsg {
-    Welcome { run_id: String },
-    Refused { reason: String },
+    Welcome {
+        run_id: String,
+        /// The store the process's records go to.
+        #[serde(default)]
+        store: String,
+        /// Whether it is the first process of its job on this collector (it announces the
+        /// capture on stderr).
+        #[serde(default)]
+        first: bool,
+    },
+    Refused {
+        reason: String,
+    },
 }
 
 /// Encodes `msg` as one frame.

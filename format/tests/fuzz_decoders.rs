@@ -116,6 +116,7 @@ fn client_msgs() -> Vec<ClientMsg> {
             exe: "python".into(),
             argv: vec!["python".into(), "t.py".into()],
             ring_capacity: 1 << 20,
+            ..Hello::default()
         }),
         ClientMsg::Comm(CommInfo {
             key: 5,

@@ -3,37 +3,111 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::Duration;
 
 use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello};
 
-/// How long the daemon may take to answer `Hello`.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the daemon may take to answer `Hello`, at most (the stall budget may allow less).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connected, welcomed client.
 pub struct Client {
     stream: UnixStream,
 }
 
+/// What the daemon said when it took the process.
+#[derive(Debug, Clone)]
+pub struct Welcome {
+    pub run_id: String,
+    /// The store the process's records go to.
+    pub store: String,
+    /// The first process of its job at this daemon.
+    pub first: bool,
+}
+
+/// Why [`Client::connect`] failed.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// Nothing listens at the path (no socket file, or a stale one): a collector may be
+    /// started there.
+    NoListener(String),
+    /// Anything else: a listener that is not ours, a refusal, a protocol failure.
+    Failed(String),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::NoListener(s) | ConnectError::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
 impl Client {
-    /// Connects to `path`, sends `hello` with `ring_fd`, and waits for the daemon's answer.
-    pub fn connect(path: &str, hello: Hello, ring_fd: RawFd) -> Result<(Client, String), String> {
-        let mut stream =
-            UnixStream::connect(path).map_err(|e| format!("cannot connect to {path}: {e}"))?;
-        let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| e.to_string())?;
+    /// Connects to `path`, checks that the listener runs as this user (or root), sends
+    /// `hello` with `ring_fd`, and waits for the daemon's answer.
+    pub fn connect(
+        path: &Path,
+        hello: Hello,
+        ring_fd: RawFd,
+        answer_within: Duration,
+    ) -> Result<(Client, Welcome), ConnectError> {
+        let shown = path.display();
+        let mut stream = UnixStream::connect(path).map_err(|e| {
+            let msg = format!("cannot connect to {shown}: {e}");
+            match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                    ConnectError::NoListener(msg)
+                }
+                _ => ConnectError::Failed(msg),
+            }
+        })?;
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            ConnectError::Failed(format!("{what} {shown}: {e}"))
+        };
+        // The daemon gets the ring (every tensor): it must be this user's own process.
+        let peer = peer_uid(&stream).map_err(|e| failed("cannot identify the listener on", &e))?;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if peer != uid && peer != 0 {
+            return Err(ConnectError::Failed(format!(
+                "the listener on {shown} runs as uid {peer}, not as this user (uid {uid}): \
+                 refusing to hand it the snapshots"
+            )));
+        }
+        let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| failed("hello for", &e))?;
         let sent = send_with_fd(&stream, &frame, ring_fd)
-            .map_err(|e| format!("cannot send hello to {path}: {e}"))?;
-        send_all(&stream, &frame[sent..])
-            .map_err(|e| format!("cannot send hello to {path}: {e}"))?;
+            .map_err(|e| failed("cannot send hello to", &e))?;
+        send_all(&stream, &frame[sent..]).map_err(|e| failed("cannot send hello to", &e))?;
+        // A zero timeout means none to the socket layer: wait at least a millisecond.
+        let within = answer_within
+            .min(HELLO_TIMEOUT)
+            .max(Duration::from_millis(1));
         stream
-            .set_read_timeout(Some(HELLO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        let answer = wire::read_msg::<DaemonMsg>(&mut stream)
-            .map_err(|e| format!("no answer from {path}: {e}"))?;
+            .set_read_timeout(Some(within))
+            .map_err(|e| failed("timeout on", &e))?;
+        let answer =
+            wire::read_msg::<DaemonMsg>(&mut stream).map_err(|e| failed("no answer from", &e))?;
         match answer {
-            Some(DaemonMsg::Welcome { run_id }) => Ok((Client { stream }, run_id)),
-            Some(DaemonMsg::Refused { reason }) => Err(format!("the daemon refused: {reason}")),
-            None => Err(format!("{path} closed the connection")),
+            Some(DaemonMsg::Welcome {
+                run_id,
+                store,
+                first,
+            }) => Ok((
+                Client { stream },
+                Welcome {
+                    run_id,
+                    store,
+                    first,
+                },
+            )),
+            Some(DaemonMsg::Refused { reason }) => Err(ConnectError::Failed(format!(
+                "the collector refused: {reason}"
+            ))),
+            None => Err(ConnectError::Failed(format!(
+                "{shown} closed the connection"
+            ))),
         }
     }
 
@@ -103,4 +177,25 @@ fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: RawFd) -> std::io::Result
         return Err(std::io::Error::last_os_error());
     }
     Ok(n as usize)
+}
+
+/// The uid of the process at the other end of `stream` (`SO_PEERCRED`).
+fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
+    // SAFETY: an all-zero ucred is valid; getsockopt writes at most `len` bytes into it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` live across the call and describe a buffer of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }

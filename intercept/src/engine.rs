@@ -19,7 +19,7 @@ use crate::cuda::{self, ErrScope};
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
 use crate::tracer::{self, Captured, Entry, Meta, Ticket};
-use crate::{mode, thread};
+use crate::{mode, stall, thread};
 
 /// An op about to be called.
 pub struct Call {
@@ -138,15 +138,19 @@ pub fn begin(call: Call) -> Option<InFlight> {
         match reserve(session, total) {
             Some((t, s)) => (t, Some(s)),
             None => {
-                gap(
-                    m,
-                    GapReason::RingFull,
-                    total,
+                let detail = if stall::spent(cfg.max_stall_ms) {
+                    format!(
+                        "no ring space for {total} bytes, and the process already waited \
+                         TTRACE_MAX_STALL_MS={} ms on the daemon in all",
+                        cfg.max_stall_ms
+                    )
+                } else {
                     format!(
                         "no ring space for {total} bytes within TTRACE_WAIT_MS={} ms",
                         cfg.wait_ms
-                    ),
-                );
+                    )
+                };
+                gap(m, GapReason::RingFull, total, detail);
                 return None;
             }
         }
@@ -312,10 +316,22 @@ impl InFlight {
 }
 
 /// Reserves `total` bytes and a ticket, waiting for the daemon to free space at most
-/// `TTRACE_WAIT_MS`. Gives up at once when the tracer waits for this thread's own deferred
-/// group (no space can come before the group ends).
+/// `TTRACE_WAIT_MS`, and no longer than what is left of the process's stall budget (the
+/// wait is charged to it). Gives up at once when the tracer waits for this thread's own
+/// deferred group (no space can come before the group ends).
 fn reserve(s: &Session, total: u64) -> Option<(Ticket, Slot)> {
-    let deadline = Instant::now() + Duration::from_millis(s.cfg.wait_ms);
+    let started = Instant::now();
+    let r = reserve_until(s, total, started);
+    let waited = started.elapsed();
+    if waited > Duration::from_millis(1) {
+        stall::charge(waited);
+    }
+    r
+}
+
+fn reserve_until(s: &Session, total: u64, started: Instant) -> Option<(Ticket, Slot)> {
+    let wait = Duration::from_millis(s.cfg.wait_ms).min(stall::remaining(s.cfg.max_stall_ms));
+    let deadline = started + wait;
     let mine = thread::with(|t| t.deferred.iter().map(InFlight::ticket).min()).flatten();
     let mut pause = Duration::from_micros(50);
     loop {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use ttrace_format::config::CaptureConfig;
+use ttrace_format::wire::JobInfo;
 
 const UNKNOWN: u32 = u32::MAX;
 /// Rank learned from the first communicator when the environment named none.
@@ -86,14 +87,158 @@ pub fn exe_and_argv() -> (String, Vec<String>) {
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     let argv = std::fs::read("/proc/self/cmdline")
-        .map(|b| {
-            b.split(|&c| c == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect()
-        })
+        .map(|b| split_cmdline(&b))
         .unwrap_or_default();
     (exe, argv)
+}
+
+/// Variables a launcher sets in every rank: their presence means the parent process is the
+/// job's launcher (torchrun's agent, mpirun's daemon, simrun).
+const LAUNCHER_VARS: [&str; 6] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "MASTER_PORT",
+];
+
+/// A process as the job rules see it: its pid, start time (clock ticks since boot, from
+/// `/proc/PID/stat`: with the pid, unique for the machine's uptime) and short name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start: u64,
+    pub name: String,
+}
+
+impl ProcId {
+    /// Reads `/proc/PID/stat` (`None` when the process is gone or unreadable).
+    pub fn of(pid: u32) -> Option<ProcId> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses, so split at the
+        // last `)`; starttime is field 22, the 20th after comm.
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let name = stat.get(open + 1..close)?.to_string();
+        let start = stat
+            .get(close + 1..)?
+            .split_whitespace()
+            .nth(19)?
+            .parse()
+            .ok()?;
+        Some(ProcId { pid, start, name })
+    }
+}
+
+/// The job this process belongs to, from its launcher's environment (see [`job_from`]).
+pub fn job() -> JobInfo {
+    static JOB: OnceLock<JobInfo> = OnceLock::new();
+    JOB.get_or_init(|| {
+        let me = ProcId::of(std::process::id()).unwrap_or(ProcId {
+            pid: std::process::id(),
+            start: 0,
+            name: "process".into(),
+        });
+        // SAFETY: getppid has no arguments and cannot fail.
+        let ppid = unsafe { libc::getppid() } as u32;
+        let parent = ProcId::of(ppid);
+        job_from(&|k| std::env::var(k).ok(), &me, parent.as_ref())
+    })
+    .clone()
+}
+
+/// The job rules, first match wins:
+/// 1. `TTRACE_JOB` (`ttrace run` sets it; a user can name a job);
+/// 2. Slurm: `SLURM_JOB_ID` and `SLURM_STEP_ID`;
+/// 3. MPI: `PMIX_NAMESPACE` (Open MPI 5, PMIx launchers), `OMPI_MCA_ess_base_jobid`;
+/// 4. torchrun: `TORCHELASTIC_RUN_ID` (not its default `none`) and the restart count;
+/// 5. a launcher's rank variables (`RANK`, `WORLD_SIZE`, ...): the parent process (pid and
+///    start time);
+/// 6. none: this process (pid and start time), so that a traced process and the ranks it
+///    starts itself are one job.
+pub fn job_from(
+    var: &dyn Fn(&str) -> Option<String>,
+    me: &ProcId,
+    parent: Option<&ProcId>,
+) -> JobInfo {
+    let get = |k: &str| {
+        var(k)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let job = |id: String, label: String, source: &str| JobInfo {
+        id,
+        label,
+        source: source.into(),
+    };
+    if let Some(j) = get("TTRACE_JOB") {
+        return job(format!("ttrace:{j}"), j, "TTRACE_JOB");
+    }
+    if let Some(j) = get("SLURM_JOB_ID") {
+        let step = get("SLURM_STEP_ID").unwrap_or_else(|| "batch".into());
+        return job(
+            format!("slurm:{j}.{step}"),
+            format!("slurm-{j}.{step}"),
+            "slurm",
+        );
+    }
+    if let Some(ns) = get("PMIX_NAMESPACE").or_else(|| get("OMPI_MCA_ess_base_jobid")) {
+        return job(format!("mpi:{ns}"), format!("mpi-{ns}"), "mpi");
+    }
+    if let Some(r) = get("TORCHELASTIC_RUN_ID").filter(|r| r != "none") {
+        let restart = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into());
+        let short: String = r
+            .chars()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        return job(
+            format!("torchrun:{r}:{restart}"),
+            format!("torchrun-{short}-r{restart}"),
+            "torchrun",
+        );
+    }
+    // A launcher's ranks are the launcher's job; a process that traces and starts its own
+    // ranks (e.g. `mp.spawn`) has the same id as they do.
+    if let Some(p) = parent.filter(|_| LAUNCHER_VARS.iter().any(|k| get(k).is_some())) {
+        return job(
+            format!("proc:{}@{}", p.pid, p.start),
+            format!("{}-{}", p.name, p.pid),
+            "launcher",
+        );
+    }
+    job(
+        format!("proc:{}@{}", me.pid, me.start),
+        format!("{}-{}", me.name, me.pid),
+        "process",
+    )
+}
+
+/// The job's command line as this process sees it: its launcher's (the parent) when it runs
+/// under one, else its own.
+pub fn job_command(job: &JobInfo) -> Vec<String> {
+    let (_, argv) = exe_and_argv();
+    if job.source == "process" {
+        return argv;
+    }
+    // SAFETY: getppid has no arguments and cannot fail.
+    let ppid = unsafe { libc::getppid() };
+    std::fs::read(format!("/proc/{ppid}/cmdline"))
+        .map(|b| split_cmdline(&b))
+        .ok()
+        .filter(|a| !a.is_empty())
+        .unwrap_or(argv)
+}
+
+fn split_cmdline(b: &[u8]) -> Vec<String> {
+    b.split(|&c| c == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
 }
 
 /// The calling thread's OS id.
@@ -137,6 +282,113 @@ impl Fnv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    const ME: ProcId = ProcId {
+        pid: 4242,
+        start: 77,
+        name: String::new(),
+    };
+
+    fn launcher() -> ProcId {
+        ProcId {
+            pid: 100,
+            start: 5,
+            name: "torchrun".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_is_named_by_the_most_specific_launcher_variables() {
+        let p = launcher();
+        let j = job_from(
+            &env(&[("TTRACE_JOB", "abc"), ("SLURM_JOB_ID", "9")]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(
+            (j.id.as_str(), j.source.as_str()),
+            ("ttrace:abc", "TTRACE_JOB")
+        );
+        let j = job_from(
+            &env(&[("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "2"), ("RANK", "1")]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(
+            (j.id.as_str(), j.label.as_str()),
+            ("slurm:9.2", "slurm-9.2")
+        );
+        let j = job_from(
+            &env(&[
+                ("PMIX_NAMESPACE", "prterun-h-1@1"),
+                ("OMPI_COMM_WORLD_RANK", "0"),
+            ]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(j.id, "mpi:prterun-h-1@1");
+        let j = job_from(
+            &env(&[
+                ("TORCHELASTIC_RUN_ID", "r1"),
+                ("TORCHELASTIC_RESTART_COUNT", "2"),
+                ("RANK", "3"),
+            ]),
+            &ME,
+            Some(&p),
+        );
+        assert_eq!(j.id, "torchrun:r1:2");
+    }
+
+    #[test]
+    fn ranks_of_one_launcher_share_a_job_and_a_lone_process_is_its_own() {
+        let p = launcher();
+        let vars = [
+            ("TORCHELASTIC_RUN_ID", "none"),
+            ("RANK", "0"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let a = job_from(&env(&vars), &ME, Some(&p));
+        let other = ProcId { pid: 4243, ..ME };
+        let b = job_from(&env(&vars), &other, Some(&p));
+        assert_eq!(a, b, "two ranks of one torchrun");
+        assert_eq!(a.id, "proc:100@5");
+        assert_eq!(a.label, "torchrun-100");
+        let later = ProcId {
+            start: 6,
+            ..launcher()
+        };
+        assert_ne!(
+            job_from(&env(&vars), &ME, Some(&later)).id,
+            a.id,
+            "a reused pid is another job"
+        );
+        let alone = job_from(&env(&[]), &ME, Some(&p));
+        assert_eq!(
+            (alone.id.as_str(), alone.source.as_str()),
+            ("proc:4242@77", "process")
+        );
+        let spawned = job_from(&env(&[("RANK", "1")]), &other, Some(&ME));
+        assert_eq!(
+            spawned.id, alone.id,
+            "ranks a traced process starts share its job"
+        );
+    }
+
+    #[test]
+    fn this_process_reads_its_own_start_time() {
+        let me = ProcId::of(std::process::id()).expect("/proc/self/stat");
+        assert!(me.start > 0 && !me.name.is_empty(), "{me:?}");
+        assert_eq!(ProcId::of(std::process::id()), Some(me));
+    }
 
     #[test]
     fn fnv_matches_the_reference_vectors() {

@@ -29,6 +29,7 @@ pub mod plan;
 pub mod steps;
 
 mod client;
+mod collector;
 mod comms;
 mod cuda;
 mod engine;
@@ -39,6 +40,7 @@ mod mode;
 mod perturb;
 mod real;
 mod session;
+mod stall;
 mod thread;
 mod tracer;
 

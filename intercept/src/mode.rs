@@ -6,7 +6,7 @@
 //!
 //! The word starts as [`UNINIT`], so the first hook of the process (whatever its family) takes
 //! the cold path: it reads the configuration from the environment and sets the bits (none
-//! without `TTRACE_SOCKET`). A fault, `fork` (in the child), or a failed session start clears
+//! with `TTRACE=0`). A fault, `fork` (in the child), or a failed session start clears
 //! every bit for good; `ttrace_pause()`/`ttrace_resume()` clear and restore the capture bits.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -71,11 +71,27 @@ pub fn on(bits: u32) -> bool {
     MODE.load(Ordering::Relaxed) & bits != 0
 }
 
-/// Reads the configuration once and sets the mode.
+/// Whether `TTRACE` leaves the library on: `TTRACE=0` (or `off`, `false`, `no`) makes it a
+/// pure pass-through, whatever else is set.
+pub fn enabled() -> bool {
+    !matches!(
+        std::env::var("TTRACE").as_deref().map(str::trim),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+/// Reads the configuration once and sets the mode. Capture is on unless `TTRACE=0`: with
+/// `TTRACE_SOCKET` the process reports to that daemon, without it to the user's collector
+/// (started on demand, see `collector`).
 fn init() {
+    if !enabled() {
+        CONFIGURED.store(0, Ordering::Relaxed);
+        let _ = MODE.compare_exchange(UNINIT, 0, Ordering::AcqRel, Ordering::Relaxed);
+        return;
+    }
     let cfg = config();
     let bits = match cfg {
-        Some(c) if c.socket.is_some() && crate::identity::rank_selected(c) => {
+        Some(c) if crate::identity::rank_selected(c) => {
             let mut b = COMMS | NVTX;
             for (f, bit) in [
                 (Family::Memcpy, MEMCPY),
@@ -96,7 +112,7 @@ fn init() {
         }
         // A rank left out of the capture is still perturbed: the run as a whole is the
         // perturbed reference.
-        Some(c) if c.socket.is_some() && c.perturb.is_some() => PERTURB,
+        Some(c) if c.perturb.is_some() => PERTURB,
         _ => 0,
     };
     CONFIGURED.store(bits, Ordering::Relaxed);

@@ -4,6 +4,7 @@
 //! log line; the program goes on untraced.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use ttrace_format::ring::{self, Ring};
 use ttrace_format::wire::{Hello, PROTOCOL_VERSION};
 
 use crate::client::Client;
-use crate::{cuda, identity, log, mode, tracer};
+use crate::{collector, cuda, identity, log, mode, stall, tracer};
 
 /// A running session.
 pub struct Session {
@@ -35,7 +36,7 @@ pub fn get() -> Option<&'static Session> {
             Ok(s) => Some(s),
             Err(e) => {
                 if mode::disable() {
-                    log::error(&format!("capture disabled: {e}"));
+                    report_off(&e);
                 }
                 None
             }
@@ -49,9 +50,72 @@ pub fn current() -> Option<&'static Session> {
     SESSION.get()?.as_ref()
 }
 
+/// Says once why capture is off. Under `ttrace run` (`TTRACE_SOCKET`) every process logs it;
+/// with the bare preload the line goes to stderr from each node's first local rank only (a
+/// job's eight ranks fail alike), whatever `TTRACE_LOG` says, and the others log it.
+fn report_off(why: &str) {
+    let bare = mode::config().is_some_and(|c| c.socket.is_none());
+    if bare && identity::local_rank() == 0 {
+        announce(&format!(
+            "capture off: {why} (the program runs untraced; TTRACE=0 silences this)"
+        ));
+    } else {
+        log::error(&format!("capture disabled: {why}"));
+    }
+}
+
+/// One line on stderr, whatever the log level.
+fn announce(line: &str) {
+    use std::io::Write;
+    let line = format!("ttrace[{}]: {line}\n", std::process::id());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// What the daemon learns about the job in `Hello`, besides the process.
+fn job_hello(hello: &mut Hello, cfg: &CaptureConfig) -> Result<(), String> {
+    let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+    hello.job = identity::job();
+    hello.command = identity::job_command(&hello.job);
+    hello.cwd = cwd.display().to_string();
+    hello.out = std::env::var_os("TTRACE_OUT")
+        .filter(|v| !v.is_empty())
+        .map(|v| cwd.join(v).display().to_string());
+    hello.level = match std::env::var("TTRACE_LEVEL") {
+        Ok(v) if !v.trim().is_empty() => Some(v.trim().parse().map_err(|_| {
+            format!("TTRACE_LEVEL={v}: expected a zstd level (an integer, e.g. -1000 or 3)")
+        })?),
+        _ => None,
+    };
+    hello.capture = Some(cfg.clone());
+    hello.env = manifest_env();
+    Ok(())
+}
+
+/// The environment for the manifest: every variable that is valid UTF-8, up to 256 KiB in
+/// all (a Hello is at most 1 MiB), credentials redacted before they leave the process (names
+/// in `TTRACE_ENV_ALLOW`, comma-separated, are kept).
+fn manifest_env() -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut total = 0usize;
+    for (k, v) in std::env::vars_os() {
+        let (Ok(k), Ok(v)) = (k.into_string(), v.into_string()) else {
+            continue;
+        };
+        total += k.len() + v.len();
+        if total > 256 << 10 {
+            break;
+        }
+        out.insert(k, v);
+    }
+    let allow: Vec<String> = std::env::var("TTRACE_ENV_ALLOW")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default();
+    ttrace_format::secrets::redact_env(&mut out, &allow);
+    out
+}
+
 fn start() -> Result<Session, String> {
     let cfg = mode::config().ok_or("no valid configuration")?;
-    let socket = cfg.socket.as_deref().ok_or("TTRACE_SOCKET is not set")?;
     let capacity = (cfg.ring_bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2);
     let len = ring::mapping_bytes(capacity);
 
@@ -111,7 +175,7 @@ fn start() -> Result<Session, String> {
     })?;
 
     let (exe, argv) = identity::exe_and_argv();
-    let hello = Hello {
+    let mut hello = Hello {
         protocol: PROTOCOL_VERSION,
         pid: std::process::id(),
         rank: identity::rank(),
@@ -121,11 +185,32 @@ fn start() -> Result<Session, String> {
         exe,
         argv,
         ring_capacity: capacity,
+        ..Hello::default()
     };
-    let (client, run_id) = Client::connect(socket, hello, fd.as_raw_fd())?;
+    job_hello(&mut hello, cfg)?;
+    let job_label = hello.job.label.clone();
+    // An unresponsive daemon delays the first captured call by at most the stall budget.
+    let connecting = std::time::Instant::now();
+    let within = stall::remaining(cfg.max_stall_ms);
+    let connected = match cfg.socket.as_deref() {
+        Some(socket) => Client::connect(Path::new(socket), hello, fd.as_raw_fd(), within)
+            .map_err(|e| e.to_string()),
+        None => collector::connect(&hello, fd.as_raw_fd(), within),
+    };
+    stall::charge(connecting.elapsed());
+    let (client, welcome) = connected?;
     drop(fd); // the daemon holds its own; the mapping stays
+    if cfg.socket.is_none() && welcome.first {
+        announce(&format!(
+            "capturing job {job_label} into {} (read it with `ttrace ls {}` when the job ends; \
+             TTRACE=0 turns capture off)",
+            welcome.store, welcome.store
+        ));
+    }
     log::info(&format!(
-        "capturing into run {run_id} (ring {capacity} bytes, rank {})",
+        "capturing into run {} at {} (ring {capacity} bytes, rank {})",
+        welcome.run_id,
+        welcome.store,
         identity::rank()
     ));
 

@@ -522,6 +522,7 @@ mod tests {
             }],
             finalized: true,
             exit_code: Some(0),
+            job: None,
             lost: Vec::new(),
         };
         let trace = Trace {

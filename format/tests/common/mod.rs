@@ -340,6 +340,7 @@ pub fn write_store(run: &Path, ranks: u32, steps: u64, n: u64) -> BTreeMap<(u32,
         }],
         finalized: true,
         exit_code: Some(0),
+        job: None,
         lost: Vec::new(),
     };
     m.write(run).expect("manifest");

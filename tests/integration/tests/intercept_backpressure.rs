@@ -26,6 +26,8 @@ fn stingy_daemon(listener: UnixListener) -> std::thread::JoinHandle<Vec<ClientMs
                     &mut s,
                     &DaemonMsg::Welcome {
                         run_id: "stingy".into(),
+                        store: String::new(),
+                        first: true,
                     },
                 )
                 .expect("welcome");

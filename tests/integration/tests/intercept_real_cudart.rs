@@ -124,9 +124,10 @@ fn nvidia_runtime_errors_pass_through_unchanged_without_a_gpu() {
         "no GPU here, the runtime must fail: {line}"
     );
 
-    // Preloaded, capture off (no TTRACE_SOCKET).
+    // Preloaded, capture off (TTRACE=0).
     let off = Command::new(&exe)
         .env("LD_PRELOAD", libttrace())
+        .env("TTRACE", "0")
         .output()
         .expect("runs");
     assert!(off.status.success(), "{}", describe(&off));

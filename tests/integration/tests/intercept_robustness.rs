@@ -1,4 +1,4 @@
-//! libttrace.so never changes what a program sees: without `TTRACE_SOCKET` the probes behave
+//! libttrace.so never changes what a program sees: with `TTRACE=0` the probes behave
 //! exactly as untraced; traced, they still pass (every check of the simulated stack, under
 //! capture); failing calls return the same codes; graph capture becomes a gap and the graph
 //! replays correctly; a device fault disables capture with one log line and a gap.
@@ -37,11 +37,12 @@ fn gaps(run: &Run) -> Vec<(GapReason, String)> {
 }
 
 #[test]
-fn without_a_socket_every_probe_behaves_as_untraced() {
+fn with_capture_off_every_probe_behaves_as_untraced() {
     for args in PROBES {
         let plain = untraced(1, args);
         let pre = probe_command(1, args)
             .env("LD_PRELOAD", libttrace())
+            .env("TTRACE", "0")
             .output()
             .expect("probe starts");
         assert!(
@@ -63,6 +64,7 @@ fn without_a_socket_every_probe_behaves_as_untraced() {
     }
     let pre = probe_command(3, &["collectives"])
         .env("LD_PRELOAD", libttrace())
+        .env("TTRACE", "0")
         .output()
         .expect("simrun starts");
     assert!(pre.status.success(), "{}", describe(&pre));

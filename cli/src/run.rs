@@ -394,8 +394,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Collector::Joined(sock) = &collector {
         capture.socket = Some(sock.display().to_string());
     }
-    let mut env = child_env(&lib, &capture);
-    env.insert("TTRACE_JOB".into(), job);
+    let env = child_env(&lib, &capture, &job);
 
     let started = Instant::now();
     let mut cmd = Command::new(&args.command[0]);
@@ -563,7 +562,7 @@ fn start_collector(
     capture.socket = Some(config.socket.display().to_string());
     config.run.command = command.to_vec();
     config.run.cwd = cwd.display().to_string();
-    let mut env = child_env(lib, capture);
+    let mut env = child_env(lib, capture, job);
     ttrace_format::secrets::redact_env(&mut env, &args.env_allow);
     config.run.env = env;
     config.run.capture = capture.clone();
@@ -586,9 +585,9 @@ fn start_collector(
 }
 
 /// What the traced processes get on top of ttrace's own environment: `LD_PRELOAD` (appended
-/// to an existing one) and the capture settings, less the inherited `TTRACE_*` variables
-/// ttrace run does not apply ([`inherited_ttrace_vars`]).
-fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
+/// to an existing one), the capture settings and the job (`TTRACE_JOB`), less the inherited
+/// `TTRACE_*` variables ttrace run does not apply ([`inherited_ttrace_vars`]).
+fn child_env(lib: &Path, capture: &CaptureConfig, job: &str) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = std::env::vars_os()
         .map(|(k, v)| {
             (
@@ -608,6 +607,8 @@ fn child_env(lib: &Path, capture: &CaptureConfig) -> BTreeMap<String, String> {
         env.remove(&*k.to_string_lossy());
     }
     env.extend(capture.to_vars());
+    // Every process of the command is one job, whatever launcher sits in between.
+    env.insert("TTRACE_JOB".into(), job.to_string());
     env
 }
 

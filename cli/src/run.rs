@@ -50,7 +50,7 @@ const FORWARDED: [libc::c_int; 6] = [
 /// (a Ctrl-C at the terminal already reaches CMD and is not sent twice); ttrace itself keeps
 /// running until CMD exits, then finalizes the store.
 ///
-/// TTRACE_* variables inherited from the shell do not reach CMD: the options above (whose
+/// TTRACE_* variables inherited from the shell do not reach CMD: the options below (whose
 /// defaults they do not change) set them. One line names each one ignored.
 ///
 /// The manifest records CMD's environment with the values of credential-looking variables
@@ -364,10 +364,22 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let ignored = inherited_ttrace_vars();
     for k in &ignored {
+        let k = k.to_string_lossy();
+        let option = match k.as_ref() {
+            "TTRACE_APIS" => "; use --apis",
+            "TTRACE_STEPS" => "; use --steps",
+            "TTRACE_RANKS" => "; use --ranks",
+            "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
+            "TTRACE_INPUTS" => "; use --no-inputs",
+            "TTRACE_KERNELS" => "; use --no-kernels",
+            "TTRACE_RING_BYTES" => "; use --ring-bytes",
+            "TTRACE_WAIT_MS" => "; use --wait-ms",
+            "TTRACE_STEP_RULE" => "; use --step-rule",
+            _ => "",
+        };
         eprintln!(
-            "ttrace run: ignoring {} from the environment: ttrace run's options set the \
-             capture (see ttrace run --help)",
-            k.to_string_lossy()
+            "ttrace run: ignoring {k} from the environment: ttrace run's options set the \
+             capture{option}"
         );
     }
     install_signal_handlers()?;

@@ -636,41 +636,51 @@ fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
     }
 }
 
-/// A written record whose ring slot waits for its frame to reach the kernel.
+/// A record on its way into the store: its ring slot (if it has one) waits for its frame to
+/// reach the kernel, and only then does it count as stored for its process.
 struct Unreleased {
     key: (u32, u64),
     /// Where its frame ends in that segment.
     frame_end: u64,
-    slot_end: u64,
+    slot_end: Option<u64>,
+    /// The segment writer took it.
+    written: bool,
 }
 
 /// Releases, in order, the slots of records whose frames are in the kernel (a segment this
-/// client no longer holds was flushed before it let go). Segment writers buffer frames: a slot
-/// released before its frame left the buffer would be lost if the daemon died. With `all`
-/// (a flush failed: those frames are lost anyway), releases every slot, so that the producer
-/// is never stalled by a failing disk.
+/// client no longer holds was flushed before it let go), and returns how many of them were
+/// stored. Segment writers buffer frames: a slot released before its frame left the buffer
+/// would be lost if the daemon died. With `all` (a flush failed: those frames are lost
+/// anyway), releases every slot, so that the producer is never stalled by a failing disk;
+/// the records whose frames did not reach the kernel do not count as stored. `broken` are the
+/// segments this client let go of although their last flush failed.
 fn release_written(
     held: &BTreeMap<(u32, u64), SegRef>,
     waiting: &mut VecDeque<Unreleased>,
     ring: &ClientRing,
     all: bool,
-) {
+    broken: &BTreeSet<(u32, u64)>,
+) -> u64 {
     let mut upto = None;
+    let mut stored = 0;
     while let Some(w) = waiting.front() {
-        let done = all
-            || match held.get(&w.key) {
-                Some(seg) => seg.handed().is_none_or(|h| h >= w.frame_end),
-                None => true,
-            };
-        if !done {
+        let handed = match held.get(&w.key) {
+            Some(seg) => seg.handed().is_none_or(|h| h >= w.frame_end),
+            None => !broken.contains(&w.key),
+        };
+        if !(handed || all) {
             break;
         }
-        upto = Some(w.slot_end);
+        stored += u64::from(w.written && handed);
+        if let Some(end) = w.slot_end {
+            upto = Some(end);
+        }
         waiting.pop_front();
     }
     if let Some(end) = upto {
         ring.ring.release_to(end);
     }
+    stored
 }
 
 /// In publish order: collects a record's compressed tensors, appends it to its segment,
@@ -685,6 +695,7 @@ fn write_loop(
 ) {
     let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
     let mut waiting: VecDeque<Unreleased> = VecDeque::new();
+    let mut broken: BTreeSet<(u32, u64)> = BTreeSet::new();
     let losses = shared.segments.losses();
     while let Ok(p) = rx.recv() {
         budget.give(p.meta);
@@ -759,7 +770,10 @@ fn write_loop(
             }
             for k in older {
                 if let Some(s) = held.remove(&k) {
-                    flushed &= s.flush(losses);
+                    if !s.flush(losses) {
+                        flushed = false;
+                        broken.insert(k);
+                    }
                     shared.segments.release(s);
                 }
             }
@@ -767,17 +781,16 @@ fn write_loop(
         let written = held.get(&key).map(|seg| seg.append(rec, &blobs, losses));
         // A failed write may leave earlier frames stuck in the writer's buffer.
         flushed &= !matches!(written, Some(Err(_)));
-        if let Some(s) = &p.slot {
-            waiting.push_back(Unreleased {
-                key,
-                // A record that could not be written has nothing to wait for.
-                frame_end: match &written {
-                    Some(Ok(end)) => *end,
-                    _ => 0,
-                },
-                slot_end: s.end,
-            });
-        }
+        waiting.push_back(Unreleased {
+            key,
+            // A record that could not be written has nothing to wait for.
+            frame_end: match &written {
+                Some(Ok(end)) => *end,
+                _ => 0,
+            },
+            slot_end: p.slot.as_ref().map(|s| s.end),
+            written: matches!(written, Some(Ok(_))),
+        });
         let raw: u64 = blobs.iter().map(|b| b.raw_len).sum();
         let stored: u64 = blobs.iter().map(|b| b.stored.len() as u64).sum();
         for b in blobs {
@@ -787,7 +800,6 @@ fn write_loop(
         // what is not in the file is lost), logged once per cause.
         if let Some(Ok(_)) = written {
             let mut i = state.info.lock();
-            i.records += 1;
             i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
             i.steps.insert(key);
             i.last_rank = Some(rec.rank);
@@ -801,13 +813,15 @@ fn write_loop(
                 flushed &= seg.flush(losses);
             }
         }
-        release_written(&held, &mut waiting, ring, !flushed);
+        let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
+        state.info.lock().records += stored;
     }
     let mut flushed = true;
     for seg in held.values() {
         flushed &= seg.flush(losses);
     }
-    release_written(&held, &mut waiting, ring, !flushed);
+    let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
+    state.info.lock().records += stored;
     for (_, s) in std::mem::take(&mut held) {
         debug!(
             rank = s.key().0,

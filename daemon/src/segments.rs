@@ -413,10 +413,17 @@ impl Segments {
                 old.display()
             ),
         }
-        warn!(
-            rank,
-            step, copied, "a record arrived for a finished segment: reopened it"
-        );
+        if n == 0 {
+            warn!(
+                rank,
+                step,
+                copied,
+                "a record arrived for a finished segment: reopened it (further reopens are \
+                 logged at debug level)"
+            );
+        } else {
+            debug!(rank, step, copied, "reopened a finished segment");
+        }
         Ok((w, Some(staged)))
     }
 

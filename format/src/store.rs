@@ -586,7 +586,10 @@ impl SegmentWriter {
     /// it fills or [`SegmentWriter::flush`].
     pub fn handed(&self) -> u64 {
         match &self.file {
-            Sink::Buffered(f) => self.offset - f.buffer().len() as u64,
+            // After a failed append the buffer may also hold the start of the frame that
+            // failed (not counted in `offset`): then less is known to be in the kernel, never
+            // more.
+            Sink::Buffered(f) => self.offset.saturating_sub(f.buffer().len() as u64),
             Sink::Direct(d) => d.at + d.cached as u64,
         }
     }

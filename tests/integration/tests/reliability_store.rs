@@ -49,6 +49,12 @@ fn assert_accounted(out: &Output, store: &Path, published: u64) {
         describe(out)
     );
     assert!(stderr.contains("INCOMPLETE"), "{stderr}");
+    // Row 1: the per-process counts claim only records that reached the kernel.
+    let claimed: u64 = m.ranks.iter().map(|r| r.records).sum();
+    assert!(
+        claimed <= readable,
+        "{claimed} claimed, {readable} readable"
+    );
     assert!(
         stderr.matches("records are being lost").count() <= m.lost.len(),
         "one error line per cause, not per record: {stderr}"
@@ -107,6 +113,39 @@ fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
         "$LG publish --records 400 --per-step 50 --elems 8192; exit 3",
     );
     assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+}
+
+/// Rows 1 and 2 without root: a file-size limit (`RLIMIT_FSIZE`, write errors `EFBIG`) makes
+/// every segment's writes fail past 256 KiB, wherever the test runs.
+#[test]
+fn failed_writes_under_a_file_size_limit_are_accounted_for() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("rel-fsize");
+    let store = dir.path().join("st");
+    let mut c = ttrace(dir.path());
+    c.args(["run", "--out"])
+        .arg(&store)
+        .args(["--", "sh", "-c"])
+        // The producer lifts the (soft) limit for itself: its ring is a 4 MiB memfd.
+        .arg("ulimit -f unlimited; $LG publish --rank 0 --records 200 --per-step 50 --elems 8192")
+        .env("LG", loadgen());
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 256 << 10,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A write past the limit fails with EFBIG instead of killing the writer.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let out = output_within(&mut c, LIMIT);
+    assert_accounted(&out, &store, 200);
 }
 
 /// Row 1: disk full on ext4 (the O_DIRECT path), two ranks.

@@ -310,7 +310,7 @@ fn session(
     state: &Arc<ClientState>,
     mut stream: UnixStream,
 ) -> Result<bool, ClientError> {
-    let cred = fdpass::peer_cred(&stream)?;
+    let cred = ttrace_format::peer::peer_cred(&stream)?;
     if cred.uid != router.uid() {
         return Err(refuse(
             &mut stream,

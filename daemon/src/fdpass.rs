@@ -1,44 +1,9 @@
-//! The socket-level pieces std does not offer: the peer's credentials (`SO_PEERCRED`) and
-//! receiving file descriptors (`SCM_RIGHTS`) with the `Hello` frame.
+//! Receiving file descriptors (`SCM_RIGHTS`) with the `Hello` frame (the peer's credentials
+//! are `ttrace_format::peer`, shared with the library).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-
-/// Credentials of the process at the other end of a connected Unix socket.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PeerCred {
-    pub(crate) pid: i32,
-    pub(crate) uid: u32,
-}
-
-/// `SO_PEERCRED` of a connected stream.
-pub(crate) fn peer_cred(stream: &UnixStream) -> io::Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, a properly sized ucred, and
-    // updates `len`; the fd is a live socket owned by `stream`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(PeerCred {
-        pid: cred.pid,
-        uid: cred.uid,
-    })
-}
 
 /// Most descriptors accepted in one message; more are closed and reported as an error by the
 /// caller (a client sends exactly one).

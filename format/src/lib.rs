@@ -5,6 +5,7 @@
 pub mod codec;
 pub mod config;
 pub mod dtype;
+pub mod peer;
 pub mod reader;
 pub mod record;
 pub mod recover;

@@ -67,7 +67,9 @@ impl Client {
             ConnectError::Failed(format!("{what} {shown}: {e}"))
         };
         // The daemon gets the ring (every tensor): it must be this user's own process.
-        let peer = peer_uid(&stream).map_err(|e| failed("cannot identify the listener on", &e))?;
+        let peer = ttrace_format::peer::peer_cred(&stream)
+            .map_err(|e| failed("cannot identify the listener on", &e))?
+            .uid;
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         if peer != uid && peer != 0 {
@@ -177,25 +179,4 @@ fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: RawFd) -> std::io::Result
         return Err(std::io::Error::last_os_error());
     }
     Ok(n as usize)
-}
-
-/// The uid of the process at the other end of `stream` (`SO_PEERCRED`).
-fn peer_uid(stream: &UnixStream) -> std::io::Result<u32> {
-    // SAFETY: an all-zero ucred is valid; getsockopt writes at most `len` bytes into it.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` live across the call and describe a buffer of `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(cred.uid)
 }

@@ -1,7 +1,8 @@
 """A Megatron-style tensor + data parallel model in plain torch.distributed, for `ttrace compare`.
 
 Two MLP blocks, `y = x + fc2(gelu(fc1(x)))`, trained for STEPS steps with SGD on a fixed global
-batch per step (the same data and initial weights at any world size):
+batch per step, optionally in micro-batches whose weight gradients accumulate on the device
+(the same data, micro-batches and initial weights at any world size):
 
 * block 1 is sequence parallel: each tensor-parallel rank holds a chunk of the tokens, an
   all-gather makes the block's input, fc1 is column-parallel (its output features split over
@@ -30,7 +31,7 @@ Bugs (`--bug`), each silent (the run finishes, the loss looks plausible):
   no-dp-allreduce   fc4's weight gradient is never summed over the DP group
   wrong-sp-chunk    global rank 3 contributes TP rank 0's token chunk to block 1's all-gather
 
-Usage: megatron.py --precision fp32|bf16 [--bug NAME] [--steps N]
+Usage: megatron.py --precision fp32|bf16 [--bug NAME] [--steps N] [--micro-batches M]
        (world 1 directly, or under torchrun --nproc-per-node 4)
 """
 
@@ -143,15 +144,13 @@ class Model:
         dist.reduce_scatter_tensor(out, t, group=self.lay.tp_group)
         return out
 
-    def step(self, s):
+    def micro_batch(self, w, x_dp, target, grads):
+        """Forward and backward of one micro-batch (this DP rank's rows); weight gradients
+        accumulate into `grads` on the device. Returns the micro-batch's share of the loss."""
         lay, bug = self.lay, self.bug
-        x_all, target_all = batch(s)
-        mine = lay.rows(TOKENS, lay.dp, lay.dp_rank)
-        x_dp, target = x_all[mine], target_all[mine]
         n_local = x_dp.shape[0]
         chunk_of = lambda i: lay.rows(n_local, lay.tp, i)
         sp = 0 if (bug == "wrong-sp-chunk" and lay.rank == 3) else lay.tp_rank
-        w = self.weights()
         host = lambda t: t.cpu().float()
 
         # Block 1, sequence parallel.
@@ -173,39 +172,60 @@ class Model:
 
         # Loss: squared error summed over the global batch's tokens / TOKENS.
         diff = out - target
-        loss = torch.tensor([(diff * diff).sum().item() / TOKENS]).to(lay.dev)
+        loss = (diff * diff).sum().item() / TOKENS
         dy_h = 2.0 * diff / TOKENS
         if bug == "grad-scaled-twice":
             dy_h = dy_h / lay.dp
         dy = self.to_dev(dy_h)
 
-        grads = {}
+        def weight_grad(name, a, b):
+            # The first micro-batch writes the gradient, later ones accumulate (beta = 1).
+            if name in grads:
+                grads[name].addmm_(a, b)
+            else:
+                grads[name] = torch.mm(a, b)
+
         # Block 2 backward: fc4 (row-parallel), GELU, fc3 (column-parallel).
-        grads["fc4"] = torch.mm(dy.t(), g2)
+        weight_grad("fc4", dy.t(), g2)
         dg2 = torch.mm(dy, w["fc4"])
         dh2 = self.to_dev(host(dg2) * gelu_grad(h2_h))
-        grads["fc3"] = torch.mm(dh2.t(), x2)
+        weight_grad("fc3", dh2.t(), x2)
         dx2 = self.all_reduce_tp(torch.mm(dh2, w["fc3"]))
         # The residual and the all-gather's backward: this TP rank's token chunk.
         dz_chunk = host(dx2)[chunk_of(lay.tp_rank)] + dy_h[chunk_of(lay.tp_rank)]
         # Block 1 backward: the reduce-scatter's backward is an all-gather.
         dy1 = self.all_gather_tp(self.to_dev(dz_chunk))
-        grads["fc2"] = torch.mm(dy1.t(), g1)
+        weight_grad("fc2", dy1.t(), g1)
         dg1 = torch.mm(dy1, w["fc2"])
         dh1 = self.to_dev(host(dg1) * gelu_grad(h1_h))
-        grads["fc1"] = torch.mm(dh1.t(), x1)
+        weight_grad("fc1", dh1.t(), x1)
+        return loss
+
+    def step(self, s, micro_batches):
+        lay = self.lay
+        x_all, target_all = batch(s)
+        w = self.weights()
+        grads, loss = {}, 0.0
+        per_mb = TOKENS // micro_batches
+        for m in range(micro_batches):
+            # Micro-batch m is rows [m * per_mb, (m + 1) * per_mb) of the global batch; this
+            # DP rank takes its slice of them.
+            rows = slice(m * per_mb, (m + 1) * per_mb)
+            mine = lay.rows(per_mb, lay.dp, lay.dp_rank)
+            loss += self.micro_batch(w, x_all[rows][mine], target_all[rows][mine], grads)
 
         # Data-parallel gradient sums, then SGD on the host.
         for name in ("fc1", "fc2", "fc3", "fc4"):
-            if lay.dp > 1 and not (bug == "no-dp-allreduce" and name == "fc4"):
+            if lay.dp > 1 and not (self.bug == "no-dp-allreduce" and name == "fc4"):
                 dist.all_reduce(grads[name], group=lay.dp_group)
+        loss_dev = torch.tensor([loss]).to(lay.dev)
         if lay.dp > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=lay.dp_group)
+            dist.all_reduce(loss_dev, op=dist.ReduceOp.SUM, group=lay.dp_group)
         for name, gr in grads.items():
-            self.master[name] -= LR * host(gr)
+            self.master[name] -= LR * gr.cpu().float()
             if self.dev_w is not None:
                 self.dev_w[name].copy_(self.master[name])
-        return loss.item()
+        return loss_dev.item()
 
 
 def main():
@@ -213,13 +233,14 @@ def main():
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--bug", choices=BUGS)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
     a = p.parse_args()
     lay = Layout()
     lay.init()
     dtype = torch.float32 if a.precision == "fp32" else torch.bfloat16
     model = Model(lay, dtype, a.bug)
     for s in range(a.steps):
-        loss = model.step(s)
+        loss = model.step(s, a.micro_batches)
         if lay.rank == 0:
             print(f"step {s}: loss {loss:.6f}", flush=True)
     torch.cuda.synchronize()

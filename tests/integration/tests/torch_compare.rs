@@ -7,7 +7,8 @@
 //! Asserted, in FP32 and BF16: the bug-free run compares clean (exit 0); every injected bug is
 //! a divergence (exit 1) whose first tensor beyond tolerance is the op (and role, step, cause)
 //! where the bug shows first and the ranks it lives on; every store holds one step per
-//! training iteration on every rank (the `auto` step rule on fresh torch allocations). Each
+//! training iteration on every rank (the `auto` step rule on fresh torch allocations, with two
+//! micro-batches of gradient accumulation per step). Each
 //! precision is one test; its reference is shared by its cases. torch 2.15 (CUDA 13) runs the
 //! bug-free case and three bugs in BF16. Skips (passing, with a SKIP
 //! line) without the torch venv. The detection matrix is printed (`--nocapture`) and written
@@ -28,7 +29,10 @@ use ttrace_format::record::Op;
 /// Training iterations of every run.
 const STEPS: u64 = 3;
 
-/// The model's GEMMs in the order one training step runs them (tests/torch/megatron.py).
+/// Micro-batches per step (weight gradients accumulate): a micro-batch is not a step.
+const MICRO_BATCHES: usize = 2;
+
+/// The model's GEMMs in the order one micro-batch runs them (tests/torch/megatron.py).
 const GEMMS: [&str; 11] = [
     "fc1.fwd",
     "fc2.fwd",
@@ -173,9 +177,13 @@ fn steps_and_gemms(store: &Path) -> BTreeMap<(u64, u64), &'static str> {
                 .filter(|r| matches!(r.op, Op::Gemm(_)))
                 .map(|r| r.seq)
                 .collect();
-            assert_eq!(gemms.len(), GEMMS.len(), "step {step}: GEMMs {gemms:?}");
-            for (seq, name) in gemms.into_iter().zip(GEMMS) {
-                names.insert((step, seq), name);
+            assert_eq!(
+                gemms.len(),
+                GEMMS.len() * MICRO_BATCHES,
+                "step {step}: GEMMs {gemms:?}"
+            );
+            for (seq, name) in gemms.into_iter().zip(GEMMS.iter().cycle()) {
+                names.insert((step, seq), *name);
             }
         }
     }
@@ -268,7 +276,15 @@ fn matrix(version: &'static str, precision: &str, bugs: impl Fn(&str) -> bool) {
     let Some(torch) = find(version) else { return };
     let start = std::time::Instant::now();
     let tmp = TempDir::new(&format!("torch-compare-{version}-{precision}"));
-    let model = ["--precision", precision, "--steps", "3"];
+    let micro_batches = MICRO_BATCHES.to_string();
+    let model = [
+        "--precision",
+        precision,
+        "--steps",
+        "3",
+        "--micro-batches",
+        &micro_batches,
+    ];
     let (reference, perturbed) = (tmp.path().join("ref"), tmp.path().join("ref-perturbed"));
     trace(&torch, &reference, &[], 1, &model);
     trace(&torch, &perturbed, &["--perturb"], 1, &model);

@@ -155,6 +155,43 @@ fn trace(torch: &Torch, store: &Path, options: &[&str], world: u32, model: &[&st
     );
 }
 
+/// Traced runs in flight at once: a run spends much of its time waiting (interpreter start-up,
+/// rendezvous, the collector), so a few side by side shorten the test on two cores.
+const PARALLEL_RUNS: usize = 3;
+
+/// One traced run to make.
+struct Job {
+    store: PathBuf,
+    options: Vec<&'static str>,
+    world: u32,
+    model: Vec<String>,
+}
+
+impl Job {
+    fn new(store: &Path, options: &[&'static str], world: u32, model: &[&str]) -> Job {
+        Job {
+            store: store.to_path_buf(),
+            options: options.to_vec(),
+            world,
+            model: model.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+/// Makes every run, `PARALLEL_RUNS` at a time.
+fn trace_all(torch: &Torch, jobs: &[Job]) {
+    for batch in jobs.chunks(PARALLEL_RUNS) {
+        std::thread::scope(|s| {
+            for j in batch {
+                s.spawn(move || {
+                    let model: Vec<&str> = j.model.iter().map(String::as_str).collect();
+                    trace(torch, &j.store, &j.options, j.world, &model);
+                });
+            }
+        });
+    }
+}
+
 /// Every rank of `store` holds steps 0..STEPS, and the name of each reference GEMM by
 /// (step, seq).
 fn steps_and_gemms(store: &Path) -> BTreeMap<(u64, u64), &'static str> {
@@ -286,12 +323,21 @@ fn matrix(version: &'static str, precision: &str, bugs: impl Fn(&str) -> bool) {
         &micro_batches,
     ];
     let (reference, perturbed) = (tmp.path().join("ref"), tmp.path().join("ref-perturbed"));
-    trace(&torch, &reference, &[], 1, &model);
-    trace(&torch, &perturbed, &["--perturb"], 1, &model);
-    let names = steps_and_gemms(&reference);
-
     let clean = tmp.path().join("clean");
-    trace(&torch, &clean, &[], 4, &model);
+    let picked: Vec<&Expect> = BUGS.iter().filter(|e| bugs(e.bug)).collect();
+    let mut jobs = vec![
+        Job::new(&reference, &[], 1, &model),
+        Job::new(&perturbed, &["--perturb"], 1, &model),
+        Job::new(&clean, &[], 4, &model),
+    ];
+    for e in &picked {
+        let mut args = model.to_vec();
+        args.extend(["--bug", e.bug]);
+        jobs.push(Job::new(&tmp.path().join(e.bug), &[], 4, &args));
+    }
+    trace_all(&torch, &jobs);
+    let names = steps_and_gemms(&reference);
+    steps_and_gemms(&perturbed);
     steps_and_gemms(&clean);
     let (code, report) = compare(&reference, &perturbed, &clean);
     assert_eq!(
@@ -305,12 +351,8 @@ fn matrix(version: &'static str, precision: &str, bugs: impl Fn(&str) -> bool) {
     );
 
     let mut failures = Vec::new();
-    let picked: Vec<&Expect> = BUGS.iter().filter(|e| bugs(e.bug)).collect();
     for e in &picked {
         let run = tmp.path().join(e.bug);
-        let mut args = model.to_vec();
-        args.extend(["--bug", e.bug]);
-        trace(&torch, &run, &[], 4, &args);
         steps_and_gemms(&run);
         let (code, report) = compare(&reference, &perturbed, &run);
         if code != 1 {

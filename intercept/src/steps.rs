@@ -381,6 +381,29 @@ mod tests {
         assert_eq!(steps, want);
     }
 
+    /// A pipeline stage's 1F1B warm-up: two forwards before the first backward, fresh
+    /// activation buffers, the first layer's input gradient never computed (only `dW` reads
+    /// the anchor's input transposed).
+    #[test]
+    fn forwards_ahead_of_their_backwards_stay_in_the_step() {
+        let mut items = Vec::new();
+        for it in 0..2u32 {
+            let w = (0x10, 1 + it);
+            let xs = [
+                (0x100 + u64::from(it), 10 + it),
+                (0x200 + u64::from(it), 20 + it),
+            ];
+            items.push(("fwd", gemm(w.0, w.1, xs[0].0, xs[0].1)));
+            items.push(("fwd", gemm(w.0, w.1, xs[1].0, xs[1].1)));
+            for x in xs {
+                items.push(("wgrad", backward(x, (0x3000, 300 + it))));
+            }
+        }
+        let out = run(StepRule::Auto, &items);
+        let steps: Vec<u64> = out.iter().map(|o| o.1).collect();
+        assert_eq!(steps, [0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
     #[test]
     fn layers_of_the_anchors_shape_before_the_backward_are_not_steps() {
         // Three layers of one shape, fresh buffers everywhere: no operand bytes recur and the

@@ -6,13 +6,22 @@
 //! wait for the next GEMM, which decides whether they open a new step.
 //!
 //! `auto`: the **anchor** is the first GEMM (its signature: API, shape, transposes, types). A
-//! later GEMM with the anchor's signature that reuses both of the anchor's operand buffers (A
-//! and B at the same addresses) is a recurrence: if an operand still holds the bytes it held at
-//! the previous recurrence (same CRC-32), it is another micro-batch of the same step; if both
-//! changed, the optimizer ran and a new step begins. Both buffers, because later layers of the
-//! same shape usually share the anchor's activation buffer while their weights live elsewhere:
-//! one shared buffer with new bytes says nothing about the step. An operand whose bytes were
-//! not captured (inputs off, size cap) counts as changed.
+//! later GEMM with the anchor's signature is a **candidate** recurrence when one of these holds:
+//! * it reuses both of the anchor's operand buffers (A and B at the same addresses);
+//! * one of its operands holds the bytes (same CRC-32) that operand held at the anchor's
+//!   previous occurrence (the same weights, or the same input, again);
+//! * since that previous occurrence, the anchor's operand bytes were read by another GEMM in
+//!   another orientation (other operand slot or other transpose): the backward pass, which
+//!   multiplies by the forward's operands transposed (`dX = dY·W`, `dW = dYᵀ·X`).
+//!
+//! A candidate is another micro-batch of the same step if an operand still holds the bytes it
+//! held at the previous occurrence, and a new step (the optimizer ran) otherwise. Addresses are
+//! not required: PyTorch's caching allocator hands out fresh activation buffers (and fresh
+//! low-precision weight casts) each iteration. Later layers of the anchor's shape in the same
+//! forward pass are not candidates: their weights hold other bytes, and the anchor's operands
+//! have not been through a backward yet; sharing one buffer with the anchor (an activation
+//! buffer) is not enough. An operand whose bytes were not captured (inputs off, size cap)
+//! counts as changed and gives no evidence; only the both-buffers condition then applies.
 //!
 //! `nvtx:NAME` and `api`: a mark ([`Steps::mark`]) starts a new step, unless the current step
 //! has no record yet (so a mark before the first captured op does not leave step 0 empty).
@@ -31,6 +40,8 @@ pub struct Operand {
     pub ptr: u64,
     /// CRC-32 of its bytes, when captured.
     pub crc: Option<u32>,
+    /// Whether the GEMM reads it transposed (its `transa`/`transb` is not `N`).
+    pub trans: bool,
 }
 
 /// What the step rule needs to know about a record.
@@ -47,11 +58,26 @@ pub enum Class {
 #[derive(Debug)]
 struct Anchor {
     sig: u64,
-    a_ptr: u64,
-    b_ptr: u64,
-    /// CRCs at the previous occurrence of the anchor's buffers.
-    a_crc: Option<u32>,
-    b_crc: Option<u32>,
+    /// The operands at the anchor's previous occurrence.
+    a: Operand,
+    b: Operand,
+    /// Whether another GEMM read the bytes of `a` or `b` in another orientation since then.
+    transposed_reuse: bool,
+}
+
+impl Anchor {
+    /// Notes a GEMM that is not a candidate: does it read the anchor's operand bytes in
+    /// another orientation (slot or transpose)?
+    fn observe(&mut self, a: Operand, b: Operand) {
+        for (slot, op) in [(0u8, a), (1u8, b)] {
+            let Some(crc) = op.crc else { continue };
+            for (anchor_slot, mine) in [(0u8, self.a), (1u8, self.b)] {
+                if mine.crc == Some(crc) && (anchor_slot, mine.trans) != (slot, op.trans) {
+                    self.transposed_reuse = true;
+                }
+            }
+        }
+    }
 }
 
 /// The step state of one process.
@@ -136,20 +162,27 @@ impl<T> Steps<T> {
         let Some(anchor) = &mut self.anchor else {
             self.anchor = Some(Anchor {
                 sig,
-                a_ptr: a.ptr,
-                b_ptr: b.ptr,
-                a_crc: a.crc,
-                b_crc: b.crc,
+                a,
+                b,
+                transposed_reuse: false,
             });
             return false;
         };
-        if sig != anchor.sig || a.ptr != anchor.a_ptr || b.ptr != anchor.b_ptr {
+        if sig != anchor.sig {
+            anchor.observe(a, b);
             return false;
         }
         let same = |now: Option<u32>, before: Option<u32>| now.is_some() && now == before;
-        let unchanged = same(a.crc, anchor.a_crc) || same(b.crc, anchor.b_crc);
-        anchor.a_crc = a.crc;
-        anchor.b_crc = b.crc;
+        let unchanged = same(a.crc, anchor.a.crc) || same(b.crc, anchor.b.crc);
+        let both_buffers = a.ptr == anchor.a.ptr && b.ptr == anchor.b.ptr;
+        if !(unchanged || both_buffers || anchor.transposed_reuse) {
+            // Another layer of the anchor's shape.
+            anchor.observe(a, b);
+            return false;
+        }
+        anchor.a = a;
+        anchor.b = b;
+        anchor.transposed_reuse = false;
         !unchanged
     }
 
@@ -177,17 +210,30 @@ impl<T> Steps<T> {
 mod tests {
     use super::*;
 
+    fn op(ptr: u64, crc: u32, trans: bool) -> Operand {
+        Operand {
+            ptr,
+            crc: Some(crc),
+            trans,
+        }
+    }
+
+    /// A forward GEMM of signature 7: A (weights, transposed) and B (activations).
     fn gemm(a: u64, a_crc: u32, b: u64, b_crc: u32) -> Class {
         Class::Gemm {
             sig: 7,
-            a: Operand {
-                ptr: a,
-                crc: Some(a_crc),
-            },
-            b: Operand {
-                ptr: b,
-                crc: Some(b_crc),
-            },
+            a: op(a, a_crc, true),
+            b: op(b, b_crc, false),
+        }
+    }
+
+    /// A backward GEMM (signature 8) reading `x` and `y` untransposed, as `dX = dY·W` and
+    /// `dW = dYᵀ·X` read the forward's operands.
+    fn backward(x: (u64, u32), y: (u64, u32)) -> Class {
+        Class::Gemm {
+            sig: 8,
+            a: op(x.0, x.1, false),
+            b: op(y.0, y.1, true),
         }
     }
 
@@ -251,14 +297,8 @@ mod tests {
     fn other_signatures_and_other_buffers_are_not_recurrences() {
         let other_sig = Class::Gemm {
             sig: 8,
-            a: Operand {
-                ptr: 0x10,
-                crc: Some(9),
-            },
-            b: Operand {
-                ptr: 0x20,
-                crc: Some(9),
-            },
+            a: op(0x10, 9, true),
+            b: op(0x20, 9, false),
         };
         let out = run(
             StepRule::Auto,
@@ -279,14 +319,116 @@ mod tests {
     fn uncaptured_operands_count_as_changed() {
         let blind = |ptr| Class::Gemm {
             sig: 7,
-            a: Operand { ptr, crc: None },
+            a: Operand {
+                ptr,
+                crc: None,
+                trans: true,
+            },
             b: Operand {
                 ptr: 0x99,
                 crc: None,
+                trans: false,
             },
         };
         let out = run(StepRule::Auto, &[("a", blind(0x10)), ("b", blind(0x10))]);
         assert_eq!(out, vec![("a", 0), ("b", 1)]);
+    }
+
+    /// PyTorch: each iteration copies its batch into a fresh buffer, runs the forward GEMM on
+    /// the persistent weights, the backward reads both operands transposed, the optimizer
+    /// updates the weights in place.
+    #[test]
+    fn torch_fresh_activations_and_persistent_weights_make_one_step_per_iteration() {
+        let mut items = Vec::new();
+        for it in 0..3u32 {
+            let x = (0x1000 + 0x100 * u64::from(it), 100 + it);
+            let w = (0x10, 1 + it);
+            items.push(("h2d", Class::Arrival));
+            items.push(("fwd", gemm(w.0, w.1, x.0, x.1)));
+            // The next layer, same shape: its own weights, the activation buffer of the
+            // anchor (the caching allocator reused it).
+            items.push(("fwd2", gemm(0x20, 50 + it, x.0, 200 + it)));
+            items.push(("dgrad", backward(w, (0x3000, 300 + it))));
+            items.push(("wgrad", backward(x, (0x3000, 300 + it))));
+            items.push(("allreduce", Class::Other));
+        }
+        let out = run(StepRule::Auto, &items);
+        let steps: Vec<u64> = out.iter().map(|o| o.1).collect();
+        assert_eq!(
+            steps,
+            [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+        );
+    }
+
+    /// Mixed precision: the fp32 master weights are cast into a fresh bf16 buffer each
+    /// iteration (nothing at the anchor's addresses again), with two micro-batches per step.
+    #[test]
+    fn torch_fresh_weight_casts_with_gradient_accumulation() {
+        let mut items = Vec::new();
+        for it in 0..3u32 {
+            let w = (0x5000 + 0x100 * u64::from(it), 1 + it);
+            for mb in 0..2u32 {
+                let x = (0x9000 + 0x100 * u64::from(2 * it + mb), 100 + 2 * it + mb);
+                items.push(("h2d", Class::Arrival));
+                items.push(("fwd", gemm(w.0, w.1, x.0, x.1)));
+                items.push(("wgrad", backward(x, (0x3000, 300 + it))));
+                items.push(("dgrad", backward(w, (0x3000, 300 + it))));
+            }
+        }
+        let out = run(StepRule::Auto, &items);
+        let steps: Vec<u64> = out.iter().map(|o| o.1).collect();
+        let want: Vec<u64> = (0..3).flat_map(|s| [s; 8]).collect();
+        assert_eq!(steps, want);
+    }
+
+    /// A pipeline stage's 1F1B warm-up: two forwards before the first backward, fresh
+    /// activation buffers, the first layer's input gradient never computed (only `dW` reads
+    /// the anchor's input transposed).
+    #[test]
+    fn forwards_ahead_of_their_backwards_stay_in_the_step() {
+        let mut items = Vec::new();
+        for it in 0..2u32 {
+            let w = (0x10, 1 + it);
+            let xs = [
+                (0x100 + u64::from(it), 10 + it),
+                (0x200 + u64::from(it), 20 + it),
+            ];
+            items.push(("fwd", gemm(w.0, w.1, xs[0].0, xs[0].1)));
+            items.push(("fwd", gemm(w.0, w.1, xs[1].0, xs[1].1)));
+            for x in xs {
+                items.push(("wgrad", backward(x, (0x3000, 300 + it))));
+            }
+        }
+        let out = run(StepRule::Auto, &items);
+        let steps: Vec<u64> = out.iter().map(|o| o.1).collect();
+        assert_eq!(steps, [0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn layers_of_the_anchors_shape_before_the_backward_are_not_steps() {
+        // Three layers of one shape, fresh buffers everywhere: no operand bytes recur and the
+        // anchor's operands have not been read transposed yet.
+        let out = run(
+            StepRule::Auto,
+            &[
+                ("l0", gemm(0x10, 1, 0x100, 5)),
+                ("h2d", Class::Arrival),
+                ("l1", gemm(0x20, 2, 0x200, 6)),
+                ("h2d", Class::Arrival),
+                // Another GEMM reading the anchor's input the same way (a sibling projection
+                // of the same input) is no backward.
+                (
+                    "kv",
+                    Class::Gemm {
+                        sig: 9,
+                        a: op(0x30, 3, true),
+                        b: op(0x100, 5, false),
+                    },
+                ),
+                ("l2", gemm(0x40, 4, 0x300, 7)),
+            ],
+        );
+        assert!(out.iter().all(|o| o.1 == 0), "{out:?}");
     }
 
     #[test]

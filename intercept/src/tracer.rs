@@ -495,14 +495,17 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
 fn classify(api: &str, op: &Op, tensors: &[Tensor]) -> Class {
     match op {
         Op::Gemm(g) => {
-            let operand = |role| {
-                tensors
+            // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
+            let operand = |role, trans: u32| {
+                let (ptr, crc) = tensors
                     .iter()
                     .find(|t| t.role == role)
-                    .map_or(Operand { ptr: 0, crc: None }, |t| Operand {
-                        ptr: t.ptr,
-                        crc: t.captured.then_some(t.crc32),
-                    })
+                    .map_or((0, None), |t| (t.ptr, t.captured.then_some(t.crc32)));
+                Operand {
+                    ptr,
+                    crc,
+                    trans: trans != 0,
+                }
             };
             let sig = Fnv::default()
                 .bytes(api.as_bytes())
@@ -520,8 +523,8 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor]) -> Class {
                 .finish();
             Class::Gemm {
                 sig,
-                a: operand(Role::A),
-                b: operand(Role::B),
+                a: operand(Role::A, g.transa),
+                b: operand(Role::B, g.transb),
             }
         }
         Op::Memcpy(m) if m.direction == CopyDirection::HostToDevice => Class::Arrival,

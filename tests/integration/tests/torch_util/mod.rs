@@ -166,6 +166,17 @@ impl Torch {
 
     /// `ttrace run --out STORE -- program ARGS` on the simulated stack.
     pub fn traced(&self, store: &Path, program: &Path, args: &[&Path]) -> Output {
+        self.traced_with(store, &[], program, args)
+    }
+
+    /// `ttrace run OPTIONS --out STORE -- program ARGS` on the simulated stack.
+    pub fn traced_with(
+        &self,
+        store: &Path,
+        options: &[&str],
+        program: &Path,
+        args: &[&Path],
+    ) -> Output {
         let mut c = Command::new(bin("ttrace"));
         c.env("LD_LIBRARY_PATH", self.library_path())
             .env_remove("TTRACE_LIB")
@@ -175,6 +186,7 @@ impl Torch {
             // Info level: libttrace.so names the CUDA runtime it attached to.
             .env("TTRACE_LOG", "info")
             .arg("run")
+            .args(options)
             .arg("--out")
             .arg(store)
             .arg("--")

@@ -1,8 +1,10 @@
 """Compares what ttrace captured with what the probe saved (scripts/gpu-check.sh).
 
-Usage: check.py EXPECTED_DIR RECORDS_JSONL TENSORS_DIR
+Usage: check.py EXPECTED_DIR RECORDS_JSONL TENSORS_DIR [RANK]
 
-EXPECTED_DIR holds expected.json and NAME.bin files (probe.py); RECORDS_JSONL and TENSORS_DIR
+EXPECTED_DIR holds NAME.bin files with expected.json (probe.py: {name: {dtype, shape}}) or
+torch.json (tests/torch/*.py: [{name, dtype, shape}]); with RANK, only that rank's captured
+tensors count (tests/torch/dist.py saves each rank's tensors apart). RECORDS_JSONL and TENSORS_DIR
 come from `ttrace dump RUN --tensors TENSORS_DIR > RECORDS_JSONL`. A saved tensor passes when
 some captured tensor holds exactly its bytes (packed tensors are stored byte for byte: a
 row-major torch tensor is the column-major matrix cuBLAS sees, so no reordering is needed).
@@ -15,9 +17,20 @@ import os
 import sys
 
 
-def main(expected_dir, records_path, tensors_dir):
-    expected = json.load(open(os.path.join(expected_dir, "expected.json")))
+def load_expected(expected_dir):
+    """{name: {dtype, shape}} from probe.py's expected.json or tests/torch's torch.json."""
+    path = os.path.join(expected_dir, "expected.json")
+    if os.path.exists(path):
+        return json.load(open(path))
+    listed = json.load(open(os.path.join(expected_dir, "torch.json")))
+    return {t["name"]: {"dtype": t["dtype"], "shape": t["shape"]} for t in listed}
+
+
+def main(expected_dir, records_path, tensors_dir, rank=None):
+    expected = load_expected(expected_dir)
     records = [json.loads(line) for line in open(records_path) if line.strip()]
+    if rank is not None:
+        records = [r for r in records if r["rank"] == int(rank)]
     by_size = {}
     crc_bad = []
     gaps = []
@@ -68,4 +81,4 @@ def main(expected_dir, records_path, tensors_dir):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

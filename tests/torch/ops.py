@@ -10,7 +10,8 @@ captured (tests/integration/tests/torch_ops.rs).
 
 Finally a kernel launch (`torch.ones` on the device fills with a kernel; `torch.zeros` would
 be a memset) must raise torch's RuntimeError naming "no kernel image", and a GEMM after it
-must still work.
+must still work. On a real GPU (`TTRACE_TORCH_REAL_GPU=1`, scripts/gpu-check.sh) the launch must
+instead succeed: tracing never stops a kernel from running.
 
 Usage: python ops.py OUT [EXIT_CODE]   (exits with EXIT_CODE, default 0, after saving: the test
 checks that tracing leaves a program's exit status unchanged)
@@ -102,6 +103,17 @@ def linear_backward():
 
 
 def kernel_refused():
+    if os.environ.get("TTRACE_TORCH_REAL_GPU") == "1":
+        ones = torch.ones(4, device=DEV).cpu()
+        assert torch.equal(ones, torch.ones(4)), f"a kernel on the real GPU gave {ones}"
+        print("kernel launch ran on the real GPU", flush=True)
+    else:
+        _kernel_refused_by_simulator()
+    a = host((4, 4), torch.float32, 40).to(DEV)
+    save("after_refusal_mm", a @ a)
+
+
+def _kernel_refused_by_simulator():
     try:
         torch.ones(4, device=DEV)
     except RuntimeError as e:
@@ -110,8 +122,6 @@ def kernel_refused():
         print("kernel launch refused:", msg.splitlines()[0], flush=True)
     else:
         raise AssertionError("a kernel launch succeeded on the simulated device")
-    a = host((4, 4), torch.float32, 40).to(DEV)
-    save("after_refusal_mm", a @ a)
 
 
 def main():

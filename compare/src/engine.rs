@@ -360,6 +360,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
         None => None,
     };
+    let replica_drift = crate::replicas::drift(&p.run, &tensors)?;
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
@@ -395,7 +396,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         precision: p.precision.name().to_string(),
         epsilon: eps,
         steps: p.steps.clone(),
-        verdict: if first_divergence.is_some() {
+        verdict: if first_divergence.is_some() || !replica_drift.is_empty() {
             Verdict::Divergence
         } else {
             Verdict::Match
@@ -405,6 +406,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         worst,
         warnings,
         not_comparable: unjudged.into_report(),
+        replica_drift,
         stats,
     })
 }

@@ -78,7 +78,7 @@ enum Bug {
     BUG_TP_ALLREDUCE_AVG,     /* fc2's partial outputs reduced with ncclAvg, a sum is due */
     BUG_NEIGHBOUR_SHARD,      /* global rank 1 loads its TP neighbour's W1 shard */
     BUG_GRAD_DIVIDED_TWICE,   /* the host divides the gradients by the local batch twice */
-    BUG_REPLICA_DRIFT,        /* DP replica 1 applies a learning rate 0.1% larger */
+    BUG_REPLICA_DRIFT,        /* DP replica 1 applies a learning rate 1% larger */
     BUG_WRONG_TRANSPOSE,      /* the last rank's fc1 forward reads W1 without its transpose */
     BUG_DP_SUM,               /* the DP gradient reduction sums where ncclAvg is due */
     BUG_COUNT
@@ -422,8 +422,8 @@ static void update(const Config *c, Io *io, const Comms *k, Model *m) {
     download(io, m->gw2, m->h_g2, n2);
     float div = (float)c->bl;
     if (c->bug == BUG_GRAD_DIVIDED_TWICE) div *= (float)c->bl;
-    float lr = 0.2f;
-    if (c->bug == BUG_REPLICA_DRIFT && c->d == 1) lr *= 1.001f;
+    float lr = 0.05f;
+    if (c->bug == BUG_REPLICA_DRIFT && c->d == 1) lr *= 1.01f;
     for (size_t i = 0; i < n1; i++) m->m_w1t[i] -= lr * (m->h_g1[i] / div);
     for (size_t i = 0; i < n2; i++) m->m_w2[i] -= lr * (m->h_g2[i] / div);
     upload(io, m->m_w1t, m->w1t, n1);

@@ -1708,10 +1708,11 @@ fn localize(
             format!(
                 "input {} of this {} was already wrong when the op read it: the bug lies \
                  between the last good tensor{} and this op, in code ttrace does not capture \
-                 (kernels, host-side copies, or a missing collective){ratio_hint}",
+                 (kernels, host-side copies, or a missing collective){ratio_hint}{}",
                 t.role,
                 t.api,
-                prev.map(|s| format!(" ({s})")).unwrap_or_default()
+                prev.map(|s| format!(" ({s})")).unwrap_or_default(),
+                unaligned_before(run, al, rank, step, seq)
             ),
         )
     };
@@ -1730,6 +1731,39 @@ fn localize(
         module,
         position,
     })
+}
+
+/// A note naming the GEMMs of `rank` that ran after its previous aligned GEMM and before
+/// `seq` yet have no counterpart in the reference (other transposes, shapes or types than
+/// any reference GEMM): the likeliest culprits of an upstream divergence on that rank.
+fn unaligned_before(run: &RunTrace, al: &Alignment, rank: u32, step: u64, seq: u64) -> String {
+    let mut found: Vec<String> = Vec::new();
+    for r in run.records(rank, step).iter().rev().filter(|r| r.seq < seq) {
+        let Some(g) = gemm(r) else { continue };
+        if al.of_run.contains_key(&(rank, step, r.seq)) {
+            break;
+        }
+        found.push(format!(
+            "{} transa={} transb={}",
+            describe(r),
+            g.transa,
+            g.transb
+        ));
+    }
+    if found.is_empty() {
+        return String::new();
+    }
+    found.reverse();
+    format!(
+        "; in between, {} no counterpart in the reference (its parameters match no reference \
+         GEMM): {}",
+        if found.len() == 1 {
+            "this GEMM has"
+        } else {
+            "these GEMMs have"
+        },
+        found.join(", ")
+    )
 }
 
 /// `rank 3 step 0 seq 17: cublasGemmEx m=64 n=128 k=64`.

@@ -10,7 +10,10 @@
 //! that operand, the first step where they all hold it decides: bitwise identical (same
 //! CRC-32) and not a constant tensor (a zero-initialised buffer is identical everywhere by
 //! accident) makes it a replicated tensor of that group; every later step's copies must then
-//! share one CRC. The ranks blamed are those outside the majority; with no majority (two
+//! share one CRC, when the tensor persists from step to step (most values within 12.5% of
+//! the last identical copy's, [`crate::check::persistent::mostly_kept`]: a weight moved by
+//! its updates; an activation computed from new data that happened to agree is not held to
+//! it). The ranks blamed are those outside the majority; with no majority (two
 //! replicas), those whose copy is farther from the reference.
 
 use std::collections::BTreeMap;
@@ -48,8 +51,8 @@ type Kind = (u64, String, String, Vec<u64>);
 /// What is known of one (group, kind): the step it was found identical in, once found.
 #[derive(Clone, Copy)]
 enum State {
-    /// Identical (and not constant) in this step.
-    Replicated(u64),
+    /// Identical (and not constant) in the comparison at this index of `tensors`.
+    Replicated(usize),
     /// Not a replicated tensor of this group (differed or constant when first seen), or
     /// already reported.
     Settled,
@@ -82,7 +85,7 @@ pub fn drift(
                     state.insert(
                         key,
                         if replicated {
-                            State::Replicated(t.step)
+                            State::Replicated(i)
                         } else {
                             State::Settled
                         },
@@ -90,19 +93,26 @@ pub fn drift(
                 }
                 Some(State::Replicated(since)) => {
                     if copies.iter().all(|c| c.1 == copies[0].1) {
-                        state.insert(key, State::Replicated(t.step));
+                        state.insert(key, State::Replicated(i));
+                        continue;
+                    }
+                    state.insert(key.clone(), State::Settled);
+                    let before = &tensors[since];
+                    // Only a tensor that persists from step to step (a weight moved by its
+                    // updates) must stay replicated; one replaced by new data each step (an
+                    // activation that happened to agree) need not.
+                    if !persists(run, before, t, role, copies[0].0)? {
                         continue;
                     }
                     found.push(ReplicaDrift {
                         tensor: i as u64,
                         step: t.step,
-                        identical_in: since,
+                        identical_in: before.step,
                         group: members.clone(),
                         ranks: blame(&copies, t),
                         operand: format!("{} {}", t.api, t.role),
                         nvtx: t.nvtx.clone(),
                     });
-                    state.insert(key, State::Settled);
                 }
                 Some(State::Settled) => {}
             }
@@ -147,6 +157,30 @@ fn copies(
             tensor.captured.then_some((m, tensor.crc32))
         })
         .collect()
+}
+
+/// Whether the operand on `rank` in comparison `now` kept its values from comparison `before`
+/// (see [`crate::check::persistent::mostly_kept`]).
+fn persists(
+    run: &RunTrace,
+    before: &TensorComparison,
+    now: &TensorComparison,
+    role: Role,
+    rank: u32,
+) -> Result<bool, CompareError> {
+    let values = |t: &TensorComparison| -> Result<Option<Vec<f32>>, CompareError> {
+        let Some(held) = t.ranks.iter().find(|r| r.rank == rank) else {
+            return Ok(None);
+        };
+        let Some(rec) = run.record(rank, t.step, held.seq) else {
+            return Ok(None);
+        };
+        Ok(run.values(rec, role)?.map(|v| v.data))
+    };
+    Ok(match (values(before)?, values(now)?) {
+        (Some(a), Some(b)) => crate::check::persistent::mostly_kept(&a, &b),
+        _ => false,
+    })
 }
 
 /// Whether the operand on `rank` holds one value throughout (or cannot be read as floats).

@@ -189,6 +189,7 @@ struct Verdict {
     api: String,
     ranks: Vec<u64>,
     cause: String,
+    explanation: String,
 }
 
 fn verdict(report: &Value) -> Option<Verdict> {
@@ -206,6 +207,7 @@ fn verdict(report: &Value) -> Option<Verdict> {
             api: t["api"].as_str().unwrap_or_default().to_string(),
             ranks: ranks(&d["ranks"]),
             cause: d["cause"].as_str().unwrap_or_default().to_string(),
+            explanation: d["explanation"].as_str().unwrap_or_default().to_string(),
         });
     }
     let r = report["replica_drift"].get(0)?;
@@ -215,6 +217,7 @@ fn verdict(report: &Value) -> Option<Verdict> {
         api: r["operand"].as_str().unwrap_or_default().to_string(),
         ranks: ranks(&r["ranks"]),
         cause: "replica drift".into(),
+        explanation: String::new(),
     })
 }
 
@@ -240,8 +243,15 @@ fn localized(bug: &str, v: &Verdict) -> bool {
                 && v.ranks.iter().all(|r| *r == 2 || *r == 3)
         }
         // Rank 3's fc1 reads W1 untransposed: that GEMM has no counterpart (other
-        // transposes), so the first op on rank 3 reading its output is named.
-        "wrong-transpose" => v.step == 0 && v.nvtx.starts_with("forward.fc") && v.ranks == [3],
+        // transposes); the first op on rank 3 reading its output is the verdict, and its
+        // explanation names rank 3's unaligned fc1 GEMM (seq 3) that ran in between.
+        "wrong-transpose" => {
+            v.step == 0
+                && v.nvtx == "forward.fc2"
+                && v.ranks == [3]
+                && v.explanation.contains("no counterpart")
+                && v.explanation.contains("rank 3 step 0 seq 3: cublasGemmEx")
+        }
         // A LOCAL divergence at the DP gradient reduction.
         "dp-sum" => {
             v.step == 0 && v.nvtx == "optimizer" && v.api == "ncclAllReduce" && v.cause == "local"

@@ -26,7 +26,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use integration_tests::abi_check::{fetch_headers, repo_root};
-use integration_tests::{bin, describe, profile_dir, sim_dir, ttrace_run, TempDir};
+use integration_tests::{bin, describe, profile_dir, sim_dir, ttrace_run};
 use serde_json::Value;
 
 const STEPS: &str = "3";
@@ -93,9 +93,11 @@ fn trace(store: &Path, precision: &str, reference: bool, opts: &[&str], args: &[
     );
 }
 
-/// A reference and its perturbed twin, in a temporary directory also used for the runs.
+/// A reference and its perturbed twin, in a directory also used for the runs
+/// (`target/<profile>/fixture2-stores/<precision>`, emptied when the first test of a process
+/// needs it: the stores are shared by the tests and outlive them, so not in the system temp).
 struct Stores {
-    dir: TempDir,
+    dir: PathBuf,
     reference: PathBuf,
     perturbed: PathBuf,
 }
@@ -103,12 +105,18 @@ struct Stores {
 /// The stores of `precision`, made once per test binary.
 fn stores(precision: &str) -> Arc<Stores> {
     static ALL: Mutex<BTreeMap<String, Arc<Stores>>> = Mutex::new(BTreeMap::new());
-    if let Some(s) = ALL.lock().expect("stores").get(precision) {
+    // Held while the stores are made: two tests must not make (and empty) them at once.
+    let mut all = ALL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(s) = all.get(precision) {
         return s.clone();
     }
-    let dir = TempDir::new(&format!("fixture2-{precision}"));
-    let reference = dir.0.join("ref");
-    let perturbed = dir.0.join("ref-perturbed");
+    let dir = profile_dir().join("fixture2-stores").join(precision);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the stores' directory");
+    let reference = dir.join("ref");
+    let perturbed = dir.join("ref-perturbed");
     trace(&reference, precision, true, &[], &[]);
     trace(&perturbed, precision, true, &["--perturb"], &[]);
     let s = Arc::new(Stores {
@@ -116,11 +124,8 @@ fn stores(precision: &str) -> Arc<Stores> {
         reference,
         perturbed,
     });
-    ALL.lock()
-        .expect("stores")
-        .entry(precision.to_string())
-        .or_insert(s)
-        .clone()
+    all.insert(precision.to_string(), s.clone());
+    s
 }
 
 /// A tp=2 dp=2 run of `precision` with `bug` (`none`: bug-free), captured with `opts`.
@@ -131,7 +136,12 @@ fn run(precision: &str, bug: &str, opts: &[&str]) -> (Arc<Stores>, PathBuf) {
         .chars()
         .filter(char::is_ascii_alphanumeric)
         .collect();
-    let store = s.dir.0.join(format!("{bug}-{tag}"));
+    let store = s.dir.join(format!("{bug}-{tag}"));
+    // One test traces a store; another wanting the same one waits for it.
+    static TRACING: Mutex<()> = Mutex::new(());
+    let _one = TRACING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if !store.exists() {
         trace(&store, precision, false, opts, &["--bug", bug]);
     }

@@ -360,6 +360,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
         None => None,
     };
+    let replica_drift = crate::replicas::drift(&p.run, &tensors)?;
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
@@ -395,7 +396,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         precision: p.precision.name().to_string(),
         epsilon: eps,
         steps: p.steps.clone(),
-        verdict: if first_divergence.is_some() {
+        verdict: if first_divergence.is_some() || !replica_drift.is_empty() {
             Verdict::Divergence
         } else {
             Verdict::Match
@@ -405,6 +406,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         worst,
         warnings,
         not_comparable: unjudged.into_report(),
+        replica_drift,
         stats,
     })
 }
@@ -1706,10 +1708,11 @@ fn localize(
             format!(
                 "input {} of this {} was already wrong when the op read it: the bug lies \
                  between the last good tensor{} and this op, in code ttrace does not capture \
-                 (kernels, host-side copies, or a missing collective){ratio_hint}",
+                 (kernels, host-side copies, or a missing collective){ratio_hint}{}",
                 t.role,
                 t.api,
-                prev.map(|s| format!(" ({s})")).unwrap_or_default()
+                prev.map(|s| format!(" ({s})")).unwrap_or_default(),
+                unaligned_before(run, al, rank, step, seq)
             ),
         )
     };
@@ -1728,6 +1731,39 @@ fn localize(
         module,
         position,
     })
+}
+
+/// A note naming the GEMMs of `rank` that ran after its previous aligned GEMM and before
+/// `seq` yet have no counterpart in the reference (other transposes, shapes or types than
+/// any reference GEMM): the likeliest culprits of an upstream divergence on that rank.
+fn unaligned_before(run: &RunTrace, al: &Alignment, rank: u32, step: u64, seq: u64) -> String {
+    let mut found: Vec<String> = Vec::new();
+    for r in run.records(rank, step).iter().rev().filter(|r| r.seq < seq) {
+        let Some(g) = gemm(r) else { continue };
+        if al.of_run.contains_key(&(rank, step, r.seq)) {
+            break;
+        }
+        found.push(format!(
+            "{} transa={} transb={}",
+            describe(r),
+            g.transa,
+            g.transb
+        ));
+    }
+    if found.is_empty() {
+        return String::new();
+    }
+    found.reverse();
+    format!(
+        "; in between, {} no counterpart in the reference (its parameters match no reference \
+         GEMM): {}",
+        if found.len() == 1 {
+            "this GEMM has"
+        } else {
+            "these GEMMs have"
+        },
+        found.join(", ")
+    )
 }
 
 /// `rank 3 step 0 seq 17: cublasGemmEx m=64 n=128 k=64`.

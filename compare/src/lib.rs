@@ -11,6 +11,7 @@ pub mod check;
 pub mod engine;
 pub mod layout;
 pub mod numerics;
+pub mod replicas;
 pub mod report;
 pub mod tolerance;
 pub mod trace;

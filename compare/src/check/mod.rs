@@ -26,6 +26,7 @@ pub mod collectives;
 pub mod layers;
 pub mod load;
 pub mod nonfinite;
+pub mod persistent;
 pub mod replicas;
 pub mod report;
 

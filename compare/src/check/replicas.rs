@@ -30,6 +30,7 @@ use ttrace_format::reader::Store;
 
 use crate::check::collectives::{coll, group_calls};
 use crate::check::load::{Rec, Trace};
+use crate::check::persistent;
 use crate::check::report::{Finding, FindingKind};
 
 /// What the replica checks found.
@@ -204,6 +205,36 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
     weights
 }
 
+/// Adds the weights found by persistence across steps ([`persistent`]: GEMMs used once per
+/// step, as with one micro-batch) to those found by recurrence within a step.
+fn persistent_weights(store: &Store, recs: &[&Rec], found: &mut BTreeMap<WeightKey, Weight>) {
+    let singles = persistent::singles(recs);
+    for (sig, op) in persistent::weight_operands(store, &singles) {
+        let role: &'static str = if op == 0 { "A" } else { "B" };
+        for (&step, single) in singles.get(&sig).into_iter().flatten() {
+            let crc = |i: Option<usize>| {
+                let t = &single.rec.record.tensors[i?];
+                t.captured.then_some(t.crc32)
+            };
+            let (Some(tensor), Some(w_crc)) = (single.operands[op], crc(single.operands[op]))
+            else {
+                continue;
+            };
+            let act_scale = single
+                .rec
+                .find(if op == 0 { Role::ScaleB } else { Role::ScaleA });
+            let key = (step, sig.0.clone(), sig.1.clone(), sig.2, role);
+            found.entry(key).or_insert_with(|| Weight {
+                crc: w_crc,
+                name: single.rec.name(),
+                at: (single.rec.record.rank, step, single.rec.record.seq, tensor),
+                acts: vec![(crc(single.operands[1 - op]), single.rec.record.seq)],
+                act_scales: vec![crc(act_scale)],
+            });
+        }
+    }
+}
+
 /// Activation operands across a group that is not a weight-replica group (e.g. tensor
 /// parallel): GEMMs of one kind (same step, API, shape, operand and use) either see the same
 /// activation on every member (column-parallel inputs are replicated across TP) or not; a
@@ -300,7 +331,9 @@ fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome)
     let mut per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = BTreeMap::new();
     for &rank in &trace.ranks {
         let recs: Vec<&Rec> = trace.of_rank(rank).collect();
-        per_rank.insert(rank, rank_weights(&recs));
+        let mut found = rank_weights(&recs);
+        persistent_weights(store, &recs, &mut found);
+        per_rank.insert(rank, found);
     }
     frozen_weights(store, &per_rank, out);
     let mut groups: BTreeSet<Vec<u32>> = BTreeSet::new();

@@ -278,6 +278,10 @@ pub struct CompareReport {
     /// Tensors the store does not hold enough of to judge (a partial capture), by reason.
     #[serde(default)]
     pub not_comparable: Vec<NotComparable>,
+    /// Replicated tensors whose replicas stopped being bitwise identical (each copy may be
+    /// within tolerance of the reference); any makes the verdict a divergence.
+    #[serde(default)]
+    pub replica_drift: Vec<crate::replicas::ReplicaDrift>,
     /// Totals.
     pub stats: CompareStats,
 }

@@ -64,6 +64,12 @@ fn printable(r: &CompareReport) -> CompareReport {
         }
     }
     r.warnings.iter_mut().for_each(e);
+    for d in &mut r.replica_drift {
+        e(&mut d.operand);
+        if let Some(n) = &mut d.nvtx {
+            e(n);
+        }
+    }
     for n in &mut r.not_comparable {
         e(&mut n.reason);
         e(&mut n.first);
@@ -93,6 +99,7 @@ pub fn render(report: &CompareReport, color: bool) -> String {
             render_divergence(report, &p, budget.clamp(2, 5), &mut out);
         }
     }
+    render_drift(report, &p, &mut out);
     let _ = writeln!(out, "{}", counts(report));
     for w in report.warnings.iter().take(WARNINGS_SHOWN) {
         let _ = writeln!(out, "{} {w}", p.paint("33", "warning:"));
@@ -106,6 +113,31 @@ pub fn render(report: &CompareReport, color: bool) -> String {
         );
     }
     out
+}
+
+/// The first replica drift and how many more, when replicas drifted apart.
+fn render_drift(r: &CompareReport, p: &Paint, out: &mut String) {
+    let Some(d) = r.replica_drift.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "{} step {}, {}: {} differs across replicas {:?} (identical in step {}): ranks {:?} drifted",
+        p.paint("1;31", "replicas drifted apart:"),
+        d.step,
+        d.nvtx.as_deref().unwrap_or("-"),
+        d.operand,
+        d.group,
+        d.identical_in,
+        d.ranks,
+    );
+    if r.replica_drift.len() > 1 {
+        let _ = writeln!(
+            out,
+            "  and {} more replicated tensors (see the JSON report)",
+            r.replica_drift.len() - 1
+        );
+    }
 }
 
 /// Run vs reference, layout, precision and steps, after the verdict.
@@ -155,6 +187,9 @@ fn render_match(r: &CompareReport, p: &Paint, out: &mut String) {
 
 fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &mut String) {
     let Some(d) = &r.first_divergence else {
+        if !r.replica_drift.is_empty() {
+            return; // the drift is the divergence: render_drift says it
+        }
         let _ = writeln!(out, "  (no first divergence recorded)");
         render_worst(r, p, out);
         return;
@@ -801,6 +836,7 @@ pub(crate) mod tests {
                 "rank 7: 1 op with no counterpart in the reference".into(),
             ],
             not_comparable: vec![],
+            replica_drift: vec![],
             stats: CompareStats {
                 reference_gemms_aligned: 100,
                 reference_ops: 410,

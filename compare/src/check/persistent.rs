@@ -1,0 +1,173 @@
+//! Weights found by persistence across steps, for runs where no GEMM recurs within a step
+//! (one micro-batch): the micro-batch rule of [`super::replicas`] needs a GEMM that reads the
+//! same operand twice in a step and finds nothing there.
+//!
+//! A training step reads its weights again in the next step, changed only by one optimizer
+//! update, while activations and gradients are computed from new data. So on each rank, a
+//! GEMM operand is a weight when, in the first two steps that rank holds, the same GEMM (same
+//! module, API, shape and transposes, the n-th of that signature in its step, used once per
+//! step) reads values that stay close: at least [`CLOSE_FRACTION`] of the sampled elements
+//! within a relative [`CLOSE_RELATIVE`] of their previous value. New data moves almost every
+//! element further than that. Assumption (documented in docs/check.md): each step trains on
+//! new data; a run that feeds the same batch every step makes its activations look like
+//! weights too.
+
+use std::collections::BTreeMap;
+
+use ttrace_format::reader::Store;
+use ttrace_format::record::{Op, Role};
+
+use crate::check::load::Rec;
+use crate::trace::{is_float, to_f32};
+
+/// Relative change below which an element counts as kept from one step to the next.
+pub const CLOSE_RELATIVE: f32 = 0.125;
+/// Fraction of sampled elements that must be kept for the operand to be a weight.
+pub const CLOSE_FRACTION: f64 = 0.9;
+/// Elements sampled per operand (evenly spaced), to bound what is read and decoded.
+const SAMPLE: usize = 4096;
+
+/// A GEMM's identity on one rank, steps aside: NVTX module, API, m, n, k, transposes.
+pub type Signature = (String, String, [u64; 5]);
+
+/// One GEMM use of a signature that occurs once in its step: its record and operand tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct Single<'a> {
+    /// The record.
+    pub rec: &'a Rec,
+    /// Tensor indexes of A and B.
+    pub operands: [Option<usize>; 2],
+}
+
+/// The GEMMs of `recs` (one rank) whose signature occurs exactly once in their step, by
+/// signature and step.
+pub fn singles<'a>(recs: &[&'a Rec]) -> BTreeMap<Signature, BTreeMap<u64, Single<'a>>> {
+    let mut count: BTreeMap<(u64, Signature), Vec<&'a Rec>> = BTreeMap::new();
+    for r in recs {
+        let Op::Gemm(g) = &r.record.op else { continue };
+        let sig = (
+            r.record.nvtx.last().cloned().unwrap_or_default(),
+            r.record.api.clone(),
+            [g.m, g.n, g.k, g.transa as u64, g.transb as u64],
+        );
+        count.entry((r.record.step, sig)).or_default().push(r);
+    }
+    let mut out: BTreeMap<Signature, BTreeMap<u64, Single<'a>>> = BTreeMap::new();
+    for ((step, sig), uses) in count {
+        if let [rec] = uses[..] {
+            let operands = [rec.find(Role::A), rec.find(Role::B)];
+            out.entry(sig)
+                .or_default()
+                .insert(step, Single { rec, operands });
+        }
+    }
+    out
+}
+
+/// Which operands (0: A, 1: B) of each single-use signature are weights on this rank, judged
+/// on the first two consecutive steps that hold the signature.
+pub fn weight_operands(
+    store: &Store,
+    singles: &BTreeMap<Signature, BTreeMap<u64, Single<'_>>>,
+) -> BTreeMap<Signature, usize> {
+    let mut out = BTreeMap::new();
+    for (sig, steps) in singles {
+        let Some((u0, u1)) = steps
+            .iter()
+            .zip(steps.iter().skip(1))
+            .find(|((a, _), (b, _))| **b == **a + 1)
+            .map(|((_, u0), (_, u1))| (u0, u1))
+        else {
+            continue;
+        };
+        let kept: Vec<bool> = (0..2)
+            .map(|op| match (u0.operands[op], u1.operands[op]) {
+                (Some(i0), Some(i1)) => {
+                    let a = sampled(store, u0.rec, i0);
+                    let b = sampled(store, u1.rec, i1);
+                    matches!((a, b), (Some(a), Some(b)) if mostly_kept(&a, &b))
+                }
+                _ => false,
+            })
+            .collect();
+        // Both operands kept: nothing tells the weight from the data (a fixed batch).
+        match (kept[0], kept[1]) {
+            (true, false) => {
+                out.insert(sig.clone(), 0);
+            }
+            (false, true) => {
+                out.insert(sig.clone(), 1);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether at least [`CLOSE_FRACTION`] of the elements of `b` lie within [`CLOSE_RELATIVE`]
+/// of those of `a`, relative to the larger of the two magnitudes and the root mean square of
+/// `a` (so that elements near zero, which an update moves by a large relative amount, count
+/// as kept when they moved little on the tensor's scale; equal values count).
+pub fn mostly_kept(a: &[f32], b: &[f32]) -> bool {
+    if a.len() != b.len() || a.is_empty() {
+        return false;
+    }
+    let rms = (a
+        .iter()
+        .filter(|x| x.is_finite())
+        .map(|x| f64::from(*x).powi(2))
+        .sum::<f64>()
+        / a.len() as f64)
+        .sqrt() as f32;
+    let kept = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| {
+            x == y
+                || (x.is_finite()
+                    && y.is_finite()
+                    && (*x - *y).abs() <= CLOSE_RELATIVE * x.abs().max(y.abs()).max(rms))
+        })
+        .count();
+    kept as f64 >= CLOSE_FRACTION * a.len() as f64
+}
+
+/// Up to [`SAMPLE`] evenly spaced elements of tensor `tensor` of `rec` (read back from the
+/// store), or `None` when not captured, unreadable or not a float type.
+fn sampled(store: &Store, rec: &Rec, tensor: usize) -> Option<Vec<f32>> {
+    let t = rec.record.tensors.get(tensor)?;
+    if !t.captured || !is_float(t.dtype) {
+        return None;
+    }
+    let seg = store.open_segment(rec.record.rank, rec.record.step).ok()?;
+    let view = seg.read_seq(rec.record.seq)?.ok()?;
+    let values = to_f32(t.dtype, &view.tensor_bytes(tensor).ok()?).ok()?;
+    let stride = values.len().div_ceil(SAMPLE).max(1);
+    Some(values.into_iter().step_by(stride).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_update_keeps_the_values_new_data_does_not() {
+        let w: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let updated: Vec<f32> = w.iter().map(|x| x * 0.99 + 1e-3).collect();
+        assert!(mostly_kept(&w, &updated));
+        let new_data: Vec<f32> = (0..1000)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+            .collect();
+        assert!(!mostly_kept(&w, &new_data));
+    }
+
+    #[test]
+    fn identical_values_and_zeros_count_as_kept_nan_does_not() {
+        assert!(mostly_kept(&[0.0; 10], &[0.0; 10]));
+        assert!(!mostly_kept(&[f32::NAN; 10], &[1.0; 10]));
+        assert!(!mostly_kept(&[], &[]));
+        assert!(!mostly_kept(&[1.0], &[1.0, 2.0]));
+    }
+}

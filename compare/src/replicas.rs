@@ -1,0 +1,282 @@
+//! Replica drift: tensors that the members of a communicator hold bitwise identically (the
+//! weights of data-parallel replicas, the replicated activations of a tensor-parallel group)
+//! must stay identical in every later step. Replicas that drift apart, e.g. one replica
+//! applying a slightly different update, may each stay within tolerance of the reference
+//! (in BF16 the drift hides below its resolution), so the per-tensor comparison alone would
+//! let them pass.
+//!
+//! Data-driven, no layout convention: for each compared GEMM operand (A or B; outputs are
+//! not replicated by construction) and each communicator of two or more ranks all holding
+//! that operand, the first step where they all hold it decides: bitwise identical (same
+//! CRC-32) and not a constant tensor (a zero-initialised buffer is identical everywhere by
+//! accident) makes it a replicated tensor of that group; every later step's copies must then
+//! share one CRC, when the tensor persists from step to step (most values within 12.5% of
+//! the last identical copy's, [`crate::check::persistent::mostly_kept`]: a weight moved by
+//! its updates; an activation computed from new data that happened to agree is not held to
+//! it). The ranks blamed are those outside the majority; with no majority (two
+//! replicas), those whose copy is farther from the reference.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use ttrace_format::record::Role;
+
+use crate::report::TensorComparison;
+use crate::trace::RunTrace;
+use crate::CompareError;
+
+/// Replicas of a tensor that stopped being identical.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaDrift {
+    /// Index into the report's `tensors` of the first comparison where they differ.
+    pub tensor: u64,
+    /// The step where they differ first.
+    pub step: u64,
+    /// The last step where they were identical.
+    pub identical_in: u64,
+    /// The communicator's members (global ranks) holding the replicas.
+    pub group: Vec<u32>,
+    /// The ranks whose copy differs (see the module doc for how they are chosen).
+    pub ranks: Vec<u32>,
+    /// GEMM API and operand, e.g. `cublasGemmEx A`.
+    pub operand: String,
+    /// NVTX path of the op, when recorded.
+    pub nvtx: Option<String>,
+}
+
+/// A compared operand's identity across steps: reference seq within the step, API, role,
+/// shape.
+type Kind = (u64, String, String, Vec<u64>);
+
+/// What is known of one (group, kind): the step it was found identical in, once found.
+#[derive(Clone, Copy)]
+enum State {
+    /// Identical (and not constant) in the comparison at this index of `tensors`.
+    Replicated(usize),
+    /// Not a replicated tensor of this group (differed or constant when first seen), or
+    /// already reported.
+    Settled,
+}
+
+/// Finds replica drift among the compared `tensors` (in execution order) of `run`.
+pub fn drift(
+    run: &RunTrace,
+    tensors: &[TensorComparison],
+) -> Result<Vec<ReplicaDrift>, CompareError> {
+    let groups = groups(run);
+    let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
+    let mut found = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let role = match t.role.as_str() {
+            "A" => Role::A,
+            "B" => Role::B,
+            _ => continue,
+        };
+        let kind: Kind = (t.ref_seq, t.api.clone(), t.role.clone(), t.shape.clone());
+        for (g, members) in groups.iter().enumerate() {
+            let Some(copies) = copies(run, t, role, members) else {
+                continue;
+            };
+            let key = (g, kind.clone());
+            match state.get(&key).copied() {
+                None => {
+                    let same = copies.iter().all(|c| c.1 == copies[0].1);
+                    let replicated = same && !constant(run, t, role, copies[0].0)?;
+                    state.insert(
+                        key,
+                        if replicated {
+                            State::Replicated(i)
+                        } else {
+                            State::Settled
+                        },
+                    );
+                }
+                Some(State::Replicated(since)) => {
+                    if copies.iter().all(|c| c.1 == copies[0].1) {
+                        state.insert(key, State::Replicated(i));
+                        continue;
+                    }
+                    state.insert(key.clone(), State::Settled);
+                    let before = &tensors[since];
+                    // Only a tensor that persists from step to step (a weight moved by its
+                    // updates) must stay replicated; one replaced by new data each step (an
+                    // activation that happened to agree) need not.
+                    if !persists(run, before, t, role, copies[0].0)? {
+                        continue;
+                    }
+                    found.push(ReplicaDrift {
+                        tensor: i as u64,
+                        step: t.step,
+                        identical_in: before.step,
+                        group: members.clone(),
+                        ranks: blame(&copies, t),
+                        operand: format!("{} {}", t.api, t.role),
+                        nvtx: t.nvtx.clone(),
+                    });
+                }
+                Some(State::Settled) => {}
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Communicators of two or more ranks (global ranks, sorted, deduplicated).
+fn groups(run: &RunTrace) -> Vec<Vec<u32>> {
+    let mut out: Vec<Vec<u32>> = run
+        .manifest
+        .comms
+        .iter()
+        .filter_map(|c| c.members.iter().copied().collect::<Option<Vec<u32>>>())
+        .map(|mut m| {
+            m.sort_unstable();
+            m.dedup();
+            m
+        })
+        .filter(|m| m.len() >= 2)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `(rank, CRC-32)` of the operand on every member of `members`, when every member holds it
+/// captured in this comparison (`None` otherwise).
+fn copies(
+    run: &RunTrace,
+    t: &TensorComparison,
+    role: Role,
+    members: &[u32],
+) -> Option<Vec<(u32, u32)>> {
+    members
+        .iter()
+        .map(|&m| {
+            let held = t.ranks.iter().find(|r| r.rank == m)?;
+            let rec = run.record(m, t.step, held.seq)?;
+            let tensor = rec.tensors.iter().find(|x| x.role == role)?;
+            tensor.captured.then_some((m, tensor.crc32))
+        })
+        .collect()
+}
+
+/// Whether the operand on `rank` in comparison `now` kept its values from comparison `before`
+/// (see [`crate::check::persistent::mostly_kept`]).
+fn persists(
+    run: &RunTrace,
+    before: &TensorComparison,
+    now: &TensorComparison,
+    role: Role,
+    rank: u32,
+) -> Result<bool, CompareError> {
+    let values = |t: &TensorComparison| -> Result<Option<Vec<f32>>, CompareError> {
+        let Some(held) = t.ranks.iter().find(|r| r.rank == rank) else {
+            return Ok(None);
+        };
+        let Some(rec) = run.record(rank, t.step, held.seq) else {
+            return Ok(None);
+        };
+        Ok(run.values(rec, role)?.map(|v| v.data))
+    };
+    Ok(match (values(before)?, values(now)?) {
+        (Some(a), Some(b)) => crate::check::persistent::mostly_kept(&a, &b),
+        _ => false,
+    })
+}
+
+/// Whether the operand on `rank` holds one value throughout (or cannot be read as floats).
+fn constant(
+    run: &RunTrace,
+    t: &TensorComparison,
+    role: Role,
+    rank: u32,
+) -> Result<bool, CompareError> {
+    let Some(held) = t.ranks.iter().find(|r| r.rank == rank) else {
+        return Ok(true);
+    };
+    let Some(rec) = run.record(rank, t.step, held.seq) else {
+        return Ok(true);
+    };
+    Ok(match run.values(rec, role)? {
+        Some(v) => v.data.iter().all(|x| x.to_bits() == v.data[0].to_bits()),
+        None => true,
+    })
+}
+
+/// The ranks outside the most common CRC; without a strict majority, the copies farthest
+/// from the reference (by the comparison's per-rank error).
+fn blame(copies: &[(u32, u32)], t: &TensorComparison) -> Vec<u32> {
+    let mut classes: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (rank, crc) in copies {
+        classes.entry(*crc).or_default().push(*rank);
+    }
+    let error = |ranks: &[u32]| -> f64 {
+        ranks
+            .iter()
+            .filter_map(|r| t.ranks.iter().find(|e| e.rank == *r))
+            .map(|e| e.error_eps)
+            .fold(0.0, f64::max)
+    };
+    let biggest = classes.values().map(Vec::len).max().unwrap_or(0);
+    let majority: Vec<&Vec<u32>> = classes.values().filter(|c| c.len() == biggest).collect();
+    // Tied: the class nearest the reference is taken as right.
+    let keep: Vec<u32> = majority
+        .into_iter()
+        .min_by(|a, b| error(a).total_cmp(&error(b)))
+        .cloned()
+        .unwrap_or_default();
+    let mut out: Vec<u32> = copies
+        .iter()
+        .map(|c| c.0)
+        .filter(|r| !keep.contains(r))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Merge, RankError};
+
+    fn cmp(errors: &[(u32, f64)]) -> TensorComparison {
+        TensorComparison {
+            position: 0,
+            step: 1,
+            ref_seq: 3,
+            api: "cublasGemmEx".into(),
+            role: "A".into(),
+            nvtx: None,
+            shape: vec![4, 4],
+            dtype: "F32".into(),
+            merge: Merge::Replicated,
+            ranks: errors
+                .iter()
+                .map(|&(rank, error_eps)| RankError {
+                    rank,
+                    seq: 3,
+                    error_eps,
+                })
+                .collect(),
+            error_eps: 0.0,
+            worst_row: None,
+            norm_ratio: 1.0,
+            tolerance_eps: 4.0,
+            tolerance_source: "analytic".into(),
+            diverged: false,
+        }
+    }
+
+    #[test]
+    fn the_minority_replica_is_blamed() {
+        let t = cmp(&[(0, 0.5), (2, 0.5), (4, 0.1)]);
+        assert_eq!(blame(&[(0, 7), (2, 7), (4, 9)], &t), vec![4]);
+    }
+
+    #[test]
+    fn with_two_replicas_the_one_farther_from_the_reference_is_blamed() {
+        let t = cmp(&[(0, 0.4), (2, 1.9)]);
+        assert_eq!(blame(&[(0, 7), (2, 9)], &t), vec![2]);
+        let t = cmp(&[(0, 2.5), (2, 0.3)]);
+        assert_eq!(blame(&[(0, 7), (2, 9)], &t), vec![0]);
+    }
+}

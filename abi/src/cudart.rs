@@ -133,6 +133,8 @@ pub type cudaStreamCaptureStatus = c_uint;
 pub type cudaStreamCaptureMode = c_uint;
 /// `enum cudaMemoryType`.
 pub type cudaMemoryType = c_uint;
+/// `enum cudaGraphNodeType`.
+pub type cudaGraphNodeType = c_uint;
 /// `enum cudaDeviceAttr`.
 pub type cudaDeviceAttr = c_uint;
 /// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
@@ -182,6 +184,15 @@ pub const cudaStreamCaptureStatusInvalidated: cudaStreamCaptureStatus = 2;
 pub const cudaStreamCaptureModeGlobal: cudaStreamCaptureMode = 0;
 pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
+
+pub const cudaGraphNodeTypeKernel: cudaGraphNodeType = 0;
+pub const cudaGraphNodeTypeMemcpy: cudaGraphNodeType = 1;
+pub const cudaGraphNodeTypeMemset: cudaGraphNodeType = 2;
+pub const cudaGraphNodeTypeHost: cudaGraphNodeType = 3;
+pub const cudaGraphNodeTypeGraph: cudaGraphNodeType = 4;
+pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
+pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
+pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;
 
 /// `CUDART_VERSION` of the headers this ABI mirrors.
 #[cfg(not(sim_cuda13))]

@@ -1,10 +1,17 @@
 //! CUDA graphs under libttrace.so: ops captured into a graph (stream capture) are snapshotted
 //! at every `cudaGraphLaunch`, each replay publishing its own record set with that replay's
 //! bytes, byte-exact against a recomputation; what cannot be snapshotted is a gap per replay.
+//! Driven by `sim-probe traced graph-step` (two ranks) and by tests/integration/c/graph.c,
+//! compiled against NVIDIA's CUDA 12 and CUDA 13 headers and linked to the simulated stack of
+//! that major by soname.
 
 mod intercept_util;
 
-use integration_tests::describe;
+use std::path::PathBuf;
+use std::process::Command;
+
+use integration_tests::abi_check::{fetch_headers_for, repo_root};
+use integration_tests::{describe, profile_dir, sim_dir};
 use intercept_util::*;
 use ttrace_format::record::{CollectiveKind, Op, Role};
 
@@ -136,6 +143,115 @@ fn a_replayed_op_larger_than_the_ring_is_metadata_at_each_replay() {
                     && r.bytes[0].as_deref() == Some(&want[..])),
                 "rank {rank}: replay {i}'s copy is captured"
             );
+        }
+    }
+}
+
+/// The simulated stack of CUDA `major` (13: target/cuda13/<profile>/sim, `None` when not built).
+fn sim_dir_for(major: u32) -> Option<PathBuf> {
+    if major == 12 {
+        return Some(sim_dir());
+    }
+    let profile = profile_dir();
+    let d = profile
+        .parent()?
+        .join("cuda13")
+        .join(profile.file_name()?)
+        .join("sim");
+    d.join("libcudart.so.13").exists().then_some(d)
+}
+
+/// Compiles tests/integration/c/graph.c against CUDA `major`'s headers, linked by soname to
+/// the simulated libraries in `sim`.
+fn graph_c(major: u32, sim: &std::path::Path) -> PathBuf {
+    let include = fetch_headers_for(major).unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
+    let dir = profile_dir().join("c-graph");
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    let exe = dir.join(format!("graph{major}"));
+    let mut cc = Command::new("gcc");
+    cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"]);
+    for d in &include {
+        cc.arg("-I").arg(d);
+    }
+    cc.arg(repo_root().join("tests/integration/c/graph.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(sim);
+    for so in [
+        format!("libcudart.so.{major}"),
+        format!("libcublas.so.{major}"),
+        "libnccl.so.2".to_string(),
+    ] {
+        cc.arg(format!("-l:{so}"));
+    }
+    cc.arg(format!("-Wl,-rpath,{}", sim.display()));
+    let out = cc.output().expect("gcc runs");
+    assert!(out.status.success(), "gcc failed:\n{}", describe(&out));
+    exe
+}
+
+/// graph.c's `graph_input(i, j)` as f32 bytes.
+fn c_input(replay: usize) -> Vec<u8> {
+    (0..16 * 4)
+        .flat_map(|j| ((((j * 5 + replay * 3) % 7) as f32 - 3.0) * 0.5).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13() {
+    for major in [12, 13] {
+        let Some(sim) = sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let exe = graph_c(major, &sim);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("3").env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "graph-c");
+        assert_ok(&run);
+        assert_checksums(&run);
+        assert!(
+            String::from_utf8_lossy(&run.out.stdout).contains("graph: OK"),
+            "CUDA {major}: {}",
+            describe(&run.out)
+        );
+        let graph_ops: Vec<&Rec> = run
+            .records
+            .iter()
+            .filter(|r| match &r.record.op {
+                Op::Memcpy(m) => m.width == 16 * 4 * 4,
+                Op::Gemm(_) | Op::Collective(_) => true,
+                _ => false,
+            })
+            .collect();
+        let apis: Vec<&str> = graph_ops.iter().map(|r| r.record.api.as_str()).collect();
+        assert_eq!(
+            apis,
+            ["cudaMemcpyAsync", "cublasGemmEx", "ncclAllReduce"].repeat(3),
+            "CUDA {major}"
+        );
+        for (i, set) in graph_ops.chunks(3).enumerate() {
+            let (copy, gemm, reduce) = (set[0], set[1], set[2]);
+            let want = c_input(i);
+            assert_eq!(
+                copy.tensor(Role::Dst).1,
+                &want[..],
+                "CUDA {major} replay {i}"
+            );
+            assert_eq!(gemm.tensor(Role::B).1, &want[..], "CUDA {major} replay {i}");
+            assert_eq!(
+                recompute(gemm).0,
+                gemm.tensor(Role::D).1,
+                "CUDA {major} replay {i}"
+            );
+            let d = gemm.tensor(Role::D).1;
+            assert_eq!(reduce.tensor(Role::Input).1, d, "CUDA {major} replay {i}");
+            // One rank: the sum is the input.
+            assert_eq!(reduce.tensor(Role::Output).1, d, "CUDA {major} replay {i}");
         }
     }
 }

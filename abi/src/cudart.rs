@@ -135,6 +135,8 @@ pub type cudaStreamCaptureMode = c_uint;
 pub type cudaMemoryType = c_uint;
 /// `enum cudaGraphNodeType`.
 pub type cudaGraphNodeType = c_uint;
+/// `enum cudaGraphExecUpdateResult`.
+pub type cudaGraphExecUpdateResult = c_uint;
 /// `enum cudaDeviceAttr`.
 pub type cudaDeviceAttr = c_uint;
 /// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
@@ -194,6 +196,10 @@ pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
 pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
 pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;
 
+pub const cudaGraphExecUpdateSuccess: cudaGraphExecUpdateResult = 0;
+pub const cudaGraphExecUpdateErrorTopologyChanged: cudaGraphExecUpdateResult = 2;
+pub const cudaGraphExecUpdateErrorNodeTypeChanged: cudaGraphExecUpdateResult = 3;
+
 /// `CUDART_VERSION` of the headers this ABI mirrors.
 #[cfg(not(sim_cuda13))]
 pub const CUDART_VERSION: c_int = 12080;
@@ -252,6 +258,17 @@ pub struct cudaPointerAttributes {
     #[cfg(sim_cuda13)]
     pub reserved: [core::ffi::c_long; 8],
 }
+
+/// `struct cudaGraphExecUpdateResultInfo_st`: what `cudaGraphExecUpdate` reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaGraphExecUpdateResultInfo_st {
+    pub result: cudaGraphExecUpdateResult,
+    pub errorNode: cudaGraphNode_t,
+    pub errorFromNode: cudaGraphNode_t,
+}
+/// `cudaGraphExecUpdateResultInfo`.
+pub type cudaGraphExecUpdateResultInfo = cudaGraphExecUpdateResultInfo_st;
 
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]

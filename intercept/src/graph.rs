@@ -15,8 +15,9 @@
 //!   its own record set with its own step and seq. Then the nodes are pointed back at the
 //!   sink: a launch the tracer does not see never writes into ring space handed out again.
 //! * **Gaps.** Where a replay cannot be snapshotted (no node found for a copy, a strided
-//!   tensor of too many rows, no staging memory, the graph launched into another capture),
-//!   each replay records a `GraphCapture` gap saying why.
+//!   tensor of too many rows, no staging memory, the graph launched into another capture, an
+//!   instance updated with `cudaGraphExecUpdate`), each replay records a `GraphCapture` gap
+//!   saying why.
 //!
 //! No host callback, no synchronisation, no legacy stream. A per-instance lock is held across
 //! the redirects and the launch (CUDA requires launches of one instance to be serialised by
@@ -291,6 +292,42 @@ pub fn instantiated(exec: usize, graph: usize) {
     let Some(templates) = graphs(|g| g.get(&graph).cloned()) else {
         return;
     };
+    let e = Arc::new(Exec {
+        templates,
+        launch: Mutex::new(()),
+    });
+    execs(|x| x.insert(exec, e));
+}
+
+/// After a successful `cudaGraphExecUpdate`: the instance runs `graph`'s work now. Its copy
+/// nodes are not the nodes the instance was made with, and only those can be redirected, so
+/// each replay records a gap per captured op (the new graph's ops when they were captured
+/// under the tracer, else the old ones).
+pub fn updated(exec: usize, graph: usize) {
+    let old = execs(|x| x.get(&exec).cloned());
+    let Some(base) =
+        graphs(|g| g.get(&graph).cloned()).or_else(|| old.map(|e| e.templates.clone()))
+    else {
+        return;
+    };
+    let detail = "the instance was updated with cudaGraphExecUpdate: its snapshot copy nodes \
+                  cannot be redirected any more";
+    let templates = base
+        .iter()
+        .map(|t| {
+            Arc::new(Template {
+                api: t.api,
+                op: t.op.clone(),
+                stream: t.stream,
+                device: t.device,
+                tensors: t.tensors.clone(),
+                offsets: t.offsets.clone(),
+                total: t.total,
+                copies: Vec::new(),
+                gap: Some(detail.into()),
+            })
+        })
+        .collect();
     let e = Arc::new(Exec {
         templates,
         launch: Mutex::new(()),

@@ -248,6 +248,7 @@ real_fns! {
     Cudart: fn cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGraphExecDestroy(cudaGraphExec_t) -> cudaError_t;
     Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
+    Cudart: fn cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;
     // CUDA 12 spelling (every 12.x runtime exports it); CUDA 13 renamed it to the unversioned
     // name with an edge-data parameter (the unversioned CUDA 12 export is CUDA 11's 3 arguments).
     Cudart: fn cudaStreamGetCaptureInfo_v2(cudaStream_t, *mut cudaStreamCaptureStatus, *mut c_ulonglong, *mut cudaGraph_t, *mut *const cudaGraphNode_t, *mut usize) -> cudaError_t;

@@ -155,6 +155,25 @@ pub unsafe extern "C" fn cudaGraphLaunch_ptsz(
     graph::launch(exec as usize, s, || unsafe { real(exec, stream) })
 }
 
+/// `cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
+/// cudaGraphExecUpdateResultInfo* resultInfo)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphExecUpdate(
+    exec: cudaGraphExec_t,
+    graph: cudaGraph_t,
+    info: *mut cudaGraphExecUpdateResultInfo,
+) -> cudaError_t {
+    let Some(real) = real::cudaGraphExecUpdate() else {
+        return MISSING;
+    };
+    // SAFETY: the program's arguments, forwarded unchanged.
+    let r = unsafe { real(exec, graph, info) };
+    if r == cudaSuccess && !mode::off(FAMILIES) {
+        let _ = crate::catch(|| graph::updated(exec as usize, graph as usize));
+    }
+    r
+}
+
 /// `cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphExecDestroy(exec: cudaGraphExec_t) -> cudaError_t {

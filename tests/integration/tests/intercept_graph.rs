@@ -13,7 +13,7 @@ use std::process::Command;
 use integration_tests::abi_check::{fetch_headers_for, repo_root};
 use integration_tests::{describe, profile_dir, sim_dir};
 use intercept_util::*;
-use ttrace_format::record::{CollectiveKind, Op, Role};
+use ttrace_format::record::{CollectiveKind, CopyDirection, Op, Role};
 
 const REPLAYS: usize = 3;
 
@@ -253,5 +253,50 @@ fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13() {
             // One rank: the sum is the input.
             assert_eq!(reduce.tensor(Role::Output).1, d, "CUDA {major} replay {i}");
         }
+    }
+}
+
+#[test]
+fn replays_of_an_instance_updated_with_cuda_graph_exec_update_are_gaps_naming_it() {
+    let run = traced(1, &["traced", "graph-update"], &[]);
+    assert_ok(&run);
+    let graph_ops: Vec<(String, Option<String>)> = run
+        .records
+        .iter()
+        .filter(|r| match &r.record.op {
+            Op::Gap(_) | Op::Gemm(_) => true,
+            // The graph's copy (A's upload is a synchronous cudaMemcpy).
+            Op::Memcpy(m) => {
+                r.record.api == "cudaMemcpyAsync"
+                    && m.direction == CopyDirection::HostToDevice
+                    && m.width == 256
+            }
+            _ => false,
+        })
+        .map(|r| {
+            let gap = match &r.record.op {
+                Op::Gap(g) => Some(g.detail.clone()),
+                _ => None,
+            };
+            (r.record.api.clone(), gap)
+        })
+        .collect();
+    // The first launch (captured), then the updated launch (gaps).
+    let apis: Vec<&str> = graph_ops.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        apis,
+        ["cudaMemcpyAsync", "cublasSgemm_v2"].repeat(2),
+        "{graph_ops:?}"
+    );
+    assert!(
+        graph_ops[..2].iter().all(|(_, g)| g.is_none()),
+        "{graph_ops:?}"
+    );
+    for (_, g) in &graph_ops[2..] {
+        assert!(
+            g.as_deref()
+                .is_some_and(|d| d.contains("cudaGraphExecUpdate")),
+            "{graph_ops:?}"
+        );
     }
 }

@@ -410,7 +410,7 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
         let n = e
             .nodes
             .iter()
-            .find(|n| n.node.handle() == node as usize)
+            .find(|n| n.origin == node as usize)
             .ok_or(cudaErrorInvalidValue)?;
         let mut params = n.memcpy.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = *params else {
@@ -435,6 +435,64 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
             height: 1,
             kind,
         });
+        Ok(())
+    })
+}
+
+/// Gives an instance the work of `graph`, when its topology is the instance's: the same number
+/// of nodes, of the same types, in the same (linear) order; memcpy nodes take `graph`'s
+/// parameters. Else `cudaErrorGraphExecUpdateFailure` with the reason in `info`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphExecUpdate(
+    exec: cudaGraphExec_t,
+    graph: cudaGraph_t,
+    info: *mut cudaGraphExecUpdateResultInfo,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let e = r
+            .execs
+            .get(exec as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        let g = r
+            .graphs
+            .get(graph as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        if info.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let nodes = g.nodes();
+        let mut result = cudaGraphExecUpdateSuccess;
+        let mut error_node = 0;
+        if nodes.len() != e.nodes.len() {
+            result = cudaGraphExecUpdateErrorTopologyChanged;
+        } else if let Some((n, _)) = nodes
+            .iter()
+            .zip(&e.nodes)
+            .find(|(n, x)| n.kind != x.work().kind)
+        {
+            result = cudaGraphExecUpdateErrorNodeTypeChanged;
+            error_node = n.handle();
+        }
+        // SAFETY: out-pointer checked above.
+        unsafe {
+            info.write(cudaGraphExecUpdateResultInfo {
+                result,
+                errorNode: error_node as cudaGraphNode_t,
+                errorFromNode: std::ptr::null_mut(),
+            })
+        };
+        if result != cudaGraphExecUpdateSuccess {
+            return Err(cudaErrorGraphExecUpdateFailure);
+        }
+        for (n, x) in nodes.into_iter().zip(&e.nodes) {
+            let params = match &n.body {
+                crate::streams::NodeBody::Memcpy(p) => Some(*p),
+                crate::streams::NodeBody::Op(_) => None,
+            };
+            *x.memcpy.lock().unwrap_or_else(|p| p.into_inner()) = params;
+            *x.node.lock().unwrap_or_else(|p| p.into_inner()) = n;
+        }
         Ok(())
     })
 }

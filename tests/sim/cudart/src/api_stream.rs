@@ -742,7 +742,7 @@ fn graph_launch(
         .iter()
         .map(|n| {
             (
-                n.node.clone(),
+                n.work(),
                 *n.memcpy.lock().unwrap_or_else(|p| p.into_inner()),
             )
         })

@@ -383,11 +383,21 @@ impl Graph {
     }
 }
 
-/// A node of an instantiated graph: the graph's node, and for a memcpy node the instance's
-/// own parameters (changed by `cudaGraphExecMemcpyNodeSetParams1D` for later launches only).
+/// A node of an instantiated graph: the handle of the node it was instantiated from (what
+/// the update calls name it by), the work it runs (another graph's after
+/// `cudaGraphExecUpdate`), and for a memcpy node the instance's own parameters (changed by
+/// `cudaGraphExecMemcpyNodeSetParams1D` for later launches only).
 pub struct ExecNode {
-    pub node: Arc<Node>,
+    pub origin: usize,
+    pub node: Mutex<Arc<Node>>,
     pub memcpy: Mutex<Option<MemcpyParams>>,
+}
+
+impl ExecNode {
+    /// The work the node runs now.
+    pub fn work(&self) -> Arc<Node> {
+        self.node.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// An instantiated graph (shares the opaque operations with its graph).
@@ -407,7 +417,8 @@ impl GraphExec {
                     NodeBody::Op(_) => None,
                 };
                 ExecNode {
-                    node,
+                    origin: node.handle(),
+                    node: Mutex::new(node),
                     memcpy: Mutex::new(memcpy),
                 }
             })

@@ -14,6 +14,8 @@
 //! * `graph-step [N]` (under simrun): one training-like step captured into a graph (an H2D
 //!   copy of the input, a GEMM, an in-place all-reduce of its output) and replayed N times
 //!   (default 3) with new input bytes each time; each replay's result is checked.
+//! * `graph-update`: a copy and a GEMM captured twice (two graphs, same topology); an instance
+//!   of the first is launched, updated to the second (`cudaGraphExecUpdate`), launched again.
 //! * `errors`: calls that fail; prints their return codes.
 //! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
 //! * `threads`: four threads copying concurrently ([`thread_copy`] says what).
@@ -73,12 +75,13 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("graph-step") => graph_step(args.get(1).map_or(Ok(3), |n| {
             n.parse().map_err(|_| format!("graph-step: bad replay count {n}"))
         })?),
+        Some("graph-update") => graph_update(),
         Some("errors") => errors(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|nccl|graph|graph-step [N]|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }
@@ -877,6 +880,73 @@ fn graph_step(replays: usize) -> Result<(), String> {
     bl!(cublasDestroy_v2(h));
     nc!(ncclCommDestroy(comm));
     println!("traced graph-step rank {r} OK ({replays} replays)");
+    Ok(())
+}
+
+fn graph_update() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let n = 8usize;
+    let mut rng = Rng(5);
+    let a = up(&values(DType::F32, n * n, &mut rng))?;
+    let staging = pinned(&values(DType::F32, n * n, &mut rng))?;
+    let (b, c) = (DevBuf::new(n * n * 4)?, DevBuf::new(n * n * 4)?);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let mut graphs = [std::ptr::null_mut(); 2];
+    for g in &mut graphs {
+        ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        ck!(cudaMemcpyAsync(
+            b.ptr,
+            staging.cast(),
+            n * n * 4,
+            cudaMemcpyHostToDevice,
+            s
+        ));
+        bl!(cublasSgemm_v2(
+            h,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            n as c_int,
+            n as c_int,
+            n as c_int,
+            &alpha,
+            a.ptr.cast(),
+            n as c_int,
+            b.ptr.cast(),
+            n as c_int,
+            &beta,
+            c.ptr.cast(),
+            n as c_int
+        ));
+        ck!(cudaStreamEndCapture(s, g));
+    }
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, graphs[0], 0));
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    let first = c.download(s)?;
+    let mut info = cudaGraphExecUpdateResultInfo {
+        result: 99,
+        errorNode: std::ptr::null_mut(),
+        errorFromNode: std::ptr::null_mut(),
+    };
+    ck!(cudaGraphExecUpdate(exec, graphs[1], &mut info));
+    if info.result != cudaGraphExecUpdateSuccess {
+        return Err(format!("cudaGraphExecUpdate result {}", info.result));
+    }
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    if c.download(s)? != first {
+        return Err("the updated instance computed another result".into());
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    for g in graphs {
+        ck!(cudaGraphDestroy(g));
+    }
+    bl!(cublasDestroy_v2(h));
+    println!("traced graph-update OK");
     Ok(())
 }
 

@@ -133,6 +133,10 @@ pub type cudaStreamCaptureStatus = c_uint;
 pub type cudaStreamCaptureMode = c_uint;
 /// `enum cudaMemoryType`.
 pub type cudaMemoryType = c_uint;
+/// `enum cudaGraphNodeType`.
+pub type cudaGraphNodeType = c_uint;
+/// `enum cudaGraphExecUpdateResult`.
+pub type cudaGraphExecUpdateResult = c_uint;
 /// `enum cudaDeviceAttr`.
 pub type cudaDeviceAttr = c_uint;
 /// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
@@ -182,6 +186,19 @@ pub const cudaStreamCaptureStatusInvalidated: cudaStreamCaptureStatus = 2;
 pub const cudaStreamCaptureModeGlobal: cudaStreamCaptureMode = 0;
 pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
+
+pub const cudaGraphNodeTypeKernel: cudaGraphNodeType = 0;
+pub const cudaGraphNodeTypeMemcpy: cudaGraphNodeType = 1;
+pub const cudaGraphNodeTypeMemset: cudaGraphNodeType = 2;
+pub const cudaGraphNodeTypeHost: cudaGraphNodeType = 3;
+pub const cudaGraphNodeTypeGraph: cudaGraphNodeType = 4;
+pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
+pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
+pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;
+
+pub const cudaGraphExecUpdateSuccess: cudaGraphExecUpdateResult = 0;
+pub const cudaGraphExecUpdateErrorTopologyChanged: cudaGraphExecUpdateResult = 2;
+pub const cudaGraphExecUpdateErrorNodeTypeChanged: cudaGraphExecUpdateResult = 3;
 
 /// `CUDART_VERSION` of the headers this ABI mirrors.
 #[cfg(not(sim_cuda13))]
@@ -241,6 +258,17 @@ pub struct cudaPointerAttributes {
     #[cfg(sim_cuda13)]
     pub reserved: [core::ffi::c_long; 8],
 }
+
+/// `struct cudaGraphExecUpdateResultInfo_st`: what `cudaGraphExecUpdate` reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaGraphExecUpdateResultInfo_st {
+    pub result: cudaGraphExecUpdateResult,
+    pub errorNode: cudaGraphNode_t,
+    pub errorFromNode: cudaGraphNode_t,
+}
+/// `cudaGraphExecUpdateResultInfo`.
+pub type cudaGraphExecUpdateResultInfo = cudaGraphExecUpdateResultInfo_st;
 
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]

@@ -340,3 +340,85 @@ pub fn event_put(ev: Event) {
         .or_default()
         .push(ev.raw);
 }
+
+/// The major version of the CUDA runtime the program uses (12 when it cannot be told).
+pub fn runtime_major() -> i32 {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    static MAJOR: AtomicI32 = AtomicI32::new(0);
+    let m = MAJOR.load(Ordering::Relaxed);
+    if m != 0 {
+        return m;
+    }
+    let mut v: c_int = 0;
+    let m = match real::cudaRuntimeGetVersion() {
+        // SAFETY: an out-pointer to a local.
+        Some(f) if unsafe { f(&mut v) } == cudaSuccess && v > 0 => v / 1000,
+        _ => 12,
+    };
+    MAJOR.store(m, Ordering::Relaxed);
+    m
+}
+
+/// The graph `stream` is being captured into and the node the stream captured last (its
+/// frontier, when it is exactly one node); `(0, None)` when it is not capturing.
+pub fn capture_info(stream: cudaStream_t) -> Result<(usize, Option<usize>), cudaError_t> {
+    let mut status: cudaStreamCaptureStatus = 0;
+    let mut graph: cudaGraph_t = core::ptr::null_mut();
+    let mut deps: *const cudaGraphNode_t = core::ptr::null();
+    let mut n: usize = 0;
+    let null = core::ptr::null_mut();
+    if runtime_major() >= 13 {
+        let f = real::cudaStreamGetCaptureInfo().ok_or(MISSING)?;
+        let mut edges: *const cudaGraphEdgeData = core::ptr::null();
+        // SAFETY: out-pointers to locals; CUDA 13's signature (checked by the major version).
+        check(unsafe {
+            f(
+                stream,
+                &mut status,
+                null,
+                &mut graph,
+                &mut deps,
+                &mut edges,
+                &mut n,
+            )
+        })?;
+    } else {
+        let f = real::cudaStreamGetCaptureInfo_v2().ok_or(MISSING)?;
+        // SAFETY: out-pointers to locals.
+        check(unsafe { f(stream, &mut status, null, &mut graph, &mut deps, &mut n) })?;
+    }
+    if status != cudaStreamCaptureStatusActive {
+        return Ok((0, None));
+    }
+    let tail = if n == 1 && !deps.is_null() {
+        // SAFETY: the runtime's array of `n` node handles, valid until the next call on the
+        // stream.
+        Some(unsafe { *deps } as usize)
+    } else {
+        None
+    };
+    Ok((graph as usize, tail))
+}
+
+/// Points a 1-D memcpy node of an instantiated graph at `dst` for its later launches.
+pub fn redirect_copy(
+    exec: usize,
+    node: usize,
+    dst: *mut u8,
+    src: u64,
+    len: u64,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaGraphExecMemcpyNodeSetParams1D().ok_or(MISSING)?;
+    // SAFETY: an instance and a memcpy node of its graph the tracer captured; `dst` is `len`
+    // bytes of pinned memory the tracer owns; `src` is the node's own source.
+    check(unsafe {
+        f(
+            exec as cudaGraphExec_t,
+            node as cudaGraphNode_t,
+            dst.cast(),
+            src as *const c_void,
+            len as usize,
+            cudaMemcpyDefault,
+        )
+    })
+}

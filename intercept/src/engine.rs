@@ -19,7 +19,7 @@ use crate::cuda::{self, ErrScope};
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
 use crate::tracer::{self, Captured, Entry, Meta, Ticket};
-use crate::{mode, stall, thread};
+use crate::{graph, mode, stall, thread};
 
 /// An op about to be called.
 pub struct Call {
@@ -53,9 +53,44 @@ pub struct InFlight {
     /// A communicator whose asynchronous launch must finish before the copies after the op
     /// (non-blocking NCCL communicators).
     pub nccl_comm: usize,
+    /// The op is being captured into a CUDA graph: its snapshot is recorded for the replays.
+    graph: Option<Box<graph::Recording>>,
 }
 
 impl InFlight {
+    /// An op recorded into a CUDA graph (its ticket publishes nothing).
+    fn recording(rec: graph::Recording) -> InFlight {
+        InFlight {
+            ticket: Ticket::take(),
+            meta: Meta {
+                api: "",
+                op: Op::Gap(ttrace_format::record::GapOp {
+                    reason: GapReason::GraphCapture,
+                    skipped_api: String::new(),
+                    bytes: 0,
+                    detail: String::new(),
+                }),
+                stream: 0,
+                device: -1,
+                thread: 0,
+                nvtx: Vec::new(),
+                kernels_before: Vec::new(),
+                t_call_ns: 0,
+            },
+            plans: Vec::new(),
+            tensors: Vec::new(),
+            offsets: Vec::new(),
+            slot: None,
+            slot_ptr: 0,
+            stream: 0,
+            device: -1,
+            copied: false,
+            fatal: None,
+            nccl_comm: 0,
+            graph: Some(Box::new(rec)),
+        }
+    }
+
     /// The ticket's number.
     pub fn ticket(&self) -> u64 {
         self.ticket.number()
@@ -100,28 +135,14 @@ pub fn begin(call: Call) -> Option<InFlight> {
     };
     match cuda::is_capturing(call.stream) {
         Ok(false) => {}
-        Ok(true) => {
-            let bytes = call.tensors.iter().map(|t| t.nbytes).sum();
-            let m = meta(call.api, call.op, call.stream_id, device);
-            gap(
-                m,
-                GapReason::GraphCapture,
-                bytes,
-                "the stream is being captured into a CUDA graph; its replays run no API call"
-                    .into(),
-            );
-            return None;
-        }
+        // Snapshotted at every replay of the graph (graph.rs).
+        Ok(true) => return graph::begin(call, device, session).map(InFlight::recording),
         // The legacy stream during a capture, a bad handle: the op reports the same error.
         Err(_) => return None,
     }
     let cfg = session.cfg;
     let mut plans = call.tensors;
-    for t in &mut plans {
-        if t.captured && ((t.input && !cfg.inputs) || t.nbytes > cfg.max_tensor_bytes) {
-            t.captured = false;
-        }
-    }
+    select(session, &mut plans);
     let sizes: Vec<u64> = plans
         .iter()
         .filter(|t| t.captured)
@@ -135,7 +156,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     }
     let m = meta(call.api, call.op, call.stream_id, device);
     let (ticket, slot) = if total > 0 {
-        match reserve(session, total) {
+        match reserve(session, total, None) {
             Some((t, s)) => (t, Some(s)),
             None => {
                 let detail = if stall::spent(cfg.max_stall_ms) {
@@ -172,19 +193,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         // the bytes are written by the device copies.
         unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
     });
-    let tensors = plans
-        .iter()
-        .map(|t| Tensor {
-            role: t.role,
-            dtype: t.dtype,
-            strides: ttrace_format::record::packed_strides(&t.shape),
-            shape: t.shape.clone(),
-            ptr: t.ptr,
-            nbytes: t.nbytes,
-            captured: t.captured,
-            crc32: 0,
-        })
-        .collect();
+    let tensors = plans.iter().map(tensor_of).collect();
     let mut f = InFlight {
         ticket,
         meta: m,
@@ -198,15 +207,48 @@ pub fn begin(call: Call) -> Option<InFlight> {
         copied: false,
         fatal: None,
         nccl_comm: 0,
+        graph: None,
     };
     f.copy(When::Before);
     Some(f)
+}
+
+/// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`), the size cap,
+/// and the ring (an op larger than the whole ring is metadata only).
+pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
+    let cfg = session.cfg;
+    for t in plans.iter_mut() {
+        if t.captured && ((t.input && !cfg.inputs) || t.nbytes > cfg.max_tensor_bytes) {
+            t.captured = false;
+        }
+    }
+    let total: u64 = plans.iter().filter(|t| t.captured).map(|t| t.nbytes).sum();
+    if total > session.ring.capacity() {
+        plans.iter_mut().for_each(|t| t.captured = false);
+    }
+}
+
+/// A record's tensor from its plan (`crc32` is filled by the tracer).
+pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
+    Tensor {
+        role: t.role,
+        dtype: t.dtype,
+        strides: ttrace_format::record::packed_strides(&t.shape),
+        shape: t.shape.clone(),
+        ptr: t.ptr,
+        nbytes: t.nbytes,
+        captured: t.captured,
+        crc32: 0,
+    }
 }
 
 /// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
 /// that failed is not recorded; copies already enqueued still complete before its slot is
 /// reused).
 pub fn finish(mut f: InFlight, ok: bool) {
+    if let Some(rec) = f.graph.take() {
+        return graph::finish(*rec, ok);
+    }
     let _err = ErrScope::new();
     if ok && !mode::dead() {
         f.copy(When::After);
@@ -318,10 +360,11 @@ impl InFlight {
 /// Reserves `total` bytes and a ticket, waiting for the daemon to free space at most
 /// `TTRACE_WAIT_MS`, and no longer than what is left of the process's stall budget (the
 /// wait is charged to it). Gives up at once when the tracer waits for this thread's own
-/// deferred group (no space can come before the group ends).
-fn reserve(s: &Session, total: u64) -> Option<(Ticket, Slot)> {
+/// deferred group, or for `held` (a ticket the caller holds unpushed): no space can come
+/// before that is handed in.
+pub(crate) fn reserve(s: &Session, total: u64, held: Option<u64>) -> Option<(Ticket, Slot)> {
     let started = Instant::now();
-    let r = reserve_until(s, total, started);
+    let r = reserve_until(s, total, started, held);
     let waited = started.elapsed();
     if waited > Duration::from_millis(1) {
         stall::charge(waited);
@@ -329,10 +372,19 @@ fn reserve(s: &Session, total: u64) -> Option<(Ticket, Slot)> {
     r
 }
 
-fn reserve_until(s: &Session, total: u64, started: Instant) -> Option<(Ticket, Slot)> {
+fn reserve_until(
+    s: &Session,
+    total: u64,
+    started: Instant,
+    held: Option<u64>,
+) -> Option<(Ticket, Slot)> {
     let wait = Duration::from_millis(s.cfg.wait_ms).min(stall::remaining(s.cfg.max_stall_ms));
     let deadline = started + wait;
-    let mine = thread::with(|t| t.deferred.iter().map(InFlight::ticket).min()).flatten();
+    let deferred = thread::with(|t| t.deferred.iter().map(InFlight::ticket).min()).flatten();
+    let mine = match (deferred, held) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let mut pause = Duration::from_micros(50);
     loop {
         {

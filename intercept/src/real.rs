@@ -11,7 +11,7 @@
 //! The resolved address is cached in one atomic word per function, so a hook's pass-through
 //! path costs that load and the indirect call.
 
-use core::ffi::{c_char, c_int, c_uint, c_void};
+use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_abi::cublas::*;
@@ -239,6 +239,21 @@ real_fns! {
     Cudart: fn cudaEventQuery(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
     Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
+    // ---- runtime: CUDA graphs (hooked, then used by the tracer; intercept/src/graph.rs) ----
+    Cudart: fn cudaStreamEndCapture(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
+    Cudart: fn cudaStreamEndCapture_ptsz(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
+    Cudart: fn cudaGraphInstantiate(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
+    Cudart: fn cudaGraphInstantiateWithFlags(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
+    Cudart: fn cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaGraphExecDestroy(cudaGraphExec_t) -> cudaError_t;
+    Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
+    Cudart: fn cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;
+    // CUDA 12 spelling (every 12.x runtime exports it); CUDA 13 renamed it to the unversioned
+    // name with an edge-data parameter (the unversioned CUDA 12 export is CUDA 11's 3 arguments).
+    Cudart: fn cudaStreamGetCaptureInfo_v2(cudaStream_t, *mut cudaStreamCaptureStatus, *mut c_ulonglong, *mut cudaGraph_t, *mut *const cudaGraphNode_t, *mut usize) -> cudaError_t;
+    Cudart: fn cudaStreamGetCaptureInfo(cudaStream_t, *mut cudaStreamCaptureStatus, *mut c_ulonglong, *mut cudaGraph_t, *mut *const cudaGraphNode_t, *mut *const cudaGraphEdgeData, *mut usize) -> cudaError_t;
+    Cudart: fn cudaGraphExecMemcpyNodeSetParams1D(cudaGraphExec_t, cudaGraphNode_t, *mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
     // ---- runtime: used by the perturbation of a reference run ----
     Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;

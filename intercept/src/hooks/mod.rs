@@ -8,6 +8,7 @@ pub mod api;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
+pub mod graph;
 pub mod nccl;
 pub mod nvtx;
 

@@ -80,6 +80,11 @@ crate::dyn_api! {
     fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut cudaGraph_t) -> cudaError_t;
     fn cudaThreadExchangeStreamCaptureMode(mode: *mut cudaStreamCaptureMode) -> cudaError_t;
     fn cudaGraphInstantiate(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, _flags: c_ulonglong) -> cudaError_t;
+    fn cudaGraphInstantiateWithFlags(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, flags: c_ulonglong) -> cudaError_t;
+    fn cudaGraphExecUpdate(exec: cudaGraphExec_t, graph: cudaGraph_t, info: *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;
+    fn cudaGraphGetNodes(graph: cudaGraph_t, nodes: *mut cudaGraphNode_t, count: *mut usize) -> cudaError_t;
+    fn cudaGraphNodeGetType(node: cudaGraphNode_t, kind: *mut cudaGraphNodeType) -> cudaError_t;
+    fn cudaGraphExecMemcpyNodeSetParams1D(exec: cudaGraphExec_t, node: cudaGraphNode_t, dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t;
     fn cudaGraphLaunch(exec: cudaGraphExec_t, stream: cudaStream_t) -> cudaError_t;
     fn cudaGraphLaunch_ptsz(exec: cudaGraphExec_t, stream: cudaStream_t) -> cudaError_t;
     fn cudaGraphDestroy(graph: cudaGraph_t) -> cudaError_t;

@@ -7,7 +7,7 @@ mod intercept_util;
 
 use integration_tests::describe;
 use intercept_util::*;
-use ttrace_format::record::{GapReason, Op};
+use ttrace_format::record::{GapReason, Op, Role};
 
 /// Single-process probes (and their arguments) that check the simulated stack's behaviour.
 const PROBES: &[&[&str]] = &[
@@ -95,12 +95,26 @@ fn traced_probes_still_pass_and_their_snapshots_are_intact() {
         .processes
         .iter()
         .all(|p| p.clean_exit && p.error.is_none()));
-    // The probe captures one all-reduce into a graph: one gap per rank, nothing else missing.
+    // The probe captures one all-reduce into a graph and launches it twice: no gap, and each
+    // launch is a record on every rank (10 000 floats of input and output).
     let g = gaps(&run);
-    assert_eq!(g.len(), 3, "{g:?}");
-    assert!(g
-        .iter()
-        .all(|(r, api)| *r == GapReason::GraphCapture && api == "ncclAllReduce"));
+    assert!(g.is_empty(), "{g:?}");
+    for rank in 0..3 {
+        let replays = run
+            .of_rank(rank)
+            .into_iter()
+            .filter(|r| match &r.record.op {
+                Op::Collective(c) => {
+                    r.record.api == "ncclAllReduce"
+                        && c.count == 10_000
+                        && r.record.tensors.iter().all(|t| t.captured)
+                }
+                _ => false,
+            })
+            .count();
+        // Three of that size: the eager one in between and the two replays.
+        assert_eq!(replays, 3, "rank {rank}");
+    }
 }
 
 #[test]
@@ -121,22 +135,40 @@ fn failing_calls_return_the_same_codes_under_the_tracer() {
 }
 
 #[test]
-fn ops_in_a_captured_graph_are_gaps_and_the_graph_still_replays() {
+fn ops_in_a_captured_graph_are_snapshotted_at_each_replay_and_the_graph_still_replays() {
     let run = traced(1, &["traced", "graph"], &[]);
     assert_ok(&run);
     assert!(String::from_utf8_lossy(&run.out.stdout).contains("2 replays"));
-    assert_eq!(
-        gaps(&run),
-        vec![
-            (GapReason::GraphCapture, "cudaMemcpyAsync".into()),
-            (GapReason::GraphCapture, "cublasGemmEx".into())
-        ]
-    );
-    // Outside the capture, copies are snapshotted as usual.
-    assert!(run
+    assert_eq!(gaps(&run), vec![]);
+    // The graph's copy and GEMM, once per replay, with that replay's bytes.
+    let gemms: Vec<&Rec> = run
         .records
         .iter()
-        .any(|r| matches!(r.record.op, Op::Memcpy(_))));
+        .filter(|r| r.record.api == "cublasGemmEx")
+        .collect();
+    assert_eq!(gemms.len(), 2);
+    for g in &gemms {
+        assert_eq!(
+            recompute(g).0,
+            g.tensor(Role::D).1,
+            "replay GEMM recomputes"
+        );
+    }
+    assert_ne!(gemms[0].tensor(Role::B).1, gemms[1].tensor(Role::B).1);
+    let copies: Vec<&Rec> = run
+        .records
+        .iter()
+        .filter(|r| r.record.api == "cudaMemcpyAsync" && r.has(Role::Dst))
+        .filter(|r| r.tensor(Role::Dst).0.nbytes == 8 * 8 * 4)
+        .collect();
+    // A's upload before the capture, then the graph's copy once per replay.
+    let replayed: Vec<&[u8]> = copies.iter().map(|r| r.tensor(Role::Dst).1).collect();
+    for g in &gemms {
+        assert!(
+            replayed.contains(&g.tensor(Role::B).1),
+            "each replay's copy carries the GEMM's B"
+        );
+    }
 }
 
 #[test]

@@ -35,6 +35,11 @@ fn captured_work_runs_only_on_graph_launch_and_unsafe_calls_invalidate_capture()
 }
 
 #[test]
+fn captured_copies_are_memcpy_nodes_an_instance_can_redirect_for_later_launches() {
+    passes("graph-nodes");
+}
+
+#[test]
 fn errors_follow_the_last_error_protocol() {
     passes("errors");
 }

@@ -248,6 +248,11 @@ pub struct Args {
     /// Do not push NVTX ranges.
     #[arg(long)]
     pub no_nvtx: bool,
+    /// Capture each step's forward and backward passes (every micro-batch, every layer) into
+    /// a CUDA graph once, and replay it at every step, as `torch.cuda.graph` /
+    /// `make_graphed_callables` do. Data loading and the optimizer stay eager.
+    #[arg(long)]
+    pub cuda_graph: bool,
     /// Write the losses and the final master weights to DIR.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
@@ -370,6 +375,8 @@ pub struct Config {
     pub inject_inf: Option<(usize, usize)>,
     /// Push NVTX ranges.
     pub nvtx: bool,
+    /// `--cuda-graph`: replay the forward/backward passes from a CUDA graph.
+    pub cuda_graph: bool,
     /// Dump directory.
     pub dump: Option<PathBuf>,
 }
@@ -541,8 +548,15 @@ impl Args {
             bug,
             inject_inf: self.inject_inf,
             nvtx: !self.no_nvtx,
+            cuda_graph: self.cuda_graph,
             dump: self.dump.clone(),
         };
+        if self.cuda_graph && self.inject_inf.is_some() {
+            // The injection starts at a step; a graph replays the same work at every step.
+            return Err(UsageError(
+                "--inject-inf cannot be combined with --cuda-graph".into(),
+            ));
+        }
         if let Some((layer, _)) = self.inject_inf {
             need(layer < self.layers, || {
                 format!("--inject-inf {layer}: the model has {} layers", self.layers)

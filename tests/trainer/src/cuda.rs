@@ -290,12 +290,12 @@ impl Stream {
         cuda!(cudaMemsetAsync(b.ptr(), 0, b.bytes(), self.raw()));
         Ok(())
     }
-    /// Enqueues a kernel: `f` runs on the stream's worker when the stream reaches it.
-    pub fn kernel<F: FnOnce() + Send + 'static>(self, f: F) -> Result<()> {
-        type Job = Box<dyn FnOnce() + Send>;
-        unsafe extern "C" fn trampoline(user: *mut c_void) {
-            // SAFETY: `user` is the Box leaked below; the runtime calls a host function once.
-            let job: Box<Job> = unsafe { Box::from_raw(user.cast::<Job>()) };
+    /// Enqueues a kernel: `f` runs on the stream's worker when the stream reaches it. Into a
+    /// stream capture (`--cuda-graph`), the kernel becomes a host node that runs at every
+    /// replay: `f` is then kept for the life of the process.
+    pub fn kernel<F: Fn() + Send + 'static>(self, f: F) -> Result<()> {
+        type Job = Box<dyn Fn() + Send>;
+        fn run(job: &Job) {
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
                 // A panicking kernel is a trainer bug; a GPU would have faulted. Never unwind
                 // into the runtime.
@@ -303,16 +303,75 @@ impl Stream {
                 std::process::abort();
             }
         }
+        unsafe extern "C" fn once(user: *mut c_void) {
+            // SAFETY: `user` is the Box leaked below; an eager host function runs once.
+            let job: Box<Job> = unsafe { Box::from_raw(user.cast::<Job>()) };
+            run(&job);
+        }
+        unsafe extern "C" fn replayed(user: *mut c_void) {
+            // SAFETY: `user` is the Box leaked below, never freed: a graph may replay it.
+            let job: &Job = unsafe { &*user.cast::<Job>() };
+            run(job);
+        }
+        let mut status: cudaStreamCaptureStatus = 0;
+        cuda!(cudaStreamIsCapturing(self.raw(), &mut status));
+        let captured = status != cudaStreamCaptureStatusNone;
         let job: Box<Job> = Box::new(Box::new(f));
         let user = Box::into_raw(job);
-        // SAFETY: the trampoline takes ownership of `user` when it runs.
-        let code = unsafe { cudaLaunchHostFunc(self.raw(), Some(trampoline), user.cast()) };
+        let tramp = if captured { replayed } else { once };
+        // SAFETY: the trampoline borrows or takes ownership of `user` when it runs.
+        let code = unsafe { cudaLaunchHostFunc(self.raw(), Some(tramp), user.cast()) };
         if code != cudaSuccess {
             // SAFETY: the runtime refused the launch, so the box is still ours.
             drop(unsafe { Box::from_raw(user) });
             return Err(anyhow!("cudaLaunchHostFunc returned {}", error_name(code)));
         }
         Ok(())
+    }
+}
+
+/// A CUDA graph made by stream capture (`--cuda-graph`), as `torch.cuda.graph` makes one:
+/// global capture mode, instantiated once, launched on the stream it was captured from.
+pub struct Graph {
+    graph: usize,
+    exec: usize,
+}
+
+impl Graph {
+    /// Captures what `record` enqueues on `s` (nothing runs until [`Graph::launch`]).
+    pub fn capture(s: Stream, record: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        cuda!(cudaStreamBeginCapture(s.raw(), cudaStreamCaptureModeGlobal));
+        let recorded = record();
+        let mut g: cudaGraph_t = std::ptr::null_mut();
+        // Ends the capture even when recording failed, so the stream stays usable.
+        // SAFETY: the stream this function began capturing; an out-pointer to a local.
+        let ended = unsafe { cudaStreamEndCapture(s.raw(), &mut g) };
+        recorded?;
+        if ended != cudaSuccess {
+            bail!("cudaStreamEndCapture returned {}", error_name(ended));
+        }
+        let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+        cuda!(cudaGraphInstantiateWithFlags(&mut exec, g, 0));
+        Ok(Graph {
+            graph: g as usize,
+            exec: exec as usize,
+        })
+    }
+
+    /// Replays the graph on `s`.
+    pub fn launch(&self, s: Stream) -> Result<()> {
+        cuda!(cudaGraphLaunch(self.exec as cudaGraphExec_t, s.raw()));
+        Ok(())
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: handles this graph made; launches were synchronised by the caller.
+        unsafe {
+            cudaGraphExecDestroy(self.exec as cudaGraphExec_t);
+            cudaGraphDestroy(self.graph as cudaGraph_t);
+        }
     }
 }
 

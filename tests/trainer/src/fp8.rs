@@ -207,7 +207,7 @@ impl Fp8State {
                 let a = f32_mut(amax);
                 let h = f32_mut(history);
                 let sc = f32_mut(scale);
-                for (i, kind) in slots {
+                for &(i, kind) in &slots {
                     let hist = &mut h[i * len..(i + 1) * len];
                     hist.rotate_right(1);
                     hist[0] = a[i];

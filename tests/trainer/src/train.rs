@@ -7,7 +7,7 @@ use half::bf16;
 use crate::bugs::Bug;
 use crate::cli::{Config, UsageError};
 use crate::comm::{Op, Topology};
-use crate::cuda::{load, store, Arena, DType, Pinned, Stream};
+use crate::cuda::{load, store, Arena, DType, Graph, Pinned, Stream};
 use crate::data;
 use crate::gemm::Blas;
 use crate::init::canonical;
@@ -99,6 +99,8 @@ pub fn run(cfg: &Config) -> Result<()> {
     } else {
         topo.me.dp
     };
+    // `--cuda-graph`: the forward/backward passes, captured at the first step.
+    let mut graph: Option<Graph> = None;
     for step in 0..cfg.steps {
         s.zero(st.flat.grad)?;
         s.zero(st.loss)?;
@@ -131,7 +133,18 @@ pub fn run(cfg: &Config) -> Result<()> {
                 s.upload(st.acts[mb].labels, &staging, base + d.t * 4)?;
             }
         }
-        schedule::forward_backward(&c, &mut st)?;
+        if cfg.cuda_graph {
+            if graph.is_none() {
+                graph = Some(Graph::capture(s, || {
+                    schedule::forward_backward(&c, &mut st)
+                })?);
+            }
+            if let Some(g) = &graph {
+                g.launch(s)?;
+            }
+        } else {
+            schedule::forward_backward(&c, &mut st)?;
+        }
         optimizer::step(&c, &st, step)?;
         if topo.last_stage() {
             topo.dp.all_reduce(st.loss, st.loss, Op::Avg, s)?;

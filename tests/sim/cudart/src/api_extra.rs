@@ -283,45 +283,218 @@ pub unsafe extern "C" fn cudaMemPoolTrimTo(_pool: cudaMemPool_t, _keep: usize) -
     guard(|| rt().and(Err(cudaErrorNotSupported)))
 }
 
-// ---- Graphs: captured graphs are linear lists without an editable node structure ---------
+// ---- Graphs: captured graphs are linear lists of typed nodes ------------------------------
 
-/// The simulator's graphs expose no nodes: a graph reports zero of them.
+/// The nodes of a graph, in capture order (CUDA's calling convention: a null array asks for
+/// the count; a longer array is padded with nulls and the count says how many were written).
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphGetNodes(
     graph: cudaGraph_t,
-    _nodes: *mut cudaGraphNode_t,
+    nodes: *mut cudaGraphNode_t,
     count: *mut usize,
 ) -> cudaError_t {
     guard(|| {
         let r = rt()?;
-        r.graph_exists(graph)?;
-        // SAFETY: out-pointer from the caller.
-        unsafe { out(count, 0) }
+        let g = r
+            .graphs
+            .get(graph as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        if count.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let list = g.nodes();
+        if nodes.is_null() {
+            // SAFETY: out-pointer checked above.
+            return unsafe { out(count, list.len()) };
+        }
+        // SAFETY: in/out pointer checked above.
+        let room = unsafe { count.read() };
+        for i in 0..room {
+            let h = list.get(i).map_or(0, |n| n.handle());
+            // SAFETY: the caller's array has `room` entries.
+            unsafe { nodes.add(i).write(h as cudaGraphNode_t) };
+        }
+        // SAFETY: as above.
+        unsafe { out(count, room.min(list.len())) }
     })
+}
+
+/// The node's type (`cudaGraphNodeTypeMemcpy` for a captured copy between device and pinned
+/// memory, `cudaGraphNodeTypeKernel` for a library's kernel, ...).
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphNodeGetType(
+    node: cudaGraphNode_t,
+    kind: *mut cudaGraphNodeType,
+) -> cudaError_t {
+    guard(|| {
+        let n = rt()?
+            .nodes
+            .get(node as usize)
+            .ok_or(cudaErrorInvalidValue)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(kind, n.kind) }
+    })
+}
+
+fn node_dependencies(
+    node: cudaGraphNode_t,
+    deps: *mut cudaGraphNode_t,
+    count: *mut usize,
+) -> Result<(), cudaError_t> {
+    let n = rt()?
+        .nodes
+        .get(node as usize)
+        .ok_or(cudaErrorInvalidValue)?;
+    if count.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    // A linear graph: each node depends on the one captured before it.
+    let have = usize::from(n.prev != 0);
+    if deps.is_null() {
+        // SAFETY: out-pointer checked above.
+        return unsafe { out(count, have) };
+    }
+    // SAFETY: in/out pointer checked above.
+    let room = unsafe { count.read() };
+    for i in 0..room {
+        let h = if i == 0 { n.prev } else { 0 };
+        // SAFETY: the caller's array has `room` entries.
+        unsafe { deps.add(i).write(h as cudaGraphNode_t) };
+    }
+    // SAFETY: as above.
+    unsafe { out(count, room.min(have)) }
 }
 
 #[cfg(not(sim_cuda13))]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphNodeGetDependencies(
-    _node: cudaGraphNode_t,
-    _deps: *mut cudaGraphNode_t,
-    _count: *mut usize,
+    node: cudaGraphNode_t,
+    deps: *mut cudaGraphNode_t,
+    count: *mut usize,
 ) -> cudaError_t {
-    // No node handle is ever handed out, so any handle is invalid.
-    guard(|| rt().and(Err(cudaErrorInvalidValue)))
+    guard(|| node_dependencies(node, deps, count))
 }
 
-/// CUDA 13 (CUDA 12's `_v2`): with edge data.
+/// CUDA 13 (CUDA 12's `_v2`): with edge data, which is all default here (`edge_data`, when
+/// given, is left as the caller zeroed it).
 #[cfg(sim_cuda13)]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphNodeGetDependencies(
-    _node: cudaGraphNode_t,
-    _deps: *mut cudaGraphNode_t,
+    node: cudaGraphNode_t,
+    deps: *mut cudaGraphNode_t,
     _edge_data: *mut cudaGraphEdgeData,
-    _count: *mut usize,
+    count: *mut usize,
 ) -> cudaError_t {
-    // No node handle is ever handed out, so any handle is invalid.
-    guard(|| rt().and(Err(cudaErrorInvalidValue)))
+    guard(|| node_dependencies(node, deps, count))
+}
+
+/// Redirects a 1-D memcpy node of an instantiated graph for its later launches. As in CUDA:
+/// the node must be a memcpy node of the graph the instance was made from, 1-D at
+/// instantiation, the count non-zero, and each endpoint the same kind of memory as before
+/// (device memory of the same device, or pinned host memory): else `cudaErrorInvalidValue`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
+    exec: cudaGraphExec_t,
+    node: cudaGraphNode_t,
+    dst: *mut c_void,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let e = r
+            .execs
+            .get(exec as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        let n = e
+            .nodes
+            .iter()
+            .find(|n| n.origin == node as usize)
+            .ok_or(cudaErrorInvalidValue)?;
+        let mut params = n.memcpy.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = *params else {
+            return Err(cudaErrorInvalidValue);
+        };
+        if old.height != 1 || count == 0 || kind > cudaMemcpyDefault {
+            return Err(cudaErrorInvalidValue);
+        }
+        if dst.is_null() || src.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let same = crate::api_memory::same_memory_kind;
+        if !same(old.dst, dst as usize)? || !same(old.src, src as usize)? {
+            return Err(cudaErrorInvalidValue);
+        }
+        *params = Some(crate::streams::MemcpyParams {
+            dst: dst as usize,
+            dpitch: count,
+            src: src as usize,
+            spitch: count,
+            width: count,
+            height: 1,
+            kind,
+        });
+        Ok(())
+    })
+}
+
+/// Gives an instance the work of `graph`, when its topology is the instance's: the same number
+/// of nodes, of the same types, in the same (linear) order; memcpy nodes take `graph`'s
+/// parameters. Else `cudaErrorGraphExecUpdateFailure` with the reason in `info`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphExecUpdate(
+    exec: cudaGraphExec_t,
+    graph: cudaGraph_t,
+    info: *mut cudaGraphExecUpdateResultInfo,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let e = r
+            .execs
+            .get(exec as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        let g = r
+            .graphs
+            .get(graph as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        if info.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let nodes = g.nodes();
+        let mut result = cudaGraphExecUpdateSuccess;
+        let mut error_node = 0;
+        if nodes.len() != e.nodes.len() {
+            result = cudaGraphExecUpdateErrorTopologyChanged;
+        } else if let Some((n, _)) = nodes
+            .iter()
+            .zip(&e.nodes)
+            .find(|(n, x)| n.kind != x.work().kind)
+        {
+            result = cudaGraphExecUpdateErrorNodeTypeChanged;
+            error_node = n.handle();
+        }
+        // SAFETY: out-pointer checked above.
+        unsafe {
+            info.write(cudaGraphExecUpdateResultInfo {
+                result,
+                errorNode: error_node as cudaGraphNode_t,
+                errorFromNode: std::ptr::null_mut(),
+            })
+        };
+        if result != cudaGraphExecUpdateSuccess {
+            return Err(cudaErrorGraphExecUpdateFailure);
+        }
+        for (n, x) in nodes.into_iter().zip(&e.nodes) {
+            let params = match &n.body {
+                crate::streams::NodeBody::Memcpy(p) => Some(*p),
+                crate::streams::NodeBody::Op(_) => None,
+            };
+            *x.memcpy.lock().unwrap_or_else(|p| p.into_inner()) = params;
+            *x.node.lock().unwrap_or_else(|p| p.into_inner()) = n;
+        }
+        Ok(())
+    })
 }
 
 #[no_mangle]

@@ -12,6 +12,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use cuda_abi::cudart::*;
 
 use crate::heap::{HeapError, PointerKind};
+use crate::streams::{MemcpyParams, NodeBody};
 use crate::{errors, guard, out, rt, Runtime};
 
 /// A host address the stream worker may use (device memory through its shadow mapping).
@@ -136,6 +137,20 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     };
 
     let (width, height, dpitch, spitch) = (req.width, req.height, req.dpitch, req.spitch);
+    if !blocking && !src.pageable && stream.capture().is_some() {
+        // Between device and pinned memory: a memcpy node, which an instantiated graph can
+        // redirect. (A pageable source is staged now: an opaque node.)
+        let params = MemcpyParams {
+            dst: req.dst as usize,
+            dpitch,
+            src: req.src as usize,
+            spitch,
+            width,
+            height,
+            kind: req.kind,
+        };
+        return r.capture_node(&stream, cudaGraphNodeTypeMemcpy, NodeBody::Memcpy(params));
+    }
     let op: crate::Op = if src.pageable && !blocking {
         // Stage the pageable source now: the caller may reuse it as soon as we return.
         // SAFETY: the caller guarantees the source range is readable host memory.
@@ -168,6 +183,55 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     } else {
         r.submit(&stream, Vec::new(), op).map(|_| ())
     }
+}
+
+/// Runs a memcpy node of a launched graph (on its stream's worker): its endpoints are resolved
+/// now, as the device would find them.
+pub(crate) fn run_memcpy_node(p: &MemcpyParams) -> Result<(), cudaError_t> {
+    let r = rt()?;
+    let extent = |pitch: usize| (p.height - 1) * pitch + p.width;
+    let on_device = |a: usize| {
+        matches!(
+            r.heap.classify(a as *const c_void),
+            PointerKind::Device { .. }
+        )
+    };
+    let (dst_dev, src_dev) = match p.kind {
+        cudaMemcpyHostToHost => (false, false),
+        cudaMemcpyHostToDevice => (true, false),
+        cudaMemcpyDeviceToHost => (false, true),
+        cudaMemcpyDeviceToDevice => (true, true),
+        _ => (on_device(p.dst), on_device(p.src)),
+    };
+    let dst = end(r, p.dst as *const c_void, extent(p.dpitch), dst_dev)?;
+    let src = end(r, p.src as *const c_void, extent(p.spitch), src_dev)?;
+    if dst.pageable || src.pageable {
+        // The device cannot reach pageable memory.
+        return Err(cudaErrorIllegalAddress);
+    }
+    for i in 0..p.height {
+        // SAFETY: both ranges were resolved as device-accessible memory just now.
+        unsafe {
+            std::ptr::copy(
+                src.addr.at(i * p.spitch),
+                dst.addr.at(i * p.dpitch),
+                p.width,
+            )
+        };
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` are the same kind of memory for a memcpy node (device memory of one
+/// device, or pinned host memory): what `cudaGraphExecMemcpyNodeSetParams1D` may change.
+pub(crate) fn same_memory_kind(a: usize, b: usize) -> Result<bool, cudaError_t> {
+    let r = rt()?;
+    let kind = |p: usize| match r.heap.classify(p as *const c_void) {
+        PointerKind::Device { device, .. } => Some(device),
+        PointerKind::Pinned { .. } => None,
+        PointerKind::Pageable => Some(-1),
+    };
+    Ok(kind(a) == kind(b))
 }
 
 fn copy1d(
@@ -392,7 +456,8 @@ fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError
             unsafe { std::ptr::write_bytes(a.at(0), value as u8, count) };
             Ok(())
         });
-        r.submit(&stream, Vec::new(), op).map(|_| ())
+        r.submit_as(&stream, Vec::new(), op, cudaGraphNodeTypeMemset)
+            .map(|_| ())
     })
 }
 

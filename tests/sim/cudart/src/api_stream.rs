@@ -1,11 +1,11 @@
 //! Streams, events, host functions, stream capture and graphs.
 
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cuda_abi::cudart::*;
 
-use crate::streams::{Event, Graph, GraphExec, StreamKind};
+use crate::streams::{Event, Graph, GraphExec, MemcpyParams, Node, NodeBody, StreamKind};
 use crate::{errors, guard, out, rt, Op, Runtime, CAPTURE_MODE};
 
 /// Lowest and highest stream priorities (lower number = higher priority), as on Hopper.
@@ -361,7 +361,8 @@ pub(crate) fn launch_host_func(
         unsafe { (c.0)(c.1) };
         Ok(())
     });
-    r.submit(&s, Vec::new(), op).map(|_| ())
+    r.submit_as(&s, Vec::new(), op, cudaGraphNodeTypeHost)
+        .map(|_| ())
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaLaunchHostFunc(
@@ -427,23 +428,33 @@ fn capture_info(
 ) -> Result<(), cudaError_t> {
     is_capturing(stream, status, per_thread)?;
     let s = rt()?.stream(stream, per_thread)?;
-    let cid = s
-        .capture()
-        .map_or(0, |c| c.lock().unwrap_or_else(|p| p.into_inner()).id);
+    // The sequence's id, the graph under construction and this stream's frontier (the node it
+    // captured last: what its next captured work will depend on). The frontier array stays
+    // valid until the stream captures again, as CUDA promises until the next call on it.
+    let (cid, g, tail) = match s.capture() {
+        Some(c) => {
+            let c = c.lock().unwrap_or_else(|p| p.into_inner());
+            let tail = c
+                .tails
+                .get(&s.id)
+                .map_or(std::ptr::null(), |b| &**b as *const usize);
+            (c.id, c.graph_handle, tail)
+        }
+        None => (0, 0, std::ptr::null()),
+    };
     // SAFETY: optional out-pointers from the caller, written only when non-null.
     unsafe {
         if !id.is_null() {
             id.write(cid);
         }
-        // The graph under construction and its frontier are not exposed by the simulator.
         if !graph.is_null() {
-            graph.write(std::ptr::null_mut());
+            graph.write(g as cudaGraph_t);
         }
         if !deps.is_null() {
-            deps.write(std::ptr::null());
+            deps.write(tail.cast());
         }
         if !num_deps.is_null() {
-            num_deps.write(0);
+            num_deps.write(usize::from(!tail.is_null()));
         }
     }
     Ok(())
@@ -515,8 +526,8 @@ pub unsafe extern "C" fn cudaStreamGetCaptureInfo_v2_ptsz(
     })
 }
 
-/// CUDA 13's `cudaStreamGetCaptureInfo` (CUDA 12's `_v3`: with edge data). The simulator's
-/// graphs expose no nodes, so there are no edges either: `*edge_data_out` is null.
+/// CUDA 13's `cudaStreamGetCaptureInfo` (CUDA 12's `_v3`: with edge data). Every edge of the
+/// simulator's graphs is a default edge: `*edge_data_out` is null (no annotations).
 #[cfg(sim_cuda13)]
 #[allow(clippy::too_many_arguments)]
 fn capture_info_13(
@@ -601,7 +612,9 @@ fn begin_capture(
     if s.capture().is_some() {
         return Err(cudaErrorIllegalState);
     }
-    let cap = s.begin_capture(mode);
+    let graph = Arc::new(Graph::default());
+    let h = r.graphs.insert(graph.clone());
+    let cap = s.begin_capture(mode, graph, h);
     r.add_capture(cap);
     Ok(())
 }
@@ -644,19 +657,19 @@ fn end_capture(
         }
     }
     r.remove_capture(&cap);
-    let mut c = cap.lock().unwrap_or_else(|p| p.into_inner());
+    let c = cap.lock().unwrap_or_else(|p| p.into_inner());
     if c.invalidated {
+        // The partial graph is destroyed.
+        if let Some(g) = r.graphs.remove(c.graph_handle) {
+            r.drop_nodes(&g);
+        }
         // SAFETY: out-pointer checked above.
         unsafe { graph.write(std::ptr::null_mut()) };
         return Err(cudaErrorStreamCaptureInvalidated);
     }
-    let ops = std::mem::take(&mut c.ops)
-        .into_iter()
-        .map(|op| Arc::new(Mutex::new(op)))
-        .collect();
-    let h = r.graphs.insert(Arc::new(Graph { ops }));
+    // The graph handed out during the capture (cudaStreamGetCaptureInfo) is the result.
     // SAFETY: out-pointer checked above.
-    unsafe { out(graph, h as cudaGraph_t) }
+    unsafe { out(graph, c.graph_handle as cudaGraph_t) }
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaStreamEndCapture(
@@ -705,7 +718,7 @@ pub unsafe extern "C" fn cudaGraphInstantiate(
             .graphs
             .get(graph as usize)
             .ok_or(cudaErrorInvalidResourceHandle)?;
-        let h = r.execs.insert(Arc::new(GraphExec { ops: g.ops.clone() }));
+        let h = r.execs.insert(Arc::new(GraphExec::of(&g)));
         // SAFETY: out-pointer from the caller.
         unsafe { out(exec, h as cudaGraphExec_t) }
     })
@@ -722,14 +735,32 @@ fn graph_launch(
         .get(exec as usize)
         .ok_or(cudaErrorInvalidResourceHandle)?;
     let s = r.stream(stream, per_thread)?;
+    // The instance's memcpy parameters as they are now: a later
+    // cudaGraphExecMemcpyNodeSetParams1D changes later launches only.
+    let nodes: Vec<(Arc<Node>, Option<MemcpyParams>)> = g
+        .nodes
+        .iter()
+        .map(|n| {
+            (
+                n.work(),
+                *n.memcpy.lock().unwrap_or_else(|p| p.into_inner()),
+            )
+        })
+        .collect();
     // Replays the captured operations: no API call (and so no hook) runs for them.
     let op: Op = Box::new(move || {
-        for node in &g.ops {
-            (node.lock().unwrap_or_else(|p| p.into_inner()))()?;
+        for (node, params) in &nodes {
+            match (&node.body, params) {
+                (NodeBody::Memcpy(_), Some(p)) => crate::api_memory::run_memcpy_node(p)?,
+                (NodeBody::Op(op), _) => (op.lock().unwrap_or_else(|p| p.into_inner()))()?,
+                (NodeBody::Memcpy(_), None) => return Err(cudaErrorInvalidValue),
+            }
         }
         Ok(())
     });
-    r.submit(&s, Vec::new(), op).map(|_| ())
+    // Launched into a capture, the whole graph becomes one child-graph node.
+    r.submit_as(&s, Vec::new(), op, cudaGraphNodeTypeGraph)
+        .map(|_| ())
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphLaunch(
@@ -749,11 +780,14 @@ pub unsafe extern "C" fn cudaGraphLaunch_ptsz(
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphDestroy(graph: cudaGraph_t) -> cudaError_t {
     guard(|| {
-        rt()?
+        let r = rt()?;
+        let g = r
             .graphs
             .remove(graph as usize)
-            .map(|_| ())
-            .ok_or(cudaErrorInvalidResourceHandle)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        // Instances keep their own references to the nodes; the handles die with the graph.
+        r.drop_nodes(&g);
+        Ok(())
     })
 }
 

@@ -37,7 +37,9 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use cuda_abi::cudart::*;
 use heap::Heap;
-use streams::{Capture, Dep, Event, Graph, GraphExec, Handles, Op, Stream, StreamKind};
+use streams::{
+    Capture, Dep, Event, Graph, GraphExec, Handles, Node, NodeBody, Op, Stream, StreamKind,
+};
 
 /// Per-device state.
 pub struct Device {
@@ -59,6 +61,8 @@ pub struct Runtime {
     events: Handles<Event>,
     graphs: Handles<Graph>,
     execs: Handles<GraphExec>,
+    /// Every node of a live graph (node handles are validated against it).
+    nodes: Handles<Node>,
     /// Active capture sequences (usually none: checked with one atomic load).
     captures: Mutex<Vec<Arc<Mutex<Capture>>>>,
     active_captures: AtomicUsize,
@@ -118,6 +122,7 @@ pub fn rt() -> Result<&'static Runtime, cudaError_t> {
                 events: Handles::default(),
                 graphs: Handles::default(),
                 execs: Handles::default(),
+                nodes: Handles::default(),
                 captures: Mutex::new(Vec::new()),
                 active_captures: AtomicUsize::new(0),
                 pid: std::process::id(),
@@ -288,13 +293,20 @@ impl Runtime {
         extra: Vec<Dep>,
         op: Op,
     ) -> Result<Option<u64>, cudaError_t> {
+        self.submit_as(s, extra, op, cudaGraphNodeTypeKernel)
+    }
+
+    /// [`Runtime::submit`] for work that becomes a node of type `kind` in a capture.
+    pub fn submit_as(
+        &self,
+        s: &Arc<Stream>,
+        extra: Vec<Dep>,
+        op: Op,
+        kind: cudaGraphNodeType,
+    ) -> Result<Option<u64>, cudaError_t> {
         errors::sticky()?;
-        if let Some(cap) = s.capture() {
-            let mut c = cap.lock().unwrap_or_else(|p| p.into_inner());
-            if c.invalidated {
-                return Err(cudaErrorStreamCaptureInvalidated);
-            }
-            c.ops.push(op);
+        if s.capture().is_some() {
+            self.capture_node(s, kind, NodeBody::Op(Mutex::new(op)))?;
             return Ok(None);
         }
         if s.kind == StreamKind::Legacy && self.capturing() {
@@ -326,6 +338,35 @@ impl Runtime {
             s.wait_for(seq);
         }
         errors::sticky()
+    }
+
+    /// Appends a node to the graph `s` is capturing into, after the node `s` captured last.
+    pub fn capture_node(
+        &self,
+        s: &Arc<Stream>,
+        kind: cudaGraphNodeType,
+        body: NodeBody,
+    ) -> Result<(), cudaError_t> {
+        let cap = s.capture().ok_or(cudaErrorIllegalState)?;
+        let mut c = cap.lock().unwrap_or_else(|p| p.into_inner());
+        if c.invalidated {
+            return Err(cudaErrorStreamCaptureInvalidated);
+        }
+        let mut nodes = c.graph.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let prev = nodes.last().map_or(0, |n| n.handle());
+        let node = Arc::new(Node { kind, body, prev });
+        let h = self.nodes.insert(node.clone());
+        nodes.push(node);
+        drop(nodes);
+        c.tails.insert(s.id, Box::new(h));
+        Ok(())
+    }
+
+    /// Forgets the node handles of a destroyed graph.
+    pub fn drop_nodes(&self, g: &Graph) {
+        for n in g.nodes() {
+            self.nodes.remove(n.handle());
+        }
     }
 
     /// Whether any capture sequence is active (one atomic load on the common path).

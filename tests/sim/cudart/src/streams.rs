@@ -8,8 +8,10 @@
 //! exempt). A dependency is "stream S has completed its operation number n", so waits are a
 //! counter and a condition variable.
 //!
-//! While a stream is being captured, submissions are appended to the capture's graph instead of
-//! running; a graph launch replays them in order on the launch stream.
+//! While a stream is being captured, submissions are appended to the capture's graph as nodes
+//! instead of running; a graph launch replays them in order on the launch stream. Copies between
+//! device and pinned memory become memcpy nodes whose parameters an instantiated graph can
+//! change (`cudaGraphExecMemcpyNodeSetParams1D`); other work is an opaque node of its type.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,7 +65,47 @@ pub struct Capture {
     /// Thread that began the capture (its thread-local rules apply).
     pub thread: std::thread::ThreadId,
     pub invalidated: bool,
-    pub ops: Vec<Op>,
+    /// The graph being built (`cudaStreamGetCaptureInfo` hands out its handle).
+    pub graph: Arc<Graph>,
+    pub graph_handle: usize,
+    /// Per stream of the sequence, the last node it captured (its capture frontier), boxed
+    /// so that the pointer `cudaStreamGetCaptureInfo` returns stays put.
+    pub tails: HashMap<u64, Box<usize>>,
+}
+
+/// The parameters of a 1-D or 2-D memcpy node (addresses as the program gave them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemcpyParams {
+    pub dst: usize,
+    pub dpitch: usize,
+    pub src: usize,
+    pub spitch: usize,
+    pub width: usize,
+    pub height: usize,
+    pub kind: cudaMemcpyKind,
+}
+
+/// What a node does when its graph runs.
+pub enum NodeBody {
+    /// Opaque work (a library kernel, a host function, a memset, ...).
+    Op(Mutex<Op>),
+    /// A copy, executed from its (instance's) parameters.
+    Memcpy(MemcpyParams),
+}
+
+/// A node of a captured graph. Its handle is its address.
+pub struct Node {
+    pub kind: cudaGraphNodeType,
+    pub body: NodeBody,
+    /// The node before it in the graph's (linear) order: its one dependency (0: none).
+    pub prev: usize,
+}
+
+impl Node {
+    /// The node's handle.
+    pub fn handle(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
 }
 
 #[derive(Default)]
@@ -201,14 +243,21 @@ impl Stream {
             .clone()
     }
 
-    /// Starts a capture sequence with this stream as its origin.
-    pub fn begin_capture(&self, mode: cudaStreamCaptureMode) -> Arc<Mutex<Capture>> {
+    /// Starts a capture sequence with this stream as its origin, building `graph`.
+    pub fn begin_capture(
+        &self,
+        mode: cudaStreamCaptureMode,
+        graph: Arc<Graph>,
+        graph_handle: usize,
+    ) -> Arc<Mutex<Capture>> {
         let cap = Arc::new(Mutex::new(Capture {
             id: NEXT_CAPTURE_ID.fetch_add(1, Ordering::Relaxed),
             mode,
             thread: std::thread::current().id(),
             invalidated: false,
-            ops: Vec::new(),
+            graph,
+            graph_handle,
+            tails: HashMap::new(),
         }));
         *self.capture.lock().unwrap_or_else(|p| p.into_inner()) = Some(cap.clone());
         cap
@@ -321,14 +370,61 @@ impl Event {
     }
 }
 
-/// A graph made by stream capture: its operations in capture order.
+/// A graph made by stream capture: its nodes in capture order.
+#[derive(Default)]
 pub struct Graph {
-    pub ops: Vec<Arc<Mutex<Op>>>,
+    pub nodes: Mutex<Vec<Arc<Node>>>,
 }
 
-/// An instantiated graph (shares the operations with its graph).
+impl Graph {
+    /// A copy of the node list.
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A node of an instantiated graph: the handle of the node it was instantiated from (what
+/// the update calls name it by), the work it runs (another graph's after
+/// `cudaGraphExecUpdate`), and for a memcpy node the instance's own parameters (changed by
+/// `cudaGraphExecMemcpyNodeSetParams1D` for later launches only).
+pub struct ExecNode {
+    pub origin: usize,
+    pub node: Mutex<Arc<Node>>,
+    pub memcpy: Mutex<Option<MemcpyParams>>,
+}
+
+impl ExecNode {
+    /// The work the node runs now.
+    pub fn work(&self) -> Arc<Node> {
+        self.node.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// An instantiated graph (shares the opaque operations with its graph).
 pub struct GraphExec {
-    pub ops: Vec<Arc<Mutex<Op>>>,
+    pub nodes: Vec<ExecNode>,
+}
+
+impl GraphExec {
+    /// Instantiates `graph` as it is now.
+    pub fn of(graph: &Graph) -> GraphExec {
+        let nodes = graph
+            .nodes()
+            .into_iter()
+            .map(|node| {
+                let memcpy = match &node.body {
+                    NodeBody::Memcpy(p) => Some(*p),
+                    NodeBody::Op(_) => None,
+                };
+                ExecNode {
+                    origin: node.handle(),
+                    node: Mutex::new(node),
+                    memcpy: Mutex::new(memcpy),
+                }
+            })
+            .collect();
+        GraphExec { nodes }
+    }
 }
 
 /// Handles given to the program, mapped back to the objects. A handle that is not in the map

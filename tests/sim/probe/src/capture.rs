@@ -11,6 +11,11 @@
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
 //!   split communicator.
 //! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
+//! * `graph-step [N]` (under simrun): one training-like step captured into a graph (an H2D
+//!   copy of the input, a GEMM, an in-place all-reduce of its output) and replayed N times
+//!   (default 3) with new input bytes each time; each replay's result is checked.
+//! * `graph-update`: a copy and a GEMM captured twice (two graphs, same topology); an instance
+//!   of the first is launched, updated to the second (`cudaGraphExecUpdate`), launched again.
 //! * `errors`: calls that fail; prints their return codes.
 //! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
 //! * `threads`: four threads copying concurrently ([`thread_copy`] says what).
@@ -67,12 +72,17 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("gemm") => gemms(),
         Some("nccl") => nccl(),
         Some("graph") => graph(),
+        Some("graph-step") => graph_step(args.get(1).map_or(Ok(3), |n| {
+            n.parse().map_err(|_| format!("graph-step: bad replay count {n}"))
+        })?),
+        Some("graph-update") => graph_update(),
         Some("errors") => errors(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|nccl|graph|errors|steps [auto|nvtx|api]|fork|threads".into(),
+            "usage: traced memcpy|gemm|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+                .into(),
         ),
     }
 }
@@ -760,6 +770,183 @@ fn graph() -> Result<(), String> {
     ck!(cudaGraphDestroy(g));
     bl!(cublasDestroy_v2(h));
     println!("traced graph OK (2 replays)");
+    Ok(())
+}
+
+/// Replay `i`'s input on rank `r` (the tests regenerate it).
+pub fn graph_step_input(r: usize, i: usize, len: usize) -> Vec<u8> {
+    rank_f32(r, 100 + i, len)
+}
+
+fn graph_step(replays: usize) -> Result<(), String> {
+    let j = job()?;
+    let (r, n) = (j.rank, j.n);
+    let comm = world(&j)?;
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let (m, nn, k) = (16usize, 8usize, 32usize);
+    let a_host = rank_f32(r, 99, m * k);
+    let a = up(&a_host)?;
+    let staging = pinned(&vec![0u8; k * nn * 4])?;
+    let b = DevBuf::new(k * nn * 4)?;
+    let c = DevBuf::new(m * nn * 4)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Global mode, as torch.cuda.graph captures by default.
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ck!(cudaMemcpyAsync(
+        b.ptr,
+        staging.cast(),
+        k * nn * 4,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    bl!(cublasGemmEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        m as c_int,
+        nn as c_int,
+        k as c_int,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_32F,
+        m as c_int,
+        b.ptr,
+        CUDA_R_32F,
+        k as c_int,
+        (&beta as *const f32).cast(),
+        c.ptr,
+        CUDA_R_32F,
+        m as c_int,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+    nc!(ncclAllReduce(
+        c.ptr,
+        c.ptr,
+        m * nn,
+        ncclFloat32,
+        ncclSum,
+        comm,
+        s
+    ));
+    let mut g: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut g));
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiateWithFlags(&mut exec, g, 0));
+    let gm = Gemm::simple(m, nn, k, DType::F32, DType::F32, Compute::F32);
+    for i in 0..replays {
+        let input = graph_step_input(r, i, k * nn);
+        // SAFETY: the pinned staging buffer the graph's copy reads, idle between replays.
+        unsafe { std::ptr::copy_nonoverlapping(input.as_ptr(), staging, input.len()) };
+        ck!(cudaGraphLaunch(exec, s));
+        ck!(cudaStreamSynchronize(s));
+        let got = c.download(s)?;
+        // Every rank's GEMM output, summed in rank order (two ranks: exact in any order).
+        let mut want = vec![0f32; m * nn];
+        for q in 0..n {
+            let mut d = vec![0u8; m * nn * 4];
+            let aq = rank_f32(q, 99, m * k);
+            let bq = graph_step_input(q, i, k * nn);
+            sim_gemm(
+                &gm,
+                Buffers {
+                    a: &aq,
+                    b: &bq,
+                    c: CInput::None,
+                    d: &mut d,
+                    bias: None,
+                    aux: None,
+                    bgrad: None,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            for (w, x) in want.iter_mut().zip(d.chunks_exact(4)) {
+                *w += f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+            }
+        }
+        let got: Vec<f32> = got
+            .chunks_exact(4)
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+            .collect();
+        if n <= 2 && got != want {
+            return Err(format!("graph replay {i}: wrong all-reduced GEMM output"));
+        }
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(g));
+    bl!(cublasDestroy_v2(h));
+    nc!(ncclCommDestroy(comm));
+    println!("traced graph-step rank {r} OK ({replays} replays)");
+    Ok(())
+}
+
+fn graph_update() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let n = 8usize;
+    let mut rng = Rng(5);
+    let a = up(&values(DType::F32, n * n, &mut rng))?;
+    let staging = pinned(&values(DType::F32, n * n, &mut rng))?;
+    let (b, c) = (DevBuf::new(n * n * 4)?, DevBuf::new(n * n * 4)?);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let mut graphs = [std::ptr::null_mut(); 2];
+    for g in &mut graphs {
+        ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        ck!(cudaMemcpyAsync(
+            b.ptr,
+            staging.cast(),
+            n * n * 4,
+            cudaMemcpyHostToDevice,
+            s
+        ));
+        bl!(cublasSgemm_v2(
+            h,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            n as c_int,
+            n as c_int,
+            n as c_int,
+            &alpha,
+            a.ptr.cast(),
+            n as c_int,
+            b.ptr.cast(),
+            n as c_int,
+            &beta,
+            c.ptr.cast(),
+            n as c_int
+        ));
+        ck!(cudaStreamEndCapture(s, g));
+    }
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, graphs[0], 0));
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    let first = c.download(s)?;
+    let mut info = cudaGraphExecUpdateResultInfo {
+        result: 99,
+        errorNode: std::ptr::null_mut(),
+        errorFromNode: std::ptr::null_mut(),
+    };
+    ck!(cudaGraphExecUpdate(exec, graphs[1], &mut info));
+    if info.result != cudaGraphExecUpdateSuccess {
+        return Err(format!("cudaGraphExecUpdate result {}", info.result));
+    }
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    if c.download(s)? != first {
+        return Err("the updated instance computed another result".into());
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    for g in graphs {
+        ck!(cudaGraphDestroy(g));
+    }
+    bl!(cublasDestroy_v2(h));
+    println!("traced graph-update OK");
     Ok(())
 }
 

@@ -53,6 +53,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         streams::capture,
     ),
     (
+        "graph-nodes",
+        "captured graph nodes and redirecting an instance's memcpy node",
+        streams::graph_nodes,
+    ),
+    (
         "device-deref",
         "a host read of a device pointer faults (expect SIGSEGV)",
         streams::device_deref,

@@ -418,6 +418,107 @@ pub fn capture(_: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The nodes of a captured graph: the graph exists during the capture (the capture info names
+/// it and the stream's frontier), a copy between device and pinned memory is a memcpy node, and
+/// an instance's memcpy node can be redirected for later launches only; a redirect CUDA refuses
+/// is refused.
+pub fn graph_nodes(_: &[String]) -> Result<(), String> {
+    const N: usize = 64;
+    let s = stream(cudaStreamNonBlocking)?;
+    let dev = device_buffer(N)?;
+    let (a, b, c) = (pinned_buffer(N)?, pinned_buffer(N)?, pinned_buffer(N)?);
+    let other_dev = device_buffer(N)?;
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ck!(cudaMemsetAsync(dev, 7, N, s));
+    ck!(cudaMemcpyAsync(a.cast(), dev, N, cudaMemcpyDeviceToHost, s));
+    let (mut st, mut id, mut building) = (0, 0u64, std::ptr::null_mut());
+    let (mut deps, mut ndeps): (*const cudaGraphNode_t, usize) = (std::ptr::null(), 0);
+    ck!(cudaStreamGetCaptureInfo_v2(
+        s,
+        &mut st,
+        &mut id,
+        &mut building,
+        &mut deps,
+        &mut ndeps
+    ));
+    if ndeps != 1 || deps.is_null() || building.is_null() {
+        return Err(format!(
+            "capture info: {ndeps} frontier nodes, graph {building:?}"
+        ));
+    }
+    // SAFETY: the runtime's array of `ndeps` nodes, valid until the next call on the stream.
+    let copy_node = unsafe { *deps };
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(count_call),
+        std::ptr::null_mut()
+    ));
+    let mut graph: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut graph));
+    if graph != building {
+        return Err("cudaStreamEndCapture returned another graph than the capture built".into());
+    }
+    let mut nodes = [std::ptr::null_mut(); 4];
+    let mut count = nodes.len();
+    ck!(cudaGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count));
+    let mut kinds = Vec::new();
+    for n in &nodes[..count] {
+        let mut k = 99;
+        ck!(cudaGraphNodeGetType(*n, &mut k));
+        kinds.push(k);
+    }
+    let want = [
+        cudaGraphNodeTypeMemset,
+        cudaGraphNodeTypeMemcpy,
+        cudaGraphNodeTypeHost,
+    ];
+    if kinds != want || nodes[1] != copy_node || !nodes[3].is_null() {
+        return Err(format!("graph nodes of types {kinds:?}, expected {want:?}"));
+    }
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, graph, 0));
+    let set = |dst: *mut u8, len: usize| unsafe {
+        // SAFETY: live instance and node handles; the runtime validates the rest.
+        cudaGraphExecMemcpyNodeSetParams1D(exec, copy_node, dst.cast(), dev, len, cudaMemcpyDefault)
+    };
+    // A launch enqueued behind a closed gate keeps the parameters it was launched with.
+    close_gate();
+    ck!(cudaLaunchHostFunc(
+        s,
+        Some(wait_for_gate),
+        std::ptr::null_mut()
+    ));
+    if set(b, N) != cudaSuccess {
+        return Err("redirecting the copy node to other pinned memory failed".into());
+    }
+    ck!(cudaGraphLaunch(exec, s));
+    if set(c, N) != cudaSuccess {
+        return Err("redirecting the copy node again failed".into());
+    }
+    open_gate();
+    ck!(cudaGraphLaunch(exec, s));
+    ck!(cudaStreamSynchronize(s));
+    // SAFETY: pinned buffers of N bytes; the launches have completed.
+    let read = |p: *mut u8| unsafe { std::slice::from_raw_parts(p, N).to_vec() };
+    if read(a) != vec![0u8; N] || read(b) != vec![7u8; N] || read(c) != vec![7u8; N] {
+        return Err("each launch did not copy to the destination set before it".into());
+    }
+    // Refused as by CUDA: another kind of memory, a zero count, a node that is no memcpy.
+    if set(other_dev.cast(), N) != cudaErrorInvalidValue || set(b, 0) != cudaErrorInvalidValue {
+        return Err("a redirect to device memory or of zero bytes was accepted".into());
+    }
+    // SAFETY: as above.
+    let memset_node = unsafe {
+        cudaGraphExecMemcpyNodeSetParams1D(exec, nodes[0], b.cast(), dev, N, cudaMemcpyDefault)
+    };
+    if memset_node != cudaErrorInvalidValue {
+        return Err("a memset node was redirected like a memcpy node".into());
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(graph));
+    Ok(())
+}
+
 /// Dereferences a device pointer on the host: on a GPU this faults, and so it must here.
 pub fn device_deref(_: &[String]) -> Result<(), String> {
     let dev = device_buffer(64)?;

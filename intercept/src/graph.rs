@@ -1,0 +1,568 @@
+//! CUDA graphs: ops captured into a graph are snapshotted on every replay.
+//!
+//! * **Capture.** A hooked op whose stream is being captured enqueues its snapshot copies on
+//!   that stream as usual, so each becomes a 1-D memcpy node right before or after the op's
+//!   node. The nodes write into the *sink*, a pinned buffer owned by the tracer that nothing
+//!   reads; each node's handle is read back with `cudaStreamGetCaptureInfo` (the stream's
+//!   frontier right after the copy). The op's metadata and its copy nodes form a [`Template`],
+//!   filed under the graph being built. The hook records nothing else: the op has not run.
+//! * **Instantiate.** The instance inherits its graph's templates (`cudaGraphInstantiate*`).
+//! * **Launch.** For each template, in capture order: a ring slot is reserved in ticket order
+//!   (a `RingFull` gap when none comes in time) and the instance's copy nodes are redirected
+//!   into it (`cudaGraphExecMemcpyNodeSetParams1D`, which affects this and later launches
+//!   only). The graph is launched; one completion event per template is recorded on the launch
+//!   stream after it; the entries go to the tracer like any snapshot, so each replay publishes
+//!   its own record set with its own step and seq. Then the nodes are pointed back at the
+//!   sink: a launch the tracer does not see never writes into ring space handed out again.
+//! * **Gaps.** Where a replay cannot be snapshotted (no node found for a copy, a strided
+//!   tensor of too many rows, no staging memory, the graph launched into another capture, an
+//!   instance updated with `cudaGraphExecUpdate`), each replay records a `GraphCapture` gap
+//!   saying why.
+//!
+//! No host callback, no synchronisation, no legacy stream. A per-instance lock is held across
+//! the redirects and the launch (CUDA requires launches of one instance to be serialised by
+//! the program anyway; no hook runs under it).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess};
+use ttrace_format::record::{GapReason, Op, Tensor};
+use ttrace_format::ring::{tensor_offsets, Slot};
+
+use crate::cuda::{self, ErrScope};
+use crate::engine::{self, Call};
+use crate::plan::{Copy, TensorPlan, When};
+use crate::session::{self, Session};
+use crate::tracer::{Captured, Entry, Ticket};
+use crate::{mode, thread};
+
+/// A pitched tensor is captured as one copy node per row; beyond this many rows its replays
+/// are gaps (one node per row would swamp the graph).
+const MAX_ROWS: u64 = 4096;
+
+/// One snapshot copy node: `len` bytes from `src` to `at` bytes into the template's slot.
+#[derive(Debug, Clone, Copy)]
+struct NodeCopy {
+    node: usize,
+    src: u64,
+    len: u64,
+    at: u64,
+    tensor: usize,
+}
+
+/// A captured op: what each replay publishes.
+#[derive(Debug)]
+struct Template {
+    api: &'static str,
+    op: Op,
+    stream: u64,
+    device: i32,
+    tensors: Vec<Tensor>,
+    offsets: Vec<Option<u64>>,
+    total: u64,
+    copies: Vec<NodeCopy>,
+    /// Why its replays cannot be snapshotted (each records a gap).
+    gap: Option<String>,
+}
+
+/// Templates of the graphs being captured or captured, by graph handle.
+static GRAPHS: Mutex<Option<HashMap<usize, Vec<Arc<Template>>>>> = Mutex::new(None);
+/// Instances whose graph had templates, by instance handle.
+static EXECS: Mutex<Option<HashMap<usize, Arc<Exec>>>> = Mutex::new(None);
+/// The sink: (address, bytes). Older, smaller sinks stay allocated (nodes may point there).
+static SINK: Mutex<(usize, u64)> = Mutex::new((0, 0));
+
+struct Exec {
+    templates: Vec<Arc<Template>>,
+    /// Serialises redirect + launch + reset of this instance.
+    launch: Mutex<()>,
+}
+
+fn graphs<T>(f: impl FnOnce(&mut HashMap<usize, Vec<Arc<Template>>>) -> T) -> T {
+    let mut g = GRAPHS.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+fn execs<T>(f: impl FnOnce(&mut HashMap<usize, Arc<Exec>>) -> T) -> T {
+    let mut g = EXECS.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// A sink of at least `len` bytes (allocated in relaxed capture mode: the allocation happens
+/// while the program captures, which a global-mode capture would otherwise refuse).
+fn sink(len: u64) -> Result<usize, cudaError_t> {
+    let (p, have) = *SINK.lock().unwrap_or_else(|p| p.into_inner());
+    if have >= len && p != 0 {
+        return Ok(p);
+    }
+    let want = len.max(have.saturating_mul(2)).max(1 << 20);
+    let prev = cuda::exchange_capture_mode(cudaStreamCaptureModeRelaxed)?;
+    let r = cuda::malloc_host(want as usize);
+    let _ = cuda::exchange_capture_mode(prev);
+    let q = r? as usize;
+    let mut s = SINK.lock().unwrap_or_else(|p| p.into_inner());
+    if s.1 < want {
+        *s = (q, want);
+    }
+    Ok(s.0)
+}
+
+/// An op being recorded into a graph, between its hook's begin and finish.
+pub struct Recording {
+    graph: usize,
+    stream: cudaStream_t,
+    plans: Vec<TensorPlan>,
+    sink: usize,
+    t: Template,
+}
+
+/// Starts recording `call` (its stream is capturing) as a template of the graph being built.
+/// `None`: not recorded (the old behaviour: one `GraphCapture` gap now).
+pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
+    let graph = match cuda::capture_info(call.stream) {
+        Ok((g, _)) if g != 0 => g,
+        _ => {
+            let bytes = call.tensors.iter().map(|t| t.nbytes).sum();
+            let m = engine::meta(call.api, call.op, call.stream_id, device);
+            let detail = "the stream is being captured into a CUDA graph the runtime does not \
+                          name (cudaStreamGetCaptureInfo): its replays are not snapshotted";
+            engine::gap(m, GapReason::GraphCapture, bytes, detail.into());
+            return None;
+        }
+    };
+    let mut plans = call.tensors;
+    engine::select(s, &mut plans);
+    let sizes: Vec<u64> = plans
+        .iter()
+        .filter(|t| t.captured)
+        .map(|t| t.nbytes)
+        .collect();
+    let (offs, total) = tensor_offsets(&sizes);
+    let mut k = 0;
+    let offsets = plans
+        .iter()
+        .map(|t| {
+            t.captured.then(|| {
+                k += 1;
+                offs[k - 1]
+            })
+        })
+        .collect();
+    let tensors = plans.iter().map(engine::tensor_of).collect();
+    let mut rec = Recording {
+        graph,
+        stream: call.stream,
+        plans,
+        sink: 0,
+        t: Template {
+            api: call.api,
+            op: call.op,
+            stream: call.stream_id,
+            device,
+            tensors,
+            offsets,
+            total,
+            copies: Vec::new(),
+            gap: None,
+        },
+    };
+    if total > 0 {
+        match sink(total) {
+            Ok(p) => rec.sink = p,
+            Err(code) => {
+                rec.t.gap = Some(format!(
+                    "no pinned staging memory for the graph's snapshot copies (cudaError {code})"
+                ))
+            }
+        }
+    }
+    rec.copy(When::Before);
+    Some(rec)
+}
+
+/// Completes the recording after the real call (`ok`: the op was captured) and files the
+/// template under its graph.
+pub fn finish(mut rec: Recording, ok: bool) {
+    let _err = ErrScope::new();
+    if !ok {
+        // Copy nodes already captured keep writing into the sink; nothing is published.
+        return;
+    }
+    rec.copy(When::After);
+    let t = &mut rec.t;
+    t.copies.retain(|c| t.tensors[c.tensor].captured);
+    let graph = rec.graph;
+    let t = Arc::new(rec.t);
+    graphs(|g| g.entry(graph).or_default().push(t));
+}
+
+impl Recording {
+    /// Enqueues the copies taken at `when` into the sink and notes their nodes.
+    fn copy(&mut self, when: When) {
+        if self.t.gap.is_some() || self.sink == 0 {
+            return;
+        }
+        for i in 0..self.plans.len() {
+            let (Some(off), true) = (self.t.offsets[i], self.t.tensors[i].captured) else {
+                continue;
+            };
+            if self.plans[i].when != when {
+                continue;
+            }
+            for c in self.plans[i].source.copies() {
+                let pieces = match c {
+                    Copy::Linear { dst, src, len } => vec![(dst, src, len)],
+                    Copy::Pitched {
+                        dst,
+                        src,
+                        spitch,
+                        width,
+                        height,
+                    } => {
+                        if height > MAX_ROWS {
+                            self.t.gap = Some(format!(
+                                "a strided tensor of {height} rows ({:?}) in a CUDA graph: \
+                                 more than {MAX_ROWS} copy nodes",
+                                self.plans[i].role
+                            ));
+                            return;
+                        }
+                        (0..height)
+                            .map(|r| (dst + r * width, src + r * spitch, width))
+                            .collect()
+                    }
+                };
+                for (dst, src, len) in pieces {
+                    if !self.piece(i, off + dst, src, len) {
+                        self.t.tensors[i].captured = false;
+                        break;
+                    }
+                }
+                if !self.t.tensors[i].captured {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// One copy node; `false` when it could not be captured.
+    fn piece(&mut self, tensor: usize, at: u64, src: u64, len: u64) -> bool {
+        let dst = (self.sink + at as usize) as *mut u8;
+        if let Err(code) = cuda::copy_linear(dst, src, len, self.stream) {
+            crate::log::debug(&format!(
+                "{}: graph snapshot copy refused (cudaError {code})",
+                self.t.api
+            ));
+            return false;
+        }
+        match cuda::capture_info(self.stream) {
+            Ok((_, Some(node))) => {
+                self.t.copies.push(NodeCopy {
+                    node,
+                    src,
+                    len,
+                    at,
+                    tensor,
+                });
+                true
+            }
+            _ => {
+                self.t.gap = Some(
+                    "the snapshot copy's graph node could not be identified \
+                     (cudaStreamGetCaptureInfo)"
+                        .into(),
+                );
+                false
+            }
+        }
+    }
+}
+
+/// After a successful `cudaStreamEndCapture`-family call failed: forgets the templates of the
+/// graph that was being built (the runtime destroyed it; its handle may come back).
+pub fn capture_failed(graph: usize) {
+    if graph != 0 {
+        graphs(|g| g.remove(&graph));
+    }
+}
+
+/// After `cudaGraphInstantiate*` made `exec` from `graph`.
+pub fn instantiated(exec: usize, graph: usize) {
+    let Some(templates) = graphs(|g| g.get(&graph).cloned()) else {
+        return;
+    };
+    let e = Arc::new(Exec {
+        templates,
+        launch: Mutex::new(()),
+    });
+    execs(|x| x.insert(exec, e));
+}
+
+/// After a successful `cudaGraphExecUpdate`: the instance runs `graph`'s work now. Its copy
+/// nodes are not the nodes the instance was made with, and only those can be redirected, so
+/// each replay records a gap per captured op (the new graph's ops when they were captured
+/// under the tracer, else the old ones).
+pub fn updated(exec: usize, graph: usize) {
+    let old = execs(|x| x.get(&exec).cloned());
+    let Some(base) =
+        graphs(|g| g.get(&graph).cloned()).or_else(|| old.map(|e| e.templates.clone()))
+    else {
+        return;
+    };
+    let detail = "the instance was updated with cudaGraphExecUpdate: its snapshot copy nodes \
+                  cannot be redirected any more";
+    let templates = base
+        .iter()
+        .map(|t| {
+            Arc::new(Template {
+                api: t.api,
+                op: t.op.clone(),
+                stream: t.stream,
+                device: t.device,
+                tensors: t.tensors.clone(),
+                offsets: t.offsets.clone(),
+                total: t.total,
+                copies: Vec::new(),
+                gap: Some(detail.into()),
+            })
+        })
+        .collect();
+    let e = Arc::new(Exec {
+        templates,
+        launch: Mutex::new(()),
+    });
+    execs(|x| x.insert(exec, e));
+}
+
+/// After `cudaGraphDestroy`.
+pub fn graph_destroyed(graph: usize) {
+    graphs(|g| g.remove(&graph));
+}
+
+/// After `cudaGraphExecDestroy`.
+pub fn exec_destroyed(exec: usize) {
+    execs(|x| x.remove(&exec));
+}
+
+/// What one template does in one replay.
+enum Replay {
+    /// A gap record.
+    Gap {
+        ticket: Ticket,
+        reason: GapReason,
+        bytes: u64,
+        detail: String,
+    },
+    /// A record; its copy nodes point into `slot` (when there is one) for this launch.
+    Record {
+        ticket: Ticket,
+        slot: Option<Slot>,
+        /// Tensors whose node could not be redirected this time.
+        lost: Vec<usize>,
+    },
+}
+
+/// `cudaGraphLaunch`: snapshots every template of `exec` around the real launch.
+pub fn launch(
+    exec: usize,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    let Some(_guard) = thread::Guard::enter() else {
+        return real();
+    };
+    let Some(e) = crate::catch(|| execs(|x| x.get(&exec).cloned())).flatten() else {
+        return real();
+    };
+    let _serial = e.launch.lock().unwrap_or_else(|p| p.into_inner());
+    let plan = crate::catch(|| prepare(&e, exec, stream)).flatten();
+    let r = real();
+    if let Some(replays) = plan {
+        let _ = crate::catch(|| complete(&e, exec, stream, replays, r == cudaSuccess));
+    }
+    r
+}
+
+/// Reserves and redirects (before the real launch).
+fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
+    let s = session::get()?;
+    if mode::dead() {
+        return None;
+    }
+    let _err = ErrScope::new();
+    let nested = match cuda::is_capturing(stream) {
+        Ok(c) => c,
+        // The legacy stream during a capture, a bad handle: the launch reports it.
+        Err(_) => return None,
+    };
+    let mut held: Option<u64> = None;
+    let mut out = Vec::with_capacity(e.templates.len());
+    for t in &e.templates {
+        let why = if nested {
+            Some((
+                GapReason::GraphCapture,
+                "the graph was launched into another stream capture: replays of the outer graph \
+                 run no API call"
+                    .to_string(),
+            ))
+        } else {
+            t.gap.clone().map(|d| (GapReason::GraphCapture, d))
+        };
+        if let Some((reason, detail)) = why {
+            let ticket = Ticket::take();
+            held.get_or_insert(ticket.number());
+            out.push(Replay::Gap {
+                ticket,
+                reason,
+                bytes: t.total,
+                detail,
+            });
+            continue;
+        }
+        if t.copies.is_empty() {
+            let ticket = Ticket::take();
+            held.get_or_insert(ticket.number());
+            out.push(Replay::Record {
+                ticket,
+                slot: None,
+                lost: Vec::new(),
+            });
+            continue;
+        }
+        let Some((ticket, slot)) = engine::reserve(s, t.total, held) else {
+            let ticket = Ticket::take();
+            held.get_or_insert(ticket.number());
+            out.push(Replay::Gap {
+                ticket,
+                reason: GapReason::RingFull,
+                bytes: t.total,
+                detail: format!(
+                    "no ring space for {} bytes of a CUDA graph replay within TTRACE_WAIT_MS={} ms",
+                    t.total, s.cfg.wait_ms
+                ),
+            });
+            continue;
+        };
+        held.get_or_insert(ticket.number());
+        // SAFETY: the slot was just reserved by this thread; only its address is taken here,
+        // the bytes are written by the replay's copy nodes.
+        let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
+        let mut lost = Vec::new();
+        for c in &t.copies {
+            let dst = (base + c.at as usize) as *mut u8;
+            if let Err(code) = cuda::redirect_copy(exec, c.node, dst, c.src, c.len) {
+                // The node still points into the sink: the tensor is missing this time.
+                crate::log::debug(&format!(
+                    "{}: cannot redirect a graph snapshot node (cudaError {code})",
+                    t.api
+                ));
+                lost.push(c.tensor);
+            }
+        }
+        out.push(Replay::Record {
+            ticket,
+            slot: Some(slot),
+            lost,
+        });
+    }
+    Some(out)
+}
+
+/// Hands the replay's entries to the tracer and points the nodes back at the sink (after the
+/// real launch).
+fn complete(e: &Exec, exec: usize, stream: cudaStream_t, replays: Vec<Replay>, ok: bool) {
+    let _err = ErrScope::new();
+    let sink = SINK.lock().unwrap_or_else(|p| p.into_inner()).0;
+    for (t, r) in e.templates.iter().zip(replays) {
+        match r {
+            Replay::Gap {
+                ticket,
+                reason,
+                bytes,
+                detail,
+            } => {
+                if ok {
+                    let m = engine::meta(t.api, t.op.clone(), t.stream, t.device);
+                    let m = crate::tracer::gap_meta(m, reason, bytes, detail);
+                    ticket.push(Entry::Gap(Box::new(m)));
+                }
+                // Not launched: the dropped ticket is a skip.
+            }
+            Replay::Record { ticket, slot, lost } => {
+                let redirected = slot.is_some();
+                publish(t, ticket, slot, &lost, stream, ok);
+                if redirected {
+                    reset(t, exec, sink);
+                }
+            }
+        }
+    }
+}
+
+/// One template's record of this replay.
+fn publish(
+    t: &Template,
+    ticket: Ticket,
+    slot: Option<Slot>,
+    lost: &[usize],
+    stream: cudaStream_t,
+    ok: bool,
+) {
+    let event = match slot {
+        Some(_) if ok => {
+            let ev = cuda::event_get(t.device)
+                .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev));
+            match ev {
+                Ok(ev) => Some(ev),
+                Err(code) => {
+                    crate::fault(
+                        t.api,
+                        format!(
+                            "cannot record a graph replay's completion event (cudaError {code})"
+                        ),
+                    );
+                    // The slot is never handed out again: capture is off for good.
+                    ticket.push(Entry::Skip {
+                        slot: None,
+                        event: None,
+                    });
+                    return;
+                }
+            }
+        }
+        _ => None,
+    };
+    if !ok {
+        ticket.push(Entry::Skip { slot, event });
+        return;
+    }
+    let mut tensors = t.tensors.clone();
+    for &i in lost {
+        tensors[i].captured = false;
+    }
+    let meta = engine::meta(t.api, t.op.clone(), t.stream, t.device);
+    ticket.push(Entry::Capture(Box::new(Captured {
+        meta,
+        tensors,
+        offsets: t.offsets.clone(),
+        slot,
+        event,
+    })));
+}
+
+/// Points a template's copy nodes back at the sink for later launches.
+fn reset(t: &Template, exec: usize, sink: usize) {
+    for c in &t.copies {
+        let dst = (sink + c.at as usize) as *mut u8;
+        if let Err(code) = cuda::redirect_copy(exec, c.node, dst, c.src, c.len) {
+            // The node keeps writing into this replay's slot at every launch: no ring space
+            // may ever be reused, so capture stops.
+            crate::fault(
+                t.api,
+                format!("cannot point a graph snapshot node back at its staging buffer (cudaError {code})"),
+            );
+            return;
+        }
+    }
+}

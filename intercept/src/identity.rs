@@ -3,9 +3,9 @@
 //! hash communicator keys are made of.
 //!
 //! A process that drives several GPUs (`ncclCommInitAll`, or a thread per device with
-//! `ncclCommInitRank`) is several ranks: once it has joined communicators on two devices, each
-//! device is named by its rank in the first communicator joined on it (the world, in every
-//! framework), and its records carry that rank.
+//! `ncclCommInitRank`) is several ranks: each device is named by its rank in the first
+//! communicator joined on it (the world, in every framework), and its records carry that rank.
+//! A launcher's rank names a process until it has joined communicators on a second device.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -62,10 +62,13 @@ pub fn joined_as(device: Option<i32>, comm_rank: u32) -> u32 {
     device.map_or_else(rank, rank_of_device)
 }
 
-/// The global rank of records made on `device`: its own rank when this process drives several
-/// devices (see the module's documentation), else the process's [`rank`].
+/// The global rank of records made on `device`: the rank of the first communicator joined on
+/// it when the launcher named no rank or the process drives several devices (see the module's
+/// documentation), else the process's [`rank`]. Without a launcher rank this does not depend on
+/// which device's communicator registered first, so threads racing to join are named alike in
+/// every run.
 pub fn rank_of_device(device: i32) -> u32 {
-    if !MULTI_DEVICE.load(Ordering::Relaxed) {
+    if env_rank().is_some() && !MULTI_DEVICE.load(Ordering::Relaxed) {
         return rank();
     }
     DEVICE_RANKS

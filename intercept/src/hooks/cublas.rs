@@ -719,7 +719,8 @@ gemm_hook! {
 }
 
 gemm_hook! {
-    /// `cublasGemmEx`: mixed-precision GEMM (`computeType` read raw: 68/77, or a legacy `cudaDataType` such as 0 from callers that bypass `cublasMigrateComputeType`).
+    /// `cublasGemmEx`: mixed-precision GEMM (`computeType` read raw: 68/77, or a legacy
+    /// `cudaDataType` such as 0 from callers that bypass `cublasMigrateComputeType`).
     cublasGemmEx(
         handle: cublasHandle_t,
         transa: cublasOperation_t,
@@ -1017,7 +1018,7 @@ gemm_hook! {
 }
 
 gemm_hook! {
-    /// `cublasSgemmEx_64`: typed operands, f32 scalars and accumulation (the handle's math mode) (64-bit sizes).
+    /// `cublasSgemmEx_64`: `cublasSgemmEx` with 64-bit sizes.
     cublasSgemmEx_64(
         handle: cublasHandle_t,
         transa: cublasOperation_t,
@@ -1054,7 +1055,7 @@ gemm_hook! {
 }
 
 gemm_hook! {
-    /// `cublasGemmEx_64`: mixed-precision GEMM (`computeType` read raw: 68/77, or a legacy `cudaDataType` such as 0 from callers that bypass `cublasMigrateComputeType`) (64-bit sizes).
+    /// `cublasGemmEx_64`: `cublasGemmEx` with 64-bit sizes.
     cublasGemmEx_64(
         handle: cublasHandle_t,
         transa: cublasOperation_t,
@@ -1291,7 +1292,10 @@ blas_gap! {
         computeType: cublasComputeType_t,
         algo: cublasGemmAlgo_t,
     ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, &format!("transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"))
+            pointer_arrays(m, n, k, batchCount, &format!(
+                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
+                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
+            ))
 }
 
 blas_gap! {
@@ -1368,7 +1372,9 @@ blas_gap! {
     ) => ShapeUnknown,
             // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
             unsafe {
-                grouped(group_count, group_size, [m_array, n_array, k_array], &format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}"))
+                let types =
+                    format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}");
+                grouped(group_count, group_size, [m_array, n_array, k_array], &types)
             }
 }
 
@@ -1755,7 +1761,10 @@ blas_gap! {
         y: *mut f32,
         incy: c_int,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -1797,7 +1806,10 @@ blas_gap! {
         y: *mut f64,
         incy: c_int,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -1839,7 +1851,10 @@ blas_gap! {
         y: *mut cuComplex,
         incy: c_int,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -1881,7 +1896,10 @@ blas_gap! {
         y: *mut cuDoubleComplex,
         incy: c_int,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -1908,7 +1926,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasHSHgemvStridedBatched`: mixed-precision strided-batched matrix-vector product (HSH).
+    /// `cublasHSHgemvStridedBatched`: mixed-precision strided-batched gemv (HSH).
     cublasHSHgemvStridedBatched(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -1931,7 +1949,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasHSSgemvStridedBatched`: mixed-precision strided-batched matrix-vector product (HSS).
+    /// `cublasHSSgemvStridedBatched`: mixed-precision strided-batched gemv (HSS).
     cublasHSSgemvStridedBatched(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -1954,7 +1972,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasTSTgemvStridedBatched`: mixed-precision strided-batched matrix-vector product (TST).
+    /// `cublasTSTgemvStridedBatched`: mixed-precision strided-batched gemv (TST).
     cublasTSTgemvStridedBatched(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -1977,7 +1995,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasTSSgemvStridedBatched`: mixed-precision strided-batched matrix-vector product (TSS).
+    /// `cublasTSSgemvStridedBatched`: mixed-precision strided-batched gemv (TSS).
     cublasTSSgemvStridedBatched(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2155,7 +2173,10 @@ blas_gap! {
         computeType: cublasComputeType_t,
         algo: cublasGemmAlgo_t,
     ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, &format!("transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"))
+            pointer_arrays(m, n, k, batchCount, &format!(
+                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
+                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
+            ))
 }
 
 blas_gap! {
@@ -2232,7 +2253,9 @@ blas_gap! {
     ) => ShapeUnknown,
             // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
             unsafe {
-                grouped(group_count, group_size, [m_array, n_array, k_array], &format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}"))
+                let types =
+                    format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}");
+                grouped(group_count, group_size, [m_array, n_array, k_array], &types)
             }
 }
 
@@ -2619,7 +2642,10 @@ blas_gap! {
         y: *mut f32,
         incy: i64,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -2661,7 +2687,10 @@ blas_gap! {
         y: *mut f64,
         incy: i64,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -2703,7 +2732,10 @@ blas_gap! {
         y: *mut cuComplex,
         incy: i64,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -2745,7 +2777,10 @@ blas_gap! {
         y: *mut cuDoubleComplex,
         incy: i64,
     ) => Unsupported,
-            not_captured("matrix-vector products", format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"))
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
 }
 
 blas_gap! {
@@ -2772,7 +2807,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasHSHgemvStridedBatched_64`: mixed-precision strided-batched matrix-vector product (HSH).
+    /// `cublasHSHgemvStridedBatched_64`: mixed-precision strided-batched gemv (HSH).
     cublasHSHgemvStridedBatched_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2795,7 +2830,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasHSSgemvStridedBatched_64`: mixed-precision strided-batched matrix-vector product (HSS).
+    /// `cublasHSSgemvStridedBatched_64`: mixed-precision strided-batched gemv (HSS).
     cublasHSSgemvStridedBatched_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2818,7 +2853,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasTSTgemvStridedBatched_64`: mixed-precision strided-batched matrix-vector product (TST).
+    /// `cublasTSTgemvStridedBatched_64`: mixed-precision strided-batched gemv (TST).
     cublasTSTgemvStridedBatched_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2841,7 +2876,7 @@ blas_gap! {
 }
 
 blas_gap! {
-    /// `cublasTSSgemvStridedBatched_64`: mixed-precision strided-batched matrix-vector product (TSS).
+    /// `cublasTSSgemvStridedBatched_64`: mixed-precision strided-batched gemv (TSS).
     cublasTSSgemvStridedBatched_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,

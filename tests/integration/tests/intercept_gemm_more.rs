@@ -101,4 +101,17 @@ fn batched_ex_and_64_bit_gemms_are_captured_and_pointer_arrays_are_gaps() {
         other => panic!("{other:?}"),
     }
     assert_eq!(run.summary.gaps, 1);
+    // Neither check nor compare misjudges batched records or the gap: the store checks clean
+    // and matches itself.
+    let checked = ttrace_compare::check::check_store(&run.store, &mut |_, _| {}).expect("check");
+    assert!(checked.findings.is_empty(), "{:?}", checked.findings);
+    let opts = ttrace_compare::CompareOptions::default();
+    let cmp =
+        ttrace_compare::compare(&run.store, &run.store, &opts, &mut |_, _| {}).expect("compare");
+    assert!(cmp.first_divergence.is_none(), "{:?}", cmp.first_divergence);
+    assert!(
+        !cmp.tensors.is_empty(),
+        "nothing compared: {:?}",
+        cmp.warnings
+    );
 }

@@ -175,3 +175,41 @@ fn one_process_driving_four_devices_is_four_ranks() {
     assert!(report.findings.is_empty(), "{:?}", report.findings);
     assert_eq!(report.collectives_checked, 2);
 }
+
+#[test]
+fn a_thread_per_device_is_a_rank_per_device() {
+    // `traced nccl-threads`: 4 threads, each on its device, join one communicator with
+    // ncclCommInitRank (rank = device) and all-reduce 64 floats.
+    let run = traced(1, &["traced", "nccl-threads"], &[]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    let ranks: BTreeSet<u32> = run.records.iter().map(|r| r.record.rank).collect();
+    assert_eq!(ranks, (0..4).collect(), "one rank per device");
+    let colls: Vec<&Rec> = run
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, Op::Collective(_)))
+        .collect();
+    assert_eq!(colls.len(), 4);
+    let inputs: Vec<Vec<f32>> = colls
+        .iter()
+        .map(|r| f32s(r.tensor(Role::Input).1))
+        .collect();
+    for r in &colls {
+        assert_eq!(coll(r).comm_rank, r.record.rank);
+        assert_eq!(r.record.device as u32, r.record.rank);
+        assert_scaled_sum(
+            "all-reduce",
+            &inputs,
+            &[1.0; 4],
+            &f32s(r.tensor(Role::Output).1),
+        );
+    }
+    let m = Manifest::read(&run.store).expect("manifest");
+    let entry = m
+        .comms
+        .iter()
+        .find(|c| c.key == coll(colls[0]).comm)
+        .expect("comm registered");
+    assert_eq!(entry.members, (0..4).map(Some).collect::<Vec<_>>());
+}

@@ -15,6 +15,8 @@
 //! * `nccl-extra` (under simrun, 3 ranks): `ncclCommShrink` without the last rank and an
 //!   all-reduce on it; PreMulSum all-reduces with a host factor (0.5) and a device factor
 //!   (0.25); a group closed by `ncclGroupSimulateEnd` (runs nothing) then a real group.
+//! * `nccl-threads` (one process): a thread per device (4) joins one communicator with
+//!   `ncclCommInitRank` and all-reduces on it.
 //! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
 //! * `errors`: calls that fail; prints their return codes.
 //! * `steps auto|nvtx|api`: three training steps of two micro-batches each.
@@ -73,6 +75,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("gemm-more") => more_gemms(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
+        Some("nccl-threads") => nccl_threads(),
         Some("graph") => graph(),
         Some("errors") => errors(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
@@ -1000,6 +1003,49 @@ fn nccl_extra() -> Result<(), String> {
     }
     nc!(ncclCommDestroy(comm));
     println!("rank {r} of {n}: traced nccl-extra OK");
+    Ok(())
+}
+
+/// Devices (and threads) of `nccl-threads`.
+pub const THREAD_DEVICES: usize = 4;
+
+fn nccl_threads() -> Result<(), String> {
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    nc!(ncclGetUniqueId(&mut id));
+    let n = THREAD_DEVICES;
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..n)
+            .map(|d| {
+                sc.spawn(move || -> Result<(), String> {
+                    ck!(cudaSetDevice(d as c_int));
+                    let mut comm: ncclComm_t = std::ptr::null_mut();
+                    nc!(ncclCommInitRank(&mut comm, n as c_int, id, d as c_int));
+                    let s = stream()?;
+                    let a = up(&rank_f32(d, 21, 64))?;
+                    let b = garbage(256)?;
+                    nc!(ncclAllReduce(
+                        a.ptr,
+                        b.ptr,
+                        64,
+                        ncclFloat32,
+                        ncclSum,
+                        comm,
+                        s
+                    ));
+                    ck!(cudaStreamSynchronize(s));
+                    nc!(ncclCommDestroy(comm));
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    println!("traced nccl-threads OK");
     Ok(())
 }
 

@@ -195,3 +195,11 @@ pub struct __half {
     /// The binary16 bits.
     pub __x: c_ushort,
 }
+
+/// `__nv_bfloat16` (`cuda_bf16.h`): a bfloat16 value, as its raw bits.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct __nv_bfloat16 {
+    /// The bfloat16 bits.
+    pub __x: c_ushort,
+}

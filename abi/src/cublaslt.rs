@@ -958,6 +958,18 @@ pub const CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: cublasLtMatrixLayoutAttribute_t = 
 pub const CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: cublasLtMatrixLayoutAttribute_t = 6;
 /// Stride (in bytes) to the imaginary plane for planar complex layout.
 pub const CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET: cublasLtMatrixLayoutAttribute_t = 7;
+/// `uint32_t` `cublasLtBatchMode_t` (cuBLASLt of CUDA 13 only; older libraries refuse the
+/// attribute, which means strided batches).
+pub const CUBLASLT_MATRIX_LAYOUT_BATCH_MODE: cublasLtMatrixLayoutAttribute_t = 8;
+
+/// `cublasLtBatchMode_t` (CUDA 13): how a layout's batch entries are found.
+pub type cublasLtBatchMode_t = c_uint;
+/// Entries `STRIDED_BATCH_OFFSET` elements apart (the default).
+pub const CUBLASLT_BATCH_MODE_STRIDED: cublasLtBatchMode_t = 0;
+/// The matrix pointer is a device array of per-entry pointers.
+pub const CUBLASLT_BATCH_MODE_POINTER_ARRAY: cublasLtBatchMode_t = 1;
+/// Entries of per-group shapes (grouped GEMM), pointer array in device memory.
+pub const CUBLASLT_BATCH_MODE_GROUPED: cublasLtBatchMode_t = 2;
 
 /// `cublasLtMatmulDescAttributes_t`.
 pub type cublasLtMatmulDescAttributes_t = c_uint;

@@ -87,6 +87,10 @@ pub const ncclNumResults: ncclResult_t = 8;
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 /// `NCCL_SPLIT_NOCOLOR`: the rank joins no communicator in `ncclCommSplit`.
 pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+/// `NCCL_SHRINK_DEFAULT`: `ncclCommShrink` shrinks the parent communicator.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
+/// `NCCL_SHRINK_ABORT`: `ncclCommShrink` first terminates the parent's ongoing operations.
+pub const NCCL_SHRINK_ABORT: c_int = 0x01;
 /// `NCCL_UNDEF_FLOAT`.
 pub const NCCL_UNDEF_FLOAT: c_float = -1.0;
 

@@ -406,6 +406,7 @@ mod tests {
             sendbuff: 0,
             recvbuff: 0,
             group: 0,
+            premul: None,
         });
         r
     }

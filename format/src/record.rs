@@ -177,6 +177,23 @@ pub struct CollectiveOp {
     pub recvbuff: u64,
     /// Ops launched together by one outermost `ncclGroupEnd` share a group number (0: none).
     pub group: u64,
+    /// The factor of a PreMulSum reduction (`redop` made by `ncclRedOpCreatePreMulSum`, torch's
+    /// `ReduceOp.PREMUL_SUM`); absent for every other op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub premul: Option<PreMulSum>,
+}
+
+/// The scalar of `ncclRedOpCreatePreMulSum`: the collective sums its members' inputs, each
+/// multiplied by it first.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PreMulSum {
+    /// `ncclDataType_t` of the scalar, raw.
+    pub nccl_type: u32,
+    /// `ncclScalarResidence_t`, raw: 0 device memory (read when the collective runs; the
+    /// record then carries it as its `Alpha` tensor), 1 host (read at creation).
+    pub residence: u32,
+    /// The factor when it was a host value (`None`: see the `Alpha` tensor).
+    pub factor: Option<f64>,
 }
 
 /// Why capture was skipped.
@@ -193,6 +210,9 @@ pub enum GapReason {
     TracerFault,
     /// A shape could not be read on the host (e.g. grouped GEMM layouts in device memory).
     ShapeUnknown,
+    /// The entry point moves tensor data of a kind this ttrace does not capture (complex
+    /// GEMMs, matrix-vector products): recorded so that nothing is lost silently.
+    Unsupported,
 }
 
 /// A skipped op.
@@ -223,7 +243,8 @@ pub enum Role {
     ScaleC,
     ScaleD,
     AmaxD,
-    /// alpha/beta when they live in device memory.
+    /// alpha/beta when they live in device memory (`Alpha` is also the factor of a PreMulSum
+    /// collective whose scalar lives in device memory).
     Alpha,
     Beta,
     Input,

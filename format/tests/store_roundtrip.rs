@@ -28,6 +28,7 @@ fn record(seq: u64, data: &[u8]) -> Record {
             sendbuff: 0x1000,
             recvbuff: 0x1000,
             group: 0,
+            premul: None,
         }),
         stream: 7,
         device: 1,

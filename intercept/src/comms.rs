@@ -4,7 +4,12 @@
 //!
 //! Keys: `InitRank*` hash the `ncclUniqueId`; `Split` hashes the parent's key, the number of
 //! splits made on the parent so far and the color (every member splits in the same order);
-//! `InitAll` hashes the pid and a per-process counter (all members live in this process).
+//! `Shrink` hashes the parent's key, the number of shrinks made on the parent so far and the
+//! sorted excluded ranks (every survivor shrinks alike); `InitAll` hashes the pid and a
+//! per-process counter (all members live in this process).
+//!
+//! PreMulSum reduction operators (`ncclRedOpCreatePreMulSum`) are remembered per communicator
+//! and handle, so that the collectives using one record its factor.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +18,7 @@ use std::sync::Mutex;
 use core::ffi::c_int;
 
 use cuda_abi::nccl::{ncclComm_t, ncclSuccess};
+use ttrace_format::record::PreMulSum;
 use ttrace_format::wire::CommInfo;
 
 use crate::identity::{self, Fnv};
@@ -26,6 +32,43 @@ pub struct Comm {
     pub size: u32,
     pub device: Option<i32>,
     splits: u64,
+    shrinks: u64,
+}
+
+/// A PreMulSum operator: its factor as recorded, and where a device-resident scalar lives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreMul {
+    pub info: PreMulSum,
+    /// The scalar's device address (`residence` device), else 0.
+    pub ptr: u64,
+}
+
+static PREMULS: Mutex<Option<HashMap<(usize, u32), PreMul>>> = Mutex::new(None);
+
+fn with_premuls<R>(f: impl FnOnce(&mut HashMap<(usize, u32), PreMul>) -> R) -> R {
+    f(PREMULS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new))
+}
+
+/// Remembers the PreMulSum operator `op` of `comm` (NCCL reuses destroyed handles: a new one
+/// replaces the old).
+pub fn add_premul(comm: ncclComm_t, op: u32, p: PreMul) {
+    with_premuls(|m| m.insert((comm as usize, op), p));
+}
+
+/// The PreMulSum operator `op` of `comm`, if it is one.
+pub fn premul(comm: ncclComm_t, op: u32) -> Option<PreMul> {
+    if op < cuda_abi::nccl::ncclNumOps {
+        return None;
+    }
+    with_premuls(|m| m.get(&(comm as usize, op)).copied())
+}
+
+/// Forgets a destroyed PreMulSum operator.
+pub fn forget_premul(comm: ncclComm_t, op: u32) {
+    with_premuls(|m| m.remove(&(comm as usize, op)));
 }
 
 static COMMS: Mutex<Option<HashMap<usize, Comm>>> = Mutex::new(None);
@@ -70,6 +113,7 @@ pub fn lookup(comm: ncclComm_t) -> Option<Comm> {
             size: size as u32,
             device,
             splits: 0,
+            shrinks: 0,
         });
         e.rank = rank as u32;
         e.size = size as u32;
@@ -104,6 +148,7 @@ pub fn register(comm: ncclComm_t, j: Joined) {
                 size: j.size,
                 device: j.device,
                 splits: 0,
+                shrinks: 0,
             },
         )
     });
@@ -112,7 +157,7 @@ pub fn register(comm: ncclComm_t, j: Joined) {
             key: j.key,
             size: j.size,
             rank: j.rank,
-            global_rank: identity::rank(),
+            global_rank: identity::joined_as(j.device, j.rank),
             parent: j.parent,
             color: j.color,
             api: j.api.to_string(),
@@ -143,6 +188,26 @@ pub fn split_key(parent: ncclComm_t, color: i32) -> Option<u64> {
     )
 }
 
+/// The key of the next shrink of `parent` without the ranks `excluded` (counts the shrink on
+/// the parent).
+pub fn shrink_key(parent: ncclComm_t, excluded: &[i32]) -> Option<u64> {
+    let pkey = lookup(parent)?.key;
+    let n = with(|m| {
+        m.get_mut(&(parent as usize)).map(|c| {
+            c.shrinks += 1;
+            c.shrinks
+        })
+    })?;
+    let mut ex: Vec<i32> = excluded.to_vec();
+    ex.sort_unstable();
+    ex.dedup();
+    let mut h = Fnv::default().bytes(b"shrink").u64(pkey).u64(n);
+    for r in ex {
+        h = h.u64(r as u32 as u64);
+    }
+    Some(h.finish())
+}
+
 /// The key of the communicators of one `ncclCommInitAll` call.
 pub fn init_all_key() -> u64 {
     Fnv::default()
@@ -162,4 +227,5 @@ pub fn rank_and_size(comm: ncclComm_t) -> Option<(u32, u32)> {
 /// Forgets a destroyed communicator.
 pub fn forget(comm: ncclComm_t) {
     with(|m| m.remove(&(comm as usize)));
+    with_premuls(|m| m.retain(|(c, _), _| *c != comm as usize));
 }

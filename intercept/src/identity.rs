@@ -1,9 +1,15 @@
 //! Who this process is: its global rank (from the launcher's environment, else the rank of the
 //! first communicator it joins), world size, local rank, host, command line; and the stable
 //! hash communicator keys are made of.
+//!
+//! A process that drives several GPUs (`ncclCommInitAll`, or a thread per device with
+//! `ncclCommInitRank`) is several ranks: each device is named by its rank in the first
+//! communicator joined on it (the world, in every framework), and its records carry that rank.
+//! A launcher's rank names a process until it has joined communicators on a second device.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use ttrace_format::config::CaptureConfig;
 use ttrace_format::wire::JobInfo;
@@ -36,6 +42,41 @@ pub fn rank() -> u32 {
 /// communicator (the world, in every framework) names the process.
 pub fn joined(rank: u32) {
     let _ = COMM_RANK.compare_exchange(UNKNOWN, rank, Ordering::Relaxed, Ordering::Relaxed);
+}
+
+/// The rank of each device the process joined a communicator on (first communicator wins).
+static DEVICE_RANKS: Mutex<BTreeMap<i32, u32>> = Mutex::new(BTreeMap::new());
+/// Whether communicators were joined on more than one device.
+static MULTI_DEVICE: AtomicBool = AtomicBool::new(false);
+
+/// Called when this process joins a communicator as `rank` on `device`: the first communicator
+/// joined on a device names it. Returns the global rank that device's records carry.
+pub fn joined_as(device: Option<i32>, comm_rank: u32) -> u32 {
+    if let Some(d) = device {
+        let mut m = DEVICE_RANKS.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(d).or_insert(comm_rank);
+        if m.len() > 1 {
+            MULTI_DEVICE.store(true, Ordering::Relaxed);
+        }
+    }
+    device.map_or_else(rank, rank_of_device)
+}
+
+/// The global rank of records made on `device`: the rank of the first communicator joined on
+/// it when the launcher named no rank or the process drives several devices (see the module's
+/// documentation), else the process's [`rank`]. Without a launcher rank this does not depend on
+/// which device's communicator registered first, so threads racing to join are named alike in
+/// every run.
+pub fn rank_of_device(device: i32) -> u32 {
+    if env_rank().is_some() && !MULTI_DEVICE.load(Ordering::Relaxed) {
+        return rank();
+    }
+    DEVICE_RANKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&device)
+        .copied()
+        .unwrap_or_else(rank)
 }
 
 /// World size from the launcher (1 when none says).

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::*;
-use cuda_abi::library_types::cudaDataType;
 use cuda_abi::nccl::*;
 use cuda_abi::nvtx::*;
 
@@ -144,6 +143,20 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
     p
 }
 
+/// The real function `name` (NUL-terminated) of `lib` as `F`, cached in `slot`: for hooks
+/// whose C signature is written once, in a hook macro that also declares `slot`.
+///
+/// # Safety
+/// `F` is the `unsafe extern "C" fn` type of the function `name`.
+#[inline(always)]
+pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) -> Option<F> {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    let p = slot.load(Ordering::Acquire);
+    let p = if p != 0 { p } else { resolve(slot, name, lib) };
+    // SAFETY: a non-null address of `name`, whose type is `F` per the contract.
+    (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
+}
+
 /// Logs, once per process, which CUDA runtime the hooks attached to: its file and the version
 /// it reports (`cudaRuntimeGetVersion`), which says which major's ABI the program uses.
 #[cold]
@@ -260,13 +273,6 @@ real_fns! {
     Cudart: fn cudaFreeHost(*mut c_void) -> cudaError_t;
 
     // ---- cuBLAS ----
-    Cublas: fn cublasSgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f32, *const f32, c_int, *const f32, c_int, *const f32, *mut f32, c_int) -> cublasStatus_t;
-    Cublas: fn cublasDgemm_v2(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f64, *const f64, c_int, *const f64, c_int, *const f64, *mut f64, c_int) -> cublasStatus_t;
-    Cublas: fn cublasHgemm(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const __half, *const __half, c_int, *const __half, c_int, *const __half, *mut __half, c_int) -> cublasStatus_t;
-    Cublas: fn cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const f32, *const f32, c_int, core::ffi::c_longlong, *const f32, c_int, core::ffi::c_longlong, *const f32, *mut f32, c_int, core::ffi::c_longlong, c_int) -> cublasStatus_t;
-    Cublas: fn cublasGemmEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const c_void, cudaDataType, c_int, *const c_void, cudaDataType, c_int, *const c_void, *mut c_void, cudaDataType, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
-    Cublas: fn cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const c_void, cudaDataType, c_int, core::ffi::c_longlong, *const c_void, cudaDataType, c_int, core::ffi::c_longlong, *const c_void, *mut c_void, cudaDataType, c_int, core::ffi::c_longlong, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
-    Cublas: fn cublasGemmBatchedEx(cublasHandle_t, cublasOperation_t, cublasOperation_t, c_int, c_int, c_int, *const c_void, *const *const c_void, cudaDataType, c_int, *const *const c_void, cudaDataType, c_int, *const c_void, *const *mut c_void, cudaDataType, c_int, c_int, cublasComputeType_t, cublasGemmAlgo_t) -> cublasStatus_t;
     Cublas: fn cublasGetStream_v2(cublasHandle_t, *mut cudaStream_t) -> cublasStatus_t;
     Cublas: fn cublasGetPointerMode_v2(cublasHandle_t, *mut cublasPointerMode_t) -> cublasStatus_t;
     Cublas: fn cublasGetMathMode(cublasHandle_t, *mut cublasMath_t) -> cublasStatus_t;
@@ -290,11 +296,15 @@ real_fns! {
     Nccl: fn ncclScatter(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
     Nccl: fn ncclGroupStart() -> ncclResult_t;
     Nccl: fn ncclGroupEnd() -> ncclResult_t;
+    Nccl: fn ncclGroupSimulateEnd(*mut ncclSimInfo_t) -> ncclResult_t;
     Nccl: fn ncclCommInitRank(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
     Nccl: fn ncclCommInitRankConfig(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> ncclResult_t;
     Nccl: fn ncclCommInitRankScalable(*mut ncclComm_t, c_int, c_int, c_int, *mut ncclUniqueId, *mut ncclConfig_t) -> ncclResult_t;
     Nccl: fn ncclCommInitAll(*mut ncclComm_t, c_int, *const c_int) -> ncclResult_t;
     Nccl: fn ncclCommSplit(ncclComm_t, c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t) -> ncclResult_t;
+    Nccl: fn ncclCommShrink(ncclComm_t, *mut c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t, c_int) -> ncclResult_t;
+    Nccl: fn ncclRedOpCreatePreMulSum(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, ncclScalarResidence_t, ncclComm_t) -> ncclResult_t;
+    Nccl: fn ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) -> ncclResult_t;
     Nccl: fn ncclCommDestroy(ncclComm_t) -> ncclResult_t;
     Nccl: fn ncclCommAbort(ncclComm_t) -> ncclResult_t;
     Nccl: fn ncclCommCount(ncclComm_t, *mut c_int) -> ncclResult_t;

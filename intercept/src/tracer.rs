@@ -255,7 +255,7 @@ struct Tracer {
     ring: &'static Ring,
     cfg: &'static CaptureConfig,
     steps: Steps<Pending>,
-    seq: HashMap<u64, u64>,
+    seq: HashMap<(u32, u64), u64>,
     records: u64,
     gaps: u64,
     /// End of the last slot published (the daemon releases up to it).
@@ -426,11 +426,12 @@ impl Tracer {
             return;
         }
         let mut record = p.record;
-        let seq = self.seq.entry(step).or_insert(0);
+        // A process driving several devices is several ranks (identity::rank_of_device).
+        record.rank = crate::identity::rank_of_device(record.device);
+        let seq = self.seq.entry((record.rank, step)).or_insert(0);
         record.step = step;
         record.seq = *seq;
         *seq += 1;
-        record.rank = crate::identity::rank();
         if matches!(record.op, Op::Gap(_)) {
             self.gaps += 1;
         } else {

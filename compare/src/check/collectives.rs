@@ -79,16 +79,24 @@ fn red(op: Option<u32>) -> Option<Red> {
         n::ncclMax => Red::Max,
         n::ncclMin => Red::Min,
         n::ncclAvg => Red::Avg,
-        // PreMulSum handles carry a scalar the trace does not hold.
+        // PreMulSum handles: their factor is the record's `premul` (see `premul_factors`).
         _ => return None,
     })
 }
 
+/// A reduction as the check reproduces it: the op, and a PreMulSum's factors (one per member).
+#[derive(Debug, Clone, Copy)]
+struct Reduction<'a> {
+    op: Red,
+    factors: Option<&'a [f64]>,
+}
+
 /// The first element of `out` (from `out_off`) that the reduction of `inputs` (from `in_off`,
-/// `len` elements) does not explain: (index, got, exact, bound).
+/// `len` elements) does not explain: (index, got, exact, bound). `factors` (a PreMulSum, one
+/// per input) multiply each input before a sum, one more rounding each.
 fn check_reduction(
     dtype: DType,
-    op: Red,
+    Reduction { op, factors }: Reduction<'_>,
     inputs: &[TensorData],
     in_off: usize,
     out: &TensorData,
@@ -96,14 +104,16 @@ fn check_reduction(
     len: usize,
 ) -> Option<(usize, f64, f64, f64)> {
     let n = inputs.len();
+    let extra = usize::from(factors.is_some());
     for e in 0..len {
-        let xs = inputs
-            .iter()
-            .map(|t| t.get_f64(in_off + e).unwrap_or(f64::NAN));
+        let xs = inputs.iter().enumerate().map(|(i, t)| {
+            let f = factors.and_then(|f| f.get(i).copied()).unwrap_or(1.0);
+            f * t.get_f64(in_off + e).unwrap_or(f64::NAN)
+        });
         let got = out.get_f64(out_off + e).unwrap_or(f64::NAN);
         let abs_sum: f64 = xs.clone().map(f64::abs).sum();
         let (want, bound) = match op {
-            Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1, abs_sum)),
+            Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1 + extra, abs_sum)),
             Red::Avg => (
                 xs.sum::<f64>() / n as f64,
                 reduction_bound(dtype, n + 1, abs_sum) / n as f64,
@@ -353,7 +363,7 @@ fn check_call(
         if c.kind != c0.kind
             || c.count != c0.count
             || c.nccl_type != c0.nccl_type
-            || c.redop != c0.redop
+            || !same_reduction(c, c0)
             || c.root_or_peer != c0.root_or_peer
         {
             out.findings.push(shape_finding(
@@ -391,9 +401,38 @@ fn check_call(
     }
 }
 
+/// The PreMulSum factor of each member (its host value, or its captured `Alpha` scalar);
+/// `None` when one is unknown.
+fn premul_factors(recs: &[&Rec]) -> Option<Vec<f64>> {
+    recs.iter()
+        .map(|r| {
+            let p = coll(r)?.premul?;
+            p.factor.or_else(|| data(r, Role::Alpha)?.get_f64(0))
+        })
+        .collect()
+}
+
+/// Whether two members reduce alike: the same built-in op, or both a PreMulSum (whose handles
+/// are per communicator and member, and whose factors may differ per member).
+fn same_reduction(a: &CollectiveOp, b: &CollectiveOp) -> bool {
+    match (a.premul, b.premul) {
+        (Some(_), Some(_)) => true,
+        (None, None) => a.redop == b.redop,
+        _ => false,
+    }
+}
+
 /// The members whose reduction output the captured inputs do not explain, and why.
 fn reduction_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, String)> {
-    let op = red(c0.redop)?;
+    let factors = match c0.premul {
+        Some(_) => Some(premul_factors(recs)?),
+        None => None,
+    };
+    let op = if factors.is_some() {
+        Red::Sum
+    } else {
+        red(c0.redop)?
+    };
     let inputs: Vec<TensorData> = recs
         .iter()
         .map(|r| data(r, Role::Input))
@@ -415,7 +454,18 @@ fn reduction_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, Str
         } else {
             0
         };
-        if let Some(m) = check_reduction(dtype, op, &inputs, in_off, &o, 0, count) {
+        if let Some(m) = check_reduction(
+            dtype,
+            Reduction {
+                op,
+                factors: factors.as_deref(),
+            },
+            &inputs,
+            in_off,
+            &o,
+            0,
+            count,
+        ) {
             bad.push(r.record.rank);
             first.get_or_insert(m);
         }
@@ -424,7 +474,8 @@ fn reduction_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, Str
     Some((
         bad,
         format!(
-            "output element {e} is {got:e}; the {op:?} of the {} inputs is {want:e} (allowed difference {bound:e} for {})",
+            "output element {e} is {got:e}; the {} of the {} inputs is {want:e} (allowed difference {bound:e} for {})",
+            if factors.is_some() { "PreMulSum".to_string() } else { format!("{op:?}") },
             recs.len(),
             dtype.name()
         ),
@@ -561,6 +612,7 @@ mod tests {
                     sendbuff: 0,
                     recvbuff: 0,
                     group: 0,
+                    premul: None,
                 }),
                 stream: 0,
                 device: 0,
@@ -719,16 +771,89 @@ mod tests {
         ];
         let good = TensorData::F32(vec![3.0, 1.0, f32::INFINITY]);
         assert_eq!(
-            check_reduction(DType::F32, Red::Sum, &inputs, 0, &good, 0, 3),
+            check_reduction(
+                DType::F32,
+                Reduction {
+                    op: Red::Sum,
+                    factors: None
+                },
+                &inputs,
+                0,
+                &good,
+                0,
+                3
+            ),
             None
         );
         let bad = TensorData::F32(vec![3.0, 1.0 + 2f32.powi(-20), f32::INFINITY]);
-        let m = check_reduction(DType::F32, Red::Sum, &inputs, 0, &bad, 0, 3);
+        let m = check_reduction(
+            DType::F32,
+            Reduction {
+                op: Red::Sum,
+                factors: None,
+            },
+            &inputs,
+            0,
+            &bad,
+            0,
+            3,
+        );
         assert_eq!(m.map(|m| m.0), Some(1));
         let avg = TensorData::F32(vec![1.5, 0.5, f32::INFINITY]);
         assert_eq!(
-            check_reduction(DType::F32, Red::Avg, &inputs, 0, &avg, 0, 3),
+            check_reduction(
+                DType::F32,
+                Reduction {
+                    op: Red::Avg,
+                    factors: None
+                },
+                &inputs,
+                0,
+                &avg,
+                0,
+                3
+            ),
             None
         );
+    }
+
+    #[test]
+    fn a_premulsum_output_is_the_sum_of_the_inputs_times_their_factors() {
+        let inputs = vec![
+            TensorData::F32(vec![1.0, 4.0]),
+            TensorData::F32(vec![3.0, -2.0]),
+        ];
+        let factors = [0.5, 0.5];
+        let good = TensorData::F32(vec![2.0, 1.0]);
+        assert_eq!(
+            check_reduction(
+                DType::F32,
+                Reduction {
+                    op: Red::Sum,
+                    factors: Some(&factors),
+                },
+                &inputs,
+                0,
+                &good,
+                0,
+                2
+            ),
+            None
+        );
+        // The plain sum (the factor forgotten) is a mismatch.
+        let unscaled = TensorData::F32(vec![4.0, 2.0]);
+        let m = check_reduction(
+            DType::F32,
+            Reduction {
+                op: Red::Sum,
+                factors: Some(&factors),
+            },
+            &inputs,
+            0,
+            &unscaled,
+            0,
+            2,
+        );
+        assert_eq!(m.map(|m| (m.0, m.2)), Some((0, 2.0)));
     }
 }

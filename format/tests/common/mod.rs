@@ -210,6 +210,7 @@ pub fn records(rank: u32, step: u64, n: u64, world: u32) -> Vec<Made> {
                     sendbuff: 0x1000,
                     recvbuff: 0x2000,
                     group: 0,
+                    premul: None,
                 });
                 let tensors = vec![
                     tensor(Role::Input, dt, vec![count], &input, true),

@@ -9,15 +9,24 @@
 //! it for `allow_tf32`), so the GEMM can be recomputed. The `*Ex` functions follow their
 //! explicit compute type.
 //!
-//! `cublasGemmBatchedEx` takes arrays of matrix pointers that live in device memory: the host
-//! cannot know the matrices without reading those arrays, i.e. synchronising, which the tracer
-//! never does. The call is recorded as a `ShapeUnknown` gap carrying its parameters.
+//! Each signature is written once, in a macro invocation: [`gemm_hook!`] for the GEMMs captured
+//! (typed, `Ex`, strided-batched, in `int` and `_64` widths), [`blas_gap!`] for the entry
+//! points that move tensor data but are not captured, which record a gap naming the API (no
+//! silent holes):
+//! * pointer-array batches (`cublas?gemmBatched`, `cublasGemmBatchedEx`, the grouped GEMMs,
+//!   batched gemv): the matrices' addresses live in device memory, and reading them would
+//!   synchronise, which the tracer never does: `ShapeUnknown`, with the parameters the host
+//!   holds (for grouped GEMMs every group's size and shape, which are host arrays);
+//! * complex-valued GEMMs and gemv: `Unsupported`, with their parameters.
+//!
+//! The real functions are looked up by the macros ([`real::lookup`]) under the hook's name.
 
 use core::ffi::{c_int, c_longlong, c_void};
+use std::sync::atomic::AtomicUsize;
 
 use cuda_abi::cublas::*;
 use cuda_abi::cudart::cudaStream_t;
-use cuda_abi::library_types::cudaDataType;
+use cuda_abi::library_types::*;
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
 
@@ -33,7 +42,7 @@ const MISSING: cublasStatus_t = CUBLAS_STATUS_NOT_SUPPORTED;
 struct Operand {
     ptr: *const c_void,
     dtype: cudaDataType,
-    ld: c_int,
+    ld: i64,
     stride: c_longlong,
 }
 
@@ -43,15 +52,15 @@ struct Gemm {
     handle: cublasHandle_t,
     transa: cublasOperation_t,
     transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
+    m: i64,
+    n: i64,
+    k: i64,
     alpha: *const c_void,
     beta: *const c_void,
     a: Operand,
     b: Operand,
     c: Operand,
-    batch: c_int,
+    batch: i64,
     batched: bool,
     compute: u32,
     algo: cublasGemmAlgo_t,
@@ -254,296 +263,36 @@ fn perturb_output(g: &Gemm) {
     );
 }
 
-fn op(ptr: *const c_void, dtype: cudaDataType, ld: c_int, stride: c_longlong) -> Operand {
+/// A matrix argument (leading dimension and stride as the caller passed them).
+fn op(ptr: *const c_void, dtype: cudaDataType, ld: impl Into<i64>, stride: c_longlong) -> Operand {
     Operand {
         ptr,
         dtype,
-        ld,
+        ld: ld.into(),
         stride,
     }
 }
 
-/// `cublasSgemm_v2`: f32 GEMM.
-#[no_mangle]
-pub unsafe extern "C" fn cublasSgemm_v2(
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f32,
-    A: *const f32,
-    lda: c_int,
-    B: *const f32,
-    ldb: c_int,
-    beta: *const f32,
-    C: *mut f32,
-    ldc: c_int,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasSgemm_v2() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasSgemm_v2",
-        handle,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a: op(A.cast(), 0, lda, 0),
-        b: op(B.cast(), 0, ldb, 0),
-        c: op(C.cast(), 0, ldc, 0),
-        batch: 1,
-        batched: false,
-        compute: single_precision_compute(handle),
-        algo: CUBLAS_GEMM_DEFAULT,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-        )
-    })
+/// An `int` or `int64_t` argument, widened.
+fn w(v: impl Into<i64>) -> i64 {
+    v.into()
 }
 
-/// `cublasDgemm_v2`: f64 GEMM.
-#[no_mangle]
-pub unsafe extern "C" fn cublasDgemm_v2(
+/// A GEMM call (its `api` is set by [`gemm_hook!`]): `batch` is `Some` for the strided-batched
+/// entry points.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
     handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f64,
-    A: *const f64,
-    lda: c_int,
-    B: *const f64,
-    ldb: c_int,
-    beta: *const f64,
-    C: *mut f64,
-    ldc: c_int,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasDgemm_v2() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasDgemm_v2",
-        handle,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a: op(A.cast(), 1, lda, 0),
-        b: op(B.cast(), 1, ldb, 0),
-        c: op(C.cast(), 1, ldc, 0),
-        batch: 1,
-        batched: false,
-        compute: CUBLAS_COMPUTE_64F,
-        algo: CUBLAS_GEMM_DEFAULT,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-        )
-    })
-}
-
-/// `cublasHgemm`: f16 GEMM with f16 accumulation.
-#[no_mangle]
-pub unsafe extern "C" fn cublasHgemm(
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const __half,
-    A: *const __half,
-    lda: c_int,
-    B: *const __half,
-    ldb: c_int,
-    beta: *const __half,
-    C: *mut __half,
-    ldc: c_int,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasHgemm() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasHgemm",
-        handle,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a: op(A.cast(), 2, lda, 0),
-        b: op(B.cast(), 2, ldb, 0),
-        c: op(C.cast(), 2, ldc, 0),
-        batch: 1,
-        batched: false,
-        compute: CUBLAS_COMPUTE_16F,
-        algo: CUBLAS_GEMM_DEFAULT,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
-        )
-    })
-}
-
-/// `cublasSgemmStridedBatched`.
-#[no_mangle]
-pub unsafe extern "C" fn cublasSgemmStridedBatched(
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const f32,
-    A: *const f32,
-    lda: c_int,
-    strideA: c_longlong,
-    B: *const f32,
-    ldb: c_int,
-    strideB: c_longlong,
-    beta: *const f32,
-    C: *mut f32,
-    ldc: c_int,
-    strideC: c_longlong,
-    batchCount: c_int,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasSgemmStridedBatched() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
-                ldc, strideC, batchCount,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasSgemmStridedBatched",
-        handle,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha: alpha.cast(),
-        beta: beta.cast(),
-        a: op(A.cast(), 0, lda, strideA),
-        b: op(B.cast(), 0, ldb, strideB),
-        c: op(C.cast(), 0, ldc, strideC),
-        batch: batchCount,
-        batched: true,
-        compute: single_precision_compute(handle),
-        algo: CUBLAS_GEMM_DEFAULT,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc,
-            strideC, batchCount,
-        )
-    })
-}
-
-/// `cublasGemmEx`: mixed-precision GEMM (`computeType` read raw: 68/77, or a legacy
-/// `cudaDataType` such as 0 from callers that bypass `cublasMigrateComputeType`).
-#[no_mangle]
-pub unsafe extern "C" fn cublasGemmEx(
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const c_void,
-    A: *const c_void,
-    Atype: cudaDataType,
-    lda: c_int,
-    B: *const c_void,
-    Btype: cudaDataType,
-    ldb: c_int,
-    beta: *const c_void,
-    C: *mut c_void,
-    Ctype: cudaDataType,
-    ldc: c_int,
-    computeType: cublasComputeType_t,
+    [transa, transb]: [cublasOperation_t; 2],
+    [m, n, k]: [i64; 3],
+    [alpha, beta]: [*const c_void; 2],
+    [a, b, c]: [Operand; 3],
+    batch: Option<i64>,
+    compute: u32,
     algo: cublasGemmAlgo_t,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasGemmEx() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle,
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha,
-                A,
-                Atype,
-                lda,
-                B,
-                Btype,
-                ldb,
-                beta,
-                C,
-                Ctype,
-                ldc,
-                computeType,
-                algo,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasGemmEx",
+) -> Gemm {
+    Gemm {
+        api: "",
         handle,
         transa,
         transb,
@@ -552,261 +301,2599 @@ pub unsafe extern "C" fn cublasGemmEx(
         k,
         alpha,
         beta,
-        a: op(A, Atype, lda, 0),
-        b: op(B, Btype, ldb, 0),
-        c: op(C.cast_const(), Ctype, ldc, 0),
-        batch: 1,
-        batched: false,
-        compute: computeType,
+        a,
+        b,
+        c,
+        batch: batch.unwrap_or(1),
+        batched: batch.is_some(),
+        compute,
         algo,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha,
-            A,
-            Atype,
-            lda,
-            B,
-            Btype,
-            ldb,
-            beta,
-            C,
-            Ctype,
-            ldc,
-            computeType,
-            algo,
-        )
-    })
+    }
 }
 
-/// `cublasGemmStridedBatchedEx`.
-#[no_mangle]
-pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const c_void,
-    A: *const c_void,
-    Atype: cudaDataType,
-    lda: c_int,
-    strideA: c_longlong,
-    B: *const c_void,
-    Btype: cudaDataType,
-    ldb: c_int,
-    strideB: c_longlong,
-    beta: *const c_void,
-    C: *mut c_void,
-    Ctype: cudaDataType,
-    ldc: c_int,
-    strideC: c_longlong,
-    batchCount: c_int,
-    computeType: cublasComputeType_t,
-    algo: cublasGemmAlgo_t,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasGemmStridedBatchedEx() else {
-        return MISSING;
+/// One captured cuBLAS GEMM entry point: `name(C signature) => (modes that make it capture)
+/// Gemm`. The real function is called exactly once with the program's arguments.
+macro_rules! gemm_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => ($modes:expr) $gemm:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cublasStatus_t {
+            type Real = unsafe extern "C" fn($($t),*) -> cublasStatus_t;
+            static SLOT: AtomicUsize = AtomicUsize::new(0);
+            let name = concat!(stringify!($name), "\0");
+            // SAFETY: `Real` is the C signature of the function of that name.
+            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cublas) })
+            else {
+                return MISSING;
+            };
+            if mode::off($modes) {
+                // SAFETY: the program's arguments, forwarded unchanged.
+                return unsafe { real($($a),*) };
+            }
+            let g = Gemm {
+                api: stringify!($name),
+                ..$gemm
+            };
+            // SAFETY: as above.
+            capture(g, || unsafe { real($($a),*) })
+        }
     };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle,
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha,
-                A,
-                Atype,
-                lda,
-                strideA,
-                B,
-                Btype,
-                ldb,
-                strideB,
-                beta,
-                C,
-                Ctype,
-                ldc,
-                strideC,
-                batchCount,
-                computeType,
-                algo,
-            )
-        };
-    }
-    let g = Gemm {
-        api: "cublasGemmStridedBatchedEx",
-        handle,
-        transa,
-        transb,
-        m,
-        n,
-        k,
-        alpha,
-        beta,
-        a: op(A, Atype, lda, strideA),
-        b: op(B, Btype, ldb, strideB),
-        c: op(C.cast_const(), Ctype, ldc, strideC),
-        batch: batchCount,
-        batched: true,
-        compute: computeType,
-        algo,
-    };
-    // SAFETY: as above.
-    capture(g, || unsafe {
-        real(
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha,
-            A,
-            Atype,
-            lda,
-            strideA,
-            B,
-            Btype,
-            ldb,
-            strideB,
-            beta,
-            C,
-            Ctype,
-            ldc,
-            strideC,
-            batchCount,
-            computeType,
-            algo,
-        )
-    })
 }
 
-/// `cublasGemmBatchedEx`: recorded as a `ShapeUnknown` gap (the matrices' addresses are in
-/// device memory; reading them would synchronise).
-#[no_mangle]
-pub unsafe extern "C" fn cublasGemmBatchedEx(
+/// One cuBLAS entry point that moves tensor data but is not captured: `name(C signature) =>
+/// GapReason, detail`. A successful call records a gap naming it (a failed one moved nothing).
+macro_rules! blas_gap {
+    ($(#[$m:meta])* $name:ident ( $h:ident : cublasHandle_t $(, $a:ident : $t:ty)* $(,)? )
+        => $reason:ident, $detail:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($h: cublasHandle_t $(, $a: $t)*) -> cublasStatus_t {
+            type Real = unsafe extern "C" fn(cublasHandle_t $(, $t)*) -> cublasStatus_t;
+            static SLOT: AtomicUsize = AtomicUsize::new(0);
+            let name = concat!(stringify!($name), "\0");
+            // SAFETY: `Real` is the C signature of the function of that name.
+            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cublas) })
+            else {
+                return MISSING;
+            };
+            if mode::off(mode::GEMM) {
+                // SAFETY: the program's arguments, forwarded unchanged.
+                return unsafe { real($h $(, $a)*) };
+            }
+            let detail = || $detail;
+            // SAFETY: as above.
+            uncaptured(stringify!($name), $h, GapReason::$reason, detail, || unsafe {
+                real($h $(, $a)*)
+            })
+        }
+    };
+}
+
+/// The gap of an uncaptured entry point, on the handle's stream, once the call succeeded.
+fn uncaptured(
+    api: &'static str,
     handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const c_void,
-    Aarray: *const *const c_void,
-    Atype: cudaDataType,
-    lda: c_int,
-    Barray: *const *const c_void,
-    Btype: cudaDataType,
-    ldb: c_int,
-    beta: *const c_void,
-    Carray: *const *mut c_void,
-    Ctype: cudaDataType,
-    ldc: c_int,
-    batchCount: c_int,
-    computeType: cublasComputeType_t,
-    algo: cublasGemmAlgo_t,
+    reason: GapReason,
+    detail: impl FnOnce() -> String,
+    real: impl FnOnce() -> cublasStatus_t,
 ) -> cublasStatus_t {
-    let Some(real) = real::cublasGemmBatchedEx() else {
-        return MISSING;
-    };
-    if mode::off(mode::GEMM) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                handle,
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha,
-                Aarray,
-                Atype,
-                lda,
-                Barray,
-                Btype,
-                ldb,
-                beta,
-                Carray,
-                Ctype,
-                ldc,
-                batchCount,
-                computeType,
-                algo,
-            )
-        };
-    }
-    let prepare = || {
-        let stream = handle_stream(handle)?;
-        let es = |t: u32| DType::from_cuda(t).map_or(0, |d| d.size() as u64);
-        let (mm, nn, kk, bb) = (
-            m.max(0) as u64,
-            n.max(0) as u64,
-            k.max(0) as u64,
-            batchCount.max(0) as u64,
-        );
-        let bytes = bb * (mm * kk * es(Atype) + kk * nn * es(Btype) + mm * nn * es(Ctype));
-        let detail = format!(
-            "m={m} n={n} k={k} batch={batchCount} transa={transa} transb={transb} \
-             Atype={Atype} Btype={Btype} Ctype={Ctype} lda={lda} ldb={ldb} ldc={ldc} \
-             computeType={computeType} algo={algo} Aarray={Aarray:p} Barray={Barray:p} \
-             Carray={Carray:p}: the matrix pointers live in device memory and cannot be read \
-             without synchronising"
-        );
-        engine::begin(Call {
-            api: "cublasGemmBatchedEx",
-            op: Op::Gap(GapOp {
-                reason: GapReason::ShapeUnknown,
-                skipped_api: "cublasGemmBatchedEx".into(),
-                bytes,
-                detail,
-            }),
-            stream,
-            stream_id: stream as u64,
-            device: None,
-            tensors: Vec::new(),
-        })
-    };
     crate::around(
-        prepare,
-        // SAFETY: as above.
-        || unsafe {
-            real(
-                handle,
-                transa,
-                transb,
-                m,
-                n,
-                k,
-                alpha,
-                Aarray,
-                Atype,
-                lda,
-                Barray,
-                Btype,
-                ldb,
-                beta,
-                Carray,
-                Ctype,
-                ldc,
-                batchCount,
-                computeType,
-                algo,
-            )
+        || {
+            let stream = handle_stream(handle)?;
+            engine::begin(Call {
+                api,
+                op: Op::Gap(GapOp {
+                    reason,
+                    skipped_api: api.into(),
+                    bytes: 0,
+                    detail: detail(),
+                }),
+                stream,
+                stream_id: stream as u64,
+                device: None,
+                tensors: Vec::new(),
+            })
         },
+        real,
         |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
     )
+}
+
+/// Why a pointer-array batch is a gap, with its shape.
+fn pointer_arrays(
+    m: impl Into<i64>,
+    n: impl Into<i64>,
+    k: impl Into<i64>,
+    batch: impl Into<i64>,
+    types: &str,
+) -> String {
+    format!(
+        "m={} n={} k={} batch={} {types}: the matrix pointers live in device memory and cannot \
+         be read without synchronising",
+        m.into(),
+        n.into(),
+        k.into(),
+        batch.into()
+    )
+}
+
+/// Groups described in a grouped GEMM's detail (the rest are counted).
+const GROUPS_SHOWN: usize = 32;
+
+/// Why a grouped GEMM is a gap, with every group's size and shape (host arrays).
+///
+/// # Safety
+/// The arrays hold `count` elements (cuBLAS's contract) or are null.
+unsafe fn grouped<I: Copy + Into<i64>>(
+    count: I,
+    size: *const I,
+    [m, n, k]: [*const I; 3],
+    types: &str,
+) -> String {
+    let count = count.into().max(0) as usize;
+    let at = |p: *const I, i: usize| -> i64 {
+        if p.is_null() {
+            -1
+        } else {
+            // SAFETY: `i < count`, per the contract.
+            unsafe { *p.add(i) }.into()
+        }
+    };
+    let mut groups: Vec<String> = (0..count.min(GROUPS_SHOWN))
+        .map(|i| {
+            format!(
+                "{}x(m={} n={} k={})",
+                at(size, i),
+                at(m, i),
+                at(n, i),
+                at(k, i)
+            )
+        })
+        .collect();
+    if count > GROUPS_SHOWN {
+        groups.push(format!("... {} more groups", count - GROUPS_SHOWN));
+    }
+    format!(
+        "groups={count} [{}] {types}: the matrix pointers live in device memory and cannot be \
+         read without synchronising",
+        groups.join(", ")
+    )
+}
+
+/// Why an uncaptured GEMM or gemv is a gap.
+fn not_captured(what: &str, shape: String) -> String {
+    format!("{shape}: {what} are not captured")
+}
+
+gemm_hook! {
+    /// `cublasSgemm_v2`: f32 GEMM.
+    cublasSgemm_v2(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f32,
+        A: *const f32,
+        lda: c_int,
+        B: *const f32,
+        ldb: c_int,
+        beta: *const f32,
+        C: *mut f32,
+        ldc: c_int,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_32F, lda, 0),
+            op(B.cast(), CUDA_R_32F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_32F, ldc, 0),
+        ],
+        None,
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasDgemm_v2`: f64 GEMM.
+    cublasDgemm_v2(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f64,
+        A: *const f64,
+        lda: c_int,
+        B: *const f64,
+        ldb: c_int,
+        beta: *const f64,
+        C: *mut f64,
+        ldc: c_int,
+    ) => (mode::GEMM)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_64F, lda, 0),
+            op(B.cast(), CUDA_R_64F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_64F, ldc, 0),
+        ],
+        None,
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasHgemm`: f16 GEMM.
+    cublasHgemm(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const __half,
+        A: *const __half,
+        lda: c_int,
+        B: *const __half,
+        ldb: c_int,
+        beta: *const __half,
+        C: *mut __half,
+        ldc: c_int,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_16F, lda, 0),
+            op(B.cast(), CUDA_R_16F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_16F, ldc, 0),
+        ],
+        None,
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasSgemmStridedBatched`: f32 strided-batched GEMM.
+    cublasSgemmStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f32,
+        A: *const f32,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const f32,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const f32,
+        C: *mut f32,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_32F, lda, strideA),
+            op(B.cast(), CUDA_R_32F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_32F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasDgemmStridedBatched`: f64 strided-batched GEMM.
+    cublasDgemmStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f64,
+        A: *const f64,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const f64,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const f64,
+        C: *mut f64,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => (mode::GEMM)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_64F, lda, strideA),
+            op(B.cast(), CUDA_R_64F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_64F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasHgemmStridedBatched`: f16 strided-batched GEMM.
+    cublasHgemmStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const __half,
+        A: *const __half,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const __half,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const __half,
+        C: *mut __half,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_16F, lda, strideA),
+            op(B.cast(), CUDA_R_16F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_16F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasSgemmEx`: typed operands, f32 scalars and accumulation (the handle's math mode).
+    cublasSgemmEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f32,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        beta: *const f32,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A, Atype, lda, 0),
+            op(B, Btype, ldb, 0),
+            op(C.cast_const(), Ctype, ldc, 0),
+        ],
+        None,
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasGemmEx`: mixed-precision GEMM (`computeType` read raw: 68/77, or a legacy
+    /// `cudaDataType` such as 0 from callers that bypass `cublasMigrateComputeType`).
+    cublasGemmEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const c_void,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        beta: *const c_void,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha, beta],
+        [
+            op(A, Atype, lda, 0),
+            op(B, Btype, ldb, 0),
+            op(C.cast_const(), Ctype, ldc, 0),
+        ],
+        None,
+        computeType,
+        algo,
+    )
+}
+
+gemm_hook! {
+    /// `cublasGemmStridedBatchedEx`: mixed-precision strided-batched GEMM.
+    cublasGemmStridedBatchedEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const c_void,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const c_void,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha, beta],
+        [
+            op(A, Atype, lda, strideA),
+            op(B, Btype, ldb, strideB),
+            op(C.cast_const(), Ctype, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        computeType,
+        algo,
+    )
+}
+
+gemm_hook! {
+    /// `cublasSgemm_v2_64`: f32 GEMM (64-bit sizes).
+    cublasSgemm_v2_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f32,
+        A: *const f32,
+        lda: i64,
+        B: *const f32,
+        ldb: i64,
+        beta: *const f32,
+        C: *mut f32,
+        ldc: i64,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_32F, lda, 0),
+            op(B.cast(), CUDA_R_32F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_32F, ldc, 0),
+        ],
+        None,
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasDgemm_v2_64`: f64 GEMM (64-bit sizes).
+    cublasDgemm_v2_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f64,
+        A: *const f64,
+        lda: i64,
+        B: *const f64,
+        ldb: i64,
+        beta: *const f64,
+        C: *mut f64,
+        ldc: i64,
+    ) => (mode::GEMM)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_64F, lda, 0),
+            op(B.cast(), CUDA_R_64F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_64F, ldc, 0),
+        ],
+        None,
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasHgemm_64`: f16 GEMM (64-bit sizes).
+    cublasHgemm_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const __half,
+        A: *const __half,
+        lda: i64,
+        B: *const __half,
+        ldb: i64,
+        beta: *const __half,
+        C: *mut __half,
+        ldc: i64,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_16F, lda, 0),
+            op(B.cast(), CUDA_R_16F, ldb, 0),
+            op(C.cast_const().cast(), CUDA_R_16F, ldc, 0),
+        ],
+        None,
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasSgemmStridedBatched_64`: f32 strided-batched GEMM (64-bit sizes).
+    cublasSgemmStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f32,
+        A: *const f32,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const f32,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const f32,
+        C: *mut f32,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_32F, lda, strideA),
+            op(B.cast(), CUDA_R_32F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_32F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasDgemmStridedBatched_64`: f64 strided-batched GEMM (64-bit sizes).
+    cublasDgemmStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f64,
+        A: *const f64,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const f64,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const f64,
+        C: *mut f64,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => (mode::GEMM)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_64F, lda, strideA),
+            op(B.cast(), CUDA_R_64F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_64F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasHgemmStridedBatched_64`: f16 strided-batched GEMM (64-bit sizes).
+    cublasHgemmStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const __half,
+        A: *const __half,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const __half,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const __half,
+        C: *mut __half,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A.cast(), CUDA_R_16F, lda, strideA),
+            op(B.cast(), CUDA_R_16F, ldb, strideB),
+            op(C.cast_const().cast(), CUDA_R_16F, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasSgemmEx_64`: `cublasSgemmEx` with 64-bit sizes.
+    cublasSgemmEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f32,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        beta: *const f32,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            op(A, Atype, lda, 0),
+            op(B, Btype, ldb, 0),
+            op(C.cast_const(), Ctype, ldc, 0),
+        ],
+        None,
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
+}
+
+gemm_hook! {
+    /// `cublasGemmEx_64`: `cublasGemmEx` with 64-bit sizes.
+    cublasGemmEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const c_void,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        beta: *const c_void,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha, beta],
+        [
+            op(A, Atype, lda, 0),
+            op(B, Btype, ldb, 0),
+            op(C.cast_const(), Ctype, ldc, 0),
+        ],
+        None,
+        computeType,
+        algo,
+    )
+}
+
+gemm_hook! {
+    /// `cublasGemmStridedBatchedEx_64`: mixed-precision strided-batched GEMM (64-bit sizes).
+    cublasGemmStridedBatchedEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const c_void,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const c_void,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => (mode::GEMM | mode::PERTURB)
+    gemm(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha, beta],
+        [
+            op(A, Atype, lda, strideA),
+            op(B, Btype, ldb, strideB),
+            op(C.cast_const(), Ctype, ldc, strideC),
+        ],
+        Some(w(batchCount)),
+        computeType,
+        algo,
+    )
+}
+
+blas_gap! {
+    /// `cublasSgemmBatched`: f32 pointer-array batch.
+    cublasSgemmBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f32,
+        Aarray: *const *const f32,
+        lda: c_int,
+        Barray: *const *const f32,
+        ldb: c_int,
+        beta: *const f32,
+        Carray: *const *mut f32,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f32")
+}
+
+blas_gap! {
+    /// `cublasDgemmBatched`: f64 pointer-array batch.
+    cublasDgemmBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const f64,
+        Aarray: *const *const f64,
+        lda: c_int,
+        Barray: *const *const f64,
+        ldb: c_int,
+        beta: *const f64,
+        Carray: *const *mut f64,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f64")
+}
+
+blas_gap! {
+    /// `cublasHgemmBatched`: f16 pointer-array batch.
+    cublasHgemmBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const __half,
+        Aarray: *const *const __half,
+        lda: c_int,
+        Barray: *const *const __half,
+        ldb: c_int,
+        beta: *const __half,
+        Carray: *const *mut __half,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f16")
+}
+
+blas_gap! {
+    /// `cublasCgemmBatched`: complex f32 pointer-array batch.
+    cublasCgemmBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: c_int,
+        Barray: *const *const cuComplex,
+        ldb: c_int,
+        beta: *const cuComplex,
+        Carray: *const *mut cuComplex,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f32")
+}
+
+blas_gap! {
+    /// `cublasZgemmBatched`: complex f64 pointer-array batch.
+    cublasZgemmBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuDoubleComplex,
+        Aarray: *const *const cuDoubleComplex,
+        lda: c_int,
+        Barray: *const *const cuDoubleComplex,
+        ldb: c_int,
+        beta: *const cuDoubleComplex,
+        Carray: *const *mut cuDoubleComplex,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f64")
+}
+
+blas_gap! {
+    /// `cublasCgemm3mBatched`: complex f32 pointer-array batch (3m).
+    cublasCgemm3mBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: c_int,
+        Barray: *const *const cuComplex,
+        ldb: c_int,
+        beta: *const cuComplex,
+        Carray: *const *mut cuComplex,
+        ldc: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f32")
+}
+
+blas_gap! {
+    /// `cublasGemmBatchedEx`: mixed-precision pointer-array batch.
+    cublasGemmBatchedEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const c_void,
+        Aarray: *const *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        Barray: *const *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        beta: *const c_void,
+        Carray: *const *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+        batchCount: c_int,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, &format!(
+                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
+                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
+            ))
+}
+
+blas_gap! {
+    /// `cublasSgemmGroupedBatched`: f32 grouped GEMM (MoE).
+    cublasSgemmGroupedBatched(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const c_int,
+        n_array: *const c_int,
+        k_array: *const c_int,
+        alpha_array: *const f32,
+        Aarray: *const *const f32,
+        lda_array: *const c_int,
+        Barray: *const *const f32,
+        ldb_array: *const c_int,
+        beta_array: *const f32,
+        Carray: *const *mut f32,
+        ldc_array: *const c_int,
+        group_count: c_int,
+        group_size: *const c_int,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe { grouped(group_count, group_size, [m_array, n_array, k_array], "f32") }
+}
+
+blas_gap! {
+    /// `cublasDgemmGroupedBatched`: f64 grouped GEMM (MoE).
+    cublasDgemmGroupedBatched(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const c_int,
+        n_array: *const c_int,
+        k_array: *const c_int,
+        alpha_array: *const f64,
+        Aarray: *const *const f64,
+        lda_array: *const c_int,
+        Barray: *const *const f64,
+        ldb_array: *const c_int,
+        beta_array: *const f64,
+        Carray: *const *mut f64,
+        ldc_array: *const c_int,
+        group_count: c_int,
+        group_size: *const c_int,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe { grouped(group_count, group_size, [m_array, n_array, k_array], "f64") }
+}
+
+blas_gap! {
+    /// `cublasGemmGroupedBatchedEx`: mixed-precision grouped GEMM (MoE).
+    cublasGemmGroupedBatchedEx(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const c_int,
+        n_array: *const c_int,
+        k_array: *const c_int,
+        alpha_array: *const c_void,
+        Aarray: *const *const c_void,
+        Atype: cudaDataType_t,
+        lda_array: *const c_int,
+        Barray: *const *const c_void,
+        Btype: cudaDataType_t,
+        ldb_array: *const c_int,
+        beta_array: *const c_void,
+        Carray: *const *mut c_void,
+        Ctype: cudaDataType_t,
+        ldc_array: *const c_int,
+        group_count: c_int,
+        group_size: *const c_int,
+        computeType: cublasComputeType_t,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe {
+                let types =
+                    format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}");
+                grouped(group_count, group_size, [m_array, n_array, k_array], &types)
+            }
+}
+
+blas_gap! {
+    /// `cublasSgemvBatched`: f32 pointer-array gemv batch.
+    cublasSgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        Aarray: *const *const f32,
+        lda: c_int,
+        xarray: *const *const f32,
+        incx: c_int,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv f32")
+}
+
+blas_gap! {
+    /// `cublasDgemvBatched`: f64 pointer-array gemv batch.
+    cublasDgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f64,
+        Aarray: *const *const f64,
+        lda: c_int,
+        xarray: *const *const f64,
+        incx: c_int,
+        beta: *const f64,
+        yarray: *const *mut f64,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv f64")
+}
+
+blas_gap! {
+    /// `cublasCgemvBatched`: complex f32 pointer-array gemv batch.
+    cublasCgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: c_int,
+        xarray: *const *const cuComplex,
+        incx: c_int,
+        beta: *const cuComplex,
+        yarray: *const *mut cuComplex,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv complex f32")
+}
+
+blas_gap! {
+    /// `cublasZgemvBatched`: complex f64 pointer-array gemv batch.
+    cublasZgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuDoubleComplex,
+        Aarray: *const *const cuDoubleComplex,
+        lda: c_int,
+        xarray: *const *const cuDoubleComplex,
+        incx: c_int,
+        beta: *const cuDoubleComplex,
+        yarray: *const *mut cuDoubleComplex,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv complex f64")
+}
+
+blas_gap! {
+    /// `cublasHSHgemvBatched`: mixed-precision pointer-array gemv batch (HSH).
+    cublasHSHgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        Aarray: *const *const __half,
+        lda: c_int,
+        xarray: *const *const __half,
+        incx: c_int,
+        beta: *const f32,
+        yarray: *const *mut __half,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv HSH")
+}
+
+blas_gap! {
+    /// `cublasHSSgemvBatched`: mixed-precision pointer-array gemv batch (HSS).
+    cublasHSSgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        Aarray: *const *const __half,
+        lda: c_int,
+        xarray: *const *const __half,
+        incx: c_int,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv HSS")
+}
+
+blas_gap! {
+    /// `cublasTSTgemvBatched`: mixed-precision pointer-array gemv batch (TST).
+    cublasTSTgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        Aarray: *const *const __nv_bfloat16,
+        lda: c_int,
+        xarray: *const *const __nv_bfloat16,
+        incx: c_int,
+        beta: *const f32,
+        yarray: *const *mut __nv_bfloat16,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv TST")
+}
+
+blas_gap! {
+    /// `cublasTSSgemvBatched`: mixed-precision pointer-array gemv batch (TSS).
+    cublasTSSgemvBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        Aarray: *const *const __nv_bfloat16,
+        lda: c_int,
+        xarray: *const *const __nv_bfloat16,
+        incx: c_int,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: c_int,
+        batchCount: c_int,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv TSS")
+}
+
+blas_gap! {
+    /// `cublasCgemm_v2`: complex f32 GEMM.
+    cublasCgemm_v2(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        B: *const cuComplex,
+        ldb: c_int,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3m`: complex f32 GEMM (3m).
+    cublasCgemm3m(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        B: *const cuComplex,
+        ldb: c_int,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasCgemmStridedBatched`: complex f32 strided-batched GEMM.
+    cublasCgemmStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const cuComplex,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasZgemm_v2`: complex f64 GEMM.
+    cublasZgemm_v2(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: c_int,
+        B: *const cuDoubleComplex,
+        ldb: c_int,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasZgemm3m`: complex f64 GEMM (3m).
+    cublasZgemm3m(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: c_int,
+        B: *const cuDoubleComplex,
+        ldb: c_int,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasZgemmStridedBatched`: complex f64 strided-batched GEMM.
+    cublasZgemmStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const cuDoubleComplex,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasCgemmEx`: complex mixed-precision GEMM.
+    cublasCgemmEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        beta: *const cuComplex,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} Atype={Atype} Ctype={Ctype}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3mEx`: complex mixed-precision GEMM (3m).
+    cublasCgemm3mEx(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: c_int,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: c_int,
+        beta: *const cuComplex,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} Atype={Atype} Ctype={Ctype}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3mStridedBatched`: complex strided-batched GEMM (3m).
+    cublasCgemm3mStridedBatched(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        k: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        strideA: c_longlong,
+        B: *const cuComplex,
+        ldb: c_int,
+        strideB: c_longlong,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: c_int,
+        strideC: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasSgemv_v2`: f32 matrix-vector product.
+    cublasSgemv_v2(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const f32,
+        lda: c_int,
+        x: *const f32,
+        incx: c_int,
+        beta: *const f32,
+        y: *mut f32,
+        incy: c_int,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasSgemvStridedBatched`: f32 strided-batched matrix-vector product.
+    cublasSgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const f32,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const f32,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasDgemv_v2`: f64 matrix-vector product.
+    cublasDgemv_v2(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f64,
+        A: *const f64,
+        lda: c_int,
+        x: *const f64,
+        incx: c_int,
+        beta: *const f64,
+        y: *mut f64,
+        incy: c_int,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasDgemvStridedBatched`: f64 strided-batched matrix-vector product.
+    cublasDgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f64,
+        A: *const f64,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const f64,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f64,
+        y: *mut f64,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasCgemv_v2`: complex f32 matrix-vector product.
+    cublasCgemv_v2(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        x: *const cuComplex,
+        incx: c_int,
+        beta: *const cuComplex,
+        y: *mut cuComplex,
+        incy: c_int,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasCgemvStridedBatched`: complex f32 strided-batched matrix-vector product.
+    cublasCgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const cuComplex,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const cuComplex,
+        y: *mut cuComplex,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasZgemv_v2`: complex f64 matrix-vector product.
+    cublasZgemv_v2(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: c_int,
+        x: *const cuDoubleComplex,
+        incx: c_int,
+        beta: *const cuDoubleComplex,
+        y: *mut cuDoubleComplex,
+        incy: c_int,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasZgemvStridedBatched`: complex f64 strided-batched matrix-vector product.
+    cublasZgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const cuDoubleComplex,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const cuDoubleComplex,
+        y: *mut cuDoubleComplex,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasHSHgemvStridedBatched`: mixed-precision strided-batched gemv (HSH).
+    cublasHSHgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const __half,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const __half,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut __half,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasHSSgemvStridedBatched`: mixed-precision strided-batched gemv (HSS).
+    cublasHSSgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const __half,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const __half,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasTSTgemvStridedBatched`: mixed-precision strided-batched gemv (TST).
+    cublasTSTgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const __nv_bfloat16,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const __nv_bfloat16,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut __nv_bfloat16,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasTSSgemvStridedBatched`: mixed-precision strided-batched gemv (TSS).
+    cublasTSSgemvStridedBatched(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: c_int,
+        n: c_int,
+        alpha: *const f32,
+        A: *const __nv_bfloat16,
+        lda: c_int,
+        strideA: c_longlong,
+        x: *const __nv_bfloat16,
+        incx: c_int,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: c_int,
+        stridey: c_longlong,
+        batchCount: c_int,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasSgemmBatched_64`: f32 pointer-array batch.
+    cublasSgemmBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f32,
+        Aarray: *const *const f32,
+        lda: i64,
+        Barray: *const *const f32,
+        ldb: i64,
+        beta: *const f32,
+        Carray: *const *mut f32,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f32")
+}
+
+blas_gap! {
+    /// `cublasDgemmBatched_64`: f64 pointer-array batch.
+    cublasDgemmBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const f64,
+        Aarray: *const *const f64,
+        lda: i64,
+        Barray: *const *const f64,
+        ldb: i64,
+        beta: *const f64,
+        Carray: *const *mut f64,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f64")
+}
+
+blas_gap! {
+    /// `cublasHgemmBatched_64`: f16 pointer-array batch.
+    cublasHgemmBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const __half,
+        Aarray: *const *const __half,
+        lda: i64,
+        Barray: *const *const __half,
+        ldb: i64,
+        beta: *const __half,
+        Carray: *const *mut __half,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "f16")
+}
+
+blas_gap! {
+    /// `cublasCgemmBatched_64`: complex f32 pointer-array batch.
+    cublasCgemmBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: i64,
+        Barray: *const *const cuComplex,
+        ldb: i64,
+        beta: *const cuComplex,
+        Carray: *const *mut cuComplex,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f32")
+}
+
+blas_gap! {
+    /// `cublasZgemmBatched_64`: complex f64 pointer-array batch.
+    cublasZgemmBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuDoubleComplex,
+        Aarray: *const *const cuDoubleComplex,
+        lda: i64,
+        Barray: *const *const cuDoubleComplex,
+        ldb: i64,
+        beta: *const cuDoubleComplex,
+        Carray: *const *mut cuDoubleComplex,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f64")
+}
+
+blas_gap! {
+    /// `cublasCgemm3mBatched_64`: complex f32 pointer-array batch (3m).
+    cublasCgemm3mBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: i64,
+        Barray: *const *const cuComplex,
+        ldb: i64,
+        beta: *const cuComplex,
+        Carray: *const *mut cuComplex,
+        ldc: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, "complex f32")
+}
+
+blas_gap! {
+    /// `cublasGemmBatchedEx_64`: mixed-precision pointer-array batch.
+    cublasGemmBatchedEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const c_void,
+        Aarray: *const *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        Barray: *const *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        beta: *const c_void,
+        Carray: *const *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+        batchCount: i64,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, k, batchCount, &format!(
+                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
+                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
+            ))
+}
+
+blas_gap! {
+    /// `cublasSgemmGroupedBatched_64`: f32 grouped GEMM (MoE).
+    cublasSgemmGroupedBatched_64(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const i64,
+        n_array: *const i64,
+        k_array: *const i64,
+        alpha_array: *const f32,
+        Aarray: *const *const f32,
+        lda_array: *const i64,
+        Barray: *const *const f32,
+        ldb_array: *const i64,
+        beta_array: *const f32,
+        Carray: *const *mut f32,
+        ldc_array: *const i64,
+        group_count: i64,
+        group_size: *const i64,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe { grouped(group_count, group_size, [m_array, n_array, k_array], "f32") }
+}
+
+blas_gap! {
+    /// `cublasDgemmGroupedBatched_64`: f64 grouped GEMM (MoE).
+    cublasDgemmGroupedBatched_64(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const i64,
+        n_array: *const i64,
+        k_array: *const i64,
+        alpha_array: *const f64,
+        Aarray: *const *const f64,
+        lda_array: *const i64,
+        Barray: *const *const f64,
+        ldb_array: *const i64,
+        beta_array: *const f64,
+        Carray: *const *mut f64,
+        ldc_array: *const i64,
+        group_count: i64,
+        group_size: *const i64,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe { grouped(group_count, group_size, [m_array, n_array, k_array], "f64") }
+}
+
+blas_gap! {
+    /// `cublasGemmGroupedBatchedEx_64`: mixed-precision grouped GEMM (MoE).
+    cublasGemmGroupedBatchedEx_64(
+        handle: cublasHandle_t,
+        transa_array: *const cublasOperation_t,
+        transb_array: *const cublasOperation_t,
+        m_array: *const i64,
+        n_array: *const i64,
+        k_array: *const i64,
+        alpha_array: *const c_void,
+        Aarray: *const *const c_void,
+        Atype: cudaDataType_t,
+        lda_array: *const i64,
+        Barray: *const *const c_void,
+        Btype: cudaDataType_t,
+        ldb_array: *const i64,
+        beta_array: *const c_void,
+        Carray: *const *mut c_void,
+        Ctype: cudaDataType_t,
+        ldc_array: *const i64,
+        group_count: i64,
+        group_size: *const i64,
+        computeType: cublasComputeType_t,
+    ) => ShapeUnknown,
+            // SAFETY: cuBLAS's contract: host arrays of `group_count` elements.
+            unsafe {
+                let types =
+                    format!("Atype={Atype} Btype={Btype} Ctype={Ctype} computeType={computeType}");
+                grouped(group_count, group_size, [m_array, n_array, k_array], &types)
+            }
+}
+
+blas_gap! {
+    /// `cublasSgemvBatched_64`: f32 pointer-array gemv batch.
+    cublasSgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        Aarray: *const *const f32,
+        lda: i64,
+        xarray: *const *const f32,
+        incx: i64,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv f32")
+}
+
+blas_gap! {
+    /// `cublasDgemvBatched_64`: f64 pointer-array gemv batch.
+    cublasDgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f64,
+        Aarray: *const *const f64,
+        lda: i64,
+        xarray: *const *const f64,
+        incx: i64,
+        beta: *const f64,
+        yarray: *const *mut f64,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv f64")
+}
+
+blas_gap! {
+    /// `cublasCgemvBatched_64`: complex f32 pointer-array gemv batch.
+    cublasCgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuComplex,
+        Aarray: *const *const cuComplex,
+        lda: i64,
+        xarray: *const *const cuComplex,
+        incx: i64,
+        beta: *const cuComplex,
+        yarray: *const *mut cuComplex,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv complex f32")
+}
+
+blas_gap! {
+    /// `cublasZgemvBatched_64`: complex f64 pointer-array gemv batch.
+    cublasZgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuDoubleComplex,
+        Aarray: *const *const cuDoubleComplex,
+        lda: i64,
+        xarray: *const *const cuDoubleComplex,
+        incx: i64,
+        beta: *const cuDoubleComplex,
+        yarray: *const *mut cuDoubleComplex,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv complex f64")
+}
+
+blas_gap! {
+    /// `cublasHSHgemvBatched_64`: mixed-precision pointer-array gemv batch (HSH).
+    cublasHSHgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        Aarray: *const *const __half,
+        lda: i64,
+        xarray: *const *const __half,
+        incx: i64,
+        beta: *const f32,
+        yarray: *const *mut __half,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv HSH")
+}
+
+blas_gap! {
+    /// `cublasHSSgemvBatched_64`: mixed-precision pointer-array gemv batch (HSS).
+    cublasHSSgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        Aarray: *const *const __half,
+        lda: i64,
+        xarray: *const *const __half,
+        incx: i64,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv HSS")
+}
+
+blas_gap! {
+    /// `cublasTSTgemvBatched_64`: mixed-precision pointer-array gemv batch (TST).
+    cublasTSTgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        Aarray: *const *const __nv_bfloat16,
+        lda: i64,
+        xarray: *const *const __nv_bfloat16,
+        incx: i64,
+        beta: *const f32,
+        yarray: *const *mut __nv_bfloat16,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv TST")
+}
+
+blas_gap! {
+    /// `cublasTSSgemvBatched_64`: mixed-precision pointer-array gemv batch (TSS).
+    cublasTSSgemvBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        Aarray: *const *const __nv_bfloat16,
+        lda: i64,
+        xarray: *const *const __nv_bfloat16,
+        incx: i64,
+        beta: *const f32,
+        yarray: *const *mut f32,
+        incy: i64,
+        batchCount: i64,
+    ) => ShapeUnknown,
+            pointer_arrays(m, n, 1, batchCount, "gemv TSS")
+}
+
+blas_gap! {
+    /// `cublasCgemm_v2_64`: complex f32 GEMM.
+    cublasCgemm_v2_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        B: *const cuComplex,
+        ldb: i64,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3m_64`: complex f32 GEMM (3m).
+    cublasCgemm3m_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        B: *const cuComplex,
+        ldb: i64,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasCgemmStridedBatched_64`: complex f32 strided-batched GEMM.
+    cublasCgemmStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const cuComplex,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasZgemm_v2_64`: complex f64 GEMM.
+    cublasZgemm_v2_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: i64,
+        B: *const cuDoubleComplex,
+        ldb: i64,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasZgemm3m_64`: complex f64 GEMM (3m).
+    cublasZgemm3m_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: i64,
+        B: *const cuDoubleComplex,
+        ldb: i64,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k}"))
+}
+
+blas_gap! {
+    /// `cublasZgemmStridedBatched_64`: complex f64 strided-batched GEMM.
+    cublasZgemmStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const cuDoubleComplex,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const cuDoubleComplex,
+        C: *mut cuDoubleComplex,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasCgemmEx_64`: complex mixed-precision GEMM.
+    cublasCgemmEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        beta: *const cuComplex,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} Atype={Atype} Ctype={Ctype}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3mEx_64`: complex mixed-precision GEMM (3m).
+    cublasCgemm3mEx_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const c_void,
+        Atype: cudaDataType,
+        lda: i64,
+        B: *const c_void,
+        Btype: cudaDataType,
+        ldb: i64,
+        beta: *const cuComplex,
+        C: *mut c_void,
+        Ctype: cudaDataType,
+        ldc: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} Atype={Atype} Ctype={Ctype}"))
+}
+
+blas_gap! {
+    /// `cublasCgemm3mStridedBatched_64`: complex strided-batched GEMM (3m).
+    cublasCgemm3mStridedBatched_64(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: i64,
+        n: i64,
+        k: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        strideA: c_longlong,
+        B: *const cuComplex,
+        ldb: i64,
+        strideB: c_longlong,
+        beta: *const cuComplex,
+        C: *mut cuComplex,
+        ldc: i64,
+        strideC: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasSgemv_v2_64`: f32 matrix-vector product.
+    cublasSgemv_v2_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const f32,
+        lda: i64,
+        x: *const f32,
+        incx: i64,
+        beta: *const f32,
+        y: *mut f32,
+        incy: i64,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasSgemvStridedBatched_64`: f32 strided-batched matrix-vector product.
+    cublasSgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const f32,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const f32,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasDgemv_v2_64`: f64 matrix-vector product.
+    cublasDgemv_v2_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f64,
+        A: *const f64,
+        lda: i64,
+        x: *const f64,
+        incx: i64,
+        beta: *const f64,
+        y: *mut f64,
+        incy: i64,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasDgemvStridedBatched_64`: f64 strided-batched matrix-vector product.
+    cublasDgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f64,
+        A: *const f64,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const f64,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f64,
+        y: *mut f64,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasCgemv_v2_64`: complex f32 matrix-vector product.
+    cublasCgemv_v2_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        x: *const cuComplex,
+        incx: i64,
+        beta: *const cuComplex,
+        y: *mut cuComplex,
+        incy: i64,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasCgemvStridedBatched_64`: complex f32 strided-batched matrix-vector product.
+    cublasCgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuComplex,
+        A: *const cuComplex,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const cuComplex,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const cuComplex,
+        y: *mut cuComplex,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasZgemv_v2_64`: complex f64 matrix-vector product.
+    cublasZgemv_v2_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: i64,
+        x: *const cuDoubleComplex,
+        incx: i64,
+        beta: *const cuDoubleComplex,
+        y: *mut cuDoubleComplex,
+        incy: i64,
+    ) => Unsupported,
+            not_captured(
+                "matrix-vector products",
+                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
+            )
+}
+
+blas_gap! {
+    /// `cublasZgemvStridedBatched_64`: complex f64 strided-batched matrix-vector product.
+    cublasZgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const cuDoubleComplex,
+        A: *const cuDoubleComplex,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const cuDoubleComplex,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const cuDoubleComplex,
+        y: *mut cuDoubleComplex,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasHSHgemvStridedBatched_64`: mixed-precision strided-batched gemv (HSH).
+    cublasHSHgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const __half,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const __half,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut __half,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasHSSgemvStridedBatched_64`: mixed-precision strided-batched gemv (HSS).
+    cublasHSSgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const __half,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const __half,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasTSTgemvStridedBatched_64`: mixed-precision strided-batched gemv (TST).
+    cublasTSTgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const __nv_bfloat16,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const __nv_bfloat16,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut __nv_bfloat16,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
+}
+
+blas_gap! {
+    /// `cublasTSSgemvStridedBatched_64`: mixed-precision strided-batched gemv (TSS).
+    cublasTSSgemvStridedBatched_64(
+        handle: cublasHandle_t,
+        trans: cublasOperation_t,
+        m: i64,
+        n: i64,
+        alpha: *const f32,
+        A: *const __nv_bfloat16,
+        lda: i64,
+        strideA: c_longlong,
+        x: *const __nv_bfloat16,
+        incx: i64,
+        stridex: c_longlong,
+        beta: *const f32,
+        y: *mut f32,
+        incy: i64,
+        stridey: c_longlong,
+        batchCount: i64,
+    ) => Unsupported,
+            not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
 }

@@ -2,8 +2,9 @@
 //! pointers are read from the descriptors at call time with the real
 //! `cublasLtMatmulDescGetAttribute` / `cublasLtMatrixLayoutGetAttribute` (never by shadowing
 //! `*Create`/`SetAttribute`: caller-initialised and mutated descriptors are seen as they are).
-//! A layout that is not column-major, or a descriptor that cannot be read, is recorded as a
-//! `ShapeUnknown` gap.
+//! A layout that is not column-major, a pointer-array or grouped batch mode (CUDA 13), a
+//! block scale mode (`VEC16_UE4M3`, `VEC32_UE8M0`: its scale tensors are not captured), or a
+//! descriptor that cannot be read, is recorded as a `ShapeUnknown` gap saying which.
 
 use core::ffi::c_void;
 
@@ -70,6 +71,8 @@ struct Layout {
     ld: i64,
     batch: i32,
     stride: i64,
+    /// `cublasLtBatchMode_t` (0 strided where the library has no such attribute).
+    batch_mode: u32,
 }
 
 fn layout(l: cublasLtMatrixLayout_t) -> Option<Layout> {
@@ -84,6 +87,8 @@ fn layout(l: cublasLtMatrixLayout_t) -> Option<Layout> {
         ld: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_LD)?,
         batch: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT).unwrap_or(1),
         stride: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET).unwrap_or(0),
+        batch_mode: layout_attr(l, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE)
+            .unwrap_or(CUBLASLT_BATCH_MODE_STRIDED),
     })
 }
 
@@ -159,6 +164,25 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         .any(|l| l.order != CUBLASLT_ORDER_COL as i32)
     {
         return Err("a layout is not column-major (CUBLASLT_ORDER_COL): the packed bytes would not say which order they are in");
+    }
+    if [la, lb, lc, ld_]
+        .iter()
+        .any(|l| l.batch_mode != CUBLASLT_BATCH_MODE_STRIDED)
+    {
+        return Err("a layout is a pointer-array or grouped batch (CUBLASLT_MATRIX_LAYOUT_BATCH_MODE): the matrices' addresses live in device memory and cannot be read without synchronising");
+    }
+    let scale_modes = [
+        CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+        CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+        CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
+        CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
+        CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE,
+    ];
+    if scale_modes.into_iter().any(|a| {
+        desc_attr::<u32>(d, a).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+            != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+    }) {
+        return Err("a block scale mode (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: VEC16_UE4M3, VEC32_UE8M0, ...): its scale tensors are not captured");
     }
     let (m, n) = (ld_.rows, ld_.cols);
     let k = if transa == CUBLAS_OP_N {

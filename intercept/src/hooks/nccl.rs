@@ -7,6 +7,10 @@
 //! are therefore deferred (per thread) to the outermost `ncclGroupEnd`. Non-blocking
 //! communicators (`ncclInProgress`) are polled with the real `ncclCommGetAsyncError` before the
 //! copies are enqueued.
+//!
+//! `ncclGroupSimulateEnd` closes a group as `ncclGroupEnd` does but launches nothing: the
+//! snapshots deferred to it are dropped (their ops never run). A collective whose reduction is a
+//! PreMulSum operator records its factor (a device-resident scalar as an `Alpha` tensor).
 
 use core::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::nccl::*;
 use ttrace_format::dtype::DType;
-use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, Role};
+use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, PreMulSum, Role};
 
 use crate::comms;
 use crate::cuda::ErrScope;
@@ -96,6 +100,15 @@ fn call(c: &Coll) -> Option<Call> {
             false,
         ));
     }
+    let premul = c.redop.and_then(|op| comms::premul(c.comm, op));
+    if let Some(p) = premul.filter(|p| p.ptr != 0) {
+        tensors.push(plan::vector(
+            Role::Alpha,
+            Vector::new(p.ptr, DType::from_nccl(p.info.nccl_type), 1),
+            When::After,
+            true,
+        ));
+    }
     let op = CollectiveOp {
         kind: c.kind,
         count,
@@ -108,6 +121,7 @@ fn call(c: &Coll) -> Option<Call> {
         sendbuff: send,
         recvbuff: recv,
         group,
+        premul: premul.map(|p| p.info),
     };
     Some(Call {
         api: c.api,
@@ -339,31 +353,57 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
     }
     // SAFETY: no arguments.
     let r = unsafe { real() };
-    let _ = crate::catch(|| {
-        let deferred = thread::with(|t| {
-            if t.group_depth == 0 {
-                return Vec::new();
-            }
-            t.group_depth -= 1;
-            if t.group_depth == 0 {
-                std::mem::take(&mut t.deferred)
-            } else {
-                Vec::new()
-            }
-        })
-        .unwrap_or_default();
-        if deferred.is_empty() {
-            return;
-        }
-        let Some(_g) = thread::Guard::enter() else {
-            deferred.into_iter().for_each(|f| engine::finish(f, false));
-            return;
-        };
-        for f in deferred {
-            complete(f, r);
-        }
-    });
+    let _ = crate::catch(|| close_group(r, true));
     r
+}
+
+/// `ncclGroupSimulateEnd(simInfo)`: closes the group like `ncclGroupEnd`, but NCCL only
+/// estimates the outermost group's time and runs none of its operations, so their deferred
+/// snapshots are dropped (no data moved: nothing to record).
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
+    let Some(real) = real::ncclGroupSimulateEnd() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's argument, forwarded unchanged.
+        return unsafe { real(simInfo) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(simInfo) };
+    let _ = crate::catch(|| close_group(r, false));
+    r
+}
+
+/// One group level closed with result `r`; the outermost completes the deferred snapshots
+/// (`launched`) or drops them (a simulated end).
+fn close_group(r: ncclResult_t, launched: bool) {
+    let deferred = thread::with(|t| {
+        if t.group_depth == 0 {
+            return Vec::new();
+        }
+        t.group_depth -= 1;
+        if t.group_depth == 0 {
+            std::mem::take(&mut t.deferred)
+        } else {
+            Vec::new()
+        }
+    })
+    .unwrap_or_default();
+    if deferred.is_empty() {
+        return;
+    }
+    let Some(_g) = thread::Guard::enter() else {
+        deferred.into_iter().for_each(|f| engine::finish(f, false));
+        return;
+    };
+    for f in deferred {
+        if launched {
+            complete(f, r);
+        } else {
+            engine::finish(f, false);
+        }
+    }
 }
 
 /// The current device (where NCCL binds a new communicator).
@@ -605,6 +645,159 @@ pub unsafe extern "C" fn ncclCommSplit(
             }
         });
     })
+}
+
+/// `ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags)`:
+/// called by the survivors only; the new communicator's key hashes the parent's key, the
+/// shrink's number on the parent and the excluded ranks, the same on every survivor.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: ncclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrinkFlags: c_int,
+) -> ncclResult_t {
+    let Some(real) = real::ncclCommShrink() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe {
+            real(
+                comm,
+                excludeRanksList,
+                excludeRanksCount,
+                newcomm,
+                config,
+                shrinkFlags,
+            )
+        };
+    }
+    // Read before the call: the list is the program's, valid for the call.
+    let excluded: Vec<i32> = crate::catch(|| {
+        if excludeRanksList.is_null() || excludeRanksCount <= 0 {
+            return Vec::new();
+        }
+        // SAFETY: the program passes `excludeRanksCount` ranks.
+        unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
+    })
+    .unwrap_or_default();
+    let call = || {
+        // SAFETY: as above.
+        unsafe {
+            real(
+                comm,
+                excludeRanksList,
+                excludeRanksCount,
+                newcomm,
+                config,
+                shrinkFlags,
+            )
+        }
+    };
+    creating(call, |r| {
+        if !matches!(r, ncclSuccess | ncclInProgress) || newcomm.is_null() {
+            return;
+        }
+        let _ = crate::catch(|| {
+            let Some(k) = comms::shrink_key(comm, &excluded) else {
+                return;
+            };
+            // SAFETY: NCCL wrote the new communicator.
+            let c = unsafe { *newcomm };
+            if c.is_null() {
+                return;
+            }
+            let parent = comms::lookup(comm);
+            let rs = comms::rank_and_size(c).or_else(|| {
+                settle(c);
+                comms::rank_and_size(c)
+            });
+            if let Some((rank, size)) = rs {
+                comms::register(
+                    c,
+                    comms::Joined {
+                        key: k,
+                        rank,
+                        size,
+                        device: parent.and_then(|p| p.device),
+                        parent: parent.map(|p| p.key),
+                        color: None,
+                        api: "ncclCommShrink",
+                    },
+                );
+            }
+        });
+    })
+}
+
+/// `ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm)`: remembers the operator's
+/// factor (a host scalar's value, or a device scalar's address) for the collectives using it.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: ncclScalarResidence_t,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    let Some(real) = real::ncclRedOpCreatePreMulSum() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(op, scalar, datatype, residence, comm) };
+    }
+    let factor = crate::catch(|| {
+        if residence != ncclScalarHostImmediate {
+            return None;
+        }
+        // SAFETY: a host scalar of `datatype`, per NCCL's contract (NCCL reads it too).
+        DType::from_nccl(datatype)
+            .and_then(|t| unsafe { super::cublas::read_scalar(scalar.cast_const(), t) })
+    })
+    .flatten();
+    // SAFETY: as above.
+    let r = unsafe { real(op, scalar, datatype, residence, comm) };
+    if r == ncclSuccess && !op.is_null() {
+        let _ = crate::catch(|| {
+            let p = comms::PreMul {
+                info: PreMulSum {
+                    nccl_type: datatype,
+                    residence,
+                    factor,
+                },
+                ptr: if residence == ncclScalarDevice {
+                    scalar as u64
+                } else {
+                    0
+                },
+            };
+            // SAFETY: NCCL wrote the new operator's handle.
+            comms::add_premul(comm, unsafe { *op }, p);
+        });
+    }
+    r
+}
+
+/// `ncclRedOpDestroy(op, comm)`.
+#[no_mangle]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    let Some(real) = real::ncclRedOpDestroy() else {
+        return MISSING;
+    };
+    if mode::off(mode::COMMS) {
+        // SAFETY: the program's arguments, forwarded unchanged.
+        return unsafe { real(op, comm) };
+    }
+    // SAFETY: as above.
+    let r = unsafe { real(op, comm) };
+    if r == ncclSuccess {
+        let _ = crate::catch(|| comms::forget_premul(comm, op));
+    }
+    r
 }
 
 /// `ncclCommDestroy(comm)`.

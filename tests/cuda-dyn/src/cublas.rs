@@ -62,4 +62,60 @@ crate::dyn_api! {
         ldb: c_int, beta: *const c_void, Carray: *const *mut c_void, Ctype: cudaDataType,
         ldc: c_int, batchCount: c_int, computeType: cublasComputeType_t, algo: cublasGemmAlgo_t,
     ) -> cublasStatus_t;
+    fn cublasDgemmStridedBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f64, A: *const f64, lda: c_int,
+        strideA: c_longlong, B: *const f64, ldb: c_int, strideB: c_longlong,
+        beta: *const f64, C: *mut f64, ldc: c_int, strideC: c_longlong, batchCount: c_int,
+    ) -> cublasStatus_t;
+    fn cublasHgemmStridedBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const __half, A: *const __half, lda: c_int,
+        strideA: c_longlong, B: *const __half, ldb: c_int, strideB: c_longlong,
+        beta: *const __half, C: *mut __half, ldc: c_int, strideC: c_longlong,
+        batchCount: c_int,
+    ) -> cublasStatus_t;
+    fn cublasSgemmEx(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f32, A: *const c_void,
+        Atype: cudaDataType, lda: c_int, B: *const c_void, Btype: cudaDataType, ldb: c_int,
+        beta: *const f32, C: *mut c_void, Ctype: cudaDataType, ldc: c_int,
+    ) -> cublasStatus_t;
+    fn cublasSgemmBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f32, Aarray: *const *const f32,
+        lda: c_int, Barray: *const *const f32, ldb: c_int, beta: *const f32,
+        Carray: *const *mut f32, ldc: c_int, batchCount: c_int,
+    ) -> cublasStatus_t;
+    fn cublasSgemm_v2_64(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: i64, n: i64, k: i64, alpha: *const f32, A: *const f32, lda: i64, B: *const f32,
+        ldb: i64, beta: *const f32, C: *mut f32, ldc: i64,
+    ) -> cublasStatus_t;
+    fn cublasGemmEx_64(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: i64, n: i64, k: i64, alpha: *const c_void, A: *const c_void, Atype: cudaDataType,
+        lda: i64, B: *const c_void, Btype: cudaDataType, ldb: i64, beta: *const c_void,
+        C: *mut c_void, Ctype: cudaDataType, ldc: i64, computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t;
+    fn cublasGemmStridedBatchedEx_64(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: i64, n: i64, k: i64, alpha: *const c_void, A: *const c_void, Atype: cudaDataType,
+        lda: i64, strideA: c_longlong, B: *const c_void, Btype: cudaDataType, ldb: i64,
+        strideB: c_longlong, beta: *const c_void, C: *mut c_void, Ctype: cudaDataType,
+        ldc: i64, strideC: c_longlong, batchCount: i64, computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t;
+    fn cublasDgemmStridedBatched_64(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: i64, n: i64, k: i64, alpha: *const f64, A: *const f64, lda: i64,
+        strideA: c_longlong, B: *const f64, ldb: i64, strideB: c_longlong, beta: *const f64,
+        C: *mut f64, ldc: i64, strideC: c_longlong, batchCount: i64,
+    ) -> cublasStatus_t;
+    fn cublasSgemv_v2(
+        handle: cublasHandle_t, trans: cublasOperation_t, m: c_int, n: c_int,
+        alpha: *const f32, A: *const f32, lda: c_int, x: *const f32, incx: c_int,
+        beta: *const f32, y: *mut f32, incy: c_int,
+    ) -> cublasStatus_t;
 }

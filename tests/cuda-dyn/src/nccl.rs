@@ -62,4 +62,9 @@ dyn_api! {
     fn ncclGroupStart() -> ncclResult_t;
     /// Closes a group; the outermost one launches the recorded operations.
     fn ncclGroupEnd() -> ncclResult_t;
+    /// Closes a group like `ncclGroupEnd`, but the outermost one only estimates the recorded
+    /// operations' time: nothing runs.
+    fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t;
+    /// A communicator of `comm`'s members less `excludeRanksList`, called by the survivors.
+    fn ncclCommShrink(comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int) -> ncclResult_t;
 }

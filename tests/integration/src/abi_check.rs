@@ -35,7 +35,10 @@
 //!
 //! gcc treats an enum whose values are all non-negative as compatible with `unsigned int` and
 //! one with a negative value as `int`: the `cuda-abi` convention (`c_uint`/`c_int` aliases)
-//! follows that rule, and this check enforces it.
+//! follows that rule, and this check enforces it. Behind a pointer (an array of
+//! `cublasOperation_t`) C does not apply that rule: a function that differs from its C
+//! declaration only by incompatible pointer types is checked again in C++, where an enum
+//! matches its underlying type member-wise; it passes only if C++ agrees.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1534,6 +1537,14 @@ pub fn check(
                 }
             }
             if !mismatches.is_empty() {
+                // gcc's C makes an enum compatible with its integer type by value only: behind
+                // a pointer (`const cublasOperation_t transa_array[]`) C++ decides, member-wise.
+                if mismatches
+                    .iter()
+                    .all(|m| m.contains("incompatible-pointer-types"))
+                {
+                    to_cxx.insert(s.clone());
+                }
                 failed.insert(s.clone(), mismatches);
             } else if !declared {
                 failed.insert(s.clone(), unseen);

@@ -1,5 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
-//! `intercept/src/hooks` (those written out and those the NCCL `coll_hook!` macro makes) is
+//! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
+//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`) is
 //! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
 //! (`integration_tests::abi_check`), and the built library exports nothing else.
 //!
@@ -13,13 +14,14 @@ use integration_tests::profile_dir;
 use syn::parse::{Parse, ParseStream};
 use syn::visit::Visit;
 
-/// One `coll_hook!` invocation: `#[doc] name(args) => Kind { ... }`.
-struct CollHook {
+/// One hook macro invocation: `#[doc] name(args) => ...` (what follows `=>` says how the call
+/// is captured, not its signature).
+struct MacroHook {
     name: syn::Ident,
     args: syn::punctuated::Punctuated<syn::FnArg, syn::Token![,]>,
 }
 
-impl Parse for CollHook {
+impl Parse for MacroHook {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let _ = input.call(syn::Attribute::parse_outer)?;
         let name: syn::Ident = input.parse()?;
@@ -27,13 +29,17 @@ impl Parse for CollHook {
         syn::parenthesized!(content in input);
         let args = content.parse_terminated(syn::FnArg::parse, syn::Token![,])?;
         let _: syn::Token![=>] = input.parse()?;
-        let _: syn::Ident = input.parse()?;
-        let _body;
-        syn::braced!(_body in input);
-        let _: proc_macro2::TokenStream = _body.parse()?;
-        Ok(CollHook { name, args })
+        let _: proc_macro2::TokenStream = input.parse()?;
+        Ok(MacroHook { name, args })
     }
 }
+
+/// The hook macros and the C return type of the functions they make.
+const HOOK_MACROS: [(&str, &str); 3] = [
+    ("coll_hook", "ncclResult_t"),
+    ("gemm_hook", "cublasStatus_t"),
+    ("blas_gap", "cublasStatus_t"),
+];
 
 struct Hooks<'a> {
     file: &'a Path,
@@ -54,16 +60,20 @@ impl<'ast> Visit<'ast> for Hooks<'_> {
     }
 
     fn visit_item_macro(&mut self, m: &'ast syn::ItemMacro) {
-        if !m.mac.path.is_ident("coll_hook") {
+        let Some((mac, ret)) = HOOK_MACROS.iter().find(|(mac, _)| m.mac.path.is_ident(mac)) else {
             return;
-        }
-        let h: CollHook = m.mac.parse_body().expect("coll_hook! body parses");
+        };
+        let h: MacroHook = m
+            .mac
+            .parse_body()
+            .unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
         let (name, args) = (&h.name, &h.args);
+        let ret = syn::Ident::new(ret, proc_macro2::Span::call_site());
         self.out.push(Export {
             name: name.to_string(),
             library: self.library.clone(),
             file: self.file.to_path_buf(),
-            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> ncclResult_t),
+            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> #ret),
         });
     }
 }

@@ -123,6 +123,7 @@ pub fn allreduce(rank: u32, step: u64, seq: u64, comm: u64, input: &[u8], output
         sendbuff: 0x1000,
         recvbuff: 0x2000,
         group: 0,
+        premul: None,
     });
     let tensors = vec![
         tensor(Role::Input, DType::F32, input),

@@ -53,13 +53,14 @@ fn handles() -> MutexGuard<'static, Option<HashMap<usize, Handle>>> {
 }
 
 /// The state of a live handle.
-fn state(h: cublasHandle_t) -> Result<Handle, cublasStatus_t> {
+pub(crate) fn state(h: cublasHandle_t) -> Result<Handle, cublasStatus_t> {
     handles()
         .as_ref()
         .and_then(|m| m.get(&(h as usize)).copied())
         .ok_or(CUBLAS_STATUS_NOT_INITIALIZED)
 }
 
+mod more_gemms;
 mod unsupported;
 
 /// Private export for the simulated cuBLASLt, which accepts a cuBLAS handle as its own.
@@ -362,25 +363,25 @@ pub unsafe extern "C" fn cublasGetStatusString(status: cublasStatus_t) -> *const
 }
 
 /// The arguments common to every GEMM entry point, as received.
-struct GemmCall {
-    handle: cublasHandle_t,
-    transa: cublasOperation_t,
-    transb: cublasOperation_t,
-    m: c_int,
-    n: c_int,
-    k: c_int,
-    alpha: *const c_void,
-    beta: *const c_void,
-    a_type: DType,
-    b_type: DType,
-    c_type: DType,
-    lda: c_int,
-    ldb: c_int,
-    ldc: c_int,
-    batch: c_int,
-    strides: [c_longlong; 3],
-    compute: Compute,
-    scale_type: DType,
+pub(crate) struct GemmCall {
+    pub(crate) handle: cublasHandle_t,
+    pub(crate) transa: cublasOperation_t,
+    pub(crate) transb: cublasOperation_t,
+    pub(crate) m: c_int,
+    pub(crate) n: c_int,
+    pub(crate) k: c_int,
+    pub(crate) alpha: *const c_void,
+    pub(crate) beta: *const c_void,
+    pub(crate) a_type: DType,
+    pub(crate) b_type: DType,
+    pub(crate) c_type: DType,
+    pub(crate) lda: c_int,
+    pub(crate) ldb: c_int,
+    pub(crate) ldc: c_int,
+    pub(crate) batch: c_int,
+    pub(crate) strides: [c_longlong; 3],
+    pub(crate) compute: Compute,
+    pub(crate) scale_type: DType,
 }
 
 /// A validated GEMM call: the problem (alpha/beta not yet read) and the handle state.
@@ -454,7 +455,7 @@ impl GemmCall {
 const FAULT: cublasStatus_t = cublasStatus_t::MAX;
 
 /// Validates, binds and enqueues a strided GEMM.
-unsafe fn strided_gemm(
+pub(crate) unsafe fn strided_gemm(
     call: GemmCall,
     a: *const c_void,
     b: *const c_void,
@@ -479,7 +480,13 @@ unsafe fn strided_gemm(
 
 /// Whether `cublasGemmEx` supports the combination (the cuBLAS 12 `cublasGemmEx` table for
 /// real types).
-fn gemm_ex_supported(compute: Compute, scale: DType, a: DType, b: DType, c: DType) -> bool {
+pub(crate) fn gemm_ex_supported(
+    compute: Compute,
+    scale: DType,
+    a: DType,
+    b: DType,
+    c: DType,
+) -> bool {
     use DType::*;
     if a != b || scale != compute.default_scale_type() {
         return false;
@@ -502,7 +509,7 @@ fn algo_valid(algo: cublasGemmAlgo_t) -> bool {
 }
 
 /// The types and compute of a `*Ex` call, or the status rejecting them.
-fn ex_types(
+pub(crate) fn ex_types(
     a: cudaDataType,
     b: cudaDataType,
     c: cudaDataType,
@@ -524,7 +531,7 @@ fn ex_types(
 }
 
 /// The compute type of a single-precision routine under the handle's math mode.
-fn sgemm_compute(handle: cublasHandle_t) -> Compute {
+pub(crate) fn sgemm_compute(handle: cublasHandle_t) -> Compute {
     match state(handle).map(|h| h.math_mode & 0xf) {
         Ok(CUBLAS_TF32_TENSOR_OP_MATH) => Compute::F32FastTF32,
         Ok(CUBLAS_TENSOR_OP_MATH) => Compute::F32Fast16F,

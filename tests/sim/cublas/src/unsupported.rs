@@ -695,30 +695,6 @@ pub unsafe extern "C" fn cublasDgemmBatched(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasDgemmStridedBatched(
-    handle: cublasHandle_t,
-    _transa: cublasOperation_t,
-    _transb: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _k: c_int,
-    _alpha: *const f64,
-    _a: *const f64,
-    _lda: c_int,
-    _stride_a: c_longlong,
-    _b: *const f64,
-    _ldb: c_int,
-    _stride_b: c_longlong,
-    _beta: *const f64,
-    _c: *mut f64,
-    _ldc: c_int,
-    _stride_c: c_longlong,
-    _batch_count: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasDgemmStridedBatched", Some(handle))
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasDgemv_v2(
     handle: cublasHandle_t,
     _trans: cublasOperation_t,
@@ -1337,50 +1313,6 @@ pub unsafe extern "C" fn cublasSgelsBatched(
     _batch_size: c_int,
 ) -> cublasStatus_t {
     unsupported_call("cublasSgelsBatched", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSgemmBatched(
-    handle: cublasHandle_t,
-    _transa: cublasOperation_t,
-    _transb: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _k: c_int,
-    _alpha: *const f32,
-    _aarray: *const *const f32,
-    _lda: c_int,
-    _barray: *const *const f32,
-    _ldb: c_int,
-    _beta: *const f32,
-    _carray: *const *mut f32,
-    _ldc: c_int,
-    _batch_count: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSgemmBatched", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSgemmEx(
-    handle: cublasHandle_t,
-    _transa: cublasOperation_t,
-    _transb: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _k: c_int,
-    _alpha: *const f32,
-    _a: *const c_void,
-    _atype: cudaDataType,
-    _lda: c_int,
-    _b: *const c_void,
-    _btype: cudaDataType,
-    _ldb: c_int,
-    _beta: *const f32,
-    _c: *mut c_void,
-    _ctype: cudaDataType,
-    _ldc: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSgemmEx", Some(handle))
 }
 
 #[no_mangle]

@@ -24,7 +24,7 @@ fn ffi(f: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
 }
 
 /// Like [`ffi`] for bodies that return `Result`.
-fn ffi_r(f: impl FnOnce() -> Result<ncclResult_t, ncclResult_t>) -> ncclResult_t {
+pub(crate) fn ffi_r(f: impl FnOnce() -> Result<ncclResult_t, ncclResult_t>) -> ncclResult_t {
     ffi(|| f().unwrap_or_else(|e| e))
 }
 
@@ -57,7 +57,9 @@ pub fn dtype_of(t: ncclDataType_t) -> Option<DType> {
 ///
 /// # Safety
 /// `config` is NULL or points to at least `config->size` readable bytes.
-unsafe fn config_blocking(config: *const ncclConfig_t) -> Result<Option<bool>, ncclResult_t> {
+pub(crate) unsafe fn config_blocking(
+    config: *const ncclConfig_t,
+) -> Result<Option<bool>, ncclResult_t> {
     if config.is_null() {
         return Ok(None);
     }
@@ -127,7 +129,7 @@ fn init_rank(
 }
 
 /// Registers a freshly arrived communicator and completes (or defers) its init.
-fn finish_init(
+pub(crate) fn finish_init(
     c: Arc<Comm>,
     out: *mut ncclComm_t,
     blocking: bool,

@@ -156,25 +156,46 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     })
 }
 
-/// `ncclCommShrink` (NCCL 2.27): the simulator's communicators are built by all ranks
-/// together, and a shrink is called by the surviving ranks only, so it is refused with
-/// `ncclInvalidUsage` (and a last-error message) rather than hanging; PyTorch reports it.
+/// `ncclCommShrink` (NCCL 2.27): called by the surviving ranks only; they meet on the new
+/// communicator (see [`comm::Comm::shrink`]). `NCCL_SHRINK_ABORT` first fails the parent's
+/// pending operations, as `ncclCommAbort` would.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
-    _exclude_ranks: *mut c_int,
-    _exclude_count: c_int,
+    exclude_ranks: *mut c_int,
+    exclude_count: c_int,
     newcomm: *mut ncclComm_t,
-    _config: *mut ncclConfig_t,
-    _shrink_flags: c_int,
+    config: *mut ncclConfig_t,
+    shrink_flags: c_int,
 ) -> ncclResult_t {
-    ffi(|| {
-        comm::lookup(comm)?;
+    crate::api::ffi_r(|| {
+        let parent = comm::lookup(comm)?;
         if newcomm.is_null() {
             return Err(invalid("newcomm is NULL"));
         }
-        set_last_error("ncclCommShrink is not supported by the simulated NCCL");
-        Err(ncclInvalidUsage)
+        if exclude_count < 0 || (exclude_count > 0 && exclude_ranks.is_null()) {
+            return Err(invalid("invalid excludeRanksList"));
+        }
+        if shrink_flags & !NCCL_SHRINK_ABORT != 0 {
+            return Err(invalid(&format!("invalid shrinkFlags {shrink_flags}")));
+        }
+        let excluded = if exclude_count == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller passes `exclude_count` ranks.
+            unsafe { std::slice::from_raw_parts(exclude_ranks, exclude_count as usize) }
+        };
+        // SAFETY: per the caller's contract for `config`.
+        let blocking = unsafe { crate::api::config_blocking(config) }?.unwrap_or(parent.blocking);
+        if shrink_flags & NCCL_SHRINK_ABORT != 0 {
+            parent.abort();
+        }
+        let (key, n, r) = parent.shrink(excluded).map_err(|m| invalid(&m))?;
+        let c = comm::Comm::arrive(key, n, r, parent.device, blocking).map_err(|f| {
+            set_last_error(&f.to_string());
+            comm::fail_code(&f)
+        })?;
+        crate::api::finish_init(c, newcomm, blocking)
     })
 }
 

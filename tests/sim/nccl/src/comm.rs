@@ -139,6 +139,7 @@ pub struct Comm {
     /// Collective barriers this rank passed (only the collective holding the turn uses it).
     pub coll_barriers: AtomicU64,
     splits: AtomicU64,
+    shrinks: AtomicU64,
     user_ops: Mutex<Vec<Option<UserOp>>>,
 }
 
@@ -174,6 +175,7 @@ impl Comm {
             recv_done: (0..nranks).map(|_| AtomicU64::new(0)).collect(),
             coll_barriers: AtomicU64::new(0),
             splits: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
             user_ops: Mutex::new(Vec::new()),
         }))
     }
@@ -324,6 +326,32 @@ impl Comm {
             .ok_or_else(|| Fail::System("split: this rank is not in its own colour".into()))?;
         let new_key = hash128(&[b"split", &self.key, &k.to_le_bytes(), &color.to_le_bytes()]);
         Ok(Some((new_key, members.len(), pos)))
+    }
+
+    /// The new communicator of `ncclCommShrink` without the ranks `excluded`: its (key,
+    /// nranks, rank). Only the survivors call it, so there is no exchange over the parent: they
+    /// meet on the new communicator, whose key every survivor derives alike from the parent's
+    /// key, the number of shrinks made on the parent so far and the excluded set. Survivors keep
+    /// their parent order.
+    pub fn shrink(&self, excluded: &[c_int]) -> Result<([u8; 16], usize, usize), String> {
+        let mut ex: Vec<usize> = Vec::with_capacity(excluded.len());
+        for &r in excluded {
+            if r < 0 || r as usize >= self.nranks {
+                return Err(format!("excluded rank {r} outside 0..{}", self.nranks));
+            }
+            ex.push(r as usize);
+        }
+        ex.sort_unstable();
+        ex.dedup();
+        if ex.contains(&self.rank) {
+            return Err(format!("rank {} excludes itself", self.rank));
+        }
+        let pos = (0..self.rank).filter(|r| !ex.contains(r)).count();
+        let n = self.nranks - ex.len();
+        let k = self.shrinks.fetch_add(1, AcqRel);
+        let list: Vec<u8> = ex.iter().flat_map(|r| (*r as u64).to_le_bytes()).collect();
+        let key = hash128(&[b"shrink", &self.key, &k.to_le_bytes(), &list]);
+        Ok((key, n, pos))
     }
 
     /// Registers a user PreMulSum operator; returns its `ncclRedOp_t`.

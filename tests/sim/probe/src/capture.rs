@@ -8,8 +8,15 @@
 //! * `gemm`: cuBLAS (S/H/Ex, strided batches, device scalars, the pointer-array batch, TF32
 //!   math mode) and
 //!   cuBLASLt (bias, FP8 scales and amax, GELU aux, batched).
+//! * `gemm-more`: the typed strided batches of f64 and f16, `cublasSgemmEx`, the `_64` entry
+//!   points, and a `cublasSgemmBatched` pointer-array batch (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
 //!   split communicator.
+//! * `nccl-extra` (under simrun, 3 ranks): `ncclCommShrink` without the last rank and an
+//!   all-reduce on it; PreMulSum all-reduces with a host factor (0.5) and a device factor
+//!   (0.25); a group closed by `ncclGroupSimulateEnd` (runs nothing) then a real group.
+//! * `nccl-threads` (one process): a thread per device (4) joins one communicator with
+//!   `ncclCommInitRank` and all-reduces on it.
 //! * `graph`: a copy and a GEMM captured into a CUDA graph, replayed twice, results checked.
 //! * `graph-step [N]` (under simrun): one training-like step captured into a graph (an H2D
 //!   copy of the input, a GEMM, an in-place all-reduce of its output) and replayed N times
@@ -70,7 +77,10 @@ pub fn traced(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("memcpy") => memcpy(),
         Some("gemm") => gemms(),
+        Some("gemm-more") => more_gemms(),
         Some("nccl") => nccl(),
+        Some("nccl-extra") => nccl_extra(),
+        Some("nccl-threads") => nccl_threads(),
         Some("graph") => graph(),
         Some("graph-step") => graph_step(args.get(1).map_or(Ok(3), |n| {
             n.parse().map_err(|_| format!("graph-step: bad replay count {n}"))
@@ -690,6 +700,362 @@ fn nccl() -> Result<(), String> {
     nc!(ncclCommDestroy(sub));
     nc!(ncclCommDestroy(comm));
     println!("rank {r} of {n}: traced nccl OK");
+    Ok(())
+}
+
+fn more_gemms() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let mut rng = Rng(23);
+    // 1. DgemmStridedBatched: padded lda and strides, beta != 0, batch 2.
+    let (m, n, k, batch) = (4usize, 3usize, 5usize, 2usize);
+    let (lda, sa, sb, sc) = (6, 6 * k + 1, k * n + 2, m * n);
+    let a = up(&values(DType::F64, sa * batch, &mut rng))?;
+    let b = up(&values(DType::F64, sb * batch, &mut rng))?;
+    let c1 = up(&values(DType::F64, sc * batch, &mut rng))?;
+    let (alpha, beta) = (1.25f64, -0.5f64);
+    bl!(cublasDgemmStridedBatched(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        m as c_int,
+        n as c_int,
+        k as c_int,
+        &alpha,
+        a.ptr.cast(),
+        lda as c_int,
+        sa as i64,
+        b.ptr.cast(),
+        k as c_int,
+        sb as i64,
+        &beta,
+        c1.ptr.cast(),
+        m as c_int,
+        sc as i64,
+        batch as c_int
+    ));
+    // 2. HgemmStridedBatched, A transposed, beta = 0, batch 3.
+    let a = up(&values(DType::F16, 4 * 4 * 3, &mut rng))?;
+    let b = up(&values(DType::F16, 4 * 2 * 3, &mut rng))?;
+    let c2 = DevBuf::new(4 * 2 * 3 * 2)?;
+    let (alpha, beta) = (half::f16::from_f32(0.5), half::f16::from_f32(0.0));
+    let (alpha, beta) = (
+        __half {
+            __x: alpha.to_bits(),
+        },
+        __half {
+            __x: beta.to_bits(),
+        },
+    );
+    bl!(cublasHgemmStridedBatched(
+        h,
+        CUBLAS_OP_T,
+        CUBLAS_OP_N,
+        4,
+        2,
+        4,
+        &alpha,
+        a.ptr.cast(),
+        4,
+        16,
+        b.ptr.cast(),
+        4,
+        8,
+        &beta,
+        c2.ptr.cast(),
+        4,
+        8,
+        3
+    ));
+    // 3. SgemmEx: bf16 operands, f32 output and scalars.
+    let a = up(&values(DType::BF16, 5 * 6, &mut rng))?;
+    let b = up(&values(DType::BF16, 6 * 3, &mut rng))?;
+    let c3 = up(&values(DType::F32, 5 * 3, &mut rng))?;
+    let (alpha, beta) = (1.0f32, 1.0f32);
+    bl!(cublasSgemmEx(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        5,
+        3,
+        6,
+        &alpha,
+        a.ptr,
+        CUDA_R_16BF,
+        5,
+        b.ptr,
+        CUDA_R_16BF,
+        6,
+        &beta,
+        c3.ptr,
+        CUDA_R_32F,
+        5
+    ));
+    // 4. Sgemm_v2_64.
+    let a = up(&values(DType::F32, 3 * 4, &mut rng))?;
+    let b = up(&values(DType::F32, 4 * 2, &mut rng))?;
+    let c4 = DevBuf::new(3 * 2 * 4)?;
+    let (alpha, beta) = (2.0f32, 0.0f32);
+    bl!(cublasSgemm_v2_64(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        3,
+        2,
+        4,
+        &alpha,
+        a.ptr.cast(),
+        3,
+        b.ptr.cast(),
+        4,
+        &beta,
+        c4.ptr.cast(),
+        3
+    ));
+    // 5. GemmEx_64: f16 operands, f32 compute and output.
+    let a = up(&values(DType::F16, 8 * 4, &mut rng))?;
+    let b = up(&values(DType::F16, 8 * 4, &mut rng))?;
+    let c5 = DevBuf::new(4 * 4 * 4)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasGemmEx_64(
+        h,
+        CUBLAS_OP_T,
+        CUBLAS_OP_N,
+        4,
+        4,
+        8,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_16F,
+        8,
+        b.ptr,
+        CUDA_R_16F,
+        8,
+        (&beta as *const f32).cast(),
+        c5.ptr,
+        CUDA_R_32F,
+        4,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+    // 6. GemmStridedBatchedEx_64: bf16, batch 2, beta != 0.
+    let a = up(&values(DType::BF16, 3 * 3 * 2, &mut rng))?;
+    let b = up(&values(DType::BF16, 3 * 3 * 2, &mut rng))?;
+    let c6 = up(&values(DType::BF16, 3 * 3 * 2, &mut rng))?;
+    let (alpha, beta) = (1.0f32, 0.5f32);
+    bl!(cublasGemmStridedBatchedEx_64(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_T,
+        3,
+        3,
+        3,
+        (&alpha as *const f32).cast(),
+        a.ptr,
+        CUDA_R_16BF,
+        3,
+        9,
+        b.ptr,
+        CUDA_R_16BF,
+        3,
+        9,
+        (&beta as *const f32).cast(),
+        c6.ptr,
+        CUDA_R_16BF,
+        3,
+        9,
+        2,
+        CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT
+    ));
+    // 7. DgemmStridedBatched_64, batch 2, beta = 0.
+    let a = up(&values(DType::F64, 2 * 2 * 2, &mut rng))?;
+    let b = up(&values(DType::F64, 2 * 2 * 2, &mut rng))?;
+    let c7 = DevBuf::new(2 * 2 * 2 * 8)?;
+    let (alpha, beta) = (1.0f64, 0.0f64);
+    bl!(cublasDgemmStridedBatched_64(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        2,
+        2,
+        2,
+        &alpha,
+        a.ptr.cast(),
+        2,
+        4,
+        b.ptr.cast(),
+        2,
+        4,
+        &beta,
+        c7.ptr.cast(),
+        2,
+        4,
+        2
+    ));
+    // 8. SgemmBatched: pointer arrays in device memory, batch 2 (the tracer records a gap).
+    let a8 = up(&values(DType::F32, 9 * 2, &mut rng))?;
+    let c8 = DevBuf::new(9 * 2 * 4)?;
+    let ptrs: Vec<u8> = [
+        a8.ptr as u64,
+        a8.ptr as u64 + 36,
+        c8.ptr as u64,
+        c8.ptr as u64 + 36,
+    ]
+    .iter()
+    .flat_map(|p| p.to_le_bytes())
+    .collect();
+    let ptrs = up(&ptrs)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    bl!(cublasSgemmBatched(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        3,
+        3,
+        3,
+        &alpha,
+        ptrs.ptr.cast(),
+        3,
+        ptrs.ptr.cast(),
+        3,
+        &beta,
+        ptrs.at(16).cast(),
+        3,
+        2
+    ));
+    ck!(cudaStreamSynchronize(s));
+    bl!(cublasDestroy_v2(h));
+    println!("traced gemm-more OK");
+    Ok(())
+}
+
+/// The factors of the PreMulSum all-reduces of `nccl-extra`.
+pub const PREMUL_HOST: f32 = 0.5;
+pub const PREMUL_DEVICE: f32 = 0.25;
+
+fn nccl_extra() -> Result<(), String> {
+    let j = job()?;
+    let (r, n) = (j.rank, j.n);
+    let comm = world(&j)?;
+    let s = stream()?;
+    let f32t = ncclFloat32;
+    // 1. PreMulSum, host factor.
+    let mut f = PREMUL_HOST;
+    let mut op: ncclRedOp_t = 0;
+    nc!(ncclRedOpCreatePreMulSum(
+        &mut op,
+        (&mut f as *mut f32).cast(),
+        f32t,
+        ncclScalarHostImmediate,
+        comm
+    ));
+    let a1 = up(&rank_f32(r, 11, 256))?;
+    let b1 = garbage(1024)?;
+    nc!(ncclAllReduce(a1.ptr, b1.ptr, 256, f32t, op, comm, s));
+    ck!(cudaStreamSynchronize(s));
+    nc!(ncclRedOpDestroy(op, comm));
+    // 2. PreMulSum, device factor (read when the collective runs).
+    let fd = up(&PREMUL_DEVICE.to_le_bytes())?;
+    nc!(ncclRedOpCreatePreMulSum(
+        &mut op,
+        fd.ptr,
+        f32t,
+        ncclScalarDevice,
+        comm
+    ));
+    let a2 = up(&rank_f32(r, 12, 128))?;
+    let b2 = garbage(512)?;
+    nc!(ncclAllReduce(a2.ptr, b2.ptr, 128, f32t, op, comm, s));
+    ck!(cudaStreamSynchronize(s));
+    nc!(ncclRedOpDestroy(op, comm));
+    // 3. A simulated group (nothing runs: b3 keeps its bytes), then a real one.
+    let a3 = up(&rank_f32(r, 13, 64))?;
+    let b3 = garbage(256)?;
+    nc!(ncclGroupStart());
+    nc!(ncclAllReduce(a3.ptr, b3.ptr, 64, f32t, ncclSum, comm, s));
+    let mut info = ncclSimInfo_t {
+        size: std::mem::size_of::<ncclSimInfo_t>(),
+        magic: NCCL_SIM_INFO_MAGIC,
+        version: NCCL_VERSION_CODE as u32,
+        estimatedTime: NCCL_UNDEF_FLOAT,
+    };
+    nc!(ncclGroupSimulateEnd(&mut info));
+    ck!(cudaStreamSynchronize(s));
+    if b3.read()? != vec![0xffu8; 256] {
+        return Err("a simulated group ran its all-reduce".into());
+    }
+    let a4 = up(&rank_f32(r, 14, 64))?;
+    let b4 = garbage(256)?;
+    nc!(ncclGroupStart());
+    nc!(ncclAllReduce(a4.ptr, b4.ptr, 64, f32t, ncclSum, comm, s));
+    nc!(ncclGroupEnd());
+    ck!(cudaStreamSynchronize(s));
+    // 4. The survivors shrink the world without the last rank and all-reduce on it.
+    if r + 1 < n {
+        let mut excluded = [(n - 1) as c_int];
+        let mut small: ncclComm_t = std::ptr::null_mut();
+        nc!(ncclCommShrink(
+            comm,
+            excluded.as_mut_ptr(),
+            1,
+            &mut small,
+            std::ptr::null_mut(),
+            NCCL_SHRINK_DEFAULT
+        ));
+        let a5 = up(&rank_f32(r, 15, 96))?;
+        let b5 = garbage(384)?;
+        nc!(ncclAllReduce(a5.ptr, b5.ptr, 96, f32t, ncclSum, small, s));
+        ck!(cudaStreamSynchronize(s));
+        nc!(ncclCommDestroy(small));
+    }
+    nc!(ncclCommDestroy(comm));
+    println!("rank {r} of {n}: traced nccl-extra OK");
+    Ok(())
+}
+
+/// Devices (and threads) of `nccl-threads`.
+pub const THREAD_DEVICES: usize = 4;
+
+fn nccl_threads() -> Result<(), String> {
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    nc!(ncclGetUniqueId(&mut id));
+    let n = THREAD_DEVICES;
+    let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..n)
+            .map(|d| {
+                sc.spawn(move || -> Result<(), String> {
+                    ck!(cudaSetDevice(d as c_int));
+                    let mut comm: ncclComm_t = std::ptr::null_mut();
+                    nc!(ncclCommInitRank(&mut comm, n as c_int, id, d as c_int));
+                    let s = stream()?;
+                    let a = up(&rank_f32(d, 21, 64))?;
+                    let b = garbage(256)?;
+                    nc!(ncclAllReduce(
+                        a.ptr,
+                        b.ptr,
+                        64,
+                        ncclFloat32,
+                        ncclSum,
+                        comm,
+                        s
+                    ));
+                    ck!(cudaStreamSynchronize(s));
+                    nc!(ncclCommDestroy(comm));
+                    Ok(())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    println!("traced nccl-threads OK");
     Ok(())
 }
 

@@ -182,11 +182,25 @@ fn summary(r: &CompareReport, h: &mut String) {
             }
             h.push_str("</table>\n</section>\n");
         }
-        (Verdict::Divergence, None) => {
-            h.push_str(
+        (Verdict::Divergence, None) => match r.replica_drift.first() {
+            // Every tensor within tolerance, but replicas drifted apart.
+            Some(d) => {
+                let _ = writeln!(
+                    h,
+                    "<section id=\"divergence\"><h2>Replicas drifted apart</h2><p>Step {}, {}: {} differs across replicas {:?} (identical in step {}): ranks {:?} drifted; {} replicated tensors in all.</p></section>",
+                    d.step,
+                    esc(d.nvtx.as_deref().unwrap_or("-")),
+                    esc(&d.operand),
+                    d.group,
+                    d.identical_in,
+                    d.ranks,
+                    r.replica_drift.len()
+                );
+            }
+            None => h.push_str(
                 "<section id=\"divergence\"><p>No first divergence recorded.</p></section>\n",
-            );
-        }
+            ),
+        },
         (Verdict::Match, _) => {
             let _ = writeln!(
                 h,

@@ -395,8 +395,19 @@ fn replica_drift_is_caught_by_check_and_compare_in_fp32_and_bf16() {
             assert!(f["step"].as_u64() >= Some(1), "{f}");
             assert!(f["detail"].as_str().unwrap_or("").contains("weight"), "{f}");
         }
-        let (code, text, report) = compare(&s, &store, &[]);
+        let html = s.dir.join("replica-drift.html");
+        let html_arg = html.to_string_lossy().into_owned();
+        let (code, text, report) = compare(&s, &store, &["--html", &html_arg]);
         assert_eq!(code, 1, "{precision}: {text}");
+        let page = std::fs::read_to_string(&html).expect("the HTML report");
+        if precision == "bf16" {
+            // Each replica stays within tolerance of the reference: the drift is the verdict.
+            assert!(report["first_divergence"].is_null(), "{text}");
+            assert!(
+                page.contains("Replicas drifted apart"),
+                "the HTML names the drift"
+            );
+        }
         let first = &report["replica_drift"][0];
         assert_eq!(first["step"], 1, "{text}");
         assert_eq!(first["identical_in"], 0, "{text}");

@@ -17,7 +17,9 @@
 //!   batched gemv): the matrices' addresses live in device memory, and reading them would
 //!   synchronise, which the tracer never does: `ShapeUnknown`, with the parameters the host
 //!   holds (for grouped GEMMs every group's size and shape, which are host arrays);
-//! * complex-valued GEMMs and gemv: `Unsupported`, with their parameters.
+//! * complex-valued GEMMs and gemv, batched gemv, and real gemv whose output is strided
+//!   (`incy != 1`): `Unsupported`, with their parameters. A real gemv is otherwise captured as
+//!   the GEMM it is ([`gemv`]).
 //!
 //! The real functions are looked up by the macros ([`real::lookup`]) under the hook's name.
 
@@ -64,6 +66,8 @@ struct Gemm {
     batched: bool,
     compute: u32,
     algo: cublasGemmAlgo_t,
+    /// Why the call cannot be captured as a GEMM (a gemv with a strided output): a gap.
+    gap: Option<String>,
 }
 
 /// The scale type (of alpha and beta) of a compute type, as raw `cudaDataType_t` and dtype
@@ -227,7 +231,10 @@ fn call(g: &Gemm) -> Option<Call> {
     })
 }
 
-fn capture(g: Gemm, real: impl FnOnce() -> cublasStatus_t) -> cublasStatus_t {
+fn capture(mut g: Gemm, real: impl FnOnce() -> cublasStatus_t) -> cublasStatus_t {
+    if let Some(why) = g.gap.take() {
+        return uncaptured(g.api, g.handle, GapReason::Unsupported, || why, real);
+    }
     crate::around_gemm(
         || engine::begin(call(&g)?),
         real,
@@ -308,7 +315,46 @@ fn gemm(
         batched: batch.is_some(),
         compute,
         algo,
+        gap: None,
     }
+}
+
+/// A gemv, `y = alpha op(A) x + beta y`, as the GEMM it is: `op(A)` (`M x K`) times `x` as a
+/// `K x 1` matrix stored transposed (`1 x K`, leading dimension `incx`), into `y` (`M x 1`).
+/// A strided or reversed output (`incy != 1`) or input (`incx < 1`) has no such layout: a gap.
+#[allow(clippy::too_many_arguments)]
+fn gemv(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    [m, n]: [i64; 2],
+    scalars: [*const c_void; 2],
+    (a, lda): (*const c_void, i64),
+    (x, incx): (*const c_void, i64),
+    (y, incy): (*const c_void, i64),
+    (dtype, compute): (cudaDataType, u32),
+) -> Gemm {
+    let (rows, cols) = if trans == CUBLAS_OP_N { (m, n) } else { (n, m) };
+    let mut g = gemm(
+        handle,
+        [trans, CUBLAS_OP_T],
+        [rows, 1, cols],
+        scalars,
+        [
+            op(a, dtype, lda, 0),
+            op(x, dtype, incx, 0),
+            op(y, dtype, rows.max(1), 0),
+        ],
+        None,
+        compute,
+        CUBLAS_GEMM_DEFAULT,
+    );
+    if incy != 1 || incx < 1 {
+        g.gap = Some(not_captured(
+            "matrix-vector products with incy != 1 or incx < 1",
+            format!("m={m} n={n} trans={trans} incx={incx} incy={incy}"),
+        ));
+    }
+    g
 }
 
 /// One captured cuBLAS GEMM entry point: `name(C signature) => (modes that make it capture)
@@ -1745,8 +1791,8 @@ blas_gap! {
             not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
 }
 
-blas_gap! {
-    /// `cublasSgemv_v2`: f32 matrix-vector product.
+gemm_hook! {
+    /// `cublasSgemv_v2`: f32 matrix-vector product, captured as the GEMM it is (see [`gemv`]).
     cublasSgemv_v2(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -1760,11 +1806,17 @@ blas_gap! {
         beta: *const f32,
         y: *mut f32,
         incy: c_int,
-    ) => Unsupported,
-            not_captured(
-                "matrix-vector products",
-                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
-            )
+    ) => (mode::GEMM)
+    gemv(
+        handle,
+        trans,
+        [w(m), w(n)],
+        [alpha.cast(), beta.cast()],
+        (A.cast(), w(lda)),
+        (x.cast(), w(incx)),
+        (y.cast_const().cast(), w(incy)),
+        (CUDA_R_32F, CUBLAS_COMPUTE_32F),
+    )
 }
 
 blas_gap! {
@@ -1790,8 +1842,8 @@ blas_gap! {
             not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
 }
 
-blas_gap! {
-    /// `cublasDgemv_v2`: f64 matrix-vector product.
+gemm_hook! {
+    /// `cublasDgemv_v2`: f64 matrix-vector product, captured as the GEMM it is (see [`gemv`]).
     cublasDgemv_v2(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -1805,11 +1857,17 @@ blas_gap! {
         beta: *const f64,
         y: *mut f64,
         incy: c_int,
-    ) => Unsupported,
-            not_captured(
-                "matrix-vector products",
-                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
-            )
+    ) => (mode::GEMM)
+    gemv(
+        handle,
+        trans,
+        [w(m), w(n)],
+        [alpha.cast(), beta.cast()],
+        (A.cast(), w(lda)),
+        (x.cast(), w(incx)),
+        (y.cast_const().cast(), w(incy)),
+        (CUDA_R_64F, CUBLAS_COMPUTE_64F),
+    )
 }
 
 blas_gap! {
@@ -2626,8 +2684,8 @@ blas_gap! {
             not_captured("complex GEMMs", format!("m={m} n={n} k={k} batch={batchCount}"))
 }
 
-blas_gap! {
-    /// `cublasSgemv_v2_64`: f32 matrix-vector product.
+gemm_hook! {
+    /// `cublasSgemv_v2_64`: `cublasSgemv_v2` with 64-bit sizes.
     cublasSgemv_v2_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2641,11 +2699,17 @@ blas_gap! {
         beta: *const f32,
         y: *mut f32,
         incy: i64,
-    ) => Unsupported,
-            not_captured(
-                "matrix-vector products",
-                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
-            )
+    ) => (mode::GEMM)
+    gemv(
+        handle,
+        trans,
+        [w(m), w(n)],
+        [alpha.cast(), beta.cast()],
+        (A.cast(), w(lda)),
+        (x.cast(), w(incx)),
+        (y.cast_const().cast(), w(incy)),
+        (CUDA_R_32F, CUBLAS_COMPUTE_32F),
+    )
 }
 
 blas_gap! {
@@ -2671,8 +2735,8 @@ blas_gap! {
             not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
 }
 
-blas_gap! {
-    /// `cublasDgemv_v2_64`: f64 matrix-vector product.
+gemm_hook! {
+    /// `cublasDgemv_v2_64`: `cublasDgemv_v2` with 64-bit sizes.
     cublasDgemv_v2_64(
         handle: cublasHandle_t,
         trans: cublasOperation_t,
@@ -2686,11 +2750,17 @@ blas_gap! {
         beta: *const f64,
         y: *mut f64,
         incy: i64,
-    ) => Unsupported,
-            not_captured(
-                "matrix-vector products",
-                format!("m={m} n={n} trans={trans} incx={incx} incy={incy}")
-            )
+    ) => (mode::GEMM)
+    gemv(
+        handle,
+        trans,
+        [w(m), w(n)],
+        [alpha.cast(), beta.cast()],
+        (A.cast(), w(lda)),
+        (x.cast(), w(incx)),
+        (y.cast_const().cast(), w(incy)),
+        (CUDA_R_64F, CUBLAS_COMPUTE_64F),
+    )
 }
 
 blas_gap! {

@@ -1,5 +1,5 @@
 //! The cuBLAS GEMM entry points beyond the core ones: typed strided batches (f64, f16),
-//! `cublasSgemmEx` and the `_64` variants are captured, self-describing (batch count, strides,
+//! `cublasSgemmEx`, the `_64` variants and gemv are captured, self-describing (batch count, strides,
 //! leading dimensions as passed) and recompute bitwise from their own captured operands; a
 //! pointer-array batch is a gap naming its API and shape, never a silent hole.
 
@@ -37,9 +37,10 @@ fn batched_ex_and_64_bit_gemms_are_captured_and_pointer_arrays_are_gaps() {
             "cublasGemmStridedBatchedEx_64",
             "cublasDgemmStridedBatched_64",
             "cublasSgemmBatched",
+            "cublasSgemv_v2",
         ]
     );
-    for r in &recs[..7] {
+    for r in recs[..7].iter().chain(&recs[8..]) {
         let (d, _, _) = recompute(r);
         assert!(
             d == r.tensor(Role::D).1,
@@ -100,6 +101,13 @@ fn batched_ex_and_64_bit_gemms_are_captured_and_pointer_arrays_are_gaps() {
         }
         other => panic!("{other:?}"),
     }
+    // The gemv is the GEMM m x 1 x k, x read as a transposed 1 x k matrix with ld = incx.
+    let gv = gemm(recs[8]);
+    assert_eq!(
+        (gv.m, gv.n, gv.k, gv.transb, gv.lda, gv.ldb, gv.beta),
+        (5, 1, 4, 1, 6, 2, Some(0.25))
+    );
+    assert_eq!(recs[8].tensor(Role::B).0.shape, vec![4, 1]);
     assert_eq!(run.summary.gaps, 1);
     // Neither check nor compare misjudges batched records or the gap: the store checks clean
     // and matches itself.

@@ -1,8 +1,9 @@
 //! GEMM entry points beyond the core ones of lib.rs, each a thin shim over the same validated
 //! kernel path: the typed strided batches of f64 and f16, `cublasSgemmEx`, the pointer-array
-//! `cublasSgemmBatched`, and the `_64` variants (64-bit sizes) of the GEMMs the simulator
-//! computes. Sizes beyond `int` are refused with `CUBLAS_STATUS_NOT_SUPPORTED`: the simulator
-//! computes on the host, where such matrices do not fit.
+//! `cublasSgemmBatched`, the f32 and f64 gemv (as GEMMs), and the `_64` variants (64-bit
+//! sizes) of the GEMMs the simulator computes. Sizes beyond `int` are refused with
+//! `CUBLAS_STATUS_NOT_SUPPORTED`: the simulator computes on the host, where such matrices do
+//! not fit.
 
 use core::ffi::{c_int, c_longlong, c_void};
 
@@ -504,8 +505,7 @@ pub unsafe extern "C" fn cublasSgemmEx(
     })
 }
 
-/// `cublasSgemmEx_64`: typed operands, f32 scalars and accumulation under the handle's math mode (the
-/// type combinations of `cublasGemmEx` with an f32 compute type).
+/// `cublasSgemmEx_64`: `cublasSgemmEx` with 64-bit sizes.
 #[no_mangle]
 pub unsafe extern "C" fn cublasSgemmEx_64(
     handle: cublasHandle_t,
@@ -695,4 +695,111 @@ pub unsafe extern "C" fn cublasSgemmBatched(
             CUBLAS_GEMM_DEFAULT,
         )
     }
+}
+
+/// A gemv as the GEMM it is: `op(A)` times `x` read as a transposed `1 x K` matrix (leading
+/// dimension `incx`), into `y` (`M x 1`), computed like a GEMM of the type (no tensor-op math).
+/// Strided outputs (`incy != 1`) and reversed inputs (`incx < 1`) are refused with
+/// `CUBLAS_STATUS_NOT_SUPPORTED` (the simulator's limit, not cuBLAS's).
+///
+/// # Safety
+/// cuBLAS's contract for the arguments.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemv(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    [m, n]: [i64; 2],
+    scalars: [*const c_void; 2],
+    (a, lda): (*const c_void, i64),
+    (x, incx): (*const c_void, i64),
+    (y, incy): (*const c_void, i64),
+    (t, compute): (DType, Compute),
+) -> cublasStatus_t {
+    if let Err(e) = state(handle) {
+        return e;
+    }
+    if incy != 1 || incx < 1 {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    let (rows, cols) = if trans == CUBLAS_OP_N { (m, n) } else { (n, m) };
+    // SAFETY: per the contract.
+    unsafe {
+        gemm_any(
+            handle,
+            [trans, CUBLAS_OP_T],
+            [rows, 1, cols],
+            scalars,
+            [(a, lda, 0), (x, incx, 0), (y, rows.max(1), 0)],
+            [t; 3],
+            1,
+            compute,
+            t,
+        )
+    }
+}
+
+/// `cublasSgemv_v2`: see [`gemv`].
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemv_v2(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    m: c_int,
+    n: c_int,
+    alpha: *const f32,
+    A: *const f32,
+    lda: c_int,
+    x: *const f32,
+    incx: c_int,
+    beta: *const f32,
+    y: *mut f32,
+    incy: c_int,
+) -> cublasStatus_t {
+    guard(|| {
+        // SAFETY: per cuBLAS's contract for the arguments.
+        unsafe {
+            gemv(
+                handle,
+                trans,
+                [m.into(), n.into()],
+                [alpha.cast(), beta.cast()],
+                (A.cast(), lda.into()),
+                (x.cast(), incx.into()),
+                (y.cast_const().cast(), incy.into()),
+                (DType::F32, Compute::F32),
+            )
+        }
+    })
+}
+
+/// `cublasDgemv_v2`: see [`gemv`].
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemv_v2(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    m: c_int,
+    n: c_int,
+    alpha: *const f64,
+    A: *const f64,
+    lda: c_int,
+    x: *const f64,
+    incx: c_int,
+    beta: *const f64,
+    y: *mut f64,
+    incy: c_int,
+) -> cublasStatus_t {
+    guard(|| {
+        // SAFETY: per cuBLAS's contract for the arguments.
+        unsafe {
+            gemv(
+                handle,
+                trans,
+                [m.into(), n.into()],
+                [alpha.cast(), beta.cast()],
+                (A.cast(), lda.into()),
+                (x.cast(), incx.into()),
+                (y.cast_const().cast(), incy.into()),
+                (DType::F64, Compute::F64),
+            )
+        }
+    })
 }

@@ -695,24 +695,6 @@ pub unsafe extern "C" fn cublasDgemmBatched(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasDgemv_v2(
-    handle: cublasHandle_t,
-    _trans: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _alpha: *const f64,
-    _a: *const f64,
-    _lda: c_int,
-    _x: *const f64,
-    _incx: c_int,
-    _beta: *const f64,
-    _y: *mut f64,
-    _incy: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasDgemv_v2", Some(handle))
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasDgeqrfBatched(
     handle: cublasHandle_t,
     _m: c_int,
@@ -1313,24 +1295,6 @@ pub unsafe extern "C" fn cublasSgelsBatched(
     _batch_size: c_int,
 ) -> cublasStatus_t {
     unsupported_call("cublasSgelsBatched", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSgemv_v2(
-    handle: cublasHandle_t,
-    _trans: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _alpha: *const f32,
-    _a: *const f32,
-    _lda: c_int,
-    _x: *const f32,
-    _incx: c_int,
-    _beta: *const f32,
-    _y: *mut f32,
-    _incy: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSgemv_v2", Some(handle))
 }
 
 #[no_mangle]

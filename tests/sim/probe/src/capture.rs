@@ -9,7 +9,8 @@
 //!   math mode) and
 //!   cuBLASLt (bias, FP8 scales and amax, GELU aux, batched).
 //! * `gemm-more`: the typed strided batches of f64 and f16, `cublasSgemmEx`, the `_64` entry
-//!   points, and a `cublasSgemmBatched` pointer-array batch (a gap for the tracer).
+//!   points, a `cublasSgemmBatched` pointer-array batch (a gap for the tracer), and a
+//!   `cublasSgemv_v2` with a strided input.
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
 //!   split communicator.
 //! * `nccl-extra` (under simrun, 3 ranks): `ncclCommShrink` without the last rank and an
@@ -925,6 +926,25 @@ fn more_gemms() -> Result<(), String> {
         ptrs.at(16).cast(),
         3,
         2
+    ));
+    // 9. Sgemv, A not transposed, x strided (incx = 2), beta != 0.
+    let a9 = up(&values(DType::F32, 6 * 4, &mut rng))?;
+    let x9 = up(&values(DType::F32, 4 * 2, &mut rng))?;
+    let y9 = up(&values(DType::F32, 5, &mut rng))?;
+    let (alpha, beta) = (1.5f32, 0.25f32);
+    bl!(cublasSgemv_v2(
+        h,
+        CUBLAS_OP_N,
+        5,
+        4,
+        &alpha,
+        a9.ptr.cast(),
+        6,
+        x9.ptr.cast(),
+        2,
+        &beta,
+        y9.ptr.cast(),
+        1
     ));
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));

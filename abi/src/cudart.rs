@@ -259,6 +259,25 @@ pub struct cudaPointerAttributes {
     pub reserved: [core::ffi::c_long; 8],
 }
 
+/// `enum cudaGraphInstantiateResult`.
+pub type cudaGraphInstantiateResult = c_uint;
+pub const cudaGraphInstantiateSuccess: cudaGraphInstantiateResult = 0;
+pub const cudaGraphInstantiateError: cudaGraphInstantiateResult = 1;
+/// `cudaGraphInstantiateFlagUpload`: upload the graph on `uploadStream` after instantiating.
+pub const cudaGraphInstantiateFlagUpload: core::ffi::c_ulonglong = 2;
+
+/// `struct cudaGraphInstantiateParams_st`: `cudaGraphInstantiateWithParams`'s in/out block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaGraphInstantiateParams_st {
+    pub flags: core::ffi::c_ulonglong,
+    pub uploadStream: cudaStream_t,
+    pub errNode_out: cudaGraphNode_t,
+    pub result_out: cudaGraphInstantiateResult,
+}
+/// `cudaGraphInstantiateParams`.
+pub type cudaGraphInstantiateParams = cudaGraphInstantiateParams_st;
+
 /// `struct cudaGraphExecUpdateResultInfo_st`: what `cudaGraphExecUpdate` reports.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

@@ -200,7 +200,8 @@ pub struct PreMulSum {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GapReason {
-    /// The op's stream was being captured into a CUDA graph: its replays run no API call.
+    /// An op captured into a CUDA graph whose replay could not be snapshotted (the detail says
+    /// why: e.g. the instance was updated, or the graph was launched into another capture).
     GraphCapture,
     /// The ring stayed full past the back-pressure bound.
     RingFull,

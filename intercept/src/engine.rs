@@ -1,9 +1,10 @@
 //! The snapshot engine: runs a [`plan`](crate::plan) around the real call.
 //!
-//! [`begin`] (before the real call): skips a stream under graph capture (a `GraphCapture` gap),
-//! applies the selection (inputs, size cap), reserves ONE ring slot for all captured tensors in
-//! ticket order (waiting at most `TTRACE_WAIT_MS`, else a `RingFull` gap), and enqueues the
-//! copies of inputs the op overwrites. [`finish`] (after it): enqueues the other copies on the
+//! [`begin`] (before the real call): hands an op on a stream under graph capture to
+//! [`graph`](crate::graph) (snapshotted at each replay), applies the selection (inputs, size
+//! cap), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
+//! `TTRACE_WAIT_MS`, else a `RingFull` gap), and enqueues the copies of inputs the op
+//! overwrites. [`finish`] (after it): enqueues the other copies on the
 //! op's stream, records a pooled event after them and hands the entry to the tracer. NCCL ops
 //! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
 //! No device synchronisation anywhere; no lock is held across a CUDA call.

@@ -14,6 +14,7 @@
 //! * `mode`: the one atomic word a hook reads before passing through;
 //! * [`plan`]: which tensors an op has and how to copy them packed (pure);
 //! * `engine`: reserving ring slots, enqueuing copies and events around the real call;
+//! * `graph`: ops captured into CUDA graphs, snapshotted at every replay (`hooks/graph`);
 //! * `tracer`: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
 //! * [`steps`]: the step rule (pure); `session`, `client`: ring, daemon connection;
 //! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry;

@@ -257,6 +257,8 @@ real_fns! {
     Cudart: fn cudaStreamEndCapture_ptsz(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
     Cudart: fn cudaGraphInstantiate(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
     Cudart: fn cudaGraphInstantiateWithFlags(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
+    Cudart: fn cudaGraphInstantiateWithParams(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
+    Cudart: fn cudaGraphInstantiateWithParams_ptsz(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
     Cudart: fn cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGraphExecDestroy(cudaGraphExec_t) -> cudaError_t;

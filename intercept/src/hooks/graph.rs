@@ -116,6 +116,35 @@ pub unsafe extern "C" fn cudaGraphInstantiateWithFlags(
     instantiate(exec, graph, || unsafe { real(exec, graph, flags) })
 }
 
+/// `cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+/// cudaGraphInstantiateParams* instantiateParams)`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphInstantiateWithParams(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    params: *mut cudaGraphInstantiateParams,
+) -> cudaError_t {
+    let Some(real) = real::cudaGraphInstantiateWithParams() else {
+        return MISSING;
+    };
+    // SAFETY: the program's arguments, forwarded unchanged.
+    instantiate(exec, graph, || unsafe { real(exec, graph, params) })
+}
+
+/// `cudaGraphInstantiateWithParams` for code built with `--default-stream per-thread`.
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphInstantiateWithParams_ptsz(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    params: *mut cudaGraphInstantiateParams,
+) -> cudaError_t {
+    let Some(real) = real::cudaGraphInstantiateWithParams_ptsz() else {
+        return MISSING;
+    };
+    // SAFETY: the program's arguments, forwarded unchanged.
+    instantiate(exec, graph, || unsafe { real(exec, graph, params) })
+}
+
 /// `cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphLaunch(

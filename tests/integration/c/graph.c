@@ -6,7 +6,8 @@
  * The step: cudaMemcpyAsync of the input B from a pinned staging buffer to the device,
  * cublasGemmEx (f32, C = A * B, A 8x16, B 16x4), and an in-place ncclAllReduce (sum) of C over
  * a one-rank communicator (ncclCommInitAll). It is captured once, instantiated with
- * cudaGraphInstantiateWithFlags, and launched REPLAYS times (argv[1], default 3); before
+ * cudaGraphInstantiateWithFlags (with any second argument: cudaGraphInstantiateWithParams,
+ * uploading on the stream), and launched REPLAYS times (argv[1], default 3); before
  * replay i the staging buffer is refilled with graph_input(i, .). Each replay's result is
  * checked against a host GEMM (the inputs are small multiples of 1/2: exact in f32).
  * Prints "graph: replay I ok" per replay and "graph: OK"; exit status 1 on a failure.
@@ -84,7 +85,15 @@ int main(int argc, char **argv) {
     cudaGraph_t graph;
     CK_CUDA(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    CK_CUDA(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    if (argc > 2) { /* "params": the parameter-block spelling, uploading on the stream */
+        cudaGraphInstantiateParams p = {0};
+        p.flags = cudaGraphInstantiateFlagUpload;
+        p.uploadStream = s;
+        CK_CUDA(cudaGraphInstantiateWithParams(&exec, graph, &p));
+        if (p.result_out != cudaGraphInstantiateSuccess) FAIL("instantiate result %d", (int)p.result_out);
+    } else {
+        CK_CUDA(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    }
 
     for (int i = 0; i < replays; i++) {
         for (int j = 0; j < K * N; j++) staging[j] = graph_input(i, j);

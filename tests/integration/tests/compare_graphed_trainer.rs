@@ -1,8 +1,8 @@
 //! `ttrace run` and `ttrace compare` on a trainer whose forward and backward passes are
 //! replayed from a CUDA graph (`trainer --cuda-graph`: captured once, launched every step):
-//! the graphed run holds the same records as the eager run of the same layout, compares MATCH
-//! against an eager single-device reference, and a bug inside a graphed layer is found at the
-//! same op as in the eager run.
+//! the graphed run holds the same records as the eager run of the same layout, passes
+//! `ttrace check`, compares MATCH against an eager single-device reference, and a bug inside a
+//! graphed layer is found at the same op as in the eager run.
 
 use std::path::Path;
 use std::process::Command;
@@ -121,6 +121,22 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
     assert_eq!(g.len(), 4);
     assert_eq!(g, e, "per rank (records, gaps, steps): graphed vs eager");
     assert!(g.iter().all(|(_, gaps, _)| *gaps == 0), "{g:?}");
+
+    // `ttrace check` (no reference) reads the replays like eager records.
+    let check = |run: &str| {
+        let out = Command::new(bin("ttrace"))
+            .arg("check")
+            .arg(d.join(run))
+            .output()
+            .expect("ttrace check");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (eager_check, graphed_check) = (check("eager"), check("graphed"));
+    assert_eq!(eager_check.0, Some(0), "{}", eager_check.1);
+    assert_eq!(graphed_check.0, Some(0), "{}", graphed_check.1);
 
     let (code, report) = compare(d, "graphed");
     assert_eq!(

@@ -199,8 +199,13 @@ fn c_input(replay: usize) -> Vec<u8> {
 }
 
 #[test]
-fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13() {
-    for major in [12, 13] {
+fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_instantiated() {
+    for (major, spelling) in [
+        (12, None),
+        (13, None),
+        (12, Some("params")),
+        (13, Some("params")),
+    ] {
         let Some(sim) = sim_dir_for(major) else {
             eprintln!(
                 "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
@@ -210,7 +215,7 @@ fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13() {
         };
         let exe = graph_c(major, &sim);
         let mut cmd = Command::new(&exe);
-        cmd.arg("3").env_remove("LD_LIBRARY_PATH");
+        cmd.arg("3").args(spelling).env_remove("LD_LIBRARY_PATH");
         let run = traced_command_tagged(cmd, "graph-c");
         assert_ok(&run);
         assert_checksums(&run);

@@ -497,6 +497,58 @@ pub unsafe extern "C" fn cudaGraphExecUpdate(
     })
 }
 
+fn instantiate_with_params(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    params: *mut cudaGraphInstantiateParams,
+    per_thread: bool,
+) -> Result<(), cudaError_t> {
+    let r = rt()?;
+    if params.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    // SAFETY: non-null in/out block from the caller.
+    let p = unsafe { params.read() };
+    if p.flags & cudaGraphInstantiateFlagUpload != 0 {
+        // The upload stream must be valid; uploading itself is an optimisation here.
+        r.stream(p.uploadStream, per_thread)?;
+    }
+    // SAFETY: forwarded unchanged.
+    let code = unsafe { crate::api_stream::cudaGraphInstantiate(exec, graph, p.flags) };
+    // SAFETY: as above.
+    unsafe {
+        (*params).errNode_out = std::ptr::null_mut();
+        (*params).result_out = if code == cudaSuccess {
+            cudaGraphInstantiateSuccess
+        } else {
+            cudaGraphInstantiateError
+        };
+    }
+    if code == cudaSuccess {
+        Ok(())
+    } else {
+        Err(code)
+    }
+}
+
+/// `cudaGraphInstantiate` with a parameter block (flags, upload stream, result out).
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphInstantiateWithParams(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    params: *mut cudaGraphInstantiateParams,
+) -> cudaError_t {
+    guard(|| instantiate_with_params(exec, graph, params, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaGraphInstantiateWithParams_ptsz(
+    exec: *mut cudaGraphExec_t,
+    graph: cudaGraph_t,
+    params: *mut cudaGraphInstantiateParams,
+) -> cudaError_t {
+    guard(|| instantiate_with_params(exec, graph, params, true))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphInstantiateWithFlags(
     exec: *mut cudaGraphExec_t,

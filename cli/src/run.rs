@@ -90,7 +90,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "RANGES")]
     ranks: Option<String>,
     /// Tensors larger than this keep their metadata only (K, M, G suffixes).
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "256M")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64G")]
     max_tensor_bytes: u64,
     /// Do not capture op inputs (GEMM A/B/C, collective inputs): outputs only.
     #[arg(long)]

@@ -46,6 +46,7 @@ mod fdpass;
 mod pool;
 mod segments;
 pub mod store_dir;
+mod streams;
 pub mod test_client;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -359,7 +359,11 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
             deferred.into_iter().for_each(|f| engine::finish(f, false));
             return;
         };
-        for f in deferred {
+        // Streamed snapshots wait for the collector to take their chunks, which it can only
+        // once the group's other snapshots (earlier tickets) are handed in: those go first.
+        let (streamed, plain): (Vec<_>, Vec<_>) =
+            deferred.into_iter().partition(InFlight::is_streamed);
+        for f in plain.into_iter().chain(streamed) {
             complete(f, r);
         }
     });

@@ -93,6 +93,23 @@ struct Info {
     crc_mismatches: u64,
     clean_exit: bool,
     error: Option<String>,
+    /// Records it published (received here, stored or not).
+    published: u64,
+    /// (step, seq) of the last one.
+    last_published: Option<(u64, u64)>,
+    /// Its ring header's count of snapshots taken, and of those dropped on purpose, when it
+    /// left.
+    taken: u64,
+    dropped: u64,
+}
+
+impl Info {
+    /// Snapshots taken and neither published nor dropped: lost with the process.
+    fn unpublished(&self) -> u64 {
+        self.taken
+            .saturating_sub(self.dropped)
+            .saturating_sub(self.published)
+    }
 }
 
 impl ClientState {
@@ -148,6 +165,9 @@ impl ClientState {
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
             clean_exit: i.clean_exit,
+            taken: i.taken,
+            unpublished: i.unpublished(),
+            unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
         })
     }
 
@@ -391,6 +411,7 @@ fn session(
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut last_end = 0u64;
     let mut comms = 0u64;
+    let (mut published, mut last_published) = (0u64, None);
     let outcome = loop {
         let msg = match wire::read_msg_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
             Ok(Some(m)) => m,
@@ -408,6 +429,8 @@ fn session(
         };
         match msg {
             ClientMsg::Publish { record, slot } => {
+                published += 1;
+                last_published = Some((record.step, record.seq));
                 match prepare(shared, &ring, record, slot, &mut last_end) {
                     Ok(p) => {
                         budget.take(p.meta);
@@ -420,6 +443,8 @@ fn session(
                 }
             }
             ClientMsg::PublishStreamed { record, streams } => {
+                published += 1;
+                last_published = Some((record.step, record.seq));
                 match prepare_streamed(record, streams) {
                     Ok(p) => {
                         budget.take(p.meta);
@@ -461,6 +486,23 @@ fn session(
     drop(tx);
     if writer.join().is_err() {
         warn!(client = state.id, "the writer thread panicked");
+    }
+    {
+        // The producer is gone (or said goodbye): its ring header says what it had taken.
+        let mut i = state.info.lock();
+        i.published = published;
+        i.last_published = last_published;
+        i.taken = ring.ring.taken();
+        i.dropped = ring.ring.dropped();
+        if i.unpublished() > 0 {
+            warn!(
+                client = state.id,
+                taken = i.taken,
+                published,
+                lost = i.unpublished(),
+                "the process left with snapshots it had not published"
+            );
+        }
     }
     outcome
 }

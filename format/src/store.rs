@@ -119,6 +119,22 @@ pub struct RankInfo {
     pub bytes_stored: u64,
     /// False when the process vanished without saying goodbye (crash, SIGKILL).
     pub clean_exit: bool,
+    /// (1.2) Snapshots the process had taken (handed to its tracer) by the time it left, as
+    /// its ring header says; 0 in older stores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub taken: u64,
+    /// (1.2) Of those, the ones it had neither published nor chosen to drop when it died: lost
+    /// with the process (a crash, SIGKILL, an exit drain that ran out of time). Taken =
+    /// published + dropped (outside `--steps`) + unpublished.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unpublished: u64,
+    /// (1.2) The (step, seq) of the last record it published: the unpublished ones came after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpublished_after: Option<(u64, u64)>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One communicator: which global rank holds each of its ranks (`None`: never registered,

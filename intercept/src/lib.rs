@@ -33,6 +33,7 @@ mod collector;
 mod comms;
 mod cuda;
 mod engine;
+mod fatal;
 mod hooks;
 mod identity;
 mod log;

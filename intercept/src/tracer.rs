@@ -110,6 +110,9 @@ static DRAIN_DEADLINE: Mutex<Option<Instant>> = Mutex::new(None);
 static FINISHED: Mutex<bool> = Mutex::new(false);
 static FINISHED_CV: Condvar = Condvar::new();
 static RUNNING: AtomicBool = AtomicBool::new(false);
+/// The process is dying of a signal: the drain publishes what it can but says no `Bye`, so
+/// the store records a crash.
+static DYING: AtomicBool = AtomicBool::new(false);
 
 /// A place in host call order. Dropped without [`Ticket::push`] (a panic), it becomes a skip,
 /// so the tracer never waits for it forever.
@@ -154,7 +157,16 @@ impl Drop for Ticket {
     }
 }
 
+/// The ring whose header counts the snapshots taken (set when the tracer starts).
+static COUNTED: std::sync::OnceLock<&'static Ring> = std::sync::OnceLock::new();
+
 fn put(n: u64, e: Entry) {
+    if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
+        // Taken: from here on the daemon accounts for it (published, dropped or lost).
+        if let Some(r) = COUNTED.get() {
+            r.note_taken();
+        }
+    }
     FIFO.entries
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -210,6 +222,12 @@ fn drain_deadline_passed() -> bool {
         .is_some_and(|d| Instant::now() >= d)
 }
 
+/// On a fatal signal: [`shutdown`] without `Bye` (the process did not exit normally).
+pub fn shutdown_dying(grace: Duration) {
+    DYING.store(true, Ordering::Release);
+    shutdown(grace);
+}
+
 /// At exit: lets the tracer publish everything called so far (bounded by `grace`), send `Bye`,
 /// and waits for it.
 pub fn shutdown(grace: Duration) {
@@ -256,6 +274,7 @@ pub fn start(
     cfg: &'static CaptureConfig,
 ) -> Result<(), String> {
     RUNNING.store(true, Ordering::Release);
+    let _ = COUNTED.set(ring);
     std::thread::Builder::new()
         .name("ttrace-tracer".into())
         .spawn(move || {
@@ -322,11 +341,13 @@ impl Tracer {
             for (p, s) in out {
                 self.publish(p, s);
             }
-            let bye = ClientMsg::Bye {
-                records: self.records,
-                gaps: self.gaps,
-            };
-            let _ = self.client.send(&bye);
+            if !DYING.load(Ordering::Acquire) {
+                let bye = ClientMsg::Bye {
+                    records: self.records,
+                    gaps: self.gaps,
+                };
+                let _ = self.client.send(&bye);
+            }
         }
         AT.store(u64::MAX, Ordering::Release);
     }
@@ -547,6 +568,7 @@ impl Tracer {
             for r in &p.streams {
                 self.send(&ClientMsg::StreamAbort { stream: r.stream });
             }
+            self.ring.note_dropped();
             return;
         }
         let mut record = p.record;

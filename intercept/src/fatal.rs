@@ -39,7 +39,7 @@ static DRAINED: AtomicBool = AtomicBool::new(false);
 /// Publishes what was taken, once, if this process owns the session; `dying`: of a signal.
 fn drain(dying: bool) {
     // The pid first: a `vfork` child shares this memory and must leave the flag alone.
-    if !session::current().is_some_and(|s| s.pid == std::process::id()) {
+    if session::current().is_none_or(|s| s.pid != std::process::id()) {
         return;
     }
     if !DRAINED.swap(true, Ordering::AcqRel) {

@@ -598,9 +598,11 @@ impl InFlight {
     }
 }
 
-/// Reserves a chunk's slot. The wait ends when the collector has released nothing for
-/// `TTRACE_WAIT_MS` (or what is left of the stall budget): only such periods are charged to
-/// the budget; waiting while it keeps releasing is the capture's throughput, not a stall.
+/// Reserves a chunk's slot. The wait ends when the collector, owing published slots, has
+/// released nothing for `TTRACE_WAIT_MS` (or what is left of the stall budget): only such
+/// periods are charged to the budget. Waiting while it keeps releasing is the capture's
+/// throughput, and waiting while the device still runs the op (an output's chunks follow it
+/// on its stream) is the op's own time: neither is a stall.
 fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
     let wait = Duration::from_millis(s.cfg.wait_ms);
     let mine = my_oldest_deferred();
@@ -616,7 +618,10 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
         }
         let now = Instant::now();
         let t = s.ring.tail();
-        if t != tail {
+        // Only the daemon sitting on published slots is a stall: while the device runs the
+        // op (an after-copy waits for it) or the tracer waits for a chunk's copy, nothing is
+        // owed yet.
+        if t != tail || !tracer::daemon_owes(s.ring) {
             (tail, idle_since) = (t, now);
         }
         let idle = now - idle_since;
@@ -624,7 +629,9 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
             stall::charge(idle);
             return None;
         }
-        if mine.is_some_and(|m| tracer::waiting_for() == m) {
+        let at = tracer::waiting_for();
+        if at == u64::MAX || mine.is_some_and(|m| at == m) {
+            // The tracer stopped, or waits for this thread's own deferred group.
             return None;
         }
         std::thread::sleep(pause);

@@ -174,6 +174,15 @@ fn put(n: u64, e: Entry) {
     FIFO.cv.notify_all();
 }
 
+/// End of the last slot the tracer published (the daemon owes releases up to it).
+static PUBLISHED_END: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the daemon holds published slots it has not released yet: a producer waiting for
+/// space then waits on the daemon (as opposed to the device or the tracer).
+pub fn daemon_owes(ring: &Ring) -> bool {
+    PUBLISHED_END.load(Ordering::Acquire) > ring.tail()
+}
+
 /// The ticket the tracer is waiting for.
 pub fn waiting_for() -> u64 {
     AT.load(Ordering::Acquire)
@@ -493,6 +502,7 @@ impl Tracer {
         st.crc.update(&bytes[..c.len as usize]);
         st.bytes += c.len;
         self.published_end = self.published_end.max(c.slot.end);
+        PUBLISHED_END.fetch_max(c.slot.end, Ordering::AcqRel);
         self.send(&ClientMsg::Chunk(Chunk {
             stream,
             index: c.index,
@@ -584,6 +594,7 @@ impl Tracer {
         }
         if let Some(s) = p.slot {
             self.published_end = self.published_end.max(s.end);
+            PUBLISHED_END.fetch_max(s.end, Ordering::AcqRel);
         }
         let msg = if p.streams.is_empty() {
             ClientMsg::Publish {

@@ -191,6 +191,8 @@ impl ClientState {
             crc_mismatches: i.crc_mismatches,
             clean_exit: i.clean_exit,
             outlived_run: self.cut.load(Ordering::Acquire),
+            unpublished: i.unpublished(),
+            unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
             error: i.error.clone(),
         })
     }

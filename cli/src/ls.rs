@@ -54,6 +54,10 @@ struct RankSum {
     pid: Option<u32>,
     hostname: Option<String>,
     clean_exit: Option<bool>,
+    /// Snapshots the process had taken but not published when it died (manifest 1.2), and
+    /// the (step, seq) of its last published record.
+    unpublished: u64,
+    unpublished_after: Option<(u64, u64)>,
     /// `None` when the store holds the rank's records; otherwise why it does not: `not
     /// captured` (outside `ttrace run --ranks`) or `missing` (listed with records by the
     /// manifest, absent from the store).
@@ -214,6 +218,8 @@ fn add_manifest(ranks: &mut BTreeMap<u32, RankSum>, m: &Manifest) {
         r.pid = Some(ri.pid);
         r.hostname = Some(ri.hostname.clone());
         r.clean_exit = Some(r.clean_exit.unwrap_or(true) && ri.clean_exit);
+        r.unpublished += ri.unpublished;
+        r.unpublished_after = r.unpublished_after.max(ri.unpublished_after);
         if r.steps.is_empty() && ri.records > 0 {
             r.absent = Some(format!("missing ({} records listed)", ri.records));
         }
@@ -323,6 +329,18 @@ fn print_header(
             for l in &m.lost {
                 writeln!(out, "INCOMPLETE {} records lost: {}", l.records, l.cause)?;
             }
+            for r in m.ranks.iter().filter(|r| r.unpublished > 0) {
+                let after = r.unpublished_after.map_or_else(
+                    || "before its first record".into(),
+                    |(step, seq)| format!("after step {step} seq {seq}"),
+                );
+                writeln!(
+                    out,
+                    "INCOMPLETE {} records lost: rank {} (pid {}) had taken them and not \
+                     published them when it ended ({} taken), {after}",
+                    r.unpublished, r.rank, r.pid, r.taken
+                )?;
+            }
             if let Some(j) = &m.job {
                 writeln!(
                     out,
@@ -390,6 +408,21 @@ fn print_header(
     Ok(())
 }
 
+/// How a rank's process ended, with the snapshots it took down with it.
+fn exit_cell(r: &RankSum) -> String {
+    let how = match (&r.absent, r.clean_exit) {
+        (Some(why), _) => return why.clone(),
+        (None, Some(true)) => "clean",
+        (None, Some(false)) => "crashed",
+        (None, None) => "-",
+    };
+    match (r.unpublished, r.unpublished_after) {
+        (0, _) => how.into(),
+        (n, Some((step, seq))) => format!("{how}, {n} lost after step {step} seq {seq}"),
+        (n, None) => format!("{how}, {n} lost before its first record"),
+    }
+}
+
 /// The rank, step and communicator tables.
 fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyhow::Result<()> {
     let (ranks, steps) = (&l.ranks, &l.steps);
@@ -419,12 +452,7 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
             human(r.bytes_raw),
             human(r.bytes_stored),
             ratio(r.bytes_raw, r.bytes_stored),
-            match (&r.absent, r.clean_exit) {
-                (Some(why), _) => why.clone(),
-                (None, Some(true)) => "clean".into(),
-                (None, Some(false)) => "crashed".into(),
-                (None, None) => "-".into(),
-            },
+            exit_cell(r),
         ]);
     }
     print_table(out, &rows)?;

@@ -90,7 +90,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "RANGES")]
     ranks: Option<String>,
     /// Tensors larger than this keep their metadata only (K, M, G suffixes).
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "256M")]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64G")]
     max_tensor_bytes: u64,
     /// Do not capture op inputs (GEMM A/B/C, collective inputs): outputs only.
     #[arg(long)]
@@ -730,16 +730,26 @@ fn render_lost(s: &Summary) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let lost: u64 = s.lost.iter().map(|l| l.records).sum();
-    if lost == 0 {
-        return o;
+    if lost > 0 {
+        let _ = writeln!(
+            o,
+            "  INCOMPLETE {lost} of {} records received could not be stored:",
+            s.records + lost
+        );
+        for l in &s.lost {
+            let _ = writeln!(o, "            {} records: {}", l.records, l.cause);
+        }
     }
-    let _ = writeln!(
-        o,
-        "  INCOMPLETE {lost} of {} records received could not be stored:",
-        s.records + lost
-    );
-    for l in &s.lost {
-        let _ = writeln!(o, "            {} records: {}", l.records, l.cause);
+    for p in s.processes.iter().filter(|p| p.unpublished > 0) {
+        let after = p.unpublished_after.map_or_else(
+            || "before its first record".into(),
+            |(step, seq)| format!("after step {step} seq {seq}"),
+        );
+        let _ = writeln!(
+            o,
+            "  INCOMPLETE rank {} (pid {}) ended with {} snapshots taken and not published, {after}",
+            p.rank, p.pid, p.unpublished
+        );
     }
     o
 }

@@ -17,11 +17,14 @@ use ttrace_format::codec::Codec;
 use ttrace_format::record::{Op, Record};
 use ttrace_format::ring::{self, Ring, Slot};
 use ttrace_format::store::{Blob, RankInfo};
-use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello, MAX_FRAME, PROTOCOL_VERSION};
+use ttrace_format::wire::{
+    self, Chunk, ClientMsg, DaemonMsg, Hello, StreamRef, MAX_FRAME, PROTOCOL_VERSION,
+};
 
 use crate::encode::Encoder;
 use crate::fdpass;
 use crate::segments::{self, SegRef};
+use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
 
 /// How long a new connection may take to say `Hello`.
@@ -90,6 +93,23 @@ struct Info {
     crc_mismatches: u64,
     clean_exit: bool,
     error: Option<String>,
+    /// Records it published (received here, stored or not).
+    published: u64,
+    /// (step, seq) of the last one.
+    last_published: Option<(u64, u64)>,
+    /// Its ring header's count of snapshots taken, and of those dropped on purpose, when it
+    /// left.
+    taken: u64,
+    dropped: u64,
+}
+
+impl Info {
+    /// Snapshots taken and neither published nor dropped: lost with the process.
+    fn unpublished(&self) -> u64 {
+        self.taken
+            .saturating_sub(self.dropped)
+            .saturating_sub(self.published)
+    }
 }
 
 impl ClientState {
@@ -145,6 +165,9 @@ impl ClientState {
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
             clean_exit: i.clean_exit,
+            taken: i.taken,
+            unpublished: i.unpublished(),
+            unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
         })
     }
 
@@ -168,6 +191,8 @@ impl ClientState {
             crc_mismatches: i.crc_mismatches,
             clean_exit: i.clean_exit,
             outlived_run: self.cut.load(Ordering::Acquire),
+            unpublished: i.unpublished(),
+            unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
             error: i.error.clone(),
         })
     }
@@ -258,6 +283,18 @@ struct Pending {
     slot: Option<Slot>,
     /// Per captured tensor: its place in the slot, element size, and the compression result.
     tensors: Vec<(u64, u64, usize, Receiver<Encoded>)>,
+    /// For a record whose tensors were streamed: the stream of each captured tensor (then
+    /// `slot` is `None` and `tensors` empty).
+    streams: Vec<StreamRef>,
+}
+
+/// What the reader hands the writer, in the client's order (ring slots are released in it).
+enum Work {
+    Record(Pending),
+    /// A chunk of a streamed tensor and its compression.
+    Chunk(Box<Chunk>, Receiver<Encoded>),
+    /// The producer gave a stream up.
+    Abort(u64),
 }
 
 /// Serves one connection until it ends; records what happened in `state`.
@@ -351,6 +388,7 @@ fn session(
     info!(client = state.id, pid = hello.pid, rank = hello.rank, host = %hello.hostname,
           job = %hello.job.id, store = %shared.store.display(),
           ring = hello.ring_capacity, "client connected");
+    let pid = hello.pid;
     state.info.lock().hello = Some(hello);
     wire::write_msg(
         &mut stream,
@@ -363,18 +401,19 @@ fn session(
     .map_err(|e| ClientError::Protocol(e.to_string()))?;
     let shared = &shared;
 
-    let (tx, rx) = bounded::<Pending>(QUEUE);
+    let (tx, rx) = bounded::<Work>(QUEUE);
     let budget = Arc::new(Budget::default());
     let writer = {
         let (shared, state, ring) = (shared.clone(), state.clone(), ring.clone());
         let budget = budget.clone();
         std::thread::Builder::new()
             .name(format!("ttraced-write-{}", state.id))
-            .spawn(move || write_loop(&shared, &state, &ring, rx, &budget))?
+            .spawn(move || write_loop(&shared, &state, &ring, rx, &budget, pid))?
     };
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut last_end = 0u64;
     let mut comms = 0u64;
+    let (mut published, mut last_published) = (0u64, None);
     let outcome = loop {
         let msg = match wire::read_msg_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
             Ok(Some(m)) => m,
@@ -392,15 +431,44 @@ fn session(
         };
         match msg {
             ClientMsg::Publish { record, slot } => {
+                published += 1;
+                last_published = Some((record.step, record.seq));
                 match prepare(shared, &ring, record, slot, &mut last_end) {
                     Ok(p) => {
                         budget.take(p.meta);
                         shared.records_received.fetch_add(1, Ordering::Relaxed);
-                        if tx.send(p).is_err() {
+                        if tx.send(Work::Record(p)).is_err() {
                             break Err(ClientError::Protocol("writer stopped".into()));
                         }
                     }
                     Err(e) => break Err(e),
+                }
+            }
+            ClientMsg::PublishStreamed { record, streams } => {
+                published += 1;
+                last_published = Some((record.step, record.seq));
+                match prepare_streamed(record, streams) {
+                    Ok(p) => {
+                        budget.take(p.meta);
+                        shared.records_received.fetch_add(1, Ordering::Relaxed);
+                        if tx.send(Work::Record(p)).is_err() {
+                            break Err(ClientError::Protocol("writer stopped".into()));
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
+            ClientMsg::Chunk(c) => match prepare_chunk(shared, &ring, c, &mut last_end) {
+                Ok(w) => {
+                    if tx.send(w).is_err() {
+                        break Err(ClientError::Protocol("writer stopped".into()));
+                    }
+                }
+                Err(e) => break Err(e),
+            },
+            ClientMsg::StreamAbort { stream } => {
+                if tx.send(Work::Abort(stream)).is_err() {
+                    break Err(ClientError::Protocol("writer stopped".into()));
                 }
             }
             ClientMsg::Comm(c) => {
@@ -420,6 +488,23 @@ fn session(
     drop(tx);
     if writer.join().is_err() {
         warn!(client = state.id, "the writer thread panicked");
+    }
+    {
+        // The producer is gone (or said goodbye): its ring header says what it had taken.
+        let mut i = state.info.lock();
+        i.published = published;
+        i.last_published = last_published;
+        i.taken = ring.ring.taken();
+        i.dropped = ring.ring.dropped();
+        if i.unpublished() > 0 {
+            warn!(
+                client = state.id,
+                taken = i.taken,
+                published,
+                lost = i.unpublished(),
+                "the process left with snapshots it had not published"
+            );
+        }
     }
     outcome
 }
@@ -606,7 +691,75 @@ fn prepare(
         record,
         slot,
         tensors,
+        streams: Vec::new(),
     })
+}
+
+/// Checks a `PublishStreamed`: every captured tensor is named by exactly one stream.
+fn prepare_streamed(record: Box<Record>, streams: Vec<StreamRef>) -> Result<Pending, ClientError> {
+    let bad = |why: String| {
+        ClientError::Protocol(format!(
+            "streamed record rank {} step {} seq {} ({}): {why}",
+            record.rank, record.step, record.seq, record.api
+        ))
+    };
+    let meta = record_meta_bytes(&record).map_err(bad)?;
+    let captured: Vec<u32> = (0..record.tensors.len() as u32)
+        .filter(|&i| record.tensors[i as usize].captured)
+        .collect();
+    let named: Vec<u32> = streams.iter().map(|s| s.tensor).collect();
+    if named != captured {
+        return Err(bad(format!(
+            "streams name tensors {named:?}, the captured ones are {captured:?}"
+        )));
+    }
+    Ok(Pending {
+        meta,
+        record,
+        slot: None,
+        tensors: Vec::new(),
+        streams,
+    })
+}
+
+/// Checks a chunk of a streamed tensor and queues its compression.
+fn prepare_chunk(
+    shared: &Arc<Shared>,
+    ring: &Arc<ClientRing>,
+    c: Chunk,
+    last_end: &mut u64,
+) -> Result<Work, ClientError> {
+    let bad = |why: String| {
+        ClientError::Protocol(format!("chunk {} of stream {}: {why}", c.index, c.stream))
+    };
+    ring.ring
+        .validate(&c.slot)
+        .map_err(|e| bad(e.to_string()))?;
+    if c.slot.pos < *last_end {
+        return Err(bad(format!(
+            "slot at {} overlaps the previous one (ending at {last_end})",
+            c.slot.pos
+        )));
+    }
+    let fits = c.len > 0
+        && c.len <= c.slot.len
+        && c.offset.checked_add(c.len).is_some_and(|e| e <= c.total);
+    if !fits {
+        return Err(bad(format!(
+            "{} bytes at {} of a {}-byte tensor in a {}-byte slot",
+            c.len, c.offset, c.total, c.slot.len
+        )));
+    }
+    *last_end = c.slot.end;
+    let (tx, rx) = bounded::<Encoded>(1);
+    let (ring2, slot, len, elem) = (ring.clone(), c.slot, c.len, c.elem as usize);
+    shared.pool.submit(Box::new(move |enc: &mut Encoder| {
+        // SAFETY: the slot was validated and is released only by this client's writer after
+        // it has received this job's result; `len` is inside it (checked above).
+        let bytes = unsafe { ring2.bytes(&slot, 0, len) };
+        let _ = tx.send(encode(bytes, elem, enc));
+    }));
+    Ok(Work::Chunk(Box::new(c), rx))
 }
 
 /// `ring::tensor_offsets` without overflow on hostile sizes.
@@ -636,10 +789,25 @@ fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
     }
 }
 
+/// Compresses (already done by the pool) and appends one chunk to its stream.
+fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring: &ClientRing) {
+    let enc = result.recv().unwrap_or_else(|_| {
+        // The job was lost (a worker panicked): store the bytes raw, here.
+        // SAFETY: as in `prepare_chunk`: the slot is ours until released after this.
+        let bytes = unsafe { ring.bytes(&c.slot, 0, c.len) };
+        Encoded {
+            blob: raw_blob(bytes, c.elem as usize),
+            crc: crc32fast::hash(bytes),
+        }
+    });
+    streams.chunk(c, enc.blob, enc.crc);
+}
+
 /// A record on its way into the store: its ring slot (if it has one) waits for its frame to
 /// reach the kernel, and only then does it count as stored for its process.
 struct Unreleased {
-    key: (u32, u64),
+    /// Its segment (`None`: a chunk, written straight to its stream file).
+    key: Option<(u32, u64)>,
     /// Where its frame ends in that segment.
     frame_end: u64,
     slot_end: Option<u64>,
@@ -664,9 +832,12 @@ fn release_written(
     let mut upto = None;
     let mut stored = 0;
     while let Some(w) = waiting.front() {
-        let handed = match held.get(&w.key) {
-            Some(seg) => seg.handed().is_none_or(|h| h >= w.frame_end),
-            None => !broken.contains(&w.key),
+        let handed = match w.key {
+            None => true,
+            Some(key) => match held.get(&key) {
+                Some(seg) => seg.handed().is_none_or(|h| h >= w.frame_end),
+                None => !broken.contains(&key),
+            },
         };
         if !(handed || all) {
             break;
@@ -690,18 +861,56 @@ fn write_loop(
     shared: &Shared,
     state: &ClientState,
     ring: &ClientRing,
-    rx: Receiver<Pending>,
+    rx: Receiver<Work>,
     budget: &Budget,
+    pid: u32,
 ) {
     let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
     let mut waiting: VecDeque<Unreleased> = VecDeque::new();
     let mut broken: BTreeSet<(u32, u64)> = BTreeSet::new();
     let losses = shared.segments.losses();
-    while let Ok(p) = rx.recv() {
+    let mut streams = Streams::new(shared.store.clone(), state.id, pid);
+    while let Ok(work) = rx.recv() {
+        let mut p = match work {
+            Work::Record(p) => p,
+            Work::Chunk(c, result) => {
+                write_chunk(&mut streams, &c, result, ring);
+                // Written unbuffered: in the kernel once `write_chunk` returns.
+                waiting.push_back(Unreleased {
+                    key: None,
+                    frame_end: 0,
+                    slot_end: Some(c.slot.end),
+                    written: false,
+                });
+                // Records before the chunk may still sit in a segment's buffer: the chunk's
+                // slot is released after theirs, so flush as the record path does.
+                let mut flushed = true;
+                if rx.is_empty() {
+                    for seg in held.values() {
+                        flushed &= seg.flush(losses);
+                    }
+                }
+                let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
+                let mut i = state.info.lock();
+                i.records += stored;
+                i.bytes_raw += std::mem::take(&mut streams.bytes_raw);
+                i.bytes_stored += std::mem::take(&mut streams.bytes_stored);
+                i.crc_mismatches += std::mem::take(&mut streams.crc_mismatches);
+                continue;
+            }
+            Work::Abort(id) => {
+                streams.abort(id);
+                continue;
+            }
+        };
         budget.give(p.meta);
         let mut flushed = true;
+        let mut blobs = if p.streams.is_empty() {
+            Vec::with_capacity(p.tensors.len())
+        } else {
+            streams.blobs(&mut p.record, &p.streams)
+        };
         let rec = &p.record;
-        let mut blobs = Vec::with_capacity(p.tensors.len());
         let mut mismatches = 0u64;
         let expected: Vec<u32> = rec
             .tensors
@@ -741,6 +950,8 @@ fn write_loop(
             blobs.push(enc.blob);
         }
         let key = (rec.rank, rec.step);
+        // Streamed tensors' bytes were counted as their chunks were written.
+        let streamed = !p.streams.is_empty();
         losses.given();
         if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(key) {
             match shared.segments.acquire(rec.rank, rec.step) {
@@ -782,7 +993,7 @@ fn write_loop(
         // A failed write may leave earlier frames stuck in the writer's buffer.
         flushed &= !matches!(written, Some(Err(_)));
         waiting.push_back(Unreleased {
-            key,
+            key: Some(key),
             // A record that could not be written has nothing to wait for.
             frame_end: match &written {
                 Some(Ok(end)) => *end,
@@ -791,8 +1002,14 @@ fn write_loop(
             slot_end: p.slot.as_ref().map(|s| s.end),
             written: matches!(written, Some(Ok(_))),
         });
-        let raw: u64 = blobs.iter().map(|b| b.raw_len).sum();
-        let stored: u64 = blobs.iter().map(|b| b.stored.len() as u64).sum();
+        let (raw, stored) = if streamed {
+            (0, 0)
+        } else {
+            (
+                blobs.iter().map(|b| b.raw_len).sum(),
+                blobs.iter().map(|b| b.stored.len() as u64).sum::<u64>(),
+            )
+        };
         for b in blobs {
             shared.pool.recycle(b.stored);
         }
@@ -822,6 +1039,7 @@ fn write_loop(
     }
     let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
     state.info.lock().records += stored;
+    streams.close();
     for (_, s) in std::mem::take(&mut held) {
         debug!(
             rank = s.key().0,

@@ -46,6 +46,7 @@ mod fdpass;
 mod pool;
 mod segments;
 pub mod store_dir;
+mod streams;
 pub mod test_client;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -206,6 +207,10 @@ pub struct ProcessSummary {
     pub clean_exit: bool,
     /// It was still connected when the run ended and the daemon disconnected it.
     pub outlived_run: bool,
+    /// Snapshots it had taken and not published when it ended (lost with it), and the
+    /// (step, seq) of its last published record.
+    pub unpublished: u64,
+    pub unpublished_after: Option<(u64, u64)>,
     /// Why the daemon dropped it, if it did.
     pub error: Option<String>,
 }

@@ -24,6 +24,10 @@ pub enum Codec {
     /// Shuffled by element size, then each byte plane raw or zstd (format 1.1): see
     /// [`encode_planes`].
     ShufflePlanes = 3,
+    /// The bytes are in a stream file of the store, in chunks (format 1.2); the stored bytes
+    /// name the file (`streams/NAME.tts`): see [`crate::stream`]. Decoded by the store reader,
+    /// which knows the run directory.
+    Streamed = 4,
 }
 
 impl Codec {
@@ -34,6 +38,7 @@ impl Codec {
             1 => Some(Codec::Zstd),
             2 => Some(Codec::ShuffleZstd),
             3 => Some(Codec::ShufflePlanes),
+            4 => Some(Codec::Streamed),
             _ => None,
         }
     }
@@ -199,6 +204,9 @@ pub fn encode(
             encode_planes(raw, elem, &mut ctx, scratch, &mut out)?;
             Ok(out)
         }
+        Codec::Streamed => Err(FormatError::Invalid(
+            "a streamed tensor is written chunk by chunk (stream::StreamWriter)".into(),
+        )),
     }
 }
 
@@ -347,6 +355,11 @@ pub fn decode_into(
         Codec::ShufflePlanes => {
             decode_planes(stored, raw_len, elem, scratch)?;
             unshuffle(scratch, elem.max(1), out);
+        }
+        Codec::Streamed => {
+            return Err(FormatError::Invalid(
+                "a streamed tensor is read through its store (reader::RecordView)".into(),
+            ))
         }
     }
     if out.len() as u64 != raw_len {

@@ -142,7 +142,7 @@ impl Default for CaptureConfig {
             families: Family::ALL.to_vec(),
             steps: None,
             ranks: None,
-            max_tensor_bytes: 256 << 20,
+            max_tensor_bytes: 64 << 30,
             inputs: true,
             kernels: true,
             ring_bytes: 256 << 20,

@@ -12,6 +12,7 @@ pub mod recover;
 pub mod ring;
 pub mod secrets;
 pub mod store;
+pub mod stream;
 pub mod tensor;
 pub mod wire;
 

@@ -63,6 +63,9 @@ pub enum IssueKind {
     BadManifest,
     /// A file or directory in the store that is not part of the format.
     Stray,
+    /// A streamed tensor whose file was never completed (`streams/*.part`: its process or
+    /// the collector died mid-stream): the tensor is lost, its bytes are never read.
+    PartialStream,
 }
 
 impl IssueKind {
@@ -75,6 +78,7 @@ impl IssueKind {
                 | IssueKind::BadHeader
                 | IssueKind::BadTensor
                 | IssueKind::LostRecords
+                | IssueKind::PartialStream
         )
     }
 }
@@ -149,6 +153,7 @@ impl fmt::Display for Issue {
             IssueKind::LostRecords => "lost records",
             IssueKind::BadManifest => "manifest",
             IssueKind::Stray => "stray file",
+            IssueKind::PartialStream => "partial streamed tensor",
         };
         write!(f, "{what}: {}", self.detail)?;
         match (self.offset, self.bytes) {
@@ -326,6 +331,21 @@ impl Store {
             )));
         }
         segments.sort_by_key(|s| (s.rank, s.step));
+        for path in crate::stream::partial_streams(root) {
+            let bytes = std::fs::symlink_metadata(&path).map(|m| m.len()).ok();
+            issues.push(Issue {
+                kind: IssueKind::PartialStream,
+                path,
+                rank: None,
+                step: None,
+                seq: None,
+                offset: None,
+                bytes,
+                detail: "a tensor streamed in chunks whose process or collector died before its \
+                         last chunk: lost (its record was never stored)"
+                    .into(),
+            });
+        }
         Ok(Store {
             root: root.to_path_buf(),
             manifest,
@@ -1141,7 +1161,17 @@ impl RecordView<'_> {
     /// Bytes stored on disk for tensor `i` (compressed), if captured.
     pub fn stored_len(&self, tensor: usize) -> Option<u64> {
         let b = self.blob_of.get(tensor).copied().flatten()?;
-        self.blobs.get(b).map(|b| (b.end - b.start) as u64)
+        self.blobs.get(b).map(|b| self.blob_stored(b))
+    }
+
+    /// Stored bytes of a blob: a streamed tensor's are those of its stream file.
+    fn blob_stored(&self, b: &BlobRef) -> u64 {
+        if b.codec != codec::Codec::Streamed {
+            return (b.end - b.start) as u64;
+        }
+        self.path.parent().and_then(Path::parent).map_or(0, |run| {
+            crate::stream::stored_len(run, &self.body[b.start..b.end])
+        })
     }
 
     /// Raw bytes of all captured tensors (as the daemon counts `bytes_raw`).
@@ -1151,7 +1181,7 @@ impl RecordView<'_> {
 
     /// Stored bytes of all captured tensors (as the daemon counts `bytes_stored`).
     pub fn stored_bytes(&self) -> u64 {
-        self.blobs.iter().map(|b| (b.end - b.start) as u64).sum()
+        self.blobs.iter().map(|b| self.blob_stored(b)).sum()
     }
 
     /// Decodes tensor `i`'s bytes into `out` (reusing its capacity and `scratch`), checking
@@ -1178,14 +1208,25 @@ impl RecordView<'_> {
                 b.raw_len, t.nbytes
             )));
         }
-        codec::decode_into(
-            &self.body[b.start..b.end],
-            b.raw_len,
-            b.elem_size as usize,
-            b.codec,
-            scratch,
-            out,
-        )
+        let stored = &self.body[b.start..b.end];
+        if b.codec == codec::Codec::Streamed {
+            // RUN/rankNNNNN/stepNNNNNN.seg: the run is two levels up.
+            let run = self
+                .path
+                .parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| bad("a streamed tensor outside a store".into()))?;
+            crate::stream::read_stream(run, stored, b.raw_len, scratch, out)
+        } else {
+            codec::decode_into(
+                stored,
+                b.raw_len,
+                b.elem_size as usize,
+                b.codec,
+                scratch,
+                out,
+            )
+        }
         .map_err(|e| bad(e.to_string()))?;
         let crc = crc32fast::hash(out);
         if crc != t.crc32 {

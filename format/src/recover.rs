@@ -377,6 +377,9 @@ pub fn rebuild_manifest(store: &Store, checks: &[SegmentCheck]) -> Manifest {
                 bytes_raw: 0,
                 bytes_stored: 0,
                 clean_exit: false,
+                taken: known.map_or(0, |k| k.taken),
+                unpublished: known.map_or(0, |k| k.unpublished),
+                unpublished_after: known.and_then(|k| k.unpublished_after),
             }
         });
         r.records += c.records;

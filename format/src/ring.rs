@@ -12,7 +12,12 @@
 //! * `head` (producer): bytes reserved so far;
 //! * `tail` (consumer): bytes released so far;
 //! * `released` (consumer): a futex word bumped after every release, which a producer waiting
-//!   for space sleeps on.
+//!   for space sleeps on;
+//! * `taken` (producer): snapshots (records and gaps) handed to its tracer so far;
+//! * `dropped` (producer): of those, the ones it chose not to publish (outside `--steps`).
+//!
+//! The last two let the daemon account for a producer that died, SIGKILL included: what it
+//! had taken and neither published nor dropped was lost with it.
 //!
 //! Slots are reserved and released in order, and never wrap: a slot that does not fit before
 //! the end of the data area starts at the next multiple of `capacity`, and the skipped bytes
@@ -39,6 +44,8 @@ const OFF_CAPACITY: usize = 16;
 const OFF_HEAD: usize = 128;
 const OFF_TAIL: usize = 256;
 const OFF_RELEASED: usize = 384;
+const OFF_TAKEN: usize = 512;
+const OFF_DROPPED: usize = 640;
 
 /// Rounds `n` up to the slot alignment.
 pub const fn align(n: u64) -> u64 {
@@ -179,6 +186,26 @@ impl Ring {
     /// Bytes released so far.
     pub fn tail(&self) -> u64 {
         self.atomic64(OFF_TAIL).load(Ordering::Acquire)
+    }
+
+    /// Counts a snapshot handed to the producer's tracer (producer).
+    pub fn note_taken(&self) {
+        self.atomic64(OFF_TAKEN).fetch_add(1, Ordering::Release);
+    }
+
+    /// Counts a taken snapshot the producer chose not to publish (producer).
+    pub fn note_dropped(&self) {
+        self.atomic64(OFF_DROPPED).fetch_add(1, Ordering::Release);
+    }
+
+    /// Snapshots the producer took so far (as it says: a count from another process).
+    pub fn taken(&self) -> u64 {
+        self.atomic64(OFF_TAKEN).load(Ordering::Acquire)
+    }
+
+    /// Taken snapshots the producer chose not to publish.
+    pub fn dropped(&self) -> u64 {
+        self.atomic64(OFF_DROPPED).load(Ordering::Acquire)
     }
 
     /// Where a slot of `len` bytes reserved now would start and end (without reserving it).

@@ -26,7 +26,7 @@ use crate::FormatError;
 /// Major version: a reader refuses a store with another one.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 2;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
 pub const INDEX_MAGIC: [u8; 8] = *b"TTRIDX\r\n";
@@ -119,6 +119,22 @@ pub struct RankInfo {
     pub bytes_stored: u64,
     /// False when the process vanished without saying goodbye (crash, SIGKILL).
     pub clean_exit: bool,
+    /// (1.2) Snapshots the process had taken (handed to its tracer) by the time it left, as
+    /// its ring header says; 0 in older stores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub taken: u64,
+    /// (1.2) Of those, the ones it had neither published nor chosen to drop when it died: lost
+    /// with the process (a crash, SIGKILL, an exit drain that ran out of time). Taken =
+    /// published + dropped (outside `--steps`) + unpublished.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unpublished: u64,
+    /// (1.2) The (step, seq) of the last record it published: the unpublished ones came after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpublished_after: Option<(u64, u64)>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One communicator: which global rank holds each of its ranks (`None`: never registered,
@@ -714,6 +730,8 @@ pub struct Frame {
     pub record: Record,
     pub body: Vec<u8>,
     pub blobs: Vec<BlobRef>,
+    /// The run directory, where streamed tensors are (set by [`SegmentReader`]).
+    pub run: Option<PathBuf>,
 }
 
 impl Frame {
@@ -726,8 +744,17 @@ impl Frame {
             ))
         })?;
         let mut scratch = Vec::new();
+        let stored = &self.body[b.start..b.end];
+        if b.codec == Codec::Streamed {
+            let run = self.run.as_deref().ok_or_else(|| {
+                FormatError::Invalid("a streamed tensor read outside its store".into())
+            })?;
+            let mut out = Vec::new();
+            crate::stream::read_stream(run, stored, b.raw_len, &mut scratch, &mut out)?;
+            return Ok(out);
+        }
         codec::decode(
-            &self.body[b.start..b.end],
+            stored,
             b.raw_len as usize,
             b.elem_size as usize,
             b.codec,
@@ -743,6 +770,7 @@ impl Frame {
             record,
             body,
             blobs,
+            run: None,
         })
     }
 }
@@ -889,10 +917,19 @@ impl SegmentReader {
             return Some(Err(self.resync(start, "CRC mismatch".into())));
         }
         self.offset = start + FRAME_HEADER_BYTES + body_len;
-        Some(Frame::parse(start, body).map_err(|e| ScanIssue::Corrupt {
-            offset: start,
-            why: e.to_string(),
-        }))
+        let run = self
+            .path
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf);
+        Some(
+            Frame::parse(start, body)
+                .map(|f| Frame { run, ..f })
+                .map_err(|e| ScanIssue::Corrupt {
+                    offset: start,
+                    why: e.to_string(),
+                }),
+        )
     }
 
     /// After a bad frame at `start`, continues at the next frame magic after it.

@@ -22,7 +22,7 @@ use crate::ring::Slot;
 use crate::FormatError;
 
 /// Protocol version a client announces; the daemon refuses others.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest frame either side accepts (a record's metadata is a few KiB).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -113,11 +113,52 @@ pub enum ClientMsg {
         record: Box<Record>,
         slot: Option<Slot>,
     },
+    /// One chunk of a streamed tensor (protocol 2): a tensor too large for one slot goes
+    /// through the ring in chunks, each published as soon as its copy completed.
+    Chunk(Chunk),
+    /// The producer gave a stream up before its last chunk (no ring space within the stall
+    /// bound, a failed copy, a record filtered out): the daemon drops what it received.
+    StreamAbort {
+        stream: u64,
+    },
+    /// A record whose captured tensors were all streamed (protocol 2): `streams` names the
+    /// stream of each captured tensor, all complete before this message.
+    PublishStreamed {
+        record: Box<Record>,
+        streams: Vec<StreamRef>,
+    },
     /// The process is exiting normally.
     Bye {
         records: u64,
         gaps: u64,
     },
+}
+
+/// One chunk of a streamed tensor: `len` bytes of the tensor at `offset`, in `slot` at
+/// offset 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The stream, unique in the process.
+    pub stream: u64,
+    /// 0, 1, ... in order.
+    pub index: u32,
+    pub offset: u64,
+    pub len: u64,
+    /// Bytes of the whole tensor.
+    pub total: u64,
+    /// Element size (the shuffle stride).
+    pub elem: u8,
+    /// CRC-32 of the chunk's bytes.
+    pub crc32: u32,
+    pub slot: Slot,
+}
+
+/// Which stream holds a captured tensor of a [`ClientMsg::PublishStreamed`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamRef {
+    /// Index in the record's tensors.
+    pub tensor: u32,
+    pub stream: u64,
 }
 
 /// Daemon to client.

@@ -9,6 +9,7 @@
 //! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use ttrace_format::ring::{tensor_offsets, Slot};
 use crate::cuda::{self, ErrScope};
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
-use crate::tracer::{self, Captured, Entry, Meta, Ticket};
+use crate::tracer::{self, Captured, ChunkEntry, Entry, Meta, Ticket};
 use crate::{graph, mode, stall, thread};
 
 /// An op about to be called.
@@ -39,7 +40,14 @@ pub struct Call {
 
 /// An op between [`begin`] and [`finish`].
 pub struct InFlight {
-    ticket: Ticket,
+    /// Its place in call order (`None` for a streamed op: taken at [`finish`], after its
+    /// chunks).
+    ticket: Option<Ticket>,
+    /// Per tensor, the stream its bytes go through in chunks (`Some` on every captured tensor
+    /// of a streamed op, filled as each is streamed).
+    streams: Vec<Option<u64>>,
+    /// Whether the op's tensors go through the ring in chunks.
+    streamed: bool,
     meta: Meta,
     plans: Vec<TensorPlan>,
     tensors: Vec<Tensor>,
@@ -62,7 +70,9 @@ impl InFlight {
     /// An op recorded into a CUDA graph (its ticket publishes nothing).
     fn recording(rec: graph::Recording) -> InFlight {
         InFlight {
-            ticket: Ticket::take(),
+            ticket: Some(Ticket::take()),
+            streams: Vec::new(),
+            streamed: false,
             meta: Meta {
                 api: "",
                 op: Op::Gap(ttrace_format::record::GapOp {
@@ -92,11 +102,20 @@ impl InFlight {
         }
     }
 
-    /// The ticket's number.
-    pub fn ticket(&self) -> u64 {
-        self.ticket.number()
+    /// The ticket's number (`None`: a streamed op takes its ticket when it finishes).
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket.as_ref().map(Ticket::number)
+    }
+
+    /// Whether the op's tensors are streamed in chunks: finishing it waits for the collector,
+    /// so an `ncclGroupEnd` finishes such ops after the others.
+    pub fn is_streamed(&self) -> bool {
+        self.streamed
     }
 }
+
+/// Numbers the process's streamed tensors.
+static NEXT_STREAM: AtomicU64 = AtomicU64::new(0);
 
 /// Serialises ring reservations (with their tickets) among the process's threads.
 static RESERVE: Mutex<()> = Mutex::new(());
@@ -149,13 +168,11 @@ pub fn begin(call: Call) -> Option<InFlight> {
         .filter(|t| t.captured)
         .map(|t| t.nbytes)
         .collect();
-    let (offs, mut total) = tensor_offsets(&sizes);
-    if total > session.ring.capacity() {
-        // Larger than the whole ring: metadata only (the tensors say so).
-        plans.iter_mut().for_each(|t| t.captured = false);
-        total = 0;
-    }
+    let (offs, total) = tensor_offsets(&sizes);
     let m = meta(call.api, call.op, call.stream_id, device);
+    if total > slot_limit(session.ring.capacity()) {
+        return Some(begin_streamed(session, m, plans, call.stream, device));
+    }
     let (ticket, slot) = if total > 0 {
         match reserve(session, total, None) {
             Some((t, s)) => (t, Some(s)),
@@ -196,7 +213,9 @@ pub fn begin(call: Call) -> Option<InFlight> {
     });
     let tensors = plans.iter().map(tensor_of).collect();
     let mut f = InFlight {
-        ticket,
+        ticket: Some(ticket),
+        streams: Vec::new(),
+        streamed: false,
         meta: m,
         plans,
         tensors,
@@ -251,6 +270,12 @@ pub fn finish(mut f: InFlight, ok: bool) {
         return graph::finish(*rec, ok);
     }
     let _err = ErrScope::new();
+    if f.streamed {
+        return finish_streamed(f, ok);
+    }
+    let Some(ticket) = f.ticket.take() else {
+        return;
+    };
     if ok && !mode::dead() {
         f.copy(When::After);
     }
@@ -261,7 +286,7 @@ pub fn finish(mut f: InFlight, ok: bool) {
             f.meta.api,
             format!("the device context failed (cudaError {code})"),
         );
-        f.ticket.push(Entry::Skip {
+        ticket.push(Entry::Skip {
             slot: None,
             event: None,
         });
@@ -279,7 +304,7 @@ pub fn finish(mut f: InFlight, ok: bool) {
                     f.meta.api,
                     format!("cannot record a completion event (cudaError {code})"),
                 );
-                f.ticket.push(Entry::Skip {
+                ticket.push(Entry::Skip {
                     slot: None,
                     event: None,
                 });
@@ -290,7 +315,7 @@ pub fn finish(mut f: InFlight, ok: bool) {
         None
     };
     if !ok {
-        f.ticket.push(Entry::Skip {
+        ticket.push(Entry::Skip {
             slot: f.slot,
             event,
         });
@@ -302,8 +327,9 @@ pub fn finish(mut f: InFlight, ok: bool) {
         offsets: f.offsets,
         slot: f.slot,
         event,
+        streams: Vec::new(),
     };
-    f.ticket.push(Entry::Capture(Box::new(c)));
+    ticket.push(Entry::Capture(Box::new(c)));
 }
 
 impl InFlight {
@@ -381,7 +407,7 @@ fn reserve_until(
 ) -> Option<(Ticket, Slot)> {
     let wait = Duration::from_millis(s.cfg.wait_ms).min(stall::remaining(s.cfg.max_stall_ms));
     let deadline = started + wait;
-    let deferred = thread::with(|t| t.deferred.iter().map(InFlight::ticket).min()).flatten();
+    let deferred = my_oldest_deferred();
     let mine = match (deferred, held) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -398,6 +424,270 @@ fn reserve_until(
             return None;
         }
         if mine.is_some_and(|m| tracer::waiting_for() == m) {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+/// The oldest ticket of this thread's deferred NCCL group: the tracer cannot get past it
+/// before the group ends, so no ring space can come while it waits there.
+fn my_oldest_deferred() -> Option<u64> {
+    thread::with(|t| t.deferred.iter().filter_map(InFlight::ticket).min()).flatten()
+}
+
+/// The most one record reserves in one slot (half the ring): larger snapshots are streamed in
+/// chunks, so that other records keep flowing beside them and no snapshot is too large.
+fn slot_limit(capacity: u64) -> u64 {
+    capacity / 2
+}
+
+/// Bytes of one chunk of a streamed tensor: a quarter of the ring, so that the device copies
+/// of one chunk overlap the collector's work on the previous ones.
+fn chunk_bytes(capacity: u64) -> u64 {
+    (capacity / 4 / ttrace_format::ring::ALIGN * ttrace_format::ring::ALIGN)
+        .max(ttrace_format::ring::ALIGN)
+}
+
+/// [`begin`] for an op whose tensors do not fit one slot: each captured tensor goes through
+/// the ring in chunks, the inputs the op overwrites now, the others after it (in [`finish`]).
+/// The record takes its ticket after its last chunk.
+fn begin_streamed(
+    s: &Session,
+    meta: Meta,
+    plans: Vec<TensorPlan>,
+    stream: cudaStream_t,
+    device: i32,
+) -> InFlight {
+    let tensors = plans
+        .iter()
+        .map(|t| Tensor {
+            role: t.role,
+            dtype: t.dtype,
+            strides: ttrace_format::record::packed_strides(&t.shape),
+            shape: t.shape.clone(),
+            ptr: t.ptr,
+            nbytes: t.nbytes,
+            captured: t.captured,
+            crc32: 0,
+        })
+        .collect();
+    let mut f = InFlight {
+        ticket: None,
+        streams: vec![None; plans.len()],
+        streamed: true,
+        meta,
+        offsets: vec![None; plans.len()],
+        plans,
+        tensors,
+        slot: None,
+        slot_ptr: 0,
+        stream: stream as usize,
+        device,
+        copied: false,
+        fatal: None,
+        nccl_comm: 0,
+        graph: None,
+    };
+    f.stream_all(s, When::Before);
+    f
+}
+
+/// [`finish`] for a streamed op.
+fn finish_streamed(mut f: InFlight, ok: bool) {
+    let Some(s) = session::get() else {
+        return;
+    };
+    if ok && !mode::dead() && f.fatal.is_none() {
+        f.stream_all(s, When::After);
+    }
+    if !ok || f.fatal.is_some() {
+        // The call failed: what was streamed before it goes.
+        for id in f.streams.iter().flatten() {
+            tracer::push(Entry::StreamAbort(*id));
+        }
+        return;
+    }
+    let c = Captured {
+        meta: f.meta,
+        tensors: f.tensors,
+        offsets: f.offsets,
+        slot: None,
+        event: None,
+        streams: f.streams,
+    };
+    Ticket::take().push(Entry::Capture(Box::new(c)));
+}
+
+impl InFlight {
+    /// Streams the captured tensors taken at `when`; a tensor that cannot be streamed whole
+    /// is left uncaptured, with a gap saying why.
+    fn stream_all(&mut self, s: &Session, when: When) {
+        for i in 0..self.plans.len() {
+            if !self.tensors[i].captured || self.plans[i].when != when {
+                continue;
+            }
+            match self.stream_tensor(s, i) {
+                Ok(id) => self.streams[i] = Some(id),
+                Err(detail) => {
+                    self.tensors[i].captured = false;
+                    let m = Meta {
+                        t_call_ns: tracer::now_ns(),
+                        ..self.meta.clone()
+                    };
+                    gap(m, GapReason::RingFull, self.plans[i].nbytes, detail);
+                }
+            }
+        }
+    }
+
+    /// Copies tensor `i` into the ring chunk by chunk, each chunk on the op's stream with an
+    /// event after it, handed to the tracer under a ticket of its own. Waiting for space is
+    /// waiting for the collector to take earlier chunks.
+    fn stream_tensor(&mut self, s: &Session, i: usize) -> Result<u64, String> {
+        let id = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
+        let p = &self.plans[i];
+        let (total, chunk) = (p.nbytes, chunk_bytes(s.ring.capacity()));
+        let stream = self.stream as cudaStream_t;
+        let (mut offset, mut index) = (0u64, 0u32);
+        let abort = |index: u32, why: String| {
+            if index > 0 {
+                tracer::push(Entry::StreamAbort(id));
+            }
+            Err(why)
+        };
+        while offset < total {
+            let len = chunk.min(total - offset);
+            let Some((ticket, slot)) = reserve_chunk(s, len) else {
+                return abort(
+                    index,
+                    format!(
+                        "streaming a {total}-byte tensor: no ring space for chunk {index} \
+                         ({len} bytes) while the collector released nothing for \
+                         TTRACE_WAIT_MS={} ms (or the TTRACE_MAX_STALL_MS={} ms budget ran out)",
+                        s.cfg.wait_ms, s.cfg.max_stall_ms
+                    ),
+                );
+            };
+            // SAFETY: the slot was just reserved by this thread; only its address is taken.
+            let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
+            let mut refused = None;
+            for c in p.source.copies_range(offset, len) {
+                let r = match c {
+                    Copy::Linear { dst, src, len } => {
+                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
+                    }
+                    Copy::Pitched {
+                        dst,
+                        src,
+                        spitch,
+                        width,
+                        height,
+                    } => cuda::copy_pitched(
+                        (base + dst as usize) as *mut u8,
+                        src,
+                        spitch,
+                        width,
+                        height,
+                        stream,
+                    ),
+                };
+                if let Err(code) = r {
+                    refused = Some(code);
+                    break;
+                }
+            }
+            if let Some(code) = refused.filter(|c| cuda::is_fatal(*c)) {
+                // The context failed: nothing more can be taken, the slot is never reused.
+                self.fatal = Some(code);
+                crate::fault(
+                    self.meta.api,
+                    format!("the device context failed (cudaError {code})"),
+                );
+                ticket.push(Entry::Skip {
+                    slot: None,
+                    event: None,
+                });
+                return abort(index, format!("cudaError {code}"));
+            }
+            let event = match cuda::event_get(self.device)
+                .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
+            {
+                Ok(ev) => ev,
+                Err(code) => {
+                    crate::fault(
+                        self.meta.api,
+                        format!("cannot record a completion event (cudaError {code})"),
+                    );
+                    ticket.push(Entry::Skip {
+                        slot: None,
+                        event: None,
+                    });
+                    return abort(index, format!("cudaError {code}"));
+                }
+            };
+            if let Some(code) = refused {
+                ticket.push(Entry::Skip {
+                    slot: Some(slot),
+                    event: Some(event),
+                });
+                return abort(
+                    index,
+                    format!("the runtime refused a snapshot copy (cudaError {code})"),
+                );
+            }
+            ticket.push(Entry::Chunk(Box::new(ChunkEntry {
+                stream: id,
+                index,
+                offset,
+                len,
+                total,
+                elem: p.dtype.size() as u8,
+                slot,
+                event,
+            })));
+            offset += len;
+            index += 1;
+        }
+        Ok(id)
+    }
+}
+
+/// Reserves a chunk's slot. The wait ends when the collector, owing published slots, has
+/// released nothing for `TTRACE_WAIT_MS` (or what is left of the stall budget): only such
+/// periods are charged to the budget. Waiting while it keeps releasing is the capture's
+/// throughput, and waiting while the device still runs the op (an output's chunks follow it
+/// on its stream) is the op's own time: neither is a stall.
+fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
+    let wait = Duration::from_millis(s.cfg.wait_ms);
+    let mine = my_oldest_deferred();
+    let mut tail = s.ring.tail();
+    let mut idle_since = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        {
+            let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
+                return Some((Ticket::take(), slot));
+            }
+        }
+        let now = Instant::now();
+        let t = s.ring.tail();
+        // Only the daemon sitting on published slots is a stall: while the device runs the
+        // op (an after-copy waits for it) or the tracer waits for a chunk's copy, nothing is
+        // owed yet.
+        if t != tail || !tracer::daemon_owes(s.ring) {
+            (tail, idle_since) = (t, now);
+        }
+        let idle = now - idle_since;
+        if mode::dead() || idle >= wait.min(stall::remaining(s.cfg.max_stall_ms)) {
+            stall::charge(idle);
+            return None;
+        }
+        let at = tracer::waiting_for();
+        if at == u64::MAX || mine.is_some_and(|m| at == m) {
+            // The tracer stopped, or waits for this thread's own deferred group.
             return None;
         }
         std::thread::sleep(pause);

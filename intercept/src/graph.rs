@@ -548,6 +548,9 @@ fn publish(
         offsets: t.offsets.clone(),
         slot,
         event,
+        // A replay's tensors go through its slot: ops too large for the ring are metadata
+        // only in a graph (their copy nodes cannot be chunked per launch).
+        streams: Vec::new(),
     })));
 }
 

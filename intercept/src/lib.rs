@@ -34,6 +34,7 @@ mod collector;
 mod comms;
 mod cuda;
 mod engine;
+mod fatal;
 mod graph;
 mod hooks;
 mod identity;

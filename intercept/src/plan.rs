@@ -94,6 +94,67 @@ impl Source {
             })
             .collect()
     }
+
+    /// The copies that bring packed bytes `start..start + len` into a buffer of `len` bytes
+    /// (`dst` relative to `start`): how a tensor larger than a ring slot is taken in chunks.
+    /// Whole rows of a block become one copy; a range that starts or ends inside a row copies
+    /// that part of the row on its own.
+    pub fn copies_range(&self, start: u64, len: u64) -> Vec<Copy> {
+        let (w, h, b) = (self.width, self.height, self.batch);
+        let end = start.saturating_add(len).min(self.bytes());
+        if w == 0 || h == 0 || b == 0 || start >= end {
+            return Vec::new();
+        }
+        let block = w * h;
+        let contiguous = (h == 1 || self.spitch == w) && (b == 1 || self.bstride == block);
+        if contiguous {
+            return vec![Copy::Linear {
+                dst: 0,
+                src: self.src.wrapping_add(start),
+                len: end - start,
+            }];
+        }
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            let (blk, in_block) = (at / block, at % block);
+            let (row, col) = (in_block / w, in_block % w);
+            let row_src = self
+                .src
+                .wrapping_add(blk * self.bstride)
+                .wrapping_add(row * self.spitch);
+            let dst = at - start;
+            if col != 0 || end - at < w {
+                // Part of one row.
+                let n = (w - col).min(end - at);
+                out.push(Copy::Linear {
+                    dst,
+                    src: row_src.wrapping_add(col),
+                    len: n,
+                });
+                at += n;
+                continue;
+            }
+            let rows = (h - row).min((end - at) / w);
+            out.push(if rows == 1 || self.spitch == w {
+                Copy::Linear {
+                    dst,
+                    src: row_src,
+                    len: rows * w,
+                }
+            } else {
+                Copy::Pitched {
+                    dst,
+                    src: row_src,
+                    spitch: self.spitch,
+                    width: w,
+                    height: rows,
+                }
+            });
+            at += rows * w;
+        }
+        out
+    }
 }
 
 /// One copy into a tensor's place in the slot (`dst` relative to it).
@@ -447,6 +508,77 @@ mod tests {
             )
             .captured
         );
+    }
+
+    /// Packs `src` (a fake device memory) the way the copies say, into `len` bytes.
+    fn run_copies(mem: &[u8], copies: &[Copy], len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; len as usize];
+        for c in copies {
+            match *c {
+                Copy::Linear { dst, src, len } => out[dst as usize..(dst + len) as usize]
+                    .copy_from_slice(&mem[src as usize..(src + len) as usize]),
+                Copy::Pitched {
+                    dst,
+                    src,
+                    spitch,
+                    width,
+                    height,
+                } => {
+                    for r in 0..height {
+                        let (d, s) = ((dst + r * width) as usize, (src + r * spitch) as usize);
+                        out[d..d + width as usize].copy_from_slice(&mem[s..s + width as usize]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Chunks of any size, cut anywhere, reassemble into exactly the packed tensor, for
+    /// contiguous, pitched and strided-batch layouts.
+    #[test]
+    fn any_chunking_of_a_source_reassembles_the_packed_bytes() {
+        let mem: Vec<u8> = (0..4096u32).map(|i| (i * 13 + i / 7) as u8).collect();
+        let layouts = [
+            Source::linear(5, 1000),
+            Source {
+                src: 3,
+                spitch: 48,
+                width: 40,
+                height: 20,
+                batch: 1,
+                bstride: 0,
+            },
+            Source {
+                src: 0,
+                spitch: 16,
+                width: 10,
+                height: 6,
+                batch: 5,
+                bstride: 200,
+            },
+            Source {
+                src: 64,
+                spitch: 12,
+                width: 12,
+                height: 4,
+                batch: 3,
+                bstride: 0,
+            },
+        ];
+        for src in layouts {
+            let whole = run_copies(&mem, &src.copies(), src.bytes());
+            for chunk in [1u64, 7, 10, 33, 64, 128, 999, 5000] {
+                let mut got = Vec::new();
+                let mut at = 0;
+                while at < src.bytes() {
+                    let len = chunk.min(src.bytes() - at);
+                    got.extend(run_copies(&mem, &src.copies_range(at, len), len));
+                    at += len;
+                }
+                assert_eq!(got, whole, "{src:?} in chunks of {chunk}");
+            }
+        }
     }
 
     #[test]

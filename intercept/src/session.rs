@@ -222,6 +222,7 @@ fn start() -> Result<Session, String> {
     // SAFETY: `on_exit` is an extern "C" fn without arguments, registered once, from the first
     // capturing call: after the runtime registered its own teardown, so ours runs first.
     unsafe { libc::atexit(on_exit) };
+    crate::fatal::install();
     Ok(Session {
         ring,
         cfg,

@@ -17,7 +17,7 @@ use ttrace_format::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, Op, Record, Role, Tensor,
 };
 use ttrace_format::ring::{tensor_offsets, Ring, Slot};
-use ttrace_format::wire::{ClientMsg, CommInfo};
+use ttrace_format::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
@@ -48,6 +48,24 @@ pub struct Captured {
     pub slot: Option<Slot>,
     /// Completes after the op and every copy.
     pub event: Option<Event>,
+    /// Per tensor, the stream its bytes went through in chunks (then `slot` is `None`).
+    pub streams: Vec<Option<u64>>,
+}
+
+/// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
+#[derive(Debug)]
+pub struct ChunkEntry {
+    pub stream: u64,
+    pub index: u32,
+    /// Where the chunk starts in the tensor.
+    pub offset: u64,
+    pub len: u64,
+    /// Bytes of the tensor.
+    pub total: u64,
+    pub elem: u8,
+    pub slot: Slot,
+    /// Completes after the chunk's copies.
+    pub event: Event,
 }
 
 /// What a ticket stands for.
@@ -63,6 +81,10 @@ pub enum Entry {
         event: Option<Event>,
     },
     Comm(CommInfo),
+    /// A chunk of a streamed tensor: published as soon as its copies completed.
+    Chunk(Box<ChunkEntry>),
+    /// A stream given up before its last chunk.
+    StreamAbort(u64),
     /// A step mark: `ttrace_step()` or an NVTX range or mark with this name.
     Mark {
         api: bool,
@@ -88,6 +110,9 @@ static DRAIN_DEADLINE: Mutex<Option<Instant>> = Mutex::new(None);
 static FINISHED: Mutex<bool> = Mutex::new(false);
 static FINISHED_CV: Condvar = Condvar::new();
 static RUNNING: AtomicBool = AtomicBool::new(false);
+/// The process is dying of a signal: the drain publishes what it can but says no `Bye`, so
+/// the store records a crash.
+static DYING: AtomicBool = AtomicBool::new(false);
 
 /// A place in host call order. Dropped without [`Ticket::push`] (a panic), it becomes a skip,
 /// so the tracer never waits for it forever.
@@ -132,12 +157,30 @@ impl Drop for Ticket {
     }
 }
 
+/// The ring whose header counts the snapshots taken (set when the tracer starts).
+static COUNTED: std::sync::OnceLock<&'static Ring> = std::sync::OnceLock::new();
+
 fn put(n: u64, e: Entry) {
+    if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
+        // Taken: from here on the daemon accounts for it (published, dropped or lost).
+        if let Some(r) = COUNTED.get() {
+            r.note_taken();
+        }
+    }
     FIFO.entries
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(n, e);
     FIFO.cv.notify_all();
+}
+
+/// End of the last slot the tracer published (the daemon owes releases up to it).
+static PUBLISHED_END: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the daemon holds published slots it has not released yet: a producer waiting for
+/// space then waits on the daemon (as opposed to the device or the tracer).
+pub fn daemon_owes(ring: &Ring) -> bool {
+    PUBLISHED_END.load(Ordering::Acquire) > ring.tail()
 }
 
 /// The ticket the tracer is waiting for.
@@ -188,6 +231,12 @@ fn drain_deadline_passed() -> bool {
         .is_some_and(|d| Instant::now() >= d)
 }
 
+/// On a fatal signal: [`shutdown`] without `Bye` (the process did not exit normally).
+pub fn shutdown_dying(grace: Duration) {
+    DYING.store(true, Ordering::Release);
+    shutdown(grace);
+}
+
 /// At exit: lets the tracer publish everything called so far (bounded by `grace`), send `Bye`,
 /// and waits for it.
 pub fn shutdown(grace: Duration) {
@@ -215,6 +264,16 @@ pub fn shutdown(grace: Duration) {
 struct Pending {
     record: Record,
     slot: Option<Slot>,
+    /// The streams of its streamed tensors.
+    streams: Vec<StreamRef>,
+}
+
+/// A stream's progress as its chunks are published.
+#[derive(Default)]
+struct StreamState {
+    crc: crc32fast::Hasher,
+    bytes: u64,
+    failed: bool,
 }
 
 /// Starts the tracer thread.
@@ -224,6 +283,7 @@ pub fn start(
     cfg: &'static CaptureConfig,
 ) -> Result<(), String> {
     RUNNING.store(true, Ordering::Release);
+    let _ = COUNTED.set(ring);
     std::thread::Builder::new()
         .name("ttrace-tracer".into())
         .spawn(move || {
@@ -233,6 +293,7 @@ pub fn start(
                 cfg,
                 steps: Steps::new(cfg.step_rule.clone()),
                 seq: HashMap::new(),
+                streams: HashMap::new(),
                 records: 0,
                 gaps: 0,
                 published_end: 0,
@@ -256,6 +317,7 @@ struct Tracer {
     cfg: &'static CaptureConfig,
     steps: Steps<Pending>,
     seq: HashMap<(u32, u64), u64>,
+    streams: HashMap<u64, StreamState>,
     records: u64,
     gaps: u64,
     /// End of the last slot published (the daemon releases up to it).
@@ -288,11 +350,13 @@ impl Tracer {
             for (p, s) in out {
                 self.publish(p, s);
             }
-            let bye = ClientMsg::Bye {
-                records: self.records,
-                gaps: self.gaps,
-            };
-            let _ = self.client.send(&bye);
+            if !DYING.load(Ordering::Acquire) {
+                let bye = ClientMsg::Bye {
+                    records: self.records,
+                    gaps: self.gaps,
+                };
+                let _ = self.client.send(&bye);
+            }
         }
         AT.store(u64::MAX, Ordering::Release);
     }
@@ -302,7 +366,7 @@ impl Tracer {
             Entry::Capture(c) => self.captured(*c),
             Entry::Gap(meta) => {
                 let rec = record(*meta, Vec::new());
-                self.feed(rec, None, Class::Other);
+                self.feed(rec, None, Vec::new(), Class::Other);
             }
             Entry::Skip { slot, event } => {
                 if let Some(ev) = event {
@@ -313,6 +377,12 @@ impl Tracer {
                 }
             }
             Entry::Comm(info) => self.send(&ClientMsg::Comm(info)),
+            Entry::Chunk(c) => self.chunk(*c),
+            Entry::StreamAbort(id) => {
+                if self.streams.remove(&id).is_some() {
+                    self.send(&ClientMsg::StreamAbort { stream: id });
+                }
+            }
             Entry::Mark { api, name } => self.steps.mark(api, name.as_deref()),
         }
     }
@@ -360,9 +430,10 @@ impl Tracer {
             }
         }
         let Some(slot) = c.slot else {
+            let streams = self.streamed(&mut c.tensors, &c.streams);
             let class = classify(c.meta.api, &c.meta.op, &c.tensors);
             let rec = record(c.meta, c.tensors);
-            return self.feed(rec, None, class);
+            return self.feed(rec, None, streams, class);
         };
         // SAFETY: the slot belongs to the tracer until it is published; its copies completed.
         let bytes = unsafe { self.ring.slot_bytes(&slot) };
@@ -392,19 +463,100 @@ impl Tracer {
         let rec = record(c.meta, c.tensors);
         if k == 0 {
             self.skip_slot(slot);
-            self.feed(rec, None, class);
+            self.feed(rec, None, Vec::new(), class);
         } else {
-            self.feed(rec, Some(slot), class);
+            self.feed(rec, Some(slot), Vec::new(), class);
         }
     }
 
-    fn feed(&mut self, mut record: Record, slot: Option<Slot>, class: Class) {
+    /// Publishes a chunk of a streamed tensor once its copies completed, and adds it to the
+    /// stream's CRC-32.
+    fn chunk(&mut self, c: ChunkEntry) {
+        let stream = c.stream;
+        if let Err(code) = self.wait(c.event) {
+            if code == cuda_abi::cudart::cudaErrorNotReady {
+                crate::log::warn(
+                    "a streamed tensor's chunk still in flight at exit, not published",
+                );
+                self.broken = true;
+                return;
+            }
+            crate::fault(
+                "ttrace",
+                format!(
+                    "a streamed tensor's chunk did not complete on the device (cudaError {code})"
+                ),
+            );
+            self.skip_slot(c.slot);
+            self.streams.entry(stream).or_default().failed = true;
+            return;
+        }
+        // SAFETY: the slot belongs to the tracer until it is published; its copies completed.
+        let bytes = unsafe { self.ring.slot_bytes(&c.slot) };
+        let crc32 = crc32fast::hash(&bytes[..c.len as usize]);
+        let st = self.streams.entry(stream).or_default();
+        if st.failed {
+            self.skip_slot(c.slot);
+            return;
+        }
+        st.crc.update(&bytes[..c.len as usize]);
+        st.bytes += c.len;
+        self.published_end = self.published_end.max(c.slot.end);
+        PUBLISHED_END.fetch_max(c.slot.end, Ordering::AcqRel);
+        self.send(&ClientMsg::Chunk(Chunk {
+            stream,
+            index: c.index,
+            offset: c.offset,
+            len: c.len,
+            total: c.total,
+            elem: c.elem,
+            crc32,
+            slot: c.slot,
+        }));
+    }
+
+    /// Resolves a record's streamed tensors: complete ones get the CRC-32 of all their
+    /// chunks, the others are metadata only (their stream is dropped by the daemon).
+    fn streamed(&mut self, tensors: &mut [Tensor], streams: &[Option<u64>]) -> Vec<StreamRef> {
+        let mut refs = Vec::new();
+        for (i, (t, s)) in tensors.iter_mut().zip(streams).enumerate() {
+            let Some(id) = *s else { continue };
+            let st = self.streams.remove(&id).unwrap_or_default();
+            if t.captured && !st.failed && st.bytes == t.nbytes {
+                t.crc32 = st.crc.finalize();
+                refs.push(StreamRef {
+                    tensor: i as u32,
+                    stream: id,
+                });
+            } else {
+                t.captured = false;
+                t.crc32 = 0;
+                if st.bytes > 0 {
+                    self.send(&ClientMsg::StreamAbort { stream: id });
+                }
+            }
+        }
+        refs
+    }
+
+    fn feed(
+        &mut self,
+        mut record: Record,
+        slot: Option<Slot>,
+        streams: Vec<StreamRef>,
+        class: Class,
+    ) {
         record.t_done_ns = now_ns();
         let mut out = Vec::new();
-        self.steps
-            .push(Pending { record, slot }, class, &mut |p, s| {
-                out.push((p, s))
-            });
+        self.steps.push(
+            Pending {
+                record,
+                slot,
+                streams,
+            },
+            class,
+            &mut |p, s| out.push((p, s)),
+        );
         for (p, s) in out {
             self.publish(p, s);
         }
@@ -423,6 +575,10 @@ impl Tracer {
             if let Some(s) = p.slot {
                 self.skip_slot(s);
             }
+            for r in &p.streams {
+                self.send(&ClientMsg::StreamAbort { stream: r.stream });
+            }
+            self.ring.note_dropped();
             return;
         }
         let mut record = p.record;
@@ -439,11 +595,20 @@ impl Tracer {
         }
         if let Some(s) = p.slot {
             self.published_end = self.published_end.max(s.end);
+            PUBLISHED_END.fetch_max(s.end, Ordering::AcqRel);
         }
-        self.send(&ClientMsg::Publish {
-            record: Box::new(record),
-            slot: p.slot,
-        });
+        let msg = if p.streams.is_empty() {
+            ClientMsg::Publish {
+                record: Box::new(record),
+                slot: p.slot,
+            }
+        } else {
+            ClientMsg::PublishStreamed {
+                record: Box::new(record),
+                streams: p.streams,
+            }
+        };
+        self.send(&msg);
     }
 
     fn send(&mut self, msg: &ClientMsg) {

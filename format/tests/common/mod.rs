@@ -295,6 +295,9 @@ pub fn write_store(run: &Path, ranks: u32, steps: u64, n: u64) -> BTreeMap<(u32,
             bytes_raw: 0,
             bytes_stored: 0,
             clean_exit: true,
+            taken: 0,
+            unpublished: 0,
+            unpublished_after: None,
         };
         for step in 0..steps {
             let made = records(rank, step, n, ranks);

@@ -397,12 +397,16 @@ fn close_group(r: ncclResult_t, launched: bool) {
         deferred.into_iter().for_each(|f| engine::finish(f, false));
         return;
     };
-    for f in deferred {
-        if launched {
-            complete(f, r);
-        } else {
-            engine::finish(f, false);
-        }
+    if !launched {
+        deferred.into_iter().for_each(|f| engine::finish(f, false));
+        return;
+    }
+    // Streamed snapshots wait for the collector to take their chunks, which it can only once
+    // the group's other snapshots (earlier tickets) are handed in: those go first.
+    let (streamed, plain): (Vec<_>, Vec<_>) =
+        deferred.into_iter().partition(InFlight::is_streamed);
+    for f in plain.into_iter().chain(streamed) {
+        complete(f, r);
     }
 }
 

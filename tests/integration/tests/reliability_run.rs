@@ -180,7 +180,7 @@ fn inherited_ttrace_variables_never_diverge_from_the_manifest() {
             "{k}: the command's value is the manifest's"
         );
     }
-    assert_eq!(m.env["TTRACE_MAX_TENSOR_BYTES"], "268435456");
+    assert_eq!(m.env["TTRACE_MAX_TENSOR_BYTES"], (64u64 << 30).to_string());
 }
 
 /// Row 16: a command that could not be started leaves no store behind, so the same `--out`

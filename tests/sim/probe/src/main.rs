@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+mod big;
 mod capture;
 mod collectives;
 mod gemm;
@@ -76,6 +77,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "traced",
         "programs for the capture tests: memcpy|gemm|nccl|graph|errors|steps",
         capture::traced,
+    ),
+    (
+        "big",
+        "programs for streamed capture and crash accounting: copy|allreduce BYTES, crash HOW",
+        big::big,
     ),
     (
         "ksplit",

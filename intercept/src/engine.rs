@@ -3,8 +3,8 @@
 //! [`begin`] (before the real call): hands an op on a stream under graph capture to
 //! [`graph`](crate::graph) (snapshotted at each replay), applies the selection (inputs, size
 //! cap), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
-//! `TTRACE_WAIT_MS`, else a `RingFull` gap), and enqueues the copies of inputs the op
-//! overwrites. [`finish`] (after it): enqueues the other copies on the
+//! `TTRACE_WAIT_MS`, else a `RingFull` gap) or, for tensors above half the ring, streams them
+//! through it in chunks, and enqueues the copies of inputs the op overwrites. [`finish`] (after it): enqueues the other copies on the
 //! op's stream, records a pooled event after them and hands the entry to the tracer. NCCL ops
 //! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
@@ -233,8 +233,8 @@ pub fn begin(call: Call) -> Option<InFlight> {
     Some(f)
 }
 
-/// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`), the size cap,
-/// and the ring (an op larger than the whole ring is metadata only).
+/// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`) and the size cap
+/// (`--max-tensor-bytes`).
 pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
     let cfg = session.cfg;
     for t in plans.iter_mut() {
@@ -242,6 +242,11 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
             t.captured = false;
         }
     }
+}
+
+/// Keeps an op's tensors only if they fit the ring in one slot (metadata only otherwise): for
+/// snapshots that cannot be streamed in chunks (a graph replay's copy nodes are fixed).
+pub(crate) fn fit_one_slot(session: &Session, plans: &mut [TensorPlan]) {
     let total: u64 = plans.iter().filter(|t| t.captured).map(|t| t.nbytes).sum();
     if total > session.ring.capacity() {
         plans.iter_mut().for_each(|t| t.captured = false);

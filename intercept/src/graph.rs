@@ -133,6 +133,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
     };
     let mut plans = call.tensors;
     engine::select(s, &mut plans);
+    engine::fit_one_slot(s, &mut plans);
     let sizes: Vec<u64> = plans
         .iter()
         .filter(|t| t.captured)

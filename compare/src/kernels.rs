@@ -69,26 +69,40 @@ fn row_sums_with(x: &[f32], y: &[f32], load: impl Fn(f32) -> f32 + Copy) -> (f64
     let mut d = [0f64; LANES];
     let mut yy = [0f64; LANES];
     let mut xx = [0f64; LANES];
-    let mut step = |l: usize, a: f32, b: f32| {
-        let (a, b) = (load(a) as f64, b as f64);
-        // Equal infinities differ by nothing (a select, not a branch).
-        let e = if a == b { 0.0 } else { a - b };
-        d[l] += e * e;
-        yy[l] += b * b;
-        xx[l] += a * a;
-    };
     let xc = x.chunks_exact(LANES);
     let yc = y.chunks_exact(LANES);
     let (xr, yr) = (xc.remainder(), yc.remainder());
     for (xa, ya) in xc.zip(yc) {
+        // Straight-line lanes over fixed-size arrays: no bounds checks, no branches, so the
+        // compiler keeps the accumulators in vector registers.
+        let (Ok(xa), Ok(ya)) = (<&[f32; LANES]>::try_from(xa), <&[f32; LANES]>::try_from(ya))
+        else {
+            continue;
+        };
         for l in 0..LANES {
-            step(l, xa[l], ya[l]);
+            let (a, b) = (load(xa[l]) as f64, ya[l] as f64);
+            let e = diff(a, b);
+            d[l] += e * e;
+            yy[l] += b * b;
+            xx[l] += a * a;
         }
     }
     for (l, (&a, &b)) in xr.iter().zip(yr).enumerate() {
-        step(l, a, b);
+        let (a, b) = (load(a) as f64, b as f64);
+        let e = diff(a, b);
+        d[l] += e * e;
+        yy[l] += b * b;
+        xx[l] += a * a;
     }
     (lanes_total(&d), lanes_total(&yy), lanes_total(&xx))
+}
+
+/// `a - b`, and 0 for equal values (equal infinities differ by nothing): a mask, not a
+/// branch, so that it vectorizes.
+#[inline(always)]
+fn diff(a: f64, b: f64) -> f64 {
+    let keep = u64::from(a != b).wrapping_neg();
+    f64::from_bits((a - b).to_bits() & keep)
 }
 
 /// Sum of the lanes, pairwise (a fixed order).

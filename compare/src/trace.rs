@@ -382,6 +382,27 @@ pub fn to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, CompareError> {
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
             .collect());
     }
+    // The common types straight to f32, in one pass (exact, as widening is).
+    let pairs = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+    match dtype {
+        DType::F32 if bytes.len().is_multiple_of(4) => {
+            return Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        }
+        DType::BF16 if bytes.len().is_multiple_of(2) => {
+            return Ok(pairs()
+                .map(|p| half::bf16::from_le_bytes(p).to_f32())
+                .collect())
+        }
+        DType::F16 if bytes.len().is_multiple_of(2) => {
+            return Ok(pairs()
+                .map(|p| half::f16::from_le_bytes(p).to_f32())
+                .collect())
+        }
+        _ => {}
+    }
     let mut wide = Vec::new();
     widen_f32_into(dtype, bytes, &mut wide).map_err(|e| CompareError::Record(e.to_string()))?;
     Ok(wide
@@ -409,6 +430,40 @@ pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decoding_to_f32_is_exact_for_every_float_type() {
+        // Every bit pattern of the 8- and 16-bit types, and a few f32 values.
+        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let every8: Vec<u8> = (0..=u8::MAX).collect();
+        let f32s: Vec<u8> = [0.0f32, -0.0, 1.0, -2.5, 1e-40, f32::INFINITY, f32::NAN]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        for (dtype, bytes) in [
+            (DType::F32, &f32s),
+            (DType::BF16, &every16),
+            (DType::F16, &every16),
+            (DType::F8_E4M3, &every8),
+        ] {
+            let mut wide = Vec::new();
+            widen_f32_into(dtype, bytes, &mut wide).expect("widens");
+            let want: Vec<u32> = wide
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let got: Vec<u32> = to_f32(dtype, bytes)
+                .expect("decodes")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert!(got == want, "{dtype:?} decodes otherwise than it widens");
+        }
+        assert!(
+            to_f32(DType::BF16, &[0]).is_err(),
+            "a torn element is an error"
+        );
+    }
 
     #[test]
     fn open_segments_stay_within_their_budget_least_recently_read_closed_first() {

@@ -53,6 +53,10 @@ pub struct CompareArgs {
     /// uncaptured code), `1/dp` (averaged sum-loss gradients), or a number.
     #[arg(long, value_name = "SCALE")]
     dp_reduction_scale: Option<String>,
+    /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed as the comparison
+    /// moves on, so memory does not grow with the number of steps and ranks.
+    #[arg(long, value_name = "BYTES")]
+    memory: Option<String>,
     /// Write the full report as JSON to FILE (`-`: stdout, instead of the text).
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -90,6 +94,38 @@ fn parse_steps(s: &str) -> anyhow::Result<Vec<(u64, u64)>> {
     Ok(out)
 }
 
+/// Parses a size: bytes, or a number with K, M, G or T (powers of 1024; `B`/`iB` after the
+/// letter are accepted).
+fn parse_bytes(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => anyhow::bail!("--memory: `{s}`: unknown unit `{c}` (K, M, G or T)"),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--memory: `{s}` is not a size like 512M or 2G"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !(bytes.is_finite() && bytes >= (16u64 << 20) as f64) {
+        anyhow::bail!("--memory: `{s}`: at least 16M");
+    }
+    Ok(bytes as u64)
+}
+
 /// Runs the comparison; returns the exit status (0 match, 1 divergence).
 pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     let opts = CompareOptions {
@@ -107,6 +143,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
             .map(DpScale::parse)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--dp-reduction-scale: {e}"))?,
+        memory: args.memory.as_deref().map(parse_bytes).transpose()?,
     };
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -155,5 +192,15 @@ mod tests {
         );
         assert!(parse_steps("2-1").is_err());
         assert!(parse_steps("x").unwrap_err().to_string().contains("`x`"));
+    }
+
+    #[test]
+    fn memory_budgets_parse_with_units() {
+        assert_eq!(parse_bytes("512M").expect("valid"), 512 << 20);
+        assert_eq!(parse_bytes("2GiB").expect("valid"), 2 << 30);
+        assert_eq!(parse_bytes("1.5G").expect("valid"), 3 << 29);
+        assert_eq!(parse_bytes("100000000").expect("valid"), 100_000_000);
+        assert!(parse_bytes("1M").is_err(), "below the floor");
+        assert!(parse_bytes("3X").unwrap_err().to_string().contains("unit"));
     }
 }

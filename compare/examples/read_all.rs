@@ -7,14 +7,16 @@
 //! ```
 //!
 //! Prints one line per store and a total line, `total: stores S records R tensors T
-//! raw_bytes B stored_bytes C seconds X`, with B the decoded bytes. Single-threaded, like
-//! `ttrace compare`. Exits 1 when a record or tensor could not be read (after reading the
-//! rest), 2 on usage errors.
+//! raw_bytes B stored_bytes C seconds X`, with B the decoded bytes. Segments are read in
+//! parallel on every core, as `ttrace compare` uses them (`RAYON_NUM_THREADS=1`: one).
+//! Exits 1 when a record or tensor could not be read (after reading the rest), 2 on usage
+//! errors.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use rayon::prelude::*;
 use ttrace_format::reader::Store;
 
 /// What was read from one store (or from all of them).
@@ -37,52 +39,76 @@ impl Totals {
     }
 }
 
-/// Decodes every captured tensor of the store at `root`, reusing the two buffers.
-fn read_store(root: &Path, scratch: &mut Vec<u8>, out: &mut Vec<u8>) -> Totals {
-    let mut t = Totals::default();
+/// Decodes every captured tensor of the store at `root`, its segments in parallel.
+fn read_store(root: &Path) -> Totals {
     let store = match Store::open(root) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("read_all: {}: {e}", root.display());
+            return Totals {
+                errors: 1,
+                ..Totals::default()
+            };
+        }
+    };
+    let segments: Vec<(u32, u64)> = store
+        .ranks()
+        .into_iter()
+        .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
+        .collect();
+    segments
+        .par_iter()
+        // Two buffers per thread, reused: the benchmark measures decoding, not the allocator.
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(scratch, out), &(rank, step)| read_segment(&store, rank, step, scratch, out),
+        )
+        .reduce(Totals::default, |mut a, b| {
+            a.add(&b);
+            a
+        })
+}
+
+/// Decodes every captured tensor of one segment.
+fn read_segment(
+    store: &Store,
+    rank: u32,
+    step: u64,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Totals {
+    let mut t = Totals::default();
+    let seg = match store.open_segment(rank, step) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("read_all: {e}");
             t.errors += 1;
             return t;
         }
     };
-    for rank in store.ranks() {
-        for step in store.steps(rank) {
-            let seg = match store.open_segment(rank, step) {
-                Ok(s) => s,
+    for view in seg.records() {
+        let view = match view {
+            Ok(v) => v,
+            Err(issue) => {
+                eprintln!("read_all: {issue}");
+                t.errors += 1;
+                continue;
+            }
+        };
+        t.records += 1;
+        for i in 0..view.record.tensors.len() {
+            if !view.is_captured(i) {
+                continue;
+            }
+            t.stored_bytes += view.stored_len(i).unwrap_or(0);
+            match view.tensor_bytes_into(i, scratch, out) {
+                Ok(()) => {
+                    t.tensors += 1;
+                    t.raw_bytes += out.len() as u64;
+                }
                 Err(e) => {
                     eprintln!("read_all: {e}");
                     t.errors += 1;
-                    continue;
-                }
-            };
-            for view in seg.records() {
-                let view = match view {
-                    Ok(v) => v,
-                    Err(issue) => {
-                        eprintln!("read_all: {issue}");
-                        t.errors += 1;
-                        continue;
-                    }
-                };
-                t.records += 1;
-                for i in 0..view.record.tensors.len() {
-                    if !view.is_captured(i) {
-                        continue;
-                    }
-                    t.stored_bytes += view.stored_len(i).unwrap_or(0);
-                    match view.tensor_bytes_into(i, scratch, out) {
-                        Ok(()) => {
-                            t.tensors += 1;
-                            t.raw_bytes += out.len() as u64;
-                        }
-                        Err(e) => {
-                            eprintln!("read_all: {e}");
-                            t.errors += 1;
-                        }
-                    }
                 }
             }
         }
@@ -103,13 +129,11 @@ fn main() -> ExitCode {
         eprintln!("usage: read_all STORE...");
         return ExitCode::from(2);
     }
-    // Allocated once: the benchmark measures decoding, not the allocator.
-    let (mut scratch, mut out) = (Vec::new(), Vec::new());
     let mut total = Totals::default();
     let started = Instant::now();
     for s in &stores {
         let t0 = Instant::now();
-        let t = read_store(Path::new(s), &mut scratch, &mut out);
+        let t = read_store(Path::new(s));
         println!("{s}: {}", line(&t, t0.elapsed().as_secs_f64()));
         total.add(&t);
     }

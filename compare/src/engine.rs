@@ -36,6 +36,20 @@ pub struct CompareOptions {
     /// What a data-parallel gradient reduction's output must be, relative to the reference's
     /// gradient (default 1; see [`DpScale`]).
     pub dp_reduction_scale: Option<DpScale>,
+    /// The memory budget in bytes (`None`: [`DEFAULT_MEMORY`]); see [`mapping_budgets`].
+    pub memory: Option<u64>,
+}
+
+/// The default memory budget of a comparison: 1 GiB.
+pub const DEFAULT_MEMORY: u64 = 1 << 30;
+
+/// How a memory budget is shared: half for open (mapped) segments, of which the run's
+/// store (every rank) gets half and the reference and the perturbed reference a quarter
+/// each; the other half for the tensors being compared (decoded to f32) and the report.
+/// Returns (reference, run, perturbed) segment budgets.
+pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
+    let segments = memory / 2;
+    (segments / 4, segments / 2, segments / 4)
 }
 
 /// The expected scale of a data-parallel gradient reduction's output, for programs that
@@ -289,6 +303,15 @@ pub fn compare(
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
+    // Segments are closed as the comparison moves on: memory is independent of the number
+    // of steps and ranks.
+    let (ref_budget, run_budget, pert_budget) =
+        mapping_budgets(opts.memory.unwrap_or(DEFAULT_MEMORY));
+    p.reff.set_mapping_budget(ref_budget);
+    p.run.set_mapping_budget(run_budget);
+    if let Some(pt) = &p.pert {
+        pt.set_mapping_budget(pert_budget);
+    }
     let mut walk = Walk::new(&p);
     let total_ops = p.al.of_ref.len() as u64;
     let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, &p.steps);
@@ -782,7 +805,16 @@ impl<'a> Walk<'a> {
             Some((p, sc)) if quick && known.is_empty() => {
                 Some(numerics::full_fit(x, ref_vals, p.clone(), *sc))
             }
-            _ => numerics::place_with(x, ref_vals, known, &self.scales, accept, quick),
+            // A remembered place that drifted above `accept` but stays within the tolerance
+            // is re-validated against the other places instead of searched again.
+            _ => numerics::place_trusting(
+                x,
+                ref_vals,
+                known,
+                &self.scales,
+                (accept, tol.value * self.eps),
+                quick,
+            ),
         }?;
         if fit.err.rel <= accept {
             remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
@@ -1017,7 +1049,7 @@ fn perturbed_error(
     if v.shape != ref_vals.shape {
         return Ok(None);
     }
-    Ok(Some(numerics::shard_error(&v.data, &ref_vals.data, 1).rel))
+    Ok(Some(crate::kernels::rel_error(&v.data, &ref_vals.data)))
 }
 
 /// Shards must tile the reference: when several ranks claim the same slice while another
@@ -1506,19 +1538,16 @@ impl Reductions<'_> {
             let Some(rv) = self.reference(ref_op)? else {
                 continue;
             };
-            let idx = place.ref_indices(&d.shape, &rv.shape);
+            let map = place.index_map(&d.shape, &rv.shape);
             let (e0, e1) = (
                 ((lo - d.ptr) / size) as usize,
                 ((hi - d.ptr) / size) as usize,
             );
             let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
-            if e1 > idx.len() || o1 > out.data.len() {
+            if e1 > map.len() || o1 > out.data.len() {
                 continue;
             }
-            let y: Vec<f32> = idx[e0..e1]
-                .iter()
-                .map(|&k| rv.data.get(k).copied().unwrap_or(f32::NAN))
-                .collect();
+            let y = map.gather(&rv.data, e0, e1);
             let row = d.shape.last().copied().unwrap_or(1) as usize;
             let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
             let err = numerics::shard_error(&xs, &y, row);
@@ -1545,6 +1574,8 @@ fn collectives(
         shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
         by_call: BTreeMap::new(),
     };
+    // Step by step: the reference GEMM outputs read for one step's reductions are dropped
+    // before the next.
     for &step in ctx.steps {
         for rank in ctx.run.ranks() {
             let recs = ctx.run.records(rank, step);
@@ -1561,7 +1592,19 @@ fn collectives(
                 }
             }
         }
+        reductions_compared(&mut red, d_tol, pending);
+        red.ref_cache.clear();
     }
+    Ok(())
+}
+
+/// Records the comparisons of the reductions gathered in `red` (and forgets them).
+fn reductions_compared(
+    red: &mut Reductions,
+    d_tol: &BTreeMap<RefOp, f64>,
+    pending: &mut Vec<Pending>,
+) {
+    let ctx = red.ctx;
     for ((step, _comm, _n, ref_op), shards) in std::mem::take(&mut red.by_call) {
         let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
             continue;
@@ -1606,7 +1649,6 @@ fn collectives(
             param_note: None,
         });
     }
-    Ok(())
 }
 
 /// Splits an NVTX path `forward.mb1/layers.0.mlp.fc1` into pass, micro-batch and module.

@@ -9,6 +9,7 @@
 pub mod align;
 pub mod check;
 pub mod engine;
+pub mod kernels;
 pub mod layout;
 pub mod numerics;
 pub mod replicas;

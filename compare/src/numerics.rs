@@ -8,6 +8,9 @@
 //! none. Errors are relative Frobenius norms (as TTrace and Megatron-LM compute them), plus the
 //! worst row, so an error confined to a few rows is not averaged away.
 
+use rayon::prelude::*;
+
+use crate::kernels::{self, IndexMap};
 use crate::report::Merge;
 use crate::trace::Values;
 
@@ -89,39 +92,12 @@ impl Placement {
         }
     }
 
-    /// The reference element index of shard element `flat` (row-major).
-    fn ref_index(&self, shard_shape: &[u64], ref_strides: &[usize], mut flat: u64) -> usize {
-        let mut out = 0usize;
-        for d in (0..shard_shape.len()).rev() {
-            let size = shard_shape[d].max(1);
-            let i = flat % size;
-            flat /= size;
-            out += self.dims[d].map(i, size) as usize * ref_strides[d];
-        }
-        out
-    }
-
-    /// The reference element index of every shard element, row-major.
-    pub fn ref_indices(&self, shard_shape: &[u64], ref_shape: &[u64]) -> Vec<usize> {
+    /// Where every element of a shard of `shard_shape` sits in a reference of `ref_shape`.
+    pub fn index_map(&self, shard_shape: &[u64], ref_shape: &[u64]) -> IndexMap {
         let strides = row_major_strides(ref_shape);
-        let tables: Vec<Vec<usize>> = self
-            .dims
-            .iter()
-            .zip(shard_shape)
-            .zip(&strides)
-            .map(|((d, &s), &st)| (0..s).map(|i| d.map(i, s) as usize * st).collect())
-            .collect();
-        let mut out = vec![0usize];
-        for t in &tables {
-            let mut next = Vec::with_capacity(out.len() * t.len());
-            for base in &out {
-                for &i in t {
-                    next.push(base + i);
-                }
-            }
-            out = next;
-        }
-        out
+        IndexMap::new(shard_shape, &strides, |d, i| {
+            self.dims.get(d).map_or(i, |dim| dim.map(i, shard_shape[d]))
+        })
     }
 }
 
@@ -236,22 +212,19 @@ pub struct ShardError {
 
 /// Errors of `x` against `y` (same length), rows of `row_len` elements.
 pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
-    let (mut d2, mut y2, mut x2) = (0f64, 0f64, 0f64);
-    let row_len = row_len.max(1);
-    let rows = x.len() / row_len;
-    let mut row_d2 = Vec::with_capacity(rows);
-    for (xr, yr) in x.chunks(row_len).zip(y.chunks(row_len)) {
-        let mut rd = 0f64;
-        for (&a, &b) in xr.iter().zip(yr) {
-            let (a, b) = (a as f64, b as f64);
-            let d = if a == b { 0.0 } else { a - b };
-            rd += d * d;
-            y2 += b * b;
-            x2 += a * a;
-        }
-        d2 += rd;
-        row_d2.push(rd);
-    }
+    let rows = x.len() / row_len.max(1);
+    error_of(kernels::sums(x, y, 1.0, row_len), rows)
+}
+
+/// The errors of `x` (divided by `scale`) at its place `map` in `reff`.
+pub fn shard_error_at(x: &Values, reff: &Values, map: &IndexMap, scale: f32) -> ShardError {
+    let rows = x.data.len() / map.row_len().max(1);
+    error_of(kernels::sums_at(&x.data, &reff.data, map, scale), rows)
+}
+
+/// The errors from the sums over `rows` whole rows.
+fn error_of(s: kernels::ErrorSums, rows: usize) -> ShardError {
+    let (d2, y2, x2) = (s.d2, s.y2, s.x2);
     let rel = if y2 > 0.0 {
         (d2 / y2).sqrt()
     } else {
@@ -267,18 +240,14 @@ pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
     // A row's error relative to the RMS row norm: a wrong row in a healthy tensor stands out
     // even when tiny rows are noisy in relative terms.
     let mean_row_sq = if rows > 0 { y2 / rows as f64 } else { 0.0 };
-    let worst_row = row_d2
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, &rd)| {
-            let e = if mean_row_sq > 0.0 {
-                (rd / mean_row_sq).sqrt()
-            } else {
-                rd.sqrt()
-            };
-            (i as u64, e)
-        });
+    let worst_row = s.worst_row.map(|(i, rd)| {
+        let e = if mean_row_sq > 0.0 {
+            (rd / mean_row_sq).sqrt()
+        } else {
+            rd.sqrt()
+        };
+        (i, e)
+    });
     ShardError {
         rel: if rel.is_nan() { f64::INFINITY } else { rel },
         norm_ratio,
@@ -289,15 +258,18 @@ pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
 
 /// The reference values at `placement`, in the shard's layout.
 pub fn gather(reff: &Values, shard_shape: &[u64], placement: &Placement) -> Vec<f32> {
-    placement
-        .ref_indices(shard_shape, &reff.shape)
-        .into_iter()
-        .map(|i| reff.data.get(i).copied().unwrap_or(f32::NAN))
-        .collect()
+    let map = placement.index_map(shard_shape, &reff.shape);
+    map.gather(&reff.data, 0, map.len())
 }
 
 /// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
-fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usize) -> f64 {
+fn sampled_error(
+    x: &Values,
+    scale: f32,
+    reff: &Values,
+    placement: &Placement,
+    samples: usize,
+) -> f64 {
     let strides = row_major_strides(&reff.shape);
     let n = x.data.len();
     if n == 0 {
@@ -313,8 +285,8 @@ fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usiz
         } else {
             (k * STEP) % n as u64
         };
-        let a = x.data[i as usize] as f64;
-        let j = placement.ref_index(&x.shape, &strides, i);
+        let a = (x.data[i as usize] / scale) as f64;
+        let j = ref_index(placement, &x.shape, &strides, i);
         let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
         let d = if a == b { 0.0 } else { a - b };
         d2 += d * d;
@@ -332,6 +304,23 @@ fn sampled_error(x: &Values, reff: &Values, placement: &Placement, samples: usiz
     }
 }
 
+/// The reference element index of shard element `flat` (row-major) at `placement`.
+fn ref_index(
+    placement: &Placement,
+    shard_shape: &[u64],
+    ref_strides: &[usize],
+    mut flat: u64,
+) -> usize {
+    let mut out = 0usize;
+    for d in (0..shard_shape.len()).rev() {
+        let size = shard_shape[d].max(1);
+        let i = flat % size;
+        flat /= size;
+        out += placement.dims[d].map(i, size) as usize * ref_strides[d];
+    }
+    out
+}
+
 /// A shard's place in the reference and the factor its values are divided by first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fit {
@@ -344,23 +333,10 @@ pub struct Fit {
     pub err: ShardError,
 }
 
-/// `x` divided by `scale` (borrowed as is at scale 1).
-fn scaled(x: &Values, scale: f32) -> std::borrow::Cow<'_, Values> {
-    if scale == 1.0 {
-        return std::borrow::Cow::Borrowed(x);
-    }
-    std::borrow::Cow::Owned(Values {
-        shape: x.shape.clone(),
-        data: x.data.iter().map(|v| v / scale).collect(),
-        dtype: x.dtype,
-    })
-}
-
 /// The fit of `x` at `placement` after dividing it by `scale`, over every element.
 pub fn full_fit(x: &Values, reff: &Values, placement: Placement, scale: f32) -> Fit {
-    let y = gather(reff, &x.shape, &placement);
-    let row = x.shape.last().copied().unwrap_or(1) as usize;
-    let err = shard_error(&scaled(x, scale).data, &y, row);
+    let map = placement.index_map(&x.shape, &reff.shape);
+    let err = shard_error_at(x, reff, &map, scale);
     Fit {
         placement,
         scale,
@@ -391,7 +367,30 @@ pub fn place_with(
     accept: f64,
     quick: bool,
 ) -> Option<Fit> {
+    place_trusting(x, reff, hints, scales, (accept, accept), quick)
+}
+
+/// How many times smaller a remembered placement's error must be than every other
+/// placement's screened error to be kept without a search.
+const SEPARATION: f64 = 8.0;
+
+/// Candidates of one search stage and their screened errors: (error, candidate, scale).
+type Screen = (Vec<Placement>, Vec<(f64, usize, f32)>);
+
+/// [`place_with`], where a remembered placement whose error is above `accept` but at most
+/// `trust` is re-validated cheaply instead of searched again: kept when every other placement
+/// (dimensions cut once) screens at least [`SEPARATION`] times worse. Runs drift apart over
+/// the steps, and a correct shard stays one placement to round-off and every other by O(1).
+pub fn place_trusting(
+    x: &Values,
+    reff: &Values,
+    hints: &[(Placement, f32)],
+    scales: &[f32],
+    (accept, trust): (f64, f64),
+    quick: bool,
+) -> Option<Fit> {
     let mut best: Option<Fit> = None;
+    let mut one_cut: Option<Screen> = None;
     for (p, s) in hints {
         if p.dims.len() != x.shape.len() {
             continue;
@@ -403,6 +402,22 @@ pub fn place_with(
             let f = full_fit(x, reff, p.clone(), scale);
             if f.err.rel <= accept {
                 return Some(f);
+            }
+            if f.err.rel <= trust && !quick {
+                let screen = match one_cut.take() {
+                    Some(sc) => sc,
+                    None => screen(x, reff, scales, false, 32)?,
+                };
+                let others = screen
+                    .1
+                    .iter()
+                    .filter(|(_, c, sc)| !(screen.0[*c] == f.placement && *sc == f.scale))
+                    .map(|e| e.0)
+                    .fold(f64::INFINITY, f64::min);
+                if others >= SEPARATION * f.err.rel {
+                    return Some(f);
+                }
+                one_cut = Some(screen);
             }
             if best.as_ref().is_none_or(|b| f.err.rel < b.err.rel) {
                 best = Some(f);
@@ -419,35 +434,24 @@ pub fn place_with(
         if two_cuts && quick {
             break;
         }
-        let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
-        // Screen every candidate on a few elements, the best few on more, the best three on
-        // all of them.
-        let mut scored: Vec<(f64, Placement, f32)> = Vec::new();
-        let xs: Vec<std::borrow::Cow<'_, Values>> =
-            scales.iter().map(|&sc| scaled(x, sc)).collect();
-        for (xi, &scale) in scales.iter().enumerate() {
-            for p in &cands {
-                let e = if cands.len() == 1 {
-                    0.0
-                } else {
-                    sampled_error(&xs[xi], reff, p, 32)
-                };
-                scored.push((e, p.clone(), scale));
-            }
-        }
-        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (cands, mut scored) = match (two_cuts, one_cut.take()) {
+            (false, Some(sc)) => sc,
+            _ => screen(x, reff, scales, two_cuts, 32)?,
+        };
         scored.truncate(12);
         if scored.len() > 3 && !quick {
-            for entry in &mut scored {
-                let xi = scales.iter().position(|s| *s == entry.2).unwrap_or(0);
-                entry.0 = sampled_error(&xs[xi], reff, &entry.1, 512);
-            }
+            scored.par_iter_mut().for_each(|entry| {
+                entry.0 = sampled_error(x, entry.2, reff, &cands[entry.1], 512);
+            });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         scored.truncate(3);
-        let fit = scored
+        let fits: Vec<Fit> = scored
+            .into_par_iter()
+            .map(|(_, c, s)| full_fit(x, reff, cands[c].clone(), s))
+            .collect();
+        let fit = fits
             .into_iter()
-            .map(|(_, p, s)| full_fit(x, reff, p, s))
             .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel));
         if let Some(f) = fit {
             if best.as_ref().is_none_or(|b| f.err.rel < b.err.rel) {
@@ -459,6 +463,30 @@ pub fn place_with(
         }
     }
     best
+}
+
+/// Every candidate placement (dimensions cut twice when `two_cuts`) at every scale, screened
+/// on `samples` elements, best first; `None` when the shapes cannot correspond. In parallel,
+/// in candidate order (a stable sort keeps ties in that order, so the winner does not depend
+/// on the thread count).
+fn screen(
+    x: &Values,
+    reff: &Values,
+    scales: &[f32],
+    two_cuts: bool,
+    samples: usize,
+) -> Option<Screen> {
+    let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
+    let jobs: Vec<(usize, f32)> = scales
+        .iter()
+        .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
+        .collect();
+    let mut scored: Vec<(f64, usize, f32)> = jobs
+        .into_par_iter()
+        .map(|(c, scale)| (sampled_error(x, scale, reff, &cands[c], samples), c, scale))
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some((cands, scored))
 }
 
 /// The f64 product `alpha · op(A) · op(B) + beta · C` of a captured GEMM on the stored
@@ -695,5 +723,95 @@ mod screening_tests {
         };
         let f = place(&shard, &reff, &[], &[1.0, 2.0], 0.0).expect("placeable");
         assert_eq!(f.err.rel, 0.0, "{:?}", f.placement);
+    }
+
+    fn rows_of(reff: &Values, rows: std::ops::Range<usize>, noise: f32) -> Values {
+        let w = reff.shape[1] as usize;
+        Values {
+            shape: vec![rows.len() as u64, w as u64],
+            data: reff.data[rows.start * w..rows.end * w]
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * (1.0 + noise * (i as f32 * 1.3).sin()))
+                .collect(),
+            dtype: DType::F32,
+        }
+    }
+
+    fn half_of_rows(chunk: u64) -> Placement {
+        Placement {
+            dims: vec![
+                DimSlice {
+                    cuts: vec![Cut {
+                        parts: 2,
+                        outer: 1,
+                        chunk,
+                    }],
+                },
+                DimSlice::whole(),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_drifted_hint_within_tolerance_is_kept_when_no_other_place_comes_close() {
+        let reff = Values {
+            shape: vec![8, 64],
+            data: (0..512).map(|i| ((i as f32) * 0.37).sin()).collect(),
+            dtype: DType::F32,
+        };
+        // Rows 4..8 with 1 % noise: above `accept` (1e-4), within `trust` (5 %).
+        let shard = rows_of(&reff, 4..8, 0.01);
+        let searched = place_with(&shard, &reff, &[], &[1.0, 2.0], 1e-4, false).expect("fits");
+        let kept = place_trusting(
+            &shard,
+            &reff,
+            &[(half_of_rows(1), 1.0)],
+            &[1.0, 2.0],
+            (1e-4, 0.05),
+            false,
+        )
+        .expect("fits");
+        assert_eq!(kept.placement, half_of_rows(1));
+        assert_eq!(kept, searched);
+        assert!(
+            kept.err.rel > 1e-4 && kept.err.rel < 0.05,
+            "{}",
+            kept.err.rel
+        );
+    }
+
+    #[test]
+    fn a_hint_that_another_place_fits_better_is_searched_again() {
+        // The two halves of the rows differ by 3 %: the hint (the wrong half) is within
+        // `trust`, the right half fits exactly and must win.
+        let reff = Values {
+            shape: vec![8, 64],
+            data: (0..512)
+                .map(|i| {
+                    let v = ((i % 256) as f32 * 0.37).sin();
+                    if i >= 256 {
+                        v * (1.0 + 0.03 * ((i as f32) * 0.9).cos())
+                    } else {
+                        v
+                    }
+                })
+                .collect(),
+            dtype: DType::F32,
+        };
+        let shard = rows_of(&reff, 4..8, 0.0);
+        let wrong_hint = full_fit(&shard, &reff, half_of_rows(0), 1.0);
+        assert!(wrong_hint.err.rel < 0.05, "{}", wrong_hint.err.rel);
+        let f = place_trusting(
+            &shard,
+            &reff,
+            &[(half_of_rows(0), 1.0)],
+            &[1.0],
+            (1e-4, 0.05),
+            false,
+        )
+        .expect("fits");
+        assert_eq!(f.placement, half_of_rows(1));
+        assert_eq!(f.err.rel, 0.0);
     }
 }

@@ -36,7 +36,7 @@ pub struct RunTrace {
     /// Communicators of more than one rank each (rank, step) calls collectives on, in order
     /// of first use.
     comms_used: BTreeMap<(u32, u64), Vec<u64>>,
-    segments: RefCell<HashMap<(u32, u64), Segment>>,
+    segments: RefCell<OpenCache<Segment>>,
     bytes_read: Cell<u64>,
     /// Records that could not be read.
     pub unreadable: Vec<String>,
@@ -94,7 +94,7 @@ impl RunTrace {
             store,
             ops,
             comms_used,
-            segments: RefCell::new(HashMap::new()),
+            segments: RefCell::new(OpenCache::default()),
             bytes_read: Cell::new(0),
             unreadable,
         })
@@ -181,6 +181,18 @@ impl RunTrace {
         }
     }
 
+    /// Keeps at most `bytes` of segments open (mapped) at a time, the least recently read
+    /// closed first (at least the one being read stays open): memory independent of the
+    /// number of steps and ranks.
+    pub fn set_mapping_budget(&self, bytes: u64) {
+        self.segments.borrow_mut().budget = bytes;
+    }
+
+    /// The most bytes of segments that were open at once.
+    pub fn peak_mapped(&self) -> u64 {
+        self.segments.borrow().peak
+    }
+
     /// Stored bytes decoded so far.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.get()
@@ -196,19 +208,18 @@ impl RunTrace {
         index: usize,
     ) -> Result<Option<Vec<u8>>, CompareError> {
         let mut segs = self.segments.borrow_mut();
-        let seg = match segs.entry((rank, step)) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let s = self
-                    .store
-                    .open_segment(rank, step)
-                    .map_err(|e| CompareError::Store {
-                        path: self.path.display().to_string(),
-                        source: e,
-                    })?;
-                v.insert(s)
-            }
-        };
+        let size = self
+            .store
+            .segment_info(rank, step)
+            .map_or(0, |info| info.bytes);
+        let seg = segs.get_or_open((rank, step), size, || {
+            self.store
+                .open_segment(rank, step)
+                .map_err(|e| CompareError::Store {
+                    path: self.path.display().to_string(),
+                    source: e,
+                })
+        })?;
         let view = match seg.read_seq(seq) {
             Some(Ok(v)) => v,
             Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),
@@ -286,6 +297,74 @@ impl RunTrace {
     }
 }
 
+/// Open segments (by rank and step), closed least recently read first once their bytes pass
+/// a budget.
+struct OpenCache<T> {
+    open: HashMap<(u32, u64), (T, u64, u64)>,
+    /// Bytes of the open segments.
+    mapped: u64,
+    /// The most that was open at once.
+    peak: u64,
+    budget: u64,
+    /// Use counter (for least recently read).
+    tick: u64,
+}
+
+impl<T> Default for OpenCache<T> {
+    fn default() -> OpenCache<T> {
+        OpenCache {
+            open: HashMap::new(),
+            mapped: 0,
+            peak: 0,
+            budget: u64::MAX,
+            tick: 0,
+        }
+    }
+}
+
+impl<T> OpenCache<T> {
+    /// The segment `key` (of `size` bytes), opened with `open` when it is not open, after
+    /// closing the least recently read ones that would pass the budget.
+    fn get_or_open(
+        &mut self,
+        key: (u32, u64),
+        size: u64,
+        open: impl FnOnce() -> Result<T, CompareError>,
+    ) -> Result<&T, CompareError> {
+        self.tick += 1;
+        if !self.open.contains_key(&key) {
+            while self.mapped.saturating_add(size) > self.budget {
+                let Some(oldest) = self
+                    .open
+                    .iter()
+                    .min_by_key(|(_, (_, _, used))| *used)
+                    .map(|(k, _)| *k)
+                else {
+                    break;
+                };
+                if let Some((_, bytes, _)) = self.open.remove(&oldest) {
+                    self.mapped -= bytes;
+                }
+            }
+            let seg = open()?;
+            self.open.insert(key, (seg, size, 0));
+            self.mapped += size;
+            self.peak = self.peak.max(self.mapped);
+        }
+        let tick = self.tick;
+        match self.open.get_mut(&key) {
+            Some(entry) => {
+                entry.2 = tick;
+                Ok(&entry.0)
+            }
+            None => Err(CompareError::Record(format!(
+                "segment of rank {} step {} vanished from the cache",
+                key.0, key.1
+            ))),
+        }
+    }
+}
+
 /// Floating-point dtypes (the ones compared numerically).
 pub fn is_float(d: DType) -> bool {
     matches!(
@@ -302,6 +381,27 @@ pub fn to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, CompareError> {
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
             .collect());
+    }
+    // The common types straight to f32, in one pass (exact, as widening is).
+    let pairs = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
+    match dtype {
+        DType::F32 if bytes.len().is_multiple_of(4) => {
+            return Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
+        }
+        DType::BF16 if bytes.len().is_multiple_of(2) => {
+            return Ok(pairs()
+                .map(|p| half::bf16::from_le_bytes(p).to_f32())
+                .collect())
+        }
+        DType::F16 if bytes.len().is_multiple_of(2) => {
+            return Ok(pairs()
+                .map(|p| half::f16::from_le_bytes(p).to_f32())
+                .collect())
+        }
+        _ => {}
     }
     let mut wide = Vec::new();
     widen_f32_into(dtype, bytes, &mut wide).map_err(|e| CompareError::Record(e.to_string()))?;
@@ -324,5 +424,80 @@ pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> 
     match &rec.op {
         Op::Collective(c) => Some(c),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decoding_to_f32_is_exact_for_every_float_type() {
+        // Every bit pattern of the 8- and 16-bit types, and a few f32 values.
+        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let every8: Vec<u8> = (0..=u8::MAX).collect();
+        let f32s: Vec<u8> = [0.0f32, -0.0, 1.0, -2.5, 1e-40, f32::INFINITY, f32::NAN]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        for (dtype, bytes) in [
+            (DType::F32, &f32s),
+            (DType::BF16, &every16),
+            (DType::F16, &every16),
+            (DType::F8_E4M3, &every8),
+        ] {
+            let mut wide = Vec::new();
+            widen_f32_into(dtype, bytes, &mut wide).expect("widens");
+            let want: Vec<u32> = wide
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let got: Vec<u32> = to_f32(dtype, bytes)
+                .expect("decodes")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert!(got == want, "{dtype:?} decodes otherwise than it widens");
+        }
+        assert!(
+            to_f32(DType::BF16, &[0]).is_err(),
+            "a torn element is an error"
+        );
+    }
+
+    #[test]
+    fn open_segments_stay_within_their_budget_least_recently_read_closed_first() {
+        let mut cache: OpenCache<u64> = OpenCache {
+            budget: 250,
+            ..OpenCache::default()
+        };
+        let mut opened = Vec::new();
+        let mut get = |cache: &mut OpenCache<u64>, step: u64| {
+            *cache
+                .get_or_open((0, step), 100, || {
+                    opened.push(step);
+                    Ok(step)
+                })
+                .expect("opens")
+        };
+        assert_eq!(get(&mut cache, 0), 0);
+        assert_eq!(get(&mut cache, 1), 1);
+        assert_eq!(get(&mut cache, 0), 0); // step 1 is now the least recently read
+        assert_eq!(get(&mut cache, 2), 2); // closes step 1
+        assert_eq!(get(&mut cache, 0), 0);
+        assert_eq!(get(&mut cache, 1), 1); // reopened, closes step 2
+        assert_eq!(opened, vec![0, 1, 2, 1]);
+        assert!(cache.peak <= 250 && cache.mapped <= 250, "{}", cache.peak);
+        // A segment larger than the budget still opens, alone.
+        let mut small: OpenCache<u64> = OpenCache {
+            budget: 50,
+            ..OpenCache::default()
+        };
+        for step in 0..3 {
+            small
+                .get_or_open((1, step), 100, || Ok(step))
+                .expect("opens");
+            assert_eq!(small.open.len(), 1);
+        }
     }
 }

@@ -1,0 +1,375 @@
+//! The per-element kernels of compare: squared-error sums of a shard against its place in the
+//! reference, read straight out of the reference (no gathered copy, no index vector).
+//!
+//! Sums run over fixed blocks of whole rows, in parallel, each row in `LANES` independent f64
+//! accumulators (the compiler vectorizes them; one dependent accumulator per sum could not).
+//! Block boundaries depend only on the tensor's shape, and blocks are combined in order, so
+//! the numbers are the same whatever the number of threads.
+
+use rayon::prelude::*;
+
+/// Independent accumulators per sum within a row.
+const LANES: usize = 8;
+/// Elements per parallel block (whole rows): large enough that a block outweighs its
+/// scheduling, small enough that a large tensor keeps every core busy.
+const BLOCK_ELEMS: usize = 1 << 15;
+
+/// Squared sums of a shard `x` (divided by a scale) against reference values `y`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorSums {
+    /// Σ (x − y)², equal elements (infinities too) counting 0.
+    pub d2: f64,
+    /// Σ y².
+    pub y2: f64,
+    /// Σ x².
+    pub x2: f64,
+    /// The row with the largest Σ (x − y)² (the last of equals) and that sum.
+    pub worst_row: Option<(u64, f64)>,
+}
+
+impl ErrorSums {
+    const ZERO: ErrorSums = ErrorSums {
+        d2: 0.0,
+        y2: 0.0,
+        x2: 0.0,
+        worst_row: None,
+    };
+
+    /// Adds the sums of the rows after `self`'s (in order: the result does not depend on
+    /// how the rows were split).
+    fn then(self, later: ErrorSums) -> ErrorSums {
+        let worst_row = match (self.worst_row, later.worst_row) {
+            (Some(a), Some(b)) => Some(if b.1.total_cmp(&a.1).is_ge() { b } else { a }),
+            (a, b) => b.or(a),
+        };
+        ErrorSums {
+            d2: self.d2 + later.d2,
+            y2: self.y2 + later.y2,
+            x2: self.x2 + later.x2,
+            worst_row,
+        }
+    }
+}
+
+/// (Σ d², Σ y², Σ x²) of one row, `x` divided by `scale` (in f32, as the stored values
+/// would be) when it is not 1.
+#[inline]
+fn row_sums(x: &[f32], y: &[f32], scale: f32) -> (f64, f64, f64) {
+    if scale == 1.0 {
+        row_sums_with(x, y, |v| v)
+    } else {
+        row_sums_with(x, y, |v| v / scale)
+    }
+}
+
+#[inline(always)]
+fn row_sums_with(x: &[f32], y: &[f32], load: impl Fn(f32) -> f32 + Copy) -> (f64, f64, f64) {
+    let n = x.len().min(y.len());
+    let (x, y) = (&x[..n], &y[..n]);
+    let mut d = [0f64; LANES];
+    let mut yy = [0f64; LANES];
+    let mut xx = [0f64; LANES];
+    let xc = x.chunks_exact(LANES);
+    let yc = y.chunks_exact(LANES);
+    let (xr, yr) = (xc.remainder(), yc.remainder());
+    for (xa, ya) in xc.zip(yc) {
+        // Straight-line lanes over fixed-size arrays: no bounds checks, no branches, so the
+        // compiler keeps the accumulators in vector registers.
+        let (Ok(xa), Ok(ya)) = (<&[f32; LANES]>::try_from(xa), <&[f32; LANES]>::try_from(ya))
+        else {
+            continue;
+        };
+        for l in 0..LANES {
+            let (a, b) = (load(xa[l]) as f64, ya[l] as f64);
+            let e = diff(a, b);
+            d[l] += e * e;
+            yy[l] += b * b;
+            xx[l] += a * a;
+        }
+    }
+    for (l, (&a, &b)) in xr.iter().zip(yr).enumerate() {
+        let (a, b) = (load(a) as f64, b as f64);
+        let e = diff(a, b);
+        d[l] += e * e;
+        yy[l] += b * b;
+        xx[l] += a * a;
+    }
+    (lanes_total(&d), lanes_total(&yy), lanes_total(&xx))
+}
+
+/// `a - b`, and 0 for equal values (equal infinities differ by nothing): a mask, not a
+/// branch, so that it vectorizes.
+#[inline(always)]
+fn diff(a: f64, b: f64) -> f64 {
+    let keep = u64::from(a != b).wrapping_neg();
+    f64::from_bits((a - b).to_bits() & keep)
+}
+
+/// Sum of the lanes, pairwise (a fixed order).
+#[inline]
+fn lanes_total(v: &[f64; LANES]) -> f64 {
+    ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+}
+
+/// Where each shard element sits in the reference: per dimension, the reference offset
+/// (index times stride) of every shard index. Built once per placement; the last dimension
+/// is usually contiguous, and then a shard row is a slice of the reference.
+#[derive(Debug, Clone)]
+pub struct IndexMap {
+    /// Per shard dimension (a scalar is one dimension of 1), reference offsets.
+    offsets: Vec<Vec<usize>>,
+    /// The last dimension's offsets are `first + i`.
+    contiguous_rows: bool,
+}
+
+impl IndexMap {
+    /// The map of a shard of `shard_shape` whose index `i` along dimension `d` goes to
+    /// reference index `map(d, i)`, in a reference of row-major `ref_strides`.
+    pub fn new(
+        shard_shape: &[u64],
+        ref_strides: &[usize],
+        map: impl Fn(usize, u64) -> u64,
+    ) -> IndexMap {
+        let mut offsets: Vec<Vec<usize>> = shard_shape
+            .iter()
+            .zip(ref_strides)
+            .enumerate()
+            .map(|(d, (&s, &st))| (0..s).map(|i| map(d, i) as usize * st).collect())
+            .collect();
+        if offsets.is_empty() {
+            offsets.push(vec![0]);
+        }
+        let last = offsets.last().map_or(&[][..], |v| v.as_slice());
+        let contiguous_rows = last.windows(2).all(|w| w[1] == w[0] + 1);
+        IndexMap {
+            offsets,
+            contiguous_rows,
+        }
+    }
+
+    /// Elements per row (the last dimension).
+    pub fn row_len(&self) -> usize {
+        self.offsets.last().map_or(1, Vec::len)
+    }
+
+    /// Elements of the shard.
+    pub fn len(&self) -> usize {
+        self.offsets.iter().map(Vec::len).product()
+    }
+
+    /// Whether the shard has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The reference offset of the first element of shard row `row`.
+    fn row_base(&self, mut row: usize) -> usize {
+        let mut base = 0;
+        for t in self.offsets[..self.offsets.len() - 1].iter().rev() {
+            let n = t.len().max(1);
+            base += t.get(row % n).copied().unwrap_or(0);
+            row /= n;
+        }
+        base
+    }
+
+    /// The reference offset of shard element `flat` (row-major).
+    pub fn offset(&self, flat: usize) -> usize {
+        let row_len = self.row_len().max(1);
+        let last = self.offsets.last().map_or(&[][..], |v| v.as_slice());
+        self.row_base(flat / row_len) + last.get(flat % row_len).copied().unwrap_or(0)
+    }
+
+    /// Reference row `row` of the shard: a slice of `reff` when contiguous, else gathered
+    /// into `buf`; elements outside `reff` read as NaN.
+    fn row<'a>(&self, reff: &'a [f32], row: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let base = self.row_base(row);
+        let last = self.offsets.last().map_or(&[][..], |v| v.as_slice());
+        if self.contiguous_rows {
+            let lo = base + last.first().copied().unwrap_or(0);
+            if let Some(s) = reff.get(lo..lo + last.len()) {
+                return s;
+            }
+        }
+        buf.clear();
+        buf.extend(
+            last.iter()
+                .map(|&o| reff.get(base + o).copied().unwrap_or(f32::NAN)),
+        );
+        buf
+    }
+
+    /// The reference values of shard elements `lo..hi`, in the shard's layout.
+    pub fn gather(&self, reff: &[f32], lo: usize, hi: usize) -> Vec<f32> {
+        (lo..hi)
+            .map(|i| reff.get(self.offset(i)).copied().unwrap_or(f32::NAN))
+            .collect()
+    }
+}
+
+/// Error sums of `x` (divided by `scale`) against `y`, same layout, rows of `row_len`.
+pub fn sums(x: &[f32], y: &[f32], scale: f32, row_len: usize) -> ErrorSums {
+    let n = x.len().min(y.len());
+    let row_len = row_len.max(1);
+    blocked(n, row_len, |r0, r1| {
+        let mut acc = ErrorSums::ZERO;
+        for r in r0..r1 {
+            let (lo, hi) = (r * row_len, ((r + 1) * row_len).min(n));
+            acc = acc.then(one_row(r, &x[lo..hi], &y[lo..hi], scale));
+        }
+        acc
+    })
+}
+
+/// Error sums of `x` (divided by `scale`) against its place `map` in `reff`.
+pub fn sums_at(x: &[f32], reff: &[f32], map: &IndexMap, scale: f32) -> ErrorSums {
+    let n = x.len().min(map.len());
+    let row_len = map.row_len().max(1);
+    blocked(n, row_len, |r0, r1| {
+        let mut buf = Vec::new();
+        let mut acc = ErrorSums::ZERO;
+        for r in r0..r1 {
+            let (lo, hi) = (r * row_len, ((r + 1) * row_len).min(n));
+            let y = map.row(reff, r, &mut buf);
+            acc = acc.then(one_row(r, &x[lo..hi], &y[..hi - lo], scale));
+        }
+        acc
+    })
+}
+
+/// Σ (x − y)² relative to Σ y² (absolute when Σ y² is 0): the relative Frobenius error alone,
+/// without rows.
+pub fn rel_error(x: &[f32], y: &[f32]) -> f64 {
+    let s = sums(x, y, 1.0, BLOCK_ELEMS);
+    let rel = if s.y2 > 0.0 {
+        (s.d2 / s.y2).sqrt()
+    } else {
+        s.d2.sqrt()
+    };
+    if rel.is_nan() {
+        f64::INFINITY
+    } else {
+        rel
+    }
+}
+
+fn one_row(r: usize, x: &[f32], y: &[f32], scale: f32) -> ErrorSums {
+    let (d2, y2, x2) = row_sums(x, y, scale);
+    ErrorSums {
+        d2,
+        y2,
+        x2,
+        worst_row: Some((r as u64, d2)),
+    }
+}
+
+/// `block(first row, end row)` over every row of `n` elements in rows of `row_len`, in fixed
+/// blocks (in parallel when there are several), combined in order.
+fn blocked(
+    n: usize,
+    row_len: usize,
+    block: impl Fn(usize, usize) -> ErrorSums + Sync,
+) -> ErrorSums {
+    let rows = n.div_ceil(row_len);
+    let per_block = (BLOCK_ELEMS / row_len).max(1);
+    let blocks = rows.div_ceil(per_block);
+    let range = |b: usize| (b * per_block, ((b + 1) * per_block).min(rows));
+    if blocks <= 1 {
+        return block(0, rows);
+    }
+    let parts: Vec<ErrorSums> = (0..blocks)
+        .into_par_iter()
+        .map(|b| {
+            let (r0, r1) = range(b);
+            block(r0, r1)
+        })
+        .collect();
+    parts.into_iter().fold(ErrorSums::ZERO, ErrorSums::then)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plain sequential sums the kernels must agree with (to summation order).
+    fn reference_sums(x: &[f32], y: &[f32], scale: f32, row_len: usize) -> ErrorSums {
+        let mut acc = ErrorSums::ZERO;
+        for (r, (xr, yr)) in x.chunks(row_len).zip(y.chunks(row_len)).enumerate() {
+            let (mut d2, mut y2, mut x2) = (0f64, 0f64, 0f64);
+            for (&a, &b) in xr.iter().zip(yr) {
+                let (a, b) = ((a / scale) as f64, b as f64);
+                let d = if a == b { 0.0 } else { a - b };
+                d2 += d * d;
+                y2 += b * b;
+                x2 += a * a;
+            }
+            acc = acc.then(ErrorSums {
+                d2,
+                y2,
+                x2,
+                worst_row: Some((r as u64, d2)),
+            });
+        }
+        acc
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+    }
+
+    #[test]
+    fn blocked_sums_agree_with_plain_sums_on_large_and_ragged_tensors() {
+        // Three blocks and a ragged tail: 100_003 elements in rows of 37.
+        let n = 100_003;
+        let y: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.013).sin()).collect();
+        let mut x: Vec<f32> = y.iter().map(|v| v * 2.0).collect();
+        x[77_777] = 50.0;
+        for scale in [1.0, 2.0] {
+            let got = sums(&x, &y, scale, 37);
+            let want = reference_sums(&x, &y, scale, 37);
+            assert!(close(got.d2, want.d2), "{got:?} {want:?}");
+            assert!(close(got.y2, want.y2) && close(got.x2, want.x2));
+            assert_eq!(got.worst_row.map(|w| w.0), Some(77_777 / 37));
+        }
+    }
+
+    #[test]
+    fn sums_do_not_depend_on_the_number_of_threads() {
+        let n = 300_000;
+        let y: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.7).cos()).collect();
+        let x: Vec<f32> = y.iter().map(|v| v * (1.0 + 1e-3)).collect();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool")
+                .install(|| sums(&x, &y, 1.0, 64))
+        };
+        let one = run(1);
+        assert_eq!(one, run(2));
+        assert_eq!(one, run(5));
+    }
+
+    #[test]
+    fn equal_infinities_count_as_no_error_and_a_nan_as_infinite() {
+        let y = [f32::INFINITY, 1.0, 2.0];
+        assert_eq!(sums(&y, &y, 1.0, 3).d2, 0.0);
+        assert!(rel_error(&[f32::NAN, 1.0, 2.0], &y).is_infinite());
+    }
+
+    #[test]
+    fn a_strided_place_reads_the_right_reference_elements() {
+        // Columns 2..4 of a [3, 6] reference: contiguous rows at offset 2; every other column:
+        // a gathered row.
+        let reff: Vec<f32> = (0..18).map(|i| i as f32).collect();
+        let slice = IndexMap::new(&[3, 2], &[6, 1], |d, i| if d == 1 { 2 + i } else { i });
+        assert_eq!(slice.gather(&reff, 0, 6), vec![2., 3., 8., 9., 14., 15.]);
+        let strided = IndexMap::new(&[3, 3], &[6, 1], |d, i| if d == 1 { 2 * i } else { i });
+        let x = [0., 2., 4., 6., 8., 10., 12., 14., 16.];
+        assert_eq!(sums_at(&x, &reff, &strided, 1.0).d2, 0.0);
+        assert_eq!(
+            sums_at(&x, &reff, &slice, 1.0).worst_row.map(|w| w.0),
+            Some(2)
+        );
+    }
+}

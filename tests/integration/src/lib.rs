@@ -6,6 +6,7 @@
 //! first: scripts/test.sh does.
 
 pub mod abi_check;
+pub mod c_build;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

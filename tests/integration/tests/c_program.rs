@@ -8,47 +8,13 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use integration_tests::abi_check::{fetch_headers, repo_root};
+use integration_tests::c_build::{compile_c, CUDA12_SONAMES};
 use integration_tests::{bin, describe, profile_dir, sim_dir};
-
-/// The libraries the program links, by soname.
-const SONAMES: [&str; 5] = [
-    "libcudart.so.12",
-    "libcublas.so.12",
-    "libcublasLt.so.12",
-    "libnccl.so.2",
-    "libnvToolsExt.so.1",
-];
 
 /// Compiles the program once per test binary; returns the executable.
 fn smoke_exe() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let include =
-            fetch_headers().unwrap_or_else(|e| panic!("cannot get NVIDIA's headers: {e}"));
-        let out_dir = profile_dir().join("c-smoke");
-        std::fs::create_dir_all(&out_dir).expect("create the output directory");
-        let exe = out_dir.join("smoke");
-        let sim = sim_dir();
-        let mut cc = Command::new("gcc");
-        cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"]);
-        for d in &include {
-            cc.arg("-I").arg(d);
-        }
-        cc.arg(repo_root().join("tests/integration/c/smoke.c"))
-            .arg("-o")
-            .arg(&exe)
-            .arg("-L")
-            .arg(&sim);
-        for so in SONAMES {
-            // `-l:NAME` links that exact file; its SONAME becomes the DT_NEEDED entry.
-            cc.arg(format!("-l:{so}"));
-        }
-        cc.arg(format!("-Wl,-rpath,{}", sim.display())).arg("-lm");
-        let out = cc.output().expect("gcc runs");
-        assert!(out.status.success(), "gcc failed:\n{}", describe(&out));
-        exe
-    })
+    EXE.get_or_init(|| compile_c("smoke.c", "smoke", 12, &sim_dir(), &CUDA12_SONAMES))
 }
 
 /// Runs `cmd` with a time limit (SIGTERM, then SIGKILL, when it runs over) and returns its

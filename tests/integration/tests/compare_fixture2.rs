@@ -25,50 +25,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use integration_tests::abi_check::{fetch_headers, repo_root};
+use integration_tests::c_build::{compile_c, CUDA12_SONAMES};
 use integration_tests::{bin, describe, profile_dir, sim_dir, ttrace_run};
 use serde_json::Value;
 
 const STEPS: &str = "3";
 
-/// The libraries fixture2 links, by soname.
-const SONAMES: [&str; 5] = [
-    "libcudart.so.12",
-    "libcublas.so.12",
-    "libcublasLt.so.12",
-    "libnccl.so.2",
-    "libnvToolsExt.so.1",
-];
-
 /// Compiles fixture2 once per test binary with gcc against NVIDIA's headers, linked to the
 /// simulated libraries by soname.
 fn fixture2() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let include =
-            fetch_headers().unwrap_or_else(|e| panic!("cannot get NVIDIA's headers: {e}"));
-        let out_dir = profile_dir().join("c-fixture2");
-        std::fs::create_dir_all(&out_dir).expect("create the output directory");
-        let exe = out_dir.join("fixture2");
-        let sim = sim_dir();
-        let mut cc = Command::new("gcc");
-        cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"]);
-        for d in &include {
-            cc.arg("-I").arg(d);
-        }
-        cc.arg(repo_root().join("tests/integration/c/fixture2.c"))
-            .arg("-o")
-            .arg(&exe)
-            .arg("-L")
-            .arg(&sim);
-        for so in SONAMES {
-            cc.arg(format!("-l:{so}"));
-        }
-        cc.arg(format!("-Wl,-rpath,{}", sim.display())).arg("-lm");
-        let out = cc.output().expect("gcc runs");
-        assert!(out.status.success(), "gcc failed:\n{}", describe(&out));
-        exe
-    })
+    EXE.get_or_init(|| compile_c("fixture2.c", "fixture2", 12, &sim_dir(), &CUDA12_SONAMES))
 }
 
 /// Traces `fixture2 --precision P --steps 3 ARGS` with `ttrace run OPTS` (4 ranks under

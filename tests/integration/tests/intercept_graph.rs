@@ -10,7 +10,7 @@ mod intercept_util;
 use std::path::PathBuf;
 use std::process::Command;
 
-use integration_tests::abi_check::{fetch_headers_for, repo_root};
+use integration_tests::c_build::compile_c;
 use integration_tests::{describe, profile_dir, sim_dir};
 use intercept_util::*;
 use ttrace_format::record::{CollectiveKind, CopyDirection, Op, Role};
@@ -164,31 +164,15 @@ fn sim_dir_for(major: u32) -> Option<PathBuf> {
 /// Compiles tests/integration/c/graph.c against CUDA `major`'s headers, linked by soname to
 /// the simulated libraries in `sim`.
 fn graph_c(major: u32, sim: &std::path::Path) -> PathBuf {
-    let include = fetch_headers_for(major).unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
-    let dir = profile_dir().join("c-graph");
-    std::fs::create_dir_all(&dir).expect("create the output directory");
-    let exe = dir.join(format!("graph{major}"));
-    let mut cc = Command::new("gcc");
-    cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"]);
-    for d in &include {
-        cc.arg("-I").arg(d);
-    }
-    cc.arg(repo_root().join("tests/integration/c/graph.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(sim);
-    for so in [
-        format!("libcudart.so.{major}"),
-        format!("libcublas.so.{major}"),
-        "libnccl.so.2".to_string(),
-    ] {
-        cc.arg(format!("-l:{so}"));
-    }
-    cc.arg(format!("-Wl,-rpath,{}", sim.display()));
-    let out = cc.output().expect("gcc runs");
-    assert!(out.status.success(), "gcc failed:\n{}", describe(&out));
-    exe
+    let cudart = format!("libcudart.so.{major}");
+    let cublas = format!("libcublas.so.{major}");
+    compile_c(
+        "graph.c",
+        &format!("graph{major}"),
+        major,
+        sim,
+        &[&cudart, &cublas, "libnccl.so.2"],
+    )
 }
 
 /// graph.c's `graph_input(i, j)` as f32 bytes.

@@ -42,33 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int g_rank = 0;
-
-#define FAIL(...)                                               \
-    do {                                                        \
-        fprintf(stderr, "fixture2: rank %d: FAILED: ", g_rank); \
-        fprintf(stderr, __VA_ARGS__);                           \
-        fprintf(stderr, "\n");                                  \
-        exit(1);                                                \
-    } while (0)
-
-#define CK_CUDA(call)                                                                       \
-    do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) FAIL("%s: %s (%d)", #call, cudaGetErrorString(e_), (int)e_); \
-    } while (0)
-
-#define CK_CUBLAS(call)                                                         \
-    do {                                                                        \
-        cublasStatus_t s_ = (call);                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS) FAIL("%s: status %d", #call, (int)s_); \
-    } while (0)
-
-#define CK_NCCL(call)                                                                       \
-    do {                                                                                    \
-        ncclResult_t r_ = (call);                                                           \
-        if (r_ != ncclSuccess) FAIL("%s: %s (%d)", #call, ncclGetErrorString(r_), (int)r_); \
-    } while (0)
+#define PROGRAM "fixture2"
+#include "check.h"
 
 /* ---- the bug catalogue ----------------------------------------------------------------------- */
 

@@ -23,31 +23,8 @@
 #define N 4
 #define K 16
 
-#define FAIL(...)                                 \
-    do {                                          \
-        fprintf(stderr, "graph: FAILED: ");       \
-        fprintf(stderr, __VA_ARGS__);             \
-        fprintf(stderr, "\n");                    \
-        exit(1);                                  \
-    } while (0)
-
-#define CK_CUDA(call)                                                                       \
-    do {                                                                                    \
-        cudaError_t e_ = (call);                                                            \
-        if (e_ != cudaSuccess) FAIL("%s: %s (%d)", #call, cudaGetErrorString(e_), (int)e_); \
-    } while (0)
-
-#define CK_CUBLAS(call)                                                         \
-    do {                                                                        \
-        cublasStatus_t s_ = (call);                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS) FAIL("%s: status %d", #call, (int)s_); \
-    } while (0)
-
-#define CK_NCCL(call)                                                                      \
-    do {                                                                                   \
-        ncclResult_t r_ = (call);                                                          \
-        if (r_ != ncclSuccess) FAIL("%s: %s (%d)", #call, ncclGetErrorString(r_), (int)r_); \
-    } while (0)
+#define PROGRAM "graph"
+#include "check.h"
 
 /* A (column-major, lda = M): fixed. B of replay i (column-major, ldb = K). */
 static float graph_weight(int j) { return (float)((j * 7 % 9) - 4) * 0.5f; }

@@ -1,0 +1,46 @@
+//! Building the C test programs of tests/integration/c: gcc against NVIDIA's headers (fetched
+//! from PyPI, never committed), linked by soname to the simulated libraries, as a program
+//! built against NVIDIA's libraries would be.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::abi_check::{fetch_headers_for, repo_root};
+use crate::{describe, profile_dir};
+
+/// The CUDA 12 libraries a program using the runtime, cuBLAS, cuBLASLt, NCCL and NVTX links.
+pub const CUDA12_SONAMES: [&str; 5] = [
+    "libcudart.so.12",
+    "libcublas.so.12",
+    "libcublasLt.so.12",
+    "libnccl.so.2",
+    "libnvToolsExt.so.1",
+];
+
+/// Compiles `tests/integration/c/<source>` with gcc (C11, warnings as errors) against CUDA
+/// `major`'s headers into `target/<profile>/c-<exe>/<exe>`, linked to the libraries `sonames`
+/// found in `sim` (`-l:NAME` links that exact file; its SONAME becomes the DT_NEEDED entry),
+/// with `sim` as the run path. Panics with gcc's output when it fails.
+pub fn compile_c(source: &str, exe: &str, major: u32, sim: &Path, sonames: &[&str]) -> PathBuf {
+    let include = fetch_headers_for(major).unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
+    let dir = profile_dir().join(format!("c-{exe}"));
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    let out_exe = dir.join(exe);
+    let mut cc = Command::new("gcc");
+    cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror"]);
+    for d in &include {
+        cc.arg("-I").arg(d);
+    }
+    cc.arg(repo_root().join("tests/integration/c").join(source))
+        .arg("-o")
+        .arg(&out_exe)
+        .arg("-L")
+        .arg(sim);
+    for so in sonames {
+        cc.arg(format!("-l:{so}"));
+    }
+    cc.arg(format!("-Wl,-rpath,{}", sim.display())).arg("-lm");
+    let out = cc.output().expect("gcc runs");
+    assert!(out.status.success(), "gcc failed on {source}:\n{}", describe(&out));
+    out_exe
+}

@@ -1,7 +1,7 @@
 //! `ttrace compare REF RUN`: line a distributed run up against a single-device reference and
 //! name the first tensor that differs by more than round-off explains.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -126,8 +126,44 @@ fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     Ok(bytes as u64)
 }
 
+/// Refuses a report path inside one of the stores being read (`--html RUN/manifest.json`
+/// would overwrite the store's manifest): reports go next to stores, never into them.
+fn refuse_inside_stores(flag: &str, out: &Path, stores: &[&Path]) -> anyhow::Result<()> {
+    if out.as_os_str() == "-" {
+        return Ok(());
+    }
+    // The file may not exist yet: resolve the folder it goes into.
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(folder) = parent.canonicalize() else {
+        return Ok(()); // Writing will fail and say why.
+    };
+    for store in stores {
+        if let Ok(store_dir) = store.canonicalize() {
+            if folder.starts_with(&store_dir) {
+                anyhow::bail!(
+                    "{flag} {}: that is inside the store {}, which compare only reads; \
+                     write the report elsewhere",
+                    out.display(),
+                    store.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs the comparison; returns the exit status (0 match, 1 divergence).
 pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
+    let mut stores = vec![args.reference.as_path(), args.run.as_path()];
+    stores.extend(args.perturbed.as_deref());
+    for (flag, out) in [("--html", &args.html), ("--json", &args.json)] {
+        if let Some(out) = out {
+            refuse_inside_stores(flag, out, &stores)?;
+        }
+    }
     let opts = CompareOptions {
         steps: args.steps.as_deref().map(parse_steps).transpose()?,
         layout: args
@@ -181,6 +217,22 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reports_are_never_written_into_a_store_being_read() {
+        let dir = std::env::temp_dir().join(format!("ttrace-cmp-out-{}", std::process::id()));
+        let store = dir.join("run");
+        std::fs::create_dir_all(store.join("rank0")).expect("make a store folder");
+        let inside = store.join("manifest.json");
+        let err = refuse_inside_stores("--html", &inside, &[&store]).unwrap_err();
+        assert!(err.to_string().contains("inside the store"), "{err}");
+        let deeper = store.join("rank0/report.json");
+        assert!(refuse_inside_stores("--json", &deeper, &[&store]).is_err());
+        // Next to the store, or stdout, is fine.
+        assert!(refuse_inside_stores("--html", &dir.join("r.html"), &[&store]).is_ok());
+        assert!(refuse_inside_stores("--json", Path::new("-"), &[&store]).is_ok());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn steps_parse_as_lists_and_ranges() {

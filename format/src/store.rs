@@ -131,6 +131,10 @@ pub struct RankInfo {
     /// (1.2) The (step, seq) of the last record it published: the unpublished ones came after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpublished_after: Option<(u64, u64)>,
+    /// (1.3) Raw bytes of its captured tensors stored as references to identical bytes stored
+    /// earlier in the same segment (dedup); 0 in older stores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_deduped: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

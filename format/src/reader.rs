@@ -1108,6 +1108,56 @@ impl Segment {
         })
     }
 
+    /// Decodes the blob a reference blob's `stored` bytes name into `out`: the referenced record is read (its CRC
+    /// checked) and its tensor decoded (checked against its own record's CRC-32). A
+    /// reference to a reference is refused (the collector never writes one), so resolution
+    /// cannot loop.
+    pub fn resolve_reference(
+        &self,
+        stored: &[u8],
+        raw_len: u64,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FormatError> {
+        let r = crate::dedup::BlobReference::parse(stored)?;
+        let seg = self;
+        let by_offset = seg
+            .frames
+            .binary_search_by_key(&r.offset, |f| f.offset)
+            .ok()
+            .filter(|&i| seg.read_meta(i).is_ok_and(|v| v.record.seq == r.seq));
+        let i = by_offset.or_else(|| seg.find_seq(r.seq)).ok_or_else(|| {
+            FormatError::Corrupt(format!(
+                "its bytes are those of tensor {} of seq {}, which is not in the segment \
+                 (lost or damaged)",
+                r.tensor, r.seq
+            ))
+        })?;
+        let target = seg.read(i).map_err(|issue| {
+            FormatError::Corrupt(format!(
+                "its bytes are those of tensor {} of seq {}, which is damaged: {}",
+                r.tensor, r.seq, issue.detail
+            ))
+        })?;
+        let t = r.tensor as usize;
+        if target.record.seq != r.seq || target.is_reference(t) {
+            return Err(FormatError::Corrupt(format!(
+                "its reference (seq {} tensor {}) does not name a stored blob",
+                r.seq, r.tensor
+            )));
+        }
+        target
+            .tensor_bytes_into(t, scratch, out)
+            .map_err(|e| FormatError::Corrupt(format!("the blob it references is bad: {e}")))?;
+        if out.len() as u64 != raw_len {
+            return Err(FormatError::Corrupt(format!(
+                "the blob it references has {} bytes, not {raw_len}",
+                out.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Every located record in file order, each checked against its CRC.
     pub fn records(&self) -> impl Iterator<Item = Result<RecordView<'_>, Box<Issue>>> + '_ {
         (0..self.frames.len()).map(move |i| self.read(i))
@@ -1203,56 +1253,6 @@ impl RecordView<'_> {
             .is_ok_and(|b| b.codec == codec::Codec::Reference)
     }
 
-    /// Decodes the blob a reference names into `out`: the referenced record is read (its CRC
-    /// checked) and its tensor decoded (checked against its own record's CRC-32). A
-    /// reference to a reference is refused (the collector never writes one), so resolution
-    /// cannot loop.
-    fn resolve_reference(
-        &self,
-        stored: &[u8],
-        raw_len: u64,
-        scratch: &mut Vec<u8>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), FormatError> {
-        let r = crate::dedup::BlobReference::parse(stored)?;
-        let seg = self.segment;
-        let by_offset = seg
-            .frames
-            .binary_search_by_key(&r.offset, |f| f.offset)
-            .ok()
-            .filter(|&i| seg.read_meta(i).is_ok_and(|v| v.record.seq == r.seq));
-        let i = by_offset.or_else(|| seg.find_seq(r.seq)).ok_or_else(|| {
-            FormatError::Corrupt(format!(
-                "its bytes are those of tensor {} of seq {}, which is not in the segment \
-                 (lost or damaged)",
-                r.tensor, r.seq
-            ))
-        })?;
-        let target = seg.read(i).map_err(|issue| {
-            FormatError::Corrupt(format!(
-                "its bytes are those of tensor {} of seq {}, which is damaged: {}",
-                r.tensor, r.seq, issue.detail
-            ))
-        })?;
-        let t = r.tensor as usize;
-        if target.record.seq != r.seq || target.is_reference(t) {
-            return Err(FormatError::Corrupt(format!(
-                "its reference (seq {} tensor {}) does not name a stored blob",
-                r.seq, r.tensor
-            )));
-        }
-        target
-            .tensor_bytes_into(t, scratch, out)
-            .map_err(|e| FormatError::Corrupt(format!("the blob it references is bad: {e}")))?;
-        if out.len() as u64 != raw_len {
-            return Err(FormatError::Corrupt(format!(
-                "the blob it references has {} bytes, not {raw_len}",
-                out.len()
-            )));
-        }
-        Ok(())
-    }
-
     /// Decodes tensor `i`'s bytes into `out` (reusing its capacity and `scratch`), checking
     /// the length against the record and the bytes against the record's CRC-32.
     pub fn tensor_bytes_into(
@@ -1287,7 +1287,8 @@ impl RecordView<'_> {
                 .ok_or_else(|| bad("a streamed tensor outside a store".into()))?;
             crate::stream::read_stream(run, stored, b.raw_len, scratch, out)
         } else if b.codec == codec::Codec::Reference {
-            self.resolve_reference(stored, b.raw_len, scratch, out)
+            self.segment
+                .resolve_reference(stored, b.raw_len, scratch, out)
         } else {
             codec::decode_into(
                 stored,

@@ -7,7 +7,9 @@ use std::path::Path;
 use ttrace_format::dedup::BlobReference;
 use ttrace_format::reader::Segment;
 use ttrace_format::record::Record;
-use ttrace_format::store::{segment_path, Blob, SegmentWriter, SEGMENT_HEADER_BYTES};
+use ttrace_format::store::{
+    segment_path, Blob, SegmentReader, SegmentWriter, SEGMENT_HEADER_BYTES,
+};
 
 fn bytes(n: usize, salt: u32) -> Vec<u8> {
     (0..n as u32)
@@ -73,6 +75,27 @@ fn a_reference_reads_back_as_the_bytes_it_names() {
     assert!(e.to_string().contains("CRC-32"), "{e}");
     let e = read(3).expect_err("a reference to nothing is an error");
     assert!(e.to_string().contains("not in the segment"), "{e}");
+}
+
+#[test]
+fn the_streaming_reader_resolves_references_too() {
+    let dir = tempdir("frames");
+    let (w, other) = (bytes(10_000, 1), bytes(10_000, 2));
+    write(&dir, &w, &other);
+    let mut r = SegmentReader::open(&segment_path(&dir, 0, 0)).expect("open");
+    let mut read = Vec::new();
+    while let Some(f) = r.next_frame() {
+        let f = f.expect("intact frame");
+        read.push((f.record.seq, f.tensor_bytes(0)));
+    }
+    assert_eq!(read.len(), 4);
+    assert_eq!(read[0].1.as_ref().expect("seq 0"), &w);
+    assert_eq!(read[1].1.as_ref().expect("seq 1"), &w);
+    assert!(
+        read[2].1.is_err(),
+        "seq 2 references bytes that are not its own"
+    );
+    assert!(read[3].1.is_err(), "seq 3 references nothing");
 }
 
 #[test]

@@ -403,7 +403,8 @@ fn close_group(r: ncclResult_t, launched: bool) {
     }
     // Streamed snapshots wait for the collector to take their chunks, which it can only once
     // the group's other snapshots (earlier tickets) are handed in: those go first.
-    let (streamed, plain): (Vec<_>, Vec<_>) = deferred.into_iter().partition(InFlight::is_streamed);
+    let (streamed, plain): (Vec<_>, Vec<_>) =
+        deferred.into_iter().partition(InFlight::is_streamed);
     for f in plain.into_iter().chain(streamed) {
         complete(f, r);
     }

@@ -10,7 +10,9 @@
 #      them to an in-process ttraced, which checks their CRC-32, shuffles, compresses and writes
 #      segment files);
 #   3. the fixture trainer's step time with and without ttrace (tp=2, dp=2, pp=2, BF16, on the
-#      simulated stack).
+#      simulated stack);
+#   4. the same (hidden-64) trainer's store size with dedup (the default) and with --no-dedup,
+#      and the dedup ratio `ttrace ls` reports.
 #
 #   scripts/bench-capture.sh                      # everything, defaults
 #   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
@@ -56,3 +58,17 @@ traced=$(best bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttr
 awk -v p="$plain" -v t="$traced" -v s="$steps" 'BEGIN {
   printf "  untraced  %.3f s (%.1f ms/step)\n  traced    %.3f s (%.1f ms/step)\n  ratio     %.2fx\n",
          p, 1000 * p / s, t, 1000 * t / s, t / p }'
+
+echo
+echo "== 4. store size of the same trainer ($steps steps), dedup vs --no-dedup"
+size_of() { # bytes of a store's segments (streams included, the manifest not)
+  find "$1" -name '*.seg' -o -name '*.tts' | xargs -r stat -c %s | awk '{ s += $1 } END { print s + 0 }'
+}
+rm -rf "$store/run" "$store/plain"
+"$target/release/ttrace" run -q --out "$store/run" -- "${trainer[@]}" >/dev/null 2>&1
+"$target/release/ttrace" run -q --no-dedup --out "$store/plain" -- "${trainer[@]}" >/dev/null 2>&1
+on=$(size_of "$store/run")
+off=$(size_of "$store/plain")
+awk -v a="$on" -v b="$off" 'BEGIN {
+  printf "  --no-dedup  %.1f MiB\n  dedup       %.1f MiB (%.2fx smaller)\n", b / 1048576, a / 1048576, b / a }'
+"$target/release/ttrace" ls "$store/run" | grep '^dedup' | sed 's/^/  /'

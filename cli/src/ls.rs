@@ -50,6 +50,8 @@ struct RankSum {
     gap_reasons: BTreeMap<String, u64>,
     bytes_raw: u64,
     bytes_stored: u64,
+    /// Raw bytes of its tensors stored as references to identical bytes (dedup, 1.3).
+    bytes_deduped: u64,
     /// From the manifest, when known.
     pid: Option<u32>,
     hostname: Option<String>,
@@ -176,6 +178,7 @@ fn read_segments(store: &Store) -> Listing {
             let (raw, stored) = (v.raw_bytes(), v.stored_bytes());
             r.bytes_raw += raw;
             r.bytes_stored += stored;
+            r.bytes_deduped += v.deduped_bytes();
             s.bytes_raw += raw;
             s.bytes_stored += stored;
             match &v.record.op {
@@ -456,6 +459,9 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
         ]);
     }
     print_table(out, &rows)?;
+    let raw: u64 = ranks.values().map(|r| r.bytes_raw).sum();
+    let deduped: u64 = ranks.values().map(|r| r.bytes_deduped).sum();
+    writeln!(out, "dedup    {}", dedup_note(raw, deduped))?;
     writeln!(out)?;
     let mut rows = vec![["step", "ranks", "records", "gaps", "raw", "stored"]
         .map(String::from)
@@ -522,6 +528,22 @@ fn steps_set(v: &[u64]) -> String {
         return "-".into();
     }
     RangeSet(parts).to_string()
+}
+
+/// The dedup ratio of a store: tensor bytes its records reference over the bytes stored once
+/// (before compression), e.g. `2.00x (8.0 MiB of tensors, 4.0 MiB stored once)`.
+pub(crate) fn dedup_note(raw: u64, deduped: u64) -> String {
+    let distinct = raw.saturating_sub(deduped);
+    let r = if distinct == 0 {
+        1.0
+    } else {
+        raw as f64 / distinct as f64
+    };
+    format!(
+        "{r:.2}x ({} of tensors, {} stored once)",
+        human(raw),
+        human(distinct)
+    )
 }
 
 fn ratio(raw: u64, stored: u64) -> String {

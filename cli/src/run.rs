@@ -98,6 +98,10 @@ pub struct RunArgs {
     /// Do not record kernel launch names between captured ops.
     #[arg(long)]
     no_kernels: bool,
+    /// Store every tensor's bytes, also when its (rank, step) already holds the same bytes
+    /// (by default they are stored once and referenced: docs/format.md, codec 5).
+    #[arg(long)]
+    no_dedup: bool,
     /// Snapshot ring per traced process (pinned host memory), 64K..=64G.
     #[arg(long, value_name = "BYTES", value_parser = parse_ring_bytes, default_value = "256M")]
     ring_bytes: u64,
@@ -221,6 +225,7 @@ fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
     c.max_tensor_bytes = a.max_tensor_bytes;
     c.inputs = !a.no_inputs;
     c.kernels = !a.no_kernels;
+    c.dedup = !a.no_dedup;
     c.ring_bytes = a.ring_bytes;
     c.wait_ms = a.wait_ms;
     c.max_stall_ms = a.max_stall_ms;
@@ -372,6 +377,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
             "TTRACE_INPUTS" => "; use --no-inputs",
             "TTRACE_KERNELS" => "; use --no-kernels",
+            "TTRACE_DEDUP" => "; use --no-dedup",
             "TTRACE_RING_BYTES" => "; use --ring-bytes",
             "TTRACE_WAIT_MS" => "; use --wait-ms",
             "TTRACE_STEP_RULE" => "; use --step-rule",
@@ -790,6 +796,11 @@ fn render(s: &Summary, command: &[String], how: &str, cmd: Duration, cwd: &Path)
         } else {
             String::new()
         }
+    );
+    let _ = writeln!(
+        o,
+        "  dedup     {}",
+        crate::ls::dedup_note(s.bytes_raw, s.bytes_deduped)
     );
     o.push_str(&render_lost(s));
     if s.processes.is_empty() {

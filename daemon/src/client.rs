@@ -21,6 +21,7 @@ use ttrace_format::wire::{
     self, Chunk, ClientMsg, DaemonMsg, Hello, StreamRef, MAX_FRAME, PROTOCOL_VERSION,
 };
 
+use crate::dedup::Digest;
 use crate::encode::Encoder;
 use crate::fdpass;
 use crate::segments::{self, SegRef};
@@ -90,6 +91,8 @@ struct Info {
     steps: BTreeSet<(u32, u64)>,
     bytes_raw: u64,
     bytes_stored: u64,
+    /// Raw bytes stored as references to identical bytes stored earlier (dedup).
+    bytes_deduped: u64,
     crc_mismatches: u64,
     clean_exit: bool,
     error: Option<String>,
@@ -168,6 +171,7 @@ impl ClientState {
             taken: i.taken,
             unpublished: i.unpublished(),
             unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
+            bytes_deduped: i.bytes_deduped,
         })
     }
 
@@ -188,6 +192,7 @@ impl ClientState {
             gaps: i.gaps,
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
+            bytes_deduped: i.bytes_deduped,
             crc_mismatches: i.crc_mismatches,
             clean_exit: i.clean_exit,
             outlived_run: self.cut.load(Ordering::Acquire),
@@ -273,6 +278,8 @@ struct Encoded {
     blob: Blob,
     /// CRC-32 of the bytes in the ring.
     crc: u32,
+    /// Their BLAKE3 digest, when the job deduplicates (module `dedup`).
+    digest: Option<Digest>,
 }
 
 /// A record on its way from the reader to the writer.
@@ -673,13 +680,18 @@ fn prepare(
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
         let (tx, rx) = bounded::<Encoded>(1);
         let (ring, level, off) = (ring.clone(), shared.level, offsets[i]);
+        let dedup = shared.run.capture.dedup;
         if let Some(s) = slot {
             shared.pool.submit(Box::new(move |enc: &mut Encoder| {
                 // SAFETY: the slot was validated and is released only by this client's writer
                 // after it has received this job's result; the range is inside the slot
                 // (checked against its length above).
                 let bytes = unsafe { ring.bytes(&s, off, nbytes) };
-                let _ = tx.send(encode(bytes, elem, enc));
+                let mut e = encode(bytes, elem, enc);
+                if dedup {
+                    e.digest = crate::dedup::digest(bytes);
+                }
+                let _ = tx.send(e);
             }));
         } else {
             let _ = tx.send(encode(&[], elem, &mut Encoder::new(level)));
@@ -777,7 +789,11 @@ fn encode(bytes: &[u8], elem: usize, enc: &mut Encoder) -> Encoded {
         warn!("compression failed ({e}); storing the tensor raw");
         raw_blob(bytes, elem)
     });
-    Encoded { blob, crc }
+    Encoded {
+        blob,
+        crc,
+        digest: None,
+    }
 }
 
 fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
@@ -798,6 +814,7 @@ fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring
         Encoded {
             blob: raw_blob(bytes, c.elem as usize),
             crc: crc32fast::hash(bytes),
+            digest: None,
         }
     });
     streams.chunk(c, enc.blob, enc.crc);
@@ -911,6 +928,7 @@ fn write_loop(
             streams.blobs(&mut p.record, &p.streams)
         };
         let rec = &p.record;
+        let mut digests: Vec<Option<Digest>> = vec![None; blobs.len()];
         let mut mismatches = 0u64;
         let expected: Vec<u32> = rec
             .tensors
@@ -928,11 +946,13 @@ fn write_loop(
                     Encoded {
                         blob: raw_blob(bytes, elem),
                         crc: crc32fast::hash(bytes),
+                        digest: None,
                     }
                 }
                 (Err(_), None) => Encoded {
                     blob: raw_blob(&[], elem),
                     crc: 0,
+                    digest: None,
                 },
             };
             if enc.crc != expected[i] {
@@ -947,6 +967,9 @@ fn write_loop(
                     expected[i]
                 );
             }
+            // Only bytes that match their record are deduplicated: a reference must read back
+            // as the record says.
+            digests.push(enc.digest.filter(|_| enc.crc == expected[i]));
             blobs.push(enc.blob);
         }
         let key = (rec.rank, rec.step);
@@ -989,14 +1012,16 @@ fn write_loop(
                 }
             }
         }
-        let written = held.get(&key).map(|seg| seg.append(rec, &blobs, losses));
+        let written = held
+            .get(&key)
+            .map(|seg| seg.append(rec, &mut blobs, &digests, losses));
         // A failed write may leave earlier frames stuck in the writer's buffer.
         flushed &= !matches!(written, Some(Err(_)));
         waiting.push_back(Unreleased {
             key: Some(key),
             // A record that could not be written has nothing to wait for.
             frame_end: match &written {
-                Some(Ok(end)) => *end,
+                Some(Ok((end, _))) => *end,
                 _ => 0,
             },
             slot_end: p.slot.as_ref().map(|s| s.end),
@@ -1015,8 +1040,9 @@ fn write_loop(
         }
         // A record not written is counted when its segment is finished (module `segments`:
         // what is not in the file is lost), logged once per cause.
-        if let Some(Ok(_)) = written {
+        if let Some(Ok((_, deduped))) = written {
             let mut i = state.info.lock();
+            i.bytes_deduped += deduped;
             i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
             i.steps.insert(key);
             i.last_rank = Some(rec.rank);

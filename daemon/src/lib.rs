@@ -41,6 +41,7 @@
 
 mod client;
 pub mod collector;
+mod dedup;
 pub mod encode;
 mod fdpass;
 mod pool;
@@ -200,6 +201,9 @@ pub struct ProcessSummary {
     /// Tensor bytes before and after compression.
     pub bytes_raw: u64,
     pub bytes_stored: u64,
+    /// Raw tensor bytes stored as references to identical bytes stored earlier in their
+    /// segment (dedup): `bytes_raw - bytes_deduped` raw bytes were compressed and stored.
+    pub bytes_deduped: u64,
     /// Tensors whose ring bytes did not match the record's checksum (records kept, see the
     /// crate documentation).
     pub crc_mismatches: u64,
@@ -235,6 +239,8 @@ pub struct Summary {
     pub gaps: u64,
     pub bytes_raw: u64,
     pub bytes_stored: u64,
+    /// Raw tensor bytes stored as references (dedup; see [`ProcessSummary::bytes_deduped`]).
+    pub bytes_deduped: u64,
     pub crc_mismatches: u64,
     /// Communicators registered.
     pub comms: usize,
@@ -752,6 +758,7 @@ impl Handle {
             gaps: processes.iter().map(|p| p.gaps).sum(),
             bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
             bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),
+            bytes_deduped: processes.iter().map(|p| p.bytes_deduped).sum(),
             crc_mismatches: processes.iter().map(|p| p.crc_mismatches).sum(),
             comms: self.shared.comms.lock().len(),
             dropped_clients,

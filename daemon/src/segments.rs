@@ -38,6 +38,7 @@ use ttrace_format::store::{
 };
 use ttrace_format::FormatError;
 
+use crate::dedup::{Digest, Seen};
 use crate::store_dir::StoreDir;
 
 type Key = (u32, u64);
@@ -54,6 +55,9 @@ enum State {
         given: u64,
         /// The first error that broke the writer (see the module documentation).
         broken: Option<String>,
+        /// The blobs written into it by this writer, for dedup (a reopened segment starts
+        /// afresh: its copied frames are not referenced).
+        seen: Box<Seen>,
     },
     /// Handed to the finisher thread.
     Finishing,
@@ -155,27 +159,36 @@ pub(crate) fn cause(what: &str, e: &FormatError) -> String {
 }
 
 impl SegRef {
-    /// Appends a record; returns where its frame ends in the segment. A broken segment takes
-    /// no more records (they are lost with the others: see the module documentation).
+    /// Appends a record; returns where its frame ends in the segment and the raw bytes of
+    /// its blobs replaced by references to identical bytes stored before in the segment (a
+    /// blob with a digest in `digests` is deduplicated: see module `dedup`). A broken segment
+    /// takes no more records (they are lost with the others: see the module documentation).
     pub(crate) fn append(
         &self,
         record: &Record,
-        blobs: &[Blob],
+        blobs: &mut [Blob],
+        digests: &[Option<Digest>],
         losses: &Losses,
-    ) -> Result<u64, FormatError> {
+    ) -> Result<(u64, u64), FormatError> {
         match &mut self.entry.entry.lock().state {
             State::Open {
                 writer,
                 given,
                 broken,
+                seen,
                 ..
             } => {
                 *given += 1;
                 if let Some(b) = broken {
                     return Err(FormatError::Invalid(b.clone()));
                 }
+                let deduped = seen.dedup(record, writer.len(), blobs, digests);
+                let saved = deduped.bytes;
                 match writer.append(record, blobs) {
-                    Ok(_) => Ok(writer.len()),
+                    Ok(_) => {
+                        seen.keep(deduped);
+                        Ok((writer.len(), saved))
+                    }
                     Err(e) => {
                         let c = cause("writing a segment", &e);
                         losses.note(&c);
@@ -336,6 +349,7 @@ impl Segments {
                                 staged,
                                 given: 0,
                                 broken: None,
+                                seen: Box::default(),
                             }
                         }
                         Err(err) => {

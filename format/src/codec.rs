@@ -28,6 +28,9 @@ pub enum Codec {
     /// name the file (`streams/NAME.tts`): see [`crate::stream`]. Decoded by the store reader,
     /// which knows the run directory.
     Streamed = 4,
+    /// The bytes are those of an earlier blob of the same segment (format 1.3, dedup): the
+    /// stored bytes say which (see [`crate::dedup`]). Resolved by the store reader.
+    Reference = 5,
 }
 
 impl Codec {
@@ -39,6 +42,7 @@ impl Codec {
             2 => Some(Codec::ShuffleZstd),
             3 => Some(Codec::ShufflePlanes),
             4 => Some(Codec::Streamed),
+            5 => Some(Codec::Reference),
             _ => None,
         }
     }
@@ -204,6 +208,9 @@ pub fn encode(
             encode_planes(raw, elem, &mut ctx, scratch, &mut out)?;
             Ok(out)
         }
+        Codec::Reference => Err(FormatError::Invalid(
+            "a reference is made from an earlier blob (dedup::BlobReference)".into(),
+        )),
         Codec::Streamed => Err(FormatError::Invalid(
             "a streamed tensor is written chunk by chunk (stream::StreamWriter)".into(),
         )),
@@ -359,6 +366,12 @@ pub fn decode_into(
         Codec::Streamed => {
             return Err(FormatError::Invalid(
                 "a streamed tensor is read through its store (reader::RecordView)".into(),
+            ))
+        }
+        Codec::Reference => {
+            return Err(FormatError::Invalid(
+                "a reference to another blob is resolved by its segment (reader::RecordView)"
+                    .into(),
             ))
         }
     }

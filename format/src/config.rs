@@ -17,6 +17,7 @@
 //! | `TTRACE_MAX_STALL_MS` | the most a process waits on the daemon over its whole run (ring space, `Hello`); once spent, what does not fit at once is a gap | 30000 |
 //! | `TTRACE_STEP_RULE` | `auto`, `nvtx:NAME` (a range or mark named NAME starts a step), `api` (`ttrace_step()` only) | auto |
 //! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` | warn |
+//! | `TTRACE_DEDUP` | store identical tensor bytes of a (rank, step) once (format 1.3 references): `1`/`0` | 1 |
 //! | `TTRACE_PERTURB` | seed of a perturbed reference run: every GEMM output (F32/F16/BF16) gets ±1 ulp noise | off |
 
 use std::collections::BTreeMap;
@@ -133,6 +134,15 @@ pub struct CaptureConfig {
     /// manifests written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub perturb: Option<u64>,
+    /// Identical tensor bytes of a (rank, step) are stored once, later ones as references
+    /// (format 1.3, `TTRACE_DEDUP`; the collector does it). Absent from manifests written
+    /// before it existed (read as on).
+    #[serde(default = "default_dedup")]
+    pub dedup: bool,
+}
+
+fn default_dedup() -> bool {
+    true
 }
 
 impl Default for CaptureConfig {
@@ -151,6 +161,7 @@ impl Default for CaptureConfig {
             step_rule: StepRule::Auto,
             log: "warn".into(),
             perturb: None,
+            dedup: true,
         }
     }
 }
@@ -216,6 +227,7 @@ impl CaptureConfig {
                 "TTRACE_MAX_TENSOR_BYTES" => c.max_tensor_bytes = number(&k, &v)?,
                 "TTRACE_INPUTS" => c.inputs = flag(&k, &v)?,
                 "TTRACE_KERNELS" => c.kernels = flag(&k, &v)?,
+                "TTRACE_DEDUP" => c.dedup = flag(&k, &v)?,
                 "TTRACE_RING_BYTES" => c.ring_bytes = number(&k, &v)?,
                 "TTRACE_WAIT_MS" => c.wait_ms = number(&k, &v)?,
                 "TTRACE_MAX_STALL_MS" => c.max_stall_ms = number(&k, &v)?,
@@ -267,6 +279,7 @@ impl CaptureConfig {
         );
         m.insert("TTRACE_INPUTS".into(), (self.inputs as u8).to_string());
         m.insert("TTRACE_KERNELS".into(), (self.kernels as u8).to_string());
+        m.insert("TTRACE_DEDUP".into(), (self.dedup as u8).to_string());
         m.insert("TTRACE_RING_BYTES".into(), self.ring_bytes.to_string());
         m.insert("TTRACE_WAIT_MS".into(), self.wait_ms.to_string());
         m.insert("TTRACE_MAX_STALL_MS".into(), self.max_stall_ms.to_string());
@@ -311,6 +324,7 @@ mod tests {
             step_rule: StepRule::Nvtx("train_step".into()),
             log: "info".into(),
             perturb: Some(u64::MAX),
+            dedup: false,
         };
         assert_eq!(CaptureConfig::from_vars(c.to_vars()).expect("parses"), c);
         let plain = CaptureConfig::default();

@@ -4,6 +4,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod dedup;
 pub mod dtype;
 pub mod peer;
 pub mod reader;

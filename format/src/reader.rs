@@ -1099,12 +1099,63 @@ impl Segment {
         Ok(RecordView {
             offset: loc.offset,
             frame_len: loc.frame_len,
+            segment: self,
             path: &self.path,
             record,
             body,
             blobs,
             blob_of,
         })
+    }
+
+    /// Decodes the blob a reference blob's `stored` bytes name into `out`: the referenced record is read (its CRC
+    /// checked) and its tensor decoded (checked against its own record's CRC-32). A
+    /// reference to a reference is refused (the collector never writes one), so resolution
+    /// cannot loop.
+    pub fn resolve_reference(
+        &self,
+        stored: &[u8],
+        raw_len: u64,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FormatError> {
+        let r = crate::dedup::BlobReference::parse(stored)?;
+        let seg = self;
+        let by_offset = seg
+            .frames
+            .binary_search_by_key(&r.offset, |f| f.offset)
+            .ok()
+            .filter(|&i| seg.read_meta(i).is_ok_and(|v| v.record.seq == r.seq));
+        let i = by_offset.or_else(|| seg.find_seq(r.seq)).ok_or_else(|| {
+            FormatError::Corrupt(format!(
+                "its bytes are those of tensor {} of seq {}, which is not in the segment \
+                 (lost or damaged)",
+                r.tensor, r.seq
+            ))
+        })?;
+        let target = seg.read(i).map_err(|issue| {
+            FormatError::Corrupt(format!(
+                "its bytes are those of tensor {} of seq {}, which is damaged: {}",
+                r.tensor, r.seq, issue.detail
+            ))
+        })?;
+        let t = r.tensor as usize;
+        if target.record.seq != r.seq || target.is_reference(t) {
+            return Err(FormatError::Corrupt(format!(
+                "its reference (seq {} tensor {}) does not name a stored blob",
+                r.seq, r.tensor
+            )));
+        }
+        target
+            .tensor_bytes_into(t, scratch, out)
+            .map_err(|e| FormatError::Corrupt(format!("the blob it references is bad: {e}")))?;
+        if out.len() as u64 != raw_len {
+            return Err(FormatError::Corrupt(format!(
+                "the blob it references has {} bytes, not {raw_len}",
+                out.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Every located record in file order, each checked against its CRC.
@@ -1119,6 +1170,8 @@ pub struct RecordView<'a> {
     pub offset: u64,
     /// Header plus body.
     pub frame_len: u64,
+    /// The segment it was read from (references to other blobs resolve in it).
+    segment: &'a Segment,
     path: &'a Path,
     pub record: Record,
     body: &'a [u8],
@@ -1184,6 +1237,22 @@ impl RecordView<'_> {
         self.blobs.iter().map(|b| self.blob_stored(b)).sum()
     }
 
+    /// Raw bytes of the captured tensors stored as references to an earlier blob of the
+    /// segment (dedup, format 1.3; as the daemon counts `bytes_deduped`).
+    pub fn deduped_bytes(&self) -> u64 {
+        self.blobs
+            .iter()
+            .filter(|b| b.codec == codec::Codec::Reference)
+            .map(|b| b.raw_len)
+            .sum()
+    }
+
+    /// Whether tensor `i` is stored as a reference to an earlier blob of its segment.
+    pub fn is_reference(&self, tensor: usize) -> bool {
+        self.blob(tensor)
+            .is_ok_and(|b| b.codec == codec::Codec::Reference)
+    }
+
     /// Decodes tensor `i`'s bytes into `out` (reusing its capacity and `scratch`), checking
     /// the length against the record and the bytes against the record's CRC-32.
     pub fn tensor_bytes_into(
@@ -1217,6 +1286,9 @@ impl RecordView<'_> {
                 .and_then(Path::parent)
                 .ok_or_else(|| bad("a streamed tensor outside a store".into()))?;
             crate::stream::read_stream(run, stored, b.raw_len, scratch, out)
+        } else if b.codec == codec::Codec::Reference {
+            self.segment
+                .resolve_reference(stored, b.raw_len, scratch, out)
         } else {
             codec::decode_into(
                 stored,

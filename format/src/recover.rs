@@ -42,6 +42,8 @@ pub struct SegmentCheck {
     /// Raw and stored bytes of the intact records' tensors.
     pub bytes_raw: u64,
     pub bytes_stored: u64,
+    /// Raw bytes stored as references to an earlier blob (dedup).
+    pub bytes_deduped: u64,
     /// Every problem, from opening and from reading each record (and, deep, each tensor).
     pub issues: Vec<Issue>,
     /// The index the segment should have (every located frame), when the one on disk differs.
@@ -72,6 +74,7 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
         gaps: 0,
         bytes_raw: 0,
         bytes_stored: 0,
+        bytes_deduped: 0,
         issues: seg.issues().to_vec(),
         index_wanted: None,
         torn_at: None,
@@ -123,6 +126,7 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
         c.records += 1;
         c.bytes_raw += view.raw_bytes();
         c.bytes_stored += view.stored_bytes();
+        c.bytes_deduped += view.deduped_bytes();
         c.first_call_ns = Some(c.first_call_ns.map_or(r.t_call_ns, |t| t.min(r.t_call_ns)));
         match &r.op {
             Op::Gap(_) => c.gaps += 1,
@@ -380,12 +384,14 @@ pub fn rebuild_manifest(store: &Store, checks: &[SegmentCheck]) -> Manifest {
                 taken: known.map_or(0, |k| k.taken),
                 unpublished: known.map_or(0, |k| k.unpublished),
                 unpublished_after: known.and_then(|k| k.unpublished_after),
+                bytes_deduped: 0,
             }
         });
         r.records += c.records;
         r.gaps += c.gaps;
         r.bytes_raw += c.bytes_raw;
         r.bytes_stored += c.bytes_stored;
+        r.bytes_deduped += c.bytes_deduped;
         for (key, (size, members)) in &c.comms {
             let e = comms
                 .entry(*key)

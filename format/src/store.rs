@@ -26,7 +26,7 @@ use crate::FormatError;
 /// Major version: a reader refuses a store with another one.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 2;
+pub const FORMAT_MINOR: u16 = 3;
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
 pub const INDEX_MAGIC: [u8; 8] = *b"TTRIDX\r\n";
@@ -131,6 +131,10 @@ pub struct RankInfo {
     /// (1.2) The (step, seq) of the last record it published: the unpublished ones came after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpublished_after: Option<(u64, u64)>,
+    /// (1.3) Raw bytes of its captured tensors stored as references to identical bytes stored
+    /// earlier in the same segment (dedup); 0 in older stores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_deduped: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -732,6 +736,8 @@ pub struct Frame {
     pub blobs: Vec<BlobRef>,
     /// The run directory, where streamed tensors are (set by [`SegmentReader`]).
     pub run: Option<PathBuf>,
+    /// The segment it was read from, where references resolve (set by [`SegmentReader`]).
+    pub segment: Option<PathBuf>,
 }
 
 impl Frame {
@@ -753,6 +759,9 @@ impl Frame {
             crate::stream::read_stream(run, stored, b.raw_len, &mut scratch, &mut out)?;
             return Ok(out);
         }
+        if b.codec == Codec::Reference {
+            return self.referenced_bytes(i, stored, b.raw_len);
+        }
         codec::decode(
             stored,
             b.raw_len as usize,
@@ -760,6 +769,41 @@ impl Frame {
             b.codec,
             &mut scratch,
         )
+    }
+
+    /// The bytes of captured tensor `i`, stored as a reference to an earlier blob of the
+    /// segment (format 1.3), checked against the record's length and CRC-32.
+    fn referenced_bytes(
+        &self,
+        i: usize,
+        stored: &[u8],
+        raw_len: u64,
+    ) -> Result<Vec<u8>, FormatError> {
+        let path = self.segment.as_deref().ok_or_else(|| {
+            FormatError::Invalid("a deduplicated tensor read outside its segment".into())
+        })?;
+        let t = self
+            .record
+            .tensors
+            .iter()
+            .filter(|t| t.captured)
+            .nth(i)
+            .ok_or_else(|| FormatError::Corrupt(format!("no captured tensor {i}")))?;
+        let seg = crate::reader::Segment::open(path)?;
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        seg.resolve_reference(stored, raw_len, &mut scratch, &mut out)?;
+        let crc = crc32fast::hash(&out);
+        if out.len() as u64 != t.nbytes || crc != t.crc32 {
+            return Err(FormatError::Corrupt(format!(
+                "seq {} tensor {i}: the referenced bytes ({} bytes, CRC-32 {crc:#010x}) are not \
+                 the record's ({} bytes, {:#010x})",
+                self.record.seq,
+                out.len(),
+                t.nbytes,
+                t.crc32
+            )));
+        }
+        Ok(out)
     }
 
     /// Decodes a body (already checked against its CRC).
@@ -771,6 +815,7 @@ impl Frame {
             body,
             blobs,
             run: None,
+            segment: None,
         })
     }
 }
@@ -924,7 +969,11 @@ impl SegmentReader {
             .map(Path::to_path_buf);
         Some(
             Frame::parse(start, body)
-                .map(|f| Frame { run, ..f })
+                .map(|f| Frame {
+                    run,
+                    segment: Some(self.path.clone()),
+                    ..f
+                })
                 .map_err(|e| ScanIssue::Corrupt {
                     offset: start,
                     why: e.to_string(),

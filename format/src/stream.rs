@@ -264,7 +264,7 @@ pub fn read_stream(
             return Err(bad(format!("chunk {index} does not match its CRC-32")));
         }
         let codec = Codec::from_u8(body[0])
-            .filter(|c| *c != Codec::Streamed)
+            .filter(|c| !matches!(c, Codec::Streamed | Codec::Reference))
             .ok_or_else(|| bad(format!("chunk {index} has codec {}", body[0])))?;
         let chunk_raw = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
         let stored = u64::from_le_bytes(body[16..24].try_into().expect("8 bytes"));

@@ -298,6 +298,7 @@ pub fn write_store(run: &Path, ranks: u32, steps: u64, n: u64) -> BTreeMap<(u32,
             taken: 0,
             unpublished: 0,
             unpublished_after: None,
+            bytes_deduped: 0,
         };
         for step in 0..steps {
             let made = records(rank, step, n, ranks);

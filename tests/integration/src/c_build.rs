@@ -41,6 +41,10 @@ pub fn compile_c(source: &str, exe: &str, major: u32, sim: &Path, sonames: &[&st
     }
     cc.arg(format!("-Wl,-rpath,{}", sim.display())).arg("-lm");
     let out = cc.output().expect("gcc runs");
-    assert!(out.status.success(), "gcc failed on {source}:\n{}", describe(&out));
+    assert!(
+        out.status.success(),
+        "gcc failed on {source}:\n{}",
+        describe(&out)
+    );
     out_exe
 }

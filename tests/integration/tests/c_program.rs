@@ -75,7 +75,7 @@ fn links_the_simulated_libraries_by_soname() {
         .filter(|l| l.contains("(NEEDED)"))
         .filter_map(|l| l.split('[').nth(1)?.split(']').next())
         .collect();
-    for so in SONAMES {
+    for so in CUDA12_SONAMES {
         assert!(needed.contains(&so), "DT_NEEDED lacks {so}: {needed:?}");
     }
     // Nothing by path or by an unversioned development name.

@@ -682,7 +682,9 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
         // Only the daemon sitting on published slots is a stall: while the device runs the
         // op (an after-copy waits for it) or the tracer waits for a chunk's copy, nothing is
         // owed yet.
-        if t != tail || !tracer::daemon_owes(s.ring) {
+        // A tracer that has not started yet counts as idle, so the wait stays bounded.
+        let started = tracer::waiting_for() != u64::MAX;
+        if started && (t != tail || !tracer::daemon_owes(s.ring)) {
             (tail, idle_since) = (t, now);
         }
         let idle = now - idle_since;
@@ -690,9 +692,9 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
             stall::charge(idle);
             return None;
         }
-        let at = tracer::waiting_for();
-        if at == u64::MAX || mine.is_some_and(|m| at == m) {
-            // The tracer stopped, or waits for this thread's own deferred group.
+        // The tracer stopped, or waits for this thread's own deferred group. (Not yet started
+        // is no reason: a big copy as the process's first op comes before the thread runs.)
+        if tracer::stopped() || mine.is_some_and(|m| tracer::waiting_for() == m) {
             return None;
         }
         std::thread::sleep(pause);

@@ -102,8 +102,10 @@ static FIFO: Fifo = Fifo {
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
-/// The ticket the tracer waits for (`u64::MAX` before it starts).
+/// The ticket the tracer waits for (`u64::MAX` before it starts and once it stopped).
 static AT: AtomicU64 = AtomicU64::new(u64::MAX);
+/// The tracer thread has stopped: nothing will take entries any more.
+static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Exit: the tracer drains up to this ticket, then says goodbye.
 static DRAIN_TO: AtomicU64 = AtomicU64::new(u64::MAX);
 static DRAIN_DEADLINE: Mutex<Option<Instant>> = Mutex::new(None);
@@ -183,9 +185,15 @@ pub fn daemon_owes(ring: &Ring) -> bool {
     PUBLISHED_END.load(Ordering::Acquire) > ring.tail()
 }
 
-/// The ticket the tracer is waiting for.
+/// The ticket the tracer is waiting for (`u64::MAX` when it is not waiting: not started yet,
+/// or stopped, see [`stopped`]).
 pub fn waiting_for() -> u64 {
     AT.load(Ordering::Acquire)
+}
+
+/// Whether the tracer thread has stopped (a process that has not started it yet has not).
+pub fn stopped() -> bool {
+    STOPPED.load(Ordering::Acquire)
 }
 
 /// Pushes an entry under a fresh ticket.
@@ -358,6 +366,7 @@ impl Tracer {
                 let _ = self.client.send(&bye);
             }
         }
+        STOPPED.store(true, Ordering::Release);
         AT.store(u64::MAX, Ordering::Release);
     }
 

@@ -1,5 +1,6 @@
 //! `ttrace check RUN`: find silent bugs in one distributed trace, without a reference run.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -64,12 +65,12 @@ pub fn main(args: CheckArgs) -> anyhow::Result<i32> {
     bar.finish_and_clear();
     let json = serde_json::to_string_pretty(&report)?;
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => println!("{json}"),
+        Some(p) if p.as_os_str() == "-" => writeln!(std::io::stdout().lock(), "{json}")?,
         Some(p) => {
             std::fs::write(p, json + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            print!("{report}");
+            write!(std::io::stdout().lock(), "{report}")?;
         }
-        None => print!("{report}"),
+        None => write!(std::io::stdout().lock(), "{report}")?,
     }
     Ok(i32::from(report.has_findings()))
 }

@@ -1,6 +1,7 @@
 //! `ttrace compare REF RUN`: line a distributed run up against a single-device reference and
 //! name the first tensor that differs by more than round-off explains.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
@@ -203,13 +204,17 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => println!("{}", serde_json::to_string_pretty(&report)?),
+        Some(p) if p.as_os_str() == "-" => writeln!(
+            std::io::stdout().lock(),
+            "{}",
+            serde_json::to_string_pretty(&report)?
+        )?,
         Some(p) => {
             std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
                 .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            print!("{}", text::render(&report, color));
+            write!(std::io::stdout().lock(), "{}", text::render(&report, color))?;
         }
-        None => print!("{}", text::render(&report, color)),
+        None => write!(std::io::stdout().lock(), "{}", text::render(&report, color))?,
     }
     Ok(report.exit_code())
 }

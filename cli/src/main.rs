@@ -83,17 +83,6 @@ fn status(cmd: &str, r: anyhow::Result<i32>) -> i32 {
     }
 }
 
-/// `ttrace check RUN | head`: a reading command whose reader has gone ends quietly, as Unix
-/// tools do, instead of panicking in `print!`. Not for `ttrace run`, whose collector writes
-/// to sockets a rank may close at any time.
-fn quiet_on_closed_pipe() {
-    // SAFETY: restores the default disposition of SIGPIPE (Rust's runtime ignores it) before
-    // any thread is started; no handler is installed.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -104,9 +93,6 @@ fn main() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run(_)) {
-        quiet_on_closed_pipe();
-    }
     let code = match cli.command {
         Command::Run(args) => run::main(args),
         Command::Dump(args) => match dump::main(args) {

@@ -393,11 +393,9 @@ fn close_group(r: ncclResult_t, launched: bool) {
     if deferred.is_empty() {
         return;
     }
-    let Some(_g) = thread::Guard::enter() else {
-        deferred.into_iter().for_each(|f| engine::finish(f, false));
-        return;
-    };
-    if !launched {
+    // Held while the snapshots complete (none when the tracer itself is inside NCCL).
+    let guard = thread::Guard::enter();
+    if guard.is_none() || !launched {
         deferred.into_iter().for_each(|f| engine::finish(f, false));
         return;
     }

@@ -28,7 +28,7 @@ type Mat = (*const c_void, i64, c_longlong);
 /// # Safety
 /// cuBLAS's contract for the arguments.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_any(
+pub(crate) unsafe fn gemm_any(
     handle: cublasHandle_t,
     [transa, transb]: [cublasOperation_t; 2],
     [m, n, k]: [i64; 3],
@@ -75,7 +75,7 @@ unsafe fn gemm_any(
 /// # Safety
 /// cuBLAS's contract for the arguments.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_ex_any(
+pub(crate) unsafe fn gemm_ex_any(
     handle: cublasHandle_t,
     ops: [cublasOperation_t; 2],
     mnk: [i64; 3],

@@ -4,9 +4,11 @@
 //!
 //! Keys: `InitRank*` hash the `ncclUniqueId`; `Split` hashes the parent's key, the number of
 //! splits made on the parent so far and the color (every member splits in the same order);
-//! `Shrink` hashes the parent's key, the number of shrinks made on the parent so far and the
-//! sorted excluded ranks (every survivor shrinks alike); `InitAll` hashes the pid and a
-//! per-process counter (all members live in this process).
+//! `Shrink` hashes the parent's key, the sorted excluded ranks and the number of shrinks of the
+//! parent with that same exclusion made so far (only the survivors call a shrink, so a count of
+//! all the parent's shrinks would differ between ranks excluded from different earlier
+//! shrinks; every survivor of an exclusion made all its earlier ones); `InitAll` hashes the pid
+//! and a per-process counter (all members live in this process).
 //!
 //! PreMulSum reduction operators (`ncclRedOpCreatePreMulSum`) are remembered per communicator
 //! and handle, so that the collectives using one record its factor.
@@ -32,7 +34,6 @@ pub struct Comm {
     pub size: u32,
     pub device: Option<i32>,
     splits: u64,
-    shrinks: u64,
 }
 
 /// A PreMulSum operator: its factor as recorded, and where a device-resident scalar lives.
@@ -72,6 +73,8 @@ pub fn forget_premul(comm: ncclComm_t, op: u32) {
 }
 
 static COMMS: Mutex<Option<HashMap<usize, Comm>>> = Mutex::new(None);
+/// Shrinks made so far per (parent, hash of the excluded ranks).
+static SHRINKS: Mutex<Option<HashMap<(usize, u64), u64>>> = Mutex::new(None);
 static INIT_ALL_CALLS: AtomicU64 = AtomicU64::new(0);
 
 fn with<R>(f: impl FnOnce(&mut HashMap<usize, Comm>) -> R) -> R {
@@ -113,7 +116,6 @@ pub fn lookup(comm: ncclComm_t) -> Option<Comm> {
             size: size as u32,
             device,
             splits: 0,
-            shrinks: 0,
         });
         e.rank = rank as u32;
         e.size = size as u32;
@@ -148,7 +150,6 @@ pub fn register(comm: ncclComm_t, j: Joined) {
                 size: j.size,
                 device: j.device,
                 splits: 0,
-                shrinks: 0,
             },
         )
     });
@@ -188,24 +189,29 @@ pub fn split_key(parent: ncclComm_t, color: i32) -> Option<u64> {
     )
 }
 
-/// The key of the next shrink of `parent` without the ranks `excluded` (counts the shrink on
-/// the parent).
+/// The key of the next shrink of `parent` without the ranks `excluded` (in any order; counts
+/// the shrink on the parent, per exclusion).
 pub fn shrink_key(parent: ncclComm_t, excluded: &[i32]) -> Option<u64> {
     let pkey = lookup(parent)?.key;
-    let n = with(|m| {
-        m.get_mut(&(parent as usize)).map(|c| {
-            c.shrinks += 1;
-            c.shrinks
-        })
-    })?;
     let mut ex: Vec<i32> = excluded.to_vec();
     ex.sort_unstable();
     ex.dedup();
-    let mut h = Fnv::default().bytes(b"shrink").u64(pkey).u64(n);
-    for r in ex {
-        h = h.u64(r as u32 as u64);
-    }
-    Some(h.finish())
+    let set = ex
+        .iter()
+        .fold(Fnv::default().bytes(b"shrink").u64(pkey), |h, &r| {
+            h.u64(r as u32 as u64)
+        })
+        .finish();
+    let n = {
+        let mut m = SHRINKS.lock().unwrap_or_else(|p| p.into_inner());
+        let c = m
+            .get_or_insert_with(HashMap::new)
+            .entry((parent as usize, set))
+            .or_insert(0);
+        *c += 1;
+        *c
+    };
+    Some(Fnv::default().u64(set).u64(n).finish())
 }
 
 /// The key of the communicators of one `ncclCommInitAll` call.
@@ -227,5 +233,46 @@ pub fn rank_and_size(comm: ncclComm_t) -> Option<(u32, u32)> {
 /// Forgets a destroyed communicator.
 pub fn forget(comm: ncclComm_t) {
     with(|m| m.remove(&(comm as usize)));
+    if let Some(m) = SHRINKS.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        m.retain(|(c, _), _| *c != comm as usize);
+    }
     with_premuls(|m| m.retain(|(c, _), _| *c != comm as usize));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent(handle: usize) -> ncclComm_t {
+        let c = handle as ncclComm_t;
+        register(
+            c,
+            Joined {
+                key: 0x5eed,
+                rank: 0,
+                size: 4,
+                device: Some(0),
+                parent: None,
+                color: None,
+                api: "test",
+            },
+        );
+        c
+    }
+
+    #[test]
+    fn a_shrink_key_is_the_same_on_every_survivor_whatever_they_shrank_before() {
+        // Two members of one 4-rank parent, as two processes would see it: rank 1 takes part
+        // in a shrink without rank 3 and then one without rank 0; rank 3, excluded from the
+        // first, only in the second (listing the excluded ranks in another order).
+        let (r1, r3) = (parent(0x1001), parent(0x3003));
+        let first = shrink_key(r1, &[3]).unwrap();
+        let on_r1 = shrink_key(r1, &[0, 2]).unwrap();
+        let on_r3 = shrink_key(r3, &[2, 0, 2]).unwrap();
+        assert_eq!(on_r1, on_r3);
+        assert_ne!(first, on_r1);
+        // The same exclusion again is another communicator, the same on both.
+        assert_eq!(shrink_key(r1, &[0, 2]), shrink_key(r3, &[0, 2]));
+        assert_ne!(shrink_key(r1, &[0, 2]), Some(on_r1));
+    }
 }

@@ -3,8 +3,9 @@
 //! `cublasLtMatmulDescGetAttribute` / `cublasLtMatrixLayoutGetAttribute` (never by shadowing
 //! `*Create`/`SetAttribute`: caller-initialised and mutated descriptors are seen as they are).
 //! A layout that is not column-major, a pointer-array or grouped batch mode (CUDA 13), a
-//! block scale mode (`VEC16_UE4M3`, `VEC32_UE8M0`: its scale tensors are not captured), or a
-//! descriptor that cannot be read, is recorded as a `ShapeUnknown` gap saying which.
+//! scale mode other than `SCALAR_32F` (MXFP8, NVFP4, per-row or per-block FP8: the record has
+//! no field for the mode, so its scales could not be applied), or a descriptor that cannot be
+//! read, is recorded as a `ShapeUnknown` gap saying which.
 
 use core::ffi::c_void;
 
@@ -182,7 +183,10 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         desc_attr::<u32>(d, a).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
             != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
     }) {
-        return Err("a block scale mode (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: VEC16_UE4M3, VEC32_UE8M0, ...): its scale tensors are not captured");
+        // The scale tensors themselves could be taken (plan::scale_bytes sizes them, and the
+        // loop below would), but the record does not carry the mode and compare/check apply a
+        // scale as one scalar: the op would be misjudged.
+        return Err("a block scale mode (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: VEC16_UE4M3, VEC32_UE8M0, OUTER_VEC_32F, VEC128_32F, BLK128x128_32F): the record cannot say how its scales apply");
     }
     let (m, n) = (ld_.rows, ld_.cols);
     let k = if transa == CUBLAS_OP_N {

@@ -393,11 +393,9 @@ fn close_group(r: ncclResult_t, launched: bool) {
     if deferred.is_empty() {
         return;
     }
-    let Some(_g) = thread::Guard::enter() else {
-        deferred.into_iter().for_each(|f| engine::finish(f, false));
-        return;
-    };
-    if !launched {
+    // Held while the snapshots complete (none when the tracer itself is inside NCCL).
+    let guard = thread::Guard::enter();
+    if guard.is_none() || !launched {
         deferred.into_iter().for_each(|f| engine::finish(f, false));
         return;
     }
@@ -614,45 +612,21 @@ pub unsafe extern "C" fn ncclCommSplit(
     // SAFETY: as above.
     let call = || unsafe { real(comm, color, key, newcomm, config) };
     creating(call, |r| {
-        if !matches!(r, ncclSuccess | ncclInProgress) || newcomm.is_null() {
-            return;
-        }
-        let _ = crate::catch(|| {
-            let Some(k) = comms::split_key(comm, color) else {
-                return;
-            };
-            // SAFETY: NCCL wrote the new communicator (null for NCCL_SPLIT_NOCOLOR).
-            let c = unsafe { *newcomm };
-            if c.is_null() || color == NCCL_SPLIT_NOCOLOR {
-                return;
-            }
-            let parent = comms::lookup(comm);
-            // A non-blocking split may still be initialising: wait for it (bounded).
-            let rs = comms::rank_and_size(c).or_else(|| {
-                settle(c);
-                comms::rank_and_size(c)
-            });
-            if let Some((rank, size)) = rs {
-                comms::register(
-                    c,
-                    comms::Joined {
-                        key: k,
-                        rank,
-                        size,
-                        device: parent.and_then(|p| p.device),
-                        parent: parent.map(|p| p.key),
-                        color: Some(color),
-                        api: "ncclCommSplit",
-                    },
-                );
-            }
-        });
+        derived(
+            r,
+            comm,
+            newcomm,
+            || comms::split_key(comm, color),
+            Some(color),
+            "ncclCommSplit",
+        )
     })
 }
 
 /// `ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags)`:
 /// called by the survivors only; the new communicator's key hashes the parent's key, the
-/// shrink's number on the parent and the excluded ranks, the same on every survivor.
+/// excluded ranks and the number of such shrinks of the parent, the same on every survivor
+/// ([`comms::shrink_key`]).
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -665,30 +639,8 @@ pub unsafe extern "C" fn ncclCommShrink(
     let Some(real) = real::ncclCommShrink() else {
         return MISSING;
     };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe {
-            real(
-                comm,
-                excludeRanksList,
-                excludeRanksCount,
-                newcomm,
-                config,
-                shrinkFlags,
-            )
-        };
-    }
-    // Read before the call: the list is the program's, valid for the call.
-    let excluded: Vec<i32> = crate::catch(|| {
-        if excludeRanksList.is_null() || excludeRanksCount <= 0 {
-            return Vec::new();
-        }
-        // SAFETY: the program passes `excludeRanksCount` ranks.
-        unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
-    })
-    .unwrap_or_default();
     let call = || {
-        // SAFETY: as above.
+        // SAFETY: the program's arguments, forwarded unchanged.
         unsafe {
             real(
                 comm,
@@ -700,40 +652,74 @@ pub unsafe extern "C" fn ncclCommShrink(
             )
         }
     };
+    if mode::off(mode::COMMS) {
+        return call();
+    }
+    // Read before the call: the list is the program's, valid for the call.
+    let excluded: Vec<i32> = crate::catch(|| {
+        if excludeRanksList.is_null() || excludeRanksCount <= 0 {
+            return Vec::new();
+        }
+        // SAFETY: the program passes `excludeRanksCount` ranks.
+        unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
+    })
+    .unwrap_or_default();
     creating(call, |r| {
-        if !matches!(r, ncclSuccess | ncclInProgress) || newcomm.is_null() {
+        derived(
+            r,
+            comm,
+            newcomm,
+            || comms::shrink_key(comm, &excluded),
+            None,
+            "ncclCommShrink",
+        )
+    })
+}
+
+/// Registers the communicator a split (`color`) or shrink of `parent` wrote to `newcomm`. The
+/// key is derived on every successful call, a member left out of the new communicator
+/// included (`NCCL_SPLIT_NOCOLOR`), so that the parent's counts stay the same on all members.
+fn derived(
+    r: ncclResult_t,
+    parent: ncclComm_t,
+    newcomm: *mut ncclComm_t,
+    key: impl FnOnce() -> Option<u64>,
+    color: Option<c_int>,
+    api: &'static str,
+) {
+    if !matches!(r, ncclSuccess | ncclInProgress) || newcomm.is_null() {
+        return;
+    }
+    let _ = crate::catch(|| {
+        let Some(key) = key() else {
+            return;
+        };
+        // SAFETY: NCCL wrote the new communicator (null for NCCL_SPLIT_NOCOLOR).
+        let c = unsafe { *newcomm };
+        if c.is_null() || color == Some(NCCL_SPLIT_NOCOLOR) {
             return;
         }
-        let _ = crate::catch(|| {
-            let Some(k) = comms::shrink_key(comm, &excluded) else {
-                return;
-            };
-            // SAFETY: NCCL wrote the new communicator.
-            let c = unsafe { *newcomm };
-            if c.is_null() {
-                return;
-            }
-            let parent = comms::lookup(comm);
-            let rs = comms::rank_and_size(c).or_else(|| {
-                settle(c);
-                comms::rank_and_size(c)
-            });
-            if let Some((rank, size)) = rs {
-                comms::register(
-                    c,
-                    comms::Joined {
-                        key: k,
-                        rank,
-                        size,
-                        device: parent.and_then(|p| p.device),
-                        parent: parent.map(|p| p.key),
-                        color: None,
-                        api: "ncclCommShrink",
-                    },
-                );
-            }
+        let parent = comms::lookup(parent);
+        // A non-blocking split or shrink may still be initialising: wait for it (bounded).
+        let rs = comms::rank_and_size(c).or_else(|| {
+            settle(c);
+            comms::rank_and_size(c)
         });
-    })
+        if let Some((rank, size)) = rs {
+            comms::register(
+                c,
+                comms::Joined {
+                    key,
+                    rank,
+                    size,
+                    device: parent.and_then(|p| p.device),
+                    parent: parent.map(|p| p.key),
+                    color,
+                    api,
+                },
+            );
+        }
+    });
 }
 
 /// `ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm)`: remembers the operator's

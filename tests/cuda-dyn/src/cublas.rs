@@ -118,4 +118,9 @@ crate::dyn_api! {
         alpha: *const f32, A: *const f32, lda: c_int, x: *const f32, incx: c_int,
         beta: *const f32, y: *mut f32, incy: c_int,
     ) -> cublasStatus_t;
+    fn cublasDgemv_v2(
+        handle: cublasHandle_t, trans: cublasOperation_t, m: c_int, n: c_int,
+        alpha: *const f64, A: *const f64, lda: c_int, x: *const f64, incx: c_int,
+        beta: *const f64, y: *mut f64, incy: c_int,
+    ) -> cublasStatus_t;
 }

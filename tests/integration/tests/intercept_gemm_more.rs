@@ -123,3 +123,30 @@ fn batched_ex_and_64_bit_gemms_are_captured_and_pointer_arrays_are_gaps() {
         cmp.warnings
     );
 }
+
+#[test]
+fn a_gemv_into_a_strided_output_is_a_gap_with_its_arguments() {
+    // The simulator computes these (checked against f64 by the probe), so a call that moved
+    // data and was not captured shows up as a gap, not as nothing.
+    let run = traced(1, &["traced", "gemv-strided"], &[]);
+    assert_ok(&run);
+    let recs: Vec<&Rec> = run
+        .records
+        .iter()
+        .filter(|r| r.record.api.starts_with("cublas"))
+        .collect();
+    let gaps: Vec<(&str, GapReason, &str)> = recs
+        .iter()
+        .map(|r| match &r.record.op {
+            Op::Gap(g) => (g.skipped_api.as_str(), g.reason, g.detail.as_str()),
+            other => panic!("{}: {other:?}", r.record.api),
+        })
+        .collect();
+    assert_eq!(gaps.len(), 2, "{gaps:?}");
+    assert_eq!(gaps[0].0, "cublasSgemv_v2");
+    assert_eq!(gaps[1].0, "cublasDgemv_v2");
+    assert!(gaps.iter().all(|g| g.1 == GapReason::Unsupported));
+    assert!(gaps[0].2.contains("incx=1 incy=2"), "{}", gaps[0].2);
+    assert!(gaps[1].2.contains("incx=2 incy=3"), "{}", gaps[1].2);
+    assert_eq!(run.summary.gaps, 2);
+}

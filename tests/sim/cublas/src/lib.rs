@@ -557,28 +557,24 @@ pub unsafe extern "C" fn cublasSgemm_v2(
     ldc: c_int,
 ) -> cublasStatus_t {
     guard(|| {
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha: alpha.cast(),
-            beta: beta.cast(),
-            a_type: DType::F32,
-            b_type: DType::F32,
-            c_type: DType::F32,
-            lda,
-            ldb,
-            ldc,
-            batch: 1,
-            strides: [0; 3],
-            compute: sgemm_compute(handle),
-            scale_type: DType::F32,
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A.cast(), B.cast(), C.cast()) }
+        unsafe {
+            more_gemms::gemm_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha.cast(), beta.cast()],
+                [
+                    (A.cast(), lda.into(), 0),
+                    (B.cast(), ldb.into(), 0),
+                    (C.cast_const().cast(), ldc.into(), 0),
+                ],
+                [DType::F32; 3],
+                1,
+                sgemm_compute(handle),
+                DType::F32,
+            )
+        }
     })
 }
 
@@ -600,28 +596,24 @@ pub unsafe extern "C" fn cublasDgemm_v2(
     ldc: c_int,
 ) -> cublasStatus_t {
     guard(|| {
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha: alpha.cast(),
-            beta: beta.cast(),
-            a_type: DType::F64,
-            b_type: DType::F64,
-            c_type: DType::F64,
-            lda,
-            ldb,
-            ldc,
-            batch: 1,
-            strides: [0; 3],
-            compute: Compute::F64,
-            scale_type: DType::F64,
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A.cast(), B.cast(), C.cast()) }
+        unsafe {
+            more_gemms::gemm_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha.cast(), beta.cast()],
+                [
+                    (A.cast(), lda.into(), 0),
+                    (B.cast(), ldb.into(), 0),
+                    (C.cast_const().cast(), ldc.into(), 0),
+                ],
+                [DType::F64; 3],
+                1,
+                Compute::F64,
+                DType::F64,
+            )
+        }
     })
 }
 
@@ -643,28 +635,24 @@ pub unsafe extern "C" fn cublasHgemm(
     ldc: c_int,
 ) -> cublasStatus_t {
     guard(|| {
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha: alpha.cast(),
-            beta: beta.cast(),
-            a_type: DType::F16,
-            b_type: DType::F16,
-            c_type: DType::F16,
-            lda,
-            ldb,
-            ldc,
-            batch: 1,
-            strides: [0; 3],
-            compute: Compute::F16,
-            scale_type: DType::F16,
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A.cast(), B.cast(), C.cast()) }
+        unsafe {
+            more_gemms::gemm_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha.cast(), beta.cast()],
+                [
+                    (A.cast(), lda.into(), 0),
+                    (B.cast(), ldb.into(), 0),
+                    (C.cast_const().cast(), ldc.into(), 0),
+                ],
+                [DType::F16; 3],
+                1,
+                Compute::F16,
+                DType::F16,
+            )
+        }
     })
 }
 
@@ -690,28 +678,24 @@ pub unsafe extern "C" fn cublasSgemmStridedBatched(
     batchCount: c_int,
 ) -> cublasStatus_t {
     guard(|| {
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha: alpha.cast(),
-            beta: beta.cast(),
-            a_type: DType::F32,
-            b_type: DType::F32,
-            c_type: DType::F32,
-            lda,
-            ldb,
-            ldc,
-            batch: batchCount,
-            strides: [strideA, strideB, strideC],
-            compute: sgemm_compute(handle),
-            scale_type: DType::F32,
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A.cast(), B.cast(), C.cast()) }
+        unsafe {
+            more_gemms::gemm_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha.cast(), beta.cast()],
+                [
+                    (A.cast(), lda.into(), strideA),
+                    (B.cast(), ldb.into(), strideB),
+                    (C.cast_const().cast(), ldc.into(), strideC),
+                ],
+                [DType::F32; 3],
+                batchCount.into(),
+                sgemm_compute(handle),
+                DType::F32,
+            )
+        }
     })
 }
 
@@ -738,36 +722,24 @@ pub unsafe extern "C" fn cublasGemmEx(
     algo: cublasGemmAlgo_t,
 ) -> cublasStatus_t {
     guard(|| {
-        if let Err(e) = state(handle) {
-            return e;
-        }
-        let (a_type, b_type, c_type, compute) =
-            match ex_types(Atype, Btype, Ctype, computeType, algo) {
-                Ok(t) => t,
-                Err(e) => return e,
-            };
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-            a_type,
-            b_type,
-            c_type,
-            lda,
-            ldb,
-            ldc,
-            batch: 1,
-            strides: [0; 3],
-            compute,
-            scale_type: compute.default_scale_type(),
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A, B, C) }
+        unsafe {
+            more_gemms::gemm_ex_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha, beta],
+                [
+                    (A, lda.into(), 0),
+                    (B, ldb.into(), 0),
+                    (C.cast_const(), ldc.into(), 0),
+                ],
+                [Atype, Btype, Ctype],
+                1,
+                computeType,
+                algo,
+            )
+        }
     })
 }
 
@@ -798,36 +770,24 @@ pub unsafe extern "C" fn cublasGemmStridedBatchedEx(
     algo: cublasGemmAlgo_t,
 ) -> cublasStatus_t {
     guard(|| {
-        if let Err(e) = state(handle) {
-            return e;
-        }
-        let (a_type, b_type, c_type, compute) =
-            match ex_types(Atype, Btype, Ctype, computeType, algo) {
-                Ok(t) => t,
-                Err(e) => return e,
-            };
-        let call = GemmCall {
-            handle,
-            transa,
-            transb,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-            a_type,
-            b_type,
-            c_type,
-            lda,
-            ldb,
-            ldc,
-            batch: batchCount,
-            strides: [strideA, strideB, strideC],
-            compute,
-            scale_type: compute.default_scale_type(),
-        };
         // SAFETY: per cuBLAS's contract for the arguments.
-        unsafe { strided_gemm(call, A, B, C) }
+        unsafe {
+            more_gemms::gemm_ex_any(
+                handle,
+                [transa, transb],
+                [m.into(), n.into(), k.into()],
+                [alpha, beta],
+                [
+                    (A, lda.into(), strideA),
+                    (B, ldb.into(), strideB),
+                    (C.cast_const(), ldc.into(), strideC),
+                ],
+                [Atype, Btype, Ctype],
+                batchCount.into(),
+                computeType,
+                algo,
+            )
+        }
     })
 }
 

@@ -28,7 +28,7 @@ type Mat = (*const c_void, i64, c_longlong);
 /// # Safety
 /// cuBLAS's contract for the arguments.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_any(
+pub(crate) unsafe fn gemm_any(
     handle: cublasHandle_t,
     [transa, transb]: [cublasOperation_t; 2],
     [m, n, k]: [i64; 3],
@@ -75,7 +75,7 @@ unsafe fn gemm_any(
 /// # Safety
 /// cuBLAS's contract for the arguments.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_ex_any(
+pub(crate) unsafe fn gemm_ex_any(
     handle: cublasHandle_t,
     ops: [cublasOperation_t; 2],
     mnk: [i64; 3],
@@ -699,8 +699,9 @@ pub unsafe extern "C" fn cublasSgemmBatched(
 
 /// A gemv as the GEMM it is: `op(A)` times `x` read as a transposed `1 x K` matrix (leading
 /// dimension `incx`), into `y` (`M x 1`), computed like a GEMM of the type (no tensor-op math).
-/// Strided outputs (`incy != 1`) and reversed inputs (`incx < 1`) are refused with
-/// `CUBLAS_STATUS_NOT_SUPPORTED` (the simulator's limit, not cuBLAS's).
+/// A strided output (`incy > 1`) is computed as the transposed product. Reversed vectors
+/// (`incx < 1`, `incy < 1`) are refused with `CUBLAS_STATUS_NOT_SUPPORTED` (the simulator's
+/// limit, not cuBLAS's).
 ///
 /// # Safety
 /// cuBLAS's contract for the arguments.
@@ -718,10 +719,33 @@ unsafe fn gemv(
     if let Err(e) = state(handle) {
         return e;
     }
-    if incy != 1 || incx < 1 {
+    if incy < 1 || incx < 1 {
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     let (rows, cols) = if trans == CUBLAS_OP_N { (m, n) } else { (n, m) };
+    if incy != 1 {
+        // A strided y is a `1 x M` matrix with leading dimension `incy`: the transposed
+        // product `y^T = x^T op(A)^T`, x a `1 x K` matrix with leading dimension `incx`.
+        let flip = if trans == CUBLAS_OP_N {
+            CUBLAS_OP_T
+        } else {
+            CUBLAS_OP_N
+        };
+        // SAFETY: per the contract.
+        return unsafe {
+            gemm_any(
+                handle,
+                [CUBLAS_OP_N, flip],
+                [1, rows, cols],
+                scalars,
+                [(x, incx, 0), (a, lda, 0), (y, incy, 0)],
+                [t; 3],
+                1,
+                compute,
+                t,
+            )
+        };
+    }
     // SAFETY: per the contract.
     unsafe {
         gemm_any(

@@ -299,24 +299,38 @@ pub unsafe extern "C" fn cudaGraphGetNodes(
             .graphs
             .get(graph as usize)
             .ok_or(cudaErrorInvalidResourceHandle)?;
-        if count.is_null() {
-            return Err(cudaErrorInvalidValue);
-        }
-        let list = g.nodes();
-        if nodes.is_null() {
-            // SAFETY: out-pointer checked above.
-            return unsafe { out(count, list.len()) };
-        }
-        // SAFETY: in/out pointer checked above.
-        let room = unsafe { count.read() };
-        for i in 0..room {
-            let h = list.get(i).map_or(0, |n| n.handle());
-            // SAFETY: the caller's array has `room` entries.
-            unsafe { nodes.add(i).write(h as cudaGraphNode_t) };
-        }
-        // SAFETY: as above.
-        unsafe { out(count, room.min(list.len())) }
+        let list: Vec<usize> = g.nodes().iter().map(|n| n.handle()).collect();
+        // SAFETY: the caller's array and count.
+        unsafe { node_list(&list, nodes, count) }
     })
+}
+
+/// CUDA's convention for a list of nodes handed out: a null array asks for the count; else
+/// `*count` entries are written, padded with nulls, and `*count` becomes how many are real.
+///
+/// # Safety
+/// `count` is null or valid; `nodes` is null or has `*count` entries.
+unsafe fn node_list(
+    list: &[usize],
+    nodes: *mut cudaGraphNode_t,
+    count: *mut usize,
+) -> Result<(), cudaError_t> {
+    if count.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    if nodes.is_null() {
+        // SAFETY: out-pointer checked above.
+        return unsafe { out(count, list.len()) };
+    }
+    // SAFETY: in/out pointer checked above.
+    let room = unsafe { count.read() };
+    for i in 0..room {
+        let h = list.get(i).copied().unwrap_or(0);
+        // SAFETY: the caller's array has `room` entries.
+        unsafe { nodes.add(i).write(h as cudaGraphNode_t) };
+    }
+    // SAFETY: as above.
+    unsafe { out(count, room.min(list.len())) }
 }
 
 /// The node's type (`cudaGraphNodeTypeMemcpy` for a captured copy between device and pinned
@@ -345,24 +359,10 @@ fn node_dependencies(
         .nodes
         .get(node as usize)
         .ok_or(cudaErrorInvalidValue)?;
-    if count.is_null() {
-        return Err(cudaErrorInvalidValue);
-    }
     // A linear graph: each node depends on the one captured before it.
-    let have = usize::from(n.prev != 0);
-    if deps.is_null() {
-        // SAFETY: out-pointer checked above.
-        return unsafe { out(count, have) };
-    }
-    // SAFETY: in/out pointer checked above.
-    let room = unsafe { count.read() };
-    for i in 0..room {
-        let h = if i == 0 { n.prev } else { 0 };
-        // SAFETY: the caller's array has `room` entries.
-        unsafe { deps.add(i).write(h as cudaGraphNode_t) };
-    }
-    // SAFETY: as above.
-    unsafe { out(count, room.min(have)) }
+    let prev: &[usize] = if n.prev != 0 { &[n.prev] } else { &[] };
+    // SAFETY: the caller's array and count.
+    unsafe { node_list(prev, deps, count) }
 }
 
 #[cfg(not(sim_cuda13))]

@@ -139,7 +139,8 @@ pub struct Comm {
     /// Collective barriers this rank passed (only the collective holding the turn uses it).
     pub coll_barriers: AtomicU64,
     splits: AtomicU64,
-    shrinks: AtomicU64,
+    /// Shrinks made so far, per excluded set.
+    shrinks: Mutex<HashMap<Vec<usize>, u64>>,
     user_ops: Mutex<Vec<Option<UserOp>>>,
 }
 
@@ -175,7 +176,7 @@ impl Comm {
             recv_done: (0..nranks).map(|_| AtomicU64::new(0)).collect(),
             coll_barriers: AtomicU64::new(0),
             splits: AtomicU64::new(0),
-            shrinks: AtomicU64::new(0),
+            shrinks: Mutex::new(HashMap::new()),
             user_ops: Mutex::new(Vec::new()),
         }))
     }
@@ -331,8 +332,9 @@ impl Comm {
     /// The new communicator of `ncclCommShrink` without the ranks `excluded`: its (key,
     /// nranks, rank). Only the survivors call it, so there is no exchange over the parent: they
     /// meet on the new communicator, whose key every survivor derives alike from the parent's
-    /// key, the number of shrinks made on the parent so far and the excluded set. Survivors keep
-    /// their parent order.
+    /// key, the excluded set and the number of shrinks with that set made on the parent so far
+    /// (a count of all the parent's shrinks would differ on a survivor that was excluded from
+    /// an earlier one). Survivors keep their parent order.
     pub fn shrink(&self, excluded: &[c_int]) -> Result<([u8; 16], usize, usize), String> {
         let mut ex: Vec<usize> = Vec::with_capacity(excluded.len());
         for &r in excluded {
@@ -348,7 +350,12 @@ impl Comm {
         }
         let pos = (0..self.rank).filter(|r| !ex.contains(r)).count();
         let n = self.nranks - ex.len();
-        let k = self.shrinks.fetch_add(1, AcqRel);
+        let k = {
+            let mut counts = lock(&self.shrinks);
+            let c = counts.entry(ex.clone()).or_insert(0);
+            *c += 1;
+            *c - 1
+        };
         let list: Vec<u8> = ex.iter().flat_map(|r| (*r as u64).to_le_bytes()).collect();
         let key = hash128(&[b"shrink", &self.key, &k.to_le_bytes(), &list]);
         Ok((key, n, pos))
@@ -508,5 +515,33 @@ mod tests {
         assert_eq!((r2, r0, r1), (0, 1, 0));
         assert_eq!(k0, k2);
         assert_ne!(k0, k1);
+    }
+
+    #[test]
+    fn a_shrink_meets_on_one_key_whatever_each_survivor_shrank_before() {
+        let _g = lock_env();
+        let k = key("shrink");
+        let n = 4;
+        let comms: Vec<Arc<Comm>> = (0..n)
+            .map(|r| Comm::arrive(k, n, r, r as c_int, true).unwrap())
+            .collect();
+        for c in &comms {
+            c.wait_ready().unwrap();
+        }
+        // Ranks 0..3 shrink without rank 3, then ranks 1..4 without rank 0 (listed in another
+        // order by rank 3, which took no part in the first).
+        let first: Vec<_> = (0..3).map(|r| comms[r].shrink(&[3]).unwrap()).collect();
+        assert!(first.iter().all(|s| s.0 == first[0].0 && s.1 == 3));
+        let second: Vec<_> = (1..4)
+            .map(|r| {
+                let ex: &[c_int] = if r == 3 { &[0, 0] } else { &[0] };
+                comms[r].shrink(ex).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            second.iter().map(|s| (s.0, s.1, s.2)).collect::<Vec<_>>(),
+            (0..3).map(|p| (second[0].0, 3, p)).collect::<Vec<_>>()
+        );
+        assert_ne!(first[0].0, second[0].0);
     }
 }

@@ -11,6 +11,8 @@
 //! * `gemm-more`: the typed strided batches of f64 and f16, `cublasSgemmEx`, the `_64` entry
 //!   points, a `cublasSgemmBatched` pointer-array batch (a gap for the tracer), and a
 //!   `cublasSgemv_v2` with a strided input.
+//! * `gemv-strided`: a `cublasSgemv_v2` (transposed) and a `cublasDgemv_v2` whose output is
+//!   strided (`incy` 2 and 3), results checked against f64 (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
 //!   split communicator.
 //! * `nccl-extra` (under simrun, 3 ranks): `ncclCommShrink` without the last rank and an
@@ -79,6 +81,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("memcpy") => memcpy(),
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
+        Some("gemv-strided") => gemv_strided(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
         Some("nccl-threads") => nccl_threads(),
@@ -92,7 +95,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|gemm-more|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }
@@ -949,6 +952,128 @@ fn more_gemms() -> Result<(), String> {
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));
     println!("traced gemm-more OK");
+    Ok(())
+}
+
+/// `gemv-strided`: matrix-vector products into a strided `y`, checked against f64; the
+/// elements between y's strides are left alone.
+fn gemv_strided() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let mut rng = Rng(29);
+    // y = alpha op(A) x + beta y, A `rows x cols` (ld `lda`), in f64 with y's stride `incy`.
+    let want = |t: DType,
+                trans,
+                [rows, cols, lda]: [usize; 3],
+                a: &[u8],
+                x: &[u8],
+                incx,
+                y: &[u8],
+                incy,
+                [alpha, beta]: [f64; 2]| {
+        let (m, k) = if trans == CUBLAS_OP_N {
+            (rows, cols)
+        } else {
+            (cols, rows)
+        };
+        let mut out: Vec<f64> = (0..y.len() / t.size()).map(|i| t.load(y, i)).collect();
+        for i in 0..m {
+            let dot: f64 = (0..k)
+                .map(|j| {
+                    let aij = if trans == CUBLAS_OP_N {
+                        i + j * lda
+                    } else {
+                        j + i * lda
+                    };
+                    t.load(a, aij) * t.load(x, j * incx)
+                })
+                .sum();
+            out[i * incy] = alpha * dot + beta * out[i * incy];
+        }
+        out
+    };
+    // 1. Sgemv, A (5 x 4, lda 6) transposed: y (4 elements) every 2nd of 8.
+    let (a1, x1, y1) = (
+        values(DType::F32, 6 * 4, &mut rng),
+        values(DType::F32, 5, &mut rng),
+        values(DType::F32, 8, &mut rng),
+    );
+    let (da, dx, dy1) = (up(&a1)?, up(&x1)?, up(&y1)?);
+    let (alpha, beta) = (0.75f32, 0.5f32);
+    bl!(cublasSgemv_v2(
+        h,
+        CUBLAS_OP_T,
+        5,
+        4,
+        &alpha,
+        da.ptr.cast(),
+        6,
+        dx.ptr.cast(),
+        1,
+        &beta,
+        dy1.ptr.cast(),
+        2
+    ));
+    let w1 = want(
+        DType::F32,
+        CUBLAS_OP_T,
+        [5, 4, 6],
+        &a1,
+        &x1,
+        1,
+        &y1,
+        2,
+        [0.75, 0.5],
+    );
+    // 2. Dgemv, A (3 x 4, lda 3) not transposed, x every 2nd: y (3 elements) every 3rd of 9.
+    let (a2, x2, y2) = (
+        values(DType::F64, 3 * 4, &mut rng),
+        values(DType::F64, 4 * 2, &mut rng),
+        values(DType::F64, 9, &mut rng),
+    );
+    let (da2, dx2, dy2) = (up(&a2)?, up(&x2)?, up(&y2)?);
+    let (alpha, beta) = (1.0f64, -1.0f64);
+    bl!(cublasDgemv_v2(
+        h,
+        CUBLAS_OP_N,
+        3,
+        4,
+        &alpha,
+        da2.ptr.cast(),
+        3,
+        dx2.ptr.cast(),
+        2,
+        &beta,
+        dy2.ptr.cast(),
+        3
+    ));
+    let w2 = want(
+        DType::F64,
+        CUBLAS_OP_N,
+        [3, 4, 3],
+        &a2,
+        &x2,
+        2,
+        &y2,
+        3,
+        [1.0, -1.0],
+    );
+    ck!(cudaStreamSynchronize(s));
+    for (name, t, got, w) in [
+        ("Sgemv", DType::F32, dy1.read()?, w1),
+        ("Dgemv", DType::F64, dy2.read()?, w2),
+    ] {
+        for (i, w) in w.iter().enumerate() {
+            let g = t.load(&got, i);
+            if (g - w).abs() > 1e-5 * (1.0 + w.abs()) {
+                return Err(format!("{name}: y[{i}] is {g}, want {w}"));
+            }
+        }
+    }
+    bl!(cublasDestroy_v2(h));
+    println!("traced gemv-strided OK");
     Ok(())
 }
 

@@ -66,12 +66,14 @@ pub fn install() {
         // SAFETY: an all-zero sigaction is valid; the fields are set below.
         let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
         new.sa_sigaction = on_signal as *const () as usize;
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | (old.sa_flags & libc::SA_ONSTACK);
-        // SAFETY: `sa_mask` is a valid sigset to fill; then our handler replaces the action.
-        let ok = unsafe {
-            libc::sigemptyset(&mut new.sa_mask);
-            libc::sigaction(sig, &new, std::ptr::null_mut()) == 0
-        };
+        // The program's own flags and mask, so that its handler, called from ours, runs as it
+        // asked: without SA_RESTART (Python's SIGINT), a blocking call returns EINTR and the
+        // program sees the signal at once; with SA_RESTART forced, Ctrl-C would wait for it.
+        new.sa_flags = libc::SA_SIGINFO
+            | (old.sa_flags & (libc::SA_ONSTACK | libc::SA_RESTART | libc::SA_NODEFER));
+        new.sa_mask = old.sa_mask;
+        // SAFETY: our handler replaces the action.
+        let ok = unsafe { libc::sigaction(sig, &new, std::ptr::null_mut()) == 0 };
         if ok {
             previous.push((sig, old));
         }

@@ -102,3 +102,15 @@ fn sigkill_loses_what_was_not_published_and_says_so() {
         assert!(text.contains("crashed"), "{text}");
     }
 }
+
+/// The handlers that flush on a signal keep the program's own flags: a SIGINT handler
+/// installed without SA_RESTART (Python's) still interrupts blocking calls once capture runs.
+#[test]
+fn the_flush_handlers_keep_the_programs_signal_flags() {
+    let run = traced(1, &["big", "sigflags"], &[]);
+    assert!(run.out.status.success(), "{}", describe(&run.out));
+    assert!(
+        !run.records.is_empty(),
+        "the copy was captured (handlers installed)"
+    );
+}

@@ -351,25 +351,7 @@ impl InFlight {
             }
             let base = self.slot_ptr + off as usize;
             for c in p.source.copies() {
-                let r = match c {
-                    Copy::Linear { dst, src, len } => {
-                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
-                    }
-                    Copy::Pitched {
-                        dst,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                    } => cuda::copy_pitched(
-                        (base + dst as usize) as *mut u8,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                        stream,
-                    ),
-                };
+                let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
                     Err(code) => {
@@ -386,6 +368,29 @@ impl InFlight {
                 }
             }
         }
+    }
+}
+
+/// Enqueues one snapshot copy on `stream` into the ring at `base` (+ the copy's offset).
+fn enqueue(base: usize, c: Copy, stream: cudaStream_t) -> Result<(), u32> {
+    match c {
+        Copy::Linear { dst, src, len } => {
+            cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
+        }
+        Copy::Pitched {
+            dst,
+            src,
+            spitch,
+            width,
+            height,
+        } => cuda::copy_pitched(
+            (base + dst as usize) as *mut u8,
+            src,
+            spitch,
+            width,
+            height,
+            stream,
+        ),
     }
 }
 
@@ -465,19 +470,7 @@ fn begin_streamed(
     stream: cudaStream_t,
     device: i32,
 ) -> InFlight {
-    let tensors = plans
-        .iter()
-        .map(|t| Tensor {
-            role: t.role,
-            dtype: t.dtype,
-            strides: ttrace_format::record::packed_strides(&t.shape),
-            shape: t.shape.clone(),
-            ptr: t.ptr,
-            nbytes: t.nbytes,
-            captured: t.captured,
-            crc32: 0,
-        })
-        .collect();
+    let tensors = plans.iter().map(tensor_of).collect();
     let mut f = InFlight {
         ticket: None,
         streams: vec![None; plans.len()],
@@ -579,25 +572,7 @@ impl InFlight {
             let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
             let mut refused = None;
             for c in p.source.copies_range(offset, len) {
-                let r = match c {
-                    Copy::Linear { dst, src, len } => {
-                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
-                    }
-                    Copy::Pitched {
-                        dst,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                    } => cuda::copy_pitched(
-                        (base + dst as usize) as *mut u8,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                        stream,
-                    ),
-                };
+                let r = enqueue(base, c, stream);
                 if let Err(code) = r {
                     refused = Some(code);
                     break;

@@ -163,12 +163,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let cfg = session.cfg;
     let mut plans = call.tensors;
     select(session, &mut plans);
-    let sizes: Vec<u64> = plans
-        .iter()
-        .filter(|t| t.captured)
-        .map(|t| t.nbytes)
-        .collect();
-    let (offs, total) = tensor_offsets(&sizes);
+    let (offsets, total) = layout(&plans);
     let m = meta(call.api, call.op, call.stream_id, device);
     if total > slot_limit(session.ring.capacity()) {
         return Some(begin_streamed(session, m, plans, call.stream, device));
@@ -196,16 +191,6 @@ pub fn begin(call: Call) -> Option<InFlight> {
     } else {
         (Ticket::take(), None)
     };
-    let mut k = 0;
-    let offsets = plans
-        .iter()
-        .map(|t| {
-            t.captured.then(|| {
-                k += 1;
-                offs[k - 1]
-            })
-        })
-        .collect();
     let slot_ptr = slot.map_or(0, |s| {
         // SAFETY: the slot was just reserved by this thread; only its address is taken here,
         // the bytes are written by the device copies.
@@ -242,6 +227,23 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
             t.captured = false;
         }
     }
+}
+
+/// Where each captured tensor goes in the op's one slot (`None`: not captured), and the slot's
+/// size.
+pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
+    let sizes: Vec<u64> = plans
+        .iter()
+        .filter(|t| t.captured)
+        .map(|t| t.nbytes)
+        .collect();
+    let (offs, total) = tensor_offsets(&sizes);
+    let mut offs = offs.into_iter();
+    let offsets = plans
+        .iter()
+        .map(|t| if t.captured { offs.next() } else { None })
+        .collect();
+    (offsets, total)
 }
 
 /// Keeps an op's tensors only if they fit the ring in one slot (metadata only otherwise): for

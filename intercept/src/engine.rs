@@ -40,6 +40,22 @@ pub struct Call {
 
 /// An op between [`begin`] and [`finish`].
 pub struct InFlight {
+    snap: Snap,
+    /// A communicator whose asynchronous launch must finish before the copies after the op
+    /// (non-blocking NCCL communicators).
+    pub nccl_comm: usize,
+}
+
+/// How an op in flight is snapshotted.
+enum Snap {
+    /// Now, through the ring.
+    Eager(Box<Eager>),
+    /// At every replay of the CUDA graph the op is being captured into.
+    Graph(Box<graph::Recording>),
+}
+
+/// An op snapshotted through the ring.
+struct Eager {
     /// Its place in call order (`None` for a streamed op: taken at [`finish`], after its
     /// chunks).
     ticket: Option<Ticket>,
@@ -59,58 +75,26 @@ pub struct InFlight {
     copied: bool,
     /// A copy was refused with a sticky error: the context failed.
     fatal: Option<u32>,
-    /// A communicator whose asynchronous launch must finish before the copies after the op
-    /// (non-blocking NCCL communicators).
-    pub nccl_comm: usize,
-    /// The op is being captured into a CUDA graph: its snapshot is recorded for the replays.
-    graph: Option<Box<graph::Recording>>,
 }
 
 impl InFlight {
-    /// An op recorded into a CUDA graph (its ticket publishes nothing).
-    fn recording(rec: graph::Recording) -> InFlight {
-        InFlight {
-            ticket: Some(Ticket::take()),
-            streams: Vec::new(),
-            streamed: false,
-            meta: Meta {
-                api: "",
-                op: Op::Gap(ttrace_format::record::GapOp {
-                    reason: GapReason::GraphCapture,
-                    skipped_api: String::new(),
-                    bytes: 0,
-                    detail: String::new(),
-                }),
-                stream: 0,
-                device: -1,
-                thread: 0,
-                nvtx: Vec::new(),
-                kernels_before: Vec::new(),
-                t_call_ns: 0,
-            },
-            plans: Vec::new(),
-            tensors: Vec::new(),
-            offsets: Vec::new(),
-            slot: None,
-            slot_ptr: 0,
-            stream: 0,
-            device: -1,
-            copied: false,
-            fatal: None,
-            nccl_comm: 0,
-            graph: Some(Box::new(rec)),
-        }
+    fn new(snap: Snap) -> InFlight {
+        InFlight { snap, nccl_comm: 0 }
     }
 
-    /// The ticket's number (`None`: a streamed op takes its ticket when it finishes).
+    /// The ticket's number (`None`: a streamed op takes its ticket when it finishes; an op
+    /// recorded into a graph takes none, its replays do).
     pub fn ticket(&self) -> Option<u64> {
-        self.ticket.as_ref().map(Ticket::number)
+        match &self.snap {
+            Snap::Eager(e) => e.ticket.as_ref().map(Ticket::number),
+            Snap::Graph(_) => None,
+        }
     }
 
     /// Whether the op's tensors are streamed in chunks: finishing it waits for the collector,
     /// so an `ncclGroupEnd` finishes such ops after the others.
     pub fn is_streamed(&self) -> bool {
-        self.streamed
+        matches!(&self.snap, Snap::Eager(e) if e.streamed)
     }
 }
 
@@ -156,7 +140,10 @@ pub fn begin(call: Call) -> Option<InFlight> {
     match cuda::is_capturing(call.stream) {
         Ok(false) => {}
         // Snapshotted at every replay of the graph (graph.rs).
-        Ok(true) => return graph::begin(call, device, session).map(InFlight::recording),
+        Ok(true) => {
+            return graph::begin(call, device, session)
+                .map(|r| InFlight::new(Snap::Graph(Box::new(r))))
+        }
         // The legacy stream during a capture, a bad handle: the op reports the same error.
         Err(_) => return None,
     }
@@ -197,7 +184,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
     });
     let tensors = plans.iter().map(tensor_of).collect();
-    let mut f = InFlight {
+    let mut f = Eager {
         ticket: Some(ticket),
         streams: Vec::new(),
         streamed: false,
@@ -211,11 +198,9 @@ pub fn begin(call: Call) -> Option<InFlight> {
         device,
         copied: false,
         fatal: None,
-        nccl_comm: 0,
-        graph: None,
     };
     f.copy(When::Before);
-    Some(f)
+    Some(InFlight::new(Snap::Eager(Box::new(f))))
 }
 
 /// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`) and the size cap
@@ -272,10 +257,14 @@ pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
 /// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
 /// that failed is not recorded; copies already enqueued still complete before its slot is
 /// reused).
-pub fn finish(mut f: InFlight, ok: bool) {
-    if let Some(rec) = f.graph.take() {
-        return graph::finish(*rec, ok);
+pub fn finish(f: InFlight, ok: bool) {
+    match f.snap {
+        Snap::Graph(rec) => graph::finish(*rec, ok),
+        Snap::Eager(e) => finish_eager(*e, ok),
     }
+}
+
+fn finish_eager(mut f: Eager, ok: bool) {
     let _err = ErrScope::new();
     if f.streamed {
         return finish_streamed(f, ok);
@@ -339,7 +328,7 @@ pub fn finish(mut f: InFlight, ok: bool) {
     ticket.push(Entry::Capture(Box::new(c)));
 }
 
-impl InFlight {
+impl Eager {
     /// Enqueues the copies of the captured tensors taken at `when`. A copy the runtime refuses
     /// leaves its tensor uncaptured.
     fn copy(&mut self, when: When) {
@@ -473,7 +462,7 @@ fn begin_streamed(
     device: i32,
 ) -> InFlight {
     let tensors = plans.iter().map(tensor_of).collect();
-    let mut f = InFlight {
+    let mut f = Eager {
         ticket: None,
         streams: vec![None; plans.len()],
         streamed: true,
@@ -487,15 +476,13 @@ fn begin_streamed(
         device,
         copied: false,
         fatal: None,
-        nccl_comm: 0,
-        graph: None,
     };
     f.stream_all(s, When::Before);
-    f
+    InFlight::new(Snap::Eager(Box::new(f)))
 }
 
 /// [`finish`] for a streamed op.
-fn finish_streamed(mut f: InFlight, ok: bool) {
+fn finish_streamed(mut f: Eager, ok: bool) {
     let Some(s) = session::get() else {
         return;
     };
@@ -520,7 +507,7 @@ fn finish_streamed(mut f: InFlight, ok: bool) {
     Ticket::take().push(Entry::Capture(Box::new(c)));
 }
 
-impl InFlight {
+impl Eager {
     /// Streams the captured tensors taken at `when`; a tensor that cannot be streamed whole
     /// is left uncaptured, with a gap saying why.
     fn stream_all(&mut self, s: &Session, when: When) {

@@ -413,18 +413,31 @@ fn reserve_until(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    reserve_polling(s, total, mine, || Instant::now() >= deadline)
+}
+
+/// Reserves `len` bytes and a ticket, polling with a growing pause, until capture dies, the
+/// tracer stopped or waits for `mine` (a ticket of this thread's that is not handed in yet: no
+/// space can come before it is), or `out_of_time` says the wait is over.
+fn reserve_polling(
+    s: &Session,
+    len: u64,
+    mine: Option<u64>,
+    mut out_of_time: impl FnMut() -> bool,
+) -> Option<(Ticket, Slot)> {
     let mut pause = Duration::from_micros(50);
     loop {
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = s.ring.reserve(total, Duration::ZERO) {
+            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
                 return Some((Ticket::take(), slot));
             }
         }
-        if mode::dead() || Instant::now() >= deadline {
-            return None;
-        }
-        if mine.is_some_and(|m| tracer::waiting_for() == m) {
+        if mode::dead()
+            || out_of_time()
+            || tracer::stopped()
+            || mine.is_some_and(|m| tracer::waiting_for() == m)
+        {
             return None;
         }
         std::thread::sleep(pause);
@@ -633,35 +646,22 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
     let mine = my_oldest_deferred();
     let mut tail = s.ring.tail();
     let mut idle_since = Instant::now();
-    let mut pause = Duration::from_micros(50);
-    loop {
-        {
-            let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
-                return Some((Ticket::take(), slot));
-            }
-        }
+    reserve_polling(s, len, mine, || {
         let now = Instant::now();
         let t = s.ring.tail();
         // Only the daemon sitting on published slots is a stall: while the device runs the
         // op (an after-copy waits for it) or the tracer waits for a chunk's copy, nothing is
-        // owed yet.
-        // A tracer that has not started yet counts as idle, so the wait stays bounded.
+        // owed yet. A tracer that has not started yet counts as idle, so the wait stays
+        // bounded (a big copy as the process's first op comes before the thread runs).
         let started = tracer::waiting_for() != u64::MAX;
         if started && (t != tail || !tracer::daemon_owes(s.ring)) {
             (tail, idle_since) = (t, now);
         }
         let idle = now - idle_since;
-        if mode::dead() || idle >= wait.min(stall::remaining(s.cfg.max_stall_ms)) {
+        let over = idle >= wait.min(stall::remaining(s.cfg.max_stall_ms));
+        if over {
             stall::charge(idle);
-            return None;
         }
-        // The tracer stopped, or waits for this thread's own deferred group. (Not yet started
-        // is no reason: a big copy as the process's first op comes before the thread runs.)
-        if tracer::stopped() || mine.is_some_and(|m| tracer::waiting_for() == m) {
-            return None;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(2));
-    }
+        over
+    })
 }

@@ -11,7 +11,8 @@
 //!   `abort()`, `_exit(3)`, a write through a null pointer, or `SIGKILL` to itself.
 //! * `sigflags`: installs a SIGINT handler without `SA_RESTART` (as Python does, so that a
 //!   blocking call returns `EINTR` on Ctrl-C), makes a captured copy, and fails if the action
-//!   now in place restarts interrupted calls.
+//!   now in place restarts interrupted calls, or if a thread named `ttrace-tracer` exists and
+//!   does not block SIGTERM (a termination request must run its handler on a program thread).
 
 use core::ffi::{c_int, c_void};
 
@@ -196,5 +197,28 @@ fn sigflags() -> Result<(), String> {
             now.sa_flags
         ));
     }
-    Ok(())
+    // The tracer thread (when traced) blocks SIGTERM; it may still be starting.
+    let sigterm = 1u64 << (libc::SIGTERM - 1);
+    for _ in 0..200 {
+        match tracer_sigblk() {
+            None => return Ok(()),
+            Some(b) if b & sigterm != 0 => return Ok(()),
+            Some(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    Err("the ttrace-tracer thread does not block SIGTERM".into())
+}
+
+/// `SigBlk` of the thread named `ttrace-tracer`, if there is one.
+fn tracer_sigblk() -> Option<u64> {
+    for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "ttrace-tracer" {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+        let blk = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+        return u64::from_str_radix(blk.trim(), 16).ok();
+    }
+    None
 }

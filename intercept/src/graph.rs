@@ -52,7 +52,7 @@ struct NodeCopy {
 }
 
 /// A captured op: what each replay publishes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Template {
     api: &'static str,
     op: Op,
@@ -302,15 +302,9 @@ pub fn updated(exec: usize, graph: usize) {
         .iter()
         .map(|t| {
             Arc::new(Template {
-                api: t.api,
-                op: t.op.clone(),
-                stream: t.stream,
-                device: t.device,
-                tensors: t.tensors.clone(),
-                offsets: t.offsets.clone(),
-                total: t.total,
                 copies: Vec::new(),
                 gap: Some(detail.into()),
+                ..Template::clone(t)
             })
         })
         .collect();

@@ -40,6 +40,22 @@ pub struct Call {
 
 /// An op between [`begin`] and [`finish`].
 pub struct InFlight {
+    snap: Snap,
+    /// A communicator whose asynchronous launch must finish before the copies after the op
+    /// (non-blocking NCCL communicators).
+    pub nccl_comm: usize,
+}
+
+/// How an op in flight is snapshotted.
+enum Snap {
+    /// Now, through the ring.
+    Eager(Box<Eager>),
+    /// At every replay of the CUDA graph the op is being captured into.
+    Graph(Box<graph::Recording>),
+}
+
+/// An op snapshotted through the ring.
+struct Eager {
     /// Its place in call order (`None` for a streamed op: taken at [`finish`], after its
     /// chunks).
     ticket: Option<Ticket>,
@@ -59,58 +75,26 @@ pub struct InFlight {
     copied: bool,
     /// A copy was refused with a sticky error: the context failed.
     fatal: Option<u32>,
-    /// A communicator whose asynchronous launch must finish before the copies after the op
-    /// (non-blocking NCCL communicators).
-    pub nccl_comm: usize,
-    /// The op is being captured into a CUDA graph: its snapshot is recorded for the replays.
-    graph: Option<Box<graph::Recording>>,
 }
 
 impl InFlight {
-    /// An op recorded into a CUDA graph (its ticket publishes nothing).
-    fn recording(rec: graph::Recording) -> InFlight {
-        InFlight {
-            ticket: Some(Ticket::take()),
-            streams: Vec::new(),
-            streamed: false,
-            meta: Meta {
-                api: "",
-                op: Op::Gap(ttrace_format::record::GapOp {
-                    reason: GapReason::GraphCapture,
-                    skipped_api: String::new(),
-                    bytes: 0,
-                    detail: String::new(),
-                }),
-                stream: 0,
-                device: -1,
-                thread: 0,
-                nvtx: Vec::new(),
-                kernels_before: Vec::new(),
-                t_call_ns: 0,
-            },
-            plans: Vec::new(),
-            tensors: Vec::new(),
-            offsets: Vec::new(),
-            slot: None,
-            slot_ptr: 0,
-            stream: 0,
-            device: -1,
-            copied: false,
-            fatal: None,
-            nccl_comm: 0,
-            graph: Some(Box::new(rec)),
-        }
+    fn new(snap: Snap) -> InFlight {
+        InFlight { snap, nccl_comm: 0 }
     }
 
-    /// The ticket's number (`None`: a streamed op takes its ticket when it finishes).
+    /// The ticket's number (`None`: a streamed op takes its ticket when it finishes; an op
+    /// recorded into a graph takes none, its replays do).
     pub fn ticket(&self) -> Option<u64> {
-        self.ticket.as_ref().map(Ticket::number)
+        match &self.snap {
+            Snap::Eager(e) => e.ticket.as_ref().map(Ticket::number),
+            Snap::Graph(_) => None,
+        }
     }
 
     /// Whether the op's tensors are streamed in chunks: finishing it waits for the collector,
     /// so an `ncclGroupEnd` finishes such ops after the others.
     pub fn is_streamed(&self) -> bool {
-        self.streamed
+        matches!(&self.snap, Snap::Eager(e) if e.streamed)
     }
 }
 
@@ -156,19 +140,17 @@ pub fn begin(call: Call) -> Option<InFlight> {
     match cuda::is_capturing(call.stream) {
         Ok(false) => {}
         // Snapshotted at every replay of the graph (graph.rs).
-        Ok(true) => return graph::begin(call, device, session).map(InFlight::recording),
+        Ok(true) => {
+            return graph::begin(call, device, session)
+                .map(|r| InFlight::new(Snap::Graph(Box::new(r))))
+        }
         // The legacy stream during a capture, a bad handle: the op reports the same error.
         Err(_) => return None,
     }
     let cfg = session.cfg;
     let mut plans = call.tensors;
     select(session, &mut plans);
-    let sizes: Vec<u64> = plans
-        .iter()
-        .filter(|t| t.captured)
-        .map(|t| t.nbytes)
-        .collect();
-    let (offs, total) = tensor_offsets(&sizes);
+    let (offsets, total) = layout(&plans);
     let m = meta(call.api, call.op, call.stream_id, device);
     if total > slot_limit(session.ring.capacity()) {
         return Some(begin_streamed(session, m, plans, call.stream, device));
@@ -196,23 +178,13 @@ pub fn begin(call: Call) -> Option<InFlight> {
     } else {
         (Ticket::take(), None)
     };
-    let mut k = 0;
-    let offsets = plans
-        .iter()
-        .map(|t| {
-            t.captured.then(|| {
-                k += 1;
-                offs[k - 1]
-            })
-        })
-        .collect();
     let slot_ptr = slot.map_or(0, |s| {
         // SAFETY: the slot was just reserved by this thread; only its address is taken here,
         // the bytes are written by the device copies.
         unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
     });
     let tensors = plans.iter().map(tensor_of).collect();
-    let mut f = InFlight {
+    let mut f = Eager {
         ticket: Some(ticket),
         streams: Vec::new(),
         streamed: false,
@@ -226,11 +198,9 @@ pub fn begin(call: Call) -> Option<InFlight> {
         device,
         copied: false,
         fatal: None,
-        nccl_comm: 0,
-        graph: None,
     };
     f.copy(When::Before);
-    Some(f)
+    Some(InFlight::new(Snap::Eager(Box::new(f))))
 }
 
 /// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`) and the size cap
@@ -242,6 +212,23 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
             t.captured = false;
         }
     }
+}
+
+/// Where each captured tensor goes in the op's one slot (`None`: not captured), and the slot's
+/// size.
+pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
+    let sizes: Vec<u64> = plans
+        .iter()
+        .filter(|t| t.captured)
+        .map(|t| t.nbytes)
+        .collect();
+    let (offs, total) = tensor_offsets(&sizes);
+    let mut offs = offs.into_iter();
+    let offsets = plans
+        .iter()
+        .map(|t| if t.captured { offs.next() } else { None })
+        .collect();
+    (offsets, total)
 }
 
 /// Keeps an op's tensors only if they fit the ring in one slot (metadata only otherwise): for
@@ -270,10 +257,14 @@ pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
 /// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
 /// that failed is not recorded; copies already enqueued still complete before its slot is
 /// reused).
-pub fn finish(mut f: InFlight, ok: bool) {
-    if let Some(rec) = f.graph.take() {
-        return graph::finish(*rec, ok);
+pub fn finish(f: InFlight, ok: bool) {
+    match f.snap {
+        Snap::Graph(rec) => graph::finish(*rec, ok),
+        Snap::Eager(e) => finish_eager(*e, ok),
     }
+}
+
+fn finish_eager(mut f: Eager, ok: bool) {
     let _err = ErrScope::new();
     if f.streamed {
         return finish_streamed(f, ok);
@@ -337,7 +328,7 @@ pub fn finish(mut f: InFlight, ok: bool) {
     ticket.push(Entry::Capture(Box::new(c)));
 }
 
-impl InFlight {
+impl Eager {
     /// Enqueues the copies of the captured tensors taken at `when`. A copy the runtime refuses
     /// leaves its tensor uncaptured.
     fn copy(&mut self, when: When) {
@@ -351,25 +342,7 @@ impl InFlight {
             }
             let base = self.slot_ptr + off as usize;
             for c in p.source.copies() {
-                let r = match c {
-                    Copy::Linear { dst, src, len } => {
-                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
-                    }
-                    Copy::Pitched {
-                        dst,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                    } => cuda::copy_pitched(
-                        (base + dst as usize) as *mut u8,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                        stream,
-                    ),
-                };
+                let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
                     Err(code) => {
@@ -386,6 +359,29 @@ impl InFlight {
                 }
             }
         }
+    }
+}
+
+/// Enqueues one snapshot copy on `stream` into the ring at `base` (+ the copy's offset).
+fn enqueue(base: usize, c: Copy, stream: cudaStream_t) -> Result<(), u32> {
+    match c {
+        Copy::Linear { dst, src, len } => {
+            cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
+        }
+        Copy::Pitched {
+            dst,
+            src,
+            spitch,
+            width,
+            height,
+        } => cuda::copy_pitched(
+            (base + dst as usize) as *mut u8,
+            src,
+            spitch,
+            width,
+            height,
+            stream,
+        ),
     }
 }
 
@@ -417,18 +413,31 @@ fn reserve_until(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
+    reserve_polling(s, total, mine, || Instant::now() >= deadline)
+}
+
+/// Reserves `len` bytes and a ticket, polling with a growing pause, until capture dies, the
+/// tracer stopped or waits for `mine` (a ticket of this thread's that is not handed in yet: no
+/// space can come before it is), or `out_of_time` says the wait is over.
+fn reserve_polling(
+    s: &Session,
+    len: u64,
+    mine: Option<u64>,
+    mut out_of_time: impl FnMut() -> bool,
+) -> Option<(Ticket, Slot)> {
     let mut pause = Duration::from_micros(50);
     loop {
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = s.ring.reserve(total, Duration::ZERO) {
+            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
                 return Some((Ticket::take(), slot));
             }
         }
-        if mode::dead() || Instant::now() >= deadline {
-            return None;
-        }
-        if mine.is_some_and(|m| tracer::waiting_for() == m) {
+        if mode::dead()
+            || out_of_time()
+            || tracer::stopped()
+            || mine.is_some_and(|m| tracer::waiting_for() == m)
+        {
             return None;
         }
         std::thread::sleep(pause);
@@ -465,20 +474,8 @@ fn begin_streamed(
     stream: cudaStream_t,
     device: i32,
 ) -> InFlight {
-    let tensors = plans
-        .iter()
-        .map(|t| Tensor {
-            role: t.role,
-            dtype: t.dtype,
-            strides: ttrace_format::record::packed_strides(&t.shape),
-            shape: t.shape.clone(),
-            ptr: t.ptr,
-            nbytes: t.nbytes,
-            captured: t.captured,
-            crc32: 0,
-        })
-        .collect();
-    let mut f = InFlight {
+    let tensors = plans.iter().map(tensor_of).collect();
+    let mut f = Eager {
         ticket: None,
         streams: vec![None; plans.len()],
         streamed: true,
@@ -492,15 +489,13 @@ fn begin_streamed(
         device,
         copied: false,
         fatal: None,
-        nccl_comm: 0,
-        graph: None,
     };
     f.stream_all(s, When::Before);
-    f
+    InFlight::new(Snap::Eager(Box::new(f)))
 }
 
 /// [`finish`] for a streamed op.
-fn finish_streamed(mut f: InFlight, ok: bool) {
+fn finish_streamed(mut f: Eager, ok: bool) {
     let Some(s) = session::get() else {
         return;
     };
@@ -525,7 +520,7 @@ fn finish_streamed(mut f: InFlight, ok: bool) {
     Ticket::take().push(Entry::Capture(Box::new(c)));
 }
 
-impl InFlight {
+impl Eager {
     /// Streams the captured tensors taken at `when`; a tensor that cannot be streamed whole
     /// is left uncaptured, with a gap saying why.
     fn stream_all(&mut self, s: &Session, when: When) {
@@ -579,25 +574,7 @@ impl InFlight {
             let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
             let mut refused = None;
             for c in p.source.copies_range(offset, len) {
-                let r = match c {
-                    Copy::Linear { dst, src, len } => {
-                        cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)
-                    }
-                    Copy::Pitched {
-                        dst,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                    } => cuda::copy_pitched(
-                        (base + dst as usize) as *mut u8,
-                        src,
-                        spitch,
-                        width,
-                        height,
-                        stream,
-                    ),
-                };
+                let r = enqueue(base, c, stream);
                 if let Err(code) = r {
                     refused = Some(code);
                     break;
@@ -669,35 +646,22 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
     let mine = my_oldest_deferred();
     let mut tail = s.ring.tail();
     let mut idle_since = Instant::now();
-    let mut pause = Duration::from_micros(50);
-    loop {
-        {
-            let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
-                return Some((Ticket::take(), slot));
-            }
-        }
+    reserve_polling(s, len, mine, || {
         let now = Instant::now();
         let t = s.ring.tail();
         // Only the daemon sitting on published slots is a stall: while the device runs the
         // op (an after-copy waits for it) or the tracer waits for a chunk's copy, nothing is
-        // owed yet.
-        // A tracer that has not started yet counts as idle, so the wait stays bounded.
+        // owed yet. A tracer that has not started yet counts as idle, so the wait stays
+        // bounded (a big copy as the process's first op comes before the thread runs).
         let started = tracer::waiting_for() != u64::MAX;
         if started && (t != tail || !tracer::daemon_owes(s.ring)) {
             (tail, idle_since) = (t, now);
         }
         let idle = now - idle_since;
-        if mode::dead() || idle >= wait.min(stall::remaining(s.cfg.max_stall_ms)) {
+        let over = idle >= wait.min(stall::remaining(s.cfg.max_stall_ms));
+        if over {
             stall::charge(idle);
-            return None;
         }
-        // The tracer stopped, or waits for this thread's own deferred group. (Not yet started
-        // is no reason: a big copy as the process's first op comes before the thread runs.)
-        if tracer::stopped() || mine.is_some_and(|m| tracer::waiting_for() == m) {
-            return None;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(2));
-    }
+        over
+    })
 }

@@ -9,6 +9,7 @@
 //! before; a signal the program ignores is left alone. A handler the program installs later
 //! replaces ours (its exit path through `exit` still drains through `atexit`).
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -35,6 +36,32 @@ const GRACE: Duration = Duration::from_secs(2);
 static PREVIOUS: OnceLock<Vec<(libc::c_int, libc::sigaction)>> = OnceLock::new();
 /// The drain ran (once per process).
 static DRAINED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// This thread is the tracer's: a handler running on it cannot wait for the drain.
+    static TRACER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Termination requests a process receives as a whole (the kernel picks a thread to run the
+/// handler on).
+const REQUESTS: [libc::c_int; 4] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT];
+
+/// Called by the tracer thread as it starts. It blocks the termination requests, so that their
+/// handler runs on one of the program's threads: run on the tracer's, it would wait for the
+/// drain that this very thread has to do, and publish nothing. A fault in the tracer thread
+/// itself skips the drain (see [`on_signal`]).
+pub fn tracer_thread() {
+    TRACER.with(|t| t.set(true));
+    // SAFETY: builds a signal set and blocks it for the calling thread only.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in REQUESTS {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
 
 /// Publishes what was taken, once, if this process owns the session; `dying`: of a signal.
 fn drain(dying: bool) {
@@ -66,12 +93,14 @@ pub fn install() {
         // SAFETY: an all-zero sigaction is valid; the fields are set below.
         let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
         new.sa_sigaction = on_signal as *const () as usize;
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | (old.sa_flags & libc::SA_ONSTACK);
-        // SAFETY: `sa_mask` is a valid sigset to fill; then our handler replaces the action.
-        let ok = unsafe {
-            libc::sigemptyset(&mut new.sa_mask);
-            libc::sigaction(sig, &new, std::ptr::null_mut()) == 0
-        };
+        // The program's own flags and mask, so that its handler, called from ours, runs as it
+        // asked: without SA_RESTART (Python's SIGINT), a blocking call returns EINTR and the
+        // program sees the signal at once; with SA_RESTART forced, Ctrl-C would wait for it.
+        new.sa_flags = libc::SA_SIGINFO
+            | (old.sa_flags & (libc::SA_ONSTACK | libc::SA_RESTART | libc::SA_NODEFER));
+        new.sa_mask = old.sa_mask;
+        // SAFETY: our handler replaces the action.
+        let ok = unsafe { libc::sigaction(sig, &new, std::ptr::null_mut()) == 0 };
         if ok {
             previous.push((sig, old));
         }
@@ -95,7 +124,9 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         sig,
         libc::SIGSEGV | libc::SIGBUS | libc::SIGFPE | libc::SIGILL | libc::SIGABRT
     );
-    if fault || handler == libc::SIG_DFL {
+    // On the tracer thread (a fault of its own) nobody else can drain.
+    let on_tracer = TRACER.try_with(Cell::get).unwrap_or(true);
+    if (fault || handler == libc::SIG_DFL) && !on_tracer {
         // Best effort from a signal handler: the tracer's locks are only held briefly, and
         // a dying program would lose everything anyway. No panic crosses this frame.
         let _ = std::panic::catch_unwind(|| drain(true));

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess};
 use ttrace_format::record::{GapReason, Op, Tensor};
-use ttrace_format::ring::{tensor_offsets, Slot};
+use ttrace_format::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
 use crate::engine::{self, Call};
@@ -52,7 +52,7 @@ struct NodeCopy {
 }
 
 /// A captured op: what each replay publishes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Template {
     api: &'static str,
     op: Op,
@@ -134,22 +134,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
     let mut plans = call.tensors;
     engine::select(s, &mut plans);
     engine::fit_one_slot(s, &mut plans);
-    let sizes: Vec<u64> = plans
-        .iter()
-        .filter(|t| t.captured)
-        .map(|t| t.nbytes)
-        .collect();
-    let (offs, total) = tensor_offsets(&sizes);
-    let mut k = 0;
-    let offsets = plans
-        .iter()
-        .map(|t| {
-            t.captured.then(|| {
-                k += 1;
-                offs[k - 1]
-            })
-        })
-        .collect();
+    let (offsets, total) = engine::layout(&plans);
     let tensors = plans.iter().map(engine::tensor_of).collect();
     let mut rec = Recording {
         graph,
@@ -317,15 +302,9 @@ pub fn updated(exec: usize, graph: usize) {
         .iter()
         .map(|t| {
             Arc::new(Template {
-                api: t.api,
-                op: t.op.clone(),
-                stream: t.stream,
-                device: t.device,
-                tensors: t.tensors.clone(),
-                offsets: t.offsets.clone(),
-                total: t.total,
                 copies: Vec::new(),
                 gap: Some(detail.into()),
+                ..Template::clone(t)
             })
         })
         .collect();

@@ -295,6 +295,7 @@ pub fn start(
     std::thread::Builder::new()
         .name("ttrace-tracer".into())
         .spawn(move || {
+            crate::fatal::tracer_thread();
             let mut t = Tracer {
                 client,
                 ring,

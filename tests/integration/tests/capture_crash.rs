@@ -102,3 +102,17 @@ fn sigkill_loses_what_was_not_published_and_says_so() {
         assert!(text.contains("crashed"), "{text}");
     }
 }
+
+/// The handlers that flush on a signal keep the program's own flags: a SIGINT handler
+/// installed without SA_RESTART (Python's) still interrupts blocking calls once capture runs.
+/// And the tracer thread blocks termination requests, so that their handler (which waits for
+/// the tracer's drain) never runs on it.
+#[test]
+fn the_flush_handlers_keep_the_programs_signal_flags() {
+    let run = traced(1, &["big", "sigflags"], &[]);
+    assert!(run.out.status.success(), "{}", describe(&run.out));
+    assert!(
+        !run.records.is_empty(),
+        "the copy was captured (handlers installed)"
+    );
+}

@@ -9,6 +9,10 @@
 //! * `crash abort|exit|segv|kill`: six host-to-device copies of 4 KiB
 //!   ([`crate::capture::pattern`]`(i, 4096)`, i = 1..=6) and one 8x8 `cublasSgemm`, then
 //!   `abort()`, `_exit(3)`, a write through a null pointer, or `SIGKILL` to itself.
+//! * `sigflags`: installs a SIGINT handler without `SA_RESTART` (as Python does, so that a
+//!   blocking call returns `EINTR` on Ctrl-C), makes a captured copy, and fails if the action
+//!   now in place restarts interrupted calls, or if a thread named `ttrace-tracer` exists and
+//!   does not block SIGTERM (a termination request must run its handler on a program thread).
 
 use core::ffi::{c_int, c_void};
 
@@ -34,7 +38,11 @@ pub fn big(args: &[String]) -> Result<(), String> {
         Some("copy") => copy(bytes()?),
         Some("allreduce") => allreduce(bytes()?),
         Some("crash") => crash(args.get(1).map_or("", String::as_str)),
-        _ => Err("usage: big copy BYTES | allreduce BYTES | crash abort|exit|segv|kill".into()),
+        Some("sigflags") => sigflags(),
+        _ => Err(
+            "usage: big copy BYTES | allreduce BYTES | crash abort|exit|segv|kill | sigflags"
+                .into(),
+        ),
     }
 }
 
@@ -162,4 +170,55 @@ fn crash(how: &str) -> Result<(), String> {
         }
     }
     Err("still alive after the crash".into())
+}
+
+extern "C" fn on_sigint(_: c_int) {}
+
+fn sigflags() -> Result<(), String> {
+    // SAFETY: sigaction with a zeroed (valid) action whose handler does nothing.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_sigint as *const () as usize;
+        libc::sigemptyset(&mut act.sa_mask);
+        if libc::sigaction(libc::SIGINT, &act, std::ptr::null_mut()) != 0 {
+            return Err("sigaction failed".into());
+        }
+    }
+    copy(4096)?;
+    // SAFETY: reads the current action only.
+    let now = unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGINT, std::ptr::null(), &mut now);
+        now
+    };
+    if now.sa_flags & libc::SA_RESTART != 0 {
+        return Err(format!(
+            "SIGINT's action restarts interrupted calls now (sa_flags {:#x})",
+            now.sa_flags
+        ));
+    }
+    // The tracer thread (when traced) blocks SIGTERM; it may still be starting.
+    let sigterm = 1u64 << (libc::SIGTERM - 1);
+    for _ in 0..200 {
+        match tracer_sigblk() {
+            None => return Ok(()),
+            Some(b) if b & sigterm != 0 => return Ok(()),
+            Some(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+        }
+    }
+    Err("the ttrace-tracer thread does not block SIGTERM".into())
+}
+
+/// `SigBlk` of the thread named `ttrace-tracer`, if there is one.
+fn tracer_sigblk() -> Option<u64> {
+    for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "ttrace-tracer" {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+        let blk = status.lines().find_map(|l| l.strip_prefix("SigBlk:"))?;
+        return u64::from_str_radix(blk.trim(), 16).ok();
+    }
+    None
 }

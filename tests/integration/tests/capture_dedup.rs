@@ -163,10 +163,20 @@ fn repeated_weights_are_stored_once_and_read_back_exactly() {
         stored(&a)
     );
     assert!(segments_bytes(&on) < segments_bytes(&off));
-    // A reference names an earlier record of its segment, never a reference.
+    // A reference names an earlier record of its segment, never a reference, at the offset
+    // of that record's frame (readers fall back to its seq, which would hide a wrong offset).
+    let store = Store::open(&on).expect("store");
+    let mut frame_at = BTreeMap::new();
+    for i in store.segments() {
+        let seg = store.open_segment(i.rank, i.step).expect("segment");
+        for f in seg.frames() {
+            frame_at.insert((i.rank, i.step, f.seq), f.offset);
+        }
+    }
     for ((rank, step, seq, _), (_, _, r)) in &a {
         if let Some(r) = r {
             assert!(r.seq <= *seq, "rank {rank} step {step} seq {seq} -> {r:?}");
+            assert_eq!(frame_at[&(*rank, *step, r.seq)], r.offset, "{r:?}");
             let target = &a[&(*rank, *step, r.seq, r.tensor as usize)];
             assert!(target.2.is_none());
         }

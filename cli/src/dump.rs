@@ -12,7 +12,9 @@ use ttrace_format::store::{Manifest, SegmentReader};
 /// Each line is the record's metadata plus, per tensor, `crc_ok` (whether the stored bytes
 /// match the record's CRC-32) and with --tensors the file its raw little-endian bytes were
 /// written to (`r<rank>_s<step>_q<seq>_t<i>.bin`, packed row-major as the record's shape and
-/// dtype say). Corrupt frames are reported on stderr and skipped.
+/// dtype say). Corrupt frames are reported on stderr and skipped; a tensor that cannot be
+/// read (a missing stream file, a reference to a damaged record) gets `crc_ok: false` and
+/// `error`.
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct DumpArgs {
@@ -79,9 +81,24 @@ pub fn main(a: DumpArgs) -> anyhow::Result<()> {
                 if !t.captured {
                     continue;
                 }
-                let bytes = f.tensor_bytes(blob)?;
+                let read = f.tensor_bytes(blob);
                 blob += 1;
                 let jt = &mut v["tensors"][ti];
+                // A streamed tensor whose file is gone, a reference to a damaged record: this
+                // tensor is bad, the rest of the store is still dumped.
+                let bytes = match read {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        eprintln!(
+                            "ttrace dump: {}: seq {} tensor {ti}: {e}",
+                            seg.display(),
+                            f.record.seq
+                        );
+                        jt["crc_ok"] = false.into();
+                        jt["error"] = e.to_string().into();
+                        continue;
+                    }
+                };
                 jt["crc_ok"] = (crc32fast::hash(&bytes) == t.crc32).into();
                 if let Some(d) = &a.tensors {
                     let name = format!(

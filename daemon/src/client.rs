@@ -882,142 +882,116 @@ fn write_loop(
     budget: &Budget,
     pid: u32,
 ) {
-    let mut held: BTreeMap<(u32, u64), SegRef> = BTreeMap::new();
-    let mut waiting: VecDeque<Unreleased> = VecDeque::new();
-    let mut broken: BTreeSet<(u32, u64)> = BTreeSet::new();
-    let losses = shared.segments.losses();
-    let mut streams = Streams::new(shared.store.clone(), state.id, pid);
+    let mut w = Writer {
+        shared,
+        state,
+        ring,
+        losses: shared.segments.losses(),
+        held: BTreeMap::new(),
+        waiting: VecDeque::new(),
+        broken: BTreeSet::new(),
+        streams: Streams::new(shared.store.clone(), state.id, pid),
+    };
     while let Ok(work) = rx.recv() {
-        let mut p = match work {
-            Work::Record(p) => p,
-            Work::Chunk(c, result) => {
-                write_chunk(&mut streams, &c, result, ring);
-                // Written unbuffered: in the kernel once `write_chunk` returns.
-                waiting.push_back(Unreleased {
-                    key: None,
-                    frame_end: 0,
-                    slot_end: Some(c.slot.end),
-                    written: false,
-                });
-                // Records before the chunk may still sit in a segment's buffer: the chunk's
-                // slot is released after theirs, so flush as the record path does.
-                let mut flushed = true;
-                if rx.is_empty() {
-                    for seg in held.values() {
-                        flushed &= seg.flush(losses);
-                    }
-                }
-                let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
-                let mut i = state.info.lock();
-                i.records += stored;
-                i.bytes_raw += std::mem::take(&mut streams.bytes_raw);
-                i.bytes_stored += std::mem::take(&mut streams.bytes_stored);
-                i.crc_mismatches += std::mem::take(&mut streams.crc_mismatches);
-                continue;
+        let flushed = match work {
+            Work::Record(p) => {
+                budget.give(p.meta);
+                w.record(p)
             }
+            Work::Chunk(c, result) => w.chunk(&c, result),
             Work::Abort(id) => {
-                streams.abort(id);
+                w.streams.abort(id);
                 continue;
             }
         };
-        budget.give(p.meta);
-        let mut flushed = true;
-        let mut blobs = if p.streams.is_empty() {
-            Vec::with_capacity(p.tensors.len())
+        // Flush when nothing else is queued: the slots of what was written wait for it.
+        w.settle(rx.is_empty(), flushed);
+    }
+    w.settle(true, true);
+    let Writer { streams, held, .. } = w;
+    streams.close();
+    for (_, s) in held {
+        debug!(
+            rank = s.key().0,
+            step = s.key().1,
+            "client done with segment"
+        );
+        shared.segments.release(s);
+    }
+}
+
+/// The state of one client's writer thread.
+struct Writer<'a> {
+    shared: &'a Shared,
+    state: &'a ClientState,
+    ring: &'a ClientRing,
+    losses: &'a segments::Losses,
+    /// The segments it holds open.
+    held: BTreeMap<(u32, u64), SegRef>,
+    /// Slots waiting for their frames to reach the kernel, in order.
+    waiting: VecDeque<Unreleased>,
+    /// Segments it let go of although their last flush failed.
+    broken: BTreeSet<(u32, u64)>,
+    streams: Streams,
+}
+
+impl Writer<'_> {
+    /// Flushes the held segments (when `idle`), then releases the slots whose frames are in
+    /// the kernel (every waiting slot when a flush failed: see [`release_written`]) and
+    /// counts the records stored.
+    fn settle(&mut self, idle: bool, mut flushed: bool) {
+        if idle {
+            for seg in self.held.values() {
+                flushed &= seg.flush(self.losses);
+            }
+        }
+        let stored = release_written(
+            &self.held,
+            &mut self.waiting,
+            self.ring,
+            !flushed,
+            &self.broken,
+        );
+        self.state.info.lock().records += stored;
+    }
+
+    /// Appends a chunk to its stream file. Returns whether every flush succeeded.
+    fn chunk(&mut self, c: &Chunk, result: Receiver<Encoded>) -> bool {
+        write_chunk(&mut self.streams, c, result, self.ring);
+        // Written unbuffered: in the kernel once `write_chunk` returns. Records before the
+        // chunk may still sit in a segment's buffer: its slot is released after theirs.
+        self.waiting.push_back(Unreleased {
+            key: None,
+            frame_end: 0,
+            slot_end: Some(c.slot.end),
+            written: false,
+        });
+        let mut i = self.state.info.lock();
+        i.bytes_raw += std::mem::take(&mut self.streams.bytes_raw);
+        i.bytes_stored += std::mem::take(&mut self.streams.bytes_stored);
+        i.crc_mismatches += std::mem::take(&mut self.streams.crc_mismatches);
+        true
+    }
+
+    /// Appends a record to its segment. Returns whether every flush succeeded.
+    fn record(&mut self, mut p: Pending) -> bool {
+        let streamed = !p.streams.is_empty();
+        let (mut blobs, digests, mismatches) = if streamed {
+            let blobs = self.streams.blobs(&mut p.record, &p.streams);
+            let n = blobs.len();
+            (blobs, vec![None; n], 0)
         } else {
-            streams.blobs(&mut p.record, &p.streams)
+            self.collect(&p)
         };
         let rec = &p.record;
-        let mut digests: Vec<Option<Digest>> = vec![None; blobs.len()];
-        let mut mismatches = 0u64;
-        let expected: Vec<u32> = rec
-            .tensors
-            .iter()
-            .filter(|t| t.captured)
-            .map(|t| t.crc32)
-            .collect();
-        for (i, (off, nbytes, elem, result)) in p.tensors.into_iter().enumerate() {
-            let enc = match (result.recv(), &p.slot) {
-                (Ok(e), _) => e,
-                // The job was lost (a worker panicked): store the bytes raw, here.
-                (Err(_), Some(s)) => {
-                    // SAFETY: as in `prepare`: the slot is ours until released below.
-                    let bytes = unsafe { ring.bytes(s, off, nbytes) };
-                    Encoded {
-                        blob: raw_blob(bytes, elem),
-                        crc: crc32fast::hash(bytes),
-                        digest: None,
-                    }
-                }
-                (Err(_), None) => Encoded {
-                    blob: raw_blob(&[], elem),
-                    crc: 0,
-                    digest: None,
-                },
-            };
-            if enc.crc != expected[i] {
-                mismatches += 1;
-                warn!(
-                    rank = rec.rank,
-                    step = rec.step,
-                    seq = rec.seq,
-                    tensor = i,
-                    "tensor bytes do not match the record's crc32 ({:08x} in the ring, {:08x} published); kept as published",
-                    enc.crc,
-                    expected[i]
-                );
-            }
-            // Only bytes that match their record are deduplicated: a reference must read back
-            // as the record says.
-            digests.push(enc.digest.filter(|_| enc.crc == expected[i]));
-            blobs.push(enc.blob);
-        }
         let key = (rec.rank, rec.step);
-        // Streamed tensors' bytes were counted as their chunks were written.
-        let streamed = !p.streams.is_empty();
-        losses.given();
-        if let std::collections::btree_map::Entry::Vacant(slot) = held.entry(key) {
-            match shared.segments.acquire(rec.rank, rec.step) {
-                Ok(s) => {
-                    slot.insert(s);
-                }
-                // Counted (and logged once per cause) by the loss ledger.
-                Err(e) => losses.add(&segments::cause("creating a segment", &e), 1),
-            }
-            // The client moved on: let go of its segments of earlier steps (flushed first:
-            // the slots of their last records may still wait for it), and of the oldest ones
-            // beyond [`MAX_HELD`] (steps that go down, several ranks: a client cannot hold
-            // descriptors without bound).
-            let mut older: Vec<(u32, u64)> = held
-                .keys()
-                .filter(|k| k.1 < rec.step && **k != key)
-                .copied()
-                .collect();
-            if held.len() > MAX_HELD {
-                let mut rest: Vec<(u32, u64)> = held
-                    .keys()
-                    .filter(|k| **k != key && !older.contains(k))
-                    .copied()
-                    .collect();
-                rest.sort_by_key(|k| k.1);
-                older.extend(rest.into_iter().take(held.len() - MAX_HELD));
-            }
-            for k in older {
-                if let Some(s) = held.remove(&k) {
-                    if !s.flush(losses) {
-                        flushed = false;
-                        broken.insert(k);
-                    }
-                    shared.segments.release(s);
-                }
-            }
-        }
-        let written = held
+        self.losses.given();
+        let flushed = self.hold(key);
+        let written = self
+            .held
             .get(&key)
-            .map(|seg| seg.append(rec, &mut blobs, &digests, losses));
-        // A failed write may leave earlier frames stuck in the writer's buffer.
-        flushed &= !matches!(written, Some(Err(_)));
-        waiting.push_back(Unreleased {
+            .map(|seg| seg.append(rec, &mut blobs, &digests, self.losses));
+        self.waiting.push_back(Unreleased {
             key: Some(key),
             // A record that could not be written has nothing to wait for.
             frame_end: match &written {
@@ -1027,6 +1001,7 @@ fn write_loop(
             slot_end: p.slot.as_ref().map(|s| s.end),
             written: matches!(written, Some(Ok(_))),
         });
+        // Streamed tensors' bytes were counted as their chunks were written.
         let (raw, stored) = if streamed {
             (0, 0)
         } else {
@@ -1036,12 +1011,12 @@ fn write_loop(
             )
         };
         for b in blobs {
-            shared.pool.recycle(b.stored);
+            self.shared.pool.recycle(b.stored);
         }
         // A record not written is counted when its segment is finished (module `segments`:
         // what is not in the file is lost), logged once per cause.
         if let Some(Ok((_, deduped))) = written {
-            let mut i = state.info.lock();
+            let mut i = self.state.info.lock();
             i.bytes_deduped += deduped;
             i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
             i.steps.insert(key);
@@ -1049,30 +1024,105 @@ fn write_loop(
             i.bytes_raw += raw;
             i.bytes_stored += stored;
             i.crc_mismatches += mismatches;
-            shared.records_written.fetch_add(1, Ordering::Relaxed);
+            self.shared.records_written.fetch_add(1, Ordering::Relaxed);
         }
-        if rx.is_empty() {
-            for seg in held.values() {
-                flushed &= seg.flush(losses);
+        // A failed write may leave earlier frames stuck in the writer's buffer.
+        flushed && !matches!(written, Some(Err(_)))
+    }
+
+    /// The compressed tensors of a record from the ring, their digests (for dedup) and how
+    /// many did not match the record's CRC-32.
+    fn collect(&self, p: &Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
+        let rec = &p.record;
+        let mut blobs = Vec::with_capacity(p.tensors.len());
+        let mut digests = Vec::with_capacity(p.tensors.len());
+        let mut mismatches = 0u64;
+        let expected = rec.tensors.iter().filter(|t| t.captured).map(|t| t.crc32);
+        for (i, ((off, nbytes, elem, result), expected)) in
+            p.tensors.iter().zip(expected).enumerate()
+        {
+            let enc = match (result.recv(), &p.slot) {
+                (Ok(e), _) => e,
+                // The job was lost (a worker panicked): store the bytes raw, here.
+                (Err(_), Some(s)) => {
+                    // SAFETY: as in `prepare`: the slot is ours until released after this.
+                    let bytes = unsafe { self.ring.bytes(s, *off, *nbytes) };
+                    Encoded {
+                        blob: raw_blob(bytes, *elem),
+                        crc: crc32fast::hash(bytes),
+                        digest: None,
+                    }
+                }
+                (Err(_), None) => Encoded {
+                    blob: raw_blob(&[], *elem),
+                    crc: 0,
+                    digest: None,
+                },
+            };
+            if enc.crc != expected {
+                mismatches += 1;
+                warn!(
+                    rank = rec.rank,
+                    step = rec.step,
+                    seq = rec.seq,
+                    tensor = i,
+                    "tensor bytes do not match the record's crc32 ({:08x} in the ring, {expected:08x} published); kept as published",
+                    enc.crc,
+                );
+            }
+            // Only bytes that match their record are deduplicated: a reference must read back
+            // as the record says.
+            digests.push(enc.digest.filter(|_| enc.crc == expected));
+            blobs.push(enc.blob);
+        }
+        (blobs, digests, mismatches)
+    }
+
+    /// Makes sure the segment of `key` is held. A new one means the client moved on: its
+    /// segments of earlier steps are let go (flushed first: the slots of their last records
+    /// may still wait for it), and so are the oldest ones beyond [`MAX_HELD`] (steps that go
+    /// down, several ranks: a client cannot hold descriptors without bound). Returns whether
+    /// every flush succeeded.
+    fn hold(&mut self, key: (u32, u64)) -> bool {
+        let std::collections::btree_map::Entry::Vacant(slot) = self.held.entry(key) else {
+            return true;
+        };
+        match self.shared.segments.acquire(key.0, key.1) {
+            Ok(s) => {
+                slot.insert(s);
+            }
+            // Counted (and logged once per cause) by the loss ledger.
+            Err(e) => self
+                .losses
+                .add(&segments::cause("creating a segment", &e), 1),
+        }
+        let mut older: Vec<(u32, u64)> = self
+            .held
+            .keys()
+            .filter(|k| k.1 < key.1 && **k != key)
+            .copied()
+            .collect();
+        if self.held.len() > MAX_HELD {
+            let mut rest: Vec<(u32, u64)> = self
+                .held
+                .keys()
+                .filter(|k| **k != key && !older.contains(k))
+                .copied()
+                .collect();
+            rest.sort_by_key(|k| k.1);
+            older.extend(rest.into_iter().take(self.held.len() - MAX_HELD));
+        }
+        let mut flushed = true;
+        for k in older {
+            if let Some(s) = self.held.remove(&k) {
+                if !s.flush(self.losses) {
+                    flushed = false;
+                    self.broken.insert(k);
+                }
+                self.shared.segments.release(s);
             }
         }
-        let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
-        state.info.lock().records += stored;
-    }
-    let mut flushed = true;
-    for seg in held.values() {
-        flushed &= seg.flush(losses);
-    }
-    let stored = release_written(&held, &mut waiting, ring, !flushed, &broken);
-    state.info.lock().records += stored;
-    streams.close();
-    for (_, s) in std::mem::take(&mut held) {
-        debug!(
-            rank = s.key().0,
-            step = s.key().1,
-            "client done with segment"
-        );
-        shared.segments.release(s);
+        flushed
     }
 }
 

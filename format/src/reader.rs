@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::codec;
 use crate::record::{Record, Tensor};
 use crate::store::{
-    index_path, parse_body, read_index, BlobRef, IndexEntry, Manifest, SegmentReader,
+    index_path, parse_body, read_index, BlobRef, Frame, IndexEntry, Manifest, SegmentReader,
     FRAME_HEADER_BYTES, FRAME_MAGIC, SEGMENT_HEADER_BYTES,
 };
 use crate::tensor::TensorData;
@@ -1086,6 +1086,17 @@ impl Segment {
         })?;
         // The record's own seq (under its CRC) wins over the index's (which no CRC covers):
         // `ttrace fsck` reports and rewrites such an index.
+        Ok(self.view(loc.offset, loc.frame_len, record, body, blobs))
+    }
+
+    fn view<'a>(
+        &'a self,
+        offset: u64,
+        frame_len: u64,
+        record: Record,
+        body: &'a [u8],
+        blobs: Vec<BlobRef>,
+    ) -> RecordView<'a> {
         let mut blob_of = Vec::with_capacity(record.tensors.len());
         let mut b = 0;
         for t in &record.tensors {
@@ -1096,16 +1107,28 @@ impl Segment {
                 blob_of.push(None);
             }
         }
-        Ok(RecordView {
-            offset: loc.offset,
-            frame_len: loc.frame_len,
+        RecordView {
+            offset,
+            frame_len,
             segment: self,
             path: &self.path,
             record,
             body,
             blobs,
             blob_of,
-        })
+        }
+    }
+
+    /// A frame of this segment's file read by a [`SegmentReader`], as a view whose tensors
+    /// resolve here (streamed tensors, references): the one resolving path of every reader.
+    pub fn view_of<'a>(&'a self, frame: &'a Frame) -> RecordView<'a> {
+        self.view(
+            frame.offset,
+            FRAME_HEADER_BYTES + frame.body.len() as u64,
+            frame.record.clone(),
+            &frame.body,
+            frame.blobs.clone(),
+        )
     }
 
     /// Decodes the blob a reference blob's `stored` bytes name into `out`: the referenced record is read (its CRC

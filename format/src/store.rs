@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -734,14 +735,34 @@ pub struct Frame {
     pub record: Record,
     pub body: Vec<u8>,
     pub blobs: Vec<BlobRef>,
-    /// The run directory, where streamed tensors are (set by [`SegmentReader`]).
-    pub run: Option<PathBuf>,
-    /// The segment it was read from, where references resolve (set by [`SegmentReader`]).
-    pub segment: Option<PathBuf>,
+    /// The segment it was read from (set by [`SegmentReader`], shared by all its frames):
+    /// streamed tensors and references resolve through it.
+    pub segment: Option<Arc<SourceSegment>>,
+}
+
+/// The segment a [`SegmentReader`] reads, opened by the store reader
+/// ([`crate::reader::Segment`]) the first time one of its frames needs it (a streamed tensor,
+/// a reference), then kept for every later frame: references are resolved by the one reader,
+/// never by reopening the segment per reference.
+#[derive(Debug)]
+pub struct SourceSegment {
+    path: PathBuf,
+    opened: OnceLock<Result<crate::reader::Segment, String>>,
+}
+
+impl SourceSegment {
+    fn get(&self) -> Result<&crate::reader::Segment, FormatError> {
+        self.opened
+            .get_or_init(|| crate::reader::Segment::open(&self.path).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| FormatError::Invalid(e.clone()))
+    }
 }
 
 impl Frame {
-    /// The raw bytes of the `i`-th captured tensor.
+    /// The raw bytes of the `i`-th captured tensor. A streamed tensor or a reference (format
+    /// 1.2, 1.3) is read through its segment ([`crate::reader::RecordView`]), which checks the
+    /// bytes against the record's length and CRC-32.
     pub fn tensor_bytes(&self, i: usize) -> Result<Vec<u8>, FormatError> {
         let b = self.blobs.get(i).ok_or_else(|| {
             FormatError::Invalid(format!(
@@ -749,61 +770,30 @@ impl Frame {
                 self.blobs.len()
             ))
         })?;
-        let mut scratch = Vec::new();
-        let stored = &self.body[b.start..b.end];
-        if b.codec == Codec::Streamed {
-            let run = self.run.as_deref().ok_or_else(|| {
-                FormatError::Invalid("a streamed tensor read outside its store".into())
+        if matches!(b.codec, Codec::Streamed | Codec::Reference) {
+            let seg = self.segment.as_deref().ok_or_else(|| {
+                FormatError::Invalid(
+                    "a streamed or deduplicated tensor read outside its segment".into(),
+                )
             })?;
-            let mut out = Vec::new();
-            crate::stream::read_stream(run, stored, b.raw_len, &mut scratch, &mut out)?;
-            return Ok(out);
-        }
-        if b.codec == Codec::Reference {
-            return self.referenced_bytes(i, stored, b.raw_len);
+            let tensor = self
+                .record
+                .tensors
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.captured)
+                .nth(i)
+                .map(|(t, _)| t)
+                .ok_or_else(|| FormatError::Corrupt(format!("no captured tensor {i}")))?;
+            return seg.get()?.view_of(self).tensor_bytes(tensor);
         }
         codec::decode(
-            stored,
+            &self.body[b.start..b.end],
             b.raw_len as usize,
             b.elem_size as usize,
             b.codec,
-            &mut scratch,
+            &mut Vec::new(),
         )
-    }
-
-    /// The bytes of captured tensor `i`, stored as a reference to an earlier blob of the
-    /// segment (format 1.3), checked against the record's length and CRC-32.
-    fn referenced_bytes(
-        &self,
-        i: usize,
-        stored: &[u8],
-        raw_len: u64,
-    ) -> Result<Vec<u8>, FormatError> {
-        let path = self.segment.as_deref().ok_or_else(|| {
-            FormatError::Invalid("a deduplicated tensor read outside its segment".into())
-        })?;
-        let t = self
-            .record
-            .tensors
-            .iter()
-            .filter(|t| t.captured)
-            .nth(i)
-            .ok_or_else(|| FormatError::Corrupt(format!("no captured tensor {i}")))?;
-        let seg = crate::reader::Segment::open(path)?;
-        let (mut scratch, mut out) = (Vec::new(), Vec::new());
-        seg.resolve_reference(stored, raw_len, &mut scratch, &mut out)?;
-        let crc = crc32fast::hash(&out);
-        if out.len() as u64 != t.nbytes || crc != t.crc32 {
-            return Err(FormatError::Corrupt(format!(
-                "seq {} tensor {i}: the referenced bytes ({} bytes, CRC-32 {crc:#010x}) are not \
-                 the record's ({} bytes, {:#010x})",
-                self.record.seq,
-                out.len(),
-                t.nbytes,
-                t.crc32
-            )));
-        }
-        Ok(out)
     }
 
     /// Decodes a body (already checked against its CRC).
@@ -814,7 +804,6 @@ impl Frame {
             record,
             body,
             blobs,
-            run: None,
             segment: None,
         })
     }
@@ -889,6 +878,8 @@ pub enum ScanIssue {
 /// Reads a segment's frames in order, streaming.
 pub struct SegmentReader {
     path: PathBuf,
+    /// What its frames resolve through (see [`SourceSegment`]).
+    source: Option<Arc<SourceSegment>>,
     file: BufReader<File>,
     offset: u64,
     len: u64,
@@ -921,6 +912,7 @@ impl SegmentReader {
         }
         Ok(SegmentReader {
             path: path.to_path_buf(),
+            source: None,
             file,
             offset: SEGMENT_HEADER_BYTES,
             len,
@@ -962,16 +954,19 @@ impl SegmentReader {
             return Some(Err(self.resync(start, "CRC mismatch".into())));
         }
         self.offset = start + FRAME_HEADER_BYTES + body_len;
-        let run = self
-            .path
-            .parent()
-            .and_then(Path::parent)
-            .map(Path::to_path_buf);
+        let segment = self
+            .source
+            .get_or_insert_with(|| {
+                Arc::new(SourceSegment {
+                    path: self.path.clone(),
+                    opened: OnceLock::new(),
+                })
+            })
+            .clone();
         Some(
             Frame::parse(start, body)
                 .map(|f| Frame {
-                    run,
-                    segment: Some(self.path.clone()),
+                    segment: Some(segment),
                     ..f
                 })
                 .map_err(|e| ScanIssue::Corrupt {

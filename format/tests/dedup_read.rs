@@ -99,6 +99,31 @@ fn the_streaming_reader_resolves_references_too() {
 }
 
 #[test]
+fn the_streaming_reader_opens_its_segment_once_for_all_references() {
+    let dir = tempdir("once");
+    let (w, other) = (bytes(10_000, 1), bytes(10_000, 2));
+    write(&dir, &w, &other);
+    let path = segment_path(&dir, 0, 0);
+    let mut r = SegmentReader::open(&path).expect("open");
+    let frames: Vec<_> = std::iter::from_fn(|| r.next_frame())
+        .map(|f| f.expect("intact frame"))
+        .collect();
+    assert_eq!(frames[1].tensor_bytes(0).expect("seq 1 resolves"), w);
+    let shared = |a: usize, b: usize| {
+        std::sync::Arc::ptr_eq(
+            frames[a].segment.as_ref().expect("set by the reader"),
+            frames[b].segment.as_ref().expect("set by the reader"),
+        )
+    };
+    assert!(shared(0, 1) && shared(1, 3), "one segment for all frames");
+    // The segment is not opened again per reference: gone from the directory, it still
+    // resolves through the reader that already has it.
+    std::fs::remove_file(&path).expect("remove");
+    assert_eq!(frames[1].tensor_bytes(0).expect("still resolves"), w);
+    assert!(frames[2].tensor_bytes(0).is_err(), "seq 2 is still bad");
+}
+
+#[test]
 fn a_damaged_referenced_blob_makes_the_referencing_tensor_bad() {
     let dir = tempdir("damaged");
     let (w, other) = (bytes(10_000, 1), bytes(10_000, 2));

@@ -163,10 +163,20 @@ fn repeated_weights_are_stored_once_and_read_back_exactly() {
         stored(&a)
     );
     assert!(segments_bytes(&on) < segments_bytes(&off));
-    // A reference names an earlier record of its segment, never a reference.
+    // A reference names an earlier record of its segment, never a reference, at the offset
+    // of that record's frame (readers fall back to its seq, which would hide a wrong offset).
+    let store = Store::open(&on).expect("store");
+    let mut frame_at = BTreeMap::new();
+    for i in store.segments() {
+        let seg = store.open_segment(i.rank, i.step).expect("segment");
+        for f in seg.frames() {
+            frame_at.insert((i.rank, i.step, f.seq), f.offset);
+        }
+    }
     for ((rank, step, seq, _), (_, _, r)) in &a {
         if let Some(r) = r {
             assert!(r.seq <= *seq, "rank {rank} step {step} seq {seq} -> {r:?}");
+            assert_eq!(frame_at[&(*rank, *step, r.seq)], r.offset, "{r:?}");
             let target = &a[&(*rank, *step, r.seq, r.tensor as usize)];
             assert!(target.2.is_none());
         }
@@ -230,4 +240,30 @@ fn a_damaged_referenced_blob_makes_its_references_bad_not_wrong() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("\"corrupt_record\""), "{text}");
     assert!(text.contains("\"bad_tensor\""), "{text}");
+    // `ttrace dump` marks those tensors and dumps the rest of the store.
+    let out = Command::new(bin("ttrace"))
+        .arg("dump")
+        .arg(&store)
+        .output()
+        .expect("dump runs");
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let intact: usize = s
+        .segments()
+        .iter()
+        .map(|i| {
+            let seg = s.open_segment(i.rank, i.step).expect("segment");
+            seg.records().filter(Result::is_ok).count()
+        })
+        .sum();
+    assert_eq!(lines.len(), intact, "every intact record is dumped");
+    let bad = lines
+        .iter()
+        .find(|l| l["rank"] == rank && l["step"] == step && l["seq"] == seq)
+        .expect("the referencing record is dumped");
+    assert_eq!(bad["tensors"][t]["crc_ok"], false, "{bad}");
+    assert!(bad["tensors"][t]["error"].is_string(), "{bad}");
 }

@@ -256,12 +256,6 @@ fn error_of(s: kernels::ErrorSums, rows: usize) -> ShardError {
     }
 }
 
-/// The reference values at `placement`, in the shard's layout.
-pub fn gather(reff: &Values, shard_shape: &[u64], placement: &Placement) -> Vec<f32> {
-    let map = placement.index_map(shard_shape, &reff.shape);
-    map.gather(&reff.data, 0, map.len())
-}
-
 /// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
 fn sampled_error(
     x: &Values,

@@ -1,6 +1,6 @@
-//! Replica drift: tensors that the members of a communicator hold bitwise identically (the
-//! weights of data-parallel replicas, the replicated activations of a tensor-parallel group)
-//! must stay identical in every later step. Replicas that drift apart, e.g. one replica
+//! Replica drift: weights that the members of a communicator hold bitwise identically (those
+//! of data-parallel replicas, tensor-parallel replicated parameters) must stay identical in
+//! every later step; replicated activations are not held to it (they do not persist, below). Replicas that drift apart, e.g. one replica
 //! applying a slightly different update, may each stay within tolerance of the reference
 //! (in BF16 the drift hides below its resolution), so the per-tensor comparison alone would
 //! let them pass.

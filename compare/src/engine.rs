@@ -383,7 +383,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
         None => None,
     };
-    let replica_drift = crate::replicas::drift(&p.run, &tensors)?;
+    let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);

@@ -1,9 +1,9 @@
 //! Replica drift: weights that the members of a communicator hold bitwise identically (those
 //! of data-parallel replicas, tensor-parallel replicated parameters) must stay identical in
-//! every later step; replicated activations are not held to it (they do not persist, below). Replicas that drift apart, e.g. one replica
-//! applying a slightly different update, may each stay within tolerance of the reference
-//! (in BF16 the drift hides below its resolution), so the per-tensor comparison alone would
-//! let them pass.
+//! every later step; replicated activations are not held to it (they do not persist, below).
+//! Replicas that drift apart, e.g. one replica applying a slightly different update, may each
+//! stay within tolerance of the reference (in BF16 the drift hides below its resolution), so
+//! the per-tensor comparison alone would let them pass.
 //!
 //! Data-driven, no layout convention: for each compared GEMM operand (A or B; outputs are
 //! not replicated by construction) and each communicator of two or more ranks all holding
@@ -138,7 +138,6 @@ fn ordinals(
     tensors: &[TensorComparison],
 ) -> BTreeMap<(u64, u64), u64> {
     let mut steps: Vec<u64> = tensors.iter().map(|t| t.step).collect();
-    steps.dedup();
     steps.sort_unstable();
     steps.dedup();
     let mut out = BTreeMap::new();

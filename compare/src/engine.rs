@@ -383,7 +383,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         Some(i) => Some(localize(&p.reff, p.ref_rank, &p.run, &pending, i, &p.al)?),
         None => None,
     };
-    let replica_drift = crate::replicas::drift(&p.run, &tensors)?;
+    let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
@@ -1776,8 +1776,9 @@ fn localize(
 }
 
 /// A note naming the GEMMs of `rank` that ran after its previous aligned GEMM and before
-/// `seq` yet have no counterpart in the reference (other transposes, shapes or types than
-/// any reference GEMM): the likeliest culprits of an upstream divergence on that rank.
+/// `seq` yet have no counterpart in the reference (the alignment left them out: other
+/// transposes, shapes or types than the reference's, or a call the reference does not make):
+/// the likeliest culprits of an upstream divergence on that rank.
 fn unaligned_before(run: &RunTrace, al: &Alignment, rank: u32, step: u64, seq: u64) -> String {
     let mut found: Vec<String> = Vec::new();
     for r in run.records(rank, step).iter().rev().filter(|r| r.seq < seq) {
@@ -1797,8 +1798,8 @@ fn unaligned_before(run: &RunTrace, al: &Alignment, rank: u32, step: u64, seq: u
     }
     found.reverse();
     format!(
-        "; in between, {} no counterpart in the reference (its parameters match no reference \
-         GEMM): {}",
+        "; in between, {} no counterpart in the reference (left unaligned: other \
+         parameters than the reference's GEMMs, or calls the reference does not make): {}",
         if found.len() == 1 {
             "this GEMM has"
         } else {

@@ -256,12 +256,6 @@ fn error_of(s: kernels::ErrorSums, rows: usize) -> ShardError {
     }
 }
 
-/// The reference values at `placement`, in the shard's layout.
-pub fn gather(reff: &Values, shard_shape: &[u64], placement: &Placement) -> Vec<f32> {
-    let map = placement.index_map(shard_shape, &reff.shape);
-    map.gather(&reff.data, 0, map.len())
-}
-
 /// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
 fn sampled_error(
     x: &Values,
@@ -408,13 +402,7 @@ pub fn place_trusting(
                     Some(sc) => sc,
                     None => screen(x, reff, scales, false, 32)?,
                 };
-                let others = screen
-                    .1
-                    .iter()
-                    .filter(|(_, c, sc)| !(screen.0[*c] == f.placement && *sc == f.scale))
-                    .map(|e| e.0)
-                    .fold(f64::INFINITY, f64::min);
-                if others >= SEPARATION * f.err.rel {
+                if separated(&screen, &f) {
                     return Some(f);
                 }
                 one_cut = Some(screen);
@@ -463,6 +451,18 @@ pub fn place_trusting(
         }
     }
     best
+}
+
+/// Whether every other placement of `screen` screened at least [`SEPARATION`] times worse than
+/// the full error of `fit`.
+fn separated(screen: &Screen, fit: &Fit) -> bool {
+    let others = screen
+        .1
+        .iter()
+        .filter(|(_, c, sc)| !(screen.0[*c] == fit.placement && *sc == fit.scale))
+        .map(|e| e.0)
+        .fold(f64::INFINITY, f64::min);
+    others >= SEPARATION * fit.err.rel
 }
 
 /// Every candidate placement (dimensions cut twice when `two_cuts`) at every scale, screened
@@ -774,6 +774,10 @@ mod screening_tests {
         .expect("fits");
         assert_eq!(kept.placement, half_of_rows(1));
         assert_eq!(kept, searched);
+        // A search finds the hint's place too, so the above holds with or without the
+        // re-validation: that it is what keeps the hint is asserted on its decision.
+        let one_cut = screen(&shard, &reff, &[1.0, 2.0], false, 32).expect("placeable");
+        assert!(separated(&one_cut, &kept));
         assert!(
             kept.err.rel > 1e-4 && kept.err.rel < 0.05,
             "{}",
@@ -802,6 +806,8 @@ mod screening_tests {
         let shard = rows_of(&reff, 4..8, 0.0);
         let wrong_hint = full_fit(&shard, &reff, half_of_rows(0), 1.0);
         assert!(wrong_hint.err.rel < 0.05, "{}", wrong_hint.err.rel);
+        let one_cut = screen(&shard, &reff, &[1.0], false, 32).expect("placeable");
+        assert!(!separated(&one_cut, &wrong_hint));
         let f = place_trusting(
             &shard,
             &reff,

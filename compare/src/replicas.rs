@@ -1,9 +1,9 @@
-//! Replica drift: tensors that the members of a communicator hold bitwise identically (the
-//! weights of data-parallel replicas, the replicated activations of a tensor-parallel group)
-//! must stay identical in every later step. Replicas that drift apart, e.g. one replica
-//! applying a slightly different update, may each stay within tolerance of the reference
-//! (in BF16 the drift hides below its resolution), so the per-tensor comparison alone would
-//! let them pass.
+//! Replica drift: weights that the members of a communicator hold bitwise identically (those
+//! of data-parallel replicas, tensor-parallel replicated parameters) must stay identical in
+//! every later step; replicated activations are not held to it (they do not persist, below).
+//! Replicas that drift apart, e.g. one replica applying a slightly different update, may each
+//! stay within tolerance of the reference (in BF16 the drift hides below its resolution), so
+//! the per-tensor comparison alone would let them pass.
 //!
 //! Data-driven, no layout convention: for each compared GEMM operand (A or B; outputs are
 //! not replicated by construction) and each communicator of two or more ranks all holding
@@ -44,8 +44,8 @@ pub struct ReplicaDrift {
     pub nvtx: Option<String>,
 }
 
-/// A compared operand's identity across steps: reference seq within the step, API, role,
-/// shape.
+/// A compared operand's identity across steps: the reference GEMM's ordinal among those of its
+/// signature in its step ([`ordinals`]), API, role, shape.
 type Kind = (u64, String, String, Vec<u64>);
 
 /// What is known of one (group, kind): the step it was found identical in, once found.
@@ -58,12 +58,16 @@ enum State {
     Settled,
 }
 
-/// Finds replica drift among the compared `tensors` (in execution order) of `run`.
+/// Finds replica drift among the compared `tensors` (in execution order) of `run`, compared
+/// against rank `ref_rank` of `reff`.
 pub fn drift(
+    reff: &RunTrace,
+    ref_rank: u32,
     run: &RunTrace,
     tensors: &[TensorComparison],
 ) -> Result<Vec<ReplicaDrift>, CompareError> {
     let groups = groups(run);
+    let ordinal = ordinals(reff, ref_rank, tensors);
     let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
     let mut found = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
@@ -72,7 +76,10 @@ pub fn drift(
             "B" => Role::B,
             _ => continue,
         };
-        let kind: Kind = (t.ref_seq, t.api.clone(), t.role.clone(), t.shape.clone());
+        let Some(&n) = ordinal.get(&(t.step, t.ref_seq)) else {
+            continue;
+        };
+        let kind: Kind = (n, t.api.clone(), t.role.clone(), t.shape.clone());
         for (g, members) in groups.iter().enumerate() {
             let Some(copies) = copies(run, t, role, members) else {
                 continue;
@@ -119,6 +126,37 @@ pub fn drift(
         }
     }
     Ok(found)
+}
+
+/// Each reference GEMM of the compared steps, by (step, seq): how many GEMMs of its signature
+/// (API, m, n, k, transposes) ran before it in its step. A seq is no identity across steps:
+/// steps hold different other ops (the first one, say, a framework's uploads of the initial
+/// weights), and a seq-keyed operand would be new in every step whose seqs moved.
+fn ordinals(
+    reff: &RunTrace,
+    ref_rank: u32,
+    tensors: &[TensorComparison],
+) -> BTreeMap<(u64, u64), u64> {
+    let mut steps: Vec<u64> = tensors.iter().map(|t| t.step).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    let mut out = BTreeMap::new();
+    for step in steps {
+        let mut seen: BTreeMap<(&str, [u64; 5]), u64> = BTreeMap::new();
+        for r in reff.records(ref_rank, step) {
+            let Some(g) = crate::trace::gemm(r) else {
+                continue;
+            };
+            let sig = (
+                r.api.as_str(),
+                [g.m, g.n, g.k, u64::from(g.transa), u64::from(g.transb)],
+            );
+            let n = seen.entry(sig).or_default();
+            out.insert((step, r.seq), *n);
+            *n += 1;
+        }
+    }
+    out
 }
 
 /// Communicators of two or more ranks (global ranks, sorted, deduplicated).

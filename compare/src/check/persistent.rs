@@ -24,7 +24,8 @@ use crate::trace::{is_float, to_f32};
 pub const CLOSE_RELATIVE: f32 = 0.125;
 /// Fraction of sampled elements that must be kept for the operand to be a weight.
 pub const CLOSE_FRACTION: f64 = 0.9;
-/// Elements sampled per operand (evenly spaced), to bound what is read and decoded.
+/// Elements sampled per operand (evenly spaced), to bound what is decoded and compared (the
+/// stored tensor is still decompressed whole).
 const SAMPLE: usize = 4096;
 
 /// A GEMM's identity on one rank, steps aside: NVTX module, API, m, n, k, transposes.
@@ -141,9 +142,16 @@ fn sampled(store: &Store, rec: &Rec, tensor: usize) -> Option<Vec<f32>> {
     }
     let seg = store.open_segment(rec.record.rank, rec.record.step).ok()?;
     let view = seg.read_seq(rec.record.seq)?.ok()?;
-    let values = to_f32(t.dtype, &view.tensor_bytes(tensor).ok()?).ok()?;
-    let stride = values.len().div_ceil(SAMPLE).max(1);
-    Some(values.into_iter().step_by(stride).collect())
+    let bytes = view.tensor_bytes(tensor).ok()?;
+    let size = t.dtype.size().max(1);
+    let stride = (bytes.len() / size).div_ceil(SAMPLE).max(1);
+    let picked: Vec<u8> = bytes
+        .chunks_exact(size)
+        .step_by(stride)
+        .flatten()
+        .copied()
+        .collect();
+    to_f32(t.dtype, &picked).ok()
 }
 
 #[cfg(test)]
@@ -161,6 +169,27 @@ mod tests {
             .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
             .collect();
         assert!(!mostly_kept(&w, &new_data));
+    }
+
+    #[test]
+    fn an_adam_first_step_keeps_a_weight_while_its_step_is_below_an_eighth_of_the_rms() {
+        // Adam's first update moves every element by the learning rate, whatever its size
+        // (m / sqrt(v) = ±1): small elements move by far more than 12.5% of themselves and
+        // count as kept only through the RMS floor. Weights of std 0.02 (GPT-2's init).
+        let w: Vec<f32> = (0..4096)
+            .map(|i| 0.02 * 2.0 * 3f32.sqrt() * (((i * 7919) % 4096) as f32 / 4096.0 - 0.5))
+            .collect();
+        let step = |lr: f32| -> Vec<f32> {
+            w.iter()
+                .enumerate()
+                .map(|(i, x)| x - if i % 3 == 0 { lr } else { -lr })
+                .collect()
+        };
+        assert!(mostly_kept(&w, &step(1e-3)));
+        assert!(mostly_kept(&w, &step(2e-3)));
+        // A step of a third of the RMS moves most elements too far: not a weight by this
+        // rule (a large learning rate on small weights, without warmup).
+        assert!(!mostly_kept(&w, &step(0.33 * 0.02)));
     }
 
     #[test]

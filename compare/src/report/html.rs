@@ -187,7 +187,7 @@ fn summary(r: &CompareReport, h: &mut String) {
             Some(d) => {
                 let _ = writeln!(
                     h,
-                    "<section id=\"divergence\"><h2>Replicas drifted apart</h2><p>Step {}, {}: {} differs across replicas {:?} (identical in step {}): ranks {:?} drifted; {} replicated tensors in all.</p></section>",
+                    "<section id=\"divergence\"><h2>Replicas drifted apart</h2><p>Step {}, {}: {} differs across replicas {:?} (identical in step {}): ranks {:?} drifted; {} replicated tensors drifted in all.</p></section>",
                     d.step,
                     esc(d.nvtx.as_deref().unwrap_or("-")),
                     esc(&d.operand),

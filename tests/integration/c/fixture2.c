@@ -71,13 +71,14 @@ enum { D = 32, H = 64, O = 16, B = 16 }; /* input, hidden, output widths; global
 typedef struct {
     int bf16; /* 0: f32 everywhere; 1: bf16 tensors, f32 compute and host masters */
     int tp, dp, steps;
+    int init_copies; /* extra uploads of W1 before the first step (a framework's set-up) */
     enum Bug bug;
     int rank, world, t, d; /* global rank, world, TP index, DP index */
     int hl, bl;            /* hidden columns and batch columns of this rank */
 } Config;
 
 static void usage(void) {
-    fprintf(stderr, "usage: fixture2 [--precision fp32|bf16] [--tp N] [--dp N] [--steps N] [--bug NAME]\n"
+    fprintf(stderr, "usage: fixture2 [--precision fp32|bf16] [--tp N] [--dp N] [--steps N] [--init-copies N] [--bug NAME]\n"
                     "bugs:");
     for (int b = 0; b < BUG_COUNT; b++) fprintf(stderr, " %s", BUG_NAMES[b]);
     fprintf(stderr, "\n");
@@ -106,6 +107,7 @@ static Config parse(int argc, char **argv) {
         } else if (!strcmp(a, "--tp")) c.tp = atoi(v);
         else if (!strcmp(a, "--dp")) c.dp = atoi(v);
         else if (!strcmp(a, "--steps")) c.steps = atoi(v);
+        else if (!strcmp(a, "--init-copies")) c.init_copies = atoi(v);
         else if (!strcmp(a, "--bug")) {
             int found = -1;
             for (int b = 0; b < BUG_COUNT; b++)
@@ -426,6 +428,7 @@ int main(int argc, char **argv) {
 
     Model m = alloc_model(&c, io.esz);
     init_weights(&c, &m);
+    for (int i = 0; i < c.init_copies; i++) upload(&io, m.m_w1t, m.w1t, (size_t)D * c.hl);
     upload(&io, m.m_w1t, m.w1t, (size_t)D * c.hl);
     upload(&io, m.m_w2, m.w2, (size_t)O * c.hl);
     for (int s = 0; s < c.steps; s++) {

@@ -386,3 +386,45 @@ fn replica_drift_is_caught_by_check_and_compare_in_fp32_and_bf16() {
         assert!(text.contains("replicas drifted apart"), "{text}");
     }
 }
+
+/// Replica drift is found when step 0 holds ops the later steps do not (a framework's set-up
+/// copies, here `--init-copies 1`): an operand's identity across steps is not its seq.
+#[test]
+fn replica_drift_is_caught_when_the_first_step_holds_set_up_copies() {
+    let precision = "bf16";
+    let dir = profile_dir().join("fixture2-stores").join("init-copies");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the stores' directory");
+    let s = Stores {
+        reference: dir.join("ref"),
+        perturbed: dir.join("ref-perturbed"),
+        dir,
+    };
+    let args = ["--init-copies", "1"];
+    trace(&s.reference, precision, true, &[], &args);
+    trace(&s.perturbed, precision, true, &["--perturb"], &args);
+    let store = s.dir.join("replica-drift");
+    trace(
+        &store,
+        precision,
+        false,
+        &[],
+        &[&args[..], &["--bug", "replica-drift"]].concat(),
+    );
+    let (code, text, report) = compare(&s, &store, &[]);
+    assert_eq!(code, 1, "{text}");
+    let first = &report["replica_drift"][0];
+    assert_eq!(first["step"], 1, "{text}");
+    assert_eq!(first["identical_in"], 0, "{text}");
+    let clean = s.dir.join("none");
+    trace(
+        &clean,
+        precision,
+        false,
+        &[],
+        &[&args[..], &["--bug", "none"]].concat(),
+    );
+    let (code, text, report) = compare(&s, &clean, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(report["replica_drift"], Value::Array(vec![]), "{text}");
+}

@@ -19,6 +19,11 @@
 #
 #   scripts/gpu-check.sh                 # work directory: a fresh temporary one
 #   GPU_CHECK_DIR=/tmp/gc scripts/gpu-check.sh
+# On a GPU machine with no Rust toolchain or no package index (a lent, offline box):
+#   GPU_CHECK_BIN_DIR=DIR   use DIR/ttrace and DIR/libttrace.so built elsewhere (x86-64
+#                           Linux, glibc not newer than the GPU machine's) instead of cargo;
+#   GPU_CHECK_PYTHON=PY     use PY's torch; without it a python3 that imports torch is used,
+#                           and only where none does is a venv made with PyPI's torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,11 +42,24 @@ mkdir -p "$work"
 target="${CARGO_TARGET_DIR:-target}"
 echo "gpu-check: working in $work"
 
-cargo build --release -q -p ttrace-cli -p ttrace-intercept
-ttrace="$target/release/ttrace"
-[ -f "$target/release/libttrace.so" ] || { echo "gpu-check: libttrace.so was not built" >&2; exit 1; }
+if [ -n "${GPU_CHECK_BIN_DIR:-}" ]; then
+  bin="$(cd "$GPU_CHECK_BIN_DIR" && pwd)"
+else
+  cargo build --release -q -p ttrace-cli -p ttrace-intercept
+  bin="$target/release"
+fi
+ttrace="$bin/ttrace"
+[ -x "$ttrace" ] || { echo "gpu-check: $ttrace is missing" >&2; exit 1; }
+[ -f "$bin/libttrace.so" ] || { echo "gpu-check: $bin/libttrace.so is missing" >&2; exit 1; }
+"$ttrace" --version
 
-if [ ! -x "$work/venv/bin/python" ]; then
+if [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+  py="$GPU_CHECK_PYTHON"
+elif [ ! -x "$work/venv/bin/python" ] && python3 -c 'import torch' 2>/dev/null; then
+  # The machine's python3 already holds a torch (an image made for GPU work, often offline):
+  # check that one, as its users run it.
+  py=python3
+elif [ ! -x "$work/venv/bin/python" ]; then
   python3 -m venv "$work/venv" || {
     echo "gpu-check: cannot create a venv (Debian/Ubuntu: apt-get install python3-venv)" >&2
     exit 1
@@ -49,18 +67,40 @@ if [ ! -x "$work/venv/bin/python" ]; then
   "$work/venv/bin/pip" install -q --upgrade pip
   "$work/venv/bin/pip" install -q torch numpy
 fi
-py="$work/venv/bin/python"
+py="${py:-$work/venv/bin/python}"
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "gpu-check: torch $("$py" -c 'import torch; print(torch.__version__)') sees no usable GPU: nothing to check."
   exit 0
 fi
 "$py" -c 'import torch; print("gpu-check: torch", torch.__version__, "CUDA", torch.version.cuda, "on", torch.cuda.get_device_name(0))'
 
-rm -rf "$work/store" "$work/expected" "$work/tensors"
-"$ttrace" run --out "$work/store" -- "$py" scripts/gpu-check/probe.py "$work/expected"
-"$ttrace" dump "$work/store" --tensors "$work/tensors" > "$work/records.jsonl"
 failed=0
-"$py" scripts/gpu-check/check.py "$work/expected" "$work/records.jsonl" "$work/tensors" || failed=1
+rm -rf "$work/store" "$work/expected" "$work/tensors"
+if "$ttrace" run --out "$work/store" -- "$py" scripts/gpu-check/probe.py "$work/expected"; then
+  "$ttrace" dump "$work/store" --tensors "$work/tensors" > "$work/records.jsonl"
+  "$py" scripts/gpu-check/check.py "$work/expected" "$work/records.jsonl" "$work/tensors" || failed=1
+else
+  echo "gpu-check: FAIL: probe.py exited non-zero under ttrace run"; failed=1
+fi
+
+# The bare preload, as users start it: the first traced process starts the collector
+# (ttraced, next to libttrace.so) and the store is final once its manifest says so.
+echo "gpu-check: the bare preload: LD_PRELOAD=libttrace.so python probe.py"
+rm -rf "$work/bare-store" "$work/bare-expected" "$work/bare-tensors"
+if [ ! -x "$bin/ttraced" ]; then
+  echo "gpu-check: FAIL: $bin/ttraced is missing (the bare preload starts it)"; failed=1
+elif TTRACE_OUT="$work/bare-store" LD_PRELOAD="$bin/libttrace.so" \
+  "$py" scripts/gpu-check/probe.py "$work/bare-expected"; then
+  for _ in $(seq 300); do
+    grep -q '"finalized": *true' "$work/bare-store/manifest.json" 2>/dev/null && break
+    sleep 0.1
+  done
+  "$ttrace" dump "$work/bare-store" --tensors "$work/bare-tensors" > "$work/bare-records.jsonl"
+  "$py" scripts/gpu-check/check.py "$work/bare-expected" "$work/bare-records.jsonl" \
+    "$work/bare-tensors" || failed=1
+else
+  echo "gpu-check: FAIL: probe.py exited non-zero under the bare preload"; failed=1
+fi
 
 # Captures the command after `--` into store $1 and checks what the script saved in $2
 # (per rank when $3 is "per-rank") against the captured tensors.
@@ -82,14 +122,14 @@ check_script() {
 }
 
 ngpu=$(nvidia-smi -L | grep -c '^GPU ')
-torchrun="$work/venv/bin/torchrun"
+torchrun=("$py" -m torch.distributed.run)
 echo "gpu-check: tests/torch/ops.py on the GPU"
-TTRACE_TORCH_REAL_GPU=1 check_script "$work/ops-store" "$work/ops" single -- \
+TORCH_OPS_ON_GPU=1 check_script "$work/ops-store" "$work/ops" single -- \
   "$py" tests/torch/ops.py "$work/ops"
 if [ "$ngpu" -ge 4 ]; then
   echo "gpu-check: tests/torch/dist.py, torchrun --nproc-per-node 4"
   check_script "$work/dist-store" "$work/dist" per-rank -- \
-    "$torchrun" --standalone --nproc-per-node 4 tests/torch/dist.py "$work/dist"
+    "${torchrun[@]}" --standalone --nproc-per-node 4 tests/torch/dist.py "$work/dist"
 else
   echo "gpu-check: tests/torch/dist.py skipped: it needs 4 GPUs, this machine has $ngpu"
 fi
@@ -100,7 +140,7 @@ rm -rf "$work/m-ref" "$work/m-ref-p" "$work/m-tp2dp2" "$work/m-bug"
 "$ttrace" run --out "$work/m-ref" -- "$py" "${m[@]}" || failed=1
 "$ttrace" run --out "$work/m-ref-p" --perturb -- "$py" "${m[@]}" || failed=1
 if [ "$ngpu" -ge 4 ]; then
-  tr=("$torchrun" --standalone --nproc-per-node 4)
+  tr=("${torchrun[@]}" --standalone --nproc-per-node 4)
   "$ttrace" run --out "$work/m-tp2dp2" -- "${tr[@]}" "${m[@]}" || failed=1
   "$ttrace" run --out "$work/m-bug" -- "${tr[@]}" "${m[@]}" --bug neighbour-shard || failed=1
   if "$ttrace" compare "$work/m-ref" "$work/m-tp2dp2" --perturbed "$work/m-ref-p"; then

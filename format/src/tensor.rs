@@ -226,6 +226,33 @@ pub fn widen_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
+/// Element `i` of packed little-endian `bytes` of `dtype` as `f64`; `None` past the end.
+/// For reading a few elements without decoding a whole tensor.
+pub fn element_f64(dtype: DType, bytes: &[u8], i: usize) -> Option<f64> {
+    let size = dtype.size();
+    let b = bytes.get(i * size..(i + 1) * size)?;
+    let mut a = [0u8; 8];
+    a[..size].copy_from_slice(b);
+    let [b0, b1, b2, b3, ..] = a;
+    Some(match dtype {
+        DType::F64 => f64::from_le_bytes(a),
+        DType::F32 => f32::from_le_bytes([b0, b1, b2, b3]) as f64,
+        DType::F16 => f16::from_le_bytes([b0, b1]).to_f64(),
+        DType::BF16 => bf16::from_le_bytes([b0, b1]).to_f64(),
+        DType::F8_E4M3 => e4m3_f32(b0) as f64,
+        DType::F8_E5M2 => e5m2_f32(b0) as f64,
+        DType::I64 => i64::from_le_bytes(a) as f64,
+        DType::U64 => u64::from_le_bytes(a) as f64,
+        DType::I32 => i32::from_le_bytes([b0, b1, b2, b3]) as f64,
+        DType::U32 => u32::from_le_bytes([b0, b1, b2, b3]) as f64,
+        DType::I16 => i16::from_le_bytes([b0, b1]) as f64,
+        DType::U16 => u16::from_le_bytes([b0, b1]) as f64,
+        DType::I8 => b0 as i8 as f64,
+        DType::U8 => b0 as f64,
+        DType::BOOL => u8::from(b0 != 0) as f64,
+    })
+}
+
 fn for_each<const N: usize>(bytes: &[u8], mut f: impl FnMut([u8; N])) {
     for c in bytes.chunks_exact(N) {
         let mut a = [0u8; N];
@@ -346,6 +373,40 @@ mod tests {
             (0x1f, _) => f32::NAN,
             (0, _) => sign * (m as f32 / 4.0) * 2f32.powi(-14),
             _ => sign * (1.0 + m as f32 / 4.0) * 2f32.powi(e as i32 - 15),
+        }
+    }
+
+    #[test]
+    fn one_element_reads_as_the_whole_tensor_decodes_it() {
+        // Bytes 0..=255 repeated: every type sees a mix of signs, NaN patterns and zeros.
+        let bytes: Vec<u8> = (0..64u32).map(|i| (i * 37 % 256) as u8).collect();
+        for dtype in [
+            DType::F64,
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::F8_E4M3,
+            DType::F8_E5M2,
+            DType::I64,
+            DType::I32,
+            DType::I16,
+            DType::I8,
+            DType::U64,
+            DType::U32,
+            DType::U16,
+            DType::U8,
+            DType::BOOL,
+        ] {
+            let whole = TensorData::from_le_bytes(dtype, &bytes).expect("decodes");
+            for i in 0..whole.len() {
+                let (one, all) = (element_f64(dtype, &bytes, i), whole.get_f64(i));
+                assert!(
+                    one == all || one.is_some_and(f64::is_nan) && all.is_some_and(f64::is_nan),
+                    "{} element {i}: {one:?} vs {all:?}",
+                    dtype.name()
+                );
+            }
+            assert_eq!(element_f64(dtype, &bytes, whole.len()), None, "{}", dtype.name());
         }
     }
 

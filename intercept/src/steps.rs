@@ -15,7 +15,11 @@
 //!   multiplies by the forward's operands transposed (`dX = dY·W`, `dW = dYᵀ·X`).
 //!
 //! A candidate is another micro-batch of the same step if an operand still holds the bytes it
-//! held at the previous occurrence, and a new step (the optimizer ran) otherwise. Addresses are
+//! held at the previous occurrence, and a new step (the optimizer ran) otherwise; except that
+//! when exactly one operand held its bytes and the other moved only a little (relative change
+//! of sampled elements under [`UPDATE_MAX_CHANGE`]), the moved one is weights the optimizer
+//! updated and the held one an input fed again (one batch trained on repeatedly): a new step.
+//! New data replaces an operand's values; an optimizer nudges them. Addresses are
 //! not required: PyTorch's caching allocator hands out fresh activation buffers (and fresh
 //! low-precision weight casts) each iteration. Later layers of the anchor's shape in the same
 //! forward pass are not candidates: their weights hold other bytes, and the anchor's operands
@@ -33,8 +37,58 @@ use ttrace_format::config::StepRule;
 /// Records held back at most (count), before they are released into the current step.
 pub const MAX_HELD: usize = 4096;
 
+/// Elements of an operand kept to tell an optimizer's update from new data.
+pub const SAMPLE_LEN: usize = 32;
+
+/// Relative change (`‖now − before‖ / ‖before‖` over the sampled elements) below which an
+/// operand counts as updated in place rather than replaced by new data. Optimizer updates move
+/// weights by well under a percent per step (a few percent at most, early on); new data of the
+/// same distribution moves them by about √2.
+pub const UPDATE_MAX_CHANGE: f64 = 0.25;
+
+/// Evenly spaced elements of an operand, as `f32`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    vals: [f32; SAMPLE_LEN],
+    len: u8,
+}
+
+impl Sample {
+    /// Up to [`SAMPLE_LEN`] evenly spaced elements of `n` read by `element` (by index).
+    pub fn take(n: usize, element: impl Fn(usize) -> Option<f64>) -> Option<Sample> {
+        let len = n.min(SAMPLE_LEN);
+        if len == 0 {
+            return None;
+        }
+        let mut vals = [0f32; SAMPLE_LEN];
+        for (i, v) in vals.iter_mut().take(len).enumerate() {
+            *v = element(i * n / len)? as f32;
+        }
+        Some(Sample {
+            vals,
+            len: len as u8,
+        })
+    }
+
+    /// Whether `self` is `before` moved only a little (see [`UPDATE_MAX_CHANGE`]); `false`
+    /// when the samples cannot be compared (other lengths, nothing finite, all zero before).
+    fn slightly_moved_from(&self, before: &Sample) -> bool {
+        if self.len != before.len {
+            return false;
+        }
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (&now, &was) in self.vals.iter().zip(&before.vals).take(self.len as usize) {
+            if now.is_finite() && was.is_finite() {
+                diff += (now as f64 - was as f64).powi(2);
+                norm += (was as f64).powi(2);
+            }
+        }
+        norm > 0.0 && (diff / norm).sqrt() < UPDATE_MAX_CHANGE
+    }
+}
+
 /// One operand of a GEMM as the step rule sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Operand {
     /// Device address.
     pub ptr: u64,
@@ -42,10 +96,12 @@ pub struct Operand {
     pub crc: Option<u32>,
     /// Whether the GEMM reads it transposed (its `transa`/`transb` is not `N`).
     pub trans: bool,
+    /// Some of its elements, when its bytes were at hand (not for streamed tensors).
+    pub sample: Option<Sample>,
 }
 
 /// What the step rule needs to know about a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Class {
     /// A GEMM: a hash of its signature and its A and B operands.
     Gemm { sig: u64, a: Operand, b: Operand },
@@ -77,6 +133,14 @@ impl Anchor {
                 }
             }
         }
+    }
+}
+
+/// Whether `now` holds `before`'s values moved only a little (both sampled).
+fn moved_slightly(now: &Operand, before: &Operand) -> bool {
+    match (&now.sample, &before.sample) {
+        (Some(n), Some(b)) => n.slightly_moved_from(b),
+        _ => false,
     }
 }
 
@@ -173,17 +237,28 @@ impl<T> Steps<T> {
             return false;
         }
         let same = |now: Option<u32>, before: Option<u32>| now.is_some() && now == before;
-        let unchanged = same(a.crc, anchor.a.crc) || same(b.crc, anchor.b.crc);
+        let (same_a, same_b) = (same(a.crc, anchor.a.crc), same(b.crc, anchor.b.crc));
+        let unchanged = same_a || same_b;
         let both_buffers = a.ptr == anchor.a.ptr && b.ptr == anchor.b.ptr;
         if !(unchanged || both_buffers || anchor.transposed_reuse) {
             // Another layer of the anchor's shape.
             anchor.observe(a, b);
             return false;
         }
+        let new_step = match (same_a, same_b) {
+            (true, true) => false,
+            // One operand held its bytes. Usually the weights, and the other is the next
+            // micro-batch; but when the other only moved a little it was updated in place
+            // (an optimizer step) and the unchanged one is an input fed again (one batch
+            // trained on repeatedly).
+            (true, false) => moved_slightly(&b, &anchor.b),
+            (false, true) => moved_slightly(&a, &anchor.a),
+            (false, false) => true,
+        };
         anchor.a = a;
         anchor.b = b;
         anchor.transposed_reuse = false;
-        !unchanged
+        new_step
     }
 
     /// A step mark: an NVTX range or mark named as the rule says (`nvtx:NAME`), or
@@ -215,6 +290,7 @@ mod tests {
             ptr,
             crc: Some(crc),
             trans,
+            sample: None,
         }
     }
 
@@ -323,15 +399,90 @@ mod tests {
                 ptr,
                 crc: None,
                 trans: true,
+                sample: None,
             },
             b: Operand {
                 ptr: 0x99,
                 crc: None,
                 trans: false,
+                sample: None,
             },
         };
         let out = run(StepRule::Auto, &[("a", blind(0x10)), ("b", blind(0x10))]);
         assert_eq!(out, vec![("a", 0), ("b", 1)]);
+    }
+
+    /// An operand at `ptr` with CRC `crc` whose elements are `value(i)` (1000 of them).
+    fn valued(ptr: u64, crc: u32, trans: bool, value: impl Fn(usize) -> f64) -> Operand {
+        Operand {
+            sample: Sample::take(1000, |i| Some(value(i))),
+            ..op(ptr, crc, trans)
+        }
+    }
+
+    /// Weights of iteration `it`: fixed values an optimizer nudges by 0.1% a step.
+    fn weights(it: u32) -> Operand {
+        valued(0x10, 1 + it, true, move |i| {
+            ((i * 7919 % 1000) as f64 / 500.0 - 1.0) * (1.0 + 0.001 * f64::from(it))
+        })
+    }
+
+    /// Input batch number `n`: other values for each batch.
+    fn batch(ptr: u64, n: u32) -> Operand {
+        valued(ptr, 100 + n, false, move |i| {
+            (((i as u64 + 1) * (u64::from(n) + 3) * 2654435761) % 1000) as f64 / 500.0 - 1.0
+        })
+    }
+
+    fn forward(w: Operand, x: Operand) -> Class {
+        Class::Gemm { sig: 7, a: w, b: x }
+    }
+
+    /// Overfitting one batch (a common first debugging run): the same input bytes every
+    /// iteration, the weights updated in place. Each iteration is a step, not a micro-batch
+    /// (the rule before sampling numbered the whole run as step 0).
+    #[test]
+    fn one_batch_trained_on_repeatedly_makes_one_step_per_iteration() {
+        let x = batch(0x2000, 0);
+        let mut items = Vec::new();
+        for it in 0..3u32 {
+            items.push(("fwd", forward(weights(it), x)));
+            items.push(("other", Class::Other));
+        }
+        let steps: Vec<u64> = run(StepRule::Auto, &items).iter().map(|o| o.1).collect();
+        assert_eq!(steps, [0, 0, 1, 1, 2, 2]);
+    }
+
+    /// Gradient accumulation with sampled operands: the weights hold their bytes over the
+    /// micro-batches while new data replaces the input; the optimizer's nudge opens a step.
+    #[test]
+    fn new_data_under_unchanged_weights_is_a_micro_batch_and_a_nudge_a_step() {
+        let mut items = Vec::new();
+        for it in 0..2u32 {
+            for mb in 0..2u32 {
+                items.push(("h2d", Class::Arrival));
+                items.push(("fwd", forward(weights(it), batch(0x2000, 2 * it + mb))));
+            }
+        }
+        let steps: Vec<u64> = run(StepRule::Auto, &items).iter().map(|o| o.1).collect();
+        assert_eq!(steps, [0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_sample_moved_slightly_only_when_it_had_values_and_moved_little() {
+        let s = |f: fn(usize) -> f64| Sample::take(100, |i| Some(f(i))).expect("sample");
+        let base = s(|i| i as f64 + 1.0);
+        assert!(s(|i| (i as f64 + 1.0) * 1.01).slightly_moved_from(&base));
+        assert!(!s(|i| 100.0 - i as f64).slightly_moved_from(&base));
+        // All zero before: any value is a replacement, not a nudge.
+        assert!(!s(|_| 0.001).slightly_moved_from(&s(|_| 0.0)));
+        // Non-finite elements are left out, not allowed to decide.
+        assert!(s(|i| if i == 3 { f64::NAN } else { i as f64 + 1.0 }).slightly_moved_from(&base));
+        // Operands of other sizes are not compared.
+        let short = Sample::take(4, |i| Some(i as f64 + 1.0)).expect("sample");
+        assert!(!short.slightly_moved_from(&base));
+        assert_eq!(Sample::take(0, |_| Some(1.0)), None);
+        assert_eq!(Sample::take(10, |_| None), None);
     }
 
     /// PyTorch: each iteration copies its batch into a fresh buffer, runs the forward GEMM on

@@ -17,12 +17,13 @@ use ttrace_format::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, Op, Record, Role, Tensor,
 };
 use ttrace_format::ring::{tensor_offsets, Ring, Slot};
+use ttrace_format::tensor::element_f64;
 use ttrace_format::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
 use crate::identity::Fnv;
-use crate::steps::{Class, Operand, Steps};
+use crate::steps::{Class, Operand, Sample, Steps};
 
 /// Where an op ran and who called it, noted at call time.
 #[derive(Debug, Clone)]
@@ -441,7 +442,7 @@ impl Tracer {
         }
         let Some(slot) = c.slot else {
             let streams = self.streamed(&mut c.tensors, &c.streams);
-            let class = classify(c.meta.api, &c.meta.op, &c.tensors);
+            let class = classify(c.meta.api, &c.meta.op, &c.tensors, &[]);
             let rec = record(c.meta, c.tensors);
             return self.feed(rec, None, streams, class);
         };
@@ -457,7 +458,9 @@ impl Tracer {
             .collect();
         let (packed, _) = tensor_offsets(&sizes);
         let mut k = 0;
-        for (t, off) in c.tensors.iter_mut().zip(&c.offsets) {
+        let gemm = matches!(c.meta.op, Op::Gemm(_));
+        let mut samples = vec![None; c.tensors.len()];
+        for ((t, off), sample) in c.tensors.iter_mut().zip(&c.offsets).zip(&mut samples) {
             let Some(from) = *off else { continue };
             if !t.captured {
                 continue;
@@ -466,10 +469,15 @@ impl Tracer {
             if from != to {
                 bytes.copy_within(from..from + len, to);
             }
-            t.crc32 = crc32fast::hash(&bytes[to..to + len]);
+            let held = &bytes[to..to + len];
+            t.crc32 = crc32fast::hash(held);
+            if gemm && matches!(t.role, Role::A | Role::B) {
+                let n = len / t.dtype.size();
+                *sample = Sample::take(n, |i| element_f64(t.dtype, held, i));
+            }
             k += 1;
         }
-        let class = classify(c.meta.api, &c.meta.op, &c.tensors);
+        let class = classify(c.meta.api, &c.meta.op, &c.tensors, &samples);
         let rec = record(c.meta, c.tensors);
         if k == 0 {
             self.skip_slot(slot);
@@ -667,20 +675,23 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
     }
 }
 
-/// What the step rule needs of a record.
-fn classify(api: &str, op: &Op, tensors: &[Tensor]) -> Class {
+/// What the step rule needs of a record. `samples` (by tensor, or empty) holds what was
+/// sampled of the GEMM operands whose bytes were at hand.
+fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) -> Class {
     match op {
         Op::Gemm(g) => {
             // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
             let operand = |role, trans: u32| {
-                let (ptr, crc) = tensors
-                    .iter()
-                    .find(|t| t.role == role)
-                    .map_or((0, None), |t| (t.ptr, t.captured.then_some(t.crc32)));
+                let found = tensors.iter().position(|t| t.role == role);
+                let (ptr, crc) = found.map_or((0, None), |i| {
+                    let t = &tensors[i];
+                    (t.ptr, t.captured.then_some(t.crc32))
+                });
                 Operand {
                     ptr,
                     crc,
                     trans: trans != 0,
+                    sample: found.and_then(|i| samples.get(i).copied().flatten()),
                 }
             };
             let sig = Fnv::default()

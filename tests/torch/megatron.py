@@ -201,9 +201,9 @@ class Model:
         weight_grad("fc1", dh1.t(), x1)
         return loss
 
-    def step(self, s, micro_batches):
+    def step(self, s, micro_batches, same_batch=False):
         lay = self.lay
-        x_all, target_all = batch(s)
+        x_all, target_all = batch(0 if same_batch else s)
         w = self.weights()
         grads, loss = {}, 0.0
         per_mb = TOKENS // micro_batches
@@ -234,13 +234,14 @@ def main():
     p.add_argument("--bug", choices=BUGS)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--micro-batches", type=int, default=1, help="gradient accumulation")
+    p.add_argument("--same-batch", action="store_true", help="train on step 0's batch every step")
     a = p.parse_args()
     lay = Layout()
     lay.init()
     dtype = torch.float32 if a.precision == "fp32" else torch.bfloat16
     model = Model(lay, dtype, a.bug)
     for s in range(a.steps):
-        loss = model.step(s, a.micro_batches)
+        loss = model.step(s, a.micro_batches, a.same_batch)
         if lay.rank == 0:
             print(f"step {s}: loss {loss:.6f}", flush=True)
     torch.cuda.synchronize()

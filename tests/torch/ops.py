@@ -10,7 +10,7 @@ captured (tests/integration/tests/torch_ops.rs).
 
 Finally a kernel launch (`torch.ones` on the device fills with a kernel; `torch.zeros` would
 be a memset) must raise torch's RuntimeError naming "no kernel image", and a GEMM after it
-must still work. On a real GPU (`TTRACE_TORCH_REAL_GPU=1`, scripts/gpu-check.sh) the launch must
+must still work. On a real GPU (`TORCH_OPS_ON_GPU=1`, scripts/gpu-check.sh) the launch must
 instead succeed: tracing never stops a kernel from running.
 
 Usage: python ops.py OUT [EXIT_CODE]   (exits with EXIT_CODE, default 0, after saving: the test
@@ -103,7 +103,7 @@ def linear_backward():
 
 
 def kernel_refused():
-    if os.environ.get("TTRACE_TORCH_REAL_GPU") == "1":
+    if os.environ.get("TORCH_OPS_ON_GPU") == "1":
         ones = torch.ones(4, device=DEV).cpu()
         assert torch.equal(ones, torch.ones(4)), f"a kernel on the real GPU gave {ones}"
         print("kernel launch ran on the real GPU", flush=True)

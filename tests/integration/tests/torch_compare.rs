@@ -195,6 +195,11 @@ fn trace_all(torch: &Torch, jobs: &[Job]) {
 /// Every rank of `store` holds steps 0..STEPS, and the name of each reference GEMM by
 /// (step, seq).
 fn steps_and_gemms(store: &Path) -> BTreeMap<(u64, u64), &'static str> {
+    steps_and_gemms_of(store, MICRO_BATCHES)
+}
+
+/// [`steps_and_gemms`] of a run made with `micro_batches` micro-batches per step.
+fn steps_and_gemms_of(store: &Path, micro_batches: usize) -> BTreeMap<(u64, u64), &'static str> {
     let s = Store::open(store).expect("store opens");
     let mut names = BTreeMap::new();
     for rank in s.ranks() {
@@ -216,7 +221,7 @@ fn steps_and_gemms(store: &Path) -> BTreeMap<(u64, u64), &'static str> {
                 .collect();
             assert_eq!(
                 gemms.len(),
-                GEMMS.len() * MICRO_BATCHES,
+                GEMMS.len() * micro_batches,
                 "step {step}: GEMMs {gemms:?}"
             );
             for (seq, name) in gemms.into_iter().zip(GEMMS.iter().cycle()) {
@@ -410,4 +415,25 @@ fn torch_2_15_cuda_13_megatron_bf16_bugs_detected_and_localized_no_false_alarm()
     matrix("2.15.0", "bf16", |bug| {
         ["neighbour-shard", "avg-not-sum", "no-dp-allreduce"].contains(&bug)
     });
+}
+
+/// Overfitting one batch (the same input bytes every step, as a first debugging run does):
+/// each training iteration is still a step on every rank, at world 1 and tp=2 dp=2. The step
+/// rule once took the unchanged input for unchanged weights and numbered the whole run step 0
+/// (with one micro-batch a step; with more, consecutive micro-batches hold other rows).
+#[test]
+fn torch_2_10_one_batch_trained_on_repeatedly_is_one_step_per_iteration() {
+    let Some(torch) = find("2.10.0") else { return };
+    let tmp = TempDir::new("torch-same-batch");
+    let model = ["--same-batch", "--micro-batches", "1"];
+    let (single, tp2dp2) = (tmp.path().join("world1"), tmp.path().join("tp2dp2"));
+    trace_all(
+        &torch,
+        &[
+            Job::new(&single, &[], 1, &model),
+            Job::new(&tp2dp2, &[], 4, &model),
+        ],
+    );
+    steps_and_gemms_of(&single, 1);
+    steps_and_gemms_of(&tp2dp2, 1);
 }

@@ -34,6 +34,10 @@ use std::collections::VecDeque;
 
 use ttrace_format::config::StepRule;
 
+/// Micro-batch recurrences of the anchor in a run that stayed in step 0 from which on the
+/// `auto` rule says it may have missed the steps.
+pub const DOUBT_RECURRENCES: u64 = 3;
+
 /// Records held back at most (count), before they are released into the current step.
 pub const MAX_HELD: usize = 4096;
 
@@ -152,6 +156,8 @@ pub struct Steps<T> {
     /// Records emitted into the current step.
     in_step: u64,
     anchor: Option<Anchor>,
+    /// Recurrences of the anchor taken for micro-batches of the current step.
+    micro_batches: u64,
     /// Records from the first arrival after the last GEMM on, waiting for the next GEMM.
     held: VecDeque<T>,
     max_held: usize,
@@ -165,6 +171,7 @@ impl<T> Steps<T> {
             step: 0,
             in_step: 0,
             anchor: None,
+            micro_batches: 0,
             held: VecDeque::new(),
             max_held: MAX_HELD,
         }
@@ -200,11 +207,15 @@ impl<T> Steps<T> {
         }
         match class {
             Class::Gemm { sig, a, b } => {
-                let new_step = self.recurrence(sig, a, b);
-                if new_step {
-                    // The held records (the next batch arriving) open the new step with it.
-                    self.step += 1;
-                    self.in_step = 0;
+                match self.recurrence(sig, a, b) {
+                    Some(true) => {
+                        // The held records (the next batch arriving) open the new step with it.
+                        self.step += 1;
+                        self.in_step = 0;
+                        self.micro_batches = 0;
+                    }
+                    Some(false) => self.micro_batches += 1,
+                    None => {}
                 }
                 self.release_held(out);
                 self.emit(item, out);
@@ -221,8 +232,9 @@ impl<T> Steps<T> {
         }
     }
 
-    /// Whether a GEMM starts a new step (and records it as the anchor or a recurrence).
-    fn recurrence(&mut self, sig: u64, a: Operand, b: Operand) -> bool {
+    /// Whether a GEMM recurs the anchor (`Some`: starting a new step or not), and records it
+    /// as the anchor or a recurrence; `None` for the anchor itself and other GEMMs.
+    fn recurrence(&mut self, sig: u64, a: Operand, b: Operand) -> Option<bool> {
         let Some(anchor) = &mut self.anchor else {
             self.anchor = Some(Anchor {
                 sig,
@@ -230,11 +242,11 @@ impl<T> Steps<T> {
                 b,
                 transposed_reuse: false,
             });
-            return false;
+            return None;
         };
         if sig != anchor.sig {
             anchor.observe(a, b);
-            return false;
+            return None;
         }
         let same = |now: Option<u32>, before: Option<u32>| now.is_some() && now == before;
         let (same_a, same_b) = (same(a.crc, anchor.a.crc), same(b.crc, anchor.b.crc));
@@ -243,7 +255,7 @@ impl<T> Steps<T> {
         if !(unchanged || both_buffers || anchor.transposed_reuse) {
             // Another layer of the anchor's shape.
             anchor.observe(a, b);
-            return false;
+            return None;
         }
         let new_step = match (same_a, same_b) {
             (true, true) => false,
@@ -258,7 +270,23 @@ impl<T> Steps<T> {
         anchor.a = a;
         anchor.b = b;
         anchor.transposed_reuse = false;
-        new_step
+        Some(new_step)
+    }
+
+    /// A warning when the `auto` rule kept the whole run in step 0 although its first GEMM
+    /// recurred as often as a training loop's would: a loop whose steps it could not tell
+    /// apart (a frozen first layer, say) must not look like a one-step run.
+    pub fn one_step_doubt(&self) -> Option<String> {
+        (self.rule == StepRule::Auto && self.step == 0 && self.micro_batches >= DOUBT_RECURRENCES)
+            .then(|| {
+                format!(
+                    "the auto step rule numbered the whole run step 0: its first GEMM recurred \
+                     {} more times, each taken for a micro-batch (its operands kept their \
+                     bytes). If this run trained several steps, mark them \
+                     (TTRACE_STEP_RULE=nvtx:NAME, or api with ttrace_step())",
+                    self.micro_batches
+                )
+            })
     }
 
     /// A step mark: an NVTX range or mark named as the rule says (`nvtx:NAME`), or
@@ -466,6 +494,34 @@ mod tests {
         }
         let steps: Vec<u64> = run(StepRule::Auto, &items).iter().map(|o| o.1).collect();
         assert_eq!(steps, [0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    /// A frozen first layer: its weights never change, so every iteration looks like another
+    /// micro-batch. The rule cannot see the steps, but it says so instead of staying silent.
+    #[test]
+    fn a_run_kept_in_step_0_by_many_recurrences_is_doubted_not_silent() {
+        let frozen = weights(0);
+        let run_of = |iterations: u32| {
+            let mut s = Steps::new(StepRule::Auto);
+            for it in 0..iterations {
+                s.push((), forward(frozen, batch(0x2000, it)), &mut |_, _| {});
+            }
+            s
+        };
+        let doubt = run_of(4).one_step_doubt().expect("doubted");
+        assert!(doubt.contains("3 more times"), "{doubt}");
+        assert_eq!(
+            run_of(3).one_step_doubt(),
+            None,
+            "two micro-batches: a plausible step"
+        );
+        // Steps were found: nothing to doubt.
+        let mut s = Steps::new(StepRule::Auto);
+        for it in 0..6u32 {
+            s.push((), forward(weights(it), batch(0x2000, it)), &mut |_, _| {});
+        }
+        assert_eq!(s.step(), 5);
+        assert_eq!(s.one_step_doubt(), None);
     }
 
     #[test]

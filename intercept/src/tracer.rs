@@ -360,6 +360,9 @@ impl Tracer {
             for (p, s) in out {
                 self.publish(p, s);
             }
+            if let Some(doubt) = self.steps.one_step_doubt() {
+                crate::log::warn(&doubt);
+            }
             if !DYING.load(Ordering::Acquire) {
                 let bye = ClientMsg::Bye {
                     records: self.records,

@@ -105,6 +105,8 @@ pub struct Operand {
 }
 
 /// What the step rule needs to know about a record.
+// One per record, moved once into the rule: a Box would allocate for every GEMM.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Class {
     /// A GEMM: a hash of its signature and its A and B operands.

@@ -406,7 +406,12 @@ mod tests {
                     dtype.name()
                 );
             }
-            assert_eq!(element_f64(dtype, &bytes, whole.len()), None, "{}", dtype.name());
+            assert_eq!(
+                element_f64(dtype, &bytes, whole.len()),
+                None,
+                "{}",
+                dtype.name()
+            );
         }
     }
 

@@ -101,6 +101,9 @@ pub struct Operand {
 }
 
 /// What the step rule needs to know about a record.
+// Made and consumed once per record, never stored in bulk: boxing the samples would cost an
+// allocation per GEMM for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Class {
     /// A GEMM: a hash of its signature and its A and B operands.
@@ -179,6 +182,11 @@ impl<T> Steps<T> {
     /// The current step.
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// The signature of the anchor GEMM, once one was seen (`auto` only).
+    pub fn anchor_sig(&self) -> Option<u64> {
+        self.anchor.as_ref().map(|a| a.sig)
     }
 
     fn emit(&mut self, item: T, out: &mut impl FnMut(T, u64)) {

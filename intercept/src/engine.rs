@@ -161,7 +161,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let streamed = layout(&plans).1 > slot_limit(session.ring.capacity());
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
-        prefilter::keep_rule_inputs(cfg, &call.op, &mut plans);
+        prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
     }
     let (offsets, total) = layout(&plans);
     let m = meta(call.api, call.op, call.stream_id, device);

@@ -16,8 +16,9 @@
 //!
 //! since each counted record moves the step by at most one. When no selected step lies in
 //! that interval, the record is not wanted. Under `auto` the step rule needs the A and B
-//! operands of every GEMM (their CRC-32s and samples find recurrences and backward passes), so
-//! those are still copied; nothing else is. Once the tracer's step is past the last selected
+//! operands of the GEMMs that count and, of the others, those of the length of the anchor's A
+//! or B (their CRC-32s and samples find recurrences and backward passes), so those are still
+//! copied; nothing else is. Once the tracer's step is past the last selected
 //! step, no later record can be wanted: capture stops ([`past_last_step`]).
 //!
 //! Two threads enqueuing at the same instant may see a count without the other's record; a
@@ -38,8 +39,11 @@ static ENQUEUED: AtomicU64 = AtomicU64::new(0);
 static FED: AtomicU64 = AtomicU64::new(0);
 /// The tracer's current step (stored before [`FED`] moves).
 static STEP: AtomicU64 = AtomicU64::new(0);
-/// The anchor's signature, once the tracer knows it (`ANCHOR_KNOWN`).
+/// The anchor's signature and the bytes of its A and B operands, once the tracer knows them
+/// (`ANCHOR_KNOWN`).
 static ANCHOR: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_A: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_B: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_KNOWN: AtomicBool = AtomicBool::new(false);
 
 /// Whether the step bound is needed at all: steps are selected.
@@ -78,9 +82,12 @@ pub(crate) fn note_fed(step: u64) {
     FED.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The tracer found the anchor (the first GEMM): from now on only GEMMs of its signature count.
-pub(crate) fn note_anchor(sig: u64) {
+/// The tracer found the anchor (the first GEMM): from now on only GEMMs of its signature count,
+/// and only operands of its A's or B's length matter to the rule.
+pub(crate) fn note_anchor(sig: u64, a_len: u64, b_len: u64) {
     ANCHOR.store(sig, Ordering::Relaxed);
+    ANCHOR_A.store(a_len, Ordering::Relaxed);
+    ANCHOR_B.store(b_len, Ordering::Relaxed);
     ANCHOR_KNOWN.store(true, Ordering::Release);
 }
 
@@ -122,18 +129,31 @@ pub(crate) fn may_be_wanted(cfg: &CaptureConfig, device: i32) -> bool {
 }
 
 /// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a
-/// GEMM's A and B operands; nothing otherwise.
-pub(crate) fn keep_rule_inputs(cfg: &CaptureConfig, op: &Op, plans: &mut [TensorPlan]) {
-    keep_operands(
-        cfg.step_rule == StepRule::Auto && matches!(op, Op::Gemm(_)),
-        plans,
-    );
+/// GEMM's A and B operands (of a GEMM that is not `counted`, only those of the length of the
+/// anchor's A or B: the rule compares their bytes with the anchor's and nothing else); nothing
+/// otherwise.
+pub(crate) fn keep_rule_inputs(
+    cfg: &CaptureConfig,
+    op: &Op,
+    counted: bool,
+    plans: &mut [TensorPlan],
+) {
+    let gemm = cfg.step_rule == StepRule::Auto && matches!(op, Op::Gemm(_));
+    let lens = (!counted && ANCHOR_KNOWN.load(Ordering::Acquire)).then(|| {
+        [
+            ANCHOR_A.load(Ordering::Relaxed),
+            ANCHOR_B.load(Ordering::Relaxed),
+        ]
+    });
+    keep_operands(gemm, lens, plans);
 }
 
-/// Leaves only A and B captured (`gemm`), or nothing.
-fn keep_operands(gemm: bool, plans: &mut [TensorPlan]) {
+/// Leaves only A and B captured (`gemm`; of the lengths `lens` when given), or nothing.
+fn keep_operands(gemm: bool, lens: Option<[u64; 2]>, plans: &mut [TensorPlan]) {
     for t in plans.iter_mut() {
-        if !(gemm && matches!(t.role, Role::A | Role::B)) {
+        let operand = matches!(t.role, Role::A | Role::B);
+        let matters = lens.is_none_or(|l| l.contains(&t.nbytes));
+        if !(gemm && operand && matters) {
             t.captured = false;
         }
     }
@@ -183,11 +203,19 @@ mod tests {
                 .to_vec()
         };
         let mut p = plans();
-        keep_operands(true, &mut p);
+        keep_operands(true, None, &mut p);
+        let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
+        assert_eq!(kept, [true, true, false, false]);
+        // Operands of lengths the anchor's operands do not have cannot matter.
+        let mut p = plans();
+        keep_operands(true, Some([16, 99]), &mut p);
         let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
         assert_eq!(kept, [true, true, false, false]);
         let mut p = plans();
-        keep_operands(false, &mut p);
+        keep_operands(true, Some([32, 99]), &mut p);
+        assert!(p.iter().all(|t| !t.captured));
+        let mut p = plans();
+        keep_operands(false, None, &mut p);
         assert!(p.iter().all(|t| !t.captured));
     }
 }

@@ -97,13 +97,24 @@ pub enum Entry {
 }
 
 struct Fifo {
-    /// Entries by ticket, with whether the ticket is counted (prefilter.rs).
-    entries: Mutex<BTreeMap<u64, (Entry, bool)>>,
+    entries: Mutex<Queue>,
     cv: Condvar,
 }
 
+/// The FIFO's state, under its lock.
+struct Queue {
+    /// Entries by ticket, with whether the ticket is counted (prefilter.rs).
+    map: BTreeMap<u64, (Entry, bool)>,
+    /// The tracer sleeps on the condition variable: a hook must wake it. Otherwise a hook
+    /// saves the wake-up (a system call per record).
+    sleeping: bool,
+}
+
 static FIFO: Fifo = Fifo {
-    entries: Mutex::new(BTreeMap::new()),
+    entries: Mutex::new(Queue {
+        map: BTreeMap::new(),
+        sleeping: false,
+    }),
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -187,11 +198,15 @@ fn put(n: u64, e: Entry, counted: bool) {
             r.note_taken();
         }
     }
-    FIFO.entries
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(n, (e, counted));
-    FIFO.cv.notify_all();
+    let wake = {
+        let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+        q.map.insert(n, (e, counted));
+        // Read under the lock the tracer holds until it sleeps: no wake-up is lost.
+        q.sleeping
+    };
+    if wake {
+        FIFO.cv.notify_all();
+    }
 }
 
 /// End of the last slot the tracer published (the daemon owes releases up to it).
@@ -235,19 +250,21 @@ pub fn now_ns() -> u64 {
 /// whether it is counted.
 fn take(n: u64) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
-    let mut map = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+    let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        if let Some(e) = map.remove(&n) {
+        if let Some(e) = q.map.remove(&n) {
             return Some(e);
         }
         if draining_over(n) {
             return None;
         }
-        map = FIFO
+        q.sleeping = true;
+        q = FIFO
             .cv
-            .wait_timeout(map, Duration::from_millis(50))
+            .wait_timeout(q, Duration::from_millis(50))
             .unwrap_or_else(|p| p.into_inner())
             .0;
+        q.sleeping = false;
     }
 }
 
@@ -624,8 +641,8 @@ impl Tracer {
             &mut |p, s| out.push((p, s)),
         );
         if !self.anchor_noted {
-            if let Some(sig) = self.steps.anchor_sig() {
-                crate::prefilter::note_anchor(sig);
+            if let Some((sig, a, b)) = self.steps.anchor() {
+                crate::prefilter::note_anchor(sig, a, b);
                 self.anchor_noted = true;
             }
         }
@@ -786,6 +803,7 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) 
                 Operand {
                     ptr,
                     crc,
+                    len: found.map_or(0, |i| tensors[i].nbytes),
                     trans: trans != 0,
                     sample: found.and_then(|i| samples.get(i).copied().flatten()),
                 }

@@ -597,11 +597,7 @@ mod tests {
         let out = run(StepRule::Auto, &items);
         assert!(out.iter().all(|o| o.1 == 0), "{out:?}");
         // The same with the anchor's lengths is the backward pass: a new step.
-        let items = [
-            items[0],
-            ("bwd", backward((0x10, 1), (0x200, 9))),
-            items[2],
-        ];
+        let items = [items[0], ("bwd", backward((0x10, 1), (0x200, 9))), items[2]];
         assert_eq!(run(StepRule::Auto, &items).last(), Some(&("fwd", 1)));
     }
 

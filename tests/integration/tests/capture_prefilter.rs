@@ -162,3 +162,32 @@ fn steps_outside_the_run_store_nothing_and_lose_nothing() {
         "the run's records are dropped, counted"
     );
 }
+
+/// A process driving four devices is four ranks: `TTRACE_RANKS` keeps the selected devices'
+/// records, exactly as a full capture has them, and drops the others (counted).
+#[test]
+fn ranks_of_one_process_are_selected_per_device() {
+    let args = ["collectives", "single-process"];
+    let full = traced(1, &args, &[]);
+    assert_ok(&full);
+    let some = traced(1, &args, &[("TTRACE_RANKS", "1,3")]);
+    assert_ok(&some);
+    assert_checksums(&some);
+    let ranks: std::collections::BTreeSet<u32> =
+        some.records.iter().map(|r| r.record.rank).collect();
+    assert_eq!(ranks, [1, 3].into(), "only the selected devices' ranks");
+    for rank in [1, 3] {
+        let of =
+            |run: &Run| -> Vec<String> { run.of_rank(rank).into_iter().map(essence).collect() };
+        assert_same(&of(&some), &of(&full), &format!("rank {rank}"));
+    }
+    let m = Manifest::read(&some.store).expect("manifest");
+    let taken: u64 = m.ranks.iter().map(|r| r.taken).sum();
+    let published: u64 = m.ranks.iter().map(|r| r.records + r.gaps).sum();
+    assert!(m.ranks.iter().all(|r| r.unpublished == 0), "{:?}", m.ranks);
+    assert_eq!(
+        taken - published,
+        (full.records.len() - some.records.len()) as u64,
+        "the other devices' records are dropped, counted"
+    );
+}

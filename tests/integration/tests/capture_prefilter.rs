@@ -191,3 +191,31 @@ fn ranks_of_one_process_are_selected_per_device() {
         "the other devices' records are dropped, counted"
     );
 }
+
+/// Under `nvtx:NAME` the marks bound the step: a selected step is stored as a full capture
+/// stores it, and capture stops past it.
+#[test]
+fn marks_bound_the_step_under_the_nvtx_rule() {
+    let args = ["traced", "steps", "nvtx"];
+    let rule = ("TTRACE_STEP_RULE", "nvtx:train_step");
+    let full = traced(1, &args, &[rule]);
+    assert_ok(&full);
+    let two = traced(
+        1,
+        &args,
+        &[rule, ("TTRACE_STEPS", "2"), ("TTRACE_LOG", "info")],
+    );
+    assert_ok(&two);
+    assert_checksums(&two);
+    assert!(!of_step(&full, 2).is_empty());
+    assert_same(
+        &two.records.iter().map(essence).collect::<Vec<_>>(),
+        &of_step(&full, 2),
+        "step 2",
+    );
+    assert!(
+        stderr(&two.out).contains("capture stops at step 3"),
+        "{}",
+        stderr(&two.out)
+    );
+}

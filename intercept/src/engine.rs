@@ -2,7 +2,8 @@
 //!
 //! [`begin`] (before the real call): hands an op on a stream under graph capture to
 //! [`graph`](crate::graph) (snapshotted at each replay), applies the selection (inputs, size
-//! cap), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
+//! cap; an op whose step or rank cannot be selected keeps only what the step rule needs,
+//! [`prefilter`](crate::prefilter)), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
 //! `TTRACE_WAIT_MS`, else a `RingFull` gap) or, for tensors above half the ring, streams them
 //! through it in chunks, and enqueues the copies of inputs the op overwrites. [`finish`] (after it): enqueues the other copies on the
 //! op's stream, records a pooled event after them and hands the entry to the tracer. NCCL ops

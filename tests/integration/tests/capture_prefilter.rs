@@ -5,10 +5,11 @@
 //! counts still add up (taken = published + dropped + unpublished, nothing unpublished).
 
 mod intercept_util;
+mod torch_util;
 
 use std::process::Command;
 
-use integration_tests::{bin, sim_dir};
+use integration_tests::{bin, describe, sim_dir};
 use intercept_util::*;
 use ttrace_format::record::Op;
 use ttrace_format::store::Manifest;
@@ -218,4 +219,46 @@ fn marks_bound_the_step_under_the_nvtx_rule() {
         "{}",
         stderr(&two.out)
     );
+}
+
+/// PyTorch (the Megatron-style model of tests/torch, world 1, bf16, two micro-batches) with
+/// `--steps 3` of five iterations: step 3 is stored as a full capture stores it. Skipped where
+/// the torch venv is missing (scripts/torch-venv.sh).
+#[test]
+fn torch_megatron_selected_step_is_stored_as_a_full_capture_stores_it() {
+    let Some(torch) = torch_util::find("2.10.0") else {
+        return;
+    };
+    let tmp = integration_tests::TempDir::new("prefilter-torch");
+    let script = torch_util::Torch::script("megatron.py");
+    let args: Vec<std::path::PathBuf> = [
+        "--precision",
+        "bf16",
+        "--micro-batches",
+        "2",
+        "--steps",
+        "5",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .collect();
+    let mut argv = vec![script.as_path()];
+    argv.extend(args.iter().map(|p| p.as_path()));
+    let run = |name: &str, options: &[&str]| {
+        let store = tmp.path().join(name);
+        let out = torch.traced_with(&store, options, &torch.python, &argv);
+        assert!(out.status.success(), "{}", describe(&out));
+        read_store(&store)
+    };
+    let full = run("full", &[]);
+    let three = run("three", &["--steps", "3"]);
+    let of = |recs: &[Rec]| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r.record.step == 3)
+            .map(essence)
+            .collect()
+    };
+    assert!(!of(&full).is_empty(), "the full capture has a step 3");
+    assert_eq!(three.len(), of(&three).len(), "only step 3 is stored");
+    assert_same(&of(&three), &of(&full), "torch step 3");
 }

@@ -12,7 +12,12 @@
 #   3. the fixture trainer's step time with and without ttrace (tp=2, dp=2, pp=2, BF16, on the
 #      simulated stack);
 #   4. the same (hidden-64) trainer's store size with dedup (the default) and with --no-dedup,
-#      and the dedup ratio `ttrace ls` reports.
+#      and the dedup ratio `ttrace ls` reports;
+#   5. what step selection saves: the same trainer's CPU time (user + sys of the whole job,
+#      collector included) untraced, traced with every step, with --steps 0 (the first step
+#      only) and with --steps outside the run, as ratios to the untraced run;
+#   6. capture CPU per GB captured ((traced - untraced CPU) / bytes captured) for the hidden-64
+#      trainer (small tensors, ~20 KiB) and a hidden-256 one (larger tensors, ~250 KiB).
 #
 #   scripts/bench-capture.sh                      # everything, defaults
 #   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
@@ -72,3 +77,48 @@ off=$(size_of "$store/plain")
 awk -v a="$on" -v b="$off" 'BEGIN {
   printf "  --no-dedup  %.1f MiB\n  dedup       %.1f MiB (%.2fx smaller)\n", b / 1048576, a / 1048576, b / a }'
 "$target/release/ttrace" ls "$store/run" | grep '^dedup' | sed 's/^/  /'
+
+echo
+echo "== 5. step selection: CPU of the whole job vs untraced ($steps steps; load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+cpu_of() { # least user+sys CPU seconds (children included) of 2 runs of "$@"
+  local b=""
+  for _ in 1 2; do
+    local c
+    /usr/bin/time -o "$store/cpu" -f "%U %S" "$@" >/dev/null 2>&1
+    c=$(tail -1 "$store/cpu" | awk '{ print $1 + $2 }')
+    b=$(awk -v a="$b" -v c="$c" 'BEGIN { if (a == "" || c < a) print c; else print a }')
+  done
+  echo "$b"
+}
+traced_cpu() { # CPU of a traced run of the trainer with ttrace run options "$@"
+  cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@" -- "${trainer[@]}"
+}
+base=$(cpu_of "${trainer[@]}")
+all=$(traced_cpu)
+first=$(traced_cpu --steps 0)
+none=$(traced_cpu --steps 100000)
+awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" 'BEGIN {
+  printf "  untraced               %6.2f CPU-s\n", b
+  printf "  traced, every step     %6.2f CPU-s  %.2fx\n", a, a / b
+  printf "  traced, --steps 0      %6.2f CPU-s  %.2fx\n", f, f / b
+  printf "  traced, --steps 100000 %6.2f CPU-s  %.2fx (no step of the run selected)\n", n, n / b }'
+
+echo
+echo "== 6. capture CPU per GB captured"
+bytes_of() { # raw bytes captured into a store
+  python3 -c 'import json, sys; print(sum(r["bytes_raw"] for r in json.load(open(sys.argv[1] + "/manifest.json"))["ranks"]))' "$1"
+}
+per_gb() { # label, then the trainer command
+  local label="$1"
+  shift
+  local plain traced gb
+  plain=$(cpu_of "$@")
+  traced=$(cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" -- "$@")
+  gb=$(bytes_of "$store/run")
+  awk -v l="$label" -v p="$plain" -v t="$traced" -v b="$gb" 'BEGIN {
+    printf "  %-28s %7.1f MB captured, %.2f CPU-s untraced, %.2f traced: %.2f CPU-s per GB\n",
+           l, b / 1e6, p, t, (t - p) / (b / 1e9) }'
+}
+per_gb "hidden 64 ($steps steps)" "${trainer[@]}"
+per_gb "hidden 256, seq 256 (2 steps)" "$target/release/simrun" --nproc-per-node 8 -- "$target/release/trainer" \
+  --tp 2 --dp 2 --pp 2 --precision bf16 --steps 2 --hidden 256 --ffn 1024 --seq 256 --micro-batch-size 4

@@ -47,7 +47,8 @@ pub struct Record {
 }
 
 /// Families of captured ops and their parameters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// Deserialize: below, without serde's buffering of internally tagged enums.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "family", rename_all = "snake_case")]
 pub enum Op {
     /// Host/device copies (`cudaMemcpy*`, `cuMemcpy*`).
@@ -58,6 +59,64 @@ pub enum Op {
     Collective(CollectiveOp),
     /// Capture was skipped: nothing is lost silently.
     Gap(GapOp),
+}
+
+/// The families of [`Op`] as stored.
+const OP_FAMILIES: &[&str] = &["memcpy", "gemm", "collective", "gap"];
+
+impl Op {
+    /// The op of family `name` from the other entries of its map.
+    fn of_family<'de, D: serde::Deserializer<'de>>(name: &str, body: D) -> Result<Op, D::Error> {
+        Ok(match name {
+            "memcpy" => Op::Memcpy(MemcpyOp::deserialize(body)?),
+            "gemm" => Op::Gemm(Box::<GemmOp>::deserialize(body)?),
+            "collective" => Op::Collective(CollectiveOp::deserialize(body)?),
+            "gap" => Op::Gap(GapOp::deserialize(body)?),
+            other => return Err(serde::de::Error::unknown_variant(other, OP_FAMILIES)),
+        })
+    }
+}
+
+/// Decodes an [`Op`] in one pass when `family` is its map's first entry (as every writer of
+/// this crate puts it): serde's derive for internally tagged enums would copy each record's op
+/// into a generic tree first and decode that again. Maps in another order (a JSON object read
+/// through `serde_json::Value`, whose keys are sorted) take that slower way.
+impl<'de> Deserialize<'de> for Op {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Op, D::Error> {
+        d.deserialize_map(OpVisitor)
+    }
+}
+
+struct OpVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OpVisitor {
+    type Value = Op;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an op (a map with a `family` entry)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Op, A::Error> {
+        use serde::de::Error;
+        let Some(first) = map.next_key::<String>()? else {
+            return Err(A::Error::missing_field("family"));
+        };
+        if first == "family" {
+            let name: String = map.next_value()?;
+            return Op::of_family(&name, serde::de::value::MapAccessDeserializer::new(map));
+        }
+        let mut rest = serde_json::Map::new();
+        rest.insert(first, map.next_value()?);
+        while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+            rest.insert(k, v);
+        }
+        let name = match rest.remove("family") {
+            Some(serde_json::Value::String(n)) => n,
+            Some(_) => return Err(A::Error::custom("`family` is not a string")),
+            None => return Err(A::Error::missing_field("family")),
+        };
+        Op::of_family(&name, serde_json::Value::Object(rest)).map_err(A::Error::custom)
+    }
 }
 
 /// Direction of a copy, as decided by the kind argument or, for `cudaMemcpyDefault`, by the
@@ -335,6 +394,59 @@ pub fn packed_strides(shape: &[u64]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ops read back as written, whether `family` comes first (CBOR as this crate writes it)
+    /// or not (JSON through `serde_json::Value`, keys sorted).
+    #[test]
+    fn ops_of_every_family_read_back_in_any_key_order() {
+        let copy = Record::d2h_copy(0, 0, 0, b"abcd").op;
+        let gemm = Op::Gemm(Box::new(GemmOp {
+            m: 2,
+            n: 3,
+            k: 4,
+            transa: 1,
+            transb: 0,
+            lda: 4,
+            ldb: 4,
+            ldc: 2,
+            ldd: 2,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 14,
+            b_type: 14,
+            c_type: 14,
+            d_type: 14,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: None,
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        }));
+        let gap = Op::Gap(GapOp {
+            reason: GapReason::RingFull,
+            skipped_api: "cublasGemmEx".into(),
+            bytes: 12,
+            detail: "why".into(),
+        });
+        for op in [copy, gemm, gap] {
+            let mut cbor = Vec::new();
+            ciborium::into_writer(&op, &mut cbor).expect("encodes");
+            let back: Op = ciborium::from_reader(&cbor[..]).expect("decodes");
+            assert_eq!(back, op);
+            let sorted = serde_json::to_value(&op).expect("to json");
+            let back: Op = serde_json::from_value(sorted).expect("from sorted json");
+            assert_eq!(back, op);
+            let text = serde_json::to_string(&op).expect("json text");
+            assert_eq!(serde_json::from_str::<Op>(&text).expect("from json"), op);
+        }
+        let nameless = serde_json::json!({ "bytes": 1 });
+        assert!(serde_json::from_value::<Op>(nameless).is_err());
+    }
 
     #[test]
     fn packed_strides_are_row_major() {

@@ -2,7 +2,7 @@
 //! stream socket.
 //!
 //! Every message is a frame: a little-endian `u32` length, then that many bytes of CBOR (a
-//! [`ClientMsg`] or [`DaemonMsg`]). A frame longer than [`MAX_FRAME`] or that does not decode
+//! [`ClientMsg`] or [`DaemonMsg`]: a map whose first entry, `msg`, names the message). A frame longer than [`MAX_FRAME`] or that does not decode
 //! is a protocol error: the daemon drops that client (after keeping what it had published)
 //! and keeps serving the others. The client's `Hello` carries its ring's memfd as `SCM_RIGHTS`
 //! ancillary data.
@@ -101,7 +101,8 @@ pub struct CommInfo {
 /// Client to daemon.
 // One Hello per connection, decoded straight into its variant: boxing it would buy nothing.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// Deserialize: below, without serde's buffering of internally tagged enums.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ClientMsg {
     Hello(Hello),
@@ -132,6 +133,105 @@ pub enum ClientMsg {
         records: u64,
         gaps: u64,
     },
+}
+
+/// The variants of [`ClientMsg`] as the wire names them.
+const CLIENT_MSGS: &[&str] = &[
+    "hello",
+    "comm",
+    "publish",
+    "chunk",
+    "stream_abort",
+    "publish_streamed",
+    "bye",
+];
+
+/// The fields of the struct variants of [`ClientMsg`], decoded from the rest of its map.
+mod bodies {
+    use super::*;
+
+    #[derive(Deserialize)]
+    pub(super) struct Publish {
+        pub record: Box<Record>,
+        pub slot: Option<Slot>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct StreamAbort {
+        pub stream: u64,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct PublishStreamed {
+        pub record: Box<Record>,
+        pub streams: Vec<StreamRef>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Bye {
+        pub records: u64,
+        pub gaps: u64,
+    }
+}
+
+/// Decodes a [`ClientMsg`] from its map in one pass: the `msg` entry comes first (the encoder
+/// writes it first), so the variant is known before its fields. serde's derive for internally
+/// tagged enums would first copy the whole message (the record, its tensors and strings) into
+/// a generic tree and decode that again: most of the collector's CPU per small record.
+impl<'de> Deserialize<'de> for ClientMsg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ClientMsg, D::Error> {
+        d.deserialize_map(ClientMsgVisitor)
+    }
+}
+
+struct ClientMsgVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ClientMsgVisitor {
+    type Value = ClientMsg;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a client message (a map whose first entry is `msg`)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ClientMsg, A::Error> {
+        use serde::de::{value::MapAccessDeserializer, Error};
+        let key: Option<std::borrow::Cow<'de, str>> = map.next_key()?;
+        if key.as_deref() != Some("msg") {
+            return Err(A::Error::custom("a client message must begin with `msg`"));
+        }
+        let kind: std::borrow::Cow<'de, str> = map.next_value()?;
+        let rest = MapAccessDeserializer::new(map);
+        Ok(match kind.as_ref() {
+            "hello" => ClientMsg::Hello(Hello::deserialize(rest)?),
+            "comm" => ClientMsg::Comm(CommInfo::deserialize(rest)?),
+            "publish" => {
+                let b = bodies::Publish::deserialize(rest)?;
+                ClientMsg::Publish {
+                    record: b.record,
+                    slot: b.slot,
+                }
+            }
+            "chunk" => ClientMsg::Chunk(Chunk::deserialize(rest)?),
+            "stream_abort" => ClientMsg::StreamAbort {
+                stream: bodies::StreamAbort::deserialize(rest)?.stream,
+            },
+            "publish_streamed" => {
+                let b = bodies::PublishStreamed::deserialize(rest)?;
+                ClientMsg::PublishStreamed {
+                    record: b.record,
+                    streams: b.streams,
+                }
+            }
+            "bye" => {
+                let b = bodies::Bye::deserialize(rest)?;
+                ClientMsg::Bye {
+                    records: b.records,
+                    gaps: b.gaps,
+                }
+            }
+            other => return Err(A::Error::unknown_variant(other, CLIENT_MSGS)),
+        })
+    }
 }
 
 /// One chunk of a streamed tensor: `len` bytes of the tensor at `offset`, in `slot` at
@@ -254,6 +354,47 @@ mod tests {
                 records: 10,
                 gaps: 0,
             },
+            ClientMsg::Hello(Hello {
+                protocol: PROTOCOL_VERSION,
+                pid: 9,
+                hostname: "node".into(),
+                level: Some(3),
+                ..Hello::default()
+            }),
+            ClientMsg::Publish {
+                record: Box::new(Record::d2h_copy(1, 2, 3, b"abc")),
+                slot: Some(Slot {
+                    pos: 64,
+                    len: 64,
+                    end: 128,
+                }),
+            },
+            ClientMsg::Publish {
+                record: Box::new(Record::d2h_copy(1, 2, 4, b"")),
+                slot: None,
+            },
+            ClientMsg::Chunk(Chunk {
+                stream: 5,
+                index: 1,
+                offset: 4096,
+                len: 4096,
+                total: 10000,
+                elem: 2,
+                crc32: 77,
+                slot: Slot {
+                    pos: 0,
+                    len: 4096,
+                    end: 4096,
+                },
+            }),
+            ClientMsg::StreamAbort { stream: 5 },
+            ClientMsg::PublishStreamed {
+                record: Box::new(Record::d2h_copy(0, 0, 0, b"x")),
+                streams: vec![StreamRef {
+                    tensor: 0,
+                    stream: 5,
+                }],
+            },
         ];
         let mut buf = Vec::new();
         for m in &msgs {
@@ -267,6 +408,47 @@ mod tests {
             );
         }
         assert_eq!(read_msg::<ClientMsg>(&mut r).expect("clean end"), None);
+    }
+
+    /// The decoder reads the message type first and the fields straight into their variant: a
+    /// message whose `msg` entry is not first, or names no message, is a protocol error.
+    #[test]
+    fn a_message_must_say_what_it_is_first() {
+        let map = |entries: Vec<(&str, ciborium::Value)>| {
+            let v = ciborium::Value::Map(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (ciborium::Value::Text(k.into()), v))
+                    .collect(),
+            );
+            let mut body = Vec::new();
+            ciborium::into_writer(&v, &mut body).expect("encodes");
+            body
+        };
+        let int = |n: u64| ciborium::Value::Integer(n.into());
+        let text = |s: &str| ciborium::Value::Text(s.into());
+        let bye = map(vec![
+            ("msg", text("bye")),
+            ("records", int(1)),
+            ("gaps", int(2)),
+        ]);
+        assert_eq!(
+            decode::<ClientMsg>(&bye).expect("decodes"),
+            ClientMsg::Bye {
+                records: 1,
+                gaps: 2
+            }
+        );
+        let late = map(vec![
+            ("records", int(1)),
+            ("msg", text("bye")),
+            ("gaps", int(2)),
+        ]);
+        assert!(decode::<ClientMsg>(&late).is_err());
+        let unknown = map(vec![("msg", text("hug"))]);
+        assert!(decode::<ClientMsg>(&unknown).is_err());
+        let missing = map(vec![("msg", text("bye")), ("records", int(1))]);
+        assert!(decode::<ClientMsg>(&missing).is_err());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! [`begin`] (before the real call): hands an op on a stream under graph capture to
 //! [`graph`](crate::graph) (snapshotted at each replay), applies the selection (inputs, size
-//! cap), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
+//! cap; an op whose step or rank cannot be selected keeps only what the step rule needs,
+//! [`prefilter`](crate::prefilter)), reserves ONE ring slot for all captured tensors in ticket order (waiting at most
 //! `TTRACE_WAIT_MS`, else a `RingFull` gap) or, for tensors above half the ring, streams them
 //! through it in chunks, and enqueues the copies of inputs the op overwrites. [`finish`] (after it): enqueues the other copies on the
 //! op's stream, records a pooled event after them and hands the entry to the tracer. NCCL ops
@@ -21,7 +22,7 @@ use crate::cuda::{self, ErrScope};
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
 use crate::tracer::{self, Captured, ChunkEntry, Entry, Meta, Ticket};
-use crate::{graph, mode, stall, thread};
+use crate::{graph, mode, prefilter, stall, thread};
 
 /// An op about to be called.
 pub struct Call {
@@ -75,6 +76,10 @@ struct Eager {
     copied: bool,
     /// A copy was refused with a sticky error: the context failed.
     fatal: Option<u32>,
+    /// Its ticket is counted (it may move the step, prefilter.rs).
+    counted: bool,
+    /// Reduced to what the step rule needs (prefilter.rs).
+    prefiltered: bool,
 }
 
 impl InFlight {
@@ -150,13 +155,26 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let cfg = session.cfg;
     let mut plans = call.tensors;
     select(session, &mut plans);
+    let counted = prefilter::counts_op(cfg, call.api, &call.op);
+    // Whether the op is streamed follows from what a full capture takes, so that the records
+    // come in the same order (a streamed op takes its ticket after the call) and the step
+    // rule sees the same operands (streamed ones are not sampled).
+    let streamed = layout(&plans).1 > slot_limit(session.ring.capacity());
+    let prefiltered = !prefilter::may_be_wanted(cfg, device);
+    if prefiltered {
+        prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
+    }
     let (offsets, total) = layout(&plans);
     let m = meta(call.api, call.op, call.stream_id, device);
-    if total > slot_limit(session.ring.capacity()) {
-        return Some(begin_streamed(session, m, plans, call.stream, device));
+    if streamed {
+        let how = Prefilter {
+            counted,
+            prefiltered,
+        };
+        return Some(begin_streamed(session, m, plans, call.stream, device, how));
     }
     let (ticket, slot) = if total > 0 {
-        match reserve(session, total, None) {
+        match reserve(session, total, None, counted) {
             Some((t, s)) => (t, Some(s)),
             None => {
                 let detail = if stall::spent(cfg.max_stall_ms) {
@@ -176,7 +194,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
             }
         }
     } else {
-        (Ticket::take(), None)
+        (Ticket::take_counted(counted), None)
     };
     let slot_ptr = slot.map_or(0, |s| {
         // SAFETY: the slot was just reserved by this thread; only its address is taken here,
@@ -198,6 +216,8 @@ pub fn begin(call: Call) -> Option<InFlight> {
         device,
         copied: false,
         fatal: None,
+        counted,
+        prefiltered,
     };
     f.copy(When::Before);
     Some(InFlight::new(Snap::Eager(Box::new(f))))
@@ -324,6 +344,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         slot: f.slot,
         event,
         streams: Vec::new(),
+        prefiltered: f.prefiltered,
     };
     ticket.push(Entry::Capture(Box::new(c)));
 }
@@ -390,9 +411,14 @@ fn enqueue(base: usize, c: Copy, stream: cudaStream_t) -> Result<(), u32> {
 /// wait is charged to it). Gives up at once when the tracer waits for this thread's own
 /// deferred group, or for `held` (a ticket the caller holds unpushed): no space can come
 /// before that is handed in.
-pub(crate) fn reserve(s: &Session, total: u64, held: Option<u64>) -> Option<(Ticket, Slot)> {
+pub(crate) fn reserve(
+    s: &Session,
+    total: u64,
+    held: Option<u64>,
+    counted: bool,
+) -> Option<(Ticket, Slot)> {
     let started = Instant::now();
-    let r = reserve_until(s, total, started, held);
+    let r = reserve_until(s, total, started, held, counted);
     let waited = started.elapsed();
     if waited > Duration::from_millis(1) {
         stall::charge(waited);
@@ -405,6 +431,7 @@ fn reserve_until(
     total: u64,
     started: Instant,
     held: Option<u64>,
+    counted: bool,
 ) -> Option<(Ticket, Slot)> {
     let wait = Duration::from_millis(s.cfg.wait_ms).min(stall::remaining(s.cfg.max_stall_ms));
     let deadline = started + wait;
@@ -413,16 +440,18 @@ fn reserve_until(
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    reserve_polling(s, total, mine, || Instant::now() >= deadline)
+    reserve_polling(s, total, mine, counted, || Instant::now() >= deadline)
 }
 
 /// Reserves `len` bytes and a ticket, polling with a growing pause, until capture dies, the
 /// tracer stopped or waits for `mine` (a ticket of this thread's that is not handed in yet: no
-/// space can come before it is), or `out_of_time` says the wait is over.
+/// space can come before it is), or `out_of_time` says the wait is over. The ticket is
+/// `counted` (prefilter.rs) as asked.
 fn reserve_polling(
     s: &Session,
     len: u64,
     mine: Option<u64>,
+    counted: bool,
     mut out_of_time: impl FnMut() -> bool,
 ) -> Option<(Ticket, Slot)> {
     let mut pause = Duration::from_micros(50);
@@ -430,7 +459,7 @@ fn reserve_polling(
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
-                return Some((Ticket::take(), slot));
+                return Some((Ticket::take_counted(counted), slot));
             }
         }
         if mode::dead()
@@ -464,6 +493,13 @@ fn chunk_bytes(capacity: u64) -> u64 {
         .max(ttrace_format::ring::ALIGN)
 }
 
+/// How the step selection treats an op (prefilter.rs).
+#[derive(Clone, Copy)]
+struct Prefilter {
+    counted: bool,
+    prefiltered: bool,
+}
+
 /// [`begin`] for an op whose tensors do not fit one slot: each captured tensor goes through
 /// the ring in chunks, the inputs the op overwrites now, the others after it (in [`finish`]).
 /// The record takes its ticket after its last chunk.
@@ -473,6 +509,7 @@ fn begin_streamed(
     plans: Vec<TensorPlan>,
     stream: cudaStream_t,
     device: i32,
+    how: Prefilter,
 ) -> InFlight {
     let tensors = plans.iter().map(tensor_of).collect();
     let mut f = Eager {
@@ -489,6 +526,8 @@ fn begin_streamed(
         device,
         copied: false,
         fatal: None,
+        counted: how.counted,
+        prefiltered: how.prefiltered,
     };
     f.stream_all(s, When::Before);
     InFlight::new(Snap::Eager(Box::new(f)))
@@ -516,8 +555,9 @@ fn finish_streamed(mut f: Eager, ok: bool) {
         slot: None,
         event: None,
         streams: f.streams,
+        prefiltered: f.prefiltered,
     };
-    Ticket::take().push(Entry::Capture(Box::new(c)));
+    Ticket::take_counted(f.counted).push(Entry::Capture(Box::new(c)));
 }
 
 impl Eager {
@@ -646,7 +686,7 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
     let mine = my_oldest_deferred();
     let mut tail = s.ring.tail();
     let mut idle_since = Instant::now();
-    reserve_polling(s, len, mine, || {
+    reserve_polling(s, len, mine, false, || {
         let now = Instant::now();
         let t = s.ring.tail();
         // Only the daemon sitting on published slots is a stall: while the device runs the

@@ -379,6 +379,8 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
     let mut held: Option<u64> = None;
     let mut out = Vec::with_capacity(e.templates.len());
     for t in &e.templates {
+        // A replayed GEMM may move the step like an eager one (prefilter.rs).
+        let counted = crate::prefilter::counts_op(s.cfg, t.api, &t.op);
         let why = if nested {
             Some((
                 GapReason::GraphCapture,
@@ -390,7 +392,7 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
             t.gap.clone().map(|d| (GapReason::GraphCapture, d))
         };
         if let Some((reason, detail)) = why {
-            let ticket = Ticket::take();
+            let ticket = Ticket::take_counted(counted);
             held.get_or_insert(ticket.number());
             out.push(Replay::Gap {
                 ticket,
@@ -401,7 +403,7 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
             continue;
         }
         if t.copies.is_empty() {
-            let ticket = Ticket::take();
+            let ticket = Ticket::take_counted(counted);
             held.get_or_insert(ticket.number());
             out.push(Replay::Record {
                 ticket,
@@ -410,8 +412,8 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
             });
             continue;
         }
-        let Some((ticket, slot)) = engine::reserve(s, t.total, held) else {
-            let ticket = Ticket::take();
+        let Some((ticket, slot)) = engine::reserve(s, t.total, held, counted) else {
+            let ticket = Ticket::take_counted(counted);
             held.get_or_insert(ticket.number());
             out.push(Replay::Gap {
                 ticket,
@@ -531,6 +533,7 @@ fn publish(
         // A replay's tensors go through its slot: ops too large for the ring are metadata
         // only in a graph (their copy nodes cannot be chunked per launch).
         streams: Vec::new(),
+        prefiltered: false,
     })));
 }
 

@@ -79,6 +79,20 @@ pub fn rank_of_device(device: i32) -> u32 {
         .unwrap_or_else(rank)
 }
 
+/// The rank records made on `device` carry, when it can no longer change: the device joined a
+/// communicator, and either the launcher named no rank or the process drives several devices.
+/// `None` otherwise (the process-wide launcher rank is applied when capture starts).
+pub fn settled_rank(device: i32) -> Option<u32> {
+    if env_rank().is_some() && !MULTI_DEVICE.load(Ordering::Relaxed) {
+        return None;
+    }
+    DEVICE_RANKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&device)
+        .copied()
+}
+
 /// World size from the launcher (1 when none says).
 pub fn world_size() -> u32 {
     env_u32(&[

@@ -16,7 +16,8 @@
 //! * `engine`: reserving ring slots, enqueuing copies and events around the real call;
 //! * `graph`: ops captured into CUDA graphs, snapshotted at every replay (`hooks/graph`);
 //! * `tracer`: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
-//! * [`steps`]: the step rule (pure); `session`, `client`: ring, daemon connection;
+//! * [`steps`]: the step rule (pure); `prefilter`: the step and rank selection applied before
+//!   the snapshot work; `session`, `client`: ring, daemon connection;
 //! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry;
 //! * `perturb`: the perturbed reference run (`TTRACE_PERTURB`): ±1 ulp noise on GEMM outputs.
 //!
@@ -41,6 +42,7 @@ mod identity;
 mod log;
 mod mode;
 mod perturb;
+mod prefilter;
 mod real;
 mod session;
 mod stall;

@@ -167,6 +167,17 @@ pub fn disable_in_child() {
     MODE.store(0, Ordering::Release);
 }
 
+/// Set once the tracer stopped capture for good because no selected step is left.
+static FINISHED: AtomicBool = AtomicBool::new(false);
+
+/// Stops capturing for good without a fault: every later record would be dropped
+/// (`TTRACE_STEPS` selects no later step). NVTX, communicator tracking and a perturbed run go
+/// on; `ttrace_resume()` does not capture again.
+pub fn stop_capture() {
+    FINISHED.store(true, Ordering::Release);
+    MODE.fetch_and(!CAPTURE_BITS, Ordering::AcqRel);
+}
+
 /// `ttrace_pause()`: clears the capture bits (tracking of NVTX ranges, communicators and NCCL
 /// groups continues).
 pub fn pause() {

@@ -98,6 +98,9 @@ pub struct Operand {
     pub ptr: u64,
     /// CRC-32 of its bytes, when captured.
     pub crc: Option<u32>,
+    /// Bytes of the operand (packed): equal CRC-32s of different lengths are not the same
+    /// bytes.
+    pub len: u64,
     /// Whether the GEMM reads it transposed (its `transa`/`transb` is not `N`).
     pub trans: bool,
     /// Some of its elements, when its bytes were at hand (not for streamed tensors).
@@ -105,7 +108,8 @@ pub struct Operand {
 }
 
 /// What the step rule needs to know about a record.
-// One per record, moved once into the rule: a Box would allocate for every GEMM.
+// Made and consumed once per record, never stored in bulk: boxing the samples would cost an
+// allocation per GEMM for nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Class {
@@ -134,7 +138,10 @@ impl Anchor {
         for (slot, op) in [(0u8, a), (1u8, b)] {
             let Some(crc) = op.crc else { continue };
             for (anchor_slot, mine) in [(0u8, self.a), (1u8, self.b)] {
-                if mine.crc == Some(crc) && (anchor_slot, mine.trans) != (slot, op.trans) {
+                if mine.crc == Some(crc)
+                    && mine.len == op.len
+                    && (anchor_slot, mine.trans) != (slot, op.trans)
+                {
                     self.transposed_reuse = true;
                 }
             }
@@ -188,6 +195,12 @@ impl<T> Steps<T> {
     /// The current step.
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// The signature of the anchor GEMM and the bytes of its A and B operands, once one was
+    /// seen (`auto` only): other GEMMs' operands of other lengths never matter to the rule.
+    pub fn anchor(&self) -> Option<(u64, u64, u64)> {
+        self.anchor.as_ref().map(|a| (a.sig, a.a.len, a.b.len))
     }
 
     fn emit(&mut self, item: T, out: &mut impl FnMut(T, u64)) {
@@ -319,6 +332,7 @@ mod tests {
         Operand {
             ptr,
             crc: Some(crc),
+            len: 64,
             trans,
             sample: None,
         }
@@ -428,12 +442,14 @@ mod tests {
             a: Operand {
                 ptr,
                 crc: None,
+                len: 64,
                 trans: true,
                 sample: None,
             },
             b: Operand {
                 ptr: 0x99,
                 crc: None,
+                len: 64,
                 trans: false,
                 sample: None,
             },
@@ -611,6 +627,34 @@ mod tests {
         let out = run(StepRule::Auto, &items);
         let steps: Vec<u64> = out.iter().map(|o| o.1).collect();
         assert_eq!(steps, [0, 0, 0, 0, 1, 1, 1, 1]);
+    }
+
+    /// A backward GEMM reading bytes whose CRC-32 equals an anchor operand's but of another
+    /// length is no transposed reuse: only the same bytes are.
+    #[test]
+    fn equal_checksums_of_other_lengths_are_not_the_anchors_bytes() {
+        let short = |ptr, crc| Operand {
+            len: 32,
+            ..op(ptr, crc, false)
+        };
+        let items = [
+            ("fwd", gemm(0x10, 1, 0x100, 5)),
+            // Fresh input buffer next time: only a transposed reuse makes it a candidate.
+            (
+                "bwd",
+                Class::Gemm {
+                    sig: 8,
+                    a: short(0x10, 1),
+                    b: short(0x200, 9),
+                },
+            ),
+            ("fwd", gemm(0x10, 2, 0x300, 6)),
+        ];
+        let out = run(StepRule::Auto, &items);
+        assert!(out.iter().all(|o| o.1 == 0), "{out:?}");
+        // The same with the anchor's lengths is the backward pass: a new step.
+        let items = [items[0], ("bwd", backward((0x10, 1), (0x200, 9))), items[2]];
+        assert_eq!(run(StepRule::Auto, &items).last(), Some(&("fwd", 1)));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ttrace_format::config::CaptureConfig;
 use ttrace_format::record::{
-    CollectiveKind, CopyDirection, GapOp, GapReason, Op, Record, Role, Tensor,
+    CollectiveKind, CopyDirection, GapOp, GapReason, GemmOp, Op, Record, Role, Tensor,
 };
 use ttrace_format::ring::{tensor_offsets, Ring, Slot};
 use ttrace_format::tensor::element_f64;
@@ -51,6 +51,9 @@ pub struct Captured {
     pub event: Option<Event>,
     /// Per tensor, the stream its bytes went through in chunks (then `slot` is `None`).
     pub streams: Vec<Option<u64>>,
+    /// Reduced to what the step rule needs: the hook found its step or rank unselected
+    /// (prefilter.rs).
+    pub prefiltered: bool,
 }
 
 /// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
@@ -94,12 +97,24 @@ pub enum Entry {
 }
 
 struct Fifo {
-    entries: Mutex<BTreeMap<u64, Entry>>,
+    entries: Mutex<Queue>,
     cv: Condvar,
 }
 
+/// The FIFO's state, under its lock.
+struct Queue {
+    /// Entries by ticket, with whether the ticket is counted (prefilter.rs).
+    map: BTreeMap<u64, (Entry, bool)>,
+    /// The tracer sleeps on the condition variable: a hook must wake it. Otherwise a hook
+    /// saves the wake-up (a system call per record).
+    sleeping: bool,
+}
+
 static FIFO: Fifo = Fifo {
-    entries: Mutex::new(BTreeMap::new()),
+    entries: Mutex::new(Queue {
+        map: BTreeMap::new(),
+        sleeping: false,
+    }),
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -123,14 +138,26 @@ static DYING: AtomicBool = AtomicBool::new(false);
 pub struct Ticket {
     n: u64,
     done: bool,
+    /// A record that may move the step (prefilter.rs).
+    counted: bool,
 }
 
 impl Ticket {
     /// The next ticket.
     pub fn take() -> Ticket {
+        Ticket::take_counted(false)
+    }
+
+    /// The next ticket, for a record that may move the step when `counted` (prefilter.rs: it
+    /// is counted just before its ticket is taken).
+    pub fn take_counted(counted: bool) -> Ticket {
+        if counted {
+            crate::prefilter::note_enqueued();
+        }
         Ticket {
             n: NEXT.fetch_add(1, Ordering::AcqRel),
             done: false,
+            counted,
         }
     }
 
@@ -142,7 +169,7 @@ impl Ticket {
     /// Hands the entry to the tracer.
     pub fn push(mut self, e: Entry) {
         self.done = true;
-        put(self.n, e);
+        put(self.n, e, self.counted);
     }
 }
 
@@ -155,6 +182,7 @@ impl Drop for Ticket {
                     slot: None,
                     event: None,
                 },
+                self.counted,
             );
         }
     }
@@ -163,18 +191,22 @@ impl Drop for Ticket {
 /// The ring whose header counts the snapshots taken (set when the tracer starts).
 static COUNTED: std::sync::OnceLock<&'static Ring> = std::sync::OnceLock::new();
 
-fn put(n: u64, e: Entry) {
+fn put(n: u64, e: Entry, counted: bool) {
     if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
         // Taken: from here on the daemon accounts for it (published, dropped or lost).
         if let Some(r) = COUNTED.get() {
             r.note_taken();
         }
     }
-    FIFO.entries
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(n, e);
-    FIFO.cv.notify_all();
+    let wake = {
+        let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+        q.map.insert(n, (e, counted));
+        // Read under the lock the tracer holds until it sleeps: no wake-up is lost.
+        q.sleeping
+    };
+    if wake {
+        FIFO.cv.notify_all();
+    }
 }
 
 /// End of the last slot the tracer published (the daemon owes releases up to it).
@@ -202,6 +234,11 @@ pub fn push(e: Entry) {
     Ticket::take().push(e);
 }
 
+/// Pushes a step mark under a fresh ticket (counted when steps are selected).
+pub fn push_mark(cfg: &CaptureConfig, api: bool, name: Option<String>) {
+    Ticket::take_counted(crate::prefilter::counts_mark(cfg)).push(Entry::Mark { api, name });
+}
+
 /// Wall-clock nanoseconds since the Unix epoch.
 pub fn now_ns() -> u64 {
     SystemTime::now()
@@ -209,22 +246,25 @@ pub fn now_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Waits for ticket `n` (`None`: the process is exiting and the drain is over).
-fn take(n: u64) -> Option<Entry> {
+/// Waits for ticket `n` (`None`: the process is exiting and the drain is over); the entry and
+/// whether it is counted.
+fn take(n: u64) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
-    let mut map = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+    let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        if let Some(e) = map.remove(&n) {
+        if let Some(e) = q.map.remove(&n) {
             return Some(e);
         }
         if draining_over(n) {
             return None;
         }
-        map = FIFO
+        q.sleeping = true;
+        q = FIFO
             .cv
-            .wait_timeout(map, Duration::from_millis(50))
+            .wait_timeout(q, Duration::from_millis(50))
             .unwrap_or_else(|p| p.into_inner())
             .0;
+        q.sleeping = false;
     }
 }
 
@@ -275,6 +315,8 @@ struct Pending {
     slot: Option<Slot>,
     /// The streams of its streamed tensors.
     streams: Vec<StreamRef>,
+    /// Reduced by the hook: its bytes must not be published as a selected record's.
+    prefiltered: bool,
 }
 
 /// A stream's progress as its chunks are published.
@@ -309,6 +351,10 @@ pub fn start(
                 published_end: 0,
                 to_release: 0,
                 broken: false,
+                anchor_noted: false,
+                stopped_capture: false,
+                dropped: 0,
+                reduced: 0,
             };
             t.run();
             *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -336,6 +382,13 @@ struct Tracer {
     /// tracer once the daemon has released everything published before them.
     to_release: u64,
     broken: bool,
+    /// The anchor's signature was handed to the hooks (prefilter.rs).
+    anchor_noted: bool,
+    /// Capture stopped: no selected step is left.
+    stopped_capture: bool,
+    /// Records dropped as unselected, and of those, the ones the hooks had reduced.
+    dropped: u64,
+    reduced: u64,
 }
 
 impl Tracer {
@@ -343,11 +396,14 @@ impl Tracer {
         // Tracer work must never invalidate a program's global-mode graph capture.
         let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
         let mut n = 0u64;
-        while let Some(e) = take(n) {
+        while let Some((e, counted)) = take(n) {
             n += 1;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
             if r.is_err() {
                 crate::fault("ttrace", "the tracer thread panicked".into());
+            }
+            if counted {
+                self.fed_counted();
             }
             if self.broken {
                 break;
@@ -362,6 +418,13 @@ impl Tracer {
             }
             if let Some(doubt) = self.steps.one_step_doubt() {
                 crate::log::warn(&doubt);
+            }
+            if self.dropped > 0 {
+                crate::log::info(&format!(
+                    "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped, {} of them reduced \
+                     to what the step rule needs before their snapshot",
+                    self.dropped, self.reduced
+                ));
             }
             if !DYING.load(Ordering::Acquire) {
                 let bye = ClientMsg::Bye {
@@ -380,7 +443,7 @@ impl Tracer {
             Entry::Capture(c) => self.captured(*c),
             Entry::Gap(meta) => {
                 let rec = record(*meta, Vec::new());
-                self.feed(rec, None, Vec::new(), Class::Other);
+                self.feed(rec, None, Vec::new(), Class::Other, false);
             }
             Entry::Skip { slot, event } => {
                 if let Some(ev) = event {
@@ -447,7 +510,7 @@ impl Tracer {
             let streams = self.streamed(&mut c.tensors, &c.streams);
             let class = classify(c.meta.api, &c.meta.op, &c.tensors, &[]);
             let rec = record(c.meta, c.tensors);
-            return self.feed(rec, None, streams, class);
+            return self.feed(rec, None, streams, class, c.prefiltered);
         };
         // SAFETY: the slot belongs to the tracer until it is published; its copies completed.
         let bytes = unsafe { self.ring.slot_bytes(&slot) };
@@ -484,9 +547,9 @@ impl Tracer {
         let rec = record(c.meta, c.tensors);
         if k == 0 {
             self.skip_slot(slot);
-            self.feed(rec, None, Vec::new(), class);
+            self.feed(rec, None, Vec::new(), class, c.prefiltered);
         } else {
-            self.feed(rec, Some(slot), Vec::new(), class);
+            self.feed(rec, Some(slot), Vec::new(), class, c.prefiltered);
         }
     }
 
@@ -566,6 +629,7 @@ impl Tracer {
         slot: Option<Slot>,
         streams: Vec<StreamRef>,
         class: Class,
+        prefiltered: bool,
     ) {
         record.t_done_ns = now_ns();
         let mut out = Vec::new();
@@ -574,25 +638,59 @@ impl Tracer {
                 record,
                 slot,
                 streams,
+                prefiltered,
             },
             class,
             &mut |p, s| out.push((p, s)),
         );
+        if !self.anchor_noted {
+            if let Some((sig, a, b)) = self.steps.anchor() {
+                crate::prefilter::note_anchor(sig, a, b);
+                self.anchor_noted = true;
+            }
+        }
         for (p, s) in out {
             self.publish(p, s);
         }
+    }
+
+    /// A counted record went through the step rule: tells the hooks the step reached, and
+    /// stops capture once no selected step is left.
+    fn fed_counted(&mut self) {
+        let step = self.steps.step();
+        crate::prefilter::note_fed(step);
+        if !self.stopped_capture && crate::prefilter::past_last_step(self.cfg, step) {
+            self.stopped_capture = true;
+            crate::mode::stop_capture();
+            crate::log::info(&format!(
+                "capture stops at step {step}: no later step is selected (TTRACE_STEPS={}); \
+                 the program runs untraced from here on",
+                self.cfg
+                    .steps
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            ));
+        }
+    }
+
+    /// Whether a record of `rank` at `step` is selected (`TTRACE_STEPS`, `TTRACE_RANKS`).
+    fn selected(&self, rank: u32, step: u64) -> bool {
+        let cfg = self.cfg;
+        cfg.steps.as_ref().is_none_or(|set| set.contains(step))
+            && cfg
+                .ranks
+                .as_ref()
+                .is_none_or(|set| set.contains(u64::from(rank)))
     }
 
     fn publish(&mut self, p: Pending, step: u64) {
         if self.broken {
             return;
         }
-        if self
-            .cfg
-            .steps
-            .as_ref()
-            .is_some_and(|set| !set.contains(step))
-        {
+        // A process driving several devices is several ranks (identity::rank_of_device).
+        let rank = crate::identity::rank_of_device(p.record.device);
+        if !self.selected(rank, step) {
             if let Some(s) = p.slot {
                 self.skip_slot(s);
             }
@@ -600,11 +698,25 @@ impl Tracer {
                 self.send(&ClientMsg::StreamAbort { stream: r.stream });
             }
             self.ring.note_dropped();
+            self.dropped += 1;
+            self.reduced += u64::from(p.prefiltered);
             return;
         }
+        if p.prefiltered {
+            // Its hook raced another thread's step mark or GEMM (prefilter.rs): the record is
+            // published as it is (its left-out tensors metadata only) and capture stops, so the
+            // store says the step is incomplete.
+            crate::fault(
+                "ttrace",
+                format!(
+                    "{}: snapshot reduced by the step filter, but the record belongs to selected \
+                     step {step}",
+                    p.record.api
+                ),
+            );
+        }
         let mut record = p.record;
-        // A process driving several devices is several ranks (identity::rank_of_device).
-        record.rank = crate::identity::rank_of_device(record.device);
+        record.rank = rank;
         let seq = self.seq.entry((record.rank, step)).or_insert(0);
         record.step = step;
         record.seq = *seq;
@@ -683,6 +795,7 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
 fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) -> Class {
     match op {
         Op::Gemm(g) => {
+            let sig = gemm_sig(api, g);
             // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
             let operand = |role, trans: u32| {
                 let found = tensors.iter().position(|t| t.role == role);
@@ -693,24 +806,11 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) 
                 Operand {
                     ptr,
                     crc,
+                    len: found.map_or(0, |i| tensors[i].nbytes),
                     trans: trans != 0,
                     sample: found.and_then(|i| samples.get(i).copied().flatten()),
                 }
             };
-            let sig = Fnv::default()
-                .bytes(api.as_bytes())
-                .u64(g.m)
-                .u64(g.n)
-                .u64(g.k)
-                .u64(g.batch)
-                .u64(g.transa as u64)
-                .u64(g.transb as u64)
-                .u64(g.a_type as u64)
-                .u64(g.b_type as u64)
-                .u64(g.c_type as u64)
-                .u64(g.d_type as u64)
-                .u64(g.compute_type as u64)
-                .finish();
             Class::Gemm {
                 sig,
                 a: operand(Role::A, g.transa),
@@ -721,6 +821,24 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) 
         Op::Collective(c) if c.kind == CollectiveKind::Recv => Class::Arrival,
         _ => Class::Other,
     }
+}
+
+/// The step rule's signature of a GEMM: API, shape, transposes and types.
+pub(crate) fn gemm_sig(api: &str, g: &GemmOp) -> u64 {
+    Fnv::default()
+        .bytes(api.as_bytes())
+        .u64(g.m)
+        .u64(g.n)
+        .u64(g.k)
+        .u64(g.batch)
+        .u64(g.transa as u64)
+        .u64(g.transb as u64)
+        .u64(g.a_type as u64)
+        .u64(g.b_type as u64)
+        .u64(g.c_type as u64)
+        .u64(g.d_type as u64)
+        .u64(g.compute_type as u64)
+        .finish()
 }
 
 /// A gap's metadata.

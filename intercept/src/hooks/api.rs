@@ -3,7 +3,7 @@
 
 use ttrace_format::config::StepRule;
 
-use crate::tracer::{self, Entry};
+use crate::tracer;
 use crate::{mode, session};
 
 /// `void ttrace_step(void)`: starts a new step under `TTRACE_STEP_RULE=api` (ignored by the
@@ -19,10 +19,7 @@ pub extern "C" fn ttrace_step() {
             return;
         };
         if s.cfg.step_rule == StepRule::Api {
-            tracer::push(Entry::Mark {
-                api: true,
-                name: None,
-            });
+            tracer::push_mark(s.cfg, true, None);
         }
     });
 }

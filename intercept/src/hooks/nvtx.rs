@@ -6,7 +6,7 @@ use core::ffi::{c_char, c_int};
 use cuda_abi::nvtx::*;
 use ttrace_format::config::StepRule;
 
-use crate::tracer::{self, Entry};
+use crate::tracer;
 use crate::{mode, real, session, thread};
 
 /// `NVTX_NO_PUSH_POP_TRACKING`: what a push or pop returns when the real library is missing.
@@ -39,10 +39,7 @@ fn maybe_mark(name: &str) {
         return;
     };
     if matches!(&s.cfg.step_rule, StepRule::Nvtx(n) if n == name) {
-        tracer::push(Entry::Mark {
-            api: false,
-            name: Some(name.to_string()),
-        });
+        tracer::push_mark(s.cfg, false, Some(name.to_string()));
     }
 }
 

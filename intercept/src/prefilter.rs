@@ -1,0 +1,221 @@
+//! The capture settings applied before the snapshot work (docs/capture.md, "What filtering
+//! saves"): an op whose record cannot belong to a selected step (`TTRACE_STEPS`) or rank
+//! (`TTRACE_RANKS`) copies only what the step rule needs of it, and the tracer drops its record
+//! as it drops any unselected record (counted).
+//!
+//! Steps are decided by the tracer thread, in ticket order, but a hook can bound the step of
+//! the op it is about to snapshot. Only **counted** records can move the step: under `auto`,
+//! GEMMs that may have the anchor's signature (every GEMM until the anchor is known, then the
+//! anchor's signature only); under `nvtx:NAME` and `api`, the step marks. Each counted record
+//! adds one to [`ENQUEUED`] just before it takes its ticket; the tracer adds one to [`FED`]
+//! after it has taken one into the step rule (having stored the step it reached in [`STEP`]).
+//! A record taking its ticket now therefore gets a step in
+//!
+//! `STEP ..= STEP + (ENQUEUED − FED) + 1` (the `+ 1` under `auto` only: the record itself may
+//! be a recurrence, or held back until the next one),
+//!
+//! since each counted record moves the step by at most one. When no selected step lies in
+//! that interval, the record is not wanted. Under `auto` the step rule needs the A and B
+//! operands of the GEMMs that count and, of the others, those of the length of the anchor's A
+//! or B (their CRC-32s and samples find recurrences and backward passes), so those are still
+//! copied; nothing else is. Once the tracer's step is past the last selected
+//! step, no later record can be wanted: capture stops ([`past_last_step`]).
+//!
+//! Two threads enqueuing at the same instant may see a count without the other's record; a
+//! reduced snapshot whose record turns out to be wanted is then published as it is (metadata
+//! only where bytes were left out) and capture stops with a `TracerFault` gap (tracer.rs), so
+//! a store never holds a silently thinned step.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use ttrace_format::config::{CaptureConfig, RangeSet, StepRule};
+use ttrace_format::record::{Op, Role};
+
+use crate::plan::TensorPlan;
+
+/// Counted records that took a ticket.
+static ENQUEUED: AtomicU64 = AtomicU64::new(0);
+/// Counted records the tracer has fed to the step rule.
+static FED: AtomicU64 = AtomicU64::new(0);
+/// The tracer's current step (stored before [`FED`] moves).
+static STEP: AtomicU64 = AtomicU64::new(0);
+/// The anchor's signature and the bytes of its A and B operands, once the tracer knows them
+/// (`ANCHOR_KNOWN`).
+static ANCHOR: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_A: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_B: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_KNOWN: AtomicBool = AtomicBool::new(false);
+
+/// Whether the step bound is needed at all: steps are selected.
+fn active(cfg: &CaptureConfig) -> bool {
+    cfg.steps.is_some()
+}
+
+/// Whether a GEMM with signature `sig` counts (it may start a step under `auto`).
+pub(crate) fn counts_gemm(cfg: &CaptureConfig, sig: u64) -> bool {
+    active(cfg)
+        && cfg.step_rule == StepRule::Auto
+        && (!ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig)
+}
+
+/// Whether an op counts: a GEMM that may start a step.
+pub(crate) fn counts_op(cfg: &CaptureConfig, api: &str, op: &Op) -> bool {
+    match op {
+        Op::Gemm(g) => counts_gemm(cfg, crate::tracer::gemm_sig(api, g)),
+        _ => false,
+    }
+}
+
+/// Whether a step mark counts (the hooks push only marks the rule applies to).
+pub(crate) fn counts_mark(cfg: &CaptureConfig) -> bool {
+    active(cfg) && cfg.step_rule != StepRule::Auto
+}
+
+/// A counted record is about to take its ticket.
+pub(crate) fn note_enqueued() {
+    ENQUEUED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The tracer fed a counted record to the step rule and is now at `step`.
+pub(crate) fn note_fed(step: u64) {
+    STEP.store(step, Ordering::Release);
+    FED.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The tracer found the anchor (the first GEMM): from now on only GEMMs of its signature count,
+/// and only operands of its A's or B's length matter to the rule.
+pub(crate) fn note_anchor(sig: u64, a_len: u64, b_len: u64) {
+    ANCHOR.store(sig, Ordering::Relaxed);
+    ANCHOR_A.store(a_len, Ordering::Relaxed);
+    ANCHOR_B.store(b_len, Ordering::Relaxed);
+    ANCHOR_KNOWN.store(true, Ordering::Release);
+}
+
+/// The steps a record taking its ticket now can get (see the module's documentation).
+fn step_bound(rule: &StepRule) -> (u64, u64) {
+    let fed = FED.load(Ordering::Acquire);
+    let step = STEP.load(Ordering::Acquire);
+    let pending = ENQUEUED.load(Ordering::Acquire).saturating_sub(fed);
+    let own = u64::from(*rule == StepRule::Auto);
+    (step, step.saturating_add(pending).saturating_add(own))
+}
+
+/// Whether `set` holds a step in `lo..=hi`.
+fn any_in(set: &RangeSet, lo: u64, hi: u64) -> bool {
+    set.0.iter().any(|&(a, b)| a <= hi && lo <= b)
+}
+
+/// Whether a step after `step` can be selected (`false`: everything later is dropped).
+pub(crate) fn past_last_step(cfg: &CaptureConfig, step: u64) -> bool {
+    cfg.steps
+        .as_ref()
+        .is_some_and(|set| set.0.iter().all(|&(_, b)| b < step))
+}
+
+/// Whether the record of an op on `device`, taking its ticket now, may be wanted.
+pub(crate) fn may_be_wanted(cfg: &CaptureConfig, device: i32) -> bool {
+    if let (Some(ranks), Some(rank)) = (&cfg.ranks, crate::identity::settled_rank(device)) {
+        if !ranks.contains(u64::from(rank)) {
+            return false;
+        }
+    }
+    match &cfg.steps {
+        Some(set) => {
+            let (lo, hi) = step_bound(&cfg.step_rule);
+            any_in(set, lo, hi)
+        }
+        None => true,
+    }
+}
+
+/// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a
+/// GEMM's A and B operands (of a GEMM that is not `counted`, only those of the length of the
+/// anchor's A or B: the rule compares their bytes with the anchor's and nothing else); nothing
+/// otherwise.
+pub(crate) fn keep_rule_inputs(
+    cfg: &CaptureConfig,
+    op: &Op,
+    counted: bool,
+    plans: &mut [TensorPlan],
+) {
+    let gemm = cfg.step_rule == StepRule::Auto && matches!(op, Op::Gemm(_));
+    let lens = (!counted && ANCHOR_KNOWN.load(Ordering::Acquire)).then(|| {
+        [
+            ANCHOR_A.load(Ordering::Relaxed),
+            ANCHOR_B.load(Ordering::Relaxed),
+        ]
+    });
+    keep_operands(gemm, lens, plans);
+}
+
+/// Leaves only A and B captured (`gemm`; of the lengths `lens` when given), or nothing.
+fn keep_operands(gemm: bool, lens: Option<[u64; 2]>, plans: &mut [TensorPlan]) {
+    for t in plans.iter_mut() {
+        let operand = matches!(t.role, Role::A | Role::B);
+        let matters = lens.is_none_or(|l| l.contains(&t.nbytes));
+        if !(gemm && operand && matters) {
+            t.captured = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_range_is_hit_by_any_overlapping_interval() {
+        let set = RangeSet(vec![(2, 3), (7, 7)]);
+        assert!(!any_in(&set, 0, 1));
+        assert!(any_in(&set, 0, 2));
+        assert!(any_in(&set, 3, 5));
+        assert!(!any_in(&set, 4, 6));
+        assert!(any_in(&set, 6, 9));
+        assert!(!any_in(&set, 8, u64::MAX));
+    }
+
+    #[test]
+    fn past_the_last_selected_step_nothing_is_wanted() {
+        let cfg = CaptureConfig {
+            steps: Some(RangeSet(vec![(0, 0), (4, 5)])),
+            ..CaptureConfig::default()
+        };
+        assert!(!past_last_step(&cfg, 5));
+        assert!(past_last_step(&cfg, 6));
+        let all = CaptureConfig::default();
+        assert!(!past_last_step(&all, 1_000_000));
+    }
+
+    #[test]
+    fn unwanted_gemms_keep_their_operands_only() {
+        use crate::plan::{vector, Vector, When};
+        use ttrace_format::dtype::DType;
+        let plans = || {
+            [Role::A, Role::B, Role::CIn, Role::D]
+                .map(|r| {
+                    vector(
+                        r,
+                        Vector::new(0x100, Some(DType::F32), 4),
+                        When::After,
+                        true,
+                    )
+                })
+                .to_vec()
+        };
+        let mut p = plans();
+        keep_operands(true, None, &mut p);
+        let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
+        assert_eq!(kept, [true, true, false, false]);
+        // Operands of lengths the anchor's operands do not have cannot matter.
+        let mut p = plans();
+        keep_operands(true, Some([16, 99]), &mut p);
+        let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
+        assert_eq!(kept, [true, true, false, false]);
+        let mut p = plans();
+        keep_operands(true, Some([32, 99]), &mut p);
+        assert!(p.iter().all(|t| !t.captured));
+        let mut p = plans();
+        keep_operands(false, None, &mut p);
+        assert!(p.iter().all(|t| !t.captured));
+    }
+}

@@ -176,6 +176,27 @@ fn the_trainer_at_tp2_dp2_pp2_is_captured_completely_and_exactly() {
 }
 
 /// Pid of the trainer process with `RANK=rank` under simrun.
+/// A deeper model: at the last pipeline stage the next micro-batch's activations differ from
+/// the previous one's by only ~0.2 (relative), closer to an optimizer's nudge than a model's
+/// input ever is. The auto rule must still take them for new data: 3 steps on every rank
+/// (a rule that took moves under 0.25 for weight updates numbered ranks 4-7 as 4 steps).
+#[test]
+fn a_deep_pipeline_stage_numbers_one_step_per_training_iteration() {
+    let deep = [
+        "--steps", "3", "--hidden", "256", "--layers", "8", "--ffn", "512",
+    ];
+    let run = traced_command(trainer(8, LAYOUT, &deep));
+    assert_ok(&run);
+    let steps = steps_per_rank(&run);
+    assert_eq!(steps.len(), 8, "{steps:?}");
+    for (rank, n) in steps {
+        assert_eq!(
+            n, 3,
+            "rank {rank} numbered {n} steps for 3 training iterations"
+        );
+    }
+}
+
 fn rank_pid(rank: u32) -> Option<i32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {

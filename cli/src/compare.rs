@@ -223,14 +223,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     };
     let code = match partition {
         Some(part) => {
-            let partial = compare_partition(
-                &args.reference,
-                &args.run,
-                &opts,
-                part,
-                &mut progress,
-            )
-            .map_err(failed)?;
+            let partial = compare_partition(&args.reference, &args.run, &opts, part, &mut progress)
+                .map_err(failed)?;
             bar.finish_and_clear();
             let json = serde_json::to_string_pretty(&partial)?;
             write_reports(&args, &partial.report, &json, Some(&partial.label()))?;

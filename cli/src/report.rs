@@ -62,9 +62,8 @@ fn merge(args: MergeArgs) -> anyhow::Result<i32> {
             .map_err(|e| anyhow::anyhow!(text::escape_controls(&e.to_string())))?;
         parts.push((path.display().to_string(), part));
     }
-    let report = partition::merge(parts).map_err(|e| {
-        anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e)))
-    })?;
+    let report = partition::merge(parts)
+        .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;
     if let Some(p) = &args.html {
         std::fs::write(p, html::render(&report))
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;

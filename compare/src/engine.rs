@@ -441,7 +441,11 @@ pub(crate) fn merged(
         }
         found.warnings.extend(part.partition.walk_warnings);
         for nc in part.report.not_comparable {
-            match found.not_comparable.iter_mut().find(|n| n.reason == nc.reason) {
+            match found
+                .not_comparable
+                .iter_mut()
+                .find(|n| n.reason == nc.reason)
+            {
                 // The first one in run order stays: partitions come in step order.
                 Some(n) => n.tensors += nc.tensors,
                 None => found.not_comparable.push(nc),
@@ -521,12 +525,11 @@ fn walk_steps(
     }
     let mut walk = Walk::new(p);
     let base_warnings = std::mem::take(&mut walk.warnings);
-    let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> = p
-        .al
-        .of_ref
-        .iter()
-        .filter(|(op, _)| steps.contains(&op.0))
-        .collect();
+    let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
+        p.al.of_ref
+            .iter()
+            .filter(|(op, _)| steps.contains(&op.0))
+            .collect();
     let total_ops = ops.len() as u64;
     let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, steps);
     let mut current = None;

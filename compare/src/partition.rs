@@ -389,7 +389,10 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
         }
         for &s in &q.covered {
             if let Some(other) = by_step.insert(s, file) {
-                return Err(problem(file, format!("step {s} is also covered by {other}")));
+                return Err(problem(
+                    file,
+                    format!("step {s} is also covered by {other}"),
+                ));
             }
         }
     }
@@ -543,7 +546,7 @@ mod tests {
         let heavy = [(0, 40), (1, 10), (2, 10), (3, 10), (4, 10)];
         assert_eq!(assign(&heavy, 2), vec![1, 2, 2, 2, 2]);
         // More partitions than steps: each step its own, some partitions empty.
-        assert_eq!(assign(&[(0, 1), (1, 1)], 4), vec![1, 3]);
+        assert_eq!(assign(&[(0, 1), (1, 1)], 4), vec![2, 4]);
     }
 
     #[test]

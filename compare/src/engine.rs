@@ -505,9 +505,9 @@ struct Walked {
     eps: f64,
 }
 
-/// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is compared
-/// on its own: the placement memory starts empty at every step, so a step's comparisons are
-/// the same whether it is compared alone (a partition) or after the others (a whole run).
+/// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is judged on
+/// its own ([`Memory::start_step`]): a step's verdict is the same whether it is compared
+/// alone (a partition) or after the others (a whole run).
 fn walk_steps(
     p: &Prepared,
     opts: &CompareOptions,
@@ -536,9 +536,9 @@ fn walk_steps(
     for (done, (&ref_op, shards)) in ops.into_iter().enumerate() {
         progress(done as u64, total_ops);
         if current != Some(ref_op.0) {
-            // A step's placements are learnt from that step alone (see above).
+            // A step is judged from that step alone (see [`Memory`]).
             current = Some(ref_op.0);
-            walk.mem = Memory::default();
+            walk.mem.start_step();
             walk.settled = false;
         }
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
@@ -674,13 +674,23 @@ fn finish(
 }
 
 /// Placements that fitted before, per kind of tensor: tried first next time.
+///
+/// The hints are only where to look first: a hint is kept only when it fits clearly or
+/// every other placement is far worse (the place a search would find), so they are carried
+/// from step to step. What decides how a tensor is judged (whether a misfit is a divergence
+/// or a partial sum, which rank a free slice belongs to, whether the verdict is settled) is
+/// learnt anew in every step ([`Memory::start_step`]), so that a step is judged the same
+/// whether it is compared alone (a partition) or after the others.
 #[derive(Default)]
 struct Memory {
     /// Placements that fitted a kind of tensor whole, per rank.
     hints: BTreeMap<HintKey, Vec<(Placement, f32)>>,
     /// Placements that fitted group sums.
     sum_hints: SumHints,
-    /// Kinds that were partial results last time (go straight to the group sums).
+    /// Kinds placed whole and clearly in this step (a misfit is then a divergence, not a
+    /// missing sum).
+    placed_whole: BTreeSet<HintKey>,
+    /// Kinds that were partial results earlier in this step (go straight to the group sums).
     needs_sum: BTreeSet<HintKey>,
     /// The best place found for a kind that never fitted cleanly (reused, without a search,
     /// once the verdict is settled).
@@ -689,11 +699,21 @@ struct Memory {
     usual: Usual,
 }
 
+impl Memory {
+    /// Forgets what judged the previous step's tensors; keeps where to look first.
+    fn start_step(&mut self) {
+        self.placed_whole.clear();
+        self.needs_sum.clear();
+        self.provisional.clear();
+        self.usual.clear();
+    }
+}
+
 /// (rank, slices of a cut) → which slice → how many clean placements put it there.
 type Usual = BTreeMap<(u32, u64), BTreeMap<u64, u32>>;
 
 /// How much `rank` belongs at placement `p`: for every cut of `p`, the clean placements of
-/// the rank's earlier shards at that slice, plus one when the rank's tensor- or
+/// the rank's earlier shards in the step at that slice, plus one when the rank's tensor- or
 /// data-parallel coordinate in the layout is that slice's index.
 fn slice_affinity(usual: &Usual, layout: &LayoutSummary, rank: u32, p: &Placement) -> u32 {
     let (tp, dp, _) = crate::layout::coords(layout, rank);
@@ -1004,7 +1024,7 @@ impl<'a> Walk<'a> {
                 out.vals.insert((rank, seq), x);
                 continue;
             }
-            out.all_known &= self.mem.hints.get(&key).is_some_and(|v| !v.is_empty());
+            out.all_known &= self.mem.placed_whole.contains(&key);
             match self.fit(&key, &x, ref_vals, tol) {
                 Some(f) => {
                     out.results.push(Shard {
@@ -1057,6 +1077,7 @@ impl<'a> Walk<'a> {
         }?;
         if fit.err.rel <= accept {
             remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
+            self.mem.placed_whole.insert(key.clone());
             for cut in fit.placement.dims.iter().flat_map(|d| d.cuts.iter()) {
                 *self
                     .mem

@@ -2,10 +2,10 @@
 //! share of the steps and writes a partial report; `ttrace report merge` joins the partial
 //! reports into the report one whole run gives.
 //!
-//! The unit of work is a step. Each step is compared on its own in every comparison (the
-//! placement memory starts empty at each step, see `engine::walk_steps`), so a step's
-//! comparisons are the same whether a partition compares it alone or a whole run compares it
-//! after the others. What spans steps is decided at the merge, which reads the stores'
+//! The unit of work is a step. Each step is judged on its own in every comparison (what
+//! decides how a tensor is judged is learnt anew at each step; only placement hints, which
+//! say where to look first, carry over: see `engine::Memory`), so a step's verdict is the
+//! same whether a partition compares it alone or a whole run compares it after the others. What spans steps is decided at the merge, which reads the stores'
 //! metadata again: the order of the comparisons, the first divergence and its localization
 //! (the last good tensor may lie in another partition), and replica drift (a weight's copies
 //! in one step against the first step they were identical in).

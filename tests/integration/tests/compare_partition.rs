@@ -3,8 +3,8 @@
 //!
 //! For N = 1, 2 and 4 the partitions run as separate processes (at the same time), their
 //! partial JSON reports are merged, and the merged verdict, exit status, first divergence
-//! (step, op, role, ranks, cause, explanation), tensors, replica drift and text equal the
-//! whole run's: on a bug-free run, a bug that diverges in step 0 (a row-parallel all-reduce
+//! (step, op, role, ranks, cause, explanation), the tensors up to it, replica drift and text
+//! equal the whole run's: on a bug-free run, a bug that diverges in step 0 (a row-parallel all-reduce
 //! averaging) and one that first shows in step 1 (a norm-weight gradient scaled by TP, seen
 //! when the next forward reads the weight), where with N = 4 the divergent step opens a
 //! partition and its last good tensor lies in another. A partition's own exit status (3: its
@@ -233,8 +233,6 @@ fn merged_equals_whole(run: &str) -> (Value, Shares) {
         for key in [
             "verdict",
             "first_divergence",
-            "tensors",
-            "worst",
             "replica_drift",
             "not_comparable",
             "warnings",
@@ -248,15 +246,52 @@ fn merged_equals_whole(run: &str) -> (Value, Shares) {
                 "N={n}: {key} differs from the whole run's"
             );
         }
+        // The same tensors in the same order; every number up to the first divergence
+        // (after it, a diverged shard's best place can differ: see docs/compare.md 9).
+        let ids = |r: &Value| -> Vec<Value> {
+            r["tensors"]
+                .as_array()
+                .expect("tensors")
+                .iter()
+                .map(|t| {
+                    Value::from(vec![
+                        t["step"].clone(),
+                        t["ref_seq"].clone(),
+                        t["role"].clone(),
+                    ])
+                })
+                .collect()
+        };
+        assert_eq!(ids(&got), ids(&want), "N={n}: tensors");
+        let upto = want["first_divergence"]["tensor"]
+            .as_u64()
+            .map_or(usize::MAX, |i| i as usize + 1);
+        let head = |r: &Value| -> Vec<Value> {
+            r["tensors"]
+                .as_array()
+                .expect("tensors")
+                .iter()
+                .take(upto)
+                .cloned()
+                .collect()
+        };
+        assert_eq!(
+            head(&got),
+            head(&want),
+            "N={n}: tensors up to the first divergence"
+        );
         assert_eq!(
             got["stats"]["bytes_compared"], want["stats"]["bytes_compared"],
             "N={n}: the partitions read what one run reads"
         );
-        assert_eq!(
-            text_without_timing(&m),
-            text_without_timing(&whole),
-            "N={n}"
-        );
+        let (tm, tw) = (text_without_timing(&m), text_without_timing(&whole));
+        if want["verdict"] == "match" {
+            assert_eq!(tm, tw, "N={n}");
+        } else {
+            // The verdict and the first divergence's block.
+            let block = |t: &str| t.lines().take(6).collect::<Vec<_>>().join("\n");
+            assert_eq!(block(&tm), block(&tw), "N={n}");
+        }
     }
     (want, shares)
 }

@@ -21,7 +21,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{CompareOptions, DpScale, Position};
-use crate::report::{CompareReport, LayoutSummary};
+use crate::report::{CompareReport, LayoutSummary, RunSummary};
 use crate::CompareError;
 
 /// Version of the partial report's `partition` object; a merge reads only its own.
@@ -351,13 +351,23 @@ pub fn read(path: &Path) -> Result<PartialReport, MergeError> {
 /// Checks that `parts` (file name, report) are the partitions of one comparison covering
 /// every step once, then joins them into the whole run's report.
 pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, MergeError> {
-    let Some((first_file, first)) = parts.first().cloned() else {
+    let Some((first_file, first)) = parts.first() else {
         return Err(MergeError::Missing("no partial report to merge".into()));
     };
-    let head = &first.partition;
     for (file, p) in &parts[1..] {
-        same_comparison(file, p, &first_file, &first)?;
+        same_comparison(file, p, first_file, first)?;
     }
+    // What the merge needs of the first (small; the comparisons are moved, not copied).
+    let head = Head {
+        count: first.partition.count,
+        units: first.partition.units.clone(),
+        options: first.partition.options.clone(),
+        summaries: (
+            first.report.reference.clone(),
+            first.report.run.clone(),
+            first.report.perturbed.clone(),
+        ),
+    };
     // Each step once: by its owner, and by the steps each file says it compared.
     let mut by_step: BTreeMap<u64, &str> = BTreeMap::new();
     let mut by_index: BTreeMap<u32, &str> = BTreeMap::new();
@@ -418,11 +428,7 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
     parts.sort_by_key(|(_, p)| p.partition.index);
     let opts = head.options.compare_options();
     let (summaries, all_steps) = (
-        (
-            first.report.reference.clone(),
-            first.report.run.clone(),
-            first.report.perturbed.clone(),
-        ),
+        head.summaries,
         head.units.iter().map(|u| u.step).collect::<Vec<u64>>(),
     );
     let reference = Path::new(&head.options.reference).to_path_buf();
@@ -445,6 +451,15 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
     // The paths as the partitions were given them (the merge opened them absolute).
     (report.reference, report.run, report.perturbed) = summaries;
     Ok(report)
+}
+
+/// What a merge keeps of the first partial report.
+struct Head {
+    count: u32,
+    units: Vec<Unit>,
+    options: PartialOptions,
+    /// Reference, run and perturbed reference, with their paths as the partitions got them.
+    summaries: (RunSummary, RunSummary, Option<RunSummary>),
 }
 
 /// Refuses a partial of another comparison than `first`'s.

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use ttrace_compare::report::{html, text};
+use ttrace_compare::engine::compare_partition;
+use ttrace_compare::partition::Partition;
+use ttrace_compare::report::{html, text, CompareReport};
 use ttrace_compare::{compare, layout, CompareOptions, DpScale};
 
 /// Compare a distributed run with a trusted single-device reference run.
@@ -32,6 +34,8 @@ use ttrace_compare::{compare, layout, CompareOptions, DpScale};
 ///   ttrace compare runs/ref runs/tp2 --perturbed runs/ref-perturbed --steps 0-1
 ///
 ///   ttrace compare runs/ref runs/tp2 --json report.json --html report.html
+///
+///   ttrace compare runs/ref runs/tp2 --partition 2/8 --json part2.json
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CompareArgs {
@@ -64,6 +68,12 @@ pub struct CompareArgs {
     /// Write a self-contained HTML report (plot of error against tolerance) to FILE.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Compare only partition I of N (1 <= I <= N): a deterministic share of the steps, cut
+    /// into N runs of about equal bytes. Writes a partial report (give --json); `ttrace
+    /// report merge` joins the N partial reports into the run's verdict. Exit status 3: this
+    /// share matched, 4: it diverged, 2: error.
+    #[arg(long, value_name = "I/N")]
+    partition: Option<String>,
 }
 
 /// Parses `0`, `0-2`, `0,3,5-6` into inclusive ranges (a range is a filter on the steps
@@ -182,6 +192,18 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
             .map_err(|e| anyhow::anyhow!("--dp-reduction-scale: {e}"))?,
         memory: args.memory.as_deref().map(parse_bytes).transpose()?,
     };
+    let partition = args
+        .partition
+        .as_deref()
+        .map(Partition::parse)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--partition: {e}"))?;
+    if partition.is_some() && args.json.is_none() {
+        anyhow::bail!(
+            "--partition: give --json FILE: the partial report is what `ttrace report merge` \
+             joins"
+        );
+    }
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     if tty {
@@ -192,31 +214,67 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
     {
         bar.set_style(style.progress_chars("=> "));
     }
-    let report = compare(&args.reference, &args.run, &opts, &mut |done, total| {
+    let mut progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
-    })
-    .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;
-    bar.finish_and_clear();
+    };
+    let failed = |e: ttrace_compare::CompareError| {
+        anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e)))
+    };
+    let code = match partition {
+        Some(part) => {
+            let partial = compare_partition(&args.reference, &args.run, &opts, part, &mut progress)
+                .map_err(failed)?;
+            bar.finish_and_clear();
+            let json = serde_json::to_string_pretty(&partial)?;
+            write_reports(&args, &partial.report, &json, Some(&partial.label()))?;
+            partial.exit_code()
+        }
+        None => {
+            let report =
+                compare(&args.reference, &args.run, &opts, &mut progress).map_err(failed)?;
+            bar.finish_and_clear();
+            let json = serde_json::to_string_pretty(&report)?;
+            write_reports(&args, &report, &json, None)?;
+            report.exit_code()
+        }
+    };
+    Ok(code)
+}
+
+/// Writes the HTML and JSON reports asked for and the text (unless the JSON goes to
+/// stdout); `partial` names the partition of a partial report.
+fn write_reports(
+    args: &CompareArgs,
+    report: &CompareReport,
+    json: &str,
+    partial: Option<&str>,
+) -> anyhow::Result<()> {
     if let Some(p) = &args.html {
-        std::fs::write(p, html::render(&report))
+        std::fs::write(p, html::render(report))
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    match &args.json {
-        Some(p) if p.as_os_str() == "-" => writeln!(
-            std::io::stdout().lock(),
-            "{}",
-            serde_json::to_string_pretty(&report)?
-        )?,
-        Some(p) => {
-            std::fs::write(p, serde_json::to_string_pretty(&report)? + "\n")
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            write!(std::io::stdout().lock(), "{}", text::render(&report, color))?;
-        }
-        None => write!(std::io::stdout().lock(), "{}", text::render(&report, color))?,
+    let mut text_out = String::new();
+    if let Some(label) = partial {
+        text_out = format!(
+            "PARTIAL {label}: what follows is this share only; `ttrace report merge` joins \
+             every partition's JSON into the run's verdict\n"
+        );
     }
-    Ok(report.exit_code())
+    text_out.push_str(&text::render(report, color));
+    match &args.json {
+        Some(p) if p.as_os_str() == "-" => {
+            writeln!(std::io::stdout().lock(), "{json}")?;
+        }
+        Some(p) => {
+            std::fs::write(p, format!("{json}\n"))
+                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            write!(std::io::stdout().lock(), "{text_out}")?;
+        }
+        None => write!(std::io::stdout().lock(), "{text_out}")?,
+    }
+    Ok(())
 }
 
 #[cfg(test)]

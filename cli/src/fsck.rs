@@ -143,6 +143,16 @@ fn repairable(k: IssueKind) -> bool {
 /// Runs `ttrace fsck`; returns the exit status.
 pub fn main(a: FsckArgs) -> anyhow::Result<i32> {
     let store = Store::open(&a.run)?;
+    if let Some(part) = store.parts().first() {
+        // Repairs write into a store; a set's folder is not one.
+        anyhow::bail!(
+            "{}: a set of {} stores (one job's nodes); fsck checks and repairs one store at \
+             a time, e.g. {}",
+            a.run.display(),
+            store.parts().len(),
+            part.display()
+        );
+    }
     let mut unopened_issues = Vec::new();
     let pass = check_all(&store, !a.quick, &mut unopened_issues);
     let mut found: Vec<Issue> = pass.issues().into_iter().cloned().collect();

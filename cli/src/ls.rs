@@ -117,7 +117,7 @@ pub fn main(a: LsArgs) -> anyhow::Result<()> {
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    print_header(&mut out, &a, manifest)?;
+    print_header(&mut out, &a, manifest, store.parts())?;
     print_tables(&mut out, &l, &comms)?;
     let n_issues = store.issues().len() + l.issues.len();
     if n_issues > 0 {
@@ -289,6 +289,7 @@ fn print_json(a: &LsArgs, store: &Store, l: &Listing, comms: &[CommEntry]) -> an
     let (ranks, steps, issues) = (&l.ranks, &l.steps, &l.issues);
     let v = json!({
         "run": a.run,
+        "stores": store.parts(),
         "run_id": manifest.map(|m| m.run_id.clone()),
         "finalized": manifest.map(|m| m.finalized),
         "exit_code": manifest.and_then(|m| m.exit_code),
@@ -316,8 +317,17 @@ fn print_header(
     out: &mut impl Write,
     a: &LsArgs,
     manifest: Option<&Manifest>,
+    parts: &[std::path::PathBuf],
 ) -> anyhow::Result<()> {
     writeln!(out, "store    {}", esc(&a.run.display().to_string()))?;
+    if !parts.is_empty() {
+        // One job's nodes, each with its own store, read as one.
+        let names: Vec<String> = parts
+            .iter()
+            .map(|p| esc(&p.display().to_string()))
+            .collect();
+        writeln!(out, "set of   {} stores: {}", parts.len(), names.join(", "))?;
+    }
     match manifest {
         Some(m) => {
             let state = if m.finalized {

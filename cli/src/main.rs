@@ -8,6 +8,7 @@ mod export;
 mod fsck;
 mod ls;
 mod reading;
+mod report;
 mod run;
 mod show;
 mod units;
@@ -46,6 +47,7 @@ enum Command {
     Fsck(fsck::FsckArgs),
     Check(check::CheckArgs),
     Compare(compare::CompareArgs),
+    Report(report::ReportArgs),
 }
 
 /// An error and its causes on one line, each said once: a cause whose text the message before
@@ -116,6 +118,7 @@ fn main() {
         Command::Fsck(a) => status("fsck", fsck::main(a)),
         Command::Check(a) => status("check", check::main(a)),
         Command::Compare(a) => status("compare", compare::main(a)),
+        Command::Report(a) => status("report merge", report::main(a)),
     };
     std::process::exit(code);
 }

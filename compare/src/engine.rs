@@ -40,6 +40,13 @@ pub struct CompareOptions {
     pub memory: Option<u64>,
 }
 
+impl CompareOptions {
+    /// The expected scale of data-parallel reductions' outputs for a layout.
+    fn dp_factor(&self, layout: &LayoutSummary) -> f32 {
+        self.dp_reduction_scale.map_or(1.0, |d| d.factor(layout.dp))
+    }
+}
+
 /// The default memory budget of a comparison: 1 GiB.
 pub const DEFAULT_MEMORY: u64 = 1 << 30;
 
@@ -54,7 +61,7 @@ pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
 
 /// The expected scale of a data-parallel gradient reduction's output, for programs that
 /// rescale gradients after it in code ttrace does not capture (`--dp-reduction-scale`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DpScale {
     /// A fixed factor.
     Factor(f32),
@@ -151,7 +158,7 @@ fn remember(known: &mut Vec<(Placement, f32)>, f: &numerics::Fit) {
 type Placed = (u32, u64, Placement, f32);
 
 /// Sort key of a comparison in execution order: (step, reference seq, sub-order).
-type Position = (u64, u64, u32);
+pub(crate) type Position = (u64, u64, u32);
 
 struct Pending {
     key: Position,
@@ -162,6 +169,31 @@ struct Pending {
     is_collective: bool,
     /// The op was called with other scalars than the reference's.
     param_note: Option<String>,
+}
+
+impl Pending {
+    /// What a partial report keeps of a comparison besides the comparison itself.
+    fn entry(&self) -> crate::partition::PendingEntry {
+        crate::partition::PendingEntry {
+            key: self.key,
+            shards: self.shards.clone(),
+            ref_op: self.ref_op,
+            is_collective: self.is_collective,
+            param_note: self.param_note.clone(),
+        }
+    }
+
+    /// A comparison read back from a partial report.
+    fn from_entry(cmp: TensorComparison, e: crate::partition::PendingEntry) -> Pending {
+        Pending {
+            key: e.key,
+            cmp,
+            shards: e.shards,
+            ref_op: e.ref_op,
+            is_collective: e.is_collective,
+            param_note: e.param_note,
+        }
+    }
 }
 
 /// Whether a GEMM accumulates into its output (beta != 0).
@@ -303,6 +335,185 @@ pub fn compare(
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
+    let walked = walk_steps(&p, opts, &p.steps, progress)?;
+    if walked.pending.is_empty() {
+        return Err(nothing_aligned(&p, reff_path, run_path));
+    }
+    let bytes = bytes_read(&p);
+    let mut warnings = walked.base_warnings;
+    warnings.extend(walked.warnings);
+    finish(
+        &p,
+        &p.steps,
+        Found {
+            pending: walked.pending,
+            warnings,
+            not_comparable: walked.unjudged.into_report(),
+            eps: walked.eps,
+        },
+        (bytes, started.elapsed().as_secs_f64()),
+    )
+}
+
+/// Compares the share of the steps that partition `part` of a `--partition I/N` split owns
+/// ([`crate::partition::assign`]) and returns a partial report that
+/// [`crate::partition::merge`] joins with the others into the whole run's report.
+pub fn compare_partition(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+    part: crate::partition::Partition,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<crate::partition::PartialReport, CompareError> {
+    let started = Instant::now();
+    let p = prepare(reff_path, run_path, opts)?;
+    let weights: Vec<(u64, u64)> = p.steps.iter().map(|&s| (s, step_weight(&p, s))).collect();
+    let units: Vec<crate::partition::Unit> = weights
+        .iter()
+        .zip(crate::partition::assign(&weights, part.count))
+        .map(|(&(step, bytes), partition)| crate::partition::Unit {
+            step,
+            bytes,
+            partition,
+        })
+        .collect();
+    let mine: Vec<u64> = units
+        .iter()
+        .filter(|u| u.partition == part.index)
+        .map(|u| u.step)
+        .collect();
+    let walked = walk_steps(&p, opts, &mine, progress)?;
+    let mut pending = walked.pending;
+    pending.sort_by_key(|p| p.key);
+    let entries: Vec<crate::partition::PendingEntry> = pending.iter().map(Pending::entry).collect();
+    let mut warnings = walked.base_warnings;
+    warnings.extend(walked.warnings.iter().cloned());
+    let report = finish(
+        &p,
+        &mine,
+        Found {
+            pending,
+            warnings,
+            not_comparable: walked.unjudged.into_report(),
+            eps: walked.eps,
+        },
+        (bytes_read(&p), started.elapsed().as_secs_f64()),
+    )?;
+    Ok(crate::partition::PartialReport {
+        report,
+        partition: crate::partition::Partial::new(
+            part,
+            units,
+            mine,
+            crate::partition::PartialOptions::of(reff_path, run_path, opts),
+            entries,
+            walked.warnings,
+        ),
+    })
+}
+
+/// Joins the comparisons of partial reports (checked against each other by
+/// [`crate::partition::merge`]) into the report of the whole run: the stores' metadata are
+/// read again to order, localize and look for replica drift exactly as one run does.
+pub(crate) fn merged(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+    parts: Vec<crate::partition::PartialReport>,
+) -> Result<CompareReport, CompareError> {
+    let started = Instant::now();
+    let p = prepare(reff_path, run_path, opts)?;
+    let base = Walk::new(&p).warnings;
+    let mut found = Found {
+        pending: Vec::new(),
+        warnings: base,
+        not_comparable: Vec::new(),
+        eps: p.precision.epsilon(),
+    };
+    let mut bytes = 0u64;
+    let mut elapsed = 0f64;
+    for part in parts {
+        bytes += part.report.stats.bytes_compared;
+        elapsed += part.report.stats.elapsed_s;
+        found.eps = part.report.epsilon;
+        for (cmp, e) in part.report.tensors.into_iter().zip(part.partition.pending) {
+            found.pending.push(Pending::from_entry(cmp, e));
+        }
+        found.warnings.extend(part.partition.walk_warnings);
+        for nc in part.report.not_comparable {
+            match found
+                .not_comparable
+                .iter_mut()
+                .find(|n| n.reason == nc.reason)
+            {
+                // The first one in run order stays: partitions come in step order.
+                Some(n) => n.tensors += nc.tensors,
+                None => found.not_comparable.push(nc),
+            }
+        }
+    }
+    found.not_comparable.sort_by(|a, b| a.reason.cmp(&b.reason));
+    if found.pending.is_empty() {
+        return Err(nothing_aligned(&p, reff_path, run_path));
+    }
+    finish(
+        &p,
+        &p.steps,
+        found,
+        (bytes, elapsed + started.elapsed().as_secs_f64()),
+    )
+}
+
+/// The error when no tensor could be compared.
+fn nothing_aligned(p: &Prepared, reff_path: &Path, run_path: &Path) -> CompareError {
+    CompareError::NothingAligned(format!(
+        "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
+         model, data and steps?",
+        run_path.display(),
+        reff_path.display(),
+        p.al.unaligned,
+    ))
+}
+
+/// Bytes read from the stores so far.
+fn bytes_read(p: &Prepared) -> u64 {
+    p.reff.bytes_read() + p.run.bytes_read() + p.pert.as_ref().map_or(0, |p| p.bytes_read())
+}
+
+/// How much work a step is, for splitting the steps among partitions: the bytes of the
+/// tensors its records hold in the reference and in the run (from the stores' metadata).
+fn step_weight(p: &Prepared, step: u64) -> u64 {
+    let bytes = |t: &RunTrace, rank: u32| -> u64 {
+        t.records(rank, step)
+            .iter()
+            .flat_map(|r| r.tensors.iter())
+            .map(|t| t.nbytes)
+            .sum()
+    };
+    let run: u64 = p.run.ranks().into_iter().map(|r| bytes(&p.run, r)).sum();
+    run + bytes(&p.reff, p.ref_rank)
+}
+
+/// What a walk over some steps found.
+struct Walked {
+    pending: Vec<Pending>,
+    /// Warnings of the whole comparison (alignment, missing ranks, unreadable records).
+    base_warnings: Vec<String>,
+    /// Warnings of the tensors compared.
+    warnings: Vec<String>,
+    unjudged: Unjudged,
+    eps: f64,
+}
+
+/// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is judged on
+/// its own ([`Memory::start_step`]): a step's verdict is the same whether it is compared
+/// alone (a partition) or after the others (a whole run).
+fn walk_steps(
+    p: &Prepared,
+    opts: &CompareOptions,
+    steps: &[u64],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Walked, CompareError> {
     // Segments are closed as the comparison moves on: memory is independent of the number
     // of steps and ranks.
     let (ref_budget, run_budget, pert_budget) =
@@ -312,42 +523,50 @@ pub fn compare(
     if let Some(pt) = &p.pert {
         pt.set_mapping_budget(pert_budget);
     }
-    let mut walk = Walk::new(&p);
-    let total_ops = p.al.of_ref.len() as u64;
-    let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, &p.steps);
-    for (done, (&ref_op, shards)) in p.al.of_ref.iter().enumerate() {
+    let mut walk = Walk::new(p);
+    let base_warnings = std::mem::take(&mut walk.warnings);
+    let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
+        p.al.of_ref
+            .iter()
+            .filter(|(op, _)| steps.contains(&op.0))
+            .collect();
+    let total_ops = ops.len() as u64;
+    let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, steps);
+    let mut current = None;
+    for (done, (&ref_op, shards)) in ops.into_iter().enumerate() {
         progress(done as u64, total_ops);
+        if current != Some(ref_op.0) {
+            // A step is judged from that step alone (see [`Memory`]).
+            current = Some(ref_op.0);
+            walk.mem.start_step();
+            walk.settled = false;
+        }
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
         walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
-    if walk.pending.is_empty() {
-        return Err(CompareError::NothingAligned(format!(
-            "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \
-             model, data and steps?",
-            run_path.display(),
-            reff_path.display(),
-            p.al.unaligned,
-        )));
-    }
     collectives(
         &Ctx {
             reff: &p.reff,
             ref_rank: p.ref_rank,
             run: &p.run,
             al: &p.al,
-            steps: &p.steps,
+            steps,
             eps: walk.eps,
             layout: &p.layout,
-            dp_scale: opts
-                .dp_reduction_scale
-                .map_or(1.0, |d| d.factor(p.layout.dp)),
+            dp_scale: opts.dp_factor(&p.layout),
         },
         &walk.d_place,
         &walk.d_tol,
         &mut walk.pending,
     )?;
-    finish(&p, walk, started)
+    Ok(Walked {
+        pending: walk.pending,
+        base_warnings,
+        warnings: walk.warnings,
+        unjudged: walk.unjudged,
+        eps: walk.eps,
+    })
 }
 
 /// What the collectives' comparison reads.
@@ -363,15 +582,28 @@ struct Ctx<'a> {
     dp_scale: f32,
 }
 
-/// Orders the comparisons, localizes the first divergence and assembles the report.
-fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, CompareError> {
-    let Walk {
+/// The comparisons of a walk (or of merged partitions), before they are ordered.
+struct Found {
+    pending: Vec<Pending>,
+    warnings: Vec<String>,
+    not_comparable: Vec<crate::report::NotComparable>,
+    eps: f64,
+}
+
+/// Orders the comparisons of `steps`, localizes the first divergence and assembles the
+/// report; `(bytes, elapsed_s)` are what was read and how long it took.
+fn finish(
+    p: &Prepared,
+    steps: &[u64],
+    found: Found,
+    (bytes, elapsed_s): (u64, f64),
+) -> Result<CompareReport, CompareError> {
+    let Found {
         mut pending,
         warnings,
-        unjudged,
+        not_comparable,
         eps,
-        ..
-    } = walk;
+    } = found;
     pending.sort_by_key(|p| p.key);
     let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
     for (i, p) in pending.iter_mut().enumerate() {
@@ -397,19 +629,26 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         world_size: t.ranks().len() as u32,
     };
     let stats = CompareStats {
-        reference_ops: p
-            .steps
+        reference_ops: steps
             .iter()
             .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
             .sum(),
-        reference_gemms_aligned: p.al.of_ref.len() as u64,
-        aligned_ops: p.al.of_run.len() as u64,
+        reference_gemms_aligned: p
+            .al
+            .of_ref
+            .keys()
+            .filter(|op| steps.contains(&op.0))
+            .count() as u64,
+        aligned_ops: p
+            .al
+            .of_run
+            .keys()
+            .filter(|op| steps.contains(&op.1))
+            .count() as u64,
         unaligned_ops: p.al.unaligned,
         tensors_compared: tensors.len() as u64,
-        bytes_compared: p.reff.bytes_read()
-            + p.run.bytes_read()
-            + p.pert.as_ref().map_or(0, |p| p.bytes_read()),
-        elapsed_s: started.elapsed().as_secs_f64(),
+        bytes_compared: bytes,
+        elapsed_s,
     };
     Ok(CompareReport {
         reference: summary(&p.reff),
@@ -418,7 +657,7 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         layout: p.layout.clone(),
         precision: p.precision.name().to_string(),
         epsilon: eps,
-        steps: p.steps.clone(),
+        steps: steps.to_vec(),
         verdict: if first_divergence.is_some() || !replica_drift.is_empty() {
             Verdict::Divergence
         } else {
@@ -428,20 +667,30 @@ fn finish(p: &Prepared, walk: Walk, started: Instant) -> Result<CompareReport, C
         tensors,
         worst,
         warnings,
-        not_comparable: unjudged.into_report(),
+        not_comparable,
         replica_drift,
         stats,
     })
 }
 
 /// Placements that fitted before, per kind of tensor: tried first next time.
+///
+/// The hints are only where to look first: a hint is kept only when it fits clearly or
+/// every other placement is far worse (the place a search would find), so they are carried
+/// from step to step. What decides how a tensor is judged (whether a misfit is a divergence
+/// or a partial sum, which rank a free slice belongs to, whether the verdict is settled) is
+/// learnt anew in every step ([`Memory::start_step`]), so that a step is judged the same
+/// whether it is compared alone (a partition) or after the others.
 #[derive(Default)]
 struct Memory {
     /// Placements that fitted a kind of tensor whole, per rank.
     hints: BTreeMap<HintKey, Vec<(Placement, f32)>>,
     /// Placements that fitted group sums.
     sum_hints: SumHints,
-    /// Kinds that were partial results last time (go straight to the group sums).
+    /// Kinds placed whole and clearly in this step (a misfit is then a divergence, not a
+    /// missing sum).
+    placed_whole: BTreeSet<HintKey>,
+    /// Kinds that were partial results earlier in this step (go straight to the group sums).
     needs_sum: BTreeSet<HintKey>,
     /// The best place found for a kind that never fitted cleanly (reused, without a search,
     /// once the verdict is settled).
@@ -450,11 +699,21 @@ struct Memory {
     usual: Usual,
 }
 
+impl Memory {
+    /// Forgets what judged the previous step's tensors; keeps where to look first.
+    fn start_step(&mut self) {
+        self.placed_whole.clear();
+        self.needs_sum.clear();
+        self.provisional.clear();
+        self.usual.clear();
+    }
+}
+
 /// (rank, slices of a cut) → which slice → how many clean placements put it there.
 type Usual = BTreeMap<(u32, u64), BTreeMap<u64, u32>>;
 
 /// How much `rank` belongs at placement `p`: for every cut of `p`, the clean placements of
-/// the rank's earlier shards at that slice, plus one when the rank's tensor- or
+/// the rank's earlier shards in the step at that slice, plus one when the rank's tensor- or
 /// data-parallel coordinate in the layout is that slice's index.
 fn slice_affinity(usual: &Usual, layout: &LayoutSummary, rank: u32, p: &Placement) -> u32 {
     let (tp, dp, _) = crate::layout::coords(layout, rank);
@@ -765,7 +1024,7 @@ impl<'a> Walk<'a> {
                 out.vals.insert((rank, seq), x);
                 continue;
             }
-            out.all_known &= self.mem.hints.get(&key).is_some_and(|v| !v.is_empty());
+            out.all_known &= self.mem.placed_whole.contains(&key);
             match self.fit(&key, &x, ref_vals, tol) {
                 Some(f) => {
                     out.results.push(Shard {
@@ -818,6 +1077,7 @@ impl<'a> Walk<'a> {
         }?;
         if fit.err.rel <= accept {
             remember(self.mem.hints.entry(key.clone()).or_default(), &fit);
+            self.mem.placed_whole.insert(key.clone());
             for cut in fit.placement.dims.iter().flat_map(|d| d.cuts.iter()) {
                 *self
                     .mem

@@ -12,6 +12,7 @@ pub mod engine;
 pub mod kernels;
 pub mod layout;
 pub mod numerics;
+pub mod partition;
 pub mod replicas;
 pub mod report;
 pub mod tolerance;

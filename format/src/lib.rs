@@ -13,6 +13,7 @@ pub mod recover;
 pub mod ring;
 pub mod secrets;
 pub mod store;
+pub mod storeset;
 pub mod stream;
 pub mod tensor;
 pub mod wire;

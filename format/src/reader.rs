@@ -183,6 +183,8 @@ pub struct Store {
     manifest: Option<Manifest>,
     segments: Vec<SegmentInfo>,
     issues: Vec<Issue>,
+    /// The stores of a set read as one (see [`crate::storeset`]); empty for one store.
+    parts: Vec<PathBuf>,
 }
 
 /// Parses `prefix` followed by decimal digits, then `suffix`.
@@ -325,6 +327,11 @@ impl Store {
             }
         }
         if manifest.is_none() && segments.is_empty() {
+            // A directory of the stores of one job's nodes: read as one store.
+            let parts = crate::storeset::members(root);
+            if !parts.is_empty() {
+                return crate::storeset::open_set(root, &parts);
+            }
             return Err(FormatError::Invalid(format!(
                 "{}: not a ttrace store (no manifest.json and no rankNNNNN/stepNNNNNN.seg)",
                 root.display()
@@ -351,7 +358,31 @@ impl Store {
             manifest,
             segments,
             issues,
+            parts: Vec::new(),
         })
+    }
+
+    /// A store of a set: `parts` read as one (see [`crate::storeset`]).
+    pub(crate) fn from_parts(
+        root: PathBuf,
+        manifest: Option<Manifest>,
+        segments: Vec<SegmentInfo>,
+        issues: Vec<Issue>,
+        parts: Vec<PathBuf>,
+    ) -> Store {
+        Store {
+            root,
+            manifest,
+            segments,
+            issues,
+            parts,
+        }
+    }
+
+    /// The stores read as one when this is a set of them (empty for a single store): their
+    /// segments lie in them, not under [`Store::root`].
+    pub fn parts(&self) -> &[PathBuf] {
+        &self.parts
     }
 
     /// The store directory.

@@ -17,8 +17,9 @@
 //!   stays within tolerance of the reference.
 //!
 //! The fixture's data-parallel reduction averages summed-loss gradients, so its output is
-//! 1/dp of the reference's weight gradient: every compare here passes the documented
-//! `--dp-reduction-scale 1/dp`. About a minute on 2 cores (30 traced runs of a few seconds).
+//! 1/dp of the reference's weight gradient, restored by the host's division: compare decides
+//! that scale from the next step's weight updates, with no option. About a minute on 2 cores
+//! (30 traced runs of a few seconds).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -126,7 +127,7 @@ fn compare(s: &Stores, run: &Path, extra: &[&str]) -> (i32, String, Value) {
         .arg(run)
         .arg("--perturbed")
         .arg(&s.perturbed)
-        .args(["--dp-reduction-scale", "1/dp", "--json"])
+        .arg("--json")
         .arg(&json)
         .args(extra)
         .output()

@@ -35,7 +35,7 @@ pub struct CompareOptions {
     /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
     pub perturbed: Option<std::path::PathBuf>,
     /// What a data-parallel gradient reduction's output must be, relative to the reference's
-    /// gradient (default 1; see [`DpScale`]).
+    /// gradient (`None`: decided from the data, [`crate::gradscale`]; see [`DpScale`]).
     pub dp_reduction_scale: Option<DpScale>,
     /// The memory budget in bytes (`None`: [`DEFAULT_MEMORY`]); see [`mapping_budgets`].
     pub memory: Option<u64>,
@@ -53,8 +53,8 @@ pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
     (segments / 4, segments / 2, segments / 4)
 }
 
-/// The expected scale of a data-parallel gradient reduction's output, for programs that
-/// rescale gradients after it in code ttrace does not capture (`--dp-reduction-scale`).
+/// The expected scale of a data-parallel gradient reduction's output, given by the user
+/// (`--dp-reduction-scale`) instead of decided from the data ([`crate::gradscale`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DpScale {
     /// A fixed factor.
@@ -313,6 +313,7 @@ pub fn compare(
     if let Some(pt) = &p.pert {
         pt.set_mapping_budget(pert_budget);
     }
+    let ctx = Ctx::new(&p, opts);
     let mut walk = Walk::new(&p);
     let total_ops = p.al.of_ref.len() as u64;
     let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, &p.steps);
@@ -331,23 +332,7 @@ pub fn compare(
             p.al.unaligned,
         )));
     }
-    let dp_reduction = collectives(
-        &Ctx {
-            reff: &p.reff,
-            ref_rank: p.ref_rank,
-            run: &p.run,
-            al: &p.al,
-            steps: &p.steps,
-            eps: walk.eps,
-            layout: &p.layout,
-            dp_given: opts
-                .dp_reduction_scale
-                .map(|d| f64::from(d.factor(p.layout.dp))),
-        },
-        &walk.d_place,
-        &walk.d_tol,
-        &mut walk.pending,
-    )?;
+    let dp_reduction = collectives(&ctx, &walk.d_place, &walk.d_tol, &mut walk.pending)?;
     finish(&p, walk, dp_reduction, started)
 }
 
@@ -362,6 +347,23 @@ struct Ctx<'a> {
     layout: &'a LayoutSummary,
     /// The scale of data-parallel reductions' outputs, when `--dp-reduction-scale` gave it.
     dp_given: Option<f64>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(p: &'a Prepared, opts: &CompareOptions) -> Ctx<'a> {
+        Ctx {
+            reff: &p.reff,
+            ref_rank: p.ref_rank,
+            run: &p.run,
+            al: &p.al,
+            steps: &p.steps,
+            eps: p.precision.epsilon(),
+            layout: &p.layout,
+            dp_given: opts
+                .dp_reduction_scale
+                .map(|d| f64::from(d.factor(p.layout.dp))),
+        }
+    }
 }
 
 /// Orders the comparisons, localizes the first divergence and assembles the report.
@@ -386,10 +388,14 @@ fn finish(
                 | gradscale::Basis::Default
         )
     }) {
-        warnings.push(format!(
-            "data-parallel reductions held to scale {} (--dp-reduction-scale sets it)",
-            d.detail
-        ));
+        // First: it says what every data-parallel verdict rests on.
+        warnings.insert(
+            0,
+            format!(
+                "data-parallel reductions held to scale {} (--dp-reduction-scale sets it)",
+                d.detail
+            ),
+        );
     }
     pending.sort_by_key(|p| p.key);
     let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
@@ -559,6 +565,9 @@ impl<'a> Walk<'a> {
             ref_rank: p.ref_rank,
             precision: p.precision,
             eps: p.precision.epsilon(),
+            // Assumption 3: the one scale besides 1 is the data-parallel size; where it is
+            // wrong for the program, the data-parallel reduction shows it (its scale is
+            // decided from the weight updates, `gradscale`).
             scales: if p.layout.dp > 1 {
                 vec![1.0, p.layout.dp as f32]
             } else {

@@ -83,12 +83,17 @@ pub struct Proportion {
 }
 
 impl Proportion {
-    /// Whether the update is proportional to the gradient: it follows the gradient
-    /// (cosine of magnitude at least 0.5) with one factor for small and large gradients
-    /// alike (within 1.5x).
+    /// Whether the update follows the gradient at all (cosine of magnitude at least 0.5):
+    /// not when it is below the weights' resolution (mostly rounded away in BF16).
+    pub fn resolved(&self) -> bool {
+        self.cosine.abs() >= 0.5
+    }
+
+    /// Whether the update is proportional to the gradient: it follows the gradient with one
+    /// factor for small and large gradients alike (within 1.5x).
     pub fn proportional(&self) -> bool {
         let q = self.k_small / self.k_large;
-        self.cosine.abs() >= 0.5 && q.is_finite() && (1.0 / 1.5..=1.5).contains(&q)
+        self.resolved() && q.is_finite() && (1.0 / 1.5..=1.5).contains(&q)
     }
 }
 
@@ -144,9 +149,11 @@ pub enum Update {
 }
 
 impl Update {
-    /// From the reference's and the run's fits (see [`proportion`]).
+    /// From the reference's and the run's fits (see [`proportion`]); an update that does not
+    /// follow its gradient in either run says nothing.
     pub fn from_fits(reference: Option<Proportion>, run: Option<Proportion>) -> Update {
         match (reference, run) {
+            (Some(r), Some(x)) if !(r.resolved() && x.resolved()) => Update::Unknown,
             (Some(r), Some(x)) if r.proportional() && x.proportional() => {
                 let need = r.k / x.k;
                 if need.is_finite() && need > 0.0 {
@@ -257,6 +264,10 @@ pub fn decide(evidence: &[Evidence], dp: u32, given: Option<f64>) -> Decision {
         })
         .collect();
     let outputs: Vec<f64> = evidence.iter().filter_map(|e| e.output).collect();
+    let invariant = evidence
+        .iter()
+        .filter(|e| e.update == Update::NotProportional)
+        .count();
     let from_outputs = |basis: Basis, why: String| match agreed(&outputs, dp) {
         Some(s) => decision(
             s,
@@ -272,7 +283,11 @@ pub fn decide(evidence: &[Evidence], dp: u32, given: Option<f64>) -> Decision {
             format!("1 ({why}, and the outputs agree on no legal scale)"),
         ),
     };
-    if !needs.is_empty() {
+    // Updates that mostly do not follow the gradient (Adam; a large epsilon makes its small
+    // gradients' updates look proportional) cannot say a scale: the few that look
+    // proportional would take a partly scale-blind update's ratio for a convention.
+    let seen = needs.len() + invariant;
+    if !needs.is_empty() && needs.len() as f64 >= AGREE * seen as f64 {
         if let Some(s) = agreed(&needs, dp) {
             return decision(
                 s,
@@ -293,7 +308,7 @@ pub fn decide(evidence: &[Evidence], dp: u32, given: Option<f64>) -> Decision {
             ),
         );
     }
-    if evidence.iter().any(|e| e.update == Update::NotProportional) {
+    if invariant > 0 {
         return decision(
             1.0,
             Basis::ScaleInvariantUpdates,
@@ -413,6 +428,12 @@ mod tests {
         let e = vec![ev(2.0, Update::NotProportional); 4];
         let d = decide(&e, 2, None);
         assert_eq!((d.scale, d.basis), (1.0, Basis::ScaleInvariantUpdates));
+        // Adam with a large epsilon: the smallest gradients' updates look proportional (and
+        // need the scale of the output, whatever it is); the rest do not.
+        let mut e = vec![ev(2.0, Update::NotProportional); 30];
+        e.extend([ev(2.0, Update::Needs(1.6)), ev(2.0, Update::Needs(2.0))]);
+        let d = decide(&e, 2, None);
+        assert_eq!((d.scale, d.basis), (1.0, Basis::ScaleInvariantUpdates));
     }
 
     #[test]
@@ -457,6 +478,15 @@ mod tests {
         );
         assert_eq!(
             Update::from_fits(None, proportion(&run, &g)),
+            Update::Unknown
+        );
+        // An update rounded away (BF16 weights moved by far less than their resolution)
+        // follows no gradient: it says nothing.
+        let unresolved: Vec<f32> = (0..256)
+            .map(|i| if i % 7 == 0 { 1e-3 } else { 0.0 })
+            .collect();
+        assert_eq!(
+            Update::from_fits(proportion(&reff, &g), proportion(&unresolved, &g)),
             Update::Unknown
         );
     }

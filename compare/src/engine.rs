@@ -1601,7 +1601,11 @@ impl Reductions<'_> {
                 numerics::shard_error(&xs, &y, row)
             };
             let err = if over_dp {
-                let update = self.updates.of(rank, g, ref_op, rv, e, x)?;
+                // The option decides without the weights: they are not read.
+                let update = match ctx.dp_given {
+                    Some(_) => gradscale::Update::Unknown,
+                    None => self.updates.of(rank, g, ref_op, rv, e, x)?,
+                };
                 self.evidence.push(Evidence {
                     output: gradscale::ratio(x, &y),
                     update,

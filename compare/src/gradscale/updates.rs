@@ -13,7 +13,7 @@
 //! Only the first two steps that have a next step are read: the convention is a property of
 //! the program, and this bounds the cost on long runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ttrace_format::record::{Record, Role};
 
@@ -53,7 +53,14 @@ pub struct Updates<'a> {
     steps: Vec<u64>,
     /// The weight of each reference gradient, once searched.
     weights: BTreeMap<RefOp, Option<RefWeight>>,
+    /// Reference operands' changes from step t to t+1, by their checksums in both steps
+    /// (each read once per step, not once per gradient searched), up to [`DELTA_CACHE`].
+    deltas: BTreeMap<(u64, u32, u32), Option<Vec<f32>>>,
+    delta_bytes: usize,
 }
+
+/// The most bytes of reference operand changes kept while weights are searched.
+const DELTA_CACHE: usize = 64 << 20;
 
 impl<'a> Updates<'a> {
     /// Over the compared `steps` of `run` and its reference.
@@ -77,6 +84,8 @@ impl<'a> Updates<'a> {
             al,
             steps,
             weights: BTreeMap::new(),
+            deltas: BTreeMap::new(),
+            delta_bytes: 0,
         }
     }
 
@@ -146,11 +155,14 @@ impl<'a> Updates<'a> {
     }
 
     /// Searches the reference for the weight `g` (the D of `ref_op`) updates.
-    fn find(&self, ref_op: RefOp, g: &Values) -> Result<Option<RefWeight>, CompareError> {
+    fn find(&mut self, ref_op: RefOp, g: &Values) -> Result<Option<RefWeight>, CompareError> {
         let (t, next) = (ref_op.0, ref_op.0 + 1);
         let at = ordinals(self.reff.records(self.ref_rank, t));
         let mut best: Option<RefWeight> = None;
         let mut n_of: BTreeMap<Signature, u64> = BTreeMap::new();
+        // A weight read by several GEMMs (every micro-batch, forward and backward) is fitted
+        // once: its copies share their checksum.
+        let mut seen: BTreeSet<(u32, u32)> = BTreeSet::new();
         for r1 in self.reff.records(self.ref_rank, next) {
             let Some(sig) = signature(r1) else { continue };
             let n = n_of.entry(sig.clone()).or_default();
@@ -163,23 +175,35 @@ impl<'a> Updates<'a> {
                 continue;
             };
             for role in [Role::A, Role::B] {
-                let fits = r1
-                    .tensors
-                    .iter()
-                    .any(|x| x.role == role && x.elements() as usize == g.data.len());
-                if !fits {
-                    continue;
-                }
-                let (Some(w0), Some(w1)) =
-                    (self.reff.values(r0, role)?, self.reff.values(r1, role)?)
-                else {
+                let crc = |r: &Record| {
+                    r.tensors
+                        .iter()
+                        .find(|x| x.role == role && x.captured)
+                        .filter(|x| x.elements() as usize == g.data.len())
+                        .map(|x| x.crc32)
+                };
+                // Same size, captured in both steps, changed (an updated weight), not seen.
+                let (Some(c0), Some(c1)) = (crc(r0), crc(r1)) else {
                     continue;
                 };
-                if w0.data.len() != g.data.len() || w1.data.len() != g.data.len() {
+                if c0 == c1 || !seen.insert((c0, c1)) {
                     continue;
                 }
-                let dw: Vec<f32> = w1.data.iter().zip(&w0.data).map(|(a, b)| a - b).collect();
-                let Some(fit) = proportion(&dw, &g.data) else {
+                let key = (t, c0, c1);
+                if !self.deltas.contains_key(&key) {
+                    let dw = delta(self.reff, (r0, r1), role, g.data.len())?;
+                    let bytes = dw.as_ref().map_or(0, |d| d.len() * 4);
+                    if self.delta_bytes + bytes > DELTA_CACHE {
+                        self.deltas.clear();
+                        self.delta_bytes = 0;
+                    }
+                    self.delta_bytes += bytes;
+                    self.deltas.insert(key, dw);
+                }
+                let Some(Some(dw)) = self.deltas.get(&key) else {
+                    continue;
+                };
+                let Some(fit) = proportion(dw, &g.data) else {
                     continue;
                 };
                 let better = best
@@ -197,6 +221,24 @@ impl<'a> Updates<'a> {
         }
         Ok(best)
     }
+}
+
+/// The change of operand `role` from `r0` to `r1` (`None` unless both hold `n` elements).
+fn delta(
+    reff: &RunTrace,
+    (r0, r1): (&Record, &Record),
+    role: Role,
+    n: usize,
+) -> Result<Option<Vec<f32>>, CompareError> {
+    let (Some(w0), Some(w1)) = (reff.values(r0, role)?, reff.values(r1, role)?) else {
+        return Ok(None);
+    };
+    if w0.data.len() != n || w1.data.len() != n {
+        return Ok(None);
+    }
+    Ok(Some(
+        w1.data.iter().zip(&w0.data).map(|(a, b)| a - b).collect(),
+    ))
 }
 
 /// (signature, n-th GEMM of that signature) → seq, over one step's records.

@@ -53,9 +53,10 @@ pub struct CompareArgs {
     /// A perturbed reference run (`ttrace run --perturb`) to derive per-tensor tolerances.
     #[arg(long, value_name = "STORE")]
     perturbed: Option<PathBuf>,
-    /// What a data-parallel gradient reduction must output, relative to the reference's
-    /// gradient: 1 (default: ncclAvg of mean-loss gradients), `dp` (summed, divided later in
-    /// uncaptured code), `1/dp` (averaged sum-loss gradients), or a number.
+    /// Overrides what a data-parallel gradient reduction must output, relative to the
+    /// reference's gradient (otherwise decided from the next step's weight updates): 1
+    /// (ncclAvg of mean-loss gradients), `dp` (summed, divided later in uncaptured code),
+    /// `1/dp` (averaged sum-loss gradients), or a number.
     #[arg(long, value_name = "SCALE")]
     dp_reduction_scale: Option<String>,
     /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed as the comparison

@@ -15,6 +15,7 @@ use ttrace_format::dtype::DType;
 use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
 
 use crate::align::{self, Alignment, RefOp};
+use crate::gradscale::{self, updates::Updates, Evidence};
 use crate::numerics::{self, Placement, ShardError};
 use crate::report::{
     Cause, CompareReport, CompareStats, Divergence, LayoutSummary, RankError, RunSummary,
@@ -34,17 +35,10 @@ pub struct CompareOptions {
     /// A perturbed reference run (`ttrace run --perturb`), for tolerances.
     pub perturbed: Option<std::path::PathBuf>,
     /// What a data-parallel gradient reduction's output must be, relative to the reference's
-    /// gradient (default 1; see [`DpScale`]).
+    /// gradient (`None`: decided from the data, [`crate::gradscale`]; see [`DpScale`]).
     pub dp_reduction_scale: Option<DpScale>,
     /// The memory budget in bytes (`None`: [`DEFAULT_MEMORY`]); see [`mapping_budgets`].
     pub memory: Option<u64>,
-}
-
-impl CompareOptions {
-    /// The expected scale of data-parallel reductions' outputs for a layout.
-    fn dp_factor(&self, layout: &LayoutSummary) -> f32 {
-        self.dp_reduction_scale.map_or(1.0, |d| d.factor(layout.dp))
-    }
 }
 
 /// The default memory budget of a comparison: 1 GiB.
@@ -59,8 +53,8 @@ pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
     (segments / 4, segments / 2, segments / 4)
 }
 
-/// The expected scale of a data-parallel gradient reduction's output, for programs that
-/// rescale gradients after it in code ttrace does not capture (`--dp-reduction-scale`).
+/// The expected scale of a data-parallel gradient reduction's output, given by the user
+/// (`--dp-reduction-scale`) instead of decided from the data ([`crate::gradscale`]).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum DpScale {
     /// A fixed factor.
@@ -350,6 +344,7 @@ pub fn compare(
             warnings,
             not_comparable: walked.unjudged.into_report(),
             eps: walked.eps,
+            dp_reduction: walked.dp_reduction,
         },
         (bytes, started.elapsed().as_secs_f64()),
     )
@@ -396,6 +391,7 @@ pub fn compare_partition(
             warnings,
             not_comparable: walked.unjudged.into_report(),
             eps: walked.eps,
+            dp_reduction: walked.dp_reduction,
         },
         (bytes_read(&p), started.elapsed().as_secs_f64()),
     )?;
@@ -429,6 +425,7 @@ pub(crate) fn merged(
         warnings: base,
         not_comparable: Vec::new(),
         eps: p.precision.epsilon(),
+        dp_reduction: None,
     };
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
@@ -436,6 +433,11 @@ pub(crate) fn merged(
         bytes += part.report.stats.bytes_compared;
         elapsed += part.report.stats.elapsed_s;
         found.eps = part.report.epsilon;
+        // Each partition decides from its own steps; the earliest decision stands (a whole
+        // run's evidence starts there too).
+        if found.dp_reduction.is_none() {
+            found.dp_reduction = part.report.dp_reduction.clone();
+        }
         for (cmp, e) in part.report.tensors.into_iter().zip(part.partition.pending) {
             found.pending.push(Pending::from_entry(cmp, e));
         }
@@ -503,6 +505,8 @@ struct Walked {
     warnings: Vec<String>,
     unjudged: Unjudged,
     eps: f64,
+    /// The scale data-parallel reductions were held to (`None`: none was seen).
+    dp_reduction: Option<gradscale::Decision>,
 }
 
 /// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is judged on
@@ -545,27 +549,18 @@ fn walk_steps(
         walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
-    collectives(
-        &Ctx {
-            reff: &p.reff,
-            ref_rank: p.ref_rank,
-            run: &p.run,
-            al: &p.al,
-            steps,
-            eps: walk.eps,
-            layout: &p.layout,
-            dp_scale: opts.dp_factor(&p.layout),
-        },
-        &walk.d_place,
-        &walk.d_tol,
-        &mut walk.pending,
-    )?;
+    let ctx = Ctx {
+        steps,
+        ..Ctx::new(p, opts)
+    };
+    let dp_reduction = collectives(&ctx, &walk.d_place, &walk.d_tol, &mut walk.pending)?;
     Ok(Walked {
         pending: walk.pending,
         base_warnings,
         warnings: walk.warnings,
         unjudged: walk.unjudged,
         eps: walk.eps,
+        dp_reduction,
     })
 }
 
@@ -578,8 +573,25 @@ struct Ctx<'a> {
     steps: &'a [u64],
     eps: f64,
     layout: &'a LayoutSummary,
-    /// Expected scale of data-parallel reductions' outputs.
-    dp_scale: f32,
+    /// The scale of data-parallel reductions' outputs, when `--dp-reduction-scale` gave it.
+    dp_given: Option<f64>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(p: &'a Prepared, opts: &CompareOptions) -> Ctx<'a> {
+        Ctx {
+            reff: &p.reff,
+            ref_rank: p.ref_rank,
+            run: &p.run,
+            al: &p.al,
+            steps: &p.steps,
+            eps: p.precision.epsilon(),
+            layout: &p.layout,
+            dp_given: opts
+                .dp_reduction_scale
+                .map(|d| f64::from(d.factor(p.layout.dp))),
+        }
+    }
 }
 
 /// The comparisons of a walk (or of merged partitions), before they are ordered.
@@ -588,6 +600,8 @@ struct Found {
     warnings: Vec<String>,
     not_comparable: Vec<crate::report::NotComparable>,
     eps: f64,
+    /// The scale data-parallel reductions were held to (`None`: none was seen).
+    dp_reduction: Option<gradscale::Decision>,
 }
 
 /// Orders the comparisons of `steps`, localizes the first divergence and assembles the
@@ -600,10 +614,28 @@ fn finish(
 ) -> Result<CompareReport, CompareError> {
     let Found {
         mut pending,
-        warnings,
+        mut warnings,
         not_comparable,
         eps,
+        dp_reduction,
     } = found;
+    if let Some(d) = dp_reduction.as_ref().filter(|d| {
+        matches!(
+            d.basis,
+            gradscale::Basis::Outputs
+                | gradscale::Basis::OutputsAfterIllegalUpdates
+                | gradscale::Basis::Default
+        )
+    }) {
+        // First: it says what every data-parallel verdict rests on.
+        warnings.insert(
+            0,
+            format!(
+                "data-parallel reductions held to scale {} (--dp-reduction-scale sets it)",
+                d.detail
+            ),
+        );
+    }
     pending.sort_by_key(|p| p.key);
     let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
     for (i, p) in pending.iter_mut().enumerate() {
@@ -669,6 +701,7 @@ fn finish(
         warnings,
         not_comparable,
         replica_drift,
+        dp_reduction,
         stats,
     })
 }
@@ -798,6 +831,9 @@ impl<'a> Walk<'a> {
             ref_rank: p.ref_rank,
             precision: p.precision,
             eps: p.precision.epsilon(),
+            // Assumption 3: the one scale besides 1 is the data-parallel size; where it is
+            // wrong for the program, the data-parallel reduction shows it (its scale is
+            // decided from the weight updates, `gradscale`).
             scales: if p.layout.dp > 1 {
                 vec![1.0, p.layout.dp as f32]
             } else {
@@ -1628,25 +1664,6 @@ fn nvtx_path(rec: &Record) -> Option<String> {
     }
 }
 
-/// The scale a reduction's output must have relative to the reference GEMM output it
-/// reduces, given the scale `input_scale` its inputs were placed at.
-///
-/// * Over a data-parallel group (the last reduction a weight gradient sees): `dp_scale`
-///   (1 unless `--dp-reduction-scale` says otherwise) times the reference's gradient,
-///   whatever scale each rank's partial carried.
-/// * Over any other group (tensor-parallel partial sums: row-parallel all-reduce,
-///   sequence-parallel reduce-scatter; averages of replicas): the reference's unsharded
-///   result at the inputs' own scale. The reduction op is not consulted: averaging partial
-///   sums (`ncclAvg` where a sum was due) gives the group size times too little, which is a
-///   divergence at that collective, not a legitimate gradient scale.
-fn reduction_scale(over_dp_group: bool, input_scale: f32, dp_scale: f32) -> f32 {
-    if over_dp_group {
-        dp_scale
-    } else {
-        input_scale
-    }
-}
-
 /// The send range a reduction's output reads: output element e reads `base + e * size`.
 fn reduction_input_range(c: &ttrace_format::record::CollectiveOp, out: &Tensor) -> (u64, u64) {
     let size = out.dtype.size() as u64;
@@ -1711,31 +1728,67 @@ fn uncovered(covered: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
 /// (step, comm, n-th call on the comm, ref op) → the ranks' pieces.
 type CallKey = (u64, u64, usize, RefOp);
 /// Per rank: (rank, seq, error, where it sits).
-type Piece = (u32, u64, ShardError, Position);
+type Piece = (u32, u64, PieceError, Position);
+
+/// A reduction piece's error against the reference.
+enum PieceError {
+    /// At the scale of its inputs (partial sums over a non-data-parallel group).
+    At(ShardError),
+    /// At each scale a data-parallel reduction may be held to; one is chosen once every
+    /// reduction was seen ([`gradscale::decide`]).
+    ByScale(Vec<(f64, ShardError)>),
+}
+
+impl PieceError {
+    fn at(&self, scale: f64) -> ShardError {
+        match self {
+            PieceError::At(e) => *e,
+            PieceError::ByScale(v) => v
+                .iter()
+                .min_by(|a, b| (a.0 - scale).abs().total_cmp(&(b.0 - scale).abs()))
+                .map_or_else(unplaced, |e| e.1),
+        }
+    }
+}
 
 /// The reductions of a run compared with the reference GEMM outputs they reduce.
+///
+/// A reduction over any group but the data-parallel one (tensor-parallel partial sums:
+/// row-parallel all-reduce, sequence-parallel reduce-scatter; averages of replicas) must give
+/// the reference's unsharded result at the scale its inputs were placed at, whatever its
+/// `ncclRedOp_t`: averaging partial sums is the group size times too little, a divergence at
+/// that collective. A data-parallel reduction's output scale is decided from the data once
+/// every reduction was seen ([`gradscale`]).
 struct Reductions<'a> {
     ctx: &'a Ctx<'a>,
     d_place: &'a BTreeMap<(u32, u64, u64), (Placement, f32)>,
     ref_cache: BTreeMap<RefOp, Values>,
     shared: BTreeSet<RefOp>,
     by_call: BTreeMap<CallKey, Vec<Piece>>,
+    /// Data-parallel calls, compared once their scale is decided: with the reference's shape
+    /// and type (no values).
+    deferred: Vec<(CallKey, Vec<Piece>, Values)>,
+    /// What each data-parallel reduction says of the scale.
+    evidence: Vec<Evidence>,
+    updates: Updates<'a>,
+    /// The scales a data-parallel reduction's output may be held to.
+    dp_scales: Vec<f64>,
 }
 
 impl Reductions<'_> {
-    /// The reference GEMM output of `ref_op` (read once).
-    fn reference(&mut self, ref_op: RefOp) -> Result<Option<&Values>, CompareError> {
+    /// Loads the reference GEMM output of `ref_op` once; whether it is there.
+    fn load_reference(&mut self, ref_op: RefOp) -> Result<bool, CompareError> {
         if !self.ref_cache.contains_key(&ref_op) {
             let c = self.ctx;
             let Some(rr) = c.reff.record(c.ref_rank, ref_op.0, ref_op.1) else {
-                return Ok(None);
+                return Ok(false);
             };
             let Some(v) = c.reff.values(rr, Role::D)? else {
-                return Ok(None);
+                return Ok(false);
             };
             self.ref_cache.insert(ref_op, v);
         }
-        Ok(self.ref_cache.get(&ref_op))
+        Ok(true)
     }
 
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
@@ -1794,23 +1847,40 @@ impl Reductions<'_> {
             ) else {
                 continue;
             };
-            let expect = reduction_scale(over_dp, *d_scale, ctx.dp_scale);
-            let Some(rv) = self.reference(ref_op)? else {
+            if !self.load_reference(ref_op)? {
                 continue;
-            };
+            }
+            let rv = &self.ref_cache[&ref_op];
             let map = place.index_map(&d.shape, &rv.shape);
-            let (e0, e1) = (
+            let e = (
                 ((lo - d.ptr) / size) as usize,
                 ((hi - d.ptr) / size) as usize,
             );
             let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
-            if e1 > map.len() || o1 > out.data.len() {
+            if e.1 > map.len() || o1 > out.data.len() {
                 continue;
             }
-            let y = map.gather(&rv.data, e0, e1);
+            let y = map.gather(&rv.data, e.0, e.1);
             let row = d.shape.last().copied().unwrap_or(1) as usize;
-            let xs: Vec<f32> = out.data[o0..o1].iter().map(|v| v / expect).collect();
-            let err = numerics::shard_error(&xs, &y, row);
+            let x = &out.data[o0..o1];
+            let err_at = |s: f64| {
+                let xs: Vec<f32> = x.iter().map(|v| v / s as f32).collect();
+                numerics::shard_error(&xs, &y, row)
+            };
+            let err = if over_dp {
+                // The option decides without the weights: they are not read.
+                let update = match ctx.dp_given {
+                    Some(_) => gradscale::Update::Unknown,
+                    None => self.updates.of(rank, g, ref_op, rv, e, x)?,
+                };
+                self.evidence.push(Evidence {
+                    output: gradscale::ratio(x, &y),
+                    update,
+                });
+                PieceError::ByScale(self.dp_scales.iter().map(|&s| (s, err_at(s))).collect())
+            } else {
+                PieceError::At(err_at(f64::from(*d_scale)))
+            };
             self.by_call
                 .entry((step, c.comm, n, ref_op))
                 .or_default()
@@ -1820,19 +1890,27 @@ impl Reductions<'_> {
     }
 }
 
-/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce.
+/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce;
+/// returns the scale data-parallel reductions were held to (`None`: none was seen).
 fn collectives(
     ctx: &Ctx,
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Vec<Pending>,
-) -> Result<(), CompareError> {
+) -> Result<Option<gradscale::Decision>, CompareError> {
+    let dp = ctx.layout.dp;
+    let mut dp_scales: Vec<f64> = gradscale::legal(dp).to_vec();
+    dp_scales.extend(ctx.dp_given);
     let mut red = Reductions {
         ctx,
         d_place,
         ref_cache: BTreeMap::new(),
         shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
         by_call: BTreeMap::new(),
+        deferred: Vec::new(),
+        evidence: Vec::new(),
+        updates: Updates::new(ctx.reff, ctx.ref_rank, ctx.run, ctx.al, ctx.steps),
+        dp_scales,
     };
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
@@ -1852,63 +1930,83 @@ fn collectives(
                 }
             }
         }
-        reductions_compared(&mut red, d_tol, pending);
+        for (key, pieces) in std::mem::take(&mut red.by_call) {
+            let Some(rv) = red.ref_cache.get(&key.3) else {
+                continue;
+            };
+            if matches!(pieces.first(), Some((_, _, PieceError::ByScale(_), _))) {
+                let shape_only = Values {
+                    shape: rv.shape.clone(),
+                    data: Vec::new(),
+                    dtype: rv.dtype,
+                };
+                red.deferred.push((key, pieces, shape_only));
+            } else {
+                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, pending);
+            }
+        }
         red.ref_cache.clear();
     }
-    Ok(())
+    if red.deferred.is_empty() && red.evidence.is_empty() {
+        return Ok(None);
+    }
+    let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
+    for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
+        reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
+    }
+    Ok(Some(decision))
 }
 
-/// Records the comparisons of the reductions gathered in `red` (and forgets them).
-fn reductions_compared(
-    red: &mut Reductions,
+/// Records the comparison of one reduction call (its pieces' errors at `scale` where a
+/// data-parallel reduction's were kept at every scale).
+fn reduction_compared(
+    ctx: &Ctx,
+    (step, _comm, _n, ref_op): CallKey,
+    pieces: &[Piece],
+    rv: &Values,
+    scale: f64,
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Vec<Pending>,
 ) {
-    let ctx = red.ctx;
-    for ((step, _comm, _n, ref_op), shards) in std::mem::take(&mut red.by_call) {
-        let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
-            continue;
-        };
-        let Some(rv) = red.ref_cache.get(&ref_op) else {
-            continue;
-        };
-        let Some(run_rec) = ctx.run.record(shards[0].0, step, shards[0].1) else {
-            continue;
-        };
-        let key = shards
-            .iter()
-            .map(|s| s.3)
-            .min()
-            .unwrap_or((step, ref_op.1, 4));
-        let results: Vec<Shard> = shards
-            .iter()
-            .map(|s| Shard {
-                rank: s.0,
-                seq: s.1,
-                err: s.2,
-            })
-            .collect();
-        let mut cmp = comparison(
-            run_rec,
-            Role::Output,
-            rv,
-            &results,
-            crate::report::Merge::Replicated,
-            ctx.eps,
-            tolerance::reduced(d_tol.get(&ref_op).copied()),
-            step,
-            ref_op.1,
-        );
-        cmp.nvtx = nvtx_path(run_rec).or_else(|| nvtx_path(rr));
-        pending.push(Pending {
-            key,
-            shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
-            cmp,
-            ref_op,
-            is_collective: true,
-            param_note: None,
-        });
-    }
+    let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
+        return;
+    };
+    let Some(run_rec) = pieces.first().and_then(|p| ctx.run.record(p.0, step, p.1)) else {
+        return;
+    };
+    let key = pieces
+        .iter()
+        .map(|s| s.3)
+        .min()
+        .unwrap_or((step, ref_op.1, 4));
+    let results: Vec<Shard> = pieces
+        .iter()
+        .map(|s| Shard {
+            rank: s.0,
+            seq: s.1,
+            err: s.2.at(scale),
+        })
+        .collect();
+    let mut cmp = comparison(
+        run_rec,
+        Role::Output,
+        rv,
+        &results,
+        crate::report::Merge::Replicated,
+        ctx.eps,
+        tolerance::reduced(d_tol.get(&ref_op).copied()),
+        step,
+        ref_op.1,
+    );
+    cmp.nvtx = nvtx_path(run_rec).or_else(|| nvtx_path(rr));
+    pending.push(Pending {
+        key,
+        shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
+        cmp,
+        ref_op,
+        is_collective: true,
+        param_note: None,
+    });
 }
 
 /// Splits an NVTX path `forward.mb1/layers.0.mlp.fc1` into pass, micro-batch and module.
@@ -2317,15 +2415,18 @@ mod tests {
     }
 
     #[test]
-    fn partial_sums_keep_their_scale_whatever_the_reduction_op() {
-        // TP partial sums: the reference's unsharded result at the inputs' own scale (an
-        // average would be tp times too small and is a divergence).
-        assert_eq!(reduction_scale(false, 1.0, 1.0), 1.0);
-        assert_eq!(reduction_scale(false, 2.0, 1.0), 2.0);
-        // DP gradients: the reference's gradient.
-        assert_eq!(reduction_scale(true, 2.0, 1.0), 1.0);
-        // Unless the program says it rescales afterwards.
-        assert_eq!(reduction_scale(true, 2.0, DpScale::Dp.factor(2)), 2.0);
+    fn a_data_parallel_piece_is_judged_at_the_decided_scale() {
+        let err = |rel: f64| ShardError {
+            rel,
+            norm_ratio: 1.0,
+            ref_sq: 1.0,
+            worst_row: None,
+        };
+        let p = PieceError::ByScale(vec![(1.0, err(0.5)), (2.0, err(0.0)), (0.5, err(1.5))]);
+        assert_eq!(p.at(2.0).rel, 0.0);
+        assert_eq!(p.at(0.5).rel, 1.5);
+        // A partial sum keeps the scale of its inputs, whatever is decided for DP.
+        assert_eq!(PieceError::At(err(0.25)).at(2.0).rel, 0.25);
         assert_eq!(DpScale::parse("1/dp").map(|d| d.factor(4)), Ok(0.25));
         assert!(DpScale::parse("-1").is_err());
     }

@@ -9,6 +9,7 @@
 pub mod align;
 pub mod check;
 pub mod engine;
+pub mod gradscale;
 pub mod kernels;
 pub mod layout;
 pub mod numerics;

@@ -282,6 +282,10 @@ pub struct CompareReport {
     /// within tolerance of the reference); any makes the verdict a divergence.
     #[serde(default)]
     pub replica_drift: Vec<crate::replicas::ReplicaDrift>,
+    /// The scale data-parallel reductions' outputs were held to, and what decided it
+    /// (`None`: no data-parallel group).
+    #[serde(default)]
+    pub dp_reduction: Option<crate::gradscale::Decision>,
     /// Totals.
     pub stats: CompareStats,
 }

@@ -837,6 +837,7 @@ pub(crate) mod tests {
             ],
             not_comparable: vec![],
             replica_drift: vec![],
+            dp_reduction: None,
             stats: CompareStats {
                 reference_gemms_aligned: 100,
                 reference_ops: 410,

@@ -17,8 +17,9 @@
 //!   stays within tolerance of the reference.
 //!
 //! The fixture's data-parallel reduction averages summed-loss gradients, so its output is
-//! 1/dp of the reference's weight gradient: every compare here passes the documented
-//! `--dp-reduction-scale 1/dp`. About a minute on 2 cores (30 traced runs of a few seconds).
+//! 1/dp of the reference's weight gradient, restored by the host's division: compare decides
+//! that scale from the next step's weight updates, with no option. About a minute on 2 cores
+//! (30 traced runs of a few seconds).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -126,7 +127,7 @@ fn compare(s: &Stores, run: &Path, extra: &[&str]) -> (i32, String, Value) {
         .arg(run)
         .arg("--perturbed")
         .arg(&s.perturbed)
-        .args(["--dp-reduction-scale", "1/dp", "--json"])
+        .arg("--json")
         .arg(&json)
         .args(extra)
         .output()
@@ -315,6 +316,74 @@ fn bug_free_runs_match_and_check_clean_with_one_micro_batch() {
         );
         assert!(rep["weights_compared"].as_u64().unwrap_or(0) > 0, "{rep}");
     }
+}
+
+/// The scale and basis of the data-parallel reduction decision in a report.
+fn dp_decision(report: &Value) -> (f64, String) {
+    let d = &report["dp_reduction"];
+    (
+        d["scale"].as_f64().unwrap_or(f64::NAN),
+        d["basis"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// The fixture averages sum-loss gradients and divides by the local batch on the host: its
+/// reduction outputs half the reference's gradient. compare reads that from the next step's
+/// weight updates (no option), holds a sum there to it (a LOCAL divergence with norm ratio
+/// 2, although a sum's output is the reference's gradient), and leaves a host that divides
+/// twice to the weights it moves (no convention explains the update it needs).
+#[test]
+fn the_data_parallel_scale_is_decided_from_the_weight_updates() {
+    for precision in ["fp32", "bf16"] {
+        let (s, clean) = run(precision, "none", &[]);
+        let (code, text, report) = compare(&s, &clean, &[]);
+        assert_eq!(code, 0, "{precision}: {text}");
+        assert_eq!(dp_decision(&report), (0.5, "updates".into()), "{text}");
+
+        let (_, sum) = run(precision, "dp-sum", &[]);
+        let (code, text, report) = compare(&s, &sum, &[]);
+        assert_eq!(code, 1, "{precision}: {text}");
+        assert_eq!(dp_decision(&report), (0.5, "updates".into()), "{text}");
+        let d = &report["first_divergence"];
+        let t = &report["tensors"][d["tensor"].as_u64().unwrap_or(u64::MAX) as usize];
+        assert_eq!(
+            (t["api"].as_str(), d["cause"].as_str()),
+            (Some("ncclAllReduce"), Some("local")),
+            "{precision}: {text}"
+        );
+        let ratio = t["norm_ratio"].as_f64().unwrap_or(0.0);
+        assert!(
+            (ratio - 2.0).abs() < 0.05,
+            "{precision}: norm ratio {ratio}"
+        );
+
+        let (_, twice) = run(precision, "grad-divided-twice", &[]);
+        let (code, text, report) = compare(&s, &twice, &[]);
+        assert_eq!(code, 1, "{precision}: {text}");
+        assert_eq!(
+            dp_decision(&report),
+            (0.5, "outputs_after_illegal_updates".into()),
+            "{text}"
+        );
+
+        // The option still overrides: declared 1, the clean run's reduction is half of it.
+        let (code, text, report) = compare(&s, &clean, &["--dp-reduction-scale", "1"]);
+        assert_eq!(code, 1, "{precision}: {text}");
+        assert_eq!(dp_decision(&report), (1.0, "option".into()), "{text}");
+        let d = &report["first_divergence"];
+        let t = &report["tensors"][d["tensor"].as_u64().unwrap_or(u64::MAX) as usize];
+        assert_eq!(t["nvtx"], "optimizer", "{text}");
+    }
+    // Without captured operands (`--no-inputs`) no update is seen: the scale the outputs agree
+    // on is taken, and said.
+    let (s, store) = run("bf16", "none", &["--no-inputs"]);
+    let (code, text, report) = compare(&s, &store, &[]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(dp_decision(&report), (0.5, "outputs".into()), "{text}");
+    assert!(
+        text.contains("data-parallel reductions held to scale"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -417,6 +417,13 @@ fn the_data_parallel_reduction_scale_is_an_explicit_option() {
     let s = stores();
     let pert = s.path("ref-perturbed");
     let pert = pert.to_str().expect("utf-8");
+    // Decided from the data: the trainer's Adam updates do not follow the gradient's scale,
+    // so its data-parallel reduction is held to the reference's gradient.
+    let (o, r) = compare(&[&s.path("ref"), &s.path("tp2dp2")], &["--perturbed", pert]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let d = &r.expect("json")["dp_reduction"];
+    assert_eq!(d["basis"], "scale_invariant_updates", "{d}");
+    assert_eq!(d["scale"], 1.0, "{d}");
     // The fixture averages mean-loss gradients: declared as summed (`dp`), its reduction is
     // half of what is declared, and said so at that collective.
     let (o, r) = compare(

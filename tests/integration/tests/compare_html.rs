@@ -359,6 +359,7 @@ fn realistic(diverge: bool) -> CompareReport {
         warnings: vec!["rank 6: 3 ops with no counterpart in the reference".into()],
         not_comparable: vec![],
         replica_drift: vec![],
+        dp_reduction: None,
         stats: CompareStats {
             reference_ops: n / 3,
             reference_gemms_aligned: n / 3,

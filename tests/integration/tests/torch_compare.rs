@@ -351,8 +351,17 @@ fn matrix(version: &'static str, precision: &str, bugs: impl Fn(&str) -> bool) {
         report["first_divergence"]
     );
     eprintln!(
-        "MATRIX torch {version} {precision} bug-free: MATCH, largest error/tolerance {:.2}",
-        largest_margin(&report)
+        "MATRIX torch {version} {precision} bug-free: MATCH, largest error/tolerance {:.2}, \
+         data-parallel reduction scale {}",
+        largest_margin(&report),
+        report["dp_reduction"]["detail"]
+    );
+    // The model sums gradients of a loss averaged over the global batch: its reduction
+    // outputs the reference's gradient, decided from the data with no option.
+    assert_eq!(
+        report["dp_reduction"]["scale"], 1.0,
+        "{}",
+        report["dp_reduction"]
     );
 
     let mut failures = Vec::new();

@@ -27,6 +27,42 @@ pub fn ttrace_run(store: &std::path::Path) -> Command {
     cmd
 }
 
+/// Traces the fixture trainer with `args` into `store` (`ttrace run --perturb` when
+/// `perturb`; under `simrun` with `nproc` ranks when `nproc > 1`); panics with its output when
+/// it fails.
+pub fn trace_trainer<S: AsRef<std::ffi::OsStr>>(
+    store: &std::path::Path,
+    nproc: usize,
+    perturb: bool,
+    args: &[S],
+) {
+    let mut cmd = ttrace_run(store);
+    if perturb {
+        cmd.arg("--perturb");
+    }
+    cmd.arg("--");
+    if nproc > 1 {
+        cmd.arg(bin("simrun"))
+            .args(["--nproc-per-node", &nproc.to_string(), "--"]);
+    }
+    let out = cmd
+        .arg(bin("trainer"))
+        .args(args)
+        .output()
+        .expect("ttrace run");
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| a.as_ref().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        out.status.success(),
+        "ttrace run -- trainer {}: {}\n{}",
+        shown.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A fresh directory under the system temp dir, removed when dropped (`.0` is its path).
 pub struct TempDir(pub PathBuf);
 

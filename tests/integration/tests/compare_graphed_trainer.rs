@@ -7,35 +7,16 @@
 use std::path::Path;
 use std::process::Command;
 
-use integration_tests::{bin, ttrace_run, TempDir};
+use integration_tests::{bin, trace_trainer, TempDir};
 use serde_json::Value;
 
 /// Model flags shared by the reference and the runs (no NVTX: replayed ops run no API call,
 /// so their records carry no NVTX range, and positions are compared instead).
 const MODEL: &[&str] = &["--micro-batches", "2", "--steps", "3", "--no-nvtx"];
 
+/// The trainer with this file's model and `extra` flags, traced into `store`.
 fn trace(store: &Path, nproc: usize, extra: &[&str], perturb: bool) {
-    let mut cmd = ttrace_run(store);
-    if perturb {
-        cmd.arg("--perturb");
-    }
-    cmd.arg("--");
-    if nproc > 1 {
-        cmd.arg(bin("simrun"))
-            .args(["--nproc-per-node", &nproc.to_string(), "--"]);
-    }
-    let out = cmd
-        .arg(bin("trainer"))
-        .args(MODEL)
-        .args(extra)
-        .output()
-        .expect("ttrace run");
-    assert!(
-        out.status.success(),
-        "ttrace run -- trainer {extra:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    trace_trainer(store, nproc, perturb, &[MODEL, extra].concat());
 }
 
 /// `ttrace compare REF RUN --perturbed P --json`: (exit code, report).

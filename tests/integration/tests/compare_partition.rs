@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use integration_tests::{bin, ttrace_run, TempDir};
+use integration_tests::{bin, trace_trainer, TempDir};
 use serde_json::Value;
 
 const MODEL: &[&str] = &[
@@ -30,28 +30,9 @@ const MODEL: &[&str] = &[
     "4",
 ];
 
-/// Traces the trainer with `extra` flags (under simrun for `nproc` > 1) into `store`.
+/// The trainer with this file's model and `extra` flags, traced into `store`.
 fn trace(store: &Path, nproc: usize, perturb: bool, extra: &[&str]) {
-    let mut cmd = ttrace_run(store);
-    if perturb {
-        cmd.arg("--perturb");
-    }
-    cmd.arg("--");
-    if nproc > 1 {
-        cmd.arg(bin("simrun"))
-            .args(["--nproc-per-node", &nproc.to_string(), "--"]);
-    }
-    let out = cmd
-        .arg(bin("trainer"))
-        .args(MODEL)
-        .args(extra)
-        .output()
-        .expect("ttrace run");
-    assert!(
-        out.status.success(),
-        "ttrace run -- trainer {extra:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    trace_trainer(store, nproc, perturb, &[MODEL, extra].concat());
 }
 
 /// A reference, its perturbed twin and tp2 runs (bug-free and with bugs), made once.

@@ -22,34 +22,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use integration_tests::{bin, trainer_layouts, ttrace_run, TempDir};
+use integration_tests::{bin, trace_trainer, trainer_layouts, TempDir};
 use serde_json::Value;
 
 const STEPS: &str = "3";
 
-/// Traces `trainer args` (under simrun when `nproc` > 1) into `store`.
+/// `trainer ARGS`, traced into `store`.
 fn trace(store: &Path, nproc: usize, args: &[String], perturb: bool) {
-    let mut cmd = ttrace_run(store);
-    if perturb {
-        cmd.arg("--perturb");
-    }
-    cmd.arg("--");
-    if nproc > 1 {
-        cmd.arg(bin("simrun"))
-            .args(["--nproc-per-node", &nproc.to_string(), "--"]);
-    }
-    let out = cmd
-        .arg(bin("trainer"))
-        .args(args)
-        .output()
-        .expect("ttrace run");
-    assert!(
-        out.status.success(),
-        "ttrace run -- trainer {}: {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    trace_trainer(store, nproc, perturb, args);
 }
 
 /// A reference and its perturbed twin for one model configuration.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use integration_tests::{bin, ttrace_run, TempDir};
+use integration_tests::{bin, trace_trainer, TempDir};
 use serde_json::Value;
 
 const MODEL: &[&str] = &[
@@ -28,24 +28,9 @@ const MODEL: &[&str] = &[
     "2",
 ];
 
+/// The trainer with this file's model and `extra` flags, traced into `store`.
 fn trace(store: &Path, nproc: usize, extra: &[&str]) {
-    let mut cmd = ttrace_run(store);
-    cmd.arg("--");
-    if nproc > 1 {
-        cmd.arg(bin("simrun"))
-            .args(["--nproc-per-node", &nproc.to_string(), "--"]);
-    }
-    let out = cmd
-        .arg(bin("trainer"))
-        .args(MODEL)
-        .args(extra)
-        .output()
-        .expect("ttrace run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    trace_trainer(store, nproc, false, &[MODEL, extra].concat());
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -433,10 +433,18 @@ pub(crate) fn merged(
         bytes += part.report.stats.bytes_compared;
         elapsed += part.report.stats.elapsed_s;
         found.eps = part.report.epsilon;
-        // Each partition decides from its own steps; the earliest decision stands (a whole
-        // run's evidence starts there too).
-        if found.dp_reduction.is_none() {
-            found.dp_reduction = part.report.dp_reduction.clone();
+        // Each partition decided from its own steps. Its reductions were judged at that
+        // scale, so partitions that decided differently cannot be joined into one verdict.
+        match (&found.dp_reduction, &part.report.dp_reduction) {
+            (None, Some(d)) => found.dp_reduction = Some(d.clone()),
+            (Some(a), Some(b)) if (a.scale - b.scale).abs() > 1e-6 * a.scale.abs().max(1.0) => {
+                return Err(CompareError::Invalid(format!(
+                    "partition {} decided data-parallel reductions at scale {} ({}), an \
+                     earlier one at {} ({}): run every partition with --dp-reduction-scale",
+                    part.partition.index, b.scale, b.detail, a.scale, a.detail
+                )));
+            }
+            _ => {}
         }
         for (cmp, e) in part.report.tensors.into_iter().zip(part.partition.pending) {
             found.pending.push(Pending::from_entry(cmp, e));

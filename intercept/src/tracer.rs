@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ttrace_format::config::CaptureConfig;
+use ttrace_format::config::{CaptureConfig, StepRule};
 use ttrace_format::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, GemmOp, Op, Record, Role, Tensor,
 };
@@ -524,7 +524,8 @@ impl Tracer {
             .collect();
         let (packed, _) = tensor_offsets(&sizes);
         let mut k = 0;
-        let gemm = matches!(c.meta.op, Op::Gemm(_));
+        // Only the auto step rule reads values; the others are told steps by marks.
+        let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
         let mut samples = vec![None; c.tensors.len()];
         for ((t, off), sample) in c.tensors.iter_mut().zip(&c.offsets).zip(&mut samples) {
             let Some(from) = *off else { continue };

@@ -374,6 +374,24 @@ fn merges_of_partials_that_do_not_make_one_run_exit_2_naming_the_file() {
         &merge(&[a1.clone(), old_path.clone()], &merged),
         &[&s(&old_path), "ttrace 0.0.1"],
     );
+    // Partitions that held data-parallel reductions to different scales.
+    let decided = |path: &PathBuf, scale: f64, name: &str| -> PathBuf {
+        let mut v = read_json(path);
+        v["dp_reduction"] = serde_json::json!({
+            "scale": scale, "basis": "outputs", "detail": format!("{scale} from the outputs"),
+        });
+        let out = dir.0.join(name);
+        std::fs::write(&out, v.to_string()).expect("write");
+        out
+    };
+    let (sum, mean) = (
+        decided(&a1, 1.0, "sum.json"),
+        decided(&a2, 0.5, "mean.json"),
+    );
+    refused(
+        &merge(&[sum, mean], &merged),
+        &["partition 2 decided", "--dp-reduction-scale"],
+    );
     // A whole-run report.
     let whole = dir.0.join("whole.json");
     let o = compare_cmd("none", None, &whole).output().expect("compare");

@@ -478,17 +478,22 @@ mod tests {
         assert_eq!(&bytes[24..39], b"127.0.0.1:29500");
     }
 
-    #[test]
-    fn init_waits_for_all_ranks_and_split_orders_by_key() {
-        let _g = lock_env();
-        let k = key("split");
-        let n = 4;
+    /// `n` ranks of a fresh communicator named after `tag`, all arrived and ready.
+    fn ready_comms(tag: &str, n: usize) -> Vec<Arc<Comm>> {
+        let k = key(tag);
         let comms: Vec<Arc<Comm>> = (0..n)
             .map(|r| Comm::arrive(k, n, r, r as c_int, true).unwrap())
             .collect();
         for c in &comms {
             c.wait_ready().unwrap();
         }
+        comms
+    }
+
+    #[test]
+    fn init_waits_for_all_ranks_and_split_orders_by_key() {
+        let _g = lock_env();
+        let comms = ready_comms("split", 4);
         // Even/odd split with keys reversing the order.
         let res: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = comms
@@ -520,14 +525,7 @@ mod tests {
     #[test]
     fn a_shrink_meets_on_one_key_whatever_each_survivor_shrank_before() {
         let _g = lock_env();
-        let k = key("shrink");
-        let n = 4;
-        let comms: Vec<Arc<Comm>> = (0..n)
-            .map(|r| Comm::arrive(k, n, r, r as c_int, true).unwrap())
-            .collect();
-        for c in &comms {
-            c.wait_ready().unwrap();
-        }
+        let comms = ready_comms("shrink", 4);
         // Ranks 0..3 shrink without rank 3, then ranks 1..4 without rank 0 (listed in another
         // order by rank 3, which took no part in the first).
         let first: Vec<_> = (0..3).map(|r| comms[r].shrink(&[3]).unwrap()).collect();

@@ -48,7 +48,7 @@ pub const SAMPLE_LEN: usize = 32;
 /// operand counts as updated in place rather than replaced by new data. Measured: SGD steps
 /// that halve a loss move weights by 0.03-0.05 (tests/torch/megatron.py); the next
 /// micro-batch's activations at a deep pipeline stage move by 0.19-0.20 (the trainer, bf16,
-/// 8 layers, last stage of pp=2), a model's input by about √2.
+/// 8 layers, last stage of pp=2); independent inputs are expected to move by about √2.
 pub const UPDATE_MAX_CHANGE: f64 = 0.1;
 
 /// Evenly spaced elements of an operand, as `f32`.

@@ -13,7 +13,6 @@ use crossbeam_channel::{bounded, Receiver};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
-use ttrace_format::codec::Codec;
 use ttrace_format::record::{Op, Record};
 use ttrace_format::ring::{self, Ring, Slot};
 use ttrace_format::store::{Blob, RankInfo};
@@ -24,6 +23,8 @@ use ttrace_format::wire::{
 use crate::dedup::Digest;
 use crate::encode::Encoder;
 use crate::fdpass;
+use crate::pieces::{self, Encoded, TensorJob};
+use crate::pool::Pool;
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
@@ -273,23 +274,14 @@ impl ClientRing {
     }
 }
 
-/// What the compression of one tensor produced.
-struct Encoded {
-    blob: Blob,
-    /// CRC-32 of the bytes in the ring.
-    crc: u32,
-    /// Their BLAKE3 digest, when the job deduplicates (module `dedup`).
-    digest: Option<Digest>,
-}
-
 /// A record on its way from the reader to the writer.
 struct Pending {
     /// Its metadata's memory (see [`Budget`]).
     meta: u64,
     record: Box<Record>,
     slot: Option<Slot>,
-    /// Per captured tensor: its place in the slot, element size, and the compression result.
-    tensors: Vec<(u64, u64, usize, Receiver<Encoded>)>,
+    /// Per captured tensor: its place in the slot and its compression.
+    tensors: Vec<(u64, TensorJob)>,
     /// For a record whose tensors were streamed: the stream of each captured tensor (then
     /// `slot` is `None` and `tensors` empty).
     streams: Vec<StreamRef>,
@@ -299,7 +291,7 @@ struct Pending {
 enum Work {
     Record(Pending),
     /// A chunk of a streamed tensor and its compression.
-    Chunk(Box<Chunk>, Receiver<Encoded>),
+    Chunk(Box<Chunk>, TensorJob),
     /// The producer gave a stream up.
     Abort(u64),
 }
@@ -677,26 +669,26 @@ fn prepare(
         }
     }
     let mut tensors = Vec::with_capacity(captured.len());
+    let dedup = shared.run.capture.dedup;
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
-        let (tx, rx) = bounded::<Encoded>(1);
-        let (ring, level, off) = (ring.clone(), shared.level, offsets[i]);
-        let dedup = shared.run.capture.dedup;
-        if let Some(s) = slot {
-            shared.pool.submit(Box::new(move |enc: &mut Encoder| {
-                // SAFETY: the slot was validated and is released only by this client's writer
-                // after it has received this job's result; the range is inside the slot
-                // (checked against its length above).
-                let bytes = unsafe { ring.bytes(&s, off, nbytes) };
-                let mut e = encode(bytes, elem, enc);
-                if dedup {
-                    e.digest = crate::dedup::digest(bytes);
+        let job = match slot {
+            Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
+            None => {
+                let (tx, rx) = bounded::<Encoded>(1);
+                let _ = tx.send(pieces::encode(
+                    &[],
+                    elem,
+                    &mut Encoder::new(shared.level),
+                    false,
+                ));
+                TensorJob {
+                    pieces: vec![(0, 0, rx)],
+                    elem,
+                    dedup: false,
                 }
-                let _ = tx.send(e);
-            }));
-        } else {
-            let _ = tx.send(encode(&[], elem, &mut Encoder::new(level)));
-        }
-        tensors.push((off, nbytes, elem, rx));
+            }
+        };
+        tensors.push((offsets[i], job));
     }
     Ok(Pending {
         meta,
@@ -763,15 +755,41 @@ fn prepare_chunk(
         )));
     }
     *last_end = c.slot.end;
-    let (tx, rx) = bounded::<Encoded>(1);
-    let (ring2, slot, len, elem) = (ring.clone(), c.slot, c.len, c.elem as usize);
-    shared.pool.submit(Box::new(move |enc: &mut Encoder| {
-        // SAFETY: the slot was validated and is released only by this client's writer after
-        // it has received this job's result; `len` is inside it (checked above).
-        let bytes = unsafe { ring2.bytes(&slot, 0, len) };
-        let _ = tx.send(encode(bytes, elem, enc));
-    }));
-    Ok(Work::Chunk(Box::new(c), rx))
+    let job = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, false);
+    Ok(Work::Chunk(Box::new(c), job))
+}
+
+/// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
+/// ([`pieces::cut`]) that the pool's threads compress at the same time.
+fn submit_tensor(
+    shared: &Arc<Shared>,
+    ring: &Arc<ClientRing>,
+    slot: Slot,
+    offset: u64,
+    nbytes: u64,
+    elem: usize,
+    dedup: bool,
+) -> TensorJob {
+    let parts = pieces::cut(nbytes, elem, shared.pool.piece_bytes())
+        .into_iter()
+        .map(|(at, len)| {
+            let (tx, rx) = bounded::<Encoded>(1);
+            let ring = ring.clone();
+            shared.pool.submit(Box::new(move |enc: &mut Encoder| {
+                // SAFETY: the slot was validated and is released only by this client's writer
+                // after it has received this job's result; the piece lies inside the tensor,
+                // which lies inside the slot (checked against its length by the caller).
+                let bytes = unsafe { ring.bytes(&slot, offset + at, len) };
+                let _ = tx.send(pieces::encode(bytes, elem, enc, dedup));
+            }));
+            (at, len, rx)
+        })
+        .collect();
+    TensorJob {
+        pieces: parts,
+        elem,
+        dedup,
+    }
 }
 
 /// `ring::tensor_offsets` without overflow on hostile sizes.
@@ -783,41 +801,25 @@ fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
     Some(ring::tensor_offsets(sizes))
 }
 
-fn encode(bytes: &[u8], elem: usize, enc: &mut Encoder) -> Encoded {
-    let crc = crc32fast::hash(bytes);
-    let blob = enc.encode(bytes, elem).unwrap_or_else(|e| {
-        warn!("compression failed ({e}); storing the tensor raw");
-        raw_blob(bytes, elem)
-    });
+/// Appends one chunk, compressed by the pool, to its stream.
+fn write_chunk(streams: &mut Streams, c: &Chunk, job: TensorJob, ring: &ClientRing, pool: &Pool) {
+    let enc = job.join(
+        // The job was lost (a worker panicked): store the bytes raw, here.
+        // SAFETY: as in `prepare_chunk`: the slot is ours until released after this, and
+        // the piece lies inside it.
+        |at, len| raw_encoded(unsafe { ring.bytes(&c.slot, at, len) }, c.elem as usize),
+        |buf| pool.recycle(buf),
+    );
+    streams.chunk(c, enc.blob, enc.crc);
+}
+
+/// `bytes` stored raw, with their CRC-32 (when a compression job was lost).
+fn raw_encoded(bytes: &[u8], elem: usize) -> Encoded {
     Encoded {
-        blob,
-        crc,
+        blob: pieces::raw_blob(bytes, elem),
+        crc: crc32fast::hash(bytes),
         digest: None,
     }
-}
-
-fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
-    Blob {
-        codec: Codec::Raw,
-        elem_size: elem as u8,
-        raw_len: bytes.len() as u64,
-        stored: bytes.to_vec(),
-    }
-}
-
-/// Compresses (already done by the pool) and appends one chunk to its stream.
-fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring: &ClientRing) {
-    let enc = result.recv().unwrap_or_else(|_| {
-        // The job was lost (a worker panicked): store the bytes raw, here.
-        // SAFETY: as in `prepare_chunk`: the slot is ours until released after this.
-        let bytes = unsafe { ring.bytes(&c.slot, 0, c.len) };
-        Encoded {
-            blob: raw_blob(bytes, c.elem as usize),
-            crc: crc32fast::hash(bytes),
-            digest: None,
-        }
-    });
-    streams.chunk(c, enc.blob, enc.crc);
 }
 
 /// A record on its way into the store: its ring slot (if it has one) waits for its frame to
@@ -956,8 +958,8 @@ impl Writer<'_> {
     }
 
     /// Appends a chunk to its stream file. Returns whether every flush succeeded.
-    fn chunk(&mut self, c: &Chunk, result: Receiver<Encoded>) -> bool {
-        write_chunk(&mut self.streams, c, result, self.ring);
+    fn chunk(&mut self, c: &Chunk, job: TensorJob) -> bool {
+        write_chunk(&mut self.streams, c, job, self.ring, &self.shared.pool);
         // Written unbuffered: in the kernel once `write_chunk` returns. Records before the
         // chunk may still sit in a segment's buffer: its slot is released after theirs.
         self.waiting.push_back(Unreleased {
@@ -981,7 +983,7 @@ impl Writer<'_> {
             let n = blobs.len();
             (blobs, vec![None; n], 0)
         } else {
-            self.collect(&p)
+            self.collect(&mut p)
         };
         let rec = &p.record;
         let key = (rec.rank, rec.step);
@@ -1032,32 +1034,25 @@ impl Writer<'_> {
 
     /// The compressed tensors of a record from the ring, their digests (for dedup) and how
     /// many did not match the record's CRC-32.
-    fn collect(&self, p: &Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
+    fn collect(&self, p: &mut Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
         let rec = &p.record;
         let mut blobs = Vec::with_capacity(p.tensors.len());
         let mut digests = Vec::with_capacity(p.tensors.len());
         let mut mismatches = 0u64;
         let expected = rec.tensors.iter().filter(|t| t.captured).map(|t| t.crc32);
-        for (i, ((off, nbytes, elem, result), expected)) in
-            p.tensors.iter().zip(expected).enumerate()
-        {
-            let enc = match (result.recv(), &p.slot) {
-                (Ok(e), _) => e,
-                // The job was lost (a worker panicked): store the bytes raw, here.
-                (Err(_), Some(s)) => {
-                    // SAFETY: as in `prepare`: the slot is ours until released after this.
-                    let bytes = unsafe { self.ring.bytes(s, *off, *nbytes) };
-                    Encoded {
-                        blob: raw_blob(bytes, *elem),
-                        crc: crc32fast::hash(bytes),
-                        digest: None,
-                    }
-                }
-                (Err(_), None) => Encoded {
-                    blob: raw_blob(&[], *elem),
-                    crc: 0,
-                    digest: None,
-                },
+        let empty = |_, _| raw_encoded(&[], 1);
+        let tensors = std::mem::take(&mut p.tensors);
+        for (i, ((off, job), expected)) in tensors.into_iter().zip(expected).enumerate() {
+            let elem = job.elem;
+            let enc = match &p.slot {
+                // A piece whose job was lost (a worker panicked) is stored raw, here.
+                // SAFETY: as in `prepare`: the slot is ours until released after this, and
+                // the piece lies inside the tensor's range of it.
+                Some(s) => job.join(
+                    |at, len| raw_encoded(unsafe { self.ring.bytes(s, off + at, len) }, elem),
+                    |buf| self.shared.pool.recycle(buf),
+                ),
+                None => job.join(empty, drop),
             };
             if enc.crc != expected {
                 mismatches += 1;

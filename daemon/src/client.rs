@@ -23,8 +23,7 @@ use ttrace_format::wire::{
 use crate::dedup::Digest;
 use crate::encode::Encoder;
 use crate::fdpass;
-use crate::pieces::{self, Encoded, TensorJob};
-use crate::pool::Pool;
+use crate::pieces::{self, Encoded, PieceSet};
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
@@ -280,8 +279,8 @@ struct Pending {
     meta: u64,
     record: Box<Record>,
     slot: Option<Slot>,
-    /// Per captured tensor: its place in the slot and its compression.
-    tensors: Vec<(u64, TensorJob)>,
+    /// Per captured tensor: its place in the slot, element size, and the compression result.
+    tensors: Vec<(u64, u64, usize, Receiver<Encoded>)>,
     /// For a record whose tensors were streamed: the stream of each captured tensor (then
     /// `slot` is `None` and `tensors` empty).
     streams: Vec<StreamRef>,
@@ -291,7 +290,7 @@ struct Pending {
 enum Work {
     Record(Pending),
     /// A chunk of a streamed tensor and its compression.
-    Chunk(Box<Chunk>, TensorJob),
+    Chunk(Box<Chunk>, Receiver<Encoded>),
     /// The producer gave a stream up.
     Abort(u64),
 }
@@ -671,7 +670,7 @@ fn prepare(
     let mut tensors = Vec::with_capacity(captured.len());
     let dedup = shared.run.capture.dedup;
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
-        let job = match slot {
+        let result = match slot {
             Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
             None => {
                 let (tx, rx) = bounded::<Encoded>(1);
@@ -681,14 +680,10 @@ fn prepare(
                     &mut Encoder::new(shared.level),
                     false,
                 ));
-                TensorJob {
-                    pieces: vec![(0, 0, rx)],
-                    elem,
-                    dedup: false,
-                }
+                rx
             }
         };
-        tensors.push((offsets[i], job));
+        tensors.push((offsets[i], nbytes, elem, result));
     }
     Ok(Pending {
         meta,
@@ -755,12 +750,13 @@ fn prepare_chunk(
         )));
     }
     *last_end = c.slot.end;
-    let job = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, false);
-    Ok(Work::Chunk(Box::new(c), job))
+    let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, false);
+    Ok(Work::Chunk(Box::new(c), result))
 }
 
 /// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
-/// ([`pieces::cut`]) that the pool's threads compress at the same time.
+/// ([`pieces::cut`]) that the pool's threads compress at the same time; its result (joined
+/// by the last piece's job) arrives on the returned channel.
 fn submit_tensor(
     shared: &Arc<Shared>,
     ring: &Arc<ClientRing>,
@@ -769,27 +765,21 @@ fn submit_tensor(
     nbytes: u64,
     elem: usize,
     dedup: bool,
-) -> TensorJob {
-    let parts = pieces::cut(nbytes, elem, shared.pool.piece_bytes())
-        .into_iter()
-        .map(|(at, len)| {
-            let (tx, rx) = bounded::<Encoded>(1);
-            let ring = ring.clone();
-            shared.pool.submit(Box::new(move |enc: &mut Encoder| {
-                // SAFETY: the slot was validated and is released only by this client's writer
-                // after it has received this job's result; the piece lies inside the tensor,
-                // which lies inside the slot (checked against its length by the caller).
-                let bytes = unsafe { ring.bytes(&slot, offset + at, len) };
-                let _ = tx.send(pieces::encode(bytes, elem, enc, dedup));
-            }));
-            (at, len, rx)
-        })
-        .collect();
-    TensorJob {
-        pieces: parts,
-        elem,
-        dedup,
+) -> Receiver<Encoded> {
+    let cut = pieces::cut(nbytes, elem, shared.pool.piece_bytes());
+    let (set, rx) = PieceSet::new(cut, elem, dedup);
+    for (i, &(at, len)) in set.pieces.iter().enumerate() {
+        let (set, ring) = (set.clone(), ring.clone());
+        shared.pool.submit(Box::new(move |enc: &mut Encoder| {
+            // SAFETY: the slot was validated and is released only by this client's writer
+            // after it has received the tensor's result (sent once every piece is done); the
+            // piece lies inside the tensor, which lies inside the slot (checked by the caller).
+            let bytes = unsafe { ring.bytes(&slot, offset + at, len) };
+            let e = pieces::encode(bytes, elem, enc, dedup);
+            set.done(i, e, |buf| enc.recycle(buf));
+        }));
     }
+    rx
 }
 
 /// `ring::tensor_offsets` without overflow on hostile sizes.
@@ -802,14 +792,12 @@ fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
 }
 
 /// Appends one chunk, compressed by the pool, to its stream.
-fn write_chunk(streams: &mut Streams, c: &Chunk, job: TensorJob, ring: &ClientRing, pool: &Pool) {
-    let enc = job.join(
-        // The job was lost (a worker panicked): store the bytes raw, here.
-        // SAFETY: as in `prepare_chunk`: the slot is ours until released after this, and
-        // the piece lies inside it.
-        |at, len| raw_encoded(unsafe { ring.bytes(&c.slot, at, len) }, c.elem as usize),
-        |buf| pool.recycle(buf),
-    );
+fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring: &ClientRing) {
+    let enc = result.recv().unwrap_or_else(|_| {
+        // A job was lost (a worker panicked): store the bytes raw, here.
+        // SAFETY: as in `prepare_chunk`: the slot is ours until released after this.
+        raw_encoded(unsafe { ring.bytes(&c.slot, 0, c.len) }, c.elem as usize)
+    });
     streams.chunk(c, enc.blob, enc.crc);
 }
 
@@ -958,8 +946,8 @@ impl Writer<'_> {
     }
 
     /// Appends a chunk to its stream file. Returns whether every flush succeeded.
-    fn chunk(&mut self, c: &Chunk, job: TensorJob) -> bool {
-        write_chunk(&mut self.streams, c, job, self.ring, &self.shared.pool);
+    fn chunk(&mut self, c: &Chunk, result: Receiver<Encoded>) -> bool {
+        write_chunk(&mut self.streams, c, result, self.ring);
         // Written unbuffered: in the kernel once `write_chunk` returns. Records before the
         // chunk may still sit in a segment's buffer: its slot is released after theirs.
         self.waiting.push_back(Unreleased {
@@ -983,7 +971,7 @@ impl Writer<'_> {
             let n = blobs.len();
             (blobs, vec![None; n], 0)
         } else {
-            self.collect(&mut p)
+            self.collect(&p)
         };
         let rec = &p.record;
         let key = (rec.rank, rec.step);
@@ -1034,25 +1022,23 @@ impl Writer<'_> {
 
     /// The compressed tensors of a record from the ring, their digests (for dedup) and how
     /// many did not match the record's CRC-32.
-    fn collect(&self, p: &mut Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
+    fn collect(&self, p: &Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
         let rec = &p.record;
         let mut blobs = Vec::with_capacity(p.tensors.len());
         let mut digests = Vec::with_capacity(p.tensors.len());
         let mut mismatches = 0u64;
         let expected = rec.tensors.iter().filter(|t| t.captured).map(|t| t.crc32);
-        let empty = |_, _| raw_encoded(&[], 1);
-        let tensors = std::mem::take(&mut p.tensors);
-        for (i, ((off, job), expected)) in tensors.into_iter().zip(expected).enumerate() {
-            let elem = job.elem;
-            let enc = match &p.slot {
-                // A piece whose job was lost (a worker panicked) is stored raw, here.
-                // SAFETY: as in `prepare`: the slot is ours until released after this, and
-                // the piece lies inside the tensor's range of it.
-                Some(s) => job.join(
-                    |at, len| raw_encoded(unsafe { self.ring.bytes(s, off + at, len) }, elem),
-                    |buf| self.shared.pool.recycle(buf),
-                ),
-                None => job.join(empty, drop),
+        for (i, ((off, nbytes, elem, result), expected)) in
+            p.tensors.iter().zip(expected).enumerate()
+        {
+            let enc = match (result.recv(), &p.slot) {
+                (Ok(e), _) => e,
+                // A job was lost (a worker panicked): store the bytes raw, here.
+                // SAFETY: as in `prepare`: the slot is ours until released after this.
+                (Err(_), Some(s)) => {
+                    raw_encoded(unsafe { self.ring.bytes(s, *off, *nbytes) }, *elem)
+                }
+                (Err(_), None) => raw_encoded(&[], *elem),
             };
             if enc.crc != expected {
                 mismatches += 1;

@@ -8,7 +8,11 @@
 //! capture rate was bound by that, not by the number of threads (notes of issue 13). In pieces
 //! the same record is spread over every compression thread.
 
-use crossbeam_channel::Receiver;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use parking_lot::Mutex;
 use ttrace_format::codec::{self, Codec};
 use ttrace_format::store::Blob;
 
@@ -67,56 +71,90 @@ pub(crate) fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
     }
 }
 
-/// A tensor being compressed: its pieces' results to come, in order.
-pub(crate) struct TensorJob {
-    /// Per piece: its offset and length in the tensor, and where its result arrives.
-    pub(crate) pieces: Vec<(u64, u64, Receiver<Encoded>)>,
-    pub(crate) elem: usize,
+/// A tensor being compressed in pieces: each piece's job hands its result in with
+/// [`PieceSet::done`], and the job that hands in the last one joins them (on the pool, not on
+/// the writer's thread: joining copies the stored bytes) and sends the tensor's result. When
+/// a job is lost (a worker panicked), the set is dropped unsent and the receiver sees the
+/// channel closed.
+pub(crate) struct PieceSet {
+    /// Per piece: its offset and length in the tensor.
+    pub(crate) pieces: Vec<(u64, u64)>,
+    elem: usize,
     /// Whether the pieces carry digests (the tensor is deduplicated).
-    pub(crate) dedup: bool,
+    dedup: bool,
+    results: Mutex<Vec<Option<Encoded>>>,
+    left: AtomicUsize,
+    tx: Sender<Encoded>,
 }
 
-impl TensorJob {
-    /// Waits for every piece and joins them into the tensor's blob, CRC and digest. A piece
-    /// whose job was lost (a worker panicked) is taken from `lost(offset, len)` instead.
+impl PieceSet {
+    /// The set of `pieces` (from [`cut`]) of a tensor, and where its joined result arrives.
+    pub(crate) fn new(
+        pieces: Vec<(u64, u64)>,
+        elem: usize,
+        dedup: bool,
+    ) -> (Arc<PieceSet>, Receiver<Encoded>) {
+        let (tx, rx) = bounded(1);
+        let n = pieces.len();
+        let set = PieceSet {
+            pieces,
+            elem,
+            dedup,
+            results: Mutex::new((0..n).map(|_| None).collect()),
+            left: AtomicUsize::new(n),
+            tx,
+        };
+        (Arc::new(set), rx)
+    }
+
+    /// Hands in piece `i`'s result; the last one in joins all and sends the tensor's.
     /// Spent piece buffers go to `recycle`.
-    pub(crate) fn join(
-        self,
-        lost: impl Fn(u64, u64) -> Encoded,
-        mut recycle: impl FnMut(Vec<u8>),
-    ) -> Encoded {
-        let mut done: Vec<(u64, Encoded)> = self
-            .pieces
+    pub(crate) fn done(&self, i: usize, e: Encoded, recycle: impl FnMut(Vec<u8>)) {
+        self.results.lock()[i] = Some(e);
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let done: Vec<(u64, Encoded)> = std::mem::take(&mut *self.results.lock())
             .into_iter()
-            .map(|(at, len, rx)| (len, rx.recv().unwrap_or_else(|_| lost(at, len))))
+            .zip(&self.pieces)
+            .filter_map(|(e, &(_, len))| e.map(|e| (len, e)))
             .collect();
-        if done.len() == 1 {
-            let (len, mut e) = done.pop().expect("one piece");
-            // A tensor of one piece deduplicates by the digest of its bytes.
-            e.digest = e.digest.filter(|_| len as usize >= dedup::MIN_DEDUP_BYTES);
-            return e;
+        let _ = self.tx.send(join(done, self.elem, self.dedup, recycle));
+    }
+}
+
+/// The tensor's blob, CRC-32 and digest from its pieces' (in order).
+fn join(
+    mut done: Vec<(u64, Encoded)>,
+    elem: usize,
+    dedup: bool,
+    mut recycle: impl FnMut(Vec<u8>),
+) -> Encoded {
+    if done.len() == 1 {
+        let (len, mut e) = done.pop().expect("one piece");
+        // A tensor of one piece deduplicates by the digest of its bytes.
+        e.digest = e.digest.filter(|_| len as usize >= dedup::MIN_DEDUP_BYTES);
+        return e;
+    }
+    let mut crc = crc32fast::Hasher::new();
+    let mut digests = blake3::Hasher::new();
+    for (len, e) in &done {
+        crc.combine(&crc32fast::Hasher::new_with_initial_len(e.crc, *len));
+        if let Some(d) = e.digest {
+            digests.update(&d);
         }
-        let mut crc = crc32fast::Hasher::new();
-        let mut digests = blake3::Hasher::new();
-        for (len, e) in &done {
-            crc.combine(&crc32fast::Hasher::new_with_initial_len(e.crc, *len));
-            match e.digest {
-                Some(d) => digests.update(&d),
-                None => digests.update(&[]),
-            };
-        }
-        let digest = (self.dedup && done.iter().all(|(_, e)| e.digest.is_some()))
-            .then(|| *digests.finalize().as_bytes());
-        let raw_len: u64 = done.iter().map(|(len, _)| len).sum();
-        let blob = join_blobs(&done, raw_len, self.elem);
-        for (_, e) in done {
-            recycle(e.blob.stored);
-        }
-        Encoded {
-            blob,
-            crc: crc.finalize(),
-            digest,
-        }
+    }
+    let digest = (dedup && done.iter().all(|(_, e)| e.digest.is_some()))
+        .then(|| *digests.finalize().as_bytes());
+    let raw_len: u64 = done.iter().map(|(len, _)| len).sum();
+    let blob = join_blobs(&done, raw_len, elem);
+    for (_, e) in done {
+        recycle(e.blob.stored);
+    }
+    Encoded {
+        blob,
+        crc: crc.finalize(),
+        digest,
     }
 }
 
@@ -170,24 +208,17 @@ fn join_blobs(done: &[(u64, Encoded)], raw_len: u64, elem: usize) -> Blob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::bounded;
 
-    fn job_of(raw: &[u8], elem: usize, level: i32, dedup: bool) -> TensorJob {
+    /// Compresses `raw` as the pool would, piece by piece (in reverse order: the last piece
+    /// in is not the last piece of the tensor), and returns the joined result.
+    fn compressed(raw: &[u8], elem: usize, level: i32, dedup: bool) -> Encoded {
         let mut enc = Encoder::new(level);
-        let pieces = cut(raw.len() as u64, elem, PIECE_BYTES)
-            .into_iter()
-            .map(|(at, len)| {
-                let (tx, rx) = bounded(1);
-                let bytes = &raw[at as usize..(at + len) as usize];
-                tx.send(encode(bytes, elem, &mut enc, dedup)).expect("sent");
-                (at, len, rx)
-            })
-            .collect();
-        TensorJob {
-            pieces,
-            elem,
-            dedup,
+        let (set, rx) = PieceSet::new(cut(raw.len() as u64, elem, PIECE_BYTES), elem, dedup);
+        for (i, &(at, len)) in set.pieces.iter().enumerate().rev() {
+            let bytes = &raw[at as usize..(at + len) as usize];
+            set.done(i, encode(bytes, elem, &mut enc, dedup), drop);
         }
+        rx.recv().expect("joined")
     }
 
     fn floats(n: usize, seed: u32) -> Vec<u8> {
@@ -221,15 +252,14 @@ mod tests {
     #[test]
     fn a_large_tensor_joins_into_one_blob_with_the_whole_crc() {
         let raw = floats((PIECE_BYTES as usize * 5 / 2) / 4 + 3, 1);
-        let e = job_of(&raw, 4, crate::DEFAULT_LEVEL, false).join(|_, _| unreachable!(), drop);
+        let e = compressed(&raw, 4, crate::DEFAULT_LEVEL, false);
         assert_eq!(e.blob.codec, Codec::Pieces);
         assert_eq!(e.crc, crc32fast::hash(&raw));
         assert!(e.blob.stored.len() < raw.len());
         let back = codec::decode(&e.blob.stored, raw.len(), 4, e.blob.codec, &mut Vec::new())
             .expect("decodes");
         assert_eq!(back, raw);
-        let small =
-            job_of(&raw[..4096], 4, crate::DEFAULT_LEVEL, false).join(|_, _| unreachable!(), drop);
+        let small = compressed(&raw[..4096], 4, crate::DEFAULT_LEVEL, false);
         assert_eq!(small.blob.codec, Codec::ShufflePlanes);
     }
 
@@ -241,49 +271,32 @@ mod tests {
         let mut b = a.clone();
         let last = b.len() - 1;
         b[last] ^= 1;
-        let digest = |raw: &[u8]| {
-            job_of(raw, 4, 0, true)
-                .join(|_, _| unreachable!(), drop)
-                .digest
-        };
+        let digest = |raw: &[u8]| compressed(raw, 4, 0, true).digest;
         assert!(digest(&a).is_some());
         assert_eq!(digest(&a), digest(&a.clone()));
         assert_ne!(digest(&a), digest(&b));
         assert_eq!(digest(&a[..100]), None);
-        assert_eq!(
-            job_of(&a, 4, 0, false)
-                .join(|_, _| unreachable!(), drop)
-                .digest,
-            None
-        );
+        assert_eq!(compressed(&a, 4, 0, false).digest, None);
         // Stored raw (level 0): the pieces' bytes one after the other, no table.
-        let raw = job_of(&a, 4, 0, true).join(|_, _| unreachable!(), drop);
+        let raw = compressed(&a, 4, 0, true);
         assert_eq!((raw.blob.codec, raw.blob.stored == a), (Codec::Raw, true));
     }
 
-    /// A piece whose compression job was lost is stored from the fallback, not dropped.
+    /// A piece whose job was lost (its worker panicked, dropping its share of the set) leaves
+    /// the tensor's channel closed, so the writer stores the tensor from the ring instead of
+    /// waiting forever.
     #[test]
-    fn a_lost_piece_is_taken_from_the_fallback() {
+    fn a_lost_piece_closes_the_channel() {
         let raw = floats(PIECE_BYTES as usize / 2 + 10, 2);
-        let mut job = job_of(&raw, 4, crate::DEFAULT_LEVEL, false);
-        let (tx, rx) = bounded(1);
-        drop(tx);
-        job.pieces[1].2 = rx;
-        let e = job.join(
-            |at, len| raw_blob_encoded(&raw[at as usize..(at + len) as usize]),
+        let (set, rx) = PieceSet::new(cut(raw.len() as u64, 4, PIECE_BYTES), 4, false);
+        let mut enc = Encoder::new(crate::DEFAULT_LEVEL);
+        let (at, len) = set.pieces[0];
+        set.done(
+            0,
+            encode(&raw[at as usize..(at + len) as usize], 4, &mut enc, false),
             drop,
         );
-        assert_eq!(e.crc, crc32fast::hash(&raw));
-        let back = codec::decode(&e.blob.stored, raw.len(), 4, e.blob.codec, &mut Vec::new())
-            .expect("decodes");
-        assert_eq!(back, raw);
-    }
-
-    fn raw_blob_encoded(bytes: &[u8]) -> Encoded {
-        Encoded {
-            blob: raw_blob(bytes, 4),
-            crc: crc32fast::hash(bytes),
-            digest: None,
-        }
+        drop(set); // piece 1's job is gone
+        assert!(rx.recv().is_err());
     }
 }

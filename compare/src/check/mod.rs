@@ -6,7 +6,7 @@
 //!   are grouped per communicator by call order (the n-th collective on a communicator on each
 //!   member; send/recv pairs by the n-th transfer between two communicator ranks), membership
 //!   from the manifest's comm map. Reductions are checked against the f64 reduction of the
-//!   captured inputs within a bound of round-off (see [`collectives::reduction_bound`]); NCCL's
+//!   captured inputs within a bound of round-off (see [`crate::tolerance::reduction_bound`]); NCCL's
 //!   ring order is not reproduced, so the check is a tolerance, not bitwise. Gathers,
 //!   broadcasts and point-to-point transfers are bitwise.
 //! * [`replicas`]: tensors every member must hold identically (the outputs of all-reduce and

@@ -387,28 +387,7 @@ fn finish(
         command: t.manifest.command.join(" "),
         world_size: t.ranks().len() as u32,
     };
-    let stats = CompareStats {
-        reference_ops: steps
-            .iter()
-            .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
-            .sum(),
-        reference_gemms_aligned: p
-            .al
-            .of_ref
-            .keys()
-            .filter(|op| steps.contains(&op.0))
-            .count() as u64,
-        aligned_ops: p
-            .al
-            .of_run
-            .keys()
-            .filter(|op| steps.contains(&op.1))
-            .count() as u64,
-        unaligned_ops: p.al.unaligned,
-        tensors_compared: tensors.len() as u64,
-        bytes_compared: bytes,
-        elapsed_s,
-    };
+    let stats = stats(p, steps, tensors.len(), (bytes, elapsed_s));
     Ok(CompareReport {
         reference: summary(&p.reff),
         run: summary(&p.run),
@@ -431,6 +410,37 @@ fn finish(
         dp_reduction,
         stats,
     })
+}
+
+/// What was compared and read: ops, aligned GEMMs, tensors, bytes and time.
+fn stats(
+    p: &Prepared,
+    steps: &[u64],
+    tensors: usize,
+    (bytes, elapsed_s): (u64, f64),
+) -> CompareStats {
+    CompareStats {
+        reference_ops: steps
+            .iter()
+            .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
+            .sum(),
+        reference_gemms_aligned: p
+            .al
+            .of_ref
+            .keys()
+            .filter(|op| steps.contains(&op.0))
+            .count() as u64,
+        aligned_ops: p
+            .al
+            .of_run
+            .keys()
+            .filter(|op| steps.contains(&op.1))
+            .count() as u64,
+        unaligned_ops: p.al.unaligned,
+        tensors_compared: tensors as u64,
+        bytes_compared: bytes,
+        elapsed_s,
+    }
 }
 
 /// The walk over the reference's ops in execution order, and what it found.

@@ -66,6 +66,15 @@ pub enum CompareError {
     Invalid(String),
 }
 
+impl From<model::store::OpenError> for CompareError {
+    fn from(e: model::store::OpenError) -> CompareError {
+        match e {
+            model::store::OpenError::Store { path, source } => CompareError::Store { path, source },
+            model::store::OpenError::NoManifest(path) => CompareError::NoManifest(path),
+        }
+    }
+}
+
 /// `path: error`, or the error alone when it names the path already.
 fn store_message(path: &str, e: &ttrace_format::FormatError) -> String {
     let text = e.to_string();

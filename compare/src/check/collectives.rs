@@ -575,8 +575,8 @@ mod tests {
                 op: Op::Collective(CollectiveOp {
                     kind,
                     count,
-                    nccl_type: 7,
-                    redop: (kind == CollectiveKind::AllReduce).then_some(0),
+                    nccl_type: cuda_abi::nccl::ncclFloat32,
+                    redop: (kind == CollectiveKind::AllReduce).then_some(cuda_abi::nccl::ncclSum),
                     root_or_peer: peer,
                     comm: COMM,
                     comm_rank: rank,

@@ -39,22 +39,46 @@ pub fn open(path: &Path) -> Result<(Store, Manifest), OpenError> {
 }
 
 /// Every segment of `store`, rank by rank and step by step, opened; a segment that cannot
-/// be opened is skipped and said in `unreadable` (`rank R step S: error`).
-pub fn segments<'a>(
-    store: &'a Store,
-    unreadable: &'a mut Vec<String>,
-) -> impl Iterator<Item = (u32, u64, Segment)> + 'a {
+/// be opened comes as the line that says so (`rank R step S: error`), for the caller to keep
+/// with its other unreadable parts, in order.
+pub fn segments(store: &Store) -> impl Iterator<Item = Result<(u32, u64, Segment), String>> + '_ {
     let keys: Vec<(u32, u64)> = store
         .ranks()
         .into_iter()
         .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
         .collect();
-    keys.into_iter()
-        .filter_map(move |(rank, step)| match store.open_segment(rank, step) {
-            Ok(seg) => Some((rank, step, seg)),
-            Err(e) => {
-                unreadable.push(format!("rank {rank} step {step}: {e}"));
-                None
+    keys.into_iter().map(move |(rank, step)| {
+        store
+            .open_segment(rank, step)
+            .map(|seg| (rank, step, seg))
+            .map_err(|e| format!("rank {rank} step {step}: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_that_is_not_there_is_refused_naming_its_path() {
+        let path = Path::new("/nonexistent/ttrace-model-store-test");
+        match open(path) {
+            Err(e @ OpenError::Store { .. }) => {
+                assert!(e
+                    .to_string()
+                    .starts_with("/nonexistent/ttrace-model-store-test"))
             }
-        })
+            Err(e) => panic!("expected a store error, got {e}"),
+            Ok(_) => panic!("a missing store opened"),
+        }
+    }
+
+    #[test]
+    fn a_directory_without_a_manifest_is_refused_or_said_unreadable() {
+        let dir = std::env::temp_dir().join(format!("ttrace-model-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let opened = open(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(opened.is_err(), "an empty directory is no store to analyse");
+    }
 }

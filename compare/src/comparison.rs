@@ -130,7 +130,7 @@ pub(crate) fn comparison(
         norm_ratio,
         tolerance_eps: tol.value,
         tolerance_source: tol.source.to_string(),
-        diverged: error_eps > tol.value,
+        diverged: tol.exceeded_by(worst_shard, eps),
     }
 }
 

@@ -15,7 +15,7 @@ use super::text::{
     counts, fmt_num, fmt_ratio, kernels_label, layout_label, merge_label, norm_reading, over_label,
     ranks_label, ratio, shape_label, steps_label, tensor_label, where_label, worst_indices,
 };
-use super::{Cause, CompareReport, RunSummary, Verdict};
+use super::{Cause, CompareReport, Divergence, RunSummary, TensorComparison, Verdict};
 
 /// Rows of the worst-tensors table.
 const WORST_ROWS: usize = 12;
@@ -86,102 +86,8 @@ fn embed_json(report: &CompareReport) -> String {
 
 /// The divergence explanation, or what a match compared.
 fn summary(r: &CompareReport, h: &mut String) {
-    let row = |h: &mut String, k: &str, v: &str| {
-        let _ = writeln!(h, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
-    };
     match (&r.verdict, &r.first_divergence) {
-        (Verdict::Divergence, Some(d)) => {
-            let t = r.tensors.get(d.tensor);
-            let _ = write!(
-                h,
-                "<section id=\"divergence\"><h2>First tensor beyond tolerance: {}</h2>\n\
-                 <table class=\"facts\">\n",
-                esc(&where_label(d, t))
-            );
-            if let Some(t) = t {
-                row(
-                    h,
-                    "tensor",
-                    &format!(
-                        "<b>{}</b> of <code>{}</code> {} {}, {}",
-                        esc(&t.role),
-                        esc(&t.api),
-                        esc(&shape_label(&t.shape)),
-                        esc(&t.dtype),
-                        esc(&merge_label(&t.merge))
-                    ),
-                );
-            }
-            row(h, "op", &format!("<code>{}</code>", esc(&d.position)));
-            row(h, "ranks", &esc(&ranks_label(d, t)));
-            if let Some(t) = t {
-                let x = ratio(t.error_eps, t.tolerance_eps);
-                let mut v = format!(
-                    "{} eps vs tolerance {} eps ({}): <b class=\"bad\">{}</b>",
-                    fmt_num(t.error_eps),
-                    fmt_num(t.tolerance_eps),
-                    esc(&t.tolerance_source),
-                    esc(&over_label(x))
-                );
-                if let Some(w) = &t.worst_row {
-                    let _ = write!(
-                        v,
-                        "; worst row {} on rank {}: {} eps",
-                        w.row,
-                        w.rank,
-                        fmt_num(w.error_eps)
-                    );
-                }
-                row(h, "error", &v);
-                let norm = match norm_reading(t.norm_ratio, &r.layout) {
-                    Some(reading) => format!(
-                        "run/reference norm = {}: <b class=\"warn\">{}</b>",
-                        fmt_ratio(t.norm_ratio),
-                        esc(&reading)
-                    ),
-                    None => format!("run/reference norm = {}", fmt_ratio(t.norm_ratio)),
-                };
-                row(h, "norm", &norm);
-            }
-            let cause = match d.cause {
-                Cause::Local => "LOCAL",
-                Cause::Upstream => "UPSTREAM",
-            };
-            row(
-                h,
-                "cause",
-                &format!("<b class=\"warn\">{cause}</b>: {}", esc(&d.explanation)),
-            );
-            let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
-                Some(g) => format!(
-                    "{} at {} eps (tolerance {} eps)",
-                    esc(&tensor_label(g)),
-                    fmt_num(g.error_eps),
-                    fmt_num(g.tolerance_eps)
-                ),
-                None => "none: the first compared tensor already differs".to_string(),
-            };
-            row(h, "last good", &last_good);
-            if !d.kernels_between.is_empty() {
-                // The summary names them on one line; the list gives each its own.
-                let mut v = format!(
-                    "<details><summary>{}</summary><ol>",
-                    esc(&kernels_label(&d.kernels_between, 160))
-                );
-                for k in &d.kernels_between {
-                    let _ = write!(v, "<li><code>{}</code></li>", esc(k));
-                }
-                v.push_str("</ol></details>");
-                row(h, "in between", &v);
-            } else if d.cause == Cause::Upstream {
-                row(
-                    h,
-                    "in between",
-                    "no kernel launches logged between the last good tensor and this op",
-                );
-            }
-            h.push_str("</table>\n</section>\n");
-        }
+        (Verdict::Divergence, Some(d)) => divergence(r, d, h),
         (Verdict::Divergence, None) => match r.replica_drift.first() {
             // Every tensor within tolerance, but replicas drifted apart.
             Some(d) => {
@@ -201,27 +107,134 @@ fn summary(r: &CompareReport, h: &mut String) {
                 "<section id=\"divergence\"><p>No first divergence recorded.</p></section>\n",
             ),
         },
-        (Verdict::Match, _) => {
-            let _ = writeln!(
-                h,
-                "<section id=\"match\"><h2>All {} compared tensors are within tolerance</h2>",
-                r.tensors.len()
-            );
-            if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.get(i)) {
-                let _ = writeln!(
-                    h,
-                    "<p>Largest error/tolerance: <b>{}</b> at {}: {} eps vs tolerance {} eps ({}).</p>",
-                    fmt_num(ratio(t.error_eps, t.tolerance_eps)),
-                    esc(&tensor_label(t)),
-                    fmt_num(t.error_eps),
-                    fmt_num(t.tolerance_eps),
-                    esc(&t.tolerance_source)
-                );
-            }
-            h.push_str("</section>\n");
-        }
+        (Verdict::Match, _) => matched(r, h),
     }
     let _ = writeln!(h, "<p class=\"counts\">{}</p>", esc(&counts(r)));
+}
+
+/// One row of a facts table.
+fn fact(h: &mut String, k: &str, v: &str) {
+    let _ = writeln!(h, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
+}
+
+/// The first divergence: where, which tensor, ranks, error, cause, what lies before it.
+fn divergence(r: &CompareReport, d: &Divergence, h: &mut String) {
+    let t = r.tensors.get(d.tensor);
+    let _ = write!(
+        h,
+        "<section id=\"divergence\"><h2>First tensor beyond tolerance: {}</h2>\n\
+         <table class=\"facts\">\n",
+        esc(&where_label(d, t))
+    );
+    if let Some(t) = t {
+        fact(
+            h,
+            "tensor",
+            &format!(
+                "<b>{}</b> of <code>{}</code> {} {}, {}",
+                esc(&t.role),
+                esc(&t.api),
+                esc(&shape_label(&t.shape)),
+                esc(&t.dtype),
+                esc(&merge_label(&t.merge))
+            ),
+        );
+    }
+    fact(h, "op", &format!("<code>{}</code>", esc(&d.position)));
+    fact(h, "ranks", &esc(&ranks_label(d, t)));
+    if let Some(t) = t {
+        error_facts(r, t, h);
+    }
+    let cause = match d.cause {
+        Cause::Local => "LOCAL",
+        Cause::Upstream => "UPSTREAM",
+    };
+    fact(
+        h,
+        "cause",
+        &format!("<b class=\"warn\">{cause}</b>: {}", esc(&d.explanation)),
+    );
+    let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
+        Some(g) => format!(
+            "{} at {} eps (tolerance {} eps)",
+            esc(&tensor_label(g)),
+            fmt_num(g.error_eps),
+            fmt_num(g.tolerance_eps)
+        ),
+        None => "none: the first compared tensor already differs".to_string(),
+    };
+    fact(h, "last good", &last_good);
+    if !d.kernels_between.is_empty() {
+        // The summary names them on one line; the list gives each its own.
+        let mut v = format!(
+            "<details><summary>{}</summary><ol>",
+            esc(&kernels_label(&d.kernels_between, 160))
+        );
+        for k in &d.kernels_between {
+            let _ = write!(v, "<li><code>{}</code></li>", esc(k));
+        }
+        v.push_str("</ol></details>");
+        fact(h, "in between", &v);
+    } else if d.cause == Cause::Upstream {
+        fact(
+            h,
+            "in between",
+            "no kernel launches logged between the last good tensor and this op",
+        );
+    }
+    h.push_str("</table>\n</section>\n");
+}
+
+/// The diverged tensor's error against its tolerance, worst row and norm ratio.
+fn error_facts(r: &CompareReport, t: &TensorComparison, h: &mut String) {
+    let x = ratio(t.error_eps, t.tolerance_eps);
+    let mut v = format!(
+        "{} eps vs tolerance {} eps ({}): <b class=\"bad\">{}</b>",
+        fmt_num(t.error_eps),
+        fmt_num(t.tolerance_eps),
+        esc(&t.tolerance_source),
+        esc(&over_label(x))
+    );
+    if let Some(w) = &t.worst_row {
+        let _ = write!(
+            v,
+            "; worst row {} on rank {}: {} eps",
+            w.row,
+            w.rank,
+            fmt_num(w.error_eps)
+        );
+    }
+    fact(h, "error", &v);
+    let norm = match norm_reading(t.norm_ratio, &r.layout) {
+        Some(reading) => format!(
+            "run/reference norm = {}: <b class=\"warn\">{}</b>",
+            fmt_ratio(t.norm_ratio),
+            esc(&reading)
+        ),
+        None => format!("run/reference norm = {}", fmt_ratio(t.norm_ratio)),
+    };
+    fact(h, "norm", &norm);
+}
+
+/// A match: how many tensors, and the closest to its tolerance.
+fn matched(r: &CompareReport, h: &mut String) {
+    let _ = writeln!(
+        h,
+        "<section id=\"match\"><h2>All {} compared tensors are within tolerance</h2>",
+        r.tensors.len()
+    );
+    if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.get(i)) {
+        let _ = writeln!(
+            h,
+            "<p>Largest error/tolerance: <b>{}</b> at {}: {} eps vs tolerance {} eps ({}).</p>",
+            fmt_num(ratio(t.error_eps, t.tolerance_eps)),
+            esc(&tensor_label(t)),
+            fmt_num(t.error_eps),
+            fmt_num(t.tolerance_eps),
+            esc(&t.tolerance_source)
+        );
+    }
+    h.push_str("</section>\n");
 }
 
 fn worst_table(r: &CompareReport, h: &mut String) {

@@ -274,10 +274,10 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
     // A terminal's Ctrl-C (si_code SI_KERNEL) went to the whole foreground process group, CMD
     // included: forwarding it would deliver it twice. Signals sent to ttrace itself (kill,
     // a scheduler) are forwarded.
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
     let code = if info.is_null() {
         libc::SI_USER
     } else {
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
         unsafe { (*info).si_code }
     };
     if code != libc::SI_KERNEL {

@@ -1034,8 +1034,8 @@ impl Writer<'_> {
             let enc = match (result.recv(), &p.slot) {
                 (Ok(e), _) => e,
                 // A job was lost (a worker panicked): store the bytes raw, here.
-                // SAFETY: as in `prepare`: the slot is ours until released after this.
                 (Err(_), Some(s)) => {
+                    // SAFETY: as in `prepare`: the slot is ours until released after this.
                     raw_encoded(unsafe { self.ring.bytes(s, *off, *nbytes) }, *elem)
                 }
                 (Err(_), None) => raw_encoded(&[], *elem),

@@ -113,10 +113,10 @@ pub fn is_device_memory(ptr: *const c_void) -> Result<bool, cudaError_t> {
         },
         reserved: [0; 8],
     };
-    // SAFETY: an out-pointer to a local as large as either major's struct; the pointer is
-    // only classified.
     // The pointer covers the whole buffer, not only its first field.
     let out = (&mut buf as *mut Attributes).cast::<cudaPointerAttributes>();
+    // SAFETY: an out-pointer to a local as large as either major's struct; the pointer is
+    // only classified.
     check(unsafe { f(out, ptr) })?;
     let a = buf.a;
     Ok(matches!(

@@ -82,8 +82,9 @@ fn drain(dying: bool) {
 pub fn install() {
     let mut previous = Vec::new();
     for sig in SIGNALS {
-        // SAFETY: sigaction with a null new action only reads the current one into `old`.
+        // SAFETY: sigaction is plain data: all-zero is a valid value.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: sigaction with a null new action only reads the current one into `old`.
         if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
             continue;
         }

@@ -107,6 +107,7 @@ macro_rules! dyn_api {
                 let addr = *SLOT.get_or_init(|| $crate::resolve(concat!(stringify!($name), "\0")) as usize);
                 // SAFETY: the symbol has the C signature declared here (checked by the ABI test).
                 let f: F = unsafe { ::std::mem::transmute::<usize, F>(addr) };
+                // SAFETY: the caller upholds the C function's contract, as for a direct call.
                 unsafe { f($($arg),*) }
             }
         )*

@@ -153,9 +153,9 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     }
     let op: crate::Op = if src.pageable && !blocking {
         // Stage the pageable source now: the caller may reuse it as soon as we return.
-        // SAFETY: the caller guarantees the source range is readable host memory.
         let staged: Vec<Vec<u8>> = (0..height)
             .map(|i| {
+                // SAFETY: the caller guarantees the source range is readable host memory.
                 unsafe { std::slice::from_raw_parts(src.addr.0.add(i * spitch), width) }.to_vec()
             })
             .collect();

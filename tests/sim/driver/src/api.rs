@@ -113,6 +113,7 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+    // SAFETY: `device` is the caller's out-pointer (checked for null by `out`).
     result(check_device(ordinal).and_then(|()| unsafe { out(device, ordinal) }))
 }
 
@@ -129,6 +130,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     // SAFETY: `cudaDeviceGetAttribute(int*, cudaDeviceAttr, int)`; the driver's and the
     // runtime's attribute enums have the same values, and so do the errors it returns.
     match unsafe { rt_fn::<F>(c"cudaDeviceGetAttribute") } {
+        // SAFETY: as above; `pi` is the caller's out-pointer.
         Some(f) => unsafe { f(pi, attrib, dev) },
         None => CUDA_ERROR_NOT_INITIALIZED,
     }
@@ -175,6 +177,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             .ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
         // SAFETY: as above.
         match unsafe { f(dev) } {
+            // SAFETY: `pctx` is the caller's out-pointer (checked for null by `out`).
             0 => unsafe { out(pctx, context_of(dev)) },
             e => Err(e),
         }
@@ -215,6 +218,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     };
     // SAFETY: `cudaSetDevice(int)`.
     match unsafe { rt_fn::<F>(c"cudaSetDevice") } {
+        // SAFETY: as above.
         Some(f) => unsafe { f(d) },
         None => CUDA_ERROR_NOT_INITIALIZED,
     }
@@ -321,6 +325,7 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, p_str: *mut *const c_ch
 fn own_handle() -> Option<usize> {
     static H: OnceLock<Option<usize>> = OnceLock::new();
     *H.get_or_init(|| {
+        // SAFETY: Dl_info is plain data (pointers and integers): all-zero is a valid value.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         // SAFETY: dladdr on one of this library's functions; the name it gives is the file this
         // library was loaded from, reopened with RTLD_NOLOAD (no new load).

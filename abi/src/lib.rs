@@ -2,8 +2,7 @@
 //!
 //! Names are spelled exactly as in NVIDIA's headers so that a reader can grep both. Foreign
 //! enums are plain integer aliases plus constants, never Rust `enum`s: a value outside the set
-//! compiled here (a newer CUDA adds some every release) must stay representable, see
-//! `shared/notes/cuda-interception.md` §4.11. Opaque handles are pointers to zero-sized
+//! compiled here (a newer CUDA adds some every release) must stay representable. Opaque handles are pointers to zero-sized
 //! `#[repr(C)]` structs named after the C struct tags, so that `cudaStream_t` and
 //! `cublasHandle_t` cannot be mixed up in Rust.
 //!

@@ -1,4 +1,4 @@
-//! How large a difference round-off can explain, per tensor (docs/tolerance.md).
+//! How large a difference round-off can explain, per tensor (docs/compare.md, section 4).
 //!
 //! Errors are measured in units of the working precision's machine epsilon (BF16's for FP8
 //! recipes, as TTrace and Megatron-LM do). The analytic bound grows geometrically with the

@@ -5,7 +5,7 @@
 //! Why: a record's ring slot is released only when all its tensors are stored. Compressed
 //! whole, a record of three 32 MiB tensors kept three threads busy and the others idle while
 //! its slot (and with a 256 MiB ring, most of the ring) stayed taken: on a real GPU the
-//! capture rate was bound by that, not by the number of threads (notes of issue 13). In pieces
+//! capture rate was bound by that, not by the number of threads (scripts/gpu-bench.sh). In pieces
 //! the same record is spread over every compression thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -190,7 +190,7 @@ pub const AUTO_RING_MAX: u64 = 1 << 30;
 ///
 /// Why larger than the minimum where memory allows: a record's slot stays taken until its
 /// tensors are stored, so the ring bounds how much capture work is in flight. On an H200 a
-/// 1 GiB ring captured a 1.1 GB-a-step bf16 model 1.5x faster than 256 MiB (notes of issue 13).
+/// 1 GiB ring captured a 1.1 GB-a-step bf16 model 1.5x faster than 256 MiB (scripts/gpu-bench.sh).
 /// The ring is pinned host memory, hence a small share of it, divided among the node's ranks.
 pub fn auto_ring_bytes(memory: u64, local_procs: u64) -> u64 {
     (memory / 64 / local_procs.max(1)).clamp(AUTO_RING_MIN, AUTO_RING_MAX)

@@ -5,7 +5,7 @@
 //!
 //! Enum-valued C parameters (data types, compute types, operations) are kept as the raw
 //! integers the program passed, never mapped to a closed Rust enum: a value from a newer CUDA
-//! must survive the round trip (shared/notes/cuda-interception.md §4.11). Helpers such as
+//! must survive the round trip (each CUDA release adds values). Helpers such as
 //! [`DType::from_cuda`] interpret them where the meaning is known.
 
 use serde::{Deserialize, Serialize};

@@ -21,7 +21,7 @@
 //! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry;
 //! * `perturb`: the perturbed reference run (`TTRACE_PERTURB`): ±1 ulp noise on GEMM outputs.
 //!
-//! Invariants (shared/design.md): a hook returns exactly what the real function returned; a
+//! Invariants (docs/guarantees.md): a hook returns exactly what the real function returned; a
 //! fault disables capture with one log line and a `TracerFault` gap; no panic crosses the C
 //! boundary; no device synchronisation (except in a perturbed reference run, which waits for
 //! each GEMM's output to add noise to it on the host); no lock held across a CUDA call; a

@@ -1,7 +1,7 @@
 //! The real CUDA, cuBLAS, cuBLASLt, NCCL and NVTX functions behind the hooks.
 //!
-//! libttrace.so has no `DT_NEEDED` on any CUDA library (shared/notes/cuda-interception.md
-//! §4.3): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
+//! libttrace.so has no `DT_NEEDED` on any CUDA library (so that it loads into any program,
+//! CUDA or not): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
 //! definition after this library in the global scope), else in a loaded object whose file name
 //! is the library's (`libcudart.so*`, any major: found with `dl_iterate_phdr`, reopened with
 //! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy, §4.4). No soname is

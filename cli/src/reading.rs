@@ -40,7 +40,7 @@ pub struct Filter {
     roles: Vec<Role>,
 }
 
-const ROLES: [Role; 17] = [
+const ROLES: [Role; 20] = [
     Role::A,
     Role::B,
     Role::CIn,
@@ -58,6 +58,9 @@ const ROLES: [Role; 17] = [
     Role::Output,
     Role::Src,
     Role::Dst,
+    Role::ArrayA,
+    Role::ArrayB,
+    Role::ArrayC,
 ];
 
 /// The name of a role as records spell it (`CIn`).

@@ -311,6 +311,14 @@ pub enum Role {
     Output,
     Src,
     Dst,
+    /// The device array of A's matrix addresses of a pointer-array batch (`U64`, one per
+    /// batch entry), as the op read it: the tracer checks it against the addresses it took
+    /// A from (docs/capture.md).
+    ArrayA,
+    /// B's matrix addresses of a pointer-array batch (see `ArrayA`).
+    ArrayB,
+    /// C's (and D's) matrix addresses of a pointer-array batch (see `ArrayA`).
+    ArrayC,
 }
 
 /// One tensor of a record. Its bytes follow the record in its frame (see docs/format.md) unless

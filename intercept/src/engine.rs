@@ -274,6 +274,16 @@ pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
     }
 }
 
+/// The bytes some tensors must hold for their record to stand, by tensor index (a
+/// pointer-array batch's arrays, [`TensorPlan::expect`]).
+pub(crate) fn expectations(plans: &[TensorPlan]) -> Vec<(usize, std::sync::Arc<[u8]>)> {
+    plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.expect.clone().map(|e| (i, e)))
+        .collect()
+}
+
 /// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
 /// that failed is not recorded; copies already enqueued still complete before its slot is
 /// reused).
@@ -345,6 +355,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         event,
         streams: Vec::new(),
         prefiltered: f.prefiltered,
+        expect: expectations(&f.plans),
     };
     ticket.push(Entry::Capture(Box::new(c)));
 }
@@ -362,7 +373,7 @@ impl Eager {
                 continue;
             }
             let base = self.slot_ptr + off as usize;
-            for c in p.source.copies() {
+            for c in p.copies() {
                 let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
@@ -556,6 +567,7 @@ fn finish_streamed(mut f: Eager, ok: bool) {
         event: None,
         streams: f.streams,
         prefiltered: f.prefiltered,
+        expect: expectations(&f.plans),
     };
     Ticket::take_counted(f.counted).push(Entry::Capture(Box::new(c)));
 }
@@ -613,7 +625,7 @@ impl Eager {
             // SAFETY: the slot was just reserved by this thread; only its address is taken.
             let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
             let mut refused = None;
-            for c in p.source.copies_range(offset, len) {
+            for c in p.copies_range(offset, len) {
                 let r = enqueue(base, c, stream);
                 if let Err(code) = r {
                     refused = Some(code);

@@ -2,6 +2,8 @@
 //! are on the device, and which copies bring them into a ring slot. Pure arithmetic; the
 //! engine executes the plan.
 
+use std::sync::Arc;
+
 use ttrace_format::dtype::DType;
 use ttrace_format::record::Role;
 
@@ -191,9 +193,76 @@ pub struct TensorPlan {
     pub input: bool,
     pub when: When,
     pub source: Source,
+    /// A pointer-array batch: where each batch entry starts (replacing `source.src +
+    /// i * source.bstride`).
+    pub blocks: Option<Arc<[u64]>>,
+    /// The bytes the tensor must hold for the record to stand (a pointer array as the hook
+    /// read it from the host, uploads.rs): the tracer compares.
+    pub expect: Option<Arc<[u8]>>,
 }
 
 impl TensorPlan {
+    /// The copies that pack the tensor into a buffer ([`Source::copies`], per batch entry at
+    /// its own address for a pointer-array batch).
+    pub fn copies(&self) -> Vec<Copy> {
+        match &self.blocks {
+            None => self.source.copies(),
+            Some(_) => self.copies_range(0, self.source.bytes()),
+        }
+    }
+
+    /// The copies of packed bytes `start..start + len` ([`Source::copies_range`], per batch
+    /// entry at its own address for a pointer-array batch).
+    pub fn copies_range(&self, start: u64, len: u64) -> Vec<Copy> {
+        let Some(blocks) = &self.blocks else {
+            return self.source.copies_range(start, len);
+        };
+        let block = self.source.width * self.source.height;
+        let end = start.saturating_add(len).min(self.source.bytes());
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end && block > 0 {
+            let i = at / block;
+            let Some(&src) = blocks.get(i as usize) else {
+                break;
+            };
+            let one = Source {
+                src,
+                batch: 1,
+                bstride: 0,
+                ..self.source
+            };
+            let (from, to) = (at - i * block, (end - i * block).min(block));
+            let dst = at - start;
+            out.extend(
+                one.copies_range(from, to - from)
+                    .into_iter()
+                    .map(|c| match c {
+                        Copy::Linear { dst: d, src, len } => Copy::Linear {
+                            dst: d + dst,
+                            src,
+                            len,
+                        },
+                        Copy::Pitched {
+                            dst: d,
+                            src,
+                            spitch,
+                            width,
+                            height,
+                        } => Copy::Pitched {
+                            dst: d + dst,
+                            src,
+                            spitch,
+                            width,
+                            height,
+                        },
+                    }),
+            );
+            at = i * block + to;
+        }
+        out
+    }
+
     /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
     fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
         TensorPlan {
@@ -206,6 +275,8 @@ impl TensorPlan {
             input,
             when: When::After,
             source: Source::linear(ptr, 0),
+            blocks: None,
+            expect: None,
         }
     }
 }
@@ -259,7 +330,37 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
         input,
         when,
         source,
+        blocks: None,
+        expect: None,
     }
+}
+
+/// The tensor of a pointer-array batch's operand: `m.batch` matrices of `m`'s shape, entry
+/// `i` at `blocks[i]` (packed as a strided batch would be: `[batch, cols, rows]`). Metadata
+/// only when an address is null or the count disagrees.
+pub fn matrix_at(
+    role: Role,
+    m: &Matrix,
+    blocks: Arc<[u64]>,
+    when: When,
+    input: bool,
+) -> TensorPlan {
+    let first = blocks.first().copied().unwrap_or(0);
+    let at = Matrix {
+        ptr: first,
+        stride: 0,
+        batched: true,
+        ..*m
+    };
+    let mut t = matrix(role, &at, when, input);
+    if blocks.len() as u64 != m.batch || blocks.contains(&0) {
+        t.captured = false;
+        t.nbytes = 0;
+    }
+    if t.captured {
+        t.blocks = Some(blocks);
+    }
+    t
 }
 
 /// A vector operand: `len` elements of `dtype` (`None`: a type the tracer cannot size), `batch`
@@ -339,6 +440,8 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
         input,
         when,
         source,
+        blocks: None,
+        expect: None,
     }
 }
 
@@ -368,6 +471,8 @@ pub fn bytes(role: Role, ptr: u64, width: u64, height: u64, pitch: u64) -> Tenso
         input: false,
         when: When::After,
         source,
+        blocks: None,
+        expect: None,
     }
 }
 
@@ -579,6 +684,49 @@ mod tests {
                 assert_eq!(got, whole, "{src:?} in chunks of {chunk}");
             }
         }
+    }
+
+    /// A pointer-array batch packs each entry from its own address, whole or in chunks.
+    #[test]
+    fn a_pointer_array_batch_packs_each_entry_from_its_address() {
+        let mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 5) as u8).collect();
+        let m = Matrix {
+            ptr: 0,
+            dtype: 0, // F32
+            rows: 3,
+            cols: 2,
+            ld: 5,
+            batch: 3,
+            stride: 0,
+            batched: true,
+        };
+        let blocks: Arc<[u64]> = Arc::from(vec![2000u64, 100, 3000]);
+        let t = matrix_at(Role::A, &m, blocks.clone(), When::After, true);
+        assert!(t.captured);
+        assert_eq!(t.shape, vec![3, 2, 3]);
+        assert_eq!(t.nbytes, 3 * 2 * 12);
+        let mut want = Vec::new();
+        for b in blocks.iter() {
+            for col in 0..2u64 {
+                let s = (b + col * 20) as usize;
+                want.extend_from_slice(&mem[s..s + 12]);
+            }
+        }
+        assert_eq!(run_copies(&mem, &t.copies(), t.nbytes), want);
+        for chunk in [1u64, 5, 12, 24, 25, 100] {
+            let mut got = Vec::new();
+            let mut at = 0;
+            while at < t.nbytes {
+                let len = chunk.min(t.nbytes - at);
+                got.extend(run_copies(&mem, &t.copies_range(at, len), len));
+                at += len;
+            }
+            assert_eq!(got, want, "chunks of {chunk}");
+        }
+        let null: Arc<[u64]> = Arc::from(vec![2000u64, 0, 3000]);
+        assert!(!matrix_at(Role::A, &m, null, When::After, true).captured);
+        let short: Arc<[u64]> = Arc::from(vec![2000u64]);
+        assert!(!matrix_at(Role::A, &m, short, When::After, true).captured);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! * `gemm-more`: the typed strided batches of f64 and f16, `cublasSgemmEx`, the `_64` entry
 //!   points, a `cublasSgemmBatched` pointer-array batch (a gap for the tracer), and a
 //!   `cublasSgemv_v2` with a strided input.
+//! * `gemm-ptrarrays`: pointer-array batches with host-built arrays, and arrays rewritten on
+//!   the device, by a late pinned source, or built on the device (ptrarrays.rs).
 //! * `gemv-strided`: a `cublasSgemv_v2` (transposed) and a `cublasDgemv_v2` whose output is
 //!   strided (`incy` 2 and 3), results checked against f64 (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
@@ -81,6 +83,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("memcpy") => memcpy(),
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
+        Some("gemm-ptrarrays") => crate::ptrarrays::run(),
         Some("gemv-strided") => gemv_strided(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
@@ -95,7 +98,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|gemm-more|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }
@@ -104,7 +107,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
 /// A host function enqueued between copies: its launch is recorded by name.
 unsafe extern "C" fn traced_marker(_: *mut c_void) {}
 
-fn pinned(data: &[u8]) -> Result<*mut u8, String> {
+pub(crate) fn pinned(data: &[u8]) -> Result<*mut u8, String> {
     let mut p: *mut c_void = std::ptr::null_mut();
     ck!(cudaMallocHost(&mut p, data.len().max(1)));
     // SAFETY: a fresh pinned allocation of `data.len()` bytes.
@@ -196,10 +199,10 @@ fn memcpy() -> Result<(), String> {
 }
 
 /// Deterministic values in [-1, 1).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> f64 {
+    pub(crate) fn next(&mut self) -> f64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -209,7 +212,7 @@ impl Rng {
 }
 
 /// `len` elements of `t`, random (NaN in padding is the tests' business, not needed here).
-fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v = vec![0u8; len * t.size()];
     for i in 0..len {
         t.store(&mut v, i, rng.next() * 2.0);

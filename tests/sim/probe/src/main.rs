@@ -9,6 +9,7 @@ mod capture;
 mod collectives;
 mod gemm;
 mod ksplit;
+mod ptrarrays;
 mod streams;
 mod support;
 

@@ -40,7 +40,7 @@ pub struct Filter {
     roles: Vec<Role>,
 }
 
-const ROLES: [Role; 20] = [
+const ROLES: [Role; 23] = [
     Role::A,
     Role::B,
     Role::CIn,
@@ -61,6 +61,9 @@ const ROLES: [Role; 20] = [
     Role::ArrayA,
     Role::ArrayB,
     Role::ArrayC,
+    Role::BlockScaleA,
+    Role::BlockScaleB,
+    Role::BlockScaleD,
 ];
 
 /// The name of a role as records spell it (`CIn`).

@@ -307,18 +307,29 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
     let Some(dtype) = DType::from_cuda(m.dtype) else {
         return TensorPlan::metadata(role, DType::U8, shape, m.ptr, input);
     };
+    // Packed FP4 holds two values per byte: rows, leading dimension and stride count values,
+    // the stored shape bytes (an odd one has no byte layout: metadata only).
+    let per = dtype.values_per_element() as u64;
+    let mut shape = shape;
+    if let Some(rows) = shape.last_mut() {
+        *rows = m.rows.div_ceil(per);
+    }
     let es = dtype.size() as u64;
-    let valid = m.ptr != 0 && m.ld >= m.rows.max(1) && m.stride >= 0 && m.batch >= 1;
+    let valid = m.ptr != 0
+        && m.ld >= m.rows.max(1)
+        && m.stride >= 0
+        && m.batch >= 1
+        && [m.rows, m.ld, m.stride as u64].iter().all(|v| v % per == 0);
     if !valid {
         return TensorPlan::metadata(role, dtype, shape, m.ptr, input);
     }
     let source = Source {
         src: m.ptr,
-        spitch: m.ld * es,
-        width: m.rows * es,
+        spitch: m.ld / per * es,
+        width: m.rows / per * es,
         height: m.cols,
         batch: m.batch,
-        bstride: m.stride as u64 * es,
+        bstride: m.stride as u64 / per * es,
     };
     TensorPlan {
         role,
@@ -481,24 +492,6 @@ pub fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 
-/// Bytes of a cuBLASLt scale tensor for one operand: `mode` is the
-/// `cublasLtMatmulMatrixScale_t`, `outer` the operand's non-K dimension, `k` the inner one.
-/// (SCALAR_32F: one float; VEC16_UE4M3 / VEC32_UE8M0: swizzled blocks, padded to 128 rows and
-/// 4 columns; OUTER_VEC_32F: one float per outer index; VEC128_32F / BLK128x128_32F: one float
-/// per 128 (x128) block, padded to 4. See shared/notes/cuda-interception.md §2.3.)
-pub fn scale_bytes(mode: u32, outer: u64, k: u64) -> Option<u64> {
-    let up = |v: u64, m: u64| v.div_ceil(m) * m;
-    Some(match mode {
-        0 => 4,
-        1 => up(outer, 128) * up(k.div_ceil(16), 4),
-        2 => up(outer, 128) * up(k.div_ceil(32), 4),
-        3 => 4 * outer,
-        4 => 4 * k.div_ceil(128) * up(outer, 4),
-        5 => 4 * outer.div_ceil(128) * up(k.div_ceil(128), 4),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,6 +575,37 @@ mod tests {
                 len: 24
             }
         );
+    }
+
+    #[test]
+    fn packed_fp4_is_taken_as_bytes_of_two_values() {
+        let m = Matrix {
+            ptr: 0x1000,
+            dtype: 33, // CUDA_R_4F_E2M1
+            rows: 64,
+            cols: 3,
+            ld: 96,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        let t = matrix(Role::A, &m, When::After, true);
+        assert_eq!(
+            (t.dtype, t.shape.clone(), t.nbytes),
+            (DType::F4_E2M1X2, vec![3, 32], 96)
+        );
+        assert_eq!(
+            t.source.copies(),
+            vec![Copy::Pitched {
+                dst: 0,
+                src: 0x1000,
+                spitch: 48,
+                width: 32,
+                height: 3
+            }]
+        );
+        // An odd leading dimension splits a byte between columns: metadata only.
+        assert!(!matrix(Role::A, &Matrix { ld: 65, ..m }, When::After, true).captured);
     }
 
     #[test]
@@ -734,13 +758,5 @@ mod tests {
         assert!(overlaps(0, 10, 9, 1));
         assert!(!overlaps(0, 10, 10, 5));
         assert!(!overlaps(0, 0, 0, 5));
-    }
-
-    #[test]
-    fn scale_sizes_follow_the_modes() {
-        assert_eq!(scale_bytes(0, 1000, 1000), Some(4));
-        // MXFP8: 128 rows x ceil(64/32)=2 padded to 4.
-        assert_eq!(scale_bytes(2, 100, 64), Some(128 * 4));
-        assert_eq!(scale_bytes(9, 1, 1), None);
     }
 }

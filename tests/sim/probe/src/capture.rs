@@ -13,6 +13,8 @@
 //!   `cublasSgemv_v2` with a strided input.
 //! * `gemm-ptrarrays`: pointer-array batches with host-built arrays, and arrays rewritten on
 //!   the device, by a late pinned source, or built on the device (ptrarrays.rs).
+//! * `gemm-blockscaled [corrupt]`: an MXFP8 cuBLASLt matmul with block scales, one of them
+//!   rewritten on the device with `corrupt` (blockscaled.rs).
 //! * `gemv-strided`: a `cublasSgemv_v2` (transposed) and a `cublasDgemv_v2` whose output is
 //!   strided (`incy` 2 and 3), results checked against f64 (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
@@ -84,6 +86,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
         Some("gemm-ptrarrays") => crate::ptrarrays::run(),
+        Some("gemm-blockscaled") => crate::blockscaled::run(args),
         Some("gemv-strided") => gemv_strided(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
@@ -98,7 +101,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }
@@ -220,7 +223,7 @@ pub(crate) fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-fn up(data: &[u8]) -> Result<DevBuf, String> {
+pub(crate) fn up(data: &[u8]) -> Result<DevBuf, String> {
     // Uploads without a hooked copy would need a kernel; a plain copy is one more record,
     // which the tests expect (host-to-device records before each GEMM).
     DevBuf::from_host(data)
@@ -458,13 +461,13 @@ fn gemms() -> Result<(), String> {
     Ok(())
 }
 
-fn desc(compute: u32, scale: u32) -> Result<cublasLtMatmulDesc_t, String> {
+pub(crate) fn desc(compute: u32, scale: u32) -> Result<cublasLtMatmulDesc_t, String> {
     let mut d: cublasLtMatmulDesc_t = std::ptr::null_mut();
     bl!(cublasLtMatmulDescCreate(&mut d, compute, scale));
     Ok(d)
 }
 
-fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> {
+pub(crate) fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> {
     bl!(cublasLtMatmulDescSetAttribute(
         d,
         attr,
@@ -474,7 +477,7 @@ fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> 
     Ok(())
 }
 
-fn layout(
+pub(crate) fn layout(
     t: u32,
     rows: u64,
     cols: u64,

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 mod big;
+mod blockscaled;
 mod capture;
 mod collectives;
 mod gemm;

@@ -134,7 +134,8 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
         }
     };
     let mut plans = call.tensors;
-    engine::select(s, &mut plans);
+    // No rule-only copies in a graph: its replays' records are taken whole.
+    engine::select(s, &mut plans, false);
     engine::fit_one_slot(s, &mut plans);
     let (offsets, total) = engine::layout(&plans);
     let tensors = plans.iter().map(engine::tensor_of).collect();
@@ -539,6 +540,7 @@ fn publish(
         streams: Vec::new(),
         prefiltered: false,
         expect: t.expect.clone(),
+        rule_only: Vec::new(),
     })));
 }
 

@@ -199,6 +199,9 @@ pub struct TensorPlan {
     /// The bytes the tensor must hold for the record to stand (a pointer array as the hook
     /// read it from the host, uploads.rs): the tracer compares.
     pub expect: Option<Arc<[u8]>>,
+    /// Copied for the step rule only (an input under `--no-inputs`): the tracer reads it and
+    /// publishes the record with it metadata only.
+    pub rule_only: bool,
 }
 
 impl TensorPlan {
@@ -277,6 +280,7 @@ impl TensorPlan {
             source: Source::linear(ptr, 0),
             blocks: None,
             expect: None,
+            rule_only: false,
         }
     }
 }
@@ -343,6 +347,7 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
         source,
         blocks: None,
         expect: None,
+        rule_only: false,
     }
 }
 
@@ -453,6 +458,7 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
         source,
         blocks: None,
         expect: None,
+        rule_only: false,
     }
 }
 
@@ -484,6 +490,7 @@ pub fn bytes(role: Role, ptr: u64, width: u64, height: u64, pitch: u64) -> Tenso
         source,
         blocks: None,
         expect: None,
+        rule_only: false,
     }
 }
 

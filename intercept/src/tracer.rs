@@ -58,6 +58,9 @@ pub struct Captured {
     /// device pointer arrays of a pointer-array batch against the host bytes its operands were
     /// located by (uploads.rs). A difference turns the record into a gap.
     pub expect: Vec<(usize, std::sync::Arc<[u8]>)>,
+    /// Tensors (by index) copied for the step rule only (`--no-inputs`): read here, then
+    /// published metadata only.
+    pub rule_only: Vec<usize>,
 }
 
 /// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
@@ -537,37 +540,54 @@ impl Tracer {
         let bytes = unsafe { self.ring.slot_bytes(&slot) };
         // Tensors whose copy could not be enqueued are dropped from the slot: move the others
         // to the offsets the daemon computes from the captured tensors.
+        let stored = |i: usize, t: &Tensor| t.captured && !c.rule_only.contains(&i);
         let sizes: Vec<u64> = c
             .tensors
             .iter()
-            .filter(|t| t.captured)
-            .map(|t| t.nbytes)
+            .enumerate()
+            .filter(|(i, t)| stored(*i, t))
+            .map(|(_, t)| t.nbytes)
             .collect();
         let (packed, _) = tensor_offsets(&sizes);
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
         let mut samples = vec![None; c.tensors.len()];
-        for ((t, off), sample) in c.tensors.iter_mut().zip(&c.offsets).zip(&mut samples) {
+        // In tensor order: a tensor is read where it was copied before any later one moves
+        // down over it (each moves only to before its own place).
+        for (i, ((t, off), sample)) in c
+            .tensors
+            .iter_mut()
+            .zip(&c.offsets)
+            .zip(&mut samples)
+            .enumerate()
+        {
             let Some(from) = *off else { continue };
             if !t.captured {
                 continue;
             }
-            let (from, to, len) = (from as usize, packed[k] as usize, t.nbytes as usize);
-            if from != to {
-                bytes.copy_within(from..from + len, to);
-            }
-            let held = &bytes[to..to + len];
+            let (from, len) = (from as usize, t.nbytes as usize);
+            let keep = !c.rule_only.contains(&i);
+            let at = if keep {
+                let to = packed[k] as usize;
+                if from != to {
+                    bytes.copy_within(from..from + len, to);
+                }
+                k += 1;
+                to
+            } else {
+                from
+            };
+            let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
             if gemm && matches!(t.role, Role::A | Role::B) {
                 let n = len / t.dtype.size();
                 *sample = Sample::take(n, |i| element_f64(t.dtype, held, i));
             }
-            k += 1;
         }
         let held = |i: usize, want: &[u8]| {
             let t = &c.tensors[i];
-            let at = c.tensors[..i].iter().filter(|t| t.captured).count();
+            let at = (0..i).filter(|&j| stored(j, &c.tensors[j])).count();
             t.captured
                 && t.nbytes == want.len() as u64
                 && bytes.get(packed[at] as usize..packed[at] as usize + want.len()) == Some(want)
@@ -579,6 +599,12 @@ impl Tracer {
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
         let class = classify(c.meta.api, &c.meta.op, &c.tensors, &samples);
+        for &i in &c.rule_only {
+            // Read for the rule; stored as metadata, as inputs are under `--no-inputs`.
+            if let Some(t) = c.tensors.get_mut(i) {
+                (t.captured, t.crc32) = (false, 0);
+            }
+        }
         let rec = record(c.meta, c.tensors);
         if k == 0 {
             self.skip_slot(slot);

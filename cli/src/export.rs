@@ -685,6 +685,18 @@ pub fn main(a: ExportArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// safetensors counts FP4 in 4-bit values: a packed pair tensor of `[3, 8]` bytes is
+    /// `F4 [3, 16]`, whose size safetensors computes as the same 24 bytes.
+    #[test]
+    fn packed_fp4_is_exported_as_f4_with_its_values_counted() {
+        assert_eq!(st_dtype(DType::F4_E2M1X2), safetensors::Dtype::F4);
+        assert_eq!(st_shape(DType::F4_E2M1X2, &[3, 8]), vec![3, 16]);
+        assert_eq!(st_shape(DType::F8_E8M0, &[512]), vec![512]);
+        let data = vec![0u8; 24];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F4, vec![3, 16], &data);
+        assert!(view.is_ok(), "{view:?}");
+    }
+
     #[test]
     fn npy_headers_are_aligned_and_well_formed() {
         for shape in [vec![], vec![7], vec![2, 3], vec![4, 5, 6]] {

@@ -555,3 +555,32 @@ fn perturb_output(x: &Matmul) {
         },
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_modes_give_their_roles_types_and_sizes() {
+        // MXFP8 A, 200 x 100: 256 padded rows x ceil(ceil(100/32)/4)*4 = 4 columns.
+        let mx = scale_tensor(Role::ScaleA, 0x1000, 2, 200, 100, 1);
+        assert_eq!(
+            (mx.role, mx.dtype, mx.nbytes),
+            (Role::BlockScaleA, DType::F8_E8M0, 1024)
+        );
+        assert!(mx.input && mx.captured);
+        // NVFP4 B, 64 x 256: 128 rows x 16 columns of UE4M3 (stored as E4M3).
+        let nv = scale_tensor(Role::ScaleB, 0x1000, 1, 64, 256, 1);
+        assert_eq!(
+            (nv.role, nv.dtype, nv.nbytes),
+            (Role::BlockScaleB, DType::F8_E4M3, 2048)
+        );
+        // The scales an FP4 D is written with: an output.
+        let d = scale_tensor(Role::BlockScaleD, 0x1000, 1, 64, 256, 2);
+        assert!(!d.input);
+        assert_eq!((d.shape.clone(), d.nbytes), (vec![2, 2048], 4096));
+        // Scalar mode: one F32.
+        let s = scale_tensor(Role::ScaleA, 0x1000, 0, 200, 100, 1);
+        assert_eq!((s.role, s.dtype, s.nbytes), (Role::ScaleA, DType::F32, 4));
+    }
+}

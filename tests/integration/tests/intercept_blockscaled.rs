@@ -96,6 +96,51 @@ fn mxfp8_scales_are_captured_and_d_follows_from_the_dequantized_operands() {
 }
 
 #[test]
+fn export_writes_block_scales_as_safetensors_f8_e8m0() {
+    let run = traced(1, &["traced", "gemm-blockscaled"], &[]);
+    assert_ok(&run);
+    let want = printed(&String::from_utf8_lossy(&run.out.stdout));
+    let out_dir = run.store.with_extension("export");
+    let out = std::process::Command::new(integration_tests::bin("ttrace"))
+        .arg("export")
+        .arg(&run.store)
+        .args(["--format", "safetensors", "--roles", "BlockScaleA", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("ttrace export runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = std::fs::read_dir(&out_dir)
+        .expect("export written")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("a safetensors file");
+    let bytes = std::fs::read(file).expect("read");
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    let (_, t) = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| *k != "__metadata__")
+        .expect("one tensor");
+    assert_eq!(t["dtype"], "F8_E8M0");
+    let off = &t["data_offsets"];
+    let (a, b) = (
+        off[0].as_u64().unwrap() as usize,
+        off[1].as_u64().unwrap() as usize,
+    );
+    assert!(
+        bytes[8 + n + a..8 + n + b] == want[1][..],
+        "the scales' bytes, as uploaded"
+    );
+}
+
+#[test]
 fn a_scale_corrupted_on_the_device_diverges_at_its_gemm() {
     let clean = traced(1, &["traced", "gemm-blockscaled"], &[]);
     let bad = traced(1, &["traced", "gemm-blockscaled", "corrupt"], &[]);

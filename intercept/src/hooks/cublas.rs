@@ -393,7 +393,8 @@ fn locate(arrays: [*const c_void; 3], batch: u64) -> Result<Located, String> {
         let Some(bytes) = uploads::find(p as u64, len) else {
             return Err(format!(
                 "the pointer array of {name} ({p:?}, {len} bytes) was built on the device (no \
-                 host-to-device copy of it was seen); it cannot be read without synchronising"
+                 host-to-device copy of it was seen, or it lives in managed memory); it cannot \
+                 be read without synchronising"
             ));
         };
         blocks.push(

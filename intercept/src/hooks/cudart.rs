@@ -143,6 +143,13 @@ fn pass_through(
     }
 }
 
+/// Whether the source of a copy the program calls host-to-device is host memory the tracer
+/// may read (a kind that lies about a device source must not fault here).
+fn host_readable(p: *const c_void) -> bool {
+    let _e = ErrScope::new();
+    cuda::is_device_memory(p) == Ok(false)
+}
+
 /// Runs a copy, keeping [`uploads`] up to date: the host bytes of a small linear upload are
 /// remembered (as they are at the call, what the copy takes); any other write to the device
 /// the hooks see forgets what was remembered of its range.
@@ -161,7 +168,8 @@ fn tracked(
     let upload = dir == Some(CopyDirection::HostToDevice)
         && g.height == 1
         && uploads::wanted(g.width)
-        && !g.src.is_null();
+        && !g.src.is_null()
+        && host_readable(g.src);
     let host = upload.then(|| {
         // SAFETY: the copy's host source: `width` readable bytes, per cudaMemcpy's contract
         // (the real call reads them too).

@@ -15,6 +15,7 @@
 //!   the device, by a late pinned source, or built on the device (ptrarrays.rs).
 //! * `gemm-blockscaled [corrupt]`: an MXFP8 cuBLASLt matmul with block scales, one of them
 //!   rewritten on the device with `corrupt` (blockscaled.rs).
+//! * `uploads [N] [BYTES]`: timed small host-to-device copies (scripts/bench-uploads.sh).
 //! * `gemv-strided`: a `cublasSgemv_v2` (transposed) and a `cublasDgemv_v2` whose output is
 //!   strided (`incy` 2 and 3), results checked against f64 (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
@@ -87,6 +88,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("gemm-more") => more_gemms(),
         Some("gemm-ptrarrays") => crate::ptrarrays::run(),
         Some("gemm-blockscaled") => crate::blockscaled::run(args),
+        Some("uploads") => crate::ptrarrays::uploads(args),
         Some("gemv-strided") => gemv_strided(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
@@ -101,7 +103,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }

@@ -408,3 +408,25 @@ fn distrusted(h: cublasHandle_t, s: cudaStream_t, rng: &mut Rng) -> Result<(), S
     ck!(cudaStreamSynchronize(s));
     Ok(())
 }
+
+/// `traced uploads [N] [BYTES]`: N synchronous host-to-device copies of BYTES (default 20000 of
+/// 1024) into one buffer, timed; prints `uploads N BYTES NS_PER_COPY`. For
+/// scripts/bench-uploads.sh: what remembering small uploads (uploads.rs) costs a copy.
+pub fn uploads(args: &[String]) -> Result<(), String> {
+    let arg = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
+    let (n, bytes) = (arg(1, 20_000), arg(2, 1024));
+    let host: Vec<u8> = (0..bytes).map(|i| i as u8).collect();
+    let dev = DevBuf::new(bytes)?;
+    let t = std::time::Instant::now();
+    for _ in 0..n {
+        ck!(cudaMemcpy(
+            dev.ptr,
+            host.as_ptr().cast(),
+            bytes,
+            cudaMemcpyHostToDevice
+        ));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n.max(1) as f64;
+    println!("uploads {n} {bytes} {ns:.0}");
+    Ok(())
+}

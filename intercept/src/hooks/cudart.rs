@@ -165,23 +165,27 @@ fn tracked(
     if !to_device || !mode::on(mode::GEMM) || g.dst.is_null() {
         return real();
     }
-    let upload = dir == Some(CopyDirection::HostToDevice)
-        && g.height == 1
-        && uploads::wanted(g.width)
-        && !g.src.is_null()
-        && host_readable(g.src);
-    let host = upload.then(|| {
-        // SAFETY: the copy's host source: `width` readable bytes, per cudaMemcpy's contract
-        // (the real call reads them too).
-        unsafe { std::slice::from_raw_parts(g.src.cast::<u8>(), g.width) }.to_vec()
-    });
+    // Outside `around`'s guard: a panic here must not reach the program (crate::catch).
+    let host = crate::catch(|| {
+        let upload = dir == Some(CopyDirection::HostToDevice)
+            && g.height == 1
+            && uploads::wanted(g.width)
+            && !g.src.is_null()
+            && host_readable(g.src);
+        upload.then(|| {
+            // SAFETY: the copy's host source: `width` readable bytes, per cudaMemcpy's
+            // contract (the real call reads them too).
+            unsafe { std::slice::from_raw_parts(g.src.cast::<u8>(), g.width) }.to_vec()
+        })
+    })
+    .flatten();
     let r = real();
     if r == cudaSuccess {
         let extent = g.dpitch.saturating_mul(g.height.saturating_sub(1)) + g.width;
-        match host {
+        let _ = crate::catch(|| match host {
             Some(bytes) => uploads::remember(g.dst as u64, bytes),
             None => uploads::forget(g.dst as u64, extent as u64),
-        }
+        });
     }
     r
 }

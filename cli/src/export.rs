@@ -169,7 +169,9 @@ fn npy_descr(d: DType) -> Option<&'static str> {
         DType::U16 => "<u2",
         DType::U8 => "|u1",
         DType::BOOL => "|b1",
-        DType::BF16 | DType::F8_E4M3 | DType::F8_E5M2 => return None,
+        DType::BF16 | DType::F8_E4M3 | DType::F8_E5M2 | DType::F8_E8M0 | DType::F4_E2M1X2 => {
+            return None
+        }
     })
 }
 
@@ -212,7 +214,20 @@ fn st_dtype(d: DType) -> safetensors::Dtype {
         DType::U16 => S::U16,
         DType::U8 => S::U8,
         DType::BOOL => S::BOOL,
+        DType::F8_E8M0 => S::F8_E8M0,
+        // safetensors' F4 counts 4-bit values: see `st_shape`.
+        DType::F4_E2M1X2 => S::F4,
     }
+}
+
+/// A tensor's shape as safetensors counts it: packed FP4 pairs are two values each (the
+/// innermost dimension doubled).
+fn st_shape(d: DType, shape: &[u64]) -> Vec<usize> {
+    let mut s: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    if let Some(last) = s.last_mut() {
+        *last *= d.values_per_element();
+    }
+    s
 }
 
 /// What exporting one segment produced.
@@ -394,7 +409,7 @@ fn export_safetensors(
                     LazyTensor {
                         k,
                         item: it,
-                        shape: it.shape.iter().map(|&d| d as usize).collect(),
+                        shape: st_shape(it.dtype, &it.shape),
                         dec: &dec,
                     },
                 )
@@ -669,6 +684,18 @@ pub fn main(a: ExportArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// safetensors counts FP4 in 4-bit values: a packed pair tensor of `[3, 8]` bytes is
+    /// `F4 [3, 16]`, whose size safetensors computes as the same 24 bytes.
+    #[test]
+    fn packed_fp4_is_exported_as_f4_with_its_values_counted() {
+        assert_eq!(st_dtype(DType::F4_E2M1X2), safetensors::Dtype::F4);
+        assert_eq!(st_shape(DType::F4_E2M1X2, &[3, 8]), vec![3, 16]);
+        assert_eq!(st_shape(DType::F8_E8M0, &[512]), vec![512]);
+        let data = vec![0u8; 24];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F4, vec![3, 16], &data);
+        assert!(view.is_ok(), "{view:?}");
+    }
 
     #[test]
     fn npy_headers_are_aligned_and_well_formed() {

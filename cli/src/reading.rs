@@ -40,7 +40,7 @@ pub struct Filter {
     roles: Vec<Role>,
 }
 
-const ROLES: [Role; 17] = [
+const ROLES: [Role; 23] = [
     Role::A,
     Role::B,
     Role::CIn,
@@ -58,6 +58,12 @@ const ROLES: [Role; 17] = [
     Role::Output,
     Role::Src,
     Role::Dst,
+    Role::ArrayA,
+    Role::ArrayB,
+    Role::ArrayC,
+    Role::BlockScaleA,
+    Role::BlockScaleB,
+    Role::BlockScaleD,
 ];
 
 /// The name of a role as records spell it (`CIn`).

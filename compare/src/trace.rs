@@ -222,7 +222,8 @@ impl RunTrace {
 
     /// The values of the tensor with `role` in `rec`, FP8 operands scaled by their captured
     /// scale (`ScaleA` for `A`, `ScaleB` for `B`, `ScaleD`'s inverse is not applied: D is
-    /// compared as stored). `None` when absent or not captured.
+    /// compared as stored), MXFP8 operands by their block scales (`BlockScaleA/B`). `None`
+    /// when absent, not captured, or block-scaled in a layout not dequantized.
     pub fn values(&self, rec: &Record, role: Role) -> Result<Option<Values>, CompareError> {
         let Some(index) = rec.tensors.iter().position(|t| t.role == role) else {
             return Ok(None);
@@ -235,6 +236,33 @@ impl RunTrace {
             return Ok(None);
         };
         let mut data = to_f32(t.dtype, &bytes)?;
+        // MXFP8 / NVFP4: dequantized by their block scales, or not compared at all.
+        let block_role = match role {
+            Role::A => Some(Role::BlockScaleA),
+            Role::B => Some(Role::BlockScaleB),
+            _ => None,
+        };
+        if let Some(si) = rec.tensors.iter().position(|s| Some(s.role) == block_role) {
+            let scales = self.bytes(rec.rank, rec.step, rec.seq, si)?;
+            let done = match (&rec.op, scales) {
+                (ttrace_format::record::Op::Gemm(g), Some(sb)) => {
+                    let sd = rec.tensors[si].dtype;
+                    ttrace_format::blockscale::dequantize_operand(
+                        &mut data,
+                        g,
+                        role == Role::A,
+                        &sb,
+                        sd,
+                    )
+                }
+                _ => false,
+            };
+            return Ok(done.then(|| Values {
+                shape: t.shape.clone(),
+                data,
+                dtype: t.dtype,
+            }));
+        }
         if matches!(t.dtype, DType::F8_E4M3 | DType::F8_E5M2) {
             let scale_role = match role {
                 Role::A => Some(Role::ScaleA),

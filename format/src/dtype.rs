@@ -23,6 +23,13 @@ pub enum DType {
     U16,
     U8,
     BOOL,
+    /// Unsigned exponent-only FP8 (`CUDA_R_8F_UE8M0`, OCP MX "E8M0"): `2^(b - 127)`, 0xFF NaN.
+    /// The block scales of MXFP8 (`CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0`).
+    F8_E8M0,
+    /// Two FP4 E2M1 values per byte (`CUDA_R_4F_E2M1` packed, as cuBLASLt stores it and as
+    /// PyTorch's `float4_e2m1fn_x2`): the value of even index in the low nibble. One element
+    /// is one byte: a stored shape counts bytes, its innermost dimension half the values.
+    F4_E2M1X2,
 }
 
 impl DType {
@@ -32,7 +39,13 @@ impl DType {
             DType::F64 | DType::I64 | DType::U64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
-            DType::F8_E4M3 | DType::F8_E5M2 | DType::I8 | DType::U8 | DType::BOOL => 1,
+            DType::F8_E4M3
+            | DType::F8_E5M2
+            | DType::I8
+            | DType::U8
+            | DType::BOOL
+            | DType::F8_E8M0
+            | DType::F4_E2M1X2 => 1,
         }
     }
 
@@ -54,6 +67,8 @@ impl DType {
             DType::U16 => "U16",
             DType::U8 => "U8",
             DType::BOOL => "BOOL",
+            DType::F8_E8M0 => "F8_E8M0",
+            DType::F4_E2M1X2 => "F4_E2M1X2",
         }
     }
 
@@ -74,8 +89,18 @@ impl DType {
             26 => DType::U64,
             28 => DType::F8_E4M3,
             29 => DType::F8_E5M2,
+            30 => DType::F8_E8M0,
+            33 => DType::F4_E2M1X2,
             _ => return None,
         })
+    }
+
+    /// Values per element: 2 for packed FP4, else 1.
+    pub const fn values_per_element(self) -> usize {
+        match self {
+            DType::F4_E2M1X2 => 2,
+            _ => 1,
+        }
     }
 
     /// The type of an `ncclDataType_t` value.
@@ -101,7 +126,14 @@ impl DType {
     pub const fn is_float(self) -> bool {
         matches!(
             self,
-            DType::F64 | DType::F32 | DType::F16 | DType::BF16 | DType::F8_E4M3 | DType::F8_E5M2
+            DType::F64
+                | DType::F32
+                | DType::F16
+                | DType::BF16
+                | DType::F8_E4M3
+                | DType::F8_E5M2
+                | DType::F8_E8M0
+                | DType::F4_E2M1X2
         )
     }
 }

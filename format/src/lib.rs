@@ -2,6 +2,7 @@
 //! client–daemon [`wire`] protocol and snapshot [`ring`], the capture [`config`], and the
 //! trace [`store`] format (specified in docs/format.md).
 
+pub mod blockscale;
 pub mod codec;
 pub mod config;
 pub mod dedup;

@@ -311,6 +311,23 @@ pub enum Role {
     Output,
     Src,
     Dst,
+    /// The device array of A's matrix addresses of a pointer-array batch (`U64`, one per
+    /// batch entry), as the op read it: the tracer checks it against the addresses it took
+    /// A from (docs/capture.md).
+    ArrayA,
+    /// B's matrix addresses of a pointer-array batch (see `ArrayA`).
+    ArrayB,
+    /// C's (and D's) matrix addresses of a pointer-array batch (see `ArrayA`).
+    ArrayC,
+    /// A's block scales (cuBLASLt `A_SCALE_MODE` `VEC32_UE8M0`: MXFP8, one `F8_E8M0` per 32
+    /// values along K; `VEC16_UE4M3`: NVFP4, one UE4M3, stored `F8_E4M3`, per 16), in
+    /// cuBLASLt's tiled layout ([`crate::blockscale`]); `[bytes]`.
+    BlockScaleA,
+    /// B's block scales (see `BlockScaleA`).
+    BlockScaleB,
+    /// The block scales the op wrote for a block-scaled D (`D_OUT_SCALE_MODE`
+    /// `VEC16_UE4M3`, an FP4 D), in the same layout.
+    BlockScaleD,
 }
 
 /// One tensor of a record. Its bytes follow the record in its frame (see docs/format.md) unless

@@ -32,6 +32,10 @@ pub enum TensorData {
     U16(Vec<u16>),
     U8(Vec<u8>),
     Bool(Vec<bool>),
+    /// E8M0 scale bytes.
+    F8E8M0(Vec<u8>),
+    /// Packed FP4 E2M1 pairs (one byte each; see [`DType::F4_E2M1X2`]).
+    F4E2M1X2(Vec<u8>),
 }
 
 /// Splits `bytes` into `N`-byte little-endian elements and maps each.
@@ -83,6 +87,8 @@ impl TensorData {
             DType::U16 => TensorData::U16(chunks(bytes, u16::from_le_bytes)),
             DType::U8 => TensorData::U8(bytes.to_vec()),
             DType::BOOL => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+            DType::F8_E8M0 => TensorData::F8E8M0(bytes.to_vec()),
+            DType::F4_E2M1X2 => TensorData::F4E2M1X2(bytes.to_vec()),
         })
     }
 
@@ -104,12 +110,16 @@ impl TensorData {
             TensorData::U16(_) => DType::U16,
             TensorData::U8(_) => DType::U8,
             TensorData::Bool(_) => DType::BOOL,
+            TensorData::F8E8M0(_) => DType::F8_E8M0,
+            TensorData::F4E2M1X2(_) => DType::F4_E2M1X2,
         }
     }
 
-    /// Number of elements.
+    /// Number of values (elements; two per byte of packed FP4).
     pub fn len(&self) -> usize {
         match self {
+            TensorData::F8E8M0(v) => v.len(),
+            TensorData::F4E2M1X2(v) => 2 * v.len(),
             TensorData::F64(v) => v.len(),
             TensorData::F32(v) => v.len(),
             TensorData::F16(v) => v.len(),
@@ -152,6 +162,8 @@ impl TensorData {
             TensorData::U16(v) => *v.get(i)? as f64,
             TensorData::U8(v) => *v.get(i)? as f64,
             TensorData::Bool(v) => u8::from(*v.get(i)?) as f64,
+            TensorData::F8E8M0(v) => e8m0_f64(*v.get(i)?),
+            TensorData::F4E2M1X2(v) => e2m1_pair_f64(*v.get(i / 2)?, i % 2),
         })
     }
 }
@@ -175,6 +187,32 @@ pub fn e4m3_f32(b: u8) -> f32 {
     fp8_tables().0[b as usize]
 }
 
+/// An unsigned E8M0 byte (OCP MX scale) as `f64`: `2^(b - 127)`, `0xFF` NaN.
+pub fn e8m0_f64(b: u8) -> f64 {
+    if b == 0xff {
+        f64::NAN
+    } else {
+        2f64.powi(b as i32 - 127)
+    }
+}
+
+/// An FP4 E2M1 nibble (the low 4 bits of `n`) as `f64`: sign, 2 exponent bits (bias 1), 1
+/// mantissa bit; no infinities or NaN (magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+pub fn e2m1_f64(n: u8) -> f64 {
+    const MAGNITUDE: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let v = MAGNITUDE[(n & 7) as usize];
+    if n & 8 != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// Value `half` (0: low nibble, 1: high) of a packed FP4 E2M1 byte.
+pub fn e2m1_pair_f64(b: u8, half: usize) -> f64 {
+    e2m1_f64(if half == 0 { b & 0xf } else { b >> 4 })
+}
+
 /// An FP8 E5M2 byte as `f32`, exactly.
 pub fn e5m2_f32(b: u8) -> f32 {
     fp8_tables().1[b as usize]
@@ -195,11 +233,14 @@ pub fn widens_to_f32_exactly(dtype: DType) -> bool {
             | DType::U16
             | DType::U8
             | DType::BOOL
+            | DType::F8_E8M0
+            | DType::F4_E2M1X2
     )
 }
 
 /// Converts packed `bytes` of `dtype` to little-endian `f32` bytes, appended to `out`. Only for
-/// types that [`widens_to_f32_exactly`]; NaN stays NaN (its payload is not kept).
+/// types that [`widens_to_f32_exactly`]; NaN stays NaN (its payload is not kept). Packed FP4
+/// gives two values per byte, low nibble first.
 pub fn widen_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), FormatError> {
     check_len(dtype, bytes)?;
     if !widens_to_f32_exactly(dtype) {
@@ -208,7 +249,7 @@ pub fn widen_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(
             dtype.name()
         )));
     }
-    out.reserve(bytes.len() / dtype.size() * 4);
+    out.reserve(bytes.len() / dtype.size() * dtype.values_per_element() * 4);
     let mut push = |v: f32| out.extend_from_slice(&v.to_le_bytes());
     match dtype {
         DType::F32 => for_each::<4>(bytes, |a| push(f32::from_le_bytes(a))),
@@ -221,14 +262,24 @@ pub fn widen_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<u8>) -> Result<(
         DType::I8 => bytes.iter().for_each(|&b| push(b as i8 as f32)),
         DType::U8 => bytes.iter().for_each(|&b| push(b as f32)),
         DType::BOOL => bytes.iter().for_each(|&b| push(u8::from(b != 0) as f32)),
+        // Powers of two from 2^-127 (an f32 subnormal) to 2^127: exact.
+        DType::F8_E8M0 => bytes.iter().for_each(|&b| push(e8m0_f64(b) as f32)),
+        DType::F4_E2M1X2 => bytes.iter().for_each(|&b| {
+            push(e2m1_pair_f64(b, 0) as f32);
+            push(e2m1_pair_f64(b, 1) as f32);
+        }),
         _ => unreachable!("checked by widens_to_f32_exactly"),
     }
     Ok(())
 }
 
 /// Element `i` of packed little-endian `bytes` of `dtype` as `f64`; `None` past the end.
-/// For reading a few elements without decoding a whole tensor.
+/// For reading a few elements without decoding a whole tensor. Packed FP4 counts values (two
+/// per byte, low nibble first).
 pub fn element_f64(dtype: DType, bytes: &[u8], i: usize) -> Option<f64> {
+    if dtype == DType::F4_E2M1X2 {
+        return Some(e2m1_pair_f64(*bytes.get(i / 2)?, i % 2));
+    }
     let size = dtype.size();
     let b = bytes.get(i * size..(i + 1) * size)?;
     let mut a = [0u8; 8];
@@ -250,6 +301,8 @@ pub fn element_f64(dtype: DType, bytes: &[u8], i: usize) -> Option<f64> {
         DType::I8 => b0 as i8 as f64,
         DType::U8 => b0 as f64,
         DType::BOOL => u8::from(b0 != 0) as f64,
+        DType::F8_E8M0 => e8m0_f64(b0),
+        DType::F4_E2M1X2 => e2m1_pair_f64(b0, 0),
     })
 }
 
@@ -342,6 +395,11 @@ pub fn stats(dtype: DType, bytes: &[u8]) -> Result<Stats, FormatError> {
         DType::U16 => for_each::<2>(bytes, |b| a.push(u16::from_le_bytes(b) as f64)),
         DType::U8 => bytes.iter().for_each(|&b| a.push(b as f64)),
         DType::BOOL => bytes.iter().for_each(|&b| a.push(u8::from(b != 0) as f64)),
+        DType::F8_E8M0 => bytes.iter().for_each(|&b| a.push(e8m0_f64(b))),
+        DType::F4_E2M1X2 => bytes.iter().for_each(|&b| {
+            a.push(e2m1_pair_f64(b, 0));
+            a.push(e2m1_pair_f64(b, 1));
+        }),
     }
     Ok(a.finish())
 }
@@ -396,6 +454,8 @@ mod tests {
             DType::U16,
             DType::U8,
             DType::BOOL,
+            DType::F8_E8M0,
+            DType::F4_E2M1X2,
         ] {
             let whole = TensorData::from_le_bytes(dtype, &bytes).expect("decodes");
             for i in 0..whole.len() {
@@ -413,6 +473,46 @@ mod tests {
                 dtype.name()
             );
         }
+    }
+
+    #[test]
+    fn block_scale_and_fp4_values_decode_by_their_definitions() {
+        // E8M0: a biased exponent, nothing else.
+        assert_eq!(e8m0_f64(127), 1.0);
+        assert_eq!(e8m0_f64(0), 2f64.powi(-127));
+        assert_eq!(e8m0_f64(254), 2f64.powi(127));
+        assert!(e8m0_f64(255).is_nan());
+        // E2M1: bias 1, subnormal 0.5, max 6; sign in bit 3.
+        let want = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for n in 0..16u8 {
+            let (e, m) = ((n >> 1) & 3, n & 1);
+            let mag = if e == 0 {
+                m as f64 * 0.5
+            } else {
+                (1.0 + m as f64 / 2.0) * 2f64.powi(e as i32 - 1)
+            };
+            let v = if n & 8 != 0 { -mag } else { mag };
+            assert_eq!(e2m1_f64(n), v, "nibble {n:#x}");
+            assert_eq!(e2m1_f64(n).abs(), want[(n & 7) as usize]);
+        }
+        // Packed pairs: even value in the low nibble; widening gives two values per byte.
+        let bytes = [0x2f_u8, 0x71];
+        let vals: Vec<f64> = (0..4)
+            .map(|i| element_f64(DType::F4_E2M1X2, &bytes, i).unwrap())
+            .collect();
+        assert_eq!(vals, [-6.0, 1.0, 0.5, 6.0]);
+        assert_eq!(element_f64(DType::F4_E2M1X2, &bytes, 4), None);
+        let mut out = Vec::new();
+        widen_f32_into(DType::F4_E2M1X2, &bytes, &mut out).unwrap();
+        let widened: Vec<f32> = out
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(widened, [-6.0, 1.0, 0.5, 6.0]);
+        let s = stats(DType::F4_E2M1X2, &bytes).unwrap();
+        assert_eq!(s.elements, 4);
+        assert_eq!(DType::from_cuda(33), Some(DType::F4_E2M1X2));
+        assert_eq!(DType::from_cuda(30), Some(DType::F8_E8M0));
     }
 
     #[test]

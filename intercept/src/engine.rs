@@ -15,7 +15,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
-use ttrace_format::record::{GapReason, Op, Tensor};
+use ttrace_format::config::StepRule;
+use ttrace_format::record::{GapReason, Op, Role, Tensor};
 use ttrace_format::ring::{tensor_offsets, Slot};
 
 use crate::cuda::{self, ErrScope};
@@ -154,12 +155,18 @@ pub fn begin(call: Call) -> Option<InFlight> {
     }
     let cfg = session.cfg;
     let mut plans = call.tensors;
-    select(session, &mut plans);
+    select(session, &mut plans, matches!(call.op, Op::Gemm(_)));
     let counted = prefilter::counts_op(cfg, call.api, &call.op);
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).
     let streamed = layout(&plans).1 > slot_limit(session.ring.capacity());
+    if streamed {
+        // Chunks are published as they come: nothing is copied for the rule alone.
+        for t in plans.iter_mut().filter(|t| t.rule_only) {
+            (t.captured, t.rule_only) = (false, false);
+        }
+    }
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
         prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
@@ -224,12 +231,21 @@ pub fn begin(call: Call) -> Option<InFlight> {
 }
 
 /// Applies the capture settings to an op's tensors: inputs (`TTRACE_INPUTS`) and the size cap
-/// (`--max-tensor-bytes`).
-pub(crate) fn select(session: &Session, plans: &mut [TensorPlan]) {
+/// (`--max-tensor-bytes`). Under the auto step rule a `gemm`'s A and B are still copied when
+/// inputs are off, for the rule only (its CRCs and samples: the steps are numbered as in a
+/// full capture), and not stored.
+pub(crate) fn select(session: &Session, plans: &mut [TensorPlan], gemm: bool) {
     let cfg = session.cfg;
+    let rule = gemm && cfg.step_rule == StepRule::Auto;
     for t in plans.iter_mut() {
-        if t.captured && ((t.input && !cfg.inputs) || t.nbytes > cfg.max_tensor_bytes) {
+        if !t.captured {
+            continue;
+        }
+        if t.nbytes > cfg.max_tensor_bytes {
             t.captured = false;
+        } else if t.input && !cfg.inputs {
+            t.rule_only = rule && matches!(t.role, Role::A | Role::B);
+            t.captured = t.rule_only;
         }
     }
 }
@@ -272,6 +288,25 @@ pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
         captured: t.captured,
         crc32: 0,
     }
+}
+
+/// The bytes some tensors must hold for their record to stand, by tensor index (a
+/// pointer-array batch's arrays, [`TensorPlan::expect`]).
+pub(crate) fn expectations(plans: &[TensorPlan]) -> Vec<(usize, std::sync::Arc<[u8]>)> {
+    plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.expect.clone().map(|e| (i, e)))
+        .collect()
+}
+
+/// The tensors (by index) copied for the step rule only.
+fn rule_only(plans: &[TensorPlan]) -> Vec<usize> {
+    plans
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| p.rule_only.then_some(i))
+        .collect()
 }
 
 /// Completes the snapshot after the real call: `ok` says whether the op was launched (a call
@@ -345,6 +380,8 @@ fn finish_eager(mut f: Eager, ok: bool) {
         event,
         streams: Vec::new(),
         prefiltered: f.prefiltered,
+        expect: expectations(&f.plans),
+        rule_only: rule_only(&f.plans),
     };
     ticket.push(Entry::Capture(Box::new(c)));
 }
@@ -362,7 +399,7 @@ impl Eager {
                 continue;
             }
             let base = self.slot_ptr + off as usize;
-            for c in p.source.copies() {
+            for c in p.copies() {
                 let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
@@ -556,6 +593,8 @@ fn finish_streamed(mut f: Eager, ok: bool) {
         event: None,
         streams: f.streams,
         prefiltered: f.prefiltered,
+        expect: expectations(&f.plans),
+        rule_only: Vec::new(),
     };
     Ticket::take_counted(f.counted).push(Entry::Capture(Box::new(c)));
 }
@@ -613,7 +652,7 @@ impl Eager {
             // SAFETY: the slot was just reserved by this thread; only its address is taken.
             let base = unsafe { s.ring.slot_bytes(&slot) }.as_mut_ptr() as usize;
             let mut refused = None;
-            for c in p.source.copies_range(offset, len) {
+            for c in p.copies_range(offset, len) {
                 let r = enqueue(base, c, stream);
                 if let Err(code) = r {
                     refused = Some(code);

@@ -64,6 +64,8 @@ struct Template {
     copies: Vec<NodeCopy>,
     /// Why its replays cannot be snapshotted (each records a gap).
     gap: Option<String>,
+    /// The bytes some tensors must hold at each replay (a pointer-array batch's arrays).
+    expect: Vec<(usize, Arc<[u8]>)>,
 }
 
 /// Templates of the graphs being captured or captured, by graph handle.
@@ -132,10 +134,12 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
         }
     };
     let mut plans = call.tensors;
-    engine::select(s, &mut plans);
+    // No rule-only copies in a graph: its replays' records are taken whole.
+    engine::select(s, &mut plans, false);
     engine::fit_one_slot(s, &mut plans);
     let (offsets, total) = engine::layout(&plans);
     let tensors = plans.iter().map(engine::tensor_of).collect();
+    let expect = engine::expectations(&plans);
     let mut rec = Recording {
         graph,
         stream: call.stream,
@@ -151,6 +155,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
             total,
             copies: Vec::new(),
             gap: None,
+            expect,
         },
     };
     if total > 0 {
@@ -196,7 +201,7 @@ impl Recording {
             if self.plans[i].when != when {
                 continue;
             }
-            for c in self.plans[i].source.copies() {
+            for c in self.plans[i].copies() {
                 let pieces = match c {
                     Copy::Linear { dst, src, len } => vec![(dst, src, len)],
                     Copy::Pitched {
@@ -534,6 +539,8 @@ fn publish(
         // only in a graph (their copy nodes cannot be chunked per launch).
         streams: Vec::new(),
         prefiltered: false,
+        expect: t.expect.clone(),
+        rule_only: Vec::new(),
     })));
 }
 

@@ -48,6 +48,7 @@ mod session;
 mod stall;
 mod thread;
 mod tracer;
+mod uploads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

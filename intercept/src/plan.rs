@@ -2,6 +2,8 @@
 //! are on the device, and which copies bring them into a ring slot. Pure arithmetic; the
 //! engine executes the plan.
 
+use std::sync::Arc;
+
 use ttrace_format::dtype::DType;
 use ttrace_format::record::Role;
 
@@ -191,9 +193,79 @@ pub struct TensorPlan {
     pub input: bool,
     pub when: When,
     pub source: Source,
+    /// A pointer-array batch: where each batch entry starts (replacing `source.src +
+    /// i * source.bstride`).
+    pub blocks: Option<Arc<[u64]>>,
+    /// The bytes the tensor must hold for the record to stand (a pointer array as the hook
+    /// read it from the host, uploads.rs): the tracer compares.
+    pub expect: Option<Arc<[u8]>>,
+    /// Copied for the step rule only (an input under `--no-inputs`): the tracer reads it and
+    /// publishes the record with it metadata only.
+    pub rule_only: bool,
 }
 
 impl TensorPlan {
+    /// The copies that pack the tensor into a buffer ([`Source::copies`], per batch entry at
+    /// its own address for a pointer-array batch).
+    pub fn copies(&self) -> Vec<Copy> {
+        match &self.blocks {
+            None => self.source.copies(),
+            Some(_) => self.copies_range(0, self.source.bytes()),
+        }
+    }
+
+    /// The copies of packed bytes `start..start + len` ([`Source::copies_range`], per batch
+    /// entry at its own address for a pointer-array batch).
+    pub fn copies_range(&self, start: u64, len: u64) -> Vec<Copy> {
+        let Some(blocks) = &self.blocks else {
+            return self.source.copies_range(start, len);
+        };
+        let block = self.source.width * self.source.height;
+        let end = start.saturating_add(len).min(self.source.bytes());
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end && block > 0 {
+            let i = at / block;
+            let Some(&src) = blocks.get(i as usize) else {
+                break;
+            };
+            let one = Source {
+                src,
+                batch: 1,
+                bstride: 0,
+                ..self.source
+            };
+            let (from, to) = (at - i * block, (end - i * block).min(block));
+            let dst = at - start;
+            out.extend(
+                one.copies_range(from, to - from)
+                    .into_iter()
+                    .map(|c| match c {
+                        Copy::Linear { dst: d, src, len } => Copy::Linear {
+                            dst: d + dst,
+                            src,
+                            len,
+                        },
+                        Copy::Pitched {
+                            dst: d,
+                            src,
+                            spitch,
+                            width,
+                            height,
+                        } => Copy::Pitched {
+                            dst: d + dst,
+                            src,
+                            spitch,
+                            width,
+                            height,
+                        },
+                    }),
+            );
+            at = i * block + to;
+        }
+        out
+    }
+
     /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
     fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
         TensorPlan {
@@ -206,6 +278,9 @@ impl TensorPlan {
             input,
             when: When::After,
             source: Source::linear(ptr, 0),
+            blocks: None,
+            expect: None,
+            rule_only: false,
         }
     }
 }
@@ -236,18 +311,29 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
     let Some(dtype) = DType::from_cuda(m.dtype) else {
         return TensorPlan::metadata(role, DType::U8, shape, m.ptr, input);
     };
+    // Packed FP4 holds two values per byte: rows, leading dimension and stride count values,
+    // the stored shape bytes (an odd one has no byte layout: metadata only).
+    let per = dtype.values_per_element() as u64;
+    let mut shape = shape;
+    if let Some(rows) = shape.last_mut() {
+        *rows = m.rows.div_ceil(per);
+    }
     let es = dtype.size() as u64;
-    let valid = m.ptr != 0 && m.ld >= m.rows.max(1) && m.stride >= 0 && m.batch >= 1;
+    let valid = m.ptr != 0
+        && m.ld >= m.rows.max(1)
+        && m.stride >= 0
+        && m.batch >= 1
+        && [m.rows, m.ld, m.stride as u64].iter().all(|v| v % per == 0);
     if !valid {
         return TensorPlan::metadata(role, dtype, shape, m.ptr, input);
     }
     let source = Source {
         src: m.ptr,
-        spitch: m.ld * es,
-        width: m.rows * es,
+        spitch: m.ld / per * es,
+        width: m.rows / per * es,
         height: m.cols,
         batch: m.batch,
-        bstride: m.stride as u64 * es,
+        bstride: m.stride as u64 / per * es,
     };
     TensorPlan {
         role,
@@ -259,7 +345,38 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
         input,
         when,
         source,
+        blocks: None,
+        expect: None,
+        rule_only: false,
     }
+}
+
+/// The tensor of a pointer-array batch's operand: `m.batch` matrices of `m`'s shape, entry
+/// `i` at `blocks[i]` (packed as a strided batch would be: `[batch, cols, rows]`). Metadata
+/// only when an address is null or the count disagrees.
+pub fn matrix_at(
+    role: Role,
+    m: &Matrix,
+    blocks: Arc<[u64]>,
+    when: When,
+    input: bool,
+) -> TensorPlan {
+    let first = blocks.first().copied().unwrap_or(0);
+    let at = Matrix {
+        ptr: first,
+        stride: 0,
+        batched: true,
+        ..*m
+    };
+    let mut t = matrix(role, &at, when, input);
+    if blocks.len() as u64 != m.batch || blocks.contains(&0) {
+        t.captured = false;
+        t.nbytes = 0;
+    }
+    if t.captured {
+        t.blocks = Some(blocks);
+    }
+    t
 }
 
 /// A vector operand: `len` elements of `dtype` (`None`: a type the tracer cannot size), `batch`
@@ -339,6 +456,9 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
         input,
         when,
         source,
+        blocks: None,
+        expect: None,
+        rule_only: false,
     }
 }
 
@@ -368,30 +488,15 @@ pub fn bytes(role: Role, ptr: u64, width: u64, height: u64, pitch: u64) -> Tenso
         input: false,
         when: When::After,
         source,
+        blocks: None,
+        expect: None,
+        rule_only: false,
     }
 }
 
 /// Whether two byte ranges overlap.
 pub fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
     a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
-}
-
-/// Bytes of a cuBLASLt scale tensor for one operand: `mode` is the
-/// `cublasLtMatmulMatrixScale_t`, `outer` the operand's non-K dimension, `k` the inner one.
-/// (SCALAR_32F: one float; VEC16_UE4M3 / VEC32_UE8M0: swizzled blocks, padded to 128 rows and
-/// 4 columns; OUTER_VEC_32F: one float per outer index; VEC128_32F / BLK128x128_32F: one float
-/// per 128 (x128) block, padded to 4. See shared/notes/cuda-interception.md §2.3.)
-pub fn scale_bytes(mode: u32, outer: u64, k: u64) -> Option<u64> {
-    let up = |v: u64, m: u64| v.div_ceil(m) * m;
-    Some(match mode {
-        0 => 4,
-        1 => up(outer, 128) * up(k.div_ceil(16), 4),
-        2 => up(outer, 128) * up(k.div_ceil(32), 4),
-        3 => 4 * outer,
-        4 => 4 * k.div_ceil(128) * up(outer, 4),
-        5 => 4 * outer.div_ceil(128) * up(k.div_ceil(128), 4),
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
@@ -477,6 +582,37 @@ mod tests {
                 len: 24
             }
         );
+    }
+
+    #[test]
+    fn packed_fp4_is_taken_as_bytes_of_two_values() {
+        let m = Matrix {
+            ptr: 0x1000,
+            dtype: 33, // CUDA_R_4F_E2M1
+            rows: 64,
+            cols: 3,
+            ld: 96,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        let t = matrix(Role::A, &m, When::After, true);
+        assert_eq!(
+            (t.dtype, t.shape.clone(), t.nbytes),
+            (DType::F4_E2M1X2, vec![3, 32], 96)
+        );
+        assert_eq!(
+            t.source.copies(),
+            vec![Copy::Pitched {
+                dst: 0,
+                src: 0x1000,
+                spitch: 48,
+                width: 32,
+                height: 3
+            }]
+        );
+        // An odd leading dimension splits a byte between columns: metadata only.
+        assert!(!matrix(Role::A, &Matrix { ld: 65, ..m }, When::After, true).captured);
     }
 
     #[test]
@@ -581,18 +717,53 @@ mod tests {
         }
     }
 
+    /// A pointer-array batch packs each entry from its own address, whole or in chunks.
+    #[test]
+    fn a_pointer_array_batch_packs_each_entry_from_its_address() {
+        let mem: Vec<u8> = (0..4096u32).map(|i| (i * 7 + i / 5) as u8).collect();
+        let m = Matrix {
+            ptr: 0,
+            dtype: 0, // F32
+            rows: 3,
+            cols: 2,
+            ld: 5,
+            batch: 3,
+            stride: 0,
+            batched: true,
+        };
+        let blocks: Arc<[u64]> = Arc::from(vec![2000u64, 100, 3000]);
+        let t = matrix_at(Role::A, &m, blocks.clone(), When::After, true);
+        assert!(t.captured);
+        assert_eq!(t.shape, vec![3, 2, 3]);
+        assert_eq!(t.nbytes, 3 * 2 * 12);
+        let mut want = Vec::new();
+        for b in blocks.iter() {
+            for col in 0..2u64 {
+                let s = (b + col * 20) as usize;
+                want.extend_from_slice(&mem[s..s + 12]);
+            }
+        }
+        assert_eq!(run_copies(&mem, &t.copies(), t.nbytes), want);
+        for chunk in [1u64, 5, 12, 24, 25, 100] {
+            let mut got = Vec::new();
+            let mut at = 0;
+            while at < t.nbytes {
+                let len = chunk.min(t.nbytes - at);
+                got.extend(run_copies(&mem, &t.copies_range(at, len), len));
+                at += len;
+            }
+            assert_eq!(got, want, "chunks of {chunk}");
+        }
+        let null: Arc<[u64]> = Arc::from(vec![2000u64, 0, 3000]);
+        assert!(!matrix_at(Role::A, &m, null, When::After, true).captured);
+        let short: Arc<[u64]> = Arc::from(vec![2000u64]);
+        assert!(!matrix_at(Role::A, &m, short, When::After, true).captured);
+    }
+
     #[test]
     fn ranges_overlap_only_when_they_share_a_byte() {
         assert!(overlaps(0, 10, 9, 1));
         assert!(!overlaps(0, 10, 10, 5));
         assert!(!overlaps(0, 0, 0, 5));
-    }
-
-    #[test]
-    fn scale_sizes_follow_the_modes() {
-        assert_eq!(scale_bytes(0, 1000, 1000), Some(4));
-        // MXFP8: 128 rows x ceil(64/32)=2 padded to 4.
-        assert_eq!(scale_bytes(2, 100, 64), Some(128 * 4));
-        assert_eq!(scale_bytes(9, 1, 1), None);
     }
 }

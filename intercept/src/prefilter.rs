@@ -148,12 +148,16 @@ pub(crate) fn keep_rule_inputs(
     keep_operands(gemm, lens, plans);
 }
 
-/// Leaves only A and B captured (`gemm`; of the lengths `lens` when given), or nothing.
+/// Leaves only A and B captured (`gemm`; of the lengths `lens` when given, with a
+/// pointer-array batch's arrays), or nothing.
 fn keep_operands(gemm: bool, lens: Option<[u64; 2]>, plans: &mut [TensorPlan]) {
     for t in plans.iter_mut() {
         let operand = matches!(t.role, Role::A | Role::B);
         let matters = lens.is_none_or(|l| l.contains(&t.nbytes));
-        if !(gemm && operand && matters) {
+        // A pointer-array batch's arrays vouch for its operands (else the record is a gap,
+        // which the step rule would see instead of the GEMM).
+        let array = matches!(t.role, Role::ArrayA | Role::ArrayB | Role::ArrayC);
+        if !(gemm && ((operand && matters) || array)) {
             t.captured = false;
         }
     }

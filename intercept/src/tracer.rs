@@ -54,6 +54,13 @@ pub struct Captured {
     /// Reduced to what the step rule needs: the hook found its step or rank unselected
     /// (prefilter.rs).
     pub prefiltered: bool,
+    /// Tensors (by index) whose captured bytes must equal these for the record to stand: the
+    /// device pointer arrays of a pointer-array batch against the host bytes its operands were
+    /// located by (uploads.rs). A difference turns the record into a gap.
+    pub expect: Vec<(usize, std::sync::Arc<[u8]>)>,
+    /// Tensors (by index) copied for the step rule only (`--no-inputs`): read here, then
+    /// published metadata only.
+    pub rule_only: Vec<usize>,
 }
 
 /// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
@@ -350,6 +357,7 @@ pub fn start(
                 gaps: 0,
                 published_end: 0,
                 to_release: 0,
+                unpublished: BTreeMap::new(),
                 broken: false,
                 anchor_noted: false,
                 stopped_capture: false,
@@ -381,6 +389,9 @@ struct Tracer {
     /// Slots the daemon will never see (skipped, dropped by the step filter): released by the
     /// tracer once the daemon has released everything published before them.
     to_release: u64,
+    /// Slots of records fed to the step rule and not published yet, by start (with a count):
+    /// a skipped slot after one of them is released only up to it.
+    unpublished: BTreeMap<u64, u32>,
     broken: bool,
     /// The anchor's signature was handed to the hooks (prefilter.rs).
     anchor_noted: bool,
@@ -508,6 +519,19 @@ impl Tracer {
         }
         let Some(slot) = c.slot else {
             let streams = self.streamed(&mut c.tensors, &c.streams);
+            // Streamed bytes are gone by now: their CRC-32 stands for them.
+            let held = |i: usize, want: &[u8]| {
+                let t = &c.tensors[i];
+                t.captured && t.nbytes == want.len() as u64 && t.crc32 == crc32fast::hash(want)
+            };
+            let bad = unmet(&c.expect, &c.tensors, held);
+            if !bad.is_empty() {
+                let why = arrays_differ(&c.meta.op, &c.tensors, &bad);
+                for r in &streams {
+                    self.send(&ClientMsg::StreamAbort { stream: r.stream });
+                }
+                return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
+            }
             let class = classify(c.meta.api, &c.meta.op, &c.tensors, &[]);
             let rec = record(c.meta, c.tensors);
             return self.feed(rec, None, streams, class, c.prefiltered);
@@ -516,35 +540,71 @@ impl Tracer {
         let bytes = unsafe { self.ring.slot_bytes(&slot) };
         // Tensors whose copy could not be enqueued are dropped from the slot: move the others
         // to the offsets the daemon computes from the captured tensors.
+        let stored = |i: usize, t: &Tensor| t.captured && !c.rule_only.contains(&i);
         let sizes: Vec<u64> = c
             .tensors
             .iter()
-            .filter(|t| t.captured)
-            .map(|t| t.nbytes)
+            .enumerate()
+            .filter(|(i, t)| stored(*i, t))
+            .map(|(_, t)| t.nbytes)
             .collect();
         let (packed, _) = tensor_offsets(&sizes);
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
         let mut samples = vec![None; c.tensors.len()];
-        for ((t, off), sample) in c.tensors.iter_mut().zip(&c.offsets).zip(&mut samples) {
+        // In tensor order: a tensor is read where it was copied before any later one moves
+        // down over it (each moves only to before its own place).
+        for (i, ((t, off), sample)) in c
+            .tensors
+            .iter_mut()
+            .zip(&c.offsets)
+            .zip(&mut samples)
+            .enumerate()
+        {
             let Some(from) = *off else { continue };
             if !t.captured {
                 continue;
             }
-            let (from, to, len) = (from as usize, packed[k] as usize, t.nbytes as usize);
-            if from != to {
-                bytes.copy_within(from..from + len, to);
-            }
-            let held = &bytes[to..to + len];
+            let (from, len) = (from as usize, t.nbytes as usize);
+            let keep = !c.rule_only.contains(&i);
+            let at = if keep {
+                let to = packed[k] as usize;
+                if from != to {
+                    bytes.copy_within(from..from + len, to);
+                }
+                k += 1;
+                to
+            } else {
+                from
+            };
+            let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
             if gemm && matches!(t.role, Role::A | Role::B) {
                 let n = len / t.dtype.size();
                 *sample = Sample::take(n, |i| element_f64(t.dtype, held, i));
             }
-            k += 1;
+        }
+        let held = |i: usize, want: &[u8]| {
+            let t = &c.tensors[i];
+            let at = (0..i).filter(|&j| stored(j, &c.tensors[j])).count();
+            t.captured
+                && t.nbytes == want.len() as u64
+                && bytes.get(packed[at] as usize..packed[at] as usize + want.len()) == Some(want)
+        };
+        let bad = unmet(&c.expect, &c.tensors, held);
+        if !bad.is_empty() {
+            let why = arrays_differ(&c.meta.op, &c.tensors, &bad);
+            self.skip_slot(slot);
+            return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
         let class = classify(c.meta.api, &c.meta.op, &c.tensors, &samples);
+        for &i in &c.rule_only {
+            // Read for the rule; stored as metadata, as inputs are under `--no-inputs`.
+            if let Some(t) = c.tensors.get_mut(i) {
+                (t.captured, t.crc32) = (false, 0);
+            }
+        }
         let rec = record(c.meta, c.tensors);
         if k == 0 {
             self.skip_slot(slot);
@@ -552,6 +612,25 @@ impl Tracer {
         } else {
             self.feed(rec, Some(slot), Vec::new(), class, c.prefiltered);
         }
+    }
+
+    /// Feeds a gap in place of a record whose snapshot cannot stand (`why`), its bytes
+    /// already let go.
+    fn replaced(&mut self, meta: Meta, tensors: &[Tensor], why: String, prefiltered: bool) {
+        let bytes = tensors
+            .iter()
+            .filter(|t| t.captured)
+            .map(|t| t.nbytes)
+            .sum();
+        let gap = gap_meta(meta, GapReason::ShapeUnknown, bytes, why);
+        let class = classify(gap.api, &gap.op, &[], &[]);
+        self.feed(
+            record(gap, Vec::new()),
+            None,
+            Vec::new(),
+            class,
+            prefiltered,
+        );
     }
 
     /// Publishes a chunk of a streamed tensor once its copies completed, and adds it to the
@@ -633,6 +712,9 @@ impl Tracer {
         prefiltered: bool,
     ) {
         record.t_done_ns = now_ns();
+        if let Some(s) = slot {
+            *self.unpublished.entry(s.pos).or_default() += 1;
+        }
         let mut out = Vec::new();
         self.steps.push(
             Pending {
@@ -686,6 +768,14 @@ impl Tracer {
     }
 
     fn publish(&mut self, p: Pending, step: u64) {
+        if let Some(s) = p.slot {
+            if let Some(n) = self.unpublished.get_mut(&s.pos) {
+                *n -= 1;
+                if *n == 0 {
+                    self.unpublished.remove(&s.pos);
+                }
+            }
+        }
         if self.broken {
             return;
         }
@@ -764,12 +854,59 @@ impl Tracer {
     }
 
     /// Releases skipped slots once the daemon released everything published before them
-    /// (releasing is cumulative: earlier published slots must be done with).
+    /// (releasing is cumulative: earlier published slots must be done with), and never past
+    /// a slot whose record the step rule still holds back.
     fn release_skipped(&mut self) {
-        if self.to_release > self.published_end && self.ring.tail() >= self.published_end {
-            self.ring.release_to(self.to_release);
+        let limit = match self.unpublished.keys().next() {
+            Some(&held) => held.min(self.to_release),
+            None => self.to_release,
+        };
+        if limit > self.published_end && self.ring.tail() >= self.published_end {
+            self.ring.release_to(limit);
         }
     }
+}
+
+/// The tensors (by index) of `expect` ([`Captured::expect`]) that do not hold what they must
+/// (`held(index, bytes)` says whether one does). None when the record stores no other bytes
+/// (metadata only: nothing to vouch for).
+fn unmet(
+    expect: &[(usize, std::sync::Arc<[u8]>)],
+    tensors: &[Tensor],
+    mut held: impl FnMut(usize, &[u8]) -> bool,
+) -> Vec<usize> {
+    let other = |i: usize| !expect.iter().any(|(e, _)| *e == i);
+    let stored = tensors
+        .iter()
+        .enumerate()
+        .any(|(i, t)| t.captured && other(i));
+    if !stored {
+        return Vec::new();
+    }
+    expect
+        .iter()
+        .filter(|(i, want)| !held(*i, want))
+        .map(|(i, _)| *i)
+        .collect()
+}
+
+/// Why a pointer-array batch's record cannot stand: the arrays `bad` of `tensors` differ.
+fn arrays_differ(op: &Op, tensors: &[Tensor], bad: &[usize]) -> String {
+    let roles: Vec<String> = bad
+        .iter()
+        .map(|&i| format!("{:?}", tensors[i].role))
+        .collect();
+    let shape = match op {
+        Op::Gemm(g) => format!("m={} n={} k={} batch={}: ", g.m, g.n, g.k, g.batch),
+        _ => String::new(),
+    };
+    format!(
+        "{shape}pointer-array batch: the device pointer array ({}) the op read differs from \
+         the bytes uploaded to it from the host, or could not be taken (rewritten on the device \
+         after the upload, or its pinned host source changed before the copy ran): the \
+         matrices at the uploaded addresses may not be the op's",
+        roles.join(", ")
+    )
 }
 
 /// A record from its metadata and tensors (rank, step and seq are set at publication).
@@ -853,5 +990,37 @@ pub fn gap_meta(base: Meta, reason: GapReason, bytes: u64, detail: String) -> Me
             detail,
         }),
         ..base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use ttrace_format::dtype::DType;
+
+    fn tensor(role: Role, captured: bool) -> Tensor {
+        Tensor {
+            role,
+            dtype: DType::U64,
+            shape: vec![2],
+            strides: vec![1],
+            ptr: 0x1000,
+            nbytes: 16,
+            captured,
+            crc32: 0,
+        }
+    }
+
+    #[test]
+    fn an_array_that_differs_or_is_missing_is_unmet_unless_nothing_else_is_stored() {
+        let want: Arc<[u8]> = Arc::from(vec![1u8; 16]);
+        let expect = vec![(1, want.clone())];
+        let tensors = [tensor(Role::A, true), tensor(Role::ArrayA, true)];
+        assert!(unmet(&expect, &tensors, |_, w| w == &*want).is_empty());
+        assert_eq!(unmet(&expect, &tensors, |_, _| false), vec![1]);
+        // Metadata only (a size cap took everything): nothing to vouch for.
+        let bare = [tensor(Role::A, false), tensor(Role::ArrayA, false)];
+        assert!(unmet(&expect, &bare, |_, _| false).is_empty());
     }
 }

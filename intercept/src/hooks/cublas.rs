@@ -9,14 +9,20 @@
 //! it for `allow_tf32`), so the GEMM can be recomputed. The `*Ex` functions follow their
 //! explicit compute type.
 //!
+//! The real pointer-array batches (`cublas{S,D,H}gemmBatched`, `cublasGemmBatchedEx`, `_64`)
+//! are captured when their arrays were uploaded from the host ([`crate::uploads`]): entries
+//! from the uploaded addresses, the device arrays snapshotted too and checked by the tracer;
+//! arrays built on the device are a `ShapeUnknown` gap.
+//!
 //! Each signature is written once, in a macro invocation: [`gemm_hook!`] for the GEMMs captured
 //! (typed, `Ex`, strided-batched, in `int` and `_64` widths), [`blas_gap!`] for the entry
 //! points that move tensor data but are not captured, which record a gap naming the API (no
 //! silent holes):
-//! * pointer-array batches (`cublas?gemmBatched`, `cublasGemmBatchedEx`, the grouped GEMMs,
-//!   batched gemv): the matrices' addresses live in device memory, and reading them would
-//!   synchronise, which the tracer never does: `ShapeUnknown`, with the parameters the host
-//!   holds (for grouped GEMMs every group's size and shape, which are host arrays);
+//! * pointer-array batches other than the real ones captured ([`pointer_batch`]: complex,
+//!   the grouped GEMMs, batched gemv): the matrices' addresses live in device memory, and
+//!   reading them would synchronise, which the tracer never does: `ShapeUnknown`, with the
+//!   parameters the host holds (for grouped GEMMs every group's size and shape, which are host
+//!   arrays);
 //! * complex-valued GEMMs and gemv, batched gemv, and real gemv whose output is strided
 //!   (`incy != 1`): `Unsupported`, with their parameters. A real gemv is otherwise captured as
 //!   the GEMM it is ([`gemv`]).
@@ -25,6 +31,7 @@
 
 use core::ffi::{c_int, c_longlong, c_void};
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 
 use cuda_abi::cublas::*;
 use cuda_abi::cudart::cudaStream_t;
@@ -33,8 +40,8 @@ use ttrace_format::dtype::DType;
 use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
 
 use crate::engine::{self, Call};
-use crate::plan::{self, Matrix, Vector, When};
-use crate::{mode, perturb, real};
+use crate::plan::{self, Matrix, TensorPlan, Vector, When};
+use crate::{mode, perturb, real, uploads};
 
 /// What a hook returns when the real function is missing.
 const MISSING: cublasStatus_t = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -68,6 +75,9 @@ struct Gemm {
     algo: cublasGemmAlgo_t,
     /// Why the call cannot be captured as a GEMM (a gemv with a strided output): a gap.
     gap: Option<String>,
+    /// A pointer-array batch: the device arrays of A's, B's and C's matrix addresses (the
+    /// operands' `ptr` are unused).
+    arrays: Option<[*const c_void; 3]>,
 }
 
 /// The scale type (of alpha and beta) of a compute type, as raw `cudaDataType_t` and dtype
@@ -162,6 +172,17 @@ fn call(g: &Gemm) -> Option<Call> {
         (None, None)
     };
     let c_read = beta.is_none_or(|b| b != 0.0);
+    let (located, checks) = match g.arrays {
+        None => (None, Vec::new()),
+        Some(arrays) => match locate(arrays, batch) {
+            Ok((blocks, checks)) => (Some(blocks), checks),
+            Err(why) => return Some(gap_call(g, stream, why)),
+        },
+    };
+    let operand = |role, m: &Matrix, which: usize, when, input| match &located {
+        None => plan::matrix(role, m, when, input),
+        Some(blocks) => plan::matrix_at(role, m, blocks[which].clone(), when, input),
+    };
     let matrix = |o: &Operand, (rows, cols): (u64, u64)| Matrix {
         ptr: o.ptr as u64,
         dtype: o.dtype,
@@ -176,13 +197,14 @@ fn call(g: &Gemm) -> Option<Call> {
     let b = matrix(&g.b, stored(g.transb, k, n));
     let c = matrix(&g.c, (m, n));
     let mut tensors = vec![
-        plan::matrix(Role::A, &a, When::After, true),
-        plan::matrix(Role::B, &b, When::After, true),
+        operand(Role::A, &a, 0, When::After, true),
+        operand(Role::B, &b, 1, When::After, true),
     ];
     if c_read {
-        tensors.push(plan::matrix(Role::CIn, &c, When::Before, true));
+        tensors.push(operand(Role::CIn, &c, 2, When::Before, true));
     }
-    tensors.push(plan::matrix(Role::D, &c, When::After, false));
+    tensors.push(operand(Role::D, &c, 2, When::After, false));
+    tensors.extend(checks);
     if !host {
         for (role, p) in [(Role::Alpha, g.alpha), (Role::Beta, g.beta)] {
             tensors.push(plan::vector(
@@ -193,6 +215,7 @@ fn call(g: &Gemm) -> Option<Call> {
             ));
         }
     }
+    // A pointer-array batch has no strides (0): its entries are where the arrays say.
     let stride = |o: &Operand| if g.batched { o.stride } else { 0 };
     let op = GemmOp {
         m,
@@ -249,7 +272,9 @@ fn capture(mut g: Gemm, real: impl FnOnce() -> cublasStatus_t) -> cublasStatus_t
 
 /// A perturbed reference run: noise on C, the output, on the handle's stream.
 fn perturb_output(g: &Gemm) {
-    if g.m <= 0 || g.n <= 0 || g.batch <= 0 {
+    // A pointer-array batch's outputs are not perturbed (where they are is read from the host
+    // copy of its arrays only when captured).
+    if g.m <= 0 || g.n <= 0 || g.batch <= 0 || g.arrays.is_some() {
         return;
     }
     let Some(stream) = handle_stream(g.handle) else {
@@ -316,6 +341,111 @@ fn gemm(
         compute,
         algo,
         gap: None,
+        arrays: None,
+    }
+}
+
+/// A pointer-array batch (`cublas?gemmBatched`, `cublasGemmBatchedEx`): `arrays` hold the
+/// device addresses of `batch` matrices each of A, B and C, of the operands' types and leading
+/// dimensions.
+#[allow(clippy::too_many_arguments)]
+fn pointer_batch(
+    handle: cublasHandle_t,
+    trans: [cublasOperation_t; 2],
+    mnk: [i64; 3],
+    scalars: [*const c_void; 2],
+    arrays: [(*const c_void, cudaDataType, i64); 3],
+    batch: i64,
+    compute: u32,
+    algo: cublasGemmAlgo_t,
+) -> Gemm {
+    let operand =
+        |(_, dtype, ld): (*const c_void, cudaDataType, i64)| op(core::ptr::null(), dtype, ld, 0);
+    let mut g = gemm(
+        handle,
+        trans,
+        mnk,
+        scalars,
+        arrays.map(operand),
+        Some(batch),
+        compute,
+        algo,
+    );
+    g.arrays = Some(arrays.map(|a| a.0));
+    g
+}
+
+/// A pointer-array batch's matrix addresses (of A, B, C) and the snapshots of its arrays.
+type Located = ([Arc<[u64]>; 3], Vec<TensorPlan>);
+
+/// Where a pointer-array batch's matrices are: each array's host bytes as last uploaded
+/// (uploads.rs), read as addresses, and the array's own snapshot, which the tracer compares
+/// with those bytes. `Err`: an array no upload covers (built on the device), with why.
+fn locate(arrays: [*const c_void; 3], batch: u64) -> Result<Located, String> {
+    let len = batch.saturating_mul(8);
+    let mut blocks: Vec<Arc<[u64]>> = Vec::with_capacity(3);
+    let mut checks = Vec::with_capacity(3);
+    for (name, role, p) in [
+        ("A", Role::ArrayA, arrays[0]),
+        ("B", Role::ArrayB, arrays[1]),
+        ("C", Role::ArrayC, arrays[2]),
+    ] {
+        let Some(bytes) = uploads::find(p as u64, len) else {
+            return Err(format!(
+                "the pointer array of {name} ({p:?}, {len} bytes) was built on the device (no \
+                 host-to-device copy of it was seen, or it lives in managed memory); it cannot \
+                 be read without synchronising"
+            ));
+        };
+        blocks.push(
+            bytes
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                .collect(),
+        );
+        let mut t = plan::vector(
+            role,
+            Vector::new(p as u64, Some(DType::U64), batch),
+            When::Before,
+            false,
+        );
+        t.expect = Some(bytes.into());
+        checks.push(t);
+    }
+    let [a, b, c]: [Arc<[u64]>; 3] = blocks
+        .try_into()
+        .map_err(|_| "internal: three arrays expected".to_string())?;
+    Ok(([a, b, c], checks))
+}
+
+/// The gap of a GEMM that cannot be captured (`detail` says why), on its stream.
+fn gap_call(g: &Gemm, stream: cudaStream_t, detail: String) -> Call {
+    Call {
+        api: g.api,
+        op: Op::Gap(GapOp {
+            reason: GapReason::ShapeUnknown,
+            skipped_api: g.api.into(),
+            bytes: 0,
+            detail: format!(
+                "m={} n={} k={} batch={} Atype={} Btype={} Ctype={} lda={} ldb={} ldc={} \
+                 computeType={}: {detail}",
+                g.m,
+                g.n,
+                g.k,
+                g.batch,
+                g.a.dtype,
+                g.b.dtype,
+                g.c.dtype,
+                g.a.ld,
+                g.b.ld,
+                g.c.ld,
+                g.compute
+            ),
+        }),
+        stream,
+        stream_id: stream as u64,
+        device: None,
+        tensors: Vec::new(),
     }
 }
 
@@ -1182,7 +1312,7 @@ gemm_hook! {
     )
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasSgemmBatched`: f32 pointer-array batch.
     cublasSgemmBatched(
         handle: cublasHandle_t,
@@ -1200,11 +1330,24 @@ blas_gap! {
         Carray: *const *mut f32,
         ldc: c_int,
         batchCount: c_int,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f32")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_32F, w(lda)),
+            (Barray.cast(), CUDA_R_32F, w(ldb)),
+            (Carray.cast(), CUDA_R_32F, w(ldc)),
+        ],
+        w(batchCount),
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasDgemmBatched`: f64 pointer-array batch.
     cublasDgemmBatched(
         handle: cublasHandle_t,
@@ -1222,11 +1365,24 @@ blas_gap! {
         Carray: *const *mut f64,
         ldc: c_int,
         batchCount: c_int,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f64")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_64F, w(lda)),
+            (Barray.cast(), CUDA_R_64F, w(ldb)),
+            (Carray.cast(), CUDA_R_64F, w(ldc)),
+        ],
+        w(batchCount),
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasHgemmBatched`: f16 pointer-array batch.
     cublasHgemmBatched(
         handle: cublasHandle_t,
@@ -1244,8 +1400,21 @@ blas_gap! {
         Carray: *const *mut __half,
         ldc: c_int,
         batchCount: c_int,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f16")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_16F, w(lda)),
+            (Barray.cast(), CUDA_R_16F, w(ldb)),
+            (Carray.cast(), CUDA_R_16F, w(ldc)),
+        ],
+        w(batchCount),
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
 blas_gap! {
@@ -1314,7 +1483,7 @@ blas_gap! {
             pointer_arrays(m, n, k, batchCount, "complex f32")
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasGemmBatchedEx`: mixed-precision pointer-array batch.
     cublasGemmBatchedEx(
         handle: cublasHandle_t,
@@ -1337,11 +1506,21 @@ blas_gap! {
         batchCount: c_int,
         computeType: cublasComputeType_t,
         algo: cublasGemmAlgo_t,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, &format!(
-                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
-                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
-            ))
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), Atype, w(lda)),
+            (Barray.cast(), Btype, w(ldb)),
+            (Carray.cast(), Ctype, w(ldc)),
+        ],
+        w(batchCount),
+        computeType,
+        algo,
+    )
 }
 
 blas_gap! {
@@ -2075,7 +2254,7 @@ blas_gap! {
             not_captured("matrix-vector products", format!("m={m} n={n} batch={batchCount}"))
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasSgemmBatched_64`: f32 pointer-array batch.
     cublasSgemmBatched_64(
         handle: cublasHandle_t,
@@ -2093,11 +2272,24 @@ blas_gap! {
         Carray: *const *mut f32,
         ldc: i64,
         batchCount: i64,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f32")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_32F, w(lda)),
+            (Barray.cast(), CUDA_R_32F, w(ldb)),
+            (Carray.cast(), CUDA_R_32F, w(ldc)),
+        ],
+        w(batchCount),
+        single_precision_compute(handle),
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasDgemmBatched_64`: f64 pointer-array batch.
     cublasDgemmBatched_64(
         handle: cublasHandle_t,
@@ -2115,11 +2307,24 @@ blas_gap! {
         Carray: *const *mut f64,
         ldc: i64,
         batchCount: i64,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f64")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_64F, w(lda)),
+            (Barray.cast(), CUDA_R_64F, w(ldb)),
+            (Carray.cast(), CUDA_R_64F, w(ldc)),
+        ],
+        w(batchCount),
+        CUBLAS_COMPUTE_64F,
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasHgemmBatched_64`: f16 pointer-array batch.
     cublasHgemmBatched_64(
         handle: cublasHandle_t,
@@ -2137,8 +2342,21 @@ blas_gap! {
         Carray: *const *mut __half,
         ldc: i64,
         batchCount: i64,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, "f16")
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), CUDA_R_16F, w(lda)),
+            (Barray.cast(), CUDA_R_16F, w(ldb)),
+            (Carray.cast(), CUDA_R_16F, w(ldc)),
+        ],
+        w(batchCount),
+        CUBLAS_COMPUTE_16F,
+        CUBLAS_GEMM_DEFAULT,
+    )
 }
 
 blas_gap! {
@@ -2207,7 +2425,7 @@ blas_gap! {
             pointer_arrays(m, n, k, batchCount, "complex f32")
 }
 
-blas_gap! {
+gemm_hook! {
     /// `cublasGemmBatchedEx_64`: mixed-precision pointer-array batch.
     cublasGemmBatchedEx_64(
         handle: cublasHandle_t,
@@ -2230,11 +2448,21 @@ blas_gap! {
         batchCount: i64,
         computeType: cublasComputeType_t,
         algo: cublasGemmAlgo_t,
-    ) => ShapeUnknown,
-            pointer_arrays(m, n, k, batchCount, &format!(
-                "transa={transa} transb={transb} Atype={Atype} Btype={Btype} Ctype={Ctype} \
-                 lda={lda} ldb={ldb} ldc={ldc} computeType={computeType} algo={algo}"
-            ))
+    ) => (mode::GEMM)
+    pointer_batch(
+        handle,
+        [transa, transb],
+        [w(m), w(n), w(k)],
+        [alpha.cast(), beta.cast()],
+        [
+            (Aarray.cast(), Atype, w(lda)),
+            (Barray.cast(), Btype, w(ldb)),
+            (Carray.cast(), Ctype, w(ldc)),
+        ],
+        w(batchCount),
+        computeType,
+        algo,
+    )
 }
 
 blas_gap! {

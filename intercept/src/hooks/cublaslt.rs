@@ -2,22 +2,24 @@
 //! pointers are read from the descriptors at call time with the real
 //! `cublasLtMatmulDescGetAttribute` / `cublasLtMatrixLayoutGetAttribute` (never by shadowing
 //! `*Create`/`SetAttribute`: caller-initialised and mutated descriptors are seen as they are).
+//! MXFP8 and NVFP4 block scales (`VEC32_UE8M0`, `VEC16_UE4M3`) are captured as
+//! `BlockScaleA/B/D` tensors (the role and dtype say the mode), FP4 operands as packed bytes.
 //! A layout that is not column-major, a pointer-array or grouped batch mode (CUDA 13), a
-//! scale mode other than `SCALAR_32F` (MXFP8, NVFP4, per-row or per-block FP8: the record has
-//! no field for the mode, so its scales could not be applied), or a descriptor that cannot be
-//! read, is recorded as a `ShapeUnknown` gap saying which.
+//! scale mode the record cannot express (per-row or per-128-block FP32 scales), or a
+//! descriptor that cannot be read, is recorded as a `ShapeUnknown` gap saying which.
 
 use core::ffi::c_void;
 
 use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::cudaStream_t;
+use ttrace_format::blockscale;
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
 
 use super::cublas::read_scalar;
 use crate::engine::{self, Call};
-use crate::plan::{self, Matrix, Vector, When};
+use crate::plan::{self, Matrix, TensorPlan, Vector, When};
 use crate::{mode, perturb, real};
 
 /// An attribute's raw bytes.
@@ -172,21 +174,26 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
     {
         return Err("a layout is a pointer-array or grouped batch (CUBLASLT_MATRIX_LAYOUT_BATCH_MODE): the matrices' addresses live in device memory and cannot be read without synchronising");
     }
-    let scale_modes = [
-        CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-        CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+    let mode_of =
+        |attr| desc_attr::<u32>(d, attr).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
+    let (a_mode, b_mode) = (
+        mode_of(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
+        mode_of(CUBLASLT_MATMUL_DESC_B_SCALE_MODE),
+    );
+    let d_out_mode = mode_of(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE);
+    let block = |mode| {
+        mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || blockscale::block_of(mode).is_some()
+    };
+    let scalar_cd = [
         CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
         CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
-        CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE,
-    ];
-    if scale_modes.into_iter().any(|a| {
-        desc_attr::<u32>(d, a).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
-            != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
-    }) {
-        // The scale tensors themselves could be taken (plan::scale_bytes sizes them, and the
-        // loop below would), but the record does not carry the mode and compare/check apply a
-        // scale as one scalar: the op would be misjudged.
-        return Err("a block scale mode (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: VEC16_UE4M3, VEC32_UE8M0, OUTER_VEC_32F, VEC128_32F, BLK128x128_32F): the record cannot say how its scales apply");
+    ]
+    .into_iter()
+    .all(|a| mode_of(a) == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
+    if !(block(a_mode) && block(b_mode) && block(d_out_mode) && scalar_cd) {
+        // Per-row and per-128-block FP32 scales: the record has no role that says how they
+        // apply, and compare/check would take them for scalars.
+        return Err("a scale mode other than scalar or the MXFP8 / NVFP4 block modes (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: OUTER_VEC_32F, VEC128_32F, BLK128x128_32F): the record cannot say how its scales apply");
     }
     let (m, n) = (ld_.rows, ld_.cols);
     let k = if transa == CUBLAS_OP_N {
@@ -322,54 +329,50 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         tensors.push(plan::matrix(Role::Aux, &aux, When::After, input));
     }
 
-    // FP8 / block scales (TransformerEngine passes scale_inv) and amax.
-    for (role, pattr, mattr, outer, inner) in [
+    // FP8 scalar scales (TransformerEngine passes scale_inv), MXFP8 / NVFP4 block scales, and
+    // amax. An NVFP4 operand's tensor-wide FP32 scale is alpha (captured above).
+    for (role, pattr, mode, outer, inner) in [
         (
             Role::ScaleA,
             CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+            a_mode,
             m,
             k,
         ),
         (
             Role::ScaleB,
             CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            b_mode,
             n,
             k,
         ),
         (
             Role::ScaleC,
             CUBLASLT_MATMUL_DESC_C_SCALE_POINTER,
-            CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
+            CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
             m,
             n,
         ),
         (
             Role::ScaleD,
             CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
-            CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
+            CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
             m,
             n,
+        ),
+        (
+            Role::BlockScaleD,
+            CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER,
+            d_out_mode,
+            n,
+            m,
         ),
     ] {
         let p = ptr(pattr);
         if p == 0 {
             continue;
         }
-        let mode = desc_attr::<u32>(d, mattr).unwrap_or(0);
-        let (dtype, len) = match (mode, plan::scale_bytes(mode, outer, inner)) {
-            (1, Some(b)) => (Some(DType::F8_E4M3), b),
-            (2, Some(b)) => (Some(DType::U8), b),
-            (_, Some(b)) => (Some(DType::F32), b / 4),
-            (_, None) => (None, 1),
-        };
-        tensors.push(plan::vector(
-            role,
-            Vector::new(p, dtype, len),
-            When::After,
-            false,
-        ));
+        tensors.push(scale_tensor(role, p, mode, outer, inner, batch));
     }
     let amax = ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER);
     if amax != 0 {
@@ -417,6 +420,35 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         device: None,
         tensors,
     })
+}
+
+/// The scale tensor at `p` for `role` under scale `mode`, of an operand with `outer` rows of
+/// `inner` values along K: one F32 in scalar mode, else the block scales (role
+/// `BlockScale*`, UE8M0 or UE4M3 bytes in cuBLASLt's tiled layout, per batch entry).
+fn scale_tensor(role: Role, p: u64, mode: u32, outer: u64, inner: u64, batch: u64) -> TensorPlan {
+    let Some(block) = blockscale::block_of(mode) else {
+        return plan::vector(
+            role,
+            Vector::new(p, Some(DType::F32), 1),
+            When::After,
+            false,
+        );
+    };
+    let role = match role {
+        Role::ScaleA => Role::BlockScaleA,
+        Role::ScaleB => Role::BlockScaleB,
+        other => other,
+    };
+    // UE4M3 is E4M3 without the sign (CUDA_R_8F_UE4M3 == CUDA_R_8F_E4M3).
+    let dtype = if block == 32 {
+        DType::F8_E8M0
+    } else {
+        DType::F8_E4M3
+    };
+    let len = blockscale::scale_bytes(outer, inner, block);
+    let input = role != Role::BlockScaleD;
+    let v = Vector::new(p, Some(dtype), len).batched(batch, len);
+    plan::vector(role, v, When::After, input)
 }
 
 /// `cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
@@ -522,4 +554,33 @@ fn perturb_output(x: &Matmul) {
             batched: batch > 1,
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_modes_give_their_roles_types_and_sizes() {
+        // MXFP8 A, 200 x 100: 256 padded rows x ceil(ceil(100/32)/4)*4 = 4 columns.
+        let mx = scale_tensor(Role::ScaleA, 0x1000, 2, 200, 100, 1);
+        assert_eq!(
+            (mx.role, mx.dtype, mx.nbytes),
+            (Role::BlockScaleA, DType::F8_E8M0, 1024)
+        );
+        assert!(mx.input && mx.captured);
+        // NVFP4 B, 64 x 256: 128 rows x 16 columns of UE4M3 (stored as E4M3).
+        let nv = scale_tensor(Role::ScaleB, 0x1000, 1, 64, 256, 1);
+        assert_eq!(
+            (nv.role, nv.dtype, nv.nbytes),
+            (Role::BlockScaleB, DType::F8_E4M3, 2048)
+        );
+        // The scales an FP4 D is written with: an output.
+        let d = scale_tensor(Role::BlockScaleD, 0x1000, 1, 64, 256, 2);
+        assert!(!d.input);
+        assert_eq!((d.shape.clone(), d.nbytes), (vec![2, 2048], 4096));
+        // Scalar mode: one F32.
+        let s = scale_tensor(Role::ScaleA, 0x1000, 0, 200, 100, 1);
+        assert_eq!((s.role, s.dtype, s.nbytes), (Role::ScaleA, DType::F32, 4));
+    }
 }

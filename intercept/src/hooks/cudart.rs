@@ -15,7 +15,7 @@ use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Role};
 use crate::cuda::{self, ErrScope, MISSING};
 use crate::engine::{self, Call};
 use crate::real::{self, dim3};
-use crate::{mode, plan, thread};
+use crate::{mode, plan, thread, uploads};
 
 /// A copy's geometry: `height` rows of `width` bytes.
 #[derive(Clone, Copy)]
@@ -120,11 +120,74 @@ fn capture(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
+    let dir = dir.or_else(|| direction(kind, &g));
     crate::around(
         || engine::begin(call(api, g, kind, dir, stream)?),
-        real,
+        || tracked(&g, dir, real),
         |f, r| engine::finish(f, r == cudaSuccess),
     )
+}
+
+/// The path of a copy hook while copies are not captured: a small upload is still remembered
+/// when GEMMs are captured (their pointer arrays, uploads.rs). Only an explicit
+/// `cudaMemcpyHostToDevice` is looked at (resolving `cudaMemcpyDefault` costs a runtime call).
+fn pass_through(
+    g: Geometry,
+    kind: cudaMemcpyKind,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    if kind == cudaMemcpyHostToDevice && mode::on(mode::GEMM) {
+        tracked(&g, Some(CopyDirection::HostToDevice), real)
+    } else {
+        real()
+    }
+}
+
+/// Whether the source of a copy the program calls host-to-device is host memory the tracer
+/// may read (a kind that lies about a device source must not fault here).
+fn host_readable(p: *const c_void) -> bool {
+    let _e = ErrScope::new();
+    cuda::is_device_memory(p) == Ok(false)
+}
+
+/// Runs a copy, keeping [`uploads`] up to date: the host bytes of a small linear upload are
+/// remembered (as they are at the call, what the copy takes); any other write to the device
+/// the hooks see forgets what was remembered of its range.
+fn tracked(
+    g: &Geometry,
+    dir: Option<CopyDirection>,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    let to_device = matches!(
+        dir,
+        Some(CopyDirection::HostToDevice | CopyDirection::DeviceToDevice)
+    );
+    if !to_device || !mode::on(mode::GEMM) || g.dst.is_null() {
+        return real();
+    }
+    // Outside `around`'s guard: a panic here must not reach the program (crate::catch).
+    let host = crate::catch(|| {
+        let upload = dir == Some(CopyDirection::HostToDevice)
+            && g.height == 1
+            && uploads::wanted(g.width)
+            && !g.src.is_null()
+            && host_readable(g.src);
+        upload.then(|| {
+            // SAFETY: the copy's host source: `width` readable bytes, per cudaMemcpy's
+            // contract (the real call reads them too).
+            unsafe { std::slice::from_raw_parts(g.src.cast::<u8>(), g.width) }.to_vec()
+        })
+    })
+    .flatten();
+    let r = real();
+    if r == cudaSuccess {
+        let extent = g.dpitch.saturating_mul(g.height.saturating_sub(1)) + g.width;
+        let _ = crate::catch(|| match host {
+            Some(bytes) => uploads::remember(g.dst as u64, bytes),
+            None => uploads::forget(g.dst as u64, extent as u64),
+        });
+    }
+    r
 }
 
 /// `cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)`.
@@ -138,11 +201,11 @@ pub unsafe extern "C" fn cudaMemcpy(
     let Some(real) = real::cudaMemcpy() else {
         return MISSING;
     };
+    let g = Geometry::linear(dst, src, count);
     if mode::off(mode::MEMCPY) {
         // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, src, count, kind) };
+        return pass_through(g, kind, || unsafe { real(dst, src, count, kind) });
     }
-    let g = Geometry::linear(dst, src, count);
     // SAFETY: as above.
     capture("cudaMemcpy", g, kind, None, LEGACY, || unsafe {
         real(dst, src, count, kind)
@@ -160,11 +223,11 @@ pub unsafe extern "C" fn cudaMemcpy_ptds(
     let Some(real) = real::cudaMemcpy_ptds() else {
         return MISSING;
     };
+    let g = Geometry::linear(dst, src, count);
     if mode::off(mode::MEMCPY) {
         // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, src, count, kind) };
+        return pass_through(g, kind, || unsafe { real(dst, src, count, kind) });
     }
-    let g = Geometry::linear(dst, src, count);
     // SAFETY: as above.
     capture(
         "cudaMemcpy_ptds",
@@ -189,11 +252,11 @@ pub unsafe extern "C" fn cudaMemcpyAsync(
     let Some(real) = real::cudaMemcpyAsync() else {
         return MISSING;
     };
+    let g = Geometry::linear(dst, src, count);
     if mode::off(mode::MEMCPY) {
         // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, src, count, kind, stream) };
+        return pass_through(g, kind, || unsafe { real(dst, src, count, kind, stream) });
     }
-    let g = Geometry::linear(dst, src, count);
     // SAFETY: as above.
     capture("cudaMemcpyAsync", g, kind, None, stream, || unsafe {
         real(dst, src, count, kind, stream)
@@ -212,11 +275,11 @@ pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
     let Some(real) = real::cudaMemcpyAsync_ptsz() else {
         return MISSING;
     };
+    let g = Geometry::linear(dst, src, count);
     if mode::off(mode::MEMCPY) {
         // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, src, count, kind, stream) };
+        return pass_through(g, kind, || unsafe { real(dst, src, count, kind, stream) });
     }
-    let g = Geometry::linear(dst, src, count);
     // SAFETY: as above.
     capture(
         "cudaMemcpyAsync_ptsz",

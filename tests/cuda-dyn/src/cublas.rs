@@ -87,6 +87,18 @@ crate::dyn_api! {
         lda: c_int, Barray: *const *const f32, ldb: c_int, beta: *const f32,
         Carray: *const *mut f32, ldc: c_int, batchCount: c_int,
     ) -> cublasStatus_t;
+    fn cublasDgemmBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const f64, Aarray: *const *const f64,
+        lda: c_int, Barray: *const *const f64, ldb: c_int, beta: *const f64,
+        Carray: *const *mut f64, ldc: c_int, batchCount: c_int,
+    ) -> cublasStatus_t;
+    fn cublasHgemmBatched(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, k: c_int, alpha: *const __half, Aarray: *const *const __half,
+        lda: c_int, Barray: *const *const __half, ldb: c_int, beta: *const __half,
+        Carray: *const *mut __half, ldc: c_int, batchCount: c_int,
+    ) -> cublasStatus_t;
     fn cublasSgemm_v2_64(
         handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
         m: i64, n: i64, k: i64, alpha: *const f32, A: *const f32, lda: i64, B: *const f32,

@@ -436,3 +436,53 @@ fn cuda13_differences_report() {
     let report = check(&exports, &abi, &dirs, &work_dir(), "cuda13_report");
     eprintln!("{}", report.describe_failures());
 }
+
+/// The value NVIDIA's headers give an enumerator (`NAME = value,` in any header found).
+fn header_enum_value(name: &str) -> Option<i64> {
+    let mut found = None;
+    for dir in include_dirs() {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            for line in text.lines() {
+                let l = line.trim();
+                let Some(rest) = l.strip_prefix(name) else {
+                    continue;
+                };
+                let Some(v) = rest.trim_start().strip_prefix('=') else {
+                    continue;
+                };
+                let v = v.split([',', '/']).next().unwrap_or("").trim();
+                if let Ok(n) = v.parse::<i64>() {
+                    found = Some(n);
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn block_scale_modes_and_narrow_types_decode_as_nvidias_headers_number_them() {
+    use ttrace_format::blockscale::block_of;
+    use ttrace_format::dtype::DType;
+    // The record's dtypes of the MXFP8 / NVFP4 data and scales, by cudaDataType_t.
+    let ue8m0 = header_enum_value("CUDA_R_8F_UE8M0").expect("library_types.h declares UE8M0");
+    let e2m1 = header_enum_value("CUDA_R_4F_E2M1").expect("library_types.h declares E2M1");
+    assert_eq!(DType::from_cuda(ue8m0 as u32), Some(DType::F8_E8M0));
+    assert_eq!(DType::from_cuda(e2m1 as u32), Some(DType::F4_E2M1X2));
+    // UE4M3 is declared as an alias of E4M3 (`CUDA_R_8F_UE4M3 = CUDA_R_8F_E4M3`).
+    let e4m3 = header_enum_value("CUDA_R_8F_E4M3").expect("E4M3");
+    assert_eq!(DType::from_cuda(e4m3 as u32), Some(DType::F8_E4M3));
+    // Values per scale of the cuBLASLt scale modes.
+    let vec16 = header_enum_value("CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3").expect("VEC16");
+    let vec32 = header_enum_value("CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0").expect("VEC32");
+    assert_eq!(block_of(vec16 as u32), Some(16));
+    assert_eq!(block_of(vec32 as u32), Some(32));
+    let scalar = header_enum_value("CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F").expect("SCALAR");
+    assert_eq!(block_of(scalar as u32), None);
+}

@@ -6,7 +6,7 @@
 mod intercept_util;
 
 use intercept_util::*;
-use ttrace_format::record::{CopyDirection, Op};
+use ttrace_format::record::{CopyDirection, Op, Role};
 
 /// (step, short name) of every record.
 fn steps(run: &Run) -> Vec<(u64, &'static str)> {
@@ -87,4 +87,30 @@ fn selected_steps_only_and_the_ring_keeps_flowing() {
     assert_checksums(&run);
     assert_eq!(steps(&run), step(1));
     assert_eq!(run.summary.gaps, 0);
+}
+
+#[test]
+fn without_inputs_the_auto_rule_numbers_steps_as_a_full_capture_does() {
+    // `--no-inputs`: A and B are read for the rule (their CRCs and samples) but not stored.
+    let full = traced(1, &["traced", "steps", "auto"], &[]);
+    let bare = traced(1, &["traced", "steps", "auto"], &[("TTRACE_INPUTS", "0")]);
+    assert_ok(&bare);
+    assert_checksums(&bare);
+    assert_eq!(steps(&bare), steps(&full));
+    let gemms: Vec<&Rec> = bare
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, Op::Gemm(_)))
+        .collect();
+    assert_eq!(gemms.len(), 6);
+    for r in gemms {
+        for t in &r.record.tensors {
+            let input = matches!(t.role, Role::A | Role::B);
+            assert_eq!(t.captured, !input, "{:?}", t.role);
+            if input {
+                assert_eq!(t.crc32, 0, "an input not stored has no checksum");
+            }
+        }
+        assert!(r.has(Role::D));
+    }
 }

@@ -148,6 +148,9 @@ pub struct GemmKernel {
     pub bgrad: Range,
     /// Scale factors of A, B, C, D (`None`: 1).
     pub scales: [Option<Scalar>; 4],
+    /// MXFP8 block scales of A and B (UE8M0, cuBLASLt's tiled layout; empty: none): the
+    /// operands are dequantized to F32 before the product.
+    pub block_scales: [Range; 2],
     /// Where `amax_D` goes (f32), if requested.
     pub amax: Option<DevicePtr>,
 }
@@ -167,6 +170,7 @@ impl GemmKernel {
             aux: Range::EMPTY,
             bgrad: Range::EMPTY,
             scales: [None; 4],
+            block_scales: [Range::EMPTY; 2],
             amax: None,
         }
     }
@@ -239,6 +243,22 @@ impl GemmKernel {
                 self.aux.bytes_mut(),
             )
         };
+        // MXFP8: both operands dequantized by their block scales (K contiguous: A^T, B).
+        let mut mx = None;
+        if let [Range { ptr: Some(_), .. }, Range { ptr: Some(_), .. }] = self.block_scales {
+            // SAFETY: validated at launch; read-only views.
+            let (sa, sb) = unsafe { (self.block_scales[0].bytes(), self.block_scales[1].bytes()) };
+            let (k, ld_a, ld_b) = (g.k, g.a.ld, g.b.ld);
+            let da = dequantize_mx(a, g.a.dtype, ld_a, k, g.m, sa);
+            let db = dequantize_mx(b, g.b.dtype, ld_b, k, g.n, sb);
+            g.a.dtype = DType::F32;
+            g.b.dtype = DType::F32;
+            mx = Some((da, db));
+        }
+        let (a, b) = match &mx {
+            Some((da, db)) => (da.as_slice(), db.as_slice()),
+            None => (a, b),
+        };
         let c = if g.beta == 0.0 {
             CInput::None
         } else if same_c {
@@ -269,6 +289,49 @@ impl GemmKernel {
         }
         Ok(())
     }
+}
+
+/// Where the block scale of row `row` (of the outer dimension), K-block `kb` lies in
+/// cuBLASLt's tiled layout (128x4 tiles of 512 bytes, row-major; inside a tile, row `r`
+/// column `c` at `(r % 32) * 16 + (r % 128 / 32) * 4 + c`), with `k_blocks` scale columns.
+pub fn mx_offset(row: usize, kb: usize, k_blocks: usize) -> usize {
+    let tile = (row / 128) * k_blocks.div_ceil(4) + kb / 4;
+    tile * 512 + (row % 32) * 16 + ((row % 128) / 32) * 4 + kb % 4
+}
+
+/// Bytes of the MXFP8 block scales of an operand with `outer` rows of `k` values.
+pub fn mx_scale_bytes(outer: usize, k: usize) -> usize {
+    outer.div_ceil(128) * 128 * k.div_ceil(32).div_ceil(4) * 4
+}
+
+/// An MXFP8 operand (`outer` columns of `k` values, K contiguous, leading dimension `ld`) as
+/// F32 at the same element positions, each value times its UE8M0 scale `2^(s - 127)`.
+fn dequantize_mx(
+    bytes: &[u8],
+    dtype: DType,
+    ld: usize,
+    k: usize,
+    outer: usize,
+    scales: &[u8],
+) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len() / dtype.size() * 4];
+    let kb = k.div_ceil(32);
+    for col in 0..outer {
+        for row in 0..k {
+            let s = scales
+                .get(mx_offset(col, row / 32, kb))
+                .copied()
+                .unwrap_or(255);
+            let scale = if s == 255 {
+                f64::NAN
+            } else {
+                2f64.powi(s as i32 - 127)
+            };
+            let i = col * ld + row;
+            DType::F32.store(&mut out, i, dtype.load(bytes, i) * scale);
+        }
+    }
+    out
 }
 
 /// Enqueues `work` on `stream`: the cuBLAS status of the launch.

@@ -1,6 +1,6 @@
 //! GEMM entry points beyond the core ones of lib.rs, each a thin shim over the same validated
 //! kernel path: the typed strided batches of f64 and f16, `cublasSgemmEx`, the pointer-array
-//! `cublasSgemmBatched`, the f32 and f64 gemv (as GEMMs), and the `_64` variants (64-bit
+//! `cublas{S,D,H}gemmBatched`, the f32 and f64 gemv (as GEMMs), and the `_64` variants (64-bit
 //! sizes) of the GEMMs the simulator computes. Sizes beyond `int` are refused with
 //! `CUBLAS_STATUS_NOT_SUPPORTED`: the simulator computes on the host, where such matrices do
 //! not fit.
@@ -692,6 +692,99 @@ pub unsafe extern "C" fn cublasSgemmBatched(
             ldc,
             batchCount,
             compute,
+            CUBLAS_GEMM_DEFAULT,
+        )
+    }
+}
+
+/// `cublasDgemmBatched`: the f64 pointer-array batch, as `cublasGemmBatchedEx` computes it.
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemmBatched(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const f64,
+    Aarray: *const *const f64,
+    lda: c_int,
+    Barray: *const *const f64,
+    ldb: c_int,
+    beta: *const f64,
+    Carray: *const *mut f64,
+    ldc: c_int,
+    batchCount: c_int,
+) -> cublasStatus_t {
+    // SAFETY: the same contract, with the f64 types spelled out.
+    unsafe {
+        crate::cublasGemmBatchedEx(
+            handle,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            alpha.cast(),
+            Aarray.cast(),
+            CUDA_R_64F,
+            lda,
+            Barray.cast(),
+            CUDA_R_64F,
+            ldb,
+            beta.cast(),
+            Carray.cast(),
+            CUDA_R_64F,
+            ldc,
+            batchCount,
+            CUBLAS_COMPUTE_64F,
+            CUBLAS_GEMM_DEFAULT,
+        )
+    }
+}
+
+/// `cublasHgemmBatched`: the f16 pointer-array batch, as `cublasGemmBatchedEx` computes it
+/// (f16 compute and scalars).
+#[no_mangle]
+pub unsafe extern "C" fn cublasHgemmBatched(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: *const __half,
+    Aarray: *const *const __half,
+    lda: c_int,
+    Barray: *const *const __half,
+    ldb: c_int,
+    beta: *const __half,
+    Carray: *const *mut __half,
+    ldc: c_int,
+    batchCount: c_int,
+) -> cublasStatus_t {
+    // SAFETY: the same contract, with the f16 types spelled out.
+    unsafe {
+        crate::cublasGemmBatchedEx(
+            handle,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            alpha.cast(),
+            Aarray.cast(),
+            CUDA_R_16F,
+            lda,
+            Barray.cast(),
+            CUDA_R_16F,
+            ldb,
+            beta.cast(),
+            Carray.cast(),
+            CUDA_R_16F,
+            ldc,
+            batchCount,
+            CUBLAS_COMPUTE_16F,
             CUBLAS_GEMM_DEFAULT,
         )
     }

@@ -674,27 +674,6 @@ pub unsafe extern "C" fn cublasDgelsBatched(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasDgemmBatched(
-    handle: cublasHandle_t,
-    _transa: cublasOperation_t,
-    _transb: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _k: c_int,
-    _alpha: *const f64,
-    _aarray: *const *const f64,
-    _lda: c_int,
-    _barray: *const *const f64,
-    _ldb: c_int,
-    _beta: *const f64,
-    _carray: *const *mut f64,
-    _ldc: c_int,
-    _batch_count: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasDgemmBatched", Some(handle))
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasDgeqrfBatched(
     handle: cublasHandle_t,
     _m: c_int,

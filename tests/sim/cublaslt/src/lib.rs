@@ -15,7 +15,11 @@
 //!   E5M2) with 32F compute, D of f32 (C f32), bf16/f16 (C the same) or FP8 (C bf16/f16);
 //! * **FP8 requires `TRANSA = T` and `TRANSB = N`** (the "TN" layout Hopper's FP8 kernels
 //!   support) and column order; anything else is `CUBLAS_STATUS_NOT_SUPPORTED`;
-//! * FP8 scaling (`SCALE_MODE` scalar only): `D = scale_D * (alpha * scale_A * scale_B * op(A)
+//! * MXFP8 block scaling: `A_SCALE_MODE` and `B_SCALE_MODE` both `VEC32_UE8M0` (FP8 A and
+//!   B, one matrix): A and B are dequantized to f32 by their UE8M0 scales (cuBLASLt's
+//!   128x4-tile layout, `sim_blas::mx_offset`) and multiplied as f32 operands; other modes
+//!   (NVFP4's `VEC16_UE4M3`, the FP32 vector modes) are `CUBLAS_STATUS_NOT_SUPPORTED`;
+//! * FP8 scaling (`SCALE_MODE` scalar): `D = scale_D * (alpha * scale_A * scale_B * op(A)
 //!   op(B) + beta * scale_C * C)`, each scale an f32 in device memory (null: 1); `AMAX_D`
 //!   receives, as f32, the largest magnitude of the result *before* `scale_D`. Scale pointers
 //!   with non-FP8 A/B, or a D scale with a non-FP8 D, are `CUBLAS_STATUS_INVALID_VALUE` (the
@@ -553,6 +557,8 @@ struct Problem {
     aux: *mut c_void,
     scales: [*mut c_void; 4],
     amax: *mut c_void,
+    /// A's and B's scales are MXFP8 block scales (`scales[0..2]` point to them).
+    block: bool,
 }
 
 fn is_fp8(t: DType) -> bool {
@@ -667,18 +673,25 @@ unsafe fn prepare(
         CUBLASLT_POINTER_MODE_DEVICE => true,
         _ => return Err(CUBLAS_STATUS_NOT_SUPPORTED),
     };
-    // Scaling: scalar mode only, FP8 only.
-    let modes = [
-        CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-        CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+    // Scaling: FP8 only; scalar, or MXFP8 block scales (VEC32_UE8M0) on both A and B of one
+    // matrix (NVFP4 and the FP32 vector modes are not simulated).
+    let mode = |a| md.u64(a) as u32;
+    let scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    let mx = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0;
+    let (a_mode, b_mode) = (
+        mode(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
+        mode(CUBLASLT_MATMUL_DESC_B_SCALE_MODE),
+    );
+    let others = [
         CUBLASLT_MATMUL_DESC_C_SCALE_MODE,
         CUBLASLT_MATMUL_DESC_D_SCALE_MODE,
         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_MODE,
         CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE,
     ];
-    if modes
-        .iter()
-        .any(|&a| md.u64(a) as u32 != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F)
+    let block = (a_mode, b_mode) == (mx, mx);
+    if others.iter().any(|&a| mode(a) != scalar)
+        || !(block || (a_mode, b_mode) == (scalar, scalar))
+        || (block && (!fp8 || dd.batch != 1))
     {
         return Err(CUBLAS_STATUS_NOT_SUPPORTED);
     }
@@ -799,6 +812,7 @@ unsafe fn prepare(
         aux,
         scales,
         amax,
+        block,
     })
 }
 
@@ -863,7 +877,14 @@ pub unsafe extern "C" fn cublasLtMatmul(
                 k.bias = Range::new(p.bias, g.bias_bytes())?;
             }
             k.aux = Range::new(p.aux, g.aux_bytes())?;
-            for (slot, ptr) in k.scales.iter_mut().zip(p.scales) {
+            if p.block {
+                k.block_scales = [
+                    Range::new(p.scales[0], sim_blas::mx_scale_bytes(g.m, g.k))?,
+                    Range::new(p.scales[1], sim_blas::mx_scale_bytes(g.n, g.k))?,
+                ];
+            }
+            let scalar_from = if p.block { 2 } else { 0 };
+            for (slot, ptr) in k.scales.iter_mut().zip(p.scales).skip(scalar_from) {
                 if !ptr.is_null() {
                     *slot = Some(Scalar::device(ptr, DType::F32).ok_or(Inaccessible)?);
                 }

@@ -11,6 +11,11 @@
 //! * `gemm-more`: the typed strided batches of f64 and f16, `cublasSgemmEx`, the `_64` entry
 //!   points, a `cublasSgemmBatched` pointer-array batch (a gap for the tracer), and a
 //!   `cublasSgemv_v2` with a strided input.
+//! * `gemm-ptrarrays`: pointer-array batches with host-built arrays, and arrays rewritten on
+//!   the device, by a late pinned source, or built on the device (ptrarrays.rs).
+//! * `gemm-blockscaled [corrupt]`: an MXFP8 cuBLASLt matmul with block scales, one of them
+//!   rewritten on the device with `corrupt` (blockscaled.rs).
+//! * `uploads [N] [BYTES]`: timed small host-to-device copies (scripts/bench-uploads.sh).
 //! * `gemv-strided`: a `cublasSgemv_v2` (transposed) and a `cublasDgemv_v2` whose output is
 //!   strided (`incy` 2 and 3), results checked against f64 (a gap for the tracer).
 //! * `nccl` (under simrun): every collective, in place and not, inside groups, send/recv, a
@@ -81,6 +86,9 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("memcpy") => memcpy(),
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
+        Some("gemm-ptrarrays") => crate::ptrarrays::run(),
+        Some("gemm-blockscaled") => crate::blockscaled::run(args),
+        Some("uploads") => crate::ptrarrays::uploads(args),
         Some("gemv-strided") => gemv_strided(),
         Some("nccl") => nccl(),
         Some("nccl-extra") => nccl_extra(),
@@ -95,7 +103,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|gemm-more|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }
@@ -104,7 +112,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
 /// A host function enqueued between copies: its launch is recorded by name.
 unsafe extern "C" fn traced_marker(_: *mut c_void) {}
 
-fn pinned(data: &[u8]) -> Result<*mut u8, String> {
+pub(crate) fn pinned(data: &[u8]) -> Result<*mut u8, String> {
     let mut p: *mut c_void = std::ptr::null_mut();
     ck!(cudaMallocHost(&mut p, data.len().max(1)));
     // SAFETY: a fresh pinned allocation of `data.len()` bytes.
@@ -196,10 +204,10 @@ fn memcpy() -> Result<(), String> {
 }
 
 /// Deterministic values in [-1, 1).
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> f64 {
+    pub(crate) fn next(&mut self) -> f64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -209,7 +217,7 @@ impl Rng {
 }
 
 /// `len` elements of `t`, random (NaN in padding is the tests' business, not needed here).
-fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
     let mut v = vec![0u8; len * t.size()];
     for i in 0..len {
         t.store(&mut v, i, rng.next() * 2.0);
@@ -217,7 +225,7 @@ fn values(t: DType, len: usize, rng: &mut Rng) -> Vec<u8> {
     v
 }
 
-fn up(data: &[u8]) -> Result<DevBuf, String> {
+pub(crate) fn up(data: &[u8]) -> Result<DevBuf, String> {
     // Uploads without a hooked copy would need a kernel; a plain copy is one more record,
     // which the tests expect (host-to-device records before each GEMM).
     DevBuf::from_host(data)
@@ -455,13 +463,13 @@ fn gemms() -> Result<(), String> {
     Ok(())
 }
 
-fn desc(compute: u32, scale: u32) -> Result<cublasLtMatmulDesc_t, String> {
+pub(crate) fn desc(compute: u32, scale: u32) -> Result<cublasLtMatmulDesc_t, String> {
     let mut d: cublasLtMatmulDesc_t = std::ptr::null_mut();
     bl!(cublasLtMatmulDescCreate(&mut d, compute, scale));
     Ok(d)
 }
 
-fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> {
+pub(crate) fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> {
     bl!(cublasLtMatmulDescSetAttribute(
         d,
         attr,
@@ -471,7 +479,7 @@ fn set<T: Copy>(d: cublasLtMatmulDesc_t, attr: u32, v: T) -> Result<(), String> 
     Ok(())
 }
 
-fn layout(
+pub(crate) fn layout(
     t: u32,
     rows: u64,
     cols: u64,

@@ -5,10 +5,12 @@
 use std::process::ExitCode;
 
 mod big;
+mod blockscaled;
 mod capture;
 mod collectives;
 mod gemm;
 mod ksplit;
+mod ptrarrays;
 mod streams;
 mod support;
 

@@ -199,11 +199,22 @@ impl IndexMap {
         buf
     }
 
-    /// The reference values of shard elements `lo..hi`, in the shard's layout.
+    /// The reference values of shard elements `lo..hi`, in the shard's layout (elements
+    /// outside `reff` read as NaN), a row at a time.
     pub fn gather(&self, reff: &[f32], lo: usize, hi: usize) -> Vec<f32> {
-        (lo..hi)
-            .map(|i| reff.get(self.offset(i)).copied().unwrap_or(f32::NAN))
-            .collect()
+        let row_len = self.row_len().max(1);
+        let hi = hi.min(self.len());
+        let mut out = Vec::with_capacity(hi.saturating_sub(lo));
+        let mut buf = Vec::new();
+        let mut i = lo;
+        while i < hi {
+            let (r, c0) = (i / row_len, i % row_len);
+            let c1 = row_len.min(c0 + (hi - i));
+            let row = self.row(reff, r, &mut buf);
+            out.extend_from_slice(&row[c0.min(row.len())..c1.min(row.len())]);
+            i += c1 - c0;
+        }
+        out
     }
 }
 
@@ -394,6 +405,18 @@ mod tests {
         let reff: Vec<f32> = (0..18).map(|i| i as f32).collect();
         let slice = IndexMap::new(&[3, 2], &[6, 1], |d, i| if d == 1 { 2 + i } else { i });
         assert_eq!(slice.gather(&reff, 0, 6), vec![2., 3., 8., 9., 14., 15.]);
+        // Any range, row by row or not, reads what element-wise offsets say.
+        for (lo, hi) in [(0, 6), (1, 4), (3, 3), (5, 6)] {
+            let want: Vec<f32> = (lo..hi).map(|i| reff[slice.offset(i)]).collect();
+            assert_eq!(slice.gather(&reff, lo, hi), want, "{lo}..{hi}");
+        }
+        let every_other = IndexMap::new(&[3, 3], &[6, 1], |d, i| if d == 1 { 2 * i } else { i });
+        assert_eq!(every_other.gather(&reff, 2, 5), vec![4., 6., 8.]);
+        // Outside the reference: NaN.
+        let beyond = IndexMap::new(&[2, 2], &[6, 1], |d, i| if d == 0 { 2 + i } else { 4 + i });
+        let got = beyond.gather(&reff, 0, 4);
+        assert_eq!(&got[..2], &[16., 17.]);
+        assert!(got[2].is_nan() && got[3].is_nan());
         let strided = IndexMap::new(&[3, 3], &[6, 1], |d, i| if d == 1 { 2 * i } else { i });
         let x = [0., 2., 4., 6., 8., 10., 12., 14., 16.];
         assert_eq!(sums_at(&x, &reff, &strided, 1.0).d2, 0.0);

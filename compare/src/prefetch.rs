@@ -9,10 +9,12 @@
 //! reports the error where it always did. A window holds at most its byte budget of decoded
 //! tensors (at least one op's), and what the walk did not take is dropped with the next one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rayon::prelude::*;
-use ttrace_format::reader::Segment;
+use ttrace_format::dedup::BlobReference;
+use ttrace_format::dtype::DType;
+use ttrace_format::reader::{RecordView, Segment};
 use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
@@ -152,14 +154,39 @@ pub fn by_segment(wants: &[TensorAt]) -> Wants {
         .collect()
 }
 
+/// What identifies a tensor's bytes in its record: CRC-32, length and element type.
+type Checked = (u32, u64, DType);
+
+/// One wanted tensor after the parallel pass.
+enum Decoded {
+    /// Its values, and what identifies its bytes.
+    Values(TensorAt, Vec<f32>, Checked),
+    /// A deduplicated tensor (its blob refers to an earlier one) whose referenced tensor is
+    /// wanted too: its values are that tensor's when their bytes are the same.
+    Alias(TensorAt, TensorAt, Checked),
+}
+
 /// Decodes the wanted tensors of open segments in parallel, each record on one thread with
 /// buffers reused per thread: `(tensor, f32 values)` of every tensor that decoded cleanly.
+///
+/// A deduplicated tensor whose referenced tensor is also wanted is not decoded twice: it takes
+/// that tensor's values when both records give the same CRC-32, length and type (the check
+/// the reader makes of a resolved reference: its bytes against the referring record's
+/// CRC-32). Otherwise, or when the referenced tensor did not decode, it is left out and the
+/// walk reads it on its own.
 pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
         .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
         .collect();
-    jobs.par_iter()
+    let wanted: HashSet<TensorAt> = jobs
+        .iter()
+        .flat_map(|&((rank, step), _, (seq, indices))| {
+            indices.iter().map(move |&i| (rank, step, *seq, i))
+        })
+        .collect();
+    let decoded: Vec<Decoded> = jobs
+        .par_iter()
         .map_init(
             || (Vec::new(), Vec::new()),
             |(scratch, raw), &((rank, step), seg, (seq, indices))| {
@@ -171,24 +198,92 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
                     let Some(t) = view.record.tensors.get(i) else {
                         continue;
                     };
+                    let at = (rank, step, *seq, i);
+                    let checked = (t.crc32, t.nbytes, t.dtype);
+                    if let Some(target) = referenced(&view, i, rank, step) {
+                        if target != at && wanted.contains(&target) {
+                            out.push(Decoded::Alias(at, target, checked));
+                            continue;
+                        }
+                    }
                     if view.tensor_bytes_into(i, scratch, raw).is_err() {
                         continue;
                     }
                     let mut values = Vec::new();
                     if to_f32_into(t.dtype, raw, &mut values).is_ok() {
-                        out.push(((rank, step, *seq, i), values));
+                        out.push(Decoded::Values(at, values, checked));
                     }
                 }
                 out
             },
         )
         .flatten()
-        .collect()
+        .collect();
+    resolve_aliases(decoded)
+}
+
+/// The tensor that tensor `i` of `view` (in segment `rank`, `step`) refers to, when its blob
+/// is a reference.
+fn referenced(view: &RecordView, i: usize, rank: u32, step: u64) -> Option<TensorAt> {
+    if !view.is_reference(i) {
+        return None;
+    }
+    let (_, stored) = view.stored(i).ok()?;
+    let r = BlobReference::parse(stored).ok()?;
+    Some((rank, step, r.seq, r.tensor as usize))
+}
+
+/// The decoded values, aliases given their referenced tensor's values when the bytes match.
+fn resolve_aliases(decoded: Vec<Decoded>) -> Vec<(TensorAt, Vec<f32>)> {
+    let mut out: Vec<(TensorAt, Vec<f32>)> = Vec::with_capacity(decoded.len());
+    let mut checked_of: HashMap<TensorAt, (usize, Checked)> = HashMap::new();
+    let mut aliases = Vec::new();
+    for d in decoded {
+        match d {
+            Decoded::Values(at, values, checked) => {
+                checked_of.insert(at, (out.len(), checked));
+                out.push((at, values));
+            }
+            Decoded::Alias(at, target, checked) => aliases.push((at, target, checked)),
+        }
+    }
+    for (at, target, checked) in aliases {
+        if let Some(&(k, c)) = checked_of.get(&target) {
+            if c == checked {
+                let values = out[k].1.clone();
+                out.push((at, values));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deduplicated_tensor_takes_its_referenced_values_only_when_their_bytes_match() {
+        let bf16 = |crc: u32| (crc, 8, DType::BF16);
+        let got = resolve_aliases(vec![
+            Decoded::Alias((0, 0, 5, 0), (0, 0, 1, 2), bf16(7)),
+            Decoded::Values((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0], bf16(7)),
+            // Another CRC-32, another type, a referenced tensor that did not decode: left
+            // for the walk to read.
+            Decoded::Alias((0, 0, 6, 0), (0, 0, 1, 2), bf16(8)),
+            Decoded::Alias((0, 0, 7, 0), (0, 0, 1, 2), (7, 8, DType::F16)),
+            Decoded::Alias((0, 0, 8, 0), (0, 0, 3, 0), bf16(7)),
+        ]);
+        let mut got: Vec<(TensorAt, Vec<f32>)> = got;
+        got.sort_by_key(|g| g.0);
+        assert_eq!(
+            got,
+            vec![
+                ((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0]),
+                ((0, 0, 5, 0), vec![1.0, 2.0, 3.0, 4.0]),
+            ]
+        );
+    }
 
     #[test]
     fn wants_are_grouped_by_segment_and_record_without_repeats() {

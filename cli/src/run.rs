@@ -102,8 +102,10 @@ pub struct RunArgs {
     /// (by default they are stored once and referenced: docs/format.md, codec 5).
     #[arg(long)]
     no_dedup: bool,
-    /// Snapshot ring per traced process (pinned host memory), 64K..=64G.
-    #[arg(long, value_name = "BYTES", value_parser = parse_ring_bytes, default_value = "256M")]
+    /// Snapshot ring per traced process (pinned host memory), 64K..=64G, or `auto`: 1/64 of
+    /// the memory the process may use (host or cgroup limit) divided among the node's ranks,
+    /// 256M..=1G. A larger ring keeps more capture work in flight (faster on large tensors).
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring_bytes, default_value = "auto")]
     ring_bytes: u64,
     /// How long a capture waits for ring space before recording a gap instead (at most an
     /// hour).
@@ -182,7 +184,11 @@ fn parse_seed(s: &str) -> Result<u64, String> {
 }
 
 /// A ring size: the pinned memory a traced process sets aside, so bounded both ways.
+/// A ring size, or `auto` (0: each process sizes its own, `config::auto_ring_bytes`).
 fn parse_ring_bytes(s: &str) -> Result<u64, String> {
+    if s.trim() == "auto" {
+        return Ok(0);
+    }
     let n = parse_bytes(s)?;
     if !(64 << 10..=64 << 30).contains(&n) {
         return Err(format!("{s}: a ring holds between 64K and 64G"));

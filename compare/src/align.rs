@@ -397,7 +397,7 @@ mod tests {
         r.op = Op::Collective(CollectiveOp {
             kind,
             count: 1,
-            nccl_type: 7,
+            nccl_type: cuda_abi::nccl::ncclFloat32,
             redop: None,
             root_or_peer: Some(peer),
             comm: 1,

@@ -7,11 +7,27 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use ttrace_format::record::CollectiveKind;
 
 use crate::align::Alignment;
-use crate::report::LayoutSummary;
 use crate::trace::{collective, gemm, RunTrace};
+
+/// The parallel layout of the compared run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutSummary {
+    /// Tensor-parallel size.
+    pub tp: u32,
+    /// Data-parallel size.
+    pub dp: u32,
+    /// Pipeline-parallel size.
+    pub pp: u32,
+    /// Rank order, fastest-varying first (e.g. `tp-dp-pp`).
+    pub order: String,
+    /// True when read from the communicator map, false when given with `--layout`.
+    pub discovered: bool,
+}
 
 /// Parses `tp=2,dp=2,pp=2[,order=tp-dp-pp]`.
 pub fn parse(s: &str) -> Result<LayoutSummary, String> {

@@ -1,20 +1,31 @@
 //! Alignment, shard merging, numerics and localization behind `ttrace compare` (issue 6), and
 //! the reference-free consistency checks behind `ttrace check` (issue 7, [`check`]).
 //!
-//! `ttrace compare` ([`engine::compare`]): [`trace`] opens the stores, [`align`] finds each
-//! run GEMM's reference counterpart, [`numerics`] places shards and measures errors,
-//! [`tolerance`] says how much round-off explains, [`engine`] localizes the first divergence,
-//! and [`report`] holds what was found (text, JSON, HTML views).
+//! `ttrace compare` ([`engine::compare`]): [`trace`] opens the stores (through [`model`],
+//! the analysis model compare and check share), [`align`] finds each run GEMM's reference
+//! counterpart, [`engine`] walks the reference's ops and calls the units that place shards
+//! (`placement`, `hints`), combine them ([`combine`]), judge reductions (`reductions`),
+//! tolerate round-off ([`tolerance`]) and localize the first divergence (`localize`);
+//! [`numerics`] measures errors and [`report`] holds what was found (text, JSON, HTML
+//! views).
 
 pub mod align;
 pub mod check;
+pub mod combine;
+mod comparison;
 pub mod engine;
 pub mod gradscale;
+mod hints;
 pub mod kernels;
 pub mod layout;
+mod localize;
+pub mod model;
 pub mod numerics;
 pub mod partition;
+mod placement;
 pub mod prefetch;
+mod prepare;
+mod reductions;
 pub mod replicas;
 pub mod report;
 pub mod simd;
@@ -55,6 +66,15 @@ pub enum CompareError {
     /// layout; stores swapped; a layout the communicator map contradicts).
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<model::store::OpenError> for CompareError {
+    fn from(e: model::store::OpenError) -> CompareError {
+        match e {
+            model::store::OpenError::Store { path, source } => CompareError::Store { path, source },
+            model::store::OpenError::NoManifest(path) => CompareError::NoManifest(path),
+        }
+    }
 }
 
 /// `path: error`, or the error alone when it names the path already.

@@ -4,7 +4,7 @@
 //!
 //! The unit of work is a step. Each step is judged on its own in every comparison (what
 //! decides how a tensor is judged is learnt anew at each step; only placement hints, which
-//! say where to look first, carry over: see `engine::Memory`), so a step's verdict is the
+//! say where to look first, carry over: see `hints::Memory`), so a step's verdict is the
 //! same whether a partition compares it alone or a whole run compares it after the others. What spans steps is decided at the merge, which reads the stores'
 //! metadata again: the order of the comparisons, the first divergence and its localization
 //! (the last good tensor may lie in another partition), and replica drift (a weight's copies
@@ -368,10 +368,42 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
             first.report.perturbed.clone(),
         ),
     };
+    each_step_once(&parts, &head)?;
+    parts.sort_by_key(|(_, p)| p.partition.index);
+    let opts = head.options.compare_options();
+    let (summaries, all_steps) = (
+        head.summaries,
+        head.units.iter().map(|u| u.step).collect::<Vec<u64>>(),
+    );
+    let reference = Path::new(&head.options.reference).to_path_buf();
+    let run = Path::new(&head.options.run).to_path_buf();
+    let mut report = crate::engine::merged(
+        &reference,
+        &run,
+        &opts,
+        parts.into_iter().map(|(_, p)| p).collect(),
+    )?;
+    if report.steps != all_steps || report.run.run_id != summaries.1.run_id {
+        return Err(MergeError::Missing(format!(
+            "the stores changed since the partitions ran: {} now holds {} where the \
+             partitions split {}",
+            head.options.run,
+            steps_label(&report.steps),
+            steps_label(&all_steps)
+        )));
+    }
+    // The paths as the partitions were given them (the merge opened them absolute).
+    (report.reference, report.run, report.perturbed) = summaries;
+    Ok(report)
+}
+
+/// Every step of the split is covered once: by its owner, and by the steps each file says
+/// it compared; no partition is given twice and none is missing.
+fn each_step_once(parts: &[(String, PartialReport)], head: &Head) -> Result<(), MergeError> {
     // Each step once: by its owner, and by the steps each file says it compared.
     let mut by_step: BTreeMap<u64, &str> = BTreeMap::new();
     let mut by_index: BTreeMap<u32, &str> = BTreeMap::new();
-    for (file, p) in &parts {
+    for (file, p) in parts {
         let q = &p.partition;
         if let Some(other) = by_index.insert(q.index, file) {
             return Err(problem(
@@ -425,32 +457,7 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
             owners.join(", ")
         )));
     }
-    parts.sort_by_key(|(_, p)| p.partition.index);
-    let opts = head.options.compare_options();
-    let (summaries, all_steps) = (
-        head.summaries,
-        head.units.iter().map(|u| u.step).collect::<Vec<u64>>(),
-    );
-    let reference = Path::new(&head.options.reference).to_path_buf();
-    let run = Path::new(&head.options.run).to_path_buf();
-    let mut report = crate::engine::merged(
-        &reference,
-        &run,
-        &opts,
-        parts.into_iter().map(|(_, p)| p).collect(),
-    )?;
-    if report.steps != all_steps || report.run.run_id != summaries.1.run_id {
-        return Err(MergeError::Missing(format!(
-            "the stores changed since the partitions ran: {} now holds {} where the \
-             partitions split {}",
-            head.options.run,
-            steps_label(&report.steps),
-            steps_label(&all_steps)
-        )));
-    }
-    // The paths as the partitions were given them (the merge opened them absolute).
-    (report.reference, report.run, report.perturbed) = summaries;
-    Ok(report)
+    Ok(())
 }
 
 /// What a merge keeps of the first partial report.

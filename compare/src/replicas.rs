@@ -161,21 +161,7 @@ fn ordinals(
 
 /// Communicators of two or more ranks (global ranks, sorted, deduplicated).
 fn groups(run: &RunTrace) -> Vec<Vec<u32>> {
-    let mut out: Vec<Vec<u32>> = run
-        .manifest
-        .comms
-        .iter()
-        .filter_map(|c| c.members.iter().copied().collect::<Option<Vec<u32>>>())
-        .map(|mut m| {
-            m.sort_unstable();
-            m.dedup();
-            m
-        })
-        .filter(|m| m.len() >= 2)
-        .collect();
-    out.sort();
-    out.dedup();
-    out
+    crate::model::comms::groups(&run.manifest)
 }
 
 /// `(rank, CRC-32)` of the operand on every member of `members`, when every member holds it

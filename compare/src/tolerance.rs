@@ -7,10 +7,23 @@
 //! operands) gets that type's epsilon instead. A perturbed reference (`ttrace run
 //! --perturb`) measures, per tensor, how far one rounding-sized disturbance per GEMM output
 //! moves it; the tolerance is the larger of the two.
+//!
+//! Every term of a tolerance is here, each with its source: the analytic bound and its
+//! growth over depth and steps ([`tolerance`], [`step_growth`]), the perturbed estimate
+//! ([`perturbed_error`]), what an increment `D - beta*C` cancels and what an op's inputs
+//! carry into its output ([`Terms`], [`Terms::for_tensor`]), a reduction compared through
+//! the GEMM output it reduces ([`reduced`]), the thresholds placement trusts
+//! ([`Tolerance::hint_limits`], [`Tolerance::sum_accept`]), the round-off bound of a GEMM
+//! recomputed in f64 ([`recomputed_excess`]) and of a collective's reduction in any order
+//! ([`reduction_bound`], used by `ttrace check`).
 
 use ttrace_format::dtype::DType;
+use ttrace_format::record::{Record, Role};
 
-use crate::trace::{gemm, RunTrace};
+use crate::model::dtypes;
+pub use crate::model::dtypes::{epsilon, unit_roundoff};
+use crate::trace::{gemm, RunTrace, Values};
+use crate::CompareError;
 
 /// The working precision of a run, from its GEMMs' operand types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,12 +38,6 @@ pub enum Precision {
     Fp8,
 }
 
-/// `cudaDataType_t` values of the operand types that decide the precision.
-const CUDA_R_16F: u32 = 2;
-const CUDA_R_16BF: u32 = 14;
-const CUDA_R_8F_E4M3: u32 = 28;
-const CUDA_R_8F_E5M2: u32 = 29;
-
 impl Precision {
     /// The narrowest operand type over the reference's GEMMs in `steps`.
     pub fn of(reff: &RunTrace, rank: u32, steps: &[u64]) -> Precision {
@@ -39,10 +46,10 @@ impl Precision {
             for r in reff.records(rank, s) {
                 if let Some(g) = gemm(r) {
                     for t in [g.a_type, g.b_type] {
-                        let q = match t {
-                            CUDA_R_8F_E4M3 | CUDA_R_8F_E5M2 => Precision::Fp8,
-                            CUDA_R_16BF => Precision::Bf16,
-                            CUDA_R_16F => Precision::Fp16,
+                        let q = match dtypes::of_cuda(t) {
+                            Some(DType::F8_E4M3 | DType::F8_E5M2) => Precision::Fp8,
+                            Some(DType::BF16) => Precision::Bf16,
+                            Some(DType::F16) => Precision::Fp16,
                             _ => Precision::Fp32,
                         };
                         if q.rank() > p.rank() {
@@ -89,24 +96,6 @@ impl Precision {
     }
 }
 
-/// Machine epsilon of a float type (`2^(1-t)`, t significand bits).
-pub fn epsilon(d: DType) -> f64 {
-    2f64.powi(match d {
-        DType::F64 => -52,
-        DType::F32 => -23,
-        DType::F16 => -10,
-        DType::BF16 => -7,
-        DType::F8_E4M3 => -3,
-        DType::F8_E5M2 => -2,
-        _ => 0,
-    })
-}
-
-/// Unit roundoff (half of epsilon).
-pub fn unit_roundoff(d: DType) -> f64 {
-    epsilon(d) / 2.0
-}
-
 /// A tolerance in epsilon, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tolerance {
@@ -114,6 +103,37 @@ pub struct Tolerance {
     pub value: f64,
     /// `analytic` or `perturbed`.
     pub source: &'static str,
+}
+
+impl Tolerance {
+    /// Whether a relative error `rel` lies beyond this tolerance (in epsilon `eps`).
+    pub fn exceeded_by(self, rel: f64, eps: f64) -> bool {
+        rel / eps > self.value
+    }
+
+    /// The relative errors placement trusts for a tensor of this tolerance stored as
+    /// `dtype`: (accept, trust). A remembered place is taken without a search up to
+    /// `accept`, a quarter of the tolerance and at most [`placement_accept`] (a wrong slice
+    /// of a loosely tolerated tensor, FP8, must not pass as round-off); a remembered place
+    /// that drifted above it but stays within the tolerance (`trust`) is re-validated
+    /// against the other places instead of searched again.
+    pub fn hint_limits(self, eps: f64, dtype: DType) -> (f64, f64) {
+        let trust = self.value * eps;
+        ((0.25 * trust).min(placement_accept(dtype)), trust)
+    }
+
+    /// The relative error up to which a group sum's placement is remembered: the tolerance,
+    /// at most [`placement_accept`].
+    pub fn sum_accept(self, eps: f64, dtype: DType) -> f64 {
+        (self.value * eps).min(placement_accept(dtype))
+    }
+}
+
+/// The largest relative error at which a remembered placement is taken without a search:
+/// well below what a wrong slice gives (O(1)), above what rounding to the tensor's own type
+/// gives (FP8 differs by a good fraction of its epsilon).
+pub fn placement_accept(d: DType) -> f64 {
+    (0.5 * epsilon(d)).max(0.02)
 }
 
 /// The analytic constant k (Megatron-LM uses 4; "2–8 are common").
@@ -183,7 +203,52 @@ pub struct Terms {
     pub input_error: Option<f64>,
 }
 
+/// A compared tensor, as its tolerance sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorAt {
+    /// The working precision.
+    pub precision: Precision,
+    /// The tensor's stored type.
+    pub dtype: DType,
+    /// Reference GEMMs before the op in its step.
+    pub depth: u64,
+    /// The step (optimizer updates before it).
+    pub step: u64,
+    /// Whether a perturbed reference was given.
+    pub perturbed_reference: bool,
+    /// For an increment `D - beta*C` (an accumulating GEMM's output): the digits cancelled,
+    /// `‖beta*C‖ / ‖D - beta*C‖`.
+    pub increment: Option<f64>,
+    /// For an op's output: the summed errors (in epsilon) of its inputs.
+    pub output_of: Option<f64>,
+}
+
+impl TensorAt {
+    /// Whether the perturbed reference's error on this tensor is a term: not for an
+    /// increment (it loses the digits C and D share, and a perturbed run's 1-ulp change of
+    /// C says nothing more about it).
+    pub fn reads_perturbed(&self) -> bool {
+        self.perturbed_reference && self.increment.is_none()
+    }
+}
+
 impl Terms {
+    /// The terms of a tensor's tolerance, given the perturbed reference's relative error on
+    /// it (`perturbed`, read only when [`TensorAt::reads_perturbed`]). Without a perturbed
+    /// reference, the drift over the steps is modelled ([`step_growth`]); with one, its own
+    /// drift measures it.
+    pub fn for_tensor(at: TensorAt, perturbed: Option<f64>) -> Terms {
+        Terms {
+            precision: at.precision,
+            dtype: at.dtype,
+            depth: at.depth,
+            updates: if at.perturbed_reference { 0 } else { at.step },
+            perturbed: perturbed.filter(|_| at.reads_perturbed()),
+            cancelled: at.increment,
+            input_error: at.output_of,
+        }
+    }
+
     /// The tolerance: the larger of the analytic and the perturbed estimates ([`tolerance`]);
     /// an increment adds `4 · u_D / ε · cancelled` (it loses the digits C and D share); an
     /// output adds twice its inputs' errors when that is at least a quarter of the rest
@@ -219,6 +284,61 @@ pub fn reduced(gemm_output: Option<f64>) -> Tolerance {
         value: gemm_output.unwrap_or(2.0 * K) * 2.0,
         source: "analytic (reduced GEMM output)",
     }
+}
+
+/// The perturbed reference's relative error on the tensor `role` of `rec` (its record of
+/// the reference's op), against the reference's values; `None` when it has no such tensor
+/// or another shape.
+pub fn perturbed_error(
+    pert: &RunTrace,
+    rec: &Record,
+    role: Role,
+    ref_vals: &Values,
+) -> Result<Option<f64>, CompareError> {
+    let Some(v) = pert.values(rec, role)? else {
+        return Ok(None);
+    };
+    if v.shape != ref_vals.shape {
+        return Ok(None);
+    }
+    Ok(Some(crate::kernels::rel_error(&v.data, &ref_vals.data)))
+}
+
+/// How far above its round-off bound a GEMM output `got` (stored as `dtype`) lies from its
+/// recomputation in f64 (`exact`, with `abs` the sums of the products' magnitudes), over
+/// `k` products each: the largest of `|got - exact| / (u (1 + sqrt k) abs + u |exact|)`
+/// (accumulation in any blocking, then one rounding to `dtype`).
+pub fn recomputed_excess(dtype: DType, k: u64, exact: &[f64], abs: &[f64], got: &[f32]) -> f64 {
+    let u = unit_roundoff(dtype);
+    let k = k as f64;
+    exact
+        .iter()
+        .zip(abs)
+        .zip(got)
+        .map(|((e, s), &v)| {
+            (f64::from(v) - e).abs() / (u * (1.0 + k.sqrt()) * s + u * e.abs() + f64::MIN_POSITIVE)
+        })
+        .fold(0f64, f64::max)
+}
+
+/// How many times its round-off bound a recomputed GEMM output may be off before the GEMM
+/// itself is named ([`recomputed_excess`]).
+pub const RECOMPUTE_MARGIN: f64 = 4.0;
+
+/// The largest difference allowed between a reduction of `n` values computed in `dtype` in
+/// any order and the exact one, given `abs_sum` (the sum of the values' magnitudes):
+/// `k` roundings (k = n-1 additions, one more per division for an average) of partial sums
+/// each at most `abs_sum` in magnitude: `gamma_k * abs_sum + k * smallest`, with
+/// `gamma_k = k u / (1 - k u)` (Higham's bound for recursive summation in any order).
+pub fn reduction_bound(dtype: DType, k: usize, abs_sum: f64) -> f64 {
+    let Some((u, tiny)) = dtypes::roundoff(dtype) else {
+        return 0.0;
+    };
+    let ku = k as f64 * u;
+    if ku >= 1.0 {
+        return f64::INFINITY;
+    }
+    ku / (1.0 - ku) * abs_sum + k as f64 * tiny
 }
 
 #[cfg(test)]
@@ -296,5 +416,86 @@ mod tests {
     fn fp8_operands_are_judged_at_their_own_epsilon() {
         let t = tolerance(Precision::Fp8, DType::F8_E4M3, 0, 0, None).value;
         assert_eq!(t, K * 2.0);
+    }
+
+    fn at(step: u64) -> TensorAt {
+        TensorAt {
+            precision: Precision::Fp32,
+            dtype: DType::F32,
+            depth: 0,
+            step,
+            perturbed_reference: false,
+            increment: None,
+            output_of: None,
+        }
+    }
+
+    #[test]
+    fn without_a_perturbed_reference_the_steps_drift_is_a_term_and_with_one_it_is_measured() {
+        assert_eq!(Terms::for_tensor(at(99), None).tolerance().value, K * 10.0);
+        let measured = TensorAt {
+            perturbed_reference: true,
+            ..at(99)
+        };
+        assert_eq!(Terms::for_tensor(measured, None).tolerance().value, K);
+    }
+
+    #[test]
+    fn an_increment_ignores_the_perturbed_estimate_and_pays_for_what_it_cancelled() {
+        let inc = TensorAt {
+            perturbed_reference: true,
+            increment: Some(0.0),
+            ..at(0)
+        };
+        assert!(!inc.reads_perturbed());
+        let t = Terms::for_tensor(inc, Some(1.0)).tolerance();
+        assert_eq!((t.value, t.source), (K, "analytic"));
+        let plain = TensorAt {
+            perturbed_reference: true,
+            ..at(0)
+        };
+        assert_eq!(
+            Terms::for_tensor(plain, Some(1.0)).tolerance().source,
+            "perturbed"
+        );
+    }
+
+    #[test]
+    fn placement_trusts_a_quarter_of_the_tolerance_and_never_a_wrong_fp8_slice() {
+        let tol = Tolerance {
+            value: 4.0,
+            source: "analytic",
+        };
+        let eps = epsilon(DType::BF16);
+        let (accept, trust) = tol.hint_limits(eps, DType::BF16);
+        assert_eq!((accept, trust), (eps, 4.0 * eps));
+        // FP8's own epsilon is large: acceptance stops at half of it.
+        let loose = Tolerance {
+            value: 400.0,
+            source: "perturbed",
+        };
+        assert_eq!(loose.hint_limits(eps, DType::F8_E4M3).0, 0.0625);
+        assert_eq!(loose.sum_accept(eps, DType::BF16), 0.02);
+        assert!(tol.exceeded_by(4.1 * eps, eps) && !tol.exceeded_by(3.9 * eps, eps));
+    }
+
+    #[test]
+    fn a_recomputed_gemm_output_within_round_off_is_below_the_margin() {
+        let exact = [1.0, -2.0];
+        let abs = [3.0, 4.0];
+        let u = unit_roundoff(DType::BF16);
+        let close = [(1.0 + u) as f32, -2.0];
+        assert!(recomputed_excess(DType::BF16, 4, &exact, &abs, &close) < RECOMPUTE_MARGIN);
+        let wrong = [1.5f32, -2.0];
+        assert!(recomputed_excess(DType::BF16, 4, &exact, &abs, &wrong) > RECOMPUTE_MARGIN);
+    }
+
+    #[test]
+    fn a_reduction_bound_covers_every_summation_order_and_integers_are_exact() {
+        // bf16: 1 + 2^-8 rounds to 1 (ties to even) in one order and is exact in f64.
+        let b = reduction_bound(DType::BF16, 1, 1.0 + 2f64.powi(-8));
+        assert!(b >= 2f64.powi(-8) && b < 2f64.powi(-7));
+        assert_eq!(reduction_bound(DType::I32, 7, 100.0), 0.0);
+        assert_eq!(reduction_bound(DType::F8_E4M3, 16, 1.0), f64::INFINITY);
     }
 }

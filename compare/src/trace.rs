@@ -48,14 +48,7 @@ pub struct RunTrace {
 impl RunTrace {
     /// Opens the store at `path` and reads every record's metadata.
     pub fn open(path: &Path) -> Result<RunTrace, CompareError> {
-        let store = Store::open(path).map_err(|e| CompareError::Store {
-            path: path.display().to_string(),
-            source: e,
-        })?;
-        let manifest = store
-            .manifest()
-            .cloned()
-            .ok_or_else(|| CompareError::NoManifest(path.display().to_string()))?;
+        let (store, manifest) = crate::model::store::open(path)?;
         let mut ops = BTreeMap::new();
         let mut unreadable = Vec::new();
         for rank in store.ranks() {
@@ -114,22 +107,7 @@ impl RunTrace {
     /// The world size the run was launched with: the manifest's (ranks report it when they
     /// start), else the ranks present.
     pub fn world_size(&self) -> u32 {
-        let present = self.ranks().last().map_or(0, |r| r + 1);
-        self.manifest
-            .ranks
-            .iter()
-            .map(|r| r.world_size)
-            .max()
-            .unwrap_or(0)
-            .max(present)
-            .max(
-                self.manifest
-                    .comms
-                    .iter()
-                    .map(|c| c.size)
-                    .max()
-                    .unwrap_or(0),
-            )
+        crate::model::comms::world_size(&self.manifest, &self.ranks())
     }
 
     /// Ranks of the world with no record in the store (not captured with `--ranks`, or lost).
@@ -348,8 +326,7 @@ impl RunTrace {
 
     /// The communicator members (global ranks by communicator rank) of `comm`.
     pub fn comm_members(&self, comm: u64) -> Option<Vec<u32>> {
-        let c = self.manifest.comms.iter().find(|c| c.key == comm)?;
-        c.members.iter().copied().collect()
+        crate::model::comms::members(&self.manifest, comm)
     }
 }
 

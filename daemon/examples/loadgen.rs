@@ -73,6 +73,10 @@ enum Cmd {
         /// Ring size in MiB.
         #[arg(long, default_value_t = 256)]
         ring_mib: u64,
+        /// The daemon compresses tensors larger than this (KiB) in pieces on several threads
+        /// at once; 0: each tensor whole on one thread (as before format 1.4).
+        #[arg(long, default_value_t = ttraced::DEFAULT_PIECE_BYTES >> 10)]
+        piece_kib: u64,
         /// Element type of the activations: bf16 or f32.
         #[arg(long, default_value = "bf16")]
         dtype: String,
@@ -115,6 +119,7 @@ fn main() -> anyhow::Result<()> {
             level,
             threads,
             ring_mib,
+            piece_kib,
             dtype,
             dir,
             e2e_only,
@@ -125,6 +130,7 @@ fn main() -> anyhow::Result<()> {
             level,
             threads,
             ring: ring_mib << 20,
+            piece: piece_kib,
             dtype: match dtype.as_str() {
                 "bf16" => DType::BF16,
                 "f32" => DType::F32,
@@ -259,6 +265,8 @@ struct BenchArgs {
     level: i32,
     threads: usize,
     ring: u64,
+    /// KiB.
+    piece: u64,
     dtype: DType,
     dir: Option<PathBuf>,
     e2e_only: bool,
@@ -389,6 +397,7 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut cfg = ttraced::Config::new(dir.join("sock/s"), dir.join("store"));
     cfg.level = a.level;
     cfg.threads = a.threads;
+    cfg.piece_bytes = a.piece << 10;
     let h = ttraced::Daemon::start(cfg)?;
     let mut c = TestClient::connect(h.socket(), hello(0, 1, a.ring))?;
     c.wait = Duration::from_secs(60);

@@ -13,7 +13,6 @@ use crossbeam_channel::{bounded, Receiver};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
-use ttrace_format::codec::Codec;
 use ttrace_format::record::{Op, Record};
 use ttrace_format::ring::{self, Ring, Slot};
 use ttrace_format::store::{Blob, RankInfo};
@@ -24,6 +23,7 @@ use ttrace_format::wire::{
 use crate::dedup::Digest;
 use crate::encode::Encoder;
 use crate::fdpass;
+use crate::pieces::{self, Encoded, PieceSet};
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
@@ -271,15 +271,6 @@ impl ClientRing {
         let all = unsafe { self.ring.slot_bytes(slot) };
         &all[offset as usize..(offset + len) as usize]
     }
-}
-
-/// What the compression of one tensor produced.
-struct Encoded {
-    blob: Blob,
-    /// CRC-32 of the bytes in the ring.
-    crc: u32,
-    /// Their BLAKE3 digest, when the job deduplicates (module `dedup`).
-    digest: Option<Digest>,
 }
 
 /// A record on its way from the reader to the writer.
@@ -677,26 +668,22 @@ fn prepare(
         }
     }
     let mut tensors = Vec::with_capacity(captured.len());
+    let dedup = shared.run.capture.dedup;
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
-        let (tx, rx) = bounded::<Encoded>(1);
-        let (ring, level, off) = (ring.clone(), shared.level, offsets[i]);
-        let dedup = shared.run.capture.dedup;
-        if let Some(s) = slot {
-            shared.pool.submit(Box::new(move |enc: &mut Encoder| {
-                // SAFETY: the slot was validated and is released only by this client's writer
-                // after it has received this job's result; the range is inside the slot
-                // (checked against its length above).
-                let bytes = unsafe { ring.bytes(&s, off, nbytes) };
-                let mut e = encode(bytes, elem, enc);
-                if dedup {
-                    e.digest = crate::dedup::digest(bytes);
-                }
-                let _ = tx.send(e);
-            }));
-        } else {
-            let _ = tx.send(encode(&[], elem, &mut Encoder::new(level)));
-        }
-        tensors.push((off, nbytes, elem, rx));
+        let result = match slot {
+            Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
+            None => {
+                let (tx, rx) = bounded::<Encoded>(1);
+                let _ = tx.send(pieces::encode(
+                    &[],
+                    elem,
+                    &mut Encoder::new(shared.level),
+                    false,
+                ));
+                rx
+            }
+        };
+        tensors.push((offsets[i], nbytes, elem, result));
     }
     Ok(Pending {
         meta,
@@ -763,15 +750,36 @@ fn prepare_chunk(
         )));
     }
     *last_end = c.slot.end;
-    let (tx, rx) = bounded::<Encoded>(1);
-    let (ring2, slot, len, elem) = (ring.clone(), c.slot, c.len, c.elem as usize);
-    shared.pool.submit(Box::new(move |enc: &mut Encoder| {
-        // SAFETY: the slot was validated and is released only by this client's writer after
-        // it has received this job's result; `len` is inside it (checked above).
-        let bytes = unsafe { ring2.bytes(&slot, 0, len) };
-        let _ = tx.send(encode(bytes, elem, enc));
-    }));
-    Ok(Work::Chunk(Box::new(c), rx))
+    let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, false);
+    Ok(Work::Chunk(Box::new(c), result))
+}
+
+/// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
+/// ([`pieces::cut`]) that the pool's threads compress at the same time; its result (joined
+/// by the last piece's job) arrives on the returned channel.
+fn submit_tensor(
+    shared: &Arc<Shared>,
+    ring: &Arc<ClientRing>,
+    slot: Slot,
+    offset: u64,
+    nbytes: u64,
+    elem: usize,
+    dedup: bool,
+) -> Receiver<Encoded> {
+    let cut = pieces::cut(nbytes, elem, shared.pool.piece_bytes());
+    let (set, rx) = PieceSet::new(cut, elem, dedup);
+    for (i, &(at, len)) in set.pieces.iter().enumerate() {
+        let (set, ring) = (set.clone(), ring.clone());
+        shared.pool.submit(Box::new(move |enc: &mut Encoder| {
+            // SAFETY: the slot was validated and is released only by this client's writer
+            // after it has received the tensor's result (sent once every piece is done); the
+            // piece lies inside the tensor, which lies inside the slot (checked by the caller).
+            let bytes = unsafe { ring.bytes(&slot, offset + at, len) };
+            let e = pieces::encode(bytes, elem, enc, dedup);
+            set.done(i, e, |buf| enc.recycle(buf));
+        }));
+    }
+    rx
 }
 
 /// `ring::tensor_offsets` without overflow on hostile sizes.
@@ -783,41 +791,23 @@ fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
     Some(ring::tensor_offsets(sizes))
 }
 
-fn encode(bytes: &[u8], elem: usize, enc: &mut Encoder) -> Encoded {
-    let crc = crc32fast::hash(bytes);
-    let blob = enc.encode(bytes, elem).unwrap_or_else(|e| {
-        warn!("compression failed ({e}); storing the tensor raw");
-        raw_blob(bytes, elem)
-    });
-    Encoded {
-        blob,
-        crc,
-        digest: None,
-    }
-}
-
-fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
-    Blob {
-        codec: Codec::Raw,
-        elem_size: elem as u8,
-        raw_len: bytes.len() as u64,
-        stored: bytes.to_vec(),
-    }
-}
-
-/// Compresses (already done by the pool) and appends one chunk to its stream.
+/// Appends one chunk, compressed by the pool, to its stream.
 fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring: &ClientRing) {
     let enc = result.recv().unwrap_or_else(|_| {
-        // The job was lost (a worker panicked): store the bytes raw, here.
+        // A job was lost (a worker panicked): store the bytes raw, here.
         // SAFETY: as in `prepare_chunk`: the slot is ours until released after this.
-        let bytes = unsafe { ring.bytes(&c.slot, 0, c.len) };
-        Encoded {
-            blob: raw_blob(bytes, c.elem as usize),
-            crc: crc32fast::hash(bytes),
-            digest: None,
-        }
+        raw_encoded(unsafe { ring.bytes(&c.slot, 0, c.len) }, c.elem as usize)
     });
     streams.chunk(c, enc.blob, enc.crc);
+}
+
+/// `bytes` stored raw, with their CRC-32 (when a compression job was lost).
+fn raw_encoded(bytes: &[u8], elem: usize) -> Encoded {
+    Encoded {
+        blob: pieces::raw_blob(bytes, elem),
+        crc: crc32fast::hash(bytes),
+        digest: None,
+    }
 }
 
 /// A record on its way into the store: its ring slot (if it has one) waits for its frame to
@@ -1043,21 +1033,12 @@ impl Writer<'_> {
         {
             let enc = match (result.recv(), &p.slot) {
                 (Ok(e), _) => e,
-                // The job was lost (a worker panicked): store the bytes raw, here.
+                // A job was lost (a worker panicked): store the bytes raw, here.
+                // SAFETY: as in `prepare`: the slot is ours until released after this.
                 (Err(_), Some(s)) => {
-                    // SAFETY: as in `prepare`: the slot is ours until released after this.
-                    let bytes = unsafe { self.ring.bytes(s, *off, *nbytes) };
-                    Encoded {
-                        blob: raw_blob(bytes, *elem),
-                        crc: crc32fast::hash(bytes),
-                        digest: None,
-                    }
+                    raw_encoded(unsafe { self.ring.bytes(s, *off, *nbytes) }, *elem)
                 }
-                (Err(_), None) => Encoded {
-                    blob: raw_blob(&[], *elem),
-                    crc: 0,
-                    digest: None,
-                },
+                (Err(_), None) => raw_encoded(&[], *elem),
             };
             if enc.crc != expected {
                 mismatches += 1;

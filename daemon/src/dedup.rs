@@ -13,13 +13,16 @@ use ttrace_format::dedup::{BlobReference, REFERENCE_BYTES};
 use ttrace_format::record::Record;
 use ttrace_format::store::Blob;
 
-/// BLAKE3 digest of a tensor's bytes.
+/// BLAKE3 digest of a tensor's bytes; of a tensor compressed in pieces, the BLAKE3 digest
+/// of its pieces' digests (`pieces::TensorJob::join`: equal bytes, equal digests).
 pub(crate) type Digest = [u8; 32];
 
 /// Tensors smaller than this are not hashed: their reference would save next to nothing.
 pub(crate) const MIN_DEDUP_BYTES: usize = 256;
 
-/// The digest of `bytes`, when worth deduplicating.
+/// The digest of `bytes`, when worth deduplicating (as `pieces::encode` + `join` make it for
+/// a tensor of one piece).
+#[cfg(test)]
 pub(crate) fn digest(bytes: &[u8]) -> Option<Digest> {
     (bytes.len() >= MIN_DEDUP_BYTES).then(|| *blake3::hash(bytes).as_bytes())
 }

@@ -63,6 +63,13 @@ impl Encoder {
             .ok_or_else(|| FormatError::Invalid("no zstd context".into()))
     }
 
+    /// Hands a spent blob buffer back for reuse (when the daemon recycles them).
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+        if let Some(s) = &self.spare {
+            s.give(buf);
+        }
+    }
+
     /// The blob of `raw`, whose elements are `elem` bytes wide.
     pub fn encode(&mut self, raw: &[u8], elem: usize) -> Result<Blob, FormatError> {
         let mut stored = self.spare.as_ref().map(|s| s.take()).unwrap_or_default();

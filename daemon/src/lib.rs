@@ -44,6 +44,8 @@ pub mod collector;
 mod dedup;
 pub mod encode;
 mod fdpass;
+mod pieces;
+pub use pieces::PIECE_BYTES as DEFAULT_PIECE_BYTES;
 mod pool;
 mod segments;
 pub mod store_dir;
@@ -146,6 +148,9 @@ pub struct Config {
     pub level: i32,
     /// Compression threads shared by all clients (at least 1).
     pub threads: usize,
+    /// Tensors larger than this are compressed in pieces of this size on several threads at
+    /// once (format codec 6); 0: every tensor whole, on one thread.
+    pub piece_bytes: u64,
     /// Run description written to the manifest.
     pub run: RunInfo,
 }
@@ -158,6 +163,7 @@ impl Config {
             store: store.into(),
             level: DEFAULT_LEVEL,
             threads: default_threads(),
+            piece_bytes: pieces::PIECE_BYTES,
             run: RunInfo {
                 run_id: new_run_id(),
                 ..RunInfo::default()
@@ -506,7 +512,8 @@ impl Daemon {
         check_settings(config.threads, config.level)?;
         // The socket first: a daemon already listening there must not cost a store.
         let listener = bind_private(&config.socket)?;
-        let pool = Arc::new(Pool::new(config.threads, config.level));
+        let pool =
+            Arc::new(Pool::new(config.threads, config.level).with_piece_bytes(config.piece_bytes));
         let shared = match Shared::create(config.store.clone(), config.level, config.run, pool) {
             Ok(s) => s,
             Err(e) => {

@@ -52,6 +52,8 @@ pub(crate) struct Pool {
     workers: Vec<JoinHandle<()>>,
     level: i32,
     spare: Arc<Spare>,
+    /// How large the pieces of a large tensor are (`crate::pieces`; 0: never cut).
+    piece_bytes: u64,
 }
 
 impl Pool {
@@ -81,7 +83,19 @@ impl Pool {
             workers,
             level,
             spare,
+            piece_bytes: crate::pieces::PIECE_BYTES,
         }
+    }
+
+    /// The same pool cutting large tensors into pieces of `bytes` (0: never).
+    pub(crate) fn with_piece_bytes(mut self, bytes: u64) -> Pool {
+        self.piece_bytes = bytes;
+        self
+    }
+
+    /// The size of the pieces large tensors are cut into (0: never cut).
+    pub(crate) fn piece_bytes(&self) -> u64 {
+        self.piece_bytes
     }
 
     /// Hands a written blob's buffer back for reuse.

@@ -31,6 +31,9 @@ pub enum Codec {
     /// The bytes are those of an earlier blob of the same segment (format 1.3, dedup): the
     /// stored bytes say which (see [`crate::dedup`]). Resolved by the store reader.
     Reference = 5,
+    /// The tensor cut into pieces, each a blob of codec 0-3 of its own (format 1.4): see
+    /// [`join_pieces`]. The capture daemon compresses the pieces of a large tensor in parallel.
+    Pieces = 6,
 }
 
 impl Codec {
@@ -43,6 +46,7 @@ impl Codec {
             3 => Some(Codec::ShufflePlanes),
             4 => Some(Codec::Streamed),
             5 => Some(Codec::Reference),
+            6 => Some(Codec::Pieces),
             _ => None,
         }
     }
@@ -214,7 +218,111 @@ pub fn encode(
         Codec::Streamed => Err(FormatError::Invalid(
             "a streamed tensor is written chunk by chunk (stream::StreamWriter)".into(),
         )),
+        Codec::Pieces => Err(FormatError::Invalid(
+            "a blob of pieces is joined from blobs encoded apart (codec::join_pieces)".into(),
+        )),
     }
+}
+
+/// Bytes of a [`Codec::Pieces`] blob's header: the piece count (`u32`) and 4 zero bytes.
+pub const PIECES_HEADER_BYTES: usize = 8;
+/// Bytes of one entry of a [`Codec::Pieces`] blob's piece table.
+pub const PIECE_ENTRY_BYTES: usize = 24;
+
+/// The stored bytes of a [`Codec::Pieces`] blob made of `pieces`: consecutive parts of one
+/// tensor, each `(codec, raw_len, stored bytes)` with a codec of 0-3 and the tensor's element
+/// size, encoded apart (so that several threads can compress one large tensor).
+///
+/// Layout: `count u32`, 4 zero bytes, then per piece `codec u8`, 7 zero bytes, `raw_len u64`,
+/// `stored_len u64`, then the pieces' stored bytes in order. The tensor is the pieces' decoded
+/// bytes one after the other; a piece's `raw_len` is a whole number of elements except for
+/// the last piece's.
+pub fn join_pieces(pieces: &[(Codec, u64, &[u8])], out: &mut Vec<u8>) -> Result<(), FormatError> {
+    out.clear();
+    let count = u32::try_from(pieces.len())
+        .map_err(|_| FormatError::Invalid(format!("{} pieces", pieces.len())))?;
+    let body: usize = pieces.iter().map(|p| p.2.len()).sum();
+    out.reserve(PIECES_HEADER_BYTES + pieces.len() * PIECE_ENTRY_BYTES + body);
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    for &(codec, raw_len, stored) in pieces {
+        if !matches!(
+            codec,
+            Codec::Raw | Codec::Zstd | Codec::ShuffleZstd | Codec::ShufflePlanes
+        ) {
+            return Err(FormatError::Invalid(format!(
+                "a piece cannot have codec {codec:?}"
+            )));
+        }
+        out.push(codec as u8);
+        out.extend_from_slice(&[0; 7]);
+        out.extend_from_slice(&raw_len.to_le_bytes());
+        out.extend_from_slice(&(stored.len() as u64).to_le_bytes());
+    }
+    for p in pieces {
+        out.extend_from_slice(p.2);
+    }
+    Ok(())
+}
+
+/// Decodes a [`Codec::Pieces`] blob of `raw_len` bytes into `out`. Every length is checked
+/// against the blob and `raw_len` before anything is allocated from it.
+fn decode_pieces(
+    stored: &[u8],
+    raw_len: u64,
+    elem: usize,
+    scratch: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let bad = |why: String| FormatError::Corrupt(format!("blob of pieces: {why}"));
+    let head = stored
+        .get(..PIECES_HEADER_BYTES)
+        .ok_or_else(|| bad(format!("{} bytes cannot hold its header", stored.len())))?;
+    let count = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let table_len = count
+        .checked_mul(PIECE_ENTRY_BYTES)
+        .filter(|&t| t <= stored.len() - PIECES_HEADER_BYTES)
+        .ok_or_else(|| bad(format!("a table of {count} pieces runs past the blob")))?;
+    let (table, data) = stored[PIECES_HEADER_BYTES..].split_at(table_len);
+    let mut pieces = Vec::with_capacity(count);
+    let (mut at, mut raw_total) = (0usize, 0u64);
+    for (i, entry) in table.chunks_exact(PIECE_ENTRY_BYTES).enumerate() {
+        let codec = match Codec::from_u8(entry[0]) {
+            Some(c @ (Codec::Raw | Codec::Zstd | Codec::ShuffleZstd | Codec::ShufflePlanes)) => c,
+            _ => return Err(bad(format!("piece {i} has codec {}", entry[0]))),
+        };
+        let raw = u64::from_le_bytes(entry[8..16].try_into().expect("8 bytes"));
+        let len = u64::from_le_bytes(entry[16..24].try_into().expect("8 bytes"));
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| at.checked_add(l))
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| bad(format!("piece {i} of {len} bytes runs past the blob")))?;
+        raw_total = raw_total
+            .checked_add(raw)
+            .filter(|&t| t <= raw_len)
+            .ok_or_else(|| {
+                bad(format!(
+                    "pieces hold more than the {raw_len} bytes of the blob"
+                ))
+            })?;
+        pieces.push((codec, raw, &data[at..end]));
+        at = end;
+    }
+    if raw_total != raw_len || at != data.len() {
+        return Err(bad(format!(
+            "pieces hold {raw_total} bytes in {at} stored, the blob {raw_len} in {}",
+            data.len()
+        )));
+    }
+    out.clear();
+    out.reserve_exact(raw_len as usize);
+    let mut piece = Vec::new();
+    for (codec, raw, bytes) in pieces {
+        decode_into(bytes, raw, elem, codec, scratch, &mut piece)?;
+        out.extend_from_slice(&piece);
+    }
+    Ok(())
 }
 
 /// Bytes of one entry of a [`Codec::ShufflePlanes`] blob's plane table.
@@ -374,6 +482,7 @@ pub fn decode_into(
                     .into(),
             ))
         }
+        Codec::Pieces => decode_pieces(stored, raw_len, elem, scratch, out)?,
     }
     if out.len() as u64 != raw_len {
         return Err(wrong(out.len() as u64));
@@ -734,5 +843,79 @@ mod tests {
             r.is_err() || out != raw[..6001],
             "a damaged zstd plane went unnoticed"
         );
+    }
+
+    /// A large tensor compressed as pieces (by several threads) reads back as the tensor,
+    /// whatever codec each piece got.
+    #[test]
+    fn a_blob_of_pieces_decodes_to_the_tensor() {
+        let raw: Vec<u8> = (0..30_001u32).map(|i| (i * 7 / 13) as u8).collect();
+        let elem = 2;
+        let mut ctx = zstd::bulk::Compressor::new(1).expect("context");
+        let cuts = [0usize, 10_000, 20_000, raw.len()];
+        let mut stored = Vec::new();
+        for (k, w) in cuts.windows(2).enumerate() {
+            let part = &raw[w[0]..w[1]];
+            let mut bytes = Vec::new();
+            let codec = match k {
+                0 => {
+                    bytes.extend_from_slice(part);
+                    Codec::Raw
+                }
+                1 => {
+                    encode_planes(part, elem, &mut ctx, &mut Vec::new(), &mut bytes)
+                        .expect("planes");
+                    Codec::ShufflePlanes
+                }
+                _ => {
+                    bytes = zstd::bulk::compress(part, 1).expect("zstd");
+                    Codec::Zstd
+                }
+            };
+            stored.push((codec, part.len() as u64, bytes));
+        }
+        let pieces: Vec<(Codec, u64, &[u8])> =
+            stored.iter().map(|p| (p.0, p.1, &p.2[..])).collect();
+        let mut blob = Vec::new();
+        join_pieces(&pieces, &mut blob).expect("joins");
+        let back = decode(&blob, raw.len(), elem, Codec::Pieces, &mut Vec::new()).expect("reads");
+        assert_eq!(back, raw);
+    }
+
+    /// A damaged piece table is corruption, named as such, never a panic or a huge allocation.
+    #[test]
+    fn a_damaged_blob_of_pieces_is_reported() {
+        let part = [5u8; 64];
+        let mut blob = Vec::new();
+        join_pieces(
+            &[(Codec::Raw, 64, &part), (Codec::Raw, 64, &part)],
+            &mut blob,
+        )
+        .expect("joins");
+        let read = |b: &[u8], raw: usize| decode(b, raw, 1, Codec::Pieces, &mut Vec::new());
+        assert_eq!(read(&blob, 128).expect("intact"), vec![5u8; 128]);
+        let mut cases: Vec<(Vec<u8>, usize, &str)> = vec![
+            (blob[..4].to_vec(), 128, "header"),
+            (blob.clone(), 127, "more than"),
+            (blob.clone(), 129, "pieces hold 128"),
+            (blob[..blob.len() - 1].to_vec(), 128, "runs past"),
+        ];
+        let mut huge = blob.clone();
+        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        cases.push((huge, 128, "table of"));
+        let mut nested = blob.clone();
+        nested[PIECES_HEADER_BYTES] = Codec::Pieces as u8;
+        cases.push((nested, 128, "codec 6"));
+        let mut long = blob.clone();
+        long[PIECES_HEADER_BYTES + 8..PIECES_HEADER_BYTES + 16]
+            .copy_from_slice(&u64::MAX.to_le_bytes());
+        cases.push((long, 128, "more than"));
+        for (bytes, raw, why) in cases {
+            match read(&bytes, raw) {
+                Err(FormatError::Corrupt(m)) => assert!(m.contains(why), "{why}: {m}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
+        assert!(join_pieces(&[(Codec::Streamed, 1, &[0u8][..])], &mut blob).is_err());
     }
 }

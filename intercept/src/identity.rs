@@ -104,6 +104,17 @@ pub fn world_size() -> u32 {
     .unwrap_or(1)
 }
 
+/// Processes of the job on this node, from the launcher (1 when none says).
+pub fn local_world_size() -> u32 {
+    env_u32(&[
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_NTASKS_PER_NODE",
+        "MPI_LOCALNRANKS",
+    ])
+    .unwrap_or(1)
+}
+
 /// Local rank from the launcher (0 when none says).
 pub fn local_rank() -> u32 {
     env_u32(&[

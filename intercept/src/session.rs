@@ -114,9 +114,37 @@ fn manifest_env() -> std::collections::BTreeMap<String, String> {
     out
 }
 
+/// The memory this process may use: the host's, or its cgroup's limit (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`) when lower. 0 when unknown (the ring then gets its minimum).
+fn usable_memory() -> u64 {
+    // SAFETY: sysconf only reads system constants.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let host = (pages.max(0) as u64).saturating_mul(page.max(0) as u64);
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .filter_map(|s| s.trim().parse::<u64>().ok())
+    .fold(host, u64::min)
+}
+
 fn start() -> Result<Session, String> {
     let cfg = mode::config().ok_or("no valid configuration")?;
-    let capacity = (cfg.ring_bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2);
+    let bytes = match cfg.ring_bytes {
+        0 => ttrace_format::config::auto_ring_bytes(
+            usable_memory(),
+            identity::local_world_size() as u64,
+        ),
+        n => n,
+    };
+    let capacity = (bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2);
     let len = ring::mapping_bytes(capacity);
 
     // SAFETY: a NUL-terminated name; the fd is owned below.

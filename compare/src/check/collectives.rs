@@ -8,7 +8,8 @@
 //!
 //! Reductions are not reproduced bitwise (NCCL's ring order depends on its algorithm and
 //! channel count): the exact reduction is computed in f64 from the captured inputs and the
-//! output must lie within [`reduction_bound`] of it. Gathers, broadcasts and transfers move
+//! output must lie within [`reduction_bound`] of it (a term of
+//! [`crate::tolerance`]). Gathers, broadcasts and transfers move
 //! bytes and are checked bitwise.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use ttrace_format::tensor::TensorData;
 
 use crate::check::load::{Rec, Trace};
 use crate::check::report::{Finding, FindingKind};
+pub use crate::tolerance::reduction_bound;
 
 /// What the collective checks found.
 #[derive(Debug, Default)]
@@ -29,36 +31,6 @@ pub struct Outcome {
     pub findings: Vec<Finding>,
     /// Send/recv transfers not checked: their peer's rank holds no records in the store.
     pub peer_missing: u64,
-}
-
-/// Unit round-off of a float type (half the distance from 1 to the next value) and its
-/// smallest positive value; `None` for integer types (reduced exactly).
-pub fn roundoff(dtype: DType) -> Option<(f64, f64)> {
-    Some(match dtype {
-        DType::F64 => (2f64.powi(-53), f64::from_bits(1)),
-        DType::F32 => (2f64.powi(-24), 2f64.powi(-149)),
-        DType::F16 => (2f64.powi(-11), 2f64.powi(-24)),
-        DType::BF16 => (2f64.powi(-8), 2f64.powi(-133)),
-        DType::F8_E4M3 => (2f64.powi(-4), 2f64.powi(-9)),
-        DType::F8_E5M2 => (2f64.powi(-3), 2f64.powi(-16)),
-        _ => return None,
-    })
-}
-
-/// The largest difference allowed between a reduction of `n` values computed in `dtype` in
-/// any order and the exact one, given `abs_sum` (the sum of the values' magnitudes):
-/// `k` roundings (k = n-1 additions, one more per division for an average) of partial sums
-/// each at most `abs_sum` in magnitude: `gamma_k * abs_sum + k * smallest`, with
-/// `gamma_k = k u / (1 - k u)` (Higham's bound for recursive summation in any order).
-pub fn reduction_bound(dtype: DType, k: usize, abs_sum: f64) -> f64 {
-    let Some((u, tiny)) = roundoff(dtype) else {
-        return 0.0;
-    };
-    let ku = k as f64 * u;
-    if ku >= 1.0 {
-        return f64::INFINITY;
-    }
-    ku / (1.0 - ku) * abs_sum + k as f64 * tiny
 }
 
 /// `ncclRedOp_t` values the check understands.
@@ -603,8 +575,8 @@ mod tests {
                 op: Op::Collective(CollectiveOp {
                     kind,
                     count,
-                    nccl_type: 7,
-                    redop: (kind == CollectiveKind::AllReduce).then_some(0),
+                    nccl_type: cuda_abi::nccl::ncclFloat32,
+                    redop: (kind == CollectiveKind::AllReduce).then_some(cuda_abi::nccl::ncclSum),
                     root_or_peer: peer,
                     comm: COMM,
                     comm_rank: rank,
@@ -751,16 +723,6 @@ mod tests {
         let lone = run(vec![send(&[1.0])]);
         assert_eq!(lone.findings.len(), 1);
         assert!(lone.findings[0].detail.contains("no matching recv"));
-    }
-
-    #[test]
-    fn the_bound_covers_every_summation_order_and_nothing_more() {
-        // bf16: 1 + 2^-8 rounds to 1 (ties to even) in one order and is exact in f64.
-        let b = reduction_bound(DType::BF16, 1, 1.0 + 2f64.powi(-8));
-        assert!(b >= 2f64.powi(-8));
-        assert!(b < 2f64.powi(-7));
-        assert_eq!(reduction_bound(DType::I32, 7, 100.0), 0.0);
-        assert_eq!(reduction_bound(DType::F32, 0, 5.0), 0.0);
     }
 
     #[test]

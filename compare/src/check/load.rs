@@ -1,6 +1,7 @@
 //! Reading a store for the checks: every record's metadata, the bytes of collective tensors,
 //! and the first non-finite value of each rank (found while reading, so that GEMM tensors are
-//! decoded once and never held).
+//! decoded once and never held). Segments come from the loader compare shares
+//! ([`crate::model::store::segments`]).
 
 use std::collections::BTreeMap;
 
@@ -61,50 +62,45 @@ impl Trace {
 
 /// Reads `store`; `progress(done, total)` counts records.
 pub fn load(store: &Store, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, FormatError> {
-    let ranks = store.ranks();
     let total: u64 = store
         .manifest()
         .map_or(0, |m| m.ranks.iter().map(|r| r.records).sum());
     let mut trace = Trace {
-        ranks: ranks.clone(),
+        ranks: store.ranks(),
         ..Trace::default()
     };
     let mut firsts: BTreeMap<u32, NonFinite> = BTreeMap::new();
     let mut done = 0u64;
-    for &rank in &ranks {
-        for step in store.steps(rank) {
-            let seg = match store.open_segment(rank, step) {
-                Ok(s) => s,
-                Err(e) => {
-                    trace
-                        .unreadable
-                        .push(format!("rank {rank} step {step}: {e}"));
+    for seg in crate::model::store::segments(store) {
+        let (rank, seg) = match seg {
+            Ok((rank, _, seg)) => (rank, seg),
+            Err(line) => {
+                trace.unreadable.push(line);
+                continue;
+            }
+        };
+        for view in seg.records() {
+            done += 1;
+            if done.is_multiple_of(256) {
+                progress(done, total.max(done));
+            }
+            let view = match view {
+                Ok(v) => v,
+                Err(issue) => {
+                    trace.unreadable.push(issue.to_string());
                     continue;
                 }
             };
-            for view in seg.records() {
-                done += 1;
-                if done.is_multiple_of(256) {
-                    progress(done, total.max(done));
-                }
-                let view = match view {
-                    Ok(v) => v,
-                    Err(issue) => {
-                        trace.unreadable.push(issue.to_string());
-                        continue;
+            if let std::collections::btree_map::Entry::Vacant(slot) = firsts.entry(rank) {
+                match nonfinite::scan(&view) {
+                    Ok(Some(nf)) => {
+                        slot.insert(nf);
                     }
-                };
-                if let std::collections::btree_map::Entry::Vacant(slot) = firsts.entry(rank) {
-                    match nonfinite::scan(&view) {
-                        Ok(Some(nf)) => {
-                            slot.insert(nf);
-                        }
-                        Ok(None) => {}
-                        Err(e) => trace.unreadable.push(e.to_string()),
-                    }
+                    Ok(None) => {}
+                    Err(e) => trace.unreadable.push(e.to_string()),
                 }
-                trace.records.push(keep(&view, &mut trace.unreadable));
             }
+            trace.records.push(keep(&view, &mut trace.unreadable));
         }
     }
     progress(done, total.max(done));

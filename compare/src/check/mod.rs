@@ -6,7 +6,7 @@
 //!   are grouped per communicator by call order (the n-th collective on a communicator on each
 //!   member; send/recv pairs by the n-th transfer between two communicator ranks), membership
 //!   from the manifest's comm map. Reductions are checked against the f64 reduction of the
-//!   captured inputs within a bound of round-off (see [`collectives::reduction_bound`]); NCCL's
+//!   captured inputs within a bound of round-off (see [`crate::tolerance::reduction_bound`]); NCCL's
 //!   ring order is not reproduced, so the check is a tolerance, not bitwise. Gathers,
 //!   broadcasts and point-to-point transfers are bitwise.
 //! * [`replicas`]: tensors every member must hold identically (the outputs of all-reduce and
@@ -32,8 +32,9 @@ pub mod report;
 
 use std::path::Path;
 
-use ttrace_format::reader::Store;
 use ttrace_format::FormatError;
+
+use crate::model::store::OpenError;
 
 pub use report::{Finding, FindingKind, Report};
 
@@ -48,27 +49,27 @@ pub enum CheckError {
     NoManifest(String),
 }
 
-/// Runs every check on the store at `run`. `progress` is called with (records read, records
+impl From<OpenError> for CheckError {
+    fn from(e: OpenError) -> CheckError {
+        match e {
+            OpenError::Store { source, .. } => CheckError::Format(source),
+            OpenError::NoManifest(path) => CheckError::NoManifest(path),
+        }
+    }
+}
+
+/// Runs every check on the store at `run` (opened through [`crate::model`], the analysis
+/// model compare shares). `progress` is called with (records read, records
 /// in the store) as segments are read.
 pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Report, CheckError> {
-    let store = Store::open(run)?;
-    let manifest = store
-        .manifest()
-        .cloned()
-        .ok_or_else(|| CheckError::NoManifest(run.display().to_string()))?;
+    let (store, manifest) = crate::model::store::open(run)?;
     let trace = load::load(&store, progress)?;
     let mut report = Report {
         ranks: trace.ranks.len(),
         records: trace.records.len() as u64,
         ..Report::default()
     };
-    let world = manifest
-        .ranks
-        .iter()
-        .map(|r| r.world_size)
-        .chain(manifest.comms.iter().map(|c| c.size))
-        .max()
-        .unwrap_or(0);
+    let world = crate::model::comms::world_size(&manifest, &trace.ranks);
     report.missing_ranks = (0..world).filter(|r| !trace.ranks.contains(r)).collect();
     let coll = collectives::check(&trace, &manifest);
     report.collectives_checked = coll.checked;

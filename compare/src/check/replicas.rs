@@ -336,16 +336,10 @@ fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome)
         per_rank.insert(rank, found);
     }
     frozen_weights(store, &per_rank, out);
-    let mut groups: BTreeSet<Vec<u32>> = BTreeSet::new();
-    for entry in &manifest.comms {
-        let members: Option<Vec<u32>> = entry.members.iter().copied().collect();
-        let Some(mut members) = members else { continue };
-        members.sort_unstable();
-        members.dedup();
-        if members.len() >= 2 && members.iter().all(|m| per_rank.contains_key(m)) {
-            groups.insert(members);
-        }
-    }
+    // Candidate replica groups: the communicators whose every member is in the store.
+    let groups = crate::model::comms::groups(manifest)
+        .into_iter()
+        .filter(|members| members.iter().all(|m| per_rank.contains_key(m)));
     for members in groups {
         let maps: Vec<&BTreeMap<WeightKey, Weight>> =
             members.iter().filter_map(|m| per_rank.get(m)).collect();

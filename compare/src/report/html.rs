@@ -15,7 +15,7 @@ use super::text::{
     counts, fmt_num, fmt_ratio, kernels_label, layout_label, merge_label, norm_reading, over_label,
     ranks_label, ratio, shape_label, steps_label, tensor_label, where_label, worst_indices,
 };
-use super::{Cause, CompareReport, RunSummary, Verdict};
+use super::{Cause, CompareReport, Divergence, RunSummary, TensorComparison, Verdict};
 
 /// Rows of the worst-tensors table.
 const WORST_ROWS: usize = 12;
@@ -86,102 +86,8 @@ fn embed_json(report: &CompareReport) -> String {
 
 /// The divergence explanation, or what a match compared.
 fn summary(r: &CompareReport, h: &mut String) {
-    let row = |h: &mut String, k: &str, v: &str| {
-        let _ = writeln!(h, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
-    };
     match (&r.verdict, &r.first_divergence) {
-        (Verdict::Divergence, Some(d)) => {
-            let t = r.tensors.get(d.tensor);
-            let _ = write!(
-                h,
-                "<section id=\"divergence\"><h2>First tensor beyond tolerance: {}</h2>\n\
-                 <table class=\"facts\">\n",
-                esc(&where_label(d, t))
-            );
-            if let Some(t) = t {
-                row(
-                    h,
-                    "tensor",
-                    &format!(
-                        "<b>{}</b> of <code>{}</code> {} {}, {}",
-                        esc(&t.role),
-                        esc(&t.api),
-                        esc(&shape_label(&t.shape)),
-                        esc(&t.dtype),
-                        esc(&merge_label(&t.merge))
-                    ),
-                );
-            }
-            row(h, "op", &format!("<code>{}</code>", esc(&d.position)));
-            row(h, "ranks", &esc(&ranks_label(d, t)));
-            if let Some(t) = t {
-                let x = ratio(t.error_eps, t.tolerance_eps);
-                let mut v = format!(
-                    "{} eps vs tolerance {} eps ({}): <b class=\"bad\">{}</b>",
-                    fmt_num(t.error_eps),
-                    fmt_num(t.tolerance_eps),
-                    esc(&t.tolerance_source),
-                    esc(&over_label(x))
-                );
-                if let Some(w) = &t.worst_row {
-                    let _ = write!(
-                        v,
-                        "; worst row {} on rank {}: {} eps",
-                        w.row,
-                        w.rank,
-                        fmt_num(w.error_eps)
-                    );
-                }
-                row(h, "error", &v);
-                let norm = match norm_reading(t.norm_ratio, &r.layout) {
-                    Some(reading) => format!(
-                        "run/reference norm = {}: <b class=\"warn\">{}</b>",
-                        fmt_ratio(t.norm_ratio),
-                        esc(&reading)
-                    ),
-                    None => format!("run/reference norm = {}", fmt_ratio(t.norm_ratio)),
-                };
-                row(h, "norm", &norm);
-            }
-            let cause = match d.cause {
-                Cause::Local => "LOCAL",
-                Cause::Upstream => "UPSTREAM",
-            };
-            row(
-                h,
-                "cause",
-                &format!("<b class=\"warn\">{cause}</b>: {}", esc(&d.explanation)),
-            );
-            let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
-                Some(g) => format!(
-                    "{} at {} eps (tolerance {} eps)",
-                    esc(&tensor_label(g)),
-                    fmt_num(g.error_eps),
-                    fmt_num(g.tolerance_eps)
-                ),
-                None => "none: the first compared tensor already differs".to_string(),
-            };
-            row(h, "last good", &last_good);
-            if !d.kernels_between.is_empty() {
-                // The summary names them on one line; the list gives each its own.
-                let mut v = format!(
-                    "<details><summary>{}</summary><ol>",
-                    esc(&kernels_label(&d.kernels_between, 160))
-                );
-                for k in &d.kernels_between {
-                    let _ = write!(v, "<li><code>{}</code></li>", esc(k));
-                }
-                v.push_str("</ol></details>");
-                row(h, "in between", &v);
-            } else if d.cause == Cause::Upstream {
-                row(
-                    h,
-                    "in between",
-                    "no kernel launches logged between the last good tensor and this op",
-                );
-            }
-            h.push_str("</table>\n</section>\n");
-        }
+        (Verdict::Divergence, Some(d)) => divergence(r, d, h),
         (Verdict::Divergence, None) => match r.replica_drift.first() {
             // Every tensor within tolerance, but replicas drifted apart.
             Some(d) => {
@@ -201,27 +107,134 @@ fn summary(r: &CompareReport, h: &mut String) {
                 "<section id=\"divergence\"><p>No first divergence recorded.</p></section>\n",
             ),
         },
-        (Verdict::Match, _) => {
-            let _ = writeln!(
-                h,
-                "<section id=\"match\"><h2>All {} compared tensors are within tolerance</h2>",
-                r.tensors.len()
-            );
-            if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.get(i)) {
-                let _ = writeln!(
-                    h,
-                    "<p>Largest error/tolerance: <b>{}</b> at {}: {} eps vs tolerance {} eps ({}).</p>",
-                    fmt_num(ratio(t.error_eps, t.tolerance_eps)),
-                    esc(&tensor_label(t)),
-                    fmt_num(t.error_eps),
-                    fmt_num(t.tolerance_eps),
-                    esc(&t.tolerance_source)
-                );
-            }
-            h.push_str("</section>\n");
-        }
+        (Verdict::Match, _) => matched(r, h),
     }
     let _ = writeln!(h, "<p class=\"counts\">{}</p>", esc(&counts(r)));
+}
+
+/// One row of a facts table.
+fn fact(h: &mut String, k: &str, v: &str) {
+    let _ = writeln!(h, "<tr><th>{}</th><td>{v}</td></tr>", esc(k));
+}
+
+/// The first divergence: where, which tensor, ranks, error, cause, what lies before it.
+fn divergence(r: &CompareReport, d: &Divergence, h: &mut String) {
+    let t = r.tensors.get(d.tensor);
+    let _ = write!(
+        h,
+        "<section id=\"divergence\"><h2>First tensor beyond tolerance: {}</h2>\n\
+         <table class=\"facts\">\n",
+        esc(&where_label(d, t))
+    );
+    if let Some(t) = t {
+        fact(
+            h,
+            "tensor",
+            &format!(
+                "<b>{}</b> of <code>{}</code> {} {}, {}",
+                esc(&t.role),
+                esc(&t.api),
+                esc(&shape_label(&t.shape)),
+                esc(&t.dtype),
+                esc(&merge_label(&t.merge))
+            ),
+        );
+    }
+    fact(h, "op", &format!("<code>{}</code>", esc(&d.position)));
+    fact(h, "ranks", &esc(&ranks_label(d, t)));
+    if let Some(t) = t {
+        error_facts(r, t, h);
+    }
+    let cause = match d.cause {
+        Cause::Local => "LOCAL",
+        Cause::Upstream => "UPSTREAM",
+    };
+    fact(
+        h,
+        "cause",
+        &format!("<b class=\"warn\">{cause}</b>: {}", esc(&d.explanation)),
+    );
+    let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
+        Some(g) => format!(
+            "{} at {} eps (tolerance {} eps)",
+            esc(&tensor_label(g)),
+            fmt_num(g.error_eps),
+            fmt_num(g.tolerance_eps)
+        ),
+        None => "none: the first compared tensor already differs".to_string(),
+    };
+    fact(h, "last good", &last_good);
+    if !d.kernels_between.is_empty() {
+        // The summary names them on one line; the list gives each its own.
+        let mut v = format!(
+            "<details><summary>{}</summary><ol>",
+            esc(&kernels_label(&d.kernels_between, 160))
+        );
+        for k in &d.kernels_between {
+            let _ = write!(v, "<li><code>{}</code></li>", esc(k));
+        }
+        v.push_str("</ol></details>");
+        fact(h, "in between", &v);
+    } else if d.cause == Cause::Upstream {
+        fact(
+            h,
+            "in between",
+            "no kernel launches logged between the last good tensor and this op",
+        );
+    }
+    h.push_str("</table>\n</section>\n");
+}
+
+/// The diverged tensor's error against its tolerance, worst row and norm ratio.
+fn error_facts(r: &CompareReport, t: &TensorComparison, h: &mut String) {
+    let x = ratio(t.error_eps, t.tolerance_eps);
+    let mut v = format!(
+        "{} eps vs tolerance {} eps ({}): <b class=\"bad\">{}</b>",
+        fmt_num(t.error_eps),
+        fmt_num(t.tolerance_eps),
+        esc(&t.tolerance_source),
+        esc(&over_label(x))
+    );
+    if let Some(w) = &t.worst_row {
+        let _ = write!(
+            v,
+            "; worst row {} on rank {}: {} eps",
+            w.row,
+            w.rank,
+            fmt_num(w.error_eps)
+        );
+    }
+    fact(h, "error", &v);
+    let norm = match norm_reading(t.norm_ratio, &r.layout) {
+        Some(reading) => format!(
+            "run/reference norm = {}: <b class=\"warn\">{}</b>",
+            fmt_ratio(t.norm_ratio),
+            esc(&reading)
+        ),
+        None => format!("run/reference norm = {}", fmt_ratio(t.norm_ratio)),
+    };
+    fact(h, "norm", &norm);
+}
+
+/// A match: how many tensors, and the closest to its tolerance.
+fn matched(r: &CompareReport, h: &mut String) {
+    let _ = writeln!(
+        h,
+        "<section id=\"match\"><h2>All {} compared tensors are within tolerance</h2>",
+        r.tensors.len()
+    );
+    if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.get(i)) {
+        let _ = writeln!(
+            h,
+            "<p>Largest error/tolerance: <b>{}</b> at {}: {} eps vs tolerance {} eps ({}).</p>",
+            fmt_num(ratio(t.error_eps, t.tolerance_eps)),
+            esc(&tensor_label(t)),
+            fmt_num(t.error_eps),
+            fmt_num(t.tolerance_eps),
+            esc(&t.tolerance_source)
+        );
+    }
+    h.push_str("</section>\n");
 }
 
 fn worst_table(r: &CompareReport, h: &mut String) {
@@ -334,275 +347,11 @@ fn esc(s: &str) -> String {
     out
 }
 
-const CSS: &str = r##"
-:root { color-scheme: light; --bad: #c62828; --good: #2e7d32; --warn: #b26a00; --fg: #1d1d1f; --muted: #666; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg); background: #fafafa; }
-main { max-width: 1200px; margin: 0 auto; padding: 0 20px 40px; }
-code { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 12.5px; }
-.banner { padding: 14px 20px; color: #fff; }
-.banner h1 { margin: 0; font-size: 26px; letter-spacing: 0.04em; }
-.banner p { margin: 4px 0 0; opacity: 0.95; }
-.banner.divergence { background: var(--bad); }
-.banner.match { background: var(--good); }
-h2 { font-size: 17px; margin: 22px 0 8px; }
-section { overflow-x: auto; background: #fff; border: 1px solid #e3e3e3; border-radius: 6px; padding: 4px 16px 12px; margin-top: 16px; }
-table { border-collapse: collapse; }
-.facts th { text-align: left; vertical-align: top; padding: 3px 14px 3px 0; color: var(--muted); font-weight: 600; white-space: nowrap; }
-.facts td { padding: 3px 0; }
-.grid { width: 100%; font-size: 13px; }
-.grid th, .grid td { border-bottom: 1px solid #eee; padding: 4px 8px; text-align: left; }
-.grid td { white-space: nowrap; }
-.grid thead th { background: #f3f3f3; }
-.grid td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.grid tr.diverged td { color: var(--bad); }
-.bad { color: var(--bad); }
-.warn { color: var(--warn); }
-.counts, .note { color: var(--muted); }
-#legend { display: flex; flex-wrap: wrap; gap: 4px 14px; margin: 6px 0; font-size: 12.5px; }
-#legend span { cursor: pointer; user-select: none; }
-#legend span.off { opacity: 0.35; }
-#legend i { display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 4px; }
-#plot-wrap { position: relative; }
-#plot { width: 100%; height: auto; display: block; }
-#plot .axis line, #plot .grid-line { stroke: #e6e6e6; }
-#plot .axis text, #plot .tick { font-size: 11px; fill: var(--muted); }
-#plot .step-line { stroke: #bbb; stroke-dasharray: 2 3; }
-#plot .tolerance { stroke: var(--fg); stroke-width: 1.2; stroke-dasharray: 6 4; }
-#plot .series { fill: none; stroke-width: 4; stroke-linecap: round; }
-#plot .marker { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 4 3; }
-#plot .marker-ring { fill: none; stroke: var(--bad); stroke-width: 2; }
-#plot .label { font-size: 11.5px; paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
-#plot .hover { stroke: #888; stroke-width: 1; }
-#tooltip { position: absolute; pointer-events: none; background: rgba(255,255,255,0.97); border: 1px solid #ccc; border-radius: 4px; padding: 6px 8px; font-size: 12px; max-width: 460px; box-shadow: 0 2px 6px rgba(0,0,0,0.12); }
-.plot-error { margin: 10px 0; padding: 10px; border: 1px solid var(--bad); color: var(--bad); white-space: pre-wrap; font-family: ui-monospace, monospace; }
-"##;
+/// The page's style sheet (assets/report.css; a file, so that editors and linters see CSS).
+const CSS: &str = include_str!("assets/report.css");
 
-const JS: &str = r##"
-(function () {
-  "use strict";
-  var NS = "http://www.w3.org/2000/svg";
-  var failed = false;
-  function fail(e) {
-    if (failed) return;
-    failed = true;
-    document.body.dataset.plot = "error";
-    var div = document.createElement("div");
-    div.className = "plot-error";
-    div.setAttribute("role", "alert");
-    div.textContent = "The plot could not be drawn: " + (e && e.stack ? e.stack : String(e));
-    var at = document.getElementById("plot-section") || document.body;
-    at.appendChild(div);
-  }
-  window.addEventListener("error", function (ev) { fail(ev.error || ev.message); });
-  function el(name, attrs, parent) {
-    var e = document.createElementNS(NS, name);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    if (parent) parent.appendChild(e);
-    return e;
-  }
-  function text(parent, x, y, s, attrs) {
-    var t = el("text", Object.assign({ x: x, y: y }, attrs || {}), parent);
-    t.textContent = s;
-    return t;
-  }
-  function fmt(x) {
-    if (x === null || !isFinite(x)) return x === Infinity ? "inf" : "NaN";
-    var a = Math.abs(x);
-    if (a === 0) return "0";
-    if (a < 0.01 || a >= 1e4) return x.toExponential(1).replace("e+", "e");
-    if (a >= 100) return x.toFixed(0);
-    if (a >= 10) return x.toFixed(1);
-    return x.toFixed(2);
-  }
-  function ratio(err, tol) {
-    // null is how JSON carries NaN and Inf: a non-finite error.
-    if (err === null || tol === null) return NaN;
-    if (tol > 0) return err / tol;
-    return err === 0 ? 0 : Infinity;
-  }
-  var PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac", "#e15759"];
-  function color(i) {
-    return i < PALETTE.length ? PALETTE[i] : "hsl(" + ((i * 137.508) % 360).toFixed(0) + ",60%,45%)";
-  }
-
-  function draw() {
-    var report = JSON.parse(document.getElementById("report-data").textContent);
-    if (!report || !Array.isArray(report.tensors)) throw new Error("no report data");
-    var tensors = report.tensors;
-    var svg = document.getElementById("plot");
-    var W = 1100, H = 440, L = 64, R = 96, T = 18, B = 44;
-    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-
-    // Per rank, the points (tensor index, ratio).
-    var byRank = new Map();
-    var lo = Infinity, hi = 0, pmin = Infinity, pmax = -Infinity;
-    tensors.forEach(function (t, i) {
-      pmin = Math.min(pmin, t.position);
-      pmax = Math.max(pmax, t.position);
-      (t.ranks || []).forEach(function (r) {
-        var y = ratio(r.error_eps, t.tolerance_eps);
-        if (isFinite(y) && y > 0) { lo = Math.min(lo, y); hi = Math.max(hi, y); }
-        if (!byRank.has(r.rank)) byRank.set(r.rank, []);
-        byRank.get(r.rank).push([i, y]);
-      });
-    });
-    var ranks = Array.from(byRank.keys()).sort(function (a, b) { return a - b; });
-    if (!isFinite(pmin)) { pmin = 0; pmax = 1; }
-    if (pmin === pmax) { pmin -= 1; pmax += 1; }
-    var kLo = isFinite(lo) ? Math.max(-8, Math.min(-1, Math.floor(Math.log10(lo)))) : -2;
-    var kHi = hi > 0 ? Math.min(15, Math.max(1, Math.ceil(Math.log10(hi)))) : 1;
-    var X = function (p) { return L + (p - pmin) / (pmax - pmin) * (W - L - R); };
-    // Non-finite ratios (NaN or Inf errors) get their own band above the top decade.
-    var offscale = false;
-    tensors.forEach(function (t) {
-      (t.ranks || []).forEach(function (r) { if (!isFinite(ratio(r.error_eps, t.tolerance_eps))) offscale = true; });
-    });
-    var TOP = offscale ? T + 22 : T;
-    // Exact matches (error 0) get theirs below the bottom decade.
-    var exact = tensors.some(function (t) {
-      return (t.ranks || []).some(function (r) { return ratio(r.error_eps, t.tolerance_eps) === 0; });
-    });
-    var BOT = exact ? H - B - 22 : H - B;
-    var Y = function (y) {
-      if (!isFinite(y)) return T;
-      if (y === 0) return H - B;
-      var k = y > 0 ? Math.log10(y) : kLo;
-      if (k > kHi) k = kHi;
-      if (k < kLo) k = kLo;
-      return TOP + (kHi - k) / (kHi - kLo) * (BOT - TOP);
-    };
-
-    // Axes: decades on y, round numbers on x, step boundaries.
-    var axis = el("g", { class: "axis" }, svg);
-    for (var k = kLo; k <= kHi; k++) {
-      var y = Y(Math.pow(10, k));
-      el("line", { x1: L, x2: W - R, y1: y, y2: y }, axis);
-      text(axis, L - 6, y + 4, k === 0 ? "1" : k === 1 ? "10" : k === -1 ? "0.1" : "1e" + k, { "text-anchor": "end" });
-    }
-    if (exact) {
-      el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "grid-line" }, axis);
-      text(axis, L - 6, H - B + 4, "exact", { "text-anchor": "end" });
-    }
-    if (offscale) {
-      el("line", { x1: L, x2: W - R, y1: T, y2: T, class: "grid-line" }, axis);
-      text(axis, L - 6, T + 4, "NaN/inf", { "text-anchor": "end" });
-    }
-    var span = pmax - pmin, raw = span / 8, p10 = Math.pow(10, Math.floor(Math.log10(raw)));
-    var stepX = [1, 2, 5, 10].map(function (m) { return m * p10; }).find(function (s) { return s >= raw; }) || raw;
-    for (var x = Math.ceil(pmin / stepX) * stepX; x <= pmax; x += stepX) {
-      el("line", { x1: X(x), x2: X(x), y1: H - B, y2: H - B + 5 }, axis);
-      text(axis, X(x), H - B + 17, String(Math.round(x)), { "text-anchor": "middle" });
-    }
-    text(axis, (L + W - R) / 2, H - 6, "position in the reference's op sequence", { "text-anchor": "middle" });
-    text(axis, 14, (T + H - B) / 2, "error / tolerance", { "text-anchor": "middle", transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" });
-    for (var i = 1; i < tensors.length; i++) {
-      if (tensors[i].step !== tensors[i - 1].step) {
-        var sx = X((tensors[i].position + tensors[i - 1].position) / 2);
-        el("line", { class: "step-line", x1: sx, x2: sx, y1: T, y2: H - B }, svg);
-        text(svg, sx + 3, TOP + 10, "step " + tensors[i].step, { class: "tick" });
-      }
-    }
-    if (tensors.length) text(svg, X(tensors[0].position) + 3, TOP + 10, "step " + tensors[0].step, { class: "tick" });
-
-    // The tolerance line at 1.
-    el("line", { id: "tolerance-line", class: "tolerance", x1: L, x2: W - R, y1: Y(1), y2: Y(1) }, svg);
-    text(svg, W - R + 4, Y(1) + 4, "tolerance", { class: "label" });
-
-    // One path per rank, a round dot per point: cheap for a million points.
-    var points = 0;
-    var legend = document.getElementById("legend");
-    ranks.forEach(function (rank, ri) {
-      var pts = byRank.get(rank), d = [];
-      pts.forEach(function (p) {
-        d.push("M" + X(tensors[p[0]].position).toFixed(1) + " " + Y(p[1]).toFixed(1) + "h0");
-      });
-      points += pts.length;
-      var path = el("path", { class: "series", d: d.join(""), stroke: color(ri), "data-rank": rank, "data-points": pts.length }, svg);
-      var item = document.createElement("span");
-      item.innerHTML = "<i></i>";
-      item.firstChild.style.background = color(ri);
-      item.appendChild(document.createTextNode("rank " + rank));
-      item.title = "show or hide rank " + rank;
-      item.addEventListener("click", function () {
-        item.classList.toggle("off");
-        path.style.display = item.classList.contains("off") ? "none" : "";
-      });
-      legend.appendChild(item);
-    });
-    if (!points) text(svg, (L + W - R) / 2, (T + H - B) / 2, "no tensors compared", { "text-anchor": "middle" });
-
-    // The first divergence: a vertical line and a ring on each diverging rank's point.
-    var fd = report.first_divergence;
-    if (fd && tensors[fd.tensor]) {
-      var t = tensors[fd.tensor], mx = X(t.position);
-      var g = el("g", { id: "divergence-marker", "data-position": t.position, "data-tensor": fd.tensor }, svg);
-      el("line", { class: "marker", x1: mx, x2: mx, y1: T, y2: H - B }, g);
-      (t.ranks || []).forEach(function (r) {
-        if ((fd.ranks || []).indexOf(r.rank) >= 0) {
-          el("circle", { class: "marker-ring", cx: mx, cy: Y(ratio(r.error_eps, t.tolerance_eps)), r: 7 }, g);
-        }
-      });
-      var right = mx > (L + W - R) / 2;
-      text(g, mx + (right ? -6 : 6), TOP + 24, "first divergence: pos " + t.position + " " + (t.nvtx || t.api) + " " + t.role,
-        { class: "label bad", "text-anchor": right ? "end" : "start", fill: "#c62828" });
-    }
-
-    // Hover: the tensors at the nearest position.
-    var positions = [], atPos = new Map();
-    tensors.forEach(function (t, i) {
-      if (!atPos.has(t.position)) { atPos.set(t.position, []); positions.push(t.position); }
-      atPos.get(t.position).push(i);
-    });
-    positions.sort(function (a, b) { return a - b; });
-    var tip = document.getElementById("tooltip");
-    var hover = el("line", { class: "hover", y1: T, y2: H - B, visibility: "hidden" }, svg);
-    svg.addEventListener("mousemove", function (ev) {
-      var box = svg.getBoundingClientRect();
-      var vx = (ev.clientX - box.left) / box.width * W;
-      var p = pmin + (vx - L) / (W - L - R) * (pmax - pmin);
-      var a = 0, b = positions.length - 1;
-      if (b < 0) return;
-      while (a < b) { var m = (a + b) >> 1; if (positions[m] < p) a = m + 1; else b = m; }
-      if (a > 0 && Math.abs(positions[a - 1] - p) < Math.abs(positions[a] - p)) a--;
-      var pos = positions[a];
-      hover.setAttribute("x1", X(pos)); hover.setAttribute("x2", X(pos));
-      hover.setAttribute("visibility", "visible");
-      var rows = atPos.get(pos).map(function (i) {
-        var t = tensors[i], worst = null;
-        (t.ranks || []).forEach(function (r) {
-          var y = ratio(r.error_eps, t.tolerance_eps);
-          if (worst === null || !(y <= worst[1])) worst = [r.rank, y];
-        });
-        return (t.diverged ? "<b class=\"bad\">" : "<b>") + esc((t.nvtx || "-") + " " + t.role) + "</b> " +
-          esc(t.api + " [" + t.shape.join(", ") + "] " + t.dtype) + "<br>error " + fmt(t.error_eps) + " eps, tolerance " +
-          fmt(t.tolerance_eps) + " eps: " + fmt(ratio(t.error_eps, t.tolerance_eps)) + "x" +
-          (worst ? "; worst rank " + worst[0] + " at " + fmt(worst[1]) + "x" : "");
-      });
-      tip.innerHTML = "<div>position " + pos + ", step " + tensors[atPos.get(pos)[0]].step + "</div>" + rows.join("<br>");
-      tip.hidden = false;
-      var left = ev.clientX - box.left + 14;
-      tip.style.left = Math.min(left, box.width - 300) + "px";
-      tip.style.top = (ev.clientY - box.top + 14) + "px";
-    });
-    svg.addEventListener("mouseleave", function () { tip.hidden = true; hover.setAttribute("visibility", "hidden"); });
-
-    svg.setAttribute("data-points", points);
-    return points;
-  }
-  function esc(s) {
-    return String(s).replace(/[&<>"']/g, function (c) {
-      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;", "'": "&#39;" }[c];
-    });
-  }
-  try {
-    draw();
-    if (!failed) document.body.dataset.plot = "rendered";
-  } catch (e) {
-    fail(e);
-  }
-})();
-"##;
+/// The plot's script (assets/report.js): draws the report embedded as JSON, no network.
+const JS: &str = include_str!("assets/report.js");
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,10 @@ pub mod text;
 
 use serde::{Deserialize, Serialize};
 
+// Domain types the report shows, owned by their modules.
+pub use crate::combine::Merge;
+pub use crate::layout::LayoutSummary;
+
 /// Floats that may be NaN or infinite (an error against a non-finite tensor) are written as
 /// JSON numbers when finite and as the strings `"NaN"`, `"inf"`, `"-inf"` otherwise: JSON has
 /// no non-finite numbers, and `null` would not read back as a float.
@@ -69,46 +73,6 @@ pub struct RunSummary {
     pub command: String,
     /// Number of ranks in the store.
     pub world_size: u32,
-}
-
-/// The parallel layout of the compared run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LayoutSummary {
-    /// Tensor-parallel size.
-    pub tp: u32,
-    /// Data-parallel size.
-    pub dp: u32,
-    /// Pipeline-parallel size.
-    pub pp: u32,
-    /// Rank order, fastest-varying first (e.g. `tp-dp-pp`).
-    pub order: String,
-    /// True when read from the communicator map, false when given with `--layout`.
-    pub discovered: bool,
-}
-
-/// How the shards of a tensor were put together to compare with the reference.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Merge {
-    /// Every rank holds the whole tensor (each is compared with the reference).
-    Replicated,
-    /// Each rank holds a slice along `dim` (of the reference's row-major shape), viewed as
-    /// `[outer, parts, inner]` along that dimension: `outer` > 1 means interleaved slices
-    /// (DP batches in a sequence-first layout).
-    Slice {
-        /// Dimension of the reference's stored shape.
-        dim: usize,
-        /// Number of slices the dimension is cut into.
-        parts: u64,
-        /// Leading blocks of the dimension (1: contiguous slices).
-        outer: u64,
-    },
-    /// The reference tensor is the sum of the shards of a communicator's members (partial
-    /// results before a reduction), possibly also sliced.
-    Sum {
-        /// Ranks summed per group.
-        group_size: u32,
-    },
 }
 
 /// The error of one rank's shard.

@@ -217,38 +217,7 @@ fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &m
     let _ = writeln!(out, "{}{}", label("op"), d.position);
     let _ = writeln!(out, "{}{}", label("ranks"), ranks_label(d, t));
     if let Some(t) = t {
-        let x = ratio(t.error_eps, t.tolerance_eps);
-        let over = p.paint("1;31", &over_label(x));
-        let mut line = format!(
-            "{}{} eps vs tolerance {} eps ({}): {over}",
-            label("error"),
-            fmt_num(t.error_eps),
-            fmt_num(t.tolerance_eps),
-            or_dash(&t.tolerance_source),
-        );
-        if let Some(w) = &t.worst_row {
-            let _ = write!(
-                line,
-                "; worst row {} on rank {}: {} eps",
-                w.row,
-                w.rank,
-                fmt_num(w.error_eps)
-            );
-        }
-        let reading = norm_reading(t.norm_ratio, &r.layout);
-        if reading.is_none() {
-            let _ = write!(line, "; norm ratio {}", fmt_ratio(t.norm_ratio));
-        }
-        let _ = writeln!(out, "{line}");
-        if let Some(reading) = reading {
-            let _ = writeln!(
-                out,
-                "{}run/reference norm = {}: {}",
-                label("norm"),
-                fmt_ratio(t.norm_ratio),
-                p.paint("1;33", &reading)
-            );
-        }
+        render_error(r, t, p, out);
     }
     let cause = match d.cause {
         Cause::Local => "LOCAL",
@@ -290,6 +259,43 @@ fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &m
         );
     }
     render_worst(r, p, out);
+}
+
+/// The diverged tensor's error against its tolerance, worst row and norm ratio.
+fn render_error(r: &CompareReport, t: &TensorComparison, p: &Paint, out: &mut String) {
+    let label = |s: &str| p.paint("2", &format!("  {s:<11}"));
+    let x = ratio(t.error_eps, t.tolerance_eps);
+    let over = p.paint("1;31", &over_label(x));
+    let mut line = format!(
+        "{}{} eps vs tolerance {} eps ({}): {over}",
+        label("error"),
+        fmt_num(t.error_eps),
+        fmt_num(t.tolerance_eps),
+        or_dash(&t.tolerance_source),
+    );
+    if let Some(w) = &t.worst_row {
+        let _ = write!(
+            line,
+            "; worst row {} on rank {}: {} eps",
+            w.row,
+            w.rank,
+            fmt_num(w.error_eps)
+        );
+    }
+    let reading = norm_reading(t.norm_ratio, &r.layout);
+    if reading.is_none() {
+        let _ = write!(line, "; norm ratio {}", fmt_ratio(t.norm_ratio));
+    }
+    let _ = writeln!(out, "{line}");
+    if let Some(reading) = reading {
+        let _ = writeln!(
+            out,
+            "{}run/reference norm = {}: {}",
+            label("norm"),
+            fmt_ratio(t.norm_ratio),
+            p.paint("1;33", &reading)
+        );
+    }
 }
 
 /// The worst-tensors table.

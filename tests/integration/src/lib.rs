@@ -63,14 +63,32 @@ pub fn trace_trainer<S: AsRef<std::ffi::OsStr>>(
     );
 }
 
-/// A fresh directory under the system temp dir, removed when dropped (`.0` is its path).
+/// A fresh directory under the system temp dir, removed when dropped (`.0` is its path), or
+/// at the latest when the test process exits: fixtures kept in a `static` (built once, shared
+/// by a binary's tests) are never dropped, and each such store left tens of MB in /tmp per run.
 pub struct TempDir(pub PathBuf);
+
+/// Every [`TempDir`] made by this process, removed at exit (those already dropped are gone).
+static MADE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_temp_dirs() {
+    if let Ok(dirs) = MADE.lock() {
+        for d in dirs.iter() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
 
 impl TempDir {
     /// `ttrace-<tag>-<pid>-<n>`, empty.
     pub fn new(tag: &str) -> TempDir {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a plain function; it runs once, at exit, on the exiting thread.
+        AT_EXIT.call_once(|| unsafe {
+            libc::atexit(remove_temp_dirs);
+        });
         let d = std::env::temp_dir().join(format!(
             "ttrace-{tag}-{}-{}",
             std::process::id(),
@@ -78,6 +96,9 @@ impl TempDir {
         ));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).expect("tempdir");
+        if let Ok(mut made) = MADE.lock() {
+            made.push(d.clone());
+        }
         TempDir(d)
     }
 

@@ -1,0 +1,658 @@
+//! Collectives: what each reduction of the run must produce, compared with the reference
+//! GEMM output it reduces (found by dataflow: the op that last wrote the buffer it reads).
+//!
+//! A reduction over a tensor-parallel group (row-parallel all-reduce, sequence-parallel
+//! reduce-scatter: partial sums) must give the reference's unsharded result at the scale its
+//! inputs were placed at, whatever its `ncclRedOp_t`: averaging partial sums is the group
+//! size times too little, a divergence at that collective. A data-parallel reduction's
+//! output scale is decided from the data once every reduction was seen
+//! ([`crate::gradscale`]). Reductions over other groups (tied weights across pipeline
+//! stages) have no reference meaning and are not compared.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ttrace_format::dtype::DType;
+use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
+
+use crate::align::{Alignment, RefOp};
+use crate::combine::Merge;
+use crate::comparison::{accumulates, comparison, nvtx_path, Pending, Position};
+use crate::engine::CompareOptions;
+use crate::gradscale::{self, updates::Updates, Evidence};
+use crate::layout::LayoutSummary;
+use crate::numerics::{self, Placement, ShardError};
+use crate::placement::{unplaced, Shard};
+use crate::prepare::Prepared;
+use crate::tolerance;
+use crate::trace::{collective, gemm, RunTrace, Values};
+use crate::CompareError;
+
+/// What a reduction over a group must produce, relative to the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MustProduce {
+    /// A tensor-parallel group's partial sums: the reference's unsharded result, at the
+    /// scale its inputs were placed at (1 for partial sums of the reference's own values).
+    ReferenceAtInputScale,
+    /// A data-parallel group's gradients: the reference's at the scale decided from the
+    /// data ([`gradscale::decide`]) or given with `--dp-reduction-scale`.
+    ScaledGradient,
+}
+
+/// What a reduction over `members` must produce in `layout`; `None` when the group is
+/// neither tensor- nor data-parallel (its result has no reference meaning).
+pub(crate) fn must_produce(layout: &LayoutSummary, members: &[u32]) -> Option<MustProduce> {
+    if crate::layout::is_dp_group(layout, members) {
+        Some(MustProduce::ScaledGradient)
+    } else if crate::layout::is_tp_group(layout, members) {
+        Some(MustProduce::ReferenceAtInputScale)
+    } else {
+        None
+    }
+}
+
+/// A reduction piece's error: its output `x` against the reference `y` it must reproduce
+/// (rows of `row` elements), at the scale its inputs were placed at (`input_scale`) for a
+/// partial sum, at each of `dp_scales` for a data-parallel gradient (one is chosen once
+/// every reduction was seen).
+pub(crate) fn piece_error(
+    must: MustProduce,
+    (x, y, row): (&[f32], &[f32], usize),
+    input_scale: f64,
+    dp_scales: &[f64],
+) -> PieceError {
+    let err_at = |s: f64| {
+        let xs: Vec<f32> = x.iter().map(|v| v / s as f32).collect();
+        numerics::shard_error(&xs, y, row)
+    };
+    match must {
+        MustProduce::ReferenceAtInputScale => PieceError::At(err_at(input_scale)),
+        MustProduce::ScaledGradient => {
+            PieceError::ByScale(dp_scales.iter().map(|&s| (s, err_at(s))).collect())
+        }
+    }
+}
+
+/// What the collectives' comparison reads.
+pub(crate) struct Ctx<'a> {
+    pub(crate) reff: &'a RunTrace,
+    pub(crate) ref_rank: u32,
+    pub(crate) run: &'a RunTrace,
+    pub(crate) al: &'a Alignment,
+    pub(crate) steps: &'a [u64],
+    pub(crate) eps: f64,
+    pub(crate) layout: &'a LayoutSummary,
+    /// The scale of data-parallel reductions' outputs, when `--dp-reduction-scale` gave it.
+    pub(crate) dp_given: Option<f64>,
+}
+
+impl<'a> Ctx<'a> {
+    /// What the collectives of `steps` read.
+    pub(crate) fn new(p: &'a Prepared, opts: &CompareOptions, steps: &'a [u64]) -> Ctx<'a> {
+        Ctx {
+            reff: &p.reff,
+            ref_rank: p.ref_rank,
+            run: &p.run,
+            al: &p.al,
+            steps,
+            eps: p.precision.epsilon(),
+            layout: &p.layout,
+            dp_given: opts
+                .dp_reduction_scale
+                .map(|d| f64::from(d.factor(p.layout.dp))),
+        }
+    }
+}
+
+/// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
+/// two accumulations (its C differs from the previous GEMM's D in the same buffer): their
+/// final value is not the GEMM's, so reductions of it are not compared with it.
+pub(crate) fn shared_buffers(reff: &RunTrace, rank: u32, steps: &[u64]) -> BTreeSet<RefOp> {
+    let mut out = BTreeSet::new();
+    for &s in steps {
+        let mut last: BTreeMap<(u64, u64), u32> = BTreeMap::new();
+        let mut shared_ptrs: Vec<(u64, u64)> = Vec::new();
+        let mut members: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+        for r in reff.records(rank, s) {
+            let Some(g) = gemm(r) else { continue };
+            let Some(d) = r.tensors.iter().find(|t| t.role == Role::D) else {
+                continue;
+            };
+            let key = (d.ptr, d.nbytes);
+            members.entry(key).or_default().push(r.seq);
+            if accumulates(g) {
+                let c = r.tensors.iter().find(|t| t.role == Role::CIn);
+                if let (Some(c), Some(prev)) = (c, last.get(&key)) {
+                    if c.captured && c.crc32 != *prev {
+                        shared_ptrs.push(key);
+                    }
+                }
+            }
+            if d.captured {
+                last.insert(key, d.crc32);
+            }
+        }
+        for key in shared_ptrs {
+            for seq in members.get(&key).into_iter().flatten() {
+                out.insert((s, *seq));
+            }
+        }
+    }
+    out
+}
+
+/// The send range a reduction's output reads: output element e reads `base + e * size`.
+pub(crate) fn reduction_input_range(
+    c: &ttrace_format::record::CollectiveOp,
+    out: &Tensor,
+) -> (u64, u64) {
+    let size = out.dtype.size() as u64;
+    let base = match c.kind {
+        CollectiveKind::ReduceScatter => c.sendbuff + c.comm_rank as u64 * c.count * size,
+        _ => c.sendbuff,
+    };
+    (base, out.nbytes)
+}
+
+/// The tensors an op writes: a GEMM's D, a copy's destination, a collective's output.
+pub(crate) fn written(r: &Record) -> impl Iterator<Item = &Tensor> {
+    r.tensors
+        .iter()
+        .filter(|t| matches!(t.role, Role::D | Role::Dst | Role::Output))
+}
+
+/// The GEMMs whose output is the last write, before `recs[i]`, to each part of
+/// `[base, base + len)`: `(record index, lo, hi)`. Every captured op counts as a writer
+/// (copies and collectives included): a part last written by a copy (an allocator that
+/// reused the block for a fresh upload) is linked to no GEMM. Only GEMM outputs of `dtype`
+/// are linked.
+pub(crate) fn last_writers(
+    recs: &[Record],
+    i: usize,
+    base: u64,
+    len: u64,
+    dtype: DType,
+) -> Vec<(usize, u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = Vec::new();
+    let mut writers: Vec<(usize, u64, u64)> = Vec::new();
+    for (j, g) in recs[..i].iter().enumerate().rev() {
+        for t in written(g) {
+            let (lo, hi) = (t.ptr.max(base), (t.ptr + t.nbytes).min(base + len));
+            // The parts no later op wrote.
+            for (a, b) in uncovered(&covered, lo, hi) {
+                if gemm(g).is_some() && t.role == Role::D && t.dtype == dtype {
+                    writers.push((j, a, b));
+                }
+            }
+            if lo < hi {
+                covered.push((lo, hi));
+            }
+        }
+    }
+    writers
+}
+
+/// The parts of `[lo, hi)` outside every interval of `covered`.
+pub(crate) fn uncovered(covered: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let mut parts: Vec<(u64, u64)> = (lo < hi).then_some((lo, hi)).into_iter().collect();
+    for &(a, b) in covered {
+        parts = parts
+            .into_iter()
+            .flat_map(|(x, y)| [(x, y.min(a)), (x.max(b), y)])
+            .filter(|(x, y)| x < y)
+            .collect();
+    }
+    parts
+}
+
+/// (step, comm, n-th call on the comm, ref op) → the ranks' pieces.
+pub(crate) type CallKey = (u64, u64, usize, RefOp);
+/// Per rank: (rank, seq, error, where it sits).
+pub(crate) type Piece = (u32, u64, PieceError, Position);
+
+/// A reduction piece's error against the reference.
+pub(crate) enum PieceError {
+    /// At the scale of its inputs (partial sums over a non-data-parallel group).
+    At(ShardError),
+    /// At each scale a data-parallel reduction may be held to; one is chosen once every
+    /// reduction was seen ([`gradscale::decide`]).
+    ByScale(Vec<(f64, ShardError)>),
+}
+
+impl PieceError {
+    pub(crate) fn at(&self, scale: f64) -> ShardError {
+        match self {
+            PieceError::At(e) => *e,
+            PieceError::ByScale(v) => v
+                .iter()
+                .min_by(|a, b| (a.0 - scale).abs().total_cmp(&(b.0 - scale).abs()))
+                .map_or_else(unplaced, |e| e.1),
+        }
+    }
+}
+
+/// The reductions of a run compared with the reference GEMM outputs they reduce.
+///
+/// A reduction over any group but the data-parallel one (tensor-parallel partial sums:
+/// row-parallel all-reduce, sequence-parallel reduce-scatter; averages of replicas) must give
+/// the reference's unsharded result at the scale its inputs were placed at, whatever its
+/// `ncclRedOp_t`: averaging partial sums is the group size times too little, a divergence at
+/// that collective. A data-parallel reduction's output scale is decided from the data once
+/// every reduction was seen ([`gradscale`]).
+pub(crate) struct Reductions<'a> {
+    pub(crate) ctx: &'a Ctx<'a>,
+    pub(crate) d_place: &'a BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    pub(crate) ref_cache: BTreeMap<RefOp, Values>,
+    pub(crate) shared: BTreeSet<RefOp>,
+    pub(crate) by_call: BTreeMap<CallKey, Vec<Piece>>,
+    /// Data-parallel calls, compared once their scale is decided: with the reference's shape
+    /// and type (no values).
+    pub(crate) deferred: Vec<(CallKey, Vec<Piece>, Values)>,
+    /// What each data-parallel reduction says of the scale.
+    pub(crate) evidence: Vec<Evidence>,
+    pub(crate) updates: Updates<'a>,
+    /// The scales a data-parallel reduction's output may be held to.
+    pub(crate) dp_scales: Vec<f64>,
+}
+
+impl Reductions<'_> {
+    /// Loads the reference GEMM output of `ref_op` once; whether it is there.
+    pub(crate) fn load_reference(&mut self, ref_op: RefOp) -> Result<bool, CompareError> {
+        if !self.ref_cache.contains_key(&ref_op) {
+            let c = self.ctx;
+            let Some(rr) = c.reff.record(c.ref_rank, ref_op.0, ref_op.1) else {
+                return Ok(false);
+            };
+            let Some(v) = c.reff.values(rr, Role::D)? else {
+                return Ok(false);
+            };
+            self.ref_cache.insert(ref_op, v);
+        }
+        Ok(true)
+    }
+
+    /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
+    pub(crate) fn reduction(
+        &mut self,
+        rank: u32,
+        step: u64,
+        recs: &[Record],
+        i: usize,
+        n: usize,
+    ) -> Result<(), CompareError> {
+        let ctx = self.ctx;
+        let r = &recs[i];
+        let Some(c) = collective(r) else {
+            return Ok(());
+        };
+        let Some(out_t) = r.tensors.iter().find(|t| t.role == Role::Output) else {
+            return Ok(());
+        };
+        let Some(members) = ctx.run.comm_members(c.comm) else {
+            return Ok(());
+        };
+        let Some(must) = must_produce(ctx.layout, &members) else {
+            return Ok(());
+        };
+        let (base, len) = reduction_input_range(c, out_t);
+        let writers = last_writers(recs, i, base, len, out_t.dtype);
+        if writers.is_empty() {
+            return Ok(());
+        }
+        let Some(out) = ctx.run.values(r, Role::Output)? else {
+            return Ok(());
+        };
+        // Where the collective sits in the reference's order: after the aligned GEMM that
+        // precedes it on this rank.
+        let pos = recs[..i]
+            .iter()
+            .rev()
+            .find_map(|g| ctx.al.of_run.get(&(rank, step, g.seq)))
+            .map_or((step, 0, 4), |&(s, q)| (s, q, 4 + n as u32));
+        let size = out_t.dtype.size() as u64;
+        for (j, lo, hi) in writers {
+            let g = &recs[j];
+            let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, g.seq)) else {
+                continue;
+            };
+            if self.shared.contains(&ref_op) {
+                continue;
+            }
+            let (Some((place, d_scale)), Some(d)) = (
+                self.d_place.get(&(rank, step, g.seq)),
+                g.tensors.iter().find(|t| t.role == Role::D),
+            ) else {
+                continue;
+            };
+            if !self.load_reference(ref_op)? {
+                continue;
+            }
+            let rv = &self.ref_cache[&ref_op];
+            let map = place.index_map(&d.shape, &rv.shape);
+            let e = (
+                ((lo - d.ptr) / size) as usize,
+                ((hi - d.ptr) / size) as usize,
+            );
+            let (o0, o1) = (((lo - base) / size) as usize, ((hi - base) / size) as usize);
+            if e.1 > map.len() || o1 > out.data.len() {
+                continue;
+            }
+            let y = map.gather(&rv.data, e.0, e.1);
+            let row = d.shape.last().copied().unwrap_or(1) as usize;
+            let x = &out.data[o0..o1];
+            if must == MustProduce::ScaledGradient {
+                // The option decides without the weights: they are not read.
+                let update = match ctx.dp_given {
+                    Some(_) => gradscale::Update::Unknown,
+                    None => self.updates.of(rank, g, ref_op, rv, e, x)?,
+                };
+                self.evidence.push(Evidence {
+                    output: gradscale::ratio(x, &y),
+                    update,
+                });
+            }
+            let err = piece_error(must, (x, &y, row), f64::from(*d_scale), &self.dp_scales);
+            self.by_call
+                .entry((step, c.comm, n, ref_op))
+                .or_default()
+                .push((rank, r.seq, err, pos));
+        }
+        Ok(())
+    }
+}
+
+/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce;
+/// returns the scale data-parallel reductions were held to (`None`: none was seen).
+pub(crate) fn collectives(
+    ctx: &Ctx,
+    d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    d_tol: &BTreeMap<RefOp, f64>,
+    pending: &mut Vec<Pending>,
+) -> Result<Option<gradscale::Decision>, CompareError> {
+    let dp = ctx.layout.dp;
+    let mut dp_scales: Vec<f64> = gradscale::legal(dp).to_vec();
+    dp_scales.extend(ctx.dp_given);
+    let mut red = Reductions {
+        ctx,
+        d_place,
+        ref_cache: BTreeMap::new(),
+        shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
+        by_call: BTreeMap::new(),
+        deferred: Vec::new(),
+        evidence: Vec::new(),
+        updates: Updates::new(ctx.reff, ctx.ref_rank, ctx.run, ctx.al, ctx.steps),
+        dp_scales,
+    };
+    // Step by step: the reference GEMM outputs read for one step's reductions are dropped
+    // before the next.
+    for &step in ctx.steps {
+        for rank in ctx.run.ranks() {
+            let recs = ctx.run.records(rank, step);
+            let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
+            for (i, r) in recs.iter().enumerate() {
+                let Some(c) = collective(r) else { continue };
+                let n = calls.entry(c.comm).and_modify(|n| *n += 1).or_insert(0);
+                let n = *n;
+                if matches!(
+                    c.kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                ) {
+                    red.reduction(rank, step, recs, i, n)?;
+                }
+            }
+        }
+        for (key, pieces) in std::mem::take(&mut red.by_call) {
+            let Some(rv) = red.ref_cache.get(&key.3) else {
+                continue;
+            };
+            if matches!(pieces.first(), Some((_, _, PieceError::ByScale(_), _))) {
+                let shape_only = Values {
+                    shape: rv.shape.clone(),
+                    data: Vec::new(),
+                    dtype: rv.dtype,
+                };
+                red.deferred.push((key, pieces, shape_only));
+            } else {
+                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, pending);
+            }
+        }
+        red.ref_cache.clear();
+    }
+    if red.deferred.is_empty() && red.evidence.is_empty() {
+        return Ok(None);
+    }
+    let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
+    for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
+        reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
+    }
+    Ok(Some(decision))
+}
+
+/// Records the comparison of one reduction call (its pieces' errors at `scale` where a
+/// data-parallel reduction's were kept at every scale).
+pub(crate) fn reduction_compared(
+    ctx: &Ctx,
+    (step, _comm, _n, ref_op): CallKey,
+    pieces: &[Piece],
+    rv: &Values,
+    scale: f64,
+    d_tol: &BTreeMap<RefOp, f64>,
+    pending: &mut Vec<Pending>,
+) {
+    let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
+        return;
+    };
+    let Some(run_rec) = pieces.first().and_then(|p| ctx.run.record(p.0, step, p.1)) else {
+        return;
+    };
+    let key = pieces
+        .iter()
+        .map(|s| s.3)
+        .min()
+        .unwrap_or((step, ref_op.1, 4));
+    let results: Vec<Shard> = pieces
+        .iter()
+        .map(|s| Shard {
+            rank: s.0,
+            seq: s.1,
+            err: s.2.at(scale),
+        })
+        .collect();
+    let mut cmp = comparison(
+        run_rec,
+        Role::Output,
+        rv,
+        &results,
+        Merge::Replicated,
+        ctx.eps,
+        tolerance::reduced(d_tol.get(&ref_op).copied()),
+        step,
+        ref_op.1,
+    );
+    cmp.nvtx = nvtx_path(run_rec).or_else(|| nvtx_path(rr));
+    pending.push(Pending {
+        key,
+        shards: results.iter().map(|s| (s.rank, s.seq)).collect(),
+        cmp,
+        ref_op,
+        is_collective: true,
+        param_note: None,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ttrace_format::record::{CollectiveOp, GemmOp, Op};
+
+    fn tensor(role: Role, ptr: u64, nbytes: u64) -> Tensor {
+        Tensor {
+            role,
+            dtype: DType::F32,
+            shape: vec![nbytes / 4],
+            strides: vec![1],
+            ptr,
+            nbytes,
+            captured: true,
+            crc32: 0,
+        }
+    }
+
+    /// A copy (an upload) writing `[ptr, ptr + nbytes)`.
+    fn copy_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.tensors = vec![tensor(Role::Dst, ptr, nbytes)];
+        r
+    }
+
+    fn gemm_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "cublasGemmEx".into();
+        r.op = Op::Gemm(Box::new(GemmOp {
+            m: 4,
+            n: nbytes / 16,
+            k: 4,
+            transa: 0,
+            transb: 0,
+            lda: 4,
+            ldb: 4,
+            ldc: 4,
+            ldd: 4,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: 0,
+            b_type: 0,
+            c_type: 0,
+            d_type: 0,
+            compute_type: 68,
+            scale_type: 0,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: -1,
+            fast_accum: false,
+        }));
+        r.tensors = vec![tensor(Role::D, ptr, nbytes)];
+        r
+    }
+
+    #[test]
+    fn the_last_writer_of_a_buffer_may_be_a_copy() {
+        let copy = copy_writing(2, 0x1000, 64);
+        // A GEMM wrote the block, then an upload reused it: the reduction reads the upload.
+        let recs = vec![
+            gemm_writing(0, 0x1000, 256),
+            copy,
+            gemm_writing(3, 0x2000, 64),
+        ];
+        assert!(last_writers(&recs, 3, 0x1000, 64, DType::F32).is_empty());
+        // The part the copy did not overwrite is still the GEMM's.
+        let w = last_writers(&recs, 3, 0x1000, 128, DType::F32);
+        assert_eq!(w, vec![(0, 0x1040, 0x1080)]);
+        // A later GEMM writing the whole range is the writer.
+        let w = last_writers(&recs, 3, 0x2000, 64, DType::F32);
+        assert_eq!(w, vec![(2, 0x2000, 0x2040)]);
+    }
+
+    #[test]
+    fn a_data_parallel_piece_is_judged_at_the_decided_scale() {
+        let err = |rel: f64| ShardError {
+            rel,
+            norm_ratio: 1.0,
+            ref_sq: 1.0,
+            worst_row: None,
+        };
+        let p = PieceError::ByScale(vec![(1.0, err(0.5)), (2.0, err(0.0)), (0.5, err(1.5))]);
+        assert_eq!(p.at(2.0).rel, 0.0);
+        assert_eq!(p.at(0.5).rel, 1.5);
+        // A partial sum keeps the scale of its inputs, whatever is decided for DP.
+        assert_eq!(PieceError::At(err(0.25)).at(2.0).rel, 0.25);
+    }
+
+    /// tp2 dp2 pp1, tensor-parallel fastest: tp groups {0,1} {2,3}, dp groups {0,2} {1,3}.
+    fn tp2_dp2() -> LayoutSummary {
+        crate::layout::parse("tp=2,dp=2").expect("a layout")
+    }
+
+    #[test]
+    fn a_tensor_parallel_reduction_must_reproduce_the_reference_and_a_data_parallel_one_a_scaled_gradient(
+    ) {
+        let l = tp2_dp2();
+        assert_eq!(
+            must_produce(&l, &[0, 1]),
+            Some(MustProduce::ReferenceAtInputScale)
+        );
+        assert_eq!(must_produce(&l, &[1, 3]), Some(MustProduce::ScaledGradient));
+        // Ranks differing in both coordinates (tied weights across stages, a world
+        // communicator) have no reference meaning.
+        assert_eq!(must_produce(&l, &[0, 3]), None);
+        assert_eq!(must_produce(&l, &[0, 1, 2, 3]), None);
+    }
+
+    #[test]
+    fn a_row_parallel_partial_sum_must_reproduce_the_reference_at_scale_one() {
+        let reference = [1.0f32, -2.0, 3.0, 4.0];
+        let dp_scales = [1.0, 2.0, 0.5];
+        let summed = piece_error(
+            MustProduce::ReferenceAtInputScale,
+            (&reference, &reference, 2),
+            1.0,
+            &dp_scales,
+        );
+        assert!(summed.at(2.0).rel < 1e-12);
+        // ncclAvg over two ranks: half the sum, whatever scale data parallelism decides.
+        let averaged: Vec<f32> = reference.iter().map(|v| v / 2.0).collect();
+        let e = piece_error(
+            MustProduce::ReferenceAtInputScale,
+            (&averaged, &reference, 2),
+            1.0,
+            &dp_scales,
+        );
+        assert!(
+            (e.at(0.5).rel - 0.5).abs() < 1e-6,
+            "an average is half the sum"
+        );
+        assert!((e.at(2.0).rel - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_data_parallel_gradient_is_judged_at_every_legal_scale_until_one_is_decided() {
+        let reference = [1.0f32, -2.0, 3.0, 4.0];
+        let summed_over_two: Vec<f32> = reference.iter().map(|v| v * 2.0).collect();
+        let e = piece_error(
+            MustProduce::ScaledGradient,
+            (&summed_over_two, &reference, 4),
+            1.0,
+            &[1.0, 2.0, 0.5],
+        );
+        assert!(
+            e.at(2.0).rel < 1e-12,
+            "a sum of mean-loss gradients at scale 2"
+        );
+        assert!(e.at(1.0).rel > 0.9, "at scale 1 it is twice the reference");
+    }
+
+    #[test]
+    fn a_reduce_scatter_reads_its_own_block_of_the_send_buffer() {
+        let out = tensor(Role::Output, 0x9000, 64);
+        let mut c = CollectiveOp {
+            kind: CollectiveKind::ReduceScatter,
+            count: 16,
+            nccl_type: cuda_abi::nccl::ncclFloat32,
+            redop: Some(cuda_abi::nccl::ncclSum),
+            root_or_peer: None,
+            comm: 1,
+            comm_rank: 1,
+            comm_size: 2,
+            sendbuff: 0x1000,
+            recvbuff: 0x9000,
+            group: 0,
+            premul: None,
+        };
+        assert_eq!(reduction_input_range(&c, &out), (0x1000 + 64, 64));
+        c.kind = CollectiveKind::AllReduce;
+        assert_eq!(reduction_input_range(&c, &out), (0x1000, 64));
+    }
+}

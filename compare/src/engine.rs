@@ -295,7 +295,20 @@ fn walk_steps(
     let total_ops = ops.len() as u64;
     let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, steps);
     let mut current = None;
+    // Tensors are decoded ahead, a window of ops at a time, on every core.
+    let ahead = crate::prefetch::Walked {
+        reff: &p.reff,
+        ref_rank: p.ref_rank,
+        run: &p.run,
+        pert: p.pert.as_ref(),
+    };
+    let plan: Vec<(RefOp, &[(u32, u64)])> = ops.iter().map(|(o, s)| (**o, s.as_slice())).collect();
+    let window = crate::prefetch::window_budget(opts.memory.unwrap_or(DEFAULT_MEMORY));
+    let mut fetched = 0;
     for (done, (&ref_op, shards)) in ops.into_iter().enumerate() {
+        if done == fetched {
+            fetched = done + ahead.prefetch(&plan[done..], window);
+        }
         progress(done as u64, total_ops);
         if current != Some(ref_op.0) {
             // A step is judged from that step alone (see [`Memory`]).
@@ -306,6 +319,7 @@ fn walk_steps(
         walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
+    ahead.release();
     let ctx = Ctx::new(p, opts, steps);
     let dp_reduction =
         reductions::collectives(&ctx, &walk.d_place, &walk.d_tol, &mut walk.pending)?;

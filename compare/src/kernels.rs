@@ -52,57 +52,57 @@ impl ErrorSums {
 }
 
 /// (Σ d², Σ y², Σ x²) of one row, `x` divided by `scale` (in f32, as the stored values
-/// would be) when it is not 1.
+/// would be) when it is not 1. Whole chunks of [`LANES`] go through the AVX2 loop where the
+/// CPU has it ([`crate::simd`], bit-identical), the rest through the portable one.
 #[inline]
 fn row_sums(x: &[f32], y: &[f32], scale: f32) -> (f64, f64, f64) {
-    if scale == 1.0 {
-        row_sums_with(x, y, |v| v)
-    } else {
-        row_sums_with(x, y, |v| v / scale)
-    }
-}
-
-#[inline(always)]
-fn row_sums_with(x: &[f32], y: &[f32], load: impl Fn(f32) -> f32 + Copy) -> (f64, f64, f64) {
     let n = x.len().min(y.len());
     let (x, y) = (&x[..n], &y[..n]);
-    let mut d = [0f64; LANES];
-    let mut yy = [0f64; LANES];
-    let mut xx = [0f64; LANES];
+    let mut acc: crate::simd::Lanes = [[0f64; LANES]; 3];
+    let done = crate::simd::add_chunks(x, y, scale, &mut acc);
+    let (x, y) = (&x[done..], &y[done..]);
+    if scale == 1.0 {
+        add_lanes(x, y, |v| v, &mut acc);
+    } else {
+        add_lanes(x, y, |v| v / scale, &mut acc);
+    }
+    let [d, yy, xx] = &acc;
+    (lanes_total(d), lanes_total(yy), lanes_total(xx))
+}
+
+/// The portable loop: element `i` of `x` and `y` into lane `i % LANES` of `acc`.
+#[inline(always)]
+fn add_lanes(x: &[f32], y: &[f32], load: impl Fn(f32) -> f32 + Copy, acc: &mut crate::simd::Lanes) {
+    let [d, yy, xx] = acc;
     let xc = x.chunks_exact(LANES);
     let yc = y.chunks_exact(LANES);
     let (xr, yr) = (xc.remainder(), yc.remainder());
-    for (xa, ya) in xc.zip(yc) {
-        // Straight-line lanes over fixed-size arrays: no bounds checks, no branches, so the
-        // compiler keeps the accumulators in vector registers.
-        let (Ok(xa), Ok(ya)) = (<&[f32; LANES]>::try_from(xa), <&[f32; LANES]>::try_from(ya))
-        else {
-            continue;
-        };
-        for l in 0..LANES {
-            let (a, b) = (load(xa[l]) as f64, ya[l] as f64);
-            let e = diff(a, b);
-            d[l] += e * e;
-            yy[l] += b * b;
-            xx[l] += a * a;
-        }
-    }
-    for (l, (&a, &b)) in xr.iter().zip(yr).enumerate() {
+    let mut add = |l: usize, a: f32, b: f32| {
         let (a, b) = (load(a) as f64, b as f64);
         let e = diff(a, b);
         d[l] += e * e;
         yy[l] += b * b;
         xx[l] += a * a;
+    };
+    for (xa, ya) in xc.zip(yc) {
+        for l in 0..LANES {
+            add(l, xa[l], ya[l]);
+        }
     }
-    (lanes_total(&d), lanes_total(&yy), lanes_total(&xx))
+    for (l, (&a, &b)) in xr.iter().zip(yr).enumerate() {
+        add(l, a, b);
+    }
 }
 
-/// `a - b`, and 0 for equal values (equal infinities differ by nothing): a mask, not a
-/// branch, so that it vectorizes.
+/// `a - b`, and 0 for equal values (equal infinities differ by nothing): a select the
+/// compiler turns into a compare and a mask, not a branch, so that it vectorizes.
 #[inline(always)]
 fn diff(a: f64, b: f64) -> f64 {
-    let keep = u64::from(a != b).wrapping_neg();
-    f64::from_bits((a - b).to_bits() & keep)
+    if a == b {
+        0.0
+    } else {
+        a - b
+    }
 }
 
 /// Sum of the lanes, pairwise (a fixed order).
@@ -199,11 +199,22 @@ impl IndexMap {
         buf
     }
 
-    /// The reference values of shard elements `lo..hi`, in the shard's layout.
+    /// The reference values of shard elements `lo..hi`, in the shard's layout (elements
+    /// outside `reff` read as NaN), a row at a time.
     pub fn gather(&self, reff: &[f32], lo: usize, hi: usize) -> Vec<f32> {
-        (lo..hi)
-            .map(|i| reff.get(self.offset(i)).copied().unwrap_or(f32::NAN))
-            .collect()
+        let row_len = self.row_len().max(1);
+        let hi = hi.min(self.len());
+        let mut out = Vec::with_capacity(hi.saturating_sub(lo));
+        let mut buf = Vec::new();
+        let mut i = lo;
+        while i < hi {
+            let (r, c0) = (i / row_len, i % row_len);
+            let c1 = row_len.min(c0 + (hi - i));
+            let row = self.row(reff, r, &mut buf);
+            out.extend_from_slice(&row[c0.min(row.len())..c1.min(row.len())]);
+            i += c1 - c0;
+        }
+        out
     }
 }
 
@@ -351,6 +362,36 @@ mod tests {
     }
 
     #[test]
+    fn the_vector_loop_gives_the_portable_loops_bits_on_odd_lengths_and_non_finite_values() {
+        // Whatever the CPU, row sums are those of the portable loop, bit for bit.
+        let mut y: Vec<f32> = (0..1003).map(|i| ((i as f32) * 0.37).sin() * 1e3).collect();
+        let mut x: Vec<f32> = y.iter().map(|v| v * (1.0 + 1e-4)).collect();
+        y[5] = f32::INFINITY;
+        x[5] = f32::INFINITY;
+        x[9] = f32::NEG_INFINITY;
+        y[700] = f32::NAN;
+        x[1000] = 1e-40;
+        for n in [0, 1, 7, 8, 9, 15, 64, 701, 1003] {
+            for scale in [1.0, 2.0, 3.0] {
+                let mut acc: crate::simd::Lanes = [[0f64; LANES]; 3];
+                add_lanes(&x[..n], &y[..n], |v| v / scale, &mut acc);
+                let want = (
+                    lanes_total(&acc[0]),
+                    lanes_total(&acc[1]),
+                    lanes_total(&acc[2]),
+                );
+                let got = row_sums(&x[..n], &y[..n], scale);
+                let bits = |t: (f64, f64, f64)| (t.0.to_bits(), t.1.to_bits(), t.2.to_bits());
+                assert_eq!(
+                    bits(got),
+                    bits(want),
+                    "n {n} scale {scale}: {got:?} {want:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn equal_infinities_count_as_no_error_and_a_nan_as_infinite() {
         let y = [f32::INFINITY, 1.0, 2.0];
         assert_eq!(sums(&y, &y, 1.0, 3).d2, 0.0);
@@ -364,6 +405,18 @@ mod tests {
         let reff: Vec<f32> = (0..18).map(|i| i as f32).collect();
         let slice = IndexMap::new(&[3, 2], &[6, 1], |d, i| if d == 1 { 2 + i } else { i });
         assert_eq!(slice.gather(&reff, 0, 6), vec![2., 3., 8., 9., 14., 15.]);
+        // Any range, row by row or not, reads what element-wise offsets say.
+        for (lo, hi) in [(0, 6), (1, 4), (3, 3), (5, 6)] {
+            let want: Vec<f32> = (lo..hi).map(|i| reff[slice.offset(i)]).collect();
+            assert_eq!(slice.gather(&reff, lo, hi), want, "{lo}..{hi}");
+        }
+        let every_other = IndexMap::new(&[3, 3], &[6, 1], |d, i| if d == 1 { 2 * i } else { i });
+        assert_eq!(every_other.gather(&reff, 2, 5), vec![4., 6., 8.]);
+        // Outside the reference: NaN.
+        let beyond = IndexMap::new(&[2, 2], &[6, 1], |d, i| if d == 0 { 2 + i } else { 4 + i });
+        let got = beyond.gather(&reff, 0, 4);
+        assert_eq!(&got[..2], &[16., 17.]);
+        assert!(got[2].is_nan() && got[3].is_nan());
         let strided = IndexMap::new(&[3, 3], &[6, 1], |d, i| if d == 1 { 2 * i } else { i });
         let x = [0., 2., 4., 6., 8., 10., 12., 14., 16.];
         assert_eq!(sums_at(&x, &reff, &strided, 1.0).d2, 0.0);

@@ -8,6 +8,8 @@
 //! none. Errors are relative Frobenius norms (as TTrace and Megatron-LM compute them), plus the
 //! worst row, so an error confined to a few rows is not averaged away.
 
+use std::collections::HashMap;
+
 use rayon::prelude::*;
 
 use crate::kernels::{self, IndexMap};
@@ -15,7 +17,7 @@ use crate::report::Merge;
 use crate::trace::Values;
 
 /// One cut of a dimension: view it as `[outer, parts, inner]` and keep slice `chunk`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cut {
     /// Slices the dimension is cut into.
     pub parts: u64,
@@ -28,7 +30,7 @@ pub struct Cut {
 /// How one dimension of a shard maps into the reference: the cuts applied to the reference
 /// dimension, outermost first (none: the whole dimension). Two cuts express two parallel
 /// splits of one dimension, e.g. attention's batch×heads dimension cut by DP and by TP.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct DimSlice {
     /// Outermost first.
     pub cuts: Vec<Cut>,
@@ -256,36 +258,104 @@ fn error_of(s: kernels::ErrorSums, rows: usize) -> ShardError {
     }
 }
 
-/// Relative error of `x` at `placement` over at most `samples` evenly spread elements.
-fn sampled_error(
-    x: &Values,
-    scale: f32,
-    reff: &Values,
-    placement: &Placement,
-    samples: usize,
-) -> f64 {
-    let strides = row_major_strides(&reff.shape);
-    let n = x.data.len();
-    if n == 0 {
-        return 0.0;
+/// At most `count` elements of a shard spread over every coordinate, with their coordinates
+/// along each dimension: computed once and screened against every candidate placement.
+struct Samples {
+    /// The shard's values there.
+    values: Vec<f32>,
+    /// Per sample, its index along each dimension (`ndim` entries).
+    coords: Vec<u64>,
+    ndim: usize,
+}
+
+impl Samples {
+    fn of(x: &Values, count: usize) -> Samples {
+        let n = x.data.len();
+        let ndim = x.shape.len();
+        // Spread the samples over every coordinate: a fixed stride that divides a row length
+        // would only ever look at a few columns.
+        const STEP: u64 = 2_654_435_761;
+        let take = count.min(n);
+        let mut values = Vec::with_capacity(take);
+        let mut coords = vec![0u64; take * ndim];
+        for k in 0..take as u64 {
+            let i = if n <= count { k } else { (k * STEP) % n as u64 };
+            values.push(x.data[i as usize]);
+            let mut flat = i;
+            for d in (0..ndim).rev() {
+                let size = x.shape[d].max(1);
+                coords[k as usize * ndim + d] = flat % size;
+                flat /= size;
+            }
+        }
+        Samples {
+            values,
+            coords,
+            ndim,
+        }
     }
-    // Spread the samples over every coordinate: a fixed stride that divides a row length
-    // would only ever look at a few columns.
-    const STEP: u64 = 2_654_435_761;
-    let (mut d2, mut y2) = (0f64, 0f64);
-    for k in 0..samples.min(n) as u64 {
-        let i = if n <= samples {
-            k
-        } else {
-            (k * STEP) % n as u64
-        };
-        let a = (x.data[i as usize] / scale) as f64;
-        let j = ref_index(placement, &x.shape, &strides, i);
-        let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
-        let d = if a == b { 0.0 } else { a - b };
-        d2 += d * d;
-        y2 += b * b;
+
+    /// The reference offset along dimension `d` (of `size` in the shard, `stride` in the
+    /// reference) of every sample, at `slice` of that dimension.
+    fn offsets(&self, d: usize, size: u64, stride: usize, slice: &DimSlice) -> Vec<usize> {
+        (0..self.values.len())
+            .map(|k| slice.map(self.coords[k * self.ndim + d], size.max(1)) as usize * stride)
+            .collect()
     }
+
+    /// [`Samples::error`] with each sample's reference offset the sum of `per_dim` (one
+    /// [`Samples::offsets`] per dimension).
+    fn error_at(&self, scale: f32, reff: &Values, per_dim: &[&[usize]]) -> f64 {
+        if self.values.is_empty() {
+            return 0.0;
+        }
+        let (mut d2, mut y2) = (0f64, 0f64);
+        for (k, &v) in self.values.iter().enumerate() {
+            let a = (v / scale) as f64;
+            let j: usize = per_dim.iter().map(|o| o.get(k).copied().unwrap_or(0)).sum();
+            let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
+            let d = if a == b { 0.0 } else { a - b };
+            d2 += d * d;
+            y2 += b * b;
+        }
+        relative(d2, y2)
+    }
+
+    /// The relative error of the samples (divided by `scale`) at `placement` in `reff`
+    /// (row-major `strides`), of a shard of `shard_shape`.
+    fn error(
+        &self,
+        scale: f32,
+        reff: &Values,
+        strides: &[usize],
+        shard_shape: &[u64],
+        placement: &Placement,
+    ) -> f64 {
+        if self.values.is_empty() {
+            return 0.0;
+        }
+        let (mut d2, mut y2) = (0f64, 0f64);
+        for (k, &v) in self.values.iter().enumerate() {
+            let a = (v / scale) as f64;
+            let at = &self.coords[k * self.ndim..(k + 1) * self.ndim];
+            let j: usize = at
+                .iter()
+                .enumerate()
+                .map(|(d, &i)| {
+                    placement.dims[d].map(i, shard_shape[d].max(1)) as usize * strides[d]
+                })
+                .sum();
+            let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
+            let d = if a == b { 0.0 } else { a - b };
+            d2 += d * d;
+            y2 += b * b;
+        }
+        relative(d2, y2)
+    }
+}
+
+/// `sqrt(d2 / y2)` (`sqrt(d2)` when `y2` is 0), a NaN read as infinite.
+fn relative(d2: f64, y2: f64) -> f64 {
     let e = if y2 > 0.0 {
         (d2 / y2).sqrt()
     } else {
@@ -296,23 +366,6 @@ fn sampled_error(
     } else {
         e
     }
-}
-
-/// The reference element index of shard element `flat` (row-major) at `placement`.
-fn ref_index(
-    placement: &Placement,
-    shard_shape: &[u64],
-    ref_strides: &[usize],
-    mut flat: u64,
-) -> usize {
-    let mut out = 0usize;
-    for d in (0..shard_shape.len()).rev() {
-        let size = shard_shape[d].max(1);
-        let i = flat % size;
-        flat /= size;
-        out += placement.dims[d].map(i, size) as usize * ref_strides[d];
-    }
-    out
 }
 
 /// A shard's place in the reference and the factor its values are divided by first.
@@ -428,8 +481,10 @@ pub fn place_trusting(
         };
         scored.truncate(12);
         if scored.len() > 3 && !quick {
+            let samples = Samples::of(x, 512);
+            let strides = row_major_strides(&reff.shape);
             scored.par_iter_mut().for_each(|entry| {
-                entry.0 = sampled_error(x, entry.2, reff, &cands[entry.1], 512);
+                entry.0 = samples.error(entry.2, reff, &strides, &x.shape, &cands[entry.1]);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
@@ -477,13 +532,33 @@ fn screen(
     samples: usize,
 ) -> Option<Screen> {
     let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
+    let picked = Samples::of(x, samples);
+    let strides = row_major_strides(&reff.shape);
+    // Candidates share most of their dimensions' slices: each slice's sample offsets are
+    // computed once, a candidate's are their sum.
+    let mut offsets: Vec<HashMap<&DimSlice, Vec<usize>>> = vec![HashMap::new(); x.shape.len()];
+    for c in &cands {
+        for (d, slice) in c.dims.iter().enumerate() {
+            offsets[d]
+                .entry(slice)
+                .or_insert_with(|| picked.offsets(d, x.shape[d], strides[d], slice));
+        }
+    }
     let jobs: Vec<(usize, f32)> = scales
         .iter()
         .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
         .collect();
     let mut scored: Vec<(f64, usize, f32)> = jobs
         .into_par_iter()
-        .map(|(c, scale)| (sampled_error(x, scale, reff, &cands[c], samples), c, scale))
+        .map(|(c, scale)| {
+            let per_dim: Vec<&[usize]> = cands[c]
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(d, slice)| offsets[d].get(slice).map_or(&[][..], |v| v.as_slice()))
+                .collect();
+            (picked.error_at(scale, reff, &per_dim), c, scale)
+        })
         .collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
     Some((cands, scored))

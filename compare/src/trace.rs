@@ -11,6 +11,7 @@ use ttrace_format::record::{Op, Record, Role};
 use ttrace_format::store::Manifest;
 use ttrace_format::tensor::widen_f32_into;
 
+use crate::prefetch::TensorAt;
 use crate::CompareError;
 
 /// A tensor's values as `f32` with its stored shape.
@@ -37,6 +38,8 @@ pub struct RunTrace {
     /// of first use.
     comms_used: BTreeMap<(u32, u64), Vec<u64>>,
     segments: RefCell<OpenCache<Segment>>,
+    /// Tensors decoded ahead of the walk ([`crate::prefetch`]), taken when read.
+    prefetched: RefCell<HashMap<TensorAt, Vec<f32>>>,
     bytes_read: Cell<u64>,
     /// Records that could not be read.
     pub unreadable: Vec<String>,
@@ -88,6 +91,7 @@ impl RunTrace {
             ops,
             comms_used,
             segments: RefCell::new(OpenCache::default()),
+            prefetched: RefCell::new(HashMap::new()),
             bytes_read: Cell::new(0),
             unreadable,
         })
@@ -176,6 +180,46 @@ impl RunTrace {
         self.bytes_read.get()
     }
 
+    /// Decodes `wants` in parallel ([`crate::prefetch::decode`]) for [`RunTrace::values`] to
+    /// take, dropping what an earlier call left untaken. Their segments are opened within the
+    /// mapping budget: when the next would pass it, the ones open so far are decoded first.
+    pub fn prefetch(&self, wants: &[TensorAt]) {
+        let mut cache = self.prefetched.borrow_mut();
+        cache.clear();
+        let groups = crate::prefetch::by_segment(wants);
+        let mut segs = self.segments.borrow_mut();
+        let mut batch: Vec<(u32, u64)> = Vec::new();
+        let mut batch_bytes = 0u64;
+        let keys: Vec<(u32, u64)> = groups.keys().copied().collect();
+        for (n, &key) in keys.iter().enumerate() {
+            let size = self
+                .store
+                .segment_info(key.0, key.1)
+                .map_or(0, |info| info.bytes);
+            if !batch.is_empty() && batch_bytes.saturating_add(size) > segs.budget {
+                decode_batch(&segs, &batch, &groups, &mut cache);
+                batch.clear();
+                batch_bytes = 0;
+            }
+            let opened = segs.get_or_open(key, size, || {
+                self.store
+                    .open_segment(key.0, key.1)
+                    .map_err(|e| CompareError::Store {
+                        path: self.path.display().to_string(),
+                        source: e,
+                    })
+            });
+            // A segment that does not open is read (and its error reported) by the walk.
+            if opened.is_ok() {
+                batch.push(key);
+                batch_bytes += size;
+            }
+            if n + 1 == keys.len() {
+                decode_batch(&segs, &batch, &groups, &mut cache);
+            }
+        }
+    }
+
     /// The bytes of tensor `index` of the record `(rank, step, seq)`; `None` when it was not
     /// captured.
     pub fn bytes(
@@ -232,10 +276,22 @@ impl RunTrace {
         if !is_float(t.dtype) {
             return Ok(None);
         }
-        let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
-            return Ok(None);
+        let ahead = self
+            .prefetched
+            .borrow_mut()
+            .remove(&(rec.rank, rec.step, rec.seq, index));
+        let mut data = match ahead {
+            Some(data) => {
+                self.bytes_read.set(self.bytes_read.get() + t.nbytes);
+                data
+            }
+            None => {
+                let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
+                    return Ok(None);
+                };
+                to_f32(t.dtype, &bytes)?
+            }
         };
-        let mut data = to_f32(t.dtype, &bytes)?;
         // MXFP8 / NVFP4: dequantized by their block scales, or not compared at all.
         let block_role = match role {
             Role::A => Some(Role::BlockScaleA),
@@ -370,6 +426,20 @@ impl<T> OpenCache<T> {
     }
 }
 
+/// Decodes the wanted tensors of the open segments `batch` into `cache`.
+fn decode_batch(
+    segs: &OpenCache<Segment>,
+    batch: &[(u32, u64)],
+    groups: &crate::prefetch::Wants,
+    cache: &mut HashMap<TensorAt, Vec<f32>>,
+) {
+    let open: Vec<crate::prefetch::SegmentWants> = batch
+        .iter()
+        .filter_map(|k| Some((*k, &segs.open.get(k)?.0, groups.get(k)?.as_slice())))
+        .collect();
+    cache.extend(crate::prefetch::decode(&open));
+}
+
 /// Floating-point dtypes (the ones compared numerically).
 pub fn is_float(d: DType) -> bool {
     matches!(
@@ -381,39 +451,50 @@ pub fn is_float(d: DType) -> bool {
 /// Decodes packed little-endian `bytes` of `dtype` to `f32` (exact for every float type but
 /// F64, which is rounded).
 pub fn to_f32(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, CompareError> {
+    let mut out = Vec::new();
+    to_f32_into(dtype, bytes, &mut out)?;
+    Ok(out)
+}
+
+/// [`to_f32`] into `out` (cleared first, its capacity reused).
+pub fn to_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) -> Result<(), CompareError> {
+    out.clear();
     if dtype == DType::F64 {
-        return Ok(bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-            .collect());
+        out.extend(
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32),
+        );
+        return Ok(());
     }
     // The common types straight to f32, in one pass (exact, as widening is).
     let pairs = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
     match dtype {
         DType::F32 if bytes.len().is_multiple_of(4) => {
-            return Ok(bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+            return Ok(());
         }
         DType::BF16 if bytes.len().is_multiple_of(2) => {
-            return Ok(pairs()
-                .map(|p| half::bf16::from_le_bytes(p).to_f32())
-                .collect())
+            out.extend(pairs().map(|p| half::bf16::from_le_bytes(p).to_f32()));
+            return Ok(());
         }
         DType::F16 if bytes.len().is_multiple_of(2) => {
-            return Ok(pairs()
-                .map(|p| half::f16::from_le_bytes(p).to_f32())
-                .collect())
+            out.extend(pairs().map(|p| half::f16::from_le_bytes(p).to_f32()));
+            return Ok(());
         }
         _ => {}
     }
     let mut wide = Vec::new();
     widen_f32_into(dtype, bytes, &mut wide).map_err(|e| CompareError::Record(e.to_string()))?;
-    Ok(wide
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    out.extend(
+        wide.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
+    Ok(())
 }
 
 /// The GEMM parameters of a record, if it is one.

@@ -100,31 +100,64 @@ impl Proportion {
 /// Fits `dw ≈ k·g` overall and on the small and large halves of `|g|`. `None` when the
 /// slices differ in length, hold fewer than 16 elements, or either is zero.
 pub fn proportion(dw: &[f32], g: &[f32]) -> Option<Proportion> {
-    if dw.len() != g.len() || dw.len() < 16 {
+    proportion_split(dw, g, median_magnitude(g)?)
+}
+
+/// The median of `|g|` (the element at `len / 2` in total order) that splits the gradient
+/// into its small and large halves for [`proportion_split`]: computed once per gradient when
+/// several updates are fitted against it. `None` when `g` is empty.
+pub fn median_magnitude(g: &[f32]) -> Option<f32> {
+    if g.is_empty() {
         return None;
     }
-    let k = ratio(dw, g)?;
     let mut mags: Vec<f32> = g.iter().map(|v| v.abs()).collect();
     let mid = mags.len() / 2;
     let (_, median, _) = mags.select_nth_unstable_by(mid, f32::total_cmp);
-    let median = *median;
-    let half = |large: bool| {
-        let (x, y): (Vec<f32>, Vec<f32>) = dw
-            .iter()
-            .zip(g)
-            .filter(|(_, b)| (b.abs() >= median) == large)
-            .map(|(a, b)| (*a, *b))
-            .unzip();
-        ratio(&x, &y)
-    };
-    let (k_small, k_large) = (half(false)?, half(true)?);
-    let (mut xx, mut yy, mut xy) = (0f64, 0f64, 0f64);
-    for (&a, &b) in dw.iter().zip(g) {
-        let (a, b) = (f64::from(a), f64::from(b));
-        xx += a * a;
-        yy += b * b;
-        xy += a * b;
+    Some(*median)
+}
+
+/// Independent accumulators per sum in [`proportion_split`] (so that the loop vectorizes).
+const SPLIT_LANES: usize = 4;
+
+/// [`proportion`] with the median of `|g|` given ([`median_magnitude`]): one pass over the
+/// elements, no allocation, no per-element branch (the halves are selected by a mask).
+pub fn proportion_split(dw: &[f32], g: &[f32], median: f32) -> Option<Proportion> {
+    if dw.len() != g.len() || dw.len() < 16 {
+        return None;
     }
+    // Per lane: Σab, Σbb, Σaa over all, Σab and Σbb over the large half, the same over the
+    // small half.
+    let mut acc = [[0f64; SPLIT_LANES]; 7];
+    let mut add = |l: usize, a: f32, b: f32| {
+        let (a64, b64) = (f64::from(a), f64::from(b));
+        let (ab, bb) = (a64 * b64, b64 * b64);
+        // NaN magnitudes fall in the small half, as `>=` says.
+        let large = u64::from(b.abs() >= median).wrapping_neg();
+        let keep = |v: f64, m: u64| f64::from_bits(v.to_bits() & m);
+        acc[0][l] += ab;
+        acc[1][l] += bb;
+        acc[2][l] += a64 * a64;
+        acc[3][l] += keep(ab, large);
+        acc[4][l] += keep(bb, large);
+        acc[5][l] += keep(ab, !large);
+        acc[6][l] += keep(bb, !large);
+    };
+    let (dc, gc) = (dw.chunks_exact(SPLIT_LANES), g.chunks_exact(SPLIT_LANES));
+    let (dr, gr) = (dc.remainder(), gc.remainder());
+    for (da, ga) in dc.zip(gc) {
+        for l in 0..SPLIT_LANES {
+            add(l, da[l], ga[l]);
+        }
+    }
+    for (l, (&a, &b)) in dr.iter().zip(gr).enumerate() {
+        add(l, a, b);
+    }
+    let total = |i: usize| (acc[i][0] + acc[i][2]) + (acc[i][1] + acc[i][3]);
+    let [xy, yy, xx, xy_large, yy_large, xy_small, yy_small] = [0, 1, 2, 3, 4, 5, 6].map(total);
+    // The least-squares scale of one part, as [`ratio`] says it.
+    let fit = |xy: f64, yy: f64| (yy > 0.0 && xy.is_finite()).then(|| xy / yy);
+    let k = fit(xy, yy)?;
+    let (k_small, k_large) = (fit(xy_small, yy_small)?, fit(xy_large, yy_large)?);
     if xx == 0.0 || yy == 0.0 {
         return None;
     }
@@ -341,6 +374,81 @@ mod tests {
         Evidence {
             output: Some(output),
             update,
+        }
+    }
+
+    /// The straightforward fit the one-pass [`proportion_split`] must agree with: the halves
+    /// gathered into vectors, each sum a plain loop.
+    fn plain_proportion(dw: &[f32], g: &[f32]) -> Option<Proportion> {
+        if dw.len() != g.len() || dw.len() < 16 {
+            return None;
+        }
+        let k = ratio(dw, g)?;
+        let mut mags: Vec<f32> = g.iter().map(|v| v.abs()).collect();
+        mags.sort_by(f32::total_cmp);
+        let median = mags[mags.len() / 2];
+        let half = |large: bool| {
+            let (x, y): (Vec<f32>, Vec<f32>) = dw
+                .iter()
+                .zip(g)
+                .filter(|(_, b)| (b.abs() >= median) == large)
+                .map(|(a, b)| (*a, *b))
+                .unzip();
+            ratio(&x, &y)
+        };
+        let (k_small, k_large) = (half(false)?, half(true)?);
+        let (mut xx, mut yy, mut xy) = (0f64, 0f64, 0f64);
+        for (&a, &b) in dw.iter().zip(g) {
+            let (a, b) = (f64::from(a), f64::from(b));
+            xx += a * a;
+            yy += b * b;
+            xy += a * b;
+        }
+        if xx == 0.0 || yy == 0.0 {
+            return None;
+        }
+        Some(Proportion {
+            k,
+            k_small,
+            k_large,
+            cosine: xy / (xx * yy).sqrt(),
+        })
+    }
+
+    #[test]
+    fn the_one_pass_fit_agrees_with_the_plain_one_on_odd_lengths_and_non_finite_values() {
+        let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+        for n in [16, 17, 31, 1001, 4099] {
+            let g = grads(n);
+            let adam: Vec<f32> = g.iter().map(|v| 1e-3 * v.signum()).collect();
+            let mut nan = g.clone();
+            nan[n / 3] = f32::NAN;
+            let mut inf_update: Vec<f32> = g.iter().map(|v| 0.1 * v).collect();
+            inf_update[n - 1] = f32::INFINITY;
+            let mut inf_grad = g.clone();
+            inf_grad[1] = f32::NEG_INFINITY;
+            let zeros = vec![0f32; n];
+            for (dw, grad) in [
+                (&adam, &g),
+                (&inf_update, &g),
+                (&adam, &nan),
+                (&adam, &inf_grad),
+                (&zeros, &g),
+                (&g, &zeros),
+            ] {
+                let (got, want) = (proportion(dw, grad), plain_proportion(dw, grad));
+                match (got, want) {
+                    (Some(a), Some(b)) => assert!(
+                        close(a.k, b.k)
+                            && close(a.k_small, b.k_small)
+                            && close(a.k_large, b.k_large)
+                            && close(a.cosine, b.cosine),
+                        "n {n}: {a:?} != {b:?}"
+                    ),
+                    (None, None) => {}
+                    (a, b) => panic!("n {n}: {a:?} != {b:?}"),
+                }
+            }
         }
     }
 

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ttrace_format::record::{Record, Role};
 
-use super::{proportion, Proportion, Update};
+use super::{median_magnitude, proportion, proportion_split, Proportion, Update};
 use crate::align::{Alignment, RefOp};
 use crate::trace::{gemm, RunTrace, Values};
 use crate::CompareError;
@@ -163,6 +163,10 @@ impl<'a> Updates<'a> {
         // A weight read by several GEMMs (every micro-batch, forward and backward) is fitted
         // once: its copies share their checksum.
         let mut seen: BTreeSet<(u32, u32)> = BTreeSet::new();
+        // The gradient's halves are the same for every candidate weight: split once.
+        let Some(median) = median_magnitude(&g.data) else {
+            return Ok(None);
+        };
         for r1 in self.reff.records(self.ref_rank, next) {
             let Some(sig) = signature(r1) else { continue };
             let n = n_of.entry(sig.clone()).or_default();
@@ -203,7 +207,7 @@ impl<'a> Updates<'a> {
                 let Some(Some(dw)) = self.deltas.get(&key) else {
                     continue;
                 };
-                let Some(fit) = proportion(dw, &g.data) else {
+                let Some(fit) = proportion_split(dw, &g.data, median) else {
                     continue;
                 };
                 let better = best

@@ -1,0 +1,303 @@
+//! Decoding ahead of the walk, on every core: the tensors the next reference ops will compare
+//! (the reference's operands, the perturbed reference's, every shard's) are read, checked
+//! against their CRC-32, decompressed and widened to `f32` in parallel, a window of ops at a
+//! time, into [`crate::trace::RunTrace`]'s cache, where the walk takes them in its own order.
+//!
+//! Decoding is a pure function of the stored bytes, so what the walk sees (and every number
+//! of the report) does not depend on the number of threads; only when it is decoded changes.
+//! A tensor that cannot be decoded here is left out: the walk reads it again on its own and
+//! reports the error where it always did. A window holds at most its byte budget of decoded
+//! tensors (at least one op's), and what the walk did not take is dropped with the next one.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rayon::prelude::*;
+use ttrace_format::dedup::BlobReference;
+use ttrace_format::dtype::DType;
+use ttrace_format::reader::{RecordView, Segment};
+use ttrace_format::record::{Record, Role};
+
+use crate::align::RefOp;
+use crate::trace::{gemm, is_float, to_f32_into, RunTrace};
+
+/// A stored tensor: (rank, step, seq, index in its record).
+pub type TensorAt = (u32, u64, u64, usize);
+
+/// A record's wanted tensors within one segment: (seq, tensor indices).
+pub type RecordWants = (u64, Vec<usize>);
+
+/// Wanted tensors by segment (rank, step), then by record.
+pub type Wants = BTreeMap<(u32, u64), Vec<RecordWants>>;
+
+/// An open segment and the tensors wanted of it.
+pub type SegmentWants<'a> = ((u32, u64), &'a Segment, &'a [RecordWants]);
+
+/// The roles an op's comparison reads from a GEMM record: its operands, its output and, when
+/// it accumulates, the C its increment is taken from.
+fn compared_roles(rec: &Record) -> &'static [Role] {
+    match gemm(rec) {
+        Some(g) if g.beta.is_some_and(|b| b != 0.0) => &[Role::A, Role::B, Role::D, Role::CIn],
+        _ => &[Role::A, Role::B, Role::D],
+    }
+}
+
+/// The captured float tensors of `rec` with one of `roles`.
+fn wanted<'r>(rec: &'r Record, roles: &[Role]) -> impl Iterator<Item = (TensorAt, u64)> + 'r {
+    let roles = roles.to_vec();
+    rec.tensors
+        .iter()
+        .enumerate()
+        .filter(move |(_, t)| t.captured && is_float(t.dtype) && roles.contains(&t.role))
+        .map(move |(i, t)| ((rec.rank, rec.step, rec.seq, i), t.elements() * 4))
+}
+
+/// The stores one walk reads, and what it reads of them.
+pub struct Walked<'a> {
+    /// The reference (world size 1).
+    pub reff: &'a RunTrace,
+    /// Its rank.
+    pub ref_rank: u32,
+    /// The run.
+    pub run: &'a RunTrace,
+    /// The perturbed reference, when given.
+    pub pert: Option<&'a RunTrace>,
+}
+
+/// The bytes of decoded tensors one window may hold under a `--memory` budget: an eighth
+/// (the rest is for open segments, the op being compared and what the comparison keeps).
+pub fn window_budget(memory: u64) -> u64 {
+    memory / 8
+}
+
+impl Walked<'_> {
+    /// Drops what the last window decoded and the walk did not take.
+    pub fn release(&self) {
+        for t in [Some(self.reff), Some(self.run), self.pert]
+            .into_iter()
+            .flatten()
+        {
+            t.prefetch(&[]);
+        }
+    }
+
+    /// Decodes, in parallel, the tensors of the reference ops `ops` (each with its run shards
+    /// `(rank, seq)`) from the first on, as many ops as `budget` bytes of `f32` hold (at least
+    /// one); returns how many ops that covered.
+    pub fn prefetch(&self, ops: &[(RefOp, &[(u32, u64)])], budget: u64) -> usize {
+        let (mut reff, mut run, mut pert) = (Vec::new(), Vec::new(), Vec::new());
+        let mut bytes = 0u64;
+        let mut covered = 0;
+        for &((step, seq), shards) in ops {
+            let Some(ref_rec) = self.reff.record(self.ref_rank, step, seq) else {
+                covered += 1;
+                continue;
+            };
+            let mut op: Vec<(TensorAt, u64, usize)> = Vec::new();
+            let roles = compared_roles(ref_rec);
+            op.extend(wanted(ref_rec, roles).map(|(t, b)| (t, b, 0)));
+            if let Some(p) = self.pert {
+                // The perturbed reference's increments are not compared (its C's 1-ulp change
+                // says nothing about them): operands and a plain output only.
+                let pert_roles: &[Role] = if roles.contains(&Role::CIn) {
+                    &[Role::A, Role::B]
+                } else {
+                    &[Role::A, Role::B, Role::D]
+                };
+                if let Some(r) = p
+                    .records(self.ref_rank, step)
+                    .iter()
+                    .find(|r| r.seq == seq && r.api == ref_rec.api)
+                {
+                    op.extend(wanted(r, pert_roles).map(|(t, b)| (t, b, 2)));
+                }
+            }
+            for &(rank, s) in shards {
+                if let Some(r) = self.run.record(rank, step, s) {
+                    op.extend(wanted(r, compared_roles(r)).map(|(t, b)| (t, b, 1)));
+                }
+            }
+            let op_bytes: u64 = op.iter().map(|w| w.1).sum();
+            if covered > 0 && bytes + op_bytes > budget {
+                break;
+            }
+            bytes += op_bytes;
+            covered += 1;
+            for (t, _, store) in op {
+                match store {
+                    0 => reff.push(t),
+                    1 => run.push(t),
+                    _ => pert.push(t),
+                }
+            }
+        }
+        self.reff.prefetch(&reff);
+        self.run.prefetch(&run);
+        if let Some(p) = self.pert {
+            p.prefetch(&pert);
+        }
+        covered.max(1)
+    }
+}
+
+/// The wanted tensors grouped by segment, then by record (each record's frame is read and
+/// checked once for all its tensors).
+pub fn by_segment(wants: &[TensorAt]) -> Wants {
+    let mut out: BTreeMap<(u32, u64), BTreeMap<u64, Vec<usize>>> = BTreeMap::new();
+    for &(rank, step, seq, index) in wants {
+        let v = out.entry((rank, step)).or_default().entry(seq).or_default();
+        if !v.contains(&index) {
+            v.push(index);
+        }
+    }
+    out.into_iter()
+        .map(|(k, recs)| (k, recs.into_iter().collect()))
+        .collect()
+}
+
+/// What identifies a tensor's bytes in its record: CRC-32, length and element type.
+type Checked = (u32, u64, DType);
+
+/// One wanted tensor after the parallel pass.
+enum Decoded {
+    /// Its values, and what identifies its bytes.
+    Values(TensorAt, Vec<f32>, Checked),
+    /// A deduplicated tensor (its blob refers to an earlier one) whose referenced tensor is
+    /// wanted too: its values are that tensor's when their bytes are the same.
+    Alias(TensorAt, TensorAt, Checked),
+}
+
+/// Decodes the wanted tensors of open segments in parallel, each record on one thread with
+/// buffers reused per thread: `(tensor, f32 values)` of every tensor that decoded cleanly.
+///
+/// A deduplicated tensor whose referenced tensor is also wanted is not decoded twice: it takes
+/// that tensor's values when both records give the same CRC-32, length and type (the check
+/// the reader makes of a resolved reference: its bytes against the referring record's
+/// CRC-32). Otherwise, or when the referenced tensor did not decode, it is left out and the
+/// walk reads it on its own.
+pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
+    let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
+        .iter()
+        .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
+        .collect();
+    let wanted: HashSet<TensorAt> = jobs
+        .iter()
+        .flat_map(|&((rank, step), _, (seq, indices))| {
+            indices.iter().map(move |&i| (rank, step, *seq, i))
+        })
+        .collect();
+    let decoded: Vec<Decoded> = jobs
+        .par_iter()
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(scratch, raw), &((rank, step), seg, (seq, indices))| {
+                let mut out = Vec::new();
+                let Some(Ok(view)) = seg.read_seq(*seq) else {
+                    return out;
+                };
+                for &i in indices {
+                    let Some(t) = view.record.tensors.get(i) else {
+                        continue;
+                    };
+                    let at = (rank, step, *seq, i);
+                    let checked = (t.crc32, t.nbytes, t.dtype);
+                    if let Some(target) = referenced(&view, i, rank, step) {
+                        if target != at && wanted.contains(&target) {
+                            out.push(Decoded::Alias(at, target, checked));
+                            continue;
+                        }
+                    }
+                    if view.tensor_bytes_into(i, scratch, raw).is_err() {
+                        continue;
+                    }
+                    let mut values = Vec::new();
+                    if to_f32_into(t.dtype, raw, &mut values).is_ok() {
+                        out.push(Decoded::Values(at, values, checked));
+                    }
+                }
+                out
+            },
+        )
+        .flatten()
+        .collect();
+    resolve_aliases(decoded)
+}
+
+/// The tensor that tensor `i` of `view` (in segment `rank`, `step`) refers to, when its blob
+/// is a reference.
+fn referenced(view: &RecordView, i: usize, rank: u32, step: u64) -> Option<TensorAt> {
+    if !view.is_reference(i) {
+        return None;
+    }
+    let (_, stored) = view.stored(i).ok()?;
+    let r = BlobReference::parse(stored).ok()?;
+    Some((rank, step, r.seq, r.tensor as usize))
+}
+
+/// The decoded values, aliases given their referenced tensor's values when the bytes match.
+fn resolve_aliases(decoded: Vec<Decoded>) -> Vec<(TensorAt, Vec<f32>)> {
+    let mut out: Vec<(TensorAt, Vec<f32>)> = Vec::with_capacity(decoded.len());
+    let mut checked_of: HashMap<TensorAt, (usize, Checked)> = HashMap::new();
+    let mut aliases = Vec::new();
+    for d in decoded {
+        match d {
+            Decoded::Values(at, values, checked) => {
+                checked_of.insert(at, (out.len(), checked));
+                out.push((at, values));
+            }
+            Decoded::Alias(at, target, checked) => aliases.push((at, target, checked)),
+        }
+    }
+    for (at, target, checked) in aliases {
+        if let Some(&(k, c)) = checked_of.get(&target) {
+            if c == checked {
+                let values = out[k].1.clone();
+                out.push((at, values));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deduplicated_tensor_takes_its_referenced_values_only_when_their_bytes_match() {
+        let bf16 = |crc: u32| (crc, 8, DType::BF16);
+        let got = resolve_aliases(vec![
+            Decoded::Alias((0, 0, 5, 0), (0, 0, 1, 2), bf16(7)),
+            Decoded::Values((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0], bf16(7)),
+            // Another CRC-32, another type, a referenced tensor that did not decode: left
+            // for the walk to read.
+            Decoded::Alias((0, 0, 6, 0), (0, 0, 1, 2), bf16(8)),
+            Decoded::Alias((0, 0, 7, 0), (0, 0, 1, 2), (7, 8, DType::F16)),
+            Decoded::Alias((0, 0, 8, 0), (0, 0, 3, 0), bf16(7)),
+        ]);
+        let mut got: Vec<(TensorAt, Vec<f32>)> = got;
+        got.sort_by_key(|g| g.0);
+        assert_eq!(
+            got,
+            vec![
+                ((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0]),
+                ((0, 0, 5, 0), vec![1.0, 2.0, 3.0, 4.0]),
+            ]
+        );
+    }
+
+    #[test]
+    fn wants_are_grouped_by_segment_and_record_without_repeats() {
+        let wants = [
+            (1, 0, 7, 2),
+            (0, 0, 3, 0),
+            (1, 0, 7, 0),
+            (1, 0, 7, 2),
+            (0, 1, 3, 1),
+        ];
+        let g = by_segment(&wants);
+        let keys: Vec<(u32, u64)> = g.keys().copied().collect();
+        assert_eq!(keys, vec![(0, 0), (0, 1), (1, 0)]);
+        assert_eq!(g[&(1, 0)], vec![(7, vec![2, 0])]);
+        assert_eq!(g[&(0, 0)], vec![(3, vec![0])]);
+    }
+}

@@ -1,0 +1,93 @@
+//! The AVX2 inner loop of the error sums ([`crate::kernels`]), chosen at run time: the
+//! workspace is built for the baseline x86-64 (SSE2), where the compiler cannot be trusted to
+//! vectorize eight f64 lanes with a masked difference.
+//!
+//! It performs exactly the per-lane operations of the portable loop (f32 divided by the
+//! scale, widened to f64, `a − b` masked to 0 where `a == b`, squares added without fused
+//! multiply-add), lane `l` of every chunk of eight elements into accumulator `l`, so the sums
+//! are bit-identical to the portable ones.
+
+/// Eight lanes each of Σ d², Σ y², Σ x².
+pub type Lanes = [[f64; 8]; 3];
+
+/// Adds every whole chunk of eight elements of `x` (divided by `scale`) and `y` into `acc`
+/// when the CPU has AVX2; returns how many elements were added (0 without AVX2: the caller
+/// adds them all).
+pub fn add_chunks(x: &[f32], y: &[f32], scale: f32, acc: &mut Lanes) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement of
+        // `add_chunks_avx2`; it reads within the slices by itself.
+        return unsafe { add_chunks_avx2(x, y, scale, acc) };
+    }
+    let _ = (x, y, scale, acc);
+    0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_chunks_avx2(x: &[f32], y: &[f32], scale: f32, acc: &mut Lanes) -> usize {
+    use std::arch::x86_64::*;
+    let n = x.len().min(y.len()) / 8 * 8;
+    let sv = _mm256_set1_ps(scale);
+    let divide = scale != 1.0;
+    let [d, yy, xx] = acc;
+    // SAFETY: every pointer below is into `acc`'s arrays of 8 (offsets 0 and 4, 4 lanes
+    // each) or into `x`/`y` at `i + 8 <= n <= len`; unaligned loads and stores are used.
+    unsafe {
+        let (mut d_lo, mut d_hi) = (
+            _mm256_loadu_pd(d.as_ptr()),
+            _mm256_loadu_pd(d.as_ptr().add(4)),
+        );
+        let (mut y_lo, mut y_hi) = (
+            _mm256_loadu_pd(yy.as_ptr()),
+            _mm256_loadu_pd(yy.as_ptr().add(4)),
+        );
+        let (mut x_lo, mut x_hi) = (
+            _mm256_loadu_pd(xx.as_ptr()),
+            _mm256_loadu_pd(xx.as_ptr().add(4)),
+        );
+        let mut i = 0;
+        while i < n {
+            let mut xv = _mm256_loadu_ps(x.as_ptr().add(i));
+            if divide {
+                xv = _mm256_div_ps(xv, sv);
+            }
+            let yv = _mm256_loadu_ps(y.as_ptr().add(i));
+            let halves = [
+                (_mm256_castps256_ps128(xv), _mm256_castps256_ps128(yv)),
+                (
+                    _mm256_extractf128_ps::<1>(xv),
+                    _mm256_extractf128_ps::<1>(yv),
+                ),
+            ];
+            for (h, (xh, yh)) in halves.into_iter().enumerate() {
+                let (a, b) = (_mm256_cvtps_pd(xh), _mm256_cvtps_pd(yh));
+                // a − b where a != b (NaN included), 0 where equal (equal infinities).
+                let e = _mm256_and_pd(_mm256_sub_pd(a, b), _mm256_cmp_pd::<_CMP_NEQ_UQ>(a, b));
+                let (de, bb, aa) = (
+                    _mm256_mul_pd(e, e),
+                    _mm256_mul_pd(b, b),
+                    _mm256_mul_pd(a, a),
+                );
+                if h == 0 {
+                    d_lo = _mm256_add_pd(d_lo, de);
+                    y_lo = _mm256_add_pd(y_lo, bb);
+                    x_lo = _mm256_add_pd(x_lo, aa);
+                } else {
+                    d_hi = _mm256_add_pd(d_hi, de);
+                    y_hi = _mm256_add_pd(y_hi, bb);
+                    x_hi = _mm256_add_pd(x_hi, aa);
+                }
+            }
+            i += 8;
+        }
+        _mm256_storeu_pd(d.as_mut_ptr(), d_lo);
+        _mm256_storeu_pd(d.as_mut_ptr().add(4), d_hi);
+        _mm256_storeu_pd(yy.as_mut_ptr(), y_lo);
+        _mm256_storeu_pd(yy.as_mut_ptr().add(4), y_hi);
+        _mm256_storeu_pd(xx.as_mut_ptr(), x_lo);
+        _mm256_storeu_pd(xx.as_mut_ptr().add(4), x_hi);
+    }
+    n
+}

@@ -1,0 +1,111 @@
+//! Issue 15, item 1: `ttrace compare` uses every core (tensors decoded ahead in parallel,
+//! blocked parallel sums, parallel placement screening) and its report does not depend on
+//! it. One thread, the default pool, an odd pool of three, and a memory budget so small that
+//! tensors are decoded a few ops at a time and segments are closed as the walk goes, all
+//! give the same JSON report (every number, the verdict, the first divergence), the same
+//! text and the same exit status.
+//!
+//! The run is tp=2 dp=2 in BF16 with a row-parallel reduction left out (a divergence in step
+//! 0), over 3 steps with a perturbed reference: placements, partial sums, data-parallel
+//! reductions and their scale decided from the weight updates are all exercised.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use integration_tests::{bin, trace_trainer, TempDir};
+use serde_json::Value;
+
+const MODEL: &[&str] = &[
+    "--precision",
+    "bf16",
+    "--layers",
+    "2",
+    "--micro-batches",
+    "2",
+    "--steps",
+    "3",
+];
+
+/// `ttrace compare` of the stores in `root` with `threads` rayon threads (`None`: the
+/// default) and `--memory` when given; the report is written to `json`.
+fn compare(root: &Path, threads: Option<usize>, memory: Option<&str>, json: &Path) -> Output {
+    let mut cmd = Command::new(bin("ttrace"));
+    cmd.arg("compare")
+        .arg(root.join("ref"))
+        .arg(root.join("run"))
+        .arg("--perturbed")
+        .arg(root.join("ref-perturbed"))
+        .arg("--json")
+        .arg(json);
+    if let Some(m) = memory {
+        cmd.args(["--memory", m]);
+    }
+    match threads {
+        Some(n) => cmd.env("RAYON_NUM_THREADS", n.to_string()),
+        None => cmd.env_remove("RAYON_NUM_THREADS"),
+    };
+    cmd.output().expect("run ttrace compare")
+}
+
+/// The report without what measures the machine (elapsed time).
+fn report(json: &Path) -> Value {
+    let mut v: Value =
+        serde_json::from_slice(&std::fs::read(json).expect("report written")).expect("JSON");
+    if let Some(stats) = v.get_mut("stats").and_then(Value::as_object_mut) {
+        stats.remove("elapsed_s");
+    }
+    v
+}
+
+/// The text without the line that says how long it took.
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.starts_with("compared "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
+    let dir = TempDir::new("compare-threads");
+    let root = dir.0.clone();
+    trace_trainer(&root.join("ref"), 1, false, MODEL);
+    trace_trainer(&root.join("ref-perturbed"), 1, true, MODEL);
+    let layout = [
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--bug",
+        "tp-row-parallel-no-reduce",
+    ];
+    trace_trainer(&root.join("run"), 4, false, &[MODEL, &layout].concat());
+
+    let base_json = root.join("default.json");
+    let base = compare(&root, None, None, &base_json);
+    assert_eq!(
+        base.status.code(),
+        Some(1),
+        "the bug is a divergence: {}",
+        String::from_utf8_lossy(&base.stderr)
+    );
+    let want = report(&base_json);
+    assert_eq!(want["verdict"], "divergence");
+    assert!(
+        want["first_divergence"].is_object(),
+        "a first divergence is reported: {want}"
+    );
+    let compared = want["stats"]["tensors_compared"].as_u64().unwrap_or(0);
+    assert!(compared > 100, "{compared} tensors compared");
+
+    for (threads, memory) in [(Some(1), None), (Some(3), None), (None, Some("16M"))] {
+        let json = root.join(format!("t{threads:?}-m{memory:?}.json"));
+        let got = compare(&root, threads, memory, &json);
+        let what = format!("RAYON_NUM_THREADS={threads:?} --memory {memory:?}");
+        assert_eq!(got.status.code(), base.status.code(), "{what}: exit status");
+        assert_eq!(text(&got), text(&base), "{what}: text report");
+        // Equal as JSON values: every number to the last bit (they print exactly).
+        assert!(report(&json) == want, "{what}: the JSON report differs");
+    }
+}

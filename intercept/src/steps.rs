@@ -565,7 +565,7 @@ mod tests {
         // Micro-batch inputs: a common component plus a small per-batch part; the first
         // step's second micro-batch differs clearly (its part is large), later ones barely.
         let input = |n: u32, spread: f64| {
-            valued(0x3000 + u64::from(n), 500 + n, false, move |i| {
+            valued(0x3000, 500 + n, false, move |i| {
                 let common = 5.0 + (i % 7) as f64;
                 let own = (((i as u64 + 1) * (u64::from(n) + 3) * 2654435761) % 1000) as f64
                     / 500.0

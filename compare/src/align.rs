@@ -360,33 +360,7 @@ mod tests {
     fn g(seq: u64) -> Record {
         let mut r = Record::d2h_copy(0, 0, seq, &[]);
         r.api = "cublasGemmEx".into();
-        r.op = Op::Gemm(Box::new(GemmOp {
-            m: 8,
-            n: 8,
-            k: 8,
-            transa: 0,
-            transb: 0,
-            lda: 8,
-            ldb: 8,
-            ldc: 8,
-            ldd: 8,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            stride_d: 0,
-            a_type: 14,
-            b_type: 14,
-            c_type: 14,
-            d_type: 14,
-            compute_type: 68,
-            scale_type: 0,
-            alpha: Some(1.0),
-            beta: Some(0.0),
-            epilogue: 1,
-            algo: -1,
-            fast_accum: false,
-        }));
+        r.op = Op::Gemm(Box::new(GemmOp::plain(8, 8, 8, 14)));
         r
     }
 

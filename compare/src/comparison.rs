@@ -299,31 +299,8 @@ mod tests {
     #[test]
     fn other_scalars_than_the_references_are_named_with_an_overwrite_said_plainly() {
         let mut op = GemmOp {
-            m: 4,
-            n: 4,
-            k: 4,
-            transa: 0,
-            transb: 0,
-            lda: 4,
-            ldb: 4,
-            ldc: 4,
-            ldd: 4,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            stride_d: 0,
-            a_type: 0,
-            b_type: 0,
-            c_type: 0,
-            d_type: 0,
-            compute_type: 68,
-            scale_type: 0,
-            alpha: Some(1.0),
             beta: Some(1.0),
-            epilogue: 1,
-            algo: -1,
-            fast_accum: false,
+            ..GemmOp::plain(4, 4, 4, 0)
         };
         let mut reference = Record::d2h_copy(0, 1, 5, &[]);
         reference.op = ttrace_format::record::Op::Gemm(Box::new(op.clone()));

@@ -739,31 +739,9 @@ mod tests {
     fn gemm_recompute_follows_cublas_layouts() {
         // C (2x2) = A^T (2x3 from a stored 3x2 col-major A) * B (3x2).
         let g = ttrace_format::record::GemmOp {
-            m: 2,
-            n: 2,
-            k: 3,
             transa: 1,
-            transb: 0,
             lda: 3,
-            ldb: 3,
-            ldc: 2,
-            ldd: 2,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            stride_d: 0,
-            a_type: 0,
-            b_type: 0,
-            c_type: 0,
-            d_type: 0,
-            compute_type: 68,
-            scale_type: 0,
-            alpha: Some(1.0),
-            beta: Some(0.0),
-            epilogue: 1,
-            algo: -1,
-            fast_accum: false,
+            ..ttrace_format::record::GemmOp::plain(2, 2, 3, 0)
         };
         // A col-major 3x2: columns [1,2,3] and [4,5,6]; B col-major 3x2: [1,0,1], [0,1,0].
         let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];

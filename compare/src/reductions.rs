@@ -507,33 +507,7 @@ mod tests {
     fn gemm_writing(seq: u64, ptr: u64, nbytes: u64) -> Record {
         let mut r = Record::d2h_copy(0, 0, seq, &[]);
         r.api = "cublasGemmEx".into();
-        r.op = Op::Gemm(Box::new(GemmOp {
-            m: 4,
-            n: nbytes / 16,
-            k: 4,
-            transa: 0,
-            transb: 0,
-            lda: 4,
-            ldb: 4,
-            ldc: 4,
-            ldd: 4,
-            batch: 1,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            stride_d: 0,
-            a_type: 0,
-            b_type: 0,
-            c_type: 0,
-            d_type: 0,
-            compute_type: 68,
-            scale_type: 0,
-            alpha: Some(1.0),
-            beta: Some(0.0),
-            epilogue: 1,
-            algo: -1,
-            fast_accum: false,
-        }));
+        r.op = Op::Gemm(Box::new(GemmOp::plain(4, nbytes / 16, 4, 0)));
         r.tensors = vec![tensor(Role::D, ptr, nbytes)];
         r
     }

@@ -191,6 +191,45 @@ pub struct GemmOp {
     pub fast_accum: bool,
 }
 
+impl GemmOp {
+    /// A plain cuBLAS GEMM `D (m x n) = alpha * A (m x k) * B (k x n) + beta * C`: column-major,
+    /// no transposes, packed leading dimensions (`lda = ldc = ldd = m`, `ldb = k`), one batch
+    /// entry, every operand of `cudaDataType_t` `dtype`, FP32 compute and scalars, `alpha` 1
+    /// and `beta` 0 as host scalars, the default algorithm, no epilogue. Change fields with
+    /// struct update syntax (`GemmOp { transa: 1, ..GemmOp::plain(..) }`).
+    pub fn plain(m: u64, n: u64, k: u64, dtype: u32) -> GemmOp {
+        use cuda_abi::cublas::{CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT};
+        use cuda_abi::library_types::CUDA_R_32F;
+        GemmOp {
+            m,
+            n,
+            k,
+            transa: 0,
+            transb: 0,
+            lda: m,
+            ldb: k,
+            ldc: m,
+            ldd: m,
+            batch: 1,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            stride_d: 0,
+            a_type: dtype,
+            b_type: dtype,
+            c_type: dtype,
+            d_type: dtype,
+            compute_type: CUBLAS_COMPUTE_32F,
+            scale_type: CUDA_R_32F,
+            alpha: Some(1.0),
+            beta: Some(0.0),
+            epilogue: 1,
+            algo: CUBLAS_GEMM_DEFAULT,
+            fast_accum: false,
+        }
+    }
+}
+
 /// NCCL operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

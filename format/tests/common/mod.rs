@@ -138,31 +138,9 @@ pub fn records(rank: u32, step: u64, n: u64, world: u32) -> Vec<Made> {
                     tensors[1].crc32 = 0;
                 }
                 let op = Op::Gemm(Box::new(GemmOp {
-                    m,
-                    n: nn,
-                    k,
-                    transa: 0,
-                    transb: 0,
-                    lda: m,
-                    ldb: k,
-                    ldc: m,
-                    ldd: m,
-                    batch: 1,
-                    stride_a: 0,
-                    stride_b: 0,
-                    stride_c: 0,
-                    stride_d: 0,
-                    a_type: if dt == DType::BF16 { 14 } else { 2 },
-                    b_type: if dt == DType::BF16 { 14 } else { 2 },
                     c_type: 0,
                     d_type: 0,
-                    compute_type: 68,
-                    scale_type: 0,
-                    alpha: Some(1.0),
-                    beta: Some(0.0),
-                    epilogue: 1,
-                    algo: -1,
-                    fast_accum: false,
+                    ..GemmOp::plain(m, nn, k, if dt == DType::BF16 { 14 } else { 2 })
                 }));
                 let data = if b_captured {
                     vec![a, b, d]

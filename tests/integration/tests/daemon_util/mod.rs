@@ -79,33 +79,7 @@ pub fn gemm(rank: u32, step: u64, seq: u64, data: &[&[u8]]) -> Record {
         .zip(roles)
         .map(|(d, r)| tensor(r, DType::BF16, d))
         .collect();
-    let op = Op::Gemm(Box::new(GemmOp {
-        m: 4,
-        n: 4,
-        k: 4,
-        transa: 0,
-        transb: 0,
-        lda: 4,
-        ldb: 4,
-        ldc: 4,
-        ldd: 4,
-        batch: 1,
-        stride_a: 0,
-        stride_b: 0,
-        stride_c: 0,
-        stride_d: 0,
-        a_type: 14,
-        b_type: 14,
-        c_type: 14,
-        d_type: 14,
-        compute_type: 68,
-        scale_type: 0,
-        alpha: Some(1.0),
-        beta: Some(0.0),
-        epilogue: 1,
-        algo: -1,
-        fast_accum: false,
-    }));
+    let op = Op::Gemm(Box::new(GemmOp::plain(4, 4, 4, 14)));
     base(rank, step, seq, "cublasGemmEx", op, tensors)
 }
 

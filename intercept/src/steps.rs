@@ -18,7 +18,9 @@
 //! held at the previous occurrence, and a new step (the optimizer ran) otherwise; except that
 //! when exactly one operand held its bytes and the other moved only a little (relative change
 //! of sampled elements under [`UPDATE_MAX_CHANGE`]), the moved one is weights the optimizer
-//! updated and the held one an input fed again (one batch trained on repeatedly): a new step.
+//! updated and the held one an input fed again (one batch trained on repeatedly): a new step;
+//! unless the held slot is known to hold the weights (it held its bytes before while the other
+//! slot got clearly new values): then it is new data close to the last, a micro-batch.
 //! New data replaces an operand's values; an optimizer nudges them. Addresses are
 //! not required: PyTorch's caching allocator hands out fresh activation buffers (and fresh
 //! low-precision weight casts) each iteration. Later layers of the anchor's shape in the same
@@ -45,9 +47,10 @@ pub const MAX_HELD: usize = 4096;
 pub const SAMPLE_LEN: usize = 32;
 
 /// Relative change (`‖now − before‖ / ‖before‖` over the sampled elements) below which an
-/// operand counts as updated in place rather than replaced by new data. Measured: SGD steps
-/// that halve a loss move weights by 0.03-0.05 (tests/torch/megatron.py); the next
-/// micro-batch's activations at a deep pipeline stage move by 0.19-0.20 (the trainer, bf16,
+/// operand counts as updated in place rather than replaced by new data (unless the other slot is
+/// known to hold the weights, `Anchor::one_held`). Measured: SGD steps that halve a loss move
+/// weights by 0.03-0.05 (tests/torch/megatron.py); the next micro-batch's activations at a
+/// deep pipeline stage move by 0.19-0.20 at step 0 but under 0.1 later (the trainer, bf16,
 /// 8 layers, last stage of pp=2); independent inputs are expected to move by about √2.
 pub const UPDATE_MAX_CHANGE: f64 = 0.1;
 

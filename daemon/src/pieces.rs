@@ -74,8 +74,9 @@ pub(crate) fn raw_blob(bytes: &[u8], elem: usize) -> Blob {
 /// A tensor being compressed in pieces: each piece's job hands its result in with
 /// [`PieceSet::done`], and the job that hands in the last one joins them (on the pool, not on
 /// the writer's thread: joining copies the stored bytes) and sends the tensor's result. When
-/// a job is lost (a worker panicked), the set is dropped unsent and the receiver sees the
-/// channel closed.
+/// a job is lost (a worker panicked) or the pieces cannot be joined, the set is dropped
+/// unsent and the receiver sees the channel closed: the writer then stores the tensor's bytes
+/// raw from the ring (client.rs), so nothing is lost either way.
 pub(crate) struct PieceSet {
     /// Per piece: its offset and length in the tensor.
     pub(crate) pieces: Vec<(u64, u64)>,
@@ -119,22 +120,28 @@ impl PieceSet {
             .zip(&self.pieces)
             .filter_map(|(e, &(_, len))| e.map(|e| (len, e)))
             .collect();
-        let _ = self.tx.send(join(done, self.elem, self.dedup, recycle));
+        match join(done, self.elem, self.dedup, recycle) {
+            Ok(e) => {
+                let _ = self.tx.send(e);
+            }
+            Err(e) => tracing::warn!("cannot join a tensor's pieces ({e}); storing it raw"),
+        }
     }
 }
 
-/// The tensor's blob, CRC-32 and digest from its pieces' (in order).
+/// The tensor's blob, CRC-32 and digest from its pieces' (in order). Fails only for a
+/// piece of a codec a blob of pieces cannot hold (`Encoder` makes none).
 fn join(
     mut done: Vec<(u64, Encoded)>,
     elem: usize,
     dedup: bool,
     mut recycle: impl FnMut(Vec<u8>),
-) -> Encoded {
+) -> Result<Encoded, ttrace_format::FormatError> {
     if done.len() == 1 {
         let (len, mut e) = done.pop().expect("one piece");
         // A tensor of one piece deduplicates by the digest of its bytes.
         e.digest = e.digest.filter(|_| len as usize >= dedup::MIN_DEDUP_BYTES);
-        return e;
+        return Ok(e);
     }
     let mut crc = crc32fast::Hasher::new();
     let mut digests = blake3::Hasher::new();
@@ -147,20 +154,24 @@ fn join(
     let digest = (dedup && done.iter().all(|(_, e)| e.digest.is_some()))
         .then(|| *digests.finalize().as_bytes());
     let raw_len: u64 = done.iter().map(|(len, _)| len).sum();
-    let blob = join_blobs(&done, raw_len, elem);
+    let blob = join_blobs(&done, raw_len, elem)?;
     for (_, e) in done {
         recycle(e.blob.stored);
     }
-    Encoded {
+    Ok(Encoded {
         blob,
         crc: crc.finalize(),
         digest,
-    }
+    })
 }
 
 /// One blob of the pieces' blobs: their bytes one after the other when all are raw, else a
 /// [`Codec::Pieces`] blob.
-fn join_blobs(done: &[(u64, Encoded)], raw_len: u64, elem: usize) -> Blob {
+fn join_blobs(
+    done: &[(u64, Encoded)],
+    raw_len: u64,
+    elem: usize,
+) -> Result<Blob, ttrace_format::FormatError> {
     let mut stored = Vec::new();
     let codec = if done.iter().all(|(_, e)| e.blob.codec == Codec::Raw) {
         stored.reserve_exact(raw_len as usize);
@@ -173,36 +184,15 @@ fn join_blobs(done: &[(u64, Encoded)], raw_len: u64, elem: usize) -> Blob {
             .iter()
             .map(|(len, e)| (e.blob.codec, *len, &e.blob.stored[..]))
             .collect();
-        match codec::join_pieces(&pieces, &mut stored) {
-            Ok(()) => Codec::Pieces,
-            // Only a piece of codec 4-6 is refused, and `Encoder` makes none: keep the
-            // bytes readable anyway.
-            Err(e) => {
-                tracing::warn!("cannot join a tensor's pieces ({e}); storing the pieces raw");
-                stored.clear();
-                for (_, e) in done {
-                    let mut scratch = Vec::new();
-                    let mut raw = Vec::new();
-                    let _ = codec::decode_into(
-                        &e.blob.stored,
-                        e.blob.raw_len,
-                        elem,
-                        e.blob.codec,
-                        &mut scratch,
-                        &mut raw,
-                    );
-                    stored.extend_from_slice(&raw);
-                }
-                Codec::Raw
-            }
-        }
+        codec::join_pieces(&pieces, &mut stored)?;
+        Codec::Pieces
     };
-    Blob {
+    Ok(Blob {
         codec,
         elem_size: elem as u8,
         raw_len,
         stored,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -297,6 +287,27 @@ mod tests {
             drop,
         );
         drop(set); // piece 1's job is gone
+        assert!(rx.recv().is_err());
+    }
+
+    /// Pieces that cannot be joined are not sent half-joined: the channel closes and the
+    /// writer stores the tensor raw from the ring.
+    #[test]
+    fn pieces_that_cannot_be_joined_close_the_channel() {
+        let (set, rx) = PieceSet::new(vec![(0, 4), (4, 4)], 1, false);
+        let odd = |codec| Encoded {
+            blob: Blob {
+                codec,
+                elem_size: 1,
+                raw_len: 4,
+                stored: vec![0; 4],
+            },
+            crc: 0,
+            digest: None,
+        };
+        set.done(0, odd(Codec::Zstd), drop);
+        set.done(1, odd(Codec::Streamed), drop);
+        drop(set);
         assert!(rx.recv().is_err());
     }
 }

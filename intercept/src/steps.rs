@@ -50,8 +50,9 @@ pub const SAMPLE_LEN: usize = 32;
 /// operand counts as updated in place rather than replaced by new data (unless the other slot is
 /// known to hold the weights, `Anchor::one_held`). Measured: SGD steps that halve a loss move
 /// weights by 0.03-0.05 (tests/torch/megatron.py); the next micro-batch's activations at a
-/// deep pipeline stage move by 0.19-0.20 at step 0 but under 0.1 later (the trainer, bf16,
-/// 8 layers, last stage of pp=2); independent inputs are expected to move by about √2.
+/// deep pipeline stage moved by 0.19-0.20 early on, and by under 0.1 at some later
+/// recurrences (inferred from where the rule split them; the trainer, bf16, 8 layers, last
+/// stage of pp=2); independent inputs are expected to move by about √2.
 pub const UPDATE_MAX_CHANGE: f64 = 0.1;
 
 /// Evenly spaced elements of an operand, as `f32`.

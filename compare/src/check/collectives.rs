@@ -539,9 +539,7 @@ fn broadcast_mismatch(c0: &CollectiveOp, recs: &[&Rec]) -> Option<(Vec<u32>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttrace_format::config::CaptureConfig;
     use ttrace_format::record::{packed_strides, Record, Tensor};
-    use ttrace_format::store::CommEntry;
 
     const COMM: u64 = 0xc0;
 
@@ -600,29 +598,7 @@ mod tests {
     }
 
     fn run(records: Vec<Rec>) -> Outcome {
-        let manifest = Manifest {
-            format_major: 1,
-            format_minor: 0,
-            run_id: "t".into(),
-            created_unix_ns: 0,
-            command: vec![],
-            cwd: String::new(),
-            env: Default::default(),
-            config: CaptureConfig::default(),
-            ranks: vec![],
-            comms: vec![CommEntry {
-                key: COMM,
-                size: 2,
-                members: vec![Some(0), Some(1)],
-                parent: None,
-                color: None,
-                api: "ncclCommInitRank".into(),
-            }],
-            finalized: true,
-            exit_code: Some(0),
-            job: None,
-            lost: Vec::new(),
-        };
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
         let trace = Trace {
             ranks: vec![0, 1],
             records,

@@ -305,27 +305,7 @@ fn fit_groups(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttrace_format::dtype::DType;
-
-    fn values(data: &[f32]) -> Values {
-        Values {
-            shape: vec![data.len() as u64],
-            data: data.to_vec(),
-            dtype: DType::F32,
-        }
-    }
-
-    fn half(chunk: u64) -> Placement {
-        Placement {
-            dims: vec![numerics::DimSlice {
-                cuts: vec![numerics::Cut {
-                    parts: 2,
-                    outer: 1,
-                    chunk,
-                }],
-            }],
-        }
-    }
+    use crate::placement::tests::{half, values};
 
     #[test]
     fn identical_shards_blame_the_rank_whose_place_they_do_not_fit() {

@@ -265,12 +265,13 @@ impl Placer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::numerics::{Cut, DimSlice};
     use ttrace_format::dtype::DType;
 
-    fn values(data: &[f32]) -> Values {
+    /// `data` as a one-dimensional F32 tensor.
+    pub(crate) fn values(data: &[f32]) -> Values {
         Values {
             shape: vec![data.len() as u64],
             data: data.to_vec(),
@@ -278,7 +279,8 @@ mod tests {
         }
     }
 
-    fn half(chunk: u64) -> Placement {
+    /// One half (two parts of `chunk` elements) of a one-dimensional tensor.
+    pub(crate) fn half(chunk: u64) -> Placement {
         Placement {
             dims: vec![DimSlice {
                 cuts: vec![Cut {

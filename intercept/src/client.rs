@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello};
+use ttrace_proto::wire::{self, ClientMsg, DaemonMsg, Hello};
 
 /// How long the daemon may take to answer `Hello`, at most (the stall budget may allow less).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,7 +67,7 @@ impl Client {
             ConnectError::Failed(format!("{what} {shown}: {e}"))
         };
         // The daemon gets the ring (every tensor): it must be this user's own process.
-        let peer = ttrace_format::peer::peer_cred(&stream)
+        let peer = ttrace_proto::peer::peer_cred(&stream)
             .map_err(|e| failed("cannot identify the listener on", &e))?
             .uid;
         // SAFETY: getuid cannot fail.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ttrace_format::wire::Hello;
+use ttrace_proto::wire::Hello;
 
 use crate::client::{Client, ConnectError, Welcome};
 use crate::log;

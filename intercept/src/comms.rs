@@ -20,8 +20,8 @@ use std::sync::Mutex;
 use core::ffi::c_int;
 
 use cuda_abi::nccl::{ncclComm_t, ncclSuccess};
-use ttrace_format::record::PreMulSum;
-use ttrace_format::wire::CommInfo;
+use ttrace_proto::record::PreMulSum;
+use ttrace_proto::wire::CommInfo;
 
 use crate::identity::{self, Fnv};
 use crate::{real, session, tracer};

@@ -15,9 +15,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
-use ttrace_format::config::StepRule;
-use ttrace_format::record::{GapReason, Op, Role, Tensor};
-use ttrace_format::ring::{tensor_offsets, Slot};
+use ttrace_proto::config::StepRule;
+use ttrace_proto::record::{GapReason, Op, Role, Tensor};
+use ttrace_proto::ring::{tensor_offsets, Slot};
 
 use crate::cuda::{self, ErrScope};
 use crate::plan::{Copy, TensorPlan, When};
@@ -281,7 +281,7 @@ pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
     Tensor {
         role: t.role,
         dtype: t.dtype,
-        strides: ttrace_format::record::packed_strides(&t.shape),
+        strides: ttrace_proto::record::packed_strides(&t.shape),
         shape: t.shape.clone(),
         ptr: t.ptr,
         nbytes: t.nbytes,
@@ -526,8 +526,8 @@ fn slot_limit(capacity: u64) -> u64 {
 /// Bytes of one chunk of a streamed tensor: a quarter of the ring, so that the device copies
 /// of one chunk overlap the collector's work on the previous ones.
 fn chunk_bytes(capacity: u64) -> u64 {
-    (capacity / 4 / ttrace_format::ring::ALIGN * ttrace_format::ring::ALIGN)
-        .max(ttrace_format::ring::ALIGN)
+    (capacity / 4 / ttrace_proto::ring::ALIGN * ttrace_proto::ring::ALIGN)
+        .max(ttrace_proto::ring::ALIGN)
 }
 
 /// How the step selection treats an op (prefilter.rs).

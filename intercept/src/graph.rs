@@ -27,8 +27,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess};
-use ttrace_format::record::{GapReason, Op, Tensor};
-use ttrace_format::ring::Slot;
+use ttrace_proto::record::{GapReason, Op, Tensor};
+use ttrace_proto::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
 use crate::engine::{self, Call};

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use ttrace_format::config::CaptureConfig;
-use ttrace_format::wire::JobInfo;
+use ttrace_proto::config::CaptureConfig;
+use ttrace_proto::wire::JobInfo;
 
 const UNKNOWN: u32 = u32::MAX;
 /// Rank learned from the first communicator when the environment named none.

@@ -52,7 +52,7 @@ mod uploads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ttrace_format::record::{GapOp, GapReason, Op};
+use ttrace_proto::record::{GapOp, GapReason, Op};
 
 /// Disables capture for good: one log line and a `TracerFault` gap (only the first fault).
 pub(crate) fn fault(api: &'static str, detail: String) {

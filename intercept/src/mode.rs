@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-use ttrace_format::config::{CaptureConfig, Family};
+use ttrace_proto::config::{CaptureConfig, Family};
 
 /// Capture host/device copies.
 pub const MEMCPY: u32 = 1 << 0;

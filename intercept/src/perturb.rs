@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t};
-use ttrace_format::dtype::DType;
-use ttrace_format::record::Role;
+use ttrace_proto::dtype::DType;
+use ttrace_proto::record::Role;
 
 use crate::cuda::{self, ErrScope};
 use crate::plan::{self, Copy, Matrix, Source, When};

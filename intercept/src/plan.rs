@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use ttrace_format::dtype::DType;
-use ttrace_format::record::Role;
+use ttrace_proto::dtype::DType;
+use ttrace_proto::record::Role;
 
 /// When a tensor is copied relative to the op on its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

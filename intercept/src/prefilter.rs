@@ -28,8 +28,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use ttrace_format::config::{CaptureConfig, RangeSet, StepRule};
-use ttrace_format::record::{Op, Role};
+use ttrace_proto::config::{CaptureConfig, RangeSet, StepRule};
+use ttrace_proto::record::{Op, Role};
 
 use crate::plan::TensorPlan;
 
@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn unwanted_gemms_keep_their_operands_only() {
         use crate::plan::{vector, Vector, When};
-        use ttrace_format::dtype::DType;
+        use ttrace_proto::dtype::DType;
         let plans = || {
             [Role::A, Role::B, Role::CIn, Role::D]
                 .map(|r| {

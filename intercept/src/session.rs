@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ttrace_format::config::CaptureConfig;
-use ttrace_format::ring::{self, Ring};
-use ttrace_format::wire::{Hello, PROTOCOL_VERSION};
+use ttrace_proto::config::CaptureConfig;
+use ttrace_proto::ring::{self, Ring};
+use ttrace_proto::wire::{Hello, PROTOCOL_VERSION};
 
 use crate::client::Client;
 use crate::{collector, cuda, identity, log, mode, stall, tracer};
@@ -110,7 +110,7 @@ fn manifest_env() -> std::collections::BTreeMap<String, String> {
     let allow: Vec<String> = std::env::var("TTRACE_ENV_ALLOW")
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
         .unwrap_or_default();
-    ttrace_format::secrets::redact_env(&mut out, &allow);
+    ttrace_proto::secrets::redact_env(&mut out, &allow);
     out
 }
 
@@ -138,7 +138,7 @@ fn usable_memory() -> u64 {
 fn start() -> Result<Session, String> {
     let cfg = mode::config().ok_or("no valid configuration")?;
     let bytes = match cfg.ring_bytes {
-        0 => ttrace_format::config::auto_ring_bytes(
+        0 => ttrace_proto::config::auto_ring_bytes(
             usable_memory(),
             identity::local_world_size() as u64,
         ),

@@ -34,7 +34,7 @@
 
 use std::collections::VecDeque;
 
-use ttrace_format::config::StepRule;
+use ttrace_proto::config::StepRule;
 
 /// Micro-batch recurrences of the anchor in a run that stayed in step 0 from which on the
 /// `auto` rule says it may have missed the steps.

@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ttrace_format::config::{CaptureConfig, StepRule};
-use ttrace_format::record::{
+use ttrace_proto::config::{CaptureConfig, StepRule};
+use ttrace_proto::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, GemmOp, Op, Record, Role, Tensor,
 };
-use ttrace_format::ring::{tensor_offsets, Ring, Slot};
-use ttrace_format::tensor::element_f64;
-use ttrace_format::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
+use ttrace_proto::ring::{tensor_offsets, Ring, Slot};
+use ttrace_proto::tensor::element_f64;
+use ttrace_proto::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
@@ -997,7 +997,7 @@ pub fn gap_meta(base: Meta, reason: GapReason, bytes: u64, detail: String) -> Me
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use ttrace_format::dtype::DType;
+    use ttrace_proto::dtype::DType;
 
     fn tensor(role: Role, captured: bool) -> Tensor {
         Tensor {

@@ -1,7 +1,7 @@
 //! The optional C API of include/ttrace.h, for programs that want to mark steps or pause
 //! capture. Safe to call at any time, from any thread, traced or not.
 
-use ttrace_format::config::StepRule;
+use ttrace_proto::config::StepRule;
 
 use crate::tracer;
 use crate::{mode, session};

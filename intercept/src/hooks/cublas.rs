@@ -36,8 +36,8 @@ use std::sync::Arc;
 use cuda_abi::cublas::*;
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::library_types::*;
-use ttrace_format::dtype::DType;
-use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
+use ttrace_proto::dtype::DType;
+use ttrace_proto::record::{GapOp, GapReason, GemmOp, Op, Role};
 
 use crate::engine::{self, Call};
 use crate::plan::{self, Matrix, TensorPlan, Vector, When};

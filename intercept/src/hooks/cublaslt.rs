@@ -13,9 +13,9 @@ use core::ffi::c_void;
 use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::cudaStream_t;
-use ttrace_format::blockscale;
-use ttrace_format::dtype::DType;
-use ttrace_format::record::{GapOp, GapReason, GemmOp, Op, Role};
+use ttrace_proto::blockscale;
+use ttrace_proto::dtype::DType;
+use ttrace_proto::record::{GapOp, GapReason, GemmOp, Op, Role};
 
 use super::cublas::read_scalar;
 use crate::engine::{self, Call};

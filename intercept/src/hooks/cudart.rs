@@ -10,7 +10,7 @@
 use core::ffi::{c_int, c_void};
 
 use cuda_abi::cudart::*;
-use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Role};
+use ttrace_proto::record::{CopyDirection, MemcpyOp, Op, Role};
 
 use crate::cuda::{self, ErrScope, MISSING};
 use crate::engine::{self, Call};

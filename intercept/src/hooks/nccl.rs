@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::nccl::*;
-use ttrace_format::dtype::DType;
-use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, PreMulSum, Role};
+use ttrace_proto::dtype::DType;
+use ttrace_proto::record::{CollectiveKind, CollectiveOp, Op, PreMulSum, Role};
 
 use crate::comms;
 use crate::cuda::ErrScope;

@@ -4,7 +4,7 @@
 use core::ffi::{c_char, c_int};
 
 use cuda_abi::nvtx::*;
-use ttrace_format::config::StepRule;
+use ttrace_proto::config::StepRule;
 
 use crate::tracer;
 use crate::{mode, real, session, thread};

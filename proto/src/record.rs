@@ -66,21 +66,46 @@ const OP_FAMILIES: &[&str] = &["memcpy", "gemm", "collective", "gap"];
 
 impl Op {
     /// The op of family `name` from the other entries of its map.
-    fn of_family<'de, D: serde::Deserializer<'de>>(name: &str, body: D) -> Result<Op, D::Error> {
+    fn of_family<'de, B: FamilyBody<'de>>(name: &str, body: B) -> Result<Op, B::Error> {
         Ok(match name {
-            "memcpy" => Op::Memcpy(MemcpyOp::deserialize(body)?),
-            "gemm" => Op::Gemm(Box::<GemmOp>::deserialize(body)?),
-            "collective" => Op::Collective(CollectiveOp::deserialize(body)?),
-            "gap" => Op::Gap(GapOp::deserialize(body)?),
+            "memcpy" => Op::Memcpy(body.parse()?),
+            "gemm" => Op::Gemm(body.parse()?),
+            "collective" => Op::Collective(body.parse()?),
+            "gap" => Op::Gap(body.parse()?),
             other => return Err(serde::de::Error::unknown_variant(other, OP_FAMILIES)),
         })
+    }
+}
+
+/// The entries of an op's map other than `family`: still in the decoder (the fast path), or
+/// gathered into a CBOR tree (a map whose `family` came later).
+trait FamilyBody<'de> {
+    type Error: serde::de::Error;
+    fn parse<T: Deserialize<'de>>(self) -> Result<T, Self::Error>;
+}
+
+/// The rest of a map being decoded.
+struct Remaining<D>(D);
+
+impl<'de, D: serde::Deserializer<'de>> FamilyBody<'de> for Remaining<D> {
+    type Error = D::Error;
+    fn parse<T: Deserialize<'de>>(self) -> Result<T, D::Error> {
+        T::deserialize(self.0)
+    }
+}
+
+impl<'de> FamilyBody<'de> for &ciborium::Value {
+    type Error = ciborium::value::Error;
+    fn parse<T: Deserialize<'de>>(self) -> Result<T, Self::Error> {
+        self.deserialized()
     }
 }
 
 /// Decodes an [`Op`] in one pass when `family` is its map's first entry (as every writer of
 /// this crate puts it): serde's derive for internally tagged enums would copy each record's op
 /// into a generic tree first and decode that again. Maps in another order (a JSON object read
-/// through `serde_json::Value`, whose keys are sorted) take that slower way.
+/// through `serde_json::Value`, whose keys are sorted) take that slower way, through a
+/// `ciborium::Value` tree.
 impl<'de> Deserialize<'de> for Op {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Op, D::Error> {
         d.deserialize_map(OpVisitor)
@@ -103,19 +128,28 @@ impl<'de> serde::de::Visitor<'de> for OpVisitor {
         };
         if first == "family" {
             let name: String = map.next_value()?;
-            return Op::of_family(&name, serde::de::value::MapAccessDeserializer::new(map));
+            return Op::of_family(
+                &name,
+                Remaining(serde::de::value::MapAccessDeserializer::new(map)),
+            );
         }
-        let mut rest = serde_json::Map::new();
-        rest.insert(first, map.next_value()?);
-        while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
-            rest.insert(k, v);
+        // The generic tree is CBOR's (the wire already links ciborium; the preload has no JSON).
+        use ciborium::Value;
+        let mut rest = vec![(Value::Text(first), map.next_value::<Value>()?)];
+        let mut name = None;
+        while let Some(k) = map.next_key::<String>()? {
+            if k == "family" {
+                name = Some(map.next_value::<Value>()?);
+            } else {
+                rest.push((Value::Text(k), map.next_value()?));
+            }
         }
-        let name = match rest.remove("family") {
-            Some(serde_json::Value::String(n)) => n,
+        let name = match name {
+            Some(Value::Text(n)) => n,
             Some(_) => return Err(A::Error::custom("`family` is not a string")),
             None => return Err(A::Error::missing_field("family")),
         };
-        Op::of_family(&name, serde_json::Value::Object(rest)).map_err(A::Error::custom)
+        Op::of_family(&name, &Value::Map(rest)).map_err(A::Error::custom)
     }
 }
 

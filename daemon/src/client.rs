@@ -22,7 +22,7 @@ use ttrace_format::wire::{
 
 use crate::dedup::Digest;
 use crate::encode::Encoder;
-use crate::fdpass;
+use ttrace_format::fdpass;
 use crate::pieces::{self, Encoded, PieceSet};
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;

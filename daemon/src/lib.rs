@@ -43,7 +43,6 @@ mod client;
 pub mod collector;
 mod dedup;
 pub mod encode;
-mod fdpass;
 mod pieces;
 pub use pieces::PIECE_BYTES as DEFAULT_PIECE_BYTES;
 mod pool;

@@ -1,20 +1,24 @@
-//! A minimal producer: the client side of the wire protocol with a real memfd ring.
+//! A producer for tests and benchmarks: the one producer client (`ttrace_format::producer`, the
+//! one libttrace.so uses) with a real memfd ring it creates and fills itself.
 //!
 //! `libttrace.so` is the real producer; this one lets tests and benchmarks drive a daemon
 //! without CUDA — including the misbehaviour a daemon must survive (raw frames, bogus slots).
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
 use memmap2::MmapMut;
+use ttrace_format::producer::{Client, ConnectError};
 use ttrace_format::record::Record;
 use ttrace_format::ring::{self, Ring, Slot};
-use ttrace_format::wire::{self, ClientMsg, CommInfo, DaemonMsg, Hello, PROTOCOL_VERSION};
+use ttrace_format::wire::{ClientMsg, CommInfo, Hello, PROTOCOL_VERSION};
 use ttrace_format::FormatError;
+
+/// How long the daemon may take to answer `Hello`.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
 /// Errors of the test client.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +30,12 @@ pub enum ClientError {
     /// The daemon answered `Refused`.
     #[error("refused: {0}")]
     Refused(String),
+    /// The connection failed before an answer (nobody listens, a protocol failure).
+    #[error("{0}")]
+    Connect(String),
+    /// A message could not be sent.
+    #[error("send: {0}")]
+    Send(String),
     /// The ring stayed full.
     #[error("no ring space for {0} bytes")]
     RingFull(u64),
@@ -65,7 +75,7 @@ pub fn hello(rank: u32, world_size: u32, ring_capacity: u64) -> Hello {
 
 /// A connected producer with its ring.
 pub struct TestClient {
-    stream: UnixStream,
+    client: Client,
     ring: Ring,
     // Keeps the mapping `ring` points into alive.
     _map: MmapMut,
@@ -93,41 +103,6 @@ fn memfd(len: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// Sends `bytes` with `fd` attached as `SCM_RIGHTS`.
-fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: Option<&File>) -> io::Result<()> {
-    let mut control = [0u64; 8];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(f) = fd {
-        // SAFETY: the control buffer (64 bytes, 8-aligned) has room for one cmsghdr with one
-        // int; the CMSG macros compute positions inside it.
-        unsafe {
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-            libc::CMSG_DATA(c)
-                .cast::<libc::c_int>()
-                .write_unaligned(f.as_raw_fd());
-        }
-    }
-    // SAFETY: `msg` points at live buffers; sendmsg only reads them.
-    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // The descriptor went with the first bytes; the rest (if any) is plain data.
-    (&*stream).write_all(&bytes[n as usize..])
-}
-
 impl TestClient {
     /// Connects, sends `hello` with a fresh ring of `hello.ring_capacity` bytes, and waits for
     /// `Welcome`.
@@ -147,22 +122,19 @@ impl TestClient {
         let mut map = unsafe { MmapMut::map_mut(&file)? };
         // SAFETY: the mapping is page aligned, large enough, and lives in the returned client.
         let ring = unsafe { Ring::create(map.as_mut_ptr(), capacity)? };
-        let mut stream = UnixStream::connect(socket)?;
-        send_with_fd(
-            &stream,
-            &wire::encode(&ClientMsg::Hello(hello))?,
-            send_fd.then_some(&file),
-        )?;
-        match wire::read_msg::<DaemonMsg>(&mut stream)? {
-            Some(DaemonMsg::Welcome { run_id, .. }) => Ok(TestClient {
-                stream,
+        let fd = send_fd.then(|| file.as_raw_fd());
+        match Client::connect_with(socket, hello, fd, HELLO_WITHIN) {
+            Ok((client, welcome)) => Ok(TestClient {
+                client,
                 ring,
                 _map: map,
-                run_id,
+                run_id: welcome.run_id,
                 wait: Duration::from_secs(10),
             }),
-            Some(DaemonMsg::Refused { reason }) => Err(ClientError::Refused(reason)),
-            None => Err(ClientError::Refused("connection closed".into())),
+            Err(ConnectError::Refused(reason)) => Err(ClientError::Refused(reason)),
+            Err(ConnectError::NoListener(e) | ConnectError::Failed(e)) => {
+                Err(ClientError::Connect(e))
+            }
         }
     }
 
@@ -223,12 +195,12 @@ impl TestClient {
 
     /// Sends one message.
     pub fn send(&mut self, msg: &ClientMsg) -> Result<(), ClientError> {
-        wire::write_msg(&mut self.stream, msg).map_err(ClientError::from)
+        self.client.send(msg).map_err(ClientError::Send)
     }
 
     /// Sends raw bytes (for protocol-violation tests).
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
-        self.stream.write_all(bytes).map_err(ClientError::from)
+        self.client.send_raw(bytes).map_err(ClientError::from)
     }
 
     /// Waits until the daemon has released everything published so far.

@@ -16,5 +16,6 @@ pub mod storeset;
 pub mod stream;
 
 pub use ttrace_proto::{
-    blockscale, config, dtype, peer, record, ring, secrets, tensor, wire, FormatError,
+    blockscale, config, dtype, fdpass, peer, producer, record, ring, secrets, tensor, wire,
+    FormatError,
 };

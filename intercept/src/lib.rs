@@ -30,7 +30,7 @@
 pub mod plan;
 pub mod steps;
 
-mod client;
+use ttrace_proto::producer as client;
 mod collector;
 mod comms;
 mod cuda;

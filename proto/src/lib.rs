@@ -10,7 +10,9 @@
 pub mod blockscale;
 pub mod config;
 pub mod dtype;
+pub mod fdpass;
 pub mod peer;
+pub mod producer;
 pub mod record;
 pub mod ring;
 pub mod secrets;

@@ -1,12 +1,14 @@
-//! The connection to `ttraced`: `Hello` with the ring's memfd as `SCM_RIGHTS`, the daemon's
-//! answer, then frames written by the tracer thread only (format/src/wire.rs).
+//! The producer side of the wire protocol, the one there is: `Hello` with the ring's memfd as
+//! `SCM_RIGHTS`, the daemon's answer, then frames (in libttrace.so written by the tracer thread
+//! only). The daemon's tests and benchmarks drive it too (`ttraced::test_client`).
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use ttrace_proto::wire::{self, ClientMsg, DaemonMsg, Hello};
+use crate::fdpass::{send_all, send_with_fd};
+use crate::wire::{self, ClientMsg, DaemonMsg, Hello};
 
 /// How long the daemon may take to answer `Hello`, at most (the stall budget may allow less).
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,7 +34,9 @@ pub enum ConnectError {
     /// Nothing listens at the path (no socket file, or a stale one): a collector may be
     /// started there.
     NoListener(String),
-    /// Anything else: a listener that is not ours, a refusal, a protocol failure.
+    /// The daemon answered `Refused`, for this reason.
+    Refused(String),
+    /// Anything else: a listener that is not ours, a protocol failure.
     Failed(String),
 }
 
@@ -40,6 +44,7 @@ impl std::fmt::Display for ConnectError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConnectError::NoListener(s) | ConnectError::Failed(s) => f.write_str(s),
+            ConnectError::Refused(reason) => write!(f, "the collector refused: {reason}"),
         }
     }
 }
@@ -51,6 +56,17 @@ impl Client {
         path: &Path,
         hello: Hello,
         ring_fd: RawFd,
+        answer_within: Duration,
+    ) -> Result<(Client, Welcome), ConnectError> {
+        Client::connect_with(path, hello, Some(ring_fd), answer_within)
+    }
+
+    /// [`Client::connect`]; `ring_fd: None` leaves the ring out of the `Hello` (a daemon must
+    /// refuse that: the tests of its robustness send it).
+    pub fn connect_with(
+        path: &Path,
+        hello: Hello,
+        ring_fd: Option<RawFd>,
         answer_within: Duration,
     ) -> Result<(Client, Welcome), ConnectError> {
         let shown = path.display();
@@ -67,7 +83,7 @@ impl Client {
             ConnectError::Failed(format!("{what} {shown}: {e}"))
         };
         // The daemon gets the ring (every tensor): it must be this user's own process.
-        let peer = ttrace_proto::peer::peer_cred(&stream)
+        let peer = crate::peer::peer_cred(&stream)
             .map_err(|e| failed("cannot identify the listener on", &e))?
             .uid;
         // SAFETY: getuid cannot fail.
@@ -79,9 +95,7 @@ impl Client {
             )));
         }
         let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| failed("hello for", &e))?;
-        let sent = send_with_fd(&stream, &frame, ring_fd)
-            .map_err(|e| failed("cannot send hello to", &e))?;
-        send_all(&stream, &frame[sent..]).map_err(|e| failed("cannot send hello to", &e))?;
+        send_with_fd(&stream, &frame, ring_fd).map_err(|e| failed("cannot send hello to", &e))?;
         // A zero timeout means none to the socket layer: wait at least a millisecond.
         let within = answer_within
             .min(HELLO_TIMEOUT)
@@ -104,9 +118,7 @@ impl Client {
                     first,
                 },
             )),
-            Some(DaemonMsg::Refused { reason }) => Err(ConnectError::Failed(format!(
-                "the collector refused: {reason}"
-            ))),
+            Some(DaemonMsg::Refused { reason }) => Err(ConnectError::Refused(reason)),
             None => Err(ConnectError::Failed(format!(
                 "{shown} closed the connection"
             ))),
@@ -118,65 +130,9 @@ impl Client {
         let frame = wire::encode(msg).map_err(|e| e.to_string())?;
         send_all(&self.stream, &frame).map_err(|e| e.to_string())
     }
-}
 
-/// Writes all of `buf` with `MSG_NOSIGNAL`: a daemon that went away is an error, never a
-/// SIGPIPE that kills the traced program.
-fn send_all(stream: &UnixStream, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: `buf` is a live slice; send reads at most its length.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        buf = &buf[n as usize..];
+    /// Writes bytes as they are, framed or not (the daemon's tests send malformed frames).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        send_all(&self.stream, bytes)
     }
-    Ok(())
-}
-
-/// Sends the start of `frame` with `fd` attached (the ancillary data rides with the first
-/// bytes); returns how many bytes went.
-fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: RawFd) -> std::io::Result<usize> {
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut cmsg_buf = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: frame.as_ptr() as *mut libc::c_void,
-        iov_len: frame.len(),
-    };
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control points to `space` bytes, enough for one cmsg carrying one fd;
-    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
-    let n = unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::copy_nonoverlapping(
-            (&fd as *const RawFd).cast::<u8>(),
-            libc::CMSG_DATA(c),
-            std::mem::size_of::<RawFd>(),
-        );
-        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
-    };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(n as usize)
 }

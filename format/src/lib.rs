@@ -9,6 +9,7 @@
 
 pub mod codec;
 pub mod dedup;
+pub mod frame;
 pub mod reader;
 pub mod recover;
 pub mod store;

@@ -3,7 +3,7 @@
 //!
 //! A [`Store`] lists the segments (`RUN/rankNNNNN/stepNNNNNN.seg`) and reads the manifest
 //! through [`Manifest::read`] (which refuses an unknown major version). A [`Segment`] is opened
-//! through [`SegmentReader::open`] (the same header and version check every reader uses), then
+//! through [`SegmentHeader::read`] (the same header and version check every reader uses), then
 //! memory-mapped: frames are read in place, never loaded whole, and a record's tensors are
 //! decoded one at a time.
 //!
@@ -28,10 +28,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::codec;
+use crate::frame::{FrameHeader, SegmentHeader};
 use crate::record::{Record, Tensor};
 use crate::store::{
-    index_path, parse_body, read_index, BlobRef, Frame, IndexEntry, Manifest, SegmentReader,
-    FRAME_HEADER_BYTES, FRAME_MAGIC, SEGMENT_HEADER_BYTES,
+    index_path, parse_body, read_index, BlobRef, Frame, IndexEntry, Manifest, FRAME_HEADER_BYTES,
+    FRAME_MAGIC, SEGMENT_HEADER_BYTES,
 };
 use crate::tensor::TensorData;
 use crate::FormatError;
@@ -531,18 +532,6 @@ impl fmt::Display for Bad {
     }
 }
 
-fn u32_at(d: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&d[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(d: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&d[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
 /// Checks the frame at `pos` completely (header, CRC, record) and returns where it is.
 fn check_frame(data: &[u8], pos: usize) -> Result<FrameLoc, Bad> {
     let hdr = FRAME_HEADER_BYTES as usize;
@@ -556,11 +545,10 @@ fn check_frame(data: &[u8], pos: usize) -> Result<FrameLoc, Bad> {
             Bad::Magic
         });
     }
-    if data[pos..pos + 4] != FRAME_MAGIC {
-        return Err(Bad::Magic);
-    }
-    let body_len = u64_at(data, pos + 8);
-    let crc = u32_at(data, pos + 16);
+    let FrameHeader {
+        body_len,
+        crc32: crc,
+    } = FrameHeader::parse(&data[pos..]).ok_or(Bad::Magic)?;
     if body_len > (rest - hdr) as u64 {
         return Err(Bad::Truncated);
     }
@@ -626,9 +614,7 @@ impl Segment {
     /// [`Segment::open`], checking the header against the (rank, step) its name gives.
     pub fn open_as(path: &Path, named: Option<(u32, u64)>) -> Result<Segment, FormatError> {
         // The shared header and version check of every reader.
-        let header = SegmentReader::open(path)?;
-        let (rank, step) = (header.rank, header.step);
-        drop(header);
+        let SegmentHeader { rank, step, .. } = SegmentHeader::read(path)?;
         let file = crate::store::open_regular(path)?;
         // SAFETY: the mapping is read-only and lives as long as this Segment. Segments are
         // append-only while a collector writes them (bytes past the length mapped here are not
@@ -840,11 +826,7 @@ impl Segment {
                 return Err(format!("entry {i} (seq {}) lies past the end", e.seq));
             }
             let o = e.offset as usize;
-            let h = &data[o..o + FRAME_HEADER_BYTES as usize];
-            if h[..4] != FRAME_MAGIC
-                || u64_at(h, 8) != e.frame_len - FRAME_HEADER_BYTES
-                || u32_at(h, 16) != e.crc32
-            {
+            if !e.matches(&data[o..o + FRAME_HEADER_BYTES as usize]) {
                 return Err(format!(
                     "entry {i} (seq {}) does not match the frame header at byte {}",
                     e.seq, e.offset

@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::config::CaptureConfig;
+use crate::frame::{FrameHeader, SegmentHeader};
 use crate::reader::{Issue, IssueKind, Segment, SeqHint, Store};
 use crate::record::Op;
 use crate::store::{
     index_path, manifest_path, read_index, write_index, CommEntry, IndexEntry, Manifest, RankInfo,
     FORMAT_MAJOR, FORMAT_MINOR, FRAME_HEADER_BYTES, FRAME_MAGIC, SEGMENT_HEADER_BYTES,
-    SEGMENT_MAGIC,
 };
 use crate::FormatError;
 
@@ -217,10 +217,11 @@ pub fn repair_frame_headers(run: &Path, check: &SegmentCheck) -> Result<usize, F
         f.seek(SeekFrom::Start(offset)).map_err(io)?;
         f.read_exact(&mut old).map_err(io)?;
         save_lost(run, &lost_name(run, path, "frame-header", offset), &old)?;
-        let mut h = [0u8; FRAME_HEADER_BYTES as usize];
-        h[..4].copy_from_slice(&FRAME_MAGIC);
-        h[8..16].copy_from_slice(&body_len.to_le_bytes());
-        h[16..20].copy_from_slice(&crc.to_le_bytes());
+        let h = FrameHeader {
+            body_len,
+            crc32: crc,
+        }
+        .encode();
         f.seek(SeekFrom::Start(offset)).map_err(io)?;
         f.write_all(&h).map_err(io)?;
     }
@@ -329,7 +330,7 @@ pub fn repair_header(run: &Path, path: &Path, rank: u32, step: u64) -> Result<bo
     let io = |e| FormatError::at(path, e);
     let mut f = open_segment_rw(path)?;
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
-    if f.read_exact(&mut h).is_err() || h[..8] == SEGMENT_MAGIC {
+    if f.read_exact(&mut h).is_err() || SegmentHeader::parse(&h).is_some() {
         return Ok(false);
     }
     // Evidence that this is a segment: a frame magic right after the header.
@@ -338,14 +339,9 @@ pub fn repair_header(run: &Path, path: &Path, rank: u32, step: u64) -> Result<bo
         return Ok(false);
     }
     save_lost(run, &lost_name(run, path, "header", 0), &h)?;
-    let mut n = [0u8; SEGMENT_HEADER_BYTES as usize];
-    n[..8].copy_from_slice(&SEGMENT_MAGIC);
-    n[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    n[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
-    n[12..16].copy_from_slice(&rank.to_le_bytes());
-    n[16..24].copy_from_slice(&step.to_le_bytes());
     f.seek(SeekFrom::Start(0)).map_err(io)?;
-    f.write_all(&n).map_err(io)?;
+    f.write_all(&SegmentHeader::current(rank, step).encode())
+        .map_err(io)?;
     f.sync_all().map_err(io)?;
     Ok(true)
 }

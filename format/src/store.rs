@@ -6,10 +6,9 @@
 //! RUN/rank00003/step000002.idx      seq -> frame offset (rebuilt by scanning when missing)
 //! ```
 //!
-//! A frame is `magic "TTRF" | flags u32 | body_len u64 | crc32(body) u32 | reserved u32 | body`;
-//! a body is `meta_len u32 | CBOR Record | one blob per captured tensor`; a blob is
-//! `codec u8 | elem_size u8 | 0u16 | 0u32 | raw_len u64 | stored_len u64 | stored bytes`
-//! (the codecs are in [`crate::codec`]). All integers are little-endian.
+//! A segment is its header, then frames; a frame is its header, then a body:
+//! `meta_len u32 | CBOR Record | one blob per captured tensor`; a blob is its header, then its
+//! stored bytes (the codecs are in [`crate::codec`]). The headers are [`crate::frame`]'s.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -24,18 +23,11 @@ use crate::config::CaptureConfig;
 use crate::record::Record;
 use crate::FormatError;
 
-/// Major version: a reader refuses a store with another one.
-pub const FORMAT_MAJOR: u16 = 1;
-/// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 4;
-
-pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
-pub const INDEX_MAGIC: [u8; 8] = *b"TTRIDX\r\n";
-pub const FRAME_MAGIC: [u8; 4] = *b"TTRF";
-pub const SEGMENT_HEADER_BYTES: u64 = 64;
-pub const FRAME_HEADER_BYTES: u64 = 24;
-pub const BLOB_HEADER_BYTES: usize = 24;
-pub const INDEX_ENTRY_BYTES: usize = 32;
+pub use crate::frame::{
+    IndexEntry, BLOB_HEADER_BYTES, FORMAT_MAJOR, FORMAT_MINOR, FRAME_HEADER_BYTES, FRAME_MAGIC,
+    INDEX_ENTRY_BYTES, INDEX_MAGIC, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
+};
+use crate::frame::{BlobHeader, FrameHeader, IndexHeader, SegmentHeader, INDEX_HEADER_BYTES};
 /// Largest record metadata (CBOR) a frame may carry.
 pub const MAX_META_BYTES: usize = 1 << 20;
 
@@ -287,17 +279,16 @@ impl Blob {
             stored: codec::encode(raw, elem_size, codec, level, scratch)?,
         })
     }
-}
 
-/// One entry of a segment index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub seq: u64,
-    /// Offset of the frame header in the segment.
-    pub offset: u64,
-    /// Header plus body.
-    pub frame_len: u64,
-    pub crc32: u32,
+    /// The header written before its stored bytes.
+    pub fn header(&self) -> BlobHeader {
+        BlobHeader {
+            codec: self.codec as u8,
+            elem_size: self.elem_size,
+            raw_len: self.raw_len,
+            stored_len: self.stored.len() as u64,
+        }
+    }
 }
 
 /// Appends frames to one segment.
@@ -526,13 +517,8 @@ impl SegmentWriter {
         } else {
             Sink::Buffered(BufWriter::with_capacity(1 << 20, f))
         };
-        let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
-        h[..8].copy_from_slice(&SEGMENT_MAGIC);
-        h[8..10].copy_from_slice(&FORMAT_MAJOR.to_le_bytes());
-        h[10..12].copy_from_slice(&FORMAT_MINOR.to_le_bytes());
-        h[12..16].copy_from_slice(&rank.to_le_bytes());
-        h[16..24].copy_from_slice(&step.to_le_bytes());
-        file.write_all(&h).map_err(|e| FormatError::at(&path, e))?;
+        file.write_all(&SegmentHeader::current(rank, step).encode())
+            .map_err(|e| FormatError::at(&path, e))?;
         Ok(SegmentWriter {
             path,
             file,
@@ -559,20 +545,17 @@ impl SegmentWriter {
         crc.update(&meta);
         let mut headers = Vec::with_capacity(blobs.len());
         for b in blobs {
-            let mut h = [0u8; BLOB_HEADER_BYTES];
-            h[0] = b.codec as u8;
-            h[1] = b.elem_size;
-            h[8..16].copy_from_slice(&b.raw_len.to_le_bytes());
-            h[16..24].copy_from_slice(&(b.stored.len() as u64).to_le_bytes());
+            let h = b.header().encode();
             crc.update(&h);
             crc.update(&b.stored);
             headers.push(h);
         }
         let crc = crc.finalize();
-        let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
-        fh[..4].copy_from_slice(&FRAME_MAGIC);
-        fh[8..16].copy_from_slice(&(body_len as u64).to_le_bytes());
-        fh[16..20].copy_from_slice(&crc.to_le_bytes());
+        let fh = FrameHeader {
+            body_len: body_len as u64,
+            crc32: crc,
+        }
+        .encode();
         let io = |e| FormatError::at(&self.path, e);
         self.file.write_all(&fh).map_err(io)?;
         self.file.write_all(&meta_len).map_err(io)?;
@@ -659,17 +642,15 @@ impl SegmentWriter {
 
 /// Writes an index file atomically.
 pub fn write_index(path: &Path, entries: &[IndexEntry]) -> Result<(), FormatError> {
-    let mut buf = Vec::with_capacity(16 + entries.len() * INDEX_ENTRY_BYTES);
-    buf.extend_from_slice(&INDEX_MAGIC);
-    buf.extend_from_slice(&FORMAT_MAJOR.to_le_bytes());
-    buf.extend_from_slice(&FORMAT_MINOR.to_le_bytes());
-    buf.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    let mut buf = Vec::with_capacity(INDEX_HEADER_BYTES + entries.len() * INDEX_ENTRY_BYTES);
+    let header = IndexHeader {
+        major: FORMAT_MAJOR,
+        minor: FORMAT_MINOR,
+        entries: entries.len() as u32,
+    };
+    buf.extend_from_slice(&header.encode());
     for e in entries {
-        buf.extend_from_slice(&e.seq.to_le_bytes());
-        buf.extend_from_slice(&e.offset.to_le_bytes());
-        buf.extend_from_slice(&e.frame_len.to_le_bytes());
-        buf.extend_from_slice(&e.crc32.to_le_bytes());
-        buf.extend_from_slice(&0u32.to_le_bytes());
+        buf.extend_from_slice(&e.encode());
     }
     let tmp = path.with_extension("idx.tmp");
     let written = create_regular(&tmp)
@@ -688,31 +669,18 @@ pub fn read_index(path: &Path) -> Result<Vec<IndexEntry>, FormatError> {
         .read_to_end(&mut buf)
         .map_err(|e| FormatError::at(path, e))?;
     let bad = |why: &str| FormatError::Corrupt(format!("{}: {why}", path.display()));
-    if buf.len() < 16 || buf[..8] != INDEX_MAGIC {
-        return Err(bad("not a ttrace index"));
-    }
-    let major = u16::from_le_bytes([buf[8], buf[9]]);
-    if major != FORMAT_MAJOR {
-        return Err(FormatError::Version(format!(
-            "{}: index major version {major}, this ttrace reads {FORMAT_MAJOR}",
-            path.display()
-        )));
-    }
-    let n = u32::from_le_bytes([buf[12], buf[13], buf[14], buf[15]]) as usize;
-    if buf.len() != 16 + n * INDEX_ENTRY_BYTES {
+    let header = (buf.len() >= INDEX_HEADER_BYTES)
+        .then(|| IndexHeader::parse(&buf))
+        .flatten()
+        .ok_or_else(|| bad("not a ttrace index"))?;
+    crate::frame::check_major(header.major, "index", path)?;
+    let n = header.entries as usize;
+    if buf.len() != INDEX_HEADER_BYTES + n * INDEX_ENTRY_BYTES {
         return Err(bad("entry count does not match the file size"));
     }
-    Ok(buf[16..]
+    Ok(buf[INDEX_HEADER_BYTES..]
         .chunks_exact(INDEX_ENTRY_BYTES)
-        .map(|c| {
-            let u64at = |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8 bytes"));
-            IndexEntry {
-                seq: u64at(0),
-                offset: u64at(8),
-                frame_len: u64at(16),
-                crc32: u32::from_le_bytes(c[24..28].try_into().expect("4 bytes")),
-            }
-        })
+        .map(IndexEntry::parse)
         .collect())
 }
 
@@ -837,20 +805,19 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         if at + BLOB_HEADER_BYTES > body.len() {
             return Err(bad("truncated blob header".into()));
         }
-        let h = &body[at..at + BLOB_HEADER_BYTES];
-        let codec = Codec::from_u8(h[0]).ok_or_else(|| bad(format!("unknown codec {}", h[0])))?;
-        let raw_len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
-        let stored = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+        let h = BlobHeader::parse(&body[at..at + BLOB_HEADER_BYTES]);
+        let codec =
+            Codec::from_u8(h.codec).ok_or_else(|| bad(format!("unknown codec {}", h.codec)))?;
         let start = at + BLOB_HEADER_BYTES;
-        let end = usize::try_from(stored)
+        let end = usize::try_from(h.stored_len)
             .ok()
             .and_then(|s| start.checked_add(s))
             .filter(|&e| e <= body.len())
             .ok_or_else(|| bad("blob runs past the body".into()))?;
         blobs.push(BlobRef {
             codec,
-            elem_size: h[1],
-            raw_len,
+            elem_size: h.elem_size,
+            raw_len: h.raw_len,
             start,
             end,
         });

@@ -22,14 +22,8 @@ pub const STREAMS_DIR: &str = "streams";
 pub const STREAM_EXT: &str = "tts";
 /// Suffix of a stream file still being written (or abandoned by a crash).
 pub const PARTIAL_SUFFIX: &str = ".part";
-/// `"TTRSTM\r\n"`: first bytes of a stream file.
-pub const STREAM_MAGIC: [u8; 8] = *b"TTRSTM\r\n";
-/// `"TTRC"`: first bytes of a chunk.
-pub const CHUNK_MAGIC: [u8; 4] = *b"TTRC";
-/// Bytes of the file header.
-pub const STREAM_HEADER_BYTES: usize = 64;
-/// Bytes of a chunk header.
-pub const CHUNK_HEADER_BYTES: usize = 32;
+pub use crate::frame::{CHUNK_HEADER_BYTES, CHUNK_MAGIC, STREAM_HEADER_BYTES, STREAM_MAGIC};
+use crate::frame::{BlobHeader, ChunkHeader, StreamHeader};
 /// Largest chunk a reader accepts (raw bytes): bounds what a crafted header can make it
 /// allocate. Writers use a quarter of the ring at most, and rings are at most 64 GiB.
 pub const MAX_CHUNK_BYTES: u64 = 16 << 30;
@@ -96,13 +90,7 @@ impl StreamWriter {
         let done = dir.join(name);
         let partial = dir.join(format!("{name}{PARTIAL_SUFFIX}"));
         let mut file = create_regular(&partial)?;
-        let mut h = [0u8; STREAM_HEADER_BYTES];
-        h[..8].copy_from_slice(&STREAM_MAGIC);
-        h[8..10].copy_from_slice(&crate::store::FORMAT_MAJOR.to_le_bytes());
-        h[10..12].copy_from_slice(&crate::store::FORMAT_MINOR.to_le_bytes());
-        h[12] = elem;
-        h[16..24].copy_from_slice(&total.to_le_bytes());
-        file.write_all(&h)
+        file.write_all(&StreamHeader::current(elem, total).encode())
             .map_err(|e| FormatError::at(&partial, e))?;
         Ok(StreamWriter {
             file,
@@ -130,21 +118,18 @@ impl StreamWriter {
                 self.name, blob.raw_len, self.next_index, self.written, self.total
             )));
         }
-        let mut bh = [0u8; BLOB_HEADER_BYTES];
-        bh[0] = blob.codec as u8;
-        bh[1] = blob.elem_size;
-        bh[8..16].copy_from_slice(&blob.raw_len.to_le_bytes());
-        bh[16..24].copy_from_slice(&(blob.stored.len() as u64).to_le_bytes());
+        let bh = blob.header().encode();
         let mut crc = crc32fast::Hasher::new();
         crc.update(&bh);
         crc.update(&blob.stored);
         let body_len = (BLOB_HEADER_BYTES + blob.stored.len()) as u64;
-        let mut ch = [0u8; CHUNK_HEADER_BYTES];
-        ch[..4].copy_from_slice(&CHUNK_MAGIC);
-        ch[4..8].copy_from_slice(&index.to_le_bytes());
-        ch[8..16].copy_from_slice(&offset.to_le_bytes());
-        ch[16..24].copy_from_slice(&body_len.to_le_bytes());
-        ch[24..28].copy_from_slice(&crc.finalize().to_le_bytes());
+        let ch = ChunkHeader {
+            index,
+            offset,
+            body_len,
+            crc32: crc.finalize(),
+        }
+        .encode();
         let io = |e| FormatError::at(&self.partial, e);
         self.file.write_all(&ch).map_err(io)?;
         self.file.write_all(&bh).map_err(io)?;
@@ -213,18 +198,9 @@ pub fn read_stream(
     let io = |e| FormatError::at(&path, e);
     let mut h = [0u8; STREAM_HEADER_BYTES];
     f.read_exact(&mut h).map_err(io)?;
-    if h[..8] != STREAM_MAGIC {
-        return Err(bad("not a ttrace stream file".into()));
-    }
-    let major = u16::from_le_bytes([h[8], h[9]]);
-    if major != crate::store::FORMAT_MAJOR {
-        return Err(FormatError::Version(format!(
-            "{}: format major {major}, this reader knows {}",
-            path.display(),
-            crate::store::FORMAT_MAJOR
-        )));
-    }
-    let total = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
+    let header = StreamHeader::parse(&h).ok_or_else(|| bad("not a ttrace stream file".into()))?;
+    crate::frame::check_major(header.major, "stream", &path)?;
+    let total = header.total;
     if total != raw_len {
         return Err(bad(format!(
             "holds a {total}-byte tensor, its record says {raw_len}"
@@ -243,15 +219,20 @@ pub fn read_stream(
             ))
         })?;
         let at = out.len() as u64;
-        let got_index = u32::from_le_bytes(ch[4..8].try_into().expect("4 bytes"));
-        let offset = u64::from_le_bytes(ch[8..16].try_into().expect("8 bytes"));
-        let body_len = u64::from_le_bytes(ch[16..24].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(ch[24..28].try_into().expect("4 bytes"));
-        if ch[..4] != CHUNK_MAGIC || got_index != index || offset != at {
+        let header = ChunkHeader::parse(&ch);
+        let Some(ChunkHeader {
+            body_len,
+            crc32: crc,
+            ..
+        }) = header.filter(|c| c.index == index && c.offset == at)
+        else {
+            let found = header.map_or("no chunk magic".to_string(), |c| {
+                format!("index {}, offset {}", c.index, c.offset)
+            });
             return Err(bad(format!(
-                "chunk {index} at {at} has a bad header (index {got_index}, offset {offset})"
+                "chunk {index} at {at} has a bad header ({found})"
             )));
-        }
+        };
         if body_len < BLOB_HEADER_BYTES as u64 || body_len > MAX_CHUNK_BYTES + 4096 {
             return Err(bad(format!("chunk {index} claims {body_len} bytes")));
         }
@@ -263,11 +244,11 @@ pub fn read_stream(
         if crc32fast::hash(&body) != crc {
             return Err(bad(format!("chunk {index} does not match its CRC-32")));
         }
-        let codec = Codec::from_u8(body[0])
+        let blob = BlobHeader::parse(&body);
+        let codec = Codec::from_u8(blob.codec)
             .filter(|c| !matches!(c, Codec::Streamed | Codec::Reference))
-            .ok_or_else(|| bad(format!("chunk {index} has codec {}", body[0])))?;
-        let chunk_raw = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes"));
-        let stored = u64::from_le_bytes(body[16..24].try_into().expect("8 bytes"));
+            .ok_or_else(|| bad(format!("chunk {index} has codec {}", blob.codec)))?;
+        let (chunk_raw, stored) = (blob.raw_len, blob.stored_len);
         if stored != body_len - BLOB_HEADER_BYTES as u64 || chunk_raw == 0 || chunk_raw > total - at
         {
             return Err(bad(format!("chunk {index} has inconsistent lengths")));
@@ -275,7 +256,7 @@ pub fn read_stream(
         codec::decode_into(
             &body[BLOB_HEADER_BYTES..],
             chunk_raw,
-            body[1] as usize,
+            blob.elem_size as usize,
             codec,
             scratch,
             &mut chunk,

@@ -1,11 +1,14 @@
-//! `ttrace dump`: a debugging view of a store until `show` and `export` exist.
+//! `ttrace dump`: every record of a store as JSON lines, with its tensors' bytes as files: what
+//! the real-GPU checks (scripts/gpu-check*, check.py) parse. Read through the one segment
+//! reader (`reader::Segment`).
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use ttrace_format::store::{Manifest, SegmentReader};
+use ttrace_format::reader::Segment;
+use ttrace_format::store::Manifest;
 
 /// Print every record of a store as one JSON object per line (debugging aid).
 ///
@@ -63,15 +66,18 @@ pub fn main(a: DumpArgs) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for seg in segments {
-        let mut r = SegmentReader::open(&seg)?;
+        let r = Segment::open(&seg)?;
         if a.rank.is_some_and(|x| x != r.rank) || a.step.is_some_and(|x| x != r.step) {
             continue;
         }
-        while let Some(f) = r.next_frame() {
+        for issue in r.issues().iter().filter(|i| i.kind.loses_data()) {
+            eprintln!("ttrace dump: {}: {issue}", seg.display());
+        }
+        for f in r.into_frames() {
             let f = match f {
                 Ok(f) => f,
                 Err(issue) => {
-                    eprintln!("ttrace dump: {}: {issue:?}", seg.display());
+                    eprintln!("ttrace dump: {}: {issue}", seg.display());
                     continue;
                 }
             };

@@ -1113,7 +1113,8 @@ mod tests {
     use std::time::Duration;
 
     use ttrace_format::record::Record;
-    use ttrace_format::store::{segment_path, SegmentReader};
+    use ttrace_format::reader::Segment;
+    use ttrace_format::store::segment_path;
 
     use crate::test_client::{hello, TestClient};
 
@@ -1149,9 +1150,14 @@ mod tests {
             }
             assert!(c.wait_drained(Duration::from_secs(20)), "the ring drains");
             let seg: PathBuf = segment_path(&store, 0, 0);
-            let mut r = SegmentReader::open(&seg).expect("the segment exists");
+            let r = Segment::open(&seg).expect("the segment exists");
+            assert!(
+                r.issues().iter().all(|i| !i.kind.loses_data()),
+                "{:?}",
+                r.issues()
+            );
             let mut seen = 0u64;
-            while let Some(f) = r.next_frame() {
+            for f in r.records() {
                 assert_eq!(f.expect("intact frame").record.seq, seen);
                 seen += 1;
             }

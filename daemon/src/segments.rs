@@ -33,9 +33,8 @@ use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
 use ttrace_format::record::Record;
-use ttrace_format::store::{
-    index_path, rank_dir, segment_path, Blob, Loss, SegmentReader, SegmentWriter,
-};
+use ttrace_format::reader::Segment;
+use ttrace_format::store::{index_path, rank_dir, segment_path, Blob, Loss, SegmentWriter};
 use ttrace_format::FormatError;
 
 use crate::dedup::{Digest, Seen};
@@ -400,9 +399,12 @@ impl Segments {
         let mut w = SegmentWriter::create_direct(&staged, rank, step)?;
         let old = segment_path(&self.store, rank, step);
         let mut copied = 0u64;
-        match SegmentReader::open(&old) {
-            Ok(mut r) => {
-                while let Some(f) = r.next_frame() {
+        match Segment::open(&old) {
+            Ok(seg) => {
+                for issue in seg.issues().iter().filter(|i| i.kind.loses_data()) {
+                    warn!("{}: {issue} while reopening", old.display());
+                }
+                for f in seg.into_frames() {
                     match f {
                         Ok(frame) => {
                             let blobs: Vec<Blob> = frame
@@ -418,7 +420,7 @@ impl Segments {
                             w.append(&frame.record, &blobs)?;
                             copied += 1;
                         }
-                        Err(issue) => warn!("{}: {issue:?} while reopening", old.display()),
+                        Err(issue) => warn!("{}: {issue} while reopening", old.display()),
                     }
                 }
             }
@@ -628,14 +630,10 @@ fn headerless(path: &Path) -> bool {
 
 /// Intact frames of the segment at `path` (0 when it is missing or unreadable).
 fn intact_frames(path: &Path) -> u64 {
-    let Ok(mut r) = SegmentReader::open(path) else {
+    let Ok(seg) = Segment::open(path) else {
         return 0;
     };
-    let mut n = 0;
-    while let Some(f) = r.next_frame() {
-        n += u64::from(f.is_ok());
-    }
-    n
+    seg.records().filter(Result::is_ok).count() as u64
 }
 
 /// Creates a rank directory inside the store, never the store itself: a store directory

@@ -1132,7 +1132,7 @@ impl Segment {
         }
     }
 
-    /// A frame of this segment's file read by a [`SegmentReader`], as a view whose tensors
+    /// A frame of this segment's file ([`Segment::into_frames`]), as a view whose tensors
     /// resolve here (streamed tensors, references): the one resolving path of every reader.
     pub fn view_of<'a>(&'a self, frame: &'a Frame) -> RecordView<'a> {
         self.view(
@@ -1197,6 +1197,22 @@ impl Segment {
     /// Every located record in file order, each checked against its CRC.
     pub fn records(&self) -> impl Iterator<Item = Result<RecordView<'_>, Box<Issue>>> + '_ {
         (0..self.frames.len()).map(move |i| self.read(i))
+    }
+
+    /// [`Segment::records`] as owned frames that share this segment (their streamed tensors
+    /// and references resolve through it): for callers that keep records past the loop.
+    pub fn into_frames(self) -> impl Iterator<Item = Result<Frame, Box<Issue>>> {
+        let seg = std::sync::Arc::new(self);
+        (0..seg.frames.len()).map(move |i| {
+            let v = seg.read(i)?;
+            Ok(Frame {
+                offset: v.offset,
+                body: v.body.to_vec(),
+                record: v.record,
+                blobs: v.blobs,
+                segment: Some(seg.clone()),
+            })
+        })
     }
 }
 

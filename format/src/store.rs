@@ -12,9 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -703,28 +703,9 @@ pub struct Frame {
     pub record: Record,
     pub body: Vec<u8>,
     pub blobs: Vec<BlobRef>,
-    /// The segment it was read from (set by [`SegmentReader`], shared by all its frames):
-    /// streamed tensors and references resolve through it.
-    pub segment: Option<Arc<SourceSegment>>,
-}
-
-/// The segment a [`SegmentReader`] reads, opened by the store reader
-/// ([`crate::reader::Segment`]) the first time one of its frames needs it (a streamed tensor,
-/// a reference), then kept for every later frame: references are resolved by the one reader,
-/// never by reopening the segment per reference.
-#[derive(Debug)]
-pub struct SourceSegment {
-    path: PathBuf,
-    opened: OnceLock<Result<crate::reader::Segment, String>>,
-}
-
-impl SourceSegment {
-    fn get(&self) -> Result<&crate::reader::Segment, FormatError> {
-        self.opened
-            .get_or_init(|| crate::reader::Segment::open(&self.path).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| FormatError::Invalid(e.clone()))
-    }
+    /// The segment it was read from ([`crate::reader::Segment::into_frames`], shared by all its
+    /// frames): streamed tensors and references resolve through it.
+    pub segment: Option<Arc<crate::reader::Segment>>,
 }
 
 impl Frame {
@@ -753,7 +734,7 @@ impl Frame {
                 .nth(i)
                 .map(|(t, _)| t)
                 .ok_or_else(|| FormatError::Corrupt(format!("no captured tensor {i}")))?;
-            return seg.get()?.view_of(self).tensor_bytes(tensor);
+            return seg.view_of(self).tensor_bytes(tensor);
         }
         codec::decode(
             &self.body[b.start..b.end],
@@ -831,158 +812,6 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         )));
     }
     Ok((record, blobs))
-}
-
-/// What a scan of a segment met besides good frames.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ScanIssue {
-    /// A frame whose CRC or structure is wrong, skipped; scanning resumed at the next frame.
-    Corrupt { offset: u64, why: String },
-    /// The file ends inside a frame (a writer killed mid-frame): dropped.
-    TornTail { offset: u64 },
-}
-
-/// Reads a segment's frames in order, streaming.
-pub struct SegmentReader {
-    path: PathBuf,
-    /// What its frames resolve through (see [`SourceSegment`]).
-    source: Option<Arc<SourceSegment>>,
-    file: BufReader<File>,
-    offset: u64,
-    len: u64,
-    pub rank: u32,
-    pub step: u64,
-}
-
-impl SegmentReader {
-    /// Opens a segment and checks its header.
-    pub fn open(path: &Path) -> Result<SegmentReader, FormatError> {
-        let f = open_regular(path)?;
-        let len = f.metadata().map_err(|e| FormatError::at(path, e))?.len();
-        let mut file = BufReader::with_capacity(1 << 20, f);
-        let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
-        file.read_exact(&mut h).map_err(|_| {
-            FormatError::Corrupt(format!("{}: shorter than a segment header", path.display()))
-        })?;
-        if h[..8] != SEGMENT_MAGIC {
-            return Err(FormatError::Corrupt(format!(
-                "{}: not a ttrace segment",
-                path.display()
-            )));
-        }
-        let major = u16::from_le_bytes([h[8], h[9]]);
-        if major != FORMAT_MAJOR {
-            return Err(FormatError::Version(format!(
-                "{}: segment major version {major}, this ttrace reads {FORMAT_MAJOR}",
-                path.display()
-            )));
-        }
-        Ok(SegmentReader {
-            path: path.to_path_buf(),
-            source: None,
-            file,
-            offset: SEGMENT_HEADER_BYTES,
-            len,
-            rank: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
-            step: u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")),
-        })
-    }
-
-    /// The next frame, an issue met on the way, or `None` at the end.
-    pub fn next_frame(&mut self) -> Option<Result<Frame, ScanIssue>> {
-        if self.offset >= self.len {
-            return None;
-        }
-        let start = self.offset;
-        if self.len - start < FRAME_HEADER_BYTES {
-            self.offset = self.len;
-            return Some(Err(ScanIssue::TornTail { offset: start }));
-        }
-        let mut fh = [0u8; FRAME_HEADER_BYTES as usize];
-        if self.file.read_exact(&mut fh).is_err() {
-            self.offset = self.len;
-            return Some(Err(ScanIssue::TornTail { offset: start }));
-        }
-        let body_len = u64::from_le_bytes(fh[8..16].try_into().expect("8 bytes"));
-        let crc = u32::from_le_bytes(fh[16..20].try_into().expect("4 bytes"));
-        if fh[..4] != FRAME_MAGIC {
-            return Some(Err(self.resync(start, "bad frame magic".into())));
-        }
-        if body_len > self.len - start - FRAME_HEADER_BYTES {
-            self.offset = self.len;
-            return Some(Err(ScanIssue::TornTail { offset: start }));
-        }
-        let mut body = vec![0u8; body_len as usize];
-        if self.file.read_exact(&mut body).is_err() {
-            self.offset = self.len;
-            return Some(Err(ScanIssue::TornTail { offset: start }));
-        }
-        if crc32fast::hash(&body) != crc {
-            return Some(Err(self.resync(start, "CRC mismatch".into())));
-        }
-        self.offset = start + FRAME_HEADER_BYTES + body_len;
-        let segment = self
-            .source
-            .get_or_insert_with(|| {
-                Arc::new(SourceSegment {
-                    path: self.path.clone(),
-                    opened: OnceLock::new(),
-                })
-            })
-            .clone();
-        Some(
-            Frame::parse(start, body)
-                .map(|f| Frame {
-                    segment: Some(segment),
-                    ..f
-                })
-                .map_err(|e| ScanIssue::Corrupt {
-                    offset: start,
-                    why: e.to_string(),
-                }),
-        )
-    }
-
-    /// After a bad frame at `start`, continues at the next frame magic after it.
-    fn resync(&mut self, start: u64, why: String) -> ScanIssue {
-        let issue = ScanIssue::Corrupt { offset: start, why };
-        let mut pos = start + 1;
-        let found = (|| -> std::io::Result<Option<u64>> {
-            self.file.seek(SeekFrom::Start(pos))?;
-            let mut window = [0u8; 4];
-            let mut filled = 0usize;
-            let mut byte = [0u8; 1];
-            loop {
-                if self.file.read(&mut byte)? == 0 {
-                    return Ok(None);
-                }
-                if filled < 4 {
-                    window[filled] = byte[0];
-                    filled += 1;
-                } else {
-                    window.rotate_left(1);
-                    window[3] = byte[0];
-                    pos += 1;
-                }
-                if filled == 4 && window == FRAME_MAGIC {
-                    return Ok(Some(pos));
-                }
-            }
-        })();
-        match found {
-            Ok(Some(p)) => {
-                self.offset = p;
-                let _ = self.file.seek(SeekFrom::Start(p));
-            }
-            _ => self.offset = self.len,
-        }
-        issue
-    }
-
-    /// The segment's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 #[cfg(test)]
@@ -1073,9 +902,10 @@ mod tests {
                 q.display()
             );
         }
-        let mut r = SegmentReader::open(&segment_path(&b, 1, 2)).expect("open");
+        let seg = crate::reader::Segment::open(&segment_path(&b, 1, 2)).expect("open");
+        assert!(seg.issues().is_empty(), "{:?}", seg.issues());
         let mut seqs = Vec::new();
-        while let Some(f) = r.next_frame() {
+        for f in seg.into_frames() {
             let f = f.expect("intact frame");
             assert_eq!(f.tensor_bytes(0).expect("bytes").len(), sizes[seqs.len()]);
             seqs.push(f.record.seq);
@@ -1102,12 +932,10 @@ mod tests {
             w.append(&rec, &[blob]).expect("append");
         }
         drop(w);
-        let mut r = SegmentReader::open(&segment_path(&dir, 1, 2)).expect("open");
-        let mut n = 0;
-        while let Some(f) = r.next_frame() {
-            f.expect("intact frame");
-            n += 1;
-        }
+        let seg = crate::reader::Segment::open(&segment_path(&dir, 1, 2)).expect("open");
+        // No index (the writer never finished), every frame intact.
+        assert!(seg.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", seg.issues());
+        let n = seg.into_frames().map(|f| f.expect("intact frame")).count();
         assert_eq!(n, 3);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -7,9 +7,7 @@ use std::path::Path;
 use ttrace_format::dedup::BlobReference;
 use ttrace_format::reader::Segment;
 use ttrace_format::record::Record;
-use ttrace_format::store::{
-    segment_path, Blob, SegmentReader, SegmentWriter, SEGMENT_HEADER_BYTES,
-};
+use ttrace_format::store::{segment_path, Blob, SegmentWriter, SEGMENT_HEADER_BYTES};
 
 fn bytes(n: usize, salt: u32) -> Vec<u8> {
     (0..n as u32)
@@ -78,13 +76,13 @@ fn a_reference_reads_back_as_the_bytes_it_names() {
 }
 
 #[test]
-fn the_streaming_reader_resolves_references_too() {
+fn owned_frames_resolve_references_too() {
     let dir = tempdir("frames");
     let (w, other) = (bytes(10_000, 1), bytes(10_000, 2));
     write(&dir, &w, &other);
-    let mut r = SegmentReader::open(&segment_path(&dir, 0, 0)).expect("open");
+    let seg = Segment::open(&segment_path(&dir, 0, 0)).expect("open");
     let mut read = Vec::new();
-    while let Some(f) = r.next_frame() {
+    for f in seg.into_frames() {
         let f = f.expect("intact frame");
         read.push((f.record.seq, f.tensor_bytes(0)));
     }
@@ -99,13 +97,14 @@ fn the_streaming_reader_resolves_references_too() {
 }
 
 #[test]
-fn the_streaming_reader_opens_its_segment_once_for_all_references() {
+fn owned_frames_share_one_opened_segment_for_all_references() {
     let dir = tempdir("once");
     let (w, other) = (bytes(10_000, 1), bytes(10_000, 2));
     write(&dir, &w, &other);
     let path = segment_path(&dir, 0, 0);
-    let mut r = SegmentReader::open(&path).expect("open");
-    let frames: Vec<_> = std::iter::from_fn(|| r.next_frame())
+    let frames: Vec<_> = Segment::open(&path)
+        .expect("open")
+        .into_frames()
         .map(|f| f.expect("intact frame"))
         .collect();
     assert_eq!(frames[1].tensor_bytes(0).expect("seq 1 resolves"), w);

@@ -1,5 +1,5 @@
 //! Fuzzing the decoders of untrusted bytes with proptest: the record decoder (`Frame::parse`,
-//! `SegmentReader`, the reader's `Segment` with every tensor decoded, `read_index`) and the
+//! the reader's `Segment` with every tensor decoded, also as owned frames, `read_index`) and the
 //! wire protocol (`wire::read_msg`). Inputs are arbitrary bytes and valid encodings with random
 //! edits; the property is that nothing panics (and whatever reads back intact is checked).
 //!
@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use ttrace_format::reader::Segment;
-use ttrace_format::store::{index_path, read_index, Frame, SegmentReader, SEGMENT_MAGIC};
+use ttrace_format::frame::FrameHeader;
+use ttrace_format::store::{index_path, read_index, Frame, SEGMENT_MAGIC};
 use ttrace_format::wire::{self, ClientMsg, CommInfo, DaemonMsg, Hello};
 
 fn cases() -> u32 {
@@ -50,23 +51,18 @@ fn scratch_file(bytes: &[u8]) -> std::path::PathBuf {
     p
 }
 
-/// Opens `bytes` as a segment (with `index` next to it, if any) with both readers and reads
-/// everything they offer.
+/// Opens `bytes` as a segment (with `index` next to it, if any) and reads everything it
+/// offers, as views and as owned frames.
 fn read_all(bytes: &[u8], index: Option<&[u8]>) {
     let path = scratch_file(bytes);
     if let Some(i) = index {
         std::fs::write(index_path(&path), i).expect("index");
     }
-    if let Ok(mut r) = SegmentReader::open(&path) {
-        let mut n = 0;
-        while let Some(f) = r.next_frame() {
-            if let Ok(f) = f {
-                for i in 0..f.blobs.len() {
-                    let _ = f.tensor_bytes(i);
-                }
+    if let Ok(seg) = Segment::open(&path) {
+        for f in seg.into_frames().flatten() {
+            for i in 0..f.blobs.len() {
+                let _ = f.tensor_bytes(i);
             }
-            n += 1;
-            assert!(n <= bytes.len(), "the scan must advance");
         }
     }
     if let Ok(seg) = Segment::open(&path) {
@@ -153,16 +149,12 @@ proptest! {
     ) {
         let seg = valid_segment();
         let path = scratch_file(seg);
-        let mut r = SegmentReader::open(&path).expect("valid");
-        let mut body = None;
-        let mut k = 0;
-        while let Some(Ok(f)) = r.next_frame() {
-            if k == which {
-                body = Some(f.body);
-                break;
-            }
-            k += 1;
-        }
+        let body = Segment::open(&path)
+            .expect("valid")
+            .into_frames()
+            .map_while(Result::ok)
+            .nth(which)
+            .map(|f| f.body);
         let _ = std::fs::remove_file(&path);
         if let Some(b) = body {
             let _ = Frame::parse(0, mutate(&b, &edits, None));
@@ -179,20 +171,18 @@ proptest! {
         // a buggy writer (not a bad disk) could produce.
         let seg = valid_segment();
         let path = scratch_file(seg);
-        let mut r = SegmentReader::open(&path).expect("valid");
-        let mut bodies = Vec::new();
-        while let Some(Ok(f)) = r.next_frame() {
-            bodies.push(f.body);
-        }
+        let bodies: Vec<Vec<u8>> = Segment::open(&path)
+            .expect("valid")
+            .into_frames()
+            .map_while(Result::ok)
+            .map(|f| f.body)
+            .collect();
         let _ = std::fs::remove_file(&path);
         let mut bytes = seg[..64].to_vec();
         for (i, b) in bodies.iter().enumerate() {
             let body = if i == which { mutate(b, &edits, cut) } else { b.clone() };
-            let mut h = [0u8; 24];
-            h[..4].copy_from_slice(b"TTRF");
-            h[8..16].copy_from_slice(&(body.len() as u64).to_le_bytes());
-            h[16..20].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
-            bytes.extend(h);
+            let h = FrameHeader { body_len: body.len() as u64, crc32: crc32fast::hash(&body) };
+            bytes.extend(h.encode());
             bytes.extend(body);
         }
         read_all(&bytes, None);

@@ -5,9 +5,8 @@ use ttrace_format::dtype::DType;
 use ttrace_format::record::{
     packed_strides, CollectiveKind, CollectiveOp, Op, Record, Role, Tensor,
 };
-use ttrace_format::store::{
-    index_path, read_index, segment_path, Blob, ScanIssue, SegmentReader, SegmentWriter,
-};
+use ttrace_format::reader::{IssueKind, Segment};
+use ttrace_format::store::{index_path, read_index, segment_path, Blob, SegmentWriter};
 
 fn record(seq: u64, data: &[u8]) -> Record {
     let shape = vec![(data.len() / 2) as u64];
@@ -71,10 +70,11 @@ fn records_and_bytes_round_trip() {
     let dir = tempdir();
     let datas = write(&dir, 5);
     let seg = segment_path(&dir, 3, 2);
-    let mut r = SegmentReader::open(&seg).expect("open");
+    let r = Segment::open(&seg).expect("open");
     assert_eq!((r.rank, r.step), (3, 2));
+    assert!(r.issues().is_empty(), "{:?}", r.issues());
     let mut n = 0;
-    while let Some(f) = r.next_frame() {
+    for f in r.into_frames() {
         let f = f.expect("intact frame");
         assert_eq!(f.record, record(n, &datas[n as usize]));
         assert_eq!(f.tensor_bytes(0).expect("decodes"), datas[n as usize]);
@@ -100,18 +100,19 @@ fn a_torn_tail_and_a_corrupt_middle_frame_are_reported_and_the_rest_reads() {
     bytes[mid] ^= 0x55;
     bytes.truncate((idx[3].offset + idx[3].frame_len / 2) as usize);
     std::fs::write(&seg, &bytes).expect("write");
-    let mut r = SegmentReader::open(&seg).expect("open");
+    let r = Segment::open(&seg).expect("open");
+    let found: Vec<_> = r.issues().iter().map(|i| (i.kind, i.offset)).collect();
+    assert_eq!(found, vec![(IssueKind::TornTail, Some(idx[3].offset))]);
     let mut good = Vec::new();
     let mut issues = Vec::new();
-    while let Some(f) = r.next_frame() {
+    for f in r.into_frames() {
         match f {
             Ok(f) => good.push(f.record.seq),
-            Err(i) => issues.push(i),
+            Err(i) => issues.push((i.kind, i.offset)),
         }
     }
     assert_eq!(good, vec![0, 2]);
-    assert!(matches!(issues[0], ScanIssue::Corrupt { offset, .. } if offset == idx[1].offset));
-    assert!(matches!(issues[1], ScanIssue::TornTail { offset } if offset == idx[3].offset));
+    assert_eq!(issues, vec![(IssueKind::CorruptRecord, Some(idx[1].offset))]);
 }
 
 fn tempdir() -> std::path::PathBuf {

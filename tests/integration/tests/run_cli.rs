@@ -9,7 +9,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use integration_tests::{bin, describe, profile_dir};
-use ttrace_format::store::{segment_path, Manifest, SegmentReader};
+use ttrace_format::reader::Segment;
+use ttrace_format::store::{segment_path, Manifest};
 
 /// A private scratch directory, removed when dropped.
 struct Scratch(PathBuf);
@@ -83,8 +84,9 @@ fn records_in(store: &Path, rank: u32) -> u64 {
         if !seg.exists() {
             break;
         }
-        let mut r = SegmentReader::open(&seg).expect("segment");
-        while let Some(f) = r.next_frame() {
+        let r = Segment::open(&seg).expect("segment");
+        assert!(r.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", r.issues());
+        for f in r.records() {
             f.expect("intact frame");
             n += 1;
         }

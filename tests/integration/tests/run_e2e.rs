@@ -7,7 +7,8 @@ use std::process::Command;
 
 use integration_tests::{bin, describe, profile_dir, sim_dir};
 use ttrace_format::record::{CollectiveKind, Op, Role};
-use ttrace_format::store::{segment_path, Frame, Manifest, SegmentReader};
+use ttrace_format::reader::Segment;
+use ttrace_format::store::{segment_path, Frame, Manifest};
 
 fn all_frames(store: &std::path::Path, rank: u32) -> Vec<Frame> {
     let mut out = Vec::new();
@@ -16,8 +17,9 @@ fn all_frames(store: &std::path::Path, rank: u32) -> Vec<Frame> {
         if !seg.exists() {
             break;
         }
-        let mut r = SegmentReader::open(&seg).expect("segment");
-        while let Some(f) = r.next_frame() {
+        let r = Segment::open(&seg).expect("segment");
+        assert!(r.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", r.issues());
+        for f in r.into_frames() {
             out.push(f.expect("intact frame"));
         }
     }

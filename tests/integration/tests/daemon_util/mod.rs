@@ -11,7 +11,8 @@ use ttrace_format::record::{
     packed_strides, CollectiveKind, CollectiveOp, GapOp, GapReason, GemmOp, Op, Record, Role,
     Tensor,
 };
-use ttrace_format::store::{segment_path, Frame, SegmentReader};
+use ttrace_format::reader::Segment;
+use ttrace_format::store::{segment_path, Frame};
 use ttraced::{Config, Daemon, Handle};
 
 pub use integration_tests::TempDir;
@@ -120,10 +121,13 @@ pub fn gap(rank: u32, step: u64, seq: u64) -> Record {
 /// Every frame of the segment of (rank, step), failing on any scan issue.
 pub fn frames(store: &Path, rank: u32, step: u64) -> Vec<Frame> {
     let path = segment_path(store, rank, step);
-    let mut r = SegmentReader::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let r = Segment::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!((r.rank, r.step), (rank, step));
+    if let Some(i) = r.issues().iter().find(|i| i.kind.loses_data()) {
+        panic!("{}: {i}", path.display());
+    }
     let mut out = Vec::new();
-    while let Some(f) = r.next_frame() {
+    for f in r.into_frames() {
         out.push(f.unwrap_or_else(|i| panic!("{}: {i:?}", path.display())));
     }
     out

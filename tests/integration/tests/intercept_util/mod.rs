@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use integration_tests::{bin, describe, profile_dir, sim_dir};
 use ttrace_format::record::{Record, Role, Tensor};
-use ttrace_format::store::SegmentReader;
+use ttrace_format::reader::Segment;
 use ttraced::{Config, Daemon, Summary};
 
 pub use integration_tests::TempDir;
@@ -162,8 +162,11 @@ pub fn read_store(store: &Path) -> Vec<Rec> {
             if p.extension().is_none_or(|e| e != "seg") {
                 continue;
             }
-            let mut r = SegmentReader::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-            while let Some(f) = r.next_frame() {
+            let r = Segment::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            if let Some(i) = r.issues().iter().find(|i| i.kind.loses_data()) {
+                panic!("{}: {i}", p.display());
+            }
+            for f in r.into_frames() {
                 let f = f.unwrap_or_else(|i| panic!("{}: {i:?}", p.display()));
                 let mut k = 0;
                 let bytes = f

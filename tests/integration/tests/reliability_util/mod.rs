@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use integration_tests::{bin, profile_dir};
-use ttrace_format::reader::Store;
-use ttrace_format::store::{Manifest, SegmentReader};
+use ttrace_format::reader::{Segment, Store};
+use ttrace_format::store::Manifest;
 
 #[allow(unused_imports)]
 pub use integration_tests::{describe, TempDir};
@@ -61,12 +61,10 @@ pub fn intact_records(store: &Path) -> u64 {
     };
     let mut n = 0;
     for info in st.segments() {
-        let Ok(mut r) = SegmentReader::open(&info.path) else {
+        let Ok(seg) = Segment::open(&info.path) else {
             continue;
         };
-        while let Some(f) = r.next_frame() {
-            n += u64::from(f.is_ok());
-        }
+        n += seg.records().filter(Result::is_ok).count() as u64;
     }
     n
 }

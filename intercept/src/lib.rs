@@ -17,7 +17,8 @@
 //! * `graph`: ops captured into CUDA graphs, snapshotted at every replay (`hooks/graph`);
 //! * `tracer`: the ticket FIFO and the tracer thread (completion, CRC, step/seq, publish);
 //! * [`steps`]: the step rule (pure); `prefilter`: the step and rank selection applied before
-//!   the snapshot work; `session`, `client`: ring, daemon connection;
+//!   the snapshot work; `session`: ring, daemon connection (through `ttrace_proto::producer`,
+//!   the one producer client, imported here as `client`);
 //! * `cuda`: the runtime calls the tracer makes; `comms`: the communicator registry;
 //! * `perturb`: the perturbed reference run (`TTRACE_PERTURB`): ±1 ulp noise on GEMM outputs.
 //!
@@ -30,6 +31,7 @@
 pub mod plan;
 pub mod steps;
 
+// The daemon connection is the producer client shared with the daemon's tests.
 use ttrace_proto::producer as client;
 mod collector;
 mod comms;

@@ -1,6 +1,6 @@
 //! Issue 14, what a same-uid client can make the collector do: every size and count from the
 //! wire is bounded before anything is allocated (rows 7 and 12 of the issue's table; row 13,
-//! a ring of capacity 0, is tested where the ring is opened: format/src/ring.rs).
+//! a ring of capacity 0, is tested where the ring is opened: proto/src/ring.rs).
 
 mod daemon_util;
 

@@ -22,11 +22,11 @@ use ttrace_format::wire::{
 
 use crate::dedup::Digest;
 use crate::encode::Encoder;
-use ttrace_format::fdpass;
 use crate::pieces::{self, Encoded, PieceSet};
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
+use ttrace_format::fdpass;
 
 /// How long a new connection may take to say `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1112,8 +1112,8 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
-    use ttrace_format::record::Record;
     use ttrace_format::reader::Segment;
+    use ttrace_format::record::Record;
     use ttrace_format::store::segment_path;
 
     use crate::test_client::{hello, TestClient};

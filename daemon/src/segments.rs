@@ -32,8 +32,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, Sender};
 use parking_lot::{Condvar, Mutex};
 use tracing::{debug, error, warn};
-use ttrace_format::record::Record;
 use ttrace_format::reader::Segment;
+use ttrace_format::record::Record;
 use ttrace_format::store::{index_path, rank_dir, segment_path, Blob, Loss, SegmentWriter};
 use ttrace_format::FormatError;
 

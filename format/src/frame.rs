@@ -256,9 +256,8 @@ impl IndexEntry {
 
     /// Whether the frame header `h` (at this entry's offset) agrees with the entry.
     pub fn matches(&self, h: &[u8]) -> bool {
-        FrameHeader::parse(h).is_some_and(|f| {
-            f.frame_len() == self.frame_len && f.crc32 == self.crc32
-        })
+        FrameHeader::parse(h)
+            .is_some_and(|f| f.frame_len() == self.frame_len && f.crc32 == self.crc32)
     }
 }
 
@@ -389,7 +388,10 @@ mod tests {
         }
         .encode();
         assert_eq!(&c[..4], b"TTRC");
-        assert_eq!((c[4], c[8..16].to_vec(), c[16], c[24]), (2, 4096u64.to_le_bytes().to_vec(), 30, 1));
+        assert_eq!(
+            (c[4], c[8..16].to_vec(), c[16], c[24]),
+            (2, 4096u64.to_le_bytes().to_vec(), 30, 1)
+        );
     }
 
     #[test]

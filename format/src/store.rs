@@ -23,11 +23,11 @@ use crate::config::CaptureConfig;
 use crate::record::Record;
 use crate::FormatError;
 
+use crate::frame::{BlobHeader, FrameHeader, IndexHeader, SegmentHeader, INDEX_HEADER_BYTES};
 pub use crate::frame::{
     IndexEntry, BLOB_HEADER_BYTES, FORMAT_MAJOR, FORMAT_MINOR, FRAME_HEADER_BYTES, FRAME_MAGIC,
     INDEX_ENTRY_BYTES, INDEX_MAGIC, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
 };
-use crate::frame::{BlobHeader, FrameHeader, IndexHeader, SegmentHeader, INDEX_HEADER_BYTES};
 /// Largest record metadata (CBOR) a frame may carry.
 pub const MAX_META_BYTES: usize = 1 << 20;
 
@@ -934,7 +934,11 @@ mod tests {
         drop(w);
         let seg = crate::reader::Segment::open(&segment_path(&dir, 1, 2)).expect("open");
         // No index (the writer never finished), every frame intact.
-        assert!(seg.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", seg.issues());
+        assert!(
+            seg.issues().iter().all(|i| !i.kind.loses_data()),
+            "{:?}",
+            seg.issues()
+        );
         let n = seg.into_frames().map(|f| f.expect("intact frame")).count();
         assert_eq!(n, 3);
         let _ = std::fs::remove_dir_all(&dir);

@@ -22,8 +22,8 @@ pub const STREAMS_DIR: &str = "streams";
 pub const STREAM_EXT: &str = "tts";
 /// Suffix of a stream file still being written (or abandoned by a crash).
 pub const PARTIAL_SUFFIX: &str = ".part";
-pub use crate::frame::{CHUNK_HEADER_BYTES, CHUNK_MAGIC, STREAM_HEADER_BYTES, STREAM_MAGIC};
 use crate::frame::{BlobHeader, ChunkHeader, StreamHeader};
+pub use crate::frame::{CHUNK_HEADER_BYTES, CHUNK_MAGIC, STREAM_HEADER_BYTES, STREAM_MAGIC};
 /// Largest chunk a reader accepts (raw bytes): bounds what a crafted header can make it
 /// allocate. Writers use a quarter of the ring at most, and rings are at most 64 GiB.
 pub const MAX_CHUNK_BYTES: u64 = 16 << 30;

@@ -11,8 +11,8 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use ttrace_format::reader::Segment;
 use ttrace_format::frame::FrameHeader;
+use ttrace_format::reader::Segment;
 use ttrace_format::store::{index_path, read_index, Frame, SEGMENT_MAGIC};
 use ttrace_format::wire::{self, ClientMsg, CommInfo, DaemonMsg, Hello};
 

@@ -2,10 +2,10 @@
 //! torn or corrupted frame is reported without hiding the intact ones.
 
 use ttrace_format::dtype::DType;
+use ttrace_format::reader::{IssueKind, Segment};
 use ttrace_format::record::{
     packed_strides, CollectiveKind, CollectiveOp, Op, Record, Role, Tensor,
 };
-use ttrace_format::reader::{IssueKind, Segment};
 use ttrace_format::store::{index_path, read_index, segment_path, Blob, SegmentWriter};
 
 fn record(seq: u64, data: &[u8]) -> Record {
@@ -112,7 +112,10 @@ fn a_torn_tail_and_a_corrupt_middle_frame_are_reported_and_the_rest_reads() {
         }
     }
     assert_eq!(good, vec![0, 2]);
-    assert_eq!(issues, vec![(IssueKind::CorruptRecord, Some(idx[1].offset))]);
+    assert_eq!(
+        issues,
+        vec![(IssueKind::CorruptRecord, Some(idx[1].offset))]
+    );
 }
 
 fn tempdir() -> std::path::PathBuf {

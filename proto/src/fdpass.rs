@@ -193,7 +193,9 @@ mod tests {
         std::io::Write::write_all(&mut w, b"ring").expect("write");
         let mut passed = UnixStream::from(fds.pop().expect("fd"));
         let mut four = [0u8; 4];
-        passed.read_exact(&mut four).expect("read through the passed fd");
+        passed
+            .read_exact(&mut four)
+            .expect("read through the passed fd");
         assert_eq!(&four, b"ring");
     }
 

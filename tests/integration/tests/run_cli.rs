@@ -85,7 +85,11 @@ fn records_in(store: &Path, rank: u32) -> u64 {
             break;
         }
         let r = Segment::open(&seg).expect("segment");
-        assert!(r.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", r.issues());
+        assert!(
+            r.issues().iter().all(|i| !i.kind.loses_data()),
+            "{:?}",
+            r.issues()
+        );
         for f in r.records() {
             f.expect("intact frame");
             n += 1;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use integration_tests::{bin, describe, profile_dir, sim_dir};
-use ttrace_format::record::{CollectiveKind, Op, Role};
 use ttrace_format::reader::Segment;
+use ttrace_format::record::{CollectiveKind, Op, Role};
 use ttrace_format::store::{segment_path, Frame, Manifest};
 
 fn all_frames(store: &std::path::Path, rank: u32) -> Vec<Frame> {
@@ -18,7 +18,11 @@ fn all_frames(store: &std::path::Path, rank: u32) -> Vec<Frame> {
             break;
         }
         let r = Segment::open(&seg).expect("segment");
-        assert!(r.issues().iter().all(|i| !i.kind.loses_data()), "{:?}", r.issues());
+        assert!(
+            r.issues().iter().all(|i| !i.kind.loses_data()),
+            "{:?}",
+            r.issues()
+        );
         for f in r.into_frames() {
             out.push(f.expect("intact frame"));
         }

@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use ttrace_format::dtype::DType;
+use ttrace_format::reader::Segment;
 use ttrace_format::record::{
     packed_strides, CollectiveKind, CollectiveOp, GapOp, GapReason, GemmOp, Op, Record, Role,
     Tensor,
 };
-use ttrace_format::reader::Segment;
 use ttrace_format::store::{segment_path, Frame};
 use ttraced::{Config, Daemon, Handle};
 

@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use integration_tests::{bin, describe, profile_dir, sim_dir};
-use ttrace_format::record::{Record, Role, Tensor};
 use ttrace_format::reader::Segment;
+use ttrace_format::record::{Record, Role, Tensor};
 use ttraced::{Config, Daemon, Summary};
 
 pub use integration_tests::TempDir;

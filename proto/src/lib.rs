@@ -19,6 +19,9 @@ pub mod secrets;
 pub mod tensor;
 pub mod wire;
 
+#[cfg(test)]
+mod preload_deps;
+
 use std::path::Path;
 
 /// Errors of encoding, decoding, and store I/O. Messages name the file, record or field.

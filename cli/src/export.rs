@@ -18,7 +18,8 @@ use ttrace_format::reader::{Segment, SegmentInfo, Store};
 use ttrace_format::record::Record;
 use ttrace_format::tensor::{widen_f32_into, widens_to_f32_exactly};
 
-use crate::reading::{open_store, role_name, Filter, FilterArgs, Progress};
+use crate::progress::Progress;
+use crate::reading::{open_store, role_name, Filter, FilterArgs};
 use crate::units::human;
 
 /// Output formats.

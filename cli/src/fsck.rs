@@ -16,7 +16,7 @@ use ttrace_format::recover::{
 };
 use ttrace_format::FormatError;
 
-use crate::reading::Progress;
+use crate::progress::Progress;
 
 /// Check a store: every record against its checksum, every tensor against its CRC-32, the
 /// indexes against the segments, the manifest's record counts against what is there.

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ttrace_format::config::{CaptureConfig, RangeSet};
+use ttrace_format::config::{CaptureConfig, Family, RangeSet, StepRule};
 use ttraced::{Config, Daemon, Summary};
 
+use crate::progress::Progress;
 use crate::units::{human, parse_bytes};
 
 /// Exit code of `ttrace run` when it fails before or around the command (as `env` and
@@ -39,7 +40,8 @@ const FORWARDED: [libc::c_int; 6] = [
 /// the capture settings through its environment; a process that never calls CUDA is not
 /// affected. When CMD exits, ttrace waits for the traced processes' last snapshots, closes the
 /// store and prints a summary. It exits with CMD's exit code (128+N if a signal N killed it);
-/// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found.
+/// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found, 2 that an
+/// option was malformed.
 ///
 /// A trace is *incomplete* when the collector could not store every record it received (a
 /// full disk, a failed write; the summary and manifest.json say how many and why) or could not
@@ -81,14 +83,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "SOCKET", env = "TTRACE_DAEMON")]
     daemon: Option<PathBuf>,
     /// Families of calls to capture: memcpy, gemm, nccl (comma-separated).
-    #[arg(long, value_name = "LIST", default_value = "memcpy,gemm,nccl")]
-    apis: String,
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "memcpy,gemm,nccl"
+    )]
+    apis: Vec<Family>,
     /// Steps to capture, e.g. 0-3,7 [default: all].
     #[arg(long, value_name = "RANGES")]
-    steps: Option<String>,
+    steps: Option<RangeSet>,
     /// Global ranks to capture, e.g. 0,2-3 [default: all].
     #[arg(long, value_name = "RANGES")]
-    ranks: Option<String>,
+    ranks: Option<RangeSet>,
     /// Tensors larger than this keep their metadata only (K, M, G suffixes).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64G")]
     max_tensor_bytes: u64,
@@ -120,7 +127,7 @@ pub struct RunArgs {
     /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
     /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
     #[arg(long, value_name = "RULE", default_value = "auto")]
-    step_rule: String,
+    step_rule: StepRule,
     /// Make this a perturbed reference run, for tolerances: every F32/F16/BF16 GEMM output
     /// (cuBLAS, cuBLASLt) gets round-off-sized noise, its last mantissa bit flipped in about
     /// half its elements (±1 ulp, one rounding's worth; drawn from SEED, the rank and the call
@@ -207,40 +214,30 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
-/// The capture configuration the options describe (each parsed as its `TTRACE_*` variable
-/// would be, errors naming the option).
+/// The capture configuration the options describe (each already parsed by clap into its
+/// model type; `TTRACE_LOG` is not part of it: it goes to the command as the user set it).
 fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
-    let var = |flag: &str, k: &str, v: &str| {
-        CaptureConfig::from_vars([(k.to_string(), v.to_string())])
-            .map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
-    };
-    let mut c = CaptureConfig {
-        families: var("--apis", "TTRACE_APIS", &a.apis)?.families,
-        ..CaptureConfig::default()
-    };
-    if c.families.is_empty() {
-        bail!("--apis {}: nothing to capture (memcpy, gemm, nccl)", a.apis);
+    let mut families = a.apis.clone();
+    families.sort();
+    families.dedup();
+    if families.is_empty() {
+        bail!("--apis: nothing to capture (memcpy, gemm, nccl)");
     }
-    let ranges = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<RangeSet>> {
-        v.as_deref()
-            .map(|s| RangeSet::parse(s).map_err(|e| anyhow::anyhow!("{flag} {s}: {e}")))
-            .transpose()
-    };
-    c.steps = ranges("--steps", &a.steps)?;
-    c.ranks = ranges("--ranks", &a.ranks)?;
-    c.max_tensor_bytes = a.max_tensor_bytes;
-    c.inputs = !a.no_inputs;
-    c.kernels = !a.no_kernels;
-    c.dedup = !a.no_dedup;
-    c.ring_bytes = a.ring_bytes;
-    c.wait_ms = a.wait_ms;
-    c.max_stall_ms = a.max_stall_ms;
-    c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
-    c.perturb = a.perturb;
-    if let Ok(log) = std::env::var("TTRACE_LOG") {
-        c.log = log;
-    }
-    Ok(c)
+    Ok(CaptureConfig {
+        socket: None,
+        families,
+        steps: a.steps.clone(),
+        ranks: a.ranks.clone(),
+        max_tensor_bytes: a.max_tensor_bytes,
+        inputs: !a.no_inputs,
+        kernels: !a.no_kernels,
+        ring_bytes: a.ring_bytes,
+        wait_ms: a.wait_ms,
+        max_stall_ms: a.max_stall_ms,
+        step_rule: a.step_rule.clone(),
+        perturb: a.perturb,
+        dedup: !a.no_dedup,
+    })
 }
 
 /// libttrace.so: `TTRACE_LIB`, else next to this executable.
@@ -664,7 +661,7 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
     let signals_before = SIGNALS.load(Ordering::SeqCst);
     let worker = std::thread::spawn(move || handle.finalize(Some(code), linger));
     let started = Instant::now();
-    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut bar: Option<Progress> = None;
     while !worker.is_finished() {
         std::thread::sleep(Duration::from_millis(50));
         if SIGNALS.load(Ordering::SeqCst) > signals_before {
@@ -674,19 +671,14 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
             continue;
         }
         let p = monitor.progress();
-        let b = bar.get_or_insert_with(|| {
-            let b = indicatif::ProgressBar::new_spinner();
-            b.enable_steady_tick(Duration::from_millis(120));
-            b
-        });
-        b.set_length(p.records_received);
-        b.set_message(format!(
+        let b = bar.get_or_insert_with(Progress::spinner);
+        b.message(format!(
             "finalising the store: {}/{} records written, {} processes still connected",
             p.records_written, p.records_received, p.clients_active
         ));
     }
     if let Some(b) = bar {
-        b.finish_and_clear();
+        b.finish();
     }
     match worker.join() {
         Ok(r) => r.context("finalising the store"),

@@ -13,8 +13,9 @@ use ttrace_format::reader::{RecordView, Segment};
 use ttrace_format::record::{Op, Record, Tensor};
 use ttrace_format::tensor::{stats, Stats, TensorData};
 
+use crate::progress::Progress;
 use crate::reading::{
-    fmt_f64, fmt_shape, json_f64, open_store, print_table, role_name, warn, FilterArgs, Progress,
+    fmt_f64, fmt_shape, json_f64, open_store, print_table, role_name, warn, FilterArgs,
 };
 use crate::units::human;
 

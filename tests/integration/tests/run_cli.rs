@@ -151,7 +151,8 @@ fn a_missing_command_or_library_is_reported() {
         .args(["run", "--steps", "3-1", "--", "true"])
         .output()
         .expect("ttrace runs");
-    assert_eq!(out.status.code(), Some(125), "{}", describe(&out));
+    // A malformed option is a usage error, as for every other option.
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--steps"));
 }
 

@@ -11,6 +11,7 @@ pub mod peer;
 pub mod reader;
 pub mod record;
 pub mod recover;
+pub mod repair;
 pub mod ring;
 pub mod secrets;
 pub mod store;

@@ -371,26 +371,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .collect();
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let ignored = inherited_ttrace_vars();
-    for k in &ignored {
-        let k = k.to_string_lossy();
-        let option = match k.as_ref() {
-            "TTRACE_APIS" => "; use --apis",
-            "TTRACE_STEPS" => "; use --steps",
-            "TTRACE_RANKS" => "; use --ranks",
-            "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
-            "TTRACE_INPUTS" => "; use --no-inputs",
-            "TTRACE_KERNELS" => "; use --no-kernels",
-            "TTRACE_DEDUP" => "; use --no-dedup",
-            "TTRACE_RING_BYTES" => "; use --ring-bytes",
-            "TTRACE_WAIT_MS" => "; use --wait-ms",
-            "TTRACE_STEP_RULE" => "; use --step-rule",
-            _ => "",
-        };
-        eprintln!(
-            "ttrace run: ignoring {k} from the environment: ttrace run's options set the \
-             capture{option}"
-        );
-    }
+    warn_ignored(&ignored);
     install_signal_handlers()?;
 
     // Every process of the command is one job, whatever launcher sits in between (a daemon
@@ -406,34 +387,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let env = child_env(&lib, &capture, &job);
 
     let started = Instant::now();
-    let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]);
-    for k in &ignored {
-        cmd.env_remove(k);
-    }
-    // `TTRACE=0` in the shell would make the library a pass-through: `ttrace run` means capture.
-    cmd.env_remove("TTRACE");
-    let spawned = cmd
-        .envs(
-            env.iter()
-                .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
-        )
-        .spawn();
-    let (code, how, ran) = match spawned {
-        Ok(child) => {
-            let st = wait_forwarding(child)?;
-            (shell_code(st), describe(st), true)
-        }
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => 127,
-                std::io::ErrorKind::PermissionDenied => 126,
-                _ => EXIT_TTRACE,
-            };
-            eprintln!("ttrace run: cannot execute {}: {e}", command[0]);
-            (code, format!("not started ({e})"), false)
-        }
-    };
+    let (code, how, ran) = run_command(&args.command, &ignored, &env)?;
     let cmd_time = started.elapsed();
 
     match collector {
@@ -455,43 +409,139 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             sock_dir,
             out_existed,
         } => {
-            let store = handle.store().to_path_buf();
-            let summary = finalize(handle, code, Duration::from_secs(args.linger));
-            let _ = std::fs::remove_dir(&sock_dir);
-            let summary = match summary {
-                Ok(s) => s,
-                Err(e) => {
-                    // The command's own exit code is what the caller needs most; the trace's
-                    // failure is said, and --strict turns it into 74.
-                    eprintln!(
-                        "ttrace run: the trace is INCOMPLETE: {}",
-                        crate::error_chain(&e)
-                    );
-                    return Ok(strict_code(&args, code, true));
-                }
+            let ended = CommandEnd {
+                code,
+                how,
+                ran,
+                time: cmd_time,
             };
-            if !ran && summary.processes.is_empty() {
-                // Nothing ran, nothing was stored: leave no store behind, so that the same
-                // --out works once the command is fixed.
-                abandon_store(&store, out_existed);
-                return Ok(code);
-            }
-            if !args.quiet {
-                eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
-                if let Some(seed) = capture.perturb {
-                    let store = summary.store.strip_prefix(&cwd).unwrap_or(&summary.store);
-                    let stored = perturbed_outputs(&summary.store);
-                    eprint!(
-                        "{}",
-                        perturb_note(seed, stored, &store.display().to_string())
-                    );
-                }
-            } else if !summary.lost.is_empty() {
-                eprint!("{}", render_lost(&summary));
-            }
-            Ok(strict_code(&args, code, !summary.lost.is_empty()))
+            let r = finish_embedded(&args, &capture, handle, out_existed, &command, &cwd, ended);
+            let _ = std::fs::remove_dir(&sock_dir);
+            r
         }
     }
+}
+
+/// How the traced command ended.
+struct CommandEnd {
+    /// Its exit code as a shell reports it.
+    code: i32,
+    /// In words ("exited with status 0").
+    how: String,
+    /// Whether it started at all.
+    ran: bool,
+    time: Duration,
+}
+
+/// Says which inherited `TTRACE_*` variables are ignored, and the option to use instead.
+fn warn_ignored(ignored: &[OsString]) {
+    for k in ignored {
+        let k = k.to_string_lossy();
+        let option = match k.as_ref() {
+            "TTRACE_APIS" => "; use --apis",
+            "TTRACE_STEPS" => "; use --steps",
+            "TTRACE_RANKS" => "; use --ranks",
+            "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
+            "TTRACE_INPUTS" => "; use --no-inputs",
+            "TTRACE_KERNELS" => "; use --no-kernels",
+            "TTRACE_DEDUP" => "; use --no-dedup",
+            "TTRACE_RING_BYTES" => "; use --ring-bytes",
+            "TTRACE_WAIT_MS" => "; use --wait-ms",
+            "TTRACE_STEP_RULE" => "; use --step-rule",
+            _ => "",
+        };
+        eprintln!(
+            "ttrace run: ignoring {k} from the environment: ttrace run's options set the \
+             capture{option}"
+        );
+    }
+}
+
+/// Runs the command with the traced environment `env` (less the `ignored` variables),
+/// forwarding signals; returns its exit code, how it ended, and whether it started.
+fn run_command(
+    command: &[OsString],
+    ignored: &[OsString],
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<(i32, String, bool)> {
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    for k in ignored {
+        cmd.env_remove(k);
+    }
+    // `TTRACE=0` in the shell would make the library a pass-through: `ttrace run` means capture.
+    cmd.env_remove("TTRACE");
+    let spawned = cmd
+        .envs(
+            env.iter()
+                .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
+        )
+        .spawn();
+    Ok(match spawned {
+        Ok(child) => {
+            let st = wait_forwarding(child)?;
+            (shell_code(st), describe(st), true)
+        }
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                std::io::ErrorKind::PermissionDenied => 126,
+                _ => EXIT_TTRACE,
+            };
+            eprintln!(
+                "ttrace run: cannot execute {}: {e}",
+                command[0].to_string_lossy()
+            );
+            (code, format!("not started ({e})"), false)
+        }
+    })
+}
+
+/// Finalizes the embedded collector's store once the command ended, prints the summary, and
+/// returns ttrace run's exit code.
+fn finish_embedded(
+    args: &RunArgs,
+    capture: &CaptureConfig,
+    handle: ttraced::Handle,
+    out_existed: bool,
+    command: &[String],
+    cwd: &Path,
+    end: CommandEnd,
+) -> anyhow::Result<i32> {
+    let store = handle.store().to_path_buf();
+    let summary = finalize(handle, end.code, Duration::from_secs(args.linger));
+    let summary = match summary {
+        Ok(s) => s,
+        Err(e) => {
+            // The command's own exit code is what the caller needs most; the trace's
+            // failure is said, and --strict turns it into 74.
+            eprintln!(
+                "ttrace run: the trace is INCOMPLETE: {}",
+                crate::error_chain(&e)
+            );
+            return Ok(strict_code(args, end.code, true));
+        }
+    };
+    if !end.ran && summary.processes.is_empty() {
+        // Nothing ran, nothing was stored: leave no store behind, so that the same
+        // --out works once the command is fixed.
+        abandon_store(&store, out_existed);
+        return Ok(end.code);
+    }
+    if !args.quiet {
+        eprint!("{}", render(&summary, command, &end.how, end.time, cwd));
+        if let Some(seed) = capture.perturb {
+            let store = summary.store.strip_prefix(cwd).unwrap_or(&summary.store);
+            let stored = perturbed_outputs(&summary.store);
+            eprint!(
+                "{}",
+                perturb_note(seed, stored, &store.display().to_string())
+            );
+        }
+    } else if !summary.lost.is_empty() {
+        eprint!("{}", render_lost(&summary));
+    }
+    Ok(strict_code(args, end.code, !summary.lost.is_empty()))
 }
 
 /// `ttrace run`'s exit code: the command's, unless `--strict` and the command succeeded over

@@ -316,10 +316,11 @@ fn repr_align(attrs: &[syn::Attribute]) -> Option<u64> {
     n
 }
 
-/// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13 build of
-/// the simulated stack; see tests/sim/build_sim_lib.rs). Per thread: the integration tests are
-/// one binary whose tests run on parallel threads, and each checks one major.
 thread_local! {
+    /// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13
+    /// build of the simulated stack; see tests/sim/build_sim_lib.rs). Per thread: the
+    /// integration tests are one binary whose tests run on parallel threads, each checking one
+    /// major.
     static CUDA_MAJOR: std::cell::Cell<u32> = const { std::cell::Cell::new(12) };
 }
 

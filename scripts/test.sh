@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What a fresh machine lacks besides Rust (gcc, binutils, python3-venv, chromium, rustfmt,
+# clippy), installed when missing; TTRACE_NO_INSTALL=1 skips this.
+if [ "${TTRACE_NO_INSTALL:-0}" != 1 ]; then
+  scripts/install-test-deps.sh
+fi
+
 echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use ttrace_compare::check::check_store;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use crate::progress::Progress;
 
 /// Check a distributed trace for silent bugs, without a reference run.
 ///
@@ -39,30 +39,13 @@ pub struct CheckArgs {
 
 /// Runs the check; returns the exit status (0 clean, 1 findings).
 pub fn main(args: CheckArgs) -> anyhow::Result<i32> {
-    // Drawn only on a terminal (pipes and tests stay clean); indicatif throttles redraws.
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        bar.set_draw_target(ProgressDrawTarget::stderr());
-    }
-    if let Ok(style) =
-        ProgressStyle::with_template("reading records [{bar:30}] {pos}/{len} eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    let mut last_total = 0;
-    let report = check_store(&args.run, &mut |done, total| {
-        if total != last_total {
-            bar.set_length(total);
-            last_total = total;
-        }
-        bar.set_position(done);
-    })
-    .map_err(|e| {
+    let bar = Progress::items("reading records");
+    let report = check_store(&args.run, &mut |done, total| bar.set(done, total)).map_err(|e| {
         anyhow::anyhow!(ttrace_compare::report::text::escape_controls(
             &ttrace_compare::error_line(&e)
         ))
     })?;
-    bar.finish_and_clear();
+    bar.finish();
     let json = serde_json::to_string_pretty(&report)?;
     match &args.json {
         Some(p) if p.as_os_str() == "-" => writeln!(std::io::stdout().lock(), "{json}")?,

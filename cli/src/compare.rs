@@ -4,8 +4,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::progress::Progress;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ttrace_compare::engine::compare_partition;
 use ttrace_compare::partition::Partition;
 use ttrace_compare::report::{html, text, CompareReport};
@@ -205,20 +205,8 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
              joins"
         );
     }
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    if tty {
-        bar.set_draw_target(ProgressDrawTarget::stderr());
-    }
-    if let Ok(style) =
-        ProgressStyle::with_template("comparing ops [{bar:30}] {pos}/{len} eta {eta}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    let mut progress = |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
+    let bar = Progress::items("comparing ops");
+    let mut progress = |done, total| bar.set(done, total);
     let failed = |e: ttrace_compare::CompareError| {
         anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e)))
     };
@@ -226,7 +214,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         Some(part) => {
             let partial = compare_partition(&args.reference, &args.run, &opts, part, &mut progress)
                 .map_err(failed)?;
-            bar.finish_and_clear();
+            bar.finish();
             let json = serde_json::to_string_pretty(&partial)?;
             write_reports(&args, &partial.report, &json, Some(&partial.label()))?;
             partial.exit_code()
@@ -234,7 +222,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         None => {
             let report =
                 compare(&args.reference, &args.run, &opts, &mut progress).map_err(failed)?;
-            bar.finish_and_clear();
+            bar.finish();
             let json = serde_json::to_string_pretty(&report)?;
             write_reports(&args, &report, &json, None)?;
             report.exit_code()

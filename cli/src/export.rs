@@ -18,7 +18,8 @@ use ttrace_format::reader::{Segment, SegmentInfo, Store};
 use ttrace_format::record::Record;
 use ttrace_format::tensor::{widen_f32_into, widens_to_f32_exactly};
 
-use crate::reading::{open_store, role_name, Filter, FilterArgs, Progress};
+use crate::progress::Progress;
+use crate::reading::{open_store, role_name, Filter, FilterArgs};
 use crate::units::human;
 
 /// Output formats.
@@ -525,6 +526,18 @@ fn export_npy(
     Ok(res)
 }
 
+/// What `ttrace export` wrote (its `--json` output).
+#[derive(Serialize)]
+struct ExportSummary {
+    out: PathBuf,
+    format: String,
+    files: usize,
+    tensors: usize,
+    bytes: u64,
+    index: PathBuf,
+    warnings: Vec<String>,
+}
+
 /// Runs `ttrace export`.
 pub fn main(a: ExportArgs) -> anyhow::Result<()> {
     let store = open_store("export", &a.run)?;
@@ -537,93 +550,16 @@ pub fn main(a: ExportArgs) -> anyhow::Result<()> {
             store.ranks()
         );
     }
-    if a.out.exists() {
-        let non_empty = std::fs::read_dir(&a.out)
-            .with_context(|| format!("reading {}", a.out.display()))?
-            .next()
-            .is_some();
-        if non_empty && !a.force {
-            bail!(
-                "{} is not empty (pass --force to write into it)",
-                a.out.display()
-            );
-        }
-    }
-    // npy: refuse what numpy cannot hold before writing anything.
+    check_out_dir(&a.out, a.force)?;
     if a.format == Format::Npy && !a.widen {
-        let mut narrow: Vec<String> = Vec::new();
-        let mut count = 0usize;
-        for info in &segs {
-            let Ok(seg) = store.open_segment(info.rank, info.step) else {
-                continue;
-            };
-            for it in plan(&seg, &filter, &mut Vec::new()) {
-                if npy_descr(it.dtype).is_none() {
-                    count += 1;
-                    if narrow.len() < 3 {
-                        narrow.push(format!("{} ({})", it.name, it.dtype.name()));
-                    }
-                }
-            }
-        }
-        if count > 0 {
-            bail!(
-                ".npy cannot hold BF16, F8_E4M3 or F8_E5M2, and {count} selected tensor(s) are: {}{}.\n\
-                 Use --format safetensors (keeps them exactly), --widen (converts them to float32, \
-                 exactly), or filter them out (--apis, --roles).",
-                narrow.join(", "),
-                if count > narrow.len() { ", ..." } else { "" }
-            );
-        }
+        refuse_narrow_npy(&store, &segs, &filter)?;
     }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&a.out)
         .with_context(|| format!("creating {}", a.out.display()))?;
-    let total: u64 = segs.iter().map(|s| s.bytes).sum();
-    let progress = Progress::bytes(total, "exporting");
-    let jobs = a
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .clamp(1, segs.len());
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, anyhow::Result<SegmentResult>)>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(info) = segs.get(k) else { break };
-                let r = (|| -> anyhow::Result<SegmentResult> {
-                    let seg = store.open_segment(info.rank, info.step)?;
-                    let mut warnings: Vec<String> =
-                        seg.issues().iter().map(|i| i.to_string()).collect();
-                    let items = plan(&seg, &filter, &mut warnings);
-                    let mut res = if items.is_empty() {
-                        SegmentResult::default()
-                    } else {
-                        match a.format {
-                            Format::Safetensors => {
-                                export_safetensors(&store, &seg, items, &a.out, &progress)?
-                            }
-                            Format::Npy => export_npy(&seg, items, &a.out, a.widen, &progress)?,
-                        }
-                    };
-                    warnings.append(&mut res.warnings);
-                    res.warnings = warnings;
-                    Ok(res)
-                })();
-                if let Ok(mut v) = results.lock() {
-                    v.push((k, r));
-                }
-            });
-        }
-    });
-    progress.finish();
-    let mut results = results
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("a writer thread panicked"))?;
-    results.sort_by_key(|r| r.0);
+    let results = export_segments(&a, &store, &segs, &filter)?;
     let mut all = Vec::new();
     let mut warnings = Vec::new();
     let mut bytes = 0u64;
@@ -647,38 +583,146 @@ pub fn main(a: ExportArgs) -> anyhow::Result<()> {
     let index = a.out.join("index.json");
     std::fs::write(&index, serde_json::to_vec_pretty(&all)?)
         .with_context(|| format!("writing {}", index.display()))?;
-    let files: BTreeSet<&str> = all.iter().map(|e| e.file.as_str()).collect();
+    let summary = ExportSummary {
+        out: a.out.clone(),
+        format: format!("{:?}", a.format).to_lowercase(),
+        files: all
+            .iter()
+            .map(|e| e.file.as_str())
+            .collect::<BTreeSet<_>>()
+            .len(),
+        tensors: all.len(),
+        bytes,
+        index,
+        warnings,
+    };
     if a.json {
-        let v = serde_json::json!({
-            "out": a.out,
-            "format": format!("{:?}", a.format).to_lowercase(),
-            "files": files.len(),
-            "tensors": all.len(),
-            "bytes": bytes,
-            "index": index,
-            "warnings": warnings,
-        });
-        let stdout = std::io::stdout();
-        let mut out = stdout.lock();
-        serde_json::to_writer_pretty(&mut out, &v)?;
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &summary)?;
         writeln!(out)?;
     } else {
-        for w in &warnings {
+        for w in &summary.warnings {
             eprintln!("ttrace export: warning: {w}");
         }
         println!(
             "exported {} tensors ({}) into {} file(s) in {} (list: {})",
-            all.len(),
-            human(bytes),
-            files.len(),
-            a.out.display(),
-            index.display()
+            summary.tensors,
+            human(summary.bytes),
+            summary.files,
+            summary.out.display(),
+            summary.index.display()
         );
     }
     if failed_segments == segs.len() {
         bail!("nothing could be exported");
     }
     Ok(())
+}
+
+/// Refuses an output directory that holds something, unless `force`.
+fn check_out_dir(out: &Path, force: bool) -> anyhow::Result<()> {
+    if !out.exists() {
+        return Ok(());
+    }
+    let non_empty = std::fs::read_dir(out)
+        .with_context(|| format!("reading {}", out.display()))?
+        .next()
+        .is_some();
+    if non_empty && !force {
+        bail!(
+            "{} is not empty (pass --force to write into it)",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// npy: refuses what numpy cannot hold before anything is written.
+fn refuse_narrow_npy(store: &Store, segs: &[&SegmentInfo], filter: &Filter) -> anyhow::Result<()> {
+    let mut narrow: Vec<String> = Vec::new();
+    let mut count = 0usize;
+    for info in segs {
+        let Ok(seg) = store.open_segment(info.rank, info.step) else {
+            continue;
+        };
+        for it in plan(&seg, filter, &mut Vec::new()) {
+            if npy_descr(it.dtype).is_none() {
+                count += 1;
+                if narrow.len() < 3 {
+                    narrow.push(format!("{} ({})", it.name, it.dtype.name()));
+                }
+            }
+        }
+    }
+    if count > 0 {
+        bail!(
+            ".npy cannot hold BF16, F8_E4M3 or F8_E5M2, and {count} selected tensor(s) are: {}{}.\n\
+             Use --format safetensors (keeps them exactly), --widen (converts them to float32, \
+             exactly), or filter them out (--apis, --roles).",
+            narrow.join(", "),
+            if count > narrow.len() { ", ..." } else { "" }
+        );
+    }
+    Ok(())
+}
+
+/// Exports each segment on its own thread (at most `--jobs`); the results in segment order.
+fn export_segments(
+    a: &ExportArgs,
+    store: &Store,
+    segs: &[&SegmentInfo],
+    filter: &Filter,
+) -> anyhow::Result<Vec<(usize, anyhow::Result<SegmentResult>)>> {
+    let total: u64 = segs.iter().map(|s| s.bytes).sum();
+    let progress = Progress::bytes(total, "exporting");
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .clamp(1, segs.len());
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, anyhow::Result<SegmentResult>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(info) = segs.get(k) else { break };
+                let r = export_segment(a, store, info, filter, &progress);
+                if let Ok(mut v) = results.lock() {
+                    v.push((k, r));
+                }
+            });
+        }
+    });
+    progress.finish();
+    let mut results = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a writer thread panicked"))?;
+    results.sort_by_key(|r| r.0);
+    Ok(results)
+}
+
+/// Exports one segment's selected tensors; its reader warnings come first in the result's.
+fn export_segment(
+    a: &ExportArgs,
+    store: &Store,
+    info: &SegmentInfo,
+    filter: &Filter,
+    progress: &Progress,
+) -> anyhow::Result<SegmentResult> {
+    let seg = store.open_segment(info.rank, info.step)?;
+    let mut warnings: Vec<String> = seg.issues().iter().map(|i| i.to_string()).collect();
+    let items = plan(&seg, filter, &mut warnings);
+    let mut res = if items.is_empty() {
+        SegmentResult::default()
+    } else {
+        match a.format {
+            Format::Safetensors => export_safetensors(store, &seg, items, &a.out, progress)?,
+            Format::Npy => export_npy(&seg, items, &a.out, a.widen, progress)?,
+        }
+    };
+    warnings.append(&mut res.warnings);
+    res.warnings = warnings;
+    Ok(res)
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use ttrace_format::reader::{Issue, Store};
 use ttrace_format::record::Op;
 use ttrace_format::store::{CommEntry, Manifest};
 
-use crate::reading::{open_store, print_table, warn, Progress};
+use crate::progress::Progress;
+use crate::reading::{open_store, print_table, warn};
 use crate::units::human;
 
 /// List a store: ranks, steps, record counts, bytes raw and compressed, gaps, the

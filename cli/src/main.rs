@@ -1,5 +1,5 @@
-//! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; later
-//! issues add `ls`, `show`, `export`, `compare` and `check` as further subcommands.
+//! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; `ls`,
+//! `show`, `stats`, `export`, `fsck` read it; `check` and `compare` judge it.
 
 mod check;
 mod compare;
@@ -7,6 +7,7 @@ mod dump;
 mod export;
 mod fsck;
 mod ls;
+mod progress;
 mod reading;
 mod report;
 mod run;

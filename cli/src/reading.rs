@@ -1,13 +1,8 @@
 //! What the reading commands (`ls`, `show`, `stats`, `export`, `fsck`) share: record filters,
-//! progress on stderr, warnings, and JSON-safe numbers.
-
-use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+//! warnings, and JSON-safe numbers (their progress bar is crate::progress).
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use ttrace_format::config::RangeSet;
 use ttrace_format::reader::{Issue, SegmentInfo, Store};
 use ttrace_format::record::{Op, Record, Role};
@@ -166,60 +161,6 @@ impl Filter {
             .iter()
             .filter(|s| self.segment(s))
             .collect()
-    }
-}
-
-/// A progress bar on stderr that appears only when stderr is a terminal and the work has
-/// taken more than a second (quick commands and pipes stay clean).
-pub struct Progress {
-    bar: ProgressBar,
-    start: Instant,
-    tty: bool,
-    shown: AtomicBool,
-}
-
-impl Progress {
-    /// A bar counting `total` bytes.
-    pub fn bytes(total: u64, what: &str) -> Progress {
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-        if let Ok(style) = ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        ) {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        bar.set_message(what.to_string());
-        Progress {
-            bar,
-            start: Instant::now(),
-            tty: std::io::stderr().is_terminal(),
-            shown: AtomicBool::new(false),
-        }
-    }
-
-    /// Counts `n` more bytes done (from any thread).
-    pub fn inc(&self, n: u64) {
-        self.bar.inc(n);
-        if self.tty
-            && !self.shown.load(Ordering::Relaxed)
-            && self.start.elapsed() > Duration::from_secs(1)
-            && !self.shown.swap(true, Ordering::Relaxed)
-        {
-            self.bar.set_draw_target(ProgressDrawTarget::stderr());
-        }
-    }
-
-    /// Removes the bar.
-    pub fn finish(&self) {
-        self.bar.finish_and_clear();
-    }
-
-    /// Prints a line without tearing the bar.
-    pub fn println(&self, line: &str) {
-        if self.shown.load(Ordering::Relaxed) {
-            self.bar.suspend(|| eprintln!("{line}"));
-        } else {
-            eprintln!("{line}");
-        }
     }
 }
 

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use ttrace_format::config::{CaptureConfig, RangeSet};
+use ttrace_format::config::{CaptureConfig, Family, RangeSet, StepRule};
 use ttraced::{Config, Daemon, Summary};
 
+use crate::progress::Progress;
 use crate::units::{human, parse_bytes};
 
 /// Exit code of `ttrace run` when it fails before or around the command (as `env` and
@@ -39,7 +40,8 @@ const FORWARDED: [libc::c_int; 6] = [
 /// the capture settings through its environment; a process that never calls CUDA is not
 /// affected. When CMD exits, ttrace waits for the traced processes' last snapshots, closes the
 /// store and prints a summary. It exits with CMD's exit code (128+N if a signal N killed it);
-/// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found.
+/// 125 means ttrace itself failed, 126/127 that CMD could not be executed / found, 2 that an
+/// option was malformed.
 ///
 /// A trace is *incomplete* when the collector could not store every record it received (a
 /// full disk, a failed write; the summary and manifest.json say how many and why) or could not
@@ -81,14 +83,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "SOCKET", env = "TTRACE_DAEMON")]
     daemon: Option<PathBuf>,
     /// Families of calls to capture: memcpy, gemm, nccl (comma-separated).
-    #[arg(long, value_name = "LIST", default_value = "memcpy,gemm,nccl")]
-    apis: String,
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "memcpy,gemm,nccl"
+    )]
+    apis: Vec<Family>,
     /// Steps to capture, e.g. 0-3,7 [default: all].
     #[arg(long, value_name = "RANGES")]
-    steps: Option<String>,
+    steps: Option<RangeSet>,
     /// Global ranks to capture, e.g. 0,2-3 [default: all].
     #[arg(long, value_name = "RANGES")]
-    ranks: Option<String>,
+    ranks: Option<RangeSet>,
     /// Tensors larger than this keep their metadata only (K, M, G suffixes).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "64G")]
     max_tensor_bytes: u64,
@@ -120,7 +127,7 @@ pub struct RunArgs {
     /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
     /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
     #[arg(long, value_name = "RULE", default_value = "auto")]
-    step_rule: String,
+    step_rule: StepRule,
     /// Make this a perturbed reference run, for tolerances: every F32/F16/BF16 GEMM output
     /// (cuBLAS, cuBLASLt) gets round-off-sized noise, its last mantissa bit flipped in about
     /// half its elements (±1 ulp, one rounding's worth; drawn from SEED, the rank and the call
@@ -207,40 +214,30 @@ pub fn main(args: RunArgs) -> i32 {
     }
 }
 
-/// The capture configuration the options describe (each parsed as its `TTRACE_*` variable
-/// would be, errors naming the option).
+/// The capture configuration the options describe (each already parsed by clap into its
+/// model type; `TTRACE_LOG` is not part of it: it goes to the command as the user set it).
 fn capture_config(a: &RunArgs) -> anyhow::Result<CaptureConfig> {
-    let var = |flag: &str, k: &str, v: &str| {
-        CaptureConfig::from_vars([(k.to_string(), v.to_string())])
-            .map_err(|e| anyhow::anyhow!("{flag} {v}: {e}"))
-    };
-    let mut c = CaptureConfig {
-        families: var("--apis", "TTRACE_APIS", &a.apis)?.families,
-        ..CaptureConfig::default()
-    };
-    if c.families.is_empty() {
-        bail!("--apis {}: nothing to capture (memcpy, gemm, nccl)", a.apis);
+    let mut families = a.apis.clone();
+    families.sort();
+    families.dedup();
+    if families.is_empty() {
+        bail!("--apis: nothing to capture (memcpy, gemm, nccl)");
     }
-    let ranges = |flag: &str, v: &Option<String>| -> anyhow::Result<Option<RangeSet>> {
-        v.as_deref()
-            .map(|s| RangeSet::parse(s).map_err(|e| anyhow::anyhow!("{flag} {s}: {e}")))
-            .transpose()
-    };
-    c.steps = ranges("--steps", &a.steps)?;
-    c.ranks = ranges("--ranks", &a.ranks)?;
-    c.max_tensor_bytes = a.max_tensor_bytes;
-    c.inputs = !a.no_inputs;
-    c.kernels = !a.no_kernels;
-    c.dedup = !a.no_dedup;
-    c.ring_bytes = a.ring_bytes;
-    c.wait_ms = a.wait_ms;
-    c.max_stall_ms = a.max_stall_ms;
-    c.step_rule = var("--step-rule", "TTRACE_STEP_RULE", &a.step_rule)?.step_rule;
-    c.perturb = a.perturb;
-    if let Ok(log) = std::env::var("TTRACE_LOG") {
-        c.log = log;
-    }
-    Ok(c)
+    Ok(CaptureConfig {
+        socket: None,
+        families,
+        steps: a.steps.clone(),
+        ranks: a.ranks.clone(),
+        max_tensor_bytes: a.max_tensor_bytes,
+        inputs: !a.no_inputs,
+        kernels: !a.no_kernels,
+        ring_bytes: a.ring_bytes,
+        wait_ms: a.wait_ms,
+        max_stall_ms: a.max_stall_ms,
+        step_rule: a.step_rule.clone(),
+        perturb: a.perturb,
+        dedup: !a.no_dedup,
+    })
 }
 
 /// libttrace.so: `TTRACE_LIB`, else next to this executable.
@@ -374,26 +371,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
         .collect();
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     let ignored = inherited_ttrace_vars();
-    for k in &ignored {
-        let k = k.to_string_lossy();
-        let option = match k.as_ref() {
-            "TTRACE_APIS" => "; use --apis",
-            "TTRACE_STEPS" => "; use --steps",
-            "TTRACE_RANKS" => "; use --ranks",
-            "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
-            "TTRACE_INPUTS" => "; use --no-inputs",
-            "TTRACE_KERNELS" => "; use --no-kernels",
-            "TTRACE_DEDUP" => "; use --no-dedup",
-            "TTRACE_RING_BYTES" => "; use --ring-bytes",
-            "TTRACE_WAIT_MS" => "; use --wait-ms",
-            "TTRACE_STEP_RULE" => "; use --step-rule",
-            _ => "",
-        };
-        eprintln!(
-            "ttrace run: ignoring {k} from the environment: ttrace run's options set the \
-             capture{option}"
-        );
-    }
+    warn_ignored(&ignored);
     install_signal_handlers()?;
 
     // Every process of the command is one job, whatever launcher sits in between (a daemon
@@ -409,34 +387,7 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
     let env = child_env(&lib, &capture, &job);
 
     let started = Instant::now();
-    let mut cmd = Command::new(&args.command[0]);
-    cmd.args(&args.command[1..]);
-    for k in &ignored {
-        cmd.env_remove(k);
-    }
-    // `TTRACE=0` in the shell would make the library a pass-through: `ttrace run` means capture.
-    cmd.env_remove("TTRACE");
-    let spawned = cmd
-        .envs(
-            env.iter()
-                .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
-        )
-        .spawn();
-    let (code, how, ran) = match spawned {
-        Ok(child) => {
-            let st = wait_forwarding(child)?;
-            (shell_code(st), describe(st), true)
-        }
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => 127,
-                std::io::ErrorKind::PermissionDenied => 126,
-                _ => EXIT_TTRACE,
-            };
-            eprintln!("ttrace run: cannot execute {}: {e}", command[0]);
-            (code, format!("not started ({e})"), false)
-        }
-    };
+    let (code, how, ran) = run_command(&args.command, &ignored, &env)?;
     let cmd_time = started.elapsed();
 
     match collector {
@@ -458,43 +409,139 @@ fn run(args: RunArgs) -> anyhow::Result<i32> {
             sock_dir,
             out_existed,
         } => {
-            let store = handle.store().to_path_buf();
-            let summary = finalize(handle, code, Duration::from_secs(args.linger));
-            let _ = std::fs::remove_dir(&sock_dir);
-            let summary = match summary {
-                Ok(s) => s,
-                Err(e) => {
-                    // The command's own exit code is what the caller needs most; the trace's
-                    // failure is said, and --strict turns it into 74.
-                    eprintln!(
-                        "ttrace run: the trace is INCOMPLETE: {}",
-                        crate::error_chain(&e)
-                    );
-                    return Ok(strict_code(&args, code, true));
-                }
+            let ended = CommandEnd {
+                code,
+                how,
+                ran,
+                time: cmd_time,
             };
-            if !ran && summary.processes.is_empty() {
-                // Nothing ran, nothing was stored: leave no store behind, so that the same
-                // --out works once the command is fixed.
-                abandon_store(&store, out_existed);
-                return Ok(code);
-            }
-            if !args.quiet {
-                eprint!("{}", render(&summary, &command, &how, cmd_time, &cwd));
-                if let Some(seed) = capture.perturb {
-                    let store = summary.store.strip_prefix(&cwd).unwrap_or(&summary.store);
-                    let stored = perturbed_outputs(&summary.store);
-                    eprint!(
-                        "{}",
-                        perturb_note(seed, stored, &store.display().to_string())
-                    );
-                }
-            } else if !summary.lost.is_empty() {
-                eprint!("{}", render_lost(&summary));
-            }
-            Ok(strict_code(&args, code, !summary.lost.is_empty()))
+            let r = finish_embedded(&args, &capture, handle, out_existed, &command, &cwd, ended);
+            let _ = std::fs::remove_dir(&sock_dir);
+            r
         }
     }
+}
+
+/// How the traced command ended.
+struct CommandEnd {
+    /// Its exit code as a shell reports it.
+    code: i32,
+    /// In words ("exited with status 0").
+    how: String,
+    /// Whether it started at all.
+    ran: bool,
+    time: Duration,
+}
+
+/// Says which inherited `TTRACE_*` variables are ignored, and the option to use instead.
+fn warn_ignored(ignored: &[OsString]) {
+    for k in ignored {
+        let k = k.to_string_lossy();
+        let option = match k.as_ref() {
+            "TTRACE_APIS" => "; use --apis",
+            "TTRACE_STEPS" => "; use --steps",
+            "TTRACE_RANKS" => "; use --ranks",
+            "TTRACE_MAX_TENSOR_BYTES" => "; use --max-tensor-bytes",
+            "TTRACE_INPUTS" => "; use --no-inputs",
+            "TTRACE_KERNELS" => "; use --no-kernels",
+            "TTRACE_DEDUP" => "; use --no-dedup",
+            "TTRACE_RING_BYTES" => "; use --ring-bytes",
+            "TTRACE_WAIT_MS" => "; use --wait-ms",
+            "TTRACE_STEP_RULE" => "; use --step-rule",
+            _ => "",
+        };
+        eprintln!(
+            "ttrace run: ignoring {k} from the environment: ttrace run's options set the \
+             capture{option}"
+        );
+    }
+}
+
+/// Runs the command with the traced environment `env` (less the `ignored` variables),
+/// forwarding signals; returns its exit code, how it ended, and whether it started.
+fn run_command(
+    command: &[OsString],
+    ignored: &[OsString],
+    env: &BTreeMap<String, String>,
+) -> anyhow::Result<(i32, String, bool)> {
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    for k in ignored {
+        cmd.env_remove(k);
+    }
+    // `TTRACE=0` in the shell would make the library a pass-through: `ttrace run` means capture.
+    cmd.env_remove("TTRACE");
+    let spawned = cmd
+        .envs(
+            env.iter()
+                .filter(|(k, _)| k.starts_with("TTRACE_") || *k == "LD_PRELOAD"),
+        )
+        .spawn();
+    Ok(match spawned {
+        Ok(child) => {
+            let st = wait_forwarding(child)?;
+            (shell_code(st), describe(st), true)
+        }
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                std::io::ErrorKind::PermissionDenied => 126,
+                _ => EXIT_TTRACE,
+            };
+            eprintln!(
+                "ttrace run: cannot execute {}: {e}",
+                command[0].to_string_lossy()
+            );
+            (code, format!("not started ({e})"), false)
+        }
+    })
+}
+
+/// Finalizes the embedded collector's store once the command ended, prints the summary, and
+/// returns ttrace run's exit code.
+fn finish_embedded(
+    args: &RunArgs,
+    capture: &CaptureConfig,
+    handle: ttraced::Handle,
+    out_existed: bool,
+    command: &[String],
+    cwd: &Path,
+    end: CommandEnd,
+) -> anyhow::Result<i32> {
+    let store = handle.store().to_path_buf();
+    let summary = finalize(handle, end.code, Duration::from_secs(args.linger));
+    let summary = match summary {
+        Ok(s) => s,
+        Err(e) => {
+            // The command's own exit code is what the caller needs most; the trace's
+            // failure is said, and --strict turns it into 74.
+            eprintln!(
+                "ttrace run: the trace is INCOMPLETE: {}",
+                crate::error_chain(&e)
+            );
+            return Ok(strict_code(args, end.code, true));
+        }
+    };
+    if !end.ran && summary.processes.is_empty() {
+        // Nothing ran, nothing was stored: leave no store behind, so that the same
+        // --out works once the command is fixed.
+        abandon_store(&store, out_existed);
+        return Ok(end.code);
+    }
+    if !args.quiet {
+        eprint!("{}", render(&summary, command, &end.how, end.time, cwd));
+        if let Some(seed) = capture.perturb {
+            let store = summary.store.strip_prefix(cwd).unwrap_or(&summary.store);
+            let stored = perturbed_outputs(&summary.store);
+            eprint!(
+                "{}",
+                perturb_note(seed, stored, &store.display().to_string())
+            );
+        }
+    } else if !summary.lost.is_empty() {
+        eprint!("{}", render_lost(&summary));
+    }
+    Ok(strict_code(args, end.code, !summary.lost.is_empty()))
 }
 
 /// `ttrace run`'s exit code: the command's, unless `--strict` and the command succeeded over
@@ -664,7 +711,7 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
     let signals_before = SIGNALS.load(Ordering::SeqCst);
     let worker = std::thread::spawn(move || handle.finalize(Some(code), linger));
     let started = Instant::now();
-    let mut bar: Option<indicatif::ProgressBar> = None;
+    let mut bar: Option<Progress> = None;
     while !worker.is_finished() {
         std::thread::sleep(Duration::from_millis(50));
         if SIGNALS.load(Ordering::SeqCst) > signals_before {
@@ -674,19 +721,14 @@ fn finalize(handle: ttraced::Handle, code: i32, linger: Duration) -> anyhow::Res
             continue;
         }
         let p = monitor.progress();
-        let b = bar.get_or_insert_with(|| {
-            let b = indicatif::ProgressBar::new_spinner();
-            b.enable_steady_tick(Duration::from_millis(120));
-            b
-        });
-        b.set_length(p.records_received);
-        b.set_message(format!(
+        let b = bar.get_or_insert_with(Progress::spinner);
+        b.message(format!(
             "finalising the store: {}/{} records written, {} processes still connected",
             p.records_written, p.records_received, p.clients_active
         ));
     }
     if let Some(b) = bar {
-        b.finish_and_clear();
+        b.finish();
     }
     match worker.join() {
         Ok(r) => r.context("finalising the store"),

@@ -8,13 +8,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use serde::Serialize;
 use serde_json::{json, Value};
-use ttrace_format::reader::{RecordView, Segment};
+use ttrace_format::reader::{Issue, RecordView, Segment};
 use ttrace_format::record::{Op, Record, Tensor};
 use ttrace_format::tensor::{stats, Stats, TensorData};
 
+use crate::progress::Progress;
 use crate::reading::{
-    fmt_f64, fmt_shape, json_f64, open_store, print_table, role_name, warn, FilterArgs, Progress,
+    fmt_f64, fmt_shape, json_f64, open_store, print_table, role_name, warn, Filter, FilterArgs,
 };
 use crate::units::human;
 
@@ -157,6 +159,82 @@ pub fn main(a: ShowArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The table rows of one record: its gap reason (if a gap), then a row per tensor with its
+/// statistics (`st`, one per tensor); the record's columns on its first row only.
+fn table_rows(r: &Record, st: &[Result<Stats, String>]) -> Vec<Vec<String>> {
+    let head = vec![
+        r.seq.to_string(),
+        r.api.clone(),
+        if r.nvtx.is_empty() {
+            "-".into()
+        } else {
+            r.nvtx.join("/")
+        },
+        format!("{:#x}", r.stream),
+        comm_of(r),
+    ];
+    let mut rows = Vec::new();
+    if let Op::Gap(g) = &r.op {
+        // The reason only: the detail is in `--seq`.
+        let reason = serde_json::to_value(g.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let mut row = head.clone();
+        row.push(format!("gap:{reason}"));
+        rows.push(row);
+    }
+    let opt = |v: Option<f64>| v.map_or("-".into(), fmt_f64);
+    for (t, (tensor, st)) in r.tensors.iter().zip(st).enumerate() {
+        let mut row = if t == 0 {
+            head.clone()
+        } else {
+            vec![String::new(); head.len()]
+        };
+        row.push(role_name(tensor.role));
+        row.push(tensor.dtype.name().into());
+        row.push(fmt_shape(&tensor.shape));
+        match st {
+            Ok(s) => row.extend([
+                opt(s.min),
+                opt(s.max),
+                opt(s.mean),
+                opt(s.absmax),
+                s.nan.to_string(),
+                s.inf.to_string(),
+            ]),
+            Err(why) => {
+                row.extend(std::iter::repeat_n("-".to_string(), 6));
+                row.push(why.clone());
+            }
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// One record of `show --json`'s list, with its tensors' statistics (`st`).
+fn record_json(v: &RecordView<'_>, st: &[Result<Stats, String>]) -> Value {
+    let r = &v.record;
+    let tensors: Vec<Value> = st
+        .iter()
+        .enumerate()
+        .map(|(t, st)| tensor_row_json(v, t, st))
+        .collect();
+    json!({
+        "seq": r.seq,
+        "api": r.api,
+        "nvtx": r.nvtx,
+        "stream": r.stream,
+        "device": r.device,
+        "thread": r.thread,
+        "op": r.op,
+        "t_call_ns": r.t_call_ns,
+        "t_done_ns": r.t_done_ns,
+        "tensors": tensors,
+    })
+}
+
 fn show_table(a: &ShowArgs, seg: &Segment) -> anyhow::Result<()> {
     let filter = FilterArgs {
         apis: a.apis.clone(),
@@ -196,77 +274,20 @@ fn show_table(a: &ShowArgs, seg: &Segment) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let r = &v.record;
-        if !filter.record(r) {
+        if !filter.record(&v.record) {
             continue;
         }
-        let head = vec![
-            r.seq.to_string(),
-            r.api.clone(),
-            if r.nvtx.is_empty() {
-                "-".into()
-            } else {
-                r.nvtx.join("/")
-            },
-            format!("{:#x}", r.stream),
-            comm_of(r),
-        ];
-        let mut tensors_json = Vec::new();
-        if let Op::Gap(g) = &r.op {
-            // The reason only: the detail is in `--seq`.
-            let reason = serde_json::to_value(g.reason)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            let mut row = head.clone();
-            row.push(format!("gap:{reason}"));
-            rows.push(row);
-        }
-        for t in 0..r.tensors.len() {
-            let st = if a.no_stats {
-                Err("skipped".into())
-            } else {
-                tensor_stats(&v, t, &mut scratch, &mut buf)
-            };
-            let tensor = &r.tensors[t];
-            let mut row = if t == 0 {
-                head.clone()
-            } else {
-                vec![String::new(); head.len()]
-            };
-            row.push(role_name(tensor.role));
-            row.push(tensor.dtype.name().into());
-            row.push(fmt_shape(&tensor.shape));
-            let opt = |v: Option<f64>| v.map_or("-".into(), fmt_f64);
-            match &st {
-                Ok(s) => row.extend([
-                    opt(s.min),
-                    opt(s.max),
-                    opt(s.mean),
-                    opt(s.absmax),
-                    s.nan.to_string(),
-                    s.inf.to_string(),
-                ]),
-                Err(why) => {
-                    row.extend(std::iter::repeat_n("-".to_string(), 6));
-                    row.push(why.clone());
+        let st: Vec<Result<Stats, String>> = (0..v.record.tensors.len())
+            .map(|t| {
+                if a.no_stats {
+                    Err("skipped".into())
+                } else {
+                    tensor_stats(&v, t, &mut scratch, &mut buf)
                 }
-            }
-            rows.push(row);
-            tensors_json.push(tensor_row_json(&v, t, &st));
-        }
-        records_json.push(json!({
-            "seq": r.seq,
-            "api": r.api,
-            "nvtx": r.nvtx,
-            "stream": r.stream,
-            "device": r.device,
-            "thread": r.thread,
-            "op": r.op,
-            "t_call_ns": r.t_call_ns,
-            "t_done_ns": r.t_done_ns,
-            "tensors": tensors_json,
-        }));
+            })
+            .collect();
+        rows.extend(table_rows(&v.record, &st));
+        records_json.push(record_json(&v, &st));
     }
     progress.finish();
     let stdout = std::io::stdout();
@@ -297,84 +318,17 @@ fn show_table(a: &ShowArgs, seg: &Segment) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Up to `rows x cols` values of the last two dimensions (first index of the others).
-fn preview(data: &TensorData, shape: &[u64], cols: usize) -> Vec<Vec<f64>> {
-    let cols = cols.max(1);
-    let rows_max = (cols / 4).max(2);
-    let (nrows, ncols) = match shape.len() {
-        0 => (1, 1),
-        1 => (1, shape[0] as usize),
-        n => (shape[n - 2] as usize, shape[n - 1] as usize),
-    };
-    let mut out = Vec::new();
-    if shape.len() <= 1 {
-        // A vector: wrap it over a few rows.
-        let n = ncols.min(cols * rows_max);
-        let vals: Vec<f64> = (0..n).filter_map(|i| data.get_f64(i)).collect();
-        return vals.chunks(cols).map(|c| c.to_vec()).collect();
-    }
-    for r in 0..nrows.min(rows_max) {
-        let row: Vec<f64> = (0..ncols.min(cols))
-            .filter_map(|c| data.get_f64(r * ncols + c))
-            .collect();
-        out.push(row);
-    }
-    out
-}
+/// A tensor's statistics and the preview of its values (None when they could not be read).
+type TensorDetail = (Result<Stats, String>, Option<Vec<Vec<f64>>>);
 
-fn show_one(a: &ShowArgs, seg: &Segment, seq: u64) -> anyhow::Result<()> {
-    let v = match seg.read_seq(seq) {
-        Some(Ok(v)) => v,
-        Some(Err(issue)) => bail!("{issue}"),
-        None => {
-            let last = seg.frames().last().map(|f| f.seq);
-            bail!(
-                "rank {} step {} has no record with seq {seq} ({} records{})",
-                seg.rank,
-                seg.step,
-                seg.len(),
-                last.map_or(String::new(), |l| format!(", last seq {l}"))
-            )
-        }
-    };
+/// `show --seq`'s text: the record's fields, its kernels, then each tensor's statistics and
+/// preview.
+fn write_record_text(
+    out: &mut impl Write,
+    v: &RecordView<'_>,
+    tensors: &[TensorDetail],
+) -> anyhow::Result<()> {
     let r = &v.record;
-    let mut tensors = Vec::new();
-    let (mut scratch, mut buf) = (Vec::new(), Vec::new());
-    for t in 0..r.tensors.len() {
-        let st = tensor_stats(&v, t, &mut scratch, &mut buf);
-        let pv = if st.is_ok() {
-            TensorData::from_le_bytes(r.tensors[t].dtype, &buf)
-                .ok()
-                .map(|d| preview(&d, &r.tensors[t].shape, a.preview))
-        } else {
-            None
-        };
-        tensors.push((st, pv));
-    }
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if a.json {
-        let ts: Vec<Value> = tensors
-            .iter()
-            .enumerate()
-            .map(|(t, (st, pv))| {
-                let mut j = tensor_row_json(&v, t, st);
-                if let Some(pv) = pv {
-                    j["preview"] = pv
-                        .iter()
-                        .map(|row| row.iter().map(|&x| json_f64(x)).collect::<Vec<_>>())
-                        .collect::<Vec<_>>()
-                        .into();
-                }
-                j
-            })
-            .collect();
-        let mut rec = serde_json::to_value(r).context("record")?;
-        rec["tensors"] = ts.into();
-        serde_json::to_writer_pretty(&mut out, &rec)?;
-        writeln!(out)?;
-        return Ok(());
-    }
     writeln!(
         out,
         "rank {} step {} seq {}: {}",
@@ -470,6 +424,87 @@ fn show_one(a: &ShowArgs, seg: &Segment, seq: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Up to `rows x cols` values of the last two dimensions (first index of the others).
+fn preview(data: &TensorData, shape: &[u64], cols: usize) -> Vec<Vec<f64>> {
+    let cols = cols.max(1);
+    let rows_max = (cols / 4).max(2);
+    let (nrows, ncols) = match shape.len() {
+        0 => (1, 1),
+        1 => (1, shape[0] as usize),
+        n => (shape[n - 2] as usize, shape[n - 1] as usize),
+    };
+    let mut out = Vec::new();
+    if shape.len() <= 1 {
+        // A vector: wrap it over a few rows.
+        let n = ncols.min(cols * rows_max);
+        let vals: Vec<f64> = (0..n).filter_map(|i| data.get_f64(i)).collect();
+        return vals.chunks(cols).map(|c| c.to_vec()).collect();
+    }
+    for r in 0..nrows.min(rows_max) {
+        let row: Vec<f64> = (0..ncols.min(cols))
+            .filter_map(|c| data.get_f64(r * ncols + c))
+            .collect();
+        out.push(row);
+    }
+    out
+}
+
+fn show_one(a: &ShowArgs, seg: &Segment, seq: u64) -> anyhow::Result<()> {
+    let v = match seg.read_seq(seq) {
+        Some(Ok(v)) => v,
+        Some(Err(issue)) => bail!("{issue}"),
+        None => {
+            let last = seg.frames().last().map(|f| f.seq);
+            bail!(
+                "rank {} step {} has no record with seq {seq} ({} records{})",
+                seg.rank,
+                seg.step,
+                seg.len(),
+                last.map_or(String::new(), |l| format!(", last seq {l}"))
+            )
+        }
+    };
+    let r = &v.record;
+    let mut tensors = Vec::new();
+    let (mut scratch, mut buf) = (Vec::new(), Vec::new());
+    for t in 0..r.tensors.len() {
+        let st = tensor_stats(&v, t, &mut scratch, &mut buf);
+        let pv = if st.is_ok() {
+            TensorData::from_le_bytes(r.tensors[t].dtype, &buf)
+                .ok()
+                .map(|d| preview(&d, &r.tensors[t].shape, a.preview))
+        } else {
+            None
+        };
+        tensors.push((st, pv));
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if a.json {
+        let ts: Vec<Value> = tensors
+            .iter()
+            .enumerate()
+            .map(|(t, (st, pv))| {
+                let mut j = tensor_row_json(&v, t, st);
+                if let Some(pv) = pv {
+                    j["preview"] = pv
+                        .iter()
+                        .map(|row| row.iter().map(|&x| json_f64(x)).collect::<Vec<_>>())
+                        .collect::<Vec<_>>()
+                        .into();
+                }
+                j
+            })
+            .collect();
+        let mut rec = serde_json::to_value(r).context("record")?;
+        rec["tensors"] = ts.into();
+        serde_json::to_writer_pretty(&mut out, &rec)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    write_record_text(&mut out, &v, &tensors)
+}
+
 /// Per (rank, step), over the floating-point tensors: records, tensors and elements read, NaN
 /// and Inf counts, the largest finite absolute value, and the first record (in host order) whose tensors hold a NaN or Inf —
 /// where to start looking when a run diverged.
@@ -498,7 +533,27 @@ pub fn stats_main(a: StatsArgs) -> anyhow::Result<()> {
     let segs = filter.segments(&store);
     let total: u64 = segs.iter().map(|s| s.bytes).sum();
     let progress = Progress::bytes(total, "reading");
-    let (mut scratch, mut buf) = (Vec::new(), Vec::new());
+    let mut segments = Vec::new();
+    let mut issues = Vec::new();
+    for info in segs {
+        match store.open_segment(info.rank, info.step) {
+            Ok(seg) => segments.push(segment_stats(&seg, &filter, &progress, &mut issues)),
+            Err(e) => {
+                progress.println(&format!("ttrace stats: warning: {e}"));
+                progress.inc(info.bytes);
+            }
+        }
+    }
+    progress.finish();
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &json!({ "segments": segments, "issues": issues }))?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    for i in &issues {
+        warn("stats", i);
+    }
     let mut rows = vec![[
         "rank",
         "step",
@@ -512,118 +567,127 @@ pub fn stats_main(a: StatsArgs) -> anyhow::Result<()> {
     ]
     .map(String::from)
     .to_vec()];
-    let mut out_json = Vec::new();
-    let mut issues = Vec::new();
-    for info in segs {
-        let seg = match store.open_segment(info.rank, info.step) {
-            Ok(s) => s,
-            Err(e) => {
-                progress.println(&format!("ttrace stats: warning: {e}"));
-                progress.inc(info.bytes);
+    rows.extend(segments.iter().map(SegmentStats::row));
+    print_table(&mut out, &rows)?;
+    Ok(())
+}
+
+/// `ttrace stats` of one (rank, step), over its floating-point tensors.
+#[derive(Serialize)]
+struct SegmentStats {
+    rank: u32,
+    step: u64,
+    records: u64,
+    tensors: u64,
+    elements: u64,
+    nan: u64,
+    inf: u64,
+    /// The largest finite absolute value.
+    #[serde(serialize_with = "json_f64_opt")]
+    absmax: Option<f64>,
+    first_non_finite: Option<FirstNonFinite>,
+}
+
+/// The first record (host order) with a NaN or Inf in a tensor.
+#[derive(Serialize)]
+struct FirstNonFinite {
+    seq: u64,
+    api: String,
+    role: String,
+    nvtx: Vec<String>,
+    nan: u64,
+    inf: u64,
+}
+
+fn json_f64_opt<S: serde::Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&v.map(json_f64), s)
+}
+
+impl SegmentStats {
+    /// Its row of the text table.
+    fn row(&self) -> Vec<String> {
+        let first = self.first_non_finite.as_ref().map_or("-".to_string(), |f| {
+            format!("seq {} {} {} ({})", f.seq, f.api, f.role, f.nvtx.join("/"))
+        });
+        vec![
+            self.rank.to_string(),
+            self.step.to_string(),
+            self.records.to_string(),
+            self.tensors.to_string(),
+            self.elements.to_string(),
+            self.nan.to_string(),
+            self.inf.to_string(),
+            self.absmax.map_or("-".into(), fmt_f64),
+            first,
+        ]
+    }
+}
+
+/// Reads every record of `seg` the filter keeps; unreadable records go to `issues`.
+fn segment_stats(
+    seg: &Segment,
+    filter: &Filter,
+    progress: &Progress,
+    issues: &mut Vec<Issue>,
+) -> SegmentStats {
+    issues.extend(seg.issues().iter().cloned());
+    let (mut scratch, mut buf) = (Vec::new(), Vec::new());
+    let mut out = SegmentStats {
+        rank: seg.rank,
+        step: seg.step,
+        records: 0,
+        tensors: 0,
+        elements: 0,
+        nan: 0,
+        inf: 0,
+        absmax: None,
+        first_non_finite: None,
+    };
+    for i in 0..seg.len() {
+        progress.inc(seg.frames()[i].frame_len);
+        let v = match seg.read(i) {
+            Ok(v) => v,
+            Err(issue) => {
+                issues.push(*issue);
                 continue;
             }
         };
-        issues.extend(seg.issues().iter().cloned());
-        let (mut records, mut tensors, mut elements, mut nan, mut inf) = (0u64, 0u64, 0, 0, 0);
-        let mut absmax: Option<f64> = None;
-        let mut first: Option<Value> = None;
-        for i in 0..seg.len() {
-            progress.inc(seg.frames()[i].frame_len);
-            let v = match seg.read(i) {
-                Ok(v) => v,
-                Err(issue) => {
-                    issues.push(*issue);
+        if !filter.record(&v.record) {
+            continue;
+        }
+        out.records += 1;
+        for (t, tensor) in v.record.tensors.iter().enumerate() {
+            // Floating-point tensors only: copied bytes (U8) and integers have no NaN.
+            if !filter.role(tensor.role) || !v.is_captured(t) || !tensor.dtype.is_float() {
+                continue;
+            }
+            let s = match tensor_stats(&v, t, &mut scratch, &mut buf) {
+                Ok(s) => s,
+                Err(why) => {
+                    progress.println(&format!("ttrace stats: warning: {why}"));
                     continue;
                 }
             };
-            if !filter.record(&v.record) {
-                continue;
+            out.tensors += 1;
+            out.elements += s.elements;
+            out.nan += s.nan;
+            out.inf += s.inf;
+            if let Some(m) = s.absmax {
+                out.absmax = Some(out.absmax.map_or(m, |a| a.max(m)));
             }
-            records += 1;
-            for t in 0..v.record.tensors.len() {
-                // Floating-point tensors only: copied bytes (U8) and integers have no NaN.
-                let tensor = &v.record.tensors[t];
-                if !filter.role(tensor.role) || !v.is_captured(t) || !tensor.dtype.is_float() {
-                    continue;
-                }
-                let s = match tensor_stats(&v, t, &mut scratch, &mut buf) {
-                    Ok(s) => s,
-                    Err(why) => {
-                        progress.println(&format!("ttrace stats: warning: {why}"));
-                        continue;
-                    }
-                };
-                tensors += 1;
-                elements += s.elements;
-                nan += s.nan;
-                inf += s.inf;
-                if let Some(m) = s.absmax {
-                    absmax = Some(absmax.map_or(m, |a| a.max(m)));
-                }
-                if first.is_none() && s.nan + s.inf > 0 {
-                    first = Some(json!({
-                        "seq": v.record.seq,
-                        "api": v.record.api,
-                        "role": role_name(v.record.tensors[t].role),
-                        "nvtx": v.record.nvtx,
-                        "nan": s.nan,
-                        "inf": s.inf,
-                    }));
-                }
+            if out.first_non_finite.is_none() && s.nan + s.inf > 0 {
+                out.first_non_finite = Some(FirstNonFinite {
+                    seq: v.record.seq,
+                    api: v.record.api.clone(),
+                    role: role_name(tensor.role),
+                    nvtx: v.record.nvtx.clone(),
+                    nan: s.nan,
+                    inf: s.inf,
+                });
             }
         }
-        let first_text = first.as_ref().map_or("-".to_string(), |f| {
-            format!(
-                "seq {} {} {} ({})",
-                f["seq"],
-                f["api"].as_str().unwrap_or(""),
-                f["role"].as_str().unwrap_or(""),
-                f["nvtx"]
-                    .as_array()
-                    .map(|a| a
-                        .iter()
-                        .filter_map(|x| x.as_str())
-                        .collect::<Vec<_>>()
-                        .join("/"))
-                    .unwrap_or_default()
-            )
-        });
-        rows.push(vec![
-            info.rank.to_string(),
-            info.step.to_string(),
-            records.to_string(),
-            tensors.to_string(),
-            elements.to_string(),
-            nan.to_string(),
-            inf.to_string(),
-            absmax.map_or("-".into(), fmt_f64),
-            first_text,
-        ]);
-        out_json.push(json!({
-            "rank": info.rank,
-            "step": info.step,
-            "records": records,
-            "tensors": tensors,
-            "elements": elements,
-            "nan": nan,
-            "inf": inf,
-            "absmax": absmax.map(json_f64),
-            "first_non_finite": first,
-        }));
     }
-    progress.finish();
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    if a.json {
-        serde_json::to_writer_pretty(&mut out, &json!({ "segments": out_json, "issues": issues }))?;
-        writeln!(out)?;
-        return Ok(());
-    }
-    for i in &issues {
-        warn("stats", i);
-    }
-    print_table(&mut out, &rows)?;
-    Ok(())
+    out
 }
 
 #[cfg(test)]

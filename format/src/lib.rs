@@ -1,6 +1,6 @@
 //! The trace store on disk (specified in docs/format.md): segments of framed records
 //! ([`frame`] holds the one definition of their headers), blobs and their [`codec`]s, indexes,
-//! the [`reader`], [`recover`]y and its repair policy, [`dedup`] references, [`stream`]ed
+//! the [`reader`], [`recover`]y and its [`repair`] policy, [`dedup`] references, [`stream`]ed
 //! tensors, and sets of stores.
 //!
 //! The vocabulary the store shares with the traced process (records, dtypes, configuration,
@@ -12,6 +12,7 @@ pub mod dedup;
 pub mod frame;
 pub mod reader;
 pub mod recover;
+pub mod repair;
 pub mod store;
 pub mod storeset;
 pub mod stream;

@@ -16,7 +16,7 @@
 //! | `TTRACE_WAIT_MS` | how long capture waits for ring space before recording a gap | 10000 |
 //! | `TTRACE_MAX_STALL_MS` | the most a process waits on the daemon over its whole run (ring space, `Hello`); once spent, what does not fit at once is a gap | 30000 |
 //! | `TTRACE_STEP_RULE` | `auto`, `nvtx:NAME` (a range or mark named NAME starts a step), `api` (`ttrace_step()` only) | auto |
-//! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` | warn |
+//! | `TTRACE_LOG` | `error`, `warn`, `info`, `debug` (read by the library's logger itself, not part of this configuration) | warn |
 //! | `TTRACE_DEDUP` | store identical tensor bytes of a (rank, step) once (format 1.3 references): `1`/`0` | 1 |
 //! | `TTRACE_PERTURB` | seed of a perturbed reference run: every GEMM output (F32/F16/BF16) gets ±1 ulp noise | off |
 
@@ -59,6 +59,14 @@ impl RangeSet {
     }
 }
 
+impl std::str::FromStr for RangeSet {
+    type Err = FormatError;
+
+    fn from_str(s: &str) -> Result<RangeSet, FormatError> {
+        RangeSet::parse(s)
+    }
+}
+
 impl std::fmt::Display for RangeSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let parts: Vec<String> = self
@@ -95,6 +103,33 @@ impl Family {
             Family::Nccl => "nccl",
         }
     }
+
+    /// Parses a comma-separated list (`memcpy,gemm`), sorted and without repeats (empty:
+    /// capture nothing).
+    pub fn parse_list(s: &str) -> Result<Vec<Family>, FormatError> {
+        let mut fams = s
+            .split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<Family>, _>>()?;
+        fams.sort();
+        fams.dedup();
+        Ok(fams)
+    }
+}
+
+impl std::str::FromStr for Family {
+    type Err = FormatError;
+
+    fn from_str(s: &str) -> Result<Family, FormatError> {
+        Family::ALL
+            .into_iter()
+            .find(|x| x.name() == s.trim())
+            .ok_or_else(|| {
+                FormatError::Invalid(format!("unknown family `{s}` (memcpy, gemm, nccl)"))
+            })
+    }
 }
 
 /// How steps are numbered.
@@ -107,6 +142,32 @@ pub enum StepRule {
     Nvtx(String),
     /// Only `ttrace_step()` (include/ttrace.h) starts a new step.
     Api,
+}
+
+impl std::str::FromStr for StepRule {
+    type Err = FormatError;
+
+    /// `auto`, `api` or `nvtx:NAME`.
+    fn from_str(s: &str) -> Result<StepRule, FormatError> {
+        match s.trim() {
+            "auto" => Ok(StepRule::Auto),
+            "api" => Ok(StepRule::Api),
+            t if t.len() > 5 && t.starts_with("nvtx:") => Ok(StepRule::Nvtx(t[5..].to_string())),
+            _ => Err(FormatError::Invalid(format!(
+                "`{s}`: expected auto, api or nvtx:NAME"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for StepRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepRule::Auto => f.write_str("auto"),
+            StepRule::Api => f.write_str("api"),
+            StepRule::Nvtx(n) => write!(f, "nvtx:{n}"),
+        }
+    }
 }
 
 /// Everything a traced process needs to know about what to capture.
@@ -128,7 +189,6 @@ pub struct CaptureConfig {
     #[serde(default = "default_max_stall_ms")]
     pub max_stall_ms: u64,
     pub step_rule: StepRule,
-    pub log: String,
     /// A perturbed reference run (`TTRACE_PERTURB`): the seed of the round-off-sized noise
     /// added to every GEMM output (the last mantissa bit of each F32/F16/BF16 element flipped
     /// with probability 1/2). `None`: the program's numbers are left alone. Absent from
@@ -160,7 +220,6 @@ impl Default for CaptureConfig {
             wait_ms: 10_000,
             max_stall_ms: default_max_stall_ms(),
             step_rule: StepRule::Auto,
-            log: "warn".into(),
             perturb: None,
             dedup: true,
         }
@@ -213,22 +272,8 @@ impl CaptureConfig {
             match k.as_str() {
                 "TTRACE_SOCKET" => c.socket = Some(v).filter(|s| !s.is_empty()),
                 "TTRACE_APIS" => {
-                    let mut fams = Vec::new();
-                    for f in v.split(',').map(str::trim).filter(|f| !f.is_empty()) {
-                        let fam =
-                            Family::ALL
-                                .into_iter()
-                                .find(|x| x.name() == f)
-                                .ok_or_else(|| {
-                                    FormatError::Invalid(format!(
-                                        "TTRACE_APIS: unknown family `{f}` (memcpy, gemm, nccl)"
-                                    ))
-                                })?;
-                        fams.push(fam);
-                    }
-                    fams.sort();
-                    fams.dedup();
-                    c.families = fams;
+                    c.families = Family::parse_list(&v)
+                        .map_err(|e| FormatError::Invalid(format!("{k}: {e}")))?
                 }
                 "TTRACE_STEPS" => {
                     c.steps = Some(
@@ -251,20 +296,10 @@ impl CaptureConfig {
                 "TTRACE_WAIT_MS" => c.wait_ms = number(&k, &v)?,
                 "TTRACE_MAX_STALL_MS" => c.max_stall_ms = number(&k, &v)?,
                 "TTRACE_STEP_RULE" => {
-                    c.step_rule = match v.trim() {
-                        "auto" => StepRule::Auto,
-                        "api" => StepRule::Api,
-                        s if s.starts_with("nvtx:") && s.len() > 5 => {
-                            StepRule::Nvtx(s[5..].to_string())
-                        }
-                        _ => {
-                            return Err(FormatError::Invalid(format!(
-                                "TTRACE_STEP_RULE={v}: expected auto, api or nvtx:NAME"
-                            )))
-                        }
-                    }
+                    c.step_rule = v
+                        .parse()
+                        .map_err(|e| FormatError::Invalid(format!("{k}={v}: {e}")))?
                 }
-                "TTRACE_LOG" => c.log = v,
                 "TTRACE_PERTURB" => {
                     c.perturb = Some(v.trim().parse().map_err(|_| {
                         FormatError::Invalid(format!(
@@ -302,15 +337,7 @@ impl CaptureConfig {
         m.insert("TTRACE_RING_BYTES".into(), self.ring_bytes.to_string());
         m.insert("TTRACE_WAIT_MS".into(), self.wait_ms.to_string());
         m.insert("TTRACE_MAX_STALL_MS".into(), self.max_stall_ms.to_string());
-        m.insert(
-            "TTRACE_STEP_RULE".into(),
-            match &self.step_rule {
-                StepRule::Auto => "auto".into(),
-                StepRule::Api => "api".into(),
-                StepRule::Nvtx(n) => format!("nvtx:{n}"),
-            },
-        );
-        m.insert("TTRACE_LOG".into(), self.log.clone());
+        m.insert("TTRACE_STEP_RULE".into(), self.step_rule.to_string());
         if let Some(seed) = self.perturb {
             m.insert("TTRACE_PERTURB".into(), seed.to_string());
         }
@@ -341,7 +368,6 @@ mod tests {
             wait_ms: 5,
             max_stall_ms: 7,
             step_rule: StepRule::Nvtx("train_step".into()),
-            log: "info".into(),
             perturb: Some(u64::MAX),
             dedup: false,
         };

@@ -316,20 +316,23 @@ fn repr_align(attrs: &[syn::Attribute]) -> Option<u64> {
     n
 }
 
-/// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13 build of
-/// the simulated stack; see tests/sim/build_sim_lib.rs). Process-wide: a test binary checks
-/// one major.
-static CUDA_MAJOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(12);
-
-/// Selects the CUDA major (12 or 13) whose `cfg`s [`parse_exports`] and [`AbiTypes::parse`]
-/// evaluate.
-pub fn set_cuda_major(major: u32) {
-    CUDA_MAJOR.store(major, std::sync::atomic::Ordering::Relaxed);
+thread_local! {
+    /// The CUDA major whose sources are read: `cfg(sim_cuda13)` holds for 13 (the CUDA 13
+    /// build of the simulated stack; see tests/sim/build_sim_lib.rs). Per thread: the
+    /// integration tests are one binary whose tests run on parallel threads, each checking one
+    /// major.
+    static CUDA_MAJOR: std::cell::Cell<u32> = const { std::cell::Cell::new(12) };
 }
 
-/// The CUDA major set by [`set_cuda_major`] (12 by default).
+/// Selects the CUDA major (12 or 13) whose `cfg`s [`parse_exports`] and [`AbiTypes::parse`]
+/// evaluate on this thread.
+pub fn set_cuda_major(major: u32) {
+    CUDA_MAJOR.with(|m| m.set(major));
+}
+
+/// The CUDA major set by [`set_cuda_major`] on this thread (12 by default).
 pub fn cuda_major() -> u32 {
-    CUDA_MAJOR.load(std::sync::atomic::Ordering::Relaxed)
+    CUDA_MAJOR.with(|m| m.get())
 }
 
 /// The simulated libraries of the selected CUDA major: CUDA 13 has no NVTX v2 library

@@ -1,0 +1,264 @@
+//! `TTRACE_STEPS` is applied before the snapshot work (docs/capture.md, "What filtering
+//! saves"): the hooks copy of an unselected step only what the step rule needs, and stop
+//! capturing past the last selected step. What a user relies on: the selected steps are stored
+//! exactly as a full capture stores them (same step, seq, tensors, CRC-32s, bytes), and the
+//! counts still add up (taken = published + dropped + unpublished, nothing unpublished).
+
+use crate::intercept_util;
+use crate::torch_util;
+
+use std::process::Command;
+
+use integration_tests::{bin, describe, sim_dir};
+use intercept_util::*;
+use ttrace_format::record::Op;
+use ttrace_format::store::Manifest;
+
+/// The fixture trainer at tp 2 x dp 2 (bf16, two micro-batches), `steps` steps.
+fn trainer(steps: u32) -> Command {
+    let mut c = Command::new(bin("simrun"));
+    c.args(["--nproc-per-node", "4", "--"])
+        .arg(bin("trainer"))
+        .args(["--precision", "bf16", "--micro-batches", "2"])
+        .args(["--tp", "2", "--dp", "2", "--steps", &steps.to_string()])
+        .env("LD_LIBRARY_PATH", sim_dir());
+    c
+}
+
+fn traced_steps(steps: u32, select: Option<&str>) -> Run {
+    let mut c = trainer(steps);
+    c.env("TTRACE_LOG", "info");
+    if let Some(s) = select {
+        c.env("TTRACE_STEPS", s);
+    }
+    let run = traced_command_tagged(c, "prefilter");
+    assert_ok(&run);
+    assert_checksums(&run);
+    run
+}
+
+/// What a record says about the program, without what differs between two runs of it
+/// (thread ids, clock times, addresses: the address space is laid out anew each run).
+fn essence(r: &Rec) -> String {
+    let mut rec = r.record.clone();
+    (rec.thread, rec.t_call_ns, rec.t_done_ns, rec.stream) = (0, 0, 0, 0);
+    for t in &mut rec.tensors {
+        t.ptr = 0;
+    }
+    // Kernels without a registered name are named by their (relocated) host address.
+    for k in &mut rec.kernels_before {
+        if k.starts_with("fn@0x") {
+            *k = "fn@".into();
+        }
+    }
+    match &mut rec.op {
+        Op::Memcpy(m) => (m.dst, m.src) = (0, 0),
+        Op::Collective(c) => (c.sendbuff, c.recvbuff, c.comm) = (0, 0, 0),
+        _ => {}
+    }
+    format!("{rec:?} {:?}", r.bytes)
+}
+
+/// The records of `step`, by rank and seq.
+fn of_step(run: &Run, step: u64) -> Vec<String> {
+    run.records
+        .iter()
+        .filter(|r| r.record.step == step)
+        .map(essence)
+        .collect()
+}
+
+/// The records of a filtered capture are those of the full one (the first difference shown).
+fn assert_same(got: &[String], want: &[String], what: &str) {
+    let cut = |s: &str| s.chars().take(700).collect::<String>();
+    if let Some(i) = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: record {i} differs from the full capture's\n got: {}\nwant: {}",
+            cut(&got[i]),
+            cut(&want[i])
+        );
+    }
+    assert_eq!(got.len(), want.len(), "{what}: records");
+}
+
+/// Per process, how many dropped records its hooks had reduced before the snapshot (from the
+/// `TTRACE_LOG=info` line at exit).
+fn reduced_per_process(out: &std::process::Output) -> Vec<u64> {
+    stderr(out)
+        .lines()
+        .filter_map(|l| {
+            let (_, tail) = l.split_once(" dropped, ")?;
+            tail.split_whitespace().next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Every process published or dropped what it took, and lost nothing.
+fn assert_counts_add_up(run: &Run) -> u64 {
+    let m = Manifest::read(&run.store).expect("manifest");
+    assert_eq!(m.ranks.len(), 4);
+    let mut dropped = 0;
+    for r in &m.ranks {
+        assert!(r.clean_exit, "rank {} did not exit cleanly", r.rank);
+        assert_eq!(r.unpublished, 0, "rank {} lost snapshots", r.rank);
+        assert!(
+            r.taken >= r.records + r.gaps,
+            "rank {}: taken {} < published {}",
+            r.rank,
+            r.taken,
+            r.records + r.gaps
+        );
+        dropped += r.taken - r.records - r.gaps;
+    }
+    dropped
+}
+
+#[test]
+fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
+    let full = traced_steps(10, None);
+    assert_eq!(full.summary.gaps, 0);
+    assert_eq!(
+        assert_counts_add_up(&full),
+        0,
+        "a full capture drops nothing"
+    );
+    let last = full.records.iter().map(|r| r.record.step).max();
+    assert_eq!(last, Some(9), "the full capture numbers ten steps");
+
+    // A late step: the steps before it are numbered from GEMM operand snapshots only.
+    let late = traced_steps(10, Some("8"));
+    assert!(late.records.iter().all(|r| r.record.step == 8));
+    let want = of_step(&full, 8);
+    assert!(want.len() > 100, "{} records in step 8", want.len());
+    assert_same(&of_step(&late, 8), &want, "step 8");
+    assert!(
+        assert_counts_add_up(&late) > 0,
+        "the other steps are dropped, counted"
+    );
+    let reduced = reduced_per_process(&late.out);
+    assert_eq!(reduced.len(), 4, "{}", stderr(&late.out));
+    assert!(
+        reduced.iter().all(|&n| n > 20),
+        "the hooks reduced {reduced:?} snapshots of the earlier steps"
+    );
+
+    // The first step only: capture stops once the tracer is past it, and says so.
+    let first = traced_steps(10, Some("0"));
+    assert_same(&of_step(&first, 0), &of_step(&full, 0), "step 0");
+    assert_eq!(first.records.len(), of_step(&full, 0).len());
+    assert_counts_add_up(&first);
+    let log = stderr(&first.out);
+    assert!(
+        log.contains("capture stops at step 1"),
+        "no word of capture stopping:\n{log}"
+    );
+}
+
+#[test]
+fn steps_outside_the_run_store_nothing_and_lose_nothing() {
+    let run = traced_steps(2, Some("50-60"));
+    assert!(run.records.is_empty(), "{} records", run.records.len());
+    assert!(
+        assert_counts_add_up(&run) > 0,
+        "the run's records are dropped, counted"
+    );
+}
+
+/// A process driving four devices is four ranks: `TTRACE_RANKS` keeps the selected devices'
+/// records, exactly as a full capture has them, and drops the others (counted).
+#[test]
+fn ranks_of_one_process_are_selected_per_device() {
+    let args = ["collectives", "single-process"];
+    let full = traced(1, &args, &[]);
+    assert_ok(&full);
+    let some = traced(1, &args, &[("TTRACE_RANKS", "1,3")]);
+    assert_ok(&some);
+    assert_checksums(&some);
+    let ranks: std::collections::BTreeSet<u32> =
+        some.records.iter().map(|r| r.record.rank).collect();
+    assert_eq!(ranks, [1, 3].into(), "only the selected devices' ranks");
+    for rank in [1, 3] {
+        let of =
+            |run: &Run| -> Vec<String> { run.of_rank(rank).into_iter().map(essence).collect() };
+        assert_same(&of(&some), &of(&full), &format!("rank {rank}"));
+    }
+    let m = Manifest::read(&some.store).expect("manifest");
+    let taken: u64 = m.ranks.iter().map(|r| r.taken).sum();
+    let published: u64 = m.ranks.iter().map(|r| r.records + r.gaps).sum();
+    assert!(m.ranks.iter().all(|r| r.unpublished == 0), "{:?}", m.ranks);
+    assert_eq!(
+        taken - published,
+        (full.records.len() - some.records.len()) as u64,
+        "the other devices' records are dropped, counted"
+    );
+}
+
+/// Under `nvtx:NAME` the marks bound the step: a selected step is stored as a full capture
+/// stores it, and capture stops past it.
+#[test]
+fn marks_bound_the_step_under_the_nvtx_rule() {
+    let args = ["traced", "steps", "nvtx"];
+    let rule = ("TTRACE_STEP_RULE", "nvtx:train_step");
+    let full = traced(1, &args, &[rule]);
+    assert_ok(&full);
+    let two = traced(
+        1,
+        &args,
+        &[rule, ("TTRACE_STEPS", "2"), ("TTRACE_LOG", "info")],
+    );
+    assert_ok(&two);
+    assert_checksums(&two);
+    assert!(!of_step(&full, 2).is_empty());
+    assert_same(
+        &two.records.iter().map(essence).collect::<Vec<_>>(),
+        &of_step(&full, 2),
+        "step 2",
+    );
+    assert!(
+        stderr(&two.out).contains("capture stops at step 3"),
+        "{}",
+        stderr(&two.out)
+    );
+}
+
+/// PyTorch (the Megatron-style model of tests/torch, world 1, bf16, two micro-batches) with
+/// `--steps 3` of five iterations: step 3 is stored as a full capture stores it. Skipped where
+/// the torch venv is missing (scripts/torch-venv.sh).
+#[test]
+fn torch_megatron_selected_step_is_stored_as_a_full_capture_stores_it() {
+    let Some(torch) = torch_util::find("2.10.0") else {
+        return;
+    };
+    let tmp = integration_tests::TempDir::new("prefilter-torch");
+    let script = torch_util::Torch::script("megatron.py");
+    let args: Vec<std::path::PathBuf> = [
+        "--precision",
+        "bf16",
+        "--micro-batches",
+        "2",
+        "--steps",
+        "5",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .collect();
+    let mut argv = vec![script.as_path()];
+    argv.extend(args.iter().map(|p| p.as_path()));
+    let run = |name: &str, options: &[&str]| {
+        let store = tmp.path().join(name);
+        let out = torch.traced_with(&store, options, &torch.python, &argv);
+        assert!(out.status.success(), "{}", describe(&out));
+        read_store(&store)
+    };
+    let full = run("full", &[]);
+    let three = run("three", &["--steps", "3"]);
+    let of = |recs: &[Rec]| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r.record.step == 3)
+            .map(essence)
+            .collect()
+    };
+    assert!(!of(&full).is_empty(), "the full capture has a step 3");
+    assert_eq!(three.len(), of(&three).len(), "only step 3 is stored");
+    assert_same(&of(&three), &of(&full), "torch step 3");
+}

@@ -1,0 +1,291 @@
+//! CUDA graphs under libttrace.so: ops captured into a graph (stream capture) are snapshotted
+//! at every `cudaGraphLaunch`, each replay publishing its own record set with that replay's
+//! bytes, byte-exact against a recomputation; what cannot be snapshotted is a gap per replay.
+//! Driven by `sim-probe traced graph-step` (two ranks) and by tests/integration/c/graph.c,
+//! compiled against NVIDIA's CUDA 12 and CUDA 13 headers and linked to the simulated stack of
+//! that major by soname.
+
+use crate::intercept_util;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use integration_tests::c_build::compile_c;
+use integration_tests::{describe, profile_dir, sim_dir};
+use intercept_util::*;
+use ttrace_format::record::{CollectiveKind, CopyDirection, Op, Role};
+
+const REPLAYS: usize = 3;
+
+/// `sim-probe traced graph-step N`: replay i's input on rank r (as the probe makes it).
+fn input(rank: usize, replay: usize) -> Vec<u8> {
+    sim_probe_input(rank, replay, 32 * 8)
+}
+
+/// The probe's `rank_f32(rank, 100 + replay, len)`: a fixed LCG, values in [-2, 2) as f32.
+fn sim_probe_input(rank: usize, replay: usize, len: usize) -> Vec<u8> {
+    let mut state = ((rank * 1000 + 100 + replay) as u64) + 1;
+    let mut out = Vec::with_capacity(len * 4);
+    for _ in 0..len {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let v = (((state >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0) * 2.0;
+        out.extend_from_slice(&(v as f32).to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn each_replay_of_a_captured_copy_gemm_and_all_reduce_is_a_record_set_with_its_bytes() {
+    let run = traced(2, &["traced", "graph-step", &REPLAYS.to_string()], &[]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    for rank in 0..2u32 {
+        let recs = run.of_rank(rank);
+        assert!(
+            recs.iter().all(|r| !matches!(r.record.op, Op::Gap(_))),
+            "rank {rank}: no gap"
+        );
+        // The graph's three ops, in capture order, once per replay (the eager uploads of A
+        // come before the first replay and are told apart by size: A is 16x32, B 32x8).
+        let copies: Vec<&&Rec> = recs
+            .iter()
+            .filter(|r| {
+                r.record.api == "cudaMemcpyAsync" && r.record.tensors[0].nbytes == 32 * 8 * 4
+            })
+            .collect();
+        let gemms: Vec<&&Rec> = recs
+            .iter()
+            .filter(|r| r.record.api == "cublasGemmEx")
+            .collect();
+        let reduces: Vec<&&Rec> = recs
+            .iter()
+            .filter(|r| matches!(&r.record.op, Op::Collective(c) if c.kind == CollectiveKind::AllReduce))
+            .collect();
+        assert_eq!(copies.len(), REPLAYS, "rank {rank}: copies");
+        assert_eq!(gemms.len(), REPLAYS, "rank {rank}: GEMMs");
+        assert_eq!(reduces.len(), REPLAYS, "rank {rank}: all-reduces");
+        for i in 0..REPLAYS {
+            let want = input(rank as usize, i);
+            assert_eq!(
+                copies[i].tensor(Role::Dst).1,
+                &want[..],
+                "rank {rank} replay {i}: copy"
+            );
+            assert_eq!(
+                gemms[i].tensor(Role::B).1,
+                &want[..],
+                "rank {rank} replay {i}: B"
+            );
+            assert_eq!(
+                recompute(gemms[i]).0,
+                gemms[i].tensor(Role::D).1,
+                "rank {rank} replay {i}: D recomputes bitwise from the captured A and B"
+            );
+            // In place: the all-reduce's input is the GEMM's output of the same replay.
+            assert_eq!(
+                reduces[i].tensor(Role::Input).1,
+                gemms[i].tensor(Role::D).1,
+                "rank {rank} replay {i}: all-reduce input"
+            );
+            let seqs = [copies[i], gemms[i], reduces[i]].map(|r| (r.record.step, r.record.seq));
+            assert!(
+                seqs[0] < seqs[1] && seqs[1] < seqs[2],
+                "capture order: {seqs:?}"
+            );
+        }
+        // Each replay is its own record set: later replays come later.
+        for w in gemms.windows(2) {
+            assert!((w[0].record.step, w[0].record.seq) < (w[1].record.step, w[1].record.seq));
+        }
+    }
+    // Every replay's all-reduce output is the ring-order sum of the ranks' captured inputs.
+    let all: Vec<Rec> = run.records.clone();
+    assert_eq!(check_all_reduces(&all), REPLAYS);
+}
+
+#[test]
+fn a_replayed_op_larger_than_the_ring_is_metadata_at_each_replay() {
+    // A ring too small for the GEMM's operands (A 2 KiB + B 1 KiB + D 512 B) but not for the
+    // copy or the all-reduce: each replay still records the GEMM, its tensors marked not
+    // captured, and captures the others.
+    let run = traced(
+        2,
+        &["traced", "graph-step", "2"],
+        &[("TTRACE_RING_BYTES", "3072")],
+    );
+    assert!(run.out.status.success(), "{}", describe(&run.out));
+    assert_checksums(&run);
+    for rank in 0..2u32 {
+        let recs = run.of_rank(rank);
+        let gemms: Vec<&&Rec> = recs
+            .iter()
+            .filter(|r| r.record.api == "cublasGemmEx")
+            .collect();
+        assert_eq!(gemms.len(), 2, "rank {rank}");
+        for g in &gemms {
+            assert!(
+                g.record.tensors.iter().all(|t| !t.captured),
+                "{:?}",
+                g.record
+            );
+        }
+        let reduces = recs
+            .iter()
+            .filter(|r| r.record.api == "ncclAllReduce")
+            .count();
+        assert_eq!(reduces, 2, "rank {rank}");
+        for i in 0..2 {
+            let want = input(rank as usize, i);
+            assert!(
+                recs.iter().any(|r| r.record.api == "cudaMemcpyAsync"
+                    && r.bytes[0].as_deref() == Some(&want[..])),
+                "rank {rank}: replay {i}'s copy is captured"
+            );
+        }
+    }
+}
+
+/// The simulated stack of CUDA `major` (13: target/cuda13/<profile>/sim, `None` when not built).
+fn sim_dir_for(major: u32) -> Option<PathBuf> {
+    if major == 12 {
+        return Some(sim_dir());
+    }
+    let profile = profile_dir();
+    let d = profile
+        .parent()?
+        .join("cuda13")
+        .join(profile.file_name()?)
+        .join("sim");
+    d.join("libcudart.so.13").exists().then_some(d)
+}
+
+/// Compiles tests/integration/c/graph.c against CUDA `major`'s headers, linked by soname to
+/// the simulated libraries in `sim`.
+fn graph_c(major: u32, sim: &std::path::Path) -> PathBuf {
+    let cudart = format!("libcudart.so.{major}");
+    let cublas = format!("libcublas.so.{major}");
+    compile_c(
+        "graph.c",
+        &format!("graph{major}"),
+        major,
+        sim,
+        &[&cudart, &cublas, "libnccl.so.2"],
+    )
+}
+
+/// graph.c's `graph_input(i, j)` as f32 bytes.
+fn c_input(replay: usize) -> Vec<u8> {
+    (0..16 * 4)
+        .flat_map(|j| ((((j * 5 + replay * 3) % 7) as f32 - 3.0) * 0.5).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_instantiated() {
+    for (major, spelling) in [
+        (12, None),
+        (13, None),
+        (12, Some("params")),
+        (13, Some("params")),
+    ] {
+        let Some(sim) = sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let exe = graph_c(major, &sim);
+        let mut cmd = Command::new(&exe);
+        cmd.arg("3").args(spelling).env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "graph-c");
+        assert_ok(&run);
+        assert_checksums(&run);
+        assert!(
+            String::from_utf8_lossy(&run.out.stdout).contains("graph: OK"),
+            "CUDA {major}: {}",
+            describe(&run.out)
+        );
+        let graph_ops: Vec<&Rec> = run
+            .records
+            .iter()
+            .filter(|r| match &r.record.op {
+                Op::Memcpy(m) => m.width == 16 * 4 * 4,
+                Op::Gemm(_) | Op::Collective(_) => true,
+                _ => false,
+            })
+            .collect();
+        let apis: Vec<&str> = graph_ops.iter().map(|r| r.record.api.as_str()).collect();
+        assert_eq!(
+            apis,
+            ["cudaMemcpyAsync", "cublasGemmEx", "ncclAllReduce"].repeat(3),
+            "CUDA {major}"
+        );
+        for (i, set) in graph_ops.chunks(3).enumerate() {
+            let (copy, gemm, reduce) = (set[0], set[1], set[2]);
+            let want = c_input(i);
+            assert_eq!(
+                copy.tensor(Role::Dst).1,
+                &want[..],
+                "CUDA {major} replay {i}"
+            );
+            assert_eq!(gemm.tensor(Role::B).1, &want[..], "CUDA {major} replay {i}");
+            assert_eq!(
+                recompute(gemm).0,
+                gemm.tensor(Role::D).1,
+                "CUDA {major} replay {i}"
+            );
+            let d = gemm.tensor(Role::D).1;
+            assert_eq!(reduce.tensor(Role::Input).1, d, "CUDA {major} replay {i}");
+            // One rank: the sum is the input.
+            assert_eq!(reduce.tensor(Role::Output).1, d, "CUDA {major} replay {i}");
+        }
+    }
+}
+
+#[test]
+fn replays_of_an_instance_updated_with_cuda_graph_exec_update_are_gaps_naming_it() {
+    let run = traced(1, &["traced", "graph-update"], &[]);
+    assert_ok(&run);
+    let graph_ops: Vec<(String, Option<String>)> = run
+        .records
+        .iter()
+        .filter(|r| match &r.record.op {
+            Op::Gap(_) | Op::Gemm(_) => true,
+            // The graph's copy (A's upload is a synchronous cudaMemcpy).
+            Op::Memcpy(m) => {
+                r.record.api == "cudaMemcpyAsync"
+                    && m.direction == CopyDirection::HostToDevice
+                    && m.width == 256
+            }
+            _ => false,
+        })
+        .map(|r| {
+            let gap = match &r.record.op {
+                Op::Gap(g) => Some(g.detail.clone()),
+                _ => None,
+            };
+            (r.record.api.clone(), gap)
+        })
+        .collect();
+    // The first launch (captured), then the updated launch (gaps).
+    let apis: Vec<&str> = graph_ops.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(
+        apis,
+        ["cudaMemcpyAsync", "cublasSgemm_v2"].repeat(2),
+        "{graph_ops:?}"
+    );
+    assert!(
+        graph_ops[..2].iter().all(|(_, g)| g.is_none()),
+        "{graph_ops:?}"
+    );
+    for (_, g) in &graph_ops[2..] {
+        assert!(
+            g.as_deref()
+                .is_some_and(|d| d.contains("cudaGraphExecUpdate")),
+            "{graph_ops:?}"
+        );
+    }
+}

@@ -1,0 +1,121 @@
+//! Copies under libttrace.so: every spelling is recorded with its direction, stream and the
+//! exact bytes that reached (or left) the device; kernel launches are named in the next op.
+
+use crate::intercept_util;
+
+use intercept_util::*;
+use ttrace_format::record::{CopyDirection, Op, Role};
+
+#[test]
+fn every_copy_spelling_is_captured_with_its_bytes() {
+    let run = traced(1, &["traced", "memcpy"], &[]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    let copies: Vec<&Rec> = run
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, Op::Memcpy(_)))
+        .collect();
+    let summary: Vec<(String, CopyDirection, u32, u64)> = copies
+        .iter()
+        .map(|r| {
+            let Op::Memcpy(m) = &r.record.op else {
+                unreachable!()
+            };
+            (r.record.api.clone(), m.direction, m.kind, r.record.stream)
+        })
+        .collect();
+    let s = copies[0].record.stream;
+    assert_ne!(s, 0, "the probe's own stream");
+    use CopyDirection::*;
+    assert_eq!(
+        summary,
+        vec![
+            ("cudaMemcpyAsync".into(), HostToDevice, 1, s),
+            ("cudaMemcpyAsync".into(), DeviceToHost, 2, s),
+            ("cudaMemcpy".into(), HostToDevice, 4, 0),
+            ("cudaMemcpy2DAsync".into(), HostToDevice, 1, s),
+            ("cudaMemcpyAsync_ptsz".into(), DeviceToDevice, 3, 2),
+            ("cudaMemcpyPeer".into(), DeviceToDevice, 3, 0),
+        ],
+        "host-to-host copies are not recorded; the default kind is resolved"
+    );
+    let p1 = pattern(1, 4096);
+    assert_eq!(copies[0].tensor(Role::Dst).1, &p1[..]);
+    assert_eq!(
+        copies[1].tensor(Role::Src).1,
+        &p1[..],
+        "device-to-host: the source"
+    );
+    assert_eq!(copies[2].tensor(Role::Dst).1, &pattern(2, 1000)[..]);
+    let (t, b) = copies[3].tensor(Role::Dst);
+    assert_eq!(
+        t.shape,
+        vec![10, 40],
+        "a pitched copy is packed: height x width"
+    );
+    let p3 = pattern(3, 480);
+    let want: Vec<u8> = (0..10)
+        .flat_map(|r| p3[r * 48..r * 48 + 40].to_vec())
+        .collect();
+    assert_eq!(b, &want[..]);
+    assert_eq!(copies[4].tensor(Role::Dst).1, &p1[..]);
+    assert_eq!(
+        copies[5].tensor(Role::Dst).1,
+        &p1[..],
+        "the peer copy on device 1"
+    );
+    // The two host functions launched before the device-to-host copy.
+    let k = &copies[1].record.kernels_before;
+    assert_eq!(k.len(), 2, "{k:?}");
+    assert!(
+        k.iter()
+            .all(|n| n.contains("traced_marker") || n.starts_with("fn@0x")),
+        "{k:?}"
+    );
+    assert!(copies[2].record.kernels_before.is_empty());
+    // Everything in step 0, seq in call order.
+    for (i, r) in run.records.iter().enumerate() {
+        assert_eq!((r.record.step, r.record.seq), (0, i as u64));
+    }
+    assert_eq!(run.summary.gaps, 0);
+}
+
+/// Copy `i` of thread `t` of `sim-probe traced threads` (tests/sim/probe/src/capture.rs).
+fn thread_copy(t: usize, i: usize) -> (u8, usize) {
+    ((t * 50 + i) as u8, 1000 + (i * 37 + t * 11) % 3000)
+}
+
+#[test]
+fn concurrent_threads_through_a_small_ring_lose_nothing_and_keep_their_order() {
+    // 4 threads x 200 copies of 1-4 KB through a 64 KiB ring: reservations, tickets and the
+    // daemon's releases interleave; every copy must arrive, in each thread's order.
+    let run = traced(1, &["traced", "threads"], &[("TTRACE_RING_BYTES", "65536")]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    assert_eq!(run.summary.gaps, 0);
+    let mut by_thread: std::collections::BTreeMap<u64, Vec<&Rec>> = Default::default();
+    for r in &run.records {
+        by_thread.entry(r.record.thread).or_default().push(r);
+    }
+    assert_eq!(by_thread.len(), 4);
+    let mut seen = std::collections::BTreeSet::new();
+    for recs in by_thread.values() {
+        assert_eq!(recs.len(), 200);
+        let first = recs[0].tensor(Role::Dst).1;
+        let t = (0..4)
+            .find(|&t| {
+                let (salt, len) = thread_copy(t, 0);
+                first == &pattern(salt, len)[..]
+            })
+            .expect("the first copy of some thread");
+        assert!(seen.insert(t));
+        for (i, r) in recs.iter().enumerate() {
+            let (salt, len) = thread_copy(t, i);
+            assert!(
+                r.tensor(Role::Dst).1 == &pattern(salt, len)[..],
+                "thread {t} copy {i}"
+            );
+        }
+    }
+}

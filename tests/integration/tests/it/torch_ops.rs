@@ -1,0 +1,122 @@
+//! Real PyTorch (the PyPI wheels, in venvs made by scripts/torch-venv.sh) on the simulated CUDA
+//! stack, traced by `ttrace run`: copies, cuBLAS and cuBLASLt GEMMs in fp32/fp16/bf16, an FP8
+//! `torch._scaled_mm`, a linear backward, and a kernel launch that torch must turn into a
+//! Python exception (tests/torch/ops.py).
+//!
+//! Asserted: the program's exit status and every tensor it saw are the same traced and
+//! untraced; every tensor torch copied back is byte-equal to a captured copy, and every GEMM
+//! result to a captured GEMM output `D`; no gap; `ttrace check` has nothing to say.
+//! Skips (passing, with a SKIP line) when the venv is absent.
+
+use crate::torch_util;
+
+use integration_tests::{describe, TempDir};
+use torch_util::{captured_as, check_is_silent, export, find, saved, Torch};
+use ttrace_format::store::Manifest;
+
+/// Labels of tensors that are a GEMM's output.
+const GEMM_LABELS: [&str; 9] = [
+    "mm_",
+    "addmm_",
+    "linear_",
+    "bmm_",
+    "baddbmm_",
+    "scaled_mm",
+    "bwd_",
+    "after_refusal_mm",
+    "linear_bias_",
+];
+
+fn ops(version: &'static str) {
+    let Some(torch) = find(version) else { return };
+    let tmp = TempDir::new(&format!("torch-ops-{version}"));
+    let script = Torch::script("ops.py");
+    let plain_out = tmp.path().join("plain");
+    let traced_out = tmp.path().join("traced");
+    let store = tmp.path().join("store");
+    let code = std::path::Path::new("3");
+
+    let plain = torch.plain(&torch.python, &[&script, &plain_out, code]);
+    assert_eq!(
+        plain.status.code(),
+        Some(3),
+        "untraced run: {}",
+        describe(&plain)
+    );
+    let traced = torch.traced(&store, &torch.python, &[&script, &traced_out, code]);
+    assert_eq!(
+        traced.status.code(),
+        Some(3),
+        "traced run: {}",
+        describe(&traced)
+    );
+    for o in [&plain, &traced] {
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            stdout.contains("kernel launch refused: CUDA error: no kernel image"),
+            "torch raised its RuntimeError for the kernel launch: {}",
+            describe(o)
+        );
+    }
+
+    let stderr = String::from_utf8_lossy(&traced.stderr);
+    let attached: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("attached to CUDA runtime"))
+        .collect();
+    assert_eq!(attached.len(), 1, "one attach line: {}", describe(&traced));
+    assert!(
+        attached[0].contains(&format!("libcudart.so.{}", torch.cuda_major)),
+        "attached to the wrong runtime: {}",
+        attached[0]
+    );
+
+    let seen = saved(&traced_out);
+    assert_eq!(
+        seen,
+        saved(&plain_out),
+        "tracing changed what torch computed"
+    );
+    assert!(seen.len() >= 25, "{} tensors saved", seen.len());
+
+    let m = Manifest::read(&store).expect("manifest");
+    assert!(m.finalized);
+    assert_eq!(m.ranks.len(), 1);
+    assert_eq!(m.ranks[0].gaps, 0, "gaps recorded: {}", describe(&traced));
+
+    let cap = export(&store, &tmp.path().join("export"));
+    for t in &seen {
+        assert!(
+            captured_as(&cap, 0, &t.bytes, |api, role| api.starts_with("cudaMemcpy")
+                && (role == "Src" || role == "Dst")),
+            "{}: no captured copy has torch's bytes",
+            t.name
+        );
+        if GEMM_LABELS.iter().any(|l| t.label().starts_with(l)) {
+            assert!(
+                captured_as(&cap, 0, &t.bytes, |api, role| api.starts_with("cublas")
+                    && role == "D"),
+                "{}: no captured GEMM output D has torch's bytes",
+                t.name
+            );
+        }
+    }
+    // Which entry points torch picks differs between versions (2.10: cublasSgemm_v2 /
+    // cublasGemmEx / cublasLtMatmul; 2.15 more cuBLASLt); the bias and FP8 GEMMs are cuBLASLt
+    // in both.
+    assert!(
+        cap.iter().any(|c| c.api == "cublasLtMatmul"),
+        "no cublasLtMatmul captured"
+    );
+    check_is_silent(&store);
+}
+
+#[test]
+fn torch_2_10_cuda_12_ops_are_captured_byte_exact() {
+    ops("2.10.0");
+}
+
+#[test]
+fn torch_2_15_cuda_13_ops_are_captured_byte_exact() {
+    ops("2.15.0");
+}

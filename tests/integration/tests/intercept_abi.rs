@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`) is
+//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `memset_hook!`) is
 //! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
 //! (`integration_tests::abi_check`), and the built library exports nothing else.
 //!
@@ -35,8 +35,9 @@ impl Parse for MacroHook {
 }
 
 /// The hook macros and the C return type of the functions they make.
-const HOOK_MACROS: [(&str, &str); 3] = [
+const HOOK_MACROS: [(&str, &str); 4] = [
     ("coll_hook", "ncclResult_t"),
+    ("memset_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
 ];

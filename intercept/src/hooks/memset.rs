@@ -4,7 +4,9 @@
 //! collective reads it would seem last written by whatever op wrote it before.
 //!
 //! Memsets are captured with the copies (`--apis memcpy`). Synchronous spellings run on the
-//! legacy default stream (`_ptds`: the per-thread one). Each signature is written once, in a
+//! legacy default stream (`_ptds`: the per-thread one). The pointer-array tracking
+//! ([`crate::uploads`]) does not follow memsets: a pointer array partly cleared on the device
+//! differs from its upload, which the tracer's check of the array's snapshot finds (a gap). Each signature is written once, in a
 //! [`memset_hook!`] invocation; the real function is looked up under the hook's name.
 
 use core::ffi::{c_int, c_void};
@@ -15,7 +17,7 @@ use ttrace_format::record::{MemsetOp, Op};
 
 use crate::cuda::MISSING;
 use crate::engine::{self, Call};
-use crate::{mode, real, uploads};
+use crate::{mode, real};
 
 /// The legacy default stream, as synchronous memsets use it (recorded as 0).
 const LEGACY: cudaStream_t = core::ptr::null_mut();
@@ -64,7 +66,6 @@ fn capture(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    let span = op.span();
     crate::around(
         || {
             (op.bytes() > 0).then_some(())?;
@@ -77,20 +78,9 @@ fn capture(
                 tensors: Vec::new(),
             })
         },
-        || forgetting(span, real),
+        real,
         |f, r| engine::finish(f, r == cudaSuccess),
     )
-}
-
-/// Runs a memset; when it succeeded and GEMMs are captured, what [`uploads`] remembered of
-/// the range it wrote is forgotten (a pointer array cleared on the device is not the one
-/// uploaded).
-fn forgetting((lo, hi): (u64, u64), real: impl FnOnce() -> cudaError_t) -> cudaError_t {
-    let r = real();
-    if r == cudaSuccess && hi > lo && mode::on(mode::GEMM) {
-        let _ = crate::catch(|| uploads::forget(lo, hi - lo));
-    }
-    r
 }
 
 /// One `cudaMemset*` entry point: `name(C signature) => (stream) MemsetOp`. The real function
@@ -108,13 +98,12 @@ macro_rules! memset_hook {
             else {
                 return MISSING;
             };
-            let op = $op;
             // SAFETY: the program's arguments, forwarded unchanged.
             let run = || unsafe { real($($a),*) };
             if mode::off(mode::MEMCPY) {
-                return forgetting(op.span(), run);
+                return run();
             }
-            capture(stringify!($name), op, $stream, run)
+            capture(stringify!($name), $op, $stream, run)
         }
     };
 }

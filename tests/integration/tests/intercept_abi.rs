@@ -332,9 +332,10 @@ fn every_hook_is_a_simulated_export_of_the_same_c_type() {
     let sim = abi_check::parse_exports(&repo.join("tests/sim")).expect("the simulator parses");
     let mut missing = Vec::new();
     let mut differ = Vec::new();
+    // NCCL 2.28's entry points are in the CUDA 13 build of the simulator only (its NCCL 2.30).
     let hooks: Vec<Export> = hook_exports()
         .into_iter()
-        .filter(|e| !e.library.ends_with("/api"))
+        .filter(|e| !e.library.ends_with("/api") && !NCCL_2_28.contains(&e.name.as_str()))
         .collect();
     for h in &hooks {
         let want = abi

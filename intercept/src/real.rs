@@ -224,22 +224,15 @@ macro_rules! real_fns {
 }
 
 real_fns! {
-    // ---- runtime: hooked ----
-    Cudart: fn cudaMemcpy(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy_ptds(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpyAsync_ptsz(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpy2D(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy2D_ptds(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpy2DAsync_ptsz(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpyPeer(*mut c_void, c_int, *const c_void, c_int, usize) -> cudaError_t;
-    Cudart: fn cudaMemcpyPeerAsync(*mut c_void, c_int, *const c_void, c_int, usize, cudaStream_t) -> cudaError_t;
+    // ---- runtime: hooked (the copies' and memsets' hooks look theirs up by the signatures in
+    // `copy_hook!` and `memset_hook!`) ----
     Cudart: fn cudaLaunchKernel(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaLaunchKernel_ptsz(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
     Cudart: fn cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
     // ---- runtime: used by the tracer ----
+    Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGetDevice(*mut c_int) -> cudaError_t;
     Cudart: fn cudaSetDevice(c_int) -> cudaError_t;
     Cudart: fn cudaGetLastError() -> cudaError_t;
@@ -284,18 +277,7 @@ real_fns! {
     CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
     CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
 
-    // ---- NCCL ----
-    Nccl: fn ncclAllReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclAllGather(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclReduceScatter(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclBroadcast(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclBcast(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclSend(*const c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclRecv(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclAlltoAll(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclGather(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclScatter(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    // ---- NCCL (the collectives' hooks look theirs up by the signature in `coll_hook!`) ----
     Nccl: fn ncclGroupStart() -> ncclResult_t;
     Nccl: fn ncclGroupEnd() -> ncclResult_t;
     Nccl: fn ncclGroupSimulateEnd(*mut ncclSimInfo_t) -> ncclResult_t;

@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `memset_hook!`, and each
+//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `copy_hook!` and `memset_hook!`, and each
 //! entry of a signature list such as `cublas_sigs!`, expanded through its family's macro as
 //! rustc does) is
 //! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
@@ -41,8 +41,9 @@ impl Parse for MacroHook {
 const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make.
-const HOOK_MACROS: [(&str, &str); 4] = [
+const HOOK_MACROS: [(&str, &str); 5] = [
     ("coll_hook", "ncclResult_t"),
+    ("copy_hook", "cudaError_t"),
     ("memset_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),

@@ -144,7 +144,7 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
 }
 
 /// The real function `name` (NUL-terminated) of `lib` as `F`, cached in `slot`: for hooks
-/// whose C signature is written once, in a hook macro that also declares `slot`.
+/// whose C signature is written once, in a hook macro ([`real_of!`]).
 ///
 /// # Safety
 /// `F` is the `unsafe extern "C" fn` type of the function `name`.
@@ -156,6 +156,20 @@ pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) 
     // SAFETY: a non-null address of `name`, whose type is `F` per the contract.
     (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
 }
+
+/// The real function a hook wraps, by the hook's name and C signature (written once, in the
+/// hook's macro): `real_of!(name, fn(T1, T2) -> R, Lib)` is `Option<unsafe extern "C"
+/// fn(T1, T2) -> R>`, looked up on first use and cached in a slot of its own.
+macro_rules! real_of {
+    ($name:ident, fn($($t:ty),*) -> $r:ty, $lib:ident) => {{
+        type Real = unsafe extern "C" fn($($t),*) -> $r;
+        static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = concat!(stringify!($name), "\0");
+        // SAFETY: `Real` is the C signature of the function of that name.
+        unsafe { $crate::real::lookup::<Real>(&SLOT, name, $crate::real::Lib::$lib) }
+    }};
+}
+pub(crate) use real_of;
 
 /// Logs, once per process, which CUDA runtime the hooks attached to: its file and the version
 /// it reports (`cudaRuntimeGetVersion`), which says which major's ABI the program uses.

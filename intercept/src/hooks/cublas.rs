@@ -33,7 +33,6 @@
 //! The real functions are looked up by the macros ([`real::lookup`]) under the hook's name.
 
 use core::ffi::{c_int, c_longlong, c_void};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use cuda_abi::cublas::*;
@@ -497,12 +496,7 @@ macro_rules! gemm_hook {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> cublasStatus_t {
-            type Real = unsafe extern "C" fn($($t),*) -> cublasStatus_t;
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            let name = concat!(stringify!($name), "\0");
-            // SAFETY: `Real` is the C signature of the function of that name.
-            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cublas) })
-            else {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cublasStatus_t, Cublas) else {
                 return MISSING;
             };
             if mode::off($modes) {
@@ -527,11 +521,8 @@ macro_rules! blas_gap {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($h: cublasHandle_t $(, $a: $t)*) -> cublasStatus_t {
-            type Real = unsafe extern "C" fn(cublasHandle_t $(, $t)*) -> cublasStatus_t;
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            let name = concat!(stringify!($name), "\0");
-            // SAFETY: `Real` is the C signature of the function of that name.
-            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cublas) })
+            let Some(real) =
+                real::real_of!($name, fn(cublasHandle_t $(, $t)*) -> cublasStatus_t, Cublas)
             else {
                 return MISSING;
             };

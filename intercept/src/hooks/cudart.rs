@@ -8,7 +8,6 @@
 //! per-thread one), so their snapshot does too: it is ordered after them as they are.
 
 use core::ffi::{c_int, c_void};
-use std::sync::atomic::AtomicUsize;
 
 use cuda_abi::cudart::*;
 use ttrace_format::record::{CopyDirection, MemcpyOp, Op, Role};
@@ -225,12 +224,7 @@ macro_rules! copy_hook {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
-            type Real = unsafe extern "C" fn($($t),*) -> cudaError_t;
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            let name = concat!(stringify!($name), "\0");
-            // SAFETY: `Real` is the C signature of the function of that name.
-            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cudart) })
-            else {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
                 return MISSING;
             };
             let g = $g;

@@ -10,7 +10,6 @@
 //! [`memset_hook!`] invocation; the real function is looked up under the hook's name.
 
 use core::ffi::{c_int, c_void};
-use std::sync::atomic::AtomicUsize;
 
 use cuda_abi::cudart::*;
 use ttrace_format::record::{MemsetOp, Op};
@@ -90,12 +89,7 @@ macro_rules! memset_hook {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
-            type Real = unsafe extern "C" fn($($t),*) -> cudaError_t;
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            let name = concat!(stringify!($name), "\0");
-            // SAFETY: `Real` is the C signature of the function of that name.
-            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Cudart) })
-            else {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
                 return MISSING;
             };
             // SAFETY: the program's arguments, forwarded unchanged.

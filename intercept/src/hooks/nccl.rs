@@ -13,7 +13,7 @@
 //! PreMulSum operator records its factor (a device-resident scalar as an `Alpha` tensor).
 
 use core::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
@@ -200,11 +200,7 @@ macro_rules! coll_hook {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
-            type Real = unsafe extern "C" fn($($t),*) -> ncclResult_t;
-            static SLOT: AtomicUsize = AtomicUsize::new(0);
-            let name = concat!(stringify!($name), "\0");
-            // SAFETY: `Real` is the C signature of the function of that name.
-            let Some(real) = (unsafe { real::lookup::<Real>(&SLOT, name, real::Lib::Nccl) }) else {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> ncclResult_t, Nccl) else {
                 return MISSING;
             };
             if mode::off(mode::NCCL) {

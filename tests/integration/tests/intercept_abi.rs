@@ -245,18 +245,23 @@ fn hook_exports() -> Vec<Export> {
     files.sort();
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read");
-        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let stem = f.file_stem().expect("stem").to_string_lossy().into_owned();
-        let mut v = Hooks {
-            file: &f,
-            library: format!("libttrace/{stem}"),
-            families: families(&ast),
-            out: Vec::new(),
-        };
-        v.visit_file(&ast);
-        out.extend(v.out);
+        out.extend(exports_of(&f, &text));
     }
     out
+}
+
+/// The hook exports of one file of `intercept/src/hooks` whose text is `text`.
+fn exports_of(f: &Path, text: &str) -> Vec<Export> {
+    let ast = syn::parse_file(text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    let stem = f.file_stem().expect("stem").to_string_lossy().into_owned();
+    let mut v = Hooks {
+        file: f,
+        library: format!("libttrace/{stem}"),
+        families: families(&ast),
+        out: Vec::new(),
+    };
+    v.visit_file(&ast);
+    v.out
 }
 
 /// Hooks of entry points NCCL added in 2.28 (absent from the CUDA 12 header set's NCCL 2.27).
@@ -356,4 +361,49 @@ fn every_hook_is_a_simulated_export_of_the_same_c_type() {
         "hooks the simulator does not export: {missing:?}"
     );
     assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+#[test]
+fn a_wrong_type_in_a_signature_list_line_or_family_fails_the_check() {
+    // Negative controls: the check sees what a list line and its family's macro make. The
+    // element type of one line (f32 -> f64), and the size type of one family's `ldc` (`$int`
+    // -> `c_int`, wrong for the `_64` lines only), each fail exactly the hooks they change.
+    let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
+    let repo = abi_check::repo_root();
+    let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
+    let file = repo.join("intercept/src/hooks/cublas.rs");
+    let text = std::fs::read_to_string(&file).expect("read");
+    let line = "(cublasSgemm_v2, c_int, f32, CUDA_R_32F,";
+    assert!(text.contains(line), "the list has the line {line}");
+    let mutated = text.replacen(line, "(cublasSgemm_v2, c_int, f64, CUDA_R_32F,", 1);
+    let strided = "macro_rules! typed_strided";
+    let at = mutated.find(strided).expect("the typed_strided family");
+    let ldc = at + mutated[at..].find("ldc: $int").expect("ldc in the family");
+    let mutated = format!(
+        "{}ldc: c_int{}",
+        &mutated[..ldc],
+        &mutated[ldc + "ldc: $int".len()..]
+    );
+    let exports = exports_of(&file, &mutated);
+    let report = check(
+        &exports,
+        &abi,
+        &include,
+        &profile_dir().join("abi-check-neg-list"),
+        "neg_list",
+    );
+    let failed: BTreeSet<String> = exports
+        .iter()
+        .filter(|e| report.fails_export(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    let want: BTreeSet<String> = [
+        "cublasSgemm_v2",
+        "cublasSgemmStridedBatched_64",
+        "cublasDgemmStridedBatched_64",
+        "cublasHgemmStridedBatched_64",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(failed, want, "{}", report.describe_failures());
 }

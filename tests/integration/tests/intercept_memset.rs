@@ -166,3 +166,28 @@ fn show_and_ls_list_the_memsets() {
         "ls counts every record, memsets included ({total}):\n{ls}"
     );
 }
+
+#[test]
+fn a_memset_captured_into_a_graph_is_recorded_at_every_launch() {
+    let run = traced(1, &["traced", "memset-graph"], &[]);
+    assert_ok(&run);
+    let sets = memsets(&run);
+    assert_eq!(sets.len(), 2, "one record per launch: {:?}", run.records);
+    for (r, m) in &sets {
+        assert_eq!(r.record.api, "cudaMemsetAsync");
+        assert_eq!((m.value, m.width, m.height, m.depth), (0x5a, 256, 1, 1));
+    }
+    // Each launch's memset comes before the download that reads it.
+    let apis: Vec<&str> = run.records.iter().map(|r| r.record.api.as_str()).collect();
+    assert_eq!(
+        apis,
+        [
+            "cudaMemcpyAsync",
+            "cudaMemsetAsync",
+            "cudaMemcpyAsync",
+            "cudaMemsetAsync",
+            "cudaMemcpyAsync"
+        ]
+    );
+    assert_eq!(run.summary.gaps, 0);
+}

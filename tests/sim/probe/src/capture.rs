@@ -87,6 +87,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("memcpy") => memcpy(),
         Some("memset") => crate::memset::run(),
+        Some("memset-graph") => crate::memset::graph(),
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
         Some("gemm-ptrarrays") => crate::ptrarrays::run(),
@@ -106,7 +107,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memset|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }

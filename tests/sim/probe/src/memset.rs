@@ -11,6 +11,9 @@
 //! 6. a `cublasSgemm_v2` whose A is the zeroed `a` (its D is zero: checked);
 //!
 //! then the last line prints the error code of 5, which the test compares untraced.
+//!
+//! `traced memset-graph`: a `cudaMemsetAsync` of 256 bytes to 0x5a captured into a CUDA graph
+//! and the graph launched twice, a download after each launch checking the bytes.
 
 use core::ffi::c_int;
 
@@ -82,6 +85,32 @@ pub fn run() -> Result<(), String> {
     zero_gemm(&a, s)?;
     ck!(cudaDeviceSynchronize());
     println!("traced memset OK (host memset: {refused})");
+    Ok(())
+}
+
+/// `traced memset-graph` (see the module's documentation).
+pub fn graph() -> Result<(), String> {
+    let s = stream()?;
+    let a = DevBuf::upload(&pattern(1, 4096), s)?;
+    ck!(cudaStreamSynchronize(s));
+    ck!(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ck!(cudaMemsetAsync(a.ptr, 0x5a, 256, s));
+    let mut g: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaStreamEndCapture(s, &mut g));
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, g, 0));
+    for launch in 0..2 {
+        ck!(cudaGraphLaunch(exec, s));
+        let got = a.download(s)?;
+        if got[..256].iter().any(|&b| b != 0x5a) || got[256..] != pattern(1, 4096)[256..] {
+            return Err(format!(
+                "launch {launch}: the graph's memset set other bytes"
+            ));
+        }
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(g));
+    println!("traced memset-graph OK");
     Ok(())
 }
 

@@ -289,6 +289,26 @@ pub struct cudaGraphExecUpdateResultInfo_st {
 /// `cudaGraphExecUpdateResultInfo`.
 pub type cudaGraphExecUpdateResultInfo = cudaGraphExecUpdateResultInfo_st;
 
+/// `struct cudaPitchedPtr`: a pitched allocation (`cudaMalloc3D`, `cudaMemset3D`): rows of
+/// `pitch` bytes, `xsize` of them used, `ysize` rows per slice.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaPitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+/// `struct cudaExtent`: a 3-D size (`width` in bytes for linear memory, rows, slices).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaExtent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

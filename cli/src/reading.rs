@@ -100,13 +100,13 @@ impl FilterArgs {
         let apis = list(&self.apis);
         // A misspelt filter would select nothing and look like an empty store.
         for a in &apis {
-            let family = ["gemm", "nccl", "collective", "memcpy", "gap"]
+            let family = ["gemm", "nccl", "collective", "memcpy", "memset", "gap"]
                 .iter()
                 .any(|f| a.eq_ignore_ascii_case(f));
             let api = a.starts_with("cu") || a.starts_with("nccl");
             if !family && !api {
                 bail!(
-                    "--apis: `{a}` is neither a family (gemm, nccl, memcpy, gap) nor a CUDA, \
+                    "--apis: `{a}` is neither a family (gemm, nccl, memcpy, memset, gap) nor a CUDA, \
                      cuBLAS or NCCL API name or prefix (cublasLtMatmul, ncclAllReduce, cublas*)"
                 );
             }
@@ -139,6 +139,7 @@ impl Filter {
                 "gemm" => Some(matches!(r.op, Op::Gemm(_))),
                 "nccl" | "collective" => Some(matches!(r.op, Op::Collective(_))),
                 "memcpy" => Some(matches!(r.op, Op::Memcpy(_))),
+                "memset" => Some(matches!(r.op, Op::Memset(_))),
                 "gap" => Some(matches!(r.op, Op::Gap(_))),
                 _ => None,
             };

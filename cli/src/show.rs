@@ -11,7 +11,7 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 use ttrace_format::reader::{Issue, RecordView, Segment};
-use ttrace_format::record::{Op, Record, Tensor};
+use ttrace_format::record::{MemsetOp, Op, Record, Tensor};
 use ttrace_format::tensor::{stats, Stats, TensorData};
 
 use crate::progress::Progress;
@@ -63,6 +63,14 @@ pub struct ShowArgs {
     /// Machine-readable output (one JSON object on stdout).
     #[arg(long)]
     json: bool,
+}
+
+/// The shape a memset sets, as `[depth, height, width]` without the dimensions of 1 (a 1-D
+/// memset is `[bytes]`).
+fn memset_shape(m: &MemsetOp) -> Vec<u64> {
+    let dims = [m.depth, m.height, m.width];
+    let first = dims.iter().position(|&d| d != 1).unwrap_or(2);
+    dims[first..].to_vec()
 }
 
 /// One op's communicator column: `key r/size`.
@@ -182,6 +190,14 @@ fn table_rows(r: &Record, st: &[Result<Stats, String>]) -> Vec<Vec<String>> {
             .unwrap_or_default();
         let mut row = head.clone();
         row.push(format!("gap:{reason}"));
+        rows.push(row);
+    }
+    if let Op::Memset(m) = &r.op {
+        // No tensor: the bytes written are the value over the extent.
+        let mut row = head.clone();
+        row.extend(["set".into(), "u8".into(), fmt_shape(&memset_shape(m))]);
+        row.extend(std::iter::repeat_n("-".to_string(), 6));
+        row.push(format!("memset to {:#04x}", m.value));
         rows.push(row);
     }
     let opt = |v: Option<f64>| v.map_or("-".into(), fmt_f64);

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ttrace_format::dtype::DType;
-use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
+use ttrace_format::record::{CollectiveKind, MemsetOp, Op, Record, Role, Tensor};
 
 use crate::align::{Alignment, RefOp};
 use crate::combine::Merge;
@@ -160,11 +160,47 @@ pub(crate) fn written(r: &Record) -> impl Iterator<Item = &Tensor> {
         .filter(|t| matches!(t.role, Role::D | Role::Dst | Role::Output))
 }
 
+/// The parts of `[base, base + len)` a memset wrote (its rows; the pitch padding between them
+/// is not written).
+pub(crate) fn memset_parts(m: &MemsetOp, base: u64, len: u64) -> Vec<(u64, u64)> {
+    let end = base.saturating_add(len);
+    let mut parts = Vec::new();
+    if m.bytes() == 0 {
+        return parts;
+    }
+    let (span_lo, span_hi) = m.span();
+    if span_hi <= base || span_lo >= end {
+        return parts;
+    }
+    for z in 0..m.depth {
+        let slice = m.dst.saturating_add(z.saturating_mul(m.slice_pitch));
+        if slice >= end {
+            break;
+        }
+        // Rows before `base` are skipped without visiting them one by one.
+        let first = match (base.saturating_sub(slice), m.pitch) {
+            (_, 0) | (0, _) => 0,
+            (d, p) => (d / p).saturating_sub(1),
+        };
+        for y in first..m.height {
+            let lo = slice.saturating_add(y.saturating_mul(m.pitch));
+            if lo >= end {
+                break;
+            }
+            let (a, b) = (lo.max(base), lo.saturating_add(m.width).min(end));
+            if a < b {
+                parts.push((a, b));
+            }
+        }
+    }
+    parts
+}
+
 /// The GEMMs whose output is the last write, before `recs[i]`, to each part of
 /// `[base, base + len)`: `(record index, lo, hi)`. Every captured op counts as a writer
-/// (copies and collectives included): a part last written by a copy (an allocator that
-/// reused the block for a fresh upload) is linked to no GEMM. Only GEMM outputs of `dtype`
-/// are linked.
+/// (copies, memsets and collectives included): a part last written by a copy (an allocator
+/// that reused the block for a fresh upload) or zeroed by a memset is linked to no GEMM. Only
+/// GEMM outputs of `dtype` are linked.
 pub(crate) fn last_writers(
     recs: &[Record],
     i: usize,
@@ -186,6 +222,9 @@ pub(crate) fn last_writers(
             if lo < hi {
                 covered.push((lo, hi));
             }
+        }
+        if let Op::Memset(m) = &g.op {
+            covered.extend(memset_parts(m, base, len));
         }
     }
     writers
@@ -482,7 +521,7 @@ pub(crate) fn reduction_compared(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttrace_format::record::{CollectiveOp, GemmOp, Op};
+    use ttrace_format::record::{CollectiveOp, GemmOp};
 
     fn tensor(role: Role, ptr: u64, nbytes: u64) -> Tensor {
         Tensor {
@@ -528,6 +567,69 @@ mod tests {
         // A later GEMM writing the whole range is the writer.
         let w = last_writers(&recs, 3, 0x2000, 64, DType::F32);
         assert_eq!(w, vec![(2, 0x2000, 0x2040)]);
+    }
+
+    fn memset_writing(seq: u64, dst: u64, width: u64, height: u64, pitch: u64) -> Record {
+        let mut r = Record::d2h_copy(0, 0, seq, &[]);
+        r.api = "cudaMemset2DAsync".into();
+        r.op = Op::Memset(MemsetOp {
+            dst,
+            value: 0,
+            width,
+            height,
+            depth: 1,
+            pitch,
+            slice_pitch: pitch * height,
+        });
+        r.tensors = Vec::new();
+        r
+    }
+
+    #[test]
+    fn a_buffer_zeroed_by_a_memset_is_not_linked_to_the_gemm_that_wrote_it_before() {
+        // A GEMM wrote 0x1000..0x1100, then the buffer was zeroed (two 32-byte rows, pitch
+        // 64): the reduction reads the zeros, except for the padding the memset left alone.
+        let recs = vec![
+            gemm_writing(0, 0x1000, 256),
+            memset_writing(1, 0x1000, 32, 2, 64),
+            gemm_writing(2, 0x2000, 64),
+        ];
+        let w = last_writers(&recs, 3, 0x1000, 128, DType::F32);
+        assert_eq!(w, vec![(0, 0x1020, 0x1040), (0, 0x1060, 0x1080)]);
+        let whole = vec![
+            gemm_writing(0, 0x1000, 256),
+            memset_writing(1, 0x1000, 256, 1, 256),
+        ];
+        assert!(last_writers(&whole, 2, 0x1000, 256, DType::F32).is_empty());
+    }
+
+    #[test]
+    fn a_memsets_parts_are_its_rows_clipped_to_the_range() {
+        let m = MemsetOp {
+            dst: 1000,
+            value: 7,
+            width: 10,
+            height: 3,
+            depth: 2,
+            pitch: 16,
+            slice_pitch: 100,
+        };
+        assert_eq!(
+            memset_parts(&m, 0, 2000),
+            vec![
+                (1000, 1010),
+                (1016, 1026),
+                (1032, 1042),
+                (1100, 1110),
+                (1116, 1126),
+                (1132, 1142)
+            ]
+        );
+        assert_eq!(
+            memset_parts(&m, 1020, 100),
+            vec![(1020, 1026), (1032, 1042), (1100, 1110), (1116, 1120)]
+        );
+        assert!(memset_parts(&m, 1200, 10).is_empty());
     }
 
     #[test]

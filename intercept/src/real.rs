@@ -144,7 +144,7 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
 }
 
 /// The real function `name` (NUL-terminated) of `lib` as `F`, cached in `slot`: for hooks
-/// whose C signature is written once, in a hook macro that also declares `slot`.
+/// whose C signature is written once, in a hook macro ([`real_of!`]).
 ///
 /// # Safety
 /// `F` is the `unsafe extern "C" fn` type of the function `name`.
@@ -156,6 +156,20 @@ pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) 
     // SAFETY: a non-null address of `name`, whose type is `F` per the contract.
     (p != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&p) })
 }
+
+/// The real function a hook wraps, by the hook's name and C signature (written once, in the
+/// hook's macro): `real_of!(name, fn(T1, T2) -> R, Lib)` is `Option<unsafe extern "C"
+/// fn(T1, T2) -> R>`, looked up on first use and cached in a slot of its own.
+macro_rules! real_of {
+    ($name:ident, fn($($t:ty),*) -> $r:ty, $lib:ident) => {{
+        type Real = unsafe extern "C" fn($($t),*) -> $r;
+        static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = concat!(stringify!($name), "\0");
+        // SAFETY: `Real` is the C signature of the function of that name.
+        unsafe { $crate::real::lookup::<Real>(&SLOT, name, $crate::real::Lib::$lib) }
+    }};
+}
+pub(crate) use real_of;
 
 /// Logs, once per process, which CUDA runtime the hooks attached to: its file and the version
 /// it reports (`cudaRuntimeGetVersion`), which says which major's ABI the program uses.
@@ -224,22 +238,15 @@ macro_rules! real_fns {
 }
 
 real_fns! {
-    // ---- runtime: hooked ----
-    Cudart: fn cudaMemcpy(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy_ptds(*mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpyAsync_ptsz(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpy2D(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy2D_ptds(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind) -> cudaError_t;
-    Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpy2DAsync_ptsz(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaMemcpyPeer(*mut c_void, c_int, *const c_void, c_int, usize) -> cudaError_t;
-    Cudart: fn cudaMemcpyPeerAsync(*mut c_void, c_int, *const c_void, c_int, usize, cudaStream_t) -> cudaError_t;
+    // ---- runtime: hooked (the copies' and memsets' hooks look theirs up by the signatures in
+    // `copy_hook!` and `memset_hook!`) ----
     Cudart: fn cudaLaunchKernel(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaLaunchKernel_ptsz(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
     Cudart: fn cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
     // ---- runtime: used by the tracer ----
+    Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
+    Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGetDevice(*mut c_int) -> cudaError_t;
     Cudart: fn cudaSetDevice(c_int) -> cudaError_t;
     Cudart: fn cudaGetLastError() -> cudaError_t;
@@ -284,18 +291,7 @@ real_fns! {
     CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
     CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
 
-    // ---- NCCL ----
-    Nccl: fn ncclAllReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclAllGather(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclReduceScatter(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclBroadcast(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclBcast(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclReduce(*const c_void, *mut c_void, usize, ncclDataType_t, ncclRedOp_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclSend(*const c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclRecv(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclAlltoAll(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclGather(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
-    Nccl: fn ncclScatter(*const c_void, *mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+    // ---- NCCL (the collectives' hooks look theirs up by the signature in `coll_hook!`) ----
     Nccl: fn ncclGroupStart() -> ncclResult_t;
     Nccl: fn ncclGroupEnd() -> ncclResult_t;
     Nccl: fn ncclGroupSimulateEnd(*mut ncclSimInfo_t) -> ncclResult_t;

@@ -53,6 +53,9 @@ pub struct Record {
 pub enum Op {
     /// Host/device copies (`cudaMemcpy*`, `cuMemcpy*`).
     Memcpy(MemcpyOp),
+    /// Device memory set to one byte value (`cudaMemset*`): metadata only, the value and the
+    /// extent say what was written.
+    Memset(MemsetOp),
     /// cuBLAS and cuBLASLt GEMMs.
     Gemm(Box<GemmOp>),
     /// NCCL collectives and point-to-point.
@@ -62,13 +65,14 @@ pub enum Op {
 }
 
 /// The families of [`Op`] as stored.
-const OP_FAMILIES: &[&str] = &["memcpy", "gemm", "collective", "gap"];
+const OP_FAMILIES: &[&str] = &["memcpy", "memset", "gemm", "collective", "gap"];
 
 impl Op {
     /// The op of family `name` from the other entries of its map.
     fn of_family<'de, B: FamilyBody<'de>>(name: &str, body: B) -> Result<Op, B::Error> {
         Ok(match name {
             "memcpy" => Op::Memcpy(body.parse()?),
+            "memset" => Op::Memset(body.parse()?),
             "gemm" => Op::Gemm(body.parse()?),
             "collective" => Op::Collective(body.parse()?),
             "gap" => Op::Gap(body.parse()?),
@@ -178,6 +182,45 @@ pub struct MemcpyOp {
     pub height: u64,
     pub dpitch: u64,
     pub spitch: u64,
+}
+
+/// A memset: `depth` slices of `height` rows of `width` bytes from `dst`, each byte set to
+/// `value`. Rows are `pitch` bytes apart, slices `slice_pitch` (a 1-D memset is one row of one
+/// slice; a 2-D one, one slice). No tensor: the bytes written follow from these fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemsetOp {
+    /// The first byte written.
+    pub dst: u64,
+    /// The byte written (the low 8 bits of the `int` the program passed, as CUDA uses it).
+    pub value: u8,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+    pub pitch: u64,
+    pub slice_pitch: u64,
+}
+
+impl MemsetOp {
+    /// Bytes set (`width * height * depth`).
+    pub fn bytes(&self) -> u64 {
+        self.width
+            .saturating_mul(self.height)
+            .saturating_mul(self.depth)
+    }
+
+    /// The address range `[dst, end)` the memset spans, pitch padding included.
+    pub fn span(&self) -> (u64, u64) {
+        if self.bytes() == 0 {
+            return (self.dst, self.dst);
+        }
+        let last_row = (self.depth - 1)
+            .saturating_mul(self.slice_pitch)
+            .saturating_add((self.height - 1).saturating_mul(self.pitch));
+        (
+            self.dst,
+            self.dst.saturating_add(last_row).saturating_add(self.width),
+        )
+    }
 }
 
 /// A GEMM: `D = alpha * op(A) op(B) + beta * C` (column-major, as cuBLAS defines it), with the
@@ -523,7 +566,16 @@ mod tests {
             bytes: 12,
             detail: "why".into(),
         });
-        for op in [copy, gemm, gap] {
+        let memset = Op::Memset(MemsetOp {
+            dst: 0x1000,
+            value: 0xab,
+            width: 16,
+            height: 2,
+            depth: 1,
+            pitch: 32,
+            slice_pitch: 64,
+        });
+        for op in [copy, memset, gemm, gap] {
             let mut cbor = Vec::new();
             ciborium::into_writer(&op, &mut cbor).expect("encodes");
             let back: Op = ciborium::from_reader(&cbor[..]).expect("decodes");
@@ -536,6 +588,24 @@ mod tests {
         }
         let nameless = serde_json::json!({ "bytes": 1 });
         assert!(serde_json::from_value::<Op>(nameless).is_err());
+    }
+
+    #[test]
+    fn a_memset_spans_its_rows_and_slices_without_the_last_padding() {
+        let m = MemsetOp {
+            dst: 1000,
+            value: 0,
+            width: 10,
+            height: 3,
+            depth: 2,
+            pitch: 16,
+            slice_pitch: 64,
+        };
+        assert_eq!(m.bytes(), 60);
+        // Last row: slice 1 (64) + row 2 (32) + 10 bytes.
+        assert_eq!(m.span(), (1000, 1000 + 64 + 32 + 10));
+        let empty = MemsetOp { width: 0, ..m };
+        assert_eq!(empty.span(), (1000, 1000));
     }
 
     #[test]

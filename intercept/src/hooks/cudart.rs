@@ -190,307 +190,191 @@ fn tracked(
     r
 }
 
-/// `cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy(
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy() else {
-        return MISSING;
-    };
-    let g = Geometry::linear(dst, src, count);
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return pass_through(g, kind, || unsafe { real(dst, src, count, kind) });
-    }
-    // SAFETY: as above.
-    capture("cudaMemcpy", g, kind, None, LEGACY, || unsafe {
-        real(dst, src, count, kind)
-    })
+/// The path of a copy hook while copies are not captured, for the spellings whose uploads are
+/// not remembered (pitched and peer copies): the real call alone.
+fn direct(_: Geometry, _: cudaMemcpyKind, real: impl FnOnce() -> cudaError_t) -> cudaError_t {
+    real()
 }
 
-/// `cudaMemcpy` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy_ptds(
+/// A pitched copy's geometry.
+fn pitched(
     dst: *mut c_void,
+    dpitch: usize,
     src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy_ptds() else {
-        return MISSING;
-    };
-    let g = Geometry::linear(dst, src, count);
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return pass_through(g, kind, || unsafe { real(dst, src, count, kind) });
+    spitch: usize,
+    width: usize,
+    height: usize,
+) -> Geometry {
+    Geometry {
+        dst,
+        dpitch,
+        src,
+        spitch,
+        width,
+        height,
     }
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpy_ptds",
-        g,
+}
+
+/// One `cudaMemcpy*` entry point: `name(C signature) => (geometry, kind, direction when the
+/// kind does not say it, stream, path while copies are not captured)`. The real function,
+/// looked up under the hook's name, is called exactly once with the program's arguments.
+macro_rules! copy_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($g:expr, $kind:expr, $dir:expr, $stream:expr, $off:ident)) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
+                return MISSING;
+            };
+            let g = $g;
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let run = || unsafe { real($($a),*) };
+            if mode::off(mode::MEMCPY) {
+                return $off(g, $kind, run);
+            }
+            capture(stringify!($name), g, $kind, $dir, $stream, run)
+        }
+    };
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)`.
+    cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(dst, src, count), kind, None, LEGACY, pass_through)
+}
+
+copy_hook! {
+    /// `cudaMemcpy` for code built with `--default-stream per-thread`.
+    cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(dst, src, count), kind, None, cudaStreamPerThread, pass_through)
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind
+    /// kind, cudaStream_t stream)`.
+    cudaMemcpyAsync(
+        dst: *mut c_void,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (Geometry::linear(dst, src, count), kind, None, stream, pass_through)
+}
+
+copy_hook! {
+    /// `cudaMemcpyAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyAsync_ptsz(
+        dst: *mut c_void,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (Geometry::linear(dst, src, count), kind, None, per_thread(stream), pass_through)
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
+    /// size_t width, size_t height, cudaMemcpyKind kind)`.
+    cudaMemcpy2D(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (pitched(dst, dpitch, src, spitch, width, height), kind, None, LEGACY, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpy2D` for code built with `--default-stream per-thread`.
+    cudaMemcpy2D_ptds(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (
+        pitched(dst, dpitch, src, spitch, width, height),
         kind,
         None,
         cudaStreamPerThread,
-        || unsafe { real(dst, src, count, kind) },
+        direct
     )
 }
 
-/// `cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
-/// cudaStream_t stream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpyAsync(
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpyAsync() else {
-        return MISSING;
-    };
-    let g = Geometry::linear(dst, src, count);
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return pass_through(g, kind, || unsafe { real(dst, src, count, kind, stream) });
-    }
-    // SAFETY: as above.
-    capture("cudaMemcpyAsync", g, kind, None, stream, || unsafe {
-        real(dst, src, count, kind, stream)
-    })
+copy_hook! {
+    /// `cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
+    /// size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream)`.
+    cudaMemcpy2DAsync(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (pitched(dst, dpitch, src, spitch, width, height), kind, None, stream, direct)
 }
 
-/// `cudaMemcpyAsync` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
-    dst: *mut c_void,
-    src: *const c_void,
-    count: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpyAsync_ptsz() else {
-        return MISSING;
-    };
-    let g = Geometry::linear(dst, src, count);
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return pass_through(g, kind, || unsafe { real(dst, src, count, kind, stream) });
-    }
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpyAsync_ptsz",
-        g,
+copy_hook! {
+    /// `cudaMemcpy2DAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DAsync_ptsz(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (
+        pitched(dst, dpitch, src, spitch, width, height),
         kind,
         None,
         per_thread(stream),
-        || unsafe { real(dst, src, count, kind, stream) },
+        direct
     )
 }
 
-/// `cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t
-/// width, size_t height, cudaMemcpyKind kind)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy2D(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy2D() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dpitch, src, spitch, width, height, kind) };
-    }
-    let g = Geometry {
-        dst,
-        dpitch,
-        src,
-        spitch,
-        width,
-        height,
-    };
-    // SAFETY: as above.
-    capture("cudaMemcpy2D", g, kind, None, LEGACY, || unsafe {
-        real(dst, dpitch, src, spitch, width, height, kind)
-    })
-}
-
-/// `cudaMemcpy2D` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy2D_ptds(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy2D_ptds() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dpitch, src, spitch, width, height, kind) };
-    }
-    let g = Geometry {
-        dst,
-        dpitch,
-        src,
-        spitch,
-        width,
-        height,
-    };
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpy2D_ptds",
-        g,
-        kind,
-        None,
-        cudaStreamPerThread,
-        || unsafe { real(dst, dpitch, src, spitch, width, height, kind) },
-    )
-}
-
-/// `cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch,
-/// size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy2DAsync(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy2DAsync() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) };
-    }
-    let g = Geometry {
-        dst,
-        dpitch,
-        src,
-        spitch,
-        width,
-        height,
-    };
-    // SAFETY: as above.
-    capture("cudaMemcpy2DAsync", g, kind, None, stream, || unsafe {
-        real(dst, dpitch, src, spitch, width, height, kind, stream)
-    })
-}
-
-/// `cudaMemcpy2DAsync` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpy2DAsync_ptsz(
-    dst: *mut c_void,
-    dpitch: usize,
-    src: *const c_void,
-    spitch: usize,
-    width: usize,
-    height: usize,
-    kind: cudaMemcpyKind,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpy2DAsync_ptsz() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) };
-    }
-    let g = Geometry {
-        dst,
-        dpitch,
-        src,
-        spitch,
-        width,
-        height,
-    };
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpy2DAsync_ptsz",
-        g,
-        kind,
-        None,
-        per_thread(stream),
-        || unsafe { real(dst, dpitch, src, spitch, width, height, kind, stream) },
-    )
-}
-
-/// `cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice, size_t
-/// count)`: recorded as a device-to-device copy (kind 3).
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpyPeer(
-    dst: *mut c_void,
-    dstDevice: c_int,
-    src: *const c_void,
-    srcDevice: c_int,
-    count: usize,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpyPeer() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dstDevice, src, srcDevice, count) };
-    }
-    let g = Geometry::linear(dst, src, count);
-    let dir = Some(CopyDirection::DeviceToDevice);
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpyPeer",
-        g,
+copy_hook! {
+    /// `cudaError_t cudaMemcpyPeer(void* dst, int dstDevice, const void* src, int srcDevice,
+    /// size_t count)`: recorded as a device-to-device copy (kind 3).
+    cudaMemcpyPeer(
+        dst: *mut c_void,
+        dstDevice: c_int,
+        src: *const c_void,
+        srcDevice: c_int,
+        count: usize,
+    ) => (
+        Geometry::linear(dst, src, count),
         cudaMemcpyDeviceToDevice,
-        dir,
+        Some(CopyDirection::DeviceToDevice),
         LEGACY,
-        || unsafe { real(dst, dstDevice, src, srcDevice, count) },
+        direct
     )
 }
 
-/// `cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int srcDevice,
-/// size_t count, cudaStream_t stream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpyPeerAsync(
-    dst: *mut c_void,
-    dstDevice: c_int,
-    src: *const c_void,
-    srcDevice: c_int,
-    count: usize,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaMemcpyPeerAsync() else {
-        return MISSING;
-    };
-    if mode::off(mode::MEMCPY) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(dst, dstDevice, src, srcDevice, count, stream) };
-    }
-    let g = Geometry::linear(dst, src, count);
-    let dir = Some(CopyDirection::DeviceToDevice);
-    // SAFETY: as above.
-    capture(
-        "cudaMemcpyPeerAsync",
-        g,
+copy_hook! {
+    /// `cudaError_t cudaMemcpyPeerAsync(void* dst, int dstDevice, const void* src, int
+    /// srcDevice, size_t count, cudaStream_t stream)`.
+    cudaMemcpyPeerAsync(
+        dst: *mut c_void,
+        dstDevice: c_int,
+        src: *const c_void,
+        srcDevice: c_int,
+        count: usize,
+        stream: cudaStream_t,
+    ) => (
+        Geometry::linear(dst, src, count),
         cudaMemcpyDeviceToDevice,
-        dir,
+        Some(CopyDirection::DeviceToDevice),
         stream,
-        || unsafe { real(dst, dstDevice, src, srcDevice, count, stream) },
+        direct
     )
 }
 

@@ -9,6 +9,7 @@ pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
 pub mod graph;
+pub mod memset;
 pub mod nccl;
 pub mod nvtx;
 

@@ -200,7 +200,7 @@ macro_rules! coll_hook {
         $(#[$m])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
-            let Some(real) = real::$name() else {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> ncclResult_t, Nccl) else {
                 return MISSING;
             };
             if mode::off(mode::NCCL) {

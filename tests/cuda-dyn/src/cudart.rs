@@ -33,6 +33,14 @@ crate::dyn_api! {
     fn cudaMemset_ptds(ptr: *mut c_void, value: c_int, count: usize) -> cudaError_t;
     fn cudaMemsetAsync(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t;
     fn cudaMemsetAsync_ptsz(ptr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) -> cudaError_t;
+    fn cudaMemset2D(ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> cudaError_t;
+    fn cudaMemset2D_ptds(ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) -> cudaError_t;
+    fn cudaMemset2DAsync(ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: cudaStream_t) -> cudaError_t;
+    fn cudaMemset2DAsync_ptsz(ptr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize, stream: cudaStream_t) -> cudaError_t;
+    fn cudaMemset3D(p: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> cudaError_t;
+    fn cudaMemset3D_ptds(p: cudaPitchedPtr, value: c_int, extent: cudaExtent) -> cudaError_t;
+    fn cudaMemset3DAsync(p: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> cudaError_t;
+    fn cudaMemset3DAsync_ptsz(p: cudaPitchedPtr, value: c_int, extent: cudaExtent, stream: cudaStream_t) -> cudaError_t;
     fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> cudaError_t;
     fn cudaFree(dev_ptr: *mut c_void) -> cudaError_t;
     fn cudaMallocAsync(dev_ptr: *mut *mut c_void, size: usize, stream: cudaStream_t) -> cudaError_t;

@@ -53,6 +53,7 @@ fn essence(r: &Rec) -> String {
     }
     match &mut rec.op {
         Op::Memcpy(m) => (m.dst, m.src) = (0, 0),
+        Op::Memset(m) => m.dst = 0,
         Op::Collective(c) => (c.sendbuff, c.recvbuff, c.comm) = (0, 0, 0),
         _ => {}
     }

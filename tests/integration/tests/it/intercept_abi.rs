@@ -1,6 +1,8 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`) is
+//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `copy_hook!` and `memset_hook!`, and each
+//! entry of a signature list such as `cublas_sigs!`, expanded through its family's macro as
+//! rustc does) is
 //! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
 //! (`integration_tests::abi_check`), and the built library exports nothing else.
 //!
@@ -34,17 +36,166 @@ impl Parse for MacroHook {
     }
 }
 
+/// The signature lists: `list! { family { (entry) ... } ... }`, each entry expanded through
+/// the file's `macro_rules! family` (one rule) to a hook macro invocation above.
+const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
+
 /// The hook macros and the C return type of the functions they make.
-const HOOK_MACROS: [(&str, &str); 3] = [
+const HOOK_MACROS: [(&str, &str); 5] = [
     ("coll_hook", "ncclResult_t"),
+    ("copy_hook", "cudaError_t"),
+    ("memset_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
 ];
 
+/// A family macro of a signature list: `macro_rules! family { (matcher) => { hook! { ... } }; }`
+/// with one rule whose matcher is `$name:frag, ...` (no repetition but an optional trailing
+/// comma).
+struct Family {
+    /// The metavariables of the matcher, in order.
+    vars: Vec<String>,
+    /// The transcriber: what one entry expands to.
+    body: proc_macro2::TokenStream,
+}
+
+impl Family {
+    /// The family macro `m` defines, if it is one (a single rule without repetitions).
+    fn parse(m: &syn::ItemMacro) -> Option<(String, Family)> {
+        use proc_macro2::TokenTree as T;
+        if !m.mac.path.is_ident("macro_rules") {
+            return None;
+        }
+        let name = m.ident.as_ref()?.to_string();
+        let toks: Vec<T> = m.mac.tokens.clone().into_iter().collect();
+        let (T::Group(matcher), T::Group(body)) = (toks.first()?, toks.get(3)?) else {
+            return None;
+        };
+        if toks.len() > 5 {
+            return None; // more than one rule: not a family
+        }
+        let mt: Vec<T> = matcher.stream().into_iter().collect();
+        let mut vars = Vec::new();
+        for w in mt.windows(2) {
+            if let (T::Punct(p), T::Ident(i)) = (&w[0], &w[1]) {
+                if p.as_char() == '$' {
+                    vars.push(i.to_string());
+                }
+            }
+        }
+        Some((
+            name,
+            Family {
+                vars,
+                body: body.stream(),
+            },
+        ))
+    }
+
+    /// The transcriber with each `$var` replaced by the entry's tokens.
+    fn expand(&self, entry: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+        use proc_macro2::TokenTree as T;
+        let mut args: Vec<Vec<T>> = vec![Vec::new()];
+        for t in entry {
+            match &t {
+                T::Punct(p) if p.as_char() == ',' => args.push(Vec::new()),
+                _ => args.last_mut().expect("one").push(t),
+            }
+        }
+        args.retain(|a| !a.is_empty());
+        assert_eq!(
+            args.len(),
+            self.vars.len(),
+            "an entry has one value per metavariable"
+        );
+        let bound: std::collections::HashMap<&str, &Vec<T>> =
+            self.vars.iter().map(String::as_str).zip(&args).collect();
+        substitute(self.body.clone(), &bound)
+    }
+}
+
+/// `stream` with each `$var` of `bound` replaced by its tokens (groups recursed into).
+fn substitute(
+    stream: proc_macro2::TokenStream,
+    bound: &std::collections::HashMap<&str, &Vec<proc_macro2::TokenTree>>,
+) -> proc_macro2::TokenStream {
+    use proc_macro2::TokenTree as T;
+    let toks: Vec<T> = stream.into_iter().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        match (&toks[i], toks.get(i + 1)) {
+            (T::Punct(p), Some(T::Ident(v))) if p.as_char() == '$' => {
+                if let Some(b) = bound.get(v.to_string().as_str()) {
+                    out.extend(b.iter().cloned());
+                    i += 2;
+                    continue;
+                }
+                out.push(toks[i].clone());
+            }
+            (T::Group(g), _) => {
+                let mut ng = proc_macro2::Group::new(g.delimiter(), substitute(g.stream(), bound));
+                ng.set_span(g.span());
+                out.push(T::Group(ng));
+            }
+            (t, _) => out.push(t.clone()),
+        }
+        i += 1;
+    }
+    out.into_iter().collect()
+}
+
+/// The entries of a signature list: `list! { family { (entry) (entry) ... } ... }`, as
+/// `(family, entry tokens)`.
+fn list_entries(m: &syn::ItemMacro) -> Vec<(String, proc_macro2::TokenStream)> {
+    use proc_macro2::TokenTree as T;
+    let toks: Vec<T> = m.mac.tokens.clone().into_iter().collect();
+    let mut out = Vec::new();
+    for w in toks.windows(2) {
+        if let (T::Ident(family), T::Group(g)) = (&w[0], &w[1]) {
+            for e in g.stream() {
+                if let T::Group(entry) = e {
+                    out.push((family.to_string(), entry.stream()));
+                }
+            }
+        }
+    }
+    out
+}
+
 struct Hooks<'a> {
     file: &'a Path,
     library: String,
+    /// The family macros of the file (by name).
+    families: std::collections::HashMap<String, Family>,
     out: Vec<Export>,
+}
+
+impl Hooks<'_> {
+    fn hook(&mut self, mac: &str, ret: &str, tokens: proc_macro2::TokenStream) {
+        let h: MacroHook =
+            syn::parse2(tokens).unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
+        let (name, args) = (&h.name, &h.args);
+        let ret = syn::Ident::new(ret, proc_macro2::Span::call_site());
+        self.out.push(Export {
+            name: name.to_string(),
+            library: self.library.clone(),
+            file: self.file.to_path_buf(),
+            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> #ret),
+        });
+    }
+
+    /// An entry of a signature list: its family's expansion, visited as the file's items are.
+    fn entry(&mut self, family: &str, entry: proc_macro2::TokenStream) {
+        let f = self
+            .families
+            .get(family)
+            .unwrap_or_else(|| panic!("{}: no family macro `{family}`", self.file.display()));
+        let expanded = f.expand(entry);
+        let file: syn::File =
+            syn::parse2(expanded).unwrap_or_else(|e| panic!("{family}! expands to items: {e}"));
+        self.visit_file(&file);
+    }
 }
 
 impl<'ast> Visit<'ast> for Hooks<'_> {
@@ -60,22 +211,25 @@ impl<'ast> Visit<'ast> for Hooks<'_> {
     }
 
     fn visit_item_macro(&mut self, m: &'ast syn::ItemMacro) {
-        let Some((mac, ret)) = HOOK_MACROS.iter().find(|(mac, _)| m.mac.path.is_ident(mac)) else {
-            return;
-        };
-        let h: MacroHook = m
-            .mac
-            .parse_body()
-            .unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
-        let (name, args) = (&h.name, &h.args);
-        let ret = syn::Ident::new(ret, proc_macro2::Span::call_site());
-        self.out.push(Export {
-            name: name.to_string(),
-            library: self.library.clone(),
-            file: self.file.to_path_buf(),
-            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> #ret),
-        });
+        if let Some((mac, ret)) = HOOK_MACROS.iter().find(|(mac, _)| m.mac.path.is_ident(mac)) {
+            self.hook(mac, ret, m.mac.tokens.clone());
+        } else if SIGNATURE_LISTS.iter().any(|l| m.mac.path.is_ident(l)) {
+            for (family, entry) in list_entries(m) {
+                self.entry(&family, entry);
+            }
+        }
     }
+}
+
+/// The family macros defined in `file`.
+fn families(file: &syn::File) -> std::collections::HashMap<String, Family> {
+    file.items
+        .iter()
+        .filter_map(|i| match i {
+            syn::Item::Macro(m) => Family::parse(m),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every hook export in `intercept/src/hooks`.
@@ -91,17 +245,23 @@ fn hook_exports() -> Vec<Export> {
     files.sort();
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read");
-        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        let stem = f.file_stem().expect("stem").to_string_lossy().into_owned();
-        let mut v = Hooks {
-            file: &f,
-            library: format!("libttrace/{stem}"),
-            out: Vec::new(),
-        };
-        v.visit_file(&ast);
-        out.extend(v.out);
+        out.extend(exports_of(&f, &text));
     }
     out
+}
+
+/// The hook exports of one file of `intercept/src/hooks` whose text is `text`.
+fn exports_of(f: &Path, text: &str) -> Vec<Export> {
+    let ast = syn::parse_file(text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    let stem = f.file_stem().expect("stem").to_string_lossy().into_owned();
+    let mut v = Hooks {
+        file: f,
+        library: format!("libttrace/{stem}"),
+        families: families(&ast),
+        out: Vec::new(),
+    };
+    v.visit_file(&ast);
+    v.out
 }
 
 /// Hooks of entry points NCCL added in 2.28 (absent from the CUDA 12 header set's NCCL 2.27).
@@ -166,4 +326,84 @@ fn every_hook_matches_nvidias_headers() {
         .collect();
     let found: BTreeSet<String> = all.iter().map(|e| e.name.clone()).collect();
     assert_eq!(symbols, found, "exports of {}", lib.display());
+}
+
+#[test]
+fn every_hook_is_a_simulated_export_of_the_same_c_type() {
+    // The hooks' signature lists and the simulated libraries agree: each hooked symbol can be
+    // exercised on the simulated stack, with the C type the headers give it (abi.rs checks
+    // the simulator against the headers; this checks the two lists against each other).
+    let repo = abi_check::repo_root();
+    let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
+    let sim = abi_check::parse_exports(&repo.join("tests/sim")).expect("the simulator parses");
+    let mut missing = Vec::new();
+    let mut differ = Vec::new();
+    // NCCL 2.28's entry points are in the CUDA 13 build of the simulator only (its NCCL 2.30).
+    let hooks: Vec<Export> = hook_exports()
+        .into_iter()
+        .filter(|e| !e.library.ends_with("/api") && !NCCL_2_28.contains(&e.name.as_str()))
+        .collect();
+    for h in &hooks {
+        let want = abi
+            .fn_type(&h.sig)
+            .unwrap_or_else(|e| panic!("{}: {e}", h.name));
+        let same = sim.iter().filter(|s| s.name == h.name);
+        let types: Vec<_> = same.map(|s| abi.fn_type(&s.sig)).collect();
+        if types.is_empty() {
+            missing.push(h.name.clone());
+        } else if !types.iter().any(|t| t.as_ref() == Ok(&want)) {
+            differ.push(format!("{}: hook {want:?}, simulator {types:?}", h.name));
+        }
+    }
+    assert!(hooks.len() >= 140, "only {} hooks found", hooks.len());
+    assert!(
+        missing.is_empty(),
+        "hooks the simulator does not export: {missing:?}"
+    );
+    assert!(differ.is_empty(), "{}", differ.join("\n"));
+}
+
+#[test]
+fn a_wrong_type_in_a_signature_list_line_or_family_fails_the_check() {
+    // Negative controls: the check sees what a list line and its family's macro make. The
+    // element type of one line (f32 -> f64), and the size type of one family's `ldc` (`$int`
+    // -> `c_int`, wrong for the `_64` lines only), each fail exactly the hooks they change.
+    let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
+    let repo = abi_check::repo_root();
+    let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
+    let file = repo.join("intercept/src/hooks/cublas.rs");
+    let text = std::fs::read_to_string(&file).expect("read");
+    let line = "(cublasSgemm_v2, c_int, f32, CUDA_R_32F,";
+    assert!(text.contains(line), "the list has the line {line}");
+    let mutated = text.replacen(line, "(cublasSgemm_v2, c_int, f64, CUDA_R_32F,", 1);
+    let strided = "macro_rules! typed_strided";
+    let at = mutated.find(strided).expect("the typed_strided family");
+    let ldc = at + mutated[at..].find("ldc: $int").expect("ldc in the family");
+    let mutated = format!(
+        "{}ldc: c_int{}",
+        &mutated[..ldc],
+        &mutated[ldc + "ldc: $int".len()..]
+    );
+    let exports = exports_of(&file, &mutated);
+    let report = check(
+        &exports,
+        &abi,
+        &include,
+        &profile_dir().join("abi-check-neg-list"),
+        "neg_list",
+    );
+    let failed: BTreeSet<String> = exports
+        .iter()
+        .filter(|e| report.fails_export(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    let want: BTreeSet<String> = [
+        "cublasSgemm_v2",
+        "cublasSgemmStridedBatched_64",
+        "cublasDgemmStridedBatched_64",
+        "cublasHgemmStridedBatched_64",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(failed, want, "{}", report.describe_failures());
 }

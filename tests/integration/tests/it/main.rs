@@ -39,6 +39,7 @@ mod intercept_gemm;
 mod intercept_gemm_more;
 mod intercept_graph;
 mod intercept_memcpy;
+mod intercept_memset;
 mod intercept_nccl;
 mod intercept_nccl_identity;
 mod intercept_ptrarrays;

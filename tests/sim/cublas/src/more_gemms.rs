@@ -920,3 +920,209 @@ pub unsafe extern "C" fn cublasDgemv_v2(
         }
     })
 }
+
+/// The `int` values of a `_64` call's sizes, or `None` when one does not fit.
+fn narrow_all<const N: usize>(v: [i64; N]) -> Option<[c_int; N]> {
+    let mut out = [0; N];
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = narrow(x)?;
+    }
+    Some(out)
+}
+
+/// `cublasSgemmBatched_64`: `cublasSgemmBatched` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemmBatched_64(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *const f32,
+    Aarray: *const *const f32,
+    lda: i64,
+    Barray: *const *const f32,
+    ldb: i64,
+    beta: *const f32,
+    Carray: *const *mut f32,
+    ldc: i64,
+    batchCount: i64,
+) -> cublasStatus_t {
+    let Some([m, n, k, lda, ldb, ldc, batch]) = narrow_all([m, n, k, lda, ldb, ldc, batchCount])
+    else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe {
+        cublasSgemmBatched(
+            handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc,
+            batch,
+        )
+    }
+}
+
+/// `cublasDgemmBatched_64`: `cublasDgemmBatched` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemmBatched_64(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *const f64,
+    Aarray: *const *const f64,
+    lda: i64,
+    Barray: *const *const f64,
+    ldb: i64,
+    beta: *const f64,
+    Carray: *const *mut f64,
+    ldc: i64,
+    batchCount: i64,
+) -> cublasStatus_t {
+    let Some([m, n, k, lda, ldb, ldc, batch]) = narrow_all([m, n, k, lda, ldb, ldc, batchCount])
+    else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe {
+        cublasDgemmBatched(
+            handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc,
+            batch,
+        )
+    }
+}
+
+/// `cublasHgemmBatched_64`: `cublasHgemmBatched` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasHgemmBatched_64(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *const __half,
+    Aarray: *const *const __half,
+    lda: i64,
+    Barray: *const *const __half,
+    ldb: i64,
+    beta: *const __half,
+    Carray: *const *mut __half,
+    ldc: i64,
+    batchCount: i64,
+) -> cublasStatus_t {
+    let Some([m, n, k, lda, ldb, ldc, batch]) = narrow_all([m, n, k, lda, ldb, ldc, batchCount])
+    else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe {
+        cublasHgemmBatched(
+            handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc,
+            batch,
+        )
+    }
+}
+
+/// `cublasSgemv_v2_64`: `cublasSgemv_v2` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemv_v2_64(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    m: i64,
+    n: i64,
+    alpha: *const f32,
+    A: *const f32,
+    lda: i64,
+    x: *const f32,
+    incx: i64,
+    beta: *const f32,
+    y: *mut f32,
+    incy: i64,
+) -> cublasStatus_t {
+    let Some([m, n, lda, incx, incy]) = narrow_all([m, n, lda, incx, incy]) else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe { cublasSgemv_v2(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) }
+}
+
+/// `cublasDgemv_v2_64`: `cublasDgemv_v2` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemv_v2_64(
+    handle: cublasHandle_t,
+    trans: cublasOperation_t,
+    m: i64,
+    n: i64,
+    alpha: *const f64,
+    A: *const f64,
+    lda: i64,
+    x: *const f64,
+    incx: i64,
+    beta: *const f64,
+    y: *mut f64,
+    incy: i64,
+) -> cublasStatus_t {
+    let Some([m, n, lda, incx, incy]) = narrow_all([m, n, lda, incx, incy]) else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe { cublasDgemv_v2(handle, trans, m, n, alpha, A, lda, x, incx, beta, y, incy) }
+}
+
+/// `cublasGemmBatchedEx_64`: `cublasGemmBatchedEx` when every size fits in `int`.
+#[no_mangle]
+pub unsafe extern "C" fn cublasGemmBatchedEx_64(
+    handle: cublasHandle_t,
+    transa: cublasOperation_t,
+    transb: cublasOperation_t,
+    m: i64,
+    n: i64,
+    k: i64,
+    alpha: *const c_void,
+    Aarray: *const *const c_void,
+    Atype: cudaDataType,
+    lda: i64,
+    Barray: *const *const c_void,
+    Btype: cudaDataType,
+    ldb: i64,
+    beta: *const c_void,
+    Carray: *const *mut c_void,
+    Ctype: cudaDataType,
+    ldc: i64,
+    batchCount: i64,
+    computeType: cublasComputeType_t,
+    algo: cublasGemmAlgo_t,
+) -> cublasStatus_t {
+    let Some([m, n, k, lda, ldb, ldc, batch]) = narrow_all([m, n, k, lda, ldb, ldc, batchCount])
+    else {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    };
+    // SAFETY: the same contract at `int` width.
+    unsafe {
+        crate::cublasGemmBatchedEx(
+            handle,
+            transa,
+            transb,
+            m,
+            n,
+            k,
+            alpha,
+            Aarray,
+            Atype,
+            lda,
+            Barray,
+            Btype,
+            ldb,
+            beta,
+            Carray,
+            Ctype,
+            ldc,
+            batch,
+            computeType,
+            algo,
+        )
+    }
+}

@@ -2200,3 +2200,1227 @@ pub unsafe extern "C" fn cublasZtrsv_v2(
 ) -> cublasStatus_t {
     unsupported_call("cublasZtrsv_v2", Some(handle))
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mBatched(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _aarray: *const *const cuComplex,
+    _lda: c_int,
+    _barray: *const *const cuComplex,
+    _ldb: c_int,
+    _beta: *const cuComplex,
+    _carray: *const *mut cuComplex,
+    _ldc: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemmBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _aarray: *const *const cuComplex,
+    _lda: i64,
+    _barray: *const *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _carray: *const *mut cuComplex,
+    _ldc: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemmBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _aarray: *const *const cuDoubleComplex,
+    _lda: i64,
+    _barray: *const *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _carray: *const *mut cuDoubleComplex,
+    _ldc: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _aarray: *const *const cuComplex,
+    _lda: i64,
+    _barray: *const *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _carray: *const *mut cuComplex,
+    _ldc: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemmGroupedBatched(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const c_int,
+    _n_array: *const c_int,
+    _k_array: *const c_int,
+    _alpha_array: *const f32,
+    _aarray: *const *const f32,
+    _lda_array: *const c_int,
+    _barray: *const *const f32,
+    _ldb_array: *const c_int,
+    _beta_array: *const f32,
+    _carray: *const *mut f32,
+    _ldc_array: *const c_int,
+    _group_count: c_int,
+    _group_size: *const c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemmGroupedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemmGroupedBatched(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const c_int,
+    _n_array: *const c_int,
+    _k_array: *const c_int,
+    _alpha_array: *const f64,
+    _aarray: *const *const f64,
+    _lda_array: *const c_int,
+    _barray: *const *const f64,
+    _ldb_array: *const c_int,
+    _beta_array: *const f64,
+    _carray: *const *mut f64,
+    _ldc_array: *const c_int,
+    _group_count: c_int,
+    _group_size: *const c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemmGroupedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemmGroupedBatched_64(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const i64,
+    _n_array: *const i64,
+    _k_array: *const i64,
+    _alpha_array: *const f32,
+    _aarray: *const *const f32,
+    _lda_array: *const i64,
+    _barray: *const *const f32,
+    _ldb_array: *const i64,
+    _beta_array: *const f32,
+    _carray: *const *mut f32,
+    _ldc_array: *const i64,
+    _group_count: i64,
+    _group_size: *const i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemmGroupedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemmGroupedBatched_64(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const i64,
+    _n_array: *const i64,
+    _k_array: *const i64,
+    _alpha_array: *const f64,
+    _aarray: *const *const f64,
+    _lda_array: *const i64,
+    _barray: *const *const f64,
+    _ldb_array: *const i64,
+    _beta_array: *const f64,
+    _carray: *const *mut f64,
+    _ldc_array: *const i64,
+    _group_count: i64,
+    _group_size: *const i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemmGroupedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGemmGroupedBatchedEx(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const c_int,
+    _n_array: *const c_int,
+    _k_array: *const c_int,
+    _alpha_array: *const c_void,
+    _aarray: *const *const c_void,
+    _atype: cudaDataType_t,
+    _lda_array: *const c_int,
+    _barray: *const *const c_void,
+    _btype: cudaDataType_t,
+    _ldb_array: *const c_int,
+    _beta_array: *const c_void,
+    _carray: *const *mut c_void,
+    _ctype: cudaDataType_t,
+    _ldc_array: *const c_int,
+    _group_count: c_int,
+    _group_size: *const c_int,
+    _compute_type: cublasComputeType_t,
+) -> cublasStatus_t {
+    unsupported_call("cublasGemmGroupedBatchedEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasGemmGroupedBatchedEx_64(
+    handle: cublasHandle_t,
+    _transa_array: *const cublasOperation_t,
+    _transb_array: *const cublasOperation_t,
+    _m_array: *const i64,
+    _n_array: *const i64,
+    _k_array: *const i64,
+    _alpha_array: *const c_void,
+    _aarray: *const *const c_void,
+    _atype: cudaDataType_t,
+    _lda_array: *const i64,
+    _barray: *const *const c_void,
+    _btype: cudaDataType_t,
+    _ldb_array: *const i64,
+    _beta_array: *const c_void,
+    _carray: *const *mut c_void,
+    _ctype: cudaDataType_t,
+    _ldc_array: *const i64,
+    _group_count: i64,
+    _group_size: *const i64,
+    _compute_type: cublasComputeType_t,
+) -> cublasStatus_t {
+    unsupported_call("cublasGemmGroupedBatchedEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _aarray: *const *const f32,
+    _lda: c_int,
+    _xarray: *const *const f32,
+    _incx: c_int,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f64,
+    _aarray: *const *const f64,
+    _lda: c_int,
+    _xarray: *const *const f64,
+    _incx: c_int,
+    _beta: *const f64,
+    _yarray: *const *mut f64,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuComplex,
+    _aarray: *const *const cuComplex,
+    _lda: c_int,
+    _xarray: *const *const cuComplex,
+    _incx: c_int,
+    _beta: *const cuComplex,
+    _yarray: *const *mut cuComplex,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuDoubleComplex,
+    _aarray: *const *const cuDoubleComplex,
+    _lda: c_int,
+    _xarray: *const *const cuDoubleComplex,
+    _incx: c_int,
+    _beta: *const cuDoubleComplex,
+    _yarray: *const *mut cuDoubleComplex,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSHgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _aarray: *const *const __half,
+    _lda: c_int,
+    _xarray: *const *const __half,
+    _incx: c_int,
+    _beta: *const f32,
+    _yarray: *const *mut __half,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSHgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSSgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _aarray: *const *const __half,
+    _lda: c_int,
+    _xarray: *const *const __half,
+    _incx: c_int,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSSgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSTgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _aarray: *const *const __nv_bfloat16,
+    _lda: c_int,
+    _xarray: *const *const __nv_bfloat16,
+    _incx: c_int,
+    _beta: *const f32,
+    _yarray: *const *mut __nv_bfloat16,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSTgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSSgemvBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _aarray: *const *const __nv_bfloat16,
+    _lda: c_int,
+    _xarray: *const *const __nv_bfloat16,
+    _incx: c_int,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: c_int,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSSgemvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _aarray: *const *const f32,
+    _lda: i64,
+    _xarray: *const *const f32,
+    _incx: i64,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _aarray: *const *const f64,
+    _lda: i64,
+    _xarray: *const *const f64,
+    _incx: i64,
+    _beta: *const f64,
+    _yarray: *const *mut f64,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _aarray: *const *const cuComplex,
+    _lda: i64,
+    _xarray: *const *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _yarray: *const *mut cuComplex,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _aarray: *const *const cuDoubleComplex,
+    _lda: i64,
+    _xarray: *const *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _yarray: *const *mut cuDoubleComplex,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSHgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _aarray: *const *const __half,
+    _lda: i64,
+    _xarray: *const *const __half,
+    _incx: i64,
+    _beta: *const f32,
+    _yarray: *const *mut __half,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSHgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSSgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _aarray: *const *const __half,
+    _lda: i64,
+    _xarray: *const *const __half,
+    _incx: i64,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSSgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSTgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _aarray: *const *const __nv_bfloat16,
+    _lda: i64,
+    _xarray: *const *const __nv_bfloat16,
+    _incx: i64,
+    _beta: *const f32,
+    _yarray: *const *mut __nv_bfloat16,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSTgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSSgemvBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _aarray: *const *const __nv_bfloat16,
+    _lda: i64,
+    _xarray: *const *const __nv_bfloat16,
+    _incx: i64,
+    _beta: *const f32,
+    _yarray: *const *mut f32,
+    _incy: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSSgemvBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3m(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _b: *const cuComplex,
+    _ldb: c_int,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3m", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemm3m(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _b: *const cuDoubleComplex,
+    _ldb: c_int,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemm3m", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm_v2_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3m_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3m_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemm_v2_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemm3m_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemm3m_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mStridedBatched(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _b: *const cuComplex,
+    _ldb: c_int,
+    _stride_b: c_longlong,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+    _stride_c: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemmStridedBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _stride_b: c_longlong,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+    _stride_c: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemmStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemmStridedBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _stride_b: c_longlong,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+    _stride_c: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemmStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mStridedBatched_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _stride_b: c_longlong,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+    _stride_c: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemmEx(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _b: *const c_void,
+    _btype: cudaDataType,
+    _ldb: c_int,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemmEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mEx(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _b: *const c_void,
+    _btype: cudaDataType,
+    _ldb: c_int,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemmEx_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _b: *const c_void,
+    _btype: cudaDataType,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemmEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemm3mEx_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _b: *const c_void,
+    _btype: cudaDataType,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemm3mEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const f32,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const f64,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSHgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const __half,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const __half,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut __half,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSHgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSSgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const __half,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const __half,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSSgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSTgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const __nv_bfloat16,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const __nv_bfloat16,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut __nv_bfloat16,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSTgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSSgemvStridedBatched(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const __nv_bfloat16,
+    _lda: c_int,
+    _stride_a: c_longlong,
+    _x: *const __nv_bfloat16,
+    _incx: c_int,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+    _stridey: c_longlong,
+    _batch_count: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSSgemvStridedBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const f32,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const f64,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const cuComplex,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSHgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const __half,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const __half,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut __half,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSHgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasHSSgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const __half,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const __half,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasHSSgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSTgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const __nv_bfloat16,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const __nv_bfloat16,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut __nv_bfloat16,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSTgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasTSSgemvStridedBatched_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const __nv_bfloat16,
+    _lda: i64,
+    _stride_a: c_longlong,
+    _x: *const __nv_bfloat16,
+    _incx: i64,
+    _stridex: c_longlong,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+    _stridey: c_longlong,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasTSSgemvStridedBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgemv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgemv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgemv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgemv_v2_64", Some(handle))
+}

@@ -434,16 +434,70 @@ pub unsafe extern "C" fn cudaMemcpyPeerAsync(
     }
 }
 
-fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError_t {
+/// The bytes a memset sets: `depth` slices of `height` rows of `width` bytes, rows `pitch`
+/// bytes apart, slices `slice` bytes apart (a 1-D memset is one row of one slice).
+#[derive(Clone, Copy)]
+struct Fill {
+    width: usize,
+    height: usize,
+    depth: usize,
+    pitch: usize,
+    slice: usize,
+}
+
+impl Fill {
+    fn linear(count: usize) -> Fill {
+        Fill::rows(count, count, 1)
+    }
+
+    fn rows(pitch: usize, width: usize, height: usize) -> Fill {
+        Fill {
+            width,
+            height,
+            depth: 1,
+            pitch,
+            slice: pitch.saturating_mul(height),
+        }
+    }
+
+    /// `cudaMemset3D`'s fill: slices are `pitch * ysize` bytes apart.
+    fn pitched(p: cudaPitchedPtr, e: cudaExtent) -> Fill {
+        Fill {
+            width: e.width,
+            height: e.height,
+            depth: e.depth,
+            pitch: p.pitch,
+            slice: p.pitch.saturating_mul(p.ysize),
+        }
+    }
+
+    /// The bytes from the first to one past the last written (`None`: overflow).
+    fn extent(self) -> Option<usize> {
+        let rows = self.depth.checked_sub(1)?.checked_mul(self.slice)?;
+        let rows = rows.checked_add(self.height.checked_sub(1)?.checked_mul(self.pitch)?)?;
+        rows.checked_add(self.width)
+    }
+
+    fn is_empty(self) -> bool {
+        self.width == 0 || self.height == 0 || self.depth == 0
+    }
+}
+
+fn memset(ptr: *mut c_void, value: c_int, fill: Fill, call: Call) -> cudaError_t {
     guard(|| {
         let r = rt()?;
         errors::sticky()?;
-        if count == 0 {
+        if fill.is_empty() {
             return Ok(());
         }
+        // CUDA: a row wider than the pitch is invalid (2-D and 3-D memsets).
+        if fill.height * fill.depth > 1 && fill.width > fill.pitch {
+            return Err(cudaErrorInvalidValue);
+        }
+        let extent = fill.extent().ok_or(cudaErrorInvalidValue)?;
         let a = Addr(
             r.heap
-                .device_access(ptr, count)
+                .device_access(ptr, extent)
                 .ok_or(cudaErrorInvalidValue)?,
         );
         let stream = match call {
@@ -452,8 +506,13 @@ fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError
         };
         // cudaMemset is asynchronous with respect to the host for device memory.
         let op: crate::Op = Box::new(move || {
-            // SAFETY: the range was validated as device-accessible.
-            unsafe { std::ptr::write_bytes(a.at(0), value as u8, count) };
+            for z in 0..fill.depth {
+                for y in 0..fill.height {
+                    let row = z * fill.slice + y * fill.pitch;
+                    // SAFETY: the whole extent was validated as device-accessible.
+                    unsafe { std::ptr::write_bytes(a.at(row), value as u8, fill.width) };
+                }
+            }
             Ok(())
         });
         r.submit_as(&stream, Vec::new(), op, cudaGraphNodeTypeMemset)
@@ -463,7 +522,7 @@ fn memset(ptr: *mut c_void, value: c_int, count: usize, call: Call) -> cudaError
 
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemset(ptr: *mut c_void, value: c_int, count: usize) -> cudaError_t {
-    memset(ptr, value, count, LEGACY)
+    memset(ptr, value, Fill::linear(count), LEGACY)
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemset_ptds(
@@ -471,7 +530,7 @@ pub unsafe extern "C" fn cudaMemset_ptds(
     value: c_int,
     count: usize,
 ) -> cudaError_t {
-    memset(ptr, value, count, PTDS)
+    memset(ptr, value, Fill::linear(count), PTDS)
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemsetAsync(
@@ -480,7 +539,7 @@ pub unsafe extern "C" fn cudaMemsetAsync(
     count: usize,
     stream: cudaStream_t,
 ) -> cudaError_t {
-    memset(ptr, value, count, on(stream, false))
+    memset(ptr, value, Fill::linear(count), on(stream, false))
 }
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemsetAsync_ptsz(
@@ -489,7 +548,85 @@ pub unsafe extern "C" fn cudaMemsetAsync_ptsz(
     count: usize,
     stream: cudaStream_t,
 ) -> cudaError_t {
-    memset(ptr, value, count, on(stream, true))
+    memset(ptr, value, Fill::linear(count), on(stream, true))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset2D(
+    ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+) -> cudaError_t {
+    memset(ptr, value, Fill::rows(pitch, width, height), LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset2D_ptds(
+    ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+) -> cudaError_t {
+    memset(ptr, value, Fill::rows(pitch, width, height), PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset2DAsync(
+    ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let fill = Fill::rows(pitch, width, height);
+    memset(ptr, value, fill, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset2DAsync_ptsz(
+    ptr: *mut c_void,
+    pitch: usize,
+    value: c_int,
+    width: usize,
+    height: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let fill = Fill::rows(pitch, width, height);
+    memset(ptr, value, fill, on(stream, true))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset3D(
+    p: cudaPitchedPtr,
+    value: c_int,
+    extent: cudaExtent,
+) -> cudaError_t {
+    memset(p.ptr, value, Fill::pitched(p, extent), LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset3D_ptds(
+    p: cudaPitchedPtr,
+    value: c_int,
+    extent: cudaExtent,
+) -> cudaError_t {
+    memset(p.ptr, value, Fill::pitched(p, extent), PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset3DAsync(
+    p: cudaPitchedPtr,
+    value: c_int,
+    extent: cudaExtent,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    memset(p.ptr, value, Fill::pitched(p, extent), on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemset3DAsync_ptsz(
+    p: cudaPitchedPtr,
+    value: c_int,
+    extent: cudaExtent,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    memset(p.ptr, value, Fill::pitched(p, extent), on(stream, true))
 }
 
 #[no_mangle]

@@ -5,6 +5,8 @@
 //! `steps api`, which calls `ttrace_step()` when the global scope has it.
 //!
 //! * `memcpy`: every copy spelling; the bytes are [`pattern`]s (the tests regenerate them).
+//! * `memset`: every memset spelling, results checked, then a GEMM reading a zeroed buffer
+//!   (memset.rs).
 //! * `gemm`: cuBLAS (S/H/Ex, strided batches, device scalars, the pointer-array batch, TF32
 //!   math mode) and
 //!   cuBLASLt (bias, FP8 scales and amax, GELU aux, batched).
@@ -84,6 +86,8 @@ pub fn pattern(salt: u8, len: usize) -> Vec<u8> {
 pub fn traced(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("memcpy") => memcpy(),
+        Some("memset") => crate::memset::run(),
+        Some("memset-graph") => crate::memset::graph(),
         Some("gemm") => gemms(),
         Some("gemm-more") => more_gemms(),
         Some("gemm-ptrarrays") => crate::ptrarrays::run(),
@@ -103,7 +107,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
                 .into(),
         ),
     }

@@ -10,6 +10,7 @@ mod capture;
 mod collectives;
 mod gemm;
 mod ksplit;
+mod memset;
 mod ptrarrays;
 mod streams;
 mod support;
@@ -77,7 +78,7 @@ const PROBES: &[(&str, &str, Probe)] = &[
     ),
     (
         "traced",
-        "programs for the capture tests: memcpy|gemm|nccl|graph|errors|steps",
+        "programs for the capture tests: memcpy|memset|gemm|nccl|graph|errors|steps",
         capture::traced,
     ),
     (

@@ -9,7 +9,8 @@
 //! 3. `d`: DgemmBatched, batch 2, A transposed, beta 0.25; one pageable `cudaMemcpyAsync`.
 //! 4. `h`: HgemmBatched, batch 4, beta 0; one `cudaMemcpy`.
 //! 5. `rewritten`: uploaded, then one byte of an A address rewritten on the device by
-//!    `cudaMemsetAsync` (a write no copy hook sees): the op reads another matrix.
+//!    `cudaMemsetAsync` (recorded, but not followed by the tracer's upload tracking): the op
+//!    reads another matrix.
 //! 6. `pinned-late`: uploaded from pinned memory while the stream is held by a host function;
 //!    the program rewrites the pinned array (swaps two A addresses) before the copy runs.
 //! 7. `device-built`: the arrays reach their place by a device-to-device copy.

@@ -2,6 +2,7 @@
 //! (the reference's operands, the perturbed reference's, every shard's) are read, checked
 //! against their CRC-32, decompressed and widened to `f32` in parallel, a window of ops at a
 //! time, into [`crate::trace::RunTrace`]'s cache, where the walk takes them in its own order.
+//! The next window is decoded on the thread pool while the walk compares the current one.
 //!
 //! Decoding is a pure function of the stored bytes, so what the walk sees (and every number
 //! of the report) does not depend on the number of threads; only when it is decoded changes.
@@ -18,7 +19,7 @@ use ttrace_format::reader::{RecordView, Segment};
 use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
-use crate::trace::{gemm, is_float, to_f32_into, RunTrace};
+use crate::trace::{gemm, is_float, to_f32_into, Decoding, RunTrace};
 
 /// A stored tensor: (rank, step, seq, index in its record).
 pub type TensorAt = (u32, u64, u64, usize);
@@ -63,10 +64,11 @@ pub struct Walked<'a> {
     pub pert: Option<&'a RunTrace>,
 }
 
-/// The bytes of decoded tensors one window may hold under a `--memory` budget: an eighth
+/// The bytes of decoded tensors one window may hold under a `--memory` budget: a
+/// sixteenth, for two windows (the one compared and the next, decoded meanwhile) in an eighth
 /// (the rest is for open segments, the op being compared and what the comparison keeps).
 pub fn window_budget(memory: u64) -> u64 {
-    memory / 8
+    memory / 16
 }
 
 impl Walked<'_> {
@@ -80,10 +82,21 @@ impl Walked<'_> {
         }
     }
 
-    /// Decodes, in parallel, the tensors of the reference ops `ops` (each with its run shards
-    /// `(rank, seq)`) from the first on, as many ops as `budget` bytes of `f32` hold (at least
-    /// one); returns how many ops that covered.
-    pub fn prefetch(&self, ops: &[(RefOp, &[(u32, u64)])], budget: u64) -> usize {
+    /// Makes what `ahead` decoded the values the walk takes (waiting for it); returns how
+    /// many ops it covered.
+    pub fn install(&self, ahead: Ahead) -> usize {
+        self.reff.install(ahead.reff);
+        self.run.install(ahead.run);
+        if let (Some(p), Some(d)) = (self.pert, ahead.pert) {
+            p.install(d);
+        }
+        ahead.covered
+    }
+
+    /// Starts decoding, on the thread pool, the tensors of the reference ops `ops` (each with
+    /// its run shards `(rank, seq)`) from the first on, as many ops as `budget` bytes of `f32`
+    /// hold (at least one), while the walk compares the ops before them.
+    pub fn start(&self, ops: &[(RefOp, &[(u32, u64)])], budget: u64) -> Ahead {
         let (mut reff, mut run, mut pert) = (Vec::new(), Vec::new(), Vec::new());
         let mut bytes = 0u64;
         let mut covered = 0;
@@ -130,13 +143,22 @@ impl Walked<'_> {
                 }
             }
         }
-        self.reff.prefetch(&reff);
-        self.run.prefetch(&run);
-        if let Some(p) = self.pert {
-            p.prefetch(&pert);
+        Ahead {
+            covered: covered.max(1),
+            reff: self.reff.decode_ahead(&reff),
+            run: self.run.decode_ahead(&run),
+            pert: self.pert.map(|p| p.decode_ahead(&pert)),
         }
-        covered.max(1)
     }
+}
+
+/// The tensors of a window of ops, being decoded ([`Walked::start`]).
+pub struct Ahead {
+    /// How many ops the window covers.
+    covered: usize,
+    reff: Decoding,
+    run: Decoding,
+    pert: Option<Decoding>,
 }
 
 /// The wanted tensors grouped by segment, then by record (each record's frame is read and

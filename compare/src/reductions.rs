@@ -22,6 +22,7 @@ use crate::gradscale::{self, updates::Updates, Evidence};
 use crate::layout::LayoutSummary;
 use crate::numerics::{self, Placement, ShardError};
 use crate::placement::{unplaced, Shard};
+use crate::prefetch::TensorAt;
 use crate::prepare::Prepared;
 use crate::tolerance;
 use crate::trace::{collective, gemm, RunTrace, Values};
@@ -270,6 +271,73 @@ impl Reductions<'_> {
         Ok(true)
     }
 
+    /// Decodes ahead, on every core, what [`Reductions::reduction`] reads of `rank`'s
+    /// reductions in `step` (`recs`): their outputs and the reference GEMM outputs they
+    /// reduce (those not read yet in the step), in record order up to `budget` bytes of f32.
+    /// The same values as read one by one: only when they are decoded changes.
+    pub(crate) fn prefetch(&self, rank: u32, step: u64, recs: &[Record], budget: u64) {
+        let ctx = self.ctx;
+        let (mut run_wants, mut ref_wants) = (Vec::new(), Vec::new());
+        let mut bytes = 0u64;
+        let mut refs: BTreeSet<RefOp> = BTreeSet::new();
+        let mut want = |w: &mut Vec<TensorAt>, rec: &Record, role: Role| -> bool {
+            let Some((i, t)) = rec
+                .tensors
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.role == role && t.captured)
+            else {
+                return true;
+            };
+            bytes += t.elements() * 4;
+            if bytes > budget {
+                return false;
+            }
+            w.push((rec.rank, rec.step, rec.seq, i));
+            true
+        };
+        'recs: for (i, r) in recs.iter().enumerate() {
+            let Some(c) = collective(r).filter(|c| {
+                matches!(
+                    c.kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                )
+            }) else {
+                continue;
+            };
+            let Some(out_t) = r.tensors.iter().find(|t| t.role == Role::Output) else {
+                continue;
+            };
+            let members = ctx.run.comm_members(c.comm).unwrap_or_default();
+            if must_produce(ctx.layout, &members).is_none() {
+                continue;
+            }
+            let (base, len) = reduction_input_range(c, out_t);
+            let writers = last_writers(recs, i, base, len, out_t.dtype);
+            if writers.is_empty() {
+                continue;
+            }
+            if !want(&mut run_wants, r, Role::Output) {
+                break;
+            }
+            for (j, _, _) in writers {
+                let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, recs[j].seq)) else {
+                    continue;
+                };
+                if self.ref_cache.contains_key(&ref_op) || !refs.insert(ref_op) {
+                    continue;
+                }
+                if let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) {
+                    if !want(&mut ref_wants, rr, Role::D) {
+                        break 'recs;
+                    }
+                }
+            }
+        }
+        ctx.run.prefetch(&run_wants);
+        ctx.reff.prefetch(&ref_wants);
+    }
+
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
     pub(crate) fn reduction(
         &mut self,
@@ -362,11 +430,13 @@ impl Reductions<'_> {
 
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce;
 /// returns the scale data-parallel reductions were held to (`None`: none was seen).
+/// `memory` is the `--memory` budget (reads are decoded ahead within its window share).
 pub(crate) fn collectives(
     ctx: &Ctx,
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Vec<Pending>,
+    memory: u64,
 ) -> Result<Option<gradscale::Decision>, CompareError> {
     let dp = ctx.layout.dp;
     let mut dp_scales: Vec<f64> = gradscale::legal(dp).to_vec();
@@ -384,9 +454,11 @@ pub(crate) fn collectives(
     };
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
+    let window = crate::prefetch::window_budget(memory);
     for &step in ctx.steps {
         for rank in ctx.run.ranks() {
             let recs = ctx.run.records(rank, step);
+            red.prefetch(rank, step, recs, window);
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
                 let Some(c) = collective(r) else { continue };
@@ -418,12 +490,16 @@ pub(crate) fn collectives(
         red.ref_cache.clear();
     }
     if red.deferred.is_empty() && red.evidence.is_empty() {
+        ctx.run.prefetch(&[]);
+        ctx.reff.prefetch(&[]);
         return Ok(None);
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
         reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
     }
+    ctx.run.prefetch(&[]);
+    ctx.reff.prefetch(&[]);
     Ok(Some(decision))
 }
 

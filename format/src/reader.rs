@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -495,6 +496,16 @@ pub struct Segment {
     index: IndexState,
     /// End of the last intact frame (where a torn tail starts).
     good_end: u64,
+    /// Each frame's record and blobs once its body was checked against its CRC and parsed:
+    /// a record is parsed (and its body checksummed) once, however many of its tensors are
+    /// read, and references to it resolved.
+    parsed: Vec<OnceLock<Parsed>>,
+}
+
+/// A frame body checked against its CRC and parsed.
+struct Parsed {
+    record: Record,
+    blobs: Vec<BlobRef>,
 }
 
 impl fmt::Debug for Segment {
@@ -659,6 +670,7 @@ impl Segment {
             issues: Vec::new(),
             index: IndexState::Used,
             good_end: SEGMENT_HEADER_BYTES,
+            parsed: Vec::new(),
         };
         if let Some((r, s)) = named {
             if (r, s) != (rank, step) {
@@ -676,6 +688,7 @@ impl Segment {
         }
         seg.locate();
         seg.check_records_belong();
+        seg.parsed = seg.frames.iter().map(|_| OnceLock::new()).collect();
         Ok(seg)
     }
 
@@ -1093,6 +1106,10 @@ impl Segment {
             })
         })?;
         let body = self.body(&loc);
+        if let Some(p) = self.parsed.get(i).and_then(OnceLock::get) {
+            let (record, blobs) = (p.record.clone(), p.blobs.clone());
+            return Ok(self.view(loc.offset, loc.frame_len, record, body, blobs));
+        }
         if !verify && !loc.verified {
             // A metadata-only read still checks the body when its blob headers disagree with
             // the record (a damaged length would otherwise be reported as data).
@@ -1115,6 +1132,15 @@ impl Segment {
         let (record, blobs) = parse_body(loc.offset, body).map_err(|e| {
             self.frame_issue(IssueKind::CorruptRecord, &loc, format!("undecodable: {e}"))
         })?;
+        if verify || loc.verified {
+            if let Some(slot) = self.parsed.get(i) {
+                // Another thread may have parsed it meanwhile: the same bytes, the same result.
+                let _ = slot.set(Parsed {
+                    record: record.clone(),
+                    blobs: blobs.clone(),
+                });
+            }
+        }
         // The record's own seq (under its CRC) wins over the index's (which no CRC covers):
         // `ttrace fsck` reports and rewrites such an index.
         Ok(self.view(loc.offset, loc.frame_len, record, body, blobs))

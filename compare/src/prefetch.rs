@@ -191,49 +191,46 @@ enum Decoded {
 /// Decodes the wanted tensors of open segments in parallel, each record on one thread with
 /// buffers reused per thread: `(tensor, f32 values)` of every tensor that decoded cleanly.
 ///
-/// A deduplicated tensor whose referenced tensor is also wanted is not decoded twice: it takes
+/// Bytes are decoded once: a deduplicated tensor whose referenced tensor is also wanted takes
 /// that tensor's values when both records give the same CRC-32, length and type (the check
 /// the reader makes of a resolved reference: its bytes against the referring record's
-/// CRC-32). Otherwise, or when the referenced tensor did not decode, it is left out and the
-/// walk reads it on its own.
+/// CRC-32); a tensor whose stored bytes equal those of one decoded before it (data-parallel
+/// replicas of a weight, an activation every tensor-parallel rank reads: same codec, length,
+/// type, CRC-32 and stored bytes, [`RecordView::same_stored`]) takes its values. Otherwise,
+/// or when the tensor it takes its values from did not decode, it is left out and the walk
+/// reads it on its own.
 pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
         .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
         .collect();
-    let wanted: HashSet<TensorAt> = jobs
-        .iter()
-        .flat_map(|&((rank, step), _, (seq, indices))| {
-            indices.iter().map(move |&i| (rank, step, *seq, i))
-        })
-        .collect();
-    let decoded: Vec<Decoded> = jobs
+    // Every record read (its frame checked) in parallel, then what to decode planned in
+    // order: the same plan whatever the number of threads.
+    let views: Vec<Option<RecordView>> = jobs
         .par_iter()
+        .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
+        .collect();
+    let (plan, mut decoded) = plan_decoding(&jobs, &views);
+    let values: Vec<Decoded> = jobs
+        .par_iter()
+        .zip(&views)
+        .zip(&plan)
         .map_init(
             || (Vec::new(), Vec::new()),
-            |(scratch, raw), &((rank, step), seg, (seq, indices))| {
+            |(scratch, raw), ((&((rank, step), _, (seq, _)), view), mine)| {
                 let mut out = Vec::new();
-                let Some(Ok(view)) = seg.read_seq(*seq) else {
+                let Some(view) = view else {
                     return out;
                 };
-                for &i in indices {
-                    let Some(t) = view.record.tensors.get(i) else {
-                        continue;
-                    };
-                    let at = (rank, step, *seq, i);
-                    let checked = (t.crc32, t.nbytes, t.dtype);
-                    if let Some(target) = referenced(&view, i, rank, step) {
-                        if target != at && wanted.contains(&target) {
-                            out.push(Decoded::Alias(at, target, checked));
-                            continue;
-                        }
-                    }
+                for &i in mine {
+                    let t = &view.record.tensors[i];
                     if view.tensor_bytes_into(i, scratch, raw).is_err() {
                         continue;
                     }
                     let mut values = Vec::new();
                     if to_f32_into(t.dtype, raw, &mut values).is_ok() {
-                        out.push(Decoded::Values(at, values, checked));
+                        let at = (rank, step, *seq, i);
+                        out.push(Decoded::Values(at, values, (t.crc32, t.nbytes, t.dtype)));
                     }
                 }
                 out
@@ -241,7 +238,67 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
         )
         .flatten()
         .collect();
+    let aliases = decoded.len();
+    decoded.extend(values);
+    tracing::debug!(
+        tensors = decoded.len(),
+        aliases,
+        "decoded ahead (aliases: values taken from identical bytes)"
+    );
     resolve_aliases(decoded)
+}
+
+/// Which tensors of each record `decode` decodes (indices), and the aliases of the others:
+/// deduplicated tensors whose referenced tensor is wanted, and tensors whose stored bytes
+/// equal those of one decoded before them.
+fn plan_decoding(
+    jobs: &[((u32, u64), &Segment, &RecordWants)],
+    views: &[Option<RecordView>],
+) -> (Vec<Vec<usize>>, Vec<Decoded>) {
+    let wanted: HashSet<TensorAt> = jobs
+        .iter()
+        .flat_map(|&((rank, step), _, (seq, indices))| {
+            indices.iter().map(move |&i| (rank, step, *seq, i))
+        })
+        .collect();
+    let mut plan: Vec<Vec<usize>> = Vec::with_capacity(jobs.len());
+    let mut aliases = Vec::new();
+    // Tensors to decode by what identifies their bytes: (job, index) of each.
+    let mut decoding: HashMap<Checked, Vec<(usize, usize)>> = HashMap::new();
+    for (k, (&((rank, step), _, (seq, indices)), view)) in jobs.iter().zip(views).enumerate() {
+        let mut mine = Vec::new();
+        if let Some(view) = view {
+            for &i in indices {
+                let Some(t) = view.record.tensors.get(i) else {
+                    continue;
+                };
+                let at = (rank, step, *seq, i);
+                let checked = (t.crc32, t.nbytes, t.dtype);
+                if let Some(target) = referenced(view, i, rank, step) {
+                    if target != at && wanted.contains(&target) {
+                        aliases.push(Decoded::Alias(at, target, checked));
+                        continue;
+                    }
+                }
+                let same = decoding.get(&checked).and_then(|cands| {
+                    cands.iter().find(|&&(j, c)| {
+                        views[j]
+                            .as_ref()
+                            .is_some_and(|v| v.same_stored(c, view, i))
+                    })
+                });
+                if let Some(&(j, c)) = same {
+                    let ((r, s), _, (q, _)) = jobs[j];
+                    aliases.push(Decoded::Alias(at, (r, s, *q, c), checked));
+                    continue;
+                }
+                decoding.entry(checked).or_default().push((k, i));
+                mine.push(i);
+            }
+        }
+        plan.push(mine);
+    }
+    (plan, aliases)
 }
 
 /// The tensor that tensor `i` of `view` (in segment `rank`, `step`) refers to, when its blob

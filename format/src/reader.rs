@@ -1404,6 +1404,22 @@ impl RecordView<'_> {
         TensorData::from_le_bytes(self.record.tensors[tensor].dtype, &bytes)
     }
 
+    /// Whether tensor `i` of this record and tensor `j` of `other` decode to the same bytes
+    /// and pass the same check, known without decoding either: both stored in their frames
+    /// (not streamed, not references) with the same codec, element size and length and
+    /// equal stored bytes (decoding is a function of these), their records giving the same
+    /// CRC-32, length and element type.
+    pub fn same_stored(&self, i: usize, other: &RecordView<'_>, j: usize) -> bool {
+        let (Ok(a), Ok(b)) = (self.blob(i), other.blob(j)) else {
+            return false;
+        };
+        let (ta, tb) = (&self.record.tensors[i], &other.record.tensors[j]);
+        !matches!(a.codec, codec::Codec::Streamed | codec::Codec::Reference)
+            && (a.codec, a.elem_size, a.raw_len) == (b.codec, b.elem_size, b.raw_len)
+            && (ta.crc32, ta.nbytes, ta.dtype) == (tb.crc32, tb.nbytes, tb.dtype)
+            && self.body[a.start..a.end] == other.body[b.start..b.end]
+    }
+
     /// The stored (compressed) bytes and codec of tensor `i`, as on disk.
     pub fn stored(&self, tensor: usize) -> Result<(codec::Codec, &[u8]), FormatError> {
         let b = self.blob(tensor)?;

@@ -329,14 +329,13 @@ fn walk_steps(
     progress(total_ops, total_ops);
     ahead.release();
     let ctx = Ctx::new(p, opts, steps);
-    let dp_reduction =
-        reductions::collectives(
-            &ctx,
-            &walk.d_place,
-            &walk.d_tol,
-            &mut walk.pending,
-            opts.memory.unwrap_or(DEFAULT_MEMORY),
-        )?;
+    let dp_reduction = reductions::collectives(
+        &ctx,
+        &walk.d_place,
+        &walk.d_tol,
+        &mut walk.pending,
+        opts.memory.unwrap_or(DEFAULT_MEMORY),
+    )?;
     Ok(Walked {
         pending: walk.pending,
         base_warnings,

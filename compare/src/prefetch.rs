@@ -183,8 +183,8 @@ type Checked = (u32, u64, DType);
 enum Decoded {
     /// Its values, and what identifies its bytes.
     Values(TensorAt, Vec<f32>, Checked),
-    /// A deduplicated tensor (its blob refers to an earlier one) whose referenced tensor is
-    /// wanted too: its values are that tensor's when their bytes are the same.
+    /// A tensor whose bytes are another wanted tensor's (a deduplicated tensor's referenced
+    /// one, or one stored alike): its values are that tensor's when their bytes check alike.
     Alias(TensorAt, TensorAt, Checked),
 }
 
@@ -282,9 +282,7 @@ fn plan_decoding(
                 }
                 let same = decoding.get(&checked).and_then(|cands| {
                     cands.iter().find(|&&(j, c)| {
-                        views[j]
-                            .as_ref()
-                            .is_some_and(|v| v.same_stored(c, view, i))
+                        views[j].as_ref().is_some_and(|v| v.same_stored(c, view, i))
                     })
                 });
                 if let Some(&(j, c)) = same {
@@ -362,6 +360,79 @@ mod tests {
                 ((0, 0, 5, 0), vec![1.0, 2.0, 3.0, 4.0]),
             ]
         );
+    }
+
+    #[test]
+    fn bytes_stored_alike_are_decoded_once_and_give_the_same_values() {
+        use crate::trace::to_f32;
+        use ttrace_format::store::{segment_path, Blob, SegmentWriter};
+        let dir = std::env::temp_dir().join(format!("ttrace-alike-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let bf16 = |salt: u16| -> Vec<u8> {
+            (0..4096u16)
+                .flat_map(|i| half::bf16::from_f32(f32::from(i ^ salt) / 7.0).to_le_bytes())
+                .collect()
+        };
+        let (w, other) = (bf16(0), bf16(5));
+        // Rank 0 holds w twice and another tensor, rank 1 holds w (a data-parallel replica).
+        for (rank, tensors) in [(0u32, vec![&w, &w, &other]), (1, vec![&w])] {
+            let mut seg = SegmentWriter::create(&dir, rank, 0).expect("create");
+            for (seq, data) in tensors.into_iter().enumerate() {
+                let mut rec = Record::d2h_copy(rank, 0, seq as u64, data);
+                rec.tensors[0].dtype = DType::BF16;
+                rec.tensors[0].shape = vec![data.len() as u64 / 2];
+                let blob = Blob::encode(data, 2, 3, &mut Vec::new()).expect("encode");
+                seg.append(&rec, &[blob]).expect("append");
+            }
+            seg.finish().expect("finish");
+        }
+        let open = |rank| Segment::open(&segment_path(&dir, rank, 0)).expect("open");
+        let (s0, s1) = (open(0), open(1));
+        let w0: Vec<RecordWants> = vec![(0, vec![0]), (1, vec![0]), (2, vec![0])];
+        let w1: Vec<RecordWants> = vec![(0, vec![0])];
+        let segments: Vec<SegmentWants> = vec![((0, 0), &s0, &w0), ((1, 0), &s1, &w1)];
+
+        let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
+            .iter()
+            .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
+            .collect();
+        let views: Vec<Option<RecordView>> = jobs
+            .iter()
+            .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
+            .collect();
+        let (plan, aliases) = plan_decoding(&jobs, &views);
+        assert_eq!(
+            plan,
+            vec![vec![0], vec![], vec![0], vec![]],
+            "w decoded once"
+        );
+        let targets: Vec<(TensorAt, TensorAt)> = aliases
+            .iter()
+            .filter_map(|a| match a {
+                Decoded::Alias(at, target, _) => Some((*at, *target)),
+                Decoded::Values(..) => None,
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            vec![((0, 0, 1, 0), (0, 0, 0, 0)), ((1, 0, 0, 0), (0, 0, 0, 0))]
+        );
+
+        let mut got = decode(&segments);
+        got.sort_by_key(|g| g.0);
+        let want_w = to_f32(DType::BF16, &w).expect("widens");
+        let want_other = to_f32(DType::BF16, &other).expect("widens");
+        let at: Vec<TensorAt> = got.iter().map(|g| g.0).collect();
+        assert_eq!(
+            at,
+            vec![(0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 2, 0), (1, 0, 0, 0)]
+        );
+        for (at, values) in &got {
+            let want = if at.2 == 2 { &want_other } else { &want_w };
+            assert!(values == want, "{at:?}: the values of its own bytes");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

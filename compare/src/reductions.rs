@@ -11,6 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rayon::prelude::*;
+
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{CollectiveKind, Record, Role, Tensor};
 
@@ -25,7 +27,7 @@ use crate::placement::{unplaced, Shard};
 use crate::prefetch::TensorAt;
 use crate::prepare::Prepared;
 use crate::tolerance;
-use crate::trace::{collective, gemm, RunTrace, Values};
+use crate::trace::{collective, gemm, Decoding, RunTrace, Values};
 use crate::CompareError;
 
 /// What a reduction over a group must produce, relative to the reference.
@@ -68,7 +70,7 @@ pub(crate) fn piece_error(
     match must {
         MustProduce::ReferenceAtInputScale => PieceError::At(err_at(input_scale)),
         MustProduce::ScaledGradient => {
-            PieceError::ByScale(dp_scales.iter().map(|&s| (s, err_at(s))).collect())
+            PieceError::ByScale(dp_scales.par_iter().map(|&s| (s, err_at(s))).collect())
         }
     }
 }
@@ -271,15 +273,21 @@ impl Reductions<'_> {
         Ok(true)
     }
 
-    /// Decodes ahead, on every core, what [`Reductions::reduction`] reads of `rank`'s
+    /// Starts decoding, on the thread pool, what [`Reductions::reduction`] reads of `rank`'s
     /// reductions in `step` (`recs`): their outputs and the reference GEMM outputs they
-    /// reduce (those not read yet in the step), in record order up to `budget` bytes of f32.
-    /// The same values as read one by one: only when they are decoded changes.
-    pub(crate) fn prefetch(&self, rank: u32, step: u64, recs: &[Record], budget: u64) {
+    /// reduce (those not read nor `asked` for yet in the step), in record order up to
+    /// `budget` bytes of f32. The same values as read one by one: only when they are decoded
+    /// changes.
+    pub(crate) fn start(
+        &self,
+        (rank, step, recs): (u32, u64, &[Record]),
+        budget: u64,
+        asked: &mut BTreeSet<RefOp>,
+    ) -> (Decoding, Decoding) {
         let ctx = self.ctx;
         let (mut run_wants, mut ref_wants) = (Vec::new(), Vec::new());
         let mut bytes = 0u64;
-        let mut refs: BTreeSet<RefOp> = BTreeSet::new();
+        let refs = asked;
         let mut want = |w: &mut Vec<TensorAt>, rec: &Record, role: Role| -> bool {
             let Some((i, t)) = rec
                 .tensors
@@ -334,8 +342,10 @@ impl Reductions<'_> {
                 }
             }
         }
-        ctx.run.prefetch(&run_wants);
-        ctx.reff.prefetch(&ref_wants);
+        (
+            ctx.run.decode_ahead(&run_wants),
+            ctx.reff.decode_ahead(&ref_wants),
+        )
     }
 
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
@@ -455,10 +465,22 @@ pub(crate) fn collectives(
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
     let window = crate::prefetch::window_budget(memory);
+    let ranks = ctx.run.ranks();
     for &step in ctx.steps {
-        for rank in ctx.run.ranks() {
+        // What a rank reads is decoded while the rank before it is compared.
+        let mut asked: BTreeSet<RefOp> = BTreeSet::new();
+        let mut next: Option<(Decoding, Decoding)> = None;
+        for (k, &rank) in ranks.iter().enumerate() {
             let recs = ctx.run.records(rank, step);
-            red.prefetch(rank, step, recs, window);
+            let (run_ahead, ref_ahead) = next
+                .take()
+                .unwrap_or_else(|| red.start((rank, step, recs), window, &mut asked));
+            ctx.run.install(run_ahead);
+            ctx.reff.install(ref_ahead);
+            if let Some(&after) = ranks.get(k + 1) {
+                let at = (after, step, ctx.run.records(after, step));
+                next = Some(red.start(at, window, &mut asked));
+            }
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
                 let Some(c) = collective(r) else { continue };

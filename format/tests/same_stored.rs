@@ -30,9 +30,11 @@ fn tensors_are_the_same_stored_only_when_everything_decoding_reads_is_equal() {
     s.append(&rec(1, &w), &[blob(&w, 1, 3)]).expect("append");
     // seq 2: the same bytes stored raw (another codec); seq 3: other bytes.
     s.append(&rec(2, &w), &[blob(&w, 1, 0)]).expect("append");
-    s.append(&rec(3, &other), &[blob(&other, 1, 3)]).expect("append");
+    s.append(&rec(3, &other), &[blob(&other, 1, 3)])
+        .expect("append");
     // seq 4: seq 0's stored bytes under a record whose CRC-32 is another's (a bad tensor).
-    s.append(&rec(4, &other), &[blob(&w, 1, 3)]).expect("append");
+    s.append(&rec(4, &other), &[blob(&w, 1, 3)])
+        .expect("append");
     // seq 5: a reference to seq 0 (resolved by the reader, never taken as stored bytes).
     let r = BlobReference {
         seq: 0,

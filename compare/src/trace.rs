@@ -194,8 +194,7 @@ impl RunTrace {
             return Decoding { rx };
         }
         let mut segs = self.segments.borrow_mut();
-        let mut jobs: Vec<((u32, u64), Arc<Segment>, Vec<crate::prefetch::RecordWants>)> =
-            Vec::new();
+        let mut jobs: Vec<SegmentJob> = Vec::new();
         for (key, recs) in crate::prefetch::by_segment(wants) {
             let size = self
                 .store
@@ -403,6 +402,9 @@ fn read_records(
     recs.sort_by_key(|r| r.seq);
     (Some(recs), unreadable)
 }
+
+/// An open segment and the tensors of its records to decode ahead.
+type SegmentJob = ((u32, u64), Arc<Segment>, Vec<crate::prefetch::RecordWants>);
 
 /// Tensors being decoded on the thread pool ([`RunTrace::decode_ahead`]).
 pub struct Decoding {

@@ -57,7 +57,7 @@ pub struct Updates<'a> {
     weights: BTreeMap<RefOp, Option<RefWeight>>,
     /// Reference operands' changes from step t to t+1, by their checksums in both steps
     /// (each read once per step, not once per gradient searched), up to [`DELTA_CACHE`].
-    deltas: BTreeMap<(u64, u32, u32), Option<Arc<Vec<f32>>>>,
+    deltas: BTreeMap<(u64, u32, u32), Option<Delta>>,
     delta_bytes: usize,
 }
 
@@ -67,8 +67,11 @@ const DELTA_CACHE: usize = 64 << 20;
 /// The most bytes of candidate weight changes fitted at once, on every core.
 const FIT_BATCH: usize = DELTA_CACHE / 4;
 
+/// A reference operand's change from step t to t+1, shared by the candidates fitted.
+type Delta = Arc<Vec<f32>>;
+
 /// A candidate weight of a gradient: its operand in step t and t+1, and its change.
-type Candidate = (RefOp, RefOp, Role, Arc<Vec<f32>>);
+type Candidate = (RefOp, RefOp, Role, Delta);
 
 impl<'a> Updates<'a> {
     /// Over the compared `steps` of `run` and its reference.

@@ -206,7 +206,7 @@ impl RunTrace {
                 jobs.push((key, Arc::clone(seg), recs));
             }
         }
-        rayon::spawn(move || {
+        let job = move || {
             let open: Vec<crate::prefetch::SegmentWants> = jobs
                 .iter()
                 .map(|(key, seg, recs)| (*key, &**seg, recs.as_slice()))
@@ -218,7 +218,14 @@ impl RunTrace {
             if let Ok(values) = decoded {
                 let _ = tx.send(values);
             }
-        });
+        };
+        if rayon::current_thread_index().is_some() {
+            // Called from a thread of the pool (a caller's own parallel loop): waiting there
+            // for a spawned job could wait for itself, so it decodes now.
+            job();
+        } else {
+            rayon::spawn(job);
+        }
         Decoding { rx }
     }
 

@@ -304,10 +304,18 @@ fn walk_steps(
     };
     let plan: Vec<(RefOp, &[(u32, u64)])> = ops.iter().map(|(o, s)| (**o, s.as_slice())).collect();
     let window = crate::prefetch::window_budget(opts.memory.unwrap_or(DEFAULT_MEMORY));
+    // The window being decoded while the one before it is compared, and where it ends.
+    let mut next: Option<crate::prefetch::Ahead> = None;
     let mut fetched = 0;
     for (done, (&ref_op, shards)) in ops.into_iter().enumerate() {
         if done == fetched {
-            fetched = done + ahead.prefetch(&plan[done..], window);
+            let current = next
+                .take()
+                .unwrap_or_else(|| ahead.start(&plan[done..], window));
+            fetched = done + ahead.install(current);
+            if fetched < plan.len() {
+                next = Some(ahead.start(&plan[fetched..], window));
+            }
         }
         progress(done as u64, total_ops);
         if current != Some(ref_op.0) {
@@ -321,8 +329,13 @@ fn walk_steps(
     progress(total_ops, total_ops);
     ahead.release();
     let ctx = Ctx::new(p, opts, steps);
-    let dp_reduction =
-        reductions::collectives(&ctx, &walk.d_place, &walk.d_tol, &mut walk.pending)?;
+    let dp_reduction = reductions::collectives(
+        &ctx,
+        &walk.d_place,
+        &walk.d_tol,
+        &mut walk.pending,
+        opts.memory.unwrap_or(DEFAULT_MEMORY),
+    )?;
     Ok(Walked {
         pending: walk.pending,
         base_warnings,

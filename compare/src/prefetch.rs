@@ -2,6 +2,7 @@
 //! (the reference's operands, the perturbed reference's, every shard's) are read, checked
 //! against their CRC-32, decompressed and widened to `f32` in parallel, a window of ops at a
 //! time, into [`crate::trace::RunTrace`]'s cache, where the walk takes them in its own order.
+//! The next window is decoded on the thread pool while the walk compares the current one.
 //!
 //! Decoding is a pure function of the stored bytes, so what the walk sees (and every number
 //! of the report) does not depend on the number of threads; only when it is decoded changes.
@@ -18,7 +19,7 @@ use ttrace_format::reader::{RecordView, Segment};
 use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
-use crate::trace::{gemm, is_float, to_f32_into, RunTrace};
+use crate::trace::{gemm, is_float, to_f32_into, Decoding, RunTrace};
 
 /// A stored tensor: (rank, step, seq, index in its record).
 pub type TensorAt = (u32, u64, u64, usize);
@@ -63,10 +64,11 @@ pub struct Walked<'a> {
     pub pert: Option<&'a RunTrace>,
 }
 
-/// The bytes of decoded tensors one window may hold under a `--memory` budget: an eighth
+/// The bytes of decoded tensors one window may hold under a `--memory` budget: a
+/// sixteenth, for two windows (the one compared and the next, decoded meanwhile) in an eighth
 /// (the rest is for open segments, the op being compared and what the comparison keeps).
 pub fn window_budget(memory: u64) -> u64 {
-    memory / 8
+    memory / 16
 }
 
 impl Walked<'_> {
@@ -80,10 +82,21 @@ impl Walked<'_> {
         }
     }
 
-    /// Decodes, in parallel, the tensors of the reference ops `ops` (each with its run shards
-    /// `(rank, seq)`) from the first on, as many ops as `budget` bytes of `f32` hold (at least
-    /// one); returns how many ops that covered.
-    pub fn prefetch(&self, ops: &[(RefOp, &[(u32, u64)])], budget: u64) -> usize {
+    /// Makes what `ahead` decoded the values the walk takes (waiting for it); returns how
+    /// many ops it covered.
+    pub fn install(&self, ahead: Ahead) -> usize {
+        self.reff.install(ahead.reff);
+        self.run.install(ahead.run);
+        if let (Some(p), Some(d)) = (self.pert, ahead.pert) {
+            p.install(d);
+        }
+        ahead.covered
+    }
+
+    /// Starts decoding, on the thread pool, the tensors of the reference ops `ops` (each with
+    /// its run shards `(rank, seq)`) from the first on, as many ops as `budget` bytes of `f32`
+    /// hold (at least one), while the walk compares the ops before them.
+    pub fn start(&self, ops: &[(RefOp, &[(u32, u64)])], budget: u64) -> Ahead {
         let (mut reff, mut run, mut pert) = (Vec::new(), Vec::new(), Vec::new());
         let mut bytes = 0u64;
         let mut covered = 0;
@@ -130,13 +143,22 @@ impl Walked<'_> {
                 }
             }
         }
-        self.reff.prefetch(&reff);
-        self.run.prefetch(&run);
-        if let Some(p) = self.pert {
-            p.prefetch(&pert);
+        Ahead {
+            covered: covered.max(1),
+            reff: self.reff.decode_ahead(&reff),
+            run: self.run.decode_ahead(&run),
+            pert: self.pert.map(|p| p.decode_ahead(&pert)),
         }
-        covered.max(1)
     }
+}
+
+/// The tensors of a window of ops, being decoded ([`Walked::start`]).
+pub struct Ahead {
+    /// How many ops the window covers.
+    covered: usize,
+    reff: Decoding,
+    run: Decoding,
+    pert: Option<Decoding>,
 }
 
 /// The wanted tensors grouped by segment, then by record (each record's frame is read and
@@ -161,57 +183,54 @@ type Checked = (u32, u64, DType);
 enum Decoded {
     /// Its values, and what identifies its bytes.
     Values(TensorAt, Vec<f32>, Checked),
-    /// A deduplicated tensor (its blob refers to an earlier one) whose referenced tensor is
-    /// wanted too: its values are that tensor's when their bytes are the same.
+    /// A tensor whose bytes are another wanted tensor's (a deduplicated tensor's referenced
+    /// one, or one stored alike): its values are that tensor's when their bytes check alike.
     Alias(TensorAt, TensorAt, Checked),
 }
 
 /// Decodes the wanted tensors of open segments in parallel, each record on one thread with
 /// buffers reused per thread: `(tensor, f32 values)` of every tensor that decoded cleanly.
 ///
-/// A deduplicated tensor whose referenced tensor is also wanted is not decoded twice: it takes
+/// Bytes are decoded once: a deduplicated tensor whose referenced tensor is also wanted takes
 /// that tensor's values when both records give the same CRC-32, length and type (the check
 /// the reader makes of a resolved reference: its bytes against the referring record's
-/// CRC-32). Otherwise, or when the referenced tensor did not decode, it is left out and the
-/// walk reads it on its own.
+/// CRC-32); a tensor whose stored bytes equal those of one decoded before it (data-parallel
+/// replicas of a weight, an activation every tensor-parallel rank reads: same codec, length,
+/// type, CRC-32 and stored bytes, [`RecordView::same_stored`]) takes its values. Otherwise,
+/// or when the tensor it takes its values from did not decode, it is left out and the walk
+/// reads it on its own.
 pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
         .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
         .collect();
-    let wanted: HashSet<TensorAt> = jobs
-        .iter()
-        .flat_map(|&((rank, step), _, (seq, indices))| {
-            indices.iter().map(move |&i| (rank, step, *seq, i))
-        })
-        .collect();
-    let decoded: Vec<Decoded> = jobs
+    // Every record read (its frame checked) in parallel, then what to decode planned in
+    // order: the same plan whatever the number of threads.
+    let views: Vec<Option<RecordView>> = jobs
         .par_iter()
+        .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
+        .collect();
+    let (plan, mut decoded) = plan_decoding(&jobs, &views);
+    let values: Vec<Decoded> = jobs
+        .par_iter()
+        .zip(&views)
+        .zip(&plan)
         .map_init(
             || (Vec::new(), Vec::new()),
-            |(scratch, raw), &((rank, step), seg, (seq, indices))| {
+            |(scratch, raw), ((&((rank, step), _, (seq, _)), view), mine)| {
                 let mut out = Vec::new();
-                let Some(Ok(view)) = seg.read_seq(*seq) else {
+                let Some(view) = view else {
                     return out;
                 };
-                for &i in indices {
-                    let Some(t) = view.record.tensors.get(i) else {
-                        continue;
-                    };
-                    let at = (rank, step, *seq, i);
-                    let checked = (t.crc32, t.nbytes, t.dtype);
-                    if let Some(target) = referenced(&view, i, rank, step) {
-                        if target != at && wanted.contains(&target) {
-                            out.push(Decoded::Alias(at, target, checked));
-                            continue;
-                        }
-                    }
+                for &i in mine {
+                    let t = &view.record.tensors[i];
                     if view.tensor_bytes_into(i, scratch, raw).is_err() {
                         continue;
                     }
                     let mut values = Vec::new();
                     if to_f32_into(t.dtype, raw, &mut values).is_ok() {
-                        out.push(Decoded::Values(at, values, checked));
+                        let at = (rank, step, *seq, i);
+                        out.push(Decoded::Values(at, values, (t.crc32, t.nbytes, t.dtype)));
                     }
                 }
                 out
@@ -219,7 +238,65 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
         )
         .flatten()
         .collect();
+    let aliases = decoded.len();
+    decoded.extend(values);
+    tracing::debug!(
+        tensors = decoded.len(),
+        aliases,
+        "decoded ahead (aliases: values taken from identical bytes)"
+    );
     resolve_aliases(decoded)
+}
+
+/// Which tensors of each record `decode` decodes (indices), and the aliases of the others:
+/// deduplicated tensors whose referenced tensor is wanted, and tensors whose stored bytes
+/// equal those of one decoded before them.
+fn plan_decoding(
+    jobs: &[((u32, u64), &Segment, &RecordWants)],
+    views: &[Option<RecordView>],
+) -> (Vec<Vec<usize>>, Vec<Decoded>) {
+    let wanted: HashSet<TensorAt> = jobs
+        .iter()
+        .flat_map(|&((rank, step), _, (seq, indices))| {
+            indices.iter().map(move |&i| (rank, step, *seq, i))
+        })
+        .collect();
+    let mut plan: Vec<Vec<usize>> = Vec::with_capacity(jobs.len());
+    let mut aliases = Vec::new();
+    // Tensors to decode by what identifies their bytes: (job, index) of each.
+    let mut decoding: HashMap<Checked, Vec<(usize, usize)>> = HashMap::new();
+    for (k, (&((rank, step), _, (seq, indices)), view)) in jobs.iter().zip(views).enumerate() {
+        let mut mine = Vec::new();
+        if let Some(view) = view {
+            for &i in indices {
+                let Some(t) = view.record.tensors.get(i) else {
+                    continue;
+                };
+                let at = (rank, step, *seq, i);
+                let checked = (t.crc32, t.nbytes, t.dtype);
+                if let Some(target) = referenced(view, i, rank, step) {
+                    if target != at && wanted.contains(&target) {
+                        aliases.push(Decoded::Alias(at, target, checked));
+                        continue;
+                    }
+                }
+                let same = decoding.get(&checked).and_then(|cands| {
+                    cands.iter().find(|&&(j, c)| {
+                        views[j].as_ref().is_some_and(|v| v.same_stored(c, view, i))
+                    })
+                });
+                if let Some(&(j, c)) = same {
+                    let ((r, s), _, (q, _)) = jobs[j];
+                    aliases.push(Decoded::Alias(at, (r, s, *q, c), checked));
+                    continue;
+                }
+                decoding.entry(checked).or_default().push((k, i));
+                mine.push(i);
+            }
+        }
+        plan.push(mine);
+    }
+    (plan, aliases)
 }
 
 /// The tensor that tensor `i` of `view` (in segment `rank`, `step`) refers to, when its blob
@@ -283,6 +360,79 @@ mod tests {
                 ((0, 0, 5, 0), vec![1.0, 2.0, 3.0, 4.0]),
             ]
         );
+    }
+
+    #[test]
+    fn bytes_stored_alike_are_decoded_once_and_give_the_same_values() {
+        use crate::trace::to_f32;
+        use ttrace_format::store::{segment_path, Blob, SegmentWriter};
+        let dir = std::env::temp_dir().join(format!("ttrace-alike-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let bf16 = |salt: u16| -> Vec<u8> {
+            (0..4096u16)
+                .flat_map(|i| half::bf16::from_f32(f32::from(i ^ salt) / 7.0).to_le_bytes())
+                .collect()
+        };
+        let (w, other) = (bf16(0), bf16(5));
+        // Rank 0 holds w twice and another tensor, rank 1 holds w (a data-parallel replica).
+        for (rank, tensors) in [(0u32, vec![&w, &w, &other]), (1, vec![&w])] {
+            let mut seg = SegmentWriter::create(&dir, rank, 0).expect("create");
+            for (seq, data) in tensors.into_iter().enumerate() {
+                let mut rec = Record::d2h_copy(rank, 0, seq as u64, data);
+                rec.tensors[0].dtype = DType::BF16;
+                rec.tensors[0].shape = vec![data.len() as u64 / 2];
+                let blob = Blob::encode(data, 2, 3, &mut Vec::new()).expect("encode");
+                seg.append(&rec, &[blob]).expect("append");
+            }
+            seg.finish().expect("finish");
+        }
+        let open = |rank| Segment::open(&segment_path(&dir, rank, 0)).expect("open");
+        let (s0, s1) = (open(0), open(1));
+        let w0: Vec<RecordWants> = vec![(0, vec![0]), (1, vec![0]), (2, vec![0])];
+        let w1: Vec<RecordWants> = vec![(0, vec![0])];
+        let segments: Vec<SegmentWants> = vec![((0, 0), &s0, &w0), ((1, 0), &s1, &w1)];
+
+        let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
+            .iter()
+            .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
+            .collect();
+        let views: Vec<Option<RecordView>> = jobs
+            .iter()
+            .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
+            .collect();
+        let (plan, aliases) = plan_decoding(&jobs, &views);
+        assert_eq!(
+            plan,
+            vec![vec![0], vec![], vec![0], vec![]],
+            "w decoded once"
+        );
+        let targets: Vec<(TensorAt, TensorAt)> = aliases
+            .iter()
+            .filter_map(|a| match a {
+                Decoded::Alias(at, target, _) => Some((*at, *target)),
+                Decoded::Values(..) => None,
+            })
+            .collect();
+        assert_eq!(
+            targets,
+            vec![((0, 0, 1, 0), (0, 0, 0, 0)), ((1, 0, 0, 0), (0, 0, 0, 0))]
+        );
+
+        let mut got = decode(&segments);
+        got.sort_by_key(|g| g.0);
+        let want_w = to_f32(DType::BF16, &w).expect("widens");
+        let want_other = to_f32(DType::BF16, &other).expect("widens");
+        let at: Vec<TensorAt> = got.iter().map(|g| g.0).collect();
+        assert_eq!(
+            at,
+            vec![(0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 2, 0), (1, 0, 0, 0)]
+        );
+        for (at, values) in &got {
+            let want = if at.2 == 2 { &want_other } else { &want_w };
+            assert!(values == want, "{at:?}: the values of its own bytes");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

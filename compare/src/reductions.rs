@@ -11,6 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rayon::prelude::*;
+
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{CollectiveKind, MemsetOp, Op, Record, Role, Tensor};
 
@@ -22,9 +24,10 @@ use crate::gradscale::{self, updates::Updates, Evidence};
 use crate::layout::LayoutSummary;
 use crate::numerics::{self, Placement, ShardError};
 use crate::placement::{unplaced, Shard};
+use crate::prefetch::TensorAt;
 use crate::prepare::Prepared;
 use crate::tolerance;
-use crate::trace::{collective, gemm, RunTrace, Values};
+use crate::trace::{collective, gemm, Decoding, RunTrace, Values};
 use crate::CompareError;
 
 /// What a reduction over a group must produce, relative to the reference.
@@ -67,7 +70,7 @@ pub(crate) fn piece_error(
     match must {
         MustProduce::ReferenceAtInputScale => PieceError::At(err_at(input_scale)),
         MustProduce::ScaledGradient => {
-            PieceError::ByScale(dp_scales.iter().map(|&s| (s, err_at(s))).collect())
+            PieceError::ByScale(dp_scales.par_iter().map(|&s| (s, err_at(s))).collect())
         }
     }
 }
@@ -309,6 +312,81 @@ impl Reductions<'_> {
         Ok(true)
     }
 
+    /// Starts decoding, on the thread pool, what [`Reductions::reduction`] reads of `rank`'s
+    /// reductions in `step` (`recs`): their outputs and the reference GEMM outputs they
+    /// reduce (those not read nor `asked` for yet in the step), in record order up to
+    /// `budget` bytes of f32. The same values as read one by one: only when they are decoded
+    /// changes.
+    pub(crate) fn start(
+        &self,
+        (rank, step, recs): (u32, u64, &[Record]),
+        budget: u64,
+        asked: &mut BTreeSet<RefOp>,
+    ) -> (Decoding, Decoding) {
+        let ctx = self.ctx;
+        let (mut run_wants, mut ref_wants) = (Vec::new(), Vec::new());
+        let mut bytes = 0u64;
+        let refs = asked;
+        let mut want = |w: &mut Vec<TensorAt>, rec: &Record, role: Role| -> bool {
+            let Some((i, t)) = rec
+                .tensors
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.role == role && t.captured)
+            else {
+                return true;
+            };
+            bytes += t.elements() * 4;
+            if bytes > budget {
+                return false;
+            }
+            w.push((rec.rank, rec.step, rec.seq, i));
+            true
+        };
+        'recs: for (i, r) in recs.iter().enumerate() {
+            let Some(c) = collective(r).filter(|c| {
+                matches!(
+                    c.kind,
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+                )
+            }) else {
+                continue;
+            };
+            let Some(out_t) = r.tensors.iter().find(|t| t.role == Role::Output) else {
+                continue;
+            };
+            let members = ctx.run.comm_members(c.comm).unwrap_or_default();
+            if must_produce(ctx.layout, &members).is_none() {
+                continue;
+            }
+            let (base, len) = reduction_input_range(c, out_t);
+            let writers = last_writers(recs, i, base, len, out_t.dtype);
+            if writers.is_empty() {
+                continue;
+            }
+            if !want(&mut run_wants, r, Role::Output) {
+                break;
+            }
+            for (j, _, _) in writers {
+                let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, recs[j].seq)) else {
+                    continue;
+                };
+                if self.ref_cache.contains_key(&ref_op) || !refs.insert(ref_op) {
+                    continue;
+                }
+                if let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) {
+                    if !want(&mut ref_wants, rr, Role::D) {
+                        break 'recs;
+                    }
+                }
+            }
+        }
+        (
+            ctx.run.decode_ahead(&run_wants),
+            ctx.reff.decode_ahead(&ref_wants),
+        )
+    }
+
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
     pub(crate) fn reduction(
         &mut self,
@@ -401,11 +479,13 @@ impl Reductions<'_> {
 
 /// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce;
 /// returns the scale data-parallel reductions were held to (`None`: none was seen).
+/// `memory` is the `--memory` budget (reads are decoded ahead within its window share).
 pub(crate) fn collectives(
     ctx: &Ctx,
     d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Vec<Pending>,
+    memory: u64,
 ) -> Result<Option<gradscale::Decision>, CompareError> {
     let dp = ctx.layout.dp;
     let mut dp_scales: Vec<f64> = gradscale::legal(dp).to_vec();
@@ -423,9 +503,23 @@ pub(crate) fn collectives(
     };
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
+    let window = crate::prefetch::window_budget(memory);
+    let ranks = ctx.run.ranks();
     for &step in ctx.steps {
-        for rank in ctx.run.ranks() {
+        // What a rank reads is decoded while the rank before it is compared.
+        let mut asked: BTreeSet<RefOp> = BTreeSet::new();
+        let mut next: Option<(Decoding, Decoding)> = None;
+        for (k, &rank) in ranks.iter().enumerate() {
             let recs = ctx.run.records(rank, step);
+            let (run_ahead, ref_ahead) = next
+                .take()
+                .unwrap_or_else(|| red.start((rank, step, recs), window, &mut asked));
+            ctx.run.install(run_ahead);
+            ctx.reff.install(ref_ahead);
+            if let Some(&after) = ranks.get(k + 1) {
+                let at = (after, step, ctx.run.records(after, step));
+                next = Some(red.start(at, window, &mut asked));
+            }
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
                 let Some(c) = collective(r) else { continue };
@@ -457,12 +551,16 @@ pub(crate) fn collectives(
         red.ref_cache.clear();
     }
     if red.deferred.is_empty() && red.evidence.is_empty() {
+        ctx.run.prefetch(&[]);
+        ctx.reff.prefetch(&[]);
         return Ok(None);
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
         reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
     }
+    ctx.run.prefetch(&[]);
+    ctx.reff.prefetch(&[]);
     Ok(Some(decision))
 }
 

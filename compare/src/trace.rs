@@ -4,7 +4,9 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
 
+use rayon::prelude::*;
 use ttrace_format::dtype::DType;
 use ttrace_format::reader::{Segment, Store};
 use ttrace_format::record::{Op, Record, Role};
@@ -37,7 +39,8 @@ pub struct RunTrace {
     /// Communicators of more than one rank each (rank, step) calls collectives on, in order
     /// of first use.
     comms_used: BTreeMap<(u32, u64), Vec<u64>>,
-    segments: RefCell<OpenCache<Segment>>,
+    /// Open segments; shared with the decoding ahead that reads them on the thread pool.
+    segments: RefCell<OpenCache<Arc<Segment>>>,
     /// Tensors decoded ahead of the walk ([`crate::prefetch`]), taken when read.
     prefetched: RefCell<HashMap<TensorAt, Vec<f32>>>,
     bytes_read: Cell<u64>,
@@ -49,27 +52,22 @@ impl RunTrace {
     /// Opens the store at `path` and reads every record's metadata.
     pub fn open(path: &Path) -> Result<RunTrace, CompareError> {
         let (store, manifest) = crate::model::store::open(path)?;
+        let keys: Vec<(u32, u64)> = store
+            .ranks()
+            .into_iter()
+            .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
+            .collect();
+        // Segments are read on every core, then joined in their order.
+        let read: Vec<(Option<Vec<Record>>, Vec<String>)> = keys
+            .par_iter()
+            .map(|&(rank, step)| read_records(&store, path, rank, step))
+            .collect();
         let mut ops = BTreeMap::new();
         let mut unreadable = Vec::new();
-        for rank in store.ranks() {
-            for step in store.steps(rank) {
-                let seg = match store.open_segment(rank, step) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        unreadable
-                            .push(format!("{}: rank {rank} step {step}: {e}", path.display()));
-                        continue;
-                    }
-                };
-                let mut recs = Vec::with_capacity(seg.len());
-                for i in 0..seg.len() {
-                    match seg.read_meta(i) {
-                        Ok(v) => recs.push(v.record),
-                        Err(issue) => unreadable.push(issue.to_string()),
-                    }
-                }
-                recs.sort_by_key(|r| r.seq);
-                ops.insert((rank, step), recs);
+        for (key, (recs, issues)) in keys.into_iter().zip(read) {
+            unreadable.extend(issues);
+            if let Some(recs) = recs {
+                ops.insert(key, recs);
             }
         }
         let comms_used = ops
@@ -181,43 +179,75 @@ impl RunTrace {
     }
 
     /// Decodes `wants` in parallel ([`crate::prefetch::decode`]) for [`RunTrace::values`] to
-    /// take, dropping what an earlier call left untaken. Their segments are opened within the
-    /// mapping budget: when the next would pass it, the ones open so far are decoded first.
+    /// take, dropping what an earlier call left untaken ([`RunTrace::decode_ahead`], then
+    /// [`RunTrace::install`]).
     pub fn prefetch(&self, wants: &[TensorAt]) {
-        let mut cache = self.prefetched.borrow_mut();
-        cache.clear();
-        let groups = crate::prefetch::by_segment(wants);
+        self.install(self.decode_ahead(wants));
+    }
+
+    /// Starts decoding `wants` on the thread pool while the caller goes on: their segments
+    /// are opened here (within the mapping budget; a segment closed meanwhile stays mapped
+    /// until its tensors are decoded), the values are taken by [`RunTrace::install`].
+    pub fn decode_ahead(&self, wants: &[TensorAt]) -> Decoding {
+        let (tx, rx) = mpsc::channel();
+        if wants.is_empty() {
+            return Decoding { rx };
+        }
         let mut segs = self.segments.borrow_mut();
-        let mut batch: Vec<(u32, u64)> = Vec::new();
-        let mut batch_bytes = 0u64;
-        let keys: Vec<(u32, u64)> = groups.keys().copied().collect();
-        for (n, &key) in keys.iter().enumerate() {
+        let mut jobs: Vec<SegmentJob> = Vec::new();
+        for (key, recs) in crate::prefetch::by_segment(wants) {
             let size = self
                 .store
                 .segment_info(key.0, key.1)
                 .map_or(0, |info| info.bytes);
-            if !batch.is_empty() && batch_bytes.saturating_add(size) > segs.budget {
-                decode_batch(&segs, &batch, &groups, &mut cache);
-                batch.clear();
-                batch_bytes = 0;
-            }
-            let opened = segs.get_or_open(key, size, || {
-                self.store
-                    .open_segment(key.0, key.1)
-                    .map_err(|e| CompareError::Store {
-                        path: self.path.display().to_string(),
-                        source: e,
-                    })
-            });
+            let opened = segs.get_or_open(key, size, || self.open_segment(key.0, key.1));
             // A segment that does not open is read (and its error reported) by the walk.
-            if opened.is_ok() {
-                batch.push(key);
-                batch_bytes += size;
-            }
-            if n + 1 == keys.len() {
-                decode_batch(&segs, &batch, &groups, &mut cache);
+            if let Ok(seg) = opened {
+                jobs.push((key, Arc::clone(seg), recs));
             }
         }
+        let job = move || {
+            let open: Vec<crate::prefetch::SegmentWants> = jobs
+                .iter()
+                .map(|(key, seg, recs)| (*key, &**seg, recs.as_slice()))
+                .collect();
+            // A decoding that panics leaves its tensors to the walk (which reports them).
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::prefetch::decode(&open)
+            }));
+            if let Ok(values) = decoded {
+                let _ = tx.send(values);
+            }
+        };
+        if rayon::current_thread_index().is_some() {
+            // Called from a thread of the pool (a caller's own parallel loop): waiting there
+            // for a spawned job could wait for itself, so it decodes now.
+            job();
+        } else {
+            rayon::spawn(job);
+        }
+        Decoding { rx }
+    }
+
+    /// Waits for `decoding` and makes its values what [`RunTrace::values`] takes, dropping
+    /// what the last one left untaken.
+    pub fn install(&self, decoding: Decoding) {
+        let mut cache = self.prefetched.borrow_mut();
+        cache.clear();
+        if let Ok(values) = decoding.rx.recv() {
+            cache.extend(values);
+        }
+    }
+
+    /// Opens the segment of `rank` and `step`.
+    fn open_segment(&self, rank: u32, step: u64) -> Result<Arc<Segment>, CompareError> {
+        self.store
+            .open_segment(rank, step)
+            .map(Arc::new)
+            .map_err(|e| CompareError::Store {
+                path: self.path.display().to_string(),
+                source: e,
+            })
     }
 
     /// The bytes of tensor `index` of the record `(rank, step, seq)`; `None` when it was not
@@ -234,14 +264,7 @@ impl RunTrace {
             .store
             .segment_info(rank, step)
             .map_or(0, |info| info.bytes);
-        let seg = segs.get_or_open((rank, step), size, || {
-            self.store
-                .open_segment(rank, step)
-                .map_err(|e| CompareError::Store {
-                    path: self.path.display().to_string(),
-                    source: e,
-                })
-        })?;
+        let seg = segs.get_or_open((rank, step), size, || self.open_segment(rank, step))?;
         let view = match seg.read_seq(seq) {
             Some(Ok(v)) => v,
             Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),
@@ -358,6 +381,43 @@ impl RunTrace {
     }
 }
 
+/// Every record's metadata of the segment of `rank` and `step`, in seq order, and what could
+/// not be read (`None` and one line: the segment does not open).
+fn read_records(
+    store: &Store,
+    path: &Path,
+    rank: u32,
+    step: u64,
+) -> (Option<Vec<Record>>, Vec<String>) {
+    let seg = match store.open_segment(rank, step) {
+        Ok(s) => s,
+        Err(e) => {
+            return (
+                None,
+                vec![format!("{}: rank {rank} step {step}: {e}", path.display())],
+            )
+        }
+    };
+    let mut recs = Vec::with_capacity(seg.len());
+    let mut unreadable = Vec::new();
+    for i in 0..seg.len() {
+        match seg.read_meta(i) {
+            Ok(v) => recs.push(v.record),
+            Err(issue) => unreadable.push(issue.to_string()),
+        }
+    }
+    recs.sort_by_key(|r| r.seq);
+    (Some(recs), unreadable)
+}
+
+/// An open segment and the tensors of its records to decode ahead.
+type SegmentJob = ((u32, u64), Arc<Segment>, Vec<crate::prefetch::RecordWants>);
+
+/// Tensors being decoded on the thread pool ([`RunTrace::decode_ahead`]).
+pub struct Decoding {
+    rx: mpsc::Receiver<Vec<(TensorAt, Vec<f32>)>>,
+}
+
 /// Open segments (by rank and step), closed least recently read first once their bytes pass
 /// a budget.
 struct OpenCache<T> {
@@ -424,20 +484,6 @@ impl<T> OpenCache<T> {
             ))),
         }
     }
-}
-
-/// Decodes the wanted tensors of the open segments `batch` into `cache`.
-fn decode_batch(
-    segs: &OpenCache<Segment>,
-    batch: &[(u32, u64)],
-    groups: &crate::prefetch::Wants,
-    cache: &mut HashMap<TensorAt, Vec<f32>>,
-) {
-    let open: Vec<crate::prefetch::SegmentWants> = batch
-        .iter()
-        .filter_map(|k| Some((*k, &segs.open.get(k)?.0, groups.get(k)?.as_slice())))
-        .collect();
-    cache.extend(crate::prefetch::decode(&open));
 }
 
 /// Floating-point dtypes (the ones compared numerically).

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -496,6 +497,16 @@ pub struct Segment {
     index: IndexState,
     /// End of the last intact frame (where a torn tail starts).
     good_end: u64,
+    /// Each frame's record and blobs once its body was checked against its CRC and parsed:
+    /// a record is parsed (and its body checksummed) once, however many of its tensors are
+    /// read, and references to it resolved.
+    parsed: Vec<OnceLock<Parsed>>,
+}
+
+/// A frame body checked against its CRC and parsed.
+struct Parsed {
+    record: Record,
+    blobs: Vec<BlobRef>,
 }
 
 impl fmt::Debug for Segment {
@@ -645,6 +656,7 @@ impl Segment {
             issues: Vec::new(),
             index: IndexState::Used,
             good_end: SEGMENT_HEADER_BYTES,
+            parsed: Vec::new(),
         };
         if let Some((r, s)) = named {
             if (r, s) != (rank, step) {
@@ -662,6 +674,7 @@ impl Segment {
         }
         seg.locate();
         seg.check_records_belong();
+        seg.parsed = seg.frames.iter().map(|_| OnceLock::new()).collect();
         Ok(seg)
     }
 
@@ -1075,6 +1088,10 @@ impl Segment {
             })
         })?;
         let body = self.body(&loc);
+        if let Some(p) = self.parsed.get(i).and_then(OnceLock::get) {
+            let (record, blobs) = (p.record.clone(), p.blobs.clone());
+            return Ok(self.view(loc.offset, loc.frame_len, record, body, blobs));
+        }
         if !verify && !loc.verified {
             // A metadata-only read still checks the body when its blob headers disagree with
             // the record (a damaged length would otherwise be reported as data).
@@ -1097,6 +1114,15 @@ impl Segment {
         let (record, blobs) = parse_body(loc.offset, body).map_err(|e| {
             self.frame_issue(IssueKind::CorruptRecord, &loc, format!("undecodable: {e}"))
         })?;
+        if verify || loc.verified {
+            if let Some(slot) = self.parsed.get(i) {
+                // Another thread may have parsed it meanwhile: the same bytes, the same result.
+                let _ = slot.set(Parsed {
+                    record: record.clone(),
+                    blobs: blobs.clone(),
+                });
+            }
+        }
         // The record's own seq (under its CRC) wins over the index's (which no CRC covers):
         // `ttrace fsck` reports and rewrites such an index.
         Ok(self.view(loc.offset, loc.frame_len, record, body, blobs))
@@ -1374,6 +1400,22 @@ impl RecordView<'_> {
     pub fn tensor(&self, tensor: usize) -> Result<TensorData, FormatError> {
         let bytes = self.tensor_bytes(tensor)?;
         TensorData::from_le_bytes(self.record.tensors[tensor].dtype, &bytes)
+    }
+
+    /// Whether tensor `i` of this record and tensor `j` of `other` decode to the same bytes
+    /// and pass the same check, known without decoding either: both stored in their frames
+    /// (not streamed, not references) with the same codec, element size and length and
+    /// equal stored bytes (decoding is a function of these), their records giving the same
+    /// CRC-32, length and element type.
+    pub fn same_stored(&self, i: usize, other: &RecordView<'_>, j: usize) -> bool {
+        let (Ok(a), Ok(b)) = (self.blob(i), other.blob(j)) else {
+            return false;
+        };
+        let (ta, tb) = (&self.record.tensors[i], &other.record.tensors[j]);
+        !matches!(a.codec, codec::Codec::Streamed | codec::Codec::Reference)
+            && (a.codec, a.elem_size, a.raw_len) == (b.codec, b.elem_size, b.raw_len)
+            && (ta.crc32, ta.nbytes, ta.dtype) == (tb.crc32, tb.nbytes, tb.dtype)
+            && self.body[a.start..a.end] == other.body[b.start..b.end]
     }
 
     /// The stored (compressed) bytes and codec of tensor `i`, as on disk.

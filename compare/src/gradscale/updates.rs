@@ -14,7 +14,9 @@
 //! the program, and this bounds the cost on long runs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
+use rayon::prelude::*;
 use ttrace_format::record::{Record, Role};
 
 use super::{median_magnitude, proportion, proportion_split, Proportion, Update};
@@ -55,12 +57,21 @@ pub struct Updates<'a> {
     weights: BTreeMap<RefOp, Option<RefWeight>>,
     /// Reference operands' changes from step t to t+1, by their checksums in both steps
     /// (each read once per step, not once per gradient searched), up to [`DELTA_CACHE`].
-    deltas: BTreeMap<(u64, u32, u32), Option<Vec<f32>>>,
+    deltas: BTreeMap<(u64, u32, u32), Option<Delta>>,
     delta_bytes: usize,
 }
 
 /// The most bytes of reference operand changes kept while weights are searched.
 const DELTA_CACHE: usize = 64 << 20;
+
+/// The most bytes of candidate weight changes fitted at once, on every core.
+const FIT_BATCH: usize = DELTA_CACHE / 4;
+
+/// A reference operand's change from step t to t+1, shared by the candidates fitted.
+type Delta = Arc<Vec<f32>>;
+
+/// A candidate weight of a gradient: its operand in step t and t+1, and its change.
+type Candidate = (RefOp, RefOp, Role, Delta);
 
 impl<'a> Updates<'a> {
     /// Over the compared `steps` of `run` and its reference.
@@ -167,6 +178,10 @@ impl<'a> Updates<'a> {
         let Some(median) = median_magnitude(&g.data) else {
             return Ok(None);
         };
+        // Candidates are read in order, fitted a batch at a time on every core, and the best
+        // chosen in their order: the same choice whatever the number of threads.
+        let mut batch: Vec<Candidate> = Vec::new();
+        let mut batch_bytes = 0usize;
         for r1 in self.reff.records(self.ref_rank, next) {
             let Some(sig) = signature(r1) else { continue };
             let n = n_of.entry(sig.clone()).or_default();
@@ -195,7 +210,7 @@ impl<'a> Updates<'a> {
                 }
                 let key = (t, c0, c1);
                 if !self.deltas.contains_key(&key) {
-                    let dw = delta(self.reff, (r0, r1), role, g.data.len())?;
+                    let dw = delta(self.reff, (r0, r1), role, g.data.len())?.map(Arc::new);
                     let bytes = dw.as_ref().map_or(0, |d| d.len() * 4);
                     if self.delta_bytes + bytes > DELTA_CACHE {
                         self.deltas.clear();
@@ -207,23 +222,39 @@ impl<'a> Updates<'a> {
                 let Some(Some(dw)) = self.deltas.get(&key) else {
                     continue;
                 };
-                let Some(fit) = proportion_split(dw, &g.data, median) else {
-                    continue;
-                };
-                let better = best
-                    .as_ref()
-                    .is_none_or(|b| fit.cosine.abs() > b.fit.cosine.abs());
-                if fit.cosine.abs() >= 0.5 && better {
-                    best = Some(RefWeight {
-                        at: (t, seq0),
-                        next: (next, r1.seq),
-                        role,
-                        fit,
-                    });
+                batch_bytes += dw.len() * 4;
+                batch.push(((t, seq0), (next, r1.seq), role, Arc::clone(dw)));
+                if batch_bytes >= FIT_BATCH {
+                    fit_batch(&mut best, std::mem::take(&mut batch), &g.data, median);
+                    batch_bytes = 0;
                 }
             }
         }
+        fit_batch(&mut best, batch, &g.data, median);
         Ok(best)
+    }
+}
+
+/// Fits the candidates of `batch` in parallel and keeps, in their order, the first that
+/// follows the gradient `g` best (cosine at least 0.5) in `best`.
+fn fit_batch(best: &mut Option<RefWeight>, batch: Vec<Candidate>, g: &[f32], median: f32) {
+    let fits: Vec<Option<Proportion>> = batch
+        .par_iter()
+        .map(|c| proportion_split(&c.3, g, median))
+        .collect();
+    for ((at, next, role, _), fit) in batch.into_iter().zip(fits) {
+        let Some(fit) = fit else { continue };
+        let better = best
+            .as_ref()
+            .is_none_or(|b| fit.cosine.abs() > b.fit.cosine.abs());
+        if fit.cosine.abs() >= 0.5 && better {
+            *best = Some(RefWeight {
+                at,
+                next,
+                role,
+                fit,
+            });
+        }
     }
 }
 

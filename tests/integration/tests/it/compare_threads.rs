@@ -3,7 +3,8 @@
 //! it. One thread, the default pool, an odd pool of three, and a memory budget so small that
 //! tensors are decoded a few ops at a time and segments are closed as the walk goes, all
 //! give the same JSON report (every number, the verdict, the first divergence), the same
-//! text and the same exit status.
+//! text and the same exit status; so does the library called from a thread of a caller's
+//! own one-thread pool.
 //!
 //! The run is tp=2 dp=2 in BF16 with a row-parallel reduction left out (a divergence in step
 //! 0), over 3 steps with a perturbed reference: placements, partial sums, data-parallel
@@ -108,4 +109,25 @@ fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
         // Equal as JSON values: every number to the last bit (they print exactly).
         assert!(report(&json) == want, "{what}: the JSON report differs");
     }
+
+    // Called from a thread of a caller's own one-thread pool, compare decodes ahead in place
+    // (a job spawned on that pool would wait for the caller): the same report.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a pool");
+    let opts = ttrace_compare::CompareOptions {
+        perturbed: Some(root.join("ref-perturbed")),
+        ..Default::default()
+    };
+    let lib = pool
+        .install(|| {
+            ttrace_compare::compare(&root.join("ref"), &root.join("run"), &opts, &mut |_, _| {})
+        })
+        .expect("compares");
+    let mut got = serde_json::to_value(&lib).expect("serializes");
+    if let Some(stats) = got.get_mut("stats").and_then(Value::as_object_mut) {
+        stats.remove("elapsed_s");
+    }
+    assert!(got == want, "inside a one-thread pool: the report differs");
 }

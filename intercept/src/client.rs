@@ -4,7 +4,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ttrace_format::wire::{self, ClientMsg, DaemonMsg, Hello};
 
@@ -14,7 +14,16 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connected, welcomed client.
 pub struct Client {
     stream: UnixStream,
+    /// Frames sent but not written yet ([`Client::flush`]): one system call for many records.
+    out: Vec<u8>,
+    /// When the oldest frame in `out` was sent.
+    since: Option<Instant>,
 }
+
+/// Buffered frames are written once they reach this many bytes...
+const BATCH_BYTES: usize = 64 << 10;
+/// ... or the oldest of them is this old, at the next send.
+const BATCH_AGE: Duration = Duration::from_millis(2);
 
 /// What the daemon said when it took the process.
 #[derive(Debug, Clone)]
@@ -97,7 +106,11 @@ impl Client {
                 store,
                 first,
             }) => Ok((
-                Client { stream },
+                Client {
+                    stream,
+                    out: Vec::new(),
+                    since: None,
+                },
                 Welcome {
                     run_id,
                     store,
@@ -113,10 +126,34 @@ impl Client {
         }
     }
 
-    /// Writes one message.
+    /// Sends one message: queued behind the ones not written yet, and written with them when
+    /// they fill a batch or the oldest has waited long enough (else at [`Client::flush`]).
     pub fn send(&mut self, msg: &ClientMsg) -> Result<(), String> {
         let frame = wire::encode(msg).map_err(|e| e.to_string())?;
-        send_all(&self.stream, &frame).map_err(|e| e.to_string())
+        if self.out.is_empty() {
+            if frame.len() >= BATCH_BYTES {
+                return send_all(&self.stream, &frame).map_err(|e| e.to_string());
+            }
+            self.since = Some(Instant::now());
+        }
+        self.out.extend_from_slice(&frame);
+        if self.out.len() >= BATCH_BYTES || self.since.is_some_and(|t| t.elapsed() >= BATCH_AGE) {
+            return self.flush();
+        }
+        Ok(())
+    }
+
+    /// Writes the frames [`Client::send`] buffered. The tracer flushes before it waits for
+    /// anything (an entry, the device) and at its end, so that a frame is never held while
+    /// the daemon could act on it.
+    pub fn flush(&mut self) -> Result<(), String> {
+        self.since = None;
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = send_all(&self.stream, &self.out).map_err(|e| e.to_string());
+        self.out.clear();
+        r
     }
 }
 

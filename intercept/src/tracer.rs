@@ -257,16 +257,24 @@ pub fn now_ns() -> u64 {
 }
 
 /// Waits for ticket `n` (`None`: the process is exiting and the drain is over); the entry and
-/// whether it is counted.
-fn take(n: u64) -> Option<(Entry, bool)> {
+/// whether it is counted. `before_sleeping` runs (outside the FIFO's lock) before the thread
+/// first sleeps for it.
+fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
     let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+    let mut first = true;
     loop {
         if let Some(e) = q.map.remove(&n) {
             return Some(e);
         }
         if draining_over(n) {
             return None;
+        }
+        if std::mem::take(&mut first) {
+            drop(q);
+            before_sleeping();
+            q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+            continue;
         }
         q.sleeping = true;
         q = FIFO
@@ -412,7 +420,9 @@ impl Tracer {
         // Tracer work must never invalidate a program's global-mode graph capture.
         let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
         let mut n = 0u64;
-        while let Some((e, counted)) = take(n) {
+        loop {
+            let next = take(n, || self.flush());
+            let Some((e, counted)) = next else { break };
             n += 1;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
             if r.is_err() {
@@ -450,6 +460,8 @@ impl Tracer {
                 let _ = self.client.send(&bye);
             }
         }
+        // What was published reaches the daemon, also when the process is dying.
+        self.flush();
         STOPPED.store(true, Ordering::Release);
         AT.store(u64::MAX, Ordering::Release);
     }
@@ -488,10 +500,12 @@ impl Tracer {
         let mut pause = Duration::from_micros(20);
         loop {
             let mut r = cuda::event_query(ev.handle());
-            if r == cuda_abi::cudart::cudaErrorNotReady
-                && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
-            {
-                r = cuda::event_synchronize(ev.handle());
+            if r == cuda_abi::cudart::cudaErrorNotReady {
+                // The daemon gets what is published while the device works.
+                self.flush();
+                if DRAIN_TO.load(Ordering::Acquire) == u64::MAX {
+                    r = cuda::event_synchronize(ev.handle());
+                }
             }
             match r {
                 cuda_abi::cudart::cudaSuccess => {
@@ -878,6 +892,21 @@ impl Tracer {
             return;
         }
         if let Err(e) = self.client.send(msg) {
+            if crate::mode::disable() {
+                crate::log::error(&format!(
+                    "capture disabled: the daemon connection failed: {e}"
+                ));
+            }
+            self.broken = true;
+        }
+    }
+
+    /// Writes the messages the connection batched ([`Client::flush`]).
+    fn flush(&mut self) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.client.flush() {
             if crate::mode::disable() {
                 crate::log::error(&format!(
                     "capture disabled: the daemon connection failed: {e}"

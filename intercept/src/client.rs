@@ -217,3 +217,75 @@ fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: RawFd) -> std::io::Result
     }
     Ok(n as usize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Client, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let client = Client {
+            stream: ours,
+            out: Vec::new(),
+            since: None,
+        };
+        (client, theirs)
+    }
+
+    /// Messages wait in the batch until a flush, then arrive whole and in order.
+    #[test]
+    fn batched_messages_arrive_in_order_at_the_flush() {
+        let (mut client, mut daemon) = pair();
+        for stream in 0..3u64 {
+            client
+                .send(&ClientMsg::StreamAbort { stream })
+                .expect("queued");
+        }
+        daemon.set_nonblocking(true).expect("nonblocking");
+        let mut probe = [0u8; 1];
+        let early = std::io::Read::read(&mut daemon, &mut probe);
+        assert!(
+            matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "nothing is written before the flush: {early:?}"
+        );
+        client.flush().expect("flushed");
+        daemon.set_nonblocking(false).expect("blocking");
+        for want in 0..3u64 {
+            match wire::read_msg::<ClientMsg>(&mut daemon).expect("a frame") {
+                Some(ClientMsg::StreamAbort { stream }) => assert_eq!(stream, want),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// A batch never grows past its bound, and a message older than the age bound goes out
+    /// with the next send.
+    #[test]
+    fn a_full_or_old_batch_is_written_at_the_next_send() {
+        let (mut client, mut daemon) = pair();
+        let bye = ClientMsg::Bye {
+            records: 1,
+            gaps: 0,
+        };
+        let one = wire::encode(&bye).expect("encoded").len();
+        let mut sent = 0;
+        while client.out.len() + one < BATCH_BYTES {
+            client.send(&bye).expect("queued");
+            sent += 1;
+        }
+        client.send(&bye).expect("sent");
+        sent += 1;
+        assert!(client.out.is_empty(), "a full batch is written");
+        client.send(&bye).expect("queued");
+        std::thread::sleep(BATCH_AGE);
+        client.send(&bye).expect("sent");
+        sent += 2;
+        assert!(client.out.is_empty(), "an old batch is written");
+        for _ in 0..sent {
+            assert!(matches!(
+                wire::read_msg::<ClientMsg>(&mut daemon),
+                Ok(Some(ClientMsg::Bye { .. }))
+            ));
+        }
+    }
+}

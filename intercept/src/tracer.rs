@@ -335,6 +335,8 @@ struct Pending {
     streams: Vec<StreamRef>,
     /// Reduced by the hook: its bytes must not be published as a selected record's.
     prefiltered: bool,
+    /// The step rule got evidence of its GEMM operands.
+    evidence: bool,
 }
 
 /// A stream's progress as its chunks are published.
@@ -376,6 +378,7 @@ pub fn start(
                 stopped_capture: false,
                 dropped: 0,
                 reduced: 0,
+                reduced_copies: 0,
             };
             t.run();
             *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -413,6 +416,8 @@ struct Tracer {
     /// Records dropped as unselected, and of those, the ones the hooks had reduced.
     dropped: u64,
     reduced: u64,
+    /// Of the reduced ones, those whose GEMM operands' fingerprints were copied for the rule.
+    reduced_copies: u64,
 }
 
 impl Tracer {
@@ -448,8 +453,9 @@ impl Tracer {
             if self.dropped > 0 {
                 crate::log::info(&format!(
                     "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped, {} of them reduced \
-                     to what the step rule needs before their snapshot",
-                    self.dropped, self.reduced
+                     to what the step rule needs before their snapshot ({} with operand \
+                     fingerprints for it)",
+                    self.dropped, self.reduced, self.reduced_copies
                 ));
             }
             if !DYING.load(Ordering::Acquire) {
@@ -774,6 +780,7 @@ impl Tracer {
                 slot,
                 streams,
                 prefiltered,
+                evidence: matches!(class, Class::Gemm { a, b, .. } if a.crc.is_some() || b.crc.is_some()),
             },
             class,
             &mut |p, s| out.push((p, s)),
@@ -843,6 +850,7 @@ impl Tracer {
             self.ring.note_dropped();
             self.dropped += 1;
             self.reduced += u64::from(p.prefiltered);
+            self.reduced_copies += u64::from(p.prefiltered && p.evidence);
             return;
         }
         if p.prefiltered {

@@ -133,7 +133,7 @@ mod tests {
             let l = Layout::of(len);
             assert_eq!((l.count, l.width), (PIECES, PIECE));
             assert!(
-                l.stride >= PIECE && l.stride % PIECE_ALIGN == 0,
+                l.stride >= PIECE && l.stride.is_multiple_of(PIECE_ALIGN),
                 "{len}: {l:?}"
             );
             let last_end = (l.count - 1) * l.stride + l.width;

@@ -3,9 +3,11 @@
 //! Every captured op, gap, step mark and communicator takes a **ticket** (a number in host
 //! call order) when it is called; ring slots are reserved in ticket order. The hook (or the
 //! outermost `ncclGroupEnd`) hands the finished entry in under its ticket; the tracer takes
-//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, short sleeps:
-//! the device is never synchronised), computes the CRC-32s, assigns step and seq, and sends
-//! `Publish`. The daemon releases each published slot, which frees ring space for the hooks.
+//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, then sleeping
+//! in `cudaEventSynchronize` on a blocking-sync event: this thread waits, the device and the
+//! program's threads never do), computes the CRC-32s, assigns step and seq, and sends
+//! `Publish` (batched: written when the tracer is about to wait, [`Client::flush`]). The daemon
+//! releases each published slot, which frees ring space for the hooks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -512,7 +512,12 @@ impl Tracer {
                 // The daemon gets what is published while the device works.
                 self.flush();
                 if DRAIN_TO.load(Ordering::Acquire) == u64::MAX {
-                    r = cuda::event_synchronize(ev.handle());
+                    // Any answer but success is taken from the query (the op's error, or a
+                    // runtime without the call: polling then).
+                    r = match cuda::event_synchronize(ev.handle()) {
+                        cuda_abi::cudart::cudaSuccess => cuda_abi::cudart::cudaSuccess,
+                        _ => cuda::event_query(ev.handle()),
+                    };
                 }
             }
             match r {

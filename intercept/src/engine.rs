@@ -804,3 +804,60 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
         over
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{matrix, Matrix};
+
+    fn operand(rows: u64, ld: u64) -> TensorPlan {
+        let m = Matrix {
+            ptr: 0x10_0000,
+            dtype: 14, // BF16
+            rows,
+            cols: 1024,
+            ld,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        TensorPlan {
+            rule_only: true,
+            ..matrix(Role::A, &m, When::After, true)
+        }
+    }
+
+    /// An operand copied for the step rule only takes one pitched copy of its fingerprint's
+    /// pieces, and its slot space is the fingerprint's, whatever the operand's size.
+    #[test]
+    fn a_rule_only_operand_copies_only_its_fingerprint() {
+        let t = operand(1024, 1024);
+        let fp = fingerprint_only(&t).expect("a contiguous operand is fingerprinted");
+        assert_eq!(fp.bytes(), crate::fingerprint::WHOLE_MAX);
+        assert_eq!(
+            fingerprint_copy(t.source.src, fp),
+            Copy::Pitched {
+                dst: 0,
+                src: 0x10_0000,
+                spitch: fp.stride,
+                width: crate::fingerprint::PIECE,
+                height: crate::fingerprint::PIECES,
+            }
+        );
+        let plans = [t];
+        let (_, total) = layout_in_slot(&plans, &[Some(fp)]);
+        assert!(total < plans[0].nbytes / 100, "{total} bytes in the slot");
+    }
+
+    /// A stored operand, or one whose rows are padded (its packed bytes are not at one
+    /// address), is copied whole: the tracer takes the fingerprint from its packed bytes.
+    #[test]
+    fn stored_or_padded_operands_are_copied_whole() {
+        let stored = TensorPlan {
+            rule_only: false,
+            ..operand(1024, 1024)
+        };
+        assert_eq!(fingerprint_only(&stored), None);
+        assert_eq!(fingerprint_only(&operand(1000, 1024)), None);
+    }
+}

@@ -22,31 +22,45 @@
 #   scripts/bench-capture.sh                      # everything, defaults
 #   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
 #
+#   BENCH_SECTIONS="5 6" scripts/bench-capture.sh  # only those sections
+#   BENCH_TARGET=/tmp/old scripts/bench-capture.sh  # binaries already built in /tmp/old/release
+#                                                   # (a baseline build copied aside): no build
+#
 # The store goes to the temp directory (a real disk here, fsync included) unless --dir says
 # otherwise, and is removed afterwards. `loadgen bench --e2e-only` runs section 2's capture
 # alone (for `perf record`). The machine is shared: the script prints the load average next
 # to the numbers; wall-clock throughput means little when it is above ~0.5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-cargo build --release -q --workspace
-cargo build --release -q -p ttraced --example loadgen
+sections="${BENCH_SECTIONS:-1 2 3 4 5 6}"
+want() { [[ " $sections " == *" $1 "* ]]; }
+if [[ -n "${BENCH_TARGET:-}" ]]; then
+  target="$BENCH_TARGET"
+  sections="${sections/1/}" # the hook benchmark builds from source
+else
+  target="${CARGO_TARGET_DIR:-target}"
+  cargo build --release -q --workspace
+  cargo build --release -q -p ttraced --example loadgen
+fi
+echo "binaries: $target/release"
 
+if want 1; then
 echo "== 1. hook cost with capture off (ns per call over the bare function)"
 cargo bench -q -p ttrace-intercept --bench hook_overhead 2>/dev/null | grep -v '^$' || true
+fi
 
+if want 2; then
 echo
 echo "== 2. capture throughput and compression (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$target/release/examples/loadgen" bench "$@"
+fi
 
-echo
-echo "== 3. fixture trainer step time, untraced vs traced (tp=2 dp=2 pp=2, bf16)"
 export LD_LIBRARY_PATH="$target/release/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 steps=20
-trainer=("$target/release/simrun" --nproc-per-node 8 -- "$target/release/trainer"
-  --tp 2 --dp 2 --pp 2 --precision bf16 --steps "$steps")
 store="$(mktemp -d)"
 trap 'rm -rf "$store"' EXIT
+trainer=("$target/release/simrun" --nproc-per-node 8 -- "$target/release/trainer"
+  --tp 2 --dp 2 --pp 2 --precision bf16 --steps "$steps")
 best() { # best wall time of 3 runs of "$@", in seconds
   local b=""
   for _ in 1 2 3; do
@@ -58,17 +72,22 @@ best() { # best wall time of 3 runs of "$@", in seconds
   done
   echo "$b"
 }
+if want 3; then
+echo
+echo "== 3. fixture trainer step time, untraced vs traced (tp=2 dp=2 pp=2, bf16)"
 plain=$(best "${trainer[@]}")
 traced=$(best bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" -- "${trainer[@]}")
 awk -v p="$plain" -v t="$traced" -v s="$steps" 'BEGIN {
   printf "  untraced  %.3f s (%.1f ms/step)\n  traced    %.3f s (%.1f ms/step)\n  ratio     %.2fx\n",
          p, 1000 * p / s, t, 1000 * t / s, t / p }'
+fi
 
-echo
-echo "== 4. store size of the same trainer ($steps steps), dedup vs --no-dedup"
 size_of() { # bytes of a store's segments (streams included, the manifest not)
   find "$1" -name '*.seg' -o -name '*.tts' | xargs -r stat -c %s | awk '{ s += $1 } END { print s + 0 }'
 }
+if want 4; then
+echo
+echo "== 4. store size of the same trainer ($steps steps), dedup vs --no-dedup"
 rm -rf "$store/run" "$store/plain"
 "$target/release/ttrace" run -q --out "$store/run" -- "${trainer[@]}" >/dev/null 2>&1
 "$target/release/ttrace" run -q --no-dedup --out "$store/plain" -- "${trainer[@]}" >/dev/null 2>&1
@@ -77,9 +96,12 @@ off=$(size_of "$store/plain")
 awk -v a="$on" -v b="$off" 'BEGIN {
   printf "  --no-dedup  %.1f MiB\n  dedup       %.1f MiB (%.2fx smaller)\n", b / 1048576, a / 1048576, b / a }'
 "$target/release/ttrace" ls "$store/run" | grep '^dedup' | sed 's/^/  /'
+fi
 
+if want 5; then
 echo
 echo "== 5. step selection: CPU of the whole job vs untraced ($steps steps; load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+fi
 cpu_of() { # least user+sys CPU seconds (children included) of 2 runs of "$@"
   local b=""
   for _ in 1 2; do
@@ -93,6 +115,7 @@ cpu_of() { # least user+sys CPU seconds (children included) of 2 runs of "$@"
 traced_cpu() { # CPU of a traced run of the trainer with ttrace run options "$@"
   cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@" -- "${trainer[@]}"
 }
+if want 5; then
 base=$(cpu_of "${trainer[@]}")
 all=$(traced_cpu)
 first=$(traced_cpu --steps 0)
@@ -102,9 +125,8 @@ awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" 'BEGIN {
   printf "  traced, every step     %6.2f CPU-s  %.2fx\n", a, a / b
   printf "  traced, --steps 0      %6.2f CPU-s  %.2fx\n", f, f / b
   printf "  traced, --steps 100000 %6.2f CPU-s  %.2fx (no step of the run selected)\n", n, n / b }'
+fi
 
-echo
-echo "== 6. capture CPU per GB captured"
 bytes_of() { # raw bytes captured into a store
   python3 -c 'import json, sys; print(sum(r["bytes_raw"] for r in json.load(open(sys.argv[1] + "/manifest.json"))["ranks"]))' "$1"
 }
@@ -116,9 +138,13 @@ per_gb() { # label, then the trainer command
   traced=$(cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" -- "$@")
   gb=$(bytes_of "$store/run")
   awk -v l="$label" -v p="$plain" -v t="$traced" -v b="$gb" 'BEGIN {
-    printf "  %-28s %7.1f MB captured, %.2f CPU-s untraced, %.2f traced: %.2f CPU-s per GB\n",
-           l, b / 1e6, p, t, (t - p) / (b / 1e9) }'
+    printf "  %-28s %7.1f MB captured, %.2f CPU-s untraced, %.2f traced (%.2fx): %.2f CPU-s per GB\n",
+           l, b / 1e6, p, t, t / p, (t - p) / (b / 1e9) }'
 }
+if want 6; then
+echo
+echo "== 6. capture CPU per GB captured (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 per_gb "hidden 64 ($steps steps)" "${trainer[@]}"
 per_gb "hidden 256, seq 256 (2 steps)" "$target/release/simrun" --nproc-per-node 8 -- "$target/release/trainer" \
   --tp 2 --dp 2 --pp 2 --precision bf16 --steps 2 --hidden 256 --ffn 1024 --seq 256 --micro-batch-size 4
+fi

@@ -7,9 +7,9 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
@@ -882,7 +882,22 @@ fn write_loop(
         broken: BTreeSet::new(),
         streams: Streams::new(shared.store.clone(), state.id, pid),
     };
-    while let Ok(work) = rx.recv() {
+    // When the frames written since the last flush began to wait for it.
+    let mut unflushed: Option<Instant> = None;
+    loop {
+        let next = match unflushed {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(since) => rx.recv_timeout(FLUSH_AFTER.saturating_sub(since.elapsed())),
+        };
+        let work = match next {
+            Ok(work) => work,
+            Err(RecvTimeoutError::Timeout) => {
+                w.settle(true, true);
+                unflushed = None;
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         let flushed = match work {
             Work::Record(p) => {
                 budget.give(p.meta);
@@ -894,8 +909,15 @@ fn write_loop(
                 continue;
             }
         };
-        // Flush when nothing else is queued: the slots of what was written wait for it.
-        w.settle(rx.is_empty(), flushed);
+        // Flush when nothing else is queued and the oldest unflushed frame has waited
+        // FLUSH_AFTER: the slots of what was written wait for it, and a trickle of small
+        // records then costs one write per batch instead of one per record.
+        let since = *unflushed.get_or_insert_with(Instant::now);
+        let idle = rx.is_empty() && since.elapsed() >= FLUSH_AFTER;
+        w.settle(idle, flushed);
+        if idle {
+            unflushed = None;
+        }
     }
     w.settle(true, true);
     let Writer { streams, held, .. } = w;
@@ -909,6 +931,10 @@ fn write_loop(
         shared.segments.release(s);
     }
 }
+
+/// The longest a written frame waits for the writer to hand it to the kernel (and so for its
+/// ring slot to be released) while records keep trickling in.
+const FLUSH_AFTER: Duration = Duration::from_millis(2);
 
 /// The state of one client's writer thread.
 struct Writer<'a> {

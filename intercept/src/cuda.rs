@@ -189,6 +189,17 @@ pub fn event_query(ev: cudaEvent_t) -> cudaError_t {
     }
 }
 
+/// `cudaEventSynchronize`: blocks the calling thread (not the device) until `ev` completed.
+/// The pool's events are `cudaEventBlockingSync`: the thread sleeps in the driver instead of
+/// spinning.
+pub fn event_synchronize(ev: cudaEvent_t) -> cudaError_t {
+    match real::cudaEventSynchronize() {
+        // SAFETY: an event from the pool.
+        Some(f) => unsafe { f(ev) },
+        None => MISSING,
+    }
+}
+
 /// Page-locks `len` bytes at `ptr` for DMA (portable: every device).
 pub fn host_register(ptr: *mut u8, len: usize) -> Result<(), cudaError_t> {
     let f = real::cudaHostRegister().ok_or(MISSING)?;
@@ -297,7 +308,8 @@ impl Event {
     }
 }
 
-/// Events per device, created lazily (`cudaEventDisableTiming`) and reused once complete.
+/// Events per device, created lazily (`cudaEventDisableTiming | cudaEventBlockingSync`) and
+/// reused once complete.
 static POOL: Mutex<Option<HashMap<i32, Vec<usize>>>> = Mutex::new(None);
 
 /// An event of `device` (the caller's current device must be `device`, or it is switched for
@@ -320,7 +332,7 @@ pub fn event_get(device: i32) -> Result<Event, cudaError_t> {
     }
     let mut ev: cudaEvent_t = core::ptr::null_mut();
     // SAFETY: an out-pointer to a local.
-    let r = check(unsafe { f(&mut ev, cudaEventDisableTiming) });
+    let r = check(unsafe { f(&mut ev, cudaEventDisableTiming | cudaEventBlockingSync) });
     if current != device {
         let _ = set_device(current);
     }

@@ -20,6 +20,7 @@ use ttrace_proto::record::{GapReason, Op, Role, Tensor};
 use ttrace_proto::ring::{tensor_offsets, Slot};
 
 use crate::cuda::{self, ErrScope};
+use crate::fingerprint::Layout;
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
 use crate::tracer::{self, Captured, ChunkEntry, Entry, Meta, Ticket};
@@ -68,6 +69,9 @@ struct Eager {
     streamed: bool,
     meta: Meta,
     plans: Vec<TensorPlan>,
+    /// Per tensor, the fingerprint its slot space holds instead of its bytes (a tensor copied
+    /// for the step rule only, fingerprint.rs).
+    fingerprints: Vec<Option<Layout>>,
     tensors: Vec<Tensor>,
     offsets: Vec<Option<u64>>,
     slot: Option<Slot>,
@@ -170,8 +174,15 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
         prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
+        if !streamed {
+            // Not stored: read for the step rule only, so their fingerprints suffice.
+            for t in plans.iter_mut().filter(|t| t.captured) {
+                t.rule_only = matches!(t.role, Role::A | Role::B);
+            }
+        }
     }
-    let (offsets, total) = layout(&plans);
+    let fingerprints: Vec<Option<Layout>> = plans.iter().map(fingerprint_only).collect();
+    let (offsets, total) = layout_in_slot(&plans, &fingerprints);
     let m = meta(call.api, call.op, call.stream_id, device);
     if streamed {
         let how = Prefilter {
@@ -215,6 +226,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         streamed: false,
         meta: m,
         plans,
+        fingerprints,
         tensors,
         offsets,
         slot,
@@ -253,10 +265,23 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan], gemm: bool) {
 /// Where each captured tensor goes in the op's one slot (`None`: not captured), and the slot's
 /// size.
 pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
+    layout_in_slot(plans, &[])
+}
+
+/// [`layout`] where the tensors with a `fingerprints` entry take only their fingerprint's
+/// bytes.
+fn layout_in_slot(
+    plans: &[TensorPlan],
+    fingerprints: &[Option<Layout>],
+) -> (Vec<Option<u64>>, u64) {
     let sizes: Vec<u64> = plans
         .iter()
-        .filter(|t| t.captured)
-        .map(|t| t.nbytes)
+        .enumerate()
+        .filter(|(_, t)| t.captured)
+        .map(|(i, t)| match fingerprints.get(i) {
+            Some(Some(fp)) => fp.bytes(),
+            _ => t.nbytes,
+        })
         .collect();
     let (offs, total) = tensor_offsets(&sizes);
     let mut offs = offs.into_iter();
@@ -265,6 +290,34 @@ pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
         .map(|t| if t.captured { offs.next() } else { None })
         .collect();
     (offsets, total)
+}
+
+/// The fingerprint a tensor copied for the step rule only is reduced to (one copy of its
+/// pieces): when its bytes lie at one address, in order (else it is copied whole and the
+/// tracer takes the fingerprint from its packed bytes).
+fn fingerprint_only(t: &TensorPlan) -> Option<Layout> {
+    let contiguous = t.blocks.is_none() && matches!(t.source.copies()[..], [Copy::Linear { .. }]);
+    (t.captured && t.rule_only && contiguous).then(|| Layout::of(t.nbytes))
+}
+
+/// The copy that brings the fingerprint `fp` of a contiguous tensor at `src` into its slot
+/// space.
+fn fingerprint_copy(src: u64, fp: Layout) -> Copy {
+    if fp.count == 1 {
+        Copy::Linear {
+            dst: 0,
+            src,
+            len: fp.width,
+        }
+    } else {
+        Copy::Pitched {
+            dst: 0,
+            src,
+            spitch: fp.stride,
+            width: fp.width,
+            height: fp.count,
+        }
+    }
 }
 
 /// Keeps an op's tensors only if they fit the ring in one slot (metadata only otherwise): for
@@ -382,6 +435,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         prefiltered: f.prefiltered,
         expect: expectations(&f.plans),
         rule_only: rule_only(&f.plans),
+        fingerprints: f.fingerprints,
     };
     ticket.push(Entry::Capture(Box::new(c)));
 }
@@ -399,7 +453,11 @@ impl Eager {
                 continue;
             }
             let base = self.slot_ptr + off as usize;
-            for c in p.copies() {
+            let copies = match self.fingerprints[i] {
+                Some(fp) => vec![fingerprint_copy(p.source.src, fp)],
+                None => p.copies(),
+            };
+            for c in copies {
                 let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
@@ -555,6 +613,7 @@ fn begin_streamed(
         streamed: true,
         meta,
         offsets: vec![None; plans.len()],
+        fingerprints: vec![None; plans.len()],
         plans,
         tensors,
         slot: None,
@@ -595,6 +654,7 @@ fn finish_streamed(mut f: Eager, ok: bool) {
         prefiltered: f.prefiltered,
         expect: expectations(&f.plans),
         rule_only: Vec::new(),
+        fingerprints: Vec::new(),
     };
     Ticket::take_counted(f.counted).push(Entry::Capture(Box::new(c)));
 }
@@ -743,4 +803,61 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
         }
         over
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{matrix, Matrix};
+
+    fn operand(rows: u64, ld: u64) -> TensorPlan {
+        let m = Matrix {
+            ptr: 0x10_0000,
+            dtype: 14, // BF16
+            rows,
+            cols: 1024,
+            ld,
+            batch: 1,
+            stride: 0,
+            batched: false,
+        };
+        TensorPlan {
+            rule_only: true,
+            ..matrix(Role::A, &m, When::After, true)
+        }
+    }
+
+    /// An operand copied for the step rule only takes one pitched copy of its fingerprint's
+    /// pieces, and its slot space is the fingerprint's, whatever the operand's size.
+    #[test]
+    fn a_rule_only_operand_copies_only_its_fingerprint() {
+        let t = operand(1024, 1024);
+        let fp = fingerprint_only(&t).expect("a contiguous operand is fingerprinted");
+        assert_eq!(fp.bytes(), crate::fingerprint::WHOLE_MAX);
+        assert_eq!(
+            fingerprint_copy(t.source.src, fp),
+            Copy::Pitched {
+                dst: 0,
+                src: 0x10_0000,
+                spitch: fp.stride,
+                width: crate::fingerprint::PIECE,
+                height: crate::fingerprint::PIECES,
+            }
+        );
+        let plans = [t];
+        let (_, total) = layout_in_slot(&plans, &[Some(fp)]);
+        assert!(total < plans[0].nbytes / 100, "{total} bytes in the slot");
+    }
+
+    /// A stored operand, or one whose rows are padded (its packed bytes are not at one
+    /// address), is copied whole: the tracer takes the fingerprint from its packed bytes.
+    #[test]
+    fn stored_or_padded_operands_are_copied_whole() {
+        let stored = TensorPlan {
+            rule_only: false,
+            ..operand(1024, 1024)
+        };
+        assert_eq!(fingerprint_only(&stored), None);
+        assert_eq!(fingerprint_only(&operand(1000, 1024)), None);
+    }
 }

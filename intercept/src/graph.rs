@@ -541,6 +541,7 @@ fn publish(
         prefiltered: false,
         expect: t.expect.clone(),
         rule_only: Vec::new(),
+        fingerprints: Vec::new(),
     })));
 }
 

@@ -38,6 +38,7 @@ mod comms;
 mod cuda;
 mod engine;
 mod fatal;
+mod fingerprint;
 mod graph;
 mod hooks;
 mod identity;

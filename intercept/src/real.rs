@@ -257,6 +257,7 @@ real_fns! {
     Cudart: fn cudaEventCreateWithFlags(*mut cudaEvent_t, c_uint) -> cudaError_t;
     Cudart: fn cudaEventRecord(cudaEvent_t, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaEventQuery(cudaEvent_t) -> cudaError_t;
+    Cudart: fn cudaEventSynchronize(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
     Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
     // ---- runtime: CUDA graphs (hooked, then used by the tracer; intercept/src/graph.rs) ----

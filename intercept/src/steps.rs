@@ -109,14 +109,15 @@ impl Sample {
 pub struct Operand {
     /// Device address.
     pub ptr: u64,
-    /// CRC-32 of its bytes, when captured.
+    /// CRC-32 of its fingerprint (its bytes at fixed places, fingerprint.rs), when its bytes
+    /// or fingerprint were captured.
     pub crc: Option<u32>,
     /// Bytes of the operand (packed): equal CRC-32s of different lengths are not the same
     /// bytes.
     pub len: u64,
     /// Whether the GEMM reads it transposed (its `transa`/`transb` is not `N`).
     pub trans: bool,
-    /// Some of its elements, when its bytes were at hand (not for streamed tensors).
+    /// Some of its fingerprint's elements, when its bytes were at hand.
     pub sample: Option<Sample>,
 }
 

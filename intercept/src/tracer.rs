@@ -3,9 +3,11 @@
 //! Every captured op, gap, step mark and communicator takes a **ticket** (a number in host
 //! call order) when it is called; ring slots are reserved in ticket order. The hook (or the
 //! outermost `ncclGroupEnd`) hands the finished entry in under its ticket; the tracer takes
-//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, short sleeps:
-//! the device is never synchronised), computes the CRC-32s, assigns step and seq, and sends
-//! `Publish`. The daemon releases each published slot, which frees ring space for the hooks.
+//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, then sleeping
+//! in `cudaEventSynchronize` on a blocking-sync event: this thread waits, the device and the
+//! program's threads never do), computes the CRC-32s, assigns step and seq, and sends
+//! `Publish` (batched: written when the tracer is about to wait, [`Client::flush`]). The daemon
+//! releases each published slot, which frees ring space for the hooks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,13 +19,13 @@ use ttrace_proto::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, GemmOp, Op, Record, Role, Tensor,
 };
 use ttrace_proto::ring::{tensor_offsets, Ring, Slot};
-use ttrace_proto::tensor::element_f64;
 use ttrace_proto::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
+use crate::fingerprint::{Evidence, Layout};
 use crate::identity::Fnv;
-use crate::steps::{Class, Operand, Sample, Steps};
+use crate::steps::{Class, Operand, Steps};
 
 /// Where an op ran and who called it, noted at call time.
 #[derive(Debug, Clone)]
@@ -61,6 +63,9 @@ pub struct Captured {
     /// Tensors (by index) copied for the step rule only (`--no-inputs`): read here, then
     /// published metadata only.
     pub rule_only: Vec<usize>,
+    /// Per tensor (or empty), the fingerprint its slot space holds instead of its bytes: of
+    /// a tensor in `rule_only` (fingerprint.rs).
+    pub fingerprints: Vec<Option<Layout>>,
 }
 
 /// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
@@ -254,16 +259,24 @@ pub fn now_ns() -> u64 {
 }
 
 /// Waits for ticket `n` (`None`: the process is exiting and the drain is over); the entry and
-/// whether it is counted.
-fn take(n: u64) -> Option<(Entry, bool)> {
+/// whether it is counted. `before_sleeping` runs (outside the FIFO's lock) before the thread
+/// first sleeps for it.
+fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
     let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+    let mut first = true;
     loop {
         if let Some(e) = q.map.remove(&n) {
             return Some(e);
         }
         if draining_over(n) {
             return None;
+        }
+        if std::mem::take(&mut first) {
+            drop(q);
+            before_sleeping();
+            q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
+            continue;
         }
         q.sleeping = true;
         q = FIFO
@@ -324,6 +337,8 @@ struct Pending {
     streams: Vec<StreamRef>,
     /// Reduced by the hook: its bytes must not be published as a selected record's.
     prefiltered: bool,
+    /// The step rule got evidence of its GEMM operands.
+    evidence: bool,
 }
 
 /// A stream's progress as its chunks are published.
@@ -332,6 +347,8 @@ struct StreamState {
     crc: crc32fast::Hasher,
     bytes: u64,
     failed: bool,
+    /// The tensor's fingerprint as its chunks bring it (fingerprint.rs).
+    fingerprint: Option<(Layout, Vec<u8>)>,
 }
 
 /// Starts the tracer thread.
@@ -363,6 +380,7 @@ pub fn start(
                 stopped_capture: false,
                 dropped: 0,
                 reduced: 0,
+                reduced_copies: 0,
             };
             t.run();
             *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -400,6 +418,8 @@ struct Tracer {
     /// Records dropped as unselected, and of those, the ones the hooks had reduced.
     dropped: u64,
     reduced: u64,
+    /// Of the reduced ones, those whose GEMM operands' fingerprints were copied for the rule.
+    reduced_copies: u64,
 }
 
 impl Tracer {
@@ -407,7 +427,9 @@ impl Tracer {
         // Tracer work must never invalidate a program's global-mode graph capture.
         let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
         let mut n = 0u64;
-        while let Some((e, counted)) = take(n) {
+        loop {
+            let next = take(n, || self.flush());
+            let Some((e, counted)) = next else { break };
             n += 1;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
             if r.is_err() {
@@ -433,8 +455,9 @@ impl Tracer {
             if self.dropped > 0 {
                 crate::log::info(&format!(
                     "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped, {} of them reduced \
-                     to what the step rule needs before their snapshot",
-                    self.dropped, self.reduced
+                     to what the step rule needs before their snapshot ({} with operand \
+                     fingerprints for it)",
+                    self.dropped, self.reduced, self.reduced_copies
                 ));
             }
             if !DYING.load(Ordering::Acquire) {
@@ -445,6 +468,8 @@ impl Tracer {
                 let _ = self.client.send(&bye);
             }
         }
+        // What was published reaches the daemon, also when the process is dying.
+        self.flush();
         STOPPED.store(true, Ordering::Release);
         AT.store(u64::MAX, Ordering::Release);
     }
@@ -476,10 +501,26 @@ impl Tracer {
     }
 
     /// Waits for an event; `Err` with the runtime's error when the op or a copy failed.
+    /// The tracer thread sleeps in `cudaEventSynchronize` (a blocking-sync event: one wake-up
+    /// when it completes, where polling woke up every few microseconds); during the exit drain
+    /// it polls, so that the drain's deadline holds.
     fn wait(&mut self, ev: Event) -> Result<(), u32> {
         let mut pause = Duration::from_micros(20);
         loop {
-            match cuda::event_query(ev.handle()) {
+            let mut r = cuda::event_query(ev.handle());
+            if r == cuda_abi::cudart::cudaErrorNotReady {
+                // The daemon gets what is published while the device works.
+                self.flush();
+                if DRAIN_TO.load(Ordering::Acquire) == u64::MAX {
+                    // Any answer but success is taken from the query (the op's error, or a
+                    // runtime without the call: polling then).
+                    r = match cuda::event_synchronize(ev.handle()) {
+                        cuda_abi::cudart::cudaSuccess => cuda_abi::cudart::cudaSuccess,
+                        _ => cuda::event_query(ev.handle()),
+                    };
+                }
+            }
+            match r {
                 cuda_abi::cudart::cudaSuccess => {
                     cuda::event_put(ev);
                     return Ok(());
@@ -518,7 +559,7 @@ impl Tracer {
             }
         }
         let Some(slot) = c.slot else {
-            let streams = self.streamed(&mut c.tensors, &c.streams);
+            let (streams, evidence) = self.streamed(&mut c.tensors, &c.streams);
             // Streamed bytes are gone by now: their CRC-32 stands for them.
             let held = |i: usize, want: &[u8]| {
                 let t = &c.tensors[i];
@@ -532,7 +573,7 @@ impl Tracer {
                 }
                 return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
             }
-            let class = classify(c.meta.api, &c.meta.op, &c.tensors, &[]);
+            let class = classify(c.meta.api, &c.meta.op, &c.tensors, &evidence);
             let rec = record(c.meta, c.tensors);
             return self.feed(rec, None, streams, class, c.prefiltered);
         };
@@ -552,18 +593,28 @@ impl Tracer {
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
-        let mut samples = vec![None; c.tensors.len()];
+        let mut evidence = vec![None; c.tensors.len()];
         // In tensor order: a tensor is read where it was copied before any later one moves
         // down over it (each moves only to before its own place).
-        for (i, ((t, off), sample)) in c
+        for (i, ((t, off), ev)) in c
             .tensors
             .iter_mut()
             .zip(&c.offsets)
-            .zip(&mut samples)
+            .zip(&mut evidence)
             .enumerate()
         {
             let Some(from) = *off else { continue };
             if !t.captured {
+                continue;
+            }
+            if let Some(Some(fp)) = c.fingerprints.get(i) {
+                // Only its fingerprint was copied (for the rule: never stored).
+                let at = from as usize;
+                if gemm {
+                    *ev = bytes
+                        .get(at..at + fp.bytes() as usize)
+                        .map(|held| Evidence::of(held, t.dtype));
+                }
                 continue;
             }
             let (from, len) = (from as usize, t.nbytes as usize);
@@ -581,8 +632,7 @@ impl Tracer {
             let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
             if gemm && matches!(t.role, Role::A | Role::B) {
-                let n = len / t.dtype.size();
-                *sample = Sample::take(n, |i| element_f64(t.dtype, held, i));
+                *ev = Evidence::of_packed(held, t.dtype);
             }
         }
         let held = |i: usize, want: &[u8]| {
@@ -598,7 +648,7 @@ impl Tracer {
             self.skip_slot(slot);
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
-        let class = classify(c.meta.api, &c.meta.op, &c.tensors, &samples);
+        let class = classify(c.meta.api, &c.meta.op, &c.tensors, &evidence);
         for &i in &c.rule_only {
             // Read for the rule; stored as metadata, as inputs are under `--no-inputs`.
             if let Some(t) = c.tensors.get_mut(i) {
@@ -664,6 +714,11 @@ impl Tracer {
             return;
         }
         st.crc.update(&bytes[..c.len as usize]);
+        let (layout, fp) = st.fingerprint.get_or_insert_with(|| {
+            let l = Layout::of(c.total);
+            (l, vec![0; l.bytes() as usize])
+        });
+        layout.gather_chunk(fp, c.offset, &bytes[..c.len as usize]);
         st.bytes += c.len;
         self.published_end = self.published_end.max(c.slot.end);
         PUBLISHED_END.fetch_max(c.slot.end, Ordering::AcqRel);
@@ -680,13 +735,23 @@ impl Tracer {
     }
 
     /// Resolves a record's streamed tensors: complete ones get the CRC-32 of all their
-    /// chunks, the others are metadata only (their stream is dropped by the daemon).
-    fn streamed(&mut self, tensors: &mut [Tensor], streams: &[Option<u64>]) -> Vec<StreamRef> {
+    /// chunks (and the step rule's evidence from their fingerprint, by tensor), the others are
+    /// metadata only (their stream is dropped by the daemon).
+    fn streamed(
+        &mut self,
+        tensors: &mut [Tensor],
+        streams: &[Option<u64>],
+    ) -> (Vec<StreamRef>, Vec<Option<Evidence>>) {
         let mut refs = Vec::new();
+        let mut evidence = vec![None; tensors.len()];
         for (i, (t, s)) in tensors.iter_mut().zip(streams).enumerate() {
             let Some(id) = *s else { continue };
             let st = self.streams.remove(&id).unwrap_or_default();
             if t.captured && !st.failed && st.bytes == t.nbytes {
+                evidence[i] = st
+                    .fingerprint
+                    .as_ref()
+                    .map(|(_, fp)| Evidence::of(fp, t.dtype));
                 t.crc32 = st.crc.finalize();
                 refs.push(StreamRef {
                     tensor: i as u32,
@@ -700,7 +765,7 @@ impl Tracer {
                 }
             }
         }
-        refs
+        (refs, evidence)
     }
 
     fn feed(
@@ -722,6 +787,7 @@ impl Tracer {
                 slot,
                 streams,
                 prefiltered,
+                evidence: matches!(class, Class::Gemm { a, b, .. } if a.crc.is_some() || b.crc.is_some()),
             },
             class,
             &mut |p, s| out.push((p, s)),
@@ -791,6 +857,7 @@ impl Tracer {
             self.ring.note_dropped();
             self.dropped += 1;
             self.reduced += u64::from(p.prefiltered);
+            self.reduced_copies += u64::from(p.prefiltered && p.evidence);
             return;
         }
         if p.prefiltered {
@@ -840,6 +907,21 @@ impl Tracer {
             return;
         }
         if let Err(e) = self.client.send(msg) {
+            if crate::mode::disable() {
+                crate::log::error(&format!(
+                    "capture disabled: the daemon connection failed: {e}"
+                ));
+            }
+            self.broken = true;
+        }
+    }
+
+    /// Writes the messages the connection batched ([`Client::flush`]).
+    fn flush(&mut self) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.client.flush() {
             if crate::mode::disable() {
                 crate::log::error(&format!(
                     "capture disabled: the daemon connection failed: {e}"
@@ -928,25 +1010,22 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
     }
 }
 
-/// What the step rule needs of a record. `samples` (by tensor, or empty) holds what was
-/// sampled of the GEMM operands whose bytes were at hand.
-fn classify(api: &str, op: &Op, tensors: &[Tensor], samples: &[Option<Sample>]) -> Class {
+/// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the
+/// fingerprints' CRC-32s and samples of the GEMM operands whose bytes were at hand.
+fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>]) -> Class {
     match op {
         Op::Gemm(g) => {
             let sig = gemm_sig(api, g);
             // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
             let operand = |role, trans: u32| {
                 let found = tensors.iter().position(|t| t.role == role);
-                let (ptr, crc) = found.map_or((0, None), |i| {
-                    let t = &tensors[i];
-                    (t.ptr, t.captured.then_some(t.crc32))
-                });
+                let ev = found.and_then(|i| evidence.get(i).copied().flatten());
                 Operand {
-                    ptr,
-                    crc,
+                    ptr: found.map_or(0, |i| tensors[i].ptr),
+                    crc: ev.map(|e| e.crc),
                     len: found.map_or(0, |i| tensors[i].nbytes),
                     trans: trans != 0,
-                    sample: found.and_then(|i| samples.get(i).copied().flatten()),
+                    sample: ev.and_then(|e| e.sample),
                 }
             };
             Class::Gemm {

@@ -5,7 +5,7 @@
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::fdpass::{send_all, send_with_fd};
 use crate::wire::{self, ClientMsg, DaemonMsg, Hello};
@@ -16,7 +16,16 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connected, welcomed client.
 pub struct Client {
     stream: UnixStream,
+    /// Frames sent but not written yet ([`Client::flush`]): one system call for many records.
+    out: Vec<u8>,
+    /// When the oldest frame in `out` was sent.
+    since: Option<Instant>,
 }
+
+/// Buffered frames are written once they reach this many bytes...
+const BATCH_BYTES: usize = 64 << 10;
+/// ... or the oldest of them is this old, at the next send.
+const BATCH_AGE: Duration = Duration::from_millis(2);
 
 /// What the daemon said when it took the process.
 #[derive(Debug, Clone)]
@@ -111,7 +120,11 @@ impl Client {
                 store,
                 first,
             }) => Ok((
-                Client { stream },
+                Client {
+                    stream,
+                    out: Vec::new(),
+                    since: None,
+                },
                 Welcome {
                     run_id,
                     store,
@@ -125,14 +138,110 @@ impl Client {
         }
     }
 
-    /// Writes one message.
+    /// Sends one message: queued behind the ones not written yet, and written with them when
+    /// they fill a batch or the oldest has waited long enough (else at [`Client::flush`]).
     pub fn send(&mut self, msg: &ClientMsg) -> Result<(), String> {
         let frame = wire::encode(msg).map_err(|e| e.to_string())?;
-        send_all(&self.stream, &frame).map_err(|e| e.to_string())
+        if self.out.is_empty() {
+            if frame.len() >= BATCH_BYTES {
+                return send_all(&self.stream, &frame).map_err(|e| e.to_string());
+            }
+            self.since = Some(Instant::now());
+        }
+        self.out.extend_from_slice(&frame);
+        if self.out.len() >= BATCH_BYTES || self.since.is_some_and(|t| t.elapsed() >= BATCH_AGE) {
+            return self.flush();
+        }
+        Ok(())
+    }
+
+    /// Writes the frames [`Client::send`] buffered. The tracer flushes before it waits for
+    /// anything (an entry, the device) and at its end, so that a frame is never held while
+    /// the daemon could act on it.
+    pub fn flush(&mut self) -> Result<(), String> {
+        self.since = None;
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = send_all(&self.stream, &self.out).map_err(|e| e.to_string());
+        self.out.clear();
+        r
     }
 
     /// Writes bytes as they are, framed or not (the daemon's tests send malformed frames).
     pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         send_all(&self.stream, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Client, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().expect("socket pair");
+        let client = Client {
+            stream: ours,
+            out: Vec::new(),
+            since: None,
+        };
+        (client, theirs)
+    }
+
+    /// Messages wait in the batch until a flush, then arrive whole and in order.
+    #[test]
+    fn batched_messages_arrive_in_order_at_the_flush() {
+        let (mut client, mut daemon) = pair();
+        for stream in 0..3u64 {
+            client
+                .send(&ClientMsg::StreamAbort { stream })
+                .expect("queued");
+        }
+        daemon.set_nonblocking(true).expect("nonblocking");
+        let mut probe = [0u8; 1];
+        let early = std::io::Read::read(&mut daemon, &mut probe);
+        assert!(
+            matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "nothing is written before the flush: {early:?}"
+        );
+        client.flush().expect("flushed");
+        daemon.set_nonblocking(false).expect("blocking");
+        for want in 0..3u64 {
+            match wire::read_msg::<ClientMsg>(&mut daemon).expect("a frame") {
+                Some(ClientMsg::StreamAbort { stream }) => assert_eq!(stream, want),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// A batch never grows past its bound, and a message older than the age bound goes out
+    /// with the next send.
+    #[test]
+    fn a_full_or_old_batch_is_written_at_the_next_send() {
+        let (mut client, mut daemon) = pair();
+        let bye = ClientMsg::Bye {
+            records: 1,
+            gaps: 0,
+        };
+        let one = wire::encode(&bye).expect("encoded").len();
+        let mut sent = 0;
+        while client.out.len() + one < BATCH_BYTES {
+            client.send(&bye).expect("queued");
+            sent += 1;
+        }
+        client.send(&bye).expect("sent");
+        sent += 1;
+        assert!(client.out.is_empty(), "a full batch is written");
+        client.send(&bye).expect("queued");
+        std::thread::sleep(BATCH_AGE);
+        client.send(&bye).expect("sent");
+        sent += 2;
+        assert!(client.out.is_empty(), "an old batch is written");
+        for _ in 0..sent {
+            assert!(matches!(
+                wire::read_msg::<ClientMsg>(&mut daemon),
+                Ok(Some(ClientMsg::Bye { .. }))
+            ));
+        }
     }
 }

@@ -831,9 +831,18 @@ mod tests {
     /// pieces, and its slot space is the fingerprint's, whatever the operand's size.
     #[test]
     fn a_rule_only_operand_copies_only_its_fingerprint() {
-        let t = operand(1024, 1024);
+        // Up to 64 MiB the fingerprint is the whole operand (one plain copy's worth).
+        let small = operand(1024, 1024);
+        let fp = fingerprint_only(&small).expect("a contiguous operand is fingerprinted");
+        assert_eq!(fp.bytes(), small.nbytes);
+        // Over it, the pieces only: one pitched copy.
+        let t = operand(65_536, 65_536);
+        assert!(t.nbytes > crate::fingerprint::WHOLE_MAX);
         let fp = fingerprint_only(&t).expect("a contiguous operand is fingerprinted");
-        assert_eq!(fp.bytes(), crate::fingerprint::WHOLE_MAX);
+        assert_eq!(
+            fp.bytes(),
+            crate::fingerprint::PIECE * crate::fingerprint::PIECES
+        );
         assert_eq!(
             fingerprint_copy(t.source.src, fp),
             Copy::Pitched {

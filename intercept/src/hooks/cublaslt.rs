@@ -139,48 +139,50 @@ fn call(x: &Matmul) -> Call {
     }
 }
 
-fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
-    let d = x.desc;
+/// The matmul descriptor's attributes a snapshot plan needs.
+struct MatmulDesc {
+    compute: u32,
+    scale_raw: u32,
+    scale: Option<DType>,
+    /// `cublasLtPointerMode_t`: alpha and beta as host values, device scalars or vectors.
+    pmode: u32,
+    transa: u32,
+    transb: u32,
+    epilogue: u32,
+    fast_accum: bool,
+    a_mode: u32,
+    b_mode: u32,
+    d_out_mode: u32,
+}
+
+/// Reads the descriptor `d`.
+fn read_desc(d: cublasLtMatmulDesc_t) -> Result<MatmulDesc, &'static str> {
     let bad = "a matmul descriptor attribute cannot be read";
     let compute: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE).ok_or(bad)?;
     let scale_raw: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_SCALE_TYPE).ok_or(bad)?;
-    let pmode: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_POINTER_MODE).unwrap_or(0);
-    let transa: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSA).unwrap_or(CUBLAS_OP_N);
-    let transb: u32 = desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSB).unwrap_or(CUBLAS_OP_N);
-    let epilogue: u32 =
-        desc_attr(d, CUBLASLT_MATMUL_DESC_EPILOGUE).unwrap_or(CUBLASLT_EPILOGUE_DEFAULT);
-    let fast_accum = desc_attr::<i8>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM).unwrap_or(0) != 0;
-    let ptr = |attr| desc_attr::<u64>(d, attr).unwrap_or(0);
-    let int = |attr| desc_attr::<i64>(d, attr).unwrap_or(0);
-
-    let bad = "a matrix layout cannot be read";
-    let la = layout(x.adesc).ok_or(bad)?;
-    let lb = layout(x.bdesc).ok_or(bad)?;
-    let ld_ = layout(x.ddesc).ok_or(bad)?;
-    let lc = if x.cdesc.is_null() {
-        ld_
-    } else {
-        layout(x.cdesc).ok_or(bad)?
-    };
-    if [la, lb, lc, ld_]
-        .iter()
-        .any(|l| l.order != CUBLASLT_ORDER_COL as i32)
-    {
-        return Err("a layout is not column-major (CUBLASLT_ORDER_COL): the packed bytes would not say which order they are in");
-    }
-    if [la, lb, lc, ld_]
-        .iter()
-        .any(|l| l.batch_mode != CUBLASLT_BATCH_MODE_STRIDED)
-    {
-        return Err("a layout is a pointer-array or grouped batch (CUBLASLT_MATRIX_LAYOUT_BATCH_MODE): the matrices' addresses live in device memory and cannot be read without synchronising");
-    }
     let mode_of =
         |attr| desc_attr::<u32>(d, attr).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
-    let (a_mode, b_mode) = (
-        mode_of(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
-        mode_of(CUBLASLT_MATMUL_DESC_B_SCALE_MODE),
-    );
-    let d_out_mode = mode_of(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE);
+    let desc = MatmulDesc {
+        compute,
+        scale_raw,
+        scale: DType::from_cuda(scale_raw),
+        pmode: desc_attr(d, CUBLASLT_MATMUL_DESC_POINTER_MODE).unwrap_or(0),
+        transa: desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSA).unwrap_or(CUBLAS_OP_N),
+        transb: desc_attr(d, CUBLASLT_MATMUL_DESC_TRANSB).unwrap_or(CUBLAS_OP_N),
+        epilogue: desc_attr(d, CUBLASLT_MATMUL_DESC_EPILOGUE).unwrap_or(CUBLASLT_EPILOGUE_DEFAULT),
+        fast_accum: desc_attr::<i8>(d, CUBLASLT_MATMUL_DESC_FAST_ACCUM).unwrap_or(0) != 0,
+        a_mode: mode_of(CUBLASLT_MATMUL_DESC_A_SCALE_MODE),
+        b_mode: mode_of(CUBLASLT_MATMUL_DESC_B_SCALE_MODE),
+        d_out_mode: mode_of(CUBLASLT_MATMUL_DESC_D_OUT_SCALE_MODE),
+    };
+    Ok(desc)
+}
+
+/// Refuses scale modes the record cannot describe (after the layouts' checks, so that a
+/// matmul failing both is reported for its layout).
+fn check_scale_modes(d: cublasLtMatmulDesc_t, desc: &MatmulDesc) -> Result<(), &'static str> {
+    let mode_of =
+        |attr| desc_attr::<u32>(d, attr).unwrap_or(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
     let block = |mode| {
         mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F || blockscale::block_of(mode).is_some()
     };
@@ -190,207 +192,108 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
     ]
     .into_iter()
     .all(|a| mode_of(a) == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
-    if !(block(a_mode) && block(b_mode) && block(d_out_mode) && scalar_cd) {
+    if !(block(desc.a_mode) && block(desc.b_mode) && block(desc.d_out_mode) && scalar_cd) {
         // Per-row and per-128-block FP32 scales: the record has no role that says how they
         // apply, and compare/check would take them for scalars.
         return Err("a scale mode other than scalar or the MXFP8 / NVFP4 block modes (CUBLASLT_MATMUL_DESC_*_SCALE_MODE: OUTER_VEC_32F, VEC128_32F, BLK128x128_32F): the record cannot say how its scales apply");
     }
-    let (m, n) = (ld_.rows, ld_.cols);
-    let k = if transa == CUBLAS_OP_N {
+    Ok(())
+}
+
+/// The layouts of A, B, C (D's when there is no C) and D; refuses those whose packed bytes
+/// the record cannot describe.
+fn read_layouts(x: &Matmul) -> Result<[Layout; 4], &'static str> {
+    let bad = "a matrix layout cannot be read";
+    let la = layout(x.adesc).ok_or(bad)?;
+    let lb = layout(x.bdesc).ok_or(bad)?;
+    let ld_ = layout(x.ddesc).ok_or(bad)?;
+    let lc = if x.cdesc.is_null() {
+        ld_
+    } else {
+        layout(x.cdesc).ok_or(bad)?
+    };
+    let all = [la, lb, lc, ld_];
+    if all.iter().any(|l| l.order != CUBLASLT_ORDER_COL as i32) {
+        return Err("a layout is not column-major (CUBLASLT_ORDER_COL): the packed bytes would not say which order they are in");
+    }
+    if all
+        .iter()
+        .any(|l| l.batch_mode != CUBLASLT_BATCH_MODE_STRIDED)
+    {
+        return Err("a layout is a pointer-array or grouped batch (CUBLASLT_MATRIX_LAYOUT_BATCH_MODE): the matrices' addresses live in device memory and cannot be read without synchronising");
+    }
+    Ok(all)
+}
+
+/// The shape every tensor of one matmul shares.
+#[derive(Clone, Copy)]
+struct Shape {
+    m: u64,
+    n: u64,
+    k: u64,
+    batch: u64,
+    batched: bool,
+}
+
+impl Shape {
+    fn matrix(&self, p: *const c_void, l: &Layout, rows: u64, cols: u64) -> Matrix {
+        Matrix {
+            ptr: p as u64,
+            dtype: l.dtype,
+            rows,
+            cols,
+            ld: l.ld.max(0) as u64,
+            batch: self.batch,
+            stride: l.stride,
+            batched: self.batched,
+        }
+    }
+}
+
+fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
+    let desc = read_desc(x.desc)?;
+    let [la, lb, lc, ld_] = read_layouts(x)?;
+    check_scale_modes(x.desc, &desc)?;
+    let k = if desc.transa == CUBLAS_OP_N {
         la.cols
     } else {
         la.rows
     };
     let batch = ld_.batch.max(1) as u64;
-    let batched = batch > 1;
-    let scale = DType::from_cuda(scale_raw);
-
+    let shape = Shape {
+        m: ld_.rows,
+        n: ld_.cols,
+        k,
+        batch,
+        batched: batch > 1,
+    };
     // alpha and beta: host values, device scalars or device vectors (pointer modes 0..4).
-    let host_alpha = pmode == CUBLASLT_POINTER_MODE_HOST;
-    let host_beta = matches!(pmode, 0 | 4);
     let read = |p: *const c_void, host: bool| -> Option<f64> {
         if !host {
             return None;
         }
         // SAFETY: in this pointer mode the scalar is a host value of the scale type.
-        scale.and_then(|t| unsafe { read_scalar(p, t) })
+        desc.scale.and_then(|t| unsafe { read_scalar(p, t) })
     };
-    let alpha = read(x.alpha, host_alpha);
-    let beta = if pmode == 3 {
+    let alpha = read(x.alpha, desc.pmode == CUBLASLT_POINTER_MODE_HOST);
+    let beta = if desc.pmode == 3 {
         Some(0.0)
     } else {
-        read(x.beta, host_beta)
+        read(x.beta, matches!(desc.pmode, 0 | 4))
     };
     let c_read = !x.c.is_null() && beta.is_none_or(|b| b != 0.0);
+    let mut tensors = operand_tensors(x, &shape, [&la, &lb, &lc, &ld_], c_read);
+    scalar_tensors(x, &desc, &shape, &mut tensors);
+    epilogue_tensors(x.desc, &desc, &shape, [&la, &lc, &ld_], &mut tensors);
+    scale_tensors(x.desc, &desc, &shape, &mut tensors);
 
-    let matrix = |p: *const c_void, l: &Layout, rows, cols| Matrix {
-        ptr: p as u64,
-        dtype: l.dtype,
-        rows,
-        cols,
-        ld: l.ld.max(0) as u64,
-        batch,
-        stride: l.stride,
-        batched,
-    };
-    let mut tensors = vec![
-        plan::matrix(
-            Role::A,
-            &matrix(x.a, &la, la.rows, la.cols),
-            When::After,
-            true,
-        ),
-        plan::matrix(
-            Role::B,
-            &matrix(x.b, &lb, lb.rows, lb.cols),
-            When::After,
-            true,
-        ),
-    ];
-    if c_read {
-        // C may be D (in place): always taken before the op.
-        tensors.push(plan::matrix(
-            Role::CIn,
-            &matrix(x.c, &lc, m, n),
-            When::Before,
-            true,
-        ));
-    }
-    tensors.push(plan::matrix(
-        Role::D,
-        &matrix(x.d, &ld_, m, n),
-        When::After,
-        false,
-    ));
-
-    // Device alpha/beta.
-    let vec_len = |mode_vector: bool| if mode_vector { m } else { 1 };
-    if !host_alpha {
-        let vector = pmode != CUBLASLT_POINTER_MODE_DEVICE;
-        tensors.push(plan::vector(
-            Role::Alpha,
-            Vector::new(x.alpha as u64, scale, vec_len(vector)),
-            When::After,
-            true,
-        ));
-    }
-    if !host_beta && pmode != 3 {
-        let vector = pmode == 2;
-        tensors.push(plan::vector(
-            Role::Beta,
-            Vector::new(x.beta as u64, scale, vec_len(vector)),
-            When::After,
-            true,
-        ));
-    }
-
-    // Bias (input), or bias gradient (output).
-    let fp8 = is_fp8(la.dtype);
-    let bias_in = matches!(epilogue, 4 | 6 | 36 | 134 | 164);
-    let bias_out = matches!(epilogue, 152 | 208 | 256 | 512);
-    let bias_ptr = ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER);
-    if (bias_in || bias_out) && bias_ptr != 0 {
-        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).unwrap_or(-1);
-        let dtype = if raw >= 0 {
-            DType::from_cuda(raw as u32)
-        } else if !fp8 {
-            DType::from_cuda(ld_.dtype)
-        } else {
-            match DType::from_cuda(lc.dtype) {
-                Some(t @ (DType::BF16 | DType::F16)) => Some(t),
-                _ => Some(DType::BF16),
-            }
-        };
-        let len = if epilogue == 512 { n } else { m };
-        let stride = int(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE).max(0) as u64;
-        let b = if batched { batch } else { 1 };
-        let v = Vector::new(bias_ptr, dtype, len).batched(b, stride);
-        tensors.push(plan::vector(Role::Bias, v, When::After, bias_in));
-    }
-
-    // Aux matrix: GELU pre-activations (output of GELU_AUX*, input of DGELU*). The ReLU masks
-    // are bit-packed: metadata only.
-    let aux_ptr = ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
-    if aux_ptr != 0 && matches!(epilogue, 130 | 134 | 136 | 152 | 160 | 164 | 192 | 208) {
-        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).unwrap_or(-1);
-        let dtype = if raw >= 0 { raw as u32 } else { ld_.dtype };
-        let relu_mask = matches!(epilogue, 130 | 134 | 136 | 152);
-        let aux = Matrix {
-            ptr: aux_ptr,
-            dtype: if relu_mask { u32::MAX } else { dtype },
-            rows: m,
-            cols: n,
-            ld: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).max(0) as u64,
-            batch,
-            stride: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE),
-            batched,
-        };
-        let input = matches!(epilogue, 136 | 152 | 192 | 208);
-        tensors.push(plan::matrix(Role::Aux, &aux, When::After, input));
-    }
-
-    // FP8 scalar scales (TransformerEngine passes scale_inv), MXFP8 / NVFP4 block scales, and
-    // amax. An NVFP4 operand's tensor-wide FP32 scale is alpha (captured above).
-    for (role, pattr, mode, outer, inner) in [
-        (
-            Role::ScaleA,
-            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            a_mode,
-            m,
-            k,
-        ),
-        (
-            Role::ScaleB,
-            CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            b_mode,
-            n,
-            k,
-        ),
-        (
-            Role::ScaleC,
-            CUBLASLT_MATMUL_DESC_C_SCALE_POINTER,
-            CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
-            m,
-            n,
-        ),
-        (
-            Role::ScaleD,
-            CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
-            CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
-            m,
-            n,
-        ),
-        (
-            Role::BlockScaleD,
-            CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER,
-            d_out_mode,
-            n,
-            m,
-        ),
-    ] {
-        let p = ptr(pattr);
-        if p == 0 {
-            continue;
-        }
-        tensors.push(scale_tensor(role, p, mode, outer, inner, batch));
-    }
-    let amax = ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER);
-    if amax != 0 {
-        tensors.push(plan::vector(
-            Role::AmaxD,
-            Vector::new(amax, Some(DType::F32), 1),
-            When::After,
-            false,
-        ));
-    }
-
-    let stride = |l: &Layout| if batched { l.stride } else { 0 };
+    let stride = |l: &Layout| if shape.batched { l.stride } else { 0 };
     let op = GemmOp {
-        m,
-        n,
+        m: shape.m,
+        n: shape.n,
         k,
-        transa,
-        transb,
+        transa: desc.transa,
+        transb: desc.transb,
         lda: la.ld.max(0) as u64,
         ldb: lb.ld.max(0) as u64,
         ldc: lc.ld.max(0) as u64,
@@ -404,13 +307,13 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         b_type: lb.dtype,
         c_type: lc.dtype,
         d_type: ld_.dtype,
-        compute_type: compute,
-        scale_type: scale_raw,
+        compute_type: desc.compute,
+        scale_type: desc.scale_raw,
         alpha,
         beta,
-        epilogue,
+        epilogue: desc.epilogue,
         algo: -1,
-        fast_accum,
+        fast_accum: desc.fast_accum,
     };
     Ok(Call {
         api: "cublasLtMatmul",
@@ -420,6 +323,185 @@ fn plan_matmul(x: &Matmul) -> Result<Call, &'static str> {
         device: None,
         tensors,
     })
+}
+
+/// A and B (inputs), C when it is read (taken before the op: it may be D, in place), D.
+fn operand_tensors(
+    x: &Matmul,
+    s: &Shape,
+    [la, lb, lc, ld_]: [&Layout; 4],
+    c_read: bool,
+) -> Vec<TensorPlan> {
+    let mut tensors = vec![
+        plan::matrix(
+            Role::A,
+            &s.matrix(x.a, la, la.rows, la.cols),
+            When::After,
+            true,
+        ),
+        plan::matrix(
+            Role::B,
+            &s.matrix(x.b, lb, lb.rows, lb.cols),
+            When::After,
+            true,
+        ),
+    ];
+    if c_read {
+        tensors.push(plan::matrix(
+            Role::CIn,
+            &s.matrix(x.c, lc, s.m, s.n),
+            When::Before,
+            true,
+        ));
+    }
+    tensors.push(plan::matrix(
+        Role::D,
+        &s.matrix(x.d, ld_, s.m, s.n),
+        When::After,
+        false,
+    ));
+    tensors
+}
+
+/// alpha and beta when they live on the device (a scalar, or a vector of M).
+fn scalar_tensors(x: &Matmul, desc: &MatmulDesc, s: &Shape, tensors: &mut Vec<TensorPlan>) {
+    let vec_len = |mode_vector: bool| if mode_vector { s.m } else { 1 };
+    if desc.pmode != CUBLASLT_POINTER_MODE_HOST {
+        let vector = desc.pmode != CUBLASLT_POINTER_MODE_DEVICE;
+        tensors.push(plan::vector(
+            Role::Alpha,
+            Vector::new(x.alpha as u64, desc.scale, vec_len(vector)),
+            When::After,
+            true,
+        ));
+    }
+    if !matches!(desc.pmode, 0 | 3 | 4) {
+        let vector = desc.pmode == 2;
+        tensors.push(plan::vector(
+            Role::Beta,
+            Vector::new(x.beta as u64, desc.scale, vec_len(vector)),
+            When::After,
+            true,
+        ));
+    }
+}
+
+/// The epilogue's bias (input) or bias gradient (output), and its aux matrix: GELU
+/// pre-activations (output of GELU_AUX*, input of DGELU*); the bit-packed ReLU masks are
+/// metadata only.
+fn epilogue_tensors(
+    d: cublasLtMatmulDesc_t,
+    desc: &MatmulDesc,
+    s: &Shape,
+    [la, lc, ld_]: [&Layout; 3],
+    tensors: &mut Vec<TensorPlan>,
+) {
+    let ptr = |attr| desc_attr::<u64>(d, attr).unwrap_or(0);
+    let int = |attr| desc_attr::<i64>(d, attr).unwrap_or(0);
+    let epilogue = desc.epilogue;
+    let bias_in = matches!(epilogue, 4 | 6 | 36 | 134 | 164);
+    let bias_out = matches!(epilogue, 152 | 208 | 256 | 512);
+    let bias_ptr = ptr(CUBLASLT_MATMUL_DESC_BIAS_POINTER);
+    if (bias_in || bias_out) && bias_ptr != 0 {
+        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).unwrap_or(-1);
+        let dtype = if raw >= 0 {
+            DType::from_cuda(raw as u32)
+        } else if !is_fp8(la.dtype) {
+            DType::from_cuda(ld_.dtype)
+        } else {
+            match DType::from_cuda(lc.dtype) {
+                Some(t @ (DType::BF16 | DType::F16)) => Some(t),
+                _ => Some(DType::BF16),
+            }
+        };
+        let len = if epilogue == 512 { s.n } else { s.m };
+        let stride = int(CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE).max(0) as u64;
+        let b = if s.batched { s.batch } else { 1 };
+        let v = Vector::new(bias_ptr, dtype, len).batched(b, stride);
+        tensors.push(plan::vector(Role::Bias, v, When::After, bias_in));
+    }
+    let aux_ptr = ptr(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
+    if aux_ptr != 0 && matches!(epilogue, 130 | 134 | 136 | 152 | 160 | 164 | 192 | 208) {
+        let raw = desc_attr::<i32>(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE).unwrap_or(-1);
+        let dtype = if raw >= 0 { raw as u32 } else { ld_.dtype };
+        let relu_mask = matches!(epilogue, 130 | 134 | 136 | 152);
+        let aux = Matrix {
+            ptr: aux_ptr,
+            dtype: if relu_mask { u32::MAX } else { dtype },
+            rows: s.m,
+            cols: s.n,
+            ld: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).max(0) as u64,
+            batch: s.batch,
+            stride: int(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE),
+            batched: s.batched,
+        };
+        let input = matches!(epilogue, 136 | 152 | 192 | 208);
+        tensors.push(plan::matrix(Role::Aux, &aux, When::After, input));
+    }
+}
+
+/// FP8 scalar scales (TransformerEngine passes scale_inv), MXFP8 / NVFP4 block scales, and
+/// amax. An NVFP4 operand's tensor-wide FP32 scale is alpha (a scalar tensor).
+fn scale_tensors(
+    d: cublasLtMatmulDesc_t,
+    desc: &MatmulDesc,
+    s: &Shape,
+    tensors: &mut Vec<TensorPlan>,
+) {
+    let ptr = |attr| desc_attr::<u64>(d, attr).unwrap_or(0);
+    let scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    let (m, n, k) = (s.m, s.n, s.k);
+    for (role, pattr, mode, outer, inner) in [
+        (
+            Role::ScaleA,
+            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            desc.a_mode,
+            m,
+            k,
+        ),
+        (
+            Role::ScaleB,
+            CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            desc.b_mode,
+            n,
+            k,
+        ),
+        (
+            Role::ScaleC,
+            CUBLASLT_MATMUL_DESC_C_SCALE_POINTER,
+            scalar,
+            m,
+            n,
+        ),
+        (
+            Role::ScaleD,
+            CUBLASLT_MATMUL_DESC_D_SCALE_POINTER,
+            scalar,
+            m,
+            n,
+        ),
+        (
+            Role::BlockScaleD,
+            CUBLASLT_MATMUL_DESC_D_OUT_SCALE_POINTER,
+            desc.d_out_mode,
+            n,
+            m,
+        ),
+    ] {
+        let p = ptr(pattr);
+        if p != 0 {
+            tensors.push(scale_tensor(role, p, mode, outer, inner, s.batch));
+        }
+    }
+    let amax = ptr(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER);
+    if amax != 0 {
+        tensors.push(plan::vector(
+            Role::AmaxD,
+            Vector::new(amax, Some(DType::F32), 1),
+            When::After,
+            false,
+        ));
+    }
 }
 
 /// The scale tensor at `p` for `role` under scale `mode`, of an operand with `outer` rows of

@@ -906,7 +906,7 @@ impl Tracer {
         if self.broken {
             return;
         }
-        if let Err(e) = self.client.send(msg) {
+        if let Err(e) = self.client.queue(msg) {
             if crate::mode::disable() {
                 crate::log::error(&format!(
                     "capture disabled: the daemon connection failed: {e}"

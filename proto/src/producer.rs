@@ -16,7 +16,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connected, welcomed client.
 pub struct Client {
     stream: UnixStream,
-    /// Frames sent but not written yet ([`Client::flush`]): one system call for many records.
+    /// Frames queued but not written yet ([`Client::flush`]): one system call for many records.
     out: Vec<u8>,
     /// When the oldest frame in `out` was sent.
     since: Option<Instant>,
@@ -138,9 +138,17 @@ impl Client {
         }
     }
 
-    /// Sends one message: queued behind the ones not written yet, and written with them when
-    /// they fill a batch or the oldest has waited long enough (else at [`Client::flush`]).
+    /// Sends one message now (after the ones [`Client::queue`] holds, in order).
     pub fn send(&mut self, msg: &ClientMsg) -> Result<(), String> {
+        self.queue(msg)?;
+        self.flush()
+    }
+
+    /// Queues one message behind the ones not written yet, written with them when they fill a
+    /// batch or the oldest has waited long enough, else at [`Client::flush`]: one system call
+    /// for many records (the tracer's hot path). The caller must flush before it waits for the
+    /// daemon to act on a queued message.
+    pub fn queue(&mut self, msg: &ClientMsg) -> Result<(), String> {
         let frame = wire::encode(msg).map_err(|e| e.to_string())?;
         if self.out.is_empty() {
             if frame.len() >= BATCH_BYTES {
@@ -155,7 +163,7 @@ impl Client {
         Ok(())
     }
 
-    /// Writes the frames [`Client::send`] buffered. The tracer flushes before it waits for
+    /// Writes the frames [`Client::queue`] buffered. The tracer flushes before it waits for
     /// anything (an entry, the device) and at its end, so that a frame is never held while
     /// the daemon could act on it.
     pub fn flush(&mut self) -> Result<(), String> {
@@ -188,13 +196,32 @@ mod tests {
         (client, theirs)
     }
 
+    /// `send` writes at once (the daemon's tests and loadgen wait for the daemon right after):
+    /// what it sends arrives without a flush, after whatever was queued before it.
+    #[test]
+    fn a_sent_message_arrives_without_a_flush_after_the_queued_ones() {
+        let (mut client, mut daemon) = pair();
+        client
+            .queue(&ClientMsg::StreamAbort { stream: 1 })
+            .expect("queued");
+        client
+            .send(&ClientMsg::StreamAbort { stream: 2 })
+            .expect("sent");
+        for want in [1u64, 2] {
+            match wire::read_msg::<ClientMsg>(&mut daemon).expect("a frame") {
+                Some(ClientMsg::StreamAbort { stream }) => assert_eq!(stream, want),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
     /// Messages wait in the batch until a flush, then arrive whole and in order.
     #[test]
     fn batched_messages_arrive_in_order_at_the_flush() {
         let (mut client, mut daemon) = pair();
         for stream in 0..3u64 {
             client
-                .send(&ClientMsg::StreamAbort { stream })
+                .queue(&ClientMsg::StreamAbort { stream })
                 .expect("queued");
         }
         daemon.set_nonblocking(true).expect("nonblocking");
@@ -215,7 +242,7 @@ mod tests {
     }
 
     /// A batch never grows past its bound, and a message older than the age bound goes out
-    /// with the next send.
+    /// with the next one queued.
     #[test]
     fn a_full_or_old_batch_is_written_at_the_next_send() {
         let (mut client, mut daemon) = pair();
@@ -226,15 +253,15 @@ mod tests {
         let one = wire::encode(&bye).expect("encoded").len();
         let mut sent = 0;
         while client.out.len() + one < BATCH_BYTES {
-            client.send(&bye).expect("queued");
+            client.queue(&bye).expect("queued");
             sent += 1;
         }
-        client.send(&bye).expect("sent");
+        client.queue(&bye).expect("sent");
         sent += 1;
         assert!(client.out.is_empty(), "a full batch is written");
-        client.send(&bye).expect("queued");
+        client.queue(&bye).expect("queued");
         std::thread::sleep(BATCH_AGE);
-        client.send(&bye).expect("sent");
+        client.queue(&bye).expect("sent");
         sent += 2;
         assert!(client.out.is_empty(), "an old batch is written");
         for _ in 0..sent {

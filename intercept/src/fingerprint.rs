@@ -119,10 +119,20 @@ impl Evidence {
         }
     }
 
-    /// The evidence of an operand whose packed bytes `packed` are all at hand.
-    pub fn of_packed(packed: &[u8], dtype: DType) -> Option<Evidence> {
-        let fp = Layout::of(packed.len() as u64).gather(packed)?;
-        Some(Evidence::of(&fp, dtype))
+    /// The evidence of an operand whose packed bytes `packed` are all at hand; `crc`: their
+    /// CRC-32 when the caller computed it already (a captured tensor's).
+    pub fn of_packed(packed: &[u8], dtype: DType, crc: Option<u32>) -> Option<Evidence> {
+        let layout = Layout::of(packed.len() as u64);
+        if layout.count <= 1 {
+            // Its own fingerprint: read in place, its CRC-32 not computed twice. The tracer
+            // must keep up with the program, or records it could have dropped get snapshotted.
+            let n = packed.len() / dtype.size().max(1);
+            return Some(Evidence {
+                crc: crc.unwrap_or_else(|| crc32fast::hash(packed)),
+                sample: Sample::take(n, |i| element_f64(dtype, packed, i)),
+            });
+        }
+        Some(Evidence::of(&layout.gather(packed)?, dtype))
     }
 }
 
@@ -206,8 +216,17 @@ mod tests {
         let mut one = bytes.clone();
         one[(5 * l.stride + l.width + 1) as usize] ^= 1;
         assert_ne!(
-            Evidence::of_packed(&one, DType::U8),
-            Evidence::of_packed(&bytes, DType::U8)
+            Evidence::of_packed(&one, DType::U8, None),
+            Evidence::of_packed(&bytes, DType::U8, None)
+        );
+        // Read in place, with the caller's CRC-32: the same evidence as the fingerprint's.
+        let whole = Layout::of(bytes.len() as u64);
+        assert_eq!(
+            Evidence::of_packed(&bytes, DType::BF16, Some(crc32fast::hash(&bytes))),
+            Some(Evidence::of(
+                &whole.gather(&bytes).expect("whole"),
+                DType::BF16
+            ))
         );
     }
 }

@@ -632,7 +632,7 @@ impl Tracer {
             let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
             if gemm && matches!(t.role, Role::A | Role::B) {
-                *ev = Evidence::of_packed(held, t.dtype);
+                *ev = Evidence::of_packed(held, t.dtype, Some(t.crc32));
             }
         }
         let held = |i: usize, want: &[u8]| {

@@ -345,60 +345,9 @@ fn session(
     state: &Arc<ClientState>,
     mut stream: UnixStream,
 ) -> Result<bool, ClientError> {
-    let cred = ttrace_format::peer::peer_cred(&stream)?;
-    if cred.uid != router.uid() {
-        return Err(refuse(
-            &mut stream,
-            format!(
-                "peer pid {} runs as uid {}, this daemon as uid {}",
-                cred.pid,
-                cred.uid,
-                router.uid()
-            ),
-        ));
-    }
-    let (hello, fd) = match read_hello(&stream)? {
-        Some(h) => h,
-        None => return Ok(false),
+    let Some(Connected { shared, ring, pid }) = handshake(router, state, &mut stream)? else {
+        return Ok(false);
     };
-    if hello.protocol != PROTOCOL_VERSION {
-        return Err(refuse(
-            &mut stream,
-            format!(
-                "protocol version {} (this ttraced speaks {PROTOCOL_VERSION})",
-                hello.protocol
-            ),
-        ));
-    }
-    let fd = match fd {
-        Some(fd) => fd,
-        None => return Err(refuse(&mut stream, "Hello came without a ring fd".into())),
-    };
-    let ring = match ClientRing::map(fd, hello.ring_capacity) {
-        Ok(r) => Arc::new(r),
-        Err(why) => return Err(refuse(&mut stream, why)),
-    };
-    let Routed { shared, first } = match router.route(&hello, state) {
-        Ok(r) => r,
-        Err(why) => return Err(refuse(&mut stream, why)),
-    };
-    *state.store.lock() = Some(shared.clone());
-    info!(client = state.id, pid = hello.pid, rank = hello.rank, host = %hello.hostname,
-          job = %hello.job.id, store = %shared.store.display(),
-          ring = hello.ring_capacity, "client connected");
-    let pid = hello.pid;
-    state.info.lock().hello = Some(hello);
-    wire::write_msg(
-        &mut stream,
-        &DaemonMsg::Welcome {
-            run_id: shared.run.run_id.clone(),
-            store: shared.store.display().to_string(),
-            first,
-        },
-    )
-    .map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let shared = &shared;
-
     let (tx, rx) = bounded::<Work>(QUEUE);
     let budget = Arc::new(Budget::default());
     let writer = {
@@ -408,14 +357,128 @@ fn session(
             .name(format!("ttraced-write-{}", state.id))
             .spawn(move || write_loop(&shared, &state, &ring, rx, &budget, pid))?
     };
-    let mut reader = BufReader::with_capacity(64 << 10, &stream);
+    let mut seen = Seen::default();
+    let outcome = read_messages(&shared, state, &ring, &stream, &tx, &budget, &mut seen);
+    drop(tx);
+    if writer.join().is_err() {
+        warn!(client = state.id, "the writer thread panicked");
+    }
+    // The producer is gone (or said goodbye): its ring header says what it had taken.
+    let mut i = state.info.lock();
+    i.published = seen.published;
+    i.last_published = seen.last_published;
+    i.taken = ring.ring.taken();
+    i.dropped = ring.ring.dropped();
+    if i.unpublished() > 0 {
+        warn!(
+            client = state.id,
+            taken = i.taken,
+            published = seen.published,
+            lost = i.unpublished(),
+            "the process left with snapshots it had not published"
+        );
+    }
+    outcome
+}
+
+/// A connection past its handshake: its store, its ring, its process id.
+struct Connected {
+    shared: Arc<Shared>,
+    ring: Arc<ClientRing>,
+    pid: u32,
+}
+
+/// The connection's first exchange: the peer runs as this daemon's user, its `Hello` speaks
+/// this protocol and brings a ring that maps; the router gives it a store; `Welcome` says
+/// which. `None`: the peer left before saying hello.
+fn handshake(
+    router: &dyn Route,
+    state: &Arc<ClientState>,
+    stream: &mut UnixStream,
+) -> Result<Option<Connected>, ClientError> {
+    let cred = ttrace_format::peer::peer_cred(stream)?;
+    if cred.uid != router.uid() {
+        return Err(refuse(
+            stream,
+            format!(
+                "peer pid {} runs as uid {}, this daemon as uid {}",
+                cred.pid,
+                cred.uid,
+                router.uid()
+            ),
+        ));
+    }
+    let Some((hello, fd)) = read_hello(stream)? else {
+        return Ok(None);
+    };
+    if hello.protocol != PROTOCOL_VERSION {
+        return Err(refuse(
+            stream,
+            format!(
+                "protocol version {} (this ttraced speaks {PROTOCOL_VERSION})",
+                hello.protocol
+            ),
+        ));
+    }
+    let Some(fd) = fd else {
+        return Err(refuse(stream, "Hello came without a ring fd".into()));
+    };
+    let ring = match ClientRing::map(fd, hello.ring_capacity) {
+        Ok(r) => Arc::new(r),
+        Err(why) => return Err(refuse(stream, why)),
+    };
+    let Routed { shared, first } = match router.route(&hello, state) {
+        Ok(r) => r,
+        Err(why) => return Err(refuse(stream, why)),
+    };
+    *state.store.lock() = Some(shared.clone());
+    info!(client = state.id, pid = hello.pid, rank = hello.rank, host = %hello.hostname,
+          job = %hello.job.id, store = %shared.store.display(),
+          ring = hello.ring_capacity, "client connected");
+    let pid = hello.pid;
+    state.info.lock().hello = Some(hello);
+    wire::write_msg(
+        stream,
+        &DaemonMsg::Welcome {
+            run_id: shared.run.run_id.clone(),
+            store: shared.store.display().to_string(),
+            first,
+        },
+    )
+    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+    Ok(Some(Connected { shared, ring, pid }))
+}
+
+/// What a connection's messages said, for the accounting at its end.
+#[derive(Default)]
+struct Seen {
+    published: u64,
+    /// (step, seq) of the last record published.
+    last_published: Option<(u64, u64)>,
+    comms: u64,
+}
+
+/// Reads the producer's messages until it says goodbye (`Ok(true)`), leaves (`Ok(false)`:
+/// a crash like any other) or breaks the protocol; records and chunks go to the writer.
+fn read_messages(
+    shared: &Arc<Shared>,
+    state: &Arc<ClientState>,
+    ring: &Arc<ClientRing>,
+    stream: &UnixStream,
+    tx: &crossbeam_channel::Sender<Work>,
+    budget: &Budget,
+    seen: &mut Seen,
+) -> Result<bool, ClientError> {
+    let mut reader = BufReader::with_capacity(64 << 10, stream);
     let mut last_end = 0u64;
-    let mut comms = 0u64;
-    let (mut published, mut last_published) = (0u64, None);
-    let outcome = loop {
+    let send = |w: Work| {
+        tx.send(w)
+            .map_err(|_| ClientError::Protocol("writer stopped".into()))
+    };
+    loop {
         let msg = match wire::read_msg_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
             Ok(Some(m)) => m,
-            Ok(None) => break Ok(false),
+            Ok(None) => return Ok(false),
             Err(ttrace_format::FormatError::Io(e))
                 if matches!(
                     e.kind(),
@@ -423,88 +486,41 @@ fn session(
                 ) =>
             {
                 // Died mid-frame: a crash like any other.
-                break Ok(false);
+                return Ok(false);
             }
-            Err(e) => break Err(ClientError::Protocol(e.to_string())),
+            Err(e) => return Err(ClientError::Protocol(e.to_string())),
         };
         match msg {
             ClientMsg::Publish { record, slot } => {
-                published += 1;
-                last_published = Some((record.step, record.seq));
-                match prepare(shared, &ring, record, slot, &mut last_end) {
-                    Ok(p) => {
-                        budget.take(p.meta);
-                        shared.records_received.fetch_add(1, Ordering::Relaxed);
-                        if tx.send(Work::Record(p)).is_err() {
-                            break Err(ClientError::Protocol("writer stopped".into()));
-                        }
-                    }
-                    Err(e) => break Err(e),
-                }
+                seen.published += 1;
+                seen.last_published = Some((record.step, record.seq));
+                let p = prepare(shared, ring, record, slot, &mut last_end)?;
+                budget.take(p.meta);
+                shared.records_received.fetch_add(1, Ordering::Relaxed);
+                send(Work::Record(p))?;
             }
             ClientMsg::PublishStreamed { record, streams } => {
-                published += 1;
-                last_published = Some((record.step, record.seq));
-                match prepare_streamed(record, streams) {
-                    Ok(p) => {
-                        budget.take(p.meta);
-                        shared.records_received.fetch_add(1, Ordering::Relaxed);
-                        if tx.send(Work::Record(p)).is_err() {
-                            break Err(ClientError::Protocol("writer stopped".into()));
-                        }
-                    }
-                    Err(e) => break Err(e),
-                }
+                seen.published += 1;
+                seen.last_published = Some((record.step, record.seq));
+                let p = prepare_streamed(record, streams)?;
+                budget.take(p.meta);
+                shared.records_received.fetch_add(1, Ordering::Relaxed);
+                send(Work::Record(p))?;
             }
-            ClientMsg::Chunk(c) => match prepare_chunk(shared, &ring, c, &mut last_end) {
-                Ok(w) => {
-                    if tx.send(w).is_err() {
-                        break Err(ClientError::Protocol("writer stopped".into()));
-                    }
-                }
-                Err(e) => break Err(e),
-            },
-            ClientMsg::StreamAbort { stream } => {
-                if tx.send(Work::Abort(stream)).is_err() {
-                    break Err(ClientError::Protocol("writer stopped".into()));
-                }
-            }
+            ClientMsg::Chunk(c) => send(prepare_chunk(shared, ring, c, &mut last_end)?)?,
+            ClientMsg::StreamAbort { stream } => send(Work::Abort(stream))?,
             ClientMsg::Comm(c) => {
-                comms += 1;
-                if let Err(why) = check_comm(&c, comms) {
-                    break Err(ClientError::Protocol(why));
-                }
+                seen.comms += 1;
+                check_comm(&c, seen.comms).map_err(ClientError::Protocol)?;
                 shared.register_comm(&c);
             }
             ClientMsg::Bye { records, gaps } => {
                 debug!(client = state.id, records, gaps, "bye");
-                break Ok(true);
+                return Ok(true);
             }
-            ClientMsg::Hello(_) => break Err(ClientError::Protocol("a second Hello".into())),
-        }
-    };
-    drop(tx);
-    if writer.join().is_err() {
-        warn!(client = state.id, "the writer thread panicked");
-    }
-    {
-        // The producer is gone (or said goodbye): its ring header says what it had taken.
-        let mut i = state.info.lock();
-        i.published = published;
-        i.last_published = last_published;
-        i.taken = ring.ring.taken();
-        i.dropped = ring.ring.dropped();
-        if i.unpublished() > 0 {
-            warn!(
-                client = state.id,
-                taken = i.taken,
-                published,
-                lost = i.unpublished(),
-                "the process left with snapshots it had not published"
-            );
+            ClientMsg::Hello(_) => return Err(ClientError::Protocol("a second Hello".into())),
         }
     }
-    outcome
 }
 
 /// Metadata bytes of a client's records between its reader and its writer (see

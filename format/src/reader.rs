@@ -198,6 +198,92 @@ fn numbered(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// A store's manifest; a missing or unreadable one is an issue (the records stay readable),
+/// an unknown major version an error.
+fn read_manifest(root: &Path, issues: &mut Vec<Issue>) -> Result<Option<Manifest>, FormatError> {
+    let detail = match Manifest::read(root) {
+        Ok(m) => return Ok(Some(m)),
+        Err(e @ FormatError::Version(_)) => return Err(e),
+        Err(FormatError::File { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            "manifest.json is missing: the command, environment, ranks and communicators of the \
+             run are unknown; the records are read from the segments (`ttrace fsck --repair` \
+             rebuilds it)"
+                .to_string()
+        }
+        Err(e) => format!(
+            "unreadable ({e}); the records are read from the segments (`ttrace fsck --repair` \
+             rebuilds it)"
+        ),
+    };
+    issues.push(Issue {
+        kind: IssueKind::BadManifest,
+        path: crate::store::manifest_path(root),
+        rank: None,
+        step: None,
+        seq: None,
+        offset: None,
+        bytes: None,
+        detail,
+    });
+    Ok(None)
+}
+
+/// An entry of a store that is not part of it, ignored.
+fn stray(path: PathBuf, rank: u32, detail: &str) -> Issue {
+    Issue {
+        kind: IssueKind::Stray,
+        path,
+        rank: Some(rank),
+        step: None,
+        seq: None,
+        offset: None,
+        bytes: None,
+        detail: detail.into(),
+    }
+}
+
+/// The segments of one rank directory; anything else in it but indexes is a stray issue.
+fn list_rank_dir(
+    dir: &Path,
+    rank: u32,
+    segments: &mut Vec<SegmentInfo>,
+    issues: &mut Vec<Issue>,
+) -> Result<(), FormatError> {
+    for f in std::fs::read_dir(dir).map_err(|e| FormatError::at(dir, e))? {
+        let f = f.map_err(|e| FormatError::at(dir, e))?;
+        let fname = f.file_name();
+        let Some(fname) = fname.to_str() else {
+            continue;
+        };
+        let path = f.path();
+        let regular = f.file_type().is_ok_and(|t| t.is_file());
+        if !regular && !fname.ends_with(".idx") {
+            issues.push(stray(
+                path,
+                rank,
+                "not a regular file (a link, FIFO or device); not read",
+            ));
+            continue;
+        }
+        if let Some(step) = numbered(fname, "step", ".seg") {
+            let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let has_index = std::fs::symlink_metadata(index_path(&path)).is_ok_and(|m| m.is_file());
+            segments.push(SegmentInfo {
+                rank,
+                step,
+                path,
+                bytes,
+                has_index,
+            });
+        } else if numbered(fname, "step", ".idx").is_some() || fname.ends_with(".idx.tmp") {
+            // An index (or one a killed writer left half-written): read with its segment.
+        } else {
+            issues.push(stray(path, rank, "not a segment or an index; ignored"));
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens a store: reads the manifest (refusing an unknown major version) and lists the
     /// segments. A missing or unreadable manifest is an [`Issue`], not an error, as long as
@@ -211,45 +297,7 @@ impl Store {
             )));
         }
         let mut issues = Vec::new();
-        let manifest_file = crate::store::manifest_path(root);
-        let manifest = match Manifest::read(root) {
-            Ok(m) => Some(m),
-            Err(e @ FormatError::Version(_)) => return Err(e),
-            Err(FormatError::File { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                issues.push(Issue {
-                    kind: IssueKind::BadManifest,
-                    path: manifest_file,
-                    rank: None,
-                    step: None,
-                    seq: None,
-                    offset: None,
-                    bytes: None,
-                    detail: "manifest.json is missing: the command, environment, ranks and \
-                             communicators of the run are unknown; the records are read from \
-                             the segments (`ttrace fsck --repair` rebuilds it)"
-                        .into(),
-                });
-                None
-            }
-            Err(e) => {
-                issues.push(Issue {
-                    kind: IssueKind::BadManifest,
-                    path: manifest_file,
-                    rank: None,
-                    step: None,
-                    seq: None,
-                    offset: None,
-                    bytes: None,
-                    detail: format!(
-                        "unreadable ({e}); the records are read from the segments \
-                         (`ttrace fsck --repair` rebuilds it)"
-                    ),
-                });
-                None
-            }
-        };
+        let manifest = read_manifest(root, &mut issues)?;
         let mut segments = Vec::new();
         let entries = std::fs::read_dir(root).map_err(|e| FormatError::at(root, e))?;
         for entry in entries {
@@ -267,66 +315,15 @@ impl Store {
             // (and `fsck --repair`) out of the store.
             if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 if entry.file_type().is_ok_and(|t| t.is_symlink()) {
-                    issues.push(Issue {
-                        kind: IssueKind::Stray,
-                        path: dir,
-                        rank: Some(rank),
-                        step: None,
-                        seq: None,
-                        offset: None,
-                        bytes: None,
-                        detail: "a symbolic link, not a rank directory; not followed".into(),
-                    });
+                    issues.push(stray(
+                        dir,
+                        rank,
+                        "a symbolic link, not a rank directory; not followed",
+                    ));
                 }
                 continue;
             }
-            for f in std::fs::read_dir(&dir).map_err(|e| FormatError::at(&dir, e))? {
-                let f = f.map_err(|e| FormatError::at(&dir, e))?;
-                let fname = f.file_name();
-                let Some(fname) = fname.to_str() else {
-                    continue;
-                };
-                let path = f.path();
-                let regular = f.file_type().is_ok_and(|t| t.is_file());
-                if !regular && !fname.ends_with(".idx") {
-                    issues.push(Issue {
-                        kind: IssueKind::Stray,
-                        path,
-                        rank: Some(rank),
-                        step: None,
-                        seq: None,
-                        offset: None,
-                        bytes: None,
-                        detail: "not a regular file (a link, FIFO or device); not read".into(),
-                    });
-                    continue;
-                }
-                if let Some(step) = numbered(fname, "step", ".seg") {
-                    let bytes = f.metadata().map(|m| m.len()).unwrap_or(0);
-                    let has_index =
-                        std::fs::symlink_metadata(index_path(&path)).is_ok_and(|m| m.is_file());
-                    segments.push(SegmentInfo {
-                        rank,
-                        step,
-                        path,
-                        bytes,
-                        has_index,
-                    });
-                } else if numbered(fname, "step", ".idx").is_some() || fname.ends_with(".idx.tmp") {
-                    // An index (or one a killed writer left half-written): read with its segment.
-                } else {
-                    issues.push(Issue {
-                        kind: IssueKind::Stray,
-                        path,
-                        rank: Some(rank),
-                        step: None,
-                        seq: None,
-                        offset: None,
-                        bytes: None,
-                        detail: "not a segment or an index; ignored".into(),
-                    });
-                }
-            }
+            list_rank_dir(&dir, rank, &mut segments, &mut issues)?;
         }
         if manifest.is_none() && segments.is_empty() {
             // A directory of the stores of one job's nodes: read as one store.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fetch NVIDIA's CUDA, cuBLAS, NCCL and NVTX C headers from their PyPI wheels.
 
-The ABI test (tests/integration/tests/abi.rs) and the C smoke program compile against NVIDIA's
+The ABI test (tests/integration/tests/it/abi.rs) and the C smoke program compile against NVIDIA's
 own headers, on machines without a CUDA toolkit. The headers ship in the `nvidia-*-cu12` wheels;
 this script extracts only their `nvidia/<lib>/include/` folders into a cache directory
 (default: <repo>/.nvidia-headers, gitignored):

@@ -6,7 +6,7 @@ but that programs import, PyTorch among them, so they must exist with NVIDIA's s
 Each generated function validates its handle like every simulated entry point and then
 returns CUBLAS_STATUS_NOT_SUPPORTED. The signatures are translated from NVIDIA's
 cublas_api.h (fetched by scripts/fetch-nvidia-headers.py; never committed), and the ABI check
-(tests/integration/tests/abi.rs) compiles the generated Rust signatures against that header
+(tests/integration/tests/it/abi.rs) compiles the generated Rust signatures against that header
 again, so a translation error fails CI. Run after changing NAMES:
 
     python3 scripts/gen-sim-unsupported.py .nvidia-headers/cublas/include/cublas_api.h \
@@ -49,7 +49,7 @@ cublasZsymv_v2 cublasZsyr2_v2 cublasZsyr2k_v2 cublasZsyr_v2 cublasZsyrk_v2 cubla
 cublasZtrmv_v2 cublasZtrsmBatched cublasZtrsm_v2 cublasZtrsv_v2
 """
 # Entry points libttrace.so hooks (as gaps) that no program of the tests computes: they exist so
-# that every hook can be called on the simulated stack (tests/integration/tests/intercept_abi.rs).
+# that every hook can be called on the simulated stack (tests/integration/tests/it/intercept_abi.rs).
 HOOKED = """
 cublasCgemm3mBatched cublasCgemmBatched_64 cublasZgemmBatched_64 cublasCgemm3mBatched_64
 cublasSgemmGroupedBatched cublasDgemmGroupedBatched cublasSgemmGroupedBatched_64

@@ -6,7 +6,7 @@ backward with an explicit gradient. Every tensor is made on the host (the simula
 no kernels: element-wise work is host work), moved to the device by a copy, and every result is
 copied back. What torch saw is saved as raw bytes, OUT/<index>_<label>.bin, with OUT/torch.json
 listing name, dtype and shape, so the test can compare them byte for byte with what ttrace
-captured (tests/integration/tests/torch_ops.rs).
+captured (tests/integration/tests/it/torch_ops.rs).
 
 Finally a kernel launch (`torch.ones` on the device fills with a kernel; `torch.zeros` would
 be a memset) must raise torch's RuntimeError naming "no kernel image", and a GEMM after it

@@ -8,7 +8,7 @@
 # with `ttrace dump`, and prints a PASS/FAIL table (scripts/gpu-check/check.py): each saved
 # tensor must be found, byte for byte, among the captured ones; every captured tensor must
 # match its CRC-32; no gaps. Then the scripts the simulated-stack tests run (tests/torch, see
-# tests/integration/tests/torch_*.rs), this time on the real GPU:
+# tests/integration/tests/it/torch_*.rs), this time on the real GPU:
 #   ops.py       copies, GEMMs in fp32/fp16/bf16, FP8 _scaled_mm, linear backward: every tensor
 #                torch saw must be captured byte for byte (the same check.py table);
 #   dist.py      (4+ GPUs) torchrun with NCCL: every collective's result captured, per rank;

@@ -18,7 +18,9 @@
 use ttrace_proto::dtype::DType;
 use ttrace_proto::tensor::element_f64;
 
-use crate::steps::Sample;
+use std::collections::BTreeMap;
+
+use crate::steps::{Sample, SAMPLE_LEN};
 
 /// Pieces of the fingerprint of an operand over [`WHOLE_MAX`].
 pub const PIECES: u64 = 4096;
@@ -136,6 +138,89 @@ impl Evidence {
     }
 }
 
+/// A streamed tensor's evidence gathered as its chunks pass, holding only what the evidence
+/// reads: an operand that is its own fingerprint keeps the bytes of its sampled elements (its
+/// CRC-32 is the stream's, computed anyway), a larger one its pieces. Most streamed tensors
+/// are never a GEMM operand: holding them whole (up to 64 MiB) would cost a copy each.
+pub enum StreamedEvidence {
+    /// The bytes (by offset) of the elements `Sample::take` reads, for elements of `elem`
+    /// bytes (and for the packed FP4 type, whose element `j` is byte `j / 2`).
+    Sampled {
+        total: u64,
+        elem: u64,
+        bytes: BTreeMap<u64, u8>,
+    },
+    /// The pieces of an operand over [`WHOLE_MAX`].
+    Pieces { layout: Layout, fp: Vec<u8> },
+}
+
+impl StreamedEvidence {
+    /// For a tensor of `total` bytes in elements of `elem` bytes.
+    pub fn new(total: u64, elem: u64) -> StreamedEvidence {
+        let layout = Layout::of(total);
+        if layout.count > 1 {
+            return StreamedEvidence::Pieces {
+                layout,
+                fp: vec![0; layout.bytes() as usize],
+            };
+        }
+        StreamedEvidence::Sampled {
+            total,
+            elem: elem.max(1),
+            bytes: BTreeMap::new(),
+        }
+    }
+
+    /// Takes what it needs from the chunk `chunk` at byte `offset` of the tensor.
+    pub fn chunk(&mut self, offset: u64, chunk: &[u8]) {
+        match self {
+            StreamedEvidence::Pieces { layout, fp } => layout.gather_chunk(fp, offset, chunk),
+            StreamedEvidence::Sampled { total, elem, bytes } => {
+                let end = offset + chunk.len() as u64;
+                for j in sampled(*total / *elem) {
+                    let j = j as u64;
+                    let wanted = (j * *elem..(j + 1) * *elem).chain(std::iter::once(j / 2));
+                    for at in wanted.filter(|at| (offset..end).contains(at)) {
+                        bytes.insert(at, chunk[(at - offset) as usize]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The evidence, `crc` being the whole tensor's CRC-32: the same as
+    /// [`Evidence::of_packed`] of the whole tensor.
+    pub fn evidence(&self, dtype: DType, crc: u32) -> Evidence {
+        match self {
+            StreamedEvidence::Pieces { fp, .. } => Evidence::of(fp, dtype),
+            StreamedEvidence::Sampled { total, bytes, .. } => {
+                let size = dtype.size().max(1) as u64;
+                let element = |j: usize| {
+                    let j = j as u64;
+                    if dtype == DType::F4_E2M1X2 {
+                        return element_f64(dtype, &[*bytes.get(&(j / 2))?], (j % 2) as usize);
+                    }
+                    let held: Option<Vec<u8>> = (j * size..(j + 1) * size)
+                        .map(|at| bytes.get(&at).copied())
+                        .collect();
+                    element_f64(dtype, &held?, 0)
+                };
+                Evidence {
+                    crc,
+                    sample: Sample::take((*total / size) as usize, element),
+                }
+            }
+        }
+    }
+}
+
+/// The element indices `Sample::take` reads of `n` elements.
+fn sampled(n: u64) -> impl Iterator<Item = usize> {
+    let n = n as usize;
+    let len = n.min(SAMPLE_LEN);
+    (0..len).map(move |i| i * n / len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +240,27 @@ mod tests {
         let bytes: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
         assert_eq!(l.gather(&bytes).as_deref(), Some(&bytes[..]));
         assert_eq!(Layout::of(0).bytes(), 0);
+    }
+
+    /// A streamed tensor's evidence, whatever its chunking and type, equals the evidence of
+    /// the whole tensor: the step rule numbers a streamed operand as a captured one.
+    #[test]
+    fn streamed_evidence_equals_the_whole_tensors() {
+        let bytes: Vec<u8> = (0..50_000u32).map(|i| (i * 7919 % 251) as u8).collect();
+        let crc = crc32fast::hash(&bytes);
+        for dtype in [DType::BF16, DType::F32, DType::F8_E4M3, DType::F4_E2M1X2] {
+            for chunk in [1000usize, 4093, 50_000] {
+                let mut s = StreamedEvidence::new(bytes.len() as u64, dtype.size() as u64);
+                for (k, c) in bytes.chunks(chunk).enumerate() {
+                    s.chunk((k * chunk) as u64, c);
+                }
+                assert_eq!(
+                    Some(s.evidence(dtype, crc)),
+                    Evidence::of_packed(&bytes, dtype, None),
+                    "{dtype:?} in chunks of {chunk}"
+                );
+            }
+        }
     }
 
     #[test]

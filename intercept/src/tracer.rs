@@ -23,7 +23,7 @@ use ttrace_proto::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
-use crate::fingerprint::{Evidence, Layout};
+use crate::fingerprint::{Evidence, Layout, StreamedEvidence};
 use crate::identity::Fnv;
 use crate::steps::{Class, Operand, Steps};
 
@@ -348,7 +348,7 @@ struct StreamState {
     bytes: u64,
     failed: bool,
     /// The tensor's fingerprint as its chunks bring it (fingerprint.rs).
-    fingerprint: Option<(Layout, Vec<u8>)>,
+    fingerprint: Option<StreamedEvidence>,
 }
 
 /// Starts the tracer thread.
@@ -714,11 +714,9 @@ impl Tracer {
             return;
         }
         st.crc.update(&bytes[..c.len as usize]);
-        let (layout, fp) = st.fingerprint.get_or_insert_with(|| {
-            let l = Layout::of(c.total);
-            (l, vec![0; l.bytes() as usize])
-        });
-        layout.gather_chunk(fp, c.offset, &bytes[..c.len as usize]);
+        st.fingerprint
+            .get_or_insert_with(|| StreamedEvidence::new(c.total, u64::from(c.elem)))
+            .chunk(c.offset, &bytes[..c.len as usize]);
         st.bytes += c.len;
         self.published_end = self.published_end.max(c.slot.end);
         PUBLISHED_END.fetch_max(c.slot.end, Ordering::AcqRel);
@@ -748,11 +746,11 @@ impl Tracer {
             let Some(id) = *s else { continue };
             let st = self.streams.remove(&id).unwrap_or_default();
             if t.captured && !st.failed && st.bytes == t.nbytes {
+                t.crc32 = st.crc.finalize();
                 evidence[i] = st
                     .fingerprint
                     .as_ref()
-                    .map(|(_, fp)| Evidence::of(fp, t.dtype));
-                t.crc32 = st.crc.finalize();
+                    .map(|f| f.evidence(t.dtype, t.crc32));
                 refs.push(StreamRef {
                     tensor: i as u32,
                     stream: id,

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -85,24 +85,6 @@ pub struct TestClient {
     pub wait: Duration,
 }
 
-/// Creates a memfd of `len` bytes (sealable, as libttrace.so should create it).
-fn memfd(len: u64) -> io::Result<File> {
-    // SAFETY: memfd_create with a NUL-terminated name; the returned fd is new and owned here.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"ttrace-test-ring".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.set_len(len)?;
-    Ok(file)
-}
-
 impl TestClient {
     /// Connects, sends `hello` with a fresh ring of `hello.ring_capacity` bytes, and waits for
     /// `Welcome`.
@@ -117,7 +99,7 @@ impl TestClient {
         send_fd: bool,
     ) -> Result<TestClient, ClientError> {
         let capacity = hello.ring_capacity;
-        let file = memfd(ring::mapping_bytes(capacity) as u64)?;
+        let file = File::from(ring::create_memfd(ring::mapping_bytes(capacity) as u64)?);
         // SAFETY: a shared mapping of our own memfd, sized above.
         let mut map = unsafe { MmapMut::map_mut(&file)? };
         // SAFETY: the mapping is page aligned, large enough, and lives in the returned client.

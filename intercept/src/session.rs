@@ -3,7 +3,7 @@
 //! (`Hello` carrying the memfd) and the tracer thread. A failed start disables capture with one
 //! log line; the program goes on untraced.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -147,25 +147,7 @@ fn start() -> Result<Session, String> {
     let capacity = (bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2);
     let len = ring::mapping_bytes(capacity);
 
-    // SAFETY: a NUL-terminated name; the fd is owned below.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"ttrace-ring".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: resizing our own memfd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(format!(
-            "cannot size the {len}-byte ring: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
+    let fd = ring::create_memfd(len as u64).map_err(|e| e.to_string())?;
     // SAFETY: a shared read-write mapping of the whole memfd; it is never unmapped (the
     // daemon and in-flight DMA may use it until the process ends).
     let base = unsafe {

@@ -1,14 +1,23 @@
 //! Passing the ring's memfd with the `Hello` frame (`SCM_RIGHTS`), both ways: the producer
-//! sends it ([`send_with_fd`]), the daemon receives it ([`read_exact_with_fds`]) and seals it
+//! sends it ([`send_with_fds`]), the daemon receives it ([`read_exact_with_fds`]) and seals it
 //! ([`seal_shrink`]). Every write to the daemon goes through [`send_all`] (`MSG_NOSIGNAL`).
 //! The peer's credentials are [`crate::peer`].
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-/// Most descriptors accepted in one message; more are closed and reported as an error by the
-/// caller (a client sends exactly one).
+use rustix::fs::{fcntl_add_seals, SealFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, send, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+/// Descriptors one message may carry (the control buffer's alignment may leave room for a
+/// few more); beyond the room, the message is an error and what arrived is closed (a client
+/// sends exactly one).
 const MAX_FDS: usize = 4;
 
 /// Fills `buf` completely with `recvmsg`, collecting every descriptor that arrives with the
@@ -37,152 +46,108 @@ pub fn read_exact_with_fds(
 
 /// One `recvmsg` into `buf`; received descriptors (close-on-exec) are appended to `fds`.
 fn recv_with_fds(stream: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
-    // u64 elements keep the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 16];
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space =
-        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<libc::c_int>()) as u32) } as usize;
-    debug_assert!(space <= std::mem::size_of_val(&control));
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     loop {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(buf)];
+        let msg = match recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(msg) => msg,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         };
-        // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: `msg` points to a live iovec over `buf` and to `control` (at least `space`
-        // bytes); recvmsg writes only inside them.
-        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        // SAFETY: walking the control messages recvmsg just wrote, with the libc macros that
-        // bound every step by msg_controllen; each SCM_RIGHTS payload is an array of ints, and
-        // each received descriptor is a fresh one this process now owns.
-        unsafe {
-            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-            while !cmsg.is_null() {
-                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                    let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
-                    let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
-                        let fd = data.add(i).read_unaligned();
-                        fds.push(OwnedFd::from_raw_fd(fd));
-                    }
-                }
-                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        // Each received descriptor is a fresh one this process now owns (closed on drop,
+        // also when the message is refused below).
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
             }
         }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "more descriptors than expected were sent (control data truncated)",
             ));
         }
-        return Ok(n as usize);
+        return Ok(msg.bytes);
     }
 }
 
 /// Tries to forbid shrinking the memfd, so a client cannot make the daemon's mapping fault
-/// (SIGBUS) by truncating it. Works when the client created it with `MFD_ALLOW_SEALING`.
+/// (SIGBUS) by truncating it. Works when the client created it with `MFD_ALLOW_SEALING`
+/// ([`crate::ring::create_memfd`] does).
 pub fn seal_shrink(fd: &OwnedFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own; F_ADD_SEALS takes an int argument.
-    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    fcntl_add_seals(fd, SealFlags::SHRINK).map_err(io::Error::from)
 }
 
 /// Writes all of `buf` with `MSG_NOSIGNAL`: a daemon that went away is an error, never a
 /// SIGPIPE that kills the traced program.
 pub fn send_all(stream: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        // SAFETY: `buf` is a live slice; send reads at most its length.
-        let n = unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match send(stream, buf, SendFlags::NOSIGNAL) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        buf = &buf[n as usize..];
     }
     Ok(())
 }
 
-/// Sends all of `frame`, with `fd` (when given) attached as `SCM_RIGHTS` to its first bytes.
-pub fn send_with_fd(stream: &UnixStream, frame: &[u8], fd: Option<RawFd>) -> io::Result<()> {
-    let Some(fd) = fd else {
+/// Sends all of `frame`, with `fds` (when any) attached as `SCM_RIGHTS` to its first bytes.
+/// At most [`MAX_FDS`] descriptors, what the receiving side accepts.
+pub fn send_with_fds(stream: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.is_empty() {
         return send_all(stream, frame);
-    };
-    // u64 elements keep the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    debug_assert!(space <= std::mem::size_of_val(&control));
-    let mut iov = libc::iovec {
-        iov_base: frame.as_ptr() as *mut libc::c_void,
-        iov_len: frame.len(),
-    };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    }
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} descriptors in one message, at most {MAX_FDS}",
+                fds.len()
+            ),
+        ));
+    }
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let sent = loop {
-        // SAFETY: msg_control points to `space` bytes, enough for one cmsg carrying one fd;
-        // CMSG_FIRSTHDR/CMSG_DATA stay inside it; sendmsg only reads the live buffers.
-        let n = unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-            libc::CMSG_DATA(c).cast::<RawFd>().write_unaligned(fd);
-            libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(io::Error::other(
+                "no room for the descriptors' control message",
+            ));
         }
-        break n as usize;
+        match sendmsg(
+            stream,
+            &[IoSlice::new(frame)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) => break n,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     };
-    // The descriptor went with the first bytes; the rest (if any) is plain data.
+    // The descriptors went with the first bytes; the rest (if any) is plain data.
     send_all(stream, &frame[sent..])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    fn close_on_exec(fd: &OwnedFd) -> bool {
+        rustix::io::fcntl_getfd(fd)
+            .expect("F_GETFD")
+            .contains(rustix::io::FdFlags::CLOEXEC)
+    }
 
     #[test]
     fn a_descriptor_sent_with_a_frame_arrives_with_its_bytes() {
         let (a, b) = UnixStream::pair().expect("socketpair");
         let (r, mut w) = UnixStream::pair().expect("a descriptor to pass");
         let frame: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-        let sender = std::thread::spawn(move || send_with_fd(&a, &frame, Some(r.as_raw_fd())));
+        let sender = std::thread::spawn(move || send_with_fds(&a, &frame, &[r.as_fd()]));
         let mut got = vec![0u8; 100_000];
         let mut fds = Vec::new();
         assert!(read_exact_with_fds(&b, &mut got, &mut fds).expect("receive"));
@@ -190,7 +155,7 @@ mod tests {
         assert!(got.iter().copied().eq((0..=255u8).cycle().take(100_000)));
         assert_eq!(fds.len(), 1, "exactly the one descriptor sent");
         // The received descriptor is the same socket: bytes written to its peer arrive.
-        std::io::Write::write_all(&mut w, b"ring").expect("write");
+        w.write_all(b"ring").expect("write");
         let mut passed = UnixStream::from(fds.pop().expect("fd"));
         let mut four = [0u8; 4];
         passed
@@ -199,10 +164,64 @@ mod tests {
         assert_eq!(&four, b"ring");
     }
 
+    /// Every descriptor of a message arrives, in order, each close-on-exec: a received ring
+    /// must not leak into a program the daemon or the CLI starts.
+    #[test]
+    fn several_descriptors_arrive_in_order_each_close_on_exec() {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let pairs: Vec<(UnixStream, UnixStream)> = (0..MAX_FDS)
+            .map(|_| UnixStream::pair().expect("a descriptor to pass"))
+            .collect();
+        let sent: Vec<BorrowedFd<'_>> = pairs.iter().map(|(r, _)| r.as_fd()).collect();
+        send_with_fds(&a, b"four", &sent).expect("send");
+        let mut got = [0u8; 4];
+        let mut fds = Vec::new();
+        assert!(read_exact_with_fds(&b, &mut got, &mut fds).expect("receive"));
+        assert_eq!(&got, b"four");
+        assert_eq!(fds.len(), MAX_FDS);
+        for (i, (fd, (_, mut w))) in fds.into_iter().zip(pairs).enumerate() {
+            assert!(
+                close_on_exec(&fd),
+                "descriptor {i} is inherited across exec"
+            );
+            w.write_all(&[i as u8]).expect("write");
+            let mut one = [0u8; 1];
+            UnixStream::from(fd).read_exact(&mut one).expect("read");
+            assert_eq!(one[0], i as u8, "descriptor {i} arrived out of order");
+        }
+    }
+
+    /// A peer that sends more descriptors than a message may carry gets an error, and what
+    /// did arrive is owned (closed), not leaked.
+    #[test]
+    fn too_many_descriptors_are_refused_on_both_sides() {
+        let (a, b) = UnixStream::pair().expect("socketpair");
+        let (r, _w) = UnixStream::pair().expect("a descriptor to pass");
+        let many = vec![r.as_fd(); MAX_FDS + 1];
+        let e = send_with_fds(&a, b"x", &many).expect_err("over the limit");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        // A hand-made message with more than the receiver makes room for.
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(16))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let sixteen = vec![r.as_fd(); 16];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&sixteen)));
+        sendmsg(&a, &[IoSlice::new(b"x")], &mut control, SendFlags::empty()).expect("sendmsg");
+        let mut got = [0u8; 1];
+        let mut fds = Vec::new();
+        let e = read_exact_with_fds(&b, &mut got, &mut fds).expect_err("truncated control data");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // Those that fit the control buffer arrived and are owned here (closed on drop).
+        assert!(
+            (MAX_FDS..16).contains(&fds.len()),
+            "{} descriptors kept",
+            fds.len()
+        );
+    }
+
     #[test]
     fn a_frame_without_a_descriptor_arrives_alone_and_end_of_stream_is_not_an_error() {
         let (a, b) = UnixStream::pair().expect("socketpair");
-        send_with_fd(&a, b"hello", None).expect("send");
+        send_with_fds(&a, b"hello", &[]).expect("send");
         drop(a);
         let mut got = [0u8; 5];
         let mut fds = Vec::new();
@@ -210,5 +229,23 @@ mod tests {
         assert_eq!(&got, b"hello");
         assert!(fds.is_empty());
         assert!(!read_exact_with_fds(&b, &mut got, &mut fds).expect("end of stream"));
+    }
+
+    /// A sealed ring cannot be shrunk under the daemon's mapping (a SIGBUS in the daemon), and
+    /// a memfd made without sealing support says so instead of passing as sealed.
+    #[test]
+    fn a_sealed_ring_cannot_shrink_and_an_unsealable_one_is_an_error() {
+        let ring = crate::ring::create_memfd(1 << 16).expect("ring memfd");
+        assert!(
+            close_on_exec(&ring),
+            "the ring's memfd is inherited across exec"
+        );
+        seal_shrink(&ring).expect("seal");
+        let e = rustix::fs::ftruncate(&ring, 4096).expect_err("shrinking a sealed memfd");
+        assert_eq!(e, Errno::PERM);
+        rustix::fs::ftruncate(&ring, 1 << 17).expect("growing stays allowed");
+        let plain =
+            rustix::fs::memfd_create("unsealable", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
+        assert!(seal_shrink(&plain).is_err());
     }
 }

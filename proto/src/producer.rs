@@ -2,12 +2,12 @@
 //! `SCM_RIGHTS`, the daemon's answer, then frames (in libttrace.so written by the tracer thread
 //! only). The daemon's tests and benchmarks drive it too (`ttraced::test_client`).
 
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::fdpass::{send_all, send_with_fd};
+use crate::fdpass::{send_all, send_with_fds};
 use crate::wire::{self, ClientMsg, DaemonMsg, Hello};
 
 /// How long the daemon may take to answer `Hello`, at most (the stall budget may allow less).
@@ -60,7 +60,8 @@ impl std::fmt::Display for ConnectError {
 
 impl Client {
     /// Connects to `path`, checks that the listener runs as this user (or root), sends
-    /// `hello` with `ring_fd`, and waits for the daemon's answer.
+    /// `hello` with `ring_fd` (a descriptor the caller keeps open across the call), and waits
+    /// for the daemon's answer.
     pub fn connect(
         path: &Path,
         hello: Hello,
@@ -95,8 +96,7 @@ impl Client {
         let peer = crate::peer::peer_cred(&stream)
             .map_err(|e| failed("cannot identify the listener on", &e))?
             .uid;
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = rustix::process::getuid().as_raw();
         if peer != uid && peer != 0 {
             return Err(ConnectError::Failed(format!(
                 "the listener on {shown} runs as uid {peer}, not as this user (uid {uid}): \
@@ -104,7 +104,11 @@ impl Client {
             )));
         }
         let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| failed("hello for", &e))?;
-        send_with_fd(&stream, &frame, ring_fd).map_err(|e| failed("cannot send hello to", &e))?;
+        // SAFETY: `connect`'s contract: `ring_fd` is a descriptor the caller keeps open across
+        // the call (the kernel duplicates it into the message).
+        let ring = ring_fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
+        send_with_fds(&stream, &frame, ring.as_slice())
+            .map_err(|e| failed("cannot send hello to", &e))?;
         // A zero timeout means none to the socket layer: wait at least a millisecond.
         let within = answer_within
             .min(HELLO_TIMEOUT)

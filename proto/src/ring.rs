@@ -296,31 +296,41 @@ impl Ring {
     }
 }
 
+/// The name the ring's memfd shows under `/proc/PID/fd` (`/memfd:ttrace-ring`).
+const MEMFD_NAME: &std::ffi::CStr = c"ttrace-ring";
+
+/// Creates the memfd a ring lives in, `len` bytes ([`mapping_bytes`]): close-on-exec (a
+/// program the traced process starts does not inherit it) and sealable (the daemon seals it
+/// against shrinking, [`crate::fdpass::seal_shrink`]). The one place a ring's memory is made,
+/// for libttrace.so and for the daemon's test producer alike.
+pub fn create_memfd(len: u64) -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{ftruncate, memfd_create, MemfdFlags};
+    let fd =
+        memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("memfd_create for the snapshot ring: {e}"))
+        })?;
+    ftruncate(&fd, len).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot size the {len}-byte ring: {e}"))
+    })?;
+    Ok(fd)
+}
+
 /// Sleeps while `*word == seen`, at most `timeout` (spurious wake-ups are fine).
 fn futex_wait(word: &AtomicU32, seen: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    let ts = rustix::thread::futex::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos().into(),
     };
-    // SAFETY: FUTEX_WAIT on a 4-byte aligned word of a shared mapping (not FUTEX_PRIVATE: the
-    // waker is another process); the kernel only reads the word and the timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            seen,
-            &ts as *const libc::timespec,
-        );
-    }
+    // Not FUTEX_PRIVATE: the waker is another process sharing the mapping. A timeout, a
+    // changed word or a signal all just end the wait; the caller checks again.
+    let _ =
+        rustix::thread::futex::wait(word, rustix::thread::futex::Flags::empty(), seen, Some(&ts));
 }
 
 /// Wakes every waiter on `word`.
 fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE only uses the address as a key.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
-    }
+    let _ =
+        rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), i32::MAX as u32);
 }
 
 #[cfg(test)]

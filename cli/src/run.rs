@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use ttrace_format::config::{CaptureConfig, Family, RangeSet, StepRule};
 use ttraced::{Config, Daemon, Summary};
 
@@ -25,13 +26,13 @@ const EXIT_TTRACE: i32 = 125;
 const EXIT_INCOMPLETE: i32 = 74;
 /// Signals a scheduler or a terminal sends that `ttrace run` forwards to the command (Slurm
 /// sends USR1/USR2 ahead of a time limit, HUP when the session ends).
-const FORWARDED: [libc::c_int; 6] = [
-    libc::SIGHUP,
-    libc::SIGINT,
-    libc::SIGQUIT,
-    libc::SIGTERM,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTERM,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
 ];
 
 /// Trace a command: run it with libttrace.so preloaded and collect its snapshots into a store.
@@ -286,24 +287,16 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
 }
 
 fn install_signal_handlers() -> anyhow::Result<()> {
+    // SigHandler::SigAction adds SA_SIGINFO.
+    let handler = SigAction::new(
+        SigHandler::SigAction(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for sig in FORWARDED {
-        // SAFETY: an SA_SIGINFO handler that only touches atomics; a zeroed sigaction with an
-        // empty mask is valid. The child gets default dispositions back at exec.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as libc::sighandler_t;
-            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            bail!(
-                "cannot handle signal {sig}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+        // SAFETY: the handler is async-signal-safe: it only touches atomics. The child gets
+        // default dispositions back at exec.
+        unsafe { sigaction(sig, &handler) }.with_context(|| format!("cannot handle {sig}"))?;
     }
     Ok(())
 }
@@ -684,20 +677,20 @@ fn describe(st: ExitStatus) -> String {
 
 /// Waits for the command, forwarding the signals sent to ttrace ([`FORWARDED`]).
 fn wait_forwarding(mut child: Child) -> anyhow::Result<ExitStatus> {
+    use nix::unistd::Pid;
     let mut forwarded = [0usize; 32];
     loop {
         if let Some(st) = child.try_wait().context("waiting for the command")? {
             return Ok(st);
         }
         for sig in FORWARDED {
-            let want = PENDING[sig as usize].load(Ordering::SeqCst);
-            while forwarded[sig as usize] < want {
-                forwarded[sig as usize] += 1;
-                // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs),
-                // so the pid cannot have been reused.
-                unsafe {
-                    libc::kill(child.id() as libc::pid_t, sig);
-                }
+            let n = sig as usize;
+            let want = PENDING[n].load(Ordering::SeqCst);
+            while forwarded[n] < want {
+                forwarded[n] += 1;
+                // Our own child, not yet reaped (try_wait said it runs), so the pid cannot
+                // have been reused.
+                let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), sig);
             }
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -280,19 +280,12 @@ fn gbps(bytes: u64, d: Duration) -> f64 {
 
 /// CPU time of this process (all threads) and of the calling thread.
 fn cpu_times() -> (Duration, Duration) {
+    use rustix::time::{clock_gettime, ClockId};
     let get = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
+        let ts = clock_gettime(clock);
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     };
-    (
-        get(libc::CLOCK_PROCESS_CPUTIME_ID),
-        get(libc::CLOCK_THREAD_CPUTIME_ID),
-    )
+    (get(ClockId::ProcessCPUTime), get(ClockId::ThreadCPUTime))
 }
 
 /// CPU seconds the whole machine spent busy so far (all cores, `/proc/stat`).
@@ -313,8 +306,7 @@ fn machine_busy() -> Option<f64> {
         .filter(|&(i, _)| i != 3 && i != 4)
         .map(|(_, v)| v)
         .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = rustix::param::clock_ticks_per_second();
     Some(busy / hz.max(1) as f64)
 }
 

@@ -250,8 +250,7 @@ impl Collector {
         check_settings(config.threads, config.level)?;
         let listener: UnixListener = bind_private(&config.socket)?;
         let jobs = Arc::new(Jobs {
-            // SAFETY: getuid cannot fail.
-            uid: unsafe { libc::getuid() },
+            uid: rustix::process::getuid().as_raw(),
             level: config.level,
             pool: Arc::new(Pool::new(config.threads, config.level)),
             open: Mutex::new(HashMap::new()),

@@ -520,8 +520,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        // SAFETY: getuid cannot fail.
-        let uid = unsafe { libc::getuid() };
+        let uid = rustix::process::getuid().as_raw();
         let router: Arc<dyn Route> = Arc::new(FixedStore {
             shared: shared.clone(),
             uid,
@@ -556,7 +555,7 @@ pub(crate) fn accept_loop(
     threads: ClientThreads,
     live: Option<Arc<std::sync::atomic::AtomicUsize>>,
 ) {
-    use std::os::fd::AsRawFd;
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let mut next_id = 0u64;
     loop {
         if router.stopping() {
@@ -564,14 +563,13 @@ pub(crate) fn accept_loop(
         }
         // Wait for a connection at most 100 ms at a time, so a stop request is seen even when
         // nobody can connect (e.g. the socket file was removed).
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut pfd = [PollFd::new(&listener, PollFlags::IN)];
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
         };
-        // SAFETY: poll on one valid pollfd that lives across the call.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if ready <= 0 {
+        // An error (EINTR) is a tick like a timeout: the loop looks again.
+        if !matches!(poll(&mut pfd, Some(&tick)), Ok(n) if n > 0) {
             continue;
         }
         let stream = match listener.accept() {

@@ -76,7 +76,7 @@ fn seconds(s: &str) -> Result<f64, String> {
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+extern "C" fn on_signal(_: std::ffi::c_int) {
     // Async-signal-safe: an atomic store only.
     STOP.store(true, Ordering::SeqCst);
 }
@@ -94,18 +94,16 @@ fn main() -> anyhow::Result<()> {
         .init();
     // HUP too: a daemon started from a shell that goes away finalises its stores instead of
     // dying with them unfinalised.
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: installs a handler that only stores to an atomic; a zeroed sigaction with
-        // an empty mask is a valid argument.
-        let rc = unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut())
-        };
-        if rc != 0 {
-            anyhow::bail!("cannot install a handler for signal {sig}");
-        }
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let handler = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler is async-signal-safe: it only stores to an atomic.
+        unsafe { sigaction(sig, &handler) }
+            .with_context(|| format!("cannot install a handler for {sig}"))?;
     }
     match &args.store {
         Some(store) => one_store(&args, store),
@@ -120,47 +118,46 @@ fn main() -> anyhow::Result<()> {
 /// job's caller waits on must not stay open in a long-lived collector). Returns the pipe
 /// end on which to say "listening".
 fn detach() -> Option<std::fs::File> {
+    use nix::unistd::{fork, ForkResult};
     use std::io::Read;
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: pipe2 writes two descriptors into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: fresh descriptors owned here from now on.
-    let (read_end, write_end) = unsafe {
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    };
+    use std::os::fd::AsRawFd;
+    let (read_end, write_end) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).ok()?;
+    let (read_end, write_end) = (
+        std::fs::File::from(read_end),
+        std::fs::File::from(write_end),
+    );
     // SAFETY: fork in a process that has not started any thread yet.
-    match unsafe { libc::fork() } {
-        -1 => return None,
-        0 => {}
-        _ => {
+    match unsafe { fork() } {
+        Err(_) => return None,
+        Ok(ForkResult::Child) => {}
+        Ok(ForkResult::Parent { .. }) => {
             drop(write_end);
             let mut byte = [0u8; 1];
             let ok = matches!((&read_end).read(&mut byte), Ok(1));
-            // SAFETY: _exit ends the starter without running the collector's destructors.
-            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            // Nothing is buffered or registered yet (logging starts after detach), so exit()
+            // ends the starter as _exit would.
+            std::process::exit(if ok { 0 } else { 1 });
         }
     }
     drop(read_end);
-    // SAFETY: setsid has no arguments; in a fresh child it cannot fail.
-    unsafe { libc::setsid() };
+    // In a fresh child (not a group leader) setsid cannot fail.
+    let _ = rustix::process::setsid();
     if let Ok(null) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/null")
     {
-        // SAFETY: dup2 of a valid descriptor onto standard input and output.
-        unsafe {
-            libc::dup2(null.as_raw_fd(), 0);
-            libc::dup2(null.as_raw_fd(), 1);
-        }
+        let _ = rustix::stdio::dup2_stdin(&null);
+        let _ = rustix::stdio::dup2_stdout(&null);
     }
-    let keep = write_end.as_raw_fd() as u32;
+    close_inherited(write_end.as_raw_fd() as u32);
+    Some(write_end)
+}
+
+/// Closes every descriptor above standard error but `keep`. Neither rustix nor nix has
+/// close_range(2): closing descriptors this process does not own is outside what a safe API
+/// can offer.
+fn close_inherited(keep: u32) {
     for (lo, hi) in [(3u32, keep.saturating_sub(1)), (keep + 1, u32::MAX)] {
         if lo > hi {
             continue;
@@ -174,7 +171,6 @@ fn detach() -> Option<std::fs::File> {
             }
         }
     }
-    Some(write_end)
 }
 
 fn one_store(args: &Args, store: &std::path::Path) -> anyhow::Result<()> {

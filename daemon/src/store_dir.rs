@@ -13,10 +13,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{fallocate, flock, FallocateFlags, FlockOperation, OFlags};
+use rustix::io::Errno;
 use tracing::debug;
 
 /// Name of the lock file inside a store.
@@ -24,7 +25,7 @@ pub const LOCK_FILE: &str = ".lock";
 /// Name of the space reserve inside a store.
 pub const RESERVE_FILE: &str = ".reserve";
 /// Bytes kept in reserve for the final manifest and indexes.
-const RESERVE_BYTES: i64 = 2 << 20;
+const RESERVE_BYTES: u64 = 2 << 20;
 
 /// Why a directory cannot hold a new store.
 #[derive(Debug, thiserror::Error)]
@@ -94,17 +95,15 @@ impl StoreDir {
             .create(true)
             .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(OFlags::NOFOLLOW.union(OFlags::CLOEXEC).bits() as i32)
             .open(&lock_path)
             .map_err(at(&lock_path))?;
-        // SAFETY: flock on a descriptor that lives across the call.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
-            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                StoreDirError::Locked(path.to_path_buf())
-            } else {
-                at(&lock_path)(e)
-            });
+        // Held as long as the descriptor is open, i.e. while this StoreDir lives; released by
+        // the kernel when the writer dies.
+        match flock(&lock, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Err(StoreDirError::Locked(path.to_path_buf())),
+            Err(e) => return Err(at(&lock_path)(e.into())),
         }
         // Under the lock: a writer that came and went in between left its files.
         check_empty(path, true)?;
@@ -173,7 +172,7 @@ fn check_empty(dir: &Path, locked: bool) -> Result<(), StoreDirError> {
     Err(StoreDirError::NotEmpty(dir.to_path_buf(), names.join(", ")))
 }
 
-/// Allocates the reserve; a file system without room or without `fallocate` goes without.
+/// Allocates the reserve; a file system without room goes without.
 fn reserve(dir: &Path) {
     let p = dir.join(RESERVE_FILE);
     let made = OpenOptions::new()
@@ -181,13 +180,19 @@ fn reserve(dir: &Path) {
         .create_new(true)
         .mode(0o600)
         .open(&p)
-        .and_then(|f| {
-            // SAFETY: posix_fallocate on a descriptor that lives across the call.
-            match unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, RESERVE_BYTES) } {
-                0 => Ok(()),
-                e => Err(io::Error::from_raw_os_error(e)),
-            }
-        });
+        .and_then(
+            |mut f| match fallocate(&f, FallocateFlags::empty(), 0, RESERVE_BYTES) {
+                Ok(()) => Ok(()),
+                // As posix_fallocate does where the file system has no fallocate: write the
+                // blocks (zeros), so the reserve is there all the same.
+                Err(Errno::OPNOTSUPP) => {
+                    use std::io::Write;
+                    let zeros = [0u8; 64 << 10];
+                    (0..RESERVE_BYTES / zeros.len() as u64).try_for_each(|_| f.write_all(&zeros))
+                }
+                Err(e) => Err(e.into()),
+            },
+        );
     if let Err(e) = made {
         debug!("{}: no space reserve ({e})", p.display());
         let _ = std::fs::remove_file(&p);
@@ -239,6 +244,32 @@ mod tests {
             Err(StoreDirError::NotEmpty(_, names)) => assert_eq!(names, "notes.txt"),
             other => panic!("got {other:?}"),
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The writer's lock is an flock on the store's lock file, held exactly as long as the
+    /// StoreDir lives: another writer (another open of the file, as from another process)
+    /// cannot take it meanwhile, and can once it is dropped.
+    #[test]
+    fn the_store_is_flocked_while_its_writer_lives_and_has_its_reserve() {
+        use std::os::unix::fs::MetadataExt;
+        let d = scratch("flock");
+        let s = StoreDir::create(&d).expect("creates");
+        let reserve = std::fs::metadata(d.join(RESERVE_FILE)).expect("the reserve exists");
+        assert_eq!(reserve.len(), RESERVE_BYTES);
+        assert!(
+            reserve.blocks() * 512 >= RESERVE_BYTES,
+            "the reserve is allocated, not sparse"
+        );
+        let other = File::open(d.join(LOCK_FILE)).expect("open the lock file");
+        assert_eq!(
+            flock(&other, FlockOperation::NonBlockingLockExclusive),
+            Err(Errno::WOULDBLOCK),
+            "a second writer took the lock"
+        );
+        drop(s);
+        flock(&other, FlockOperation::NonBlockingLockExclusive)
+            .expect("the lock is released with its writer");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -236,7 +236,7 @@ fn open_segment_rw(path: &Path) -> Result<std::fs::File, FormatError> {
     let f = OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .custom_flags(crate::store::NOFOLLOW_NONBLOCK)
         .open(path)
         .map_err(|e| FormatError::at(path, e))?;
     if !f

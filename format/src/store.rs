@@ -16,6 +16,8 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustix::fs::OFlags;
+use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{self, Codec};
@@ -28,6 +30,15 @@ pub use crate::frame::{
     IndexEntry, BLOB_HEADER_BYTES, FORMAT_MAJOR, FORMAT_MINOR, FRAME_HEADER_BYTES, FRAME_MAGIC,
     INDEX_ENTRY_BYTES, INDEX_MAGIC, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC,
 };
+/// Open flags of a store's files: the last component is never followed, a FIFO never blocks
+/// the open, the descriptor is not inherited across exec.
+pub(crate) const NOFOLLOW_NONBLOCK: i32 = OFlags::NOFOLLOW
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::CLOEXEC)
+    .bits() as i32;
+/// What `open` says for a symbolic link under `O_NOFOLLOW`.
+const ELOOP: i32 = Errno::LOOP.raw_os_error();
+
 /// Largest record metadata (CBOR) a frame may carry.
 pub const MAX_META_BYTES: usize = 1 << 20;
 
@@ -39,10 +50,10 @@ pub fn open_regular(path: &Path) -> Result<File, FormatError> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .custom_flags(NOFOLLOW_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => FormatError::Corrupt(format!(
+            Some(ELOOP) => FormatError::Corrupt(format!(
                 "{}: a symbolic link, not a file of the store; not followed",
                 path.display()
             )),
@@ -68,7 +79,7 @@ pub fn create_regular(path: &Path) -> Result<File, FormatError> {
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .custom_flags(NOFOLLOW_NONBLOCK)
         .open(path)
         .map_err(|e| FormatError::at(path, e))?;
     let m = f.metadata().map_err(|e| FormatError::at(path, e))?;
@@ -207,7 +218,7 @@ impl Manifest {
             .create(true)
             .truncate(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)
             .and_then(|mut f| {
                 f.write_all(&body)?;
@@ -369,14 +380,8 @@ impl DirectFile {
     /// Opens `path` (already created, empty, through `plain`) for direct writes; `None` when
     /// the file system does not do `O_DIRECT`.
     fn open(path: &Path, plain: File) -> Option<DirectFile> {
-        use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
-        // SAFETY: fstatfs fills one statfs for a descriptor that lives across the call.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstatfs(plain.as_raw_fd(), &mut fs) } != 0 {
-            return None;
-        }
+        let fs = rustix::fs::fstatfs(&plain).ok()?;
         // tmpfs and ramfs are the page cache: a direct write there is one more copy.
         const TMPFS_MAGIC: i64 = 0x0102_1994;
         const RAMFS_MAGIC: i64 = 0x8584_58f6;
@@ -385,7 +390,7 @@ impl DirectFile {
         }
         let direct = OpenOptions::new()
             .write(true)
-            .custom_flags(libc::O_DIRECT)
+            .custom_flags(OFlags::DIRECT.bits() as i32)
             .open(path)
             .ok()?;
         let buf = memmap2::MmapMut::map_anon(DIRECT_BUF).ok()?;
@@ -429,7 +434,7 @@ impl DirectFile {
             if self.direct_ok {
                 match self.direct.write_all_at(data, pos) {
                     Ok(()) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    Err(e) if e.raw_os_error() == Some(Errno::INVAL.raw_os_error()) => {
                         // The file system takes O_DIRECT opens but not the writes (or wants
                         // another alignment): write through the page cache from now on.
                         self.direct_ok = false;

@@ -737,7 +737,9 @@ impl Tracer {
             self.skip_slot(c.slot);
             return;
         }
-        st.crc.update(&bytes[..c.len as usize]);
+        // The stream's CRC-32 from the chunk's (one pass over the bytes, not two).
+        st.crc
+            .combine(&crc32fast::Hasher::new_with_initial_len(crc32, c.len));
         st.fingerprint
             .get_or_insert_with(|| StreamedEvidence::new(c.total, u64::from(c.elem)))
             .chunk(c.offset, &bytes[..c.len as usize]);

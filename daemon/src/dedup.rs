@@ -84,7 +84,9 @@ impl Seen {
                 .map(|(_, r)| *r);
             match earlier {
                 // A repeat's job did not compress it: its reference is all there is.
-                Some(r) if blob.stored.len() > REFERENCE_BYTES || crate::pieces::is_repeat(blob) => {
+                Some(r)
+                    if blob.stored.len() > REFERENCE_BYTES || crate::pieces::is_repeat(blob) =>
+                {
                     *blob = r.to_blob(blob.elem_size, blob.raw_len);
                     out.bytes += t.nbytes;
                 }

@@ -79,20 +79,30 @@ const RECENT_SEGMENTS: usize = 8;
 /// parallel), compresses after all (`SegRef::append`).
 #[derive(Default)]
 pub(crate) struct Compressed {
-    recent: Mutex<VecDeque<((u32, u64), HashSet<Digest>)>>,
+    recent: Mutex<VecDeque<SegmentDigests>>,
+}
+
+/// The digests compressed for one segment.
+struct SegmentDigests {
+    /// (rank, step).
+    key: (u32, u64),
+    digests: HashSet<Digest>,
 }
 
 impl Compressed {
     /// Whether `digest` was compressed before for the segment `key`; remembers it if not.
     fn seen_before(&self, key: (u32, u64), digest: Digest) -> bool {
         let mut recent = self.recent.lock();
-        if let Some((_, set)) = recent.iter_mut().find(|(k, _)| *k == key) {
-            return !set.insert(digest);
+        if let Some(seg) = recent.iter_mut().find(|s| s.key == key) {
+            return !seg.digests.insert(digest);
         }
         if recent.len() >= RECENT_SEGMENTS {
             recent.pop_front();
         }
-        recent.push_back((key, HashSet::from([digest])));
+        recent.push_back(SegmentDigests {
+            key,
+            digests: HashSet::from([digest]),
+        });
         false
     }
 }
@@ -316,10 +326,14 @@ mod tests {
         }
         // Other bytes, and tensors too small to deduplicate, are compressed.
         let other = floats(4096, 8);
-        assert!(!is_repeat(&encode_once(&other, 4, &mut enc, &seen, (0, 3)).blob));
+        assert!(!is_repeat(
+            &encode_once(&other, 4, &mut enc, &seen, (0, 3)).blob
+        ));
         let tiny = &w[..dedup::MIN_DEDUP_BYTES - 4];
         for _ in 0..2 {
-            assert!(!is_repeat(&encode_once(tiny, 4, &mut enc, &seen, (0, 3)).blob));
+            assert!(!is_repeat(
+                &encode_once(tiny, 4, &mut enc, &seen, (0, 3)).blob
+            ));
         }
         // An empty tensor is never taken for a repeat.
         assert!(!is_repeat(&encode(&[], 4, &mut enc, true).blob));

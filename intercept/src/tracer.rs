@@ -594,8 +594,9 @@ impl Tracer {
             self.broken = true;
             return false;
         }
-        let detail =
-            format!("the op or its snapshot copies did not complete on the device (cudaError {code})");
+        let detail = format!(
+            "the op or its snapshot copies did not complete on the device (cudaError {code})"
+        );
         crate::fault(c.meta.api, detail);
         if let Some(s) = c.slot {
             self.skip_slot(s);

@@ -527,15 +527,15 @@ impl Tracer {
                     r = cuda::event_query(ev.handle());
                 }
             }
-            if r == cuda_abi::cudart::cudaErrorNotReady {
-                if DRAIN_TO.load(Ordering::Acquire) == u64::MAX {
-                    // Any answer but success is taken from the query (the op's error, or a
-                    // runtime without the call: polling then).
-                    r = match cuda::event_synchronize(ev.handle()) {
-                        cuda_abi::cudart::cudaSuccess => cuda_abi::cudart::cudaSuccess,
-                        _ => cuda::event_query(ev.handle()),
-                    };
-                }
+            if r == cuda_abi::cudart::cudaErrorNotReady
+                && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
+            {
+                // Any answer but success is taken from the query (the op's error, or a
+                // runtime without the call: polling then).
+                r = match cuda::event_synchronize(ev.handle()) {
+                    cuda_abi::cudart::cudaSuccess => cuda_abi::cudart::cudaSuccess,
+                    _ => cuda::event_query(ev.handle()),
+                };
             }
             match r {
                 cuda_abi::cudart::cudaSuccess => {

@@ -206,6 +206,8 @@ impl ClientState {
 /// A client's ring as the daemon maps it.
 pub(crate) struct ClientRing {
     ring: Ring,
+    /// What the compression jobs of its tensors compressed, to skip repeats.
+    compressed: pieces::Compressed,
     // Keeps the mapping `ring` points into alive.
     _map: MmapMut,
 }
@@ -258,7 +260,11 @@ impl ClientRing {
                 ring.capacity()
             ));
         }
-        Ok(ClientRing { ring, _map: map })
+        Ok(ClientRing {
+            ring,
+            compressed: pieces::Compressed::default(),
+            _map: map,
+        })
     }
 
     /// The bytes at `offset..offset + len` of a slot.
@@ -684,7 +690,11 @@ fn prepare(
         }
     }
     let mut tensors = Vec::with_capacity(captured.len());
-    let dedup = shared.run.capture.dedup;
+    let dedup = shared
+        .run
+        .capture
+        .dedup
+        .then_some((record.rank, record.step));
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
         let result = match slot {
             Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
@@ -766,13 +776,15 @@ fn prepare_chunk(
         )));
     }
     *last_end = c.slot.end;
-    let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, false);
+    let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, None);
     Ok(Work::Chunk(Box::new(c), result))
 }
 
 /// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
 /// ([`pieces::cut`]) that the pool's threads compress at the same time; its result (joined
-/// by the last piece's job) arrives on the returned channel.
+/// by the last piece's job) arrives on the returned channel. `dedup`: the segment (rank,
+/// step) whose repeated bytes are stored once; a tensor of one piece that repeats one
+/// compressed for it before is not compressed again ([`pieces::Compressed`]).
 fn submit_tensor(
     shared: &Arc<Shared>,
     ring: &Arc<ClientRing>,
@@ -780,10 +792,11 @@ fn submit_tensor(
     offset: u64,
     nbytes: u64,
     elem: usize,
-    dedup: bool,
+    dedup: Option<(u32, u64)>,
 ) -> Receiver<Encoded> {
     let cut = pieces::cut(nbytes, elem, shared.pool.piece_bytes());
-    let (set, rx) = PieceSet::new(cut, elem, dedup);
+    let once = dedup.filter(|_| cut.len() == 1);
+    let (set, rx) = PieceSet::new(cut, elem, dedup.is_some());
     for (i, &(at, len)) in set.pieces.iter().enumerate() {
         let (set, ring) = (set.clone(), ring.clone());
         shared.pool.submit(Box::new(move |enc: &mut Encoder| {
@@ -791,7 +804,10 @@ fn submit_tensor(
             // after it has received the tensor's result (sent once every piece is done); the
             // piece lies inside the tensor, which lies inside the slot (checked by the caller).
             let bytes = unsafe { ring.bytes(&slot, offset + at, len) };
-            let e = pieces::encode(bytes, elem, enc, dedup);
+            let e = match once {
+                Some(key) => pieces::encode_once(bytes, elem, enc, &ring.compressed, key),
+                None => pieces::encode(bytes, elem, enc, dedup.is_some()),
+            };
             set.done(i, e, |buf| enc.recycle(buf));
         }));
     }
@@ -1019,10 +1035,19 @@ impl Writer<'_> {
         let key = (rec.rank, rec.step);
         self.losses.given();
         let flushed = self.hold(key);
+        let (ring, level) = (self.ring, self.shared.level);
+        let mut compress = |i: usize, blob: &mut Blob| {
+            // A repeat its segment does not hold after all: compressed here, from the ring.
+            if let (Some((off, nbytes, elem, _)), Some(s)) = (p.tensors.get(i), &p.slot) {
+                // SAFETY: as in `prepare`: the slot is ours until released after this.
+                let bytes = unsafe { ring.bytes(s, *off, *nbytes) };
+                *blob = pieces::encode(bytes, *elem, &mut Encoder::new(level), false).blob;
+            }
+        };
         let written = self
             .held
             .get(&key)
-            .map(|seg| seg.append(rec, &mut blobs, &digests, self.losses));
+            .map(|seg| seg.append(rec, &mut blobs, &digests, self.losses, &mut compress));
         self.waiting.push_back(Unreleased {
             key: Some(key),
             // A record that could not be written has nothing to wait for.

@@ -83,7 +83,10 @@ impl Seen {
                 .find(|(d, _)| *d == digest)
                 .map(|(_, r)| *r);
             match earlier {
-                Some(r) if blob.stored.len() > REFERENCE_BYTES => {
+                // A repeat's job did not compress it: its reference is all there is.
+                Some(r)
+                    if blob.stored.len() > REFERENCE_BYTES || crate::pieces::is_repeat(blob) =>
+                {
                     *blob = r.to_blob(blob.elem_size, blob.raw_len);
                     out.bytes += t.nbytes;
                 }
@@ -148,5 +151,32 @@ mod tests {
         let d2 = seen.dedup(&r2, 20000, &mut b2, &[digest(&other)]);
         assert_eq!(d2.bytes, 0);
         assert_eq!(b2[0].codec, Codec::Raw);
+    }
+
+    #[test]
+    fn a_repeat_its_job_did_not_compress_becomes_a_reference_even_when_tiny() {
+        // Zeros compress below the size of a reference; a repeat has no bytes to keep.
+        let w = vec![0u8; 4096];
+        let mut seen = Seen::default();
+        let r0 = Record::d2h_copy(0, 0, 0, &w);
+        let small = Blob {
+            codec: Codec::ShufflePlanes,
+            elem_size: 1,
+            raw_len: w.len() as u64,
+            stored: vec![0; 8],
+        };
+        let d0 = seen.dedup(&r0, 64, &mut [small], &[digest(&w)]);
+        seen.keep(d0);
+        let r1 = Record::d2h_copy(0, 0, 1, &w);
+        let mut b1 = [crate::pieces::repeat_blob(w.len() as u64, 1)];
+        let d1 = seen.dedup(&r1, 9000, &mut b1, &[digest(&w)]);
+        assert_eq!(b1[0].codec, Codec::Reference);
+        assert_eq!(d1.bytes, w.len() as u64);
+        // Bytes the segment does not hold stay a repeat: the writer compresses them.
+        let other = vec![1u8; 4096];
+        let r2 = Record::d2h_copy(0, 0, 2, &other);
+        let mut b2 = [crate::pieces::repeat_blob(other.len() as u64, 1)];
+        seen.dedup(&r2, 20000, &mut b2, &[digest(&other)]);
+        assert!(crate::pieces::is_repeat(&b2[0]));
     }
 }

@@ -8,6 +8,7 @@
 //! capture rate was bound by that, not by the number of threads (scripts/gpu-bench.sh). In pieces
 //! the same record is spread over every compression thread.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -49,16 +50,102 @@ pub(crate) fn cut(nbytes: u64, elem: usize, piece: u64) -> Vec<(u64, u64)> {
 
 /// Compresses `bytes` (a whole tensor or a piece of one).
 pub(crate) fn encode(bytes: &[u8], elem: usize, enc: &mut Encoder, with_digest: bool) -> Encoded {
-    let crc = crc32fast::hash(bytes);
-    let blob = enc.encode(bytes, elem).unwrap_or_else(|e| {
-        tracing::warn!("compression failed ({e}); storing the tensor raw");
-        raw_blob(bytes, elem)
-    });
     Encoded {
-        blob,
-        crc,
+        blob: compress(bytes, elem, enc),
+        crc: crc32fast::hash(bytes),
         digest: with_digest.then(|| *blake3::hash(bytes).as_bytes()),
     }
+}
+
+/// The blob of `bytes`, raw when compression fails.
+fn compress(bytes: &[u8], elem: usize, enc: &mut Encoder) -> Blob {
+    enc.encode(bytes, elem).unwrap_or_else(|e| {
+        tracing::warn!("compression failed ({e}); storing the tensor raw");
+        raw_blob(bytes, elem)
+    })
+}
+
+/// Segments (rank, step) a client's [`Compressed`] remembers: a client writes one step at a
+/// time, a few when it carries several ranks.
+const RECENT_SEGMENTS: usize = 8;
+
+/// The digests of the whole tensors a client's jobs compressed, for its most recent segments
+/// (rank, step). A tensor whose digest is there repeats bytes its segment is about to hold,
+/// and the segment's dedup (module `dedup`) will store it as a reference: its job hashes it
+/// and does not compress it (36% of the bytes of a small trainer's step are such repeats: a
+/// weight read by several GEMMs). It hands in a [`repeat_blob`] instead, which the writer
+/// turns into a reference or, where the segment does not hold the bytes after all (their
+/// record failed its CRC-32 check, was lost, or is later in the segment: jobs run in
+/// parallel), compresses after all (`SegRef::append`).
+#[derive(Default)]
+pub(crate) struct Compressed {
+    recent: Mutex<VecDeque<SegmentDigests>>,
+}
+
+/// The digests compressed for one segment.
+struct SegmentDigests {
+    /// (rank, step).
+    key: (u32, u64),
+    digests: HashSet<Digest>,
+}
+
+impl Compressed {
+    /// Whether `digest` was compressed before for the segment `key`; remembers it if not.
+    fn seen_before(&self, key: (u32, u64), digest: Digest) -> bool {
+        let mut recent = self.recent.lock();
+        if let Some(seg) = recent.iter_mut().find(|s| s.key == key) {
+            return !seg.digests.insert(digest);
+        }
+        if recent.len() >= RECENT_SEGMENTS {
+            recent.pop_front();
+        }
+        recent.push_back(SegmentDigests {
+            key,
+            digests: HashSet::from([digest]),
+        });
+        false
+    }
+}
+
+/// Compresses a whole tensor for the segment `key` unless its bytes were compressed for that
+/// segment before ([`Compressed`]): then its blob is a [`repeat_blob`].
+pub(crate) fn encode_once(
+    bytes: &[u8],
+    elem: usize,
+    enc: &mut Encoder,
+    compressed: &Compressed,
+    key: (u32, u64),
+) -> Encoded {
+    if bytes.len() < dedup::MIN_DEDUP_BYTES {
+        return encode(bytes, elem, enc, true);
+    }
+    let digest = *blake3::hash(bytes).as_bytes();
+    let blob = if compressed.seen_before(key, digest) {
+        repeat_blob(bytes.len() as u64, elem)
+    } else {
+        compress(bytes, elem, enc)
+    };
+    Encoded {
+        blob,
+        crc: crc32fast::hash(bytes),
+        digest: Some(digest),
+    }
+}
+
+/// The blob of a tensor of `len` bytes its job did not compress ([`Compressed`]): raw with no
+/// bytes, which no real blob of `len > 0` bytes is. It never reaches a file.
+pub(crate) fn repeat_blob(len: u64, elem: usize) -> Blob {
+    Blob {
+        codec: Codec::Raw,
+        elem_size: elem as u8,
+        raw_len: len,
+        stored: Vec::new(),
+    }
+}
+
+/// Whether `blob` is a [`repeat_blob`].
+pub(crate) fn is_repeat(blob: &Blob) -> bool {
+    blob.codec == Codec::Raw && blob.stored.is_empty() && blob.raw_len > 0
 }
 
 /// `bytes` stored as they are.
@@ -217,6 +304,39 @@ mod tests {
                 (((i ^ seed).wrapping_mul(2_654_435_761) >> 12) as f32 / 1e6).to_le_bytes()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_repeat_in_the_same_segment_is_hashed_not_compressed() {
+        let w = floats(4096, 7);
+        let mut enc = Encoder::new(crate::DEFAULT_LEVEL);
+        let seen = Compressed::default();
+        let first = encode_once(&w, 4, &mut enc, &seen, (0, 3));
+        assert!(!is_repeat(&first.blob));
+        assert!(first.blob.stored.len() < w.len(), "compressed");
+        // The same bytes for the same segment: hashed only, with the same CRC-32 and digest.
+        let again = encode_once(&w, 4, &mut enc, &seen, (0, 3));
+        assert!(is_repeat(&again.blob));
+        assert_eq!(again.blob.raw_len, w.len() as u64);
+        assert_eq!((again.crc, again.digest), (first.crc, first.digest));
+        assert_eq!(again.digest, Some(*blake3::hash(&w).as_bytes()));
+        // Another segment (rank or step) holds no copy of them: compressed again.
+        for key in [(1, 3), (0, 4)] {
+            assert!(!is_repeat(&encode_once(&w, 4, &mut enc, &seen, key).blob));
+        }
+        // Other bytes, and tensors too small to deduplicate, are compressed.
+        let other = floats(4096, 8);
+        assert!(!is_repeat(
+            &encode_once(&other, 4, &mut enc, &seen, (0, 3)).blob
+        ));
+        let tiny = &w[..dedup::MIN_DEDUP_BYTES - 4];
+        for _ in 0..2 {
+            assert!(!is_repeat(
+                &encode_once(tiny, 4, &mut enc, &seen, (0, 3)).blob
+            ));
+        }
+        // An empty tensor is never taken for a repeat.
+        assert!(!is_repeat(&encode(&[], 4, &mut enc, true).blob));
     }
 
     #[test]

@@ -162,12 +162,15 @@ impl SegRef {
     /// its blobs replaced by references to identical bytes stored before in the segment (a
     /// blob with a digest in `digests` is deduplicated: see module `dedup`). A broken segment
     /// takes no more records (they are lost with the others: see the module documentation).
+    /// A repeat blob (`pieces::Compressed`) that the segment does not hold the bytes of is
+    /// made a real blob by `compress` (given its index).
     pub(crate) fn append(
         &self,
         record: &Record,
         blobs: &mut [Blob],
         digests: &[Option<Digest>],
         losses: &Losses,
+        compress: &mut dyn FnMut(usize, &mut Blob),
     ) -> Result<(u64, u64), FormatError> {
         match &mut self.entry.entry.lock().state {
             State::Open {
@@ -182,6 +185,11 @@ impl SegRef {
                     return Err(FormatError::Invalid(b.clone()));
                 }
                 let deduped = seen.dedup(record, writer.len(), blobs, digests);
+                for (i, b) in blobs.iter_mut().enumerate() {
+                    if crate::pieces::is_repeat(b) {
+                        compress(i, b);
+                    }
+                }
                 let saved = deduped.bytes;
                 match writer.append(record, blobs) {
                     Ok(_) => {

@@ -153,16 +153,19 @@ impl Client {
     /// for many records (the tracer's hot path). The caller must flush before it waits for the
     /// daemon to act on a queued message.
     pub fn queue(&mut self, msg: &ClientMsg) -> Result<(), String> {
-        let frame = wire::encode(msg).map_err(|e| e.to_string())?;
-        if self.out.is_empty() {
-            if frame.len() >= BATCH_BYTES {
-                return send_all(&self.stream, &frame).map_err(|e| e.to_string());
-            }
+        let first = self.out.is_empty();
+        // Encoded in place behind the batch: no buffer per message.
+        wire::encode_into(msg, &mut self.out).map_err(|e| e.to_string())?;
+        if first {
             self.since = Some(Instant::now());
         }
-        self.out.extend_from_slice(&frame);
         if self.out.len() >= BATCH_BYTES || self.since.is_some_and(|t| t.elapsed() >= BATCH_AGE) {
-            return self.flush();
+            let r = self.flush();
+            if self.out.capacity() > 4 * BATCH_BYTES {
+                // One large message must not keep its buffer for the rest of the run.
+                self.out = Vec::new();
+            }
+            return r;
         }
         Ok(())
     }

@@ -282,17 +282,31 @@ pub enum DaemonMsg {
 
 /// Encodes `msg` as one frame.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FormatError> {
-    let mut buf = vec![0u8; 4];
-    ciborium::into_writer(msg, &mut buf)
-        .map_err(|e| FormatError::Invalid(format!("encode: {e}")))?;
-    let len = buf.len() - 4;
+    let mut buf = Vec::new();
+    encode_into(msg, &mut buf)?;
+    Ok(buf)
+}
+
+/// Appends the frame of `msg` (as [`encode`] makes it) to `out`, which is left as it was when
+/// the message cannot be encoded: a batch of frames is built without a buffer per message.
+pub fn encode_into<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), FormatError> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 4]);
+    let len = match ciborium::into_writer(msg, &mut *out) {
+        Ok(()) => out.len() - start - 4,
+        Err(e) => {
+            out.truncate(start);
+            return Err(FormatError::Invalid(format!("encode: {e}")));
+        }
+    };
     if len > MAX_FRAME {
+        out.truncate(start);
         return Err(FormatError::Invalid(format!(
             "message of {len} bytes exceeds {MAX_FRAME}"
         )));
     }
-    buf[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok(buf)
+    out[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(())
 }
 
 /// Decodes a frame body (without its length prefix).
@@ -337,6 +351,39 @@ pub fn read_msg_limited<T: for<'de> Deserialize<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_encoded_into_a_batch_read_back_and_an_oversized_one_leaves_it_as_it_was() {
+        let msgs = [
+            ClientMsg::Bye {
+                records: 1,
+                gaps: 2,
+            },
+            ClientMsg::StreamAbort { stream: 9 },
+        ];
+        let mut batch = Vec::new();
+        for m in &msgs {
+            encode_into(m, &mut batch).expect("encodes");
+        }
+        let whole: Vec<u8> = msgs
+            .iter()
+            .flat_map(|m| encode(m).expect("encodes"))
+            .collect();
+        assert_eq!(batch, whole, "the same frames as encode makes one by one");
+        let huge = DaemonMsg::Refused {
+            reason: "x".repeat(MAX_FRAME + 1),
+        };
+        assert!(encode_into(&huge, &mut batch).is_err());
+        assert_eq!(batch, whole, "a message that cannot be framed adds nothing");
+        let mut r = &batch[..];
+        for m in &msgs {
+            assert_eq!(
+                read_msg::<ClientMsg>(&mut r).expect("reads").as_ref(),
+                Some(m)
+            );
+        }
+        assert!(read_msg::<ClientMsg>(&mut r).expect("clean end").is_none());
+    }
 
     #[test]
     fn frames_round_trip_and_end_cleanly() {

@@ -108,10 +108,23 @@ impl Node {
     }
 }
 
-#[derive(Default)]
 struct Counters {
     submitted: u64,
     completed: u64,
+    /// The lowest operation number a blocked waiter waits for (`u64::MAX`: none). The worker
+    /// wakes waiters only when it is reached, as a GPU wakes a blocking-sync waiter only when
+    /// its event completes, not at every kernel the stream runs.
+    next_wake: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            submitted: 0,
+            completed: 0,
+            next_wake: u64::MAX,
+        }
+    }
 }
 
 /// A stream and its worker.
@@ -165,7 +178,11 @@ impl Stream {
                     }
                     let mut c = me.counters.lock().unwrap_or_else(|p| p.into_inner());
                     c.completed += 1;
-                    me.done.notify_all();
+                    if c.completed >= c.next_wake {
+                        // Every waiter wakes; those still short of their target set it again.
+                        c.next_wake = u64::MAX;
+                        me.done.notify_all();
+                    }
                 }
             })
             .ok()?;
@@ -205,6 +222,7 @@ impl Stream {
     pub fn wait_for(&self, seq: u64) {
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         while c.completed < seq {
+            c.next_wake = c.next_wake.min(seq);
             c = self.done.wait(c).unwrap_or_else(|p| p.into_inner());
         }
     }

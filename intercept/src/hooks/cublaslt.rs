@@ -17,7 +17,7 @@ use ttrace_proto::blockscale;
 use ttrace_proto::dtype::DType;
 use ttrace_proto::record::{GapOp, GapReason, GemmOp, Op, Role};
 
-use super::cublas::read_scalar;
+use super::cublas::{around_blas_gemm, read_scalar};
 use crate::engine::{self, Call};
 use crate::plan::{self, Matrix, TensorPlan, Vector, When};
 use crate::{mode, perturb, real};
@@ -30,14 +30,21 @@ impl Attr for u64 {}
 impl Attr for i64 {}
 impl Attr for i8 {}
 
-fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
-    let f = real::cublasLtMatmulDescGetAttribute()?;
+/// The signature the two attribute getters share: (object, attribute, buffer, its size,
+/// bytes written).
+type GetAttribute<H> =
+    unsafe extern "C" fn(H, u32, *mut c_void, usize, *mut usize) -> cublasStatus_t;
+
+/// Attribute `attr` of the program's descriptor or layout `obj`, read with the real `get`.
+fn attr_of<T: Attr, H>(get: Option<GetAttribute<H>>, obj: H, attr: u32) -> Option<T> {
+    let f = get?;
     let mut v = T::default();
     let mut written = 0usize;
-    // SAFETY: the program's descriptor; a buffer of exactly the attribute's documented size.
+    // SAFETY: the program's descriptor or layout; a buffer of exactly the attribute's
+    // documented size.
     let st = unsafe {
         f(
-            d,
+            obj,
             attr,
             (&mut v as *mut T).cast(),
             core::mem::size_of::<T>(),
@@ -47,21 +54,12 @@ fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
     (st == CUBLAS_STATUS_SUCCESS).then_some(v)
 }
 
+fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
+    attr_of(real::cublasLtMatmulDescGetAttribute(), d, attr)
+}
+
 fn layout_attr<T: Attr>(l: cublasLtMatrixLayout_t, attr: u32) -> Option<T> {
-    let f = real::cublasLtMatrixLayoutGetAttribute()?;
-    let mut v = T::default();
-    let mut written = 0usize;
-    // SAFETY: the program's layout; a buffer of exactly the attribute's documented size.
-    let st = unsafe {
-        f(
-            l,
-            attr,
-            (&mut v as *mut T).cast(),
-            core::mem::size_of::<T>(),
-            &mut written,
-        )
-    };
-    (st == CUBLAS_STATUS_SUCCESS).then_some(v)
+    attr_of(real::cublasLtMatrixLayoutGetAttribute(), l, attr)
 }
 
 /// A matrix layout as read from its descriptor.
@@ -598,16 +596,7 @@ pub unsafe extern "C" fn cublasLtMatmul(
         ddesc: Ddesc,
         stream,
     };
-    crate::around_gemm(
-        || engine::begin(call(&x)),
-        run,
-        |r| {
-            if r == CUBLAS_STATUS_SUCCESS {
-                perturb_output(&x);
-            }
-        },
-        |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
-    )
+    around_blas_gemm(|| engine::begin(call(&x)), run, || perturb_output(&x))
 }
 
 /// A perturbed reference run: noise on D, as its layout describes it (column-major; a

@@ -4,7 +4,7 @@
 //! CUDA or not): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
 //! definition after this library in the global scope), else in a loaded object whose file name
 //! is the library's (`libcudart.so*`, any major: found with `dl_iterate_phdr`, reopened with
-//! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy, §4.4). No soname is
+//! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy of a library loaded with `RTLD_LOCAL`). No soname is
 //! hard-coded, so one libttrace.so serves CUDA 12 and CUDA 13 programs; the first runtime
 //! function resolved logs (at info level) which runtime it attached to. A missing symbol is `None`: the hook returns an error code, never panics.
 //!
@@ -18,9 +18,6 @@ use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::*;
 use cuda_abi::nccl::*;
-use cuda_abi::nvtx::*;
-
-pub use cuda_abi::cudart::dim3;
 
 /// The library a function belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -161,8 +158,8 @@ pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) 
 /// hook's macro): `real_of!(name, fn(T1, T2) -> R, Lib)` is `Option<unsafe extern "C"
 /// fn(T1, T2) -> R>`, looked up on first use and cached in a slot of its own.
 macro_rules! real_of {
-    ($name:ident, fn($($t:ty),*) -> $r:ty, $lib:ident) => {{
-        type Real = unsafe extern "C" fn($($t),*) -> $r;
+    ($name:ident, fn($($t:ty),*) $(-> $r:ty)?, $lib:ident) => {{
+        type Real = unsafe extern "C" fn($($t),*) $(-> $r)?;
         static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let name = concat!(stringify!($name), "\0");
         // SAFETY: `Real` is the C signature of the function of that name.
@@ -238,13 +235,8 @@ macro_rules! real_fns {
 }
 
 real_fns! {
-    // ---- runtime: hooked (the copies' and memsets' hooks look theirs up by the signatures in
-    // `copy_hook!` and `memset_hook!`) ----
-    Cudart: fn cudaLaunchKernel(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaLaunchKernel_ptsz(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
-    Cudart: fn cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
-    // ---- runtime: used by the tracer ----
+    // ---- runtime: used by the tracer (the hooked copies, memsets and launches look theirs up
+    // by the signatures in `copy_hook!`, `memset_hook!` and `launch_hook!`) ----
     Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGetDevice(*mut c_int) -> cudaError_t;
@@ -310,14 +302,4 @@ real_fns! {
     Nccl: fn ncclCommUserRank(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommCuDevice(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommGetAsyncError(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
-
-    // ---- NVTX ----
-    Nvtx: fn nvtxRangePushA(*const c_char) -> c_int;
-    Nvtx: fn nvtxRangePushW(*const wchar_t) -> c_int;
-    Nvtx: fn nvtxRangePushEx(*const nvtxEventAttributes_t) -> c_int;
-    Nvtx: fn nvtxRangePop() -> c_int;
-    Nvtx: fn nvtxDomainRangePushEx(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
-    Nvtx: fn nvtxDomainRangePop(nvtxDomainHandle_t) -> c_int;
-    Nvtx: fn nvtxMarkA(*const c_char) -> ();
-    Nvtx: fn nvtxMarkEx(*const nvtxEventAttributes_t) -> ();
 }

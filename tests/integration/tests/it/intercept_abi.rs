@@ -1,9 +1,9 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `copy_hook!` and `memset_hook!`, and each
-//! entry of a signature list such as `cublas_sigs!`, expanded through its family's macro as
-//! rustc does) is
-//! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
+//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `copy_hook!`, `memset_hook!`
+//! and `launch_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as
+//! `cublas_sigs!`, expanded through its family's macro as rustc does) is compiled against
+//! NVIDIA's headers by the ABI checker of the simulated libraries
 //! (`integration_tests::abi_check`), and the built library exports nothing else.
 //!
 //! Not compiled: the `ttrace_*` C API of include/ttrace.h (not NVIDIA's).
@@ -16,11 +16,13 @@ use integration_tests::profile_dir;
 use syn::parse::{Parse, ParseStream};
 use syn::visit::Visit;
 
-/// One hook macro invocation: `#[doc] name(args) => ...` (what follows `=>` says how the call
-/// is captured, not its signature).
+/// One hook macro invocation: `#[doc] name(args) => ...`, or `#[doc] name(args) -> type, ...
+/// => ...` for a macro whose hooks' return types differ (what follows says how the call is
+/// captured, not its signature).
 struct MacroHook {
     name: syn::Ident,
     args: syn::punctuated::Punctuated<syn::FnArg, syn::Token![,]>,
+    ret: Option<syn::Type>,
 }
 
 impl Parse for MacroHook {
@@ -30,9 +32,15 @@ impl Parse for MacroHook {
         let content;
         syn::parenthesized!(content in input);
         let args = content.parse_terminated(syn::FnArg::parse, syn::Token![,])?;
-        let _: syn::Token![=>] = input.parse()?;
+        let ret = if input.peek(syn::Token![->]) {
+            let _: syn::Token![->] = input.parse()?;
+            Some(input.parse()?)
+        } else {
+            let _: syn::Token![=>] = input.parse()?;
+            None
+        };
         let _: proc_macro2::TokenStream = input.parse()?;
-        Ok(MacroHook { name, args })
+        Ok(MacroHook { name, args, ret })
     }
 }
 
@@ -40,13 +48,16 @@ impl Parse for MacroHook {
 /// the file's `macro_rules! family` (one rule) to a hook macro invocation above.
 const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
-/// The hook macros and the C return type of the functions they make.
-const HOOK_MACROS: [(&str, &str); 5] = [
+/// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
+/// `-> type` of an invocation, else void).
+const HOOK_MACROS: [(&str, &str); 7] = [
     ("coll_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
     ("memset_hook", "cudaError_t"),
+    ("launch_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
+    ("nvtx_hook", "()"),
 ];
 
 /// A family macro of a signature list: `macro_rules! family { (matcher) => { hook! { ... } }; }`
@@ -176,7 +187,10 @@ impl Hooks<'_> {
         let h: MacroHook =
             syn::parse2(tokens).unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
         let (name, args) = (&h.name, &h.args);
-        let ret = syn::Ident::new(ret, proc_macro2::Span::call_site());
+        let ret: syn::Type = match h.ret {
+            Some(t) => t,
+            None => syn::parse_str(ret).unwrap_or_else(|e| panic!("{mac}!: {ret}: {e}")),
+        };
         self.out.push(Export {
             name: name.to_string(),
             library: self.library.clone(),

@@ -252,18 +252,8 @@ real_fns! {
     Cudart: fn cudaEventSynchronize(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
     Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
-    // ---- runtime: CUDA graphs (hooked, then used by the tracer; intercept/src/graph.rs) ----
-    Cudart: fn cudaStreamEndCapture(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaStreamEndCapture_ptsz(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiate(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithFlags(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithParams(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithParams_ptsz(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
-    Cudart: fn cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaGraphExecDestroy(cudaGraphExec_t) -> cudaError_t;
-    Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;
+    // ---- runtime: CUDA graphs, used by the tracer (intercept/src/graph.rs; the graph hooks look
+    // theirs up by the signatures in `graph_hook!`) ----
     // CUDA 12 spelling (every 12.x runtime exports it); CUDA 13 renamed it to the unversioned
     // name with an edge-data parameter (the unversioned CUDA 12 export is CUDA 11's 3 arguments).
     Cudart: fn cudaStreamGetCaptureInfo_v2(cudaStream_t, *mut cudaStreamCaptureStatus, *mut c_ulonglong, *mut cudaGraph_t, *mut *const cudaGraphNode_t, *mut usize) -> cudaError_t;

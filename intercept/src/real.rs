@@ -274,20 +274,8 @@ real_fns! {
     CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
     CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
 
-    // ---- NCCL (the collectives' hooks look theirs up by the signature in `coll_hook!`) ----
-    Nccl: fn ncclGroupStart() -> ncclResult_t;
-    Nccl: fn ncclGroupEnd() -> ncclResult_t;
-    Nccl: fn ncclGroupSimulateEnd(*mut ncclSimInfo_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitRank(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-    Nccl: fn ncclCommInitRankConfig(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitRankScalable(*mut ncclComm_t, c_int, c_int, c_int, *mut ncclUniqueId, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitAll(*mut ncclComm_t, c_int, *const c_int) -> ncclResult_t;
-    Nccl: fn ncclCommSplit(ncclComm_t, c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommShrink(ncclComm_t, *mut c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t, c_int) -> ncclResult_t;
-    Nccl: fn ncclRedOpCreatePreMulSum(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, ncclScalarResidence_t, ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclCommDestroy(ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclCommAbort(ncclComm_t) -> ncclResult_t;
+    // ---- NCCL, used by the tracer (the collectives', communicators' and groups' hooks look
+    // theirs up by the signatures in `coll_hook!` and `comm_hook!`) ----
     Nccl: fn ncclCommCount(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommUserRank(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommCuDevice(ncclComm_t, *mut c_int) -> ncclResult_t;

@@ -269,8 +269,8 @@ real_fns! {
     Cublas: fn cublasGetPointerMode_v2(cublasHandle_t, *mut cublasPointerMode_t) -> cublasStatus_t;
     Cublas: fn cublasGetMathMode(cublasHandle_t, *mut cublasMath_t) -> cublasStatus_t;
 
-    // ---- cuBLASLt ----
-    CublasLt: fn cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *const c_void, cublasLtMatrixLayout_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *mut c_void, cublasLtMatrixLayout_t, *const cublasLtMatmulAlgo_t, *mut c_void, usize, cudaStream_t) -> cublasStatus_t;
+    // ---- cuBLASLt, used by the tracer (the hook looks its real function up by the signature in
+    // `lt_hook!`) ----
     CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
     CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
 

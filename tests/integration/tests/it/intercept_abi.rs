@@ -425,3 +425,83 @@ fn a_wrong_type_in_a_signature_list_line_or_family_fails_the_check() {
     .into();
     assert_eq!(failed, want, "{}", report.describe_failures());
 }
+
+#[test]
+fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
+    // Negative controls for the hook macros other than cuBLAS's list: one type changed in one
+    // line of each (a return type of `nvtx_hook!`, a void NVTX mark made `int`, a parameter
+    // of `comm_hook!`, `graph_hook!`, `lt_hook!` and `launch_hook!`) fails exactly that hook.
+    let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
+    let repo = abi_check::repo_root();
+    let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
+    let mutations: [(&str, &str, &str, &str); 6] = [
+        (
+            "nvtx.rs",
+            "nvtxRangePushA(message: *const c_char) -> c_int,",
+            "nvtxRangePushA(message: *const c_char) -> c_uint,",
+            "nvtxRangePushA",
+        ),
+        (
+            "nvtx.rs",
+            "nvtxMarkA(message: *const c_char)\n",
+            "nvtxMarkA(message: *const c_char) -> c_int, else 0\n",
+            "nvtxMarkA",
+        ),
+        (
+            "nccl.rs",
+            "ncclCommDestroy(comm: ncclComm_t)",
+            "ncclCommDestroy(comm: *mut ncclComm_t)",
+            "ncclCommDestroy",
+        ),
+        (
+            "graph.rs",
+            "cudaGraphDestroy(graph: cudaGraph_t)",
+            "cudaGraphDestroy(graph: *mut cudaGraph_t)",
+            "cudaGraphDestroy",
+        ),
+        (
+            "cublaslt.rs",
+            "workspaceSizeInBytes: usize,",
+            "workspaceSizeInBytes: u32,",
+            "cublasLtMatmul",
+        ),
+        (
+            "cudart.rs",
+            "cudaLaunchHostFunc(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_void)",
+            "cudaLaunchHostFunc(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_int)",
+            "cudaLaunchHostFunc",
+        ),
+    ];
+    let mut texts = std::collections::BTreeMap::new();
+    for (file, from, to, _) in mutations {
+        let path = repo.join("intercept/src/hooks").join(file);
+        let text = texts
+            .entry(path.clone())
+            .or_insert_with(|| std::fs::read_to_string(&path).expect("read"));
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "{file} has the line {from:?} once"
+        );
+        *text = text.replacen(from, to, 1);
+    }
+    let exports: Vec<Export> = texts
+        .iter()
+        .flat_map(|(path, text)| exports_of(path, text))
+        .filter(|e| !NCCL_2_28.contains(&e.name.as_str()))
+        .collect();
+    let report = check(
+        &exports,
+        &abi,
+        &include,
+        &profile_dir().join("abi-check-neg-macros"),
+        "neg_macros",
+    );
+    let failed: BTreeSet<String> = exports
+        .iter()
+        .filter(|e| report.fails_export(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    let want: BTreeSet<String> = mutations.iter().map(|m| m.3.to_string()).collect();
+    assert_eq!(failed, want, "{}", report.describe_failures());
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensors larger than the ring (issue 13 item 1), with default settings (256 MiB ring, 64 GiB
+# Tensors larger than the ring (docs/capture.md), with default settings (256 MiB ring, 64 GiB
 # --max-tensor-bytes): a 1 GiB host-to-device copy (then its 1 GiB copy back) and a 1 GiB
 # in-place all-reduce on 2 ranks, on the simulated stack, untraced and traced. Prints wall
 # time of each (best of N), the ratio, and what the store holds (records, gaps, fsck). The

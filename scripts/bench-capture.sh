@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The capture benchmark (issue 4), on this machine, as ratios against baselines run in the
+# The capture benchmark, on this machine, as ratios against baselines run in the
 # same script:
 #   1. the cost of a hook that does not capture, in ns over the bare real function
 #      (intercept/benches/hook_overhead.rs);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compare benchmark (issue 6), on the simulated CUDA stack, as ratios against baselines run
+# The compare benchmark, on the simulated CUDA stack, as ratios against baselines run
 # in the same script. For each configuration of the fixture trainer:
 #   1. produces the demo's three runs, timing each: the world-size-1 reference, a perturbed
 #      reference (`ttrace run --perturb`) and a tp=2 dp=2 pp=2 run with a silent bug
@@ -17,7 +17,7 @@
 #      safetensors); without a registry this baseline is skipped with a message.
 #   5. the same three runs over LONG_STEPS (default 10) steps instead of 3, compared the same
 #      way: how the time grows with the steps, and the peak RSS then.
-# The bars (issue 15), each printed as met or NOT met: compare >= 0.5x the read+decompress
+# The bars, each printed as met or NOT met: compare >= 0.5x the read+decompress
 # rate; >= 2x numpy's; LONG_STEPS steps cost <= 1.1 x (LONG_STEPS/3) the time of 3; peak RSS
 # <= --memory; and comparing the demo's runs takes less time than producing them.
 #

@@ -22,18 +22,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// `1.23 GiB`, `512 B`.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    ttrace_format::units::human_bytes(bytes, 2)
 }
 
 #[cfg(test)]

@@ -129,19 +129,8 @@ pub(crate) fn slice_affinity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numerics::{Cut, DimSlice, Fit, ShardError};
-
-    fn half(chunk: u64) -> Placement {
-        Placement {
-            dims: vec![DimSlice {
-                cuts: vec![Cut {
-                    parts: 2,
-                    outer: 1,
-                    chunk,
-                }],
-            }],
-        }
-    }
+    use crate::numerics::{Fit, ShardError};
+    use crate::placement::tests::half;
 
     fn fit(chunk: u64, scale: f32) -> Fit {
         Fit {

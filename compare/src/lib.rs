@@ -1,5 +1,5 @@
-//! Alignment, shard merging, numerics and localization behind `ttrace compare` (issue 6), and
-//! the reference-free consistency checks behind `ttrace check` (issue 7, [`check`]).
+//! Alignment, shard merging, numerics and localization behind `ttrace compare`, and
+//! the reference-free consistency checks behind `ttrace check` ([`check`]).
 //!
 //! `ttrace compare` ([`engine::compare`]): [`trace`] opens the stores (through [`model`],
 //! the analysis model compare and check share), [`align`] finds each run GEMM's reference

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use ttrace_format::config::RangeSet;
 
 use crate::engine::{CompareOptions, DpScale, Position};
 use crate::report::{CompareReport, LayoutSummary, RunSummary};
@@ -270,27 +271,11 @@ impl PartialReport {
 
 /// `steps 0-2, 5` / `step 3` / `no step`.
 pub fn steps_label(steps: &[u64]) -> String {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &s in steps {
-        match runs.last_mut() {
-            Some((_, b)) if *b + 1 == s => *b = s,
-            _ => runs.push((s, s)),
-        }
-    }
-    let text: Vec<String> = runs
-        .iter()
-        .map(|&(a, b)| {
-            if a == b {
-                a.to_string()
-            } else {
-                format!("{a}-{b}")
-            }
-        })
-        .collect();
+    let text = RangeSet::of_values(steps.iter().copied()).join(", ");
     match steps.len() {
         0 => "no step".to_string(),
-        1 => format!("step {}", text.join(", ")),
-        _ => format!("steps {}", text.join(", ")),
+        1 => format!("step {text}"),
+        _ => format!("steps {text}"),
     }
 }
 

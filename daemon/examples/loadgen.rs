@@ -322,41 +322,95 @@ fn measure(raw: &[u8], f: impl FnOnce(&[u8]) -> usize) -> (f64, f64) {
 }
 
 fn bench(a: BenchArgs) -> anyhow::Result<()> {
-    let pool_bytes = (a.tensor as usize * a.per_record * 4)
-        .min(a.total as usize)
-        .max(1 << 20);
-    eprintln!(
-        "generating {} MiB of {} activations ...",
-        pool_bytes >> 20,
-        a.dtype.name()
-    );
-    let pool = activations(pool_bytes, a.dtype, 42);
-    let records = (a.total / (a.tensor * a.per_record as u64)).max(1);
-    let total = records * a.tensor * a.per_record as u64;
-    let chunk = |i: u64| -> &[u8] {
-        let slots = (pool.len() as u64 / a.tensor).max(1);
-        let off = ((i % slots) * a.tensor) as usize;
-        &pool[off..off + a.tensor as usize]
-    };
+    let load = Load::generate(&a);
+    let memcpy = time_memcpy(&load, a.ring);
+    let run = capture_end_to_end(&a, &load)?;
+    print_end_to_end(&a, &load, memcpy, &run);
+    print_goals(&a, &load, &run);
+    if a.e2e_only {
+        return Ok(());
+    }
+    compare_compression(&a, &load.pool);
+    Ok(())
+}
 
-    // 1. A plain memcpy of the same bytes into a ring-sized buffer.
-    let mut dst = vec![0u8; a.ring as usize];
+/// The tensors the benchmark pushes: `records` records of `per_record` tensors of `tensor`
+/// bytes each, cut round-robin from one pool of generated activations.
+struct Load {
+    pool: Vec<u8>,
+    tensor: u64,
+    per_record: usize,
+    records: u64,
+    /// Bytes pushed in all.
+    total: u64,
+}
+
+impl Load {
+    fn generate(a: &BenchArgs) -> Load {
+        let pool_bytes = (a.tensor as usize * a.per_record * 4)
+            .min(a.total as usize)
+            .max(1 << 20);
+        eprintln!(
+            "generating {} MiB of {} activations ...",
+            pool_bytes >> 20,
+            a.dtype.name()
+        );
+        let records = (a.total / (a.tensor * a.per_record as u64)).max(1);
+        Load {
+            pool: activations(pool_bytes, a.dtype, 42),
+            tensor: a.tensor,
+            per_record: a.per_record,
+            records,
+            total: records * a.tensor * a.per_record as u64,
+        }
+    }
+
+    /// The bytes of tensor `i` (counted over all records).
+    fn chunk(&self, i: u64) -> &[u8] {
+        let slots = (self.pool.len() as u64 / self.tensor).max(1);
+        let off = ((i % slots) * self.tensor) as usize;
+        &self.pool[off..off + self.tensor as usize]
+    }
+
+    /// The bytes of tensor `j` of record `r`.
+    fn tensor_of(&self, r: u64, j: usize) -> &[u8] {
+        self.chunk(r * self.per_record as u64 + j as u64)
+    }
+}
+
+/// The baseline: a plain memcpy of the same bytes into a ring-sized buffer.
+fn time_memcpy(load: &Load, ring: u64) -> Duration {
+    let mut dst = vec![0u8; ring as usize];
     dst.iter_mut().step_by(4096).for_each(|b| *b = 1); // fault the pages in first
     let t = Instant::now();
     let mut at = 0usize;
-    for i in 0..records * a.per_record as u64 {
-        let src = chunk(i);
+    for i in 0..load.records * load.per_record as u64 {
+        let src = load.chunk(i);
         if at + src.len() > dst.len() {
             at = 0;
         }
         dst[at..at + src.len()].copy_from_slice(src);
         at += src.len();
     }
-    let memcpy = t.elapsed();
+    let elapsed = t.elapsed();
     std::hint::black_box(&dst);
-    drop(dst);
+    elapsed
+}
 
-    // 2. End to end: producer -> ring -> daemon (crc check, shuffle + zstd, segment) -> disk.
+/// What the end-to-end run measured.
+struct EndToEnd {
+    elapsed: Duration,
+    summary: ttraced::Summary,
+    /// CPU seconds of this process (daemon and producer) per GB captured.
+    cpu_all: f64,
+    /// CPU seconds of the producer thread per GB captured.
+    cpu_producer: f64,
+    /// Cores the rest of the machine kept busy meanwhile, when /proc/stat is readable.
+    others: Option<f64>,
+}
+
+/// End to end: producer -> ring -> daemon (crc check, shuffle + zstd, segment) -> disk.
+fn capture_end_to_end(a: &BenchArgs, load: &Load) -> anyhow::Result<EndToEnd> {
     let base = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("ttrace-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -367,46 +421,63 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let h = ttraced::Daemon::start(cfg)?;
     let mut c = TestClient::connect(h.socket(), hello(0, 1, a.ring))?;
     c.wait = Duration::from_secs(60);
-    let sizes = vec![a.tensor; a.per_record];
-    let (offsets, _) = ring::tensor_offsets(&sizes);
     let (cpu0, thread0) = cpu_times();
     let busy0 = machine_busy();
     let t = Instant::now();
-    for r in 0..records {
+    publish_load(&mut c, load, a.dtype)?;
+    c.bye(load.records, 0)?;
+    let summary = h.finalize(Some(0), Duration::from_secs(60))?;
+    let elapsed = t.elapsed();
+    let (cpu1, thread1) = cpu_times();
+    let busy1 = machine_busy();
+    let _ = std::fs::remove_dir_all(&dir);
+    let gb = load.total as f64 / 1e9;
+    // Whatever else ran meanwhile (other processes, kernel threads such as write-back).
+    let others = busy0
+        .zip(busy1)
+        .map(|(b0, b1)| ((b1 - b0) - (cpu1 - cpu0).as_secs_f64()).max(0.0) / elapsed.as_secs_f64());
+    Ok(EndToEnd {
+        elapsed,
+        summary,
+        cpu_all: (cpu1 - cpu0).as_secs_f64() / gb,
+        cpu_producer: (thread1 - thread0).as_secs_f64() / gb,
+        others,
+    })
+}
+
+/// The producer's side: each record's tensors copied into a ring slot, then published.
+fn publish_load(c: &mut TestClient, load: &Load, dtype: DType) -> anyhow::Result<()> {
+    let sizes = vec![load.tensor; load.per_record];
+    let (offsets, _) = ring::tensor_offsets(&sizes);
+    for r in 0..load.records {
         let slot = c.reserve(&sizes)?;
         {
             let bytes = c.slot_bytes(&slot);
             for (j, &off) in offsets.iter().enumerate() {
-                let src = chunk(r * a.per_record as u64 + j as u64);
+                let src = load.tensor_of(r, j);
                 // The copy a GPU's DMA engine would make.
                 bytes[off as usize..off as usize + src.len()].copy_from_slice(src);
             }
         }
-        let datas: Vec<&[u8]> = (0..a.per_record)
-            .map(|j| chunk(r * a.per_record as u64 + j as u64))
-            .collect();
+        let datas: Vec<&[u8]> = (0..load.per_record).map(|j| load.tensor_of(r, j)).collect();
         // gemm_record computes each tensor's CRC-32, as the tracer thread does.
-        let rec = gemm_record(0, r / 64, r % 64, a.dtype, &datas);
+        let rec = gemm_record(0, r / 64, r % 64, dtype, &datas);
         c.send(&ClientMsg::Publish {
             record: Box::new(rec),
             slot: Some(slot),
         })?;
     }
-    c.bye(records, 0)?;
-    let s = h.finalize(Some(0), Duration::from_secs(60))?;
-    let e2e = t.elapsed();
-    let (cpu1, thread1) = cpu_times();
-    let busy1 = machine_busy();
-    let _ = std::fs::remove_dir_all(&dir);
-    let gb = total as f64 / 1e9;
-    let cpu_all = (cpu1 - cpu0).as_secs_f64() / gb;
-    let cpu_producer = (thread1 - thread0).as_secs_f64() / gb;
-    let cores = ttraced::default_threads() as f64;
+    Ok(())
+}
 
+fn print_end_to_end(a: &BenchArgs, load: &Load, memcpy: Duration, run: &EndToEnd) {
+    let cores = ttraced::default_threads() as f64;
+    let total = load.total;
+    let s = &run.summary;
     println!(
         "capture benchmark: {} activations (normal, sigma 0.01-10), {} records x {} tensors x {} MiB = {} MiB; zstd level {}, {} daemon threads, {} cores",
         a.dtype.name(),
-        records,
+        load.records,
         a.per_record,
         a.tensor >> 20,
         total >> 20,
@@ -421,18 +492,17 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
     );
     println!(
         "  capture into the store         {:>7.2} GB/s   = {:.3}x memcpy; stored ratio {:.3}x; {} records, {} crc mismatches",
-        gbps(total, e2e),
-        memcpy.as_secs_f64() / e2e.as_secs_f64(),
+        gbps(total, run.elapsed),
+        memcpy.as_secs_f64() / run.elapsed.as_secs_f64(),
         s.bytes_raw as f64 / s.bytes_stored.max(1) as f64,
         s.records,
         s.crc_mismatches
     );
+    let (cpu_all, cpu_producer) = (run.cpu_all, run.cpu_producer);
     println!(
         "  CPU per GB captured            {cpu_all:>7.2} s    (producer {cpu_producer:.2} s, of which the copy a GPU would do by DMA)"
     );
-    if let (Some(b0), Some(b1)) = (busy0, busy1) {
-        // Whatever else ran meanwhile (other processes, kernel threads such as write-back).
-        let others = ((b1 - b0) - (cpu1 - cpu0).as_secs_f64()).max(0.0) / e2e.as_secs_f64();
+    if let Some(others) = run.others {
         println!(
             "  other CPU use during the run   {others:>7.2} cores (load average {})",
             std::fs::read_to_string("/proc/loadavg")
@@ -448,11 +518,15 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         cores / cpu_all,
         cores / (cpu_all - cpu_producer).max(1e-9)
     );
+}
 
-    let e2e_gbps = gbps(total, e2e);
-    let ratio = s.bytes_raw as f64 / s.bytes_stored.max(1) as f64;
+/// The capture path's goals (1 GB/s end to end, BF16 activations stored 1.2x smaller), met
+/// or not by this run.
+fn print_goals(a: &BenchArgs, load: &Load, run: &EndToEnd) {
+    let e2e_gbps = gbps(load.total, run.elapsed);
+    let ratio = run.summary.bytes_raw as f64 / run.summary.bytes_stored.max(1) as f64;
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
-    println!("goals of issue 4:");
+    println!("capture goals:");
     println!(
         "  >= 1 GB/s end to end           {e2e_gbps:>7.2} GB/s   {} (wall clock on this machine, shared with whatever else runs)",
         verdict(e2e_gbps >= 1.0)
@@ -463,11 +537,11 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
             verdict(ratio >= 1.2)
         );
     }
+}
 
-    if a.e2e_only {
-        return Ok(());
-    }
-    // 3. Compression alone, one thread, CPU time, on a sample.
+/// Compression alone, one thread, CPU time, on a sample: plain zstd, the store's blob
+/// encoding and the daemon's encoder at several levels, and CRC-32.
+fn compare_compression(a: &BenchArgs, pool: &[u8]) {
     let sample = &pool[..pool.len().min(64 << 20)];
     let elem = a.dtype.size();
     println!(
@@ -512,5 +586,4 @@ fn bench(a: BenchArgs) -> anyhow::Result<()> {
         "  crc32                                     {:>7.0} MB/s",
         sample.len() as f64 / d.as_secs_f64() / 1e6
     );
-    Ok(())
 }

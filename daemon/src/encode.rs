@@ -141,7 +141,7 @@ mod tests {
         }
     }
 
-    /// Issue 14 row 16: a tiny tensor is never stored larger than its bytes.
+    /// A tiny tensor is never stored larger than its bytes.
     #[test]
     fn tiny_tensors_are_not_stored_larger_than_raw() {
         let mut e = Encoder::new(crate::DEFAULT_LEVEL);

@@ -614,7 +614,7 @@ fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), Fo
 
 #[cfg(test)]
 mod tests {
-    /// Issue 14: a crafted blob header claiming an enormous decoded size is corruption, not
+    /// A crafted blob header claiming an enormous decoded size is corruption, not
     /// an allocation of that size.
     #[test]
     fn a_huge_claimed_size_is_not_allocated() {

@@ -695,6 +695,18 @@ impl Segment {
         });
     }
 
+    /// Notes that the index cannot be trusted (`why`): the records are located by scanning.
+    fn index_damaged(&mut self, why: impl std::fmt::Display) {
+        self.index = IndexState::Damaged;
+        self.issue(
+            IssueKind::DamagedIndex,
+            None,
+            None,
+            None,
+            format!("{why}; located the records by scanning"),
+        );
+    }
+
     /// Fills `frames` from the index when it is usable, else by scanning.
     fn locate(&mut self) {
         let ipath = index_path(&self.path);
@@ -716,14 +728,7 @@ impl Segment {
                 None
             }
             Err(e) => {
-                self.index = IndexState::Damaged;
-                self.issue(
-                    IssueKind::DamagedIndex,
-                    None,
-                    None,
-                    None,
-                    format!("{e}; located the records by scanning"),
-                );
+                self.index_damaged(e);
                 None
             }
         };
@@ -785,14 +790,7 @@ impl Segment {
                     return;
                 }
                 Err(why) => {
-                    self.index = IndexState::Damaged;
-                    self.issue(
-                        IssueKind::DamagedIndex,
-                        None,
-                        None,
-                        None,
-                        format!("{why}; located the records by scanning"),
-                    );
+                    self.index_damaged(why);
                     let mut frames = Vec::new();
                     self.scan(SEGMENT_HEADER_BYTES, len, &entries, &mut frames, None);
                     self.frames = frames;

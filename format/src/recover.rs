@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::config::CaptureConfig;
 use crate::frame::{FrameHeader, SegmentHeader};
-use crate::reader::{Issue, IssueKind, Segment, SeqHint, Store};
+use crate::reader::{FrameLoc, Issue, IssueKind, RecordView, Segment, SeqHint, Store};
 use crate::record::Op;
 use crate::store::{
     index_path, manifest_path, read_index, write_index, CommEntry, IndexEntry, Manifest, RankInfo,
@@ -66,22 +66,7 @@ pub struct SegmentCheck {
 /// tensor and checks it against the record's length and CRC-32. `progress` receives the bytes
 /// of each frame as it is done.
 pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -> SegmentCheck {
-    let mut c = SegmentCheck {
-        rank: seg.rank,
-        step: seg.step,
-        path: seg.path().to_path_buf(),
-        records: 0,
-        gaps: 0,
-        bytes_raw: 0,
-        bytes_stored: 0,
-        bytes_deduped: 0,
-        issues: seg.issues().to_vec(),
-        index_wanted: None,
-        torn_at: None,
-        headers_wanted: Vec::new(),
-        comms: HashMap::new(),
-        first_call_ns: None,
-    };
+    let mut c = SegmentCheck::empty(seg);
     let (mut scratch, mut out) = (Vec::new(), Vec::new());
     // The seq of each frame for the index: the record's own when it reads.
     let mut seqs: Vec<u64> = seg.frames().iter().map(|f| f.seq).collect();
@@ -94,44 +79,94 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
                 continue;
             }
         };
+        seqs[i] = c.check_placement(seg, loc, &view);
+        c.count(&view);
+        if deep {
+            c.check_tensors(seg, &view, &mut scratch, &mut out);
+        }
+    }
+    c.want_index(seg, &seqs);
+    c.want_headers(seg);
+    c.want_torn_tail_cut(seg);
+    c
+}
+
+impl SegmentCheck {
+    /// A check of `seg` that has read nothing yet: the issues found opening it.
+    fn empty(seg: &Segment) -> SegmentCheck {
+        SegmentCheck {
+            rank: seg.rank,
+            step: seg.step,
+            path: seg.path().to_path_buf(),
+            records: 0,
+            gaps: 0,
+            bytes_raw: 0,
+            bytes_stored: 0,
+            bytes_deduped: 0,
+            issues: seg.issues().to_vec(),
+            index_wanted: None,
+            torn_at: None,
+            headers_wanted: Vec::new(),
+            comms: HashMap::new(),
+            first_call_ns: None,
+        }
+    }
+
+    /// An issue of kind `kind` about the record `view` of `seg`.
+    fn record_issue(
+        &self,
+        seg: &Segment,
+        view: &RecordView,
+        kind: IssueKind,
+        detail: String,
+    ) -> Issue {
+        Issue {
+            kind,
+            path: self.path.clone(),
+            rank: Some(seg.rank),
+            step: Some(seg.step),
+            seq: Some(SeqHint::Exact(view.record.seq)),
+            offset: Some(view.offset),
+            bytes: None,
+            detail,
+        }
+    }
+
+    /// Checks that the record read at `loc` is where the index and the segment's name put it.
+    /// Returns the seq the index should give it (the record's own).
+    fn check_placement(&mut self, seg: &Segment, loc: &FrameLoc, view: &RecordView) -> u64 {
         let r = &view.record;
         if r.seq != loc.seq {
-            c.issues.push(Issue {
-                kind: IssueKind::DamagedIndex,
-                path: c.path.clone(),
-                rank: Some(seg.rank),
-                step: Some(seg.step),
-                seq: Some(SeqHint::Exact(r.seq)),
-                offset: Some(view.offset),
-                bytes: None,
-                detail: format!("the index says seq {} for this record", loc.seq),
-            });
-            seqs[i] = r.seq;
+            let detail = format!("the index says seq {} for this record", loc.seq);
+            let issue = self.record_issue(seg, view, IssueKind::DamagedIndex, detail);
+            self.issues.push(issue);
         }
         if (r.rank, r.step) != (seg.rank, seg.step) {
-            c.issues.push(Issue {
-                kind: IssueKind::Inconsistent,
-                path: c.path.clone(),
-                rank: Some(seg.rank),
-                step: Some(seg.step),
-                seq: Some(SeqHint::Exact(r.seq)),
-                offset: Some(view.offset),
-                bytes: None,
-                detail: format!(
-                    "the record says rank {} step {}, its segment is rank {} step {}",
-                    r.rank, r.step, seg.rank, seg.step
-                ),
-            });
+            let detail = format!(
+                "the record says rank {} step {}, its segment is rank {} step {}",
+                r.rank, r.step, seg.rank, seg.step
+            );
+            let issue = self.record_issue(seg, view, IssueKind::Inconsistent, detail);
+            self.issues.push(issue);
         }
-        c.records += 1;
-        c.bytes_raw += view.raw_bytes();
-        c.bytes_stored += view.stored_bytes();
-        c.bytes_deduped += view.deduped_bytes();
-        c.first_call_ns = Some(c.first_call_ns.map_or(r.t_call_ns, |t| t.min(r.t_call_ns)));
+        r.seq
+    }
+
+    /// Adds an intact record to the counts, the first call time and the communicators seen.
+    fn count(&mut self, view: &RecordView) {
+        let r = &view.record;
+        self.records += 1;
+        self.bytes_raw += view.raw_bytes();
+        self.bytes_stored += view.stored_bytes();
+        self.bytes_deduped += view.deduped_bytes();
+        self.first_call_ns = Some(
+            self.first_call_ns
+                .map_or(r.t_call_ns, |t| t.min(r.t_call_ns)),
+        );
         match &r.op {
-            Op::Gap(_) => c.gaps += 1,
+            Op::Gap(_) => self.gaps += 1,
             Op::Collective(op) => {
-                let e = c
+                let e = self
                     .comms
                     .entry(op.comm)
                     .or_insert_with(|| (op.comm_size, BTreeMap::new()));
@@ -139,57 +174,69 @@ pub fn check_segment(seg: &Segment, deep: bool, progress: &mut dyn FnMut(u64)) -
             }
             _ => {}
         }
-        if deep {
-            for t in 0..r.tensors.len() {
-                if !view.is_captured(t) {
-                    continue;
-                }
-                if let Err(e) = view.tensor_bytes_into(t, &mut scratch, &mut out) {
-                    c.issues.push(Issue {
-                        kind: IssueKind::BadTensor,
-                        path: c.path.clone(),
-                        rank: Some(seg.rank),
-                        step: Some(seg.step),
-                        seq: Some(SeqHint::Exact(r.seq)),
-                        offset: Some(view.offset),
-                        bytes: None,
-                        detail: e.to_string(),
-                    });
-                }
+    }
+
+    /// Decodes every captured tensor of the record, checking its length and CRC-32.
+    fn check_tensors(
+        &mut self,
+        seg: &Segment,
+        view: &RecordView,
+        scratch: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) {
+        for t in 0..view.record.tensors.len() {
+            if !view.is_captured(t) {
+                continue;
+            }
+            if let Err(e) = view.tensor_bytes_into(t, scratch, out) {
+                let issue = self.record_issue(seg, view, IssueKind::BadTensor, e.to_string());
+                self.issues.push(issue);
             }
         }
     }
-    let wanted: Vec<IndexEntry> = seg
-        .frames()
-        .iter()
-        .zip(&seqs)
-        .map(|(f, &seq)| IndexEntry {
-            seq,
-            offset: f.offset,
-            frame_len: f.frame_len,
-            crc32: f.crc32,
-        })
-        .collect();
-    if read_index(&index_path(seg.path())).ok().as_ref() != Some(&wanted) {
-        c.index_wanted = Some(wanted);
-    }
-    for i in &c.issues {
-        if i.kind != IssueKind::RecoveredByIndex {
-            continue;
-        }
-        if let Some(f) = seg.frames().iter().find(|f| Some(f.offset) == i.offset) {
-            c.headers_wanted
-                .push((f.offset, f.frame_len - FRAME_HEADER_BYTES, f.crc32));
+
+    /// Wants the index rewritten when the one on disk is not every located frame with the
+    /// seq its record gives (`seqs`).
+    fn want_index(&mut self, seg: &Segment, seqs: &[u64]) {
+        let wanted: Vec<IndexEntry> = seg
+            .frames()
+            .iter()
+            .zip(seqs)
+            .map(|(f, &seq)| IndexEntry {
+                seq,
+                offset: f.offset,
+                frame_len: f.frame_len,
+                crc32: f.crc32,
+            })
+            .collect();
+        if read_index(&index_path(seg.path())).ok().as_ref() != Some(&wanted) {
+            self.index_wanted = Some(wanted);
         }
     }
-    let torn = c
-        .issues
-        .iter()
-        .any(|i| i.kind == IssueKind::TornTail && i.bytes.is_some_and(|b| b > 0));
-    if torn && seg.good_end() < seg.file_len() {
-        c.torn_at = Some(seg.good_end());
+
+    /// Wants written back the frame headers that only the index could locate.
+    fn want_headers(&mut self, seg: &Segment) {
+        for i in &self.issues {
+            if i.kind != IssueKind::RecoveredByIndex {
+                continue;
+            }
+            if let Some(f) = seg.frames().iter().find(|f| Some(f.offset) == i.offset) {
+                self.headers_wanted
+                    .push((f.offset, f.frame_len - FRAME_HEADER_BYTES, f.crc32));
+            }
+        }
     }
-    c
+
+    /// Wants a torn tail cut where the last intact frame ends.
+    fn want_torn_tail_cut(&mut self, seg: &Segment) {
+        let torn = self
+            .issues
+            .iter()
+            .any(|i| i.kind == IssueKind::TornTail && i.bytes.is_some_and(|b| b > 0));
+        if torn && seg.good_end() < seg.file_len() {
+            self.torn_at = Some(seg.good_end());
+        }
+    }
 }
 
 /// Writes the index `check` found wanting. Returns whether it wrote one.

@@ -133,18 +133,9 @@ pub fn copy_linear(
     len: u64,
     stream: cudaStream_t,
 ) -> Result<(), cudaError_t> {
-    let f = real::cudaMemcpyAsync().ok_or(MISSING)?;
-    // SAFETY: `dst` is `len` bytes of the pinned ring slot the caller owns; `src` is an address
-    // the program's op uses; cudaMemcpyDefault lets the runtime classify both.
-    check(unsafe {
-        f(
-            dst.cast(),
-            src as *const c_void,
-            len as usize,
-            cudaMemcpyDefault,
-            stream,
-        )
-    })
+    // `dst` is `len` bytes of the pinned ring slot the caller owns; `src` is an address the
+    // program's op uses.
+    memcpy_async(dst.cast(), src as *const c_void, len, stream)
 }
 
 /// Enqueues a pitched copy (`height` rows of `width` bytes, `spitch` apart) packed into `dst`.
@@ -156,17 +147,93 @@ pub fn copy_pitched(
     height: u64,
     stream: cudaStream_t,
 ) -> Result<(), cudaError_t> {
+    // `dst` is `width * height` bytes of the caller's ring slot; the source rows are inside
+    // the operand the program's op reads or writes.
+    let rows = Rows {
+        dpitch: width,
+        spitch,
+        width,
+        height,
+    };
+    memcpy_2d_async(dst.cast(), src as *const c_void, rows, stream)
+}
+
+/// Enqueues a copy of `len` bytes from the host buffer `src` to `dst` (device memory the
+/// program's op wrote), on `stream`.
+pub fn copy_back_linear(
+    dst: u64,
+    src: *const u8,
+    len: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    // `src` is `len` readable bytes of the caller's pinned buffer; `dst` is the range of the
+    // op's output the same bytes were copied from.
+    memcpy_async(dst as *mut c_void, src.cast(), len, stream)
+}
+
+/// Enqueues the inverse of [`copy_pitched`]: `height` packed rows of `width` bytes at `src`
+/// back to rows `dpitch` bytes apart at `dst`.
+pub fn copy_back_pitched(
+    dst: u64,
+    dpitch: u64,
+    src: *const u8,
+    width: u64,
+    height: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    // `src` is `width * height` readable bytes of the caller's pinned buffer; the destination
+    // rows are the ones the same bytes were copied from.
+    let rows = Rows {
+        dpitch,
+        spitch: width,
+        width,
+        height,
+    };
+    memcpy_2d_async(dst as *mut c_void, src.cast(), rows, stream)
+}
+
+/// The real `cudaMemcpyAsync` of `len` bytes, `cudaMemcpyDefault` (the runtime classifies
+/// both ends), on `stream`. Only for the ranges the four `copy_*` functions above describe.
+fn memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    len: u64,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
+    let f = real::cudaMemcpyAsync().ok_or(MISSING)?;
+    // SAFETY: the callers above pass a range of the tracer's pinned memory and a range of
+    // memory the program's op uses, each `len` bytes.
+    check(unsafe { f(dst, src, len as usize, cudaMemcpyDefault, stream) })
+}
+
+/// The rows of a pitched copy: `height` rows of `width` bytes, `spitch` apart at the source
+/// and `dpitch` apart at the destination.
+struct Rows {
+    dpitch: u64,
+    spitch: u64,
+    width: u64,
+    height: u64,
+}
+
+/// The real `cudaMemcpy2DAsync` of `rows`, `cudaMemcpyDefault`, on `stream`. Only for the
+/// ranges the `copy_*pitched` functions above describe.
+fn memcpy_2d_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    rows: Rows,
+    stream: cudaStream_t,
+) -> Result<(), cudaError_t> {
     let f = real::cudaMemcpy2DAsync().ok_or(MISSING)?;
-    // SAFETY: `dst` is `width * height` bytes of the caller's ring slot; the source rows are
-    // inside the operand the program's op reads or writes.
+    // SAFETY: the callers above pass packed rows of the tracer's pinned memory and the rows
+    // of an operand the program's op uses, `height` rows of `width` bytes each.
     check(unsafe {
         f(
-            dst.cast(),
-            width as usize,
-            src as *const c_void,
-            spitch as usize,
-            width as usize,
-            height as usize,
+            dst,
+            rows.dpitch as usize,
+            src,
+            rows.spitch as usize,
+            rows.width as usize,
+            rows.height as usize,
             cudaMemcpyDefault,
             stream,
         )
@@ -232,55 +299,6 @@ pub fn free_host(p: *mut u8) -> Result<(), cudaError_t> {
     let f = real::cudaFreeHost().ok_or(MISSING)?;
     // SAFETY: `p` came from cudaMallocHost and nothing uses it any more.
     check(unsafe { f(p.cast()) })
-}
-
-/// Enqueues a copy of `len` bytes from the host buffer `src` to `dst` (device memory the
-/// program's op wrote), on `stream`.
-pub fn copy_back_linear(
-    dst: u64,
-    src: *const u8,
-    len: u64,
-    stream: cudaStream_t,
-) -> Result<(), cudaError_t> {
-    let f = real::cudaMemcpyAsync().ok_or(MISSING)?;
-    // SAFETY: `src` is `len` readable bytes of the caller's pinned buffer; `dst` is the range
-    // of the op's output the same bytes were copied from.
-    check(unsafe {
-        f(
-            dst as *mut c_void,
-            src.cast(),
-            len as usize,
-            cudaMemcpyDefault,
-            stream,
-        )
-    })
-}
-
-/// Enqueues the inverse of [`copy_pitched`]: `height` packed rows of `width` bytes at `src`
-/// back to rows `dpitch` bytes apart at `dst`.
-pub fn copy_back_pitched(
-    dst: u64,
-    dpitch: u64,
-    src: *const u8,
-    width: u64,
-    height: u64,
-    stream: cudaStream_t,
-) -> Result<(), cudaError_t> {
-    let f = real::cudaMemcpy2DAsync().ok_or(MISSING)?;
-    // SAFETY: `src` is `width * height` readable bytes of the caller's pinned buffer; the
-    // destination rows are the ones the same bytes were copied from.
-    check(unsafe {
-        f(
-            dst as *mut c_void,
-            dpitch as usize,
-            src.cast(),
-            width as usize,
-            width as usize,
-            height as usize,
-            cudaMemcpyDefault,
-            stream,
-        )
-    })
 }
 
 /// Sets the calling thread's stream-capture mode; returns the previous one.

@@ -479,7 +479,7 @@ impl Eager {
 }
 
 /// Enqueues one snapshot copy on `stream` into the ring at `base` (+ the copy's offset).
-fn enqueue(base: usize, c: Copy, stream: cudaStream_t) -> Result<(), u32> {
+pub(crate) fn enqueue(base: usize, c: Copy, stream: cudaStream_t) -> Result<(), u32> {
     match c {
         Copy::Linear { dst, src, len } => {
             cuda::copy_linear((base + dst as usize) as *mut u8, src, len, stream)

@@ -170,15 +170,12 @@ fn next_exit(name: &std::ffi::CStr) -> Option<ExitFn> {
     }
 }
 
-/// `_exit(status)`: publishes what was taken, then exits as asked.
-///
-/// # Safety
-/// As the C function.
-#[no_mangle]
-pub unsafe extern "C" fn _exit(status: libc::c_int) -> ! {
+/// Publishes what was taken, then exits with `status` through the C library's `name`
+/// (`_exit` or `_Exit`, which do the same), else the raw system call.
+fn drain_and_exit(name: &std::ffi::CStr, status: libc::c_int) -> ! {
     let _ = std::panic::catch_unwind(|| drain(false));
-    match next_exit(c"_exit") {
-        // SAFETY: the C library's `_exit`.
+    match next_exit(name) {
+        // SAFETY: the C library's `_exit` or `_Exit`, with the program's status.
         Some(f) => unsafe { f(status) },
         // SAFETY: the raw system call, when no C library is found (cannot happen in practice).
         None => unsafe {
@@ -188,20 +185,20 @@ pub unsafe extern "C" fn _exit(status: libc::c_int) -> ! {
     }
 }
 
+/// `_exit(status)`: publishes what was taken, then exits as asked.
+///
+/// # Safety
+/// As the C function.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: libc::c_int) -> ! {
+    drain_and_exit(c"_exit", status)
+}
+
 /// `_Exit(status)`: as [`_exit`].
 ///
 /// # Safety
 /// As the C function.
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: libc::c_int) -> ! {
-    let _ = std::panic::catch_unwind(|| drain(false));
-    match next_exit(c"_Exit") {
-        // SAFETY: the C library's `_Exit`.
-        Some(f) => unsafe { f(status) },
-        // SAFETY: as in `_exit`.
-        None => unsafe {
-            libc::syscall(libc::SYS_exit_group, status);
-            std::process::abort()
-        },
-    }
+    drain_and_exit(c"_Exit", status)
 }

@@ -142,7 +142,8 @@ extern "C" fn in_fork_child() {
 
 extern "C" fn on_load() {
     // SAFETY: registers an async-signal-safe child handler (two atomic stores); nothing else
-    // happens at load time (no std, no CUDA: shared notes §4.8).
+    // happens at load time: the loader runs this before the program's own constructors, when
+    // neither std's runtime nor CUDA may be ready.
     unsafe {
         libc::pthread_atfork(None, None, Some(in_fork_child));
     }

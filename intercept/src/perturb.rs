@@ -1,8 +1,8 @@
 //! The perturbed reference run (`TTRACE_PERTURB=<seed>`, `ttrace run --perturb`).
 //!
 //! TTrace estimates, per tensor, how far round-off moves a correct run by running the
-//! reference twice: once as is, once with round-off-sized noise injected (shared notes,
-//! tolerance.md §2 and §8). This module injects that noise with no change to the program:
+//! reference twice: once as is, once with round-off-sized noise injected (docs/compare.md,
+//! section 4). This module injects that noise with no change to the program:
 //! after every GEMM whose output D is F32, F16 or BF16 (cuBLAS and cuBLASLt), the last
 //! mantissa bit of each finite, nonzero element of D is flipped with probability 1/2, i.e.
 //! D moves to an adjacent representable value (±1 ulp, the size of one rounding) in about half
@@ -232,28 +232,9 @@ fn round_trip(
     len: usize,
 ) -> Result<(), Skip> {
     let copies = s.copies();
-    for c in &copies {
-        match *c {
-            Copy::Linear { dst, src, len } => {
-                cuda::copy_linear(buf.wrapping_add(dst as usize), src, len, stream)
-                    .map_err(|e| Skip::Failed("cudaMemcpyAsync (device to host)", e))?
-            }
-            Copy::Pitched {
-                dst,
-                src,
-                spitch,
-                width,
-                height,
-            } => cuda::copy_pitched(
-                buf.wrapping_add(dst as usize),
-                src,
-                spitch,
-                width,
-                height,
-                stream,
-            )
-            .map_err(|e| Skip::Failed("cudaMemcpy2DAsync (device to host)", e))?,
-        }
+    for &c in &copies {
+        crate::engine::enqueue(buf as usize, c, stream)
+            .map_err(|e| Skip::Failed(copy_api(c, true), e))?;
     }
     cuda::stream_synchronize(stream).map_err(|e| Skip::Failed("cudaStreamSynchronize", e))?;
     // SAFETY: `buf` holds at least `len` bytes of our page-locked allocation, taken out of the
@@ -261,30 +242,43 @@ fn round_trip(
     // synchronised) and no other copy touches it until the next synchronisation below.
     let bytes = unsafe { std::slice::from_raw_parts_mut(buf, len) };
     apply(dtype, bytes, noise);
-    for c in &copies {
-        match *c {
-            Copy::Linear { dst, src, len } => {
-                cuda::copy_back_linear(src, buf.wrapping_add(dst as usize), len, stream)
-                    .map_err(|e| Skip::Failed("cudaMemcpyAsync (host to device)", e))?
-            }
-            Copy::Pitched {
-                dst,
-                src,
-                spitch,
-                width,
-                height,
-            } => cuda::copy_back_pitched(
-                src,
-                spitch,
-                buf.wrapping_add(dst as usize),
-                width,
-                height,
-                stream,
-            )
-            .map_err(|e| Skip::Failed("cudaMemcpy2DAsync (host to device)", e))?,
-        }
+    for &c in &copies {
+        copy_back(buf, c, stream).map_err(|e| Skip::Failed(copy_api(c, false), e))?;
     }
     cuda::stream_synchronize(stream).map_err(|e| Skip::Failed("cudaStreamSynchronize", e))
+}
+
+/// The runtime call that makes copy `c` (to the host, or back), for an error message.
+fn copy_api(c: Copy, to_host: bool) -> &'static str {
+    match (c, to_host) {
+        (Copy::Linear { .. }, true) => "cudaMemcpyAsync (device to host)",
+        (Copy::Linear { .. }, false) => "cudaMemcpyAsync (host to device)",
+        (Copy::Pitched { .. }, true) => "cudaMemcpy2DAsync (device to host)",
+        (Copy::Pitched { .. }, false) => "cudaMemcpy2DAsync (host to device)",
+    }
+}
+
+/// Enqueues copy `c` backwards: from its place in `buf` to the device memory it was read from.
+fn copy_back(buf: *mut u8, c: Copy, stream: cudaStream_t) -> Result<(), cudaError_t> {
+    match c {
+        Copy::Linear { dst, src, len } => {
+            cuda::copy_back_linear(src, buf.wrapping_add(dst as usize), len, stream)
+        }
+        Copy::Pitched {
+            dst,
+            src,
+            spitch,
+            width,
+            height,
+        } => cuda::copy_back_pitched(
+            src,
+            spitch,
+            buf.wrapping_add(dst as usize),
+            width,
+            height,
+            stream,
+        ),
+    }
 }
 
 /// At exit: how many GEMM outputs were perturbed (`TTRACE_LOG=info`; a warning when some

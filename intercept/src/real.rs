@@ -4,7 +4,7 @@
 //! CUDA or not): each function is looked up on its first use with `dlsym(RTLD_NEXT, name)` (the next
 //! definition after this library in the global scope), else in a loaded object whose file name
 //! is the library's (`libcudart.so*`, any major: found with `dl_iterate_phdr`, reopened with
-//! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy, §4.4). No soname is
+//! `dlopen(path, RTLD_NOLOAD | RTLD_LAZY)`, which never maps a second copy of a library loaded with `RTLD_LOCAL`). No soname is
 //! hard-coded, so one libttrace.so serves CUDA 12 and CUDA 13 programs; the first runtime
 //! function resolved logs (at info level) which runtime it attached to. A missing symbol is `None`: the hook returns an error code, never panics.
 //!
@@ -18,9 +18,6 @@ use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::*;
 use cuda_abi::nccl::*;
-use cuda_abi::nvtx::*;
-
-pub use cuda_abi::cudart::dim3;
 
 /// The library a function belongs to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -161,8 +158,8 @@ pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) 
 /// hook's macro): `real_of!(name, fn(T1, T2) -> R, Lib)` is `Option<unsafe extern "C"
 /// fn(T1, T2) -> R>`, looked up on first use and cached in a slot of its own.
 macro_rules! real_of {
-    ($name:ident, fn($($t:ty),*) -> $r:ty, $lib:ident) => {{
-        type Real = unsafe extern "C" fn($($t),*) -> $r;
+    ($name:ident, fn($($t:ty),*) $(-> $r:ty)?, $lib:ident) => {{
+        type Real = unsafe extern "C" fn($($t),*) $(-> $r)?;
         static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let name = concat!(stringify!($name), "\0");
         // SAFETY: `Real` is the C signature of the function of that name.
@@ -238,13 +235,8 @@ macro_rules! real_fns {
 }
 
 real_fns! {
-    // ---- runtime: hooked (the copies' and memsets' hooks look theirs up by the signatures in
-    // `copy_hook!` and `memset_hook!`) ----
-    Cudart: fn cudaLaunchKernel(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaLaunchKernel_ptsz(*const c_void, dim3, dim3, *mut *mut c_void, usize, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
-    Cudart: fn cudaLaunchHostFunc_ptsz(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
-    // ---- runtime: used by the tracer ----
+    // ---- runtime: used by the tracer (the hooked copies, memsets and launches look theirs up
+    // by the signatures in `copy_hook!`, `memset_hook!` and `launch_hook!`) ----
     Cudart: fn cudaMemcpyAsync(*mut c_void, *const c_void, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMemcpy2DAsync(*mut c_void, usize, *const c_void, usize, usize, usize, cudaMemcpyKind, cudaStream_t) -> cudaError_t;
     Cudart: fn cudaGetDevice(*mut c_int) -> cudaError_t;
@@ -260,18 +252,8 @@ real_fns! {
     Cudart: fn cudaEventSynchronize(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
     Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
-    // ---- runtime: CUDA graphs (hooked, then used by the tracer; intercept/src/graph.rs) ----
-    Cudart: fn cudaStreamEndCapture(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaStreamEndCapture_ptsz(cudaStream_t, *mut cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiate(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithFlags(*mut cudaGraphExec_t, cudaGraph_t, c_ulonglong) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithParams(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
-    Cudart: fn cudaGraphInstantiateWithParams_ptsz(*mut cudaGraphExec_t, cudaGraph_t, *mut cudaGraphInstantiateParams) -> cudaError_t;
-    Cudart: fn cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaGraphLaunch_ptsz(cudaGraphExec_t, cudaStream_t) -> cudaError_t;
-    Cudart: fn cudaGraphExecDestroy(cudaGraphExec_t) -> cudaError_t;
-    Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
-    Cudart: fn cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;
+    // ---- runtime: CUDA graphs, used by the tracer (intercept/src/graph.rs; the graph hooks look
+    // theirs up by the signatures in `graph_hook!`) ----
     // CUDA 12 spelling (every 12.x runtime exports it); CUDA 13 renamed it to the unversioned
     // name with an edge-data parameter (the unversioned CUDA 12 export is CUDA 11's 3 arguments).
     Cudart: fn cudaStreamGetCaptureInfo_v2(cudaStream_t, *mut cudaStreamCaptureStatus, *mut c_ulonglong, *mut cudaGraph_t, *mut *const cudaGraphNode_t, *mut usize) -> cudaError_t;
@@ -287,37 +269,15 @@ real_fns! {
     Cublas: fn cublasGetPointerMode_v2(cublasHandle_t, *mut cublasPointerMode_t) -> cublasStatus_t;
     Cublas: fn cublasGetMathMode(cublasHandle_t, *mut cublasMath_t) -> cublasStatus_t;
 
-    // ---- cuBLASLt ----
-    CublasLt: fn cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *const c_void, cublasLtMatrixLayout_t, *const c_void, *const c_void, cublasLtMatrixLayout_t, *mut c_void, cublasLtMatrixLayout_t, *const cublasLtMatmulAlgo_t, *mut c_void, usize, cudaStream_t) -> cublasStatus_t;
+    // ---- cuBLASLt, used by the tracer (the hook looks its real function up by the signature in
+    // `lt_hook!`) ----
     CublasLt: fn cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
     CublasLt: fn cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, *mut c_void, usize, *mut usize) -> cublasStatus_t;
 
-    // ---- NCCL (the collectives' hooks look theirs up by the signature in `coll_hook!`) ----
-    Nccl: fn ncclGroupStart() -> ncclResult_t;
-    Nccl: fn ncclGroupEnd() -> ncclResult_t;
-    Nccl: fn ncclGroupSimulateEnd(*mut ncclSimInfo_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitRank(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
-    Nccl: fn ncclCommInitRankConfig(*mut ncclComm_t, c_int, ncclUniqueId, c_int, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitRankScalable(*mut ncclComm_t, c_int, c_int, c_int, *mut ncclUniqueId, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommInitAll(*mut ncclComm_t, c_int, *const c_int) -> ncclResult_t;
-    Nccl: fn ncclCommSplit(ncclComm_t, c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t) -> ncclResult_t;
-    Nccl: fn ncclCommShrink(ncclComm_t, *mut c_int, c_int, *mut ncclComm_t, *mut ncclConfig_t, c_int) -> ncclResult_t;
-    Nccl: fn ncclRedOpCreatePreMulSum(*mut ncclRedOp_t, *mut c_void, ncclDataType_t, ncclScalarResidence_t, ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclRedOpDestroy(ncclRedOp_t, ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclCommDestroy(ncclComm_t) -> ncclResult_t;
-    Nccl: fn ncclCommAbort(ncclComm_t) -> ncclResult_t;
+    // ---- NCCL, used by the tracer (the collectives', communicators' and groups' hooks look
+    // theirs up by the signatures in `coll_hook!` and `comm_hook!`) ----
     Nccl: fn ncclCommCount(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommUserRank(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommCuDevice(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommGetAsyncError(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
-
-    // ---- NVTX ----
-    Nvtx: fn nvtxRangePushA(*const c_char) -> c_int;
-    Nvtx: fn nvtxRangePushW(*const wchar_t) -> c_int;
-    Nvtx: fn nvtxRangePushEx(*const nvtxEventAttributes_t) -> c_int;
-    Nvtx: fn nvtxRangePop() -> c_int;
-    Nvtx: fn nvtxDomainRangePushEx(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
-    Nvtx: fn nvtxDomainRangePop(nvtxDomainHandle_t) -> c_int;
-    Nvtx: fn nvtxMarkA(*const c_char) -> ();
-    Nvtx: fn nvtxMarkEx(*const nvtxEventAttributes_t) -> ();
 }

@@ -3,7 +3,7 @@
 //! (`Hello` carrying the memfd) and the tracer thread. A failed start disables capture with one
 //! log line; the program goes on untraced.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -137,6 +137,33 @@ fn usable_memory() -> u64 {
 
 fn start() -> Result<Session, String> {
     let cfg = mode::config().ok_or("no valid configuration")?;
+    let capacity = ring_capacity(cfg);
+    let len = ring::mapping_bytes(capacity);
+    let (fd, base) = map_ring_memfd(len)?;
+    // SAFETY: a page-aligned writable mapping of mapping_bytes(capacity), alive for good.
+    let ring = unsafe { Ring::create(base, capacity) }.map_err(|e| e.to_string())?;
+    pin_ring(base, len)?;
+    let hello = process_hello(capacity, cfg)?;
+    let client = connect_daemon(cfg, hello, fd)?;
+    let ring: &'static Ring = {
+        let _ = RING.set(ring);
+        RING.get().ok_or("the ring was set twice")?
+    };
+    tracer::start(client, ring, cfg)?;
+    // SAFETY: `on_exit` is an extern "C" fn without arguments, registered once, from the first
+    // capturing call: after the runtime registered its own teardown, so ours runs first.
+    unsafe { libc::atexit(on_exit) };
+    crate::fatal::install();
+    Ok(Session {
+        ring,
+        cfg,
+        pid: std::process::id(),
+    })
+}
+
+/// The ring's capacity: the configured size (0: sized to the memory this process may use,
+/// shared by the node's local ranks), in whole slots of `ring::ALIGN`, at least two.
+fn ring_capacity(cfg: &CaptureConfig) -> u64 {
     let bytes = match cfg.ring_bytes {
         0 => ttrace_proto::config::auto_ring_bytes(
             usable_memory(),
@@ -144,9 +171,12 @@ fn start() -> Result<Session, String> {
         ),
         n => n,
     };
-    let capacity = (bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2);
-    let len = ring::mapping_bytes(capacity);
+    (bytes / ring::ALIGN * ring::ALIGN).max(ring::ALIGN * 2)
+}
 
+/// A sealable memfd of `len` bytes (proto's one ring memfd), mapped shared read-write for
+/// good: the descriptor (for the daemon) and the mapping's base.
+fn map_ring_memfd(len: usize) -> Result<(OwnedFd, *mut u8), String> {
     let fd = ring::create_memfd(len as u64).map_err(|e| e.to_string())?;
     // SAFETY: a shared read-write mapping of the whole memfd; it is never unmapped (the
     // daemon and in-flight DMA may use it until the process ends).
@@ -166,10 +196,12 @@ fn start() -> Result<Session, String> {
             std::io::Error::last_os_error()
         ));
     }
-    let base = base.cast::<u8>();
-    // SAFETY: a page-aligned writable mapping of mapping_bytes(capacity), alive for good.
-    let ring = unsafe { Ring::create(base, capacity) }.map_err(|e| e.to_string())?;
+    Ok((fd, base.cast::<u8>()))
+}
 
+/// Page-locks the ring with the real `cudaHostRegister`, so snapshots can be copied into it
+/// asynchronously.
+fn pin_ring(base: *mut u8, len: usize) -> Result<(), String> {
     // Page-locking is an unsafe call during another thread's global-mode graph capture: make
     // it from relaxed mode, as the tracer does everything.
     let old = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
@@ -180,10 +212,12 @@ fn start() -> Result<Session, String> {
     if let Ok(m) = old {
         let _ = cuda::exchange_capture_mode(m);
     }
-    pinned.map_err(|code| {
-        format!("cudaHostRegister of the snapshot ring failed (cudaError {code})")
-    })?;
+    pinned
+        .map_err(|code| format!("cudaHostRegister of the snapshot ring failed (cudaError {code})"))
+}
 
+/// The `Hello` this process introduces itself with: who it is, its job, its ring.
+fn process_hello(capacity: u64, cfg: &CaptureConfig) -> Result<Hello, String> {
     let (exe, argv) = identity::exe_and_argv();
     let mut hello = Hello {
         protocol: PROTOCOL_VERSION,
@@ -198,7 +232,14 @@ fn start() -> Result<Session, String> {
         ..Hello::default()
     };
     job_hello(&mut hello, cfg)?;
+    Ok(hello)
+}
+
+/// Connects to the daemon (`TTRACE_SOCKET`) or the user's collector, handing it the ring's
+/// memfd, and says where the records go.
+fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Client, String> {
     let job_label = hello.job.label.clone();
+    let capacity = hello.ring_capacity;
     // An unresponsive daemon delays the first captured call by at most the stall budget.
     let connecting = std::time::Instant::now();
     let within = stall::remaining(cfg.max_stall_ms);
@@ -223,21 +264,7 @@ fn start() -> Result<Session, String> {
         welcome.store,
         identity::rank()
     ));
-
-    let ring: &'static Ring = {
-        let _ = RING.set(ring);
-        RING.get().ok_or("the ring was set twice")?
-    };
-    tracer::start(client, ring, cfg)?;
-    // SAFETY: `on_exit` is an extern "C" fn without arguments, registered once, from the first
-    // capturing call: after the runtime registered its own teardown, so ours runs first.
-    unsafe { libc::atexit(on_exit) };
-    crate::fatal::install();
-    Ok(Session {
-        ring,
-        cfg,
-        pid: std::process::id(),
-    })
+    Ok(client)
 }
 
 /// At exit: the tracer publishes what was called so far (its snapshots complete on the

@@ -11,7 +11,8 @@ use crate::engine::InFlight;
 const MAX_KERNELS: usize = 256;
 
 thread_local! {
-    // `const`, no destructor: usable during thread teardown (shared notes §4.5).
+    // `const`, no destructor: usable during thread teardown, when a
+    // hooked call can still come from another thread-local's destructor.
     static IN_TRACER: Cell<bool> = const { Cell::new(false) };
     static STATE: RefCell<ThreadState> = RefCell::new(ThreadState::default());
 }

@@ -54,8 +54,36 @@ impl RangeSet {
         Ok(RangeSet(out))
     }
 
+    /// The runs of consecutive values in `values`, in their order: `[0, 1, 2, 5]` is `0-2,5`.
+    pub fn of_values(values: impl IntoIterator<Item = u64>) -> RangeSet {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for v in values {
+            match runs.last_mut() {
+                Some((_, b)) if b.checked_add(1) == Some(v) => *b = v,
+                _ => runs.push((v, v)),
+            }
+        }
+        RangeSet(runs)
+    }
+
     pub fn contains(&self, v: u64) -> bool {
         self.0.iter().any(|&(a, b)| a <= v && v <= b)
+    }
+
+    /// Each range as text, `N` or `N-M`, joined by `sep`.
+    pub fn join(&self, sep: &str) -> String {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
+            .collect();
+        parts.join(sep)
     }
 }
 
@@ -69,18 +97,7 @@ impl std::str::FromStr for RangeSet {
 
 impl std::fmt::Display for RangeSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = self
-            .0
-            .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
-            .collect();
-        f.write_str(&parts.join(","))
+        f.write_str(&self.join(","))
     }
 }
 
@@ -439,5 +456,17 @@ mod tests {
         assert!(r.contains(0) && r.contains(3) && r.contains(7));
         assert!(!r.contains(4) && !r.contains(8));
         assert_eq!(r.to_string(), "0-3,7");
+    }
+
+    #[test]
+    fn consecutive_values_make_one_range_each_run() {
+        let r = RangeSet::of_values([0, 1, 2, 5, 7, 8]);
+        assert_eq!(r, RangeSet(vec![(0, 2), (5, 5), (7, 8)]));
+        assert_eq!(r.join(", "), "0-2, 5, 7-8");
+        assert_eq!(RangeSet::of_values([]), RangeSet(vec![]));
+        assert_eq!(
+            RangeSet::of_values([u64::MAX, 0]).to_string(),
+            format!("{},0", u64::MAX)
+        );
     }
 }

@@ -341,7 +341,7 @@ mod tests {
         vec![0u64; mapping_bytes(capacity) / 8]
     }
 
-    /// Issue 14 row 13: a header announcing a capacity of 0 (or one larger than the mapping)
+    /// A header announcing a capacity of 0 (or one larger than the mapping)
     /// is refused at open; it used to pass and divide by zero in the consumer.
     #[test]
     fn a_hostile_capacity_is_refused_at_open() {

@@ -649,19 +649,9 @@ pub(crate) fn fmt_ratio(x: f64) -> String {
     }
 }
 
+/// `1.5 GiB`, `512 B`.
 pub(crate) fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = b as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{x:.1} {}", UNITS[u])
-    }
+    ttrace_format::units::human_bytes(b, 1)
 }
 
 pub(crate) fn fmt_secs(s: f64) -> String {

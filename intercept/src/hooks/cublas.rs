@@ -260,12 +260,22 @@ fn capture(mut g: Gemm, real: impl FnOnce() -> cublasStatus_t) -> cublasStatus_t
     if let Some(why) = g.gap.take() {
         return uncaptured(g.api, g.handle, GapReason::Unsupported, || why, real);
     }
+    around_blas_gemm(|| engine::begin(call(&g)?), real, || perturb_output(&g))
+}
+
+/// [`crate::around_gemm`] for cuBLAS and cuBLASLt: the output is perturbed, and the snapshot
+/// completed as the GEMM's, only when the real call succeeded.
+pub(super) fn around_blas_gemm(
+    prepare: impl FnOnce() -> Option<engine::InFlight>,
+    real: impl FnOnce() -> cublasStatus_t,
+    perturb: impl FnOnce(),
+) -> cublasStatus_t {
     crate::around_gemm(
-        || engine::begin(call(&g)?),
+        prepare,
         real,
         |r| {
             if r == CUBLAS_STATUS_SUCCESS {
-                perturb_output(&g);
+                perturb();
             }
         },
         |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
@@ -978,7 +988,7 @@ macro_rules! gemm_batched_ex {
 
 /// The list of cuBLAS's hooked signatures (at the end of this file): `family { (entry) ... }`
 /// makes one hook per entry through the family's macro. The ABI test
-/// (tests/integration/tests/intercept_abi.rs) expands each entry the same way and compiles
+/// (tests/integration/tests/it/intercept_abi.rs) expands each entry the same way and compiles
 /// the signature against NVIDIA's headers. A new typed variant is one line in the list; a new
 /// family is one macro plus its capture logic.
 macro_rules! cublas_sigs {

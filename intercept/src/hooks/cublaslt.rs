@@ -17,7 +17,7 @@ use ttrace_proto::blockscale;
 use ttrace_proto::dtype::DType;
 use ttrace_proto::record::{GapOp, GapReason, GemmOp, Op, Role};
 
-use super::cublas::read_scalar;
+use super::cublas::{around_blas_gemm, read_scalar};
 use crate::engine::{self, Call};
 use crate::plan::{self, Matrix, TensorPlan, Vector, When};
 use crate::{mode, perturb, real};
@@ -30,14 +30,21 @@ impl Attr for u64 {}
 impl Attr for i64 {}
 impl Attr for i8 {}
 
-fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
-    let f = real::cublasLtMatmulDescGetAttribute()?;
+/// The signature the two attribute getters share: (object, attribute, buffer, its size,
+/// bytes written).
+type GetAttribute<H> =
+    unsafe extern "C" fn(H, u32, *mut c_void, usize, *mut usize) -> cublasStatus_t;
+
+/// Attribute `attr` of the program's descriptor or layout `obj`, read with the real `get`.
+fn attr_of<T: Attr, H>(get: Option<GetAttribute<H>>, obj: H, attr: u32) -> Option<T> {
+    let f = get?;
     let mut v = T::default();
     let mut written = 0usize;
-    // SAFETY: the program's descriptor; a buffer of exactly the attribute's documented size.
+    // SAFETY: the program's descriptor or layout; a buffer of exactly the attribute's
+    // documented size.
     let st = unsafe {
         f(
-            d,
+            obj,
             attr,
             (&mut v as *mut T).cast(),
             core::mem::size_of::<T>(),
@@ -47,21 +54,12 @@ fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
     (st == CUBLAS_STATUS_SUCCESS).then_some(v)
 }
 
+fn desc_attr<T: Attr>(d: cublasLtMatmulDesc_t, attr: u32) -> Option<T> {
+    attr_of(real::cublasLtMatmulDescGetAttribute(), d, attr)
+}
+
 fn layout_attr<T: Attr>(l: cublasLtMatrixLayout_t, attr: u32) -> Option<T> {
-    let f = real::cublasLtMatrixLayoutGetAttribute()?;
-    let mut v = T::default();
-    let mut written = 0usize;
-    // SAFETY: the program's layout; a buffer of exactly the attribute's documented size.
-    let st = unsafe {
-        f(
-            l,
-            attr,
-            (&mut v as *mut T).cast(),
-            core::mem::size_of::<T>(),
-            &mut written,
-        )
-    };
-    (st == CUBLAS_STATUS_SUCCESS).then_some(v)
+    attr_of(real::cublasLtMatrixLayoutGetAttribute(), l, attr)
 }
 
 /// A matrix layout as read from its descriptor.
@@ -533,81 +531,68 @@ fn scale_tensor(role: Role, p: u64, mode: u32, outer: u64, inner: u64, batch: u6
     plan::vector(role, v, When::After, input)
 }
 
-/// `cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
-/// computeDesc, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc, const void* B,
-/// cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
-/// void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void* workspace,
-/// size_t workspaceSizeInBytes, cudaStream_t stream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cublasLtMatmul(
-    lightHandle: cublasLtHandle_t,
-    computeDesc: cublasLtMatmulDesc_t,
-    alpha: *const c_void,
-    A: *const c_void,
-    Adesc: cublasLtMatrixLayout_t,
-    B: *const c_void,
-    Bdesc: cublasLtMatrixLayout_t,
-    beta: *const c_void,
-    C: *const c_void,
-    Cdesc: cublasLtMatrixLayout_t,
-    D: *mut c_void,
-    Ddesc: cublasLtMatrixLayout_t,
-    algo: *const cublasLtMatmulAlgo_t,
-    workspace: *mut c_void,
-    workspaceSizeInBytes: usize,
-    stream: cudaStream_t,
-) -> cublasStatus_t {
-    let Some(real) = real::cublasLtMatmul() else {
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+/// A cuBLASLt entry point: `name(C signature) => |real| what the hook does`, where `real`
+/// calls the real function, looked up under the hook's name, with the program's arguments (the
+/// hook calls it exactly once).
+macro_rules! lt_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cublasStatus_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cublasStatus_t, CublasLt)
+            else {
+                return CUBLAS_STATUS_NOT_SUPPORTED;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let $real = || unsafe { real($($a),*) };
+            $body
+        }
     };
-    // SAFETY: the program's arguments, forwarded unchanged (here and below).
-    let run = || unsafe {
-        real(
-            lightHandle,
-            computeDesc,
+}
+
+lt_hook! {
+    /// `cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
+    /// computeDesc, const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc, const void*
+    /// B, cublasLtMatrixLayout_t Bdesc, const void* beta, const void* C, cublasLtMatrixLayout_t
+    /// Cdesc, void* D, cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo, void*
+    /// workspace, size_t workspaceSizeInBytes, cudaStream_t stream)`.
+    cublasLtMatmul(
+        lightHandle: cublasLtHandle_t,
+        computeDesc: cublasLtMatmulDesc_t,
+        alpha: *const c_void,
+        A: *const c_void,
+        Adesc: cublasLtMatrixLayout_t,
+        B: *const c_void,
+        Bdesc: cublasLtMatrixLayout_t,
+        beta: *const c_void,
+        C: *const c_void,
+        Cdesc: cublasLtMatrixLayout_t,
+        D: *mut c_void,
+        Ddesc: cublasLtMatrixLayout_t,
+        algo: *const cublasLtMatmulAlgo_t,
+        workspace: *mut c_void,
+        workspaceSizeInBytes: usize,
+        stream: cudaStream_t,
+    ) => |run| {
+        if mode::off(mode::GEMM | mode::PERTURB) {
+            return run();
+        }
+        let x = Matmul {
+            desc: computeDesc,
             alpha,
-            A,
-            Adesc,
-            B,
-            Bdesc,
+            a: A,
+            adesc: Adesc,
+            b: B,
+            bdesc: Bdesc,
             beta,
-            C,
-            Cdesc,
-            D,
-            Ddesc,
-            algo,
-            workspace,
-            workspaceSizeInBytes,
+            c: C,
+            cdesc: Cdesc,
+            d: D,
+            ddesc: Ddesc,
             stream,
-        )
-    };
-    if mode::off(mode::GEMM | mode::PERTURB) {
-        return run();
+        };
+        around_blas_gemm(|| engine::begin(call(&x)), run, || perturb_output(&x))
     }
-    let x = Matmul {
-        desc: computeDesc,
-        alpha,
-        a: A,
-        adesc: Adesc,
-        b: B,
-        bdesc: Bdesc,
-        beta,
-        c: C,
-        cdesc: Cdesc,
-        d: D,
-        ddesc: Ddesc,
-        stream,
-    };
-    crate::around_gemm(
-        || engine::begin(call(&x)),
-        run,
-        |r| {
-            if r == CUBLAS_STATUS_SUCCESS {
-                perturb_output(&x);
-            }
-        },
-        |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
-    )
 }
 
 /// A perturbed reference run: noise on D, as its layout describes it (column-major; a

@@ -14,7 +14,7 @@ use ttrace_proto::record::{CopyDirection, MemcpyOp, Op, Role};
 
 use crate::cuda::{self, ErrScope, MISSING};
 use crate::engine::{self, Call};
-use crate::real::{self, dim3};
+use crate::real;
 use crate::{mode, plan, thread, uploads};
 
 /// A copy's geometry: `height` rows of `width` bytes.
@@ -402,78 +402,59 @@ fn launched(addr: usize) {
     let _ = crate::catch(|| thread::with(|t| t.launched(addr, || symbol_name(addr))));
 }
 
-/// `cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args,
-/// size_t sharedMem, cudaStream_t stream)`: its name joins the next captured op's
-/// `kernels_before`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaLaunchKernel(
-    func: *const c_void,
-    gridDim: dim3,
-    blockDim: dim3,
-    args: *mut *mut c_void,
-    sharedMem: usize,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaLaunchKernel() else {
-        return MISSING;
+/// One launch entry point: `name(C signature) => address of the launched function`. The
+/// function's name joins the next captured op's `kernels_before`; the real function, looked
+/// up under the hook's name, is called exactly once with the program's arguments.
+macro_rules! launch_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => $addr:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
+                return MISSING;
+            };
+            if !mode::off(mode::KERNELS) {
+                launched($addr);
+            }
+            // SAFETY: the program's arguments, forwarded unchanged.
+            unsafe { real($($a),*) }
+        }
     };
-    if !mode::off(mode::KERNELS) {
-        launched(func as usize);
-    }
-    // SAFETY: the program's arguments, forwarded unchanged.
-    unsafe { real(func, gridDim, blockDim, args, sharedMem, stream) }
 }
 
-/// `cudaLaunchKernel` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaLaunchKernel_ptsz(
-    func: *const c_void,
-    gridDim: dim3,
-    blockDim: dim3,
-    args: *mut *mut c_void,
-    sharedMem: usize,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaLaunchKernel_ptsz() else {
-        return MISSING;
-    };
-    if !mode::off(mode::KERNELS) {
-        launched(func as usize);
-    }
-    // SAFETY: the program's arguments, forwarded unchanged.
-    unsafe { real(func, gridDim, blockDim, args, sharedMem, stream) }
+launch_hook! {
+    /// `cudaError_t cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void**
+    /// args, size_t sharedMem, cudaStream_t stream)`.
+    cudaLaunchKernel(
+        func: *const c_void,
+        gridDim: dim3,
+        blockDim: dim3,
+        args: *mut *mut c_void,
+        sharedMem: usize,
+        stream: cudaStream_t,
+    ) => func as usize
 }
 
-/// `cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaLaunchHostFunc(
-    stream: cudaStream_t,
-    fn_: cudaHostFn_t,
-    userData: *mut c_void,
-) -> cudaError_t {
-    let Some(real) = real::cudaLaunchHostFunc() else {
-        return MISSING;
-    };
-    if !mode::off(mode::KERNELS) {
-        launched(fn_.map_or(0, |f| f as usize));
-    }
-    // SAFETY: the program's arguments, forwarded unchanged.
-    unsafe { real(stream, fn_, userData) }
+launch_hook! {
+    /// `cudaLaunchKernel` for code built with `--default-stream per-thread`.
+    cudaLaunchKernel_ptsz(
+        func: *const c_void,
+        gridDim: dim3,
+        blockDim: dim3,
+        args: *mut *mut c_void,
+        sharedMem: usize,
+        stream: cudaStream_t,
+    ) => func as usize
 }
 
-/// `cudaLaunchHostFunc` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaLaunchHostFunc_ptsz(
-    stream: cudaStream_t,
-    fn_: cudaHostFn_t,
-    userData: *mut c_void,
-) -> cudaError_t {
-    let Some(real) = real::cudaLaunchHostFunc_ptsz() else {
-        return MISSING;
-    };
-    if !mode::off(mode::KERNELS) {
-        launched(fn_.map_or(0, |f| f as usize));
-    }
-    // SAFETY: the program's arguments, forwarded unchanged.
-    unsafe { real(stream, fn_, userData) }
+launch_hook! {
+    /// `cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData)`.
+    cudaLaunchHostFunc(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_void)
+    => fn_.map_or(0, |f| f as usize)
+}
+
+launch_hook! {
+    /// `cudaLaunchHostFunc` for code built with `--default-stream per-thread`.
+    cudaLaunchHostFunc_ptsz(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_void)
+    => fn_.map_or(0, |f| f as usize)
 }

@@ -41,37 +41,6 @@ fn end_capture(
     r
 }
 
-/// `cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaStreamEndCapture(
-    stream: cudaStream_t,
-    graph: *mut cudaGraph_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaStreamEndCapture() else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    end_capture(stream, graph, || unsafe { real(stream, graph) })
-}
-
-/// `cudaStreamEndCapture` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaStreamEndCapture_ptsz(
-    stream: cudaStream_t,
-    graph: *mut cudaGraph_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaStreamEndCapture_ptsz() else {
-        return MISSING;
-    };
-    let s = if stream.is_null() {
-        cudaStreamPerThread
-    } else {
-        stream
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    end_capture(s, graph, || unsafe { real(stream, graph) })
-}
-
 fn instantiate(
     exec: *mut cudaGraphExec_t,
     graph: cudaGraph_t,
@@ -86,147 +55,136 @@ fn instantiate(
     r
 }
 
-/// `cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
-/// unsigned long long flags)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphInstantiate(
-    exec: *mut cudaGraphExec_t,
-    graph: cudaGraph_t,
-    flags: c_ulonglong,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphInstantiate() else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    instantiate(exec, graph, || unsafe { real(exec, graph, flags) })
-}
-
-/// `cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
-/// unsigned long long flags)` (what PyTorch calls).
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphInstantiateWithFlags(
-    exec: *mut cudaGraphExec_t,
-    graph: cudaGraph_t,
-    flags: c_ulonglong,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphInstantiateWithFlags() else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    instantiate(exec, graph, || unsafe { real(exec, graph, flags) })
-}
-
-/// `cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
-/// cudaGraphInstantiateParams* instantiateParams)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphInstantiateWithParams(
-    exec: *mut cudaGraphExec_t,
-    graph: cudaGraph_t,
-    params: *mut cudaGraphInstantiateParams,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphInstantiateWithParams() else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    instantiate(exec, graph, || unsafe { real(exec, graph, params) })
-}
-
-/// `cudaGraphInstantiateWithParams` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphInstantiateWithParams_ptsz(
-    exec: *mut cudaGraphExec_t,
-    graph: cudaGraph_t,
-    params: *mut cudaGraphInstantiateParams,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphInstantiateWithParams_ptsz() else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    instantiate(exec, graph, || unsafe { real(exec, graph, params) })
-}
-
-/// `cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphLaunch(
-    exec: cudaGraphExec_t,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphLaunch() else {
-        return MISSING;
-    };
-    if mode::off(FAMILIES) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(exec, stream) };
+/// Runs the real call; after a successful one, `note` (under `catch_unwind`).
+fn on_success(real: impl FnOnce() -> cudaError_t, note: impl FnOnce()) -> cudaError_t {
+    let r = real();
+    if r == cudaSuccess {
+        let _ = crate::catch(note);
     }
-    // SAFETY: as above.
-    graph::launch(exec as usize, stream, || unsafe { real(exec, stream) })
+    r
 }
 
-/// `cudaGraphLaunch` for code built with `--default-stream per-thread`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphLaunch_ptsz(
-    exec: cudaGraphExec_t,
-    stream: cudaStream_t,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphLaunch_ptsz() else {
-        return MISSING;
-    };
-    if mode::off(FAMILIES) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(exec, stream) };
-    }
-    let s = if stream.is_null() {
+/// The stream a `_ptsz` call means by 0.
+fn per_thread(stream: cudaStream_t) -> cudaStream_t {
+    if stream.is_null() {
         cudaStreamPerThread
     } else {
         stream
-    };
-    // SAFETY: as above.
-    graph::launch(exec as usize, s, || unsafe { real(exec, stream) })
+    }
 }
 
-/// `cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
-/// cudaGraphExecUpdateResultInfo* resultInfo)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphExecUpdate(
-    exec: cudaGraphExec_t,
-    graph: cudaGraph_t,
-    info: *mut cudaGraphExecUpdateResultInfo,
-) -> cudaError_t {
-    let Some(real) = real::cudaGraphExecUpdate() else {
-        return MISSING;
+/// One graph entry point: `name(C signature) => |real| what the hook does`, where `real`
+/// calls the real function, looked up under the hook's name, with the program's arguments
+/// (the hook calls it exactly once).
+macro_rules! graph_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let $real = || unsafe { real($($a),*) };
+            $body
+        }
     };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    let r = unsafe { real(exec, graph, info) };
-    if r == cudaSuccess && !mode::off(FAMILIES) {
-        let _ = crate::catch(|| graph::updated(exec as usize, graph as usize));
-    }
-    r
 }
 
-/// `cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphExecDestroy(exec: cudaGraphExec_t) -> cudaError_t {
-    let Some(real) = real::cudaGraphExecDestroy() else {
-        return MISSING;
-    };
-    // SAFETY: the program's argument, forwarded unchanged.
-    let r = unsafe { real(exec) };
-    if r == cudaSuccess {
-        let _ = crate::catch(|| graph::exec_destroyed(exec as usize));
-    }
-    r
+graph_hook! {
+    /// `cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph)`.
+    cudaStreamEndCapture(stream: cudaStream_t, graph: *mut cudaGraph_t)
+    => |real| end_capture(stream, graph, real)
 }
 
-/// `cudaError_t cudaGraphDestroy(cudaGraph_t graph)`.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGraphDestroy(graph: cudaGraph_t) -> cudaError_t {
-    let Some(real) = real::cudaGraphDestroy() else {
-        return MISSING;
-    };
-    // SAFETY: the program's argument, forwarded unchanged.
-    let r = unsafe { real(graph) };
-    if r == cudaSuccess {
-        let _ = crate::catch(|| graph::graph_destroyed(graph as usize));
+graph_hook! {
+    /// `cudaStreamEndCapture` for code built with `--default-stream per-thread`.
+    cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut cudaGraph_t)
+    => |real| end_capture(per_thread(stream), graph, real)
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+    /// unsigned long long flags)`.
+    cudaGraphInstantiate(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, flags: c_ulonglong)
+    => |real| instantiate(exec, graph, real)
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t
+    /// graph, unsigned long long flags)` (what PyTorch calls).
+    cudaGraphInstantiateWithFlags(
+        exec: *mut cudaGraphExec_t,
+        graph: cudaGraph_t,
+        flags: c_ulonglong,
+    ) => |real| instantiate(exec, graph, real)
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t* pGraphExec, cudaGraph_t
+    /// graph, cudaGraphInstantiateParams* instantiateParams)`.
+    cudaGraphInstantiateWithParams(
+        exec: *mut cudaGraphExec_t,
+        graph: cudaGraph_t,
+        params: *mut cudaGraphInstantiateParams,
+    ) => |real| instantiate(exec, graph, real)
+}
+
+graph_hook! {
+    /// `cudaGraphInstantiateWithParams` for code built with `--default-stream per-thread`.
+    cudaGraphInstantiateWithParams_ptsz(
+        exec: *mut cudaGraphExec_t,
+        graph: cudaGraph_t,
+        params: *mut cudaGraphInstantiateParams,
+    ) => |real| instantiate(exec, graph, real)
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)`.
+    cudaGraphLaunch(exec: cudaGraphExec_t, stream: cudaStream_t) => |real| {
+        if mode::off(FAMILIES) {
+            real()
+        } else {
+            graph::launch(exec as usize, stream, real)
+        }
     }
-    r
+}
+
+graph_hook! {
+    /// `cudaGraphLaunch` for code built with `--default-stream per-thread`.
+    cudaGraphLaunch_ptsz(exec: cudaGraphExec_t, stream: cudaStream_t) => |real| {
+        if mode::off(FAMILIES) {
+            real()
+        } else {
+            graph::launch(exec as usize, per_thread(stream), real)
+        }
+    }
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
+    /// cudaGraphExecUpdateResultInfo* resultInfo)`.
+    cudaGraphExecUpdate(
+        exec: cudaGraphExec_t,
+        graph: cudaGraph_t,
+        info: *mut cudaGraphExecUpdateResultInfo,
+    ) => |real| {
+        on_success(real, || {
+            if !mode::off(FAMILIES) {
+                graph::updated(exec as usize, graph as usize)
+            }
+        })
+    }
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)`.
+    cudaGraphExecDestroy(exec: cudaGraphExec_t)
+    => |real| on_success(real, || graph::exec_destroyed(exec as usize))
+}
+
+graph_hook! {
+    /// `cudaError_t cudaGraphDestroy(cudaGraph_t graph)`.
+    cudaGraphDestroy(graph: cudaGraph_t)
+    => |real| on_success(real, || graph::graph_destroyed(graph as usize))
 }

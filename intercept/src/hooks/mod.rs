@@ -3,6 +3,14 @@
 //! real function. Capturing bodies go through [`around`](crate::around): planning and snapshot
 //! code runs under `catch_unwind`, the real function runs exactly once, its return value is
 //! returned untouched.
+//!
+//! Each hook's C signature is written once, as a line of its family's hook macro
+//! (`copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!`, `gemm_hook!`/`blas_gap!`
+//! through `cublas_sigs!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`): the macro
+//! makes the export and looks the real function up under the hook's name with that signature
+//! ([`real_of!`](crate::real)); `crate::real`'s table lists only the functions the tracer calls
+//! itself. The ABI test (tests/integration/tests/it/intercept_abi.rs) reads the same lines and
+//! compiles each signature against NVIDIA's headers.
 
 pub mod api;
 pub mod cublas;

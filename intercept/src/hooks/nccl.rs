@@ -315,64 +315,65 @@ coll_hook! {
     }
 }
 
-/// `ncclGroupStart()`: one level deeper (the outermost opens a new group number).
-#[no_mangle]
-pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
-    let Some(real) = real::ncclGroupStart() else {
-        return MISSING;
+/// One communicator or group entry point: `name(C signature) => |real| what the hook does`,
+/// where `real` calls the real function, looked up under the hook's name, with the program's
+/// arguments (the hook calls it exactly once). While communicators are not tracked the hook is
+/// the real call alone.
+macro_rules! comm_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> ncclResult_t, Nccl) else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let $real = || unsafe { real($($a),*) };
+            if mode::off(mode::COMMS) {
+                return $real();
+            }
+            $body
+        }
     };
-    if mode::off(mode::COMMS) {
-        // SAFETY: no arguments.
-        return unsafe { real() };
-    }
-    // SAFETY: no arguments.
-    let r = unsafe { real() };
-    if r == ncclSuccess {
-        let _ = crate::catch(|| {
-            thread::with(|t| {
-                if t.group_depth == 0 {
-                    t.group_id = GROUPS.fetch_add(1, Ordering::Relaxed) + 1;
-                }
-                t.group_depth += 1;
-            })
-        });
-    }
-    r
 }
 
-/// `ncclGroupEnd()`: the outermost one launches the group; the deferred snapshots are
-/// enqueued after it returns.
-#[no_mangle]
-pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
-    let Some(real) = real::ncclGroupEnd() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: no arguments.
-        return unsafe { real() };
+comm_hook! {
+    /// `ncclGroupStart()`: one level deeper (the outermost opens a new group number).
+    ncclGroupStart() => |real| {
+        let r = real();
+        if r == ncclSuccess {
+            let _ = crate::catch(|| {
+                thread::with(|t| {
+                    if t.group_depth == 0 {
+                        t.group_id = GROUPS.fetch_add(1, Ordering::Relaxed) + 1;
+                    }
+                    t.group_depth += 1;
+                })
+            });
+        }
+        r
     }
-    // SAFETY: no arguments.
-    let r = unsafe { real() };
-    let _ = crate::catch(|| close_group(r, true));
-    r
 }
 
-/// `ncclGroupSimulateEnd(simInfo)`: closes the group like `ncclGroupEnd`, but NCCL only
-/// estimates the outermost group's time and runs none of its operations, so their deferred
-/// snapshots are dropped (no data moved: nothing to record).
-#[no_mangle]
-pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
-    let Some(real) = real::ncclGroupSimulateEnd() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's argument, forwarded unchanged.
-        return unsafe { real(simInfo) };
+comm_hook! {
+    /// `ncclGroupEnd()`: the outermost one launches the group; the deferred snapshots are
+    /// enqueued after it returns.
+    ncclGroupEnd() => |real| {
+        let r = real();
+        let _ = crate::catch(|| close_group(r, true));
+        r
     }
-    // SAFETY: as above.
-    let r = unsafe { real(simInfo) };
-    let _ = crate::catch(|| close_group(r, false));
-    r
+}
+
+comm_hook! {
+    /// `ncclGroupSimulateEnd(simInfo)`: closes the group like `ncclGroupEnd`, but NCCL only
+    /// estimates the outermost group's time and runs none of its operations, so their deferred
+    /// snapshots are dropped (no data moved: nothing to record).
+    ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) => |real| {
+        let r = real();
+        let _ = crate::catch(|| close_group(r, false));
+        r
+    }
 }
 
 /// One group level closed with result `r`; the outermost completes the deferred snapshots
@@ -460,220 +461,161 @@ fn after_init(
     });
 }
 
-/// `ncclCommInitRank(comm, nranks, commId, rank)`: registers the communicator (key: a hash of
-/// the unique id, the same on every member).
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitRank(
-    comm: *mut ncclComm_t,
-    nranks: c_int,
-    commId: ncclUniqueId,
-    rank: c_int,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommInitRank() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(comm, nranks, commId, rank) };
+comm_hook! {
+    /// `ncclCommInitRank(comm, nranks, commId, rank)`: registers the communicator (key: a hash
+    /// of the unique id, the same on every member).
+    ncclCommInitRank(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        commId: ncclUniqueId,
+        rank: c_int,
+    ) => |real| {
+        let key = comms::key_of_ids(&ids_bytes(&commId));
+        creating(real, |r| after_init(r, comm, key, nranks, rank, "ncclCommInitRank"))
     }
-    let key = comms::key_of_ids(&ids_bytes(&commId));
-    creating(
-        // SAFETY: as above.
-        || unsafe { real(comm, nranks, commId, rank) },
-        |r| after_init(r, comm, key, nranks, rank, "ncclCommInitRank"),
-    )
 }
 
-/// `ncclCommInitRankConfig(comm, nranks, commId, rank, config)`.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitRankConfig(
-    comm: *mut ncclComm_t,
-    nranks: c_int,
-    commId: ncclUniqueId,
-    rank: c_int,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommInitRankConfig() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(comm, nranks, commId, rank, config) };
+comm_hook! {
+    /// `ncclCommInitRankConfig(comm, nranks, commId, rank, config)`.
+    ncclCommInitRankConfig(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        commId: ncclUniqueId,
+        rank: c_int,
+        config: *mut ncclConfig_t,
+    ) => |real| {
+        let key = comms::key_of_ids(&ids_bytes(&commId));
+        creating(real, |r| {
+            after_init(r, comm, key, nranks, rank, "ncclCommInitRankConfig")
+        })
     }
-    let key = comms::key_of_ids(&ids_bytes(&commId));
-    creating(
-        // SAFETY: as above.
-        || unsafe { real(comm, nranks, commId, rank, config) },
-        |r| after_init(r, comm, key, nranks, rank, "ncclCommInitRankConfig"),
-    )
 }
 
-/// `ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config)`: the key hashes
-/// every id.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitRankScalable(
-    newcomm: *mut ncclComm_t,
-    nranks: c_int,
-    myrank: c_int,
-    nId: c_int,
-    commIds: *mut ncclUniqueId,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommInitRankScalable() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(newcomm, nranks, myrank, nId, commIds, config) };
-    }
-    let mut bytes = Vec::new();
-    if !commIds.is_null() {
-        for i in 0..nId.max(0) as usize {
-            // SAFETY: the program passes `nId` ids.
-            bytes.extend(ids_bytes(unsafe { &*commIds.add(i) }));
-        }
-    }
-    let key = comms::key_of_ids(&bytes);
-    creating(
-        // SAFETY: as above.
-        || unsafe { real(newcomm, nranks, myrank, nId, commIds, config) },
-        |r| after_init(r, newcomm, key, nranks, myrank, "ncclCommInitRankScalable"),
-    )
-}
-
-/// `ncclCommInitAll(comm, ndev, devlist)`: one communicator per device in this process.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommInitAll(
-    comm: *mut ncclComm_t,
-    ndev: c_int,
-    devlist: *const c_int,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommInitAll() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(comm, ndev, devlist) };
-    }
-    // SAFETY: as above.
-    let call = || unsafe { real(comm, ndev, devlist) };
-    creating(call, |r| {
-        if r != ncclSuccess || comm.is_null() {
-            return;
-        }
-        let _ = crate::catch(|| {
-            let key = comms::init_all_key();
-            for i in 0..ndev.max(0) as usize {
-                // SAFETY: NCCL wrote `ndev` communicators; `devlist`, when given, has `ndev`.
-                let (c, dev) = unsafe {
-                    (
-                        *comm.add(i),
-                        if devlist.is_null() {
-                            i as c_int
-                        } else {
-                            *devlist.add(i)
-                        },
-                    )
-                };
-                comms::register(
-                    c,
-                    comms::Joined {
-                        key,
-                        rank: i as u32,
-                        size: ndev as u32,
-                        device: Some(dev),
-                        parent: None,
-                        color: None,
-                        api: "ncclCommInitAll",
-                    },
-                );
+comm_hook! {
+    /// `ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config)`: the key
+    /// hashes every id.
+    ncclCommInitRankScalable(
+        newcomm: *mut ncclComm_t,
+        nranks: c_int,
+        myrank: c_int,
+        nId: c_int,
+        commIds: *mut ncclUniqueId,
+        config: *mut ncclConfig_t,
+    ) => |real| {
+        let mut bytes = Vec::new();
+        if !commIds.is_null() {
+            for i in 0..nId.max(0) as usize {
+                // SAFETY: the program passes `nId` ids.
+                bytes.extend(ids_bytes(unsafe { &*commIds.add(i) }));
             }
-        });
-    })
-}
-
-/// `ncclCommSplit(comm, color, key, newcomm, config)`: the new communicator's key hashes the
-/// parent's key, the split's number on the parent and the color.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommSplit(
-    comm: ncclComm_t,
-    color: c_int,
-    key: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommSplit() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(comm, color, key, newcomm, config) };
+        }
+        let key = comms::key_of_ids(&bytes);
+        creating(real, |r| {
+            after_init(r, newcomm, key, nranks, myrank, "ncclCommInitRankScalable")
+        })
     }
-    // SAFETY: as above.
-    let call = || unsafe { real(comm, color, key, newcomm, config) };
-    creating(call, |r| {
-        derived(
-            r,
-            comm,
-            newcomm,
-            || comms::split_key(comm, color),
-            Some(color),
-            "ncclCommSplit",
-        )
-    })
 }
 
-/// `ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags)`:
-/// called by the survivors only; the new communicator's key hashes the parent's key, the
-/// excluded ranks and the number of such shrinks of the parent, the same on every survivor
-/// ([`comms::shrink_key`]).
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommShrink(
-    comm: ncclComm_t,
-    excludeRanksList: *mut c_int,
-    excludeRanksCount: c_int,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-    shrinkFlags: c_int,
-) -> ncclResult_t {
-    let Some(real) = real::ncclCommShrink() else {
-        return MISSING;
-    };
-    let call = || {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        unsafe {
-            real(
-                comm,
-                excludeRanksList,
-                excludeRanksCount,
-                newcomm,
-                config,
-                shrinkFlags,
+comm_hook! {
+    /// `ncclCommInitAll(comm, ndev, devlist)`: one communicator per device in this process.
+    ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) => |real| {
+        creating(real, |r| {
+            if r != ncclSuccess || comm.is_null() {
+                return;
+            }
+            let _ = crate::catch(|| init_all_registered(comm, ndev, devlist));
+        })
+    }
+}
+
+/// Registers the `ndev` communicators `ncclCommInitAll` wrote to `comm`, one per device of
+/// `devlist` (else devices 0..ndev).
+fn init_all_registered(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
+    let key = comms::init_all_key();
+    for i in 0..ndev.max(0) as usize {
+        // SAFETY: NCCL wrote `ndev` communicators; `devlist`, when given, has `ndev`.
+        let (c, dev) = unsafe {
+            (
+                *comm.add(i),
+                if devlist.is_null() {
+                    i as c_int
+                } else {
+                    *devlist.add(i)
+                },
             )
-        }
-    };
-    if mode::off(mode::COMMS) {
-        return call();
+        };
+        comms::register(
+            c,
+            comms::Joined {
+                key,
+                rank: i as u32,
+                size: ndev as u32,
+                device: Some(dev),
+                parent: None,
+                color: None,
+                api: "ncclCommInitAll",
+            },
+        );
     }
-    // Read before the call: the list is the program's, valid for the call.
-    let excluded: Vec<i32> = crate::catch(|| {
-        if excludeRanksList.is_null() || excludeRanksCount <= 0 {
-            return Vec::new();
-        }
-        // SAFETY: the program passes `excludeRanksCount` ranks.
-        unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
-    })
-    .unwrap_or_default();
-    creating(call, |r| {
-        derived(
-            r,
-            comm,
-            newcomm,
-            || comms::shrink_key(comm, &excluded),
-            None,
-            "ncclCommShrink",
-        )
-    })
+}
+
+comm_hook! {
+    /// `ncclCommSplit(comm, color, key, newcomm, config)`: the new communicator's key hashes
+    /// the parent's key, the split's number on the parent and the color.
+    ncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) => |real| {
+        creating(real, |r| {
+            derived(
+                r,
+                comm,
+                newcomm,
+                || comms::split_key(comm, color),
+                Some(color),
+                "ncclCommSplit",
+            )
+        })
+    }
+}
+
+comm_hook! {
+    /// `ncclCommShrink(comm, excludeRanksList, excludeRanksCount, newcomm, config,
+    /// shrinkFlags)`: called by the survivors only; the new communicator's key hashes the
+    /// parent's key, the excluded ranks and the number of such shrinks of the parent, the same
+    /// on every survivor ([`comms::shrink_key`]).
+    ncclCommShrink(
+        comm: ncclComm_t,
+        excludeRanksList: *mut c_int,
+        excludeRanksCount: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+        shrinkFlags: c_int,
+    ) => |real| {
+        // Read before the call: the list is the program's, valid for the call.
+        let excluded: Vec<i32> = crate::catch(|| {
+            if excludeRanksList.is_null() || excludeRanksCount <= 0 {
+                return Vec::new();
+            }
+            // SAFETY: the program passes `excludeRanksCount` ranks.
+            unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }
+                .to_vec()
+        })
+        .unwrap_or_default();
+        creating(real, |r| {
+            derived(
+                r,
+                comm,
+                newcomm,
+                || comms::shrink_key(comm, &excluded),
+                None,
+                "ncclCommShrink",
+            )
+        })
+    }
 }
 
 /// Registers the communicator a split (`color`) or shrink of `parent` wrote to `newcomm`. The
@@ -722,101 +664,74 @@ fn derived(
     });
 }
 
-/// `ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm)`: remembers the operator's
-/// factor (a host scalar's value, or a device scalar's address) for the collectives using it.
-#[no_mangle]
-pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
-    op: *mut ncclRedOp_t,
-    scalar: *mut c_void,
-    datatype: ncclDataType_t,
-    residence: ncclScalarResidence_t,
-    comm: ncclComm_t,
-) -> ncclResult_t {
-    let Some(real) = real::ncclRedOpCreatePreMulSum() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(op, scalar, datatype, residence, comm) };
-    }
-    let factor = crate::catch(|| {
-        if residence != ncclScalarHostImmediate {
-            return None;
+comm_hook! {
+    /// `ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm)`: remembers the
+    /// operator's factor (a host scalar's value, or a device scalar's address) for the
+    /// collectives using it.
+    ncclRedOpCreatePreMulSum(
+        op: *mut ncclRedOp_t,
+        scalar: *mut c_void,
+        datatype: ncclDataType_t,
+        residence: ncclScalarResidence_t,
+        comm: ncclComm_t,
+    ) => |real| {
+        let factor = crate::catch(|| {
+            if residence != ncclScalarHostImmediate {
+                return None;
+            }
+            // SAFETY: a host scalar of `datatype`, per NCCL's contract (NCCL reads it too).
+            DType::from_nccl(datatype)
+                .and_then(|t| unsafe { super::cublas::read_scalar(scalar.cast_const(), t) })
+        })
+        .flatten();
+        let r = real();
+        if r == ncclSuccess && !op.is_null() {
+            let _ = crate::catch(|| {
+                let p = comms::PreMul {
+                    info: PreMulSum {
+                        nccl_type: datatype,
+                        residence,
+                        factor,
+                    },
+                    ptr: if residence == ncclScalarDevice {
+                        scalar as u64
+                    } else {
+                        0
+                    },
+                };
+                // SAFETY: NCCL wrote the new operator's handle.
+                comms::add_premul(comm, unsafe { *op }, p);
+            });
         }
-        // SAFETY: a host scalar of `datatype`, per NCCL's contract (NCCL reads it too).
-        DType::from_nccl(datatype)
-            .and_then(|t| unsafe { super::cublas::read_scalar(scalar.cast_const(), t) })
-    })
-    .flatten();
-    // SAFETY: as above.
-    let r = unsafe { real(op, scalar, datatype, residence, comm) };
-    if r == ncclSuccess && !op.is_null() {
-        let _ = crate::catch(|| {
-            let p = comms::PreMul {
-                info: PreMulSum {
-                    nccl_type: datatype,
-                    residence,
-                    factor,
-                },
-                ptr: if residence == ncclScalarDevice {
-                    scalar as u64
-                } else {
-                    0
-                },
-            };
-            // SAFETY: NCCL wrote the new operator's handle.
-            comms::add_premul(comm, unsafe { *op }, p);
-        });
+        r
     }
-    r
 }
 
-/// `ncclRedOpDestroy(op, comm)`.
-#[no_mangle]
-pub unsafe extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
-    let Some(real) = real::ncclRedOpDestroy() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's arguments, forwarded unchanged.
-        return unsafe { real(op, comm) };
+comm_hook! {
+    /// `ncclRedOpDestroy(op, comm)`.
+    ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) => |real| {
+        let r = real();
+        if r == ncclSuccess {
+            let _ = crate::catch(|| comms::forget_premul(comm, op));
+        }
+        r
     }
-    // SAFETY: as above.
-    let r = unsafe { real(op, comm) };
-    if r == ncclSuccess {
-        let _ = crate::catch(|| comms::forget_premul(comm, op));
-    }
-    r
 }
 
-/// `ncclCommDestroy(comm)`.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
-    let Some(real) = real::ncclCommDestroy() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's argument, forwarded unchanged.
-        return unsafe { real(comm) };
+comm_hook! {
+    /// `ncclCommDestroy(comm)`.
+    ncclCommDestroy(comm: ncclComm_t) => |real| {
+        let r = real();
+        let _ = crate::catch(|| comms::forget(comm));
+        r
     }
-    // SAFETY: as above.
-    let r = unsafe { real(comm) };
-    let _ = crate::catch(|| comms::forget(comm));
-    r
 }
 
-/// `ncclCommAbort(comm)`.
-#[no_mangle]
-pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
-    let Some(real) = real::ncclCommAbort() else {
-        return MISSING;
-    };
-    if mode::off(mode::COMMS) {
-        // SAFETY: the program's argument, forwarded unchanged.
-        return unsafe { real(comm) };
+comm_hook! {
+    /// `ncclCommAbort(comm)`.
+    ncclCommAbort(comm: ncclComm_t) => |real| {
+        let r = real();
+        let _ = crate::catch(|| comms::forget(comm));
+        r
     }
-    // SAFETY: as above.
-    let r = unsafe { real(comm) };
-    let _ = crate::catch(|| comms::forget(comm));
-    r
 }

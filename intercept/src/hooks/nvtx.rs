@@ -68,116 +68,80 @@ fn marked(name: impl FnOnce() -> String) {
     let _ = crate::catch(|| maybe_mark(&name()));
 }
 
-/// `int nvtxRangePushA(const char* message)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushA(message: *const c_char) -> c_int {
-    let Some(real) = real::nvtxRangePushA() else {
-        return MISSING;
+/// One NVTX entry point: `name(C signature) -> return type, else what to return without the
+/// real library => what to note while NVTX is on` (no `-> ...` for a `void` function). The
+/// real function, looked up under the hook's name, is called exactly once with the program's
+/// arguments.
+macro_rules! nvtx_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? )
+        $(-> $r:ty, else $missing:expr)? => $note:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) $(-> $r)? {
+            let Some(real) = real::real_of!($name, fn($($t),*) $(-> $r)?, Nvtx) else {
+                return $($missing)?;
+            };
+            if !mode::off(mode::NVTX) {
+                $note;
+            }
+            // SAFETY: the program's arguments, forwarded unchanged.
+            unsafe { real($($a),*) }
+        }
     };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: NVTX messages are NUL-terminated.
-        pushed(|| unsafe { super::c_string(message) });
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(message) }
 }
 
-/// `int nvtxRangePushW(const wchar_t* message)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushW(message: *const wchar_t) -> c_int {
-    let Some(real) = real::nvtxRangePushW() else {
-        return MISSING;
-    };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: NVTX messages are NUL-terminated.
-        pushed(|| unsafe { super::wide_string(message) });
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(message) }
+nvtx_hook! {
+    /// `int nvtxRangePushA(const char* message)`.
+    nvtxRangePushA(message: *const c_char) -> c_int, else MISSING
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => pushed(|| unsafe { super::c_string(message) })
 }
 
-/// `int nvtxRangePushEx(const nvtxEventAttributes_t* eventAttrib)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushEx(eventAttrib: *const nvtxEventAttributes_t) -> c_int {
-    let Some(real) = real::nvtxRangePushEx() else {
-        return MISSING;
-    };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: the program's attribute structure.
-        pushed(|| unsafe { attr_message(eventAttrib) });
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(eventAttrib) }
+nvtx_hook! {
+    /// `int nvtxRangePushW(const wchar_t* message)`.
+    nvtxRangePushW(message: *const wchar_t) -> c_int, else MISSING
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => pushed(|| unsafe { super::wide_string(message) })
 }
 
-/// `int nvtxRangePop(void)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxRangePop() -> c_int {
-    let Some(real) = real::nvtxRangePop() else {
-        return MISSING;
-    };
-    if !mode::off(mode::NVTX) {
-        popped();
-    }
-    // SAFETY: no arguments.
-    unsafe { real() }
+nvtx_hook! {
+    /// `int nvtxRangePushEx(const nvtxEventAttributes_t* eventAttrib)`.
+    nvtxRangePushEx(eventAttrib: *const nvtxEventAttributes_t) -> c_int, else MISSING
+    // SAFETY: the program's attribute structure.
+    => pushed(|| unsafe { attr_message(eventAttrib) })
 }
 
-/// `int nvtxDomainRangePushEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t*
-/// eventAttrib)`: domain ranges share the thread's stack.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxDomainRangePushEx(
-    domain: nvtxDomainHandle_t,
-    eventAttrib: *const nvtxEventAttributes_t,
-) -> c_int {
-    let Some(real) = real::nvtxDomainRangePushEx() else {
-        return MISSING;
-    };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: the program's attribute structure.
-        pushed(|| unsafe { attr_message(eventAttrib) });
-    }
-    // SAFETY: the program's arguments, forwarded unchanged.
-    unsafe { real(domain, eventAttrib) }
+nvtx_hook! {
+    /// `int nvtxRangePop(void)`.
+    nvtxRangePop() -> c_int, else MISSING => popped()
 }
 
-/// `int nvtxDomainRangePop(nvtxDomainHandle_t domain)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int {
-    let Some(real) = real::nvtxDomainRangePop() else {
-        return MISSING;
-    };
-    if !mode::off(mode::NVTX) {
-        popped();
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(domain) }
+nvtx_hook! {
+    /// `int nvtxDomainRangePushEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t*
+    /// eventAttrib)`: domain ranges share the thread's stack.
+    nvtxDomainRangePushEx(
+        domain: nvtxDomainHandle_t,
+        eventAttrib: *const nvtxEventAttributes_t,
+    ) -> c_int, else MISSING
+    // SAFETY: the program's attribute structure.
+    => pushed(|| unsafe { attr_message(eventAttrib) })
 }
 
-/// `void nvtxMarkA(const char* message)`: a step mark under `nvtx:NAME`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxMarkA(message: *const c_char) {
-    let Some(real) = real::nvtxMarkA() else {
-        return;
-    };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: NVTX messages are NUL-terminated.
-        marked(|| unsafe { super::c_string(message) });
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(message) }
+nvtx_hook! {
+    /// `int nvtxDomainRangePop(nvtxDomainHandle_t domain)`.
+    nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int, else MISSING => popped()
 }
 
-/// `void nvtxMarkEx(const nvtxEventAttributes_t* eventAttrib)`.
-#[no_mangle]
-pub unsafe extern "C" fn nvtxMarkEx(eventAttrib: *const nvtxEventAttributes_t) {
-    let Some(real) = real::nvtxMarkEx() else {
-        return;
-    };
-    if !mode::off(mode::NVTX) {
-        // SAFETY: the program's attribute structure.
-        marked(|| unsafe { attr_message(eventAttrib) });
-    }
-    // SAFETY: the program's argument, forwarded unchanged.
-    unsafe { real(eventAttrib) }
+nvtx_hook! {
+    /// `void nvtxMarkA(const char* message)`: a step mark under `nvtx:NAME`.
+    nvtxMarkA(message: *const c_char)
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { super::c_string(message) })
+}
+
+nvtx_hook! {
+    /// `void nvtxMarkEx(const nvtxEventAttributes_t* eventAttrib)`.
+    nvtxMarkEx(eventAttrib: *const nvtxEventAttributes_t)
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(eventAttrib) })
 }

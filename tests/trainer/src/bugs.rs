@@ -1,8 +1,8 @@
 //! The catalogue of injectable silent bugs.
 //!
-//! Each bug is modelled on a real one (see the notes on silent bugs in distributed training):
-//! one code site, one module, one pass, from one step on; it never crashes and keeps the loss
-//! plausible. A bug acts only in the layouts where its code path runs ([`Bug::active`]); the
+//! Each bug is modelled on a real one (a variant names the upstream issue where there is one,
+//! e.g. Megatron-LM #1446): one code site, one module, one pass, from one step on; it never
+//! crashes and keeps the loss plausible. A bug acts only in the layouts where its code path runs ([`Bug::active`]); the
 //! world-size-1 reference never carries one. [`Bug::location`] says where it lives in NVTX
 //! terms, so that a localisation test can check a tool's verdict against it.
 

@@ -1,4 +1,4 @@
-//! Crash accounting (issue 13 item 5): six host-to-device copies and one Sgemm, then the
+//! Crash accounting: six host-to-device copies and one Sgemm, then the
 //! process dies by `abort`, `_exit`, SIGSEGV or SIGKILL. On the catchable ones the snapshots
 //! already taken are published first and the program's exit status is unchanged; whatever the
 //! way, the store accounts for every snapshot taken: stored + reported lost = taken, and

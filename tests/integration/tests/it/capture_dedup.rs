@@ -1,4 +1,4 @@
-//! Dedup (issue 13 item 3, format 1.3): the fixture trainer reads each weight in several GEMMs
+//! Dedup (format 1.3): the fixture trainer reads each weight in several GEMMs
 //! of a step (forward, backward, each micro-batch). Traced with dedup (the default) and with
 //! `--no-dedup`, every tensor reads back with the same bytes, the deduplicated store is smaller
 //! by exactly the stored bytes of the repeats, `ttrace ls` and `ttrace run` report the ratio,

@@ -1,4 +1,4 @@
-//! Tensors of any size (issue 13 item 1): a snapshot larger than the ring streams through it
+//! Tensors of any size: a snapshot larger than the ring streams through it
 //! in chunks and is stored byte-exact, read back transparently by every reader; nothing is
 //! gapped. The ring here is 256 KiB and the tensors 16-32 times larger, so the tests are fast.
 

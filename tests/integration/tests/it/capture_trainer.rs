@@ -1,4 +1,4 @@
-//! Issue 4's acceptance run: the fixture trainer at tp=2, dp=2, pp=2 (BF16, 3 steps, 2
+//! The capture acceptance run: the fixture trainer at tp=2, dp=2, pp=2 (BF16, 3 steps, 2
 //! micro-batches) under libttrace.so and a real ttraced. The store must hold every GEMM with
 //! operands that recompute its output bitwise, every all-reduce with inputs that reduce to its
 //! output, the weight upload equal to the trainer's canonical initialisation, no gap, and the

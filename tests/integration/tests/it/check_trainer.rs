@@ -1,4 +1,4 @@
-//! Issue 7's acceptance: `ttrace check` on the fixture trainer traced by the real `ttrace run`
+//! The check acceptance run: `ttrace check` on the fixture trainer traced by the real `ttrace run`
 //! (libttrace.so + ttraced) under simrun, 2 steps, 2 micro-batches. Bug-free runs in a
 //! representative set of layouts and precisions pass (exit 0); the catalogue bugs that a single
 //! trace can reveal and the `--inject-inf` fixture are found (exit 1) and localized.

@@ -1,5 +1,5 @@
-//! Issue 12 items 7 and 8: `ttrace compare` and `ttrace check` on fixture2
-//! (`tests/integration/c/fixture2.c`, docs/fixture2.md), a tensor + data parallel MLP written
+//! `ttrace compare` and `ttrace check` on fixture2 (`tests/integration/c/fixture2.c`,
+//! docs/fixture2.md), a tensor + data parallel MLP written
 //! in C against NVIDIA's headers with conventions unlike the Rust trainer: summed loss with
 //! the gradients divided on the host after an `ncclAvg` data-parallel reduction, one
 //! micro-batch, weights stored transposed, cuBLASLt for one layer and cuBLAS for the other.

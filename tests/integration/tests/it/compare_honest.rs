@@ -1,4 +1,4 @@
-//! Issue 12: `ttrace compare` on situations our own fixture does not produce by itself, and
+//! `ttrace compare` on situations our own fixture does not produce by itself, and
 //! honesty when it cannot judge.
 //!
 //! * A tensor-parallel partial-sum all-reduce done with `ncclAvg` is a LOCAL divergence at

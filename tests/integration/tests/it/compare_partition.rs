@@ -1,5 +1,5 @@
-//! Issue 15, item 4: `ttrace compare --partition I/N` and `ttrace report merge` give what one
-//! whole `ttrace compare` gives.
+//! `ttrace compare --partition I/N` and `ttrace report merge` give what one whole
+//! `ttrace compare` gives.
 //!
 //! For N = 1, 2 and 4 the partitions run as separate processes (at the same time), their
 //! partial JSON reports are merged, and the merged verdict, exit status, first divergence

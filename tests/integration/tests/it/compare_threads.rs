@@ -1,4 +1,4 @@
-//! Issue 15, item 1: `ttrace compare` uses every core (tensors decoded ahead in parallel,
+//! `ttrace compare` uses every core (tensors decoded ahead in parallel,
 //! blocked parallel sums, parallel placement screening) and its report does not depend on
 //! it. One thread, the default pool, an odd pool of three, and a memory budget so small that
 //! tensors are decoded a few ops at a time and segments are closed as the walk goes, all

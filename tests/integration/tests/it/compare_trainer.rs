@@ -1,4 +1,4 @@
-//! Issue 6's acceptance: `ttrace compare` against a world-size-1 reference of the fixture
+//! The compare acceptance run: `ttrace compare` against a world-size-1 reference of the fixture
 //! trainer, everything traced by the real `ttrace run` (libttrace.so + ttraced) under simrun.
 //!
 //! * The detection matrix: every catalogue bug, in a layout where it is active, in FP32, BF16

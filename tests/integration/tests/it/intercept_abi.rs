@@ -1,10 +1,11 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cudart's `copy_hook!` and `memset_hook!`, and each
-//! entry of a signature list such as `cublas_sigs!`, expanded through its family's macro as
-//! rustc does) is
-//! compiled against NVIDIA's headers by the ABI checker of the simulated libraries
-//! (`integration_tests::abi_check`), and the built library exports nothing else.
+//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cuBLASLt's
+//! `lt_hook!`, cudart's `copy_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's
+//! `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
+//! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
+//! of the simulated libraries (`integration_tests::abi_check`), and the built library exports
+//! nothing else.
 //!
 //! Not compiled: the `ttrace_*` C API of include/ttrace.h (not NVIDIA's).
 
@@ -16,11 +17,13 @@ use integration_tests::profile_dir;
 use syn::parse::{Parse, ParseStream};
 use syn::visit::Visit;
 
-/// One hook macro invocation: `#[doc] name(args) => ...` (what follows `=>` says how the call
-/// is captured, not its signature).
+/// One hook macro invocation: `#[doc] name(args) => ...`, or `#[doc] name(args) -> type, ...
+/// => ...` for a macro whose hooks' return types differ (what follows says how the call is
+/// captured, not its signature).
 struct MacroHook {
     name: syn::Ident,
     args: syn::punctuated::Punctuated<syn::FnArg, syn::Token![,]>,
+    ret: Option<syn::Type>,
 }
 
 impl Parse for MacroHook {
@@ -30,9 +33,15 @@ impl Parse for MacroHook {
         let content;
         syn::parenthesized!(content in input);
         let args = content.parse_terminated(syn::FnArg::parse, syn::Token![,])?;
-        let _: syn::Token![=>] = input.parse()?;
+        let ret = if input.peek(syn::Token![->]) {
+            let _: syn::Token![->] = input.parse()?;
+            Some(input.parse()?)
+        } else {
+            let _: syn::Token![=>] = input.parse()?;
+            None
+        };
         let _: proc_macro2::TokenStream = input.parse()?;
-        Ok(MacroHook { name, args })
+        Ok(MacroHook { name, args, ret })
     }
 }
 
@@ -40,13 +49,19 @@ impl Parse for MacroHook {
 /// the file's `macro_rules! family` (one rule) to a hook macro invocation above.
 const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
-/// The hook macros and the C return type of the functions they make.
-const HOOK_MACROS: [(&str, &str); 5] = [
+/// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
+/// `-> type` of an invocation, else void).
+const HOOK_MACROS: [(&str, &str); 10] = [
     ("coll_hook", "ncclResult_t"),
+    ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
     ("memset_hook", "cudaError_t"),
+    ("launch_hook", "cudaError_t"),
+    ("graph_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
+    ("lt_hook", "cublasStatus_t"),
+    ("nvtx_hook", "()"),
 ];
 
 /// A family macro of a signature list: `macro_rules! family { (matcher) => { hook! { ... } }; }`
@@ -176,7 +191,10 @@ impl Hooks<'_> {
         let h: MacroHook =
             syn::parse2(tokens).unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
         let (name, args) = (&h.name, &h.args);
-        let ret = syn::Ident::new(ret, proc_macro2::Span::call_site());
+        let ret: syn::Type = match h.ret {
+            Some(t) => t,
+            None => syn::parse_str(ret).unwrap_or_else(|e| panic!("{mac}!: {ret}: {e}")),
+        };
         self.out.push(Export {
             name: name.to_string(),
             library: self.library.clone(),
@@ -405,5 +423,85 @@ fn a_wrong_type_in_a_signature_list_line_or_family_fails_the_check() {
     ]
     .map(String::from)
     .into();
+    assert_eq!(failed, want, "{}", report.describe_failures());
+}
+
+#[test]
+fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
+    // Negative controls for the hook macros other than cuBLAS's list: one type changed in one
+    // line of each (a return type of `nvtx_hook!`, a void NVTX mark made `int`, a parameter
+    // of `comm_hook!`, `graph_hook!`, `lt_hook!` and `launch_hook!`) fails exactly that hook.
+    let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
+    let repo = abi_check::repo_root();
+    let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
+    let mutations: [(&str, &str, &str, &str); 6] = [
+        (
+            "nvtx.rs",
+            "nvtxRangePushA(message: *const c_char) -> c_int,",
+            "nvtxRangePushA(message: *const c_char) -> c_uint,",
+            "nvtxRangePushA",
+        ),
+        (
+            "nvtx.rs",
+            "nvtxMarkA(message: *const c_char)\n",
+            "nvtxMarkA(message: *const c_char) -> c_int, else 0\n",
+            "nvtxMarkA",
+        ),
+        (
+            "nccl.rs",
+            "ncclCommDestroy(comm: ncclComm_t)",
+            "ncclCommDestroy(comm: *mut ncclComm_t)",
+            "ncclCommDestroy",
+        ),
+        (
+            "graph.rs",
+            "cudaGraphDestroy(graph: cudaGraph_t)",
+            "cudaGraphDestroy(graph: *mut cudaGraph_t)",
+            "cudaGraphDestroy",
+        ),
+        (
+            "cublaslt.rs",
+            "workspaceSizeInBytes: usize,",
+            "workspaceSizeInBytes: u32,",
+            "cublasLtMatmul",
+        ),
+        (
+            "cudart.rs",
+            "cudaLaunchHostFunc(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_void)",
+            "cudaLaunchHostFunc(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_int)",
+            "cudaLaunchHostFunc",
+        ),
+    ];
+    let mut texts = std::collections::BTreeMap::new();
+    for (file, from, to, _) in mutations {
+        let path = repo.join("intercept/src/hooks").join(file);
+        let text = texts
+            .entry(path.clone())
+            .or_insert_with(|| std::fs::read_to_string(&path).expect("read"));
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "{file} has the line {from:?} once"
+        );
+        *text = text.replacen(from, to, 1);
+    }
+    let exports: Vec<Export> = texts
+        .iter()
+        .flat_map(|(path, text)| exports_of(path, text))
+        .filter(|e| !NCCL_2_28.contains(&e.name.as_str()))
+        .collect();
+    let report = check(
+        &exports,
+        &abi,
+        &include,
+        &profile_dir().join("abi-check-neg-macros"),
+        "neg_macros",
+    );
+    let failed: BTreeSet<String> = exports
+        .iter()
+        .filter(|e| report.fails_export(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    let want: BTreeSet<String> = mutations.iter().map(|m| m.3.to_string()).collect();
     assert_eq!(failed, want, "{}", report.describe_failures());
 }

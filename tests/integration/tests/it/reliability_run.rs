@@ -1,6 +1,5 @@
-//! Issue 14, `ttrace run` and the manifest: secrets, scheduler signals, option validation,
-//! inherited TTRACE_* variables, a command that never ran. The row of the issue's table each
-//! test reproduces is in its comment.
+//! Reliability of `ttrace run` and the manifest: secrets, scheduler signals, option validation,
+//! inherited TTRACE_* variables, a command that never ran (docs/guarantees.md).
 
 use crate::reliability_util;
 
@@ -14,7 +13,7 @@ use ttrace_format::store::Manifest;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// Row 10: credentials in the environment are redacted in the manifest (and so in
+/// Credentials in the environment are redacted in the manifest (and so in
 /// `ls --env`), unless allowed by name; the manifest is not readable by others.
 #[test]
 fn secrets_in_the_environment_are_redacted() {
@@ -72,7 +71,7 @@ fn started(dir: &Path, store: &str, script: &str) -> std::process::Child {
     child
 }
 
-/// Row 14: SIGHUP, SIGUSR1 (Slurm's pre-timeout signal), SIGUSR2 and SIGQUIT sent to
+/// SIGHUP, SIGUSR1 (Slurm's pre-timeout signal), SIGUSR2 and SIGQUIT sent to
 /// `ttrace run` reach the command; ttrace survives them, finalizes the store and removes its
 /// socket.
 #[test]
@@ -103,7 +102,7 @@ fn scheduler_signals_are_forwarded_and_the_store_finalized() {
     }
 }
 
-/// Row 15: options out of range are refused with a message naming them, before anything is
+/// Options out of range are refused with a message naming them, before anything is
 /// created.
 #[test]
 fn out_of_range_options_are_refused_before_anything_starts() {
@@ -131,7 +130,7 @@ fn out_of_range_options_are_refused_before_anything_starts() {
     }
 }
 
-/// Row 16: TTRACE_* variables from the shell are not silently passed on while the manifest
+/// TTRACE_* variables from the shell are not silently passed on while the manifest
 /// records other settings: they are named and kept from the command, whose environment is
 /// the manifest's.
 #[test]
@@ -183,7 +182,7 @@ fn inherited_ttrace_variables_never_diverge_from_the_manifest() {
     assert_eq!(m.env["TTRACE_MAX_TENSOR_BYTES"], (64u64 << 30).to_string());
 }
 
-/// Row 16: a command that could not be started leaves no store behind, so the same `--out`
+/// A command that could not be started leaves no store behind, so the same `--out`
 /// works once it is fixed.
 #[test]
 fn a_command_that_never_ran_leaves_no_store() {
@@ -213,7 +212,7 @@ fn a_command_that_never_ran_leaves_no_store() {
     let _ = stderr;
 }
 
-/// Row 16: a reading command's `--apis` that names nothing known is an error, not an empty
+/// A reading command's `--apis` that names nothing known is an error, not an empty
 /// success.
 #[test]
 fn an_unknown_api_filter_is_an_error() {

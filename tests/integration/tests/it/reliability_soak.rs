@@ -1,4 +1,4 @@
-//! Issue 14's soak: the fixture trainer (two DP ranks, a tiny model) traced for 500 steps
+//! The reliability soak: the fixture trainer (two DP ranks, a tiny model) traced for 500 steps
 //! while faults are injected — the collector stopped and continued (SIGSTOP/SIGCONT of
 //! `ttrace run`, which embeds it), the disk filling up (a small tmpfs, where the machine lets
 //! the test mount one), a rank killed — and nothing that was reported stored is missing:

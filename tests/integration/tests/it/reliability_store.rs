@@ -1,6 +1,5 @@
-//! Issue 14, the store: a full disk, a removed store, existing and shared directories, two
-//! writers, crafted stores. Each test reproduces a row of the issue's table (the row number
-//! is in the test's comment) and asserts what ttrace promises now (docs/guarantees.md).
+//! Reliability of the store: a full disk, a removed store, existing and shared directories, two
+//! writers, crafted stores. Each test asserts what ttrace promises (docs/guarantees.md).
 //!
 //! Disk-full tests mount a small tmpfs or loop-mounted ext4 (root only); elsewhere they print
 //! SKIPPED and pass.
@@ -49,7 +48,7 @@ fn assert_accounted(out: &Output, store: &Path, published: u64) {
         describe(out)
     );
     assert!(stderr.contains("INCOMPLETE"), "{stderr}");
-    // Row 1: the per-process counts claim only records that reached the kernel.
+    // The per-process counts claim only records that reached the kernel.
     let claimed: u64 = m.ranks.iter().map(|r| r.records).sum();
     assert!(
         claimed <= readable,
@@ -61,7 +60,7 @@ fn assert_accounted(out: &Output, store: &Path, published: u64) {
     );
 }
 
-/// Row 2: disk full on tmpfs (page-cache path). Row 1's "one WARN per record" too.
+/// Disk full on tmpfs (page-cache path); one WARN per cause, never one per record.
 #[test]
 fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
     let Some(fs) = SmallFs::tmpfs("3m") else {
@@ -76,7 +75,7 @@ fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
         "$LG publish --records 400 --per-step 50 --elems 8192",
     );
     assert_accounted(&out, &store, 400);
-    // Row 16: nothing half-written left behind; `ls` and `fsck` say the trace is incomplete.
+    // Nothing half-written left behind; `ls` and `fsck` say the trace is incomplete.
     for leftover in [".manifest.json.tmp", ".reopen", ".reserve"] {
         assert!(!store.join(leftover).exists(), "{leftover} left behind");
     }
@@ -115,7 +114,7 @@ fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
     assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
 }
 
-/// Rows 1 and 2 without root: a file-size limit (`RLIMIT_FSIZE`, write errors `EFBIG`) makes
+/// A full disk without root: a file-size limit (`RLIMIT_FSIZE`, write errors `EFBIG`) makes
 /// every segment's writes fail past 256 KiB, wherever the test runs.
 #[test]
 fn failed_writes_under_a_file_size_limit_are_accounted_for() {
@@ -148,7 +147,7 @@ fn failed_writes_under_a_file_size_limit_are_accounted_for() {
     assert_accounted(&out, &store, 200);
 }
 
-/// Row 1: disk full on ext4 (the O_DIRECT path), two ranks.
+/// Disk full on ext4 (the O_DIRECT path), two ranks.
 #[test]
 fn a_full_ext4_is_reported_and_every_record_accounted_for() {
     let Some(fs) = SmallFs::ext4(8) else {
@@ -168,7 +167,7 @@ fn a_full_ext4_is_reported_and_every_record_accounted_for() {
     assert_accounted(&out, &store, 800);
 }
 
-/// Row 3: the store directory removed during the run is not silently re-created, and the run
+/// The store directory removed during the run is not silently re-created, and the run
 /// says the trace is incomplete.
 #[test]
 fn a_store_removed_during_the_run_is_reported() {
@@ -197,7 +196,7 @@ fn a_store_removed_during_the_run_is_reported() {
     assert_eq!(out.status.code(), Some(74), "{}", describe(&out));
 }
 
-/// Row 5: an existing directory is never chmod-ed; a non-empty one (`.` included) is refused.
+/// An existing directory is never chmod-ed; a non-empty one (`.` included) is refused.
 #[test]
 fn existing_directories_keep_their_mode_and_must_be_empty() {
     let dir = TempDir::new("rel-existing");
@@ -230,7 +229,7 @@ fn existing_directories_keep_their_mode_and_must_be_empty() {
     assert_eq!(intact_records(&shared), 5);
 }
 
-/// Row 8: two `ttrace run --out SAME` at once: exactly one writes the store, the other is
+/// Two `ttrace run --out SAME` at once: exactly one writes the store, the other is
 /// refused, and the store holds the winner's records only.
 #[test]
 fn two_runs_into_one_store_never_both_write_it() {
@@ -282,7 +281,7 @@ fn ttrace_cmd(dir: &Path, args: &[&str]) -> Output {
     output_within(&mut c, LIMIT)
 }
 
-/// Row 11: a crafted store. A FIFO as segment or manifest does not hang the readers; an index
+/// A crafted store. A FIFO as segment or manifest does not hang the readers; an index
 /// linked to /dev/zero is not read; `fsck --repair` never writes outside the store.
 #[test]
 fn a_crafted_store_neither_hangs_readers_nor_leads_repair_outside() {
@@ -350,7 +349,7 @@ fn a_crafted_store_neither_hangs_readers_nor_leads_repair_outside() {
     );
 }
 
-/// Rows 2 and 16: `fsck --repair` removes a segment too short for its header (left by a disk
+/// `fsck --repair` removes a segment too short for its header (left by a disk
 /// that filled as it was created), and creates `lost+found/` private.
 #[test]
 fn repair_removes_headerless_segments_and_keeps_lost_found_private() {

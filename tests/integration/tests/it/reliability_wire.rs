@@ -1,6 +1,6 @@
-//! Issue 14, what a same-uid client can make the collector do: every size and count from the
-//! wire is bounded before anything is allocated (rows 7 and 12 of the issue's table; row 13,
-//! a ring of capacity 0, is tested where the ring is opened: proto/src/ring.rs).
+//! Reliability of the wire, what a same-uid client can make the collector do: every size and
+//! count from the wire is bounded before anything is allocated (a ring of capacity 0 is tested
+//! where the ring is opened: proto/src/ring.rs).
 
 use crate::daemon_util;
 
@@ -32,7 +32,7 @@ fn hostile_sizes_and_counts_are_bounded() {
     oversized_metadata_drops_the_client_only();
 }
 
-/// Row 7: a `Comm` of size 0xFFFFFFFF (or 10 M) drops that client only; the daemon does not
+/// A `Comm` of size 0xFFFFFFFF (or 10 M) drops that client only; the daemon does not
 /// allocate for it and the manifest stays small.
 fn a_huge_communicator_size_drops_the_client_only() {
     let dir = TempDir::new("rel-comm");
@@ -72,7 +72,7 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
-/// Row 12: step numbers that go down open segments, but a client holds a bounded number of
+/// Step numbers that go down open segments, but a client holds a bounded number of
 /// them open (at most 16 held and 32 waiting to be finished, two descriptors each; it was
 /// one pair per step, without bound); every record is still stored.
 fn decreasing_steps_do_not_exhaust_descriptors() {
@@ -101,7 +101,7 @@ fn decreasing_steps_do_not_exhaust_descriptors() {
     assert!(s.lost.is_empty(), "{:?}", s.lost);
 }
 
-/// Row 12: a `Publish` whose metadata would cost far more memory than its bytes on the wire
+/// A `Publish` whose metadata would cost far more memory than its bytes on the wire
 /// (a flood of empty NVTX strings), or a frame beyond the message limit, drops that client
 /// only.
 fn oversized_metadata_drops_the_client_only() {

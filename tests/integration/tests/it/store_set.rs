@@ -1,4 +1,4 @@
-//! Issue 15, item 3: several stores, one run. The nodes of one job each write their own
+//! several stores, one run. The nodes of one job each write their own
 //! store (`srun ttrace run --out runs/job/node$SLURM_NODEID -- ...`); a directory of them is
 //! read as one store by ls, show, export, check and compare.
 //!

@@ -1037,7 +1037,7 @@ fn abs_floor(t: DType) -> f64 {
 }
 
 /// The round-off bound of one output element of `g` before `scale_d` and activation
-/// (tolerance.md §5), given its exact value and magnitude from [`reference()`]:
+/// (Higham's deterministic and probabilistic GEMM bounds), given its exact value and magnitude from [`reference()`]:
 /// `(5 sqrt(k) u_acc + 2 u_in + 4 u_scale) * mag + 1.01 u_out |exact| + floor`, i.e. the
 /// probabilistic `lambda sqrt(k) u` accumulation bound with lambda = 5, the rounding of both
 /// factors of every product to the compute type's input format, the scale-type operations of

@@ -1,5 +1,5 @@
 //! `big`: programs for the streamed-capture and crash-accounting tests
-//! (tests/integration/tests/capture_streamed.rs, capture_crash.rs) and scripts/bench-big.sh.
+//! (tests/integration/tests/it/capture_streamed.rs, capture_crash.rs) and scripts/bench-big.sh.
 //! They know nothing of ttrace.
 //!
 //! * `copy BYTES`: a host-to-device copy of [`crate::capture::pattern`]`(11, BYTES)`, then the

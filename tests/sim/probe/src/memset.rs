@@ -1,5 +1,5 @@
 //! `traced memset`: every `cudaMemset*` spelling, in a fixed order the capture test
-//! (tests/integration/tests/intercept_memset.rs) expects, each result read back and checked:
+//! (tests/integration/tests/it/intercept_memset.rs) expects, each result read back and checked:
 //!
 //! 1. an upload of [`pattern`] 1 (4096 bytes) into `a`, then `cudaMemsetAsync(a, 0, 4096)`
 //!    on the probe's stream;

@@ -633,7 +633,7 @@ mod tests {
         let n: u64 = shape.iter().product();
         Values {
             shape: shape.to_vec(),
-            data: (0..n as usize).map(f).collect(),
+            data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
             dtype: DType::F32,
         }
     }
@@ -664,7 +664,8 @@ mod tests {
             data: rows
                 .iter()
                 .flat_map(|&r| [reff.data[r * 2], reff.data[r * 2 + 1]])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
@@ -694,7 +695,8 @@ mod tests {
                 .iter()
                 .flat_map(|&z| (0..3).map(move |c| z * 3 + c))
                 .map(|k| reff.data[k])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
@@ -761,7 +763,10 @@ mod screening_tests {
         // [s = 16, B = 4] tokens x 64 features; DP rank 1 of 2 holds b in 2..4.
         let reff = Values {
             shape: vec![64, 64],
-            data: (0..4096).map(|i| ((i as f32) * 0.618).sin()).collect(),
+            data: (0..4096)
+                .map(|i| ((i as f32) * 0.618).sin())
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let rows: Vec<usize> = (0..16).flat_map(|p| [p * 4 + 2, p * 4 + 3]).collect();
@@ -771,7 +776,8 @@ mod screening_tests {
                 .iter()
                 .flat_map(|&r| (0..64).map(move |c| r * 64 + c))
                 .map(|k| reff.data[k])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0, 2.0], 0.0).expect("placeable");
@@ -786,7 +792,8 @@ mod screening_tests {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| v * (1.0 + noise * (i as f32 * 1.3).sin()))
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         }
     }
@@ -810,7 +817,10 @@ mod screening_tests {
     fn a_drifted_hint_within_tolerance_is_kept_when_no_other_place_comes_close() {
         let reff = Values {
             shape: vec![8, 64],
-            data: (0..512).map(|i| ((i as f32) * 0.37).sin()).collect(),
+            data: (0..512)
+                .map(|i| ((i as f32) * 0.37).sin())
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         // Rows 4..8 with 1 % noise: above `accept` (1e-4), within `trust` (5 %).
@@ -853,7 +863,8 @@ mod screening_tests {
                         v
                     }
                 })
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let shard = rows_of(&reff, 4..8, 0.0);

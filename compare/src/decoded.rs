@@ -39,6 +39,10 @@ pub struct DecodedCache {
     bytes: u64,
     budget: u64,
     tick: u64,
+    /// Buffers of values dropped, for the next tensors decoded: no fresh allocation (and
+    /// page faults) per tensor.
+    spare: Vec<Vec<f32>>,
+    spare_bytes: u64,
 }
 
 impl DecodedCache {
@@ -50,7 +54,57 @@ impl DecodedCache {
             bytes: 0,
             budget,
             tick: 0,
+            spare: Vec::new(),
+            spare_bytes: 0,
         }
+    }
+
+    /// An empty buffer for `n` values: a spare one that holds them (the smallest), or a new
+    /// one.
+    pub fn buffer(&mut self, n: usize) -> Vec<f32> {
+        let fit = self
+            .spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= n)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => {
+                let b = self.spare.swap_remove(i);
+                self.spare_bytes -= b.capacity() as u64 * 4;
+                b
+            }
+            None => Vec::with_capacity(n),
+        }
+    }
+
+    /// Keeps the buffer of `values` as a spare when nothing else holds it and the spares
+    /// stay within an eighth of the budget (the largest kept first).
+    fn recycle(&mut self, values: Shared) {
+        let Ok(mut b) = Arc::try_unwrap(values) else {
+            return;
+        };
+        let bytes = b.capacity() as u64 * 4;
+        if bytes == 0 || bytes > self.budget / 8 {
+            return;
+        }
+        while self.spare_bytes + bytes > self.budget / 8 {
+            let Some(i) = (0..self.spare.len()).min_by_key(|&i| self.spare[i].capacity()) else {
+                break;
+            };
+            let dropped = self.spare.swap_remove(i);
+            self.spare_bytes -= dropped.capacity() as u64 * 4;
+            if dropped.capacity() as u64 * 4 >= bytes {
+                // Not worth more than the one dropped: keep that one instead.
+                self.spare_bytes += dropped.capacity() as u64 * 4;
+                self.spare.push(dropped);
+                return;
+            }
+        }
+        b.clear();
+        self.spare_bytes += bytes;
+        self.spare.push(b);
     }
 
     /// Keeps at most `bytes` from now on (dropping what is over at the next insertion).
@@ -86,7 +140,7 @@ impl DecodedCache {
         let new_bytes = if self.owners.contains_key(&key) {
             0
         } else {
-            values.len() as u64 * 4
+            values.capacity() as u64 * 4
         };
         if new_bytes > self.budget {
             return;
@@ -115,11 +169,13 @@ impl DecodedCache {
         );
     }
 
-    /// Drops everything kept.
+    /// Drops everything kept, spare buffers included.
     pub fn clear(&mut self) {
         self.entries.clear();
         self.owners.clear();
         self.bytes = 0;
+        self.spare = Vec::new();
+        self.spare_bytes = 0;
     }
 
     fn remove(&mut self, at: &TensorAt) {
@@ -131,7 +187,8 @@ impl DecodedCache {
             *n -= 1;
             if *n == 0 {
                 self.owners.remove(&key);
-                self.bytes -= e.values.len() as u64 * 4;
+                self.bytes -= e.values.capacity() as u64 * 4;
+                self.recycle(e.values);
             }
         }
     }
@@ -184,5 +241,24 @@ mod tests {
         assert_eq!((got.len(), checked), (25, BF16));
         c.clear();
         assert_eq!((c.bytes(), c.contains(&(0, 0, 2, 0))), (0, false));
+    }
+
+    #[test]
+    fn buffers_of_dropped_values_nothing_else_holds_are_reused() {
+        // 800 bytes kept, spares up to an eighth: one buffer of 100 bytes.
+        let mut c = DecodedCache::new(800);
+        for seq in 0..8 {
+            c.insert((0, 0, seq, 0), vals(25), BF16);
+        }
+        let held = c.get(&(0, 0, 1, 0)).expect("kept").0;
+        c.get(&(0, 0, 0, 0)); // seq 2 and 3 are now the least recently read
+        c.insert((0, 0, 8, 0), vals(25), BF16); // drops seq 2: a spare
+        c.insert((0, 0, 9, 0), vals(25), BF16); // drops seq 3: no room for another spare
+        c.get(&(0, 0, 1, 0));
+        assert!(c.contains(&(0, 0, 1, 0)) && !c.contains(&(0, 0, 2, 0)));
+        let b = c.buffer(20);
+        assert!(b.is_empty() && b.capacity() >= 25, "the spare is reused");
+        assert!(c.buffer(20).capacity() < 25, "only one spare was kept");
+        drop(held);
     }
 }

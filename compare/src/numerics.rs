@@ -483,7 +483,8 @@ pub fn place_trusting(
         if scored.len() > 3 && !quick {
             let samples = Samples::of(x, 512);
             let strides = row_major_strides(&reff.shape);
-            scored.par_iter_mut().for_each(|entry| {
+            // A few hundred elements each: a task each would cost more than the work.
+            scored.par_iter_mut().with_min_len(4).for_each(|entry| {
                 entry.0 = samples.error(entry.2, reff, &strides, &x.shape, &cands[entry.1]);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -548,8 +549,11 @@ fn screen(
         .iter()
         .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
         .collect();
+    // A candidate's screen reads `samples` elements: tasks of a few thousand at least (a
+    // task per candidate cost more in scheduling than the work).
     let mut scored: Vec<(f64, usize, f32)> = jobs
         .into_par_iter()
+        .with_min_len((4096 / samples.max(1)).max(1))
         .map(|(c, scale)| {
             let per_dim: Vec<&[usize]> = cands[c]
                 .dims

@@ -73,11 +73,13 @@ pub fn window_budget(memory: u64) -> u64 {
 }
 
 /// The bytes of decoded tensors each store keeps ([`crate::decoded`]) under a `--memory`
-/// budget, the two windows included: a quarter of it, of which the run's store (every
-/// rank) gets half and the reference and the perturbed reference a quarter each, as their
-/// mappings. Returns (reference, run, perturbed).
+/// budget, the two windows included: an eighth of it (a larger share measured slower: in a
+/// process this short every byte kept is a page touched for the first time, and the page
+/// faults cost more than the decoding it saves), of which the run's store (every rank) gets
+/// half and the reference and the perturbed reference a quarter each, as their mappings.
+/// Returns (reference, run, perturbed).
 pub fn kept_budgets(memory: u64) -> (u64, u64, u64) {
-    let kept = memory / 4;
+    let kept = memory / 8;
     (kept / 4, kept / 2, kept / 4)
 }
 
@@ -231,11 +233,19 @@ pub fn decode(
                     if view.tensor_bytes_into(i, scratch, raw).is_err() {
                         continue;
                     }
-                    let mut values = Vec::new();
+                    let n = usize::try_from(t.elements()).unwrap_or(0);
+                    let mut values = lock(kept).buffer(n);
                     if to_f32_into(t.dtype, raw, &mut values).is_ok() {
                         let at = (rank, step, *seq, i);
                         let checked = (t.crc32, t.nbytes, t.dtype);
-                        out.push(Decoded::Values(at, Arc::new(values), checked));
+                        let values = Arc::new(values);
+                        // A reference's values are its target's bytes read as this
+                        // tensor's type: kept under the target too, for the next reference
+                        // to it (their CRC-32, length and type must agree to take them).
+                        if let Some(target) = referenced(view, i, rank, step) {
+                            out.push(Decoded::Values(target, Arc::clone(&values), checked));
+                        }
+                        out.push(Decoded::Values(at, values, checked));
                     }
                 }
                 out
@@ -278,6 +288,8 @@ fn plan_decoding(
     let mut aliases = Vec::new();
     // Tensors to decode by what identifies their bytes: (job, index) of each.
     let mut decoding: HashMap<Checked, Vec<(usize, usize)>> = HashMap::new();
+    // Referenced tensors that a reference decoded in this window resolves.
+    let mut resolved: HashSet<TensorAt> = HashSet::new();
     for (k, (&((rank, step), _, (seq, indices)), view)) in jobs.iter().zip(views).enumerate() {
         let mut mine = Vec::new();
         if let Some(view) = view {
@@ -288,10 +300,12 @@ fn plan_decoding(
                 let at = (rank, step, *seq, i);
                 let checked = (t.crc32, t.nbytes, t.dtype);
                 if let Some(target) = referenced(view, i, rank, step) {
-                    if target != at && (wanted.contains(&target) || is_kept(&target)) {
+                    let known = wanted.contains(&target) || resolved.contains(&target);
+                    if target != at && (known || is_kept(&target)) {
                         aliases.push(Decoded::Alias(at, target, checked));
                         continue;
                     }
+                    resolved.insert(target);
                 }
                 let same = decoding.get(&checked).and_then(|cands| {
                     cands.iter().find(|&&(j, c)| {

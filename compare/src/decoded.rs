@@ -9,7 +9,7 @@
 //! decoded again when read, with the same result (decoding is a pure function of the stored
 //! bytes), so the budget changes how often a blob is decoded, never a number of the report.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ttrace_format::dtype::DType;
@@ -33,6 +33,8 @@ struct Entry {
 /// Decoded tensors by where they are stored, least recently read dropped first.
 pub struct DecodedCache {
     entries: HashMap<TensorAt, Entry>,
+    /// Entries by when they were last read, least recently first (no scan per drop).
+    by_use: BTreeMap<u64, TensorAt>,
     /// Entries per shared value (by address): its bytes count once, however many tensors
     /// share it.
     owners: HashMap<usize, u32>,
@@ -50,6 +52,7 @@ impl DecodedCache {
     pub fn new(budget: u64) -> DecodedCache {
         DecodedCache {
             entries: HashMap::new(),
+            by_use: BTreeMap::new(),
             owners: HashMap::new(),
             bytes: 0,
             budget,
@@ -127,6 +130,8 @@ impl DecodedCache {
         self.tick += 1;
         let tick = self.tick;
         let e = self.entries.get_mut(at)?;
+        self.by_use.remove(&e.used);
+        self.by_use.insert(tick, *at);
         e.used = tick;
         Some((Arc::clone(&e.values), e.checked))
     }
@@ -146,17 +151,13 @@ impl DecodedCache {
             return;
         }
         while self.bytes + new_bytes > self.budget {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(k, _)| *k)
-            else {
+            let Some((_, oldest)) = self.by_use.first_key_value().map(|(t, a)| (*t, *a)) else {
                 break;
             };
             self.remove(&oldest);
         }
         self.tick += 1;
+        self.by_use.insert(self.tick, at);
         *self.owners.entry(key).or_insert(0) += 1;
         self.bytes += new_bytes;
         self.entries.insert(
@@ -172,6 +173,7 @@ impl DecodedCache {
     /// Drops everything kept, spare buffers included.
     pub fn clear(&mut self) {
         self.entries.clear();
+        self.by_use.clear();
         self.owners.clear();
         self.bytes = 0;
         self.spare = Vec::new();
@@ -182,6 +184,7 @@ impl DecodedCache {
         let Some(e) = self.entries.remove(at) else {
             return;
         };
+        self.by_use.remove(&e.used);
         let key = Arc::as_ptr(&e.values) as usize;
         if let Some(n) = self.owners.get_mut(&key) {
             *n -= 1;

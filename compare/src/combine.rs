@@ -260,7 +260,10 @@ fn group_sum(group: &[u32], s: &SumSearch<'_>) -> Option<Values> {
         match &mut sum {
             None => sum = Some(v.clone()),
             Some(acc) if acc.shape == v.shape => {
-                for (a, b) in acc.data.iter_mut().zip(&v.data) {
+                for (a, b) in std::sync::Arc::make_mut(&mut acc.data)
+                    .iter_mut()
+                    .zip(v.data.iter())
+                {
                     *a += *b;
                 }
             }

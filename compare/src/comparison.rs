@@ -166,7 +166,8 @@ pub(crate) fn operand(
             if let Some(c) = t.values(rec, Role::CIn)? {
                 if c.data.len() == v.data.len() {
                     let (mut nc, mut ni) = (0f64, 0f64);
-                    for (d, c) in v.data.iter_mut().zip(&c.data) {
+                    let data = std::sync::Arc::make_mut(&mut v.data);
+                    for (d, c) in data.iter_mut().zip(c.data.iter()) {
                         let bc = beta * c;
                         *d -= bc;
                         nc += (bc as f64).powi(2);
@@ -255,7 +256,7 @@ mod tests {
         rec.api = "cublasGemmEx".into();
         let reference = Values {
             shape: vec![2, 2],
-            data: vec![1.0; 4],
+            data: vec![1.0; 4].into(),
             dtype: DType::BF16,
         };
         let tol = tolerance::Tolerance {

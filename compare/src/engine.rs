@@ -285,6 +285,13 @@ fn walk_steps(
     if let Some(pt) = &p.pert {
         pt.set_mapping_budget(pert_budget);
     }
+    let (ref_kept, run_kept, pert_kept) =
+        crate::prefetch::kept_budgets(opts.memory.unwrap_or(DEFAULT_MEMORY));
+    p.reff.set_decoded_budget(ref_kept);
+    p.run.set_decoded_budget(run_kept);
+    if let Some(pt) = &p.pert {
+        pt.set_decoded_budget(pert_kept);
+    }
     let mut walk = Walk::new(p);
     let base_warnings = std::mem::take(&mut walk.warnings);
     let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
@@ -327,7 +334,11 @@ fn walk_steps(
         walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
-    ahead.release();
+    // What the walk decoded stays kept for the reductions, which read reference GEMM
+    // outputs again; the perturbed reference's is not read again.
+    if let Some(pt) = &p.pert {
+        pt.release_decoded();
+    }
     let ctx = Ctx::new(p, opts, steps);
     let dp_reduction = reductions::collectives(
         &ctx,

@@ -13,6 +13,7 @@ pub mod align;
 pub mod check;
 pub mod combine;
 mod comparison;
+pub mod decoded;
 pub mod engine;
 pub mod gradscale;
 mod hints;

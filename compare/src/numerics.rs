@@ -483,7 +483,8 @@ pub fn place_trusting(
         if scored.len() > 3 && !quick {
             let samples = Samples::of(x, 512);
             let strides = row_major_strides(&reff.shape);
-            scored.par_iter_mut().for_each(|entry| {
+            // A few hundred elements each: a task each would cost more than the work.
+            scored.par_iter_mut().with_min_len(4).for_each(|entry| {
                 entry.0 = samples.error(entry.2, reff, &strides, &x.shape, &cands[entry.1]);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -548,8 +549,11 @@ fn screen(
         .iter()
         .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
         .collect();
+    // A candidate's screen reads `samples` elements: tasks of a few thousand at least (a
+    // task per candidate cost more in scheduling than the work).
     let mut scored: Vec<(f64, usize, f32)> = jobs
         .into_par_iter()
+        .with_min_len((4096 / samples.max(1)).max(1))
         .map(|(c, scale)| {
             let per_dim: Vec<&[usize]> = cands[c]
                 .dims
@@ -633,7 +637,7 @@ mod tests {
         let n: u64 = shape.iter().product();
         Values {
             shape: shape.to_vec(),
-            data: (0..n as usize).map(f).collect(),
+            data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
             dtype: DType::F32,
         }
     }
@@ -664,7 +668,8 @@ mod tests {
             data: rows
                 .iter()
                 .flat_map(|&r| [reff.data[r * 2], reff.data[r * 2 + 1]])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
@@ -694,7 +699,8 @@ mod tests {
                 .iter()
                 .flat_map(|&z| (0..3).map(move |c| z * 3 + c))
                 .map(|k| reff.data[k])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0], 0.0).expect("placeable");
@@ -761,7 +767,10 @@ mod screening_tests {
         // [s = 16, B = 4] tokens x 64 features; DP rank 1 of 2 holds b in 2..4.
         let reff = Values {
             shape: vec![64, 64],
-            data: (0..4096).map(|i| ((i as f32) * 0.618).sin()).collect(),
+            data: (0..4096)
+                .map(|i| ((i as f32) * 0.618).sin())
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let rows: Vec<usize> = (0..16).flat_map(|p| [p * 4 + 2, p * 4 + 3]).collect();
@@ -771,7 +780,8 @@ mod screening_tests {
                 .iter()
                 .flat_map(|&r| (0..64).map(move |c| r * 64 + c))
                 .map(|k| reff.data[k])
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let f = place(&shard, &reff, &[], &[1.0, 2.0], 0.0).expect("placeable");
@@ -786,7 +796,8 @@ mod screening_tests {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| v * (1.0 + noise * (i as f32 * 1.3).sin()))
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         }
     }
@@ -810,7 +821,10 @@ mod screening_tests {
     fn a_drifted_hint_within_tolerance_is_kept_when_no_other_place_comes_close() {
         let reff = Values {
             shape: vec![8, 64],
-            data: (0..512).map(|i| ((i as f32) * 0.37).sin()).collect(),
+            data: (0..512)
+                .map(|i| ((i as f32) * 0.37).sin())
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         // Rows 4..8 with 1 % noise: above `accept` (1e-4), within `trust` (5 %).
@@ -853,7 +867,8 @@ mod screening_tests {
                         v
                     }
                 })
-                .collect(),
+                .collect::<Vec<f32>>()
+                .into(),
             dtype: DType::F32,
         };
         let shard = rows_of(&reff, 4..8, 0.0);

@@ -274,7 +274,7 @@ pub(crate) mod tests {
     pub(crate) fn values(data: &[f32]) -> Values {
         Values {
             shape: vec![data.len() as u64],
-            data: data.to_vec(),
+            data: data.to_vec().into(),
             dtype: DType::F32,
         }
     }

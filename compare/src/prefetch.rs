@@ -11,14 +11,15 @@
 //! tensors (at least one op's), and what the walk did not take is dropped with the next one.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 use ttrace_format::dedup::BlobReference;
-use ttrace_format::dtype::DType;
 use ttrace_format::reader::{RecordView, Segment};
 use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
+use crate::decoded::{Checked, DecodedCache, Shared};
 use crate::trace::{gemm, is_float, to_f32_into, Decoding, RunTrace};
 
 /// A stored tensor: (rank, step, seq, index in its record).
@@ -71,17 +72,18 @@ pub fn window_budget(memory: u64) -> u64 {
     memory / 16
 }
 
-impl Walked<'_> {
-    /// Drops what the last window decoded and the walk did not take.
-    pub fn release(&self) {
-        for t in [Some(self.reff), Some(self.run), self.pert]
-            .into_iter()
-            .flatten()
-        {
-            t.prefetch(&[]);
-        }
-    }
+/// The bytes of decoded tensors each store keeps ([`crate::decoded`]) under a `--memory`
+/// budget, the two windows included: an eighth of it (a larger share measured slower: in a
+/// process this short every byte kept is a page touched for the first time, and the page
+/// faults cost more than the decoding it saves), of which the run's store (every rank) gets
+/// half and the reference and the perturbed reference a quarter each, as their mappings.
+/// Returns (reference, run, perturbed).
+pub fn kept_budgets(memory: u64) -> (u64, u64, u64) {
+    let kept = memory / 8;
+    (kept / 4, kept / 2, kept / 4)
+}
 
+impl Walked<'_> {
     /// Makes what `ahead` decoded the values the walk takes (waiting for it); returns how
     /// many ops it covered.
     pub fn install(&self, ahead: Ahead) -> usize {
@@ -176,30 +178,33 @@ pub fn by_segment(wants: &[TensorAt]) -> Wants {
         .collect()
 }
 
-/// What identifies a tensor's bytes in its record: CRC-32, length and element type.
-type Checked = (u32, u64, DType);
-
 /// One wanted tensor after the parallel pass.
 enum Decoded {
     /// Its values, and what identifies its bytes.
-    Values(TensorAt, Vec<f32>, Checked),
-    /// A tensor whose bytes are another wanted tensor's (a deduplicated tensor's referenced
-    /// one, or one stored alike): its values are that tensor's when their bytes check alike.
+    Values(TensorAt, Shared, Checked),
+    /// A tensor whose bytes are another's (a deduplicated tensor's referenced one, or one
+    /// stored alike), wanted in this window or kept decoded: its values are that tensor's
+    /// when their bytes check alike.
     Alias(TensorAt, TensorAt, Checked),
 }
 
 /// Decodes the wanted tensors of open segments in parallel, each record on one thread with
-/// buffers reused per thread: `(tensor, f32 values)` of every tensor that decoded cleanly.
+/// buffers reused per thread: `(tensor, f32 values, what identifies its bytes)` of every
+/// tensor that decoded cleanly.
 ///
-/// Bytes are decoded once: a deduplicated tensor whose referenced tensor is also wanted takes
-/// that tensor's values when both records give the same CRC-32, length and type (the check
-/// the reader makes of a resolved reference: its bytes against the referring record's
-/// CRC-32); a tensor whose stored bytes equal those of one decoded before it (data-parallel
-/// replicas of a weight, an activation every tensor-parallel rank reads: same codec, length,
-/// type, CRC-32 and stored bytes, [`RecordView::same_stored`]) takes its values. Otherwise,
-/// or when the tensor it takes its values from did not decode, it is left out and the walk
-/// reads it on its own.
-pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
+/// Bytes are decoded once: a deduplicated tensor whose referenced tensor is also wanted, or
+/// kept decoded in `kept`, takes that tensor's values when both records give the same
+/// CRC-32, length and type (the check the reader makes of a resolved reference: its bytes
+/// against the referring record's CRC-32); a tensor whose stored bytes equal those of one
+/// decoded before it (data-parallel replicas of a weight, an activation every
+/// tensor-parallel rank reads: same codec, length, type, CRC-32 and stored bytes,
+/// [`RecordView::same_stored`]) takes its values. Otherwise, or when the tensor it takes
+/// its values from did not decode (or is no longer kept), it is left out and the walk reads
+/// it on its own.
+pub fn decode(
+    segments: &[SegmentWants],
+    kept: &Mutex<DecodedCache>,
+) -> Vec<(TensorAt, Shared, Checked)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
         .flat_map(|(key, seg, recs)| recs.iter().map(move |r| (*key, *seg, r)))
@@ -210,7 +215,8 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
         .par_iter()
         .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
         .collect();
-    let (plan, mut decoded) = plan_decoding(&jobs, &views);
+    let is_kept = |at: &TensorAt| lock(kept).contains(at);
+    let (plan, mut decoded) = plan_decoding(&jobs, &views, &is_kept);
     let values: Vec<Decoded> = jobs
         .par_iter()
         .zip(&views)
@@ -227,10 +233,19 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
                     if view.tensor_bytes_into(i, scratch, raw).is_err() {
                         continue;
                     }
-                    let mut values = Vec::new();
+                    let n = usize::try_from(t.elements()).unwrap_or(0);
+                    let mut values = lock(kept).buffer(n);
                     if to_f32_into(t.dtype, raw, &mut values).is_ok() {
                         let at = (rank, step, *seq, i);
-                        out.push(Decoded::Values(at, values, (t.crc32, t.nbytes, t.dtype)));
+                        let checked = (t.crc32, t.nbytes, t.dtype);
+                        let values = Arc::new(values);
+                        // A reference's values are its target's bytes read as this
+                        // tensor's type: kept under the target too, for the next reference
+                        // to it (their CRC-32, length and type must agree to take them).
+                        if let Some(target) = referenced(view, i, rank, step) {
+                            out.push(Decoded::Values(target, Arc::clone(&values), checked));
+                        }
+                        out.push(Decoded::Values(at, values, checked));
                     }
                 }
                 out
@@ -245,15 +260,23 @@ pub fn decode(segments: &[SegmentWants]) -> Vec<(TensorAt, Vec<f32>)> {
         aliases,
         "decoded ahead (aliases: values taken from identical bytes)"
     );
-    resolve_aliases(decoded)
+    resolve_aliases(decoded, |at| lock(kept).get(at))
+}
+
+/// The cache, even when a thread panicked holding it (it holds no invariant a panic breaks
+/// beyond what is dropped and decoded again).
+pub(crate) fn lock(kept: &Mutex<DecodedCache>) -> std::sync::MutexGuard<'_, DecodedCache> {
+    kept.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Which tensors of each record `decode` decodes (indices), and the aliases of the others:
-/// deduplicated tensors whose referenced tensor is wanted, and tensors whose stored bytes
-/// equal those of one decoded before them.
+/// deduplicated tensors whose referenced tensor is wanted or kept decoded (`is_kept`), and
+/// tensors whose stored bytes equal those of one decoded before them.
 fn plan_decoding(
     jobs: &[((u32, u64), &Segment, &RecordWants)],
     views: &[Option<RecordView>],
+    is_kept: &dyn Fn(&TensorAt) -> bool,
 ) -> (Vec<Vec<usize>>, Vec<Decoded>) {
     let wanted: HashSet<TensorAt> = jobs
         .iter()
@@ -265,6 +288,8 @@ fn plan_decoding(
     let mut aliases = Vec::new();
     // Tensors to decode by what identifies their bytes: (job, index) of each.
     let mut decoding: HashMap<Checked, Vec<(usize, usize)>> = HashMap::new();
+    // Referenced tensors that a reference decoded in this window resolves.
+    let mut resolved: HashSet<TensorAt> = HashSet::new();
     for (k, (&((rank, step), _, (seq, indices)), view)) in jobs.iter().zip(views).enumerate() {
         let mut mine = Vec::new();
         if let Some(view) = view {
@@ -275,10 +300,12 @@ fn plan_decoding(
                 let at = (rank, step, *seq, i);
                 let checked = (t.crc32, t.nbytes, t.dtype);
                 if let Some(target) = referenced(view, i, rank, step) {
-                    if target != at && wanted.contains(&target) {
+                    let known = wanted.contains(&target) || resolved.contains(&target);
+                    if target != at && (known || is_kept(&target)) {
                         aliases.push(Decoded::Alias(at, target, checked));
                         continue;
                     }
+                    resolved.insert(target);
                 }
                 let same = decoding.get(&checked).and_then(|cands| {
                     cands.iter().find(|&&(j, c)| {
@@ -310,25 +337,32 @@ fn referenced(view: &RecordView, i: usize, rank: u32, step: u64) -> Option<Tenso
     Some((rank, step, r.seq, r.tensor as usize))
 }
 
-/// The decoded values, aliases given their referenced tensor's values when the bytes match.
-fn resolve_aliases(decoded: Vec<Decoded>) -> Vec<(TensorAt, Vec<f32>)> {
-    let mut out: Vec<(TensorAt, Vec<f32>)> = Vec::with_capacity(decoded.len());
-    let mut checked_of: HashMap<TensorAt, (usize, Checked)> = HashMap::new();
+/// The decoded values, aliases given their referenced tensor's values (decoded in this
+/// window, else from `kept`) when the bytes match: shared, not copied.
+fn resolve_aliases(
+    decoded: Vec<Decoded>,
+    kept: impl Fn(&TensorAt) -> Option<(Shared, Checked)>,
+) -> Vec<(TensorAt, Shared, Checked)> {
+    let mut out: Vec<(TensorAt, Shared, Checked)> = Vec::with_capacity(decoded.len());
+    let mut index_of: HashMap<TensorAt, usize> = HashMap::new();
     let mut aliases = Vec::new();
     for d in decoded {
         match d {
             Decoded::Values(at, values, checked) => {
-                checked_of.insert(at, (out.len(), checked));
-                out.push((at, values));
+                index_of.insert(at, out.len());
+                out.push((at, values, checked));
             }
             Decoded::Alias(at, target, checked) => aliases.push((at, target, checked)),
         }
     }
     for (at, target, checked) in aliases {
-        if let Some(&(k, c)) = checked_of.get(&target) {
+        let source = match index_of.get(&target) {
+            Some(&k) => Some((Arc::clone(&out[k].1), out[k].2)),
+            None => kept(&target),
+        };
+        if let Some((values, c)) = source {
             if c == checked {
-                let values = out[k].1.clone();
-                out.push((at, values));
+                out.push((at, values, checked));
             }
         }
     }
@@ -338,28 +372,36 @@ fn resolve_aliases(decoded: Vec<Decoded>) -> Vec<(TensorAt, Vec<f32>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ttrace_format::dtype::DType;
 
     #[test]
     fn a_deduplicated_tensor_takes_its_referenced_values_only_when_their_bytes_match() {
         let bf16 = |crc: u32| (crc, 8, DType::BF16);
-        let got = resolve_aliases(vec![
-            Decoded::Alias((0, 0, 5, 0), (0, 0, 1, 2), bf16(7)),
-            Decoded::Values((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0], bf16(7)),
-            // Another CRC-32, another type, a referenced tensor that did not decode: left
-            // for the walk to read.
-            Decoded::Alias((0, 0, 6, 0), (0, 0, 1, 2), bf16(8)),
-            Decoded::Alias((0, 0, 7, 0), (0, 0, 1, 2), (7, 8, DType::F16)),
-            Decoded::Alias((0, 0, 8, 0), (0, 0, 3, 0), bf16(7)),
-        ]);
-        let mut got: Vec<(TensorAt, Vec<f32>)> = got;
-        got.sort_by_key(|g| g.0);
-        assert_eq!(
-            got,
+        let kept_values: Shared = Arc::new(vec![5.0, 6.0, 7.0, 8.0]);
+        let kept =
+            |at: &TensorAt| (*at == (0, 0, 0, 1)).then(|| (Arc::clone(&kept_values), bf16(9)));
+        let got = resolve_aliases(
             vec![
-                ((0, 0, 1, 2), vec![1.0, 2.0, 3.0, 4.0]),
-                ((0, 0, 5, 0), vec![1.0, 2.0, 3.0, 4.0]),
-            ]
+                Decoded::Alias((0, 0, 5, 0), (0, 0, 1, 2), bf16(7)),
+                Decoded::Values((0, 0, 1, 2), Arc::new(vec![1.0, 2.0, 3.0, 4.0]), bf16(7)),
+                // Another CRC-32, another type, a referenced tensor that did not decode (nor
+                // is kept): left for the walk to read.
+                Decoded::Alias((0, 0, 6, 0), (0, 0, 1, 2), bf16(8)),
+                Decoded::Alias((0, 0, 7, 0), (0, 0, 1, 2), (7, 8, DType::F16)),
+                Decoded::Alias((0, 0, 8, 0), (0, 0, 3, 0), bf16(7)),
+                // A referenced tensor decoded in an earlier window and kept.
+                Decoded::Alias((0, 0, 9, 0), (0, 0, 0, 1), bf16(9)),
+                Decoded::Alias((0, 0, 10, 0), (0, 0, 0, 1), bf16(7)),
+            ],
+            kept,
         );
+        let mut got: Vec<(TensorAt, Shared, Checked)> = got;
+        got.sort_by_key(|g| g.0);
+        let at: Vec<TensorAt> = got.iter().map(|g| g.0).collect();
+        assert_eq!(at, vec![(0, 0, 1, 2), (0, 0, 5, 0), (0, 0, 9, 0)]);
+        assert!(Arc::ptr_eq(&got[0].1, &got[1].1), "shared, not copied");
+        assert_eq!(*got[1].1, vec![1.0, 2.0, 3.0, 4.0]);
+        assert!(Arc::ptr_eq(&got[2].1, &kept_values));
     }
 
     #[test]
@@ -401,7 +443,7 @@ mod tests {
             .iter()
             .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
             .collect();
-        let (plan, aliases) = plan_decoding(&jobs, &views);
+        let (plan, aliases) = plan_decoding(&jobs, &views, &|_| false);
         assert_eq!(
             plan,
             vec![vec![0], vec![], vec![0], vec![]],
@@ -419,7 +461,7 @@ mod tests {
             vec![((0, 0, 1, 0), (0, 0, 0, 0)), ((1, 0, 0, 0), (0, 0, 0, 0))]
         );
 
-        let mut got = decode(&segments);
+        let mut got = decode(&segments, &Mutex::new(DecodedCache::new(u64::MAX)));
         got.sort_by_key(|g| g.0);
         let want_w = to_f32(DType::BF16, &w).expect("widens");
         let want_other = to_f32(DType::BF16, &other).expect("widens");
@@ -428,9 +470,9 @@ mod tests {
             at,
             vec![(0, 0, 0, 0), (0, 0, 1, 0), (0, 0, 2, 0), (1, 0, 0, 0)]
         );
-        for (at, values) in &got {
+        for (at, values, _) in &got {
             let want = if at.2 == 2 { &want_other } else { &want_w };
-            assert!(values == want, "{at:?}: the values of its own bytes");
+            assert!(**values == *want, "{at:?}: the values of its own bytes");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

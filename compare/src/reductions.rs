@@ -540,7 +540,7 @@ pub(crate) fn collectives(
             if matches!(pieces.first(), Some((_, _, PieceError::ByScale(_), _))) {
                 let shape_only = Values {
                     shape: rv.shape.clone(),
-                    data: Vec::new(),
+                    data: Default::default(),
                     dtype: rv.dtype,
                 };
                 red.deferred.push((key, pieces, shape_only));
@@ -551,16 +551,16 @@ pub(crate) fn collectives(
         red.ref_cache.clear();
     }
     if red.deferred.is_empty() && red.evidence.is_empty() {
-        ctx.run.prefetch(&[]);
-        ctx.reff.prefetch(&[]);
+        ctx.run.release_decoded();
+        ctx.reff.release_decoded();
         return Ok(None);
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
         reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
     }
-    ctx.run.prefetch(&[]);
-    ctx.reff.prefetch(&[]);
+    ctx.run.release_decoded();
+    ctx.reff.release_decoded();
     Ok(Some(decision))
 }
 

@@ -192,7 +192,7 @@ fn persists(
     role: Role,
     rank: u32,
 ) -> Result<bool, CompareError> {
-    let values = |t: &TensorComparison| -> Result<Option<Vec<f32>>, CompareError> {
+    let values = |t: &TensorComparison| -> Result<Option<crate::decoded::Shared>, CompareError> {
         let Some(held) = t.ranks.iter().find(|r| r.rank == rank) else {
             return Ok(None);
         };

@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use rayon::prelude::*;
 use ttrace_format::dtype::DType;
@@ -13,7 +13,8 @@ use ttrace_format::record::{Op, Record, Role};
 use ttrace_format::store::Manifest;
 use ttrace_format::tensor::widen_f32_into;
 
-use crate::prefetch::TensorAt;
+use crate::decoded::{Checked, DecodedCache, Shared};
+use crate::prefetch::{lock, TensorAt};
 use crate::CompareError;
 
 /// A tensor's values as `f32` with its stored shape.
@@ -21,8 +22,9 @@ use crate::CompareError;
 pub struct Values {
     /// Stored (row-major) shape.
     pub shape: Vec<u64>,
-    /// Elements, row-major; FP8 already multiplied by its scale.
-    pub data: Vec<f32>,
+    /// Elements, row-major; FP8 already multiplied by its scale. Shared with the decoded
+    /// tensors kept ([`crate::decoded`]): `Arc::make_mut` before changing them.
+    pub data: Shared,
     /// Stored element type.
     pub dtype: DType,
 }
@@ -41,8 +43,9 @@ pub struct RunTrace {
     comms_used: BTreeMap<(u32, u64), Vec<u64>>,
     /// Open segments; shared with the decoding ahead that reads them on the thread pool.
     segments: RefCell<OpenCache<Arc<Segment>>>,
-    /// Tensors decoded ahead of the walk ([`crate::prefetch`]), taken when read.
-    prefetched: RefCell<HashMap<TensorAt, Vec<f32>>>,
+    /// Tensors decoded ahead of the walk ([`crate::prefetch`]) or read by it, kept for what
+    /// reads them again; shared with the decoding ahead.
+    decoded: Arc<Mutex<DecodedCache>>,
     bytes_read: Cell<u64>,
     /// Records that could not be read.
     pub unreadable: Vec<String>,
@@ -89,7 +92,7 @@ impl RunTrace {
             ops,
             comms_used,
             segments: RefCell::new(OpenCache::default()),
-            prefetched: RefCell::new(HashMap::new()),
+            decoded: Arc::new(Mutex::new(DecodedCache::new(u64::MAX))),
             bytes_read: Cell::new(0),
             unreadable,
         })
@@ -168,6 +171,17 @@ impl RunTrace {
         self.segments.borrow_mut().budget = bytes;
     }
 
+    /// Keeps at most `bytes` of decoded tensors for what reads them again
+    /// ([`crate::decoded`]), the least recently read dropped first.
+    pub fn set_decoded_budget(&self, bytes: u64) {
+        lock(&self.decoded).set_budget(bytes);
+    }
+
+    /// Drops the decoded tensors kept.
+    pub fn release_decoded(&self) {
+        lock(&self.decoded).clear();
+    }
+
     /// The most bytes of segments that were open at once.
     pub fn peak_mapped(&self) -> u64 {
         self.segments.borrow().peak
@@ -179,23 +193,31 @@ impl RunTrace {
     }
 
     /// Decodes `wants` in parallel ([`crate::prefetch::decode`]) for [`RunTrace::values`] to
-    /// take, dropping what an earlier call left untaken ([`RunTrace::decode_ahead`], then
-    /// [`RunTrace::install`]).
+    /// take ([`RunTrace::decode_ahead`], then [`RunTrace::install`]).
     pub fn prefetch(&self, wants: &[TensorAt]) {
         self.install(self.decode_ahead(wants));
     }
 
-    /// Starts decoding `wants` on the thread pool while the caller goes on: their segments
-    /// are opened here (within the mapping budget; a segment closed meanwhile stays mapped
-    /// until its tensors are decoded), the values are taken by [`RunTrace::install`].
+    /// Starts decoding `wants` (those not kept decoded already) on the thread pool while the
+    /// caller goes on: their segments are opened here (within the mapping budget; a segment
+    /// closed meanwhile stays mapped until its tensors are decoded), the values are kept by
+    /// [`RunTrace::install`].
     pub fn decode_ahead(&self, wants: &[TensorAt]) -> Decoding {
         let (tx, rx) = mpsc::channel();
+        let wants: Vec<TensorAt> = {
+            let kept = lock(&self.decoded);
+            wants
+                .iter()
+                .filter(|w| !kept.contains(w))
+                .copied()
+                .collect()
+        };
         if wants.is_empty() {
             return Decoding { rx };
         }
         let mut segs = self.segments.borrow_mut();
         let mut jobs: Vec<SegmentJob> = Vec::new();
-        for (key, recs) in crate::prefetch::by_segment(wants) {
+        for (key, recs) in crate::prefetch::by_segment(&wants) {
             let size = self
                 .store
                 .segment_info(key.0, key.1)
@@ -206,6 +228,7 @@ impl RunTrace {
                 jobs.push((key, Arc::clone(seg), recs));
             }
         }
+        let kept = Arc::clone(&self.decoded);
         let job = move || {
             let open: Vec<crate::prefetch::SegmentWants> = jobs
                 .iter()
@@ -213,7 +236,7 @@ impl RunTrace {
                 .collect();
             // A decoding that panics leaves its tensors to the walk (which reports them).
             let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::prefetch::decode(&open)
+                crate::prefetch::decode(&open, &kept)
             }));
             if let Ok(values) = decoded {
                 let _ = tx.send(values);
@@ -229,13 +252,13 @@ impl RunTrace {
         Decoding { rx }
     }
 
-    /// Waits for `decoding` and makes its values what [`RunTrace::values`] takes, dropping
-    /// what the last one left untaken.
+    /// Waits for `decoding` and keeps its values for [`RunTrace::values`] to take.
     pub fn install(&self, decoding: Decoding) {
-        let mut cache = self.prefetched.borrow_mut();
-        cache.clear();
         if let Ok(values) = decoding.rx.recv() {
-            cache.extend(values);
+            let mut kept = lock(&self.decoded);
+            for (at, v, checked) in values {
+                kept.insert(at, v, checked);
+            }
         }
     }
 
@@ -299,20 +322,21 @@ impl RunTrace {
         if !is_float(t.dtype) {
             return Ok(None);
         }
-        let ahead = self
-            .prefetched
-            .borrow_mut()
-            .remove(&(rec.rank, rec.step, rec.seq, index));
-        let mut data = match ahead {
-            Some(data) => {
+        let at = (rec.rank, rec.step, rec.seq, index);
+        let checked: Checked = (t.crc32, t.nbytes, t.dtype);
+        let kept = lock(&self.decoded).get(&at);
+        let mut data = match kept {
+            Some((data, c)) if c == checked => {
                 self.bytes_read.set(self.bytes_read.get() + t.nbytes);
                 data
             }
-            None => {
+            _ => {
                 let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
                     return Ok(None);
                 };
-                to_f32(t.dtype, &bytes)?
+                let data = Arc::new(to_f32(t.dtype, &bytes)?);
+                lock(&self.decoded).insert(at, Arc::clone(&data), checked);
+                data
             }
         };
         // MXFP8 / NVFP4: dequantized by their block scales, or not compared at all.
@@ -327,7 +351,7 @@ impl RunTrace {
                 (ttrace_format::record::Op::Gemm(g), Some(sb)) => {
                     let sd = rec.tensors[si].dtype;
                     ttrace_format::blockscale::dequantize_operand(
-                        &mut data,
+                        Arc::make_mut(&mut data).as_mut_slice(),
                         g,
                         role == Role::A,
                         &sb,
@@ -350,7 +374,7 @@ impl RunTrace {
             };
             if let Some(sr) = scale_role {
                 if let Some(s) = self.scalar(rec, sr)? {
-                    for v in &mut data {
+                    for v in Arc::make_mut(&mut data).iter_mut() {
                         *v *= s;
                     }
                 }
@@ -415,7 +439,7 @@ type SegmentJob = ((u32, u64), Arc<Segment>, Vec<crate::prefetch::RecordWants>);
 
 /// Tensors being decoded on the thread pool ([`RunTrace::decode_ahead`]).
 pub struct Decoding {
-    rx: mpsc::Receiver<Vec<(TensorAt, Vec<f32>)>>,
+    rx: mpsc::Receiver<Vec<(TensorAt, Shared, Checked)>>,
 }
 
 /// Open segments (by rank and step), closed least recently read first once their bytes pass

@@ -272,7 +272,11 @@ fn delta(
         return Ok(None);
     }
     Ok(Some(
-        w1.data.iter().zip(&w0.data).map(|(a, b)| a - b).collect(),
+        w1.data
+            .iter()
+            .zip(w0.data.iter())
+            .map(|(a, b)| a - b)
+            .collect(),
     ))
 }
 

@@ -1,0 +1,267 @@
+//! Decoded tensors kept for what reads them again, within a byte budget: each stored blob
+//! is decoded once while its values are held, however many ops, windows, ranks or steps
+//! read it (a deduplicated tensor that the next op reads, a reference GEMM output a
+//! reduction reads again, a weight the update search reads twice).
+//!
+//! Values are shared (`Arc`), never copied, between the walk, the window decoded ahead and
+//! the tensors whose bytes are the same blob (references, replicas stored alike). The least
+//! recently read are dropped first once the budget would be passed; what is dropped is
+//! decoded again when read, with the same result (decoding is a pure function of the stored
+//! bytes), so the budget changes how often a blob is decoded, never a number of the report.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use ttrace_format::dtype::DType;
+
+use crate::prefetch::TensorAt;
+
+/// A tensor's values as `f32`, shared by every tensor whose bytes they are.
+pub type Shared = Arc<Vec<f32>>;
+
+/// What identifies a tensor's bytes in its record: CRC-32, length and element type.
+pub type Checked = (u32, u64, DType);
+
+/// One kept tensor.
+struct Entry {
+    values: Shared,
+    checked: Checked,
+    /// When it was last read (for least recently read first).
+    used: u64,
+}
+
+/// Decoded tensors by where they are stored, least recently read dropped first.
+pub struct DecodedCache {
+    entries: HashMap<TensorAt, Entry>,
+    /// Entries by when they were last read, least recently first (no scan per drop).
+    by_use: BTreeMap<u64, TensorAt>,
+    /// Entries per shared value (by address): its bytes count once, however many tensors
+    /// share it.
+    owners: HashMap<usize, u32>,
+    bytes: u64,
+    budget: u64,
+    tick: u64,
+    /// Buffers of values dropped, for the next tensors decoded: no fresh allocation (and
+    /// page faults) per tensor.
+    spare: Vec<Vec<f32>>,
+    spare_bytes: u64,
+}
+
+impl DecodedCache {
+    /// An empty cache that keeps at most `budget` bytes of values.
+    pub fn new(budget: u64) -> DecodedCache {
+        DecodedCache {
+            entries: HashMap::new(),
+            by_use: BTreeMap::new(),
+            owners: HashMap::new(),
+            bytes: 0,
+            budget,
+            tick: 0,
+            spare: Vec::new(),
+            spare_bytes: 0,
+        }
+    }
+
+    /// An empty buffer for `n` values: a spare one that holds them (the smallest), or a new
+    /// one.
+    pub fn buffer(&mut self, n: usize) -> Vec<f32> {
+        let fit = self
+            .spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= n)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        match fit {
+            Some(i) => {
+                let b = self.spare.swap_remove(i);
+                self.spare_bytes -= b.capacity() as u64 * 4;
+                b
+            }
+            None => Vec::with_capacity(n),
+        }
+    }
+
+    /// Keeps the buffer of `values` as a spare when nothing else holds it and the spares
+    /// stay within an eighth of the budget (the largest kept first).
+    fn recycle(&mut self, values: Shared) {
+        let Ok(mut b) = Arc::try_unwrap(values) else {
+            return;
+        };
+        let bytes = b.capacity() as u64 * 4;
+        if bytes == 0 || bytes > self.budget / 8 {
+            return;
+        }
+        while self.spare_bytes + bytes > self.budget / 8 {
+            let Some(i) = (0..self.spare.len()).min_by_key(|&i| self.spare[i].capacity()) else {
+                break;
+            };
+            let dropped = self.spare.swap_remove(i);
+            self.spare_bytes -= dropped.capacity() as u64 * 4;
+            if dropped.capacity() as u64 * 4 >= bytes {
+                // Not worth more than the one dropped: keep that one instead.
+                self.spare_bytes += dropped.capacity() as u64 * 4;
+                self.spare.push(dropped);
+                return;
+            }
+        }
+        b.clear();
+        self.spare_bytes += bytes;
+        self.spare.push(b);
+    }
+
+    /// Keeps at most `bytes` from now on (dropping what is over at the next insertion).
+    pub fn set_budget(&mut self, bytes: u64) {
+        self.budget = bytes;
+    }
+
+    /// Bytes of values kept (each shared value once).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether the values of `at` are kept.
+    pub fn contains(&self, at: &TensorAt) -> bool {
+        self.entries.contains_key(at)
+    }
+
+    /// The values of `at` and what identifies their bytes, marked as just read.
+    pub fn get(&mut self, at: &TensorAt) -> Option<(Shared, Checked)> {
+        self.tick += 1;
+        let tick = self.tick;
+        let e = self.entries.get_mut(at)?;
+        self.by_use.remove(&e.used);
+        self.by_use.insert(tick, *at);
+        e.used = tick;
+        Some((Arc::clone(&e.values), e.checked))
+    }
+
+    /// Keeps `values` as those of `at` (whose record gives `checked`), dropping the least
+    /// recently read first while the budget would be passed. A value larger than the whole
+    /// budget is not kept.
+    pub fn insert(&mut self, at: TensorAt, values: Shared, checked: Checked) {
+        self.remove(&at);
+        let key = Arc::as_ptr(&values) as usize;
+        let new_bytes = if self.owners.contains_key(&key) {
+            0
+        } else {
+            values.capacity() as u64 * 4
+        };
+        if new_bytes > self.budget {
+            return;
+        }
+        while self.bytes + new_bytes > self.budget {
+            let Some((_, oldest)) = self.by_use.first_key_value().map(|(t, a)| (*t, *a)) else {
+                break;
+            };
+            self.remove(&oldest);
+        }
+        self.tick += 1;
+        self.by_use.insert(self.tick, at);
+        *self.owners.entry(key).or_insert(0) += 1;
+        self.bytes += new_bytes;
+        self.entries.insert(
+            at,
+            Entry {
+                values,
+                checked,
+                used: self.tick,
+            },
+        );
+    }
+
+    /// Drops everything kept, spare buffers included.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.by_use.clear();
+        self.owners.clear();
+        self.bytes = 0;
+        self.spare = Vec::new();
+        self.spare_bytes = 0;
+    }
+
+    fn remove(&mut self, at: &TensorAt) {
+        let Some(e) = self.entries.remove(at) else {
+            return;
+        };
+        self.by_use.remove(&e.used);
+        let key = Arc::as_ptr(&e.values) as usize;
+        if let Some(n) = self.owners.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.owners.remove(&key);
+                self.bytes -= e.values.capacity() as u64 * 4;
+                self.recycle(e.values);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(n: usize) -> Shared {
+        Arc::new(vec![1.0; n])
+    }
+
+    const BF16: Checked = (7, 8, DType::BF16);
+
+    #[test]
+    fn the_least_recently_read_go_first_and_the_budget_holds() {
+        let mut c = DecodedCache::new(300);
+        c.insert((0, 0, 1, 0), vals(25), BF16); // 100 bytes each
+        c.insert((0, 0, 2, 0), vals(25), BF16);
+        c.insert((0, 0, 3, 0), vals(25), BF16);
+        assert!(c.get(&(0, 0, 1, 0)).is_some()); // seq 2 is now the least recently read
+        c.insert((0, 0, 4, 0), vals(25), BF16);
+        assert!(!c.contains(&(0, 0, 2, 0)));
+        for seq in [1, 3, 4] {
+            assert!(c.contains(&(0, 0, seq, 0)), "seq {seq}");
+        }
+        assert_eq!(c.bytes(), 300);
+        // Larger than the budget: not kept, nothing dropped for it.
+        c.insert((0, 0, 5, 0), vals(100), BF16);
+        assert!(!c.contains(&(0, 0, 5, 0)));
+        assert_eq!(c.bytes(), 300);
+    }
+
+    #[test]
+    fn values_shared_by_several_tensors_count_once_and_stay_while_one_holds_them() {
+        let mut c = DecodedCache::new(200);
+        let w = vals(25);
+        c.insert((0, 0, 1, 0), Arc::clone(&w), BF16);
+        c.insert((1, 0, 1, 0), Arc::clone(&w), BF16); // a replica stored alike
+        assert_eq!(c.bytes(), 100);
+        c.insert((0, 0, 2, 0), vals(25), BF16);
+        assert_eq!(c.bytes(), 200);
+        // Room for 100 more: the least recently read entries go until it fits, and the
+        // shared values' bytes only when their last entry goes.
+        c.insert((0, 0, 3, 0), vals(25), BF16);
+        assert!(!c.contains(&(0, 0, 1, 0)) && !c.contains(&(1, 0, 1, 0)));
+        assert_eq!(c.bytes(), 200);
+        let (got, checked) = c.get(&(0, 0, 2, 0)).expect("kept");
+        assert_eq!((got.len(), checked), (25, BF16));
+        c.clear();
+        assert_eq!((c.bytes(), c.contains(&(0, 0, 2, 0))), (0, false));
+    }
+
+    #[test]
+    fn buffers_of_dropped_values_nothing_else_holds_are_reused() {
+        // 800 bytes kept, spares up to an eighth: one buffer of 100 bytes.
+        let mut c = DecodedCache::new(800);
+        for seq in 0..8 {
+            c.insert((0, 0, seq, 0), vals(25), BF16);
+        }
+        let held = c.get(&(0, 0, 1, 0)).expect("kept").0;
+        c.get(&(0, 0, 0, 0)); // seq 2 and 3 are now the least recently read
+        c.insert((0, 0, 8, 0), vals(25), BF16); // drops seq 2: a spare
+        c.insert((0, 0, 9, 0), vals(25), BF16); // drops seq 3: no room for another spare
+        c.get(&(0, 0, 1, 0));
+        assert!(c.contains(&(0, 0, 1, 0)) && !c.contains(&(0, 0, 2, 0)));
+        let b = c.buffer(20);
+        assert!(b.is_empty() && b.capacity() >= 25, "the spare is reused");
+        assert!(c.buffer(20).capacity() < 25, "only one spare was kept");
+        drop(held);
+    }
+}

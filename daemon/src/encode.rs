@@ -74,13 +74,7 @@ impl Encoder {
     pub fn encode(&mut self, raw: &[u8], elem: usize) -> Result<Blob, FormatError> {
         let mut stored = self.spare.as_ref().map(|s| s.take()).unwrap_or_default();
         if self.level == 0 {
-            stored.extend_from_slice(raw);
-            return Ok(Blob {
-                codec: Codec::Raw,
-                elem_size: elem as u8,
-                raw_len: raw.len() as u64,
-                stored,
-            });
+            return Ok(raw_blob(raw, elem, stored));
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let done =
@@ -94,13 +88,7 @@ impl Encoder {
             // A tiny tensor (or incompressible bytes): the plane table alone would make it
             // larger than it is.
             stored.clear();
-            stored.extend_from_slice(raw);
-            return Ok(Blob {
-                codec: Codec::Raw,
-                elem_size: elem as u8,
-                raw_len: raw.len() as u64,
-                stored,
-            });
+            return Ok(raw_blob(raw, elem, stored));
         }
         Ok(Blob {
             codec: Codec::ShufflePlanes,
@@ -193,5 +181,16 @@ mod tests {
     fn half_like(i: u32) -> u16 {
         let x = i.wrapping_mul(2_654_435_761);
         (0x3c00 | (x >> 22) & 0x3ff) as u16 ^ ((x & 1) << 15) as u16
+    }
+}
+
+/// `raw` stored as it is (`Codec::Raw`), appended to `stored`.
+fn raw_blob(raw: &[u8], elem: usize, mut stored: Vec<u8>) -> Blob {
+    stored.extend_from_slice(raw);
+    Blob {
+        codec: Codec::Raw,
+        elem_size: elem as u8,
+        raw_len: raw.len() as u64,
+        stored,
     }
 }

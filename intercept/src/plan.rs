@@ -268,16 +268,29 @@ impl TensorPlan {
 
     /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
     fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
+        TensorPlan::copied(role, dtype, shape, ptr, input, When::After, Source::linear(ptr, 0))
+    }
+
+    /// A tensor whose bytes `source` copies (none when it is empty: metadata only).
+    fn copied(
+        role: Role,
+        dtype: DType,
+        shape: Vec<u64>,
+        ptr: u64,
+        input: bool,
+        when: When,
+        source: Source,
+    ) -> TensorPlan {
         TensorPlan {
             role,
             dtype,
             shape,
             ptr,
-            nbytes: 0,
-            captured: false,
+            nbytes: source.bytes(),
+            captured: source.bytes() > 0,
             input,
-            when: When::After,
-            source: Source::linear(ptr, 0),
+            when,
+            source,
             blocks: None,
             expect: None,
             rule_only: false,
@@ -335,20 +348,7 @@ pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
         batch: m.batch,
         bstride: m.stride as u64 / per * es,
     };
-    TensorPlan {
-        role,
-        dtype,
-        shape,
-        ptr: m.ptr,
-        nbytes: source.bytes(),
-        captured: source.bytes() > 0,
-        input,
-        when,
-        source,
-        blocks: None,
-        expect: None,
-        rule_only: false,
-    }
+    TensorPlan::copied(role, dtype, shape, m.ptr, input, when, source)
 }
 
 /// The tensor of a pointer-array batch's operand: `m.batch` matrices of `m`'s shape, entry
@@ -446,20 +446,7 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
     } else {
         Source::linear(ptr, len * es)
     };
-    TensorPlan {
-        role,
-        dtype,
-        shape,
-        ptr,
-        nbytes: source.bytes(),
-        captured: source.bytes() > 0,
-        input,
-        when,
-        source,
-        blocks: None,
-        expect: None,
-        rule_only: false,
-    }
+    TensorPlan::copied(role, dtype, shape, ptr, input, when, source)
 }
 
 /// Bytes of a copy: `height` rows of `width` bytes, `pitch` apart (shape `[width]` for one

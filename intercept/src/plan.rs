@@ -268,7 +268,15 @@ impl TensorPlan {
 
     /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
     fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
-        TensorPlan::copied(role, dtype, shape, ptr, input, When::After, Source::linear(ptr, 0))
+        TensorPlan::copied(
+            role,
+            dtype,
+            shape,
+            ptr,
+            input,
+            When::After,
+            Source::linear(ptr, 0),
+        )
     }
 
     /// A tensor whose bytes `source` copies (none when it is empty: metadata only).

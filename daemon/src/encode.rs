@@ -99,6 +99,17 @@ impl Encoder {
     }
 }
 
+/// `raw` stored as it is (`Codec::Raw`), appended to `stored`.
+fn raw_blob(raw: &[u8], elem: usize, mut stored: Vec<u8>) -> Blob {
+    stored.extend_from_slice(raw);
+    Blob {
+        codec: Codec::Raw,
+        elem_size: elem as u8,
+        raw_len: raw.len() as u64,
+        stored,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,16 +192,5 @@ mod tests {
     fn half_like(i: u32) -> u16 {
         let x = i.wrapping_mul(2_654_435_761);
         (0x3c00 | (x >> 22) & 0x3ff) as u16 ^ ((x & 1) << 15) as u16
-    }
-}
-
-/// `raw` stored as it is (`Codec::Raw`), appended to `stored`.
-fn raw_blob(raw: &[u8], elem: usize, mut stored: Vec<u8>) -> Blob {
-    stored.extend_from_slice(raw);
-    Blob {
-        codec: Codec::Raw,
-        elem_size: elem as u8,
-        raw_len: raw.len() as u64,
-        stored,
     }
 }

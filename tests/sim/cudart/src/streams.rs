@@ -492,3 +492,51 @@ impl<T> Handles<T> {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// An op that blocks its stream until the test lets it go.
+    fn gate() -> (mpsc::Sender<()>, Op) {
+        let (tx, rx) = mpsc::channel::<()>();
+        let rx = Mutex::new(rx);
+        let op: Op = Box::new(move || {
+            let _ = rx.lock().map(|r| r.recv());
+            Ok(())
+        });
+        (tx, op)
+    }
+
+    #[test]
+    fn waiters_for_different_operations_each_wake_when_theirs_completes() {
+        let s = Stream::spawn(0, StreamKind::User, 0, 0).expect("stream");
+        let (open1, op1) = gate();
+        let (open3, op3) = gate();
+        let first = s.enqueue(Vec::new(), op1).expect("queued");
+        let _second = s.enqueue(Vec::new(), Box::new(|| Ok(()))).expect("queued");
+        let third = s.enqueue(Vec::new(), op3).expect("queued");
+        let (done_tx, done_rx) = mpsc::channel();
+        for target in [third, first] {
+            let (s, done_tx) = (s.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                s.wait_for(target);
+                let _ = done_tx.send(target);
+            });
+        }
+        // Both wait; nothing has completed.
+        assert!(done_rx.recv_timeout(Duration::from_millis(50)).is_err());
+        open1.send(()).expect("gate");
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(first));
+        // The second op completes too; the later waiter went back to sleep for its own.
+        s.wait_for(first + 1);
+        assert!(done_rx.recv_timeout(Duration::from_millis(50)).is_err());
+        assert_eq!(s.completed(), 2);
+        open3.send(()).expect("gate");
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(third));
+        s.synchronize();
+        assert_eq!(s.completed(), 3);
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -104,7 +104,7 @@ impl TestClient {
         let mut map = unsafe { MmapMut::map_mut(&file)? };
         // SAFETY: the mapping is page aligned, large enough, and lives in the returned client.
         let ring = unsafe { Ring::create(map.as_mut_ptr(), capacity)? };
-        let fd = send_fd.then(|| file.as_raw_fd());
+        let fd = send_fd.then(|| file.as_fd());
         match Client::connect_with(socket, hello, fd, HELLO_WITHIN) {
             Ok((client, welcome)) => Ok(TestClient {
                 client,

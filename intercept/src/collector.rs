@@ -12,7 +12,7 @@
 
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -85,7 +85,7 @@ fn check_private(dir: &Path, uid: u32) -> Result<(), String> {
 /// `answer_within` bounds each wait for the collector's answer to `Hello`.
 pub fn connect(
     hello: &Hello,
-    ring_fd: RawFd,
+    ring_fd: BorrowedFd<'_>,
     answer_within: Duration,
 ) -> Result<(Client, Welcome), String> {
     let dir = private_dir()?;

@@ -3,7 +3,7 @@
 //! (`Hello` carrying the memfd) and the tracer thread. A failed start disables capture with one
 //! log line; the program goes on untraced.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -244,9 +244,10 @@ fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Clie
     let connecting = std::time::Instant::now();
     let within = stall::remaining(cfg.max_stall_ms);
     let connected = match cfg.socket.as_deref() {
-        Some(socket) => Client::connect(Path::new(socket), hello, fd.as_raw_fd(), within)
-            .map_err(|e| e.to_string()),
-        None => collector::connect(&hello, fd.as_raw_fd(), within),
+        Some(socket) => {
+            Client::connect(Path::new(socket), hello, fd.as_fd(), within).map_err(|e| e.to_string())
+        }
+        None => collector::connect(&hello, fd.as_fd(), within),
     };
     stall::charge(connecting.elapsed());
     let (client, welcome) = connected?;

@@ -2,7 +2,7 @@
 //! `SCM_RIGHTS`, the daemon's answer, then frames (in libttrace.so written by the tracer thread
 //! only). The daemon's tests and benchmarks drive it too (`ttraced::test_client`).
 
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -65,7 +65,7 @@ impl Client {
     pub fn connect(
         path: &Path,
         hello: Hello,
-        ring_fd: RawFd,
+        ring_fd: BorrowedFd<'_>,
         answer_within: Duration,
     ) -> Result<(Client, Welcome), ConnectError> {
         Client::connect_with(path, hello, Some(ring_fd), answer_within)
@@ -76,7 +76,7 @@ impl Client {
     pub fn connect_with(
         path: &Path,
         hello: Hello,
-        ring_fd: Option<RawFd>,
+        ring_fd: Option<BorrowedFd<'_>>,
         answer_within: Duration,
     ) -> Result<(Client, Welcome), ConnectError> {
         let shown = path.display();
@@ -104,10 +104,7 @@ impl Client {
             )));
         }
         let frame = wire::encode(&ClientMsg::Hello(hello)).map_err(|e| failed("hello for", &e))?;
-        // SAFETY: `connect`'s contract: `ring_fd` is a descriptor the caller keeps open across
-        // the call (the kernel duplicates it into the message).
-        let ring = ring_fd.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) });
-        send_with_fds(&stream, &frame, ring.as_slice())
+        send_with_fds(&stream, &frame, ring_fd.as_slice())
             .map_err(|e| failed("cannot send hello to", &e))?;
         // A zero timeout means none to the socket layer: wait at least a millisecond.
         let within = answer_within

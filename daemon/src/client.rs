@@ -1038,11 +1038,13 @@ impl Writer<'_> {
         let (ring, level) = (self.ring, self.shared.level);
         let mut compress = |i: usize, blob: &mut Blob| {
             // A repeat its segment does not hold after all: compressed here, from the ring.
-            if let (Some((off, nbytes, elem, _)), Some(s)) = (p.tensors.get(i), &p.slot) {
-                // SAFETY: as in `prepare`: the slot is ours until released after this.
-                let bytes = unsafe { ring.bytes(s, *off, *nbytes) };
-                *blob = pieces::encode(bytes, *elem, &mut Encoder::new(level), false).blob;
-            }
+            let (Some((off, nbytes, elem, _)), Some(s)) = (p.tensors.get(i), &p.slot) else {
+                return false;
+            };
+            // SAFETY: as in `prepare`: the slot is ours until released after this.
+            let bytes = unsafe { ring.bytes(s, *off, *nbytes) };
+            *blob = pieces::encode(bytes, *elem, &mut Encoder::new(level), false).blob;
+            true
         };
         let written = self
             .held

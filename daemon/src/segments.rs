@@ -163,14 +163,15 @@ impl SegRef {
     /// blob with a digest in `digests` is deduplicated: see module `dedup`). A broken segment
     /// takes no more records (they are lost with the others: see the module documentation).
     /// A repeat blob (`pieces::Compressed`) that the segment does not hold the bytes of is
-    /// made a real blob by `compress` (given its index).
+    /// made a real blob by `compress` (given its index); where it cannot be (its bytes are no
+    /// longer at hand) the record is not written and is counted lost, the segment unharmed.
     pub(crate) fn append(
         &self,
         record: &Record,
         blobs: &mut [Blob],
         digests: &[Option<Digest>],
         losses: &Losses,
-        compress: &mut dyn FnMut(usize, &mut Blob),
+        compress: &mut dyn FnMut(usize, &mut Blob) -> bool,
     ) -> Result<(u64, u64), FormatError> {
         match &mut self.entry.entry.lock().state {
             State::Open {
@@ -186,8 +187,14 @@ impl SegRef {
                 }
                 let deduped = seen.dedup(record, writer.len(), blobs, digests);
                 for (i, b) in blobs.iter_mut().enumerate() {
-                    if crate::pieces::is_repeat(b) {
-                        compress(i, b);
+                    if crate::pieces::is_repeat(b) && !compress(i, b) {
+                        let c = format!(
+                            "record seq {}: tensor {i} repeats bytes its segment does not hold, \
+                             and its own bytes are no longer at hand",
+                            record.seq
+                        );
+                        losses.note(&c);
+                        return Err(FormatError::Invalid(c));
                     }
                 }
                 let saved = deduped.bytes;

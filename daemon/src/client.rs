@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
+use crossbeam_channel::{bounded, Receiver, RecvError, RecvTimeoutError, Sender};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
@@ -32,9 +32,13 @@ use ttrace_format::fdpass;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest `Hello` frame accepted (it carries a command line).
 const MAX_HELLO: usize = 1 << 20;
-/// Records queued between a client's reader and writer (their bytes stay in the ring until
-/// written, so the ring bounds the memory too).
-const QUEUE: usize = 256;
+/// Batches of records queued between a client's reader and writer (their bytes stay in the
+/// ring until written, so the ring bounds the memory too).
+const QUEUE: usize = 64;
+/// Most messages the reader hands its writer at once. It hands over what it has whenever it
+/// is about to read the socket again (the producer batches its messages too), so the writer
+/// wakes once per batch, not once per record.
+const BATCH: usize = 64;
 /// Segments one client holds open at most (each is a descriptor and a write buffer).
 const MAX_HELD: usize = 16;
 /// Largest ring a client may hand over (the `--ring-bytes` limit of `ttrace run`).
@@ -286,19 +290,89 @@ struct Pending {
     record: Box<Record>,
     slot: Option<Slot>,
     /// Per captured tensor: its place in the slot, element size, and the compression result.
-    tensors: Vec<(u64, u64, usize, Receiver<Encoded>)>,
+    tensors: Vec<(u64, u64, usize, Awaited)>,
     /// For a record whose tensors were streamed: the stream of each captured tensor (then
     /// `slot` is `None` and `tensors` empty).
     streams: Vec<StreamRef>,
+}
+
+/// A compression result on its way from the pool, received ahead of its turn when the writer
+/// waits for a later one first (see [`Work::wait_last`]).
+struct Awaited {
+    rx: Receiver<Encoded>,
+    got: Option<Result<Encoded, RecvError>>,
+}
+
+impl Awaited {
+    fn new(rx: Receiver<Encoded>) -> Awaited {
+        Awaited { rx, got: None }
+    }
+
+    /// Waits for the result, keeping it.
+    fn wait(&mut self) {
+        if self.got.is_none() {
+            self.got = Some(self.rx.recv());
+        }
+    }
+
+    /// The result (an error: the job was lost, a worker panicked).
+    fn take(&mut self) -> Result<Encoded, RecvError> {
+        self.got.take().unwrap_or_else(|| self.rx.recv())
+    }
 }
 
 /// What the reader hands the writer, in the client's order (ring slots are released in it).
 enum Work {
     Record(Pending),
     /// A chunk of a streamed tensor and its compression.
-    Chunk(Box<Chunk>, Receiver<Encoded>),
+    Chunk(Box<Chunk>, Awaited),
     /// The producer gave a stream up.
     Abort(u64),
+}
+
+impl Work {
+    /// Waits for the compression of the last tensor of `batch`. The pool runs its jobs in
+    /// the order they came, so the earlier ones are done (or nearly) by then: the writer
+    /// sleeps once for a batch instead of once per record.
+    fn wait_last(batch: &mut [Work]) {
+        let last = batch.iter_mut().rev().find_map(|w| match w {
+            Work::Record(p) => p.tensors.last_mut().map(|t| &mut t.3),
+            Work::Chunk(_, a) => Some(a),
+            Work::Abort(_) => None,
+        });
+        if let Some(a) = last {
+            a.wait();
+        }
+    }
+}
+
+/// The reader's side of the queue to the writer: messages gathered into batches.
+struct Batcher<'a> {
+    tx: &'a Sender<Vec<Work>>,
+    items: Vec<Work>,
+}
+
+impl Batcher<'_> {
+    fn push(&mut self, w: Work) -> Result<(), ClientError> {
+        self.items.push(w);
+        if self.items.len() >= BATCH {
+            self.send()?;
+        }
+        Ok(())
+    }
+
+    /// Hands what was gathered to the writer.
+    fn send(&mut self) -> Result<(), ClientError> {
+        if self.items.is_empty() {
+            return Ok(());
+        }
+        self.tx
+            .send(std::mem::replace(
+                &mut self.items,
+                Vec::with_capacity(BATCH),
+            ))
+            .map_err(|_| ClientError::Protocol("writer stopped".into()))
+    }
 }
 
 /// Serves one connection until it ends; records what happened in `state`.
@@ -354,7 +428,7 @@ fn session(
     let Some(Connected { shared, ring, pid }) = handshake(router, state, &mut stream)? else {
         return Ok(false);
     };
-    let (tx, rx) = bounded::<Work>(QUEUE);
+    let (tx, rx) = bounded::<Vec<Work>>(QUEUE);
     let budget = Arc::new(Budget::default());
     let writer = {
         let (shared, state, ring) = (shared.clone(), state.clone(), ring.clone());
@@ -465,24 +539,45 @@ struct Seen {
 }
 
 /// Reads the producer's messages until it says goodbye (`Ok(true)`), leaves (`Ok(false)`:
-/// a crash like any other) or breaks the protocol; records and chunks go to the writer.
+/// a crash like any other) or breaks the protocol; records and chunks go to the writer, in
+/// batches. What was read before a crash or a protocol error is stored all the same.
 fn read_messages(
     shared: &Arc<Shared>,
     state: &Arc<ClientState>,
     ring: &Arc<ClientRing>,
     stream: &UnixStream,
-    tx: &crossbeam_channel::Sender<Work>,
+    tx: &Sender<Vec<Work>>,
+    budget: &Budget,
+    seen: &mut Seen,
+) -> Result<bool, ClientError> {
+    let mut batch = Batcher {
+        tx,
+        items: Vec::with_capacity(BATCH),
+    };
+    let outcome = read_loop(shared, state, ring, stream, &mut batch, budget, seen);
+    let sent = batch.send();
+    outcome.and_then(|clean| sent.map(|()| clean))
+}
+
+/// [`read_messages`]' loop.
+fn read_loop(
+    shared: &Arc<Shared>,
+    state: &Arc<ClientState>,
+    ring: &Arc<ClientRing>,
+    stream: &UnixStream,
+    batch: &mut Batcher,
     budget: &Budget,
     seen: &mut Seen,
 ) -> Result<bool, ClientError> {
     let mut reader = BufReader::with_capacity(64 << 10, stream);
+    let mut frames = wire::FrameReader::default();
     let mut last_end = 0u64;
-    let send = |w: Work| {
-        tx.send(w)
-            .map_err(|_| ClientError::Protocol("writer stopped".into()))
-    };
     loop {
-        let msg = match wire::read_msg_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
+        // About to read the socket (the buffer is empty): hand the writer what was read.
+        if reader.buffer().is_empty() {
+            batch.send()?;
+        }
+        let msg = match frames.read_limited::<ClientMsg>(&mut reader, MAX_MESSAGE) {
             Ok(Some(m)) => m,
             Ok(None) => return Ok(false),
             Err(ttrace_format::FormatError::Io(e))
@@ -501,20 +596,20 @@ fn read_messages(
                 seen.published += 1;
                 seen.last_published = Some((record.step, record.seq));
                 let p = prepare(shared, ring, record, slot, &mut last_end)?;
-                budget.take(p.meta);
+                take_budget(budget, p.meta, batch)?;
                 shared.records_received.fetch_add(1, Ordering::Relaxed);
-                send(Work::Record(p))?;
+                batch.push(Work::Record(p))?;
             }
             ClientMsg::PublishStreamed { record, streams } => {
                 seen.published += 1;
                 seen.last_published = Some((record.step, record.seq));
                 let p = prepare_streamed(record, streams)?;
-                budget.take(p.meta);
+                take_budget(budget, p.meta, batch)?;
                 shared.records_received.fetch_add(1, Ordering::Relaxed);
-                send(Work::Record(p))?;
+                batch.push(Work::Record(p))?;
             }
-            ClientMsg::Chunk(c) => send(prepare_chunk(shared, ring, c, &mut last_end)?)?,
-            ClientMsg::StreamAbort { stream } => send(Work::Abort(stream))?,
+            ClientMsg::Chunk(c) => batch.push(prepare_chunk(shared, ring, c, &mut last_end)?)?,
+            ClientMsg::StreamAbort { stream } => batch.push(Work::Abort(stream))?,
             ClientMsg::Comm(c) => {
                 seen.comms += 1;
                 check_comm(&c, seen.comms).map_err(ClientError::Protocol)?;
@@ -537,7 +632,27 @@ struct Budget {
     freed: parking_lot::Condvar,
 }
 
+/// Takes `n` bytes of the budget; when they do not fit now, hands the writer the batch first
+/// (its records are counted in the budget: the writer must get them to free it).
+fn take_budget(budget: &Budget, n: u64, batch: &mut Batcher) -> Result<(), ClientError> {
+    if !budget.try_take(n) {
+        batch.send()?;
+        budget.take(n);
+    }
+    Ok(())
+}
+
 impl Budget {
+    /// Takes `n` bytes if they fit now.
+    fn try_take(&self, n: u64) -> bool {
+        let mut q = self.queued.lock();
+        let fits = *q == 0 || *q + n <= MAX_QUEUED_META;
+        if fits {
+            *q += n;
+        }
+        fits
+    }
+
     /// Waits until `n` more bytes fit (a single record always fits an empty queue).
     fn take(&self, n: u64) {
         let mut q = self.queued.lock();
@@ -709,7 +824,7 @@ fn prepare(
                 rx
             }
         };
-        tensors.push((offsets[i], nbytes, elem, result));
+        tensors.push((offsets[i], nbytes, elem, Awaited::new(result)));
     }
     Ok(Pending {
         meta,
@@ -777,7 +892,7 @@ fn prepare_chunk(
     }
     *last_end = c.slot.end;
     let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, None);
-    Ok(Work::Chunk(Box::new(c), result))
+    Ok(Work::Chunk(Box::new(c), Awaited::new(result)))
 }
 
 /// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
@@ -824,8 +939,8 @@ fn checked_offsets(sizes: &[u64]) -> Option<(Vec<u64>, u64)> {
 }
 
 /// Appends one chunk, compressed by the pool, to its stream.
-fn write_chunk(streams: &mut Streams, c: &Chunk, result: Receiver<Encoded>, ring: &ClientRing) {
-    let enc = result.recv().unwrap_or_else(|_| {
+fn write_chunk(streams: &mut Streams, c: &Chunk, mut result: Awaited, ring: &ClientRing) {
+    let enc = result.take().unwrap_or_else(|_| {
         // A job was lost (a worker panicked): store the bytes raw, here.
         // SAFETY: as in `prepare_chunk`: the slot is ours until released after this.
         raw_encoded(unsafe { ring.bytes(&c.slot, 0, c.len) }, c.elem as usize)
@@ -900,7 +1015,7 @@ fn write_loop(
     shared: &Shared,
     state: &ClientState,
     ring: &ClientRing,
-    rx: Receiver<Work>,
+    rx: Receiver<Vec<Work>>,
     budget: &Budget,
     pid: u32,
 ) {
@@ -921,8 +1036,8 @@ fn write_loop(
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             Some(since) => rx.recv_timeout(FLUSH_AFTER.saturating_sub(since.elapsed())),
         };
-        let work = match next {
-            Ok(work) => work,
+        let mut batch = match next {
+            Ok(batch) => batch,
             Err(RecvTimeoutError::Timeout) => {
                 w.settle(true, true);
                 unflushed = None;
@@ -930,17 +1045,21 @@ fn write_loop(
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let flushed = match work {
-            Work::Record(p) => {
-                budget.give(p.meta);
-                w.record(p)
-            }
-            Work::Chunk(c, result) => w.chunk(&c, result),
-            Work::Abort(id) => {
-                w.streams.abort(id);
-                continue;
-            }
-        };
+        Work::wait_last(&mut batch);
+        let mut flushed = true;
+        for work in batch {
+            flushed &= match work {
+                Work::Record(p) => {
+                    budget.give(p.meta);
+                    w.record(p)
+                }
+                Work::Chunk(c, result) => w.chunk(&c, result),
+                Work::Abort(id) => {
+                    w.streams.abort(id);
+                    true
+                }
+            };
+        }
         // Flush when nothing else is queued and the oldest unflushed frame has waited
         // FLUSH_AFTER: the slots of what was written wait for it, and a trickle of small
         // records then costs one write per batch instead of one per record.
@@ -1004,7 +1123,7 @@ impl Writer<'_> {
     }
 
     /// Appends a chunk to its stream file. Returns whether every flush succeeded.
-    fn chunk(&mut self, c: &Chunk, result: Receiver<Encoded>) -> bool {
+    fn chunk(&mut self, c: &Chunk, result: Awaited) -> bool {
         write_chunk(&mut self.streams, c, result, self.ring);
         // Written unbuffered: in the kernel once `write_chunk` returns. Records before the
         // chunk may still sit in a segment's buffer: its slot is released after theirs.
@@ -1029,7 +1148,7 @@ impl Writer<'_> {
             let n = blobs.len();
             (blobs, vec![None; n], 0)
         } else {
-            self.collect(&p)
+            self.collect(&mut p)
         };
         let rec = &p.record;
         let key = (rec.rank, rec.step);
@@ -1091,16 +1210,16 @@ impl Writer<'_> {
 
     /// The compressed tensors of a record from the ring, their digests (for dedup) and how
     /// many did not match the record's CRC-32.
-    fn collect(&self, p: &Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
+    fn collect(&self, p: &mut Pending) -> (Vec<Blob>, Vec<Option<Digest>>, u64) {
         let rec = &p.record;
         let mut blobs = Vec::with_capacity(p.tensors.len());
         let mut digests = Vec::with_capacity(p.tensors.len());
         let mut mismatches = 0u64;
         let expected = rec.tensors.iter().filter(|t| t.captured).map(|t| t.crc32);
         for (i, ((off, nbytes, elem, result), expected)) in
-            p.tensors.iter().zip(expected).enumerate()
+            p.tensors.iter_mut().zip(expected).enumerate()
         {
-            let enc = match (result.recv(), &p.slot) {
+            let enc = match (result.take(), &p.slot) {
                 (Ok(e), _) => e,
                 // A job was lost (a worker panicked): store the bytes raw, here.
                 (Err(_), Some(s)) => {

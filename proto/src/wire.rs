@@ -330,22 +330,55 @@ pub fn read_msg_limited<T: for<'de> Deserialize<'de>>(
     r: &mut impl Read,
     max: usize,
 ) -> Result<Option<T>, FormatError> {
-    let max = max.min(MAX_FRAME);
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(FormatError::Io(e)),
+    FrameReader::default().read_limited(r, max)
+}
+
+/// Reads frames into buffers it keeps (the body, ciborium's scratch space), so that a stream
+/// of messages costs no allocation or clearing per frame (the collector reads one per record).
+pub struct FrameReader {
+    body: Vec<u8>,
+    scratch: Box<[u8; 4096]>,
+}
+
+impl Default for FrameReader {
+    fn default() -> FrameReader {
+        FrameReader {
+            body: Vec::new(),
+            scratch: Box::new([0; 4096]),
+        }
     }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > max {
-        return Err(FormatError::Invalid(format!(
-            "frame of {len} bytes exceeds {max}"
-        )));
+}
+
+impl FrameReader {
+    /// [`read_msg_limited`] into the kept buffers.
+    pub fn read_limited<T: for<'de> Deserialize<'de>>(
+        &mut self,
+        r: &mut impl Read,
+        max: usize,
+    ) -> Result<Option<T>, FormatError> {
+        let max = max.min(MAX_FRAME);
+        let mut len = [0u8; 4];
+        match r.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(FormatError::Io(e)),
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > max {
+            return Err(FormatError::Invalid(format!(
+                "frame of {len} bytes exceeds {max}"
+            )));
+        }
+        // Grown to the largest frame seen (at most `max`), never shrunk or cleared again.
+        if self.body.len() < len {
+            self.body.resize(len, 0);
+        }
+        let body = &mut self.body[..len];
+        r.read_exact(body).map_err(FormatError::Io)?;
+        ciborium::de::from_reader_with_buffer(&body[..], &mut self.scratch[..])
+            .map(Some)
+            .map_err(|e| FormatError::Invalid(format!("malformed message: {e}")))
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).map_err(FormatError::Io)?;
-    decode(&body).map(Some)
 }
 
 #[cfg(test)]
@@ -496,6 +529,57 @@ mod tests {
         assert!(decode::<ClientMsg>(&unknown).is_err());
         let missing = map(vec![("msg", text("bye")), ("records", int(1))]);
         assert!(decode::<ClientMsg>(&missing).is_err());
+    }
+
+    /// A reader that keeps its buffers reads frames of any sizes in turn as they were sent: a
+    /// short frame after a long one is not read with the long one's leftover bytes, and a
+    /// frame over the limit is refused before its body is read.
+    #[test]
+    fn a_frame_reader_reuses_its_buffers_without_mixing_frames() {
+        let msgs = [
+            ClientMsg::PublishStreamed {
+                record: Box::new(Record::d2h_copy(1, 2, 3, &[7u8; 100])),
+                streams: (0..50)
+                    .map(|i| StreamRef {
+                        tensor: i,
+                        stream: u64::from(i) << 40,
+                    })
+                    .collect(),
+            },
+            ClientMsg::StreamAbort { stream: 1 },
+            ClientMsg::Bye {
+                records: 3,
+                gaps: 0,
+            },
+            ClientMsg::Publish {
+                record: Box::new(Record::d2h_copy(0, 9, 4, b"abc")),
+                slot: None,
+            },
+        ];
+        let mut buf = Vec::new();
+        for m in &msgs {
+            encode_into(m, &mut buf).expect("encodes");
+        }
+        let mut frames = FrameReader::default();
+        let mut r = &buf[..];
+        for m in &msgs {
+            assert_eq!(
+                frames
+                    .read_limited::<ClientMsg>(&mut r, MAX_FRAME)
+                    .expect("reads")
+                    .as_ref(),
+                Some(m)
+            );
+        }
+        assert!(frames
+            .read_limited::<ClientMsg>(&mut r, MAX_FRAME)
+            .expect("clean end")
+            .is_none());
+        let big = encode(&msgs[0]).expect("encodes");
+        let small = big.len() - 4 - 1;
+        assert!(frames
+            .read_limited::<ClientMsg>(&mut &big[..], small)
+            .is_err());
     }
 
     #[test]

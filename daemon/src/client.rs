@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, RecvError, RecvTimeoutError, Sender};
+use crossbeam_channel::{RecvError, RecvTimeoutError};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
@@ -22,6 +22,7 @@ use ttrace_format::wire::{
 
 use crate::dedup::Digest;
 use crate::encode::Encoder;
+use crate::handoff::{self, OnceReceiver, QueueReceiver, QueueSender};
 use crate::pieces::{self, Encoded, PieceSet};
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
@@ -299,12 +300,12 @@ struct Pending {
 /// A compression result on its way from the pool, received ahead of its turn when the writer
 /// waits for a later one first (see [`Work::wait_last`]).
 struct Awaited {
-    rx: Receiver<Encoded>,
+    rx: OnceReceiver<Encoded>,
     got: Option<Result<Encoded, RecvError>>,
 }
 
 impl Awaited {
-    fn new(rx: Receiver<Encoded>) -> Awaited {
+    fn new(rx: OnceReceiver<Encoded>) -> Awaited {
         Awaited { rx, got: None }
     }
 
@@ -348,7 +349,7 @@ impl Work {
 
 /// The reader's side of the queue to the writer: messages gathered into batches.
 struct Batcher<'a> {
-    tx: &'a Sender<Vec<Work>>,
+    tx: &'a QueueSender<Vec<Work>>,
     items: Vec<Work>,
 }
 
@@ -428,7 +429,7 @@ fn session(
     let Some(Connected { shared, ring, pid }) = handshake(router, state, &mut stream)? else {
         return Ok(false);
     };
-    let (tx, rx) = bounded::<Vec<Work>>(QUEUE);
+    let (tx, rx) = handoff::queue::<Vec<Work>>(QUEUE);
     let budget = Arc::new(Budget::default());
     let writer = {
         let (shared, state, ring) = (shared.clone(), state.clone(), ring.clone());
@@ -546,7 +547,7 @@ fn read_messages(
     state: &Arc<ClientState>,
     ring: &Arc<ClientRing>,
     stream: &UnixStream,
-    tx: &Sender<Vec<Work>>,
+    tx: &QueueSender<Vec<Work>>,
     budget: &Budget,
     seen: &mut Seen,
 ) -> Result<bool, ClientError> {
@@ -814,8 +815,8 @@ fn prepare(
         let result = match slot {
             Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
             None => {
-                let (tx, rx) = bounded::<Encoded>(1);
-                let _ = tx.send(pieces::encode(
+                let (tx, rx) = handoff::oneshot::<Encoded>();
+                tx.send(pieces::encode(
                     &[],
                     elem,
                     &mut Encoder::new(shared.level),
@@ -908,7 +909,7 @@ fn submit_tensor(
     nbytes: u64,
     elem: usize,
     dedup: Option<(u32, u64)>,
-) -> Receiver<Encoded> {
+) -> OnceReceiver<Encoded> {
     let cut = pieces::cut(nbytes, elem, shared.pool.piece_bytes());
     let once = dedup.filter(|_| cut.len() == 1);
     let (set, rx) = PieceSet::new(cut, elem, dedup.is_some());
@@ -1015,7 +1016,7 @@ fn write_loop(
     shared: &Shared,
     state: &ClientState,
     ring: &ClientRing,
-    rx: Receiver<Vec<Work>>,
+    rx: QueueReceiver<Vec<Work>>,
     budget: &Budget,
     pid: u32,
 ) {

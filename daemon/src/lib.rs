@@ -43,6 +43,7 @@ mod client;
 pub mod collector;
 mod dedup;
 pub mod encode;
+mod handoff;
 mod pieces;
 pub use pieces::PIECE_BYTES as DEFAULT_PIECE_BYTES;
 mod pool;

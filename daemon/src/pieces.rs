@@ -12,13 +12,13 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
 use parking_lot::Mutex;
 use ttrace_format::codec::{self, Codec};
 use ttrace_format::store::Blob;
 
 use crate::dedup::{self, Digest};
 use crate::encode::Encoder;
+use crate::handoff::{oneshot, OnceReceiver, OnceSender};
 
 /// Tensors are cut into pieces of this many bytes (the last one shorter). Large enough that
 /// the per-piece costs (a zstd frame, a table entry, a job) are negligible, small enough that
@@ -172,7 +172,7 @@ pub(crate) struct PieceSet {
     dedup: bool,
     results: Mutex<Vec<Option<Encoded>>>,
     left: AtomicUsize,
-    tx: Sender<Encoded>,
+    tx: OnceSender<Encoded>,
 }
 
 impl PieceSet {
@@ -181,8 +181,8 @@ impl PieceSet {
         pieces: Vec<(u64, u64)>,
         elem: usize,
         dedup: bool,
-    ) -> (Arc<PieceSet>, Receiver<Encoded>) {
-        let (tx, rx) = bounded(1);
+    ) -> (Arc<PieceSet>, OnceReceiver<Encoded>) {
+        let (tx, rx) = oneshot();
         let n = pieces.len();
         let set = PieceSet {
             pieces,
@@ -208,9 +208,7 @@ impl PieceSet {
             .filter_map(|(e, &(_, len))| e.map(|e| (len, e)))
             .collect();
         match join(done, self.elem, self.dedup, recycle) {
-            Ok(e) => {
-                let _ = self.tx.send(e);
-            }
+            Ok(e) => self.tx.send(e),
             Err(e) => tracing::warn!("cannot join a tensor's pieces ({e}); storing it raw"),
         }
     }

@@ -4,51 +4,65 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{unbounded, Sender};
 use parking_lot::Mutex;
 use tracing::warn;
 
 use crate::encode::Encoder;
+use crate::handoff::{self, QueueSender};
 
 /// A unit of work; it gets the worker's encoder.
 pub(crate) type Job = Box<dyn FnOnce(&mut Encoder) + Send>;
 
-/// Spare buffers kept for reuse.
-const SPARE_BUFFERS: usize = 8;
+/// Spare buffers kept for reuse, at most.
+const SPARE_BUFFERS: usize = 64;
+/// Bytes of spare buffers kept, at most.
+const SPARE_TOTAL_BYTES: usize = 64 << 20;
 /// Larger buffers are not kept (a huge tensor's buffer would pin its memory for small ones).
 const SPARE_MAX_BYTES: usize = 16 << 20;
 
 /// Stored-blob buffers handed back by the writers once written, for the encoders to fill
 /// again: a fresh multi-megabyte buffer per tensor costs a page fault (and a page clearing)
-/// per 4 KiB, a good part of what compressing it costs.
+/// per 4 KiB, a good part of what compressing it costs; a small one costs an allocation on
+/// the compression thread and a free on the writer's, per tensor.
 #[derive(Default)]
 pub(crate) struct Spare {
-    bufs: Mutex<Vec<Vec<u8>>>,
+    bufs: Mutex<SpareBufs>,
+}
+
+#[derive(Default)]
+struct SpareBufs {
+    bufs: Vec<Vec<u8>>,
+    /// Their capacities, summed.
+    bytes: usize,
 }
 
 impl Spare {
     /// A buffer to fill (empty; possibly with capacity).
     pub(crate) fn take(&self) -> Vec<u8> {
-        self.bufs.lock().pop().unwrap_or_default()
+        let mut s = self.bufs.lock();
+        let buf = s.bufs.pop().unwrap_or_default();
+        s.bytes -= buf.capacity();
+        buf
     }
 
     /// Keeps `buf` for reuse, unless enough are kept or it is too large or too small to
     /// matter.
     pub(crate) fn give(&self, mut buf: Vec<u8>) {
-        if !(64 << 10..=SPARE_MAX_BYTES).contains(&buf.capacity()) {
+        if !(4 << 10..=SPARE_MAX_BYTES).contains(&buf.capacity()) {
             return;
         }
         buf.clear();
-        let mut bufs = self.bufs.lock();
-        if bufs.len() < SPARE_BUFFERS {
-            bufs.push(buf);
+        let mut s = self.bufs.lock();
+        if s.bufs.len() < SPARE_BUFFERS && s.bytes + buf.capacity() <= SPARE_TOTAL_BYTES {
+            s.bytes += buf.capacity();
+            s.bufs.push(buf);
         }
     }
 }
 
 /// Worker threads fed by one FIFO queue.
 pub(crate) struct Pool {
-    tx: Sender<Job>,
+    tx: QueueSender<Job>,
     workers: Vec<JoinHandle<()>>,
     level: i32,
     spare: Arc<Spare>,
@@ -59,7 +73,7 @@ pub(crate) struct Pool {
 impl Pool {
     /// Starts `threads` workers (at least one) compressing at zstd `level`.
     pub(crate) fn new(threads: usize, level: i32) -> Pool {
-        let (tx, rx) = unbounded::<Job>();
+        let (tx, rx) = handoff::queue::<Job>(usize::MAX);
         let spare = Arc::new(Spare::default());
         // More compression threads than this only cost memory (each has a zstd context).
         let workers = (0..threads.clamp(1, 256))
@@ -70,7 +84,7 @@ impl Pool {
                     .name(format!("ttraced-zstd-{i}"))
                     .spawn(move || {
                         let mut encoder = Encoder::new(level).with_spare(spare);
-                        for job in rx {
+                        while let Ok(job) = rx.recv() {
                             job(&mut encoder);
                         }
                     })

@@ -308,6 +308,8 @@ pub struct SegmentWriter {
     file: Sink,
     offset: u64,
     index: Vec<IndexEntry>,
+    /// The record being appended, encoded (kept: no allocation per record).
+    meta: Vec<u8>,
 }
 
 /// How a segment writer reaches its file.
@@ -349,6 +351,51 @@ const DIRECT_BUF: usize = 4 << 20;
 /// small records) goes through the page cache, where it costs no wait for the device.
 const DIRECT_FLUSH_MIN: usize = 512 << 10;
 
+/// Direct-write buffers of segments that were finished, kept for the next ones: a fresh
+/// buffer costs a page fault and a page clearing per 4 KiB as it fills, and a capture opens a
+/// segment per rank and step.
+static SPARE_DIRECT: std::sync::Mutex<Vec<memmap2::MmapMut>> = std::sync::Mutex::new(Vec::new());
+/// Buffers kept in [`SPARE_DIRECT`] at most.
+const SPARE_DIRECT_BUFS: usize = 8;
+
+/// A [`DirectFile`]'s buffer, [`DIRECT_BUF`] bytes, handed back to [`SPARE_DIRECT`] when
+/// dropped.
+struct DirectBuf(Option<memmap2::MmapMut>);
+
+impl DirectBuf {
+    /// A spare buffer, or a new one.
+    fn take() -> std::io::Result<DirectBuf> {
+        let spare = SPARE_DIRECT.lock().ok().and_then(|mut v| v.pop());
+        match spare {
+            Some(m) => Ok(DirectBuf(Some(m))),
+            None => memmap2::MmapMut::map_anon(DIRECT_BUF).map(|m| DirectBuf(Some(m))),
+        }
+    }
+}
+
+impl std::ops::Deref for DirectBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl std::ops::DerefMut for DirectBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+
+impl Drop for DirectBuf {
+    fn drop(&mut self) {
+        if let (Some(m), Ok(mut spare)) = (self.0.take(), SPARE_DIRECT.lock()) {
+            if spare.len() < SPARE_DIRECT_BUFS {
+                spare.push(m);
+            }
+        }
+    }
+}
+
 /// A segment written with `O_DIRECT`: frames are gathered in an aligned buffer and written
 /// to the device in large aligned blocks, without passing through the page cache. Through the
 /// page cache, a fast capture pays twice for every byte (the copy into fresh cache pages, then
@@ -365,7 +412,7 @@ const DIRECT_FLUSH_MIN: usize = 512 << 10;
 struct DirectFile {
     direct: File,
     plain: File,
-    buf: memmap2::MmapMut,
+    buf: DirectBuf,
     /// File offset of `buf[0]`, a multiple of [`DIRECT_ALIGN`].
     at: u64,
     /// Bytes of `buf` in use.
@@ -393,7 +440,7 @@ impl DirectFile {
             .custom_flags(OFlags::DIRECT.bits() as i32)
             .open(path)
             .ok()?;
-        let buf = memmap2::MmapMut::map_anon(DIRECT_BUF).ok()?;
+        let buf = DirectBuf::take().ok()?;
         Some(DirectFile {
             direct,
             plain,
@@ -529,15 +576,17 @@ impl SegmentWriter {
             file,
             offset: SEGMENT_HEADER_BYTES,
             index: Vec::new(),
+            meta: Vec::new(),
         })
     }
 
     /// Appends one record with its blobs (one per captured tensor, in order). Returns the
     /// bytes written.
     pub fn append(&mut self, record: &Record, blobs: &[Blob]) -> Result<u64, FormatError> {
-        let mut meta = Vec::new();
-        ciborium::into_writer(record, &mut meta)
+        self.meta.clear();
+        ciborium::into_writer(record, &mut self.meta)
             .map_err(|e| FormatError::Invalid(format!("encode record: {e}")))?;
+        let meta = &self.meta;
         let body_len = 4
             + meta.len()
             + blobs
@@ -916,6 +965,50 @@ mod tests {
             seqs.push(f.record.seq);
         }
         assert_eq!(seqs, (0..sizes.len() as u64).collect::<Vec<_>>());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A direct writer takes the buffer a finished one handed back: its file holds its own
+    /// frames only, byte for byte what the buffered writer writes, never bytes the buffer
+    /// held for the earlier segment.
+    #[test]
+    fn a_reused_direct_buffer_writes_only_its_own_frames() {
+        let dir = scratch_dir("reuse");
+        let blob_of = |bytes: Vec<u8>| Blob {
+            codec: Codec::Raw,
+            elem_size: 1,
+            raw_len: bytes.len() as u64,
+            stored: bytes,
+        };
+        let mut first = SegmentWriter::create_direct(&dir, 1, 2).expect("create");
+        for seq in 0..3u64 {
+            let bytes = vec![0xee; 1_500_000];
+            let rec = memcpy_record(seq, &bytes);
+            first.append(&rec, &[blob_of(bytes)]).expect("append");
+        }
+        first.finish().expect("finish");
+        let (a, b) = (dir.join("buffered"), dir.join("direct"));
+        let mut buffered = SegmentWriter::create(&a, 1, 3).expect("create");
+        let mut direct = SegmentWriter::create_direct(&b, 1, 3).expect("create");
+        for seq in 0..5u64 {
+            let bytes = vec![seq as u8; 3000];
+            let rec = memcpy_record(seq, &bytes);
+            buffered
+                .append(&rec, &[blob_of(bytes.clone())])
+                .expect("append");
+            direct.append(&rec, &[blob_of(bytes)]).expect("append");
+            if seq % 2 == 0 {
+                buffered.flush().expect("flush");
+                direct.flush().expect("flush");
+            }
+        }
+        buffered.finish().expect("finish");
+        direct.finish().expect("finish");
+        let (pa, pb) = (segment_path(&a, 1, 3), segment_path(&b, 1, 3));
+        assert!(
+            std::fs::read(pa).expect("read") == std::fs::read(pb).expect("read"),
+            "the reused buffer's segment differs from the buffered one"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,0 +1,282 @@
+//! Hand-offs between the collector's threads (a client's reader, its writer, the compression
+//! pool) whose waiting side goes to sleep at once. crossbeam's channels spin and then yield
+//! the core a few times before they sleep: on the two cores a traced job shares with its
+//! collector, that spinning took CPU from the very threads being waited for (a profile of
+//! the hidden-64 trainer: a sixth of the writers' CPU in `sched_yield` and spin loops).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{RecvError, RecvTimeoutError, SendError};
+use parking_lot::{Condvar, Mutex};
+
+/// One value handed over once ([`oneshot`]).
+enum Once<T> {
+    Waiting,
+    Sent(T),
+    /// Received, or the sender went away without sending.
+    Gone,
+}
+
+struct OnceInner<T> {
+    state: Mutex<Once<T>>,
+    ready: Condvar,
+}
+
+/// The sending side of a [`oneshot`]: dropping it unsent closes it.
+pub(crate) struct OnceSender<T>(Arc<OnceInner<T>>);
+
+/// The receiving side of a [`oneshot`].
+pub(crate) struct OnceReceiver<T>(Arc<OnceInner<T>>);
+
+/// A channel for one value.
+pub(crate) fn oneshot<T>() -> (OnceSender<T>, OnceReceiver<T>) {
+    let inner = Arc::new(OnceInner {
+        state: Mutex::new(Once::Waiting),
+        ready: Condvar::new(),
+    });
+    (OnceSender(inner.clone()), OnceReceiver(inner))
+}
+
+impl<T> OnceSender<T> {
+    /// Hands `v` over (a second value is dropped: one is all the receiver takes).
+    pub(crate) fn send(&self, v: T) {
+        let mut s = self.0.state.lock();
+        if matches!(*s, Once::Waiting) {
+            *s = Once::Sent(v);
+            self.0.ready.notify_one();
+        }
+    }
+}
+
+impl<T> Drop for OnceSender<T> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        if matches!(*s, Once::Waiting) {
+            *s = Once::Gone;
+            self.0.ready.notify_one();
+        }
+    }
+}
+
+impl<T> OnceReceiver<T> {
+    /// Waits for the value; an error when the sender went away without sending.
+    pub(crate) fn recv(&self) -> Result<T, RecvError> {
+        let mut s = self.0.state.lock();
+        loop {
+            match std::mem::replace(&mut *s, Once::Gone) {
+                Once::Sent(v) => return Ok(v),
+                Once::Gone => return Err(RecvError),
+                Once::Waiting => {
+                    *s = Once::Waiting;
+                    self.0.ready.wait(&mut s);
+                }
+            }
+        }
+    }
+}
+
+/// A bounded FIFO between threads ([`queue`]).
+struct QueueInner<T> {
+    state: Mutex<QueueState<T>>,
+    /// Signalled when an item arrives or the last sender leaves.
+    filled: Condvar,
+    /// Signalled when an item leaves or the last receiver does.
+    emptied: Condvar,
+    cap: usize,
+}
+
+struct QueueState<T> {
+    items: VecDeque<T>,
+    senders: usize,
+    receivers: usize,
+}
+
+/// The sending side of a [`queue`]; the queue closes when the last one is dropped.
+pub(crate) struct QueueSender<T>(Arc<QueueInner<T>>);
+
+/// The receiving side of a [`queue`]; several take turns (each item goes to one).
+pub(crate) struct QueueReceiver<T>(Arc<QueueInner<T>>);
+
+/// A FIFO of at most `cap` items (at least one).
+pub(crate) fn queue<T>(cap: usize) -> (QueueSender<T>, QueueReceiver<T>) {
+    let inner = Arc::new(QueueInner {
+        state: Mutex::new(QueueState {
+            items: VecDeque::new(),
+            senders: 1,
+            receivers: 1,
+        }),
+        filled: Condvar::new(),
+        emptied: Condvar::new(),
+        cap: cap.max(1),
+    });
+    (QueueSender(inner.clone()), QueueReceiver(inner))
+}
+
+impl<T> QueueSender<T> {
+    /// Appends `v`, waiting while the queue is full; an error when the receiver is gone.
+    pub(crate) fn send(&self, v: T) -> Result<(), SendError<T>> {
+        let q = &*self.0;
+        let mut s = q.state.lock();
+        while s.receivers > 0 && s.items.len() >= q.cap {
+            q.emptied.wait(&mut s);
+        }
+        if s.receivers == 0 {
+            return Err(SendError(v));
+        }
+        s.items.push_back(v);
+        q.filled.notify_one();
+        Ok(())
+    }
+}
+
+impl<T> Clone for QueueSender<T> {
+    fn clone(&self) -> Self {
+        self.0.state.lock().senders += 1;
+        QueueSender(self.0.clone())
+    }
+}
+
+impl<T> Drop for QueueSender<T> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        s.senders -= 1;
+        if s.senders == 0 {
+            self.0.filled.notify_all();
+        }
+    }
+}
+
+impl<T> QueueReceiver<T> {
+    /// The next item, waiting for one; an error once the queue is empty and every sender gone.
+    pub(crate) fn recv(&self) -> Result<T, RecvError> {
+        self.recv_until(None).map_err(|_| RecvError)
+    }
+
+    /// [`QueueReceiver::recv`] waiting at most `timeout`.
+    pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+        self.recv_until(Some(Instant::now() + timeout))
+    }
+
+    fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
+        let q = &*self.0;
+        let mut s = q.state.lock();
+        loop {
+            if let Some(v) = s.items.pop_front() {
+                q.emptied.notify_one();
+                return Ok(v);
+            }
+            if s.senders == 0 {
+                return Err(RecvTimeoutError::Disconnected);
+            }
+            match deadline {
+                None => q.filled.wait(&mut s),
+                Some(d) => {
+                    if q.filled.wait_until(&mut s, d).timed_out() && s.items.is_empty() {
+                        return Err(if s.senders == 0 {
+                            RecvTimeoutError::Disconnected
+                        } else {
+                            RecvTimeoutError::Timeout
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether nothing is queued now.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.state.lock().items.is_empty()
+    }
+}
+
+impl<T> Clone for QueueReceiver<T> {
+    fn clone(&self) -> Self {
+        self.0.state.lock().receivers += 1;
+        QueueReceiver(self.0.clone())
+    }
+}
+
+impl<T> Drop for QueueReceiver<T> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        s.receivers -= 1;
+        if s.receivers == 0 {
+            self.0.emptied.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_oneshot_delivers_its_value_once_and_a_dropped_sender_closes_it() {
+        let (tx, rx) = oneshot();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            tx.send(7u32);
+            tx.send(8);
+        });
+        assert_eq!(
+            rx.recv(),
+            Ok(7),
+            "the receiver sleeps until the value comes"
+        );
+        assert_eq!(rx.recv(), Err(RecvError), "one value only");
+        t.join().expect("sender");
+        let (tx, rx) = oneshot::<u32>();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            drop(tx);
+        });
+        assert_eq!(
+            rx.recv(),
+            Err(RecvError),
+            "a sender gone unsent wakes the receiver"
+        );
+        t.join().expect("sender");
+    }
+
+    #[test]
+    fn a_queue_keeps_order_bounds_its_length_and_ends_after_its_last_sender() {
+        let (tx, rx) = queue(2);
+        let tx2 = tx.clone();
+        let t = std::thread::spawn(move || {
+            for i in 0..100u32 {
+                tx2.send(i).expect("receiver alive");
+            }
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(5)).ok(),
+            Some(0),
+            "an item within the timeout"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            rx.0.state.lock().items.len() <= 2,
+            "a full queue holds the sender"
+        );
+        for i in 1..100 {
+            assert_eq!(rx.recv(), Ok(i));
+        }
+        t.join().expect("sender");
+        assert_eq!(
+            rx.recv_timeout(Duration::from_millis(5)),
+            Err(RecvTimeoutError::Timeout),
+            "a sender is left"
+        );
+        assert!(rx.is_empty());
+        drop(tx);
+        assert_eq!(
+            rx.recv(),
+            Err(RecvError),
+            "closed once every sender is gone"
+        );
+        let (tx, rx) = queue::<u32>(1);
+        drop(rx);
+        assert!(tx.send(1).is_err(), "nobody receives");
+    }
+}

@@ -24,6 +24,7 @@ use crate::dedup::Digest;
 use crate::encode::Encoder;
 use crate::handoff::{self, OnceReceiver, QueueReceiver, QueueSender};
 use crate::pieces::{self, Encoded, PieceSet};
+use crate::pool::Job;
 use crate::segments::{self, SegRef};
 use crate::streams::Streams;
 use crate::{ProcessSummary, Route, Routed, Shared};
@@ -347,10 +348,15 @@ impl Work {
     }
 }
 
-/// The reader's side of the queue to the writer: messages gathered into batches.
+/// The reader's side of the queue to the writer: messages gathered into batches, with the
+/// compression jobs of their tensors.
 struct Batcher<'a> {
     tx: &'a QueueSender<Vec<Work>>,
+    pool: &'a crate::pool::Pool,
     items: Vec<Work>,
+    /// Submitted to the pool together, before the batch goes to the writer (which waits for
+    /// them).
+    jobs: Vec<Job>,
 }
 
 impl Batcher<'_> {
@@ -362,8 +368,11 @@ impl Batcher<'_> {
         Ok(())
     }
 
-    /// Hands what was gathered to the writer.
+    /// Hands what was gathered to the pool and the writer.
     fn send(&mut self) -> Result<(), ClientError> {
+        if !self.jobs.is_empty() {
+            self.pool.submit_all(std::mem::take(&mut self.jobs));
+        }
         if self.items.is_empty() {
             return Ok(());
         }
@@ -553,7 +562,9 @@ fn read_messages(
 ) -> Result<bool, ClientError> {
     let mut batch = Batcher {
         tx,
+        pool: &shared.pool,
         items: Vec::with_capacity(BATCH),
+        jobs: Vec::new(),
     };
     let outcome = read_loop(shared, state, ring, stream, &mut batch, budget, seen);
     let sent = batch.send();
@@ -596,7 +607,7 @@ fn read_loop(
             ClientMsg::Publish { record, slot } => {
                 seen.published += 1;
                 seen.last_published = Some((record.step, record.seq));
-                let p = prepare(shared, ring, record, slot, &mut last_end)?;
+                let p = prepare(shared, ring, record, slot, &mut last_end, &mut batch.jobs)?;
                 take_budget(budget, p.meta, batch)?;
                 shared.records_received.fetch_add(1, Ordering::Relaxed);
                 batch.push(Work::Record(p))?;
@@ -609,7 +620,10 @@ fn read_loop(
                 shared.records_received.fetch_add(1, Ordering::Relaxed);
                 batch.push(Work::Record(p))?;
             }
-            ClientMsg::Chunk(c) => batch.push(prepare_chunk(shared, ring, c, &mut last_end)?)?,
+            ClientMsg::Chunk(c) => {
+                let w = prepare_chunk(shared, ring, c, &mut last_end, &mut batch.jobs)?;
+                batch.push(w)?;
+            }
             ClientMsg::StreamAbort { stream } => batch.push(Work::Abort(stream))?,
             ClientMsg::Comm(c) => {
                 seen.comms += 1;
@@ -764,6 +778,7 @@ fn prepare(
     record: Box<Record>,
     slot: Option<Slot>,
     last_end: &mut u64,
+    jobs: &mut Vec<Job>,
 ) -> Result<Pending, ClientError> {
     let captured: Vec<(u64, usize)> = record
         .tensors
@@ -813,7 +828,10 @@ fn prepare(
         .then_some((record.rank, record.step));
     for (i, &(nbytes, elem)) in captured.iter().enumerate() {
         let result = match slot {
-            Some(s) => submit_tensor(shared, ring, s, offsets[i], nbytes, elem, dedup),
+            Some(s) => {
+                let at = (s, offsets[i], nbytes);
+                submit_tensor(shared, ring, at, elem, dedup, jobs)
+            }
             None => {
                 let (tx, rx) = handoff::oneshot::<Encoded>();
                 tx.send(pieces::encode(
@@ -869,6 +887,7 @@ fn prepare_chunk(
     ring: &Arc<ClientRing>,
     c: Chunk,
     last_end: &mut u64,
+    jobs: &mut Vec<Job>,
 ) -> Result<Work, ClientError> {
     let bad = |why: String| {
         ClientError::Protocol(format!("chunk {} of stream {}: {why}", c.index, c.stream))
@@ -892,30 +911,36 @@ fn prepare_chunk(
         )));
     }
     *last_end = c.slot.end;
-    let result = submit_tensor(shared, ring, c.slot, 0, c.len, c.elem as usize, None);
+    let result = submit_tensor(
+        shared,
+        ring,
+        (c.slot, 0, c.len),
+        c.elem as usize,
+        None,
+        jobs,
+    );
     Ok(Work::Chunk(Box::new(c), Awaited::new(result)))
 }
 
-/// Queues the compression of the tensor at `offset..offset + nbytes` of `slot`, in pieces
-/// ([`pieces::cut`]) that the pool's threads compress at the same time; its result (joined
-/// by the last piece's job) arrives on the returned channel. `dedup`: the segment (rank,
-/// step) whose repeated bytes are stored once; a tensor of one piece that repeats one
-/// compressed for it before is not compressed again ([`pieces::Compressed`]).
+/// Adds to `jobs` (for the pool) the compression of the tensor at `offset..offset + nbytes`
+/// of `slot`, in pieces ([`pieces::cut`]) that the pool's threads compress at the same time;
+/// its result (joined by the last piece's job) arrives on the returned channel. `dedup`: the
+/// segment (rank, step) whose repeated bytes are stored once; a tensor of one piece that
+/// repeats one compressed for it before is not compressed again ([`pieces::Compressed`]).
 fn submit_tensor(
     shared: &Arc<Shared>,
     ring: &Arc<ClientRing>,
-    slot: Slot,
-    offset: u64,
-    nbytes: u64,
+    (slot, offset, nbytes): (Slot, u64, u64),
     elem: usize,
     dedup: Option<(u32, u64)>,
+    jobs: &mut Vec<Job>,
 ) -> OnceReceiver<Encoded> {
     let cut = pieces::cut(nbytes, elem, shared.pool.piece_bytes());
     let once = dedup.filter(|_| cut.len() == 1);
     let (set, rx) = PieceSet::new(cut, elem, dedup.is_some());
     for (i, &(at, len)) in set.pieces.iter().enumerate() {
         let (set, ring) = (set.clone(), ring.clone());
-        shared.pool.submit(Box::new(move |enc: &mut Encoder| {
+        jobs.push(Box::new(move |enc: &mut Encoder| {
             // SAFETY: the slot was validated and is released only by this client's writer
             // after it has received the tensor's result (sent once every piece is done); the
             // piece lies inside the tensor, which lies inside the slot (checked by the caller).

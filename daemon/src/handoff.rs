@@ -2,14 +2,26 @@
 //! pool) whose waiting side goes to sleep at once. crossbeam's channels spin and then yield
 //! the core a few times before they sleep: on the two cores a traced job shares with its
 //! collector, that spinning took CPU from the very threads being waited for (a profile of
-//! the hidden-64 trainer: a sixth of the writers' CPU in `sched_yield` and spin loops).
+//! the hidden-64 trainer: a sixth of the writers' CPU in `sched_yield` and spin loops). The
+//! locks are std's (a short spin, then the futex): parking_lot's yield the core while they
+//! spin, which made the compression threads the job's busiest yielders.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvError, RecvTimeoutError, SendError};
-use parking_lot::{Condvar, Mutex};
+
+/// Locks `m`; a thread that panicked holding it left the state as consistent as ever (every
+/// update under these locks is a single assignment or push).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits on `cv`, as [`lock`] does.
+fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+    cv.wait(g).unwrap_or_else(PoisonError::into_inner)
+}
 
 /// One value handed over once ([`oneshot`]).
 enum Once<T> {
@@ -42,7 +54,7 @@ pub(crate) fn oneshot<T>() -> (OnceSender<T>, OnceReceiver<T>) {
 impl<T> OnceSender<T> {
     /// Hands `v` over (a second value is dropped: one is all the receiver takes).
     pub(crate) fn send(&self, v: T) {
-        let mut s = self.0.state.lock();
+        let mut s = lock(&self.0.state);
         if matches!(*s, Once::Waiting) {
             *s = Once::Sent(v);
             self.0.ready.notify_one();
@@ -52,7 +64,7 @@ impl<T> OnceSender<T> {
 
 impl<T> Drop for OnceSender<T> {
     fn drop(&mut self) {
-        let mut s = self.0.state.lock();
+        let mut s = lock(&self.0.state);
         if matches!(*s, Once::Waiting) {
             *s = Once::Gone;
             self.0.ready.notify_one();
@@ -63,14 +75,14 @@ impl<T> Drop for OnceSender<T> {
 impl<T> OnceReceiver<T> {
     /// Waits for the value; an error when the sender went away without sending.
     pub(crate) fn recv(&self) -> Result<T, RecvError> {
-        let mut s = self.0.state.lock();
+        let mut s = lock(&self.0.state);
         loop {
             match std::mem::replace(&mut *s, Once::Gone) {
                 Once::Sent(v) => return Ok(v),
                 Once::Gone => return Err(RecvError),
                 Once::Waiting => {
                     *s = Once::Waiting;
-                    self.0.ready.wait(&mut s);
+                    s = wait(&self.0.ready, s);
                 }
             }
         }
@@ -118,9 +130,9 @@ impl<T> QueueSender<T> {
     /// Appends `v`, waiting while the queue is full; an error when the receiver is gone.
     pub(crate) fn send(&self, v: T) -> Result<(), SendError<T>> {
         let q = &*self.0;
-        let mut s = q.state.lock();
+        let mut s = lock(&q.state);
         while s.receivers > 0 && s.items.len() >= q.cap {
-            q.emptied.wait(&mut s);
+            s = wait(&q.emptied, s);
         }
         if s.receivers == 0 {
             return Err(SendError(v));
@@ -131,16 +143,48 @@ impl<T> QueueSender<T> {
     }
 }
 
+impl<T> QueueSender<T> {
+    /// Appends `items` in order, waking the receivers once for all of them (a receiver
+    /// woken per item would often find the next one already queued). Returns the items not
+    /// queued when every receiver is gone.
+    pub(crate) fn send_all(&self, items: Vec<T>) -> Result<(), Vec<T>> {
+        let q = &*self.0;
+        let mut s = lock(&q.state);
+        let n = items.len();
+        let mut items = items.into_iter();
+        while let Some(v) = items.next() {
+            while s.receivers > 0 && s.items.len() >= q.cap {
+                q.filled.notify_all();
+                s = wait(&q.emptied, s);
+            }
+            if s.receivers == 0 {
+                return Err(std::iter::once(v).chain(items).collect());
+            }
+            s.items.push_back(v);
+        }
+        match n {
+            0 => {}
+            1 => {
+                q.filled.notify_one();
+            }
+            _ => {
+                q.filled.notify_all();
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<T> Clone for QueueSender<T> {
     fn clone(&self) -> Self {
-        self.0.state.lock().senders += 1;
+        lock(&self.0.state).senders += 1;
         QueueSender(self.0.clone())
     }
 }
 
 impl<T> Drop for QueueSender<T> {
     fn drop(&mut self) {
-        let mut s = self.0.state.lock();
+        let mut s = lock(&self.0.state);
         s.senders -= 1;
         if s.senders == 0 {
             self.0.filled.notify_all();
@@ -161,7 +205,7 @@ impl<T> QueueReceiver<T> {
 
     fn recv_until(&self, deadline: Option<Instant>) -> Result<T, RecvTimeoutError> {
         let q = &*self.0;
-        let mut s = q.state.lock();
+        let mut s = lock(&q.state);
         loop {
             if let Some(v) = s.items.pop_front() {
                 q.emptied.notify_one();
@@ -171,15 +215,17 @@ impl<T> QueueReceiver<T> {
                 return Err(RecvTimeoutError::Disconnected);
             }
             match deadline {
-                None => q.filled.wait(&mut s),
+                None => s = wait(&q.filled, s),
                 Some(d) => {
-                    if q.filled.wait_until(&mut s, d).timed_out() && s.items.is_empty() {
-                        return Err(if s.senders == 0 {
-                            RecvTimeoutError::Disconnected
-                        } else {
-                            RecvTimeoutError::Timeout
-                        });
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(RecvTimeoutError::Timeout);
                     }
+                    s = q
+                        .filled
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
             }
         }
@@ -187,20 +233,20 @@ impl<T> QueueReceiver<T> {
 
     /// Whether nothing is queued now.
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.state.lock().items.is_empty()
+        lock(&self.0.state).items.is_empty()
     }
 }
 
 impl<T> Clone for QueueReceiver<T> {
     fn clone(&self) -> Self {
-        self.0.state.lock().receivers += 1;
+        lock(&self.0.state).receivers += 1;
         QueueReceiver(self.0.clone())
     }
 }
 
 impl<T> Drop for QueueReceiver<T> {
     fn drop(&mut self) {
-        let mut s = self.0.state.lock();
+        let mut s = lock(&self.0.state);
         s.receivers -= 1;
         if s.receivers == 0 {
             self.0.emptied.notify_all();
@@ -256,7 +302,7 @@ mod tests {
         );
         std::thread::sleep(Duration::from_millis(20));
         assert!(
-            rx.0.state.lock().items.len() <= 2,
+            lock(&rx.0.state).items.len() <= 2,
             "a full queue holds the sender"
         );
         for i in 1..100 {
@@ -278,5 +324,44 @@ mod tests {
         let (tx, rx) = queue::<u32>(1);
         drop(rx);
         assert!(tx.send(1).is_err(), "nobody receives");
+        assert_eq!(tx.send_all(vec![2, 3]), Err(vec![2, 3]), "handed back");
+    }
+
+    #[test]
+    fn items_sent_together_reach_several_receivers_in_order() {
+        let (tx, rx) = queue::<u32>(4);
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let rx = rx.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    while let Ok(v) = rx.recv() {
+                        got.push(v);
+                    }
+                    got
+                })
+            })
+            .collect();
+        drop(rx);
+        for round in 0..50u32 {
+            tx.send_all((0..10).map(|i| round * 10 + i).collect())
+                .expect("receivers alive");
+        }
+        drop(tx);
+        let mut all: Vec<u32> = Vec::new();
+        for w in workers {
+            let got = w.join().expect("worker");
+            assert!(
+                got.windows(2).all(|p| p[0] < p[1]),
+                "each takes them in order"
+            );
+            all.extend(got);
+        }
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..500).collect::<Vec<_>>(),
+            "each item to one receiver"
+        );
     }
 }

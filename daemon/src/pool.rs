@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, PoisonError};
 use tracing::warn;
 
 use crate::encode::Encoder;
@@ -24,6 +24,8 @@ const SPARE_MAX_BYTES: usize = 16 << 20;
 /// again: a fresh multi-megabyte buffer per tensor costs a page fault (and a page clearing)
 /// per 4 KiB, a good part of what compressing it costs; a small one costs an allocation on
 /// the compression thread and a free on the writer's, per tensor.
+/// (std's lock: it sleeps after a short spin where parking_lot's yields the core, and every
+/// compression thread and writer takes this one.)
 #[derive(Default)]
 pub(crate) struct Spare {
     bufs: Mutex<SpareBufs>,
@@ -39,7 +41,7 @@ struct SpareBufs {
 impl Spare {
     /// A buffer to fill (empty; possibly with capacity).
     pub(crate) fn take(&self) -> Vec<u8> {
-        let mut s = self.bufs.lock();
+        let mut s = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
         let buf = s.bufs.pop().unwrap_or_default();
         s.bytes -= buf.capacity();
         buf
@@ -52,7 +54,7 @@ impl Spare {
             return;
         }
         buf.clear();
-        let mut s = self.bufs.lock();
+        let mut s = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
         if s.bufs.len() < SPARE_BUFFERS && s.bytes + buf.capacity() <= SPARE_TOTAL_BYTES {
             s.bytes += buf.capacity();
             s.bufs.push(buf);
@@ -117,16 +119,21 @@ impl Pool {
         self.spare.give(buf);
     }
 
-    /// Queues a job. When no worker could be started, runs it on the caller's thread.
-    pub(crate) fn submit(&self, job: Job) {
+    /// Queues jobs, waking the workers once for all of them. When no worker could be
+    /// started, runs them on the caller's thread.
+    pub(crate) fn submit_all(&self, jobs: Vec<Job>) {
         if self.workers.is_empty() {
-            job(&mut Encoder::new(self.level));
+            for job in jobs {
+                job(&mut Encoder::new(self.level));
+            }
             return;
         }
-        if let Err(e) = self.tx.send(job) {
-            // Every worker is gone (they only end by panicking): run the job here rather than
-            // lose it.
-            (e.into_inner())(&mut Encoder::new(self.level));
+        if let Err(jobs) = self.tx.send_all(jobs) {
+            // Every worker is gone (they only end by panicking): run the jobs here rather
+            // than lose them.
+            for job in jobs {
+                job(&mut Encoder::new(self.level));
+            }
         }
     }
 }

@@ -245,11 +245,17 @@ impl<T> Clone for QueueReceiver<T> {
 }
 
 impl<T> Drop for QueueReceiver<T> {
+    /// The last receiver gone (the compression threads died), what is queued is dropped at
+    /// once: a job's result channel then closes and its writer stores the tensor raw,
+    /// instead of waiting for a job nobody will run.
     fn drop(&mut self) {
         let mut s = lock(&self.0.state);
         s.receivers -= 1;
         if s.receivers == 0 {
+            let left = std::mem::take(&mut s.items);
+            drop(s);
             self.0.emptied.notify_all();
+            drop(left);
         }
     }
 }
@@ -287,7 +293,8 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_keeps_order_bounds_its_length_and_ends_after_its_last_sender() {
+    fn a_queue_keeps_order_bounds_its_length_ends_after_its_last_sender_and_drops_what_nobody_takes(
+    ) {
         let (tx, rx) = queue(2);
         let tx2 = tx.clone();
         let t = std::thread::spawn(move || {
@@ -320,6 +327,15 @@ mod tests {
             rx.recv(),
             Err(RecvError),
             "closed once every sender is gone"
+        );
+        let (tx, rx) = queue::<OnceSender<u32>>(4);
+        let (once, waiting) = oneshot();
+        tx.send(once).expect("queued");
+        drop(rx);
+        assert_eq!(
+            waiting.recv(),
+            Err(RecvError),
+            "what was queued for a receiver that is gone is dropped, not left waiting"
         );
         let (tx, rx) = queue::<u32>(1);
         drop(rx);

@@ -238,8 +238,11 @@ impl Ring {
     /// lap and the ring is lightly used (at most half that in use, the slot fitting before the
     /// oldest unreleased byte with half of it to spare). A lightly used ring then keeps
     /// reusing its first pages instead of sweeping the whole area: pages already touched
-    /// (faulted in, mapped on both sides, in cache) instead of new ones. It costs no space a
-    /// burst could need (the ring is nearly empty) and waits for nothing (the slot fits now).
+    /// (faulted in, mapped on both sides, in cache) instead of new ones. The slot fits now (no
+    /// wait); what it costs: until the consumer releases it (milliseconds), the slots after it
+    /// have the area up to the oldest unreleased byte (at least half of `rewind_after`), not
+    /// the rest of the lap it left, which only a busy ring would need and a busy ring does not
+    /// rewind.
     fn rewinds(&self, head: u64, len: u64) -> bool {
         let w = rewind_after(self.capacity);
         let (off, tail) = (head % self.capacity, self.tail());

@@ -42,6 +42,8 @@ use crate::store_dir::StoreDir;
 
 type Key = (u32, u64);
 
+// One per segment, behind its own lock: boxing the open writer would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum State {
     /// Never opened by this daemon.
     Absent,

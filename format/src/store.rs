@@ -596,7 +596,7 @@ impl SegmentWriter {
         let mut crc = crc32fast::Hasher::new();
         let meta_len = (meta.len() as u32).to_le_bytes();
         crc.update(&meta_len);
-        crc.update(&meta);
+        crc.update(meta);
         let mut headers = Vec::with_capacity(blobs.len());
         for b in blobs {
             let h = b.header().encode();
@@ -613,7 +613,7 @@ impl SegmentWriter {
         let io = |e| FormatError::at(&self.path, e);
         self.file.write_all(&fh).map_err(io)?;
         self.file.write_all(&meta_len).map_err(io)?;
-        self.file.write_all(&meta).map_err(io)?;
+        self.file.write_all(meta).map_err(io)?;
         for (h, b) in headers.iter().zip(blobs) {
             self.file.write_all(h).map_err(io)?;
             self.file.write_all(&b.stored).map_err(io)?;

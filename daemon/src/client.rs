@@ -332,11 +332,29 @@ enum Work {
     Abort(u64),
 }
 
+/// A batch with at most this many tensor bytes is written once all of it is compressed
+/// ([`Work::wait_last`]); a larger one record by record, each as soon as its tensors are, so
+/// that the ring slots of its first records are released while the rest are compressed.
+const WAIT_LAST_MAX_BYTES: u64 = 1 << 20;
+
 impl Work {
-    /// Waits for the compression of the last tensor of `batch`. The pool runs its jobs in
-    /// the order they came, so the earlier ones are done (or nearly) by then: the writer
-    /// sleeps once for a batch instead of once per record.
+    /// Tensor bytes to compress.
+    fn bytes(&self) -> u64 {
+        match self {
+            Work::Record(p) => p.tensors.iter().map(|t| t.1).sum(),
+            Work::Chunk(c, _) => c.len,
+            Work::Abort(_) => 0,
+        }
+    }
+
+    /// Waits for the compression of the last tensor of a small `batch` (at most
+    /// [`WAIT_LAST_MAX_BYTES`]). The pool runs its jobs in the order they came, so the
+    /// earlier ones are done (or nearly) by then: the writer sleeps once for a batch of small
+    /// records instead of once per record.
     fn wait_last(batch: &mut [Work]) {
+        if batch.iter().map(Work::bytes).sum::<u64>() > WAIT_LAST_MAX_BYTES {
+            return;
+        }
         let last = batch.iter_mut().rev().find_map(|w| match w {
             Work::Record(p) => p.tensors.last_mut().map(|t| &mut t.3),
             Work::Chunk(_, a) => Some(a),

@@ -461,12 +461,17 @@ const MARGIN: f64 = 1.5;
 const HINT_MISS: f64 = 4.0;
 
 /// How many times worse than the best candidate of a search the others must sample for their
-/// full error passes to be left out (sampled errors of 512 elements are within a few percent
-/// of the full ones where the error is spread over the tensor, as it is at a wrong place).
+/// full error passes to be left out (sampled errors are within some ten percent of the full
+/// ones where the error is spread over the tensor, as it is at a wrong place).
 const SKIP_SEPARATION: f64 = 2.0;
 
-/// Elements of a shard sampled to decide which full error passes to make.
-const DOUBT_SAMPLES: usize = 512;
+/// Elements of a shard sampled to decide which full error passes to make: a wrong place misses
+/// by O(1), and each sample is a read at a random place of the reference (a cache miss),
+/// so a few suffice and more would cost as much as a full pass of a small tensor.
+const DOUBT_SAMPLES: usize = 128;
+
+/// Elements of a shard sampled to rank a search's best screened candidates.
+const RANK_SAMPLES: usize = 512;
 
 /// Whether [`search`] leaves out the full error passes that samples rule out.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -490,10 +495,11 @@ fn search(
     let mut one_cut: Option<Screen> = None;
     let mut skipped = f64::INFINITY;
     let strides = row_major_strides(&reff.shape);
-    // Sampled once, when first needed.
-    let mut samples: Option<Samples> = None;
+    // Sampled once each, when first needed: to doubt a place, to rank candidates.
+    let (mut doubt, mut rank): (Option<Samples>, Option<Samples>) = (None, None);
     // A remembered place is measured in full unless its sample misses clearly.
     let hint_skip = HINT_MISS * accept.max(trust);
+    let mut first = true;
     for (p, s) in hints {
         if p.dims.len() != x.shape.len() {
             continue;
@@ -502,10 +508,14 @@ fn search(
         // gradient scale in one pass and not in another).
         let order = std::iter::once(*s).chain(scales.iter().copied().filter(|c| c != s));
         for scale in order {
-            // After the verdict (quick) a kind of tensor that fits none of its known places is
-            // taken at the best of them: every one is measured.
-            if skipping == Skipping::On && !quick {
-                let e = sampled(&mut samples, x).error(scale, reff, &strides, &x.shape, p);
+            // The latest place is measured in full: it usually fits, and a sample (spread
+            // over the reference) costs about as much as a full pass of a small tensor.
+            // After the verdict (quick) a kind of tensor that fits none of its known places
+            // is taken at the best of them: every one is measured.
+            let sample_first = !std::mem::take(&mut first) && !quick;
+            if skipping == Skipping::On && sample_first {
+                let e =
+                    sampled(&mut doubt, x, DOUBT_SAMPLES).error(scale, reff, &strides, &x.shape, p);
                 if e > hint_skip {
                     skipped = skipped.min(e);
                     continue;
@@ -553,10 +563,27 @@ fn search(
         scored.truncate(12);
         let rescored = scored.len() > 3 && !quick;
         if rescored {
-            let samples = sampled(&mut samples, x);
+            let samples = sampled(&mut rank, x, RANK_SAMPLES);
+            // Candidates share most of their dimensions' slices: each slice's sample offsets
+            // are computed once (the same offsets, so the same errors, as one at a time).
+            let mut offsets: Vec<HashMap<&DimSlice, Vec<usize>>> =
+                vec![HashMap::new(); x.shape.len()];
+            for &(_, c, _) in &scored {
+                for (d, slice) in cands[c].dims.iter().enumerate() {
+                    offsets[d]
+                        .entry(slice)
+                        .or_insert_with(|| samples.offsets(d, x.shape[d], strides[d], slice));
+                }
+            }
             // A few hundred elements each: a task each would cost more than the work.
             scored.par_iter_mut().with_min_len(4).for_each(|entry| {
-                entry.0 = samples.error(entry.2, reff, &strides, &x.shape, &cands[entry.1]);
+                let per_dim: Vec<&[usize]> = cands[entry.1]
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| offsets[d].get(slice).map_or(&[][..], |v| v.as_slice()))
+                    .collect();
+                entry.0 = samples.error_at(entry.2, reff, &per_dim);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
@@ -565,7 +592,7 @@ fn search(
             let errors: Vec<f64> = if rescored {
                 scored.iter().map(|e| e.0).collect()
             } else {
-                let samples = sampled(&mut samples, x);
+                let samples = sampled(&mut doubt, x, DOUBT_SAMPLES);
                 scored
                     .iter()
                     .map(|e| samples.error(e.2, reff, &strides, &x.shape, &cands[e.1]))
@@ -595,9 +622,9 @@ fn search(
     (best, skipped)
 }
 
-/// The samples of `x` for [`search`], taken on first use.
-fn sampled<'s>(samples: &'s mut Option<Samples>, x: &Values) -> &'s Samples {
-    samples.get_or_insert_with(|| Samples::of(x, DOUBT_SAMPLES))
+/// `count` samples of `x` for [`search`], taken on first use.
+fn sampled<'s>(samples: &'s mut Option<Samples>, x: &Values, count: usize) -> &'s Samples {
+    samples.get_or_insert_with(|| Samples::of(x, count))
 }
 
 /// The candidate whose sampled error is [`SKIP_SEPARATION`] times below every other's (and

@@ -166,13 +166,17 @@ pub(crate) fn operand(
             if let Some(c) = t.values(rec, Role::CIn)? {
                 if c.data.len() == v.data.len() {
                     let (mut nc, mut ni) = (0f64, 0f64);
-                    let data = std::sync::Arc::make_mut(&mut v.data);
-                    for (d, c) in data.iter_mut().zip(c.data.iter()) {
+                    // D's values are shared with the decoded tensors kept: the increment is
+                    // written once into its own buffer, not into a copy of D.
+                    let mut increment = Vec::with_capacity(v.data.len());
+                    for (&d, &c) in v.data.iter().zip(c.data.iter()) {
                         let bc = beta * c;
-                        *d -= bc;
+                        let inc = d - bc;
                         nc += (bc as f64).powi(2);
-                        ni += (*d as f64).powi(2);
+                        ni += (inc as f64).powi(2);
+                        increment.push(inc);
                     }
+                    v.data = std::sync::Arc::new(increment);
                     if ni > 0.0 {
                         cancelled = (nc / ni).sqrt();
                     }

@@ -428,16 +428,78 @@ type Screen = (Vec<Placement>, Vec<(f64, usize, f32)>);
 /// `trust` is re-validated cheaply instead of searched again: kept when every other placement
 /// (dimensions cut once) screens at least [`SEPARATION`] times worse. Runs drift apart over
 /// the steps, and a correct shard stays one placement to round-off and every other by O(1).
+///
+/// The full error pass (every element) is made only where a sample of the shard leaves a
+/// doubt ([`Skipping::On`]): a remembered place whose sample misses by [`HINT_MISS`] times
+/// what it could be kept at, or a candidate of the search that samples [`SKIP_SEPARATION`]
+/// times worse than the best one, is not measured in full. When the placement chosen that
+/// way is not [`MARGIN`] times better than the least of those samples, everything is measured
+/// in full again, so the placement and its error are those of the exhaustive search.
 pub fn place_trusting(
+    x: &Values,
+    reff: &Values,
+    hints: &[(Placement, f32)],
+    scales: &[f32],
+    limits: (f64, f64),
+    quick: bool,
+) -> Option<Fit> {
+    let (fit, skipped) = search(x, reff, hints, scales, limits, quick, Skipping::On);
+    match fit {
+        // Anything left unmeasured sampled MARGIN times worse than the fit: not the best.
+        Some(f) if f.err.rel * MARGIN < skipped => Some(f),
+        None if skipped == f64::INFINITY => None,
+        _ => search(x, reff, hints, scales, limits, quick, Skipping::Off).0,
+    }
+}
+
+/// How many times worse than the fit chosen every placement left unmeasured must sample for
+/// the choice to stand ([`place_trusting`]).
+const MARGIN: f64 = 1.5;
+
+/// How many times what a remembered place could be kept at (`accept`, `trust`) its sample
+/// must miss by for its full error pass to be left out.
+const HINT_MISS: f64 = 4.0;
+
+/// How many times worse than the best candidate of a search the others must sample for their
+/// full error passes to be left out (sampled errors are within some ten percent of the full
+/// ones where the error is spread over the tensor, as it is at a wrong place).
+const SKIP_SEPARATION: f64 = 2.0;
+
+/// Elements of a shard sampled to decide which full error passes to make: a wrong place misses
+/// by O(1), and each sample is a read at a random place of the reference (a cache miss),
+/// so a few suffice and more would cost as much as a full pass of a small tensor.
+const DOUBT_SAMPLES: usize = 128;
+
+/// Elements of a shard sampled to rank a search's best screened candidates.
+const RANK_SAMPLES: usize = 512;
+
+/// Whether [`search`] leaves out the full error passes that samples rule out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Skipping {
+    On,
+    Off,
+}
+
+/// The placement search of [`place_trusting`]: the best fit, and the least sampled error of
+/// the placements it did not measure in full (infinite when none was left out).
+fn search(
     x: &Values,
     reff: &Values,
     hints: &[(Placement, f32)],
     scales: &[f32],
     (accept, trust): (f64, f64),
     quick: bool,
-) -> Option<Fit> {
+    skipping: Skipping,
+) -> (Option<Fit>, f64) {
     let mut best: Option<Fit> = None;
     let mut one_cut: Option<Screen> = None;
+    let mut skipped = f64::INFINITY;
+    let strides = row_major_strides(&reff.shape);
+    // Sampled once each, when first needed: to doubt a place, to rank candidates.
+    let (mut doubt, mut rank): (Option<Samples>, Option<Samples>) = (None, None);
+    // A remembered place is measured in full unless its sample misses clearly.
+    let hint_skip = HINT_MISS * accept.max(trust);
+    let mut first = true;
     for (p, s) in hints {
         if p.dims.len() != x.shape.len() {
             continue;
@@ -446,17 +508,33 @@ pub fn place_trusting(
         // gradient scale in one pass and not in another).
         let order = std::iter::once(*s).chain(scales.iter().copied().filter(|c| c != s));
         for scale in order {
+            // The latest place is measured in full: it usually fits, and a sample (spread
+            // over the reference) costs about as much as a full pass of a small tensor.
+            // After the verdict (quick) a kind of tensor that fits none of its known places
+            // is taken at the best of them: every one is measured.
+            let sample_first = !std::mem::take(&mut first) && !quick;
+            if skipping == Skipping::On && sample_first {
+                let e =
+                    sampled(&mut doubt, x, DOUBT_SAMPLES).error(scale, reff, &strides, &x.shape, p);
+                if e > hint_skip {
+                    skipped = skipped.min(e);
+                    continue;
+                }
+            }
             let f = full_fit(x, reff, p.clone(), scale);
             if f.err.rel <= accept {
-                return Some(f);
+                return (Some(f), skipped);
             }
             if f.err.rel <= trust && !quick {
                 let screen = match one_cut.take() {
                     Some(sc) => sc,
-                    None => screen(x, reff, scales, false, 32)?,
+                    None => match screen(x, reff, scales, false, 32) {
+                        Some(sc) => sc,
+                        None => return (None, f64::INFINITY),
+                    },
                 };
                 if separated(&screen, &f) {
-                    return Some(f);
+                    return (Some(f), skipped);
                 }
                 one_cut = Some(screen);
             }
@@ -469,7 +547,7 @@ pub fn place_trusting(
     // After the verdict (quick), a kind of tensor already placed that fits none of its known
     // places is taken as diverged there; before it, a search makes sure no other place fits.
     if quick && best.is_some() {
-        return best;
+        return (best, skipped);
     }
     for two_cuts in [false, true] {
         if two_cuts && quick {
@@ -477,19 +555,54 @@ pub fn place_trusting(
         }
         let (cands, mut scored) = match (two_cuts, one_cut.take()) {
             (false, Some(sc)) => sc,
-            _ => screen(x, reff, scales, two_cuts, 32)?,
+            _ => match screen(x, reff, scales, two_cuts, 32) {
+                Some(sc) => sc,
+                None => return (None, f64::INFINITY),
+            },
         };
         scored.truncate(12);
-        if scored.len() > 3 && !quick {
-            let samples = Samples::of(x, 512);
-            let strides = row_major_strides(&reff.shape);
+        let rescored = scored.len() > 3 && !quick;
+        if rescored {
+            let samples = sampled(&mut rank, x, RANK_SAMPLES);
+            // Candidates share most of their dimensions' slices: each slice's sample offsets
+            // are computed once (the same offsets, so the same errors, as one at a time).
+            let mut offsets: Vec<HashMap<&DimSlice, Vec<usize>>> =
+                vec![HashMap::new(); x.shape.len()];
+            for &(_, c, _) in &scored {
+                for (d, slice) in cands[c].dims.iter().enumerate() {
+                    offsets[d]
+                        .entry(slice)
+                        .or_insert_with(|| samples.offsets(d, x.shape[d], strides[d], slice));
+                }
+            }
             // A few hundred elements each: a task each would cost more than the work.
             scored.par_iter_mut().with_min_len(4).for_each(|entry| {
-                entry.0 = samples.error(entry.2, reff, &strides, &x.shape, &cands[entry.1]);
+                let per_dim: Vec<&[usize]> = cands[entry.1]
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| offsets[d].get(slice).map_or(&[][..], |v| v.as_slice()))
+                    .collect();
+                entry.0 = samples.error_at(entry.2, reff, &per_dim);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         scored.truncate(3);
+        if skipping == Skipping::On && scored.len() > 1 {
+            let errors: Vec<f64> = if rescored {
+                scored.iter().map(|e| e.0).collect()
+            } else {
+                let samples = sampled(&mut doubt, x, DOUBT_SAMPLES);
+                scored
+                    .iter()
+                    .map(|e| samples.error(e.2, reff, &strides, &x.shape, &cands[e.1]))
+                    .collect()
+            };
+            if let Some((m, others)) = clearly_best(&errors) {
+                skipped = skipped.min(others);
+                scored = vec![scored[m]];
+            }
+        }
         let fits: Vec<Fit> = scored
             .into_par_iter()
             .map(|(_, c, s)| full_fit(x, reff, cands[c].clone(), s))
@@ -506,7 +619,25 @@ pub fn place_trusting(
             break;
         }
     }
-    best
+    (best, skipped)
+}
+
+/// `count` samples of `x` for [`search`], taken on first use.
+fn sampled<'s>(samples: &'s mut Option<Samples>, x: &Values, count: usize) -> &'s Samples {
+    samples.get_or_insert_with(|| Samples::of(x, count))
+}
+
+/// The candidate whose sampled error is [`SKIP_SEPARATION`] times below every other's (and
+/// the least of the others'), when there is one: the others need no full error pass.
+fn clearly_best(errors: &[f64]) -> Option<(usize, f64)> {
+    let m = (0..errors.len()).min_by(|&a, &b| errors[a].total_cmp(&errors[b]))?;
+    let others = (0..errors.len())
+        .filter(|&i| i != m)
+        .map(|i| errors[i])
+        .fold(f64::INFINITY, f64::min);
+    // Samples that all match exactly (a constant or mostly zero tensor) tell nothing apart.
+    (errors[m].is_finite() && others > 0.0 && others >= SKIP_SEPARATION * errors[m])
+        .then_some((m, others))
 }
 
 /// Whether every other placement of `screen` screened at least [`SEPARATION`] times worse than
@@ -887,5 +1018,74 @@ mod screening_tests {
         .expect("fits");
         assert_eq!(f.placement, half_of_rows(1));
         assert_eq!(f.err.rel, 0.0);
+    }
+
+    #[test]
+    fn placements_left_unmeasured_by_their_samples_change_nothing_the_full_search_finds() {
+        // 32 rows of 64: shards of 8 rows, at each of four places, clean, noisy, scaled or
+        // made of another tensor (a divergence, where every place misfits alike).
+        let reff = Values {
+            shape: vec![32, 64],
+            data: (0..2048)
+                .map(|i| ((i as f32) * 0.37).sin() * (1.0 + (i / 64) as f32))
+                .collect::<Vec<f32>>()
+                .into(),
+            dtype: DType::F32,
+        };
+        let quarter = |chunk: u64| Placement {
+            dims: vec![
+                DimSlice {
+                    cuts: vec![Cut {
+                        parts: 4,
+                        outer: 1,
+                        chunk,
+                    }],
+                },
+                DimSlice::whole(),
+            ],
+        };
+        let scaled = |v: &Values, k: f32| Values {
+            data: v.data.iter().map(|x| x * k).collect::<Vec<f32>>().into(),
+            ..v.clone()
+        };
+        let other = Values {
+            data: (0..512)
+                .map(|i| ((i as f32) * 1.91).cos())
+                .collect::<Vec<f32>>()
+                .into(),
+            ..rows_of(&reff, 0..8, 0.0)
+        };
+        let mut unmeasured = 0;
+        for chunk in 0..4u64 {
+            let rows = chunk as usize * 8..(chunk as usize + 1) * 8;
+            let shards = [
+                rows_of(&reff, rows.clone(), 0.0),
+                rows_of(&reff, rows.clone(), 0.02),
+                scaled(&rows_of(&reff, rows.clone(), 0.0), 2.0),
+                other.clone(),
+            ];
+            for x in &shards {
+                for hints in [
+                    vec![],
+                    vec![(quarter(chunk), 1.0)],
+                    vec![(quarter(3 - chunk), 1.0)],
+                ] {
+                    for quick in [false, true] {
+                        let limits = (1e-4, 0.05);
+                        let scales = [1.0, 2.0];
+                        let got = place_trusting(x, &reff, &hints, &scales, limits, quick);
+                        let (fast, skipped) =
+                            search(x, &reff, &hints, &scales, limits, quick, Skipping::On);
+                        let (full, _) =
+                            search(x, &reff, &hints, &scales, limits, quick, Skipping::Off);
+                        assert_eq!(got, full, "chunk {chunk} hints {hints:?} quick {quick}");
+                        if skipped.is_finite() && fast == full {
+                            unmeasured += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(unmeasured > 0, "the samples left some full passes out");
     }
 }

@@ -1,11 +1,11 @@
-//! The AVX2 inner loop of the error sums ([`crate::kernels`]), chosen at run time: the
-//! workspace is built for the baseline x86-64 (SSE2), where the compiler cannot be trusted to
-//! vectorize eight f64 lanes with a masked difference.
+//! The AVX2 inner loops of compare's numerics, chosen at run time: the error sums
+//! ([`crate::kernels`]) and the weight-update fit ([`crate::gradscale::proportion_split`]).
+//! The workspace is built for the baseline x86-64 (SSE2), where the compiler cannot be
+//! trusted to vectorize four or eight f64 lanes with masks.
 //!
-//! It performs exactly the per-lane operations of the portable loop (f32 divided by the
-//! scale, widened to f64, `a − b` masked to 0 where `a == b`, squares added without fused
-//! multiply-add), lane `l` of every chunk of eight elements into accumulator `l`, so the sums
-//! are bit-identical to the portable ones.
+//! Each performs exactly the per-lane operations of its portable loop (widened to f64, masked
+//! where the portable loop selects, products and sums without fused multiply-add), element
+//! `i` into lane `i % lanes`, so the sums are bit-identical to the portable ones.
 
 /// Eight lanes each of Σ d², Σ y², Σ x².
 pub type Lanes = [[f64; 8]; 3];
@@ -88,6 +88,62 @@ unsafe fn add_chunks_avx2(x: &[f32], y: &[f32], scale: f32, acc: &mut Lanes) -> 
         _mm256_storeu_pd(yy.as_mut_ptr().add(4), y_hi);
         _mm256_storeu_pd(xx.as_mut_ptr(), x_lo);
         _mm256_storeu_pd(xx.as_mut_ptr().add(4), x_hi);
+    }
+    n
+}
+
+/// Four lanes each of the seven sums of [`crate::gradscale::proportion_split`]: Σab, Σbb, Σaa
+/// over all elements, Σab and Σbb over those with `|b| >= median`, the same over the others.
+pub type SplitLanes = [[f64; 4]; 7];
+
+/// Adds every whole chunk of four elements of `dw` (a) and `g` (b) into `acc` when the CPU
+/// has AVX2; returns how many elements were added (0 without AVX2: the caller adds them all).
+pub fn add_split_chunks(dw: &[f32], g: &[f32], median: f32, acc: &mut SplitLanes) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above), the only requirement of
+        // `add_split_chunks_avx2`; it reads within the slices by itself.
+        return unsafe { add_split_chunks_avx2(dw, g, median, acc) };
+    }
+    let _ = (dw, g, median, acc);
+    0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_split_chunks_avx2(dw: &[f32], g: &[f32], median: f32, acc: &mut SplitLanes) -> usize {
+    use std::arch::x86_64::*;
+    let n = dw.len().min(g.len()) / 4 * 4;
+    // SAFETY: every pointer below is into one of `acc`'s arrays of 4 or into `dw`/`g` at
+    // `i + 4 <= n <= len`; unaligned loads and stores are used.
+    unsafe {
+        let mut v: [__m256d; 7] = [_mm256_setzero_pd(); 7];
+        for (k, lanes) in acc.iter().enumerate() {
+            v[k] = _mm256_loadu_pd(lanes.as_ptr());
+        }
+        let med = _mm_set1_ps(median);
+        let sign = _mm_set1_ps(-0.0);
+        let mut i = 0;
+        while i < n {
+            let af = _mm_loadu_ps(dw.as_ptr().add(i));
+            let bf = _mm_loadu_ps(g.as_ptr().add(i));
+            // |b| >= median, false for NaN (as `>=` says), widened to 64-bit lane masks.
+            let large32 = _mm_cmp_ps::<_CMP_GE_OQ>(_mm_andnot_ps(sign, bf), med);
+            let large = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_castps_si128(large32)));
+            let (a, b) = (_mm256_cvtps_pd(af), _mm256_cvtps_pd(bf));
+            let (ab, bb) = (_mm256_mul_pd(a, b), _mm256_mul_pd(b, b));
+            v[0] = _mm256_add_pd(v[0], ab);
+            v[1] = _mm256_add_pd(v[1], bb);
+            v[2] = _mm256_add_pd(v[2], _mm256_mul_pd(a, a));
+            v[3] = _mm256_add_pd(v[3], _mm256_and_pd(ab, large));
+            v[4] = _mm256_add_pd(v[4], _mm256_and_pd(bb, large));
+            v[5] = _mm256_add_pd(v[5], _mm256_andnot_pd(large, ab));
+            v[6] = _mm256_add_pd(v[6], _mm256_andnot_pd(large, bb));
+            i += 4;
+        }
+        for (k, lanes) in acc.iter_mut().enumerate() {
+            _mm256_storeu_pd(lanes.as_mut_ptr(), v[k]);
+        }
     }
     n
 }

@@ -243,11 +243,14 @@ impl RunTrace {
             }
         };
         if rayon::current_thread_index().is_some() {
-            // Called from a thread of the pool (a caller's own parallel loop): waiting there
+            // Called from a thread of a pool (a caller's own parallel loop): waiting there
             // for a spawned job could wait for itself, so it decodes now.
             job();
         } else {
-            rayon::spawn(job);
+            match decode_pool() {
+                Some(pool) => pool.spawn(job),
+                None => rayon::spawn(job),
+            }
         }
         Decoding { rx }
     }
@@ -432,6 +435,25 @@ fn read_records(
     }
     recs.sort_by_key(|r| r.seq);
     (Some(recs), unreadable)
+}
+
+/// The thread pool that decodes ahead of the walk, apart from the global pool that the walk's
+/// own parallel loops (error sums, placement searches) run on: rayon's workers take the
+/// tasks they can steal from each other before those injected from outside the pool, so on
+/// one pool the walk's loops would wait for the whole window being decoded, and the walk and
+/// the decoding would not overlap. As many threads as the global pool (`RAYON_NUM_THREADS`);
+/// `None` when it cannot be made (the global pool decodes then).
+fn decode_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("ttrace-decode-{i}"))
+            .build()
+            .map_err(|e| tracing::debug!("no decoding pool ({e}): decoding on the global one"))
+            .ok()
+    })
+    .as_ref()
 }
 
 /// An open segment and the tensors of its records to decode ahead.

@@ -125,9 +125,32 @@ pub fn proportion_split(dw: &[f32], g: &[f32], median: f32) -> Option<Proportion
     if dw.len() != g.len() || dw.len() < 16 {
         return None;
     }
-    // Per lane: Σab, Σbb, Σaa over all, Σab and Σbb over the large half, the same over the
-    // small half.
-    let mut acc = [[0f64; SPLIT_LANES]; 7];
+    // Whole chunks through the AVX2 loop where the CPU has it (bit-identical), the rest in
+    // the portable one.
+    let mut acc: crate::simd::SplitLanes = [[0f64; SPLIT_LANES]; 7];
+    let done = crate::simd::add_split_chunks(dw, g, median, &mut acc);
+    add_split_lanes(&dw[done..], &g[done..], median, &mut acc);
+    let total = |i: usize| (acc[i][0] + acc[i][2]) + (acc[i][1] + acc[i][3]);
+    let [xy, yy, xx, xy_large, yy_large, xy_small, yy_small] = [0, 1, 2, 3, 4, 5, 6].map(total);
+    // The least-squares scale of one part, as [`ratio`] says it.
+    let fit = |xy: f64, yy: f64| (yy > 0.0 && xy.is_finite()).then(|| xy / yy);
+    let k = fit(xy, yy)?;
+    let (k_small, k_large) = (fit(xy_small, yy_small)?, fit(xy_large, yy_large)?);
+    if xx == 0.0 || yy == 0.0 {
+        return None;
+    }
+    Some(Proportion {
+        k,
+        k_small,
+        k_large,
+        cosine: xy / (xx * yy).sqrt(),
+    })
+}
+
+/// The portable loop of [`proportion_split`]: element `i` of `dw` (a) and `g` (b) into lane
+/// `i % SPLIT_LANES` of Σab, Σbb, Σaa over all, Σab and Σbb over the large half of `|b|`,
+/// the same over the small half.
+fn add_split_lanes(dw: &[f32], g: &[f32], median: f32, acc: &mut crate::simd::SplitLanes) {
     let mut add = |l: usize, a: f32, b: f32| {
         let (a64, b64) = (f64::from(a), f64::from(b));
         let (ab, bb) = (a64 * b64, b64 * b64);
@@ -152,21 +175,6 @@ pub fn proportion_split(dw: &[f32], g: &[f32], median: f32) -> Option<Proportion
     for (l, (&a, &b)) in dr.iter().zip(gr).enumerate() {
         add(l, a, b);
     }
-    let total = |i: usize| (acc[i][0] + acc[i][2]) + (acc[i][1] + acc[i][3]);
-    let [xy, yy, xx, xy_large, yy_large, xy_small, yy_small] = [0, 1, 2, 3, 4, 5, 6].map(total);
-    // The least-squares scale of one part, as [`ratio`] says it.
-    let fit = |xy: f64, yy: f64| (yy > 0.0 && xy.is_finite()).then(|| xy / yy);
-    let k = fit(xy, yy)?;
-    let (k_small, k_large) = (fit(xy_small, yy_small)?, fit(xy_large, yy_large)?);
-    if xx == 0.0 || yy == 0.0 {
-        return None;
-    }
-    Some(Proportion {
-        k,
-        k_small,
-        k_large,
-        cosine: xy / (xx * yy).sqrt(),
-    })
 }
 
 /// What the weights of the next step say about one reduced gradient.
@@ -449,6 +457,30 @@ mod tests {
                     (a, b) => panic!("n {n}: {a:?} != {b:?}"),
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_vector_loop_of_the_fit_gives_the_portable_loops_bits() {
+        // Whatever the CPU, the sums are those of the portable loop, bit for bit: odd lengths,
+        // NaN and infinite values, gradients exactly at the median.
+        let mut g = grads(1003);
+        let mut dw: Vec<f32> = g.iter().map(|v| -0.01 * v + 1e-6).collect();
+        let median = median_magnitude(&g).expect("not empty");
+        g[3] = -median;
+        g[4] = median;
+        g[7] = f32::NAN;
+        g[9] = f32::NEG_INFINITY;
+        dw[11] = f32::INFINITY;
+        dw[12] = f32::NAN;
+        for n in [0, 1, 3, 4, 5, 8, 13, 64, 1001, 1003] {
+            let mut vector: crate::simd::SplitLanes = [[0f64; SPLIT_LANES]; 7];
+            let done = crate::simd::add_split_chunks(&dw[..n], &g[..n], median, &mut vector);
+            add_split_lanes(&dw[done..n], &g[done..n], median, &mut vector);
+            let mut portable: crate::simd::SplitLanes = [[0f64; SPLIT_LANES]; 7];
+            add_split_lanes(&dw[..n], &g[..n], median, &mut portable);
+            let bits = |acc: &crate::simd::SplitLanes| acc.map(|l| l.map(f64::to_bits));
+            assert_eq!(bits(&vector), bits(&portable), "n {n}");
         }
     }
 

@@ -66,8 +66,15 @@ pub struct Runtime {
     /// Active capture sequences (usually none: checked with one atomic load).
     captures: Mutex<Vec<Arc<Mutex<Capture>>>>,
     active_captures: AtomicUsize,
-    /// The process that initialised the runtime: a forked child may not use it.
-    pid: u32,
+}
+
+/// Set in a child forked after the runtime was initialised (a `pthread_atfork` child handler
+/// registered at initialisation): such a child may not use it. A flag, not a `getpid` per
+/// call: a system call in every export would charge the host for what a driver does not.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked_child() {
+    FORKED.store(true, Ordering::Relaxed);
 }
 
 static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
@@ -108,6 +115,8 @@ pub fn rt() -> Result<&'static Runtime, cudaError_t> {
     let r = RUNTIME
         .get_or_init(|| {
             let heap = Heap::new().ok()?;
+            // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
             let devices = (0..device_count_from_env())
                 .map(|_| Device {
                     legacy: OnceLock::new(),
@@ -125,12 +134,11 @@ pub fn rt() -> Result<&'static Runtime, cudaError_t> {
                 nodes: Handles::default(),
                 captures: Mutex::new(Vec::new()),
                 active_captures: AtomicUsize::new(0),
-                pid: std::process::id(),
             })
         })
         .as_ref()
         .ok_or(cudaErrorInitializationError)?;
-    if r.pid != std::process::id() {
+    if FORKED.load(Ordering::Relaxed) {
         // CUDA cannot be used in a child forked after initialisation.
         return Err(cudaErrorInitializationError);
     }
@@ -430,5 +438,35 @@ impl Runtime {
         for s in self.device_streams(d) {
             s.synchronize();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_forked_after_initialisation_cannot_use_the_runtime_and_its_parent_still_can() {
+        assert!(
+            rt().is_ok(),
+            "the runtime initialises (SIM_CUDA_DEVICES default)"
+        );
+        // SAFETY: the child only reads an atomic and an initialised OnceLock, then leaves with
+        // _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let refused = matches!(rt(), Err(e) if e == cudaErrorInitializationError);
+            // SAFETY: _exit is async-signal-safe; the child runs no destructor.
+            unsafe { libc::_exit(if refused { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the forked child was not refused (status {status})"
+        );
+        assert!(rt().is_ok(), "the parent keeps its runtime");
     }
 }

@@ -397,9 +397,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         return;
     }
     let event = if f.copied {
-        match cuda::event_get(f.device)
-            .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
-        {
+        match cuda::record_completion(f.device, stream) {
             Ok(ev) => Some(ev),
             Err(code) => {
                 // Copies are in flight with no way to see them finish: stop capturing so the
@@ -564,6 +562,8 @@ fn reserve_polling(
         {
             return None;
         }
+        // Space comes from the tracer publishing or skipping what it holds: no nap now.
+        tracer::nudge();
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(2));
     }
@@ -732,9 +732,7 @@ impl Eager {
                 });
                 return abort(index, format!("cudaError {code}"));
             }
-            let event = match cuda::event_get(self.device)
-                .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
-            {
+            let event = match cuda::record_completion(self.device, stream) {
                 Ok(ev) => ev,
                 Err(code) => {
                     crate::fault(

@@ -9,7 +9,7 @@
 //! `Publish` (batched: written when the tracer is about to wait, [`Client::flush`]). The daemon
 //! releases each published slot, which frees ring space for the hooks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -115,17 +115,87 @@ struct Fifo {
 
 /// The FIFO's state, under its lock.
 struct Queue {
-    /// Entries by ticket, with whether the ticket is counted (prefilter.rs).
-    map: BTreeMap<u64, (Entry, bool)>,
-    /// The tracer sleeps on the condition variable: a hook must wake it. Otherwise a hook
-    /// saves the wake-up (a system call per record).
-    sleeping: bool,
+    /// Entries by ticket from `base` on (`None`: not handed in yet), with whether the ticket
+    /// is counted (prefilter.rs). The tracer takes tickets in order, so a window over the
+    /// tickets handed in and not taken yet is all the map it needs (no allocation per entry).
+    window: VecDeque<Option<(Entry, bool)>>,
+    /// The ticket of `window[0]`: the next the tracer takes.
+    base: u64,
+    /// How the tracer sleeps on the condition variable, if it does.
+    sleep: Sleep,
+    /// Entries handed in so far (a nap that brought none is followed by a deep sleep).
+    pushed: u64,
 }
+
+impl Queue {
+    /// Files entry `e` under ticket `n`.
+    fn insert(&mut self, n: u64, e: Entry, counted: bool) {
+        // The tracer never passes a ticket that was not handed in: `n >= base`.
+        let at = n.saturating_sub(self.base) as usize;
+        if at >= self.window.len() {
+            self.window.resize_with(at + 1, || None);
+        }
+        self.window[at] = Some((e, counted));
+        self.pushed += 1;
+    }
+
+    /// Takes ticket `n`'s entry if it was handed in (`n` is the tracer's next ticket).
+    fn take(&mut self, n: u64) -> Option<(Entry, bool)> {
+        debug_assert_eq!(n, self.base, "tickets are taken in order");
+        if !matches!(self.window.front(), Some(Some(_))) {
+            return None;
+        }
+        self.base += 1;
+        self.window.pop_front().flatten()
+    }
+
+    /// The event recorded last, among the entries handed in, on `ev`'s stream, other than
+    /// `ev` (`None` while a streamed tensor's chunk is queued: chunks are published one by one
+    /// so that the next can take their space).
+    fn later_on_lane(&self, ev: Event) -> Option<Event> {
+        let mut later = None;
+        for (e, _) in self.window.iter().rev().flatten() {
+            let on = match e {
+                Entry::Capture(c) => c.event,
+                Entry::Skip { event, .. } => *event,
+                Entry::Chunk(_) => return None,
+                _ => None,
+            };
+            if let Some(on) = on.filter(|o| o.lane == ev.lane && o.device == ev.device) {
+                if later.is_none() && on.raw != ev.raw {
+                    later = Some(on);
+                }
+            }
+        }
+        later
+    }
+}
+
+/// How the tracer sleeps on the FIFO's condition variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sleep {
+    Awake,
+    /// For at most [`NAP`], after taking entries: the program is capturing, the hooks do not
+    /// wake it (a wake-up per record is a system call and two context switches).
+    Nap,
+    /// Until a hook wakes it: the last nap brought nothing.
+    Deep,
+}
+
+/// How long the tracer lets entries gather before it takes them, while the program captures:
+/// it then waits once for the device to complete the batch ([`Queue::later_on_lane`]) instead
+/// of once per record. Hooks waiting for ring space and the exit drain wake it at once.
+const NAP: Duration = Duration::from_millis(2);
+
+/// Entries queued after which a hook wakes a napping tracer anyway.
+const NAP_ENTRIES: usize = 512;
 
 static FIFO: Fifo = Fifo {
     entries: Mutex::new(Queue {
-        map: BTreeMap::new(),
-        sleeping: false,
+        window: VecDeque::new(),
+        base: 0,
+        sleep: Sleep::Awake,
+        pushed: 0,
     }),
     cv: Condvar::new(),
 };
@@ -219,11 +289,24 @@ fn put(n: u64, e: Entry, counted: bool) {
     }
     let wake = {
         let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
-        q.map.insert(n, (e, counted));
+        q.insert(n, e, counted);
         // Read under the lock the tracer holds until it sleeps: no wake-up is lost.
-        q.sleeping
+        match q.sleep {
+            Sleep::Awake => false,
+            Sleep::Nap => q.window.len() >= NAP_ENTRIES,
+            Sleep::Deep => true,
+        }
     };
     if wake {
+        FIFO.cv.notify_all();
+    }
+}
+
+/// A hook waits for ring space that only the tracer can free (by publishing or skipping what
+/// it holds): it must not nap meanwhile.
+pub fn nudge() {
+    let asleep = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner()).sleep != Sleep::Awake;
+    if asleep {
         FIFO.cv.notify_all();
     }
 }
@@ -267,13 +350,15 @@ pub fn now_ns() -> u64 {
 
 /// Waits for ticket `n` (`None`: the process is exiting and the drain is over); the entry and
 /// whether it is counted. `before_sleeping` runs (outside the FIFO's lock) before the thread
-/// first sleeps for it.
+/// first sleeps for it. The thread naps ([`NAP`]) while entries keep coming, and sleeps until
+/// a hook wakes it once a nap brought none.
 fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
     let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
     let mut first = true;
+    let mut deep = false;
     loop {
-        if let Some(e) = q.map.remove(&n) {
+        if let Some(e) = q.take(n) {
             return Some(e);
         }
         if draining_over(n) {
@@ -285,13 +370,20 @@ fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
             q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
             continue;
         }
-        q.sleeping = true;
+        let pushed = q.pushed;
+        let (sleep, timeout) = if deep {
+            (Sleep::Deep, Duration::from_millis(50))
+        } else {
+            (Sleep::Nap, NAP)
+        };
+        q.sleep = sleep;
         q = FIFO
             .cv
-            .wait_timeout(q, Duration::from_millis(50))
+            .wait_timeout(q, timeout)
             .unwrap_or_else(|p| p.into_inner())
             .0;
-        q.sleeping = false;
+        q.sleep = Sleep::Awake;
+        deep = q.pushed == pushed;
     }
 }
 
@@ -490,7 +582,7 @@ impl Tracer {
             }
             Entry::Skip { slot, event } => {
                 if let Some(ev) = event {
-                    let _ = self.wait(ev);
+                    let _ = self.wait(ev, true);
                 }
                 if let Some(s) = slot {
                     self.skip_slot(s);
@@ -510,9 +602,11 @@ impl Tracer {
     /// Waits for an event; `Err` with the runtime's error when the op or a copy failed.
     /// The tracer thread sleeps in `cudaEventSynchronize` (a blocking-sync event: one wake-up
     /// when it completes, where polling woke up every few microseconds); during the exit drain
-    /// it polls, so that the drain's deadline holds.
-    fn wait(&mut self, ev: Event) -> Result<(), u32> {
+    /// it polls, so that the drain's deadline holds. With `batch`, it sleeps on the last event
+    /// queued on the same stream instead ([`Tracer::sleep_on_batch`]).
+    fn wait(&mut self, ev: Event, batch: bool) -> Result<(), u32> {
         let mut pause = Duration::from_micros(20);
+        let mut batch = batch;
         loop {
             let mut r = cuda::event_query(ev.handle());
             if r == cuda_abi::cudart::cudaErrorNotReady {
@@ -526,6 +620,13 @@ impl Tracer {
                     std::thread::yield_now();
                     r = cuda::event_query(ev.handle());
                 }
+            }
+            if r == cuda_abi::cudart::cudaErrorNotReady
+                && std::mem::take(&mut batch)
+                && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
+                && self.sleep_on_batch(ev)
+            {
+                r = cuda::event_query(ev.handle());
             }
             if r == cuda_abi::cudart::cudaErrorNotReady
                 && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
@@ -551,6 +652,25 @@ impl Tracer {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+    }
+
+    /// Sleeps until the last event queued on `ev`'s stream completes, which completes after
+    /// `ev`: one wake-up for every record up to it. `false` when there is none, when that
+    /// wait failed, or when the ring is over half full (the records before the last may
+    /// complete well before it, and their space is wanted). The caller still queries `ev`.
+    fn sleep_on_batch(&mut self, ev: Event) -> bool {
+        let in_use = self.ring.head().saturating_sub(self.ring.tail());
+        if in_use > self.ring.capacity() / 2 {
+            return false;
+        }
+        let later = FIFO
+            .entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .later_on_lane(ev);
+        // The later event belongs to an entry the tracer has not taken: nothing returns it
+        // to the pool (or records it again) before this thread is done waiting on it.
+        later.is_some_and(|l| cuda::event_synchronize(l.handle()) == cuda_abi::cudart::cudaSuccess)
     }
 
     /// A snapshot whose copies were enqueued: waits for them, reads its bytes (CRC-32s, the
@@ -599,7 +719,7 @@ impl Tracer {
     /// was recorded and its slot let go, or the exit drain ran out of time).
     fn snapshot_completed(&mut self, c: &Captured) -> bool {
         let Some(ev) = c.event else { return true };
-        let Err(code) = self.wait(ev) else {
+        let Err(code) = self.wait(ev, true) else {
             return true;
         };
         if code == cuda_abi::cudart::cudaErrorNotReady {
@@ -729,7 +849,7 @@ impl Tracer {
     /// stream's CRC-32.
     fn chunk(&mut self, c: ChunkEntry) {
         let stream = c.stream;
-        if let Err(code) = self.wait(c.event) {
+        if let Err(code) = self.wait(c.event, false) {
             if code == cuda_abi::cudart::cudaErrorNotReady {
                 crate::log::warn(
                     "a streamed tensor's chunk still in flight at exit, not published",

@@ -3,15 +3,17 @@
 //! Every captured op, gap, step mark and communicator takes a **ticket** (a number in host
 //! call order) when it is called; ring slots are reserved in ticket order. The hook (or the
 //! outermost `ncclGroupEnd`) hands the finished entry in under its ticket; the tracer takes
-//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, then sleeping
-//! in `cudaEventSynchronize` on a blocking-sync event: this thread waits, the device and the
-//! program's threads never do), computes the CRC-32s, assigns step and seq, and sends
+//! tickets strictly in order (napping while they gather: a hook does not wake it per entry),
+//! waits for each snapshot's event (`cudaEventQuery`, then sleeping in `cudaEventSynchronize`
+//! on a blocking-sync event, the last one queued on the same stream when there is one: one
+//! wake-up per batch; this thread waits, the device and the program's threads never do),
+//! computes the CRC-32s, assigns step and seq, and sends
 //! `Publish` (batched: written when the tracer is about to wait, [`Client::flush`]). The daemon
 //! releases each published slot, which frees ring space for the hooks.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ttrace_proto::config::{CaptureConfig, StepRule};
@@ -35,7 +37,8 @@ pub struct Meta {
     pub stream: u64,
     pub device: i32,
     pub thread: u64,
-    pub nvtx: Vec<String>,
+    /// The NVTX ranges open around the call, outermost first.
+    pub nvtx: Arc<[String]>,
     pub kernels_before: Vec<String>,
     pub t_call_ns: u64,
 }
@@ -200,6 +203,9 @@ static FIFO: Fifo = Fifo {
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
+/// A hook waits for ring space: the tracer releases skipped slots as it goes, not only before
+/// it waits.
+static SPACE_WANTED: AtomicBool = AtomicBool::new(false);
 /// The ticket the tracer waits for (`u64::MAX` before it starts and once it stopped).
 static AT: AtomicU64 = AtomicU64::new(u64::MAX);
 /// The tracer thread has stopped: nothing will take entries any more.
@@ -305,6 +311,7 @@ fn put(n: u64, e: Entry, counted: bool) {
 /// A hook waits for ring space that only the tracer can free (by publishing or skipping what
 /// it holds): it must not nap meanwhile.
 pub fn nudge() {
+    SPACE_WANTED.store(true, Ordering::Release);
     let asleep = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner()).sleep != Sleep::Awake;
     if asleep {
         FIFO.cv.notify_all();
@@ -431,6 +438,8 @@ pub fn shutdown(grace: Duration) {
 /// A record waiting for its step.
 struct Pending {
     record: Record,
+    /// Its API and NVTX ranges, set when it is published.
+    later: Later,
     slot: Option<Slot>,
     /// The streams of its streamed tensors.
     streams: Vec<StreamRef>,
@@ -527,7 +536,7 @@ impl Tracer {
         let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
         let mut n = 0u64;
         loop {
-            let next = take(n, || self.flush());
+            let next = take(n, || self.before_waiting());
             let Some((e, counted)) = next else { break };
             n += 1;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
@@ -540,7 +549,10 @@ impl Tracer {
             if self.broken {
                 break;
             }
-            self.release_skipped();
+            if SPACE_WANTED.swap(false, Ordering::AcqRel) {
+                // Else released before the thread waits: one release (a system call) per batch.
+                self.release_skipped();
+            }
         }
         if !self.broken {
             let mut out = Vec::new();
@@ -610,22 +622,23 @@ impl Tracer {
         loop {
             let mut r = cuda::event_query(ev.handle());
             if r == cuda_abi::cudart::cudaErrorNotReady {
-                // The daemon gets what is published while the device works.
-                self.flush();
+                // The daemon gets what is published, and the hooks the space let go, while
+                // the device works.
+                self.before_waiting();
                 r = cuda::event_query(ev.handle());
-                for _ in 0..YIELDS_BEFORE_SLEEP {
-                    if r != cuda_abi::cudart::cudaErrorNotReady {
-                        break;
-                    }
-                    std::thread::yield_now();
-                    r = cuda::event_query(ev.handle());
-                }
             }
             if r == cuda_abi::cudart::cudaErrorNotReady
                 && std::mem::take(&mut batch)
                 && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
                 && self.sleep_on_batch(ev)
             {
+                r = cuda::event_query(ev.handle());
+            }
+            for _ in 0..YIELDS_BEFORE_SLEEP {
+                if r != cuda_abi::cudart::cudaErrorNotReady {
+                    break;
+                }
+                std::thread::yield_now();
                 r = cuda::event_query(ev.handle());
             }
             if r == cuda_abi::cudart::cudaErrorNotReady
@@ -932,7 +945,7 @@ impl Tracer {
 
     fn feed(
         &mut self,
-        mut record: Record,
+        (mut record, later): (Record, Later),
         slot: Option<Slot>,
         streams: Vec<StreamRef>,
         class: Class,
@@ -946,6 +959,7 @@ impl Tracer {
         self.steps.push(
             Pending {
                 record,
+                later,
                 slot,
                 streams,
                 prefiltered,
@@ -1031,11 +1045,13 @@ impl Tracer {
                 format!(
                     "{}: snapshot reduced by the step filter, but the record belongs to selected \
                      step {step}",
-                    p.record.api
+                    p.later.api
                 ),
             );
         }
         let mut record = p.record;
+        record.api = p.later.api.to_string();
+        record.nvtx = p.later.nvtx.to_vec();
         record.rank = rank;
         let seq = self.seq.entry((record.rank, step)).or_insert(0);
         record.step = step;
@@ -1076,6 +1092,13 @@ impl Tracer {
             }
             self.broken = true;
         }
+    }
+
+    /// Before the thread waits (for the device or the FIFO): hands the daemon the messages
+    /// batched and the hooks the ring space of skipped slots.
+    fn before_waiting(&mut self) {
+        self.release_skipped();
+        self.flush();
     }
 
     /// Writes the messages the connection batched ([`Client::flush`]).
@@ -1153,23 +1176,36 @@ fn arrays_differ(op: &Op, tensors: &[Tensor], bad: &[usize]) -> String {
     )
 }
 
-/// A record from its metadata and tensors (rank, step and seq are set at publication).
-fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
-    Record {
+/// A record from its metadata and tensors (rank, step and seq are set at publication), with
+/// what only a published record needs ([`Later`]).
+fn record(meta: Meta, tensors: Vec<Tensor>) -> (Record, Later) {
+    let later = Later {
+        api: meta.api,
+        nvtx: meta.nvtx,
+    };
+    let record = Record {
         rank: 0,
         step: 0,
         seq: 0,
-        api: meta.api.to_string(),
+        api: String::new(),
         op: meta.op,
         stream: meta.stream,
         device: meta.device,
         thread: meta.thread,
-        nvtx: meta.nvtx,
+        nvtx: Vec::new(),
         kernels_before: meta.kernels_before,
         tensors,
         t_call_ns: meta.t_call_ns,
         t_done_ns: 0,
-    }
+    };
+    (record, later)
+}
+
+/// A record's fields that are filled in when it is published: the many records dropped
+/// outside `--steps`/`--ranks` never allocate them.
+struct Later {
+    api: &'static str,
+    nvtx: Arc<[String]>,
 }
 
 /// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the

@@ -134,6 +134,7 @@ impl Queue {
     /// Files entry `e` under ticket `n`.
     fn insert(&mut self, n: u64, e: Entry, counted: bool) {
         // The tracer never passes a ticket that was not handed in: `n >= base`.
+        debug_assert!(n >= self.base, "ticket {n} handed in twice");
         let at = n.saturating_sub(self.base) as usize;
         if at >= self.window.len() {
             self.window.resize_with(at + 1, || None);
@@ -149,7 +150,12 @@ impl Queue {
             return None;
         }
         self.base += 1;
-        self.window.pop_front().flatten()
+        let e = self.window.pop_front().flatten();
+        if self.window.is_empty() && self.window.capacity() > WINDOW_KEPT {
+            // A burst is over: give its memory back.
+            self.window.shrink_to(WINDOW_KEPT);
+        }
+        e
     }
 
     /// The event recorded last, among the entries handed in, on `ev`'s stream, other than
@@ -192,6 +198,9 @@ const NAP: Duration = Duration::from_millis(2);
 
 /// Entries queued after which a hook wakes a napping tracer anyway.
 const NAP_ENTRIES: usize = 512;
+
+/// Entries the FIFO's window keeps room for once emptied.
+const WINDOW_KEPT: usize = 1024;
 
 static FIFO: Fifo = Fifo {
     entries: Mutex::new(Queue {
@@ -371,7 +380,9 @@ fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
         if draining_over(n) {
             return None;
         }
-        if std::mem::take(&mut first) {
+        // Before the first sleep, and when a hook waiting for ring space woke it: the space
+        // of skipped slots goes back to the hooks.
+        if std::mem::take(&mut first) || SPACE_WANTED.swap(false, Ordering::AcqRel) {
             drop(q);
             before_sleeping();
             q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());

@@ -1300,6 +1300,87 @@ mod tests {
         }
     }
 
+    fn event(raw: usize, device: i32, lane: u64) -> Event {
+        Event { raw, device, lane }
+    }
+
+    fn skip(ev: Event) -> Entry {
+        Entry::Skip {
+            slot: None,
+            event: Some(ev),
+        }
+    }
+
+    fn queue() -> Queue {
+        Queue {
+            window: VecDeque::new(),
+            base: 0,
+            sleep: Sleep::Awake,
+            pushed: 0,
+        }
+    }
+
+    /// Tickets come out in order whatever order they are handed in, and only once the next
+    /// one is there.
+    #[test]
+    fn the_window_hands_out_tickets_in_order() {
+        let mut q = queue();
+        q.insert(2, Entry::StreamAbort(2), false);
+        q.insert(1, Entry::StreamAbort(1), true);
+        assert!(q.take(0).is_none(), "ticket 0 is not handed in yet");
+        q.insert(0, Entry::StreamAbort(0), false);
+        for n in 0..3 {
+            match q.take(n) {
+                Some((Entry::StreamAbort(id), counted)) => {
+                    assert_eq!((id, counted), (n, n == 1));
+                }
+                other => panic!("ticket {n}: {other:?}"),
+            }
+        }
+        assert!(q.take(3).is_none());
+        assert_eq!(q.pushed, 3);
+    }
+
+    /// The tracer waits once for a batch on the last event of the same stream and device,
+    /// never on another stream's, and not while a streamed tensor's chunk is queued.
+    #[test]
+    fn a_batch_waits_on_the_last_event_of_its_stream() {
+        let waited = event(1, 0, 7);
+        let mut q = queue();
+        q.insert(0, skip(event(2, 0, 7)), false);
+        q.insert(1, skip(event(3, 0, 7)), false);
+        q.insert(2, skip(event(4, 0, 8)), false); // another stream
+        q.insert(3, skip(event(5, 1, 7)), false); // another device
+        q.insert(4, Entry::StreamAbort(9), false);
+        assert_eq!(q.later_on_lane(waited).map(|e| e.raw), Some(3));
+        assert_eq!(
+            q.later_on_lane(event(6, 0, 9)),
+            None,
+            "nothing on its stream"
+        );
+        let slot = Slot {
+            pos: 0,
+            len: 64,
+            end: 64,
+        };
+        let chunk = ChunkEntry {
+            stream: 1,
+            index: 0,
+            offset: 0,
+            len: 64,
+            total: 128,
+            elem: 1,
+            slot,
+            event: event(10, 0, 7),
+        };
+        q.insert(5, Entry::Chunk(Box::new(chunk)), false);
+        assert_eq!(
+            q.later_on_lane(waited),
+            None,
+            "a chunk is waited for on its own"
+        );
+    }
+
     #[test]
     fn an_array_that_differs_or_is_missing_is_unmet_unless_nothing_else_is_stored() {
         let want: Arc<[u8]> = Arc::from(vec![1u8; 16]);

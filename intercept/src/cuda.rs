@@ -5,7 +5,6 @@
 //! with `cudaGetLastError`; [`ErrScope`] puts it back when the tracer's own call failed.
 
 use core::ffi::{c_int, c_void};
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use cuda_abi::cudart::*;
@@ -312,11 +311,15 @@ pub fn exchange_capture_mode(
     Ok(m)
 }
 
-/// A completion event from the pool, with the device it belongs to.
+/// A completion event from the pool, with the device it belongs to and the stream it was
+/// recorded on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     pub raw: usize,
     pub device: i32,
+    /// The stream it was last recorded on ([`lane`]; 0 while not recorded): of two events
+    /// recorded on one lane, the later completes after the earlier.
+    pub lane: u64,
 }
 
 impl Event {
@@ -326,9 +329,9 @@ impl Event {
     }
 }
 
-/// Events per device, created lazily (`cudaEventDisableTiming | cudaEventBlockingSync`) and
-/// reused once complete.
-static POOL: Mutex<Option<HashMap<i32, Vec<usize>>>> = Mutex::new(None);
+/// Events by device, created lazily (`cudaEventDisableTiming | cudaEventBlockingSync`) and
+/// reused once complete (a process drives a few devices: a list beats a hash map).
+static POOL: Mutex<Vec<(i32, Vec<usize>)>> = Mutex::new(Vec::new());
 
 /// An event of `device` (the caller's current device must be `device`, or it is switched for
 /// the creation and restored).
@@ -336,11 +339,15 @@ pub fn event_get(device: i32) -> Result<Event, cudaError_t> {
     let pooled = POOL
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .get_mut(&device)
-        .and_then(Vec::pop);
+        .iter_mut()
+        .find(|(d, _)| *d == device)
+        .and_then(|(_, free)| free.pop());
     if let Some(raw) = pooled {
-        return Ok(Event { raw, device });
+        return Ok(Event {
+            raw,
+            device,
+            lane: 0,
+        });
     }
     // Created outside the pool's lock: never hold a tracer lock while calling CUDA.
     let f = real::cudaEventCreateWithFlags().ok_or(MISSING)?;
@@ -358,17 +365,52 @@ pub fn event_get(device: i32) -> Result<Event, cudaError_t> {
     Ok(Event {
         raw: ev as usize,
         device,
+        lane: 0,
     })
 }
 
-/// Returns a completed event to the pool.
+/// Returns a completed (or never recorded) event to the pool.
 pub fn event_put(ev: Event) {
-    POOL.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .entry(ev.device)
-        .or_default()
-        .push(ev.raw);
+    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match pool.iter_mut().find(|(d, _)| *d == ev.device) {
+        Some((_, free)) => free.push(ev.raw),
+        None => pool.push((ev.device, vec![ev.raw])),
+    }
+}
+
+/// Records a pooled event of `device` on `stream` (the op's, on the calling thread), after
+/// everything enqueued on it so far: a snapshot's completion.
+pub fn record_completion(device: i32, stream: cudaStream_t) -> Result<Event, cudaError_t> {
+    let ev = event_get(device)?;
+    if let Err(code) = event_record(ev.handle(), stream) {
+        // Never recorded: nothing can wait on it.
+        event_put(ev);
+        return Err(code);
+    }
+    Ok(Event {
+        lane: lane(device, stream),
+        ..ev
+    })
+}
+
+/// Which stream work enqueued on `stream` by the calling thread runs on, as a key: the device's
+/// legacy default stream for `0` and `cudaStreamLegacy` (whichever thread), the calling
+/// thread's own for `cudaStreamPerThread`, else the stream the handle names. Never 0.
+fn lane(device: i32, stream: cudaStream_t) -> u64 {
+    let (handle, thread) = match stream as usize {
+        0 => (cudaStreamLegacy as u64, 0),
+        h if h == cudaStreamPerThread as usize => (
+            h as u64,
+            crate::thread::with(|t| t.tid()).unwrap_or_else(crate::identity::gettid),
+        ),
+        h => (h as u64, 0),
+    };
+    crate::identity::Fnv::default()
+        .u64(device as u64)
+        .u64(handle)
+        .u64(thread)
+        .finish()
+        .max(1)
 }
 
 /// The major version of the CUDA runtime the program uses (12 when it cannot be told).

@@ -11,13 +11,13 @@
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
 use ttrace_proto::config::StepRule;
 use ttrace_proto::record::{GapReason, Op, Role, Tensor};
-use ttrace_proto::ring::{tensor_offsets, Slot};
+use ttrace_proto::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
 use crate::fingerprint::Layout;
@@ -116,9 +116,8 @@ static RESERVE: Mutex<()> = Mutex::new(());
 
 /// The call-time metadata of an op on this thread.
 pub fn meta(api: &'static str, op: Op, stream_id: u64, device: i32) -> Meta {
-    let (thread, nvtx, kernels_before) =
-        thread::with(|t| (t.tid(), t.nvtx.clone(), t.take_kernels()))
-            .unwrap_or_else(|| (crate::identity::gettid(), Vec::new(), Vec::new()));
+    let (thread, nvtx, kernels_before) = thread::with(|t| (t.tid(), t.ranges(), t.take_kernels()))
+        .unwrap_or_else(|| (crate::identity::gettid(), Arc::from([]), Vec::new()));
     Meta {
         api,
         op,
@@ -274,29 +273,32 @@ fn layout_in_slot(
     plans: &[TensorPlan],
     fingerprints: &[Option<Layout>],
 ) -> (Vec<Option<u64>>, u64) {
-    let sizes: Vec<u64> = plans
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.captured)
-        .map(|(i, t)| match fingerprints.get(i) {
-            Some(Some(fp)) => fp.bytes(),
-            _ => t.nbytes,
-        })
-        .collect();
-    let (offs, total) = tensor_offsets(&sizes);
-    let mut offs = offs.into_iter();
+    // As `tensor_offsets` places them (each at the aligned end of the one before), in one pass.
+    let mut at = 0u64;
     let offsets = plans
         .iter()
-        .map(|t| if t.captured { offs.next() } else { None })
+        .enumerate()
+        .map(|(i, t)| {
+            if !t.captured {
+                return None;
+            }
+            let size = match fingerprints.get(i) {
+                Some(Some(fp)) => fp.bytes(),
+                _ => t.nbytes,
+            };
+            let start = at;
+            at = ttrace_proto::ring::align(at + size);
+            Some(start)
+        })
         .collect();
-    (offsets, total)
+    (offsets, at)
 }
 
 /// The fingerprint a tensor copied for the step rule only is reduced to (one copy of its
 /// pieces): when its bytes lie at one address, in order (else it is copied whole and the
 /// tracer takes the fingerprint from its packed bytes).
 fn fingerprint_only(t: &TensorPlan) -> Option<Layout> {
-    let contiguous = t.blocks.is_none() && matches!(t.source.copies()[..], [Copy::Linear { .. }]);
+    let contiguous = t.blocks.is_none() && t.source.is_contiguous();
     (t.captured && t.rule_only && contiguous).then(|| Layout::of(t.nbytes))
 }
 
@@ -397,9 +399,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         return;
     }
     let event = if f.copied {
-        match cuda::event_get(f.device)
-            .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
-        {
+        match cuda::record_completion(f.device, stream) {
             Ok(ev) => Some(ev),
             Err(code) => {
                 // Copies are in flight with no way to see them finish: stop capturing so the
@@ -453,11 +453,19 @@ impl Eager {
                 continue;
             }
             let base = self.slot_ptr + off as usize;
-            let copies = match self.fingerprints[i] {
-                Some(fp) => vec![fingerprint_copy(p.source.src, fp)],
-                None => p.copies(),
+            // A fingerprint is one copy: no list to build.
+            let (one, all);
+            let copies: &[Copy] = match self.fingerprints[i] {
+                Some(fp) => {
+                    one = [fingerprint_copy(p.source.src, fp)];
+                    &one
+                }
+                None => {
+                    all = p.copies();
+                    &all
+                }
             };
-            for c in copies {
+            for &c in copies {
                 let r = enqueue(base, c, stream);
                 match r {
                     Ok(()) => self.copied = true,
@@ -564,6 +572,8 @@ fn reserve_polling(
         {
             return None;
         }
+        // Space comes from the tracer publishing or skipping what it holds: no nap now.
+        tracer::nudge();
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(2));
     }
@@ -732,9 +742,7 @@ impl Eager {
                 });
                 return abort(index, format!("cudaError {code}"));
             }
-            let event = match cuda::event_get(self.device)
-                .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev))
-            {
+            let event = match cuda::record_completion(self.device, stream) {
                 Ok(ev) => ev,
                 Err(code) => {
                     crate::fault(
@@ -809,6 +817,7 @@ fn reserve_chunk(s: &Session, len: u64) -> Option<(Ticket, Slot)> {
 mod tests {
     use super::*;
     use crate::plan::{matrix, Matrix};
+    use ttrace_proto::ring::tensor_offsets;
 
     fn operand(rows: u64, ld: u64) -> TensorPlan {
         let m = Matrix {
@@ -856,6 +865,20 @@ mod tests {
         let plans = [t];
         let (_, total) = layout_in_slot(&plans, &[Some(fp)]);
         assert!(total < plans[0].nbytes / 100, "{total} bytes in the slot");
+    }
+
+    /// The tensors lie in the slot where `tensor_offsets` (the daemon's reading) puts the
+    /// captured ones, fingerprints taking their own size.
+    #[test]
+    fn the_slot_layout_is_tensor_offsets_of_the_captured_sizes() {
+        let mut plans = vec![operand(1000, 1024), operand(64, 64), operand(3, 3)];
+        plans[1].captured = false;
+        let fp = Some(Layout::of(plans[2].nbytes));
+        let (offsets, total) = layout_in_slot(&plans, &[None, None, fp]);
+        let sizes = [plans[0].nbytes, fp.map_or(0, |f| f.bytes())];
+        let (want, want_total) = tensor_offsets(&sizes);
+        assert_eq!(offsets, vec![Some(want[0]), None, Some(want[1])]);
+        assert_eq!(total, want_total);
     }
 
     /// A stored operand, or one whose rows are padded (its packed bytes are not at one

@@ -498,8 +498,7 @@ fn publish(
 ) {
     let event = match slot {
         Some(_) if ok => {
-            let ev = cuda::event_get(t.device)
-                .and_then(|ev| cuda::event_record(ev.handle(), stream).map(|()| ev));
+            let ev = cuda::record_completion(t.device, stream);
             match ev {
                 Ok(ev) => Some(ev),
                 Err(code) => {

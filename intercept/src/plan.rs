@@ -47,6 +47,13 @@ impl Source {
         self.width * self.height * self.batch
     }
 
+    /// Whether the packed bytes lie at one address, in order: [`Source::copies`] is one linear
+    /// copy (told without building the list).
+    pub fn is_contiguous(&self) -> bool {
+        let (w, h, b) = (self.width, self.height, self.batch);
+        w > 0 && h > 0 && b > 0 && (h == 1 || self.spitch == w) && (b == 1 || self.bstride == w * h)
+    }
+
     /// The copies that pack the source into a buffer: as few as the layout allows (one linear
     /// copy when it is contiguous, one pitched copy when the blocks follow each other at the
     /// row pitch, else one pitched copy per block).
@@ -497,6 +504,27 @@ pub fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `is_contiguous` says what `copies` would build, for every small layout.
+    #[test]
+    fn a_source_is_contiguous_exactly_when_it_is_one_linear_copy() {
+        for (width, height, batch) in [(0, 1, 1), (4, 0, 1), (4, 2, 0), (4, 1, 1), (4, 3, 2)] {
+            for spitch in [width, width + 4] {
+                for bstride in [0, width * height, spitch * height, spitch * height + 8] {
+                    let s = Source {
+                        src: 0x100,
+                        spitch,
+                        width,
+                        height,
+                        batch,
+                        bstride,
+                    };
+                    let one_linear = matches!(s.copies()[..], [Copy::Linear { .. }]);
+                    assert_eq!(s.is_contiguous(), one_linear, "{s:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_padded_matrix_is_one_pitched_copy_and_packs_its_rows() {

@@ -51,17 +51,18 @@ fn active(cfg: &CaptureConfig) -> bool {
     cfg.steps.is_some()
 }
 
-/// Whether a GEMM with signature `sig` counts (it may start a step under `auto`).
-pub(crate) fn counts_gemm(cfg: &CaptureConfig, sig: u64) -> bool {
+/// Whether a GEMM with signature `sig` (computed only when needed) counts (it may start a
+/// step under `auto`).
+pub(crate) fn counts_gemm(cfg: &CaptureConfig, sig: impl FnOnce() -> u64) -> bool {
     active(cfg)
         && cfg.step_rule == StepRule::Auto
-        && (!ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig)
+        && (!ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig())
 }
 
 /// Whether an op counts: a GEMM that may start a step.
 pub(crate) fn counts_op(cfg: &CaptureConfig, api: &str, op: &Op) -> bool {
     match op {
-        Op::Gemm(g) => counts_gemm(cfg, crate::tracer::gemm_sig(api, g)),
+        Op::Gemm(g) => counts_gemm(cfg, || crate::tracer::gemm_sig(api, g)),
         _ => false,
     }
 }

@@ -26,12 +26,13 @@ pub struct Session {
 static SESSION: OnceLock<Option<Session>> = OnceLock::new();
 static RING: OnceLock<Ring> = OnceLock::new();
 
-/// The session, started on first use (`None`: capture is off).
+/// The session, started on first use (`None`: capture is off). A forked child gets none: its
+/// fork handler marked capture dead (lib.rs), which spares every hook a `getpid`.
 pub fn get() -> Option<&'static Session> {
     if mode::dead() {
         return None;
     }
-    let s = SESSION
+    SESSION
         .get_or_init(|| match start() {
             Ok(s) => Some(s),
             Err(e) => {
@@ -41,8 +42,7 @@ pub fn get() -> Option<&'static Session> {
                 None
             }
         })
-        .as_ref()?;
-    (s.pid == std::process::id()).then_some(s)
+        .as_ref()
 }
 
 /// The session if it was started (never starts one).

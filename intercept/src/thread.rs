@@ -4,6 +4,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::engine::InFlight;
 
@@ -49,7 +50,9 @@ impl Drop for Guard {
 pub struct ThreadState {
     tid: u64,
     /// Open NVTX ranges, outermost first.
-    pub nvtx: Vec<String>,
+    nvtx: Vec<String>,
+    /// `nvtx` as records share it, until a range opens or closes.
+    nvtx_shared: Option<Arc<[String]>>,
     kernels: VecDeque<String>,
     kernels_dropped: u64,
     names: HashMap<usize, String>,
@@ -62,6 +65,26 @@ pub struct ThreadState {
 }
 
 impl ThreadState {
+    /// Opens an NVTX range.
+    pub fn push_range(&mut self, name: String) {
+        self.nvtx.push(name);
+        self.nvtx_shared = None;
+    }
+
+    /// Closes the innermost NVTX range.
+    pub fn pop_range(&mut self) {
+        self.nvtx.pop();
+        self.nvtx_shared = None;
+    }
+
+    /// The open NVTX ranges, outermost first, shared by the records taken inside them (one
+    /// allocation per range change, not per record).
+    pub fn ranges(&mut self) -> Arc<[String]> {
+        self.nvtx_shared
+            .get_or_insert_with(|| Arc::from(self.nvtx.as_slice()))
+            .clone()
+    }
+
     /// The OS thread id.
     pub fn tid(&mut self) -> u64 {
         if self.tid == 0 {

@@ -3,15 +3,17 @@
 //! Every captured op, gap, step mark and communicator takes a **ticket** (a number in host
 //! call order) when it is called; ring slots are reserved in ticket order. The hook (or the
 //! outermost `ncclGroupEnd`) hands the finished entry in under its ticket; the tracer takes
-//! tickets strictly in order, waits for each snapshot's event (`cudaEventQuery`, then sleeping
-//! in `cudaEventSynchronize` on a blocking-sync event: this thread waits, the device and the
-//! program's threads never do), computes the CRC-32s, assigns step and seq, and sends
+//! tickets strictly in order (napping while they gather: a hook does not wake it per entry),
+//! waits for each snapshot's event (`cudaEventQuery`, then sleeping in `cudaEventSynchronize`
+//! on a blocking-sync event, the last one queued on the same stream when there is one: one
+//! wake-up per batch; this thread waits, the device and the program's threads never do),
+//! computes the CRC-32s, assigns step and seq, and sends
 //! `Publish` (batched: written when the tracer is about to wait, [`Client::flush`]). The daemon
 //! releases each published slot, which frees ring space for the hooks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ttrace_proto::config::{CaptureConfig, StepRule};
@@ -35,7 +37,8 @@ pub struct Meta {
     pub stream: u64,
     pub device: i32,
     pub thread: u64,
-    pub nvtx: Vec<String>,
+    /// The NVTX ranges open around the call, outermost first.
+    pub nvtx: Arc<[String]>,
     pub kernels_before: Vec<String>,
     pub t_call_ns: u64,
 }
@@ -115,21 +118,103 @@ struct Fifo {
 
 /// The FIFO's state, under its lock.
 struct Queue {
-    /// Entries by ticket, with whether the ticket is counted (prefilter.rs).
-    map: BTreeMap<u64, (Entry, bool)>,
-    /// The tracer sleeps on the condition variable: a hook must wake it. Otherwise a hook
-    /// saves the wake-up (a system call per record).
-    sleeping: bool,
+    /// Entries by ticket from `base` on (`None`: not handed in yet), with whether the ticket
+    /// is counted (prefilter.rs). The tracer takes tickets in order, so a window over the
+    /// tickets handed in and not taken yet is all the map it needs (no allocation per entry).
+    window: VecDeque<Option<(Entry, bool)>>,
+    /// The ticket of `window[0]`: the next the tracer takes.
+    base: u64,
+    /// How the tracer sleeps on the condition variable, if it does.
+    sleep: Sleep,
+    /// Entries handed in so far (a nap that brought none is followed by a deep sleep).
+    pushed: u64,
 }
+
+impl Queue {
+    /// Files entry `e` under ticket `n`.
+    fn insert(&mut self, n: u64, e: Entry, counted: bool) {
+        // The tracer never passes a ticket that was not handed in: `n >= base`.
+        debug_assert!(n >= self.base, "ticket {n} handed in twice");
+        let at = n.saturating_sub(self.base) as usize;
+        if at >= self.window.len() {
+            self.window.resize_with(at + 1, || None);
+        }
+        self.window[at] = Some((e, counted));
+        self.pushed += 1;
+    }
+
+    /// Takes ticket `n`'s entry if it was handed in (`n` is the tracer's next ticket).
+    fn take(&mut self, n: u64) -> Option<(Entry, bool)> {
+        debug_assert_eq!(n, self.base, "tickets are taken in order");
+        if !matches!(self.window.front(), Some(Some(_))) {
+            return None;
+        }
+        self.base += 1;
+        let e = self.window.pop_front().flatten();
+        if self.window.is_empty() && self.window.capacity() > WINDOW_KEPT {
+            // A burst is over: give its memory back.
+            self.window.shrink_to(WINDOW_KEPT);
+        }
+        e
+    }
+
+    /// The event recorded last, among the entries handed in, on `ev`'s stream, other than
+    /// `ev` (`None` while a streamed tensor's chunk is queued: chunks are published one by one
+    /// so that the next can take their space).
+    fn later_on_lane(&self, ev: Event) -> Option<Event> {
+        let mut later = None;
+        for (e, _) in self.window.iter().rev().flatten() {
+            let on = match e {
+                Entry::Capture(c) => c.event,
+                Entry::Skip { event, .. } => *event,
+                Entry::Chunk(_) => return None,
+                _ => None,
+            };
+            if let Some(on) = on.filter(|o| o.lane == ev.lane && o.device == ev.device) {
+                if later.is_none() && on.raw != ev.raw {
+                    later = Some(on);
+                }
+            }
+        }
+        later
+    }
+}
+
+/// How the tracer sleeps on the FIFO's condition variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sleep {
+    Awake,
+    /// For at most [`NAP`], after taking entries: the program is capturing, the hooks do not
+    /// wake it (a wake-up per record is a system call and two context switches).
+    Nap,
+    /// Until a hook wakes it: the last nap brought nothing.
+    Deep,
+}
+
+/// How long the tracer lets entries gather before it takes them, while the program captures:
+/// it then waits once for the device to complete the batch ([`Queue::later_on_lane`]) instead
+/// of once per record. Hooks waiting for ring space and the exit drain wake it at once.
+const NAP: Duration = Duration::from_millis(2);
+
+/// Entries queued after which a hook wakes a napping tracer anyway.
+const NAP_ENTRIES: usize = 512;
+
+/// Entries the FIFO's window keeps room for once emptied.
+const WINDOW_KEPT: usize = 1024;
 
 static FIFO: Fifo = Fifo {
     entries: Mutex::new(Queue {
-        map: BTreeMap::new(),
-        sleeping: false,
+        window: VecDeque::new(),
+        base: 0,
+        sleep: Sleep::Awake,
+        pushed: 0,
     }),
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
+/// A hook waits for ring space: the tracer releases skipped slots as it goes, not only before
+/// it waits.
+static SPACE_WANTED: AtomicBool = AtomicBool::new(false);
 /// The ticket the tracer waits for (`u64::MAX` before it starts and once it stopped).
 static AT: AtomicU64 = AtomicU64::new(u64::MAX);
 /// The tracer thread has stopped: nothing will take entries any more.
@@ -219,11 +304,25 @@ fn put(n: u64, e: Entry, counted: bool) {
     }
     let wake = {
         let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
-        q.map.insert(n, (e, counted));
+        q.insert(n, e, counted);
         // Read under the lock the tracer holds until it sleeps: no wake-up is lost.
-        q.sleeping
+        match q.sleep {
+            Sleep::Awake => false,
+            Sleep::Nap => q.window.len() >= NAP_ENTRIES,
+            Sleep::Deep => true,
+        }
     };
     if wake {
+        FIFO.cv.notify_all();
+    }
+}
+
+/// A hook waits for ring space that only the tracer can free (by publishing or skipping what
+/// it holds): it must not nap meanwhile.
+pub fn nudge() {
+    SPACE_WANTED.store(true, Ordering::Release);
+    let asleep = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner()).sleep != Sleep::Awake;
+    if asleep {
         FIFO.cv.notify_all();
     }
 }
@@ -267,31 +366,42 @@ pub fn now_ns() -> u64 {
 
 /// Waits for ticket `n` (`None`: the process is exiting and the drain is over); the entry and
 /// whether it is counted. `before_sleeping` runs (outside the FIFO's lock) before the thread
-/// first sleeps for it.
+/// first sleeps for it. The thread naps ([`NAP`]) while entries keep coming, and sleeps until
+/// a hook wakes it once a nap brought none.
 fn take(n: u64, mut before_sleeping: impl FnMut()) -> Option<(Entry, bool)> {
     AT.store(n, Ordering::Release);
     let mut q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
     let mut first = true;
+    let mut deep = false;
     loop {
-        if let Some(e) = q.map.remove(&n) {
+        if let Some(e) = q.take(n) {
             return Some(e);
         }
         if draining_over(n) {
             return None;
         }
-        if std::mem::take(&mut first) {
+        // Before the first sleep, and when a hook waiting for ring space woke it: the space
+        // of skipped slots goes back to the hooks.
+        if std::mem::take(&mut first) || SPACE_WANTED.swap(false, Ordering::AcqRel) {
             drop(q);
             before_sleeping();
             q = FIFO.entries.lock().unwrap_or_else(|p| p.into_inner());
             continue;
         }
-        q.sleeping = true;
+        let pushed = q.pushed;
+        let (sleep, timeout) = if deep {
+            (Sleep::Deep, Duration::from_millis(50))
+        } else {
+            (Sleep::Nap, NAP)
+        };
+        q.sleep = sleep;
         q = FIFO
             .cv
-            .wait_timeout(q, Duration::from_millis(50))
+            .wait_timeout(q, timeout)
             .unwrap_or_else(|p| p.into_inner())
             .0;
-        q.sleeping = false;
+        q.sleep = Sleep::Awake;
+        deep = q.pushed == pushed;
     }
 }
 
@@ -339,6 +449,8 @@ pub fn shutdown(grace: Duration) {
 /// A record waiting for its step.
 struct Pending {
     record: Record,
+    /// Its API and NVTX ranges, set when it is published.
+    later: Later,
     slot: Option<Slot>,
     /// The streams of its streamed tensors.
     streams: Vec<StreamRef>,
@@ -435,7 +547,7 @@ impl Tracer {
         let _ = cuda::exchange_capture_mode(cuda_abi::cudart::cudaStreamCaptureModeRelaxed);
         let mut n = 0u64;
         loop {
-            let next = take(n, || self.flush());
+            let next = take(n, || self.before_waiting());
             let Some((e, counted)) = next else { break };
             n += 1;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(e)));
@@ -448,7 +560,10 @@ impl Tracer {
             if self.broken {
                 break;
             }
-            self.release_skipped();
+            if SPACE_WANTED.swap(false, Ordering::AcqRel) {
+                // Else released before the thread waits: one release (a system call) per batch.
+                self.release_skipped();
+            }
         }
         if !self.broken {
             let mut out = Vec::new();
@@ -490,7 +605,7 @@ impl Tracer {
             }
             Entry::Skip { slot, event } => {
                 if let Some(ev) = event {
-                    let _ = self.wait(ev);
+                    let _ = self.wait(ev, true);
                 }
                 if let Some(s) = slot {
                     self.skip_slot(s);
@@ -510,22 +625,32 @@ impl Tracer {
     /// Waits for an event; `Err` with the runtime's error when the op or a copy failed.
     /// The tracer thread sleeps in `cudaEventSynchronize` (a blocking-sync event: one wake-up
     /// when it completes, where polling woke up every few microseconds); during the exit drain
-    /// it polls, so that the drain's deadline holds.
-    fn wait(&mut self, ev: Event) -> Result<(), u32> {
+    /// it polls, so that the drain's deadline holds. With `batch`, it sleeps on the last event
+    /// queued on the same stream instead ([`Tracer::sleep_on_batch`]).
+    fn wait(&mut self, ev: Event, batch: bool) -> Result<(), u32> {
         let mut pause = Duration::from_micros(20);
+        let mut batch = batch;
         loop {
             let mut r = cuda::event_query(ev.handle());
             if r == cuda_abi::cudart::cudaErrorNotReady {
-                // The daemon gets what is published while the device works.
-                self.flush();
+                // The daemon gets what is published, and the hooks the space let go, while
+                // the device works.
+                self.before_waiting();
                 r = cuda::event_query(ev.handle());
-                for _ in 0..YIELDS_BEFORE_SLEEP {
-                    if r != cuda_abi::cudart::cudaErrorNotReady {
-                        break;
-                    }
-                    std::thread::yield_now();
-                    r = cuda::event_query(ev.handle());
+            }
+            if r == cuda_abi::cudart::cudaErrorNotReady
+                && std::mem::take(&mut batch)
+                && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
+                && self.sleep_on_batch(ev)
+            {
+                r = cuda::event_query(ev.handle());
+            }
+            for _ in 0..YIELDS_BEFORE_SLEEP {
+                if r != cuda_abi::cudart::cudaErrorNotReady {
+                    break;
                 }
+                std::thread::yield_now();
+                r = cuda::event_query(ev.handle());
             }
             if r == cuda_abi::cudart::cudaErrorNotReady
                 && DRAIN_TO.load(Ordering::Acquire) == u64::MAX
@@ -551,6 +676,25 @@ impl Tracer {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+    }
+
+    /// Sleeps until the last event queued on `ev`'s stream completes, which completes after
+    /// `ev`: one wake-up for every record up to it. `false` when there is none, when that
+    /// wait failed, or when the ring is over half full (the records before the last may
+    /// complete well before it, and their space is wanted). The caller still queries `ev`.
+    fn sleep_on_batch(&mut self, ev: Event) -> bool {
+        let in_use = self.ring.head().saturating_sub(self.ring.tail());
+        if in_use > self.ring.capacity() / 2 {
+            return false;
+        }
+        let later = FIFO
+            .entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .later_on_lane(ev);
+        // The later event belongs to an entry the tracer has not taken: nothing returns it
+        // to the pool (or records it again) before this thread is done waiting on it.
+        later.is_some_and(|l| cuda::event_synchronize(l.handle()) == cuda_abi::cudart::cudaSuccess)
     }
 
     /// A snapshot whose copies were enqueued: waits for them, reads its bytes (CRC-32s, the
@@ -599,7 +743,7 @@ impl Tracer {
     /// was recorded and its slot let go, or the exit drain ran out of time).
     fn snapshot_completed(&mut self, c: &Captured) -> bool {
         let Some(ev) = c.event else { return true };
-        let Err(code) = self.wait(ev) else {
+        let Err(code) = self.wait(ev, true) else {
             return true;
         };
         if code == cuda_abi::cudart::cudaErrorNotReady {
@@ -729,7 +873,7 @@ impl Tracer {
     /// stream's CRC-32.
     fn chunk(&mut self, c: ChunkEntry) {
         let stream = c.stream;
-        if let Err(code) = self.wait(c.event) {
+        if let Err(code) = self.wait(c.event, false) {
             if code == cuda_abi::cudart::cudaErrorNotReady {
                 crate::log::warn(
                     "a streamed tensor's chunk still in flight at exit, not published",
@@ -812,7 +956,7 @@ impl Tracer {
 
     fn feed(
         &mut self,
-        mut record: Record,
+        (mut record, later): (Record, Later),
         slot: Option<Slot>,
         streams: Vec<StreamRef>,
         class: Class,
@@ -826,6 +970,7 @@ impl Tracer {
         self.steps.push(
             Pending {
                 record,
+                later,
                 slot,
                 streams,
                 prefiltered,
@@ -911,11 +1056,13 @@ impl Tracer {
                 format!(
                     "{}: snapshot reduced by the step filter, but the record belongs to selected \
                      step {step}",
-                    p.record.api
+                    p.later.api
                 ),
             );
         }
         let mut record = p.record;
+        record.api = p.later.api.to_string();
+        record.nvtx = p.later.nvtx.to_vec();
         record.rank = rank;
         let seq = self.seq.entry((record.rank, step)).or_insert(0);
         record.step = step;
@@ -956,6 +1103,13 @@ impl Tracer {
             }
             self.broken = true;
         }
+    }
+
+    /// Before the thread waits (for the device or the FIFO): hands the daemon the messages
+    /// batched and the hooks the ring space of skipped slots.
+    fn before_waiting(&mut self) {
+        self.release_skipped();
+        self.flush();
     }
 
     /// Writes the messages the connection batched ([`Client::flush`]).
@@ -1033,23 +1187,36 @@ fn arrays_differ(op: &Op, tensors: &[Tensor], bad: &[usize]) -> String {
     )
 }
 
-/// A record from its metadata and tensors (rank, step and seq are set at publication).
-fn record(meta: Meta, tensors: Vec<Tensor>) -> Record {
-    Record {
+/// A record from its metadata and tensors (rank, step and seq are set at publication), with
+/// what only a published record needs ([`Later`]).
+fn record(meta: Meta, tensors: Vec<Tensor>) -> (Record, Later) {
+    let later = Later {
+        api: meta.api,
+        nvtx: meta.nvtx,
+    };
+    let record = Record {
         rank: 0,
         step: 0,
         seq: 0,
-        api: meta.api.to_string(),
+        api: String::new(),
         op: meta.op,
         stream: meta.stream,
         device: meta.device,
         thread: meta.thread,
-        nvtx: meta.nvtx,
+        nvtx: Vec::new(),
         kernels_before: meta.kernels_before,
         tensors,
         t_call_ns: meta.t_call_ns,
         t_done_ns: 0,
-    }
+    };
+    (record, later)
+}
+
+/// A record's fields that are filled in when it is published: the many records dropped
+/// outside `--steps`/`--ranks` never allocate them.
+struct Later {
+    api: &'static str,
+    nvtx: Arc<[String]>,
 }
 
 /// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the
@@ -1131,6 +1298,87 @@ mod tests {
             captured,
             crc32: 0,
         }
+    }
+
+    fn event(raw: usize, device: i32, lane: u64) -> Event {
+        Event { raw, device, lane }
+    }
+
+    fn skip(ev: Event) -> Entry {
+        Entry::Skip {
+            slot: None,
+            event: Some(ev),
+        }
+    }
+
+    fn queue() -> Queue {
+        Queue {
+            window: VecDeque::new(),
+            base: 0,
+            sleep: Sleep::Awake,
+            pushed: 0,
+        }
+    }
+
+    /// Tickets come out in order whatever order they are handed in, and only once the next
+    /// one is there.
+    #[test]
+    fn the_window_hands_out_tickets_in_order() {
+        let mut q = queue();
+        q.insert(2, Entry::StreamAbort(2), false);
+        q.insert(1, Entry::StreamAbort(1), true);
+        assert!(q.take(0).is_none(), "ticket 0 is not handed in yet");
+        q.insert(0, Entry::StreamAbort(0), false);
+        for n in 0..3 {
+            match q.take(n) {
+                Some((Entry::StreamAbort(id), counted)) => {
+                    assert_eq!((id, counted), (n, n == 1));
+                }
+                other => panic!("ticket {n}: {other:?}"),
+            }
+        }
+        assert!(q.take(3).is_none());
+        assert_eq!(q.pushed, 3);
+    }
+
+    /// The tracer waits once for a batch on the last event of the same stream and device,
+    /// never on another stream's, and not while a streamed tensor's chunk is queued.
+    #[test]
+    fn a_batch_waits_on_the_last_event_of_its_stream() {
+        let waited = event(1, 0, 7);
+        let mut q = queue();
+        q.insert(0, skip(event(2, 0, 7)), false);
+        q.insert(1, skip(event(3, 0, 7)), false);
+        q.insert(2, skip(event(4, 0, 8)), false); // another stream
+        q.insert(3, skip(event(5, 1, 7)), false); // another device
+        q.insert(4, Entry::StreamAbort(9), false);
+        assert_eq!(q.later_on_lane(waited).map(|e| e.raw), Some(3));
+        assert_eq!(
+            q.later_on_lane(event(6, 0, 9)),
+            None,
+            "nothing on its stream"
+        );
+        let slot = Slot {
+            pos: 0,
+            len: 64,
+            end: 64,
+        };
+        let chunk = ChunkEntry {
+            stream: 1,
+            index: 0,
+            offset: 0,
+            len: 64,
+            total: 128,
+            elem: 1,
+            slot,
+            event: event(10, 0, 7),
+        };
+        q.insert(5, Entry::Chunk(Box::new(chunk)), false);
+        assert_eq!(
+            q.later_on_lane(waited),
+            None,
+            "a chunk is waited for on its own"
+        );
     }
 
     #[test]

@@ -21,9 +21,10 @@
 //!
 //! Slots are reserved and released in order, and never wrap: a slot that does not fit before
 //! the end of the data area starts at the next multiple of `capacity`, and the skipped bytes
-//! are released with it. Slots are 64-byte aligned. A lightly used ring also starts the next
-//! lap early, once its head is [`rewind_after`] bytes into the data area, so that a trickle
-//! of small records keeps reusing the same pages ([`Ring::reserve`]).
+//! are released with it. Slots are 64-byte aligned. An empty ring starts over at the data
+//! area's beginning (the producer releases the bytes it skips), and a lightly used ring starts
+//! the next lap early, once its head is [`rewind_after`] bytes into the data area: a producer
+//! that keeps up with its consumer keeps reusing the same pages ([`Ring::reserve`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -250,6 +251,23 @@ impl Ring {
         off >= w && head - tail <= w / 2 && tail >= lap && (tail - lap).saturating_sub(len) >= w / 2
     }
 
+    /// Moves an empty ring (every reserved byte released) to the data area's beginning, so
+    /// that a producer that keeps up with its consumer reuses the same few pages instead of
+    /// walking the whole ring: its copies and the consumer's mapping touch (and fault in) only
+    /// those. Nothing is in use, so the bytes skipped are released at once. Returns the head.
+    fn rewind_if_empty(&self, head: u64) -> u64 {
+        let off = head % self.capacity;
+        // The tail only grows, up to `head`: a ring seen empty stays empty until the next
+        // reservation (callers serialise them), and no consumer holds a slot to release.
+        if off == 0 || self.tail() != head {
+            return head;
+        }
+        let start = head + (self.capacity - off);
+        self.atomic64(OFF_HEAD).store(start, Ordering::Release);
+        self.atomic64(OFF_TAIL).fetch_max(start, Ordering::AcqRel);
+        start
+    }
+
     /// Reserves `len` bytes (producer; callers serialise reservations). Waits for space until
     /// `timeout`, then returns `None`. A request larger than the ring is refused at once.
     pub fn reserve(&self, len: u64, timeout: Duration) -> Option<Slot> {
@@ -258,7 +276,7 @@ impl Ring {
             return None;
         }
         let deadline = Instant::now() + timeout;
-        let head = self.head();
+        let head = self.rewind_if_empty(self.head());
         let (start, end) = self.place(head, len);
         loop {
             let seen = self.atomic32(OFF_RELEASED).load(Ordering::Acquire);
@@ -420,6 +438,47 @@ mod tests {
             p.reserve(2048, Duration::ZERO).is_none(),
             "larger than the ring"
         );
+    }
+
+    #[test]
+    fn an_empty_ring_starts_over_at_the_data_areas_beginning() {
+        let mut mem = mapping(1024);
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` outlives both views.
+        let (p, c) = unsafe {
+            (
+                Ring::create(base, 1024).expect("create"),
+                Ring::open(base, mem.len() * 8).expect("open"),
+            )
+        };
+        let a = p.reserve(100, Duration::ZERO).expect("fits");
+        let b = p.reserve(100, Duration::ZERO).expect("fits");
+        assert_eq!(b.pos, 128, "a ring in use is filled in order");
+        c.release_to(a.end);
+        let d = p.reserve(64, Duration::ZERO).expect("fits");
+        assert_eq!(d.pos, 256, "still in use (b): no jump");
+        c.release_to(d.end);
+        // Empty: the next slot goes back to offset 0, and the skipped bytes are released.
+        let e = p.reserve(64, Duration::ZERO).expect("fits");
+        assert_eq!((e.pos, e.end), (1024, 1088));
+        assert_eq!(p.tail(), 1024);
+        c.validate(&e).expect("e is valid");
+        // SAFETY: the producer owns `e` until it is released.
+        let at = unsafe { p.slot_bytes(&e) }.as_ptr();
+        // SAFETY: the first data byte of the mapping.
+        assert_eq!(at, unsafe { base.add(HEADER_BYTES) });
+        // While `e` is held (a consumer may keep a slot long), the whole rest of the ring is
+        // free: nothing skipped is left counted as in use.
+        let f = p
+            .reserve(896, Duration::ZERO)
+            .expect("the rest of the ring but a slot fits");
+        assert_eq!(f.pos, 1088);
+        c.release_to(f.end);
+        // A full-size slot fits an empty ring wherever its head was (here at offset 960).
+        let g = p
+            .reserve(1024, Duration::ZERO)
+            .expect("an empty ring holds a full slot");
+        assert_eq!(g.pos, 2048);
     }
 
     #[test]

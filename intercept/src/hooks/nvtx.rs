@@ -50,7 +50,7 @@ fn pushed(name: impl FnOnce() -> String) {
     let _ = crate::catch(|| {
         let name = name();
         maybe_mark(&name);
-        thread::with(|t| t.nvtx.push(name));
+        thread::with(|t| t.push_range(name));
     });
 }
 
@@ -58,7 +58,7 @@ fn popped() {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
-    let _ = crate::catch(|| thread::with(|t| t.nvtx.pop()));
+    let _ = crate::catch(|| thread::with(|t| t.pop_range()));
 }
 
 fn marked(name: impl FnOnce() -> String) {

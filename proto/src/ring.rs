@@ -22,9 +22,10 @@
 //! Slots are reserved and released in order, and never wrap: a slot that does not fit before
 //! the end of the data area starts at the next multiple of `capacity`, and the skipped bytes
 //! are released with it. Slots are 64-byte aligned. An empty ring starts over at the data
-//! area's beginning (the producer releases the bytes it skips), and a lightly used ring starts
-//! the next lap early, once its head is [`rewind_after`] bytes into the data area: a producer
-//! that keeps up with its consumer keeps reusing the same pages ([`Ring::reserve`]).
+//! area's beginning (the producer releases the bytes it skips): a producer that keeps up with
+//! its consumer keeps reusing the same pages ([`Ring::reserve`]). A ring that is not empty never
+//! holds free space back: a burst that cannot wait for releases (a CUDA graph replay, an NCCL
+//! group, whose first ticket the consumer waits for) gets every free byte.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -64,17 +65,6 @@ pub fn tensor_offsets(sizes: &[u64]) -> (Vec<u64>, u64) {
         at = align(at + s);
     }
     (offsets, at)
-}
-
-/// How far into its lap a lightly used ring's head goes before the next slot starts over at
-/// the beginning of the data area ([`Ring::reserve`]): 8 MiB, or an eighth of a smaller ring.
-pub const fn rewind_after(capacity: u64) -> u64 {
-    let w = capacity / 8;
-    if w < 8 << 20 {
-        w
-    } else {
-        8 << 20
-    }
 }
 
 /// Total bytes of a ring mapping with `capacity` data bytes.
@@ -225,30 +215,12 @@ impl Ring {
     /// Where a slot of `len` bytes reserved now would start and end (without reserving it).
     fn place(&self, head: u64, len: u64) -> (u64, u64) {
         let off = head % self.capacity;
-        let next_lap = head + (self.capacity - off);
-        let start = if off + len > self.capacity || self.rewinds(head, len) {
-            next_lap
+        let start = if off + len > self.capacity {
+            head + (self.capacity - off)
         } else {
             head
         };
         (start, start + len)
-    }
-
-    /// Whether a slot of `len` bytes reserved at `head` should start the next lap early, at
-    /// the start of the data area: when the head is [`rewind_after`] bytes or more into its
-    /// lap and the ring is lightly used (at most half that in use, the slot fitting before the
-    /// oldest unreleased byte with half of it to spare). A lightly used ring then keeps
-    /// reusing its first pages instead of sweeping the whole area: pages already touched
-    /// (faulted in, mapped on both sides, in cache) instead of new ones. The slot fits now (no
-    /// wait); what it costs: until the consumer releases it (milliseconds), the slots after it
-    /// have the area up to the oldest unreleased byte (at least half of `rewind_after`), not
-    /// the rest of the lap it left, which only a busy ring would need and a busy ring does not
-    /// rewind.
-    fn rewinds(&self, head: u64, len: u64) -> bool {
-        let w = rewind_after(self.capacity);
-        let (off, tail) = (head % self.capacity, self.tail());
-        let lap = head - off;
-        off >= w && head - tail <= w / 2 && tail >= lap && (tail - lap).saturating_sub(len) >= w / 2
     }
 
     /// Moves an empty ring (every reserved byte released) to the data area's beginning, so
@@ -553,52 +525,41 @@ mod tests {
         });
     }
 
-    /// A lightly used ring goes back to the start of its data area once its head is
-    /// `rewind_after` bytes in (a trickle of records touches the same pages over and over);
-    /// a busy one fills its whole area as before, so a burst keeps all of its space.
+    /// A ring that is not empty never holds free space back: after a trickle of records (each
+    /// released once the next is reserved, the last still held), a burst that nothing releases
+    /// gets every byte the held slot does not use. (A burst may come from a thread holding a
+    /// ticket the consumer waits for, a CUDA graph replay or an NCCL group: it cannot wait for
+    /// releases; a ring that had rewound early to reuse its first pages left it a few MiB and
+    /// turned graph replays into ring_full gaps.)
     #[test]
-    fn a_lightly_used_ring_reuses_its_first_pages_and_a_busy_one_uses_it_all() {
+    fn a_burst_after_a_trickle_gets_every_free_byte() {
         let cap = 1u64 << 20;
-        let w = rewind_after(cap);
-        assert_eq!(w, cap / 8);
-        let mut mem = mapping(cap);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: `mem` outlives both views.
-        let (p, c) = unsafe {
-            (
-                Ring::create(base, cap).expect("create"),
-                Ring::open(base, mem.len() * 8).expect("open"),
-            )
-        };
-        // A trickle: each slot released before the next is reserved.
-        let mut highest = 0;
-        for _ in 0..200 {
-            let s = p.reserve(4096, Duration::ZERO).expect("fits");
-            c.validate(&s).expect("valid");
-            highest = highest.max(s.pos % cap + s.len);
-            c.release_to(s.end);
-        }
-        assert!(
-            highest <= w + 4096,
-            "a trickle stayed in the first pages ({highest})"
-        );
-        assert!(p.head() > cap, "and went round the ring");
-        // A burst: nothing released, the slots run on to the oldest unreleased byte; only a
-        // slot that rewound (the first, at most) skips bytes.
-        let mut burst = Vec::new();
-        while let Some(s) = p.reserve(4096, Duration::ZERO) {
-            c.validate(&s).expect("valid");
-            burst.push(s);
-        }
-        let skipped = burst[0].pos - p.tail();
-        assert!(skipped < cap - w, "{skipped}");
-        assert!(
-            (burst.len() as u64 + 1) * 4096 + skipped > cap,
-            "a busy ring keeps its space: {} slots",
-            burst.len()
-        );
-        for w in burst.windows(2) {
-            assert_eq!(w[1].pos, w[0].end, "in order, no early lap");
+        // Whatever the trickle's length (so wherever in its lap the burst starts).
+        for trickle in 1..=300 {
+            let mut mem = mapping(cap);
+            let base = mem.as_mut_ptr().cast::<u8>();
+            // SAFETY: `mem` outlives both views.
+            let (p, c) = unsafe {
+                (
+                    Ring::create(base, cap).expect("create"),
+                    Ring::open(base, mem.len() * 8).expect("open"),
+                )
+            };
+            let mut held: Option<Slot> = None;
+            for _ in 0..trickle {
+                let s = p.reserve(4096, Duration::ZERO).expect("fits");
+                c.validate(&s).expect("valid");
+                if let Some(prev) = held.replace(s) {
+                    c.release_to(prev.end);
+                }
+            }
+            let held = held.expect("a slot is held");
+            let mut got = 0;
+            while let Some(s) = p.reserve(4096, Duration::ZERO) {
+                c.validate(&s).expect("valid");
+                got += s.len;
+            }
+            assert_eq!(got, cap - held.len, "after a trickle of {trickle}");
         }
     }
 

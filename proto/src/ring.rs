@@ -362,6 +362,19 @@ mod tests {
         vec![0u64; mapping_bytes(capacity) / 8]
     }
 
+    /// A ring of `capacity` created in `mem` (the producer's view) and opened (the consumer's).
+    fn producer_and_consumer(mem: &mut [u64], capacity: u64) -> (Ring, Ring) {
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` is a whole mapping of `capacity` and outlives both views (the tests
+        // keep it until they end).
+        unsafe {
+            (
+                Ring::create(base, capacity).expect("create"),
+                Ring::open(base, mem.len() * 8).expect("open"),
+            )
+        }
+    }
+
     /// A header announcing a capacity of 0 (or one larger than the mapping)
     /// is refused at open; it used to pass and divide by zero in the consumer.
     #[test]
@@ -382,14 +395,7 @@ mod tests {
     #[test]
     fn slots_are_fifo_aligned_and_never_wrap() {
         let mut mem = mapping(1024);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: `mem` outlives both views.
-        let (p, c) = unsafe {
-            (
-                Ring::create(base, 1024).expect("create"),
-                Ring::open(base, mem.len() * 8).expect("open"),
-            )
-        };
+        let (p, c) = producer_and_consumer(&mut mem, 1024);
         let a = p.reserve(100, Duration::ZERO).expect("fits");
         assert_eq!((a.pos, a.len), (0, 128));
         let b = p.reserve(700, Duration::ZERO).expect("fits");
@@ -415,14 +421,7 @@ mod tests {
     #[test]
     fn an_empty_ring_starts_over_at_the_data_areas_beginning() {
         let mut mem = mapping(1024);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: `mem` outlives both views.
-        let (p, c) = unsafe {
-            (
-                Ring::create(base, 1024).expect("create"),
-                Ring::open(base, mem.len() * 8).expect("open"),
-            )
-        };
+        let (p, c) = producer_and_consumer(&mut mem, 1024);
         let a = p.reserve(100, Duration::ZERO).expect("fits");
         let b = p.reserve(100, Duration::ZERO).expect("fits");
         assert_eq!(b.pos, 128, "a ring in use is filled in order");
@@ -437,6 +436,7 @@ mod tests {
         c.validate(&e).expect("e is valid");
         // SAFETY: the producer owns `e` until it is released.
         let at = unsafe { p.slot_bytes(&e) }.as_ptr();
+        let base = mem.as_ptr().cast::<u8>();
         // SAFETY: the first data byte of the mapping.
         assert_eq!(at, unsafe { base.add(HEADER_BYTES) });
         // While `e` is held (a consumer may keep a slot long), the whole rest of the ring is
@@ -456,14 +456,7 @@ mod tests {
     #[test]
     fn the_consumer_rejects_slots_outside_the_ring() {
         let mut mem = mapping(1024);
-        let base = mem.as_mut_ptr().cast::<u8>();
-        // SAFETY: `mem` outlives both views.
-        let (p, c) = unsafe {
-            (
-                Ring::create(base, 1024).expect("create"),
-                Ring::open(base, mem.len() * 8).expect("open"),
-            )
-        };
+        let (p, c) = producer_and_consumer(&mut mem, 1024);
         let a = p.reserve(64, Duration::ZERO).expect("fits");
         for bad in [
             Slot {
@@ -537,14 +530,7 @@ mod tests {
         // Whatever the trickle's length (so wherever in its lap the burst starts).
         for trickle in 1..=300 {
             let mut mem = mapping(cap);
-            let base = mem.as_mut_ptr().cast::<u8>();
-            // SAFETY: `mem` outlives both views.
-            let (p, c) = unsafe {
-                (
-                    Ring::create(base, cap).expect("create"),
-                    Ring::open(base, mem.len() * 8).expect("open"),
-                )
-            };
+            let (p, c) = producer_and_consumer(&mut mem, cap);
             let mut held: Option<Slot> = None;
             for _ in 0..trickle {
                 let s = p.reserve(4096, Duration::ZERO).expect("fits");

@@ -494,3 +494,47 @@ pub fn redirect_copy(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events recorded on one lane complete in order, so the lane must name the stream work
+    /// really runs on: 0 and `cudaStreamLegacy` are the device's one legacy stream (whichever
+    /// thread), `cudaStreamPerThread` is each thread's own, a created stream is itself.
+    #[test]
+    fn a_lane_is_the_stream_work_runs_on() {
+        let (named, s) = (0x5000usize, 0x5000 as cudaStream_t);
+        assert_eq!(lane(0, std::ptr::null_mut()), lane(0, cudaStreamLegacy));
+        assert_ne!(
+            lane(0, cudaStreamLegacy),
+            lane(1, cudaStreamLegacy),
+            "per device"
+        );
+        assert_ne!(lane(0, s), lane(0, cudaStreamLegacy));
+        let here = (
+            lane(0, cudaStreamPerThread),
+            lane(0, s),
+            lane(0, cudaStreamLegacy),
+        );
+        let there = std::thread::spawn(move || {
+            (
+                lane(0, cudaStreamPerThread),
+                lane(0, named as cudaStream_t),
+                lane(0, cudaStreamLegacy),
+            )
+        })
+        .join()
+        .expect("thread");
+        assert_ne!(here.0, there.0, "each thread has its own per-thread stream");
+        assert_eq!(
+            (here.1, here.2),
+            (there.1, there.2),
+            "shared streams are shared"
+        );
+        assert!(
+            [here.0, here.1, here.2].iter().all(|&l| l != 0),
+            "0 means not recorded"
+        );
+    }
+}

@@ -173,6 +173,12 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
         prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
+        if prefilter::needless(cfg, counted, &plans) {
+            // Its kernels would have gone with its record, which is never stored.
+            let _ = thread::with(|t| t.take_kernels());
+            tracer::note_needless();
+            return None;
+        }
         if !streamed {
             // Not stored: read for the step rule only, so their fingerprints suffice.
             for t in plans.iter_mut().filter(|t| t.captured) {

@@ -129,6 +129,15 @@ pub(crate) fn may_be_wanted(cfg: &CaptureConfig, device: i32) -> bool {
     }
 }
 
+/// Whether an unwanted record (`plans` already reduced by [`keep_rule_inputs`]) can be left
+/// out before it takes a ticket: under `auto`, a record that does not count and brings the
+/// rule no bytes cannot move the step (the rule only holds such records back, to place them,
+/// and this one is placed nowhere). Under `api` and `nvtx:NAME` every record matters: a mark
+/// starts a step only after a record.
+pub(crate) fn needless(cfg: &CaptureConfig, counted: bool, plans: &[TensorPlan]) -> bool {
+    cfg.step_rule == StepRule::Auto && !counted && plans.iter().all(|t| !t.captured)
+}
+
 /// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a
 /// GEMM's A and B operands (of a GEMM that is not `counted`, only those of the length of the
 /// anchor's A or B: the rule compares their bytes with the anchor's and nothing else); nothing

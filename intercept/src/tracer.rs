@@ -295,6 +295,19 @@ const YIELDS_BEFORE_SLEEP: usize = 2;
 /// The ring whose header counts the snapshots taken (set when the tracer starts).
 static COUNTED: std::sync::OnceLock<&'static Ring> = std::sync::OnceLock::new();
 
+/// Unwanted records the hooks left out before their ticket (prefilter::needless).
+static NEEDLESS: AtomicU64 = AtomicU64::new(0);
+
+/// A hook left out an unwanted record that the step rule does not need: it counts as taken
+/// and dropped, as if the tracer had dropped it (the store's accounting is unchanged).
+pub(crate) fn note_needless() {
+    NEEDLESS.fetch_add(1, Ordering::Relaxed);
+    if let Some(r) = COUNTED.get() {
+        r.note_taken();
+        r.note_dropped();
+    }
+}
+
 fn put(n: u64, e: Entry, counted: bool) {
     if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
         // Taken: from here on the daemon accounts for it (published, dropped or lost).
@@ -574,12 +587,17 @@ impl Tracer {
             if let Some(doubt) = self.steps.one_step_doubt() {
                 crate::log::warn(&doubt);
             }
-            if self.dropped > 0 {
+            let needless = NEEDLESS.load(Ordering::Relaxed);
+            if self.dropped + needless > 0 {
                 crate::log::info(&format!(
-                    "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped, {} of them reduced \
-                     to what the step rule needs before their snapshot ({} with operand \
-                     fingerprints for it)",
-                    self.dropped, self.reduced, self.reduced_copies
+                    "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped: {needless} left out \
+                     by their hooks (nothing in them for the step rule), {} reduced to what \
+                     the step rule needs before their snapshot ({} with operand fingerprints \
+                     for it), {} snapshotted in full",
+                    self.dropped + needless,
+                    self.reduced,
+                    self.reduced_copies,
+                    self.dropped - self.reduced
                 ));
             }
             if !DYING.load(Ordering::Acquire) {

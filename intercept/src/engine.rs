@@ -224,7 +224,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         // the bytes are written by the device copies.
         unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
     });
-    let tensors = plans.iter().map(tensor_of).collect();
+    let tensors = plans.iter_mut().map(tensor_of).collect();
     let mut f = Eager {
         ticket: Some(ticket),
         streams: Vec::new(),
@@ -337,13 +337,15 @@ pub(crate) fn fit_one_slot(session: &Session, plans: &mut [TensorPlan]) {
     }
 }
 
-/// A record's tensor from its plan (`crc32` is filled by the tracer).
-pub(crate) fn tensor_of(t: &TensorPlan) -> Tensor {
+/// A record's tensor from its plan, which gives up its shape (nothing reads it later).
+/// `crc32` is filled by the tracer, and the strides of the packed bytes when the record is
+/// published (tracer.rs: the many records dropped outside `--steps` never allocate them).
+pub(crate) fn tensor_of(t: &mut TensorPlan) -> Tensor {
     Tensor {
         role: t.role,
         dtype: t.dtype,
-        strides: ttrace_proto::record::packed_strides(&t.shape),
-        shape: t.shape.clone(),
+        strides: Vec::new(),
+        shape: std::mem::take(&mut t.shape),
         ptr: t.ptr,
         nbytes: t.nbytes,
         captured: t.captured,
@@ -617,12 +619,12 @@ struct Prefilter {
 fn begin_streamed(
     s: &Session,
     meta: Meta,
-    plans: Vec<TensorPlan>,
+    mut plans: Vec<TensorPlan>,
     stream: cudaStream_t,
     device: i32,
     how: Prefilter,
 ) -> InFlight {
-    let tensors = plans.iter().map(tensor_of).collect();
+    let tensors = plans.iter_mut().map(tensor_of).collect();
     let mut f = Eager {
         ticket: None,
         streams: vec![None; plans.len()],

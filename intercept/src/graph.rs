@@ -138,7 +138,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
     engine::select(s, &mut plans, false);
     engine::fit_one_slot(s, &mut plans);
     let (offsets, total) = engine::layout(&plans);
-    let tensors = plans.iter().map(engine::tensor_of).collect();
+    let tensors = plans.iter_mut().map(engine::tensor_of).collect();
     let expect = engine::expectations(&plans);
     let mut rec = Recording {
         graph,

@@ -105,6 +105,9 @@ impl ThreadState {
 
     /// The kernel launches since the previous captured op (and forgets them).
     pub fn take_kernels(&mut self) -> Vec<String> {
+        if self.kernels.is_empty() && self.kernels_dropped == 0 {
+            return Vec::new();
+        }
         let mut v = Vec::with_capacity(self.kernels.len() + 1);
         if self.kernels_dropped > 0 {
             v.push(format!("... {} earlier launches", self.kernels_dropped));

@@ -1081,6 +1081,12 @@ impl Tracer {
         let mut record = p.record;
         record.api = p.later.api.to_string();
         record.nvtx = p.later.nvtx.to_vec();
+        for t in record.tensors.iter_mut() {
+            // The hooks leave the strides of the packed bytes to here (engine::tensor_of).
+            if t.strides.len() != t.shape.len() {
+                t.strides = ttrace_proto::record::packed_strides(&t.shape);
+            }
+        }
         record.rank = rank;
         let seq = self.seq.entry((record.rank, step)).or_insert(0);
         record.step = step;

@@ -116,7 +116,21 @@ static RESERVE: Mutex<()> = Mutex::new(());
 
 /// The call-time metadata of an op on this thread.
 pub fn meta(api: &'static str, op: Op, stream_id: u64, device: i32) -> Meta {
-    let (thread, nvtx, kernels_before) = thread::with(|t| (t.tid(), t.ranges(), t.take_kernels()))
+    meta_of(api, op, stream_id, device, true)
+}
+
+/// [`meta`], with the kernel launches before the op only when `kernels` (else they are
+/// forgotten: a record reduced by the step filter is not stored).
+fn meta_of(api: &'static str, op: Op, stream_id: u64, device: i32, kernels: bool) -> Meta {
+    let launched = |t: &mut thread::ThreadState| {
+        if kernels {
+            t.take_kernels()
+        } else {
+            t.forget_kernels();
+            Vec::new()
+        }
+    };
+    let (thread, nvtx, kernels_before) = thread::with(|t| (t.tid(), t.ranges(), launched(t)))
         .unwrap_or_else(|| (crate::identity::gettid(), Arc::from([]), Vec::new()));
     Meta {
         api,
@@ -175,7 +189,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
         if prefilter::needless(cfg, counted, &plans) {
             // Its kernels would have gone with its record, which is never stored.
-            let _ = thread::with(|t| t.take_kernels());
+            let _ = thread::with(|t| t.forget_kernels());
             tracer::note_needless();
             return None;
         }
@@ -188,7 +202,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     }
     let fingerprints: Vec<Option<Layout>> = plans.iter().map(fingerprint_only).collect();
     let (offsets, total) = layout_in_slot(&plans, &fingerprints);
-    let m = meta(call.api, call.op, call.stream_id, device);
+    let m = meta_of(call.api, call.op, call.stream_id, device, !prefiltered);
     if streamed {
         let how = Prefilter {
             counted,

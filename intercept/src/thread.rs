@@ -53,9 +53,10 @@ pub struct ThreadState {
     nvtx: Vec<String>,
     /// `nvtx` as records share it, until a range opens or closes.
     nvtx_shared: Option<Arc<[String]>>,
-    kernels: VecDeque<String>,
+    /// Shared names: a launch costs no allocation once its kernel was named.
+    kernels: VecDeque<Arc<str>>,
     kernels_dropped: u64,
-    names: HashMap<usize, String>,
+    names: HashMap<usize, Arc<str>>,
     /// `ncclGroupStart` nesting.
     pub group_depth: u32,
     /// Group number of the current outermost group.
@@ -95,7 +96,11 @@ impl ThreadState {
 
     /// Notes a kernel launch (`addr` named by `name` on first sight).
     pub fn launched(&mut self, addr: usize, name: impl FnOnce() -> String) {
-        let n = self.names.entry(addr).or_insert_with(name).clone();
+        let n = self
+            .names
+            .entry(addr)
+            .or_insert_with(|| Arc::from(name()))
+            .clone();
         if self.kernels.len() == MAX_KERNELS {
             self.kernels.pop_front();
             self.kernels_dropped += 1;
@@ -104,17 +109,27 @@ impl ThreadState {
     }
 
     /// The kernel launches since the previous captured op (and forgets them).
-    pub fn take_kernels(&mut self) -> Vec<String> {
+    pub fn take_kernels(&mut self) -> Vec<Arc<str>> {
         if self.kernels.is_empty() && self.kernels_dropped == 0 {
             return Vec::new();
         }
         let mut v = Vec::with_capacity(self.kernels.len() + 1);
         if self.kernels_dropped > 0 {
-            v.push(format!("... {} earlier launches", self.kernels_dropped));
+            v.push(Arc::from(format!(
+                "... {} earlier launches",
+                self.kernels_dropped
+            )));
             self.kernels_dropped = 0;
         }
         v.extend(self.kernels.drain(..));
         v
+    }
+
+    /// Forgets the kernel launches since the previous captured op (for a record that is not
+    /// stored: nothing is allocated).
+    pub fn forget_kernels(&mut self) {
+        self.kernels.clear();
+        self.kernels_dropped = 0;
     }
 }
 

@@ -39,7 +39,8 @@ pub struct Meta {
     pub thread: u64,
     /// The NVTX ranges open around the call, outermost first.
     pub nvtx: Arc<[String]>,
-    pub kernels_before: Vec<String>,
+    /// Names shared with the thread's list (converted when the record is published).
+    pub kernels_before: Vec<Arc<str>>,
     pub t_call_ns: u64,
 }
 
@@ -1081,6 +1082,7 @@ impl Tracer {
         let mut record = p.record;
         record.api = p.later.api.to_string();
         record.nvtx = p.later.nvtx.to_vec();
+        record.kernels_before = p.later.kernels.iter().map(|k| k.to_string()).collect();
         for t in record.tensors.iter_mut() {
             // The hooks leave the strides of the packed bytes to here (engine::tensor_of).
             if t.strides.len() != t.shape.len() {
@@ -1217,6 +1219,7 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> (Record, Later) {
     let later = Later {
         api: meta.api,
         nvtx: meta.nvtx,
+        kernels: meta.kernels_before,
     };
     let record = Record {
         rank: 0,
@@ -1228,7 +1231,7 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> (Record, Later) {
         device: meta.device,
         thread: meta.thread,
         nvtx: Vec::new(),
-        kernels_before: meta.kernels_before,
+        kernels_before: Vec::new(),
         tensors,
         t_call_ns: meta.t_call_ns,
         t_done_ns: 0,
@@ -1241,6 +1244,7 @@ fn record(meta: Meta, tensors: Vec<Tensor>) -> (Record, Later) {
 struct Later {
     api: &'static str,
     nvtx: Arc<[String]>,
+    kernels: Vec<Arc<str>>,
 }
 
 /// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the

@@ -2,6 +2,7 @@
 //! `show`, `stats`, `export`, `fsck` read it; `check` and `compare` judge it.
 
 mod check;
+mod child_wait;
 mod compare;
 mod dump;
 mod export;

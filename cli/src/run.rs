@@ -284,9 +284,11 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
         }
     }
     SIGNALS.fetch_add(1, Ordering::SeqCst);
+    crate::child_wait::wake();
 }
 
 fn install_signal_handlers() -> anyhow::Result<()> {
+    crate::child_wait::install();
     // SigHandler::SigAction adds SA_SIGINFO.
     let handler = SigAction::new(
         SigHandler::SigAction(on_signal),
@@ -678,6 +680,8 @@ fn describe(st: ExitStatus) -> String {
 /// Waits for the command, forwarding the signals sent to ttrace ([`FORWARDED`]).
 fn wait_forwarding(mut child: Child) -> anyhow::Result<ExitStatus> {
     use nix::unistd::Pid;
+    // Sleeps until the command exits or a signal comes (else wakes up every 10 ms).
+    let waiter = crate::child_wait::ChildWaiter::new(child.id());
     let mut forwarded = [0usize; 32];
     loop {
         if let Some(st) = child.try_wait().context("waiting for the command")? {
@@ -693,7 +697,10 @@ fn wait_forwarding(mut child: Child) -> anyhow::Result<ExitStatus> {
                 let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), sig);
             }
         }
-        std::thread::sleep(Duration::from_millis(10));
+        match &waiter {
+            Some(w) => w.wait(),
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 

@@ -279,7 +279,11 @@ pub(crate) struct Shared {
     /// The job the store belongs to (set by the first process that names one).
     job: Mutex<Option<JobInfo>>,
     pub(crate) comms: Mutex<BTreeMap<u64, CommEntry>>,
-    manifest_lock: Mutex<()>,
+    /// Held while the manifest is written; the number of changes ([`Shared::manifest_changes`])
+    /// the manifest on disk holds.
+    manifest_lock: Mutex<u64>,
+    /// Changes asked to be written so far (each [`Shared::write_manifest`] call is one).
+    manifest_changes: AtomicU64,
     pub(crate) records_received: AtomicU64,
     pub(crate) records_written: AtomicU64,
     stopping: AtomicBool,
@@ -321,13 +325,22 @@ impl Shared {
         }
     }
 
-    /// Rewrites the manifest from the current state.
+    /// Rewrites the manifest from the current state, which holds the caller's change. A
+    /// write that began after the call holds the change too: a caller that waited for such a
+    /// write returns at once (the eight ranks of a node joining together cost one or two
+    /// writes, each with its two fsyncs, not eight).
     pub(crate) fn write_manifest(
         &self,
         finalized: bool,
         exit_code: Option<i32>,
     ) -> Result<(), FormatError> {
-        let _guard = self.manifest_lock.lock();
+        let mine = self.manifest_changes.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut written = self.manifest_lock.lock();
+        if !finalized && *written >= mine {
+            return Ok(());
+        }
+        // Every change counted up to here is in the state read below.
+        let covers = self.manifest_changes.load(Ordering::SeqCst);
         let mut ranks: Vec<RankInfo> = self
             .clients
             .lock()
@@ -352,7 +365,9 @@ impl Shared {
             job: self.job.lock().clone(),
             lost: self.segments.lost(),
         }
-        .write(&self.store)
+        .write(&self.store)?;
+        *written = covers;
+        Ok(())
     }
 
     /// Creates the store directory (`0700`; it must not hold a run yet) and writes its
@@ -374,7 +389,8 @@ impl Shared {
             pool,
             clients: Mutex::new(Vec::new()),
             comms: Mutex::new(BTreeMap::new()),
-            manifest_lock: Mutex::new(()),
+            manifest_lock: Mutex::new(0),
+            manifest_changes: AtomicU64::new(0),
             records_received: AtomicU64::new(0),
             records_written: AtomicU64::new(0),
             stopping: AtomicBool::new(false),

@@ -85,8 +85,7 @@ impl ChildWaiter {
         if n > 0 && fds[1].revents != 0 {
             let mut buf = [0u8; 64];
             // SAFETY: reads at most buf.len() bytes into buf; the pipe is non-blocking.
-            while unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0
-            {}
+            while unsafe { libc::read(wake.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
         }
     }
 }

@@ -114,16 +114,31 @@ pub struct Evidence {
 impl Evidence {
     /// The evidence of a fingerprint `fp` of elements of `dtype`.
     pub fn of(fp: &[u8], dtype: DType) -> Evidence {
+        Evidence::read(fp, dtype, true)
+    }
+
+    /// [`Evidence::of`], with a sample only when `sampled` (the rule reads samples only of a
+    /// GEMM that may recur the anchor: sampling every operand cost the tracer as much as
+    /// their CRC-32s).
+    pub fn read(fp: &[u8], dtype: DType, sampled: bool) -> Evidence {
         let n = fp.len() / dtype.size().max(1);
         Evidence {
             crc: crc32fast::hash(fp),
-            sample: Sample::take(n, |i| element_f64(dtype, fp, i)),
+            sample: sampled
+                .then(|| Sample::take(n, |i| element_f64(dtype, fp, i)))
+                .flatten(),
         }
     }
 
     /// The evidence of an operand whose packed bytes `packed` are all at hand; `crc`: their
-    /// CRC-32 when the caller computed it already (a captured tensor's).
-    pub fn of_packed(packed: &[u8], dtype: DType, crc: Option<u32>) -> Option<Evidence> {
+    /// CRC-32 when the caller computed it already (a captured tensor's). With a sample only
+    /// when `sampled` (see [`Evidence::read`]).
+    pub fn read_packed(
+        packed: &[u8],
+        dtype: DType,
+        crc: Option<u32>,
+        sampled: bool,
+    ) -> Option<Evidence> {
         let layout = Layout::of(packed.len() as u64);
         if layout.count <= 1 {
             // Its own fingerprint: read in place, its CRC-32 not computed twice. The tracer
@@ -131,10 +146,12 @@ impl Evidence {
             let n = packed.len() / dtype.size().max(1);
             return Some(Evidence {
                 crc: crc.unwrap_or_else(|| crc32fast::hash(packed)),
-                sample: Sample::take(n, |i| element_f64(dtype, packed, i)),
+                sample: sampled
+                    .then(|| Sample::take(n, |i| element_f64(dtype, packed, i)))
+                    .flatten(),
             });
         }
-        Some(Evidence::of(&layout.gather(packed)?, dtype))
+        Some(Evidence::read(&layout.gather(packed)?, dtype, sampled))
     }
 }
 
@@ -189,7 +206,7 @@ impl StreamedEvidence {
     }
 
     /// The evidence, `crc` being the whole tensor's CRC-32: the same as
-    /// [`Evidence::of_packed`] of the whole tensor.
+    /// [`Evidence::read_packed`] of the whole tensor.
     pub fn evidence(&self, dtype: DType, crc: u32) -> Evidence {
         match self {
             StreamedEvidence::Pieces { fp, .. } => Evidence::of(fp, dtype),
@@ -256,7 +273,7 @@ mod tests {
                 }
                 assert_eq!(
                     Some(s.evidence(dtype, crc)),
-                    Evidence::of_packed(&bytes, dtype, None),
+                    Evidence::read_packed(&bytes, dtype, None, true),
                     "{dtype:?} in chunks of {chunk}"
                 );
             }
@@ -322,13 +339,13 @@ mod tests {
         let mut one = bytes.clone();
         one[(5 * l.stride + l.width + 1) as usize] ^= 1;
         assert_ne!(
-            Evidence::of_packed(&one, DType::U8, None),
-            Evidence::of_packed(&bytes, DType::U8, None)
+            Evidence::read_packed(&one, DType::U8, None, true),
+            Evidence::read_packed(&bytes, DType::U8, None, true)
         );
         // Read in place, with the caller's CRC-32: the same evidence as the fingerprint's.
         let whole = Layout::of(bytes.len() as u64);
         assert_eq!(
-            Evidence::of_packed(&bytes, DType::BF16, Some(crc32fast::hash(&bytes))),
+            Evidence::read_packed(&bytes, DType::BF16, Some(crc32fast::hash(&bytes)), true),
             Some(Evidence::of(
                 &whole.gather(&bytes).expect("whole"),
                 DType::BF16

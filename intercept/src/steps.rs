@@ -545,6 +545,42 @@ mod tests {
         assert_eq!(steps, [0, 0, 1, 1, 2, 2]);
     }
 
+    /// The tracer samples only operands of GEMMs that may recur the anchor (tracer.rs,
+    /// `may_recur_anchor`): the rule must decide alike when other GEMMs bring no samples.
+    #[test]
+    fn samples_of_gemms_of_other_signatures_change_no_step() {
+        let sequence = |sampled: bool| {
+            let mut items = Vec::new();
+            for it in 0..3u32 {
+                for mb in 0..2u32 {
+                    let x = batch(0x2000 + u64::from(mb) * 0x100, 2 * it + mb);
+                    items.push(("h2d", Class::Arrival));
+                    items.push(("fwd", forward(weights(it), x)));
+                    // The backward pass reads the forward's operands transposed (signature 8).
+                    let (mut w, mut xt) = (weights(it), x);
+                    (w.trans, xt.trans) = (false, true);
+                    if !sampled {
+                        (w.sample, xt.sample) = (None, None);
+                    }
+                    items.push((
+                        "bwd",
+                        Class::Gemm {
+                            sig: 8,
+                            a: xt,
+                            b: w,
+                        },
+                    ));
+                }
+                items.push(("allreduce", Class::Other));
+            }
+            run(StepRule::Auto, &items)
+        };
+        let with = sequence(true);
+        assert_eq!(with, sequence(false));
+        let steps: Vec<u64> = with.iter().map(|o| o.1).collect();
+        assert_eq!(steps.iter().max(), Some(&2), "three steps: {steps:?}");
+    }
+
     /// Gradient accumulation with sampled operands: the weights hold their bytes over the
     /// micro-batches while new data replaces the input; the optimizer's nudge opens a step.
     #[test]

@@ -825,6 +825,7 @@ impl Tracer {
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
+        let sampled = gemm && self.may_recur_anchor(c.meta.api, &c.meta.op);
         let mut evidence = vec![None; c.tensors.len()];
         // In tensor order: a tensor is read where it was copied before any later one moves
         // down over it (each moves only to before its own place).
@@ -845,7 +846,7 @@ impl Tracer {
                 if gemm {
                     *ev = bytes
                         .get(at..at + fp.bytes() as usize)
-                        .map(|held| Evidence::of(held, t.dtype));
+                        .map(|held| Evidence::read(held, t.dtype, sampled));
                 }
                 continue;
             }
@@ -863,10 +864,22 @@ impl Tracer {
             let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
             if gemm && matches!(t.role, Role::A | Role::B) {
-                *ev = Evidence::of_packed(held, t.dtype, Some(t.crc32));
+                *ev = Evidence::read_packed(held, t.dtype, Some(t.crc32), sampled);
             }
         }
         (packed, k, evidence)
+    }
+
+    /// Whether the step rule may read the samples of this op's operands: a GEMM with the
+    /// anchor's signature, or any GEMM before the anchor is known (the rule only compares
+    /// other GEMMs' CRC-32s with the anchor's, steps.rs). Records reach the rule in the order
+    /// they are read here, so the anchor known now is the one the rule will hold.
+    fn may_recur_anchor(&self, api: &str, op: &Op) -> bool {
+        match (op, self.steps.anchor()) {
+            (Op::Gemm(g), Some((sig, _, _))) => gemm_sig(api, g) == sig,
+            (Op::Gemm(_), None) => true,
+            _ => false,
+        }
     }
 
     /// Feeds a gap in place of a record whose snapshot cannot stand (`why`), its bytes

@@ -32,6 +32,7 @@ use ttrace_proto::config::{CaptureConfig, RangeSet, StepRule};
 use ttrace_proto::record::{Op, Role};
 
 use crate::plan::TensorPlan;
+use crate::steps::AnchorShape;
 
 /// Counted records that took a ticket.
 static ENQUEUED: AtomicU64 = AtomicU64::new(0);
@@ -39,11 +40,12 @@ static ENQUEUED: AtomicU64 = AtomicU64::new(0);
 static FED: AtomicU64 = AtomicU64::new(0);
 /// The tracer's current step (stored before [`FED`] moves).
 static STEP: AtomicU64 = AtomicU64::new(0);
-/// The anchor's signature and the bytes of its A and B operands, once the tracer knows them
-/// (`ANCHOR_KNOWN`).
+/// The anchor's signature, the bytes of its A and B operands and their orientation (bit 0: A
+/// read transposed, bit 1: B), once the tracer knows them (`ANCHOR_KNOWN`).
 static ANCHOR: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_A: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_B: AtomicU64 = AtomicU64::new(0);
+static ANCHOR_TRANS: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_KNOWN: AtomicBool = AtomicBool::new(false);
 
 /// Whether the step bound is needed at all: steps are selected.
@@ -84,12 +86,30 @@ pub(crate) fn note_fed(step: u64) {
 }
 
 /// The tracer found the anchor (the first GEMM): from now on only GEMMs of its signature count,
-/// and only operands of its A's or B's length matter to the rule.
-pub(crate) fn note_anchor(sig: u64, a_len: u64, b_len: u64) {
-    ANCHOR.store(sig, Ordering::Relaxed);
-    ANCHOR_A.store(a_len, Ordering::Relaxed);
-    ANCHOR_B.store(b_len, Ordering::Relaxed);
+/// and of the others only operands [`AnchorShape::may_see`] lets through matter to the rule.
+pub(crate) fn note_anchor(anchor: AnchorShape) {
+    ANCHOR.store(anchor.sig, Ordering::Relaxed);
+    ANCHOR_A.store(anchor.len[0], Ordering::Relaxed);
+    ANCHOR_B.store(anchor.len[1], Ordering::Relaxed);
+    let trans = u64::from(anchor.trans[0]) | u64::from(anchor.trans[1]) << 1;
+    ANCHOR_TRANS.store(trans, Ordering::Relaxed);
     ANCHOR_KNOWN.store(true, Ordering::Release);
+}
+
+/// The anchor the tracer noted, if any.
+fn noted_anchor() -> Option<AnchorShape> {
+    if !ANCHOR_KNOWN.load(Ordering::Acquire) {
+        return None;
+    }
+    let trans = ANCHOR_TRANS.load(Ordering::Relaxed);
+    Some(AnchorShape {
+        sig: ANCHOR.load(Ordering::Relaxed),
+        len: [
+            ANCHOR_A.load(Ordering::Relaxed),
+            ANCHOR_B.load(Ordering::Relaxed),
+        ],
+        trans: [trans & 1 != 0, trans & 2 != 0],
+    })
 }
 
 /// The steps a record taking its ticket now can get (see the module's documentation).
@@ -139,31 +159,42 @@ pub(crate) fn needless(cfg: &CaptureConfig, counted: bool, plans: &[TensorPlan])
 }
 
 /// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a
-/// GEMM's A and B operands (of a GEMM that is not `counted`, only those of the length of the
-/// anchor's A or B: the rule compares their bytes with the anchor's and nothing else); nothing
-/// otherwise.
+/// GEMM's A and B operands (of a GEMM that is not `counted`, only those that could be an
+/// anchor operand's bytes read in another orientation, [`AnchorShape::may_see`]: the rule
+/// compares their bytes with the anchor's and nothing else); nothing otherwise.
 pub(crate) fn keep_rule_inputs(
     cfg: &CaptureConfig,
     op: &Op,
     counted: bool,
     plans: &mut [TensorPlan],
 ) {
-    let gemm = cfg.step_rule == StepRule::Auto && matches!(op, Op::Gemm(_));
-    let lens = (!counted && ANCHOR_KNOWN.load(Ordering::Acquire)).then(|| {
-        [
-            ANCHOR_A.load(Ordering::Relaxed),
-            ANCHOR_B.load(Ordering::Relaxed),
-        ]
-    });
-    keep_operands(gemm, lens, plans);
+    let Op::Gemm(g) = op else {
+        return keep_operands(None, None, plans);
+    };
+    if cfg.step_rule != StepRule::Auto {
+        return keep_operands(None, None, plans);
+    }
+    let anchor = if counted { None } else { noted_anchor() };
+    keep_operands(Some([g.transa != 0, g.transb != 0]), anchor, plans);
 }
 
-/// Leaves only A and B captured (`gemm`; of the lengths `lens` when given, with a
-/// pointer-array batch's arrays), or nothing.
-fn keep_operands(gemm: bool, lens: Option<[u64; 2]>, plans: &mut [TensorPlan]) {
+/// Leaves only A and B captured (of a GEMM whose operands are read transposed as `trans`
+/// says; those `anchor` may see when given, with a pointer-array batch's arrays), or nothing
+/// (`trans` is `None`: not a GEMM the rule reads).
+fn keep_operands(trans: Option<[bool; 2]>, anchor: Option<AnchorShape>, plans: &mut [TensorPlan]) {
+    let gemm = trans.is_some();
+    let [trans_a, trans_b] = trans.unwrap_or_default();
     for t in plans.iter_mut() {
-        let operand = matches!(t.role, Role::A | Role::B);
-        let matters = lens.is_none_or(|l| l.contains(&t.nbytes));
+        let slot = match t.role {
+            Role::A => Some((0, trans_a)),
+            Role::B => Some((1, trans_b)),
+            _ => None,
+        };
+        let operand = slot.is_some();
+        let matters = match (anchor, slot) {
+            (Some(a), Some((slot, trans))) => a.may_see(slot, trans, t.nbytes),
+            _ => true,
+        };
         // A pointer-array batch's arrays vouch for its operands (else the record is a gap,
         // which the step rule would see instead of the GEMM).
         let array = matches!(t.role, Role::ArrayA | Role::ArrayB | Role::ArrayC);
@@ -216,20 +247,33 @@ mod tests {
                 })
                 .to_vec()
         };
-        let mut p = plans();
-        keep_operands(true, None, &mut p);
-        let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
-        assert_eq!(kept, [true, true, false, false]);
+        let anchor = |len: [u64; 2], trans: [bool; 2]| Some(AnchorShape { sig: 7, len, trans });
+        let kept = |trans, anchor| {
+            let mut p = plans();
+            keep_operands(trans, anchor, &mut p);
+            p.iter().map(|t| t.captured).collect::<Vec<bool>>()
+        };
+        let untransposed = Some([false, false]);
+        assert_eq!(kept(untransposed, None), [true, true, false, false]);
+        // Both 16-byte operands could be the anchor's transposed A read in another orientation.
+        assert_eq!(
+            kept(untransposed, anchor([16, 99], [true, false])),
+            [true, true, false, false]
+        );
+        // In the anchor's own orientation an A operand cannot be evidence; as B it can (A's
+        // bytes read in the other slot).
+        assert_eq!(
+            kept(untransposed, anchor([16, 99], [false, false])),
+            [false, true, false, false]
+        );
         // Operands of lengths the anchor's operands do not have cannot matter.
+        assert_eq!(
+            kept(untransposed, anchor([32, 99], [true, true])),
+            [false; 4]
+        );
+        // Not a GEMM the rule reads: nothing.
         let mut p = plans();
-        keep_operands(true, Some([16, 99]), &mut p);
-        let kept: Vec<bool> = p.iter().map(|t| t.captured).collect();
-        assert_eq!(kept, [true, true, false, false]);
-        let mut p = plans();
-        keep_operands(true, Some([32, 99]), &mut p);
-        assert!(p.iter().all(|t| !t.captured));
-        let mut p = plans();
-        keep_operands(false, None, &mut p);
+        keep_operands(None, None, &mut p);
         assert!(p.iter().all(|t| !t.captured));
     }
 }

@@ -135,6 +135,28 @@ pub enum Class {
     Other,
 }
 
+/// What the hooks are told of the anchor (prefilter.rs): its signature, and the bytes and
+/// orientation (transposed or not) of its operands A (0) and B (1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnchorShape {
+    pub sig: u64,
+    pub len: [u64; 2],
+    pub trans: [bool; 2],
+}
+
+impl AnchorShape {
+    /// Whether an operand of `len` bytes in operand `slot` (0: A, 1: B), read transposed
+    /// when `trans`, of a GEMM without the anchor's signature can matter to the rule: only
+    /// as the bytes of an anchor operand of its length read in another orientation
+    /// ([`Anchor::observe`]).
+    pub fn may_see(&self, slot: u8, trans: bool, len: u64) -> bool {
+        (0..2u8).any(|s| {
+            let i = usize::from(s);
+            self.len[i] == len && (s, self.trans[i]) != (slot, trans)
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Anchor {
     sig: u64,
@@ -153,8 +175,12 @@ impl Anchor {
     /// Notes a GEMM that is not a candidate: does it read the anchor's operand bytes in
     /// another orientation (slot or transpose)?
     fn observe(&mut self, a: Operand, b: Operand) {
+        let shape = self.shape();
         for (slot, op) in [(0u8, a), (1u8, b)] {
             let Some(crc) = op.crc else { continue };
+            if !shape.may_see(slot, op.trans, op.len) {
+                continue;
+            }
             for (anchor_slot, mine) in [(0u8, self.a), (1u8, self.b)] {
                 if mine.crc == Some(crc)
                     && mine.len == op.len
@@ -163,6 +189,14 @@ impl Anchor {
                     self.transposed_reuse = true;
                 }
             }
+        }
+    }
+
+    fn shape(&self) -> AnchorShape {
+        AnchorShape {
+            sig: self.sig,
+            len: [self.a.len, self.b.len],
+            trans: [self.a.trans, self.b.trans],
         }
     }
 }
@@ -236,10 +270,10 @@ impl<T> Steps<T> {
         self.step
     }
 
-    /// The signature of the anchor GEMM and the bytes of its A and B operands, once one was
-    /// seen (`auto` only): other GEMMs' operands of other lengths never matter to the rule.
-    pub fn anchor(&self) -> Option<(u64, u64, u64)> {
-        self.anchor.as_ref().map(|a| (a.sig, a.a.len, a.b.len))
+    /// The anchor GEMM's signature and operands, once one was seen (`auto` only): other
+    /// GEMMs' operands matter to the rule only as [`AnchorShape::may_see`] says.
+    pub fn anchor(&self) -> Option<AnchorShape> {
+        self.anchor.as_ref().map(Anchor::shape)
     }
 
     fn emit(&mut self, item: T, out: &mut impl FnMut(T, u64)) {

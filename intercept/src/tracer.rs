@@ -876,7 +876,7 @@ impl Tracer {
     /// they are read here, so the anchor known now is the one the rule will hold.
     fn may_recur_anchor(&self, api: &str, op: &Op) -> bool {
         match (op, self.steps.anchor()) {
-            (Op::Gemm(g), Some((sig, _, _))) => gemm_sig(api, g) == sig,
+            (Op::Gemm(g), Some(anchor)) => gemm_sig(api, g) == anchor.sig,
             (Op::Gemm(_), None) => true,
             _ => false,
         }
@@ -1012,8 +1012,8 @@ impl Tracer {
             &mut |p, s| out.push((p, s)),
         );
         if !self.anchor_noted {
-            if let Some((sig, a, b)) = self.steps.anchor() {
-                crate::prefilter::note_anchor(sig, a, b);
+            if let Some(anchor) = self.steps.anchor() {
+                crate::prefilter::note_anchor(anchor);
                 self.anchor_noted = true;
             }
         }

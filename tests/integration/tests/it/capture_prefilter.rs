@@ -85,11 +85,18 @@ fn assert_same(got: &[String], want: &[String], what: &str) {
 /// Per process, how many dropped records its hooks had reduced before the snapshot (from the
 /// `TTRACE_LOG=info` line at exit).
 fn reduced_per_process(out: &std::process::Output) -> Vec<u64> {
+    // "... dropped: X left out by their hooks (...), Y reduced to what the step rule needs ..."
+    let number_before = |text: &str, words: &str| -> Option<u64> {
+        let (head, _) = text.split_once(words)?;
+        head.split_whitespace().last()?.parse().ok()
+    };
     stderr(out)
         .lines()
         .filter_map(|l| {
-            let (_, tail) = l.split_once(" dropped, ")?;
-            tail.split_whitespace().next()?.parse().ok()
+            let (_, tail) = l.split_once(" dropped: ")?;
+            let left_out = number_before(tail, " left out by their hooks")?;
+            let reduced = number_before(tail, " reduced to what")?;
+            Some(left_out + reduced)
         })
         .collect()
 }

@@ -198,10 +198,10 @@ fn call(g: &Gemm) -> Option<Call> {
     let a = matrix(&g.a, stored(g.transa, m, k));
     let b = matrix(&g.b, stored(g.transb, k, n));
     let c = matrix(&g.c, (m, n));
-    let mut tensors = vec![
-        operand(Role::A, &a, 0, When::After, true),
-        operand(Role::B, &b, 1, When::After, true),
-    ];
+    // A, B, C, D, the pointer arrays' checks, alpha and beta: one allocation.
+    let mut tensors = Vec::with_capacity(6 + checks.len());
+    tensors.push(operand(Role::A, &a, 0, When::After, true));
+    tensors.push(operand(Role::B, &b, 1, When::After, true));
     if c_read {
         tensors.push(operand(Role::CIn, &c, 2, When::Before, true));
     }

@@ -75,7 +75,7 @@ fn call(c: &Coll) -> Option<Call> {
         _ => false,
     };
     let group = thread::with(|t| if t.group_depth > 0 { t.group_id } else { 0 }).unwrap_or(0);
-    let mut tensors = Vec::new();
+    let mut tensors = Vec::with_capacity(3);
     if let Some(len) = input_len {
         // Taken before the op when the op overwrites it, and inside a group (nothing of the
         // group runs before its end, so the copy at call time sees every input as the group

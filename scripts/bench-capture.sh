@@ -23,6 +23,7 @@
 #   scripts/bench-capture.sh --level 1 --total-mib 4096 --dir /dev/shm   # options go to loadgen
 #
 #   BENCH_SECTIONS="5 6" scripts/bench-capture.sh  # only those sections
+#   CPU_RUNS=9 scripts/bench-capture.sh             # runs per CPU figure (default 5, least taken)
 #   BENCH_TARGET=/tmp/old scripts/bench-capture.sh  # binaries already built in /tmp/old/release
 #                                                   # (a baseline build copied aside): no build
 #
@@ -102,9 +103,12 @@ if want 5; then
 echo
 echo "== 5. step selection: CPU of the whole job vs untraced ($steps steps; load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 fi
-cpu_of() { # least user+sys CPU seconds (children included) of 2 runs of "$@"
+# Runs per CPU figure (sections 5 and 6): the least of them is taken (the noise of a shared
+# machine only ever adds CPU: waits that spin while a peer is descheduled).
+CPU_RUNS="${CPU_RUNS:-5}"
+cpu_of() { # least user+sys CPU seconds (children included) of CPU_RUNS runs of "$@"
   local b=""
-  for _ in 1 2; do
+  for _ in $(seq "$CPU_RUNS"); do
     local c
     /usr/bin/time -o "$store/cpu" -f "%U %S" "$@" >/dev/null 2>&1
     c=$(tail -1 "$store/cpu" | awk '{ print $1 + $2 }')

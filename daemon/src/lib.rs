@@ -328,7 +328,10 @@ impl Shared {
     /// Rewrites the manifest from the current state, which holds the caller's change. A
     /// write that began after the call holds the change too: a caller that waited for such a
     /// write returns at once (the eight ranks of a node joining together cost one or two
-    /// writes, each with its two fsyncs, not eight).
+    /// writes, not eight). The first and the finalised manifest are fsynced; the updates in
+    /// between (processes joining and leaving) are atomic but not fsynced: each survives a
+    /// crash of any process, and power-loss durability of an unfinished run is not promised
+    /// (docs/guarantees.md), so they need not cost two fsyncs each.
     pub(crate) fn write_manifest(
         &self,
         finalized: bool,
@@ -365,7 +368,7 @@ impl Shared {
             job: self.job.lock().clone(),
             lost: self.segments.lost(),
         }
-        .write(&self.store)?;
+        .write_as(&self.store, finalized || covers == 1)?;
         *written = covers;
         Ok(())
     }

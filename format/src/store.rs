@@ -206,6 +206,13 @@ impl Manifest {
 impl Manifest {
     /// Writes atomically (temporary file, fsync, rename, fsync of the directory).
     pub fn write(&self, run: &Path) -> Result<(), FormatError> {
+        self.write_as(run, true)
+    }
+
+    /// Writes atomically (temporary file, rename); with `durable`, fsyncs the file before the
+    /// rename and the directory after it (else a crash of any process still leaves the old or
+    /// the new manifest whole, but a power loss may leave the old one).
+    pub fn write_as(&self, run: &Path, durable: bool) -> Result<(), FormatError> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = manifest_path(run);
         let tmp = run.join(".manifest.json.tmp");
@@ -222,7 +229,10 @@ impl Manifest {
             .open(&tmp)
             .and_then(|mut f| {
                 f.write_all(&body)?;
-                f.sync_all()
+                if durable {
+                    f.sync_all()?;
+                }
+                Ok(())
             })
             .map_err(|e| FormatError::at(&tmp, e))
             .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| FormatError::at(&path, e)));
@@ -231,8 +241,10 @@ impl Manifest {
             let _ = std::fs::remove_file(&tmp);
         }
         written?;
-        if let Ok(d) = File::open(run) {
-            let _ = d.sync_all();
+        if durable {
+            if let Ok(d) = File::open(run) {
+                let _ = d.sync_all();
+            }
         }
         Ok(())
     }

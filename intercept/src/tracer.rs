@@ -514,6 +514,7 @@ pub fn start(
                 dropped: 0,
                 reduced: 0,
                 reduced_copies: 0,
+                decided: Vec::new(),
             };
             t.run();
             *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -553,6 +554,8 @@ struct Tracer {
     reduced: u64,
     /// Of the reduced ones, those whose GEMM operands' fingerprints were copied for the rule.
     reduced_copies: u64,
+    /// The records the step rule decided, as it hands them back (empty between records).
+    decided: Vec<(Pending, u64)>,
 }
 
 impl Tracer {
@@ -998,7 +1001,8 @@ impl Tracer {
         if let Some(s) = slot {
             *self.unpublished.entry(s.pos).or_default() += 1;
         }
-        let mut out = Vec::new();
+        // Kept between records (an allocation per record otherwise).
+        let mut out = std::mem::take(&mut self.decided);
         self.steps.push(
             Pending {
                 record,
@@ -1017,9 +1021,10 @@ impl Tracer {
                 self.anchor_noted = true;
             }
         }
-        for (p, s) in out {
+        for (p, s) in out.drain(..) {
             self.publish(p, s);
         }
+        self.decided = out;
     }
 
     /// A counted record went through the step rule: tells the hooks the step reached, and

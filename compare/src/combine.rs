@@ -252,25 +252,40 @@ fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumHint
 /// another shape).
 fn group_sum(group: &[u32], s: &SumSearch<'_>) -> Option<Values> {
     let seq_of: BTreeMap<u32, u64> = s.shards.iter().copied().collect();
-    let mut sum: Option<Values> = None;
-    for rank in group {
-        let v = seq_of
-            .get(rank)
-            .and_then(|seq| s.vals.get(&(*rank, *seq)))?;
-        match &mut sum {
-            None => sum = Some(v.clone()),
-            Some(acc) if acc.shape == v.shape => {
-                for (a, b) in std::sync::Arc::make_mut(&mut acc.data)
-                    .iter_mut()
-                    .zip(v.data.iter())
-                {
+    let members: Vec<&Values> = group
+        .iter()
+        .map(|rank| seq_of.get(rank).and_then(|seq| s.vals.get(&(*rank, *seq))))
+        .collect::<Option<_>>()?;
+    let (first, rest) = members.split_first()?;
+    if rest.iter().any(|v| v.shape != first.shape) {
+        return None;
+    }
+    // In member order, element by element: ((m0 + m1) + m2) + ..., the first two added
+    // into a new buffer (no copy of the first to add into).
+    let data: Vec<f32> = match rest.split_first() {
+        None => return Some((*first).clone()),
+        Some((second, more)) => {
+            let mut acc: Vec<f32> = first
+                .data
+                .iter()
+                .zip(second.data.iter())
+                .map(|(a, b)| a + b)
+                .collect();
+            // A longer first shard keeps its tail as it is (as adding into its copy did).
+            acc.extend_from_slice(first.data.get(acc.len()..).unwrap_or(&[]));
+            for v in more {
+                for (a, b) in acc.iter_mut().zip(v.data.iter()) {
                     *a += *b;
                 }
             }
-            Some(_) => return None,
+            acc
         }
-    }
-    sum
+    };
+    Some(Values {
+        shape: first.shape.clone(),
+        data: std::sync::Arc::new(data),
+        dtype: first.dtype,
+    })
 }
 
 /// Each group's sum placed in the reference; every member's shard takes its group's error.

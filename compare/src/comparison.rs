@@ -150,11 +150,14 @@ pub(crate) fn accumulates(g: &ttrace_format::record::GemmOp) -> bool {
 /// A GEMM's tensor for comparison: `D` of an accumulating GEMM is its increment `D - beta*C`
 /// (C is a partial accumulation whose content depends on how buffers are shared, e.g. tied
 /// weights or gradient buckets, which differ between a single device and a pipeline). With
-/// it, `‖beta*C‖ / ‖D - beta*C‖`: how many digits the subtraction cancelled (0 otherwise).
+/// `cancellation`, also `‖beta*C‖ / ‖D - beta*C‖`: how many digits the subtraction cancelled
+/// (0 otherwise, and without it). An increment formed while decoding ahead
+/// ([`RunTrace::take_increment`]) from these very values is taken instead of formed again.
 pub(crate) fn operand(
     t: &RunTrace,
     rec: &Record,
     role: Role,
+    cancellation: bool,
 ) -> Result<Option<(Values, f64)>, CompareError> {
     let Some(mut v) = t.values(rec, role)? else {
         return Ok(None);
@@ -165,26 +168,50 @@ pub(crate) fn operand(
             let beta = g.beta.unwrap_or(0.0) as f32;
             if let Some(c) = t.values(rec, Role::CIn)? {
                 if c.data.len() == v.data.len() {
-                    let (mut nc, mut ni) = (0f64, 0f64);
+                    let formed = t
+                        .take_increment(rec, &v.data, &c.data)
+                        .filter(|f| f.cancelled.is_some() || !cancellation);
+                    let (values, c) = match formed {
+                        Some(f) => (f.values, f.cancelled.unwrap_or(0.0)),
+                        None => {
+                            let (inc, c) = increment(beta, &v.data, &c.data, cancellation);
+                            (std::sync::Arc::new(inc), c.unwrap_or(0.0))
+                        }
+                    };
                     // D's values are shared with the decoded tensors kept: the increment is
-                    // written once into its own buffer, not into a copy of D.
-                    let mut increment = Vec::with_capacity(v.data.len());
-                    for (&d, &c) in v.data.iter().zip(c.data.iter()) {
-                        let bc = beta * c;
-                        let inc = d - bc;
-                        nc += (bc as f64).powi(2);
-                        ni += (inc as f64).powi(2);
-                        increment.push(inc);
-                    }
-                    v.data = std::sync::Arc::new(increment);
-                    if ni > 0.0 {
-                        cancelled = (nc / ni).sqrt();
-                    }
+                    // its own buffer, not a copy of D changed in place.
+                    v.data = values;
+                    cancelled = c;
                 }
             }
         }
     }
     Ok(Some((v, cancelled)))
+}
+
+/// The increment `d - beta*c` (equal lengths), and with `cancellation` the digits it
+/// cancelled, `‖beta*c‖ / ‖d - beta*c‖` (`Some(0.0)` when the increment is zero).
+///
+/// The norms are summed in element order, in f64: the tolerance (and the report) are the
+/// same whoever forms the increment, here or while decoding ahead.
+pub(crate) fn increment(
+    beta: f32,
+    d: &[f32],
+    c: &[f32],
+    cancellation: bool,
+) -> (Vec<f32>, Option<f64>) {
+    // Element by element, vectorized: one rounding per operation either way.
+    let inc: Vec<f32> = d.iter().zip(c).map(|(&d, &c)| d - beta * c).collect();
+    if !cancellation {
+        return (inc, None);
+    }
+    let (mut nc, mut ni) = (0f64, 0f64);
+    for (&i, &c) in inc.iter().zip(c) {
+        let bc = beta * c;
+        nc += (bc as f64).powi(2);
+        ni += (i as f64).powi(2);
+    }
+    (inc, Some(if ni > 0.0 { (nc / ni).sqrt() } else { 0.0 }))
 }
 
 /// Whether `rec` accumulates into its output (beta != 0) while its C was not captured
@@ -299,6 +326,39 @@ mod tests {
         // One shard twice its reference, the other exact, holding three times the norm².
         let t = judged(&[shard(0, 0.0, 2.0, 1.0), shard(1, 0.0, 1.0, 3.0)], 4.0);
         assert!((t.norm_ratio - (7.0f64 / 4.0).sqrt()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_increment_is_d_minus_beta_c_and_says_what_it_cancelled_summed_in_order() {
+        let d: Vec<f32> = (0..1000)
+            .map(|i| 1.0 + (i as f32 * 0.37).sin() * 1e-3)
+            .collect();
+        let c: Vec<f32> = (0..1000)
+            .map(|i| 1.0 + (i as f32 * 0.11).cos() * 1e-4)
+            .collect();
+        let (plain, none) = increment(1.0, &d, &c, false);
+        let (inc, cancelled) = increment(1.0, &d, &c, true);
+        assert_eq!(none, None, "nothing summed when not asked");
+        assert_eq!(plain, inc, "the same increment either way");
+        let want: Vec<f32> = d.iter().zip(&c).map(|(&d, &c)| d - c).collect();
+        assert_eq!(inc, want);
+        // The norms in element order, in f64: the bits a reference's tolerance is built on.
+        let (mut nc, mut ni) = (0f64, 0f64);
+        for (&i, &c) in want.iter().zip(&c) {
+            nc += (c as f64).powi(2);
+            ni += (i as f64).powi(2);
+        }
+        assert_eq!(cancelled, Some((nc / ni).sqrt()));
+        assert!(
+            cancelled.is_some_and(|x| x > 1.0),
+            "D and beta*C share digits"
+        );
+        let zero = increment(1.0, &[2.0, 3.0], &[2.0, 3.0], true);
+        assert_eq!(
+            zero,
+            (vec![0.0, 0.0], Some(0.0)),
+            "a zero increment cancels nothing"
+        );
     }
 
     #[test]

@@ -136,6 +136,14 @@ impl DecodedCache {
         Some((Arc::clone(&e.values), e.checked))
     }
 
+    /// The values of `at` and what identifies their bytes, leaving what was read last as it
+    /// was (for a look from the decoding ahead, which is not a read by the walk).
+    pub fn peek(&self, at: &TensorAt) -> Option<(Shared, Checked)> {
+        self.entries
+            .get(at)
+            .map(|e| (Arc::clone(&e.values), e.checked))
+    }
+
     /// Keeps `values` as those of `at` (whose record gives `checked`), dropping the least
     /// recently read first while the budget would be passed. A value larger than the whole
     /// budget is not kept.

@@ -100,12 +100,31 @@ impl DpScale {
     }
 }
 
+/// Runs `job` on a thread of rayon's global pool (in place when the caller is a thread of a
+/// pool already). The walk's many short parallel loops (error sums, placement searches) then
+/// share their work with the thread that runs them: called from outside the pool, each loop
+/// would be handed over to the pool's threads while the caller sleeps until it is done, a
+/// wake-up and a sleep per loop, thousands of them in a comparison.
+fn on_the_pool<R: Send>(job: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| job())
+}
+
 /// Compares `run` against the reference `reff`.
 pub fn compare(
     reff_path: &Path,
     run_path: &Path,
     opts: &CompareOptions,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<CompareReport, CompareError> {
+    on_the_pool(|| compare_on_the_pool(reff_path, run_path, opts, progress))
+}
+
+/// [`compare`], on a thread of the pool.
+fn compare_on_the_pool(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
@@ -138,7 +157,18 @@ pub fn compare_partition(
     run_path: &Path,
     opts: &CompareOptions,
     part: crate::partition::Partition,
-    progress: &mut dyn FnMut(u64, u64),
+    progress: &mut (dyn FnMut(u64, u64) + Send),
+) -> Result<crate::partition::PartialReport, CompareError> {
+    on_the_pool(|| partition_on_the_pool(reff_path, run_path, opts, part, progress))
+}
+
+/// [`compare_partition`], on a thread of the pool.
+fn partition_on_the_pool(
+    reff_path: &Path,
+    run_path: &Path,
+    opts: &CompareOptions,
+    part: crate::partition::Partition,
+    progress: &mut (dyn FnMut(u64, u64) + Send),
 ) -> Result<crate::partition::PartialReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
@@ -292,6 +322,12 @@ fn walk_steps(
     if let Some(pt) = &p.pert {
         pt.set_decoded_budget(pert_kept);
     }
+    // The increments D - beta*C the walk compares are formed on the thread pool as their
+    // tensors are decoded; only the reference's tolerance needs what they cancelled.
+    p.reff
+        .set_increments_ahead(crate::trace::IncrementsAhead::WithCancellation);
+    p.run
+        .set_increments_ahead(crate::trace::IncrementsAhead::Plain);
     let mut walk = Walk::new(p);
     let base_warnings = std::mem::take(&mut walk.warnings);
     let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
@@ -334,6 +370,10 @@ fn walk_steps(
         walk.op(ref_op, shards, depth)?;
     }
     progress(total_ops, total_ops);
+    p.reff
+        .set_increments_ahead(crate::trace::IncrementsAhead::None);
+    p.run
+        .set_increments_ahead(crate::trace::IncrementsAhead::None);
     // What the walk decoded stays kept for the reductions, which read reference GEMM
     // outputs again; the perturbed reference's is not read again.
     if let Some(pt) = &p.pert {
@@ -546,7 +586,7 @@ impl<'a> Walk<'a> {
         // Errors of this op's inputs (within their tolerance) propagate into its output.
         let mut input_error = 0f64;
         for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
-            let Some((ref_vals, cancelled)) = operand(self.reff, ref_rec, role)? else {
+            let Some((ref_vals, cancelled)) = operand(self.reff, ref_rec, role, true)? else {
                 continue;
             };
             let tol = self.tolerance(ref_rec, role, &ref_vals, depth, cancelled, input_error)?;

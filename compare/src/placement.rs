@@ -129,7 +129,7 @@ impl Placer {
                 );
                 continue;
             }
-            let Some((x, _)) = operand(run, rec, role)? else {
+            let Some((x, _)) = operand(run, rec, role, false)? else {
                 continue;
             };
             if role == Role::D && out.param_note.is_none() {

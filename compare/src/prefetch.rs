@@ -43,6 +43,15 @@ fn compared_roles(rec: &Record) -> &'static [Role] {
     }
 }
 
+/// The bytes of the increment `D - beta*C` decoding ahead forms for `rec` (an accumulating
+/// GEMM; 0 for any other record).
+fn increment_bytes(rec: &Record) -> u64 {
+    if !compared_roles(rec).contains(&Role::CIn) {
+        return 0;
+    }
+    wanted(rec, &[Role::D]).map(|(_, b)| b).sum()
+}
+
 /// The captured float tensors of `rec` with one of `roles`.
 fn wanted<'r>(rec: &'r Record, roles: &[Role]) -> impl Iterator<Item = (TensorAt, u64)> + 'r {
     let roles = roles.to_vec();
@@ -131,7 +140,16 @@ impl Walked<'_> {
                     op.extend(wanted(r, compared_roles(r)).map(|(t, b)| (t, b, 1)));
                 }
             }
-            let op_bytes: u64 = op.iter().map(|w| w.1).sum();
+            // An accumulating GEMM's increment D - beta*C is formed beside its D.
+            let increments: u64 = std::iter::once(ref_rec)
+                .chain(
+                    shards
+                        .iter()
+                        .filter_map(|&(rank, s)| self.run.record(rank, step, s)),
+                )
+                .map(increment_bytes)
+                .sum();
+            let op_bytes: u64 = op.iter().map(|w| w.1).sum::<u64>() + increments;
             if covered > 0 && bytes + op_bytes > budget {
                 break;
             }

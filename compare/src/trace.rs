@@ -47,6 +47,13 @@ pub struct RunTrace {
     /// reads them again; shared with the decoding ahead.
     decoded: Arc<Mutex<DecodedCache>>,
     bytes_read: Cell<u64>,
+    /// Buffers the walk decodes tensors with: (stored, decoded bytes).
+    scratch: RefCell<(Vec<u8>, Vec<u8>)>,
+    /// Which increments decoding ahead forms.
+    increments_ahead: Cell<IncrementsAhead>,
+    /// Increments formed by the last decoding ahead installed, by record (rank, step, seq),
+    /// until the walk takes them ([`RunTrace::take_increment`]).
+    increments: RefCell<HashMap<RecordAt, FormedIncrement>>,
     /// Records that could not be read.
     pub unreadable: Vec<String>,
 }
@@ -94,6 +101,9 @@ impl RunTrace {
             segments: RefCell::new(OpenCache::default()),
             decoded: Arc::new(Mutex::new(DecodedCache::new(u64::MAX))),
             bytes_read: Cell::new(0),
+            scratch: RefCell::new((Vec::new(), Vec::new())),
+            increments_ahead: Cell::new(IncrementsAhead::None),
+            increments: RefCell::new(HashMap::new()),
             unreadable,
         })
     }
@@ -204,6 +214,7 @@ impl RunTrace {
     /// [`RunTrace::install`].
     pub fn decode_ahead(&self, wants: &[TensorAt]) -> Decoding {
         let (tx, rx) = mpsc::channel();
+        let increments = self.increments_to_form(wants);
         let wants: Vec<TensorAt> = {
             let kept = lock(&self.decoded);
             wants
@@ -236,18 +247,23 @@ impl RunTrace {
                 .collect();
             // A decoding that panics leaves its tensors to the walk (which reports them).
             let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::prefetch::decode(&open, &kept)
+                let values = crate::prefetch::decode(&open, &kept);
+                let increments = form_increments(&increments, &values, &kept);
+                DecodedAhead { values, increments }
             }));
-            if let Ok(values) = decoded {
-                let _ = tx.send(values);
+            if let Ok(ahead) = decoded {
+                let _ = tx.send(ahead);
             }
         };
-        if rayon::current_thread_index().is_some() {
-            // Called from a thread of a pool (a caller's own parallel loop): waiting there
-            // for a spawned job could wait for itself, so it decodes now.
+        // The walk runs on a thread of the global pool: it waits for the decoding pool.
+        let pool = decode_pool();
+        let within = pool.map_or(rayon::current_thread_index(), |p| p.current_thread_index());
+        if within.is_some() {
+            // Called from a thread of the pool the job would go to: waiting there for it
+            // could wait for itself, so it decodes now.
             job();
         } else {
-            match decode_pool() {
+            match pool {
                 Some(pool) => pool.spawn(job),
                 None => rayon::spawn(job),
             }
@@ -257,12 +273,79 @@ impl RunTrace {
 
     /// Waits for `decoding` and keeps its values for [`RunTrace::values`] to take.
     pub fn install(&self, decoding: Decoding) {
-        if let Ok(values) = decoding.rx.recv() {
+        // What the window before formed and the walk did not take goes with it.
+        let mut increments = self.increments.borrow_mut();
+        increments.clear();
+        if let Ok(ahead) = decoding.rx.recv() {
             let mut kept = lock(&self.decoded);
-            for (at, v, checked) in values {
+            for (at, v, checked) in ahead.values {
                 kept.insert(at, v, checked);
             }
+            increments.extend(ahead.increments);
         }
+    }
+
+    /// Makes decoding ahead form the increments `D - beta*C` of the accumulating GEMMs whose
+    /// D it decodes (with `WithCancellation`, the digits each cancelled too), for
+    /// [`crate::comparison::operand`] to take: off the walk, on the thread pool.
+    pub fn set_increments_ahead(&self, form: IncrementsAhead) {
+        self.increments_ahead.set(form);
+        if form == IncrementsAhead::None {
+            self.increments.borrow_mut().clear();
+        }
+    }
+
+    /// The increment of `rec` formed while decoding ahead, when it was formed from the values
+    /// `d` of its D and `c` of its C (the very buffers: what the walk would form from them).
+    pub(crate) fn take_increment(
+        &self,
+        rec: &Record,
+        d: &Shared,
+        c: &Shared,
+    ) -> Option<FormedIncrement> {
+        let f = self
+            .increments
+            .borrow_mut()
+            .remove(&(rec.rank, rec.step, rec.seq))?;
+        (Arc::ptr_eq(&f.d, d) && Arc::ptr_eq(&f.c, c)).then_some(f)
+    }
+
+    /// The accumulating GEMMs among the records of `wants` whose D is wanted, and the
+    /// tensors their increment is formed from (as [`RunTrace::values`] finds them).
+    fn increments_to_form(&self, wants: &[TensorAt]) -> Vec<IncrementJob> {
+        let form = self.increments_ahead.get();
+        if form == IncrementsAhead::None {
+            return Vec::new();
+        }
+        let mut jobs: Vec<IncrementJob> = Vec::new();
+        let mut seen: std::collections::HashSet<RecordAt> = std::collections::HashSet::new();
+        for &(rank, step, seq, index) in wants {
+            let Some(rec) = self.record(rank, step, seq) else {
+                continue;
+            };
+            let Some(g) = gemm(rec).filter(|g| crate::comparison::accumulates(g)) else {
+                continue;
+            };
+            let at_role = |role: Role| {
+                let i = rec.tensors.iter().position(|t| t.role == role)?;
+                let t = &rec.tensors[i];
+                (t.captured && is_float(t.dtype))
+                    .then_some(((rank, step, seq, i), (t.crc32, t.nbytes, t.dtype)))
+            };
+            let (Some(d), Some(c)) = (at_role(Role::D), at_role(Role::CIn)) else {
+                continue;
+            };
+            if d.0 .3 != index || !seen.insert((rank, step, seq)) {
+                continue;
+            }
+            jobs.push(IncrementJob {
+                d,
+                c,
+                beta: g.beta.unwrap_or(0.0) as f32,
+                cancellation: form == IncrementsAhead::WithCancellation,
+            });
+        }
+        jobs
     }
 
     /// Opens the segment of `rank` and `step`.
@@ -285,6 +368,16 @@ impl RunTrace {
         seq: u64,
         index: usize,
     ) -> Result<Option<Vec<u8>>, CompareError> {
+        self.with_bytes((rank, step, seq, index), |b| Ok(b.to_vec()))
+    }
+
+    /// `f` of the bytes of tensor `at`, decoded into buffers reused from one tensor to the
+    /// next (no allocation per tensor); `None` when it was not captured.
+    fn with_bytes<R>(
+        &self,
+        (rank, step, seq, index): TensorAt,
+        f: impl FnOnce(&[u8]) -> Result<R, CompareError>,
+    ) -> Result<Option<R>, CompareError> {
         let mut segs = self.segments.borrow_mut();
         let size = self
             .store
@@ -304,13 +397,16 @@ impl RunTrace {
         if !view.is_captured(index) {
             return Ok(None);
         }
-        let bytes = view.tensor_bytes(index).map_err(|e| CompareError::Store {
-            path: self.path.display().to_string(),
-            source: e,
-        })?;
+        let mut buffers = self.scratch.borrow_mut();
+        let (scratch, bytes) = &mut *buffers;
+        view.tensor_bytes_into(index, scratch, bytes)
+            .map_err(|e| CompareError::Store {
+                path: self.path.display().to_string(),
+                source: e,
+            })?;
         self.bytes_read
             .set(self.bytes_read.get() + bytes.len() as u64);
-        Ok(Some(bytes))
+        f(bytes).map(Some)
     }
 
     /// The values of the tensor with `role` in `rec`, FP8 operands scaled by their captured
@@ -334,10 +430,13 @@ impl RunTrace {
                 data
             }
             _ => {
-                let Some(bytes) = self.bytes(rec.rank, rec.step, rec.seq, index)? else {
+                let n = usize::try_from(t.elements()).unwrap_or(0);
+                let mut data = lock(&self.decoded).buffer(n);
+                let decoded = self.with_bytes(at, |bytes| to_f32_into(t.dtype, bytes, &mut data));
+                if decoded?.is_none() {
                     return Ok(None);
-                };
-                let data = Arc::new(to_f32(t.dtype, &bytes)?);
+                }
+                let data = Arc::new(data);
                 lock(&self.decoded).insert(at, Arc::clone(&data), checked);
                 data
             }
@@ -456,12 +555,97 @@ fn decode_pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
+/// A record: (rank, step, seq).
+type RecordAt = (u32, u64, u64);
+
+/// Which increments `D - beta*C` of accumulating GEMMs decoding ahead forms
+/// ([`RunTrace::set_increments_ahead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IncrementsAhead {
+    /// None: the walk forms what it compares.
+    #[default]
+    None,
+    /// The increments.
+    Plain,
+    /// The increments and the digits each cancelled (what a reference's tolerance needs).
+    WithCancellation,
+}
+
+/// An increment `D - beta*C` formed while decoding ahead, and the values it was formed from.
+pub(crate) struct FormedIncrement {
+    d: Shared,
+    c: Shared,
+    /// `D - beta*C`.
+    pub(crate) values: Shared,
+    /// The digits it cancelled, when asked for ([`crate::comparison::increment`]).
+    pub(crate) cancelled: Option<f64>,
+}
+
+/// An increment to form: where D and C are and what identifies their bytes.
+struct IncrementJob {
+    d: (TensorAt, Checked),
+    c: (TensorAt, Checked),
+    beta: f32,
+    cancellation: bool,
+}
+
+/// What decoding ahead gives: the values decoded, the increments formed.
+struct DecodedAhead {
+    values: Vec<(TensorAt, Shared, Checked)>,
+    increments: Vec<(RecordAt, FormedIncrement)>,
+}
+
+/// Forms the increments of `jobs` whose D and C were decoded in `values` (or are kept
+/// decoded), in parallel.
+fn form_increments(
+    jobs: &[IncrementJob],
+    values: &[(TensorAt, Shared, Checked)],
+    kept: &Mutex<DecodedCache>,
+) -> Vec<(RecordAt, FormedIncrement)> {
+    if jobs.is_empty() {
+        return Vec::new();
+    }
+    let index: HashMap<TensorAt, usize> =
+        values.iter().enumerate().map(|(i, v)| (v.0, i)).collect();
+    let find = |(at, checked): (TensorAt, Checked)| -> Option<Shared> {
+        let (data, got) = match index.get(&at) {
+            Some(&i) => (Arc::clone(&values[i].1), values[i].2),
+            None => lock(kept).peek(&at)?,
+        };
+        (got == checked).then_some(data)
+    };
+    let inputs: Vec<(RecordAt, Shared, Shared, f32, bool)> = jobs
+        .iter()
+        .filter_map(|j| {
+            let (d, c) = (find(j.d)?, find(j.c)?);
+            let (rank, step, seq, _) = j.d.0;
+            (d.len() == c.len()).then_some(((rank, step, seq), d, c, j.beta, j.cancellation))
+        })
+        .collect();
+    inputs
+        .into_par_iter()
+        .map(|(at, d, c, beta, cancellation)| {
+            let (values, cancelled) = crate::comparison::increment(beta, &d, &c, cancellation);
+            let values = Arc::new(values);
+            (
+                at,
+                FormedIncrement {
+                    d,
+                    c,
+                    values,
+                    cancelled,
+                },
+            )
+        })
+        .collect()
+}
+
 /// An open segment and the tensors of its records to decode ahead.
 type SegmentJob = ((u32, u64), Arc<Segment>, Vec<crate::prefetch::RecordWants>);
 
 /// Tensors being decoded on the thread pool ([`RunTrace::decode_ahead`]).
 pub struct Decoding {
-    rx: mpsc::Receiver<Vec<(TensorAt, Shared, Checked)>>,
+    rx: mpsc::Receiver<DecodedAhead>,
 }
 
 /// Open segments (by rank and step), closed least recently read first once their bytes pass
@@ -608,6 +792,45 @@ pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn increments_are_formed_ahead_only_from_the_values_their_record_names() {
+        let bf16 = |crc: u32| (crc, 8, DType::BF16);
+        let (d, c): (Shared, Shared) = (
+            Arc::new(vec![3.0, 5.0, 7.0, 9.0]),
+            Arc::new(vec![1.0, 1.0, 2.0, 2.0]),
+        );
+        let job = |seq: u64, c_crc: u32| IncrementJob {
+            d: ((0, 1, seq, 0), bf16(1)),
+            c: ((0, 1, seq, 1), bf16(c_crc)),
+            beta: 2.0,
+            cancellation: seq == 5,
+        };
+        let values = vec![
+            ((0, 1, 5, 0), Arc::clone(&d), bf16(1)),
+            ((0, 1, 5, 1), Arc::clone(&c), bf16(2)),
+            ((0, 1, 6, 0), Arc::clone(&d), bf16(1)),
+            ((0, 1, 6, 1), Arc::clone(&c), bf16(2)),
+        ];
+        // C of seq 7 is kept decoded from an earlier window; seq 6's record names other
+        // bytes for its C than those decoded (another CRC-32): not formed.
+        let kept = Mutex::new(DecodedCache::new(u64::MAX));
+        lock(&kept).insert((0, 1, 7, 1), Arc::clone(&c), bf16(2));
+        let mut jobs = vec![job(5, 2), job(6, 3), job(7, 2)];
+        jobs[2].d = ((0, 1, 5, 0), bf16(1));
+        let formed = form_increments(&jobs, &values, &kept);
+        let at: Vec<RecordAt> = formed.iter().map(|f| f.0).collect();
+        assert_eq!(at, vec![(0, 1, 5), (0, 1, 5)]);
+        let f = &formed[0].1;
+        assert_eq!(*f.values, vec![1.0, 3.0, 3.0, 5.0], "D - beta*C");
+        let (_, want) = crate::comparison::increment(2.0, &d, &c, true);
+        assert_eq!(f.cancelled, want, "what the walk would find");
+        assert!(
+            Arc::ptr_eq(&f.d, &d) && Arc::ptr_eq(&f.c, &c),
+            "formed from those values"
+        );
+        assert_eq!(formed[1].1.cancelled, None, "not asked for");
+    }
 
     #[test]
     fn decoding_to_f32_is_exact_for_every_float_type() {

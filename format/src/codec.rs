@@ -537,20 +537,26 @@ fn decode_planes(
         )));
     }
     out.clear();
-    let mut plane_out = Vec::new();
+    // Room for every plane at once (appending one would otherwise move the ones before it),
+    // when the stored bytes can back the claim (each plane is checked again as it decodes).
+    let most = (data.len() as u64)
+        .saturating_mul(1 << 15)
+        .saturating_add((e as u64) << 17);
+    if let Ok(total) = usize::try_from(raw_len).map(|t| t.min(most as usize)) {
+        out.reserve(total);
+    }
     for (mode, plane) in planes {
         if mode == PLANE_RAW {
             out.extend_from_slice(plane);
         } else {
-            // zstd_bounded refuses a claim the stored bytes cannot back, before allocating.
-            zstd_bounded(plane, n, &mut plane_out)?;
-            if plane_out.len() as u64 != n {
-                return Err(bad(format!(
-                    "plane decodes to {} bytes, expected {n}",
-                    plane_out.len()
-                )));
+            // zstd_append refuses a claim the stored bytes cannot back, before allocating;
+            // each plane is decoded in place after the ones before it (no copy).
+            let before = out.len();
+            zstd_append(plane, n, out)?;
+            let got = out.len() - before;
+            if got as u64 != n {
+                return Err(bad(format!("plane decodes to {got} bytes, expected {n}")));
             }
-            out.extend_from_slice(&plane_out);
         }
     }
     out.extend_from_slice(&data[at..]);
@@ -559,8 +565,13 @@ fn decode_planes(
 
 /// zstd-decodes `stored` into `out`, expecting exactly `raw_len` bytes.
 fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), FormatError> {
-    use std::io::Read;
     out.clear();
+    zstd_append(stored, raw_len, out)
+}
+
+/// [`zstd_bounded`] after the bytes `out` holds already (the caller checks how many came).
+fn zstd_append(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), FormatError> {
+    use std::io::Read;
     let corrupt = |e: std::io::Error| FormatError::Corrupt(format!("zstd: {e}"));
     // The frame header of a one-shot compression carries the content size: when it does and
     // agrees, decode in one call into an exactly sized buffer (the fast path).
@@ -594,10 +605,14 @@ fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), Fo
                 *slot = Some(zstd::bulk::Decompressor::new().map_err(FormatError::Io)?);
             }
             match slot.as_mut() {
-                Some(d) => d
-                    .decompress_to_buffer(stored, out)
-                    .map(|_| ())
-                    .map_err(corrupt),
+                Some(d) => {
+                    let at = out.len() as u64;
+                    let mut after = std::io::Cursor::new(&mut *out);
+                    after.set_position(at);
+                    d.decompress_to_buffer(stored, &mut after)
+                        .map(|_| ())
+                        .map_err(corrupt)
+                }
                 None => Err(FormatError::Corrupt(
                     "zstd: no decompression context".into(),
                 )),

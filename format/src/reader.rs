@@ -1095,6 +1095,9 @@ impl Segment {
                 if captured.zip(&blobs).any(|(t, b)| t.nbytes != b.raw_len) {
                     return self.read_inner(i, true);
                 }
+                // Parsed once: what follows would parse the same bytes again (and keeps
+                // nothing of an unchecked body).
+                return Ok(self.view(loc.offset, loc.frame_len, record, body, blobs));
             }
         }
         if verify && !loc.verified && crc32fast::hash(body) != loc.crc32 {

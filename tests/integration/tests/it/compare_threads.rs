@@ -110,8 +110,9 @@ fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
         assert!(report(&json) == want, "{what}: the JSON report differs");
     }
 
-    // Called from a thread of a caller's own one-thread pool, compare decodes ahead in place
-    // (a job spawned on that pool would wait for the caller): the same report.
+    // Called from a thread of a caller's own one-thread pool, compare runs there (its
+    // decoding ahead on its own pool, never on the caller's, which would wait for itself):
+    // the same report, no deadlock.
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()

@@ -177,7 +177,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).
-    let streamed = layout(&plans).1 > slot_limit(session.ring.capacity());
+    let streamed = slot_bytes(&plans) > slot_limit(session.ring.capacity());
     if streamed {
         // Chunks are published as they come: nothing is copied for the rule alone.
         for t in plans.iter_mut().filter(|t| t.rule_only) {
@@ -285,6 +285,14 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan], gemm: bool) {
 /// size.
 pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
     layout_in_slot(plans, &[])
+}
+
+/// The slot size [`layout`] gives, without the offsets.
+fn slot_bytes(plans: &[TensorPlan]) -> u64 {
+    plans
+        .iter()
+        .filter(|t| t.captured)
+        .fold(0, |at, t| ttrace_proto::ring::align(at + t.nbytes))
 }
 
 /// [`layout`] where the tensors with a `fingerprints` entry take only their fingerprint's
@@ -901,6 +909,10 @@ mod tests {
         let (want, want_total) = tensor_offsets(&sizes);
         assert_eq!(offsets, vec![Some(want[0]), None, Some(want[1])]);
         assert_eq!(total, want_total);
+        // Whether an op is streamed is decided from the size of its whole slot.
+        let (_, whole) = tensor_offsets(&[plans[0].nbytes, plans[2].nbytes]);
+        assert_eq!(slot_bytes(&plans), whole);
+        assert_eq!(slot_bytes(&plans), layout(&plans).1);
     }
 
     /// A stored operand, or one whose rows are padded (its packed bytes are not at one

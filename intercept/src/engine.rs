@@ -11,7 +11,7 @@
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
@@ -119,19 +119,20 @@ pub fn meta(api: &'static str, op: Op, stream_id: u64, device: i32) -> Meta {
     meta_of(api, op, stream_id, device, true)
 }
 
-/// [`meta`], with the kernel launches before the op only when `kernels` (else they are
-/// forgotten: a record reduced by the step filter is not stored).
-fn meta_of(api: &'static str, op: Op, stream_id: u64, device: i32, kernels: bool) -> Meta {
-    let launched = |t: &mut thread::ThreadState| {
-        if kernels {
-            t.take_kernels()
+/// [`meta`], with the NVTX ranges around the op and the kernel launches before it only when
+/// `context` (else the launches are forgotten and no ranges are shared: a record reduced by
+/// the step filter is not stored).
+fn meta_of(api: &'static str, op: Op, stream_id: u64, device: i32, context: bool) -> Meta {
+    let context_of = |t: &mut thread::ThreadState| {
+        if context {
+            (t.ranges(), t.take_kernels())
         } else {
             t.forget_kernels();
-            Vec::new()
+            (thread::no_ranges(), Vec::new())
         }
     };
-    let (thread, nvtx, kernels_before) = thread::with(|t| (t.tid(), t.ranges(), launched(t)))
-        .unwrap_or_else(|| (crate::identity::gettid(), Arc::from([]), Vec::new()));
+    let (thread, (nvtx, kernels_before)) = thread::with(|t| (t.tid(), context_of(t)))
+        .unwrap_or_else(|| (crate::identity::gettid(), (thread::no_ranges(), Vec::new())));
     Meta {
         api,
         op,

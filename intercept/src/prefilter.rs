@@ -23,7 +23,7 @@
 //!
 //! Two threads enqueuing at the same instant may see a count without the other's record; a
 //! reduced snapshot whose record turns out to be wanted is then published as it is (metadata
-//! only where bytes were left out, without the kernel launches before it) and capture stops
+//! only where bytes were left out, without its NVTX ranges and the kernel launches before it) and capture stops
 //! with a `TracerFault` gap (tracer.rs), so a store never holds a silently thinned step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -45,6 +45,12 @@ impl Drop for Guard {
     }
 }
 
+/// No NVTX ranges, shared (an empty `Arc<[String]>` is an allocation of its own).
+pub fn no_ranges() -> Arc<[String]> {
+    static NONE: std::sync::OnceLock<Arc<[String]>> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| Arc::from([])).clone()
+}
+
 /// What a thread remembers between hooks.
 #[derive(Default)]
 pub struct ThreadState {

@@ -14,7 +14,7 @@ use crossbeam_channel::{RecvError, RecvTimeoutError, SendError};
 
 /// Locks `m`; a thread that panicked holding it left the state as consistent as ever (every
 /// update under these locks is a single assignment or push).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -129,29 +129,23 @@ pub(crate) fn queue<T>(cap: usize) -> (QueueSender<T>, QueueReceiver<T>) {
 impl<T> QueueSender<T> {
     /// Appends `v`, waiting while the queue is full; an error when the receiver is gone.
     pub(crate) fn send(&self, v: T) -> Result<(), SendError<T>> {
-        let q = &*self.0;
-        let mut s = lock(&q.state);
-        while s.receivers > 0 && s.items.len() >= q.cap {
-            s = wait(&q.emptied, s);
-        }
-        if s.receivers == 0 {
-            return Err(SendError(v));
-        }
-        s.items.push_back(v);
-        q.filled.notify_one();
-        Ok(())
+        self.push_all(std::iter::once(v), 1)
+            .map_err(|mut left| SendError(left.swap_remove(0)))
     }
-}
 
-impl<T> QueueSender<T> {
     /// Appends `items` in order, waking the receivers once for all of them (a receiver
     /// woken per item would often find the next one already queued). Returns the items not
     /// queued when every receiver is gone.
     pub(crate) fn send_all(&self, items: Vec<T>) -> Result<(), Vec<T>> {
+        let n = items.len();
+        self.push_all(items.into_iter(), n)
+    }
+
+    /// [`QueueSender::send_all`] of the `n` items of `items`; what is handed back is never
+    /// empty (it holds the item that could not be queued).
+    fn push_all(&self, mut items: impl Iterator<Item = T>, n: usize) -> Result<(), Vec<T>> {
         let q = &*self.0;
         let mut s = lock(&q.state);
-        let n = items.len();
-        let mut items = items.into_iter();
         while let Some(v) = items.next() {
             while s.receivers > 0 && s.items.len() >= q.cap {
                 q.filled.notify_all();

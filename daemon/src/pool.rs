@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use tracing::warn;
 
 use crate::encode::Encoder;
-use crate::handoff::{self, QueueSender};
+use crate::handoff::{self, lock, QueueSender};
 
 /// A unit of work; it gets the worker's encoder.
 pub(crate) type Job = Box<dyn FnOnce(&mut Encoder) + Send>;
@@ -41,7 +41,7 @@ struct SpareBufs {
 impl Spare {
     /// A buffer to fill (empty; possibly with capacity).
     pub(crate) fn take(&self) -> Vec<u8> {
-        let mut s = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut s = lock(&self.bufs);
         let buf = s.bufs.pop().unwrap_or_default();
         s.bytes -= buf.capacity();
         buf
@@ -54,7 +54,7 @@ impl Spare {
             return;
         }
         buf.clear();
-        let mut s = self.bufs.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut s = lock(&self.bufs);
         if s.bufs.len() < SPARE_BUFFERS && s.bytes + buf.capacity() <= SPARE_TOTAL_BYTES {
             s.bytes += buf.capacity();
             s.bufs.push(buf);
@@ -123,17 +123,20 @@ impl Pool {
     /// started, runs them on the caller's thread.
     pub(crate) fn submit_all(&self, jobs: Vec<Job>) {
         if self.workers.is_empty() {
-            for job in jobs {
-                job(&mut Encoder::new(self.level));
-            }
-            return;
+            return self.run_here(jobs);
         }
         if let Err(jobs) = self.tx.send_all(jobs) {
             // Every worker is gone (they only end by panicking): run the jobs here rather
             // than lose them.
-            for job in jobs {
-                job(&mut Encoder::new(self.level));
-            }
+            self.run_here(jobs);
+        }
+    }
+
+    /// Runs `jobs` on the caller's thread, with one encoder for all of them.
+    fn run_here(&self, jobs: Vec<Job>) {
+        let mut encoder = Encoder::new(self.level).with_spare(self.spare.clone());
+        for job in jobs {
+            job(&mut encoder);
         }
     }
 }

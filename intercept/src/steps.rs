@@ -150,10 +150,15 @@ impl AnchorShape {
     /// as the bytes of an anchor operand of its length read in another orientation
     /// ([`Anchor::observe`]).
     pub fn may_see(&self, slot: u8, trans: bool, len: u64) -> bool {
-        (0..2u8).any(|s| {
-            let i = usize::from(s);
-            self.len[i] == len && (s, self.trans[i]) != (slot, trans)
-        })
+        (0..2u8).any(|of| self.may_be(of, slot, trans, len))
+    }
+
+    /// Whether such an operand can be the bytes of the anchor's operand `of` (0: A, 1: B) read
+    /// in another orientation: of its length, in another slot or transpose. The one statement
+    /// of what the rule compares ([`Anchor::observe`]) and the hooks keep ([`Self::may_see`]).
+    fn may_be(&self, of: u8, slot: u8, trans: bool, len: u64) -> bool {
+        let i = usize::from(of);
+        self.len[i] == len && (of, self.trans[i]) != (slot, trans)
     }
 }
 
@@ -178,14 +183,8 @@ impl Anchor {
         let shape = self.shape();
         for (slot, op) in [(0u8, a), (1u8, b)] {
             let Some(crc) = op.crc else { continue };
-            if !shape.may_see(slot, op.trans, op.len) {
-                continue;
-            }
-            for (anchor_slot, mine) in [(0u8, self.a), (1u8, self.b)] {
-                if mine.crc == Some(crc)
-                    && mine.len == op.len
-                    && (anchor_slot, mine.trans) != (slot, op.trans)
-                {
+            for (of, mine) in [(0u8, self.a), (1u8, self.b)] {
+                if mine.crc == Some(crc) && shape.may_be(of, slot, op.trans, op.len) {
                     self.transposed_reuse = true;
                 }
             }

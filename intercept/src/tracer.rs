@@ -1177,13 +1177,16 @@ impl Tracer {
 
     /// Releases skipped slots once the daemon released everything published before them
     /// (releasing is cumulative: earlier published slots must be done with), and never past
-    /// a slot whose record the step rule still holds back.
+    /// a slot whose record the step rule still holds back. Nothing when the ring's tail is at
+    /// the limit already: a release is a futex wake (a system call), and this runs each time
+    /// the thread is about to wait.
     fn release_skipped(&mut self) {
         let limit = match self.unpublished.keys().next() {
             Some(&held) => held.min(self.to_release),
             None => self.to_release,
         };
-        if limit > self.published_end && self.ring.tail() >= self.published_end {
+        let tail = self.ring.tail();
+        if limit > self.published_end && tail >= self.published_end && limit > tail {
             self.ring.release_to(limit);
         }
     }

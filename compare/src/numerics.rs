@@ -433,9 +433,9 @@ type Screen = (Vec<Placement>, Vec<(f64, usize, f32)>);
 /// doubt ([`Skipping::On`]): a remembered place whose sample misses by [`HINT_MISS`] times
 /// what it could be kept at, or a candidate of the search that samples [`SKIP_SEPARATION`]
 /// times worse than the best one, is not measured in full. When the placement chosen that
-/// way is beyond `trust` (a divergence), or not [`MARGIN`] times better than the least of
-/// those samples, everything is measured in full again: a divergence is only ever found by
-/// the exhaustive search. A fit within `trust` chosen this way is that search's unless a
+/// way is beyond `trust` (a divergence, before the verdict: not `quick`), or not [`MARGIN`]
+/// times better than the least of those samples, everything is measured in full again: the
+/// divergence that decides the verdict is only ever found by the exhaustive search. A fit within `trust` chosen this way is that search's unless a
 /// sample misjudges a place's error by more than these margins (errors concentrated on the
 /// sampled elements).
 pub fn place_trusting(
@@ -451,12 +451,14 @@ pub fn place_trusting(
     let Some(skipped) = skipped else {
         return fit;
     };
+    // Before the verdict, a fit beyond what can be trusted (a divergence) is never chosen
+    // on samples: an error that happens to sit where the samples are makes a fitting place
+    // sample badly. After it (quick), tensors only feed the plot and the worst-tensor table.
     let (accept, trust) = limits;
+    let decided = |f: &Fit| quick || f.err.rel <= accept.max(trust);
     match fit {
-        // Within what can be trusted, and anything left unmeasured sampled MARGIN times
-        // worse. A fit beyond it (a divergence) is never chosen on samples: an error that
-        // happens to sit where the samples are makes a fitting place sample badly.
-        Some(f) if f.err.rel <= accept.max(trust) && f.err.rel * MARGIN < skipped => Some(f),
+        // Anything left unmeasured sampled MARGIN times worse than the fit: not the best.
+        Some(f) if decided(&f) && f.err.rel * MARGIN < skipped => Some(f),
         _ => search(x, reff, hints, scales, limits, quick, Skipping::Off).0,
     }
 }

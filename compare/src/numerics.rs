@@ -433,8 +433,11 @@ type Screen = (Vec<Placement>, Vec<(f64, usize, f32)>);
 /// doubt ([`Skipping::On`]): a remembered place whose sample misses by [`HINT_MISS`] times
 /// what it could be kept at, or a candidate of the search that samples [`SKIP_SEPARATION`]
 /// times worse than the best one, is not measured in full. When the placement chosen that
-/// way is not [`MARGIN`] times better than the least of those samples, everything is measured
-/// in full again, so the placement and its error are those of the exhaustive search.
+/// way is beyond `trust` (a divergence, before the verdict: not `quick`), or not [`MARGIN`]
+/// times better than the least of those samples, everything is measured in full again: the
+/// divergence that decides the verdict is only ever found by the exhaustive search. A fit within `trust` chosen this way is that search's unless a
+/// sample misjudges a place's error by more than these margins (errors concentrated on the
+/// sampled elements).
 pub fn place_trusting(
     x: &Values,
     reff: &Values,
@@ -444,10 +447,18 @@ pub fn place_trusting(
     quick: bool,
 ) -> Option<Fit> {
     let (fit, skipped) = search(x, reff, hints, scales, limits, quick, Skipping::On);
+    // Nothing left unmeasured: the exhaustive search's own result.
+    let Some(skipped) = skipped else {
+        return fit;
+    };
+    // Before the verdict, a fit beyond what can be trusted (a divergence) is never chosen
+    // on samples: an error that happens to sit where the samples are makes a fitting place
+    // sample badly. After it (quick), tensors only feed the plot and the worst-tensor table.
+    let (accept, trust) = limits;
+    let decided = |f: &Fit| quick || f.err.rel <= accept.max(trust);
     match fit {
         // Anything left unmeasured sampled MARGIN times worse than the fit: not the best.
-        Some(f) if f.err.rel * MARGIN < skipped => Some(f),
-        None if skipped == f64::INFINITY => None,
+        Some(f) if decided(&f) && f.err.rel * MARGIN < skipped => Some(f),
         _ => search(x, reff, hints, scales, limits, quick, Skipping::Off).0,
     }
 }
@@ -481,7 +492,7 @@ enum Skipping {
 }
 
 /// The placement search of [`place_trusting`]: the best fit, and the least sampled error of
-/// the placements it did not measure in full (infinite when none was left out).
+/// the placements it did not measure in full (`None` when none was left out).
 fn search(
     x: &Values,
     reff: &Values,
@@ -490,10 +501,10 @@ fn search(
     (accept, trust): (f64, f64),
     quick: bool,
     skipping: Skipping,
-) -> (Option<Fit>, f64) {
+) -> (Option<Fit>, Option<f64>) {
     let mut best: Option<Fit> = None;
     let mut one_cut: Option<Screen> = None;
-    let mut skipped = f64::INFINITY;
+    let mut skipped: Option<f64> = None;
     let strides = row_major_strides(&reff.shape);
     // Sampled once each, when first needed: to doubt a place, to rank candidates.
     let (mut doubt, mut rank): (Option<Samples>, Option<Samples>) = (None, None);
@@ -517,7 +528,7 @@ fn search(
                 let e =
                     sampled(&mut doubt, x, DOUBT_SAMPLES).error(scale, reff, &strides, &x.shape, p);
                 if e > hint_skip {
-                    skipped = skipped.min(e);
+                    skipped = Some(skipped.map_or(e, |s| s.min(e)));
                     continue;
                 }
             }
@@ -530,7 +541,7 @@ fn search(
                     Some(sc) => sc,
                     None => match screen(x, reff, scales, false, 32) {
                         Some(sc) => sc,
-                        None => return (None, f64::INFINITY),
+                        None => return (None, skipped),
                     },
                 };
                 if separated(&screen, &f) {
@@ -557,7 +568,7 @@ fn search(
             (false, Some(sc)) => sc,
             _ => match screen(x, reff, scales, two_cuts, 32) {
                 Some(sc) => sc,
-                None => return (None, f64::INFINITY),
+                None => return (None, skipped),
             },
         };
         scored.truncate(12);
@@ -599,7 +610,7 @@ fn search(
                     .collect()
             };
             if let Some((m, others)) = clearly_best(&errors) {
-                skipped = skipped.min(others);
+                skipped = Some(skipped.map_or(others, |s| s.min(others)));
                 scored = vec![scored[m]];
             }
         }
@@ -1079,7 +1090,7 @@ mod screening_tests {
                         let (full, _) =
                             search(x, &reff, &hints, &scales, limits, quick, Skipping::Off);
                         assert_eq!(got, full, "chunk {chunk} hints {hints:?} quick {quick}");
-                        if skipped.is_finite() && fast == full {
+                        if skipped.is_some() && fast == full {
                             unmeasured += 1;
                         }
                     }
@@ -1087,5 +1098,56 @@ mod screening_tests {
             }
         }
         assert!(unmeasured > 0, "the samples left some full passes out");
+    }
+
+    #[test]
+    fn a_divergence_is_never_found_on_samples_alone() {
+        // A shard that fits rows 0..8 to 3e-5, but whose whole error sits on the elements
+        // the samples read (tiny there, so each is off by half); rows 8..16 agree with it
+        // exactly on those elements and are 1.3 times it everywhere else (off by 0.23).
+        // Sampled, the wrong place looks perfect and the right one bad.
+        const STEP: u64 = 2_654_435_761;
+        let (rows, w) = (32usize, 256usize);
+        let n = 8 * w;
+        let sampled: std::collections::HashSet<usize> = (0..RANK_SAMPLES as u64)
+            .map(|k| ((k * STEP) % n as u64) as usize)
+            .collect();
+        let base: Vec<f32> = (0..n)
+            .map(|i| match sampled.contains(&i) {
+                true => 1e-4,
+                false => 1.0 + 0.5 * (i as f32 * 0.37).sin(),
+            })
+            .collect();
+        let shard: Vec<f32> = (0..n)
+            .map(|i| {
+                if sampled.contains(&i) {
+                    1.5e-4
+                } else {
+                    base[i]
+                }
+            })
+            .collect();
+        let mut data = base.clone();
+        data.extend((0..n).map(|i| match sampled.contains(&i) {
+            true => shard[i],
+            false => base[i] * 1.3,
+        }));
+        data.extend((0..rows * w - 2 * n).map(|i| (i as f32 * 1.91).cos()));
+        let reff = Values {
+            shape: vec![rows as u64, w as u64],
+            data: data.into(),
+            dtype: DType::F32,
+        };
+        let x = Values {
+            shape: vec![8, w as u64],
+            data: shard.into(),
+            dtype: DType::F32,
+        };
+        let limits = (1e-4, 0.05);
+        let (full, _) = search(&x, &reff, &[], &[1.0], limits, false, Skipping::Off);
+        let full = full.expect("placeable");
+        assert!(full.err.rel <= limits.0, "it fits: {:?}", full.err);
+        let got = place_trusting(&x, &reff, &[], &[1.0], limits, false);
+        assert_eq!(got, Some(full), "the exhaustive search's fit");
     }
 }

@@ -539,9 +539,7 @@ fn decode_planes(
     out.clear();
     // Room for every plane at once (appending one would otherwise move the ones before it),
     // when the stored bytes can back the claim (each plane is checked again as it decodes).
-    let most = (data.len() as u64)
-        .saturating_mul(1 << 15)
-        .saturating_add((e as u64) << 17);
+    let most = zstd_most(data.len() as u64, e as u64);
     if let Ok(total) = usize::try_from(raw_len).map(|t| t.min(most as usize)) {
         out.reserve(total);
     }
@@ -563,6 +561,14 @@ fn decode_planes(
     Ok(())
 }
 
+/// The most bytes `stored` bytes of zstd can decode to, in `frames` frames: a block expands at
+/// most 128 KiB from 4 bytes (an RLE block), and each frame may hold one more partial block.
+fn zstd_most(stored: u64, frames: u64) -> u64 {
+    stored
+        .saturating_mul(1 << 15)
+        .saturating_add(frames.saturating_mul(1 << 17))
+}
+
 /// zstd-decodes `stored` into `out`, expecting exactly `raw_len` bytes.
 fn zstd_bounded(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), FormatError> {
     out.clear();
@@ -578,11 +584,8 @@ fn zstd_append(stored: &[u8], raw_len: u64, out: &mut Vec<u8>) -> Result<(), For
     let declared = zstd::zstd_safe::get_frame_content_size(stored)
         .ok()
         .flatten();
-    // A zstd block expands at most 128 KiB from 4 bytes (an RLE block): a larger claim is a
-    // lie, refused before it can size an allocation.
-    let most = (stored.len() as u64)
-        .saturating_mul(1 << 15)
-        .saturating_add(1 << 17);
+    // A larger claim is a lie, refused before it can size an allocation.
+    let most = zstd_most(stored.len() as u64, 1);
     if raw_len > most {
         return Err(FormatError::Corrupt(format!(
             "blob claims {raw_len} bytes from {} stored",

@@ -23,7 +23,7 @@ use crate::cuda::{self, ErrScope};
 use crate::fingerprint::Layout;
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
-use crate::tracer::{self, Captured, ChunkEntry, Entry, Meta, Ticket};
+use crate::tracer::{self, Captured, ChunkEntry, Entry, Meta, PerTensor, Ticket};
 use crate::{graph, mode, prefilter, stall, thread};
 
 /// An op about to be called.
@@ -71,9 +71,9 @@ struct Eager {
     plans: Vec<TensorPlan>,
     /// Per tensor, the fingerprint its slot space holds instead of its bytes (a tensor copied
     /// for the step rule only, fingerprint.rs).
-    fingerprints: Vec<Option<Layout>>,
+    fingerprints: PerTensor<Option<Layout>>,
     tensors: Vec<Tensor>,
-    offsets: Vec<Option<u64>>,
+    offsets: PerTensor<Option<u64>>,
     slot: Option<Slot>,
     slot_ptr: usize,
     stream: usize,
@@ -201,7 +201,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
             }
         }
     }
-    let fingerprints: Vec<Option<Layout>> = plans.iter().map(fingerprint_only).collect();
+    let fingerprints: PerTensor<Option<Layout>> = plans.iter().map(fingerprint_only).collect();
     let (offsets, total) = layout_in_slot(&plans, &fingerprints);
     let m = meta_of(call.api, call.op, call.stream_id, device, !prefiltered);
     if streamed {
@@ -239,7 +239,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         // the bytes are written by the device copies.
         unsafe { session.ring.slot_bytes(&s) }.as_mut_ptr() as usize
     });
-    let tensors = plans.iter_mut().map(tensor_of).collect();
+    let tensors = plans.iter().map(|t| tensor_of(t, !prefiltered)).collect();
     let mut f = Eager {
         ticket: Some(ticket),
         streams: Vec::new(),
@@ -284,7 +284,7 @@ pub(crate) fn select(session: &Session, plans: &mut [TensorPlan], gemm: bool) {
 
 /// Where each captured tensor goes in the op's one slot (`None`: not captured), and the slot's
 /// size.
-pub(crate) fn layout(plans: &[TensorPlan]) -> (Vec<Option<u64>>, u64) {
+pub(crate) fn layout(plans: &[TensorPlan]) -> (PerTensor<Option<u64>>, u64) {
     layout_in_slot(plans, &[])
 }
 
@@ -301,7 +301,7 @@ fn slot_bytes(plans: &[TensorPlan]) -> u64 {
 fn layout_in_slot(
     plans: &[TensorPlan],
     fingerprints: &[Option<Layout>],
-) -> (Vec<Option<u64>>, u64) {
+) -> (PerTensor<Option<u64>>, u64) {
     // As `tensor_offsets` places them (each at the aligned end of the one before), in one pass.
     let mut at = 0u64;
     let offsets = plans
@@ -360,15 +360,20 @@ pub(crate) fn fit_one_slot(session: &Session, plans: &mut [TensorPlan]) {
     }
 }
 
-/// A record's tensor from its plan, which gives up its shape (nothing reads it later).
-/// `crc32` is filled by the tracer, and the strides of the packed bytes when the record is
-/// published (tracer.rs: the many records dropped outside `--steps` never allocate them).
-pub(crate) fn tensor_of(t: &mut TensorPlan) -> Tensor {
+/// A record's tensor from its plan. `crc32` is filled by the tracer, and the strides of the
+/// packed bytes when the record is published (tracer.rs: the many records dropped outside
+/// `--steps` never allocate them). A record reduced by the step filter gets no shape either:
+/// it is never published as a record (a gap stands in for it if it turns out selected).
+pub(crate) fn tensor_of(t: &TensorPlan, with_shape: bool) -> Tensor {
     Tensor {
         role: t.role,
         dtype: t.dtype,
         strides: Vec::new(),
-        shape: std::mem::take(&mut t.shape),
+        shape: if with_shape {
+            t.shape.to_vec()
+        } else {
+            Vec::new()
+        },
         ptr: t.ptr,
         nbytes: t.nbytes,
         captured: t.captured,
@@ -387,7 +392,7 @@ pub(crate) fn expectations(plans: &[TensorPlan]) -> Vec<(usize, std::sync::Arc<[
 }
 
 /// The tensors (by index) copied for the step rule only.
-fn rule_only(plans: &[TensorPlan]) -> Vec<usize> {
+fn rule_only(plans: &[TensorPlan]) -> PerTensor<usize> {
     plans
         .iter()
         .enumerate()
@@ -642,19 +647,19 @@ struct Prefilter {
 fn begin_streamed(
     s: &Session,
     meta: Meta,
-    mut plans: Vec<TensorPlan>,
+    plans: Vec<TensorPlan>,
     stream: cudaStream_t,
     device: i32,
     how: Prefilter,
 ) -> InFlight {
-    let tensors = plans.iter_mut().map(tensor_of).collect();
+    let tensors = plans.iter().map(|t| tensor_of(t, true)).collect();
     let mut f = Eager {
         ticket: None,
         streams: vec![None; plans.len()],
         streamed: true,
         meta,
-        offsets: vec![None; plans.len()],
-        fingerprints: vec![None; plans.len()],
+        offsets: smallvec::smallvec![None; plans.len()],
+        fingerprints: smallvec::smallvec![None; plans.len()],
         plans,
         tensors,
         slot: None,
@@ -694,8 +699,8 @@ fn finish_streamed(mut f: Eager, ok: bool) {
         streams: f.streams,
         prefiltered: f.prefiltered,
         expect: expectations(&f.plans),
-        rule_only: Vec::new(),
-        fingerprints: Vec::new(),
+        rule_only: PerTensor::new(),
+        fingerprints: PerTensor::new(),
     };
     Ticket::take_counted(f.counted).push(Entry::Capture(Box::new(c)));
 }
@@ -908,7 +913,7 @@ mod tests {
         let (offsets, total) = layout_in_slot(&plans, &[None, None, fp]);
         let sizes = [plans[0].nbytes, fp.map_or(0, |f| f.bytes())];
         let (want, want_total) = tensor_offsets(&sizes);
-        assert_eq!(offsets, vec![Some(want[0]), None, Some(want[1])]);
+        assert_eq!(offsets.as_slice(), [Some(want[0]), None, Some(want[1])]);
         assert_eq!(total, want_total);
         // Whether an op is streamed is decided from the size of its whole slot.
         let (_, whole) = tensor_offsets(&[plans[0].nbytes, plans[2].nbytes]);

@@ -34,7 +34,7 @@ use crate::cuda::{self, ErrScope};
 use crate::engine::{self, Call};
 use crate::plan::{Copy, TensorPlan, When};
 use crate::session::{self, Session};
-use crate::tracer::{Captured, Entry, Ticket};
+use crate::tracer::{Captured, Entry, PerTensor, Ticket};
 use crate::{mode, thread};
 
 /// A pitched tensor is captured as one copy node per row; beyond this many rows its replays
@@ -59,7 +59,7 @@ struct Template {
     stream: u64,
     device: i32,
     tensors: Vec<Tensor>,
-    offsets: Vec<Option<u64>>,
+    offsets: PerTensor<Option<u64>>,
     total: u64,
     copies: Vec<NodeCopy>,
     /// Why its replays cannot be snapshotted (each records a gap).
@@ -138,7 +138,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
     engine::select(s, &mut plans, false);
     engine::fit_one_slot(s, &mut plans);
     let (offsets, total) = engine::layout(&plans);
-    let tensors = plans.iter_mut().map(engine::tensor_of).collect();
+    let tensors = plans.iter().map(|t| engine::tensor_of(t, true)).collect();
     let expect = engine::expectations(&plans);
     let mut rec = Recording {
         graph,
@@ -539,8 +539,8 @@ fn publish(
         streams: Vec::new(),
         prefiltered: false,
         expect: t.expect.clone(),
-        rule_only: Vec::new(),
-        fingerprints: Vec::new(),
+        rule_only: PerTensor::new(),
+        fingerprints: PerTensor::new(),
     })));
 }
 

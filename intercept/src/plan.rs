@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use smallvec::{smallvec, SmallVec};
+
 use ttrace_proto::dtype::DType;
 use ttrace_proto::record::Role;
 
@@ -183,13 +185,17 @@ pub enum Copy {
     },
 }
 
+/// A tensor's shape, inline up to four dimensions.
+pub type Shape = SmallVec<[u64; 4]>;
+
 /// A tensor of an op and how to snapshot it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorPlan {
     pub role: Role,
     pub dtype: DType,
-    /// Row-major shape of the packed bytes.
-    pub shape: Vec<u64>,
+    /// Row-major shape of the packed bytes (inline: every GEMM hook plans four tensors, and
+    /// most of them are never published).
+    pub shape: Shape,
     /// The address the op used.
     pub ptr: u64,
     /// Packed bytes.
@@ -274,7 +280,7 @@ impl TensorPlan {
     }
 
     /// A tensor whose bytes cannot be taken (unknown type, bad layout): metadata only.
-    fn metadata(role: Role, dtype: DType, shape: Vec<u64>, ptr: u64, input: bool) -> TensorPlan {
+    fn metadata(role: Role, dtype: DType, shape: Shape, ptr: u64, input: bool) -> TensorPlan {
         TensorPlan::copied(
             role,
             dtype,
@@ -290,7 +296,7 @@ impl TensorPlan {
     fn copied(
         role: Role,
         dtype: DType,
-        shape: Vec<u64>,
+        shape: Shape,
         ptr: u64,
         input: bool,
         when: When,
@@ -332,9 +338,9 @@ pub struct Matrix {
 /// The tensor of a matrix operand, packed without leading-dimension padding.
 pub fn matrix(role: Role, m: &Matrix, when: When, input: bool) -> TensorPlan {
     let shape = if m.batched {
-        vec![m.batch, m.cols, m.rows]
+        smallvec![m.batch, m.cols, m.rows]
     } else {
-        vec![m.cols, m.rows]
+        smallvec![m.cols, m.rows]
     };
     let Some(dtype) = DType::from_cuda(m.dtype) else {
         return TensorPlan::metadata(role, DType::U8, shape, m.ptr, input);
@@ -438,9 +444,9 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
         stride,
     } = v;
     let shape = if batch > 1 {
-        vec![batch, len]
+        smallvec![batch, len]
     } else {
-        vec![len]
+        smallvec![len]
     };
     let Some(dtype) = dtype else {
         return TensorPlan::metadata(role, DType::U8, shape, ptr, input);
@@ -468,9 +474,9 @@ pub fn vector(role: Role, v: Vector, when: When, input: bool) -> TensorPlan {
 /// row, else `[height, width]`), dtype `U8`.
 pub fn bytes(role: Role, ptr: u64, width: u64, height: u64, pitch: u64) -> TensorPlan {
     let shape = if height == 1 {
-        vec![width]
+        smallvec![width]
     } else {
-        vec![height, width]
+        smallvec![height, width]
     };
     let source = Source {
         src: ptr,
@@ -539,7 +545,7 @@ mod tests {
             batched: false,
         };
         let t = matrix(Role::A, &m, When::After, true);
-        assert_eq!(t.shape, vec![4, 3]);
+        assert_eq!(t.shape.as_slice(), [4, 3]);
         assert_eq!(t.nbytes, 24);
         assert_eq!(
             t.source.copies(),
@@ -566,7 +572,7 @@ mod tests {
             batched: true,
         };
         let t = matrix(Role::B, &base, When::After, true);
-        assert_eq!(t.shape, vec![4, 3, 2]);
+        assert_eq!(t.shape.as_slice(), [4, 3, 2]);
         assert_eq!(
             t.source.copies(),
             vec![Copy::Linear {
@@ -621,7 +627,7 @@ mod tests {
         };
         let t = matrix(Role::A, &m, When::After, true);
         assert_eq!(
-            (t.dtype, t.shape.clone(), t.nbytes),
+            (t.dtype, t.shape.to_vec(), t.nbytes),
             (DType::F4_E2M1X2, vec![3, 32], 96)
         );
         assert_eq!(
@@ -757,7 +763,7 @@ mod tests {
         let blocks: Arc<[u64]> = Arc::from(vec![2000u64, 100, 3000]);
         let t = matrix_at(Role::A, &m, blocks.clone(), When::After, true);
         assert!(t.captured);
-        assert_eq!(t.shape, vec![3, 2, 3]);
+        assert_eq!(t.shape.as_slice(), [3, 2, 3]);
         assert_eq!(t.nbytes, 3 * 2 * 12);
         let mut want = Vec::new();
         for b in blocks.iter() {

@@ -20,13 +20,12 @@ use ttrace_proto::config::{CaptureConfig, StepRule};
 use ttrace_proto::record::{
     CollectiveKind, CopyDirection, GapOp, GapReason, GemmOp, Op, Record, Role, Tensor,
 };
-use ttrace_proto::ring::{tensor_offsets, Ring, Slot};
+use ttrace_proto::ring::{Ring, Slot};
 use ttrace_proto::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 
 use crate::client::Client;
 use crate::cuda::{self, Event};
 use crate::fingerprint::{Evidence, Layout, StreamedEvidence};
-use crate::identity::Fnv;
 use crate::steps::{Class, Operand, Steps};
 
 /// Where an op ran and who called it, noted at call time.
@@ -44,6 +43,10 @@ pub struct Meta {
     pub t_call_ns: u64,
 }
 
+/// Per-tensor facts of a record, inline: a record has a handful of tensors, and most records
+/// outside `--steps` are dropped after the tracer read them (no allocation for them).
+pub type PerTensor<T> = smallvec::SmallVec<[T; 6]>;
+
 /// A snapshot whose copies are enqueued.
 #[derive(Debug)]
 pub struct Captured {
@@ -51,7 +54,7 @@ pub struct Captured {
     /// The record's tensors (`crc32` filled by the tracer).
     pub tensors: Vec<Tensor>,
     /// Where each captured tensor was copied in the slot (`None`: not captured).
-    pub offsets: Vec<Option<u64>>,
+    pub offsets: PerTensor<Option<u64>>,
     pub slot: Option<Slot>,
     /// Completes after the op and every copy.
     pub event: Option<Event>,
@@ -66,10 +69,10 @@ pub struct Captured {
     pub expect: Vec<(usize, std::sync::Arc<[u8]>)>,
     /// Tensors (by index) copied for the step rule only (`--no-inputs`): read here, then
     /// published metadata only.
-    pub rule_only: Vec<usize>,
+    pub rule_only: PerTensor<usize>,
     /// Per tensor (or empty), the fingerprint its slot space holds instead of its bytes: of
     /// a tensor in `rule_only` (fingerprint.rs).
-    pub fingerprints: Vec<Option<Layout>>,
+    pub fingerprints: PerTensor<Option<Layout>>,
 }
 
 /// One chunk of a streamed tensor, copied into `slot` (at offset 0) on the op's stream.
@@ -460,6 +463,13 @@ pub fn shutdown(grace: Duration) {
     }
 }
 
+/// A slot's stored tensors' offsets (inline: a record has a handful of tensors, and the
+/// tracer reads thousands of slots whose records are dropped).
+type PackedOffsets = smallvec::SmallVec<[u64; 8]>;
+
+/// The step rule's evidence by tensor ([`Tracer::read_slot`]).
+type EvidenceByTensor = smallvec::SmallVec<[Option<Evidence>; 6]>;
+
 /// A record waiting for its step.
 struct Pending {
     record: Record,
@@ -816,20 +826,22 @@ impl Tracer {
         &self,
         c: &mut Captured,
         bytes: &mut [u8],
-    ) -> (Vec<u64>, usize, Vec<Option<Evidence>>) {
-        let sizes: Vec<u64> = c
-            .tensors
-            .iter()
-            .enumerate()
-            .filter(|(i, t)| t.captured && !c.rule_only.contains(i))
-            .map(|(_, t)| t.nbytes)
-            .collect();
-        let (packed, _) = tensor_offsets(&sizes);
+    ) -> (PackedOffsets, usize, EvidenceByTensor) {
+        // Where `tensor_offsets` (the daemon's reading) puts the stored tensors: each at the
+        // aligned end of the one before.
+        let mut packed = PackedOffsets::new();
+        let mut end = 0u64;
+        for (i, t) in c.tensors.iter().enumerate() {
+            if t.captured && !c.rule_only.contains(&i) {
+                packed.push(end);
+                end = ttrace_proto::ring::align(end + t.nbytes);
+            }
+        }
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
         let sampled = gemm && self.may_recur_anchor(c.meta.api, &c.meta.op);
-        let mut evidence = vec![None; c.tensors.len()];
+        let mut evidence: EvidenceByTensor = smallvec::smallvec![None; c.tensors.len()];
         // In tensor order: a tensor is read where it was copied before any later one moves
         // down over it (each moves only to before its own place).
         for (i, ((t, off), ev)) in c
@@ -1084,18 +1096,31 @@ impl Tracer {
             self.reduced_copies += u64::from(p.prefiltered && p.evidence);
             return;
         }
+        let mut p = p;
         if p.prefiltered {
-            // Its hook raced another thread's step mark or GEMM (prefilter.rs): the record is
-            // published as it is (its left-out tensors metadata only) and capture stops, so the
-            // store says the step is incomplete.
-            crate::fault(
-                "ttrace",
-                format!(
-                    "{}: snapshot reduced by the step filter, but the record belongs to selected \
-                     step {step}",
-                    p.later.api
-                ),
+            // Its hook raced another thread's step mark or GEMM (prefilter.rs): its snapshot
+            // holds only what the step rule reads (no shapes, fingerprints for bytes), so a gap
+            // stands in its place and capture stops: the store says the step is incomplete.
+            let detail = format!(
+                "{}: snapshot reduced by the step filter, but the record belongs to selected \
+                 step {step}",
+                p.later.api
             );
+            if let Some(s) = p.slot.take() {
+                self.skip_slot(s);
+            }
+            for r in std::mem::take(&mut p.streams) {
+                self.send(&ClientMsg::StreamAbort { stream: r.stream });
+            }
+            let bytes = p.record.tensors.iter().map(|t| t.nbytes).sum();
+            p.record.op = Op::Gap(GapOp {
+                reason: GapReason::TracerFault,
+                skipped_api: p.later.api.to_string(),
+                bytes,
+                detail: detail.clone(),
+            });
+            p.record.tensors.clear();
+            crate::fault("ttrace", detail);
         }
         let mut record = p.record;
         record.api = p.later.api.to_string();
@@ -1298,22 +1323,37 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
     }
 }
 
-/// The step rule's signature of a GEMM: API, shape, transposes and types.
+/// The step rule's signature of a GEMM: API, shape, transposes and types. Compared within
+/// the process only (never stored), and computed on every GEMM hook and record, so it mixes
+/// whole words rather than bytes.
 pub(crate) fn gemm_sig(api: &str, g: &GemmOp) -> u64 {
-    Fnv::default()
-        .bytes(api.as_bytes())
-        .u64(g.m)
-        .u64(g.n)
-        .u64(g.k)
-        .u64(g.batch)
-        .u64(g.transa as u64)
-        .u64(g.transb as u64)
-        .u64(g.a_type as u64)
-        .u64(g.b_type as u64)
-        .u64(g.c_type as u64)
-        .u64(g.d_type as u64)
-        .u64(g.compute_type as u64)
-        .finish()
+    // A 64-bit multiply-xorshift per word (the finalizer of splitmix64): each word's bits
+    // reach every bit of the state, so signatures differing in any field differ.
+    fn mix(h: u64, v: u64) -> u64 {
+        let mut x = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^= x >> 32;
+        x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
+        x ^ (x >> 32)
+    }
+    let mut h = api.len() as u64;
+    for chunk in api.as_bytes().chunks(8) {
+        let mut w = [0u8; 8];
+        w[..chunk.len()].copy_from_slice(chunk);
+        h = mix(h, u64::from_le_bytes(w));
+    }
+    for v in [
+        g.m,
+        g.n,
+        g.k,
+        g.batch,
+        u64::from(g.transa) | u64::from(g.transb) << 32,
+        u64::from(g.a_type) | u64::from(g.b_type) << 32,
+        u64::from(g.c_type) | u64::from(g.d_type) << 32,
+        u64::from(g.compute_type),
+    ] {
+        h = mix(h, v);
+    }
+    h
 }
 
 /// A gap's metadata.
@@ -1358,6 +1398,110 @@ mod tests {
             slot: None,
             event: Some(ev),
         }
+    }
+
+    #[test]
+    fn a_gemm_signature_tells_apart_every_field_it_covers_and_ignores_the_rest() {
+        let base = GemmOp::plain(64, 32, 96, 14);
+        let sig = |api: &str, g: &GemmOp| gemm_sig(api, g);
+        let s = sig("cublasGemmEx", &base);
+        let variants: [(&str, GemmOp); 12] = [
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    m: 65,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    n: 33,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    k: 97,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    batch: 2,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    transa: 1,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    transb: 1,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    a_type: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    b_type: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    c_type: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    d_type: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cublasGemmEx",
+                GemmOp {
+                    compute_type: 0,
+                    ..base.clone()
+                },
+            ),
+            ("cublasLtMatmul", base.clone()),
+        ];
+        let mut seen = vec![s];
+        for (api, g) in &variants {
+            let v = sig(api, g);
+            assert!(!seen.contains(&v), "{api} {g:?} collides");
+            seen.push(v);
+        }
+        // Pointers, leading dimensions and scalars are not part of it.
+        let moved = GemmOp {
+            lda: 128,
+            alpha: Some(2.0),
+            beta: None,
+            algo: 3,
+            ..base.clone()
+        };
+        assert_eq!(sig("cublasGemmEx", &moved), s);
+        // The API's bytes count, not only its length.
+        assert_ne!(sig("cublasGemmEy", &base), s);
     }
 
     fn queue() -> Queue {

@@ -645,7 +645,7 @@ mod tests {
         // The scales an FP4 D is written with: an output.
         let d = scale_tensor(Role::BlockScaleD, 0x1000, 1, 64, 256, 2);
         assert!(!d.input);
-        assert_eq!((d.shape.clone(), d.nbytes), (vec![2, 2048], 4096));
+        assert_eq!((d.shape.to_vec(), d.nbytes), (vec![2, 2048], 4096));
         // Scalar mode: one F32.
         let s = scale_tensor(Role::ScaleA, 0x1000, 0, 200, 100, 1);
         assert_eq!((s.role, s.dtype, s.nbytes), (Role::ScaleA, DType::F32, 4));

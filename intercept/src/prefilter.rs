@@ -22,9 +22,9 @@
 //! step, no later record can be wanted: capture stops ([`past_last_step`]).
 //!
 //! Two threads enqueuing at the same instant may see a count without the other's record; a
-//! reduced snapshot whose record turns out to be wanted is then published as it is (metadata
-//! only where bytes were left out, without its NVTX ranges and the kernel launches before it) and capture stops
-//! with a `TracerFault` gap (tracer.rs), so a store never holds a silently thinned step.
+//! reduced snapshot whose record turns out to be wanted is then published as a `TracerFault`
+//! gap in its place (it holds no shapes, and fingerprints for bytes) and capture stops with a
+//! second one (tracer.rs), so a store never holds a silently thinned step.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

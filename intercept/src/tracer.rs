@@ -1009,7 +1009,10 @@ impl Tracer {
         class: Class,
         prefiltered: bool,
     ) {
-        record.t_done_ns = now_ns();
+        if !prefiltered {
+            // A reduced record is dropped (or becomes a gap, stamped then): no clock read.
+            record.t_done_ns = now_ns();
+        }
         if let Some(s) = slot {
             *self.unpublished.entry(s.pos).or_default() += 1;
         }
@@ -1120,6 +1123,7 @@ impl Tracer {
                 detail: detail.clone(),
             });
             p.record.tensors.clear();
+            p.record.t_done_ns = now_ns();
             crate::fault("ttrace", detail);
         }
         let mut record = p.record;

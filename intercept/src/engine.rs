@@ -598,6 +598,17 @@ fn reserve_polling(
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
+                // No copy goes into ring bytes that are not page-locked (session.rs).
+                let end = slot.pos % s.ring.capacity() + slot.len;
+                if let Err(why) = s.pin.cover(end) {
+                    // Copies into pageable memory would wait for the device: stop capturing.
+                    Ticket::take().push(Entry::Skip {
+                        slot: Some(slot),
+                        event: None,
+                    });
+                    crate::fault("cudaHostRegister", why);
+                    return None;
+                }
                 return Some((Ticket::take_counted(counted), slot));
             }
         }

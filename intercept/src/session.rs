@@ -1,11 +1,13 @@
 //! The capture session of this process, started by its first captured op: the snapshot ring
-//! (a `memfd`, mapped, page-locked with the real `cudaHostRegister`), the daemon connection
+//! (a `memfd`, mapped, page-locked with the real `cudaHostRegister` as it is first used,
+//! [`RingPin`]), the daemon connection
 //! (`Hello` carrying the memfd) and the tracer thread. A failed start disables capture with one
 //! log line; the program goes on untraced.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use ttrace_proto::config::CaptureConfig;
@@ -21,6 +23,70 @@ pub struct Session {
     pub cfg: &'static CaptureConfig,
     /// The process that started it (a forked child must not use it).
     pub pid: u32,
+    /// How much of the ring is page-locked.
+    pub pin: RingPin,
+}
+
+/// Bytes of the ring's data area page-locked when the session starts; each later
+/// registration doubles what is locked ([`RingPin::cover`]).
+pub const FIRST_PIN_BYTES: u64 = 2 << 20;
+
+/// The page-locked front of the ring's data area. `cudaHostRegister` faults in and locks
+/// every page it is given (a 1 GiB ring: about 0.3 s of a process's start on an H200, and 1 GiB
+/// of locked memory whether snapshots ever need it or not), while a ring that keeps up with
+/// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
+/// is locked from its start as slots first reach further: 2 MiB at start, then as much again
+/// each time (a few registrations in all), before any copy goes into the new part.
+pub struct RingPin {
+    /// Address of the data area (page-aligned: the ring's header is one page).
+    data: usize,
+    capacity: u64,
+    /// Bytes of the data area locked, from its start.
+    locked: AtomicU64,
+    /// Serialises registrations.
+    grow: Mutex<()>,
+}
+
+impl RingPin {
+    fn new(base: *mut u8, capacity: u64) -> RingPin {
+        RingPin {
+            data: base as usize + ring::HEADER_BYTES,
+            capacity,
+            locked: AtomicU64::new(0),
+            grow: Mutex::new(()),
+        }
+    }
+
+    /// Bytes of the data area page-locked so far.
+    pub fn locked(&self) -> u64 {
+        self.locked.load(Ordering::Acquire)
+    }
+
+    /// Page-locks the data area up to offset `end` at least (doubling the locked part),
+    /// unless it already is.
+    pub fn cover(&self, end: u64) -> Result<(), String> {
+        self.cover_with(end, pin_ring)
+    }
+
+    /// [`Self::cover`], locking each new part with `pin` (address, bytes).
+    fn cover_with(
+        &self,
+        end: u64,
+        mut pin: impl FnMut(*mut u8, usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if end <= self.locked() {
+            return Ok(());
+        }
+        let _g = self.grow.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locked = self.locked();
+        while locked < end.min(self.capacity) {
+            let next = (locked * 2).max(FIRST_PIN_BYTES).min(self.capacity);
+            pin((self.data + locked as usize) as *mut u8, (next - locked) as usize)?;
+            locked = next;
+            self.locked.store(locked, Ordering::Release);
+        }
+        Ok(())
+    }
 }
 
 static SESSION: OnceLock<Option<Session>> = OnceLock::new();
@@ -142,7 +208,8 @@ fn start() -> Result<Session, String> {
     let (fd, base) = map_ring_memfd(len)?;
     // SAFETY: a page-aligned writable mapping of mapping_bytes(capacity), alive for good.
     let ring = unsafe { Ring::create(base, capacity) }.map_err(|e| e.to_string())?;
-    pin_ring(base, len)?;
+    let pin = RingPin::new(base, capacity);
+    pin.cover(FIRST_PIN_BYTES)?;
     let hello = process_hello(capacity, cfg)?;
     let client = connect_daemon(cfg, hello, fd)?;
     let ring: &'static Ring = {
@@ -157,6 +224,7 @@ fn start() -> Result<Session, String> {
     Ok(Session {
         ring,
         cfg,
+        pin,
         pid: std::process::id(),
     })
 }
@@ -199,8 +267,8 @@ fn map_ring_memfd(len: usize) -> Result<(OwnedFd, *mut u8), String> {
     Ok((fd, base.cast::<u8>()))
 }
 
-/// Page-locks the ring with the real `cudaHostRegister`, so snapshots can be copied into it
-/// asynchronously.
+/// Page-locks `len` bytes of the ring at `base` with the real `cudaHostRegister`, so snapshots
+/// can be copied into them asynchronously.
 fn pin_ring(base: *mut u8, len: usize) -> Result<(), String> {
     // Page-locking is an unsafe call during another thread's global-mode graph capture: make
     // it from relaxed mode, as the tracer does everything.
@@ -278,4 +346,50 @@ extern "C" fn on_exit() {
             tracer::shutdown(Duration::from_millis(wait));
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The ring is locked from its front, doubling, only as far as slots reach; a failed
+    /// registration locks nothing more and says why.
+    #[test]
+    fn the_ring_is_page_locked_from_its_front_as_far_as_slots_reach() {
+        let base = 0x7f00_0000_0000usize as *mut u8;
+        let data = base as usize + ring::HEADER_BYTES;
+        let pin = RingPin::new(base, 20 * MIB);
+        let mut calls = Vec::new();
+        let mut record = |p: *mut u8, len: usize| {
+            calls.push(((p as usize - data) as u64, len as u64));
+            Ok(())
+        };
+        pin.cover_with(64, &mut record).expect("first");
+        assert_eq!(pin.locked(), FIRST_PIN_BYTES);
+        // Already locked: nothing registered.
+        pin.cover_with(FIRST_PIN_BYTES, &mut record).expect("covered");
+        // A slot ending at 7 MiB: 2..4, then 4..8 MiB.
+        pin.cover_with(7 * MIB, &mut record).expect("grow");
+        // The ring's end bounds the last part.
+        pin.cover_with(20 * MIB, &mut record).expect("to the end");
+        assert_eq!(
+            calls,
+            [
+                (0, 2 * MIB),
+                (2 * MIB, 2 * MIB),
+                (4 * MIB, 4 * MIB),
+                (8 * MIB, 8 * MIB),
+                (16 * MIB, 4 * MIB),
+            ]
+        );
+        assert_eq!(pin.locked(), 20 * MIB);
+
+        let small = RingPin::new(base, 4 * MIB);
+        small.cover_with(1, |_, _| Ok(())).expect("first");
+        let refused = small.cover_with(3 * MIB, |_, _| Err("out of pinned memory".into()));
+        assert_eq!(refused, Err("out of pinned memory".to_string()));
+        assert_eq!(small.locked(), FIRST_PIN_BYTES, "nothing more is taken as locked");
+    }
 }

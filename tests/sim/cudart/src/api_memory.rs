@@ -810,8 +810,28 @@ pub unsafe extern "C" fn cudaHostRegister(
         r.check_capture_safe()?;
         r.heap
             .pin(ptr, size, r.current_device(), false)
-            .map_err(heap_error)
+            .map_err(heap_error)?;
+        fault_in(ptr, size, flags & cudaHostRegisterReadOnly != 0);
+        Ok(())
     })
+}
+
+/// Faults in every page of a registered range, as page-locking does on a GPU (the driver pins
+/// the pages, so the call costs their first touch, and later copies none). Best effort: a
+/// kernel without `MADV_POPULATE_*` (before Linux 5.14) leaves them to fault on first use.
+fn fault_in(ptr: *mut c_void, size: usize, read_only: bool) {
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as usize;
+    let start = ptr as usize / page * page;
+    let len = (ptr as usize + size).div_ceil(page) * page - start;
+    let advice = if read_only {
+        libc::MADV_POPULATE_READ
+    } else {
+        libc::MADV_POPULATE_WRITE
+    };
+    // SAFETY: the range covers the caller's registered memory, rounded out to whole pages of
+    // the same mappings; populating changes no byte of it.
+    unsafe { libc::madvise(start as *mut c_void, len, advice) };
 }
 
 #[no_mangle]

@@ -351,11 +351,12 @@ fn fingerprint_copy(src: u64, fp: Layout) -> Copy {
     }
 }
 
-/// Keeps an op's tensors only if they fit the ring in one slot (metadata only otherwise): for
-/// snapshots that cannot be streamed in chunks (a graph replay's copy nodes are fixed).
+/// Keeps an op's tensors only if they fit one slot (half the ring; metadata only otherwise):
+/// for snapshots that cannot be streamed in chunks (a graph replay's copy nodes are fixed).
 pub(crate) fn fit_one_slot(session: &Session, plans: &mut [TensorPlan]) {
-    let total: u64 = plans.iter().filter(|t| t.captured).map(|t| t.nbytes).sum();
-    if total > session.ring.capacity() {
+    // A slot lies in one page-locked part of the ring: the last, from half the ring at most.
+    let largest = session.ring.capacity() - session.ring.capacity() / 2;
+    if slot_bytes(plans) > largest {
         plans.iter_mut().for_each(|t| t.captured = false);
     }
 }
@@ -597,8 +598,12 @@ fn reserve_polling(
     loop {
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(slot) = s.ring.reserve(len, Duration::ZERO) {
-                // No copy goes into ring bytes that are not page-locked (session.rs).
+            // A slot lies in one page-locked part of the ring, locked before any copy goes
+            // into it (session.rs).
+            if let Some(slot) = s
+                .ring
+                .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off))
+            {
                 let end = slot.pos % s.ring.capacity() + slot.len;
                 if let Err(why) = s.pin.cover(end) {
                     // Copies into pageable memory would wait for the device: stop capturing.

@@ -35,8 +35,8 @@ pub const FIRST_PIN_BYTES: u64 = 2 << 20;
 /// every page it is given (a 1 GiB ring: about 0.3 s of a process's start on an H200, and 1 GiB
 /// of locked memory whether snapshots ever need it or not), while a ring that keeps up with
 /// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
-/// is locked from its start as slots first reach further: 2 MiB at start, then as much again
-/// each time (a few registrations in all), before any copy goes into the new part.
+/// is locked from its start, part by part ([`RingPin::part_end`]: 2 MiB, 2 MiB, 4 MiB, ...),
+/// as slots first reach a part, before any copy goes into it.
 pub struct RingPin {
     /// Address of the data area (page-aligned: the ring's header is one page).
     data: usize,
@@ -80,12 +80,35 @@ impl RingPin {
         let _g = self.grow.lock().unwrap_or_else(|p| p.into_inner());
         let mut locked = self.locked();
         while locked < end.min(self.capacity) {
-            let next = (locked * 2).max(FIRST_PIN_BYTES).min(self.capacity);
-            pin((self.data + locked as usize) as *mut u8, (next - locked) as usize)?;
+            let next = self.part_end(locked);
+            pin(
+                (self.data + locked as usize) as *mut u8,
+                (next - locked) as usize,
+            )?;
             locked = next;
             self.locked.store(locked, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// The end of the registered part of the data area that holds offset `off`. A device copy
+    /// must lie in one registration (across two, CUDA refuses it: `cudaErrorInvalidValue`,
+    /// seen on an H200), so slots never cross a part's end (`Ring::reserve_within`). Parts
+    /// double from [`FIRST_PIN_BYTES`] while they end in the ring's first half; the last runs
+    /// to the ring's end, so it holds the largest slot (half the ring).
+    pub fn part_end(&self, off: u64) -> u64 {
+        let half = self.capacity / 2;
+        let mut end = FIRST_PIN_BYTES;
+        if end > half {
+            return self.capacity;
+        }
+        while end <= off {
+            if end * 2 > half {
+                return self.capacity;
+            }
+            end *= 2;
+        }
+        end
     }
 }
 
@@ -369,10 +392,11 @@ mod tests {
         pin.cover_with(64, &mut record).expect("first");
         assert_eq!(pin.locked(), FIRST_PIN_BYTES);
         // Already locked: nothing registered.
-        pin.cover_with(FIRST_PIN_BYTES, &mut record).expect("covered");
+        pin.cover_with(FIRST_PIN_BYTES, &mut record)
+            .expect("covered");
         // A slot ending at 7 MiB: 2..4, then 4..8 MiB.
         pin.cover_with(7 * MIB, &mut record).expect("grow");
-        // The ring's end bounds the last part.
+        // Parts double while they end in the first half; the last runs to the end.
         pin.cover_with(20 * MIB, &mut record).expect("to the end");
         assert_eq!(
             calls,
@@ -380,16 +404,25 @@ mod tests {
                 (0, 2 * MIB),
                 (2 * MIB, 2 * MIB),
                 (4 * MIB, 4 * MIB),
-                (8 * MIB, 8 * MIB),
-                (16 * MIB, 4 * MIB),
+                (8 * MIB, 12 * MIB),
             ]
         );
         assert_eq!(pin.locked(), 20 * MIB);
+        let ends: Vec<u64> = [0, 2, 3, 4, 7, 8, 19]
+            .map(|m| pin.part_end(m * MIB) / MIB)
+            .to_vec();
+        assert_eq!(ends, [2, 4, 4, 8, 8, 20, 20]);
+        // A ring of at most twice the first part is one part.
+        assert_eq!(RingPin::new(base, 3 * MIB).part_end(0), 3 * MIB);
 
         let small = RingPin::new(base, 4 * MIB);
         small.cover_with(1, |_, _| Ok(())).expect("first");
         let refused = small.cover_with(3 * MIB, |_, _| Err("out of pinned memory".into()));
         assert_eq!(refused, Err("out of pinned memory".to_string()));
-        assert_eq!(small.locked(), FIRST_PIN_BYTES, "nothing more is taken as locked");
+        assert_eq!(
+            small.locked(),
+            FIRST_PIN_BYTES,
+            "nothing more is taken as locked"
+        );
     }
 }

@@ -212,15 +212,26 @@ impl Ring {
         self.atomic64(OFF_DROPPED).load(Ordering::Acquire)
     }
 
-    /// Where a slot of `len` bytes reserved now would start and end (without reserving it).
-    fn place(&self, head: u64, len: u64) -> (u64, u64) {
-        let off = head % self.capacity;
-        let start = if off + len > self.capacity {
-            head + (self.capacity - off)
-        } else {
-            head
-        };
-        (start, start + len)
+    /// Where a slot of `len` bytes reserved now would start and end (without reserving it):
+    /// at `head`, or where the part of the data area it would cross ends (`part_end` of an
+    /// offset: the end of its part; the data area's end at least is one), so that a slot lies
+    /// in one part. `None` when no part can hold it.
+    fn place(&self, head: u64, len: u64, part_end: &impl Fn(u64) -> u64) -> Option<(u64, u64)> {
+        let mut start = head;
+        // Each turn moves on to the next part (or lap): one lap's worth of them at most.
+        while start - head <= self.capacity {
+            let off = start % self.capacity;
+            if off + len > self.capacity {
+                start += self.capacity - off;
+                continue;
+            }
+            let end = part_end(off).clamp(off + 1, self.capacity);
+            if off + len <= end {
+                return Some((start, start + len));
+            }
+            start += end - off;
+        }
+        None
     }
 
     /// Moves an empty ring (every reserved byte released) to the data area's beginning, so
@@ -243,13 +254,27 @@ impl Ring {
     /// Reserves `len` bytes (producer; callers serialise reservations). Waits for space until
     /// `timeout`, then returns `None`. A request larger than the ring is refused at once.
     pub fn reserve(&self, len: u64, timeout: Duration) -> Option<Slot> {
+        self.reserve_within(len, timeout, |_| self.capacity)
+    }
+
+    /// [`Self::reserve`] of a slot that lies in one part of the data area: `part_end` gives
+    /// the end offset of the part an offset is in (the producer's page-locked registrations:
+    /// a device copy must not cross from one into the next). A slot that would cross into the
+    /// next part starts there; the bytes skipped are released with it. A request no part can
+    /// hold is refused at once.
+    pub fn reserve_within(
+        &self,
+        len: u64,
+        timeout: Duration,
+        part_end: impl Fn(u64) -> u64,
+    ) -> Option<Slot> {
         let len = align(len.max(1));
         if len > self.capacity {
             return None;
         }
         let deadline = Instant::now() + timeout;
         let head = self.rewind_if_empty(self.head());
-        let (start, end) = self.place(head, len);
+        let (start, end) = self.place(head, len, &part_end)?;
         loop {
             let seen = self.atomic32(OFF_RELEASED).load(Ordering::Acquire);
             if end - self.tail() <= self.capacity {
@@ -415,6 +440,48 @@ mod tests {
         assert!(
             p.reserve(2048, Duration::ZERO).is_none(),
             "larger than the ring"
+        );
+    }
+
+    /// Parts of the data area (the producer's page-locked registrations) are never crossed:
+    /// a slot that would cross starts at the next part, the bytes skipped go with it, and a
+    /// slot no part can hold is refused.
+    #[test]
+    fn a_slot_lies_in_one_part_of_the_data_area() {
+        let mut mem = mapping(1024);
+        let (p, c) = producer_and_consumer(&mut mem, 1024);
+        // Parts [0, 256), [256, 512), [512, 1024).
+        let part_end = |off: u64| match off {
+            0..256 => 256,
+            256..512 => 512,
+            _ => 1024,
+        };
+        let a = p
+            .reserve_within(192, Duration::ZERO, part_end)
+            .expect("fits");
+        assert_eq!((a.pos, a.end), (0, 192));
+        // 64 bytes are left in the first part: a 128-byte slot starts at the second.
+        let b = p
+            .reserve_within(128, Duration::ZERO, part_end)
+            .expect("fits");
+        assert_eq!((b.pos, b.end), (256, 384));
+        // Too large for the second part's rest and for the second part: the third.
+        let d = p
+            .reserve_within(320, Duration::ZERO, part_end)
+            .expect("fits");
+        assert_eq!((d.pos, d.end), (512, 832));
+        for s in [&a, &b, &d] {
+            c.validate(s).expect("valid");
+        }
+        // Releasing a slot releases the bytes skipped before it.
+        c.release_to(b.end);
+        assert_eq!(c.tail(), 384);
+        // No part holds more than 512 bytes: refused at once, even on an empty ring.
+        c.release_to(d.end);
+        assert!(p.reserve_within(576, Duration::ZERO, part_end).is_none());
+        assert!(
+            p.reserve(576, Duration::ZERO).is_some(),
+            "one part: the whole ring"
         );
     }
 

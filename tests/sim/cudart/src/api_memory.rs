@@ -69,10 +69,15 @@ fn end(
     match r.heap.classify(ptr) {
         // A device pointer where the direction says host: CUDA rejects it.
         PointerKind::Device { .. } => Err(cudaErrorInvalidValue),
-        PointerKind::Pinned { .. } => Ok(End {
-            addr: Addr(ptr as *mut u8),
-            pageable: false,
-        }),
+        // A copy must lie in the one registration it starts in: CUDA refuses one that runs on
+        // into the next (seen on an H200: cudaErrorInvalidValue).
+        PointerKind::Pinned { .. } => match r.heap.device_access(ptr, extent) {
+            Some(_) => Ok(End {
+                addr: Addr(ptr as *mut u8),
+                pageable: false,
+            }),
+            None => Err(cudaErrorInvalidValue),
+        },
         PointerKind::Pageable => Ok(End {
             addr: Addr(ptr as *mut u8),
             pageable: true,

@@ -48,7 +48,7 @@ const PROBES: &[(&str, &str, Probe)] = &[
     ),
     (
         "pageable-copies",
-        "pageable copies stage or block; pointer attributes",
+        "pageable copies stage or block; pointer attributes; a copy lies in one registration",
         streams::pageable_copies,
     ),
     (

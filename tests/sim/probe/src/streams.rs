@@ -331,6 +331,19 @@ pub fn pageable_copies(_: &[String]) -> Result<(), String> {
         cudaErrorHostMemoryAlreadyRegistered
     );
     ck!(cudaHostUnregister(back.as_mut_ptr().cast()));
+    // Two registrations side by side: a copy lies in one, or CUDA refuses it (an H200 did).
+    let mut two = vec![0u8; 2 * N];
+    let (first, second) = (two.as_mut_ptr(), two[N..].as_mut_ptr());
+    ck!(cudaHostRegister(first.cast(), N, cudaHostRegisterDefault));
+    ck!(cudaHostRegister(second.cast(), N, cudaHostRegisterDefault));
+    ck!(cudaMemcpy(second.cast(), dev, N, cudaMemcpyDeviceToHost));
+    expect_code!(
+        cudaMemcpyAsync(first.add(N / 2).cast(), dev, N, cudaMemcpyDeviceToHost, s),
+        cudaErrorInvalidValue
+    );
+    ck!(cudaStreamSynchronize(s));
+    ck!(cudaHostUnregister(first.cast()));
+    ck!(cudaHostUnregister(second.cast()));
     Ok(())
 }
 

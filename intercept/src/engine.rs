@@ -10,7 +10,7 @@
 //! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -510,10 +510,19 @@ impl Eager {
                         if cuda::is_fatal(code) {
                             self.fatal.get_or_insert(code);
                         }
-                        crate::log::debug(&format!(
-                            "{}: snapshot copy of {:?} refused (cudaError {code})",
+                        // Said once as a warning: the record keeps the tensor as metadata
+                        // only (an H200 refused copies across two ring registrations).
+                        static WARNED: AtomicBool = AtomicBool::new(false);
+                        let line = format!(
+                            "{}: snapshot copy of {:?} refused (cudaError {code}): the tensor \
+                             is recorded without its bytes",
                             self.meta.api, p.role
-                        ));
+                        );
+                        if WARNED.swap(true, Ordering::Relaxed) {
+                            crate::log::debug(&line);
+                        } else {
+                            crate::log::warn(&line);
+                        }
                         self.tensors[i].captured = false;
                         break;
                     }

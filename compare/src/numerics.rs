@@ -57,6 +57,54 @@ impl DimSlice {
         }
         i
     }
+
+    /// [`DimSlice::map`] for a shard dimension of `size`, its divisions by sizes done once:
+    /// for the many indices of the samples a placement search maps.
+    fn mapper(&self, size: u64) -> SliceMap {
+        let mut out_size = size;
+        let mut cuts = [(1u64, 0u64, 0u64); 2];
+        let mut n = 0;
+        let mut rest = Vec::new();
+        for c in self.cuts.iter().rev() {
+            let inner = (out_size / c.outer.max(1)).max(1);
+            // Products wrap as `map`'s do (modulo 2^64, the same in any order).
+            let step = (c.parts.wrapping_mul(inner), c.chunk.wrapping_mul(inner));
+            match cuts.get_mut(n) {
+                Some(slot) => *slot = (inner, step.0, step.1),
+                None => rest.push((inner, step.0, step.1)),
+            }
+            n += 1;
+            out_size = out_size.wrapping_mul(c.parts);
+        }
+        SliceMap {
+            cuts,
+            n: n.min(2),
+            rest,
+        }
+    }
+}
+
+/// A [`DimSlice`] for one shard dimension size: per cut, innermost first, (inner block,
+/// reference stride of a block, offset of the chunk).
+struct SliceMap {
+    cuts: [(u64, u64, u64); 2],
+    n: usize,
+    rest: Vec<(u64, u64, u64)>,
+}
+
+impl SliceMap {
+    /// [`DimSlice::map`] of `i`.
+    #[inline]
+    fn map(&self, mut i: u64) -> u64 {
+        for &(inner, stride, offset) in self.cuts[..self.n].iter().chain(&self.rest) {
+            let q = i / inner;
+            i = q
+                .wrapping_mul(stride)
+                .wrapping_add(offset)
+                .wrapping_add(i - q * inner);
+        }
+        i
+    }
 }
 
 /// Where a shard sits in the reference tensor.
@@ -298,8 +346,9 @@ impl Samples {
     /// The reference offset along dimension `d` (of `size` in the shard, `stride` in the
     /// reference) of every sample, at `slice` of that dimension.
     fn offsets(&self, d: usize, size: u64, stride: usize, slice: &DimSlice) -> Vec<usize> {
+        let m = slice.mapper(size.max(1));
         (0..self.values.len())
-            .map(|k| slice.map(self.coords[k * self.ndim + d], size.max(1)) as usize * stride)
+            .map(|k| m.map(self.coords[k * self.ndim + d]) as usize * stride)
             .collect()
     }
 
@@ -334,6 +383,12 @@ impl Samples {
         if self.values.is_empty() {
             return 0.0;
         }
+        let maps: Vec<SliceMap> = placement
+            .dims
+            .iter()
+            .zip(shard_shape)
+            .map(|(dim, &size)| dim.mapper(size.max(1)))
+            .collect();
         let (mut d2, mut y2) = (0f64, 0f64);
         for (k, &v) in self.values.iter().enumerate() {
             let a = (v / scale) as f64;
@@ -341,9 +396,7 @@ impl Samples {
             let j: usize = at
                 .iter()
                 .enumerate()
-                .map(|(d, &i)| {
-                    placement.dims[d].map(i, shard_shape[d].max(1)) as usize * strides[d]
-                })
+                .map(|(d, &i)| maps[d].map(i) as usize * strides[d])
                 .sum();
             let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
             let d = if a == b { 0.0 } else { a - b };
@@ -781,6 +834,40 @@ mod tests {
             shape: shape.to_vec(),
             data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
             dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn a_slice_mapped_with_its_divisions_done_once_maps_every_index_as_one_at_a_time() {
+        // Every candidate slice of a few shard/reference sizes (dimensions cut once and
+        // twice), and three cuts, which no candidate has.
+        let mut slices: Vec<(DimSlice, u64)> = Vec::new();
+        for (s, r) in [(4u64, 8u64), (6, 24), (3, 12), (8, 64), (5, 5), (1, 16)] {
+            for slice in dim_options(s, r, true) {
+                slices.push((slice, s));
+            }
+        }
+        let cut = |parts, outer, chunk| Cut {
+            parts,
+            outer,
+            chunk,
+        };
+        slices.push((
+            DimSlice {
+                cuts: vec![cut(2, 1, 1), cut(3, 2, 2), cut(2, 4, 1)],
+            },
+            8,
+        ));
+        assert!(slices.iter().any(|(d, _)| d.cuts.len() == 2));
+        for (slice, size) in &slices {
+            let m = slice.mapper(*size);
+            for i in 0..*size {
+                assert_eq!(
+                    m.map(i),
+                    slice.map(i, *size),
+                    "{slice:?} size {size} index {i}"
+                );
+            }
         }
     }
 

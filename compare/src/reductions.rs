@@ -726,6 +726,51 @@ mod tests {
         r
     }
 
+    fn news(sent: Vec<Walked>) -> FromWalk {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in sent {
+            tx.send(n).expect("open");
+        }
+        FromWalk {
+            rx,
+            walked: BTreeSet::new(),
+            done: false,
+            d_tol: BTreeMap::new(),
+        }
+    }
+
+    fn step(step: u64, seq: u64) -> Walked {
+        Walked::Step {
+            step,
+            d_place: [((0, step, seq), (Placement::whole(1), 1.0))].into(),
+            d_tol: [((step, seq), 2.0)].into(),
+        }
+    }
+
+    #[test]
+    fn a_step_s_reductions_wait_for_the_walk_to_be_done_with_it_and_not_for_a_walk_that_stopped() {
+        let mut d_place = DPlace::new();
+        // The walk did steps 0 and 2, then stopped (an error): step 0 and 2 are known, what
+        // comes after is not, and the end is never taken for reached.
+        let mut w = news(vec![step(0, 5), step(2, 7)]);
+        assert!(w.wait_for(0, &mut d_place));
+        assert!(d_place.contains_key(&(0, 0, 5)) && w.d_tol.get(&(0, 5)) == Some(&2.0));
+        assert!(
+            !d_place.contains_key(&(0, 2, 7)),
+            "step 2 not read before it is needed"
+        );
+        assert!(w.wait_for(2, &mut d_place));
+        assert!(d_place.contains_key(&(0, 2, 7)));
+        assert!(
+            !w.wait_for(3, &mut d_place),
+            "the walk stopped before step 3"
+        );
+        assert!(!news(vec![step(0, 5)]).wait_for_the_end(&mut d_place));
+        // A step the walk had no op in is waited for until the walk is done.
+        let mut w = news(vec![step(0, 5), Walked::Done]);
+        assert!(w.wait_for(1, &mut d_place) && w.wait_for_the_end(&mut d_place));
+    }
+
     #[test]
     fn the_last_writer_of_a_buffer_may_be_a_copy() {
         let copy = copy_writing(2, 0x1000, 64);

@@ -529,7 +529,9 @@ fn finish(
         )?),
         None => None,
     };
+    tracing::debug!("compare: ordered and localized");
     let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
+    tracing::debug!("compare: replica drift looked for");
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);

@@ -108,7 +108,7 @@ impl SliceMap {
 }
 
 /// Where a shard sits in the reference tensor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Placement {
     /// One entry per dimension of the shard.
     pub dims: Vec<DimSlice>,
@@ -499,7 +499,17 @@ pub fn place_trusting(
     limits: (f64, f64),
     quick: bool,
 ) -> Option<Fit> {
-    let (fit, skipped) = search(x, reff, hints, scales, limits, quick, Skipping::On);
+    // The exhaustive search, when it follows, measures again much of what the sampled one
+    // did: it takes those numbers instead (the same numbers: each a pure function of the
+    // shard, the reference and what is measured).
+    let mut measured = Measured::default();
+    let (fit, skipped) = search_measured(
+        (x, reff),
+        (hints, scales),
+        (limits, quick),
+        Skipping::On,
+        &mut measured,
+    );
     // Nothing left unmeasured: the exhaustive search's own result.
     let Some(skipped) = skipped else {
         return fit;
@@ -512,7 +522,84 @@ pub fn place_trusting(
     match fit {
         // Anything left unmeasured sampled MARGIN times worse than the fit: not the best.
         Some(f) if decided(&f) && f.err.rel * MARGIN < skipped => Some(f),
-        _ => search(x, reff, hints, scales, limits, quick, Skipping::Off).0,
+        _ => {
+            search_measured(
+                (x, reff),
+                (hints, scales),
+                (limits, quick),
+                Skipping::Off,
+                &mut measured,
+            )
+            .0
+        }
+    }
+}
+
+/// What the searches of one placement ([`place_trusting`]) measured: screens, ranked
+/// candidates and full fits, each a pure function of the shard, the reference and what is
+/// measured (the number of threads does not change them), taken again instead of measured
+/// again.
+#[derive(Default)]
+struct Measured {
+    /// [`screen`] with one cut per dimension, then with two.
+    screens: [Option<Option<Screen>>; 2],
+    /// A stage's best screened candidates ranked on more samples (one cut, two cuts).
+    ranked: [Option<Vec<(f64, usize, f32)>>; 2],
+    /// Full fits by placement and scale (its bits).
+    fits: HashMap<(Placement, u32), Fit>,
+}
+
+impl Measured {
+    /// [`screen`] of `x` on 32 samples, with `two_cuts`.
+    fn screen(
+        &mut self,
+        x: &Values,
+        reff: &Values,
+        scales: &[f32],
+        two_cuts: bool,
+    ) -> Option<Screen> {
+        self.screens[usize::from(two_cuts)]
+            .get_or_insert_with(|| screen(x, reff, scales, two_cuts, 32))
+            .clone()
+    }
+
+    /// [`full_fit`] of `x` at `placement` and `scale`.
+    fn fit(&mut self, x: &Values, reff: &Values, placement: &Placement, scale: f32) -> Fit {
+        let key = (placement.clone(), scale.to_bits());
+        if let Some(f) = self.fits.get(&key) {
+            return f.clone();
+        }
+        let f = full_fit(x, reff, placement.clone(), scale);
+        self.fits.insert(key, f.clone());
+        f
+    }
+
+    /// [`full_fit`] of `x` at each of `wanted` (placement, scale), in that order; those not
+    /// measured yet in parallel.
+    fn fits(&mut self, x: &Values, reff: &Values, wanted: &[(&Placement, f32)]) -> Vec<Fit> {
+        let missing: Vec<(Placement, f32)> = wanted
+            .iter()
+            .filter(|(p, s)| !self.fits.contains_key(&((*p).clone(), s.to_bits())))
+            .map(|(p, s)| ((*p).clone(), *s))
+            .collect();
+        let new: Vec<Fit> = missing
+            .into_par_iter()
+            .map(|(p, s)| full_fit(x, reff, p, s))
+            .collect();
+        for f in new {
+            self.fits
+                .insert((f.placement.clone(), f.scale.to_bits()), f);
+        }
+        wanted
+            .iter()
+            .map(|(p, s)| {
+                let key = ((*p).clone(), s.to_bits());
+                match self.fits.get(&key) {
+                    Some(f) => f.clone(),
+                    None => full_fit(x, reff, key.0, *s),
+                }
+            })
+            .collect()
     }
 }
 
@@ -546,14 +633,34 @@ enum Skipping {
 
 /// The placement search of [`place_trusting`]: the best fit, and the least sampled error of
 /// the placements it did not measure in full (`None` when none was left out).
+#[cfg(test)]
 fn search(
     x: &Values,
     reff: &Values,
     hints: &[(Placement, f32)],
     scales: &[f32],
-    (accept, trust): (f64, f64),
+    limits: (f64, f64),
     quick: bool,
     skipping: Skipping,
+) -> (Option<Fit>, Option<f64>) {
+    let mut fresh = Measured::default();
+    search_measured(
+        (x, reff),
+        (hints, scales),
+        (limits, quick),
+        skipping,
+        &mut fresh,
+    )
+}
+
+/// [`search`], taking what `measured` holds instead of measuring it again, and adding what
+/// it measures.
+fn search_measured(
+    (x, reff): (&Values, &Values),
+    (hints, scales): (&[(Placement, f32)], &[f32]),
+    ((accept, trust), quick): ((f64, f64), bool),
+    skipping: Skipping,
+    measured: &mut Measured,
 ) -> (Option<Fit>, Option<f64>) {
     let mut best: Option<Fit> = None;
     let mut one_cut: Option<Screen> = None;
@@ -585,14 +692,14 @@ fn search(
                     continue;
                 }
             }
-            let f = full_fit(x, reff, p.clone(), scale);
+            let f = measured.fit(x, reff, p, scale);
             if f.err.rel <= accept {
                 return (Some(f), skipped);
             }
             if f.err.rel <= trust && !quick {
                 let screen = match one_cut.take() {
                     Some(sc) => sc,
-                    None => match screen(x, reff, scales, false, 32) {
+                    None => match measured.screen(x, reff, scales, false) {
                         Some(sc) => sc,
                         None => return (None, skipped),
                     },
@@ -619,14 +726,17 @@ fn search(
         }
         let (cands, mut scored) = match (two_cuts, one_cut.take()) {
             (false, Some(sc)) => sc,
-            _ => match screen(x, reff, scales, two_cuts, 32) {
+            _ => match measured.screen(x, reff, scales, two_cuts) {
                 Some(sc) => sc,
                 None => return (None, skipped),
             },
         };
         scored.truncate(12);
         let rescored = scored.len() > 3 && !quick;
-        if rescored {
+        let ranked = &mut measured.ranked[usize::from(two_cuts)];
+        if let (true, Some(r)) = (rescored, ranked.as_ref()) {
+            scored = r.clone();
+        } else if rescored {
             let samples = sampled(&mut rank, x, RANK_SAMPLES);
             // Candidates share most of their dimensions' slices: each slice's sample offsets
             // are computed once (the same offsets, so the same errors, as one at a time).
@@ -650,6 +760,7 @@ fn search(
                 entry.0 = samples.error_at(entry.2, reff, &per_dim);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+            *ranked = Some(scored.clone());
         }
         scored.truncate(3);
         if skipping == Skipping::On && scored.len() > 1 {
@@ -667,10 +778,9 @@ fn search(
                 scored = vec![scored[m]];
             }
         }
-        let fits: Vec<Fit> = scored
-            .into_par_iter()
-            .map(|(_, c, s)| full_fit(x, reff, cands[c].clone(), s))
-            .collect();
+        let wanted: Vec<(&Placement, f32)> =
+            scored.iter().map(|&(_, c, s)| (&cands[c], s)).collect();
+        let fits = measured.fits(x, reff, &wanted);
         let fit = fits
             .into_iter()
             .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel));
@@ -1017,6 +1127,15 @@ mod screening_tests {
         assert_eq!(f.err.rel, 0.0, "{:?}", f.placement);
     }
 
+    fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
+        let n: u64 = shape.iter().product();
+        Values {
+            shape: shape.to_vec(),
+            data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
+            dtype: DType::F32,
+        }
+    }
+
     fn rows_of(reff: &Values, rows: std::ops::Range<usize>, noise: f32) -> Values {
         let w = reff.shape[1] as usize;
         Values {
@@ -1185,6 +1304,50 @@ mod screening_tests {
             }
         }
         assert!(unmeasured > 0, "the samples left some full passes out");
+    }
+
+    #[test]
+    fn an_exhaustive_search_taking_the_sampled_ones_measurements_finds_what_a_fresh_one_does() {
+        // A [24, 48] reference; shards of a third of its rows or columns, clean, scaled by
+        // 2, or of another tensor (every place misfits: both stages and every rank run).
+        let reff = vals(&[24, 48], |i| {
+            ((i as f32) * 0.29).sin() * (1.0 + (i / 48) as f32)
+        });
+        let rows = rows_of(&reff, 8..16, 0.0);
+        let cols = vals(&[24, 16], |i| reff.data[(i / 16) * 48 + 16 + i % 16]);
+        let other = vals(&[8, 48], |i| ((i as f32) * 1.7).cos());
+        let twice = |v: &Values| Values {
+            data: v.data.iter().map(|x| x * 2.0).collect::<Vec<f32>>().into(),
+            ..v.clone()
+        };
+        for x in [&rows, &cols, &other, &twice(&rows)] {
+            for quick in [false, true] {
+                let (limits, scales) = ((1e-4, 0.05), [1.0, 2.0]);
+                let mut measured = Measured::default();
+                let (sampled, _) = search_measured(
+                    (x, &reff),
+                    (&[], &scales),
+                    (limits, quick),
+                    Skipping::On,
+                    &mut measured,
+                );
+                assert!(
+                    !measured.fits.is_empty(),
+                    "the sampled search measured fits"
+                );
+                let (taken, _) = search_measured(
+                    (x, &reff),
+                    (&[], &scales),
+                    (limits, quick),
+                    Skipping::Off,
+                    &mut measured,
+                );
+                let (fresh, _) = search(x, &reff, &[], &scales, limits, quick, Skipping::Off);
+                assert_eq!(taken, fresh, "shape {:?} quick {quick}", x.shape);
+                let (again, _) = search(x, &reff, &[], &scales, limits, quick, Skipping::On);
+                assert_eq!(sampled, again, "shape {:?} quick {quick}", x.shape);
+            }
+        }
     }
 
     #[test]

@@ -316,30 +316,37 @@ struct Samples {
     ndim: usize,
 }
 
+/// Where [`Samples`] of a shard of `shape` holding `n` elements are taken: at most `count`
+/// flat indices, spread over every coordinate, and each one's coordinates (`shape.len()` per
+/// sample). A function of the shape alone, not of the values.
+fn sample_places(shape: &[u64], n: usize, count: usize) -> (Vec<usize>, Vec<u64>) {
+    let ndim = shape.len();
+    // Spread the samples over every coordinate: a fixed stride that divides a row length
+    // would only ever look at a few columns.
+    const STEP: u64 = 2_654_435_761;
+    let take = count.min(n);
+    let mut picks = Vec::with_capacity(take);
+    let mut coords = vec![0u64; take * ndim];
+    for k in 0..take as u64 {
+        let i = if n <= count { k } else { (k * STEP) % n as u64 };
+        picks.push(i as usize);
+        let mut flat = i;
+        for d in (0..ndim).rev() {
+            let size = shape[d].max(1);
+            coords[k as usize * ndim + d] = flat % size;
+            flat /= size;
+        }
+    }
+    (picks, coords)
+}
+
 impl Samples {
     fn of(x: &Values, count: usize) -> Samples {
-        let n = x.data.len();
-        let ndim = x.shape.len();
-        // Spread the samples over every coordinate: a fixed stride that divides a row length
-        // would only ever look at a few columns.
-        const STEP: u64 = 2_654_435_761;
-        let take = count.min(n);
-        let mut values = Vec::with_capacity(take);
-        let mut coords = vec![0u64; take * ndim];
-        for k in 0..take as u64 {
-            let i = if n <= count { k } else { (k * STEP) % n as u64 };
-            values.push(x.data[i as usize]);
-            let mut flat = i;
-            for d in (0..ndim).rev() {
-                let size = x.shape[d].max(1);
-                coords[k as usize * ndim + d] = flat % size;
-                flat /= size;
-            }
-        }
+        let (picks, coords) = sample_places(&x.shape, x.data.len(), count);
         Samples {
-            values,
+            values: picks.iter().map(|&i| x.data[i]).collect(),
             coords,
-            ndim,
+            ndim: x.shape.len(),
         }
     }
 
@@ -837,19 +844,14 @@ fn screen(
     two_cuts: bool,
     samples: usize,
 ) -> Option<Screen> {
-    let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
-    let picked = Samples::of(x, samples);
-    let strides = row_major_strides(&reff.shape);
-    // Candidates share most of their dimensions' slices: each slice's sample offsets are
-    // computed once, a candidate's are their sum.
-    let mut offsets: Vec<HashMap<&DimSlice, Vec<usize>>> = vec![HashMap::new(); x.shape.len()];
-    for c in &cands {
-        for (d, slice) in c.dims.iter().enumerate() {
-            offsets[d]
-                .entry(slice)
-                .or_insert_with(|| picked.offsets(d, x.shape[d], strides[d], slice));
-        }
-    }
+    let plan = ScreenPlan::of(&x.shape, x.data.len(), &reff.shape, (two_cuts, samples))?;
+    let cands = &plan.cands;
+    // The samples' values; where they sit, and where each candidate puts them, the plan says.
+    let picked = Samples {
+        values: plan.picks.iter().map(|&i| x.data[i]).collect(),
+        coords: Vec::new(),
+        ndim: 0,
+    };
     let jobs: Vec<(usize, f32)> = scales
         .iter()
         .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
@@ -860,17 +862,110 @@ fn screen(
         .into_par_iter()
         .with_min_len((4096 / samples.max(1)).max(1))
         .map(|(c, scale)| {
-            let per_dim: Vec<&[usize]> = cands[c]
-                .dims
-                .iter()
-                .enumerate()
-                .map(|(d, slice)| offsets[d].get(slice).map_or(&[][..], |v| v.as_slice()))
-                .collect();
-            (picked.error_at(scale, reff, &per_dim), c, scale)
+            let at = [plan.offsets[c].as_slice()];
+            (picked.error_at(scale, reff, &at), c, scale)
         })
         .collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Some((cands, scored))
+    Some((cands.clone(), scored))
+}
+
+/// What screening a shard of one shape in a reference of one shape reads, whatever their
+/// values: the candidate placements, the sampled elements ([`sample_places`]) and, per
+/// candidate, each sample's offset in the reference (the sum of its dimensions' offsets,
+/// computed once per dimension's slice). Placement searches screen many tensors of the same
+/// shapes (every group sum of a kind of GEMM output, step after step): made once per pair of
+/// shapes and kept ([`ScreenPlan::of`]).
+struct ScreenPlan {
+    cands: Vec<Placement>,
+    /// Flat indices of the sampled elements in the shard.
+    picks: Vec<usize>,
+    /// Per candidate, per sample, its offset in the reference.
+    offsets: Vec<Vec<usize>>,
+}
+
+/// The shard's shape and element count, the reference's shape, two cuts, samples.
+type PlanKey = (Vec<u64>, usize, Vec<u64>, bool, usize);
+
+/// Bytes of sample offsets the plans kept may hold; past it they are all dropped.
+const PLANS_BYTES: usize = 16 << 20;
+
+impl ScreenPlan {
+    /// The plan of a shard of `shape` holding `n` elements in a reference of `ref_shape`,
+    /// (with `two_cuts`, on `samples` elements), kept for the next one; `None` when the
+    /// shapes cannot correspond.
+    fn of(
+        shape: &[u64],
+        n: usize,
+        ref_shape: &[u64],
+        (two_cuts, samples): (bool, usize),
+    ) -> Option<std::sync::Arc<ScreenPlan>> {
+        type Kept = (HashMap<PlanKey, Option<std::sync::Arc<ScreenPlan>>>, usize);
+        static KEPT: std::sync::OnceLock<std::sync::Mutex<Kept>> = std::sync::OnceLock::new();
+        let kept = KEPT.get_or_init(Default::default);
+        let key: PlanKey = (shape.to_vec(), n, ref_shape.to_vec(), two_cuts, samples);
+        if let Some(plan) = crate::prefetch::lock(kept).0.get(&key) {
+            return plan.clone();
+        }
+        let plan = ScreenPlan::new(shape, n, ref_shape, two_cuts, samples).map(std::sync::Arc::new);
+        let bytes = plan.as_ref().map_or(0, |p| {
+            p.offsets.len() * p.picks.len() * std::mem::size_of::<usize>()
+        });
+        let mut kept = crate::prefetch::lock(kept);
+        if kept.1 + bytes > PLANS_BYTES {
+            *kept = Kept::default();
+        }
+        kept.1 += bytes;
+        kept.0.insert(key, plan.clone());
+        plan
+    }
+
+    fn new(
+        shape: &[u64],
+        n: usize,
+        ref_shape: &[u64],
+        two_cuts: bool,
+        samples: usize,
+    ) -> Option<ScreenPlan> {
+        let cands = candidates(shape, ref_shape, two_cuts)?;
+        let (picks, coords) = sample_places(shape, n, samples);
+        let places = Samples {
+            values: vec![0.0; picks.len()],
+            coords,
+            ndim: shape.len(),
+        };
+        let strides = row_major_strides(ref_shape);
+        // Candidates share most of their dimensions' slices: each slice's sample offsets are
+        // computed once, a candidate's are their sum.
+        let mut per_slice: Vec<HashMap<&DimSlice, Vec<usize>>> = vec![HashMap::new(); shape.len()];
+        for c in &cands {
+            for (d, slice) in c.dims.iter().enumerate() {
+                per_slice[d]
+                    .entry(slice)
+                    .or_insert_with(|| places.offsets(d, shape[d], strides[d], slice));
+            }
+        }
+        let offsets = cands
+            .iter()
+            .map(|c| {
+                let per_dim: Vec<&[usize]> = c
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| per_slice[d].get(slice).map_or(&[][..], |v| v.as_slice()))
+                    .collect();
+                // The sum `Samples::error_at` forms per sample, formed once.
+                (0..picks.len())
+                    .map(|k| per_dim.iter().map(|o| o.get(k).copied().unwrap_or(0)).sum())
+                    .collect()
+            })
+            .collect();
+        Some(ScreenPlan {
+            cands,
+            picks,
+            offsets,
+        })
+    }
 }
 
 /// The f64 product `alpha · op(A) · op(B) + beta · C` of a captured GEMM on the stored
@@ -1304,6 +1399,51 @@ mod screening_tests {
             }
         }
         assert!(unmeasured > 0, "the samples left some full passes out");
+    }
+
+    /// [`screen`] as it was before plans were kept: every sample's offset formed from its
+    /// coordinates for this tensor.
+    fn screen_directly(x: &Values, reff: &Values, scales: &[f32], two_cuts: bool) -> Screen {
+        let cands = candidates(&x.shape, &reff.shape, two_cuts).expect("placeable");
+        let picked = Samples::of(x, 32);
+        let strides = row_major_strides(&reff.shape);
+        let mut scored: Vec<(f64, usize, f32)> = Vec::new();
+        for &scale in scales {
+            for (c, cand) in cands.iter().enumerate() {
+                let per_dim: Vec<Vec<usize>> = cand
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| picked.offsets(d, x.shape[d], strides[d], slice))
+                    .collect();
+                let at: Vec<&[usize]> = per_dim.iter().map(Vec::as_slice).collect();
+                scored.push((picked.error_at(scale, reff, &at), c, scale));
+            }
+        }
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        (cands, scored)
+    }
+
+    #[test]
+    fn a_screening_plan_kept_for_its_shapes_screens_other_values_as_one_made_for_them() {
+        let reff = vals(&[24, 48], |i| ((i as f32) * 0.41).sin());
+        let scales = [1.0, 2.0];
+        for two_cuts in [false, true] {
+            for salt in [0.0f32, 0.5, 3.0] {
+                // Another tensor of the same shapes each time: the plan made for the first.
+                let x = vals(&[8, 24], |i| ((i as f32) * 0.77 + salt).cos());
+                let plan = ScreenPlan::of(&x.shape, 192, &reff.shape, (two_cuts, 32));
+                let again = ScreenPlan::of(&x.shape, 192, &reff.shape, (two_cuts, 32));
+                assert!(
+                    matches!((&plan, &again), (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b)),
+                    "kept"
+                );
+                let got = screen(&x, &reff, &scales, two_cuts, 32).expect("placeable");
+                assert_eq!(got, screen_directly(&x, &reff, &scales, two_cuts));
+            }
+        }
+        let odd = vals(&[7, 24], |i| i as f32);
+        assert!(ScreenPlan::of(&odd.shape, 168, &reff.shape, (false, 32)).is_none());
     }
 
     #[test]

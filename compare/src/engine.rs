@@ -128,7 +128,15 @@ fn compare_on_the_pool(
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        "compare: stores prepared"
+    );
     let walked = walk_steps(&p, opts, &p.steps, progress)?;
+    tracing::debug!(
+        seconds = started.elapsed().as_secs_f64(),
+        "compare: walk and reductions done"
+    );
     if walked.pending.is_empty() {
         return Err(nothing_aligned(&p, reff_path, run_path));
     }
@@ -328,6 +336,75 @@ fn walk_steps(
         .set_increments_ahead(crate::trace::IncrementsAhead::WithCancellation);
     p.run
         .set_increments_ahead(crate::trace::IncrementsAhead::Plain);
+    // The reductions run beside the walk, a step behind it, on readers of their own.
+    let (tell, news) = std::sync::mpsc::channel();
+    let (reff, run) = (p.reff.reader(), p.run.reader());
+    let (al, layout) = (&p.al, &p.layout);
+    let (ref_rank, eps) = (p.ref_rank, p.precision.epsilon());
+    let dp_given = opts
+        .dp_reduction_scale
+        .map(|d| f64::from(d.factor(p.layout.dp)));
+    let memory = opts.memory.unwrap_or(DEFAULT_MEMORY);
+    let reduce = move || {
+        let ctx = Ctx {
+            reff: &reff,
+            ref_rank,
+            run: &run,
+            al,
+            steps,
+            eps,
+            layout,
+            dp_given,
+        };
+        reductions::collectives(&ctx, news, memory)
+    };
+    let (walked, reduced) = std::thread::scope(|s| {
+        let reductions = s.spawn(|| on_reductions_pool(reduce));
+        let walked = walk_ops(p, opts, steps, progress, tell);
+        let reduced = reductions.join();
+        (walked, reduced)
+    });
+    let (mut walked, reduced) = (walked?, reduced.map_err(|_| panicked_reductions())?);
+    // The walk ended (its error, if any, is what was reported above): so did the reductions.
+    let (pending, dp_reduction) = reduced?.ok_or_else(panicked_reductions)?;
+    walked.pending.extend(pending);
+    walked.dp_reduction = dp_reduction;
+    Ok(walked)
+}
+
+/// The error of reductions that stopped though the walk did not.
+fn panicked_reductions() -> CompareError {
+    CompareError::Record("the comparison of the reductions stopped before its end".into())
+}
+
+/// Runs `job` on the pool the reductions run on, beside the walk ([`walk_steps`]): their
+/// parallel loops share its threads, not the walk's, whose thread may be waiting for them.
+/// On the calling thread when the pool cannot be made.
+fn on_reductions_pool<R: Send>(job: impl FnOnce() -> R + Send) -> R {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("ttrace-reduce-{i}"))
+            .build()
+            .map_err(|e| tracing::debug!("no reductions pool ({e}): on their own thread"))
+            .ok()
+    });
+    match pool {
+        Some(pool) => pool.install(job),
+        None => job(),
+    }
+}
+
+/// The walk over the reference's ops of `steps`, telling the reductions (`tell`) where it
+/// placed each step's GEMM outputs once it is done with the step.
+fn walk_ops(
+    p: &Prepared,
+    opts: &CompareOptions,
+    steps: &[u64],
+    progress: &mut dyn FnMut(u64, u64),
+    tell: std::sync::mpsc::Sender<reductions::Walked>,
+) -> Result<Walked, CompareError> {
     let mut walk = Walk::new(p);
     let base_warnings = std::mem::take(&mut walk.warnings);
     let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
@@ -363,37 +440,37 @@ fn walk_steps(
         progress(done as u64, total_ops);
         if current != Some(ref_op.0) {
             // A step is judged from that step alone (see [`Memory`]).
+            if let Some(step) = current {
+                walk.tell_step(step, &tell);
+            }
             current = Some(ref_op.0);
             walk.placer.start_step();
         }
         let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
         walk.op(ref_op, shards, depth)?;
     }
+    if let Some(step) = current {
+        walk.tell_step(step, &tell);
+    }
+    // A receiver gone means the reductions stopped: their join says why.
+    let _ = tell.send(reductions::Walked::Done);
     progress(total_ops, total_ops);
+    tracing::debug!("compare: walk done");
     p.reff
         .set_increments_ahead(crate::trace::IncrementsAhead::None);
     p.run
         .set_increments_ahead(crate::trace::IncrementsAhead::None);
-    // What the walk decoded stays kept for the reductions, which read reference GEMM
-    // outputs again; the perturbed reference's is not read again.
+    // The perturbed reference is not read again.
     if let Some(pt) = &p.pert {
         pt.release_decoded();
     }
-    let ctx = Ctx::new(p, opts, steps);
-    let dp_reduction = reductions::collectives(
-        &ctx,
-        &walk.d_place,
-        &walk.d_tol,
-        &mut walk.pending,
-        opts.memory.unwrap_or(DEFAULT_MEMORY),
-    )?;
     Ok(Walked {
         pending: walk.pending,
         base_warnings,
         warnings: walk.warnings,
         unjudged: walk.unjudged,
         eps: walk.eps,
-        dp_reduction,
+        dp_reduction: None,
     })
 }
 
@@ -452,7 +529,9 @@ fn finish(
         )?),
         None => None,
     };
+    tracing::debug!("compare: ordered and localized");
     let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
+    tracing::debug!("compare: replica drift looked for");
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
         let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
@@ -575,6 +654,17 @@ impl<'a> Walk<'a> {
             whole: missing.is_empty(),
             layout: p.layout.clone(),
         }
+    }
+
+    /// Tells the reductions where the walk placed the GEMM outputs of `step`, which it is
+    /// done with.
+    fn tell_step(&mut self, step: u64, tell: &std::sync::mpsc::Sender<reductions::Walked>) {
+        // A receiver gone means the reductions stopped: their join says why.
+        let _ = tell.send(reductions::Walked::Step {
+            step,
+            d_place: std::mem::take(&mut self.d_place),
+            d_tol: std::mem::take(&mut self.d_tol),
+        });
     }
 
     /// Compares the tensors of one reference op (A, B, then D) with their shards.

@@ -57,10 +57,58 @@ impl DimSlice {
         }
         i
     }
+
+    /// [`DimSlice::map`] for a shard dimension of `size`, its divisions by sizes done once:
+    /// for the many indices of the samples a placement search maps.
+    fn mapper(&self, size: u64) -> SliceMap {
+        let mut out_size = size;
+        let mut cuts = [(1u64, 0u64, 0u64); 2];
+        let mut n = 0;
+        let mut rest = Vec::new();
+        for c in self.cuts.iter().rev() {
+            let inner = (out_size / c.outer.max(1)).max(1);
+            // Products wrap as `map`'s do (modulo 2^64, the same in any order).
+            let step = (c.parts.wrapping_mul(inner), c.chunk.wrapping_mul(inner));
+            match cuts.get_mut(n) {
+                Some(slot) => *slot = (inner, step.0, step.1),
+                None => rest.push((inner, step.0, step.1)),
+            }
+            n += 1;
+            out_size = out_size.wrapping_mul(c.parts);
+        }
+        SliceMap {
+            cuts,
+            n: n.min(2),
+            rest,
+        }
+    }
+}
+
+/// A [`DimSlice`] for one shard dimension size: per cut, innermost first, (inner block,
+/// reference stride of a block, offset of the chunk).
+struct SliceMap {
+    cuts: [(u64, u64, u64); 2],
+    n: usize,
+    rest: Vec<(u64, u64, u64)>,
+}
+
+impl SliceMap {
+    /// [`DimSlice::map`] of `i`.
+    #[inline]
+    fn map(&self, mut i: u64) -> u64 {
+        for &(inner, stride, offset) in self.cuts[..self.n].iter().chain(&self.rest) {
+            let q = i / inner;
+            i = q
+                .wrapping_mul(stride)
+                .wrapping_add(offset)
+                .wrapping_add(i - q * inner);
+        }
+        i
+    }
 }
 
 /// Where a shard sits in the reference tensor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Placement {
     /// One entry per dimension of the shard.
     pub dims: Vec<DimSlice>,
@@ -268,38 +316,46 @@ struct Samples {
     ndim: usize,
 }
 
+/// Where [`Samples`] of a shard of `shape` holding `n` elements are taken: at most `count`
+/// flat indices, spread over every coordinate, and each one's coordinates (`shape.len()` per
+/// sample). A function of the shape alone, not of the values.
+fn sample_places(shape: &[u64], n: usize, count: usize) -> (Vec<usize>, Vec<u64>) {
+    let ndim = shape.len();
+    // Spread the samples over every coordinate: a fixed stride that divides a row length
+    // would only ever look at a few columns.
+    const STEP: u64 = 2_654_435_761;
+    let take = count.min(n);
+    let mut picks = Vec::with_capacity(take);
+    let mut coords = vec![0u64; take * ndim];
+    for k in 0..take as u64 {
+        let i = if n <= count { k } else { (k * STEP) % n as u64 };
+        picks.push(i as usize);
+        let mut flat = i;
+        for d in (0..ndim).rev() {
+            let size = shape[d].max(1);
+            coords[k as usize * ndim + d] = flat % size;
+            flat /= size;
+        }
+    }
+    (picks, coords)
+}
+
 impl Samples {
     fn of(x: &Values, count: usize) -> Samples {
-        let n = x.data.len();
-        let ndim = x.shape.len();
-        // Spread the samples over every coordinate: a fixed stride that divides a row length
-        // would only ever look at a few columns.
-        const STEP: u64 = 2_654_435_761;
-        let take = count.min(n);
-        let mut values = Vec::with_capacity(take);
-        let mut coords = vec![0u64; take * ndim];
-        for k in 0..take as u64 {
-            let i = if n <= count { k } else { (k * STEP) % n as u64 };
-            values.push(x.data[i as usize]);
-            let mut flat = i;
-            for d in (0..ndim).rev() {
-                let size = x.shape[d].max(1);
-                coords[k as usize * ndim + d] = flat % size;
-                flat /= size;
-            }
-        }
+        let (picks, coords) = sample_places(&x.shape, x.data.len(), count);
         Samples {
-            values,
+            values: picks.iter().map(|&i| x.data[i]).collect(),
             coords,
-            ndim,
+            ndim: x.shape.len(),
         }
     }
 
     /// The reference offset along dimension `d` (of `size` in the shard, `stride` in the
     /// reference) of every sample, at `slice` of that dimension.
     fn offsets(&self, d: usize, size: u64, stride: usize, slice: &DimSlice) -> Vec<usize> {
+        let m = slice.mapper(size.max(1));
         (0..self.values.len())
-            .map(|k| slice.map(self.coords[k * self.ndim + d], size.max(1)) as usize * stride)
+            .map(|k| m.map(self.coords[k * self.ndim + d]) as usize * stride)
             .collect()
     }
 
@@ -334,6 +390,12 @@ impl Samples {
         if self.values.is_empty() {
             return 0.0;
         }
+        let maps: Vec<SliceMap> = placement
+            .dims
+            .iter()
+            .zip(shard_shape)
+            .map(|(dim, &size)| dim.mapper(size.max(1)))
+            .collect();
         let (mut d2, mut y2) = (0f64, 0f64);
         for (k, &v) in self.values.iter().enumerate() {
             let a = (v / scale) as f64;
@@ -341,9 +403,7 @@ impl Samples {
             let j: usize = at
                 .iter()
                 .enumerate()
-                .map(|(d, &i)| {
-                    placement.dims[d].map(i, shard_shape[d].max(1)) as usize * strides[d]
-                })
+                .map(|(d, &i)| maps[d].map(i) as usize * strides[d])
                 .sum();
             let b = reff.data.get(j).copied().unwrap_or(f32::NAN) as f64;
             let d = if a == b { 0.0 } else { a - b };
@@ -446,7 +506,17 @@ pub fn place_trusting(
     limits: (f64, f64),
     quick: bool,
 ) -> Option<Fit> {
-    let (fit, skipped) = search(x, reff, hints, scales, limits, quick, Skipping::On);
+    // The exhaustive search, when it follows, measures again much of what the sampled one
+    // did: it takes those numbers instead (the same numbers: each a pure function of the
+    // shard, the reference and what is measured).
+    let mut measured = Measured::default();
+    let (fit, skipped) = search_measured(
+        (x, reff),
+        (hints, scales),
+        (limits, quick),
+        Skipping::On,
+        &mut measured,
+    );
     // Nothing left unmeasured: the exhaustive search's own result.
     let Some(skipped) = skipped else {
         return fit;
@@ -459,7 +529,84 @@ pub fn place_trusting(
     match fit {
         // Anything left unmeasured sampled MARGIN times worse than the fit: not the best.
         Some(f) if decided(&f) && f.err.rel * MARGIN < skipped => Some(f),
-        _ => search(x, reff, hints, scales, limits, quick, Skipping::Off).0,
+        _ => {
+            search_measured(
+                (x, reff),
+                (hints, scales),
+                (limits, quick),
+                Skipping::Off,
+                &mut measured,
+            )
+            .0
+        }
+    }
+}
+
+/// What the searches of one placement ([`place_trusting`]) measured: screens, ranked
+/// candidates and full fits, each a pure function of the shard, the reference and what is
+/// measured (the number of threads does not change them), taken again instead of measured
+/// again.
+#[derive(Default)]
+struct Measured {
+    /// [`screen`] with one cut per dimension, then with two.
+    screens: [Option<Option<Screen>>; 2],
+    /// A stage's best screened candidates ranked on more samples (one cut, two cuts).
+    ranked: [Option<Vec<(f64, usize, f32)>>; 2],
+    /// Full fits by placement and scale (its bits).
+    fits: HashMap<(Placement, u32), Fit>,
+}
+
+impl Measured {
+    /// [`screen`] of `x` on 32 samples, with `two_cuts`.
+    fn screen(
+        &mut self,
+        x: &Values,
+        reff: &Values,
+        scales: &[f32],
+        two_cuts: bool,
+    ) -> Option<Screen> {
+        self.screens[usize::from(two_cuts)]
+            .get_or_insert_with(|| screen(x, reff, scales, two_cuts, 32))
+            .clone()
+    }
+
+    /// [`full_fit`] of `x` at `placement` and `scale`.
+    fn fit(&mut self, x: &Values, reff: &Values, placement: &Placement, scale: f32) -> Fit {
+        let key = (placement.clone(), scale.to_bits());
+        if let Some(f) = self.fits.get(&key) {
+            return f.clone();
+        }
+        let f = full_fit(x, reff, placement.clone(), scale);
+        self.fits.insert(key, f.clone());
+        f
+    }
+
+    /// [`full_fit`] of `x` at each of `wanted` (placement, scale), in that order; those not
+    /// measured yet in parallel.
+    fn fits(&mut self, x: &Values, reff: &Values, wanted: &[(&Placement, f32)]) -> Vec<Fit> {
+        let missing: Vec<(Placement, f32)> = wanted
+            .iter()
+            .filter(|(p, s)| !self.fits.contains_key(&((*p).clone(), s.to_bits())))
+            .map(|(p, s)| ((*p).clone(), *s))
+            .collect();
+        let new: Vec<Fit> = missing
+            .into_par_iter()
+            .map(|(p, s)| full_fit(x, reff, p, s))
+            .collect();
+        for f in new {
+            self.fits
+                .insert((f.placement.clone(), f.scale.to_bits()), f);
+        }
+        wanted
+            .iter()
+            .map(|(p, s)| {
+                let key = ((*p).clone(), s.to_bits());
+                match self.fits.get(&key) {
+                    Some(f) => f.clone(),
+                    None => full_fit(x, reff, key.0, *s),
+                }
+            })
+            .collect()
     }
 }
 
@@ -493,14 +640,34 @@ enum Skipping {
 
 /// The placement search of [`place_trusting`]: the best fit, and the least sampled error of
 /// the placements it did not measure in full (`None` when none was left out).
+#[cfg(test)]
 fn search(
     x: &Values,
     reff: &Values,
     hints: &[(Placement, f32)],
     scales: &[f32],
-    (accept, trust): (f64, f64),
+    limits: (f64, f64),
     quick: bool,
     skipping: Skipping,
+) -> (Option<Fit>, Option<f64>) {
+    let mut fresh = Measured::default();
+    search_measured(
+        (x, reff),
+        (hints, scales),
+        (limits, quick),
+        skipping,
+        &mut fresh,
+    )
+}
+
+/// [`search`], taking what `measured` holds instead of measuring it again, and adding what
+/// it measures.
+fn search_measured(
+    (x, reff): (&Values, &Values),
+    (hints, scales): (&[(Placement, f32)], &[f32]),
+    ((accept, trust), quick): ((f64, f64), bool),
+    skipping: Skipping,
+    measured: &mut Measured,
 ) -> (Option<Fit>, Option<f64>) {
     let mut best: Option<Fit> = None;
     let mut one_cut: Option<Screen> = None;
@@ -532,14 +699,14 @@ fn search(
                     continue;
                 }
             }
-            let f = full_fit(x, reff, p.clone(), scale);
+            let f = measured.fit(x, reff, p, scale);
             if f.err.rel <= accept {
                 return (Some(f), skipped);
             }
             if f.err.rel <= trust && !quick {
                 let screen = match one_cut.take() {
                     Some(sc) => sc,
-                    None => match screen(x, reff, scales, false, 32) {
+                    None => match measured.screen(x, reff, scales, false) {
                         Some(sc) => sc,
                         None => return (None, skipped),
                     },
@@ -566,14 +733,17 @@ fn search(
         }
         let (cands, mut scored) = match (two_cuts, one_cut.take()) {
             (false, Some(sc)) => sc,
-            _ => match screen(x, reff, scales, two_cuts, 32) {
+            _ => match measured.screen(x, reff, scales, two_cuts) {
                 Some(sc) => sc,
                 None => return (None, skipped),
             },
         };
         scored.truncate(12);
         let rescored = scored.len() > 3 && !quick;
-        if rescored {
+        let ranked = &mut measured.ranked[usize::from(two_cuts)];
+        if let (true, Some(r)) = (rescored, ranked.as_ref()) {
+            scored = r.clone();
+        } else if rescored {
             let samples = sampled(&mut rank, x, RANK_SAMPLES);
             // Candidates share most of their dimensions' slices: each slice's sample offsets
             // are computed once (the same offsets, so the same errors, as one at a time).
@@ -597,6 +767,7 @@ fn search(
                 entry.0 = samples.error_at(entry.2, reff, &per_dim);
             });
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+            *ranked = Some(scored.clone());
         }
         scored.truncate(3);
         if skipping == Skipping::On && scored.len() > 1 {
@@ -614,10 +785,9 @@ fn search(
                 scored = vec![scored[m]];
             }
         }
-        let fits: Vec<Fit> = scored
-            .into_par_iter()
-            .map(|(_, c, s)| full_fit(x, reff, cands[c].clone(), s))
-            .collect();
+        let wanted: Vec<(&Placement, f32)> =
+            scored.iter().map(|&(_, c, s)| (&cands[c], s)).collect();
+        let fits = measured.fits(x, reff, &wanted);
         let fit = fits
             .into_iter()
             .min_by(|a, b| a.err.rel.total_cmp(&b.err.rel));
@@ -674,19 +844,14 @@ fn screen(
     two_cuts: bool,
     samples: usize,
 ) -> Option<Screen> {
-    let cands = candidates(&x.shape, &reff.shape, two_cuts)?;
-    let picked = Samples::of(x, samples);
-    let strides = row_major_strides(&reff.shape);
-    // Candidates share most of their dimensions' slices: each slice's sample offsets are
-    // computed once, a candidate's are their sum.
-    let mut offsets: Vec<HashMap<&DimSlice, Vec<usize>>> = vec![HashMap::new(); x.shape.len()];
-    for c in &cands {
-        for (d, slice) in c.dims.iter().enumerate() {
-            offsets[d]
-                .entry(slice)
-                .or_insert_with(|| picked.offsets(d, x.shape[d], strides[d], slice));
-        }
-    }
+    let plan = ScreenPlan::of(&x.shape, x.data.len(), &reff.shape, (two_cuts, samples))?;
+    let cands = &plan.cands;
+    // The samples' values; where they sit, and where each candidate puts them, the plan says.
+    let picked = Samples {
+        values: plan.picks.iter().map(|&i| x.data[i]).collect(),
+        coords: Vec::new(),
+        ndim: 0,
+    };
     let jobs: Vec<(usize, f32)> = scales
         .iter()
         .flat_map(|&scale| (0..cands.len()).map(move |c| (c, scale)))
@@ -697,17 +862,110 @@ fn screen(
         .into_par_iter()
         .with_min_len((4096 / samples.max(1)).max(1))
         .map(|(c, scale)| {
-            let per_dim: Vec<&[usize]> = cands[c]
-                .dims
-                .iter()
-                .enumerate()
-                .map(|(d, slice)| offsets[d].get(slice).map_or(&[][..], |v| v.as_slice()))
-                .collect();
-            (picked.error_at(scale, reff, &per_dim), c, scale)
+            let at = [plan.offsets[c].as_slice()];
+            (picked.error_at(scale, reff, &at), c, scale)
         })
         .collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Some((cands, scored))
+    Some((cands.clone(), scored))
+}
+
+/// What screening a shard of one shape in a reference of one shape reads, whatever their
+/// values: the candidate placements, the sampled elements ([`sample_places`]) and, per
+/// candidate, each sample's offset in the reference (the sum of its dimensions' offsets,
+/// computed once per dimension's slice). Placement searches screen many tensors of the same
+/// shapes (every group sum of a kind of GEMM output, step after step): made once per pair of
+/// shapes and kept ([`ScreenPlan::of`]).
+struct ScreenPlan {
+    cands: Vec<Placement>,
+    /// Flat indices of the sampled elements in the shard.
+    picks: Vec<usize>,
+    /// Per candidate, per sample, its offset in the reference.
+    offsets: Vec<Vec<usize>>,
+}
+
+/// The shard's shape and element count, the reference's shape, two cuts, samples.
+type PlanKey = (Vec<u64>, usize, Vec<u64>, bool, usize);
+
+/// Bytes of sample offsets the plans kept may hold; past it they are all dropped.
+const PLANS_BYTES: usize = 16 << 20;
+
+impl ScreenPlan {
+    /// The plan of a shard of `shape` holding `n` elements in a reference of `ref_shape`,
+    /// (with `two_cuts`, on `samples` elements), kept for the next one; `None` when the
+    /// shapes cannot correspond.
+    fn of(
+        shape: &[u64],
+        n: usize,
+        ref_shape: &[u64],
+        (two_cuts, samples): (bool, usize),
+    ) -> Option<std::sync::Arc<ScreenPlan>> {
+        type Kept = (HashMap<PlanKey, Option<std::sync::Arc<ScreenPlan>>>, usize);
+        static KEPT: std::sync::OnceLock<std::sync::Mutex<Kept>> = std::sync::OnceLock::new();
+        let kept = KEPT.get_or_init(Default::default);
+        let key: PlanKey = (shape.to_vec(), n, ref_shape.to_vec(), two_cuts, samples);
+        if let Some(plan) = crate::prefetch::lock(kept).0.get(&key) {
+            return plan.clone();
+        }
+        let plan = ScreenPlan::new(shape, n, ref_shape, two_cuts, samples).map(std::sync::Arc::new);
+        let bytes = plan.as_ref().map_or(0, |p| {
+            p.offsets.len() * p.picks.len() * std::mem::size_of::<usize>()
+        });
+        let mut kept = crate::prefetch::lock(kept);
+        if kept.1 + bytes > PLANS_BYTES {
+            *kept = Kept::default();
+        }
+        kept.1 += bytes;
+        kept.0.insert(key, plan.clone());
+        plan
+    }
+
+    fn new(
+        shape: &[u64],
+        n: usize,
+        ref_shape: &[u64],
+        two_cuts: bool,
+        samples: usize,
+    ) -> Option<ScreenPlan> {
+        let cands = candidates(shape, ref_shape, two_cuts)?;
+        let (picks, coords) = sample_places(shape, n, samples);
+        let places = Samples {
+            values: vec![0.0; picks.len()],
+            coords,
+            ndim: shape.len(),
+        };
+        let strides = row_major_strides(ref_shape);
+        // Candidates share most of their dimensions' slices: each slice's sample offsets are
+        // computed once, a candidate's are their sum.
+        let mut per_slice: Vec<HashMap<&DimSlice, Vec<usize>>> = vec![HashMap::new(); shape.len()];
+        for c in &cands {
+            for (d, slice) in c.dims.iter().enumerate() {
+                per_slice[d]
+                    .entry(slice)
+                    .or_insert_with(|| places.offsets(d, shape[d], strides[d], slice));
+            }
+        }
+        let offsets = cands
+            .iter()
+            .map(|c| {
+                let per_dim: Vec<&[usize]> = c
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| per_slice[d].get(slice).map_or(&[][..], |v| v.as_slice()))
+                    .collect();
+                // The sum `Samples::error_at` forms per sample, formed once.
+                (0..picks.len())
+                    .map(|k| per_dim.iter().map(|o| o.get(k).copied().unwrap_or(0)).sum())
+                    .collect()
+            })
+            .collect();
+        Some(ScreenPlan {
+            cands,
+            picks,
+            offsets,
+        })
+    }
 }
 
 /// The f64 product `alpha · op(A) · op(B) + beta · C` of a captured GEMM on the stored
@@ -781,6 +1039,40 @@ mod tests {
             shape: shape.to_vec(),
             data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
             dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn a_slice_mapped_with_its_divisions_done_once_maps_every_index_as_one_at_a_time() {
+        // Every candidate slice of a few shard/reference sizes (dimensions cut once and
+        // twice), and three cuts, which no candidate has.
+        let mut slices: Vec<(DimSlice, u64)> = Vec::new();
+        for (s, r) in [(4u64, 8u64), (6, 24), (3, 12), (8, 64), (5, 5), (1, 16)] {
+            for slice in dim_options(s, r, true) {
+                slices.push((slice, s));
+            }
+        }
+        let cut = |parts, outer, chunk| Cut {
+            parts,
+            outer,
+            chunk,
+        };
+        slices.push((
+            DimSlice {
+                cuts: vec![cut(2, 1, 1), cut(3, 2, 2), cut(2, 4, 1)],
+            },
+            8,
+        ));
+        assert!(slices.iter().any(|(d, _)| d.cuts.len() == 2));
+        for (slice, size) in &slices {
+            let m = slice.mapper(*size);
+            for i in 0..*size {
+                assert_eq!(
+                    m.map(i),
+                    slice.map(i, *size),
+                    "{slice:?} size {size} index {i}"
+                );
+            }
         }
     }
 
@@ -928,6 +1220,15 @@ mod screening_tests {
         };
         let f = place(&shard, &reff, &[], &[1.0, 2.0], 0.0).expect("placeable");
         assert_eq!(f.err.rel, 0.0, "{:?}", f.placement);
+    }
+
+    fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
+        let n: u64 = shape.iter().product();
+        Values {
+            shape: shape.to_vec(),
+            data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
+            dtype: DType::F32,
+        }
     }
 
     fn rows_of(reff: &Values, rows: std::ops::Range<usize>, noise: f32) -> Values {
@@ -1098,6 +1399,95 @@ mod screening_tests {
             }
         }
         assert!(unmeasured > 0, "the samples left some full passes out");
+    }
+
+    /// [`screen`] as it was before plans were kept: every sample's offset formed from its
+    /// coordinates for this tensor.
+    fn screen_directly(x: &Values, reff: &Values, scales: &[f32], two_cuts: bool) -> Screen {
+        let cands = candidates(&x.shape, &reff.shape, two_cuts).expect("placeable");
+        let picked = Samples::of(x, 32);
+        let strides = row_major_strides(&reff.shape);
+        let mut scored: Vec<(f64, usize, f32)> = Vec::new();
+        for &scale in scales {
+            for (c, cand) in cands.iter().enumerate() {
+                let per_dim: Vec<Vec<usize>> = cand
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(d, slice)| picked.offsets(d, x.shape[d], strides[d], slice))
+                    .collect();
+                let at: Vec<&[usize]> = per_dim.iter().map(Vec::as_slice).collect();
+                scored.push((picked.error_at(scale, reff, &at), c, scale));
+            }
+        }
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        (cands, scored)
+    }
+
+    #[test]
+    fn a_screening_plan_kept_for_its_shapes_screens_other_values_as_one_made_for_them() {
+        let reff = vals(&[24, 48], |i| ((i as f32) * 0.41).sin());
+        let scales = [1.0, 2.0];
+        for two_cuts in [false, true] {
+            for salt in [0.0f32, 0.5, 3.0] {
+                // Another tensor of the same shapes each time: the plan made for the first.
+                let x = vals(&[8, 24], |i| ((i as f32) * 0.77 + salt).cos());
+                let plan = ScreenPlan::of(&x.shape, 192, &reff.shape, (two_cuts, 32));
+                let again = ScreenPlan::of(&x.shape, 192, &reff.shape, (two_cuts, 32));
+                assert!(
+                    matches!((&plan, &again), (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b)),
+                    "kept"
+                );
+                let got = screen(&x, &reff, &scales, two_cuts, 32).expect("placeable");
+                assert_eq!(got, screen_directly(&x, &reff, &scales, two_cuts));
+            }
+        }
+        let odd = vals(&[7, 24], |i| i as f32);
+        assert!(ScreenPlan::of(&odd.shape, 168, &reff.shape, (false, 32)).is_none());
+    }
+
+    #[test]
+    fn an_exhaustive_search_taking_the_sampled_ones_measurements_finds_what_a_fresh_one_does() {
+        // A [24, 48] reference; shards of a third of its rows or columns, clean, scaled by
+        // 2, or of another tensor (every place misfits: both stages and every rank run).
+        let reff = vals(&[24, 48], |i| {
+            ((i as f32) * 0.29).sin() * (1.0 + (i / 48) as f32)
+        });
+        let rows = rows_of(&reff, 8..16, 0.0);
+        let cols = vals(&[24, 16], |i| reff.data[(i / 16) * 48 + 16 + i % 16]);
+        let other = vals(&[8, 48], |i| ((i as f32) * 1.7).cos());
+        let twice = |v: &Values| Values {
+            data: v.data.iter().map(|x| x * 2.0).collect::<Vec<f32>>().into(),
+            ..v.clone()
+        };
+        for x in [&rows, &cols, &other, &twice(&rows)] {
+            for quick in [false, true] {
+                let (limits, scales) = ((1e-4, 0.05), [1.0, 2.0]);
+                let mut measured = Measured::default();
+                let (sampled, _) = search_measured(
+                    (x, &reff),
+                    (&[], &scales),
+                    (limits, quick),
+                    Skipping::On,
+                    &mut measured,
+                );
+                assert!(
+                    !measured.fits.is_empty(),
+                    "the sampled search measured fits"
+                );
+                let (taken, _) = search_measured(
+                    (x, &reff),
+                    (&[], &scales),
+                    (limits, quick),
+                    Skipping::Off,
+                    &mut measured,
+                );
+                let (fresh, _) = search(x, &reff, &[], &scales, limits, quick, Skipping::Off);
+                assert_eq!(taken, fresh, "shape {:?} quick {quick}", x.shape);
+                let (again, _) = search(x, &reff, &[], &scales, limits, quick, Skipping::On);
+                assert_eq!(sampled, again, "shape {:?} quick {quick}", x.shape);
+            }
+        }
     }
 
     #[test]

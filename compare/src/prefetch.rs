@@ -281,9 +281,9 @@ pub fn decode(
     resolve_aliases(decoded, |at| lock(kept).get(at))
 }
 
-/// The cache, even when a thread panicked holding it (it holds no invariant a panic breaks
-/// beyond what is dropped and decoded again).
-pub(crate) fn lock(kept: &Mutex<DecodedCache>) -> std::sync::MutexGuard<'_, DecodedCache> {
+/// A cache (decoded tensors, open segments), even when a thread panicked holding it (it
+/// holds no invariant a panic breaks beyond what is dropped and decoded or opened again).
+pub(crate) fn lock<T>(kept: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     kept.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -19,13 +19,11 @@ use ttrace_format::record::{CollectiveKind, MemsetOp, Op, Record, Role, Tensor};
 use crate::align::{Alignment, RefOp};
 use crate::combine::Merge;
 use crate::comparison::{accumulates, comparison, nvtx_path, Pending, Position};
-use crate::engine::CompareOptions;
 use crate::gradscale::{self, updates::Updates, Evidence};
 use crate::layout::LayoutSummary;
 use crate::numerics::{self, Placement, ShardError};
 use crate::placement::{unplaced, Shard};
 use crate::prefetch::TensorAt;
-use crate::prepare::Prepared;
 use crate::tolerance;
 use crate::trace::{collective, gemm, Decoding, RunTrace, Values};
 use crate::CompareError;
@@ -86,24 +84,6 @@ pub(crate) struct Ctx<'a> {
     pub(crate) layout: &'a LayoutSummary,
     /// The scale of data-parallel reductions' outputs, when `--dp-reduction-scale` gave it.
     pub(crate) dp_given: Option<f64>,
-}
-
-impl<'a> Ctx<'a> {
-    /// What the collectives of `steps` read.
-    pub(crate) fn new(p: &'a Prepared, opts: &CompareOptions, steps: &'a [u64]) -> Ctx<'a> {
-        Ctx {
-            reff: &p.reff,
-            ref_rank: p.ref_rank,
-            run: &p.run,
-            al: &p.al,
-            steps,
-            eps: p.precision.epsilon(),
-            layout: &p.layout,
-            dp_given: opts
-                .dp_reduction_scale
-                .map(|d| f64::from(d.factor(p.layout.dp))),
-        }
-    }
 }
 
 /// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
@@ -282,7 +262,8 @@ impl PieceError {
 /// every reduction was seen ([`gradscale`]).
 pub(crate) struct Reductions<'a> {
     pub(crate) ctx: &'a Ctx<'a>,
-    pub(crate) d_place: &'a BTreeMap<(u32, u64, u64), (Placement, f32)>,
+    /// Where the walk placed each run GEMM's D, for the steps it is done with.
+    pub(crate) d_place: DPlace,
     pub(crate) ref_cache: BTreeMap<RefOp, Values>,
     pub(crate) shared: BTreeSet<RefOp>,
     pub(crate) by_call: BTreeMap<CallKey, Vec<Piece>>,
@@ -434,15 +415,16 @@ impl Reductions<'_> {
             if self.shared.contains(&ref_op) {
                 continue;
             }
-            let (Some((place, d_scale)), Some(d)) = (
-                self.d_place.get(&(rank, step, g.seq)),
-                g.tensors.iter().find(|t| t.role == Role::D),
-            ) else {
+            let placed = (rank, step, g.seq);
+            let Some(d) = g.tensors.iter().find(|t| t.role == Role::D) else {
                 continue;
             };
-            if !self.load_reference(ref_op)? {
+            if !self.d_place.contains_key(&placed) || !self.load_reference(ref_op)? {
                 continue;
             }
+            let Some((place, d_scale)) = self.d_place.get(&placed) else {
+                continue;
+            };
             let rv = &self.ref_cache[&ref_op];
             let map = place.index_map(&d.shape, &rv.shape);
             let e = (
@@ -477,22 +459,101 @@ impl Reductions<'_> {
     }
 }
 
-/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce;
-/// returns the scale data-parallel reductions were held to (`None`: none was seen).
-/// `memory` is the `--memory` budget (reads are decoded ahead within its window share).
+/// Where the walk placed each run GEMM's D: by (rank, step, seq), its placement and scale.
+pub(crate) type DPlace = BTreeMap<(u32, u64, u64), (Placement, f32)>;
+
+/// What the walk tells the reductions as it goes ([`collectives`]).
+pub(crate) enum Walked {
+    /// The walk is done with `step`: where it placed the run GEMMs' outputs of that step and
+    /// the tolerance of each reference GEMM's output.
+    Step {
+        step: u64,
+        d_place: DPlace,
+        d_tol: BTreeMap<RefOp, f64>,
+    },
+    /// The walk is done with every step.
+    Done,
+}
+
+/// What the reductions found: their comparisons (in step order) and the scale data-parallel
+/// reductions were held to (`None`: none was seen).
+pub(crate) type Reduced = (Vec<Pending>, Option<gradscale::Decision>);
+
+/// The walk's news, as [`collectives`] receives it.
+struct FromWalk {
+    rx: std::sync::mpsc::Receiver<Walked>,
+    /// The steps it is done with.
+    walked: BTreeSet<u64>,
+    /// It is done with every step.
+    done: bool,
+    /// The tolerance of each reference GEMM's output, for the steps it is done with.
+    d_tol: BTreeMap<RefOp, f64>,
+}
+
+impl FromWalk {
+    /// Waits until the walk is done with `step` (or with every step); false when the walk
+    /// stopped before (its error is what the comparison reports).
+    fn wait_for(&mut self, step: u64, d_place: &mut DPlace) -> bool {
+        while !self.done && !self.walked.contains(&step) {
+            if !self.receive(d_place) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Waits until the walk is done with every step; false when it stopped before.
+    fn wait_for_the_end(&mut self, d_place: &mut DPlace) -> bool {
+        while !self.done {
+            if !self.receive(d_place) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Takes the walk's next news; false when the walk stopped without saying it was done.
+    fn receive(&mut self, d_place: &mut DPlace) -> bool {
+        match self.rx.recv() {
+            Ok(Walked::Step {
+                step,
+                d_place: placed,
+                d_tol,
+            }) => {
+                self.walked.insert(step);
+                d_place.extend(placed);
+                self.d_tol.extend(d_tol);
+            }
+            Ok(Walked::Done) => self.done = true,
+            Err(_) => return false,
+        }
+        true
+    }
+}
+
+/// Compares the outputs of the run's reductions with the reference GEMM outputs they reduce,
+/// step by step as the walk is done with each (`walk` says so: a step's reductions read
+/// where the walk placed that step's GEMM outputs); `None` when the walk stopped before its
+/// end. `memory` is the `--memory` budget (reads are decoded ahead within its window share).
+/// Runs beside the walk, on readers of the stores of its own ([`RunTrace::reader`]).
 pub(crate) fn collectives(
     ctx: &Ctx,
-    d_place: &BTreeMap<(u32, u64, u64), (Placement, f32)>,
-    d_tol: &BTreeMap<RefOp, f64>,
-    pending: &mut Vec<Pending>,
+    walk: std::sync::mpsc::Receiver<Walked>,
     memory: u64,
-) -> Result<Option<gradscale::Decision>, CompareError> {
+) -> Result<Option<Reduced>, CompareError> {
     let dp = ctx.layout.dp;
     let mut dp_scales: Vec<f64> = gradscale::legal(dp).to_vec();
     dp_scales.extend(ctx.dp_given);
+    let mut from_walk = FromWalk {
+        rx: walk,
+        walked: BTreeSet::new(),
+        done: false,
+        d_tol: BTreeMap::new(),
+    };
+    let mut pending: Vec<Pending> = Vec::new();
     let mut red = Reductions {
         ctx,
-        d_place,
+        d_place: BTreeMap::new(),
         ref_cache: BTreeMap::new(),
         shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
         by_call: BTreeMap::new(),
@@ -506,6 +567,10 @@ pub(crate) fn collectives(
     let window = crate::prefetch::window_budget(memory);
     let ranks = ctx.run.ranks();
     for &step in ctx.steps {
+        if !from_walk.wait_for(step, &mut red.d_place) {
+            return Ok(None);
+        }
+        let d_tol = &from_walk.d_tol;
         // What a rank reads is decoded while the rank before it is compared.
         let mut asked: BTreeSet<RefOp> = BTreeSet::new();
         let mut next: Option<(Decoding, Decoding)> = None;
@@ -545,23 +610,35 @@ pub(crate) fn collectives(
                 };
                 red.deferred.push((key, pieces, shape_only));
             } else {
-                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, pending);
+                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, &mut pending);
             }
         }
         red.ref_cache.clear();
     }
+    // A walk that stopped early is not taken for a whole one.
+    if !from_walk.wait_for_the_end(&mut red.d_place) {
+        return Ok(None);
+    }
     if red.deferred.is_empty() && red.evidence.is_empty() {
         ctx.run.release_decoded();
         ctx.reff.release_decoded();
-        return Ok(None);
+        return Ok(Some((pending, None)));
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
-        reduction_compared(ctx, key, &pieces, &rv, decision.scale, d_tol, pending);
+        reduction_compared(
+            ctx,
+            key,
+            &pieces,
+            &rv,
+            decision.scale,
+            &from_walk.d_tol,
+            &mut pending,
+        );
     }
     ctx.run.release_decoded();
     ctx.reff.release_decoded();
-    Ok(Some(decision))
+    Ok(Some((pending, Some(decision))))
 }
 
 /// Records the comparison of one reduction call (its pieces' errors at `scale` where a
@@ -647,6 +724,51 @@ mod tests {
         r.op = Op::Gemm(Box::new(GemmOp::plain(4, nbytes / 16, 4, 0)));
         r.tensors = vec![tensor(Role::D, ptr, nbytes)];
         r
+    }
+
+    fn news(sent: Vec<Walked>) -> FromWalk {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in sent {
+            tx.send(n).expect("open");
+        }
+        FromWalk {
+            rx,
+            walked: BTreeSet::new(),
+            done: false,
+            d_tol: BTreeMap::new(),
+        }
+    }
+
+    fn step(step: u64, seq: u64) -> Walked {
+        Walked::Step {
+            step,
+            d_place: [((0, step, seq), (Placement::whole(1), 1.0))].into(),
+            d_tol: [((step, seq), 2.0)].into(),
+        }
+    }
+
+    #[test]
+    fn a_step_s_reductions_wait_for_the_walk_to_be_done_with_it_and_not_for_a_walk_that_stopped() {
+        let mut d_place = DPlace::new();
+        // The walk did steps 0 and 2, then stopped (an error): step 0 and 2 are known, what
+        // comes after is not, and the end is never taken for reached.
+        let mut w = news(vec![step(0, 5), step(2, 7)]);
+        assert!(w.wait_for(0, &mut d_place));
+        assert!(d_place.contains_key(&(0, 0, 5)) && w.d_tol.get(&(0, 5)) == Some(&2.0));
+        assert!(
+            !d_place.contains_key(&(0, 2, 7)),
+            "step 2 not read before it is needed"
+        );
+        assert!(w.wait_for(2, &mut d_place));
+        assert!(d_place.contains_key(&(0, 2, 7)));
+        assert!(
+            !w.wait_for(3, &mut d_place),
+            "the walk stopped before step 3"
+        );
+        assert!(!news(vec![step(0, 5)]).wait_for_the_end(&mut d_place));
+        // A step the walk had no op in is waited for until the walk is done.
+        let mut w = news(vec![step(0, 5), Walked::Done]);
+        assert!(w.wait_for(1, &mut d_place) && w.wait_for_the_end(&mut d_place));
     }
 
     #[test]

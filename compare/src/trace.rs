@@ -4,6 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use rayon::prelude::*;
@@ -29,24 +30,28 @@ pub struct Values {
     pub dtype: DType,
 }
 
-/// One opened store.
+/// One opened store: a reader of it. [`RunTrace::reader`] makes another reader of the same
+/// store for another thread, sharing its metadata, open segments, decoded tensors and count
+/// of bytes read.
 pub struct RunTrace {
     /// Where it is.
     pub path: PathBuf,
     /// Its manifest.
     pub manifest: Manifest,
-    store: Store,
+    store: Arc<Store>,
     /// Records by (rank, step), in seq order.
-    pub ops: BTreeMap<(u32, u64), Vec<Record>>,
+    pub ops: Arc<BTreeMap<(u32, u64), Vec<Record>>>,
     /// Communicators of more than one rank each (rank, step) calls collectives on, in order
     /// of first use.
-    comms_used: BTreeMap<(u32, u64), Vec<u64>>,
-    /// Open segments; shared with the decoding ahead that reads them on the thread pool.
-    segments: RefCell<OpenCache<Arc<Segment>>>,
+    comms_used: Arc<BTreeMap<(u32, u64), Vec<u64>>>,
+    /// Open segments; shared with the decoding ahead that reads them on the thread pool and
+    /// with the other readers.
+    segments: Arc<Mutex<OpenCache<Arc<Segment>>>>,
     /// Tensors decoded ahead of the walk ([`crate::prefetch`]) or read by it, kept for what
-    /// reads them again; shared with the decoding ahead.
+    /// reads them again; shared with the decoding ahead and the other readers.
     decoded: Arc<Mutex<DecodedCache>>,
-    bytes_read: Cell<u64>,
+    /// Bytes read by every reader.
+    bytes_read: Arc<AtomicU64>,
     /// Buffers the walk decodes tensors with: (stored, decoded bytes).
     scratch: RefCell<(Vec<u8>, Vec<u8>)>,
     /// Which increments decoding ahead forms.
@@ -95,17 +100,38 @@ impl RunTrace {
         Ok(RunTrace {
             path: path.to_path_buf(),
             manifest,
-            store,
-            ops,
-            comms_used,
-            segments: RefCell::new(OpenCache::default()),
+            store: Arc::new(store),
+            ops: Arc::new(ops),
+            comms_used: Arc::new(comms_used),
+            segments: Arc::new(Mutex::new(OpenCache::default())),
             decoded: Arc::new(Mutex::new(DecodedCache::new(u64::MAX))),
-            bytes_read: Cell::new(0),
+            bytes_read: Arc::new(AtomicU64::new(0)),
             scratch: RefCell::new((Vec::new(), Vec::new())),
             increments_ahead: Cell::new(IncrementsAhead::None),
             increments: RefCell::new(HashMap::new()),
             unreadable,
         })
+    }
+
+    /// Another reader of the same store, for another thread: it shares the metadata, the
+    /// open segments (and their budget), the decoded tensors kept (and their budget) and the
+    /// count of bytes read; its own are the buffers it decodes with and the increments
+    /// decoding ahead forms for it (none until [`RunTrace::set_increments_ahead`]).
+    pub fn reader(&self) -> RunTrace {
+        RunTrace {
+            path: self.path.clone(),
+            manifest: self.manifest.clone(),
+            store: Arc::clone(&self.store),
+            ops: Arc::clone(&self.ops),
+            comms_used: Arc::clone(&self.comms_used),
+            segments: Arc::clone(&self.segments),
+            decoded: Arc::clone(&self.decoded),
+            bytes_read: Arc::clone(&self.bytes_read),
+            scratch: RefCell::new((Vec::new(), Vec::new())),
+            increments_ahead: Cell::new(IncrementsAhead::None),
+            increments: RefCell::new(HashMap::new()),
+            unreadable: self.unreadable.clone(),
+        }
     }
 
     /// Ranks present.
@@ -178,7 +204,7 @@ impl RunTrace {
     /// closed first (at least the one being read stays open): memory independent of the
     /// number of steps and ranks.
     pub fn set_mapping_budget(&self, bytes: u64) {
-        self.segments.borrow_mut().budget = bytes;
+        lock(&self.segments).budget = bytes;
     }
 
     /// Keeps at most `bytes` of decoded tensors for what reads them again
@@ -194,12 +220,12 @@ impl RunTrace {
 
     /// The most bytes of segments that were open at once.
     pub fn peak_mapped(&self) -> u64 {
-        self.segments.borrow().peak
+        lock(&self.segments).peak
     }
 
     /// Stored bytes decoded so far.
     pub fn bytes_read(&self) -> u64 {
-        self.bytes_read.get()
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// Decodes `wants` in parallel ([`crate::prefetch::decode`]) for [`RunTrace::values`] to
@@ -226,7 +252,7 @@ impl RunTrace {
         if wants.is_empty() {
             return Decoding { rx };
         }
-        let mut segs = self.segments.borrow_mut();
+        let mut segs = lock(&self.segments);
         let mut jobs: Vec<SegmentJob> = Vec::new();
         for (key, recs) in crate::prefetch::by_segment(&wants) {
             let size = self
@@ -239,6 +265,7 @@ impl RunTrace {
                 jobs.push((key, Arc::clone(seg), recs));
             }
         }
+        drop(segs);
         let kept = Arc::clone(&self.decoded);
         let job = move || {
             let open: Vec<crate::prefetch::SegmentWants> = jobs
@@ -378,12 +405,15 @@ impl RunTrace {
         (rank, step, seq, index): TensorAt,
         f: impl FnOnce(&[u8]) -> Result<R, CompareError>,
     ) -> Result<Option<R>, CompareError> {
-        let mut segs = self.segments.borrow_mut();
         let size = self
             .store
             .segment_info(rank, step)
             .map_or(0, |info| info.bytes);
-        let seg = segs.get_or_open((rank, step), size, || self.open_segment(rank, step))?;
+        // Held while the tensor is decoded, not the cache: other readers go on meanwhile.
+        let seg = Arc::clone(
+            lock(&self.segments)
+                .get_or_open((rank, step), size, || self.open_segment(rank, step))?,
+        );
         let view = match seg.read_seq(seq) {
             Some(Ok(v)) => v,
             Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),
@@ -405,7 +435,7 @@ impl RunTrace {
                 source: e,
             })?;
         self.bytes_read
-            .set(self.bytes_read.get() + bytes.len() as u64);
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         f(bytes).map(Some)
     }
 
@@ -426,7 +456,7 @@ impl RunTrace {
         let kept = lock(&self.decoded).get(&at);
         let mut data = match kept {
             Some((data, c)) if c == checked => {
-                self.bytes_read.set(self.bytes_read.get() + t.nbytes);
+                self.bytes_read.fetch_add(t.nbytes, Ordering::Relaxed);
                 data
             }
             _ => {

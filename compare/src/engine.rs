@@ -382,14 +382,7 @@ fn panicked_reductions() -> CompareError {
 /// On the calling thread when the pool cannot be made.
 fn on_reductions_pool<R: Send>(job: impl FnOnce() -> R + Send) -> R {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    let pool = POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon::current_num_threads())
-            .thread_name(|i| format!("ttrace-reduce-{i}"))
-            .build()
-            .map_err(|e| tracing::debug!("no reductions pool ({e}): on their own thread"))
-            .ok()
-    });
+    let pool = POOL.get_or_init(|| crate::trace::side_pool("ttrace-reduce", "on their own thread"));
     match pool {
         Some(pool) => pool.install(job),
         None => job(),

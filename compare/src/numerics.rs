@@ -1033,7 +1033,8 @@ mod tests {
     use super::*;
     use ttrace_format::dtype::DType;
 
-    fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
+    /// Values of `shape` (f32) whose element `i` is `f(i)`.
+    pub(super) fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
         let n: u64 = shape.iter().product();
         Values {
             shape: shape.to_vec(),
@@ -1193,6 +1194,7 @@ mod tests {
 }
 #[cfg(test)]
 mod screening_tests {
+    use super::tests::vals;
     use super::*;
     use ttrace_format::dtype::DType;
 
@@ -1220,15 +1222,6 @@ mod screening_tests {
         };
         let f = place(&shard, &reff, &[], &[1.0, 2.0], 0.0).expect("placeable");
         assert_eq!(f.err.rel, 0.0, "{:?}", f.placement);
-    }
-
-    fn vals(shape: &[u64], f: impl Fn(usize) -> f32) -> Values {
-        let n: u64 = shape.iter().product();
-        Values {
-            shape: shape.to_vec(),
-            data: (0..n as usize).map(f).collect::<Vec<f32>>().into(),
-            dtype: DType::F32,
-        }
     }
 
     fn rows_of(reff: &Values, rows: std::ops::Range<usize>, noise: f32) -> Values {

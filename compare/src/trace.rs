@@ -574,15 +574,19 @@ fn read_records(
 /// `None` when it cannot be made (the global pool decodes then).
 fn decode_pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon::current_num_threads())
-            .thread_name(|i| format!("ttrace-decode-{i}"))
-            .build()
-            .map_err(|e| tracing::debug!("no decoding pool ({e}): decoding on the global one"))
-            .ok()
-    })
-    .as_ref()
+    POOL.get_or_init(|| side_pool("ttrace-decode", "decoding on the global one"))
+        .as_ref()
+}
+
+/// A pool of its own beside rayon's global one, as many threads (`RAYON_NUM_THREADS`), its
+/// threads named `name-N`; `None` (logged with what happens `instead`) when it cannot be made.
+pub(crate) fn side_pool(name: &'static str, instead: &str) -> Option<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map_err(|e| tracing::debug!("no {name} pool ({e}): {instead}"))
+        .ok()
 }
 
 /// A record: (rank, step, seq).

@@ -10,7 +10,7 @@
 //! inside a group call `finish` at the outermost `ncclGroupEnd`, when their kernels exist.
 //! No device synchronisation anywhere; no lock is held across a CUDA call.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -113,6 +113,14 @@ static NEXT_STREAM: AtomicU64 = AtomicU64::new(0);
 
 /// Serialises ring reservations (with their tickets) among the process's threads.
 static RESERVE: Mutex<()> = Mutex::new(());
+
+/// Snapshot copies the runtime refused (their tensors were recorded without bytes).
+static REFUSED_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Snapshot copies the runtime refused so far: said at exit (tracer.rs).
+pub(crate) fn refused_copies() -> u64 {
+    REFUSED_COPIES.load(Ordering::Relaxed)
+}
 
 /// The call-time metadata of an op on this thread.
 pub fn meta(api: &'static str, op: Op, stream_id: u64, device: i32) -> Meta {
@@ -510,18 +518,18 @@ impl Eager {
                         if cuda::is_fatal(code) {
                             self.fatal.get_or_insert(code);
                         }
-                        // Said once as a warning: the record keeps the tensor as metadata
-                        // only (an H200 refused copies across two ring registrations).
-                        static WARNED: AtomicBool = AtomicBool::new(false);
+                        // The record keeps the tensor as metadata only: said once as a
+                        // warning, counted for the exit summary (an H200 refused copies
+                        // across two ring registrations).
                         let line = format!(
                             "{}: snapshot copy of {:?} refused (cudaError {code}): the tensor \
                              is recorded without its bytes",
                             self.meta.api, p.role
                         );
-                        if WARNED.swap(true, Ordering::Relaxed) {
-                            crate::log::debug(&line);
-                        } else {
+                        if REFUSED_COPIES.fetch_add(1, Ordering::Relaxed) == 0 {
                             crate::log::warn(&line);
+                        } else {
+                            crate::log::debug(&line);
                         }
                         self.tensors[i].captured = false;
                         break;

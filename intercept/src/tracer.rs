@@ -601,6 +601,13 @@ impl Tracer {
             if let Some(doubt) = self.steps.one_step_doubt() {
                 crate::log::warn(&doubt);
             }
+            let refused = crate::engine::refused_copies();
+            if refused > 0 {
+                crate::log::warn(&format!(
+                    "{refused} snapshot copies were refused by the CUDA runtime: their tensors \
+                     are recorded without their bytes (metadata only)"
+                ));
+            }
             let needless = NEEDLESS.load(Ordering::Relaxed);
             if self.dropped + needless > 0 {
                 crate::log::info(&format!(

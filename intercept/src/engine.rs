@@ -186,7 +186,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).
-    let streamed = slot_bytes(&plans) > slot_limit(session.ring.capacity());
+    let streamed = layout(&plans).1 > slot_limit(session.ring.capacity());
     if streamed {
         // Chunks are published as they come: nothing is copied for the rule alone.
         for t in plans.iter_mut().filter(|t| t.rule_only) {
@@ -296,39 +296,26 @@ pub(crate) fn layout(plans: &[TensorPlan]) -> (PerTensor<Option<u64>>, u64) {
     layout_in_slot(plans, &[])
 }
 
-/// The slot size [`layout`] gives, without the offsets.
-fn slot_bytes(plans: &[TensorPlan]) -> u64 {
-    plans
-        .iter()
-        .filter(|t| t.captured)
-        .fold(0, |at, t| ttrace_proto::ring::align(at + t.nbytes))
-}
-
 /// [`layout`] where the tensors with a `fingerprints` entry take only their fingerprint's
 /// bytes.
 fn layout_in_slot(
     plans: &[TensorPlan],
     fingerprints: &[Option<Layout>],
 ) -> (PerTensor<Option<u64>>, u64) {
-    // As `tensor_offsets` places them (each at the aligned end of the one before), in one pass.
-    let mut at = 0u64;
+    // As `tensor_offsets` places them, in one pass.
+    let mut end = 0u64;
     let offsets = plans
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            if !t.captured {
-                return None;
-            }
             let size = match fingerprints.get(i) {
                 Some(Some(fp)) => fp.bytes(),
                 _ => t.nbytes,
             };
-            let start = at;
-            at = ttrace_proto::ring::align(at + size);
-            Some(start)
+            t.captured.then(|| ttrace_proto::ring::pack(&mut end, size))
         })
         .collect();
-    (offsets, at)
+    (offsets, end)
 }
 
 /// The fingerprint a tensor copied for the step rule only is reduced to (one copy of its
@@ -359,12 +346,12 @@ fn fingerprint_copy(src: u64, fp: Layout) -> Copy {
     }
 }
 
-/// Keeps an op's tensors only if they fit one slot (half the ring; metadata only otherwise):
-/// for snapshots that cannot be streamed in chunks (a graph replay's copy nodes are fixed).
+/// Keeps an op's tensors only if they fit one slot (the ring's largest page-locked part;
+/// metadata only otherwise): for snapshots that cannot be streamed in chunks (a graph replay's
+/// copy nodes are fixed).
 pub(crate) fn fit_one_slot(session: &Session, plans: &mut [TensorPlan]) {
-    // A slot lies in one page-locked part of the ring: the last, from half the ring at most.
-    let largest = session.ring.capacity() - session.ring.capacity() / 2;
-    if slot_bytes(plans) > largest {
+    // A slot lies in one page-locked part of the ring (session.rs).
+    if layout(plans).1 > session.pin.largest_part() {
         plans.iter_mut().for_each(|t| t.captured = false);
     }
 }
@@ -950,8 +937,7 @@ mod tests {
         assert_eq!(total, want_total);
         // Whether an op is streamed is decided from the size of its whole slot.
         let (_, whole) = tensor_offsets(&[plans[0].nbytes, plans[2].nbytes]);
-        assert_eq!(slot_bytes(&plans), whole);
-        assert_eq!(slot_bytes(&plans), layout(&plans).1);
+        assert_eq!(layout(&plans).1, whole);
     }
 
     /// A stored operand, or one whose rows are padded (its packed bytes are not at one

@@ -27,16 +27,18 @@ pub struct Session {
     pub pin: RingPin,
 }
 
-/// Bytes of the ring's data area page-locked when the session starts; each later
-/// registration doubles what is locked ([`RingPin::cover`]).
+/// Bytes of the ring's data area page-locked when the session starts: the first part
+/// ([`RingPin::part_end`]).
 pub const FIRST_PIN_BYTES: u64 = 2 << 20;
 
 /// The page-locked front of the ring's data area. `cudaHostRegister` faults in and locks
 /// every page it is given (a 1 GiB ring: about 0.3 s of a process's start on an H200, and 1 GiB
 /// of locked memory whether snapshots ever need it or not), while a ring that keeps up with
 /// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
-/// is locked from its start, part by part ([`RingPin::part_end`]: 2 MiB, 2 MiB, 4 MiB, ...),
-/// as slots first reach a part, before any copy goes into it.
+/// is locked from its start, part by part, as slots first reach a part and before any copy
+/// goes into it: 2 MiB, then parts that double while they end in the ring's first sixteenth,
+/// then the rest in one. Slots never cross a part's end, so few parts cost little room: a
+/// slot of up to 15/16 of the ring still fits (and a burst of large ones as many as before).
 pub struct RingPin {
     /// Address of the data area (page-aligned: the ring's header is one page).
     data: usize,
@@ -62,8 +64,8 @@ impl RingPin {
         self.locked.load(Ordering::Acquire)
     }
 
-    /// Page-locks the data area up to offset `end` at least (doubling the locked part),
-    /// unless it already is.
+    /// Page-locks the data area up to offset `end` at least, part by part, unless it already
+    /// is.
     pub fn cover(&self, end: u64) -> Result<(), String> {
         self.cover_with(end, pin_ring)
     }
@@ -91,24 +93,26 @@ impl RingPin {
         Ok(())
     }
 
+    /// Where the parts before the last end: [`FIRST_PIN_BYTES`], then doubling while they end
+    /// in the ring's first sixteenth (none when the first part would not).
+    fn front_ends(&self) -> impl Iterator<Item = u64> {
+        let front = self.capacity / 16;
+        std::iter::successors(Some(FIRST_PIN_BYTES), |&e| Some(e * 2))
+            .take_while(move |&e| e <= front)
+    }
+
     /// The end of the registered part of the data area that holds offset `off`. A device copy
     /// must lie in one registration (across two, CUDA refuses it: `cudaErrorInvalidValue`,
-    /// seen on an H200), so slots never cross a part's end (`Ring::reserve_within`). Parts
-    /// double from [`FIRST_PIN_BYTES`] while they end in the ring's first half; the last runs
-    /// to the ring's end, so it holds the largest slot (half the ring).
+    /// seen on an H200), so slots never cross a part's end (`Ring::reserve_within`).
     pub fn part_end(&self, off: u64) -> u64 {
-        let half = self.capacity / 2;
-        let mut end = FIRST_PIN_BYTES;
-        if end > half {
-            return self.capacity;
-        }
-        while end <= off {
-            if end * 2 > half {
-                return self.capacity;
-            }
-            end *= 2;
-        }
-        end
+        self.front_ends()
+            .find(|&e| e > off)
+            .unwrap_or(self.capacity)
+    }
+
+    /// Bytes of the largest part (the last): the largest slot the ring can hold.
+    pub fn largest_part(&self) -> u64 {
+        self.capacity - self.front_ends().last().unwrap_or(0)
     }
 }
 
@@ -383,7 +387,7 @@ mod tests {
     fn the_ring_is_page_locked_from_its_front_as_far_as_slots_reach() {
         let base = 0x7f00_0000_0000usize as *mut u8;
         let data = base as usize + ring::HEADER_BYTES;
-        let pin = RingPin::new(base, 20 * MIB);
+        let pin = RingPin::new(base, 320 * MIB);
         let mut calls = Vec::new();
         let mut record = |p: *mut u8, len: usize| {
             calls.push(((p as usize - data) as u64, len as u64));
@@ -396,7 +400,7 @@ mod tests {
             .expect("covered");
         // A slot ending at 7 MiB: 2..4, then 4..8 MiB.
         pin.cover_with(7 * MIB, &mut record).expect("grow");
-        // Parts double while they end in the first half; the last runs to the end.
+        // Parts double while they end in the first sixteenth; the last runs to the end.
         pin.cover_with(20 * MIB, &mut record).expect("to the end");
         assert_eq!(
             calls,
@@ -404,18 +408,21 @@ mod tests {
                 (0, 2 * MIB),
                 (2 * MIB, 2 * MIB),
                 (4 * MIB, 4 * MIB),
-                (8 * MIB, 12 * MIB),
+                (8 * MIB, 8 * MIB),
+                (16 * MIB, 304 * MIB),
             ]
         );
-        assert_eq!(pin.locked(), 20 * MIB);
+        assert_eq!(pin.locked(), 320 * MIB);
         let ends: Vec<u64> = [0, 2, 3, 4, 7, 8, 19]
             .map(|m| pin.part_end(m * MIB) / MIB)
             .to_vec();
-        assert_eq!(ends, [2, 4, 4, 8, 8, 20, 20]);
-        // A ring of at most twice the first part is one part.
-        assert_eq!(RingPin::new(base, 3 * MIB).part_end(0), 3 * MIB);
+        assert_eq!(ends, [2, 4, 4, 8, 8, 16, 320]);
+        assert_eq!(pin.largest_part(), 304 * MIB);
+        // A ring whose first sixteenth is under the first part is one part.
+        let one = RingPin::new(base, 3 * MIB);
+        assert_eq!((one.part_end(0), one.largest_part()), (3 * MIB, 3 * MIB));
 
-        let small = RingPin::new(base, 4 * MIB);
+        let small = RingPin::new(base, 64 * MIB);
         small.cover_with(1, |_, _| Ok(())).expect("first");
         let refused = small.cover_with(3 * MIB, |_, _| Err("out of pinned memory".into()));
         assert_eq!(refused, Err("out of pinned memory".to_string()));

@@ -836,14 +836,14 @@ impl Tracer {
     ) -> (PackedOffsets, usize, EvidenceByTensor) {
         // Where `tensor_offsets` (the daemon's reading) puts the stored tensors: each at the
         // aligned end of the one before.
-        let mut packed = PackedOffsets::new();
         let mut end = 0u64;
-        for (i, t) in c.tensors.iter().enumerate() {
-            if t.captured && !c.rule_only.contains(&i) {
-                packed.push(end);
-                end = ttrace_proto::ring::align(end + t.nbytes);
-            }
-        }
+        let packed: PackedOffsets = c
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| t.captured && !c.rule_only.contains(i))
+            .map(|(_, t)| ttrace_proto::ring::pack(&mut end, t.nbytes))
+            .collect();
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
@@ -1079,7 +1079,7 @@ impl Tracer {
                 .is_none_or(|set| set.contains(u64::from(rank)))
     }
 
-    fn publish(&mut self, p: Pending, step: u64) {
+    fn publish(&mut self, mut p: Pending, step: u64) {
         if let Some(s) = p.slot {
             if let Some(n) = self.unpublished.get_mut(&s.pos) {
                 *n -= 1;
@@ -1106,7 +1106,6 @@ impl Tracer {
             self.reduced_copies += u64::from(p.prefiltered && p.evidence);
             return;
         }
-        let mut p = p;
         if p.prefiltered {
             // Its hook raced another thread's step mark or GEMM (prefilter.rs): its snapshot
             // holds only what the step rule reads (no shapes, fingerprints for bytes), so a gap
@@ -1335,36 +1334,13 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
 }
 
 /// The step rule's signature of a GEMM: API, shape, transposes and types. Compared within
-/// the process only (never stored), and computed on every GEMM hook and record, so it mixes
-/// whole words rather than bytes.
+/// the process only (never stored): std's hasher, whose keys are fixed, will do.
 pub(crate) fn gemm_sig(api: &str, g: &GemmOp) -> u64 {
-    // A 64-bit multiply-xorshift per word (the finalizer of splitmix64): each word's bits
-    // reach every bit of the state, so signatures differing in any field differ.
-    fn mix(h: u64, v: u64) -> u64 {
-        let mut x = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x ^= x >> 32;
-        x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
-        x ^ (x >> 32)
-    }
-    let mut h = api.len() as u64;
-    for chunk in api.as_bytes().chunks(8) {
-        let mut w = [0u8; 8];
-        w[..chunk.len()].copy_from_slice(chunk);
-        h = mix(h, u64::from_le_bytes(w));
-    }
-    for v in [
-        g.m,
-        g.n,
-        g.k,
-        g.batch,
-        u64::from(g.transa) | u64::from(g.transb) << 32,
-        u64::from(g.a_type) | u64::from(g.b_type) << 32,
-        u64::from(g.c_type) | u64::from(g.d_type) << 32,
-        u64::from(g.compute_type),
-    ] {
-        h = mix(h, v);
-    }
-    h
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (api, g.m, g.n, g.k, g.batch, g.transa, g.transb).hash(&mut h);
+    (g.a_type, g.b_type, g.c_type, g.d_type, g.compute_type).hash(&mut h);
+    h.finish()
 }
 
 /// A gap's metadata.

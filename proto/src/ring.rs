@@ -58,13 +58,18 @@ pub const fn align(n: u64) -> u64 {
 
 /// Where each tensor of a slot starts: tensor `i` at `align(end of tensor i-1)`.
 pub fn tensor_offsets(sizes: &[u64]) -> (Vec<u64>, u64) {
-    let mut offsets = Vec::with_capacity(sizes.len());
-    let mut at = 0u64;
-    for &s in sizes {
-        offsets.push(at);
-        at = align(at + s);
-    }
-    (offsets, at)
+    let mut end = 0u64;
+    let offsets = sizes.iter().map(|&s| pack(&mut end, s)).collect();
+    (offsets, end)
+}
+
+/// Where the next tensor of `len` bytes goes in a slot whose tensors so far end at `*end`
+/// (at that end, aligned), moving `*end` past it: the one packing rule of
+/// [`tensor_offsets`], for callers that place tensors one at a time.
+pub fn pack(end: &mut u64, len: u64) -> u64 {
+    let at = *end;
+    *end = align(at + len);
+    at
 }
 
 /// Total bytes of a ring mapping with `capacity` data bytes.

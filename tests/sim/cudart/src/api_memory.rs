@@ -71,13 +71,11 @@ fn end(
         PointerKind::Device { .. } => Err(cudaErrorInvalidValue),
         // A copy must lie in the one registration it starts in: CUDA refuses one that runs on
         // into the next (seen on an H200: cudaErrorInvalidValue).
-        PointerKind::Pinned { .. } => match r.heap.device_access(ptr, extent) {
-            Some(_) => Ok(End {
-                addr: Addr(ptr as *mut u8),
-                pageable: false,
-            }),
-            None => Err(cudaErrorInvalidValue),
-        },
+        PointerKind::Pinned { base, .. } if r.heap.pinned_holds(base, ptr, extent) => Ok(End {
+            addr: Addr(ptr as *mut u8),
+            pageable: false,
+        }),
+        PointerKind::Pinned { .. } => Err(cudaErrorInvalidValue),
         PointerKind::Pageable => Ok(End {
             addr: Addr(ptr as *mut u8),
             pageable: true,

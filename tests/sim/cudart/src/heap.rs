@@ -238,11 +238,25 @@ impl Heap {
                     .then(|| (addr - self.dev_base + self.shadow_base) as *mut u8)
             }
             PointerKind::Pinned { base, .. } => {
-                let size = self.pinned.read().ok()?.get(&base)?.size;
-                (addr.checked_add(len)? <= base + size).then_some(addr as *mut u8)
+                self.pinned_holds(base, ptr, len).then_some(addr as *mut u8)
             }
             PointerKind::Pageable => None,
         }
+    }
+
+    /// Whether `[ptr, ptr+len)` lies in the pinned range starting at `base` (one
+    /// [`Self::classify`] found `ptr` in).
+    pub fn pinned_holds(&self, base: usize, ptr: *const c_void, len: usize) -> bool {
+        let size = self
+            .pinned
+            .read()
+            .ok()
+            .and_then(|p| p.get(&base).map(|r| r.size));
+        size.is_some_and(|size| {
+            (ptr as usize)
+                .checked_add(len)
+                .is_some_and(|end| end <= base + size)
+        })
     }
 
     /// Size of the device allocation starting exactly at `ptr`.

@@ -152,6 +152,11 @@ pub(crate) struct SumSearch<'a> {
     pub(crate) accept: f64,
     /// What distinguishes this kind of GEMM ([`crate::placement::kind_of`]).
     pub(crate) kind: &'a str,
+    /// The verdict is settled: a sum is placed as cheaply as a single shard is then
+    /// ([`numerics::place_with`]): a kind of sum that fits none of its known places is judged
+    /// at the best of them, not searched for (after a divergence almost every sum fails, and
+    /// its search was a sixth of compare's work).
+    pub(crate) quick: bool,
 }
 
 /// The best group sum found: (group size, (each shard's error, where each sits)).
@@ -303,7 +308,7 @@ fn fit_groups(
         let sum = group_sum(g, s)?;
         let key = sum_key(comm, g.first().copied().unwrap_or(0), &sum.shape, s);
         let known = hints.get(&key).map_or(&[][..], |v| v.as_slice());
-        let f = numerics::place(&sum, s.ref_vals, known, s.scales, s.accept)?;
+        let f = numerics::place_with(&sum, s.ref_vals, known, s.scales, s.accept, s.quick)?;
         if f.err.rel <= s.accept {
             remember(hints.entry(key).or_default(), &f);
         }
@@ -363,6 +368,7 @@ mod tests {
             scales: &[1.0],
             accept: 0.02,
             kind: "cublasGemmEx",
+            quick: false,
         }
     }
 
@@ -385,6 +391,31 @@ mod tests {
         assert!(results.iter().all(|r| r.err.rel < 1e-12));
         assert_eq!(places.len(), 2);
         assert_eq!(hints.len(), 1, "a clean sum is remembered for its group");
+    }
+
+    #[test]
+    fn after_the_verdict_a_sum_that_fits_none_of_its_known_places_is_judged_there() {
+        let reference = values(&[1.0, 2.0, 3.0, 4.0]);
+        // The group's sum is the second half, but this kind of sum sat at the first before.
+        let vals: BTreeMap<(u32, u64), Values> = [
+            ((0, 7), values(&[1.0, 3.0])),
+            ((1, 7), values(&[2.0, 1.0])),
+        ]
+        .into_iter()
+        .collect();
+        let shards = [(0, 7), (1, 7)];
+        let mut s = search(&shards, &vals, &reference);
+        let key = sum_key(0xa, 0, &[2], &s);
+        let known = || SumHints::from([(key.clone(), vec![(half(0), 1.0)])]);
+        // Before it, the sum is searched for: it sits exactly at the second half.
+        let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut known()).expect("fits");
+        assert_eq!(places[0].2, half(1));
+        assert!(results[0].err.rel < 1e-12);
+        // After it (the tensors only feed the worst-tensor table), no search: the known place.
+        s.quick = true;
+        let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut known()).expect("fits");
+        assert_eq!(places[0].2, half(0));
+        assert!(results[0].err.rel > 0.1);
     }
 
     #[test]

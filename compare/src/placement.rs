@@ -226,6 +226,7 @@ impl Placer {
             scales: &self.scales,
             accept: tol.sum_accept(self.eps, ref_vals.dtype),
             kind: &kind,
+            quick: self.settled,
         };
         let Some((group, (results, places))) =
             combine::sum_groups(run, step, &search, &placed.results, &mut self.mem.sum_hints)

@@ -20,7 +20,7 @@ use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
 use crate::decoded::{Checked, DecodedCache, Shared};
-use crate::trace::{gemm, is_float, to_f32_into, Decoding, RunTrace};
+use crate::trace::{gemm, is_float, Decoding, F32Widening, RunTrace};
 
 /// A stored tensor: (rank, step, seq, index in its record).
 pub type TensorAt = (u32, u64, u64, usize);
@@ -248,12 +248,12 @@ pub fn decode(
                 };
                 for &i in mine {
                     let t = &view.record.tensors[i];
-                    if view.tensor_bytes_into(i, scratch, raw).is_err() {
-                        continue;
-                    }
                     let n = usize::try_from(t.elements()).unwrap_or(0);
                     let mut values = lock(kept).buffer(n);
-                    if to_f32_into(t.dtype, raw, &mut values).is_ok() {
+                    let mut wide = F32Widening::new(t.dtype, &mut values);
+                    // Widened as the blocks come: the bytes are never in one buffer.
+                    let read = view.tensor_blocks(i, scratch, raw, &mut |b| wide.push(b));
+                    if read.is_ok() && wide.finish().is_ok() {
                         let at = (rank, step, *seq, i);
                         let checked = (t.crc32, t.nbytes, t.dtype);
                         let values = Arc::new(values);

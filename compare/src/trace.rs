@@ -395,16 +395,21 @@ impl RunTrace {
         seq: u64,
         index: usize,
     ) -> Result<Option<Vec<u8>>, CompareError> {
-        self.with_bytes((rank, step, seq, index), |b| Ok(b.to_vec()))
+        let mut out = Vec::new();
+        let captured = self.with_blocks((rank, step, seq, index), &mut |b| {
+            out.extend_from_slice(b)
+        })?;
+        Ok(captured.then_some(out))
     }
 
-    /// `f` of the bytes of tensor `at`, decoded into buffers reused from one tensor to the
-    /// next (no allocation per tensor); `None` when it was not captured.
-    fn with_bytes<R>(
+    /// Hands the bytes of tensor `at` to `sink` a block at a time as they are decoded, with
+    /// buffers reused from one tensor to the next (no allocation per tensor); `false` when it
+    /// was not captured. On an error the sink may have had some of the bytes.
+    fn with_blocks(
         &self,
         (rank, step, seq, index): TensorAt,
-        f: impl FnOnce(&[u8]) -> Result<R, CompareError>,
-    ) -> Result<Option<R>, CompareError> {
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<bool, CompareError> {
         let size = self
             .store
             .segment_info(rank, step)
@@ -425,18 +430,21 @@ impl RunTrace {
             }
         };
         if !view.is_captured(index) {
-            return Ok(None);
+            return Ok(false);
         }
         let mut buffers = self.scratch.borrow_mut();
-        let (scratch, bytes) = &mut *buffers;
-        view.tensor_bytes_into(index, scratch, bytes)
-            .map_err(|e| CompareError::Store {
-                path: self.path.display().to_string(),
-                source: e,
-            })?;
-        self.bytes_read
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        f(bytes).map(Some)
+        let (scratch, whole) = &mut *buffers;
+        let mut handed = 0u64;
+        view.tensor_blocks(index, scratch, whole, &mut |b: &[u8]| {
+            handed += b.len() as u64;
+            sink(b);
+        })
+        .map_err(|e| CompareError::Store {
+            path: self.path.display().to_string(),
+            source: e,
+        })?;
+        self.bytes_read.fetch_add(handed, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// The values of the tensor with `role` in `rec`, FP8 operands scaled by their captured
@@ -462,10 +470,11 @@ impl RunTrace {
             _ => {
                 let n = usize::try_from(t.elements()).unwrap_or(0);
                 let mut data = lock(&self.decoded).buffer(n);
-                let decoded = self.with_bytes(at, |bytes| to_f32_into(t.dtype, bytes, &mut data));
-                if decoded?.is_none() {
+                let mut wide = F32Widening::new(t.dtype, &mut data);
+                if !self.with_blocks(at, &mut |b| wide.push(b))? {
                     return Ok(None);
                 }
+                wide.finish()?;
                 let data = Arc::new(data);
                 lock(&self.decoded).insert(at, Arc::clone(&data), checked);
                 data
@@ -778,25 +787,11 @@ pub fn to_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) -> Result<(),
         return Ok(());
     }
     // The common types straight to f32, in one pass (exact, as widening is).
-    let pairs = || bytes.chunks_exact(2).map(|c| [c[0], c[1]]);
-    match dtype {
-        DType::F32 if bytes.len().is_multiple_of(4) => {
-            out.extend(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
+    if let Some(size) = direct_size(dtype) {
+        if bytes.len().is_multiple_of(size) {
+            widen_direct(dtype, bytes, out);
             return Ok(());
         }
-        DType::BF16 if bytes.len().is_multiple_of(2) => {
-            out.extend(pairs().map(|p| half::bf16::from_le_bytes(p).to_f32()));
-            return Ok(());
-        }
-        DType::F16 if bytes.len().is_multiple_of(2) => {
-            out.extend(pairs().map(|p| half::f16::from_le_bytes(p).to_f32()));
-            return Ok(());
-        }
-        _ => {}
     }
     let mut wide = Vec::new();
     widen_f32_into(dtype, bytes, &mut wide).map_err(|e| CompareError::Record(e.to_string()))?;
@@ -805,6 +800,94 @@ pub fn to_f32_into(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) -> Result<(),
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
     );
     Ok(())
+}
+
+/// The element size of the types [`to_f32_into`] widens in one pass ([`widen_direct`]).
+fn direct_size(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => Some(4),
+        DType::BF16 | DType::F16 => Some(2),
+        _ => None,
+    }
+}
+
+/// Appends the f32 values of `bytes`, whole elements of a type of [`direct_size`].
+fn widen_direct(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) {
+    match dtype {
+        DType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        DType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        DType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        _ => {}
+    }
+}
+
+/// A tensor's values widened to f32 block by block as its bytes are decoded
+/// ([`ttrace_format::reader::RecordView::tensor_blocks`]): [`to_f32_into`]'s values, without
+/// the tensor's bytes in one buffer first. Types other than F32, BF16 and F16 are gathered
+/// and widened whole at [`F32Widening::finish`].
+pub struct F32Widening<'a> {
+    dtype: DType,
+    out: &'a mut Vec<f32>,
+    /// A partial element carried to the next block (every byte, for the other types).
+    carry: Vec<u8>,
+}
+
+impl<'a> F32Widening<'a> {
+    /// Widening into `out` (cleared; its capacity is kept).
+    pub fn new(dtype: DType, out: &'a mut Vec<f32>) -> F32Widening<'a> {
+        out.clear();
+        F32Widening {
+            dtype,
+            out,
+            carry: Vec::new(),
+        }
+    }
+
+    /// The next bytes of the tensor.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        let Some(size) = direct_size(self.dtype) else {
+            self.carry.extend_from_slice(bytes);
+            return;
+        };
+        if !self.carry.is_empty() {
+            let take = (size - self.carry.len()).min(bytes.len());
+            self.carry.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.carry.len() < size {
+                return;
+            }
+            widen_direct(self.dtype, &self.carry, self.out);
+            self.carry.clear();
+        }
+        let whole = bytes.len() / size * size;
+        widen_direct(self.dtype, &bytes[..whole], self.out);
+        self.carry.extend_from_slice(&bytes[whole..]);
+    }
+
+    /// Every byte was pushed: the values are in `out`.
+    pub fn finish(self) -> Result<(), CompareError> {
+        match direct_size(self.dtype) {
+            None => to_f32_into(self.dtype, &self.carry, self.out),
+            Some(_) if self.carry.is_empty() => Ok(()),
+            Some(size) => Err(CompareError::Record(format!(
+                "{:?} bytes end in a partial element ({} of {size} bytes)",
+                self.dtype,
+                self.carry.len()
+            ))),
+        }
+    }
 }
 
 /// The GEMM parameters of a record, if it is one.
@@ -898,6 +981,41 @@ mod tests {
             to_f32(DType::BF16, &[0]).is_err(),
             "a torn element is an error"
         );
+    }
+
+    /// Widening block by block gives the values of widening the whole, however the bytes are
+    /// cut into blocks (an element split across two blocks too), for every float type.
+    #[test]
+    fn widening_by_blocks_gives_the_values_of_the_whole_wherever_the_blocks_end() {
+        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let every8: Vec<u8> = (0..=u8::MAX).collect();
+        let f32s: Vec<u8> = (0..5000u32)
+            .flat_map(|i| (i as f32 * 0.37 - 900.0).to_le_bytes())
+            .collect();
+        for (dtype, bytes) in [
+            (DType::F32, &f32s),
+            (DType::BF16, &every16),
+            (DType::F16, &every16),
+            (DType::F8_E4M3, &every8),
+        ] {
+            let want: Vec<u32> = to_f32(dtype, bytes)
+                .expect("decodes")
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            for block in [1, 3, 4, 7, 1000, 4096, bytes.len()] {
+                let mut out = vec![1.0f32; 3]; // cleared first
+                let mut wide = F32Widening::new(dtype, &mut out);
+                bytes.chunks(block).for_each(|b| wide.push(b));
+                wide.finish().expect("whole elements");
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert!(got == want, "{dtype:?} in blocks of {block}");
+            }
+        }
+        let mut out = Vec::new();
+        let mut torn = F32Widening::new(DType::BF16, &mut out);
+        torn.push(&[0, 0x3f, 0]);
+        assert!(torn.finish().is_err(), "a torn element is an error");
     }
 
     #[test]

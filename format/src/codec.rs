@@ -161,34 +161,167 @@ pub fn unshuffle(src: &[u8], elem: usize, dst: &mut Vec<u8>) {
     }
     let n = src.len() / elem;
     dst.resize(src.len(), 0);
-    // The common element sizes get loops the compiler vectorizes (zipped planes, no index
-    // arithmetic): reading a store is bound by this and zstd.
-    match elem {
+    let planes: Vec<&[u8]> = src[..n * elem].chunks_exact(n.max(1)).take(elem).collect();
+    if n > 0 {
+        interleave(&planes, 0, &mut dst[..n * elem]);
+    }
+    dst[n * elem..].copy_from_slice(&src[n * elem..]);
+}
+
+/// Puts elements back together from their byte planes (`planes[b]` holds byte `b` of every
+/// element) into `out`: as many elements as `out` holds, from element `at` on. The common
+/// element sizes get loops the compiler vectorizes (zipped planes, no index arithmetic):
+/// reading a store is bound by this and zstd.
+fn interleave(planes: &[&[u8]], at: usize, out: &mut [u8]) {
+    let n = out.len() / planes.len().max(1);
+    let plane = |b: usize| &planes[b][at..at + n];
+    match planes.len() {
+        1 => out.copy_from_slice(plane(0)),
         2 => {
-            let (p0, p1) = src[..2 * n].split_at(n);
-            for ((o, &a), &b) in dst.chunks_exact_mut(2).zip(p0).zip(p1) {
+            for ((o, &a), &b) in out.chunks_exact_mut(2).zip(plane(0)).zip(plane(1)) {
                 o.copy_from_slice(&[a, b]);
             }
         }
         4 => {
-            let (p01, p23) = src[..4 * n].split_at(2 * n);
-            let (p0, p1) = p01.split_at(n);
-            let (p2, p3) = p23.split_at(n);
-            for ((((o, &a), &b), &c), &d) in dst.chunks_exact_mut(4).zip(p0).zip(p1).zip(p2).zip(p3)
+            for ((((o, &a), &b), &c), &d) in out
+                .chunks_exact_mut(4)
+                .zip(plane(0))
+                .zip(plane(1))
+                .zip(plane(2))
+                .zip(plane(3))
             {
                 o.copy_from_slice(&[a, b, c, d]);
             }
         }
-        _ => {
+        elem => {
             for b in 0..elem {
-                let plane = &src[b * n..(b + 1) * n];
-                for (o, &v) in dst.chunks_exact_mut(elem).zip(plane) {
+                for (o, &v) in out.chunks_exact_mut(elem).zip(plane(b)) {
                     o[b] = v;
                 }
             }
         }
     }
-    dst[n * elem..].copy_from_slice(&src[n * elem..]);
+}
+
+/// Bytes [`decode_blocks`] hands over at a time, at most: small enough to stay in the
+/// first-level cache while the caller reads them (a checksum, then a conversion).
+pub const BLOCK_BYTES: usize = 16 << 10;
+
+/// Decodes a blob of codec 0-3 or 6 as [`decode_into`] does, handing its `raw_len` bytes to
+/// `sink` in order, a block of at most [`BLOCK_BYTES`] at a time, instead of into one buffer:
+/// raw byte planes are read where they are stored and put back together a block at a time,
+/// so the whole tensor's bytes never exist at once (only zstd's output, in `scratch`). Blocks
+/// hold whole elements except where a piece ([`Codec::Pieces`]) or the blob ends; the sink
+/// may have been handed some blocks when an error comes.
+pub fn decode_blocks(
+    stored: &[u8],
+    raw_len: u64,
+    elem: usize,
+    codec: Codec,
+    scratch: &mut Vec<u8>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
+    let mut handed = 0u64;
+    blocks_of(stored, raw_len, elem, codec, scratch, &mut |b: &[u8]| {
+        handed += b.len() as u64;
+        sink(b);
+    })?;
+    if handed != raw_len {
+        return Err(FormatError::Corrupt(format!(
+            "blob decodes to {handed} bytes, header says {raw_len}"
+        )));
+    }
+    Ok(())
+}
+
+/// [`decode_blocks`] without the final count.
+fn blocks_of(
+    stored: &[u8],
+    raw_len: u64,
+    elem: usize,
+    codec: Codec,
+    scratch: &mut Vec<u8>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
+    let e = elem.max(1);
+    match codec {
+        Codec::Raw => stored.chunks(BLOCK_BYTES).for_each(sink),
+        Codec::Zstd => {
+            zstd_bounded(stored, raw_len, scratch)?;
+            scratch.chunks(BLOCK_BYTES).for_each(sink);
+        }
+        Codec::ShuffleZstd => {
+            zstd_bounded(stored, raw_len, scratch)?;
+            if scratch.len() as u64 != raw_len {
+                return Err(FormatError::Corrupt(format!(
+                    "blob decodes to {} bytes, header says {raw_len}",
+                    scratch.len()
+                )));
+            }
+            let n = scratch.len() / e;
+            let (planes, tail) = scratch.split_at(n * e);
+            let planes: Vec<&[u8]> = planes.chunks_exact(n.max(1)).take(e).collect();
+            interleave_blocks(&planes, n, tail, sink);
+        }
+        Codec::ShufflePlanes => {
+            let (table, tail) = plane_table(stored, raw_len, e)?;
+            let n = (raw_len / e as u64) as usize;
+            // The compressed planes decoded one after the other; the raw ones read in place.
+            scratch.clear();
+            let mut ends = Vec::with_capacity(table.len());
+            for &(mode, plane) in &table {
+                if mode == PLANE_ZSTD {
+                    zstd_append(plane, n as u64, scratch)?;
+                    if scratch.len() - ends.last().copied().unwrap_or(0) != n {
+                        return Err(FormatError::Corrupt(format!(
+                            "plane blob: plane decodes to {} bytes, expected {n}",
+                            scratch.len() - ends.last().copied().unwrap_or(0)
+                        )));
+                    }
+                    ends.push(scratch.len());
+                }
+            }
+            let mut decoded = scratch.chunks_exact(n.max(1));
+            let planes: Vec<&[u8]> = table
+                .iter()
+                .map(|&(mode, plane)| match mode {
+                    PLANE_ZSTD => decoded.next().unwrap_or(&[]),
+                    _ => plane,
+                })
+                .collect();
+            interleave_blocks(&planes, n, tail, sink);
+        }
+        Codec::Pieces => {
+            for (codec, raw, bytes) in piece_table(stored, raw_len)? {
+                decode_blocks(bytes, raw, elem, codec, scratch, sink)?;
+            }
+        }
+        Codec::Streamed | Codec::Reference => {
+            return Err(FormatError::Invalid(format!(
+                "a blob of codec {codec:?} is read through its store (reader::RecordView)"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Hands `n` elements, put together from their byte `planes`, to `sink` a block at a time,
+/// then the partial element `tail`.
+fn interleave_blocks(planes: &[&[u8]], n: usize, tail: &[u8], sink: &mut dyn FnMut(&[u8])) {
+    let mut block = [0u8; BLOCK_BYTES];
+    let elem = planes.len().max(1);
+    let per_block = (BLOCK_BYTES / elem).max(1);
+    let mut at = 0;
+    while at < n {
+        let k = per_block.min(n - at);
+        let out = &mut block[..k * elem];
+        interleave(planes, at, out);
+        sink(out);
+        at += k;
+    }
+    if !tail.is_empty() {
+        sink(tail);
+    }
 }
 
 /// Encodes `raw` with `codec` at zstd `level`; `scratch` is reused between calls.
@@ -274,6 +407,26 @@ fn decode_pieces(
     scratch: &mut Vec<u8>,
     out: &mut Vec<u8>,
 ) -> Result<(), FormatError> {
+    let pieces = piece_table(stored, raw_len)?;
+    out.clear();
+    out.reserve_exact(raw_len as usize);
+    let mut piece = Vec::new();
+    for (codec, raw, bytes) in pieces {
+        decode_into(bytes, raw, elem, codec, scratch, &mut piece)?;
+        out.extend_from_slice(&piece);
+    }
+    Ok(())
+}
+
+/// One piece of a [`Codec::Pieces`] blob: its codec, raw length and stored bytes.
+type Piece<'a> = (Codec, u64, &'a [u8]);
+
+/// One plane of a [`Codec::ShufflePlanes`] blob: its mode and stored bytes.
+type Plane<'a> = (u8, &'a [u8]);
+
+/// A [`Codec::Pieces`] blob's pieces, `(codec, raw_len, stored bytes)`, every length checked
+/// against the blob and `raw_len`.
+fn piece_table(stored: &[u8], raw_len: u64) -> Result<Vec<Piece<'_>>, FormatError> {
     let bad = |why: String| FormatError::Corrupt(format!("blob of pieces: {why}"));
     let head = stored
         .get(..PIECES_HEADER_BYTES)
@@ -315,14 +468,7 @@ fn decode_pieces(
             data.len()
         )));
     }
-    out.clear();
-    out.reserve_exact(raw_len as usize);
-    let mut piece = Vec::new();
-    for (codec, raw, bytes) in pieces {
-        decode_into(bytes, raw, elem, codec, scratch, &mut piece)?;
-        out.extend_from_slice(&piece);
-    }
-    Ok(())
+    Ok(pieces)
 }
 
 /// Bytes of one entry of a [`Codec::ShufflePlanes`] blob's plane table.
@@ -502,6 +648,41 @@ fn decode_planes(
     let bad = |why: String| FormatError::Corrupt(format!("plane blob: {why}"));
     let e = elem.max(1);
     let n = raw_len / e as u64;
+    let (planes, tail) = plane_table(stored, raw_len, e)?;
+    out.clear();
+    // Room for every plane at once (appending one would otherwise move the ones before it),
+    // when the stored bytes can back the claim (each plane is checked again as it decodes).
+    let most = zstd_most(stored.len() as u64, e as u64);
+    if let Ok(total) = usize::try_from(raw_len).map(|t| t.min(most as usize)) {
+        out.reserve(total);
+    }
+    for (mode, plane) in planes {
+        if mode == PLANE_RAW {
+            out.extend_from_slice(plane);
+        } else {
+            // zstd_append refuses a claim the stored bytes cannot back, before allocating;
+            // each plane is decoded in place after the ones before it (no copy).
+            let before = out.len();
+            zstd_append(plane, n, out)?;
+            let got = out.len() - before;
+            if got as u64 != n {
+                return Err(bad(format!("plane decodes to {got} bytes, expected {n}")));
+            }
+        }
+    }
+    out.extend_from_slice(tail);
+    Ok(())
+}
+
+/// A [`Codec::ShufflePlanes`] blob's planes, `(mode, stored bytes)`, and its trailing partial
+/// element, every length checked against the blob.
+fn plane_table(
+    stored: &[u8],
+    raw_len: u64,
+    e: usize,
+) -> Result<(Vec<Plane<'_>>, &[u8]), FormatError> {
+    let bad = |why: String| FormatError::Corrupt(format!("plane blob: {why}"));
+    let n = raw_len / e as u64;
     let tail = (raw_len % e as u64) as usize;
     let table_len = e * PLANE_ENTRY_BYTES;
     if stored.len() < table_len + tail {
@@ -536,29 +717,7 @@ fn decode_planes(
             data.len() - at
         )));
     }
-    out.clear();
-    // Room for every plane at once (appending one would otherwise move the ones before it),
-    // when the stored bytes can back the claim (each plane is checked again as it decodes).
-    let most = zstd_most(data.len() as u64, e as u64);
-    if let Ok(total) = usize::try_from(raw_len).map(|t| t.min(most as usize)) {
-        out.reserve(total);
-    }
-    for (mode, plane) in planes {
-        if mode == PLANE_RAW {
-            out.extend_from_slice(plane);
-        } else {
-            // zstd_append refuses a claim the stored bytes cannot back, before allocating;
-            // each plane is decoded in place after the ones before it (no copy).
-            let before = out.len();
-            zstd_append(plane, n, out)?;
-            let got = out.len() - before;
-            if got as u64 != n {
-                return Err(bad(format!("plane decodes to {got} bytes, expected {n}")));
-            }
-        }
-    }
-    out.extend_from_slice(&data[at..]);
-    Ok(())
+    Ok((planes, &data[at..]))
 }
 
 /// The most bytes `stored` bytes of zstd can decode to, in `frames` frames: a block expands at
@@ -898,6 +1057,105 @@ mod tests {
         join_pieces(&pieces, &mut blob).expect("joins");
         let back = decode(&blob, raw.len(), elem, Codec::Pieces, &mut Vec::new()).expect("reads");
         assert_eq!(back, raw);
+    }
+
+    /// `stored` decoded by [`decode_blocks`]: the bytes handed over, and each block's length.
+    fn by_blocks(
+        stored: &[u8],
+        raw_len: u64,
+        elem: usize,
+        codec: Codec,
+    ) -> Result<(Vec<u8>, Vec<usize>), FormatError> {
+        let (mut bytes, mut lens) = (Vec::new(), Vec::new());
+        decode_blocks(stored, raw_len, elem, codec, &mut Vec::new(), &mut |b: &[u8]| {
+            bytes.extend_from_slice(b);
+            lens.push(b.len());
+        })?;
+        Ok((bytes, lens))
+    }
+
+    /// Blocks carry the bytes decode_into gives, in order, in cache-sized blocks of whole
+    /// elements (the partial element of the blob comes last, alone), for every codec, element
+    /// size and length; a length that lies is refused as decode_into refuses it.
+    #[test]
+    fn blocks_hand_over_the_bytes_decode_into_gives() {
+        let mut ctx = zstd::bulk::Compressor::new(1).expect("context");
+        let mixed: Vec<u8> = bf16_like(40_000, 9)
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| if i % 5 == 0 { 0 } else { b })
+            .collect();
+        let (mut scratch, mut whole) = (Vec::new(), Vec::new());
+        for elem in 0..=9 {
+            for len in [0, 1, 3, 1000, 1001, BLOCK_BYTES - 1, BLOCK_BYTES * 2 + 7, 80_000] {
+                let raw = &mixed[..len];
+                let e = elem.max(1);
+                for codec in [
+                    Codec::Raw,
+                    Codec::Zstd,
+                    Codec::ShuffleZstd,
+                    Codec::ShufflePlanes,
+                ] {
+                    let stored = match codec {
+                        Codec::ShufflePlanes => {
+                            let mut out = Vec::new();
+                            encode_planes(raw, elem, &mut ctx, &mut scratch, &mut out)
+                                .expect("encodes");
+                            out
+                        }
+                        _ => encode(raw, e, codec, 1, &mut scratch).expect("encodes"),
+                    };
+                    let what = format!("{codec:?} elem {elem} len {len}");
+                    decode_into(&stored, len as u64, e, codec, &mut scratch, &mut whole)
+                        .expect("decodes");
+                    let (bytes, lens) = by_blocks(&stored, len as u64, e, codec).expect(&what);
+                    assert_eq!(bytes, whole, "{what}");
+                    assert!(lens.iter().all(|&l| l <= BLOCK_BYTES), "{what}");
+                    let shuffled = matches!(codec, Codec::ShuffleZstd | Codec::ShufflePlanes);
+                    if shuffled && len >= e {
+                        let (last, body) = lens.split_last().expect("blocks");
+                        let tail = len % e;
+                        assert!(body.iter().all(|l| l % e == 0), "{what}: {lens:?}");
+                        assert!(tail == 0 || *last == tail, "{what}: {lens:?}");
+                    }
+                    for lie in [len as u64 + 1, len as u64 + e as u64, u64::MAX] {
+                        assert!(
+                            by_blocks(&stored, lie, e, codec).is_err(),
+                            "{what}: raw_len {lie} accepted"
+                        );
+                    }
+                    if len > 0 {
+                        assert!(
+                            by_blocks(&stored, len as u64 - 1, e, codec).is_err(),
+                            "{what}: a shorter raw_len accepted"
+                        );
+                    }
+                }
+            }
+        }
+        // Pieces of different codecs, one after the other.
+        let raw = &mixed[..50_001];
+        let mut parts = Vec::new();
+        for (k, w) in [0usize, 20_000, 40_000, raw.len()].windows(2).enumerate() {
+            let part = &raw[w[0]..w[1]];
+            let codec = [Codec::ShufflePlanes, Codec::Raw, Codec::ShuffleZstd][k];
+            let bytes = match codec {
+                Codec::ShufflePlanes => {
+                    let mut out = Vec::new();
+                    encode_planes(part, 2, &mut ctx, &mut scratch, &mut out).expect("planes");
+                    out
+                }
+                _ => encode(part, 2, codec, 1, &mut scratch).expect("encodes"),
+            };
+            parts.push((codec, part.len() as u64, bytes));
+        }
+        let pieces: Vec<(Codec, u64, &[u8])> = parts.iter().map(|p| (p.0, p.1, &p.2[..])).collect();
+        let mut blob = Vec::new();
+        join_pieces(&pieces, &mut blob).expect("joins");
+        let (bytes, _) = by_blocks(&blob, raw.len() as u64, 2, Codec::Pieces).expect("reads");
+        assert_eq!(bytes, raw);
+        assert!(by_blocks(&blob, raw.len() as u64 + 1, 2, Codec::Pieces).is_err());
+        assert!(by_blocks(b"x", 1, 1, Codec::Streamed).is_err());
     }
 
     /// A damaged piece table is corruption, named as such, never a panic or a huge allocation.

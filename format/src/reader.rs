@@ -1337,30 +1337,14 @@ impl RecordView<'_> {
         scratch: &mut Vec<u8>,
         out: &mut Vec<u8>,
     ) -> Result<(), FormatError> {
-        let b = *self.blob(tensor)?;
-        let t: &Tensor = &self.record.tensors[tensor];
-        let bad = |why: String| {
-            FormatError::Corrupt(format!(
-                "{}: tensor {tensor} ({:?}) in {}: {why}",
-                self.name(),
-                t.role,
-                self.path.display()
-            ))
-        };
-        if b.raw_len != t.nbytes {
-            return Err(bad(format!(
-                "stored {} bytes but the record says {}",
-                b.raw_len, t.nbytes
-            )));
-        }
-        let stored = &self.body[b.start..b.end];
+        let (b, stored) = self.stored_blob(tensor)?;
         if b.codec == codec::Codec::Streamed {
             // RUN/rankNNNNN/stepNNNNNN.seg: the run is two levels up.
             let run = self
                 .path
                 .parent()
                 .and_then(Path::parent)
-                .ok_or_else(|| bad("a streamed tensor outside a store".into()))?;
+                .ok_or_else(|| self.corrupt(tensor, "a streamed tensor outside a store".into()))?;
             crate::stream::read_stream(run, stored, b.raw_len, scratch, out)
         } else if b.codec == codec::Codec::Reference {
             self.segment
@@ -1375,15 +1359,82 @@ impl RecordView<'_> {
                 out,
             )
         }
-        .map_err(|e| bad(e.to_string()))?;
-        let crc = crc32fast::hash(out);
-        if crc != t.crc32 {
-            return Err(bad(format!(
-                "CRC-32 {crc:#010x} of the bytes, the record says {:#010x}",
-                t.crc32
-            )));
+        .map_err(|e| self.corrupt(tensor, e.to_string()))?;
+        self.check_crc(tensor, crc32fast::hash(out))
+    }
+
+    /// Tensor `i`'s bytes handed to `sink` a block at a time as they are decoded
+    /// ([`codec::decode_blocks`]: the whole tensor's bytes are never in one buffer), checked as
+    /// [`RecordView::tensor_bytes_into`] checks them. The sink has been handed the bytes (or
+    /// some of them) when the CRC-32 or a length turns out wrong: the caller drops what it
+    /// made of them on an error. Streamed tensors and references to other blobs are decoded
+    /// into `whole` first.
+    pub fn tensor_blocks(
+        &self,
+        tensor: usize,
+        scratch: &mut Vec<u8>,
+        whole: &mut Vec<u8>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), FormatError> {
+        let (b, stored) = self.stored_blob(tensor)?;
+        if matches!(b.codec, codec::Codec::Streamed | codec::Codec::Reference) {
+            self.tensor_bytes_into(tensor, scratch, whole)?;
+            whole.chunks(codec::BLOCK_BYTES).for_each(sink);
+            return Ok(());
+        }
+        let mut crc = crc32fast::Hasher::new();
+        codec::decode_blocks(
+            stored,
+            b.raw_len,
+            b.elem_size as usize,
+            b.codec,
+            scratch,
+            &mut |block: &[u8]| {
+                crc.update(block);
+                sink(block);
+            },
+        )
+        .map_err(|e| self.corrupt(tensor, e.to_string()))?;
+        self.check_crc(tensor, crc.finalize())
+    }
+
+    /// Tensor `i`'s blob and stored bytes, its length checked against the record's.
+    fn stored_blob(&self, tensor: usize) -> Result<(BlobRef, &[u8]), FormatError> {
+        let b = *self.blob(tensor)?;
+        let t: &Tensor = &self.record.tensors[tensor];
+        if b.raw_len != t.nbytes {
+            return Err(self.corrupt(
+                tensor,
+                format!("stored {} bytes but the record says {}", b.raw_len, t.nbytes),
+            ));
+        }
+        Ok((b, &self.body[b.start..b.end]))
+    }
+
+    /// Tensor `i`'s bytes, whose CRC-32 is `crc`, are the record's.
+    fn check_crc(&self, tensor: usize, crc: u32) -> Result<(), FormatError> {
+        let want = self.record.tensors[tensor].crc32;
+        if crc != want {
+            return Err(self.corrupt(
+                tensor,
+                format!("CRC-32 {crc:#010x} of the bytes, the record says {want:#010x}"),
+            ));
         }
         Ok(())
+    }
+
+    /// Corruption of tensor `i`, named by segment, tensor and role.
+    fn corrupt(&self, tensor: usize, why: String) -> FormatError {
+        let role = self
+            .record
+            .tensors
+            .get(tensor)
+            .map_or_else(|| "?".to_string(), |t| format!("{:?}", t.role));
+        FormatError::Corrupt(format!(
+            "{}: tensor {tensor} ({role}) in {}: {why}",
+            self.name(),
+            self.path.display()
+        ))
     }
 
     /// Tensor `i`'s bytes (packed row-major, little-endian, as the record's shape and dtype

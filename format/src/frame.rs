@@ -22,7 +22,7 @@ use crate::FormatError;
 /// Major version: a reader refuses a store with another one.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 5;
+pub const FORMAT_MINOR: u16 = 6;
 
 /// First bytes of a segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";

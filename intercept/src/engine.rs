@@ -81,6 +81,9 @@ struct Eager {
     copied: bool,
     /// A copy was refused with a sticky error: the context failed.
     fatal: Option<u32>,
+    /// Tensors whose snapshot copy the runtime refused, with its error: each becomes a
+    /// `CopyRefused` gap after the record (empty, unallocated, almost always).
+    refused: Vec<(usize, u32)>,
     /// Its ticket is counted (it may move the step, prefilter.rs).
     counted: bool,
     /// Reduced to what the step rule needs (prefilter.rs).
@@ -263,6 +266,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         device,
         copied: false,
         fatal: None,
+        refused: Vec::new(),
         counted,
         prefiltered,
     };
@@ -457,6 +461,7 @@ fn finish_eager(mut f: Eager, ok: bool) {
         });
         return;
     }
+    let refusals = refusal_gaps(&f);
     let c = Captured {
         meta: f.meta,
         tensors: f.tensors,
@@ -470,6 +475,30 @@ fn finish_eager(mut f: Eager, ok: bool) {
         fingerprints: f.fingerprints,
     };
     ticket.push(Entry::Capture(Box::new(c)));
+    for (m, bytes, detail) in refusals {
+        gap(m, GapReason::CopyRefused, bytes, detail);
+    }
+}
+
+/// The `CopyRefused` gaps of `f`'s refused snapshot copies, to record after its record:
+/// (meta, bytes, detail) each.
+fn refusal_gaps(f: &Eager) -> Vec<(Meta, u64, String)> {
+    f.refused
+        .iter()
+        .map(|&(i, code)| {
+            let p = &f.plans[i];
+            let m = Meta {
+                t_call_ns: tracer::now_ns(),
+                ..f.meta.clone()
+            };
+            let detail = format!(
+                "the runtime refused the snapshot copy of {:?} ({} bytes, cudaError {code}): \
+                 the record before this gap keeps it as metadata only",
+                p.role, p.nbytes
+            );
+            (m, p.nbytes, detail)
+        })
+        .collect()
 }
 
 impl Eager {
@@ -519,6 +548,7 @@ impl Eager {
                             crate::log::debug(&line);
                         }
                         self.tensors[i].captured = false;
+                        self.refused.push((i, code));
                         break;
                     }
                 }
@@ -688,6 +718,7 @@ fn begin_streamed(
         device,
         copied: false,
         fatal: None,
+        refused: Vec::new(),
         counted: how.counted,
         prefiltered: how.prefiltered,
     };
@@ -735,13 +766,13 @@ impl Eager {
             }
             match self.stream_tensor(s, i) {
                 Ok(id) => self.streams[i] = Some(id),
-                Err(detail) => {
+                Err((reason, detail)) => {
                     self.tensors[i].captured = false;
                     let m = Meta {
                         t_call_ns: tracer::now_ns(),
                         ..self.meta.clone()
                     };
-                    gap(m, GapReason::RingFull, self.plans[i].nbytes, detail);
+                    gap(m, reason, self.plans[i].nbytes, detail);
                 }
             }
         }
@@ -750,18 +781,19 @@ impl Eager {
     /// Copies tensor `i` into the ring chunk by chunk, each chunk on the op's stream with an
     /// event after it, handed to the tracer under a ticket of its own. Waiting for space is
     /// waiting for the collector to take earlier chunks.
-    fn stream_tensor(&mut self, s: &Session, i: usize) -> Result<u64, String> {
+    fn stream_tensor(&mut self, s: &Session, i: usize) -> Result<u64, (GapReason, String)> {
         let id = NEXT_STREAM.fetch_add(1, Ordering::Relaxed);
         let p = &self.plans[i];
         let (total, chunk) = (p.nbytes, chunk_bytes(s.ring.capacity()));
         let stream = self.stream as cudaStream_t;
         let (mut offset, mut index) = (0u64, 0u32);
-        let abort = |index: u32, why: String| {
+        let abort_for = |reason: GapReason, index: u32, why: String| {
             if index > 0 {
                 tracer::push(Entry::StreamAbort(id));
             }
-            Err(why)
+            Err((reason, why))
         };
+        let abort = |index: u32, why: String| abort_for(GapReason::RingFull, index, why);
         while offset < total {
             let len = chunk.min(total - offset);
             let Some((ticket, slot)) = reserve_chunk(s, len) else {
@@ -817,7 +849,8 @@ impl Eager {
                     slot: Some(slot),
                     event: Some(event),
                 });
-                return abort(
+                return abort_for(
+                    GapReason::CopyRefused,
                     index,
                     format!("the runtime refused a snapshot copy (cudaError {code})"),
                 );

@@ -64,6 +64,9 @@ struct Template {
     copies: Vec<NodeCopy>,
     /// Why its replays cannot be snapshotted (each records a gap).
     gap: Option<String>,
+    /// Tensors whose snapshot copy node the runtime refused during the capture, with why:
+    /// metadata only at every replay, each with a `CopyRefused` gap after the record.
+    refused: Vec<(usize, String)>,
     /// The bytes some tensors must hold at each replay (a pointer-array batch's arrays).
     expect: Vec<(usize, Arc<[u8]>)>,
 }
@@ -155,6 +158,7 @@ pub fn begin(call: Call, device: i32, s: &Session) -> Option<Recording> {
             total,
             copies: Vec::new(),
             gap: None,
+            refused: Vec::new(),
             expect,
         },
     };
@@ -241,9 +245,20 @@ impl Recording {
     fn piece(&mut self, tensor: usize, at: u64, src: u64, len: u64) -> bool {
         let dst = (self.sink + at as usize) as *mut u8;
         if let Err(code) = cuda::copy_linear(dst, src, len, self.stream) {
-            crate::log::debug(&format!(
-                "{}: graph snapshot copy refused (cudaError {code})",
+            let role = self.plans[tensor].role;
+            crate::log::warn(&format!(
+                "{}: graph snapshot copy of {role:?} refused (cudaError {code}): the tensor is \
+                 recorded without its bytes at every replay",
                 self.t.api
+            ));
+            self.t.refused.push((
+                tensor,
+                format!(
+                    "the runtime refused the snapshot copy node of {role:?} ({} bytes, \
+                     cudaError {code}) when the graph was captured: the record before this \
+                     gap keeps it as metadata only",
+                    self.plans[tensor].nbytes
+                ),
             ));
             return false;
         }
@@ -343,8 +358,8 @@ enum Replay {
     Record {
         ticket: Ticket,
         slot: Option<Slot>,
-        /// Tensors whose node could not be redirected this time.
-        lost: Vec<usize>,
+        /// Tensors whose node could not be pointed at the slot this time, with why.
+        lost: Vec<(usize, String)>,
     },
 }
 
@@ -444,7 +459,17 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
                     "{}: cannot redirect a graph snapshot node (cudaError {code})",
                     t.api
                 ));
-                lost.push(c.tensor);
+                if !lost.iter().any(|l: &(usize, String)| l.0 == c.tensor) {
+                    lost.push((
+                        c.tensor,
+                        format!(
+                            "the runtime refused to point a graph snapshot node of tensor {} \
+                             at this replay's ring slot (cudaError {code}): the record before \
+                             this gap keeps it as metadata only",
+                            c.tensor
+                        ),
+                    ));
+                }
             }
         }
         out.push(Replay::Record {
@@ -492,7 +517,7 @@ fn publish(
     t: &Template,
     ticket: Ticket,
     slot: Option<Slot>,
-    lost: &[usize],
+    lost: &[(usize, String)],
     stream: cudaStream_t,
     ok: bool,
 ) {
@@ -524,10 +549,18 @@ fn publish(
         return;
     }
     let mut tensors = t.tensors.clone();
-    for &i in lost {
+    for &(i, _) in lost {
         tensors[i].captured = false;
     }
     let meta = engine::meta(t.api, t.op.clone(), t.stream, t.device);
+    // Refused copies are gaps after the record (nothing is lost silently).
+    let gaps: Vec<(u64, String)> = t
+        .refused
+        .iter()
+        .chain(lost)
+        .map(|(i, why)| (tensors.get(*i).map_or(0, |x| x.nbytes), why.clone()))
+        .collect();
+    let gap_meta = (!gaps.is_empty()).then(|| meta.clone());
     ticket.push(Entry::Capture(Box::new(Captured {
         meta,
         tensors,
@@ -542,6 +575,11 @@ fn publish(
         rule_only: PerTensor::new(),
         fingerprints: PerTensor::new(),
     })));
+    if let Some(m) = gap_meta {
+        for (bytes, detail) in gaps {
+            engine::gap(m.clone(), GapReason::CopyRefused, bytes, detail);
+        }
+    }
 }
 
 /// Points a template's copy nodes back at the sink for later launches.

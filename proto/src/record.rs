@@ -389,6 +389,10 @@ pub enum GapReason {
     /// The entry point moves tensor data of a kind this ttrace does not capture (complex
     /// GEMMs, matrix-vector products): recorded so that nothing is lost silently.
     Unsupported,
+    /// The CUDA runtime refused a snapshot copy of one of the op's tensors (format 1.6): the
+    /// op's own record keeps that tensor as metadata only, and this gap, right after it, names
+    /// the tensor and the error.
+    CopyRefused,
 }
 
 /// A skipped op.

@@ -184,6 +184,44 @@ fn a_device_fault_disables_capture_with_one_line_and_a_gap() {
     assert_eq!(g[0].0, GapReason::TracerFault);
 }
 
+/// Nothing is lost silently: a snapshot copy the runtime refuses (an H200 refused copies
+/// across two pinned registrations) leaves its tensor as metadata only in the op's record, and
+/// a `copy_refused` gap right after the record names the API, the tensor and the error. The
+/// program sees nothing.
+#[test]
+fn a_snapshot_copy_the_runtime_refuses_is_a_gap_after_its_record() {
+    let plain = untraced(1, &["traced", "gemm"]);
+    let run = traced(
+        1,
+        &["traced", "gemm"],
+        &[("SIM_CUDA_REFUSE_REGISTERED_COPY", "3")],
+    );
+    assert_ok(&run);
+    assert_eq!(run.out.stdout, plain.stdout, "the program runs as untraced");
+    assert!(stderr(&run.out).contains("refused"), "{}", describe(&run.out));
+    let at: Vec<usize> = (0..run.records.len())
+        .filter(|&i| matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused))
+        .collect();
+    assert_eq!(at.len(), 1, "one refused copy, one gap");
+    let i = at[0];
+    let Op::Gap(g) = &run.records[i].record.op else {
+        unreachable!("filtered on gaps");
+    };
+    assert!(i > 0, "the gap follows its record");
+    let before = &run.records[i - 1].record;
+    assert_eq!(before.api, g.skipped_api, "{g:?}");
+    assert_eq!(before.seq + 1, run.records[i].record.seq);
+    let lost: Vec<_> = before.tensors.iter().filter(|t| !t.captured).collect();
+    assert_eq!(lost.len(), 1, "{:?}", before.tensors);
+    assert_eq!(g.bytes, lost[0].nbytes);
+    assert!(
+        g.detail.contains(&format!("{:?}", lost[0].role)),
+        "the gap names the tensor: {}",
+        g.detail
+    );
+    assert_eq!(run.summary.gaps, 1, "the daemon counts it");
+}
+
 #[test]
 fn a_forked_child_passes_through_and_the_parent_keeps_capturing() {
     let plain = untraced(1, &["traced", "fork"]);

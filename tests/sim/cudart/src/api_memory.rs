@@ -71,6 +71,9 @@ fn end(
         PointerKind::Device { .. } => Err(cudaErrorInvalidValue),
         // A copy must lie in the one registration it starts in: CUDA refuses one that runs on
         // into the next (seen on an H200: cudaErrorInvalidValue).
+        PointerKind::Pinned { base, .. } if r.heap.registered(base) && refuse_registered() => {
+            Err(cudaErrorInvalidValue)
+        }
         PointerKind::Pinned { base, .. } if r.heap.pinned_holds(base, ptr, extent) => Ok(End {
             addr: Addr(ptr as *mut u8),
             pageable: false,
@@ -81,6 +84,26 @@ fn end(
             pageable: true,
         }),
     }
+}
+
+/// Fault injection for tests: with `SIM_CUDA_REFUSE_REGISTERED_COPY=K`, the K-th copy (from
+/// 1, in this process) whose host end lies in registered memory is refused with
+/// `cudaErrorInvalidValue`, as an H200 refused copies it could not take (docs/sim.md). Only
+/// registered memory counts, so the program's own copies (pageable or `cudaMallocHost`) are
+/// never refused: the copies a tracer makes into a registered ring are.
+fn refuse_registered() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static WHICH: OnceLock<Option<u64>> = OnceLock::new();
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    let Some(k) = *WHICH.get_or_init(|| {
+        std::env::var("SIM_CUDA_REFUSE_REGISTERED_COPY")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    }) else {
+        return false;
+    };
+    SEEN.fetch_add(1, Ordering::Relaxed) + 1 == k
 }
 
 /// A 2-D copy request (a 1-D copy is one row).

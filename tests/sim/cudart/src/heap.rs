@@ -244,6 +244,16 @@ impl Heap {
         }
     }
 
+    /// Whether the pinned range starting at `base` was registered (`cudaHostRegister`), not
+    /// allocated by the runtime.
+    pub fn registered(&self, base: usize) -> bool {
+        self.pinned
+            .read()
+            .ok()
+            .and_then(|p| p.get(&base).map(|r| !r.owned))
+            .unwrap_or(false)
+    }
+
     /// Whether `[ptr, ptr+len)` lies in the pinned range starting at `base` (one
     /// [`Self::classify`] found `ptr` in).
     pub fn pinned_holds(&self, base: usize, ptr: *const c_void, len: usize) -> bool {

@@ -25,7 +25,8 @@ use ttrace_compare::{compare, layout, CompareOptions, DpScale};
 /// the verdict: local (the op's output is wrong given its own inputs) or upstream (its inputs
 /// were already wrong: the bug is in uncaptured code before it).
 ///
-/// Exit status: 0 match, 1 divergence, 2 error.
+/// Exit status: 0 match, 1 divergence, 2 error, 5 a match of a capture that lost data (gaps,
+/// snapshots never published, unreadable records: said under the verdict; never clean).
 ///
 /// Examples:
 ///

@@ -397,12 +397,10 @@ mod tests {
     fn after_the_verdict_a_sum_that_fits_none_of_its_known_places_is_judged_there() {
         let reference = values(&[1.0, 2.0, 3.0, 4.0]);
         // The group's sum is the second half, but this kind of sum sat at the first before.
-        let vals: BTreeMap<(u32, u64), Values> = [
-            ((0, 7), values(&[1.0, 3.0])),
-            ((1, 7), values(&[2.0, 1.0])),
-        ]
-        .into_iter()
-        .collect();
+        let vals: BTreeMap<(u32, u64), Values> =
+            [((0, 7), values(&[1.0, 3.0])), ((1, 7), values(&[2.0, 1.0]))]
+                .into_iter()
+                .collect();
         let shards = [(0, 7), (1, 7)];
         let mut s = search(&shards, &vals, &reference);
         let key = sum_key(0xa, 0, &[2], &s);

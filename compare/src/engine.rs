@@ -538,6 +538,11 @@ fn finish(
         world_size: t.ranks().len() as u32,
     };
     let stats = stats(p, steps, tensors.len(), (bytes, elapsed_s));
+    let mut stores: Vec<(&str, &RunTrace)> = vec![("reference", &p.reff), ("run", &p.run)];
+    if let Some(pt) = &p.pert {
+        stores.push(("perturbed", pt));
+    }
+    let capture_losses = crate::losses::of_stores(&stores, steps);
     Ok(CompareReport {
         reference: summary(&p.reff),
         run: summary(&p.run),
@@ -558,6 +563,7 @@ fn finish(
         not_comparable,
         replica_drift,
         dp_reduction,
+        capture_losses,
         stats,
     })
 }

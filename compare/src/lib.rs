@@ -20,6 +20,7 @@ mod hints;
 pub mod kernels;
 pub mod layout;
 mod localize;
+pub mod losses;
 pub mod model;
 pub mod numerics;
 pub mod partition;

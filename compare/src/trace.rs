@@ -396,9 +396,8 @@ impl RunTrace {
         index: usize,
     ) -> Result<Option<Vec<u8>>, CompareError> {
         let mut out = Vec::new();
-        let captured = self.with_blocks((rank, step, seq, index), &mut |b| {
-            out.extend_from_slice(b)
-        })?;
+        let captured =
+            self.with_blocks((rank, step, seq, index), &mut |b| out.extend_from_slice(b))?;
         Ok(captured.then_some(out))
     }
 

@@ -1067,10 +1067,17 @@ mod tests {
         codec: Codec,
     ) -> Result<(Vec<u8>, Vec<usize>), FormatError> {
         let (mut bytes, mut lens) = (Vec::new(), Vec::new());
-        decode_blocks(stored, raw_len, elem, codec, &mut Vec::new(), &mut |b: &[u8]| {
-            bytes.extend_from_slice(b);
-            lens.push(b.len());
-        })?;
+        decode_blocks(
+            stored,
+            raw_len,
+            elem,
+            codec,
+            &mut Vec::new(),
+            &mut |b: &[u8]| {
+                bytes.extend_from_slice(b);
+                lens.push(b.len());
+            },
+        )?;
         Ok((bytes, lens))
     }
 
@@ -1087,7 +1094,16 @@ mod tests {
             .collect();
         let (mut scratch, mut whole) = (Vec::new(), Vec::new());
         for elem in 0..=9 {
-            for len in [0, 1, 3, 1000, 1001, BLOCK_BYTES - 1, BLOCK_BYTES * 2 + 7, 80_000] {
+            for len in [
+                0,
+                1,
+                3,
+                1000,
+                1001,
+                BLOCK_BYTES - 1,
+                BLOCK_BYTES * 2 + 7,
+                80_000,
+            ] {
                 let raw = &mixed[..len];
                 let e = elem.max(1);
                 for codec in [

@@ -1340,11 +1340,10 @@ impl RecordView<'_> {
         let (b, stored) = self.stored_blob(tensor)?;
         if b.codec == codec::Codec::Streamed {
             // RUN/rankNNNNN/stepNNNNNN.seg: the run is two levels up.
-            let run = self
-                .path
-                .parent()
-                .and_then(Path::parent)
-                .ok_or_else(|| self.corrupt(tensor, "a streamed tensor outside a store".into()))?;
+            let run =
+                self.path.parent().and_then(Path::parent).ok_or_else(|| {
+                    self.corrupt(tensor, "a streamed tensor outside a store".into())
+                })?;
             crate::stream::read_stream(run, stored, b.raw_len, scratch, out)
         } else if b.codec == codec::Codec::Reference {
             self.segment
@@ -1405,7 +1404,10 @@ impl RecordView<'_> {
         if b.raw_len != t.nbytes {
             return Err(self.corrupt(
                 tensor,
-                format!("stored {} bytes but the record says {}", b.raw_len, t.nbytes),
+                format!(
+                    "stored {} bytes but the record says {}",
+                    b.raw_len, t.nbytes
+                ),
             ));
         }
         Ok((b, &self.body[b.start..b.end]))

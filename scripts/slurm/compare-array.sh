@@ -13,7 +13,8 @@
 #   COMPARE OPTIONS are passed to every partition, e.g. --perturbed REF-PERTURBED --memory 4G
 #
 # Result: OUTDIR/report.json, report.html and report.txt (the merge job's stdout). The merge
-# job exits like `ttrace compare`: 0 match, 1 divergence, 2 error. A partition exits 3 (its
+# job exits like `ttrace compare`: 0 match, 1 divergence, 2 error, 5 a match of a capture that
+# lost data. A partition exits 3 (its
 # share matched) or 4 (it diverged); this script maps both to 0 so that the merge's
 # `afterok` dependency holds, and keeps 2 (an error), which cancels the merge.
 #

@@ -90,6 +90,10 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         }
     }
     report.unreadable.extend(trace.unreadable.iter().cloned());
+    (report.gaps, report.gap_bytes) =
+        crate::losses::tally_gaps(trace.records.iter().map(|r| &r.record.op));
+    report.unpublished = manifest.ranks.iter().map(|r| r.unpublished).sum();
+    report.not_stored = manifest.lost.iter().map(|l| l.records).sum();
     report.sort();
     Ok(report)
 }

@@ -80,12 +80,41 @@ pub struct Report {
     pub missing_ranks: Vec<u32>,
     /// Send/recv transfers not checked because their peer is a missing rank.
     pub transfers_unchecked: u64,
+    /// Gap records (tensors not captured) by reason, as docs/format.md names them.
+    pub gaps: std::collections::BTreeMap<String, u64>,
+    /// Bytes the gaps would have captured, where known.
+    pub gap_bytes: u64,
+    /// Snapshots taken but never published (a process died holding them), every rank.
+    pub unpublished: u64,
+    /// Records the collector received but could not store (the manifest's `lost`).
+    pub not_stored: u64,
 }
 
 impl Report {
     /// Whether anything was found (exit status 1).
     pub fn has_findings(&self) -> bool {
         !self.findings.is_empty()
+    }
+
+    /// Whether the capture lost data (gaps, unpublished snapshots, unreadable records): what
+    /// it lost was not checked, so "no finding" is not a clean run.
+    pub fn incomplete(&self) -> bool {
+        !self.gaps.is_empty()
+            || self.unpublished > 0
+            || self.not_stored > 0
+            || !self.unreadable.is_empty()
+    }
+
+    /// Exit status of `ttrace check`: 1 findings, else 5 an incomplete capture
+    /// ([`crate::losses::EXIT_INCOMPLETE`]), else 0.
+    pub fn exit_code(&self) -> i32 {
+        if self.has_findings() {
+            1
+        } else if self.incomplete() {
+            crate::losses::EXIT_INCOMPLETE
+        } else {
+            0
+        }
     }
 
     /// Orders findings by step, then kind (a stable sort keeps each check's own order).
@@ -170,6 +199,25 @@ impl fmt::Display for Report {
                 f,
                 "{} records or tensors could not be read and were skipped (ttrace fsck RUN)",
                 self.unreadable.len()
+            )?;
+        }
+        if let Some(g) = crate::losses::describe_gaps(&self.gaps, self.gap_bytes) {
+            writeln!(f, "INCOMPLETE CAPTURE: {g}: what they lost was not checked")?;
+        }
+        if self.unpublished > 0 {
+            writeln!(
+                f,
+                "INCOMPLETE CAPTURE: {} snapshots were taken but never published (a process \
+                 died): what they held was not checked",
+                self.unpublished
+            )?;
+        }
+        if self.not_stored > 0 {
+            writeln!(
+                f,
+                "INCOMPLETE CAPTURE: {} records were received but could not be stored (the \
+                 manifest's lost[]): what they held was not checked",
+                self.not_stored
             )?;
         }
         Ok(())

@@ -46,6 +46,16 @@ pub fn render(report: &CompareReport) -> String {
         esc(&report.precision),
         esc(&steps_label(&report.steps)),
     );
+    if !report.capture_losses.is_empty() {
+        h.push_str(
+            "<section id=\"losses\"><h2>Incomplete capture</h2><p>What the capture lost was \
+             not compared: a match covers only what was captured.</p><ul>\n",
+        );
+        for l in &report.capture_losses {
+            let _ = writeln!(h, "<li>{}</li>", esc(&l.describe()));
+        }
+        h.push_str("</ul></section>\n");
+    }
     summary(report, &mut h);
     let _ = write!(
         h,

@@ -250,14 +250,21 @@ pub struct CompareReport {
     /// (`None`: no data-parallel group).
     #[serde(default)]
     pub dp_reduction: Option<crate::gradscale::Decision>,
+    /// What the stores' captures lost in the compared steps (gaps, snapshots never
+    /// published, unreadable records), per store that lost anything: a match of an
+    /// incomplete capture exits [`crate::losses::EXIT_INCOMPLETE`], not 0.
+    #[serde(default)]
+    pub capture_losses: Vec<crate::losses::CaptureLosses>,
     /// Totals.
     pub stats: CompareStats,
 }
 
 impl CompareReport {
-    /// Exit code of `ttrace compare`: 0 match, 1 divergence.
+    /// Exit code of `ttrace compare`: 0 match, 1 divergence, 5 a match of a capture that
+    /// lost data ([`crate::losses::EXIT_INCOMPLETE`]: never clean).
     pub fn exit_code(&self) -> i32 {
         match self.verdict {
+            Verdict::Match if !self.capture_losses.is_empty() => crate::losses::EXIT_INCOMPLETE,
             Verdict::Match => 0,
             Verdict::Divergence => 1,
         }

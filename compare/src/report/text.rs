@@ -74,6 +74,9 @@ fn printable(r: &CompareReport) -> CompareReport {
         e(&mut n.reason);
         e(&mut n.first);
     }
+    for l in &mut r.capture_losses {
+        e(&mut l.path);
+    }
     r
 }
 
@@ -88,6 +91,7 @@ pub fn render(report: &CompareReport, color: bool) -> String {
         Verdict::Divergence => p.paint("1;31", "DIVERGENCE"),
     };
     let _ = writeln!(out, "{verdict}  {}", headline(report));
+    render_losses(report, &p, &mut out);
     match report.verdict {
         Verdict::Match => render_match(report, &p, &mut out),
         Verdict::Divergence => {
@@ -113,6 +117,22 @@ pub fn render(report: &CompareReport, color: bool) -> String {
         );
     }
     out
+}
+
+/// What the captures lost, right under the verdict: a match of an incomplete capture is not
+/// a clean run.
+fn render_losses(r: &CompareReport, p: &Paint, out: &mut String) {
+    if r.capture_losses.is_empty() {
+        return;
+    }
+    let what = match r.verdict {
+        Verdict::Match => "the match covers only what was captured (exit 5)",
+        Verdict::Divergence => "a divergence may come from data the capture lost",
+    };
+    let _ = writeln!(out, "  {} {what}:", p.paint("1;33", "INCOMPLETE CAPTURE"));
+    for l in &r.capture_losses {
+        let _ = writeln!(out, "    {}", l.describe());
+    }
 }
 
 /// The first replica drift and how many more, when replicas drifted apart.
@@ -834,6 +854,7 @@ pub(crate) mod tests {
             not_comparable: vec![],
             replica_drift: vec![],
             dp_reduction: None,
+            capture_losses: vec![],
             stats: CompareStats {
                 reference_gemms_aligned: 100,
                 reference_ops: 410,

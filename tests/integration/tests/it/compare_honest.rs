@@ -203,6 +203,56 @@ fn partial_captures_of_a_bug_free_run_never_diverge() {
     assert_eq!(d["module"], "layers.0.mlp.fc1", "{}", text(&o));
 }
 
+/// Nothing is lost silently: a bug-free run whose capture lost tensors (a snapshot copy the
+/// runtime refused in each process) still matches in what was captured, but compare says what
+/// was lost under the verdict and exits 5, never 0; `ttrace check` the same. The complete
+/// capture of the same run exits 0.
+#[test]
+fn a_match_of_a_capture_that_lost_data_is_never_clean() {
+    let s = stores();
+    let dir = TempDir::new("compare-lossy");
+    let run = dir.0.join("run");
+    let out = ttrace_run(&run)
+        .env("SIM_CUDA_REFUSE_REGISTERED_COPY", "40")
+        .arg("--")
+        .arg(bin("simrun"))
+        .args(["--nproc-per-node", "2", "--"])
+        .arg(bin("trainer"))
+        .args(with(&["--tp", "2"]))
+        .output()
+        .expect("ttrace run");
+    assert!(out.status.success(), "{}", text(&out));
+    let pert = s.path("ref-perturbed");
+    let perturbed = ["--perturbed", pert.to_str().expect("utf-8")];
+    let (o, r) = compare(&[&s.path("ref"), &run], &perturbed);
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    let r = r.expect("a JSON report");
+    assert_eq!(r["verdict"], "match", "{}", text(&o));
+    let losses = r["capture_losses"].as_array().expect("capture_losses");
+    assert_eq!(losses.len(), 1, "{losses:?}");
+    assert_eq!(losses[0]["store"], "run");
+    assert_eq!(losses[0]["gaps"]["copy_refused"], 2, "one per process");
+    assert!(text(&o).contains("INCOMPLETE CAPTURE"), "{}", text(&o));
+    let c = Command::new(bin("ttrace"))
+        .arg("check")
+        .arg(&run)
+        .output()
+        .expect("ttrace check");
+    assert_eq!(c.status.code(), Some(5), "{}", text(&c));
+    assert!(
+        text(&c).contains("INCOMPLETE CAPTURE: 2 gaps (copy_refused 2"),
+        "{}",
+        text(&c)
+    );
+    // The same run captured whole is clean.
+    let (o, r) = compare(&[&s.path("ref"), &s.path("tp2dp2")], &perturbed);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        r.expect("a JSON report")["capture_losses"],
+        serde_json::json!([])
+    );
+}
+
 #[test]
 fn a_store_missing_ranks_is_not_a_divergence() {
     let s = stores();

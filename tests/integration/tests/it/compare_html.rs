@@ -360,6 +360,7 @@ fn realistic(diverge: bool) -> CompareReport {
         not_comparable: vec![],
         replica_drift: vec![],
         dp_reduction: None,
+        capture_losses: vec![],
         stats: CompareStats {
             reference_ops: n / 3,
             reference_gemms_aligned: n / 3,

@@ -198,7 +198,11 @@ fn a_snapshot_copy_the_runtime_refuses_is_a_gap_after_its_record() {
     );
     assert_ok(&run);
     assert_eq!(run.out.stdout, plain.stdout, "the program runs as untraced");
-    assert!(stderr(&run.out).contains("refused"), "{}", describe(&run.out));
+    assert!(
+        stderr(&run.out).contains("refused"),
+        "{}",
+        describe(&run.out)
+    );
     let at: Vec<usize> = (0..run.records.len())
         .filter(|&i| matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused))
         .collect();

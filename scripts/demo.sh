@@ -54,7 +54,7 @@ if "$T/ttrace" check --help >/dev/null 2>&1; then
   "$T/ttrace" check "$out/distributed"
   code=$?
   set -e
-  echo "ttrace check exited $code (0: nothing found, 1: findings, 2: error)"
+  echo "ttrace check exited $code (0: nothing found, 1: findings, 2: error, 5: nothing found but the capture lost data)"
 fi
 
 echo
@@ -64,4 +64,4 @@ set +e
   --json "$out/compare.json" --html "$out/compare.html"
 code=$?
 set -e
-echo "ttrace compare exited $code (0: match, 1: divergence, 2: error); reports: $out/compare.json, $out/compare.html"
+echo "ttrace compare exited $code (0: match, 1: divergence, 2: error, 5: a match of a capture that lost data); reports: $out/compare.json, $out/compare.html"

@@ -32,12 +32,18 @@ pub(crate) fn prepare(
     run_path: &Path,
     opts: &CompareOptions,
 ) -> Result<Prepared, CompareError> {
-    let reff = RunTrace::open(reff_path)?;
-    let run = RunTrace::open(run_path)?;
-    let pert = match &opts.perturbed {
-        Some(p) => Some(RunTrace::open(p)?),
-        None => None,
-    };
+    // The stores are read at once (each on every core, by segment): a reference has few
+    // segments, too few to keep the cores busy alone. Errors are said in this order.
+    let ((reff, run), pert) = rayon::join(
+        || {
+            rayon::join(
+                || RunTrace::open(reff_path),
+                || RunTrace::open(run_path),
+            )
+        },
+        || opts.perturbed.as_deref().map(RunTrace::open),
+    );
+    let (reff, run, pert) = (reff?, run?, pert.transpose()?);
     let ref_rank = *reff
         .ranks()
         .first()

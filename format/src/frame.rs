@@ -346,7 +346,7 @@ mod tests {
     fn headers_are_laid_out_as_the_specification_says() {
         let s = SegmentHeader::current(3, 0x0102_0304_0506_0708).encode();
         assert_eq!(&s[..8], b"TTRSEG\r\n");
-        assert_eq!(&s[8..12], &[1, 0, 5, 0]);
+        assert_eq!(&s[8..12], &[1, 0, 6, 0]);
         assert_eq!(&s[12..16], &[3, 0, 0, 0]);
         assert_eq!(&s[16..24], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(s[24..].iter().all(|&b| b == 0));

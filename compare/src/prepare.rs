@@ -35,12 +35,7 @@ pub(crate) fn prepare(
     // The stores are read at once (each on every core, by segment): a reference has few
     // segments, too few to keep the cores busy alone. Errors are said in this order.
     let ((reff, run), pert) = rayon::join(
-        || {
-            rayon::join(
-                || RunTrace::open(reff_path),
-                || RunTrace::open(run_path),
-            )
-        },
+        || rayon::join(|| RunTrace::open(reff_path), || RunTrace::open(run_path)),
         || opts.perturbed.as_deref().map(RunTrace::open),
     );
     let (reff, run, pert) = (reff?, run?, pert.transpose()?);

@@ -967,18 +967,8 @@ mod tests {
     #[test]
     fn decoding_to_f32_is_exact_for_every_float_type() {
         // Every bit pattern of the 8- and 16-bit types, and a few f32 values.
-        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
-        let every8: Vec<u8> = (0..=u8::MAX).collect();
-        let f32s: Vec<u8> = [0.0f32, -0.0, 1.0, -2.5, 1e-40, f32::INFINITY, f32::NAN]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        for (dtype, bytes) in [
-            (DType::F32, &f32s),
-            (DType::BF16, &every16),
-            (DType::F16, &every16),
-            (DType::F8_E4M3, &every8),
-        ] {
+        for (dtype, bytes) in &float_patterns() {
+            let (dtype, bytes) = (*dtype, bytes.as_slice());
             let mut wide = Vec::new();
             widen_f32_into(dtype, bytes, &mut wide).expect("widens");
             let want: Vec<u32> = wide
@@ -998,21 +988,31 @@ mod tests {
         );
     }
 
+    /// Every bit pattern of the 8- and 16-bit float types, and f32 values (special ones, then
+    /// a ramp), as stored bytes.
+    fn float_patterns() -> Vec<(DType, Vec<u8>)> {
+        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+        let specials = [0.0f32, -0.0, 1.0, -2.5, 1e-40, f32::INFINITY, f32::NAN];
+        let ramp = (0..5000u32).map(|i| i as f32 * 0.37 - 900.0);
+        let f32s: Vec<u8> = specials
+            .into_iter()
+            .chain(ramp)
+            .flat_map(f32::to_le_bytes)
+            .collect();
+        vec![
+            (DType::F32, f32s),
+            (DType::BF16, every16.clone()),
+            (DType::F16, every16),
+            (DType::F8_E4M3, (0..=u8::MAX).collect()),
+        ]
+    }
+
     /// Widening block by block gives the values of widening the whole, however the bytes are
     /// cut into blocks (an element split across two blocks too), for every float type.
     #[test]
     fn widening_by_blocks_gives_the_values_of_the_whole_wherever_the_blocks_end() {
-        let every16: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
-        let every8: Vec<u8> = (0..=u8::MAX).collect();
-        let f32s: Vec<u8> = (0..5000u32)
-            .flat_map(|i| (i as f32 * 0.37 - 900.0).to_le_bytes())
-            .collect();
-        for (dtype, bytes) in [
-            (DType::F32, &f32s),
-            (DType::BF16, &every16),
-            (DType::F16, &every16),
-            (DType::F8_E4M3, &every8),
-        ] {
+        for (dtype, bytes) in &float_patterns() {
+            let (dtype, bytes) = (*dtype, bytes.as_slice());
             let want: Vec<u32> = to_f32(dtype, bytes)
                 .expect("decodes")
                 .iter()

@@ -222,27 +222,10 @@ pub fn decode_blocks(
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
     let mut handed = 0u64;
-    blocks_of(stored, raw_len, elem, codec, scratch, &mut |b: &[u8]| {
+    let sink = &mut |b: &[u8]| {
         handed += b.len() as u64;
         sink(b);
-    })?;
-    if handed != raw_len {
-        return Err(FormatError::Corrupt(format!(
-            "blob decodes to {handed} bytes, header says {raw_len}"
-        )));
-    }
-    Ok(())
-}
-
-/// [`decode_blocks`] without the final count.
-fn blocks_of(
-    stored: &[u8],
-    raw_len: u64,
-    elem: usize,
-    codec: Codec,
-    scratch: &mut Vec<u8>,
-    sink: &mut dyn FnMut(&[u8]),
-) -> Result<(), FormatError> {
+    };
     let e = elem.max(1);
     match codec {
         Codec::Raw => stored.chunks(BLOCK_BYTES).for_each(sink),
@@ -301,6 +284,11 @@ fn blocks_of(
                 "a blob of codec {codec:?} is read through its store (reader::RecordView)"
             )))
         }
+    }
+    if handed != raw_len {
+        return Err(FormatError::Corrupt(format!(
+            "blob decodes to {handed} bytes, header says {raw_len}"
+        )));
     }
     Ok(())
 }

@@ -493,7 +493,7 @@ fn refusal_gaps(f: &Eager) -> Vec<(Meta, u64, String)> {
             };
             let detail = format!(
                 "the runtime refused the snapshot copy of {:?} ({} bytes, cudaError {code}): \
-                 the record before this gap keeps it as metadata only",
+                 the op's record, before this gap, keeps it as metadata only",
                 p.role, p.nbytes
             );
             (m, p.nbytes, detail)

@@ -255,8 +255,8 @@ impl Recording {
                 tensor,
                 format!(
                     "the runtime refused the snapshot copy node of {role:?} ({} bytes, \
-                     cudaError {code}) when the graph was captured: the record before this \
-                     gap keeps it as metadata only",
+                     cudaError {code}) when the graph was captured: the replay's record, just \
+                     before this gap, keeps it as metadata only",
                     self.plans[tensor].nbytes
                 ),
             ));
@@ -360,6 +360,9 @@ enum Replay {
         slot: Option<Slot>,
         /// Tensors whose node could not be pointed at the slot this time, with why.
         lost: Vec<(usize, String)>,
+        /// The places, right after the record's, of its `CopyRefused` gaps (the template's
+        /// refused nodes, then `lost`).
+        gaps: Vec<Ticket>,
     },
 }
 
@@ -429,6 +432,7 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
                 ticket,
                 slot: None,
                 lost: Vec::new(),
+                gaps: gap_tickets(t.refused.len()),
             });
             continue;
         }
@@ -464,21 +468,28 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
                         c.tensor,
                         format!(
                             "the runtime refused to point a graph snapshot node of tensor {} \
-                             at this replay's ring slot (cudaError {code}): the record before \
-                             this gap keeps it as metadata only",
+                             at this replay's ring slot (cudaError {code}): the replay's record, \
+                             just before this gap, keeps it as metadata only",
                             c.tensor
                         ),
                     ));
                 }
             }
         }
+        let gaps = gap_tickets(t.refused.len() + lost.len());
         out.push(Replay::Record {
             ticket,
             slot: Some(slot),
             lost,
+            gaps,
         });
     }
     Some(out)
+}
+
+/// Places in call order for `n` gaps after a record (none counted by the step rule).
+fn gap_tickets(n: usize) -> Vec<Ticket> {
+    (0..n).map(|_| Ticket::take_counted(false)).collect()
 }
 
 /// Hands the replay's entries to the tracer and points the nodes back at the sink (after the
@@ -501,9 +512,14 @@ fn complete(e: &Exec, exec: usize, stream: cudaStream_t, replays: Vec<Replay>, o
                 }
                 // Not launched: the dropped ticket is a skip.
             }
-            Replay::Record { ticket, slot, lost } => {
+            Replay::Record {
+                ticket,
+                slot,
+                lost,
+                gaps,
+            } => {
                 let redirected = slot.is_some();
-                publish(t, ticket, slot, &lost, stream, ok);
+                publish(t, (ticket, gaps), slot, &lost, stream, ok);
                 if redirected {
                     reset(t, exec, sink);
                 }
@@ -515,7 +531,7 @@ fn complete(e: &Exec, exec: usize, stream: cudaStream_t, replays: Vec<Replay>, o
 /// One template's record of this replay.
 fn publish(
     t: &Template,
-    ticket: Ticket,
+    (ticket, gap_tickets): (Ticket, Vec<Ticket>),
     slot: Option<Slot>,
     lost: &[(usize, String)],
     stream: cudaStream_t,
@@ -576,8 +592,9 @@ fn publish(
         fingerprints: PerTensor::new(),
     })));
     if let Some(m) = gap_meta {
-        for (bytes, detail) in gaps {
-            engine::gap(m.clone(), GapReason::CopyRefused, bytes, detail);
+        for ((bytes, detail), place) in gaps.into_iter().zip(gap_tickets) {
+            let g = crate::tracer::gap_meta(m.clone(), GapReason::CopyRefused, bytes, detail);
+            place.push(Entry::Gap(Box::new(g)));
         }
     }
 }

@@ -390,8 +390,8 @@ pub enum GapReason {
     /// GEMMs, matrix-vector products): recorded so that nothing is lost silently.
     Unsupported,
     /// The CUDA runtime refused a snapshot copy of one of the op's tensors (format 1.6): the
-    /// op's own record keeps that tensor as metadata only, and this gap, right after it, names
-    /// the tensor and the error.
+    /// op's own record keeps that tensor as metadata only, and this gap, after it (right after
+    /// it unless another thread's op came in between), names the tensor and the error.
     CopyRefused,
 }
 

@@ -226,6 +226,42 @@ fn a_snapshot_copy_the_runtime_refuses_is_a_gap_after_its_record() {
     assert_eq!(run.summary.gaps, 1, "the daemon counts it");
 }
 
+/// The same in a CUDA graph: a replay whose snapshot node the runtime refuses to point at the
+/// replay's ring slot records that tensor as metadata only, with a `copy_refused` gap after
+/// the replay's record; the graph still replays as untraced.
+#[test]
+fn a_refused_graph_snapshot_node_is_a_gap_after_the_replays_record() {
+    let plain = untraced(1, &["traced", "graph"]);
+    let run = traced(
+        1,
+        &["traced", "graph"],
+        &[("SIM_CUDA_REFUSE_REGISTERED_COPY", "node:1")],
+    );
+    assert_ok(&run);
+    assert_eq!(
+        run.out.stdout, plain.stdout,
+        "the graph replays as untraced"
+    );
+    let at: Vec<usize> = (0..run.records.len())
+        .filter(|&i| matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused))
+        .collect();
+    assert_eq!(at.len(), 1, "one refused node, one gap");
+    let (gap, before) = (&run.records[at[0]].record, &run.records[at[0] - 1].record);
+    let Op::Gap(g) = &gap.op else {
+        unreachable!("filtered on gaps");
+    };
+    assert_eq!(before.api, g.skipped_api, "{g:?}");
+    assert!(
+        before
+            .tensors
+            .iter()
+            .any(|t| !t.captured && t.nbytes == g.bytes),
+        "the replay's record keeps the tensor as metadata: {:?} {g:?}",
+        before.tensors
+    );
+    assert!(g.detail.contains("graph snapshot node"), "{}", g.detail);
+}
+
 #[test]
 fn a_forked_child_passes_through_and_the_parent_keeps_capturing() {
     let plain = untraced(1, &["traced", "fork"]);

@@ -426,6 +426,11 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
         if !same(old.dst, dst as usize)? || !same(old.src, src as usize)? {
             return Err(cudaErrorInvalidValue);
         }
+        if crate::api_memory::is_registered(dst as usize)?
+            && crate::api_memory::refuse_registered(true)
+        {
+            return Err(cudaErrorInvalidValue);
+        }
         *params = Some(crate::streams::MemcpyParams {
             dst: dst as usize,
             dpitch: count,

@@ -71,7 +71,7 @@ fn end(
         PointerKind::Device { .. } => Err(cudaErrorInvalidValue),
         // A copy must lie in the one registration it starts in: CUDA refuses one that runs on
         // into the next (seen on an H200: cudaErrorInvalidValue).
-        PointerKind::Pinned { base, .. } if r.heap.registered(base) && refuse_registered() => {
+        PointerKind::Pinned { base, .. } if r.heap.registered(base) && refuse_registered(false) => {
             Err(cudaErrorInvalidValue)
         }
         PointerKind::Pinned { base, .. } if r.heap.pinned_holds(base, ptr, extent) => Ok(End {
@@ -88,22 +88,36 @@ fn end(
 
 /// Fault injection for tests: with `SIM_CUDA_REFUSE_REGISTERED_COPY=K`, the K-th copy (from
 /// 1, in this process) whose host end lies in registered memory is refused with
-/// `cudaErrorInvalidValue`, as an H200 refused copies it could not take (docs/sim.md). Only
-/// registered memory counts, so the program's own copies (pageable or `cudaMallocHost`) are
-/// never refused: the copies a tracer makes into a registered ring are.
-fn refuse_registered() -> bool {
+/// `cudaErrorInvalidValue`, as an H200 refused copies it could not take (docs/sim.md); with
+/// `node:K`, the K-th `cudaGraphExecMemcpyNodeSetParams1D` that points a graph's copy node at
+/// registered memory. Only registered memory counts, so the program's own copies (pageable
+/// or `cudaMallocHost`) are never refused: the copies a tracer makes into a registered ring
+/// are.
+pub(crate) fn refuse_registered(node: bool) -> bool {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
-    static WHICH: OnceLock<Option<u64>> = OnceLock::new();
+    static WHICH: OnceLock<Option<(bool, u64)>> = OnceLock::new();
     static SEEN: AtomicU64 = AtomicU64::new(0);
-    let Some(k) = *WHICH.get_or_init(|| {
-        std::env::var("SIM_CUDA_REFUSE_REGISTERED_COPY")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
+    let Some((nodes, k)) = *WHICH.get_or_init(|| {
+        let v = std::env::var("SIM_CUDA_REFUSE_REGISTERED_COPY").ok()?;
+        let v = v.trim();
+        match v.strip_prefix("node:") {
+            Some(k) => Some((true, k.parse().ok()?)),
+            None => Some((false, v.parse().ok()?)),
+        }
     }) else {
         return false;
     };
-    SEEN.fetch_add(1, Ordering::Relaxed) + 1 == k
+    nodes == node && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == k
+}
+
+/// Whether `p` lies in memory registered with `cudaHostRegister`.
+pub(crate) fn is_registered(p: usize) -> Result<bool, cudaError_t> {
+    let r = rt()?;
+    Ok(match r.heap.classify(p as *const c_void) {
+        PointerKind::Pinned { base, .. } => r.heap.registered(base),
+        _ => false,
+    })
 }
 
 /// A 2-D copy request (a 1-D copy is one row).

@@ -86,6 +86,7 @@ pub fn window_budget(memory: u64) -> u64 {
 /// process this short every byte kept is a page touched for the first time, and the page
 /// faults cost more than the decoding it saves), of which the run's store (every rank) gets
 /// half and the reference and the perturbed reference a quarter each, as their mappings.
+/// As much again may be held as spare buffers ([`crate::decoded`]).
 /// Returns (reference, run, perturbed).
 pub fn kept_budgets(memory: u64) -> (u64, u64, u64) {
     let kept = memory / 8;

@@ -186,6 +186,26 @@ def test_compare_and_check_equal_the_cli_json(stores, tmp_path):
     assert chk.data == json.loads(j2.read_text())
 
 
+def test_a_match_of_a_capture_that_lost_data_is_a_report_not_clean(stores, tmp_path):
+    # The simulator refuses one snapshot copy into the ring: a copy_refused gap in the run.
+    trainer = str(BIN / "trainer")
+    env = sim_env()
+    env["SIM_CUDA_REFUSE_REGISTERED_COPY"] = "20"
+    out = tmp_path / "lossy"
+    proc = subprocess.run(
+        [installed_ttrace(), "run", "--quiet", "--out", str(out), "--", trainer,
+         "--steps", "2", "--precision", "bf16"],
+        env=env, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rep = ttrace.compare(stores["ref"], out)
+    assert rep.code == 5 and rep.verdict == "match" and not rep.complete
+    assert rep["capture_losses"][0]["gaps"] == {"copy_refused": 1}
+    chk = ttrace.check(out)
+    assert chk.code == 5 and chk.verdict == "incomplete" and not chk.complete
+    assert ttrace.compare(stores["ref"], stores["ref"]).complete
+
+
 def test_errors_carry_the_cli_messages(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(ttrace.TraceError) as e:

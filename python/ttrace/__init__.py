@@ -265,7 +265,8 @@ def open(path: Union[str, os.PathLike]) -> Store:  # noqa: A001 - mirrors the CL
 
 class Report:
     """A ``compare`` or ``check`` report: the CLI's JSON (``data``), its exit code (0: match or
-    nothing found, 1: divergence or findings) and, for compare, the HTML report."""
+    nothing found, 1: divergence or findings, 5: a match or nothing found in a capture that
+    lost data) and, for compare, the HTML report."""
 
     def __init__(self, kind: str, code: int, data: Dict[str, Any], html: Optional[str]):
         self.kind = kind
@@ -275,10 +276,18 @@ class Report:
 
     @property
     def verdict(self) -> Any:
-        """compare: the verdict; check: whether anything was found."""
+        """compare: the verdict; check: whether anything was found ("findings", "clean", or
+        "incomplete" when nothing was found in a capture that lost data)."""
         if "verdict" in self.data:
             return self.data["verdict"]
-        return "findings" if self.code == 1 else "clean"
+        return {1: "findings", 5: "incomplete"}.get(self.code, "clean")
+
+    @property
+    def complete(self) -> bool:
+        """Whether the stores lost nothing (gaps, snapshots never published, records not
+        stored or unreadable): a match of an incomplete capture covers only what was
+        captured (exit code 5)."""
+        return self.code != 5
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
@@ -307,7 +316,8 @@ class Report:
 
 def _run_cli(args: Sequence[str], kind: str, json_path: Path, html_path: Optional[Path]) -> Report:
     proc = subprocess.run([os.fspath(cli_path()), *args], capture_output=True, text=True)
-    if proc.returncode not in (0, 1) or not json_path.exists():
+    # 5: a match (or nothing found) in a capture that lost data: a report like the others.
+    if proc.returncode not in (0, 1, 5) or not json_path.exists():
         msg = proc.stderr.strip() or f"ttrace {kind} exited {proc.returncode}"
         if msg.startswith("error: "):
             msg = msg[len("error: "):]

@@ -184,28 +184,38 @@ fn a_device_fault_disables_capture_with_one_line_and_a_gap() {
     assert_eq!(g[0].0, GapReason::TracerFault);
 }
 
+/// `sim-probe ARGS` traced with the simulator refusing what `SIM_CUDA_REFUSE_REGISTERED_COPY`
+/// says (`which`): the program's output must be the untraced one.
+fn traced_refusing(args: &[&str], which: &str) -> Run {
+    let plain = untraced(1, args);
+    let run = traced(1, args, &[("SIM_CUDA_REFUSE_REGISTERED_COPY", which)]);
+    assert_ok(&run);
+    assert_eq!(run.out.stdout, plain.stdout, "{args:?} runs as untraced");
+    run
+}
+
+/// Where the run's `copy_refused` gaps are among its records.
+fn copy_refused_at(run: &Run) -> Vec<usize> {
+    (0..run.records.len())
+        .filter(|&i| {
+            matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused)
+        })
+        .collect()
+}
+
 /// Nothing is lost silently: a snapshot copy the runtime refuses (an H200 refused copies
 /// across two pinned registrations) leaves its tensor as metadata only in the op's record, and
 /// a `copy_refused` gap right after the record names the API, the tensor and the error. The
 /// program sees nothing.
 #[test]
 fn a_snapshot_copy_the_runtime_refuses_is_a_gap_after_its_record() {
-    let plain = untraced(1, &["traced", "gemm"]);
-    let run = traced(
-        1,
-        &["traced", "gemm"],
-        &[("SIM_CUDA_REFUSE_REGISTERED_COPY", "3")],
-    );
-    assert_ok(&run);
-    assert_eq!(run.out.stdout, plain.stdout, "the program runs as untraced");
+    let run = traced_refusing(&["traced", "gemm"], "3");
     assert!(
         stderr(&run.out).contains("refused"),
         "{}",
         describe(&run.out)
     );
-    let at: Vec<usize> = (0..run.records.len())
-        .filter(|&i| matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused))
-        .collect();
+    let at = copy_refused_at(&run);
     assert_eq!(at.len(), 1, "one refused copy, one gap");
     let i = at[0];
     let Op::Gap(g) = &run.records[i].record.op else {
@@ -231,20 +241,8 @@ fn a_snapshot_copy_the_runtime_refuses_is_a_gap_after_its_record() {
 /// the replay's record; the graph still replays as untraced.
 #[test]
 fn a_refused_graph_snapshot_node_is_a_gap_after_the_replays_record() {
-    let plain = untraced(1, &["traced", "graph"]);
-    let run = traced(
-        1,
-        &["traced", "graph"],
-        &[("SIM_CUDA_REFUSE_REGISTERED_COPY", "node:1")],
-    );
-    assert_ok(&run);
-    assert_eq!(
-        run.out.stdout, plain.stdout,
-        "the graph replays as untraced"
-    );
-    let at: Vec<usize> = (0..run.records.len())
-        .filter(|&i| matches!(&run.records[i].record.op, Op::Gap(g) if g.reason == GapReason::CopyRefused))
-        .collect();
+    let run = traced_refusing(&["traced", "graph"], "node:1");
+    let at = copy_refused_at(&run);
     assert_eq!(at.len(), 1, "one refused node, one gap");
     let (gap, before) = (&run.records[at[0]].record, &run.records[at[0] - 1].record);
     let Op::Gap(g) = &gap.op else {

@@ -86,7 +86,8 @@ impl DecodedCache {
     /// stay within the budget (the largest kept first). Spares are pages already touched: a
     /// tensor decoded into one costs no page faults, where a fresh buffer of a tensor's size
     /// faults in every page. On the large benchmark config, spares up to the budget instead of
-    /// an eighth of it took about 4% less time (six alternating runs), peak memory no higher.
+    /// an eighth of it took 2-4% less time (two rounds of six and eight alternating runs), peak
+    /// memory no higher.
     fn recycle(&mut self, values: Shared) {
         let Ok(mut b) = Arc::try_unwrap(values) else {
             return;

@@ -34,6 +34,7 @@ pub mod simd;
 pub mod tolerance;
 pub mod trace;
 pub mod validate;
+pub mod widen;
 
 pub use engine::{compare, CompareOptions, DpScale};
 

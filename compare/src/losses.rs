@@ -15,7 +15,8 @@ use crate::trace::RunTrace;
 /// lost data: what was compared is fine, but not everything was there to compare.
 pub const EXIT_INCOMPLETE: i32 = 5;
 
-/// What one store's capture lost in the steps looked at.
+/// What one store's capture lost: gaps in the steps looked at; the other counts store-wide
+/// (the manifest and the reader do not file them by step).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptureLosses {
     /// Which store: `reference`, `run` or `perturbed`.

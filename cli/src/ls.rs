@@ -186,11 +186,7 @@ fn read_segments(store: &Store) -> Listing {
                 Op::Gap(g) => {
                     r.gaps += 1;
                     s.gaps += 1;
-                    let reason = serde_json::to_value(g.reason)
-                        .ok()
-                        .and_then(|x| x.as_str().map(str::to_string))
-                        .unwrap_or_else(|| format!("{:?}", g.reason));
-                    *r.gap_reasons.entry(reason).or_default() += 1;
+                    *r.gap_reasons.entry(g.reason.name().into()).or_default() += 1;
                 }
                 Op::Collective(c) => {
                     seen_comms

@@ -22,7 +22,7 @@ use crate::units::{human, parse_bytes};
 /// `timeout` use 125 for their own failures).
 const EXIT_TTRACE: i32 = 125;
 /// Exit code of `ttrace run --strict` when the command succeeded but the trace is incomplete
-/// (records lost, or the store could not be finalized): sysexits' `EX_IOERR`.
+/// (see [`incomplete`]): sysexits' `EX_IOERR`.
 const EXIT_INCOMPLETE: i32 = 74;
 /// Signals a scheduler or a terminal sends that `ttrace run` forwards to the command (Slurm
 /// sends USR1/USR2 ahead of a time limit, HUP when the session ends).
@@ -45,9 +45,13 @@ const FORWARDED: [Signal; 6] = [
 /// option was malformed.
 ///
 /// A trace is *incomplete* when the collector could not store every record it received (a
-/// full disk, a failed write; the summary and manifest.json say how many and why) or could not
-/// finalize the store. ttrace still exits with CMD's code; with --strict, a CMD that exited 0
-/// over an incomplete trace makes ttrace exit 74 instead.
+/// full disk, a failed write; the summary and manifest.json say how many and why), could not
+/// finalize the store, a process ended with snapshots it never published (it crashed), or the
+/// store holds gap records (ops or tensors that were not captured: a full ring, a copy the
+/// runtime refused, an entry point ttrace does not capture; `ttrace ls` lists them by rank and
+/// reason). The summary says which, also under -q, as `ttrace compare` and `ttrace check` do
+/// (they never call such a capture clean). ttrace still exits with CMD's code; with --strict,
+/// a CMD that exited 0 over an incomplete trace makes ttrace exit 74 instead.
 ///
 /// SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 sent to ttrace are forwarded to CMD
 /// (a Ctrl-C at the terminal already reaches CMD and is not sent twice); ttrace itself keeps
@@ -161,7 +165,7 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
     linger: u64,
     /// Exit 74 when CMD exited 0 but the trace is incomplete (records lost, store not
-    /// finalized).
+    /// finalized, snapshots never published, gap records).
     #[arg(long)]
     strict: bool,
     /// Environment variables to record verbatim in the manifest although their names look
@@ -533,10 +537,17 @@ fn finish_embedded(
                 perturb_note(seed, stored, &store.display().to_string())
             );
         }
-    } else if !summary.lost.is_empty() {
+    } else if incomplete(&summary) {
         eprint!("{}", render_lost(&summary));
     }
-    Ok(strict_code(args, end.code, !summary.lost.is_empty()))
+    Ok(strict_code(args, end.code, incomplete(&summary)))
+}
+
+/// Whether a finalized trace is incomplete: records received and not stored, snapshots a
+/// process took and never published, or gap records (what was not captured). The same losses
+/// make `ttrace compare` and `ttrace check` exit 5 rather than call a capture clean.
+fn incomplete(s: &Summary) -> bool {
+    !s.lost.is_empty() || s.processes.iter().any(|p| p.unpublished > 0) || s.gaps > 0
 }
 
 /// `ttrace run`'s exit code: the command's, unless `--strict` and the command succeeded over
@@ -803,6 +814,21 @@ fn render_lost(s: &Summary) -> String {
             o,
             "  INCOMPLETE rank {} (pid {}) ended with {} snapshots taken and not published, {after}",
             p.rank, p.pid, p.unpublished
+        );
+    }
+    if s.gaps > 0 {
+        let _ = writeln!(
+            o,
+            "  INCOMPLETE {} gap record{}: ops or tensors not captured ({}{}); `ttrace ls` \
+             lists them by rank",
+            s.gaps,
+            if s.gaps == 1 { "" } else { "s" },
+            s.gap_tally.reasons(),
+            if s.gap_tally.bytes > 0 {
+                format!("; {} not captured", human(s.gap_tally.bytes))
+            } else {
+                String::new()
+            }
         );
     }
     o

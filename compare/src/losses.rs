@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use ttrace_format::record::{GapReason, Op};
+use ttrace_format::record::{GapTally, Op};
 
 use crate::trace::RunTrace;
 
@@ -103,15 +103,18 @@ pub fn of_stores(stores: &[(&str, &RunTrace)], steps: &[u64]) -> Vec<CaptureLoss
 /// The gaps among `ops`: their count by reason (as the format names it) and the bytes they
 /// would have captured.
 pub fn tally_gaps<'a>(ops: impl Iterator<Item = &'a Op>) -> (BTreeMap<String, u64>, u64) {
-    let mut gaps: BTreeMap<String, u64> = BTreeMap::new();
-    let mut bytes = 0u64;
+    let mut tally = GapTally::default();
     for op in ops {
         if let Op::Gap(g) = op {
-            *gaps.entry(reason_name(g.reason)).or_default() += 1;
-            bytes = bytes.saturating_add(g.bytes);
+            tally.add(g);
         }
     }
-    (gaps, bytes)
+    let gaps = tally
+        .by_reason
+        .iter()
+        .map(|(r, n)| (r.to_string(), *n))
+        .collect();
+    (gaps, tally.bytes)
 }
 
 /// `3 gaps (copy_refused 2, ring_full 1, 4096 bytes not captured)`; `None` without gaps.
@@ -127,23 +130,9 @@ pub fn describe_gaps(gaps: &BTreeMap<String, u64>, bytes: u64) -> Option<String>
     })
 }
 
-/// A gap reason as the store format names it (`copy_refused`).
-fn reason_name(r: GapReason) -> String {
-    match serde_json::to_value(r) {
-        Ok(serde_json::Value::String(s)) => s,
-        _ => format!("{r:?}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gap_reasons_are_named_as_the_format_names_them() {
-        assert_eq!(reason_name(GapReason::CopyRefused), "copy_refused");
-        assert_eq!(reason_name(GapReason::RingFull), "ring_full");
-    }
 
     #[test]
     fn a_store_that_lost_nothing_says_nothing_and_one_that_did_says_what() {

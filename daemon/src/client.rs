@@ -13,7 +13,7 @@ use crossbeam_channel::{RecvError, RecvTimeoutError};
 use memmap2::MmapMut;
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
-use ttrace_format::record::{Op, Record};
+use ttrace_format::record::{GapTally, Op, Record};
 use ttrace_format::ring::{self, Ring, Slot};
 use ttrace_format::store::{Blob, RankInfo};
 use ttrace_format::wire::{
@@ -94,6 +94,8 @@ struct Info {
     last_rank: Option<u32>,
     records: u64,
     gaps: u64,
+    /// The gaps by reason.
+    gap_tally: GapTally,
     steps: BTreeSet<(u32, u64)>,
     bytes_raw: u64,
     bytes_stored: u64,
@@ -196,6 +198,7 @@ impl ClientState {
                 .collect::<BTreeSet<_>>()
                 .len() as u64,
             gaps: i.gaps,
+            gap_tally: i.gap_tally.clone(),
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
             bytes_deduped: i.bytes_deduped,
@@ -1240,7 +1243,10 @@ impl Writer<'_> {
         if let Some(Ok((_, deduped))) = written {
             let mut i = self.state.info.lock();
             i.bytes_deduped += deduped;
-            i.gaps += matches!(rec.op, Op::Gap(_)) as u64;
+            if let Op::Gap(g) = &rec.op {
+                i.gaps += 1;
+                i.gap_tally.add(g);
+            }
             i.steps.insert(key);
             i.last_rank = Some(rec.rank);
             i.bytes_raw += raw;

@@ -66,6 +66,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 use ttrace_format::config::CaptureConfig;
+use ttrace_format::record::GapTally;
 use ttrace_format::store::{CommEntry, Manifest, RankInfo, FORMAT_MAJOR, FORMAT_MINOR};
 use ttrace_format::wire::{CommInfo, Hello, JobInfo};
 use ttrace_format::FormatError;
@@ -204,6 +205,8 @@ pub struct ProcessSummary {
     pub steps: u64,
     /// Gap records among them.
     pub gaps: u64,
+    /// Those gaps by reason, and the bytes they would have captured.
+    pub gap_tally: GapTally,
     /// Tensor bytes before and after compression.
     pub bytes_raw: u64,
     pub bytes_stored: u64,
@@ -243,6 +246,8 @@ pub struct Summary {
     /// Records received but not stored, by cause (the store is incomplete when not empty).
     pub lost: Vec<ttrace_format::store::Loss>,
     pub gaps: u64,
+    /// The gaps by reason, over every process.
+    pub gap_tally: GapTally,
     pub bytes_raw: u64,
     pub bytes_stored: u64,
     /// Raw tensor bytes stored as references (dedup; see [`ProcessSummary::bytes_deduped`]).
@@ -780,6 +785,10 @@ impl Handle {
                 .saturating_sub(self.shared.segments.lost().iter().map(|l| l.records).sum()),
             lost: self.shared.segments.lost(),
             gaps: processes.iter().map(|p| p.gaps).sum(),
+            gap_tally: processes.iter().fold(GapTally::default(), |mut t, p| {
+                t.merge(&p.gap_tally);
+                t
+            }),
             bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
             bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),
             bytes_deduped: processes.iter().map(|p| p.bytes_deduped).sum(),

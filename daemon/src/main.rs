@@ -206,6 +206,13 @@ fn one_store(args: &Args, store: &std::path::Path) -> anyhow::Result<()> {
         s.bytes_stored,
         s.elapsed.as_secs_f64()
     );
+    if s.gaps > 0 {
+        eprintln!(
+            "ttraced: {} gaps (ops or tensors not captured): {}",
+            s.gaps,
+            s.gap_tally.reasons()
+        );
+    }
     let lost: u64 = s.lost.iter().map(|l| l.records).sum();
     if lost > 0 {
         for l in &s.lost {

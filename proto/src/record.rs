@@ -395,6 +395,74 @@ pub enum GapReason {
     CopyRefused,
 }
 
+impl GapReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [GapReason; 7] = [
+        GapReason::GraphCapture,
+        GapReason::RingFull,
+        GapReason::SizeCap,
+        GapReason::TracerFault,
+        GapReason::ShapeUnknown,
+        GapReason::Unsupported,
+        GapReason::CopyRefused,
+    ];
+
+    /// The reason as the store format names it (`copy_refused`): what summaries and reports
+    /// print.
+    pub fn name(self) -> &'static str {
+        match self {
+            GapReason::GraphCapture => "graph_capture",
+            GapReason::RingFull => "ring_full",
+            GapReason::SizeCap => "size_cap",
+            GapReason::TracerFault => "tracer_fault",
+            GapReason::ShapeUnknown => "shape_unknown",
+            GapReason::Unsupported => "unsupported",
+            GapReason::CopyRefused => "copy_refused",
+        }
+    }
+}
+
+/// Gap records counted by reason, and the bytes they would have captured: what `ttrace run`,
+/// `ttrace ls` and the reports say of a store's gaps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GapTally {
+    /// Gaps by [`GapReason::name`].
+    pub by_reason: std::collections::BTreeMap<&'static str, u64>,
+    /// Bytes they would have captured, where known.
+    pub bytes: u64,
+}
+
+impl GapTally {
+    /// Counts one gap.
+    pub fn add(&mut self, gap: &GapOp) {
+        *self.by_reason.entry(gap.reason.name()).or_default() += 1;
+        self.bytes = self.bytes.saturating_add(gap.bytes);
+    }
+
+    /// Adds another tally's counts.
+    pub fn merge(&mut self, other: &GapTally) {
+        for (r, n) in &other.by_reason {
+            *self.by_reason.entry(r).or_default() += n;
+        }
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+
+    /// Gaps counted.
+    pub fn count(&self) -> u64 {
+        self.by_reason.values().sum()
+    }
+
+    /// `copy_refused 2, ring_full 1`.
+    pub fn reasons(&self) -> String {
+        let parts: Vec<String> = self
+            .by_reason
+            .iter()
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect();
+        parts.join(", ")
+    }
+}
+
 /// A skipped op.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GapOp {
@@ -531,6 +599,37 @@ pub fn packed_strides(shape: &[u64]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names summaries print are the format's (serde's) names.
+    #[test]
+    fn gap_reasons_are_named_as_the_format_writes_them() {
+        for r in GapReason::ALL {
+            assert_eq!(
+                serde_json::to_value(r).expect("serialize"),
+                serde_json::Value::String(r.name().into())
+            );
+        }
+    }
+
+    #[test]
+    fn a_gap_tally_counts_by_reason_and_merges() {
+        let gap = |reason, bytes| GapOp {
+            reason,
+            skipped_api: "cudaMemcpyAsync".into(),
+            bytes,
+            detail: String::new(),
+        };
+        let mut a = GapTally::default();
+        a.add(&gap(GapReason::RingFull, 10));
+        a.add(&gap(GapReason::CopyRefused, 5));
+        let mut b = GapTally::default();
+        b.add(&gap(GapReason::CopyRefused, 1));
+        a.merge(&b);
+        assert_eq!(a.count(), 3);
+        assert_eq!(a.bytes, 16);
+        assert_eq!(a.reasons(), "copy_refused 2, ring_full 1");
+        assert_eq!(GapTally::default().reasons(), "");
+    }
 
     /// Ops read back as written, whether `family` comes first (CBOR as this crate writes it)
     /// or not (JSON through `serde_json::Value`, keys sorted).

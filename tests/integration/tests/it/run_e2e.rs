@@ -122,3 +122,54 @@ fn a_two_rank_ksplit_job_is_captured_completely() {
     assert!(stderr.contains("gaps 0"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ttrace run -q [--strict] -- sim-probe traced gemm` in a fresh directory, with `env` set.
+fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("ttrace-e2e-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut c = Command::new(bin("ttrace"));
+    c.current_dir(&dir)
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env_remove("TTRACE_LIB")
+        .env_remove("TTRACE_DAEMON")
+        .env_remove("LD_PRELOAD")
+        .args(["run", "--out", "store"])
+        .args(opts)
+        .arg("--")
+        .arg(bin("sim-probe"))
+        .args(["traced", "gemm"]);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("ttrace runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+/// Nothing is lost silently, not even by `ttrace run -q`: a capture with gap records (here a
+/// snapshot copy the runtime refused) is called INCOMPLETE in the summary, with the gaps by
+/// reason, as compare and check call it; the exit code stays the command's, and `--strict`
+/// turns it into 74. The same run without the refusal is clean under --strict.
+#[test]
+fn a_run_whose_capture_has_gaps_says_so_and_strict_fails_it() {
+    let refuse = [("SIM_CUDA_REFUSE_REGISTERED_COPY", "3")];
+    let out = run_probe("gaps", &[], &refuse);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("INCOMPLETE 1 gap record: ops or tensors not captured (copy_refused 1;"),
+        "{err}"
+    );
+    let out = run_probe("gaps-strict", &["-q", "--strict"], &refuse);
+    assert_eq!(out.status.code(), Some(74), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("INCOMPLETE 1 gap record"), "-q still says it: {err}");
+    let out = run_probe("clean-strict", &["-q", "--strict"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("INCOMPLETE"),
+        "{}",
+        describe(&out)
+    );
+}

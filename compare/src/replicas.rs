@@ -16,7 +16,9 @@
 //! it). The ranks blamed are those outside the majority; with no majority (two
 //! replicas), those whose copy is farther from the reference.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use rayon::prelude::*;
 
 use serde::{Deserialize, Serialize};
 use ttrace_format::record::Role;
@@ -68,18 +70,13 @@ pub fn drift(
 ) -> Result<Vec<ReplicaDrift>, CompareError> {
     let groups = groups(run);
     let ordinal = ordinals(reff, ref_rank, tensors);
+    let constants = first_constants(run, tensors, &groups, &ordinal)?;
     let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
     let mut found = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
-        let role = match t.role.as_str() {
-            "A" => Role::A,
-            "B" => Role::B,
-            _ => continue,
-        };
-        let Some(&n) = ordinal.get(&(t.step, t.ref_seq)) else {
+        let Some((role, kind)) = operand_kind(t, &ordinal) else {
             continue;
         };
-        let kind: Kind = (n, t.api.clone(), t.role.clone(), t.shape.clone());
         for (g, members) in groups.iter().enumerate() {
             let Some(copies) = copies(run, t, role, members) else {
                 continue;
@@ -88,7 +85,11 @@ pub fn drift(
             match state.get(&key).copied() {
                 None => {
                     let same = copies.iter().all(|c| c.1 == copies[0].1);
-                    let replicated = same && !constant(run, t, role, copies[0].0)?;
+                    let constant = |rank| match constants.get(&(i, rank)) {
+                        Some(&c) => Ok(c),
+                        None => constant(run, t, role, rank),
+                    };
+                    let replicated = same && !constant(copies[0].0)?;
                     state.insert(
                         key,
                         if replicated {
@@ -126,6 +127,72 @@ pub fn drift(
         }
     }
     Ok(found)
+}
+
+/// A compared GEMM operand's role and identity across steps; `None` for other tensors.
+fn operand_kind(t: &TensorComparison, ordinal: &BTreeMap<(u64, u64), u64>) -> Option<(Role, Kind)> {
+    let role = match t.role.as_str() {
+        "A" => Role::A,
+        "B" => Role::B,
+        _ => return None,
+    };
+    let &n = ordinal.get(&(t.step, t.ref_seq))?;
+    Some((role, (n, t.api.clone(), t.role.clone(), t.shape.clone())))
+}
+
+/// A compared operand's copy on one rank: index into the comparisons, role, rank.
+type OperandCopy = (usize, Role, u32);
+/// Whether copies (index into the comparisons, rank) hold one value throughout.
+type Constants = HashMap<(usize, u32), bool>;
+
+/// Whether each operand [`drift`] first sees identical on a group (by index into `tensors`
+/// and the rank whose copy it reads) is [`constant`]: the only tests that read tensor values
+/// there, made on every thread of the pool (each reads its tensors whole), since which
+/// operands they are follows from checksums alone.
+fn first_constants(
+    run: &RunTrace,
+    tensors: &[TensorComparison],
+    groups: &[Vec<u32>],
+    ordinal: &BTreeMap<(u64, u64), u64>,
+) -> Result<Constants, CompareError> {
+    let mut seen: HashSet<(usize, Kind)> = HashSet::new();
+    let mut wanted: Vec<OperandCopy> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let Some((role, kind)) = operand_kind(t, ordinal) else {
+            continue;
+        };
+        for (g, members) in groups.iter().enumerate() {
+            let Some(copies) = copies(run, t, role, members) else {
+                continue;
+            };
+            if seen.insert((g, kind.clone())) && copies.iter().all(|c| c.1 == copies[0].1) {
+                wanted.push((i, role, copies[0].0));
+            }
+        }
+    }
+    wanted.sort_unstable_by_key(|&(i, _, rank)| (i, rank));
+    wanted.dedup_by_key(|&mut (i, _, rank)| (i, rank));
+    // A reader per thread: a store's reader is not shared between threads.
+    let threads = rayon::current_num_threads().max(1);
+    let share = wanted.len().div_ceil(threads).max(1);
+    let shares: Vec<(RunTrace, &[OperandCopy])> =
+        wanted.chunks(share).map(|c| (run.reader(), c)).collect();
+    let tested: Vec<Result<Constants, CompareError>> = shares
+        .into_par_iter()
+        .map(|(reader, share)| {
+            share
+                .iter()
+                .map(|&(i, role, rank)| {
+                    Ok(((i, rank), constant(&reader, &tensors[i], role, rank)?))
+                })
+                .collect()
+        })
+        .collect();
+    let mut out = Constants::new();
+    for t in tested {
+        out.extend(t?);
+    }
+    Ok(out)
 }
 
 /// Each reference GEMM of the compared steps, by (step, seq): how many GEMMs of its signature
@@ -220,10 +287,7 @@ fn constant(
     let Some(rec) = run.record(rank, t.step, held.seq) else {
         return Ok(true);
     };
-    Ok(match run.values(rec, role)? {
-        Some(v) => v.data.iter().all(|x| x.to_bits() == v.data[0].to_bits()),
-        None => true,
-    })
+    run.holds_one_value(rec, role)
 }
 
 /// The ranks outside the most common CRC; without a strict majority, the copies farthest

@@ -446,6 +446,65 @@ impl RunTrace {
         Ok(true)
     }
 
+    /// Whether the tensor with `role` in `rec` holds one value throughout, element bytes
+    /// compared as stored (`true` when it is absent, not captured or not floats, as for a
+    /// tensor [`Self::values`] cannot read). Its bytes are read block by block and not kept;
+    /// values already decoded are used instead. Block-scaled operands are judged on their
+    /// dequantized values.
+    pub fn holds_one_value(&self, rec: &Record, role: Role) -> Result<bool, CompareError> {
+        let Some(index) = rec.tensors.iter().position(|t| t.role == role) else {
+            return Ok(true);
+        };
+        let t = &rec.tensors[index];
+        let block_scaled = rec
+            .tensors
+            .iter()
+            .any(|s| matches!(s.role, Role::BlockScaleA | Role::BlockScaleB));
+        let at = (rec.rank, rec.step, rec.seq, index);
+        let kept = lock(&self.decoded).get(&at);
+        // Sub-byte elements (FP4) are judged on values: equal bytes need not be equal elements.
+        if block_scaled || kept.is_some() || t.dtype.size() == 0 {
+            return Ok(match self.values(rec, role)? {
+                Some(v) => v.data.iter().all(|x| x.to_bits() == v.data[0].to_bits()),
+                None => true,
+            });
+        }
+        if !is_float(t.dtype) {
+            return Ok(true);
+        }
+        let size = t.dtype.size();
+        let mut first: Vec<u8> = Vec::with_capacity(size);
+        // Bytes of an element cut by a block's end, completed by the next block.
+        let mut partial: Vec<u8> = Vec::with_capacity(size);
+        let mut one = true;
+        let captured = self.with_blocks(at, &mut |mut b: &[u8]| {
+            if !one {
+                return;
+            }
+            if !partial.is_empty() {
+                let take = (size - partial.len()).min(b.len());
+                partial.extend_from_slice(&b[..take]);
+                b = &b[take..];
+                if partial.len() < size {
+                    return;
+                }
+                if first.is_empty() {
+                    first = std::mem::take(&mut partial);
+                } else {
+                    one = partial == first;
+                    partial.clear();
+                }
+            }
+            if first.is_empty() && b.len() >= size {
+                first.extend_from_slice(&b[..size]);
+            }
+            let whole = b.len() / size * size;
+            one = one && b[..whole].chunks_exact(size).all(|e| e == first.as_slice());
+            partial.extend_from_slice(&b[whole..]);
+        })?;
+        Ok(!captured || one)
+    }
+
     /// The values of the tensor with `role` in `rec`, FP8 operands scaled by their captured
     /// scale (`ScaleA` for `A`, `ScaleB` for `B`, `ScaleD`'s inverse is not applied: D is
     /// compared as stored), MXFP8 operands by their block scales (`BlockScaleA/B`). `None`
@@ -785,6 +844,66 @@ pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Constant tensors are told by their stored bytes, block by block, whatever block the
+    /// odd element lies in; values already decoded give the same answer; what cannot be read
+    /// as floats (or was not captured) counts as constant, as before.
+    #[test]
+    fn a_tensor_holds_one_value_only_when_every_stored_element_is_the_same() {
+        use ttrace_format::store::{Blob, SegmentWriter};
+        let dir = std::env::temp_dir().join(format!("ttrace-one-value-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        crate::model::comms::tests::manifest(&[])
+            .write_as(&dir, false)
+            .expect("manifest");
+        let n = 20_000usize; // 40 000 bytes: three 16 KiB blocks
+        let bf16 = |odd: Option<usize>| -> Vec<u8> {
+            (0..n)
+                .flat_map(|i| {
+                    let v = if Some(i) == odd { 2.5f32 } else { 0.75 };
+                    half::bf16::from_f32(v).to_le_bytes()
+                })
+                .collect()
+        };
+        let tensors = [
+            (bf16(None), DType::BF16, true),
+            (bf16(Some(8192)), DType::BF16, true), // first element of the second block
+            (bf16(Some(n - 1)), DType::BF16, true),
+            (bf16(Some(0)), DType::BF16, true),
+            (bf16(Some(5)), DType::I32, true),
+            (bf16(Some(5)), DType::BF16, false),
+        ];
+        let mut seg = SegmentWriter::create(&dir, 0, 0).expect("create");
+        for (seq, (data, dtype, captured)) in tensors.iter().enumerate() {
+            let mut rec = Record::d2h_copy(0, 0, seq as u64, data);
+            let t = &mut rec.tensors[0];
+            t.dtype = *dtype;
+            t.shape = vec![(data.len() / dtype.size()) as u64];
+            t.captured = *captured;
+            let blobs = if *captured {
+                vec![Blob::encode(data, dtype.size(), 3, &mut Vec::new()).expect("encode")]
+            } else {
+                Vec::new()
+            };
+            seg.append(&rec, &blobs).expect("append");
+        }
+        seg.finish().expect("finish");
+        let run = RunTrace::open(&dir).expect("open");
+        let one = |seq: u64| {
+            let rec = run.record(0, 0, seq).expect("record");
+            run.holds_one_value(rec, Role::Src).expect("reads")
+        };
+        let got: Vec<bool> = (0..6).map(one).collect();
+        assert_eq!(got, [true, false, false, false, true, true]);
+        // Decoded values kept from an earlier read say the same.
+        for seq in 0..4 {
+            let rec = run.record(0, 0, seq).expect("record");
+            assert!(run.values(rec, Role::Src).expect("values").is_some());
+            assert_eq!(one(seq), got[seq as usize], "seq {seq} from decoded values");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn increments_are_formed_ahead_only_from_the_values_their_record_names() {

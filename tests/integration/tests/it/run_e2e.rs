@@ -164,7 +164,10 @@ fn a_run_whose_capture_has_gaps_says_so_and_strict_fails_it() {
     let out = run_probe("gaps-strict", &["-q", "--strict"], &refuse);
     assert_eq!(out.status.code(), Some(74), "{}", describe(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("INCOMPLETE 1 gap record"), "-q still says it: {err}");
+    assert!(
+        err.contains("INCOMPLETE 1 gap record"),
+        "-q still says it: {err}"
+    );
     let out = run_probe("clean-strict", &["-q", "--strict"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert!(

@@ -223,9 +223,11 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
         None => {
             let report =
                 compare(&args.reference, &args.run, &opts, &mut progress).map_err(failed)?;
+            tracing::debug!("compare: report made");
             bar.finish();
             let json = serde_json::to_string_pretty(&report)?;
             write_reports(&args, &report, &json, None)?;
+            tracing::debug!("compare: reports written");
             report.exit_code()
         }
     };

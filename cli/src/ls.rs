@@ -49,6 +49,8 @@ struct RankSum {
     records: u64,
     gaps: u64,
     gap_reasons: BTreeMap<String, u64>,
+    /// Bytes its gaps would have captured, where known.
+    gap_bytes: u64,
     bytes_raw: u64,
     bytes_stored: u64,
     /// Raw bytes of its tensors stored as references to identical bytes (dedup, 1.3).
@@ -187,6 +189,7 @@ fn read_segments(store: &Store) -> Listing {
                     r.gaps += 1;
                     s.gaps += 1;
                     *r.gap_reasons.entry(g.reason.name().into()).or_default() += 1;
+                    r.gap_bytes = r.gap_bytes.saturating_add(g.bytes);
                 }
                 Op::Collective(c) => {
                     seen_comms
@@ -418,6 +421,33 @@ fn print_header(
     Ok(())
 }
 
+/// The line that calls a store with gap records incomplete, as `ttrace run`, `compare` and
+/// `check` do (`None` without gaps).
+fn gaps_note<'a>(ranks: impl Iterator<Item = &'a RankSum>) -> Option<String> {
+    let (mut count, mut bytes) = (0u64, 0u64);
+    let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in ranks {
+        count += r.gaps;
+        bytes = bytes.saturating_add(r.gap_bytes);
+        for (k, n) in &r.gap_reasons {
+            *reasons.entry(k).or_default() += n;
+        }
+    }
+    (count > 0).then(|| {
+        let reasons: Vec<String> = reasons.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        format!(
+            "INCOMPLETE {count} gap record{}: ops or tensors not captured ({}{})",
+            if count == 1 { "" } else { "s" },
+            reasons.join(", "),
+            if bytes > 0 {
+                format!("; {} not captured", human(bytes))
+            } else {
+                String::new()
+            }
+        )
+    })
+}
+
 /// How a rank's process ended, with the snapshots it took down with it.
 fn exit_cell(r: &RankSum) -> String {
     let how = match (&r.absent, r.clean_exit) {
@@ -469,6 +499,9 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
     let raw: u64 = ranks.values().map(|r| r.bytes_raw).sum();
     let deduped: u64 = ranks.values().map(|r| r.bytes_deduped).sum();
     writeln!(out, "dedup    {}", dedup_note(raw, deduped))?;
+    if let Some(line) = gaps_note(ranks.values()) {
+        writeln!(out, "{line}")?;
+    }
     writeln!(out)?;
     let mut rows = vec![["step", "ranks", "records", "gaps", "raw", "stored"]
         .map(String::from)

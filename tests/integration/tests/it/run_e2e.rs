@@ -123,8 +123,9 @@ fn a_two_rank_ksplit_job_is_captured_completely() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `ttrace run -q [--strict] -- sim-probe traced gemm` in a fresh directory, with `env` set.
-fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+/// `ttrace run -q [--strict] -- sim-probe traced gemm` in a fresh directory, with `env` set,
+/// and what `ttrace ls` then says of the store.
+fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> (std::process::Output, String) {
     let dir = std::env::temp_dir().join(format!("ttrace-e2e-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
@@ -143,8 +144,13 @@ fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> std::process::Ou
         c.env(k, v);
     }
     let out = c.output().expect("ttrace runs");
+    let ls = Command::new(bin("ttrace"))
+        .arg("ls")
+        .arg(dir.join("store"))
+        .output()
+        .expect("ttrace ls");
     let _ = std::fs::remove_dir_all(&dir);
-    out
+    (out, String::from_utf8_lossy(&ls.stdout).into_owned())
 }
 
 /// Nothing is lost silently, not even by `ttrace run -q`: a capture with gap records (here a
@@ -154,25 +160,25 @@ fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> std::process::Ou
 #[test]
 fn a_run_whose_capture_has_gaps_says_so_and_strict_fails_it() {
     let refuse = [("SIM_CUDA_REFUSE_REGISTERED_COPY", "3")];
-    let out = run_probe("gaps", &[], &refuse);
+    let (out, ls) = run_probe("gaps", &[], &refuse);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("INCOMPLETE 1 gap record: ops or tensors not captured (copy_refused 1;"),
-        "{err}"
-    );
-    let out = run_probe("gaps-strict", &["-q", "--strict"], &refuse);
+    let line = "INCOMPLETE 1 gap record: ops or tensors not captured (copy_refused 1;";
+    assert!(err.contains(line), "{err}");
+    assert!(ls.contains(line), "ttrace ls says the same: {ls}");
+    let (out, _) = run_probe("gaps-strict", &["-q", "--strict"], &refuse);
     assert_eq!(out.status.code(), Some(74), "{}", describe(&out));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("INCOMPLETE 1 gap record"),
         "-q still says it: {err}"
     );
-    let out = run_probe("clean-strict", &["-q", "--strict"], &[]);
+    let (out, ls) = run_probe("clean-strict", &["-q", "--strict"], &[]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("INCOMPLETE"),
         "{}",
         describe(&out)
     );
+    assert!(!ls.contains("INCOMPLETE"), "{ls}");
 }

@@ -182,6 +182,8 @@ print("the same report" if a == b else "a DIFFERENT report")' "$work/report-this
       "$T/ttrace" export "$work/$s" --format npy --widen --out "$work/npy-$s" >/dev/null
     done
     e_s=$(since "$t0")
+    # The exports' GBs are still being written back: numpy is timed after, not during.
+    sync
     times=()
     for _ in $(seq "$RUNS"); do
       out=$("$py" scripts/bench_compare_numpy.py "$work/npy-ref" "$work/npy-run" "$work/npy-ref-perturbed")

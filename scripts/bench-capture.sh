@@ -106,29 +106,35 @@ fi
 # Runs per CPU figure (sections 5 and 6): the least of them is taken (the noise of a shared
 # machine only ever adds CPU: waits that spin while a peer is descheduled).
 CPU_RUNS="${CPU_RUNS:-5}"
-cpu_of() { # least user+sys CPU seconds (children included) of CPU_RUNS runs of "$@"
+cpu_of() { # least user+sys CPU seconds (children included) of each command given as one
+  # JSON list per argument, over CPU_RUNS rounds that run every command once, in turn: the
+  # figures compared come from the same minutes of a machine whose load drifts.
   # getrusage of the waited-for children, in microseconds (time(1) rounds to 10 ms: 0.7 % of
   # this job, the size of the differences measured here).
   python3 -c '
-import resource, subprocess, sys
-runs, cmd = int(sys.argv[1]), sys.argv[2:]
-least = None
+import json, resource, subprocess, sys
+runs, cmds = int(sys.argv[1]), [json.loads(c) for c in sys.argv[2:]]
+least = [None] * len(cmds)
 for _ in range(runs):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    least = cpu if least is None else min(least, cpu)
-print(f"{least:.4f}")' "$CPU_RUNS" "$@"
+    for i, cmd in enumerate(cmds):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        least[i] = cpu if least[i] is None else min(least[i], cpu)
+print(" ".join(f"{c:.4f}" for c in least))' "$CPU_RUNS" "$@"
 }
-traced_cpu() { # CPU of a traced run of the trainer with ttrace run options "$@"
-  cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@" -- "${trainer[@]}"
+json_cmd() { # "$@" as a JSON list
+  python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
+}
+traced_cmd() { # `ttrace run -q --out STORE/run "$@"` (options, then -- and the command) as JSON
+  json_cmd bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@"
 }
 if want 5; then
-base=$(cpu_of "${trainer[@]}")
-all=$(traced_cpu)
-first=$(traced_cpu --steps 0)
-none=$(traced_cpu --steps 100000)
+read -r base all first none < <(cpu_of "$(json_cmd "${trainer[@]}")" \
+  "$(traced_cmd -- "${trainer[@]}")" \
+  "$(traced_cmd --steps 0 -- "${trainer[@]}")" \
+  "$(traced_cmd --steps 100000 -- "${trainer[@]}")")
 awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" 'BEGIN {
   printf "  untraced               %6.3f CPU-s\n", b
   printf "  traced, every step     %6.3f CPU-s  %.3fx\n", a, a / b
@@ -143,8 +149,7 @@ per_gb() { # label, then the trainer command
   local label="$1"
   shift
   local plain traced gb
-  plain=$(cpu_of "$@")
-  traced=$(cpu_of bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" -- "$@")
+  read -r plain traced < <(cpu_of "$(json_cmd "$@")" "$(traced_cmd -- "$@")")
   gb=$(bytes_of "$store/run")
   awk -v l="$label" -v p="$plain" -v t="$traced" -v b="$gb" 'BEGIN {
     printf "  %-28s %7.1f MB captured, %.2f CPU-s untraced, %.2f traced (%.2fx): %.2f CPU-s per GB\n",

@@ -28,16 +28,19 @@ pub struct Session {
 }
 
 /// Bytes of the ring's data area page-locked when the session starts: the first part
-/// ([`RingPin::part_end`]).
-pub const FIRST_PIN_BYTES: u64 = 2 << 20;
+/// ([`RingPin::part_end`]). Small, because locking costs every process that captures
+/// anything, also one whose records are all outside `--steps` and whose snapshots are the step
+/// rule's few fingerprints: 2 MiB cost about 1.2 ms of CPU per process on the simulator (eight
+/// tiny processes under `--steps` outside the run: 50 ms against 38 ms with 256 KiB).
+pub const FIRST_PIN_BYTES: u64 = 256 << 10;
 
 /// The page-locked front of the ring's data area. `cudaHostRegister` faults in and locks
 /// every page it is given (a 1 GiB ring: about 0.3 s of a process's start on an H200, and 1 GiB
 /// of locked memory whether snapshots ever need it or not), while a ring that keeps up with
 /// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
 /// is locked from its start, part by part, as slots first reach a part and before any copy
-/// goes into it: 2 MiB, then parts that double while they end in the ring's first half, then
-/// the rest. Locked memory grows with what the capture uses: a full capture of a small model
+/// goes into it: [`FIRST_PIN_BYTES`], then parts that double while they end in the ring's
+/// first half, then the rest. Locked memory grows with what the capture uses: a full capture of a small model
 /// locks tens of MiB (one that locked the rest once past a sixteenth of the ring cost the
 /// simulated hidden-64 job 3.1x its untraced CPU instead of 2.2x). The price: slots never cross
 /// a part's end, so the largest slot is half the ring, and a burst of large slots that cannot
@@ -388,12 +391,18 @@ mod tests {
     /// registration locks nothing more and says why.
     #[test]
     fn the_ring_is_page_locked_from_its_front_as_far_as_slots_reach() {
+        const KIB: u64 = 1 << 10;
+        assert_eq!(
+            FIRST_PIN_BYTES,
+            256 * KIB,
+            "the parts below are of this first part"
+        );
         let base = 0x7f00_0000_0000usize as *mut u8;
         let data = base as usize + ring::HEADER_BYTES;
         let pin = RingPin::new(base, 20 * MIB);
         let mut calls = Vec::new();
         let mut record = |p: *mut u8, len: usize| {
-            calls.push(((p as usize - data) as u64, len as u64));
+            calls.push(((p as usize - data) as u64 / KIB, len as u64 / KIB));
             Ok(())
         };
         pin.cover_with(64, &mut record).expect("first");
@@ -401,28 +410,34 @@ mod tests {
         // Already locked: nothing registered.
         pin.cover_with(FIRST_PIN_BYTES, &mut record)
             .expect("covered");
-        // A slot ending at 7 MiB: 2..4, then 4..8 MiB.
-        pin.cover_with(7 * MIB, &mut record).expect("grow");
+        // A slot ending at 3 MiB: 256 KiB..512 KiB, ..1 MiB, ..2 MiB, ..4 MiB.
+        pin.cover_with(3 * MIB, &mut record).expect("grow");
         // Parts double while they end in the first half; the last runs to the end.
         pin.cover_with(20 * MIB, &mut record).expect("to the end");
         assert_eq!(
             calls,
             [
-                (0, 2 * MIB),
-                (2 * MIB, 2 * MIB),
-                (4 * MIB, 4 * MIB),
-                (8 * MIB, 12 * MIB),
+                (0, 256),
+                (256, 256),
+                (512, 512),
+                (1024, 1024),
+                (2048, 2048),
+                (4096, 4096),
+                (8192, 12 * 1024),
             ]
         );
         assert_eq!(pin.locked(), 20 * MIB);
-        let ends: Vec<u64> = [0, 2, 3, 4, 7, 8, 19]
-            .map(|m| pin.part_end(m * MIB) / MIB)
+        let ends: Vec<u64> = [0, 255, 256, 300, 1024, 3000, 8192, 19000]
+            .map(|k| pin.part_end(k * KIB) / KIB)
             .to_vec();
-        assert_eq!(ends, [2, 4, 4, 8, 8, 20, 20]);
+        assert_eq!(ends, [256, 256, 512, 512, 2048, 4096, 20 * 1024, 20 * 1024]);
         assert_eq!(pin.largest_part(), 12 * MIB);
-        // A ring of at most twice the first part is one part.
-        let one = RingPin::new(base, 3 * MIB);
-        assert_eq!((one.part_end(0), one.largest_part()), (3 * MIB, 3 * MIB));
+        // A ring of less than twice the first part is one part.
+        let one = RingPin::new(base, 384 * KIB);
+        assert_eq!(
+            (one.part_end(0), one.largest_part()),
+            (384 * KIB, 384 * KIB)
+        );
 
         let small = RingPin::new(base, 4 * MIB);
         small.cover_with(1, |_, _| Ok(())).expect("first");

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 use ttrace_format::config::{RangeSet, StepRule};
 use ttrace_format::reader::{Issue, Store};
-use ttrace_format::record::Op;
+use ttrace_format::record::{GapTally, Op};
 use ttrace_format::store::{CommEntry, Manifest};
 
 use crate::progress::Progress;
@@ -48,9 +48,9 @@ struct RankSum {
     steps: Vec<u64>,
     records: u64,
     gaps: u64,
-    gap_reasons: BTreeMap<String, u64>,
-    /// Bytes its gaps would have captured, where known.
-    gap_bytes: u64,
+    /// Its gaps by reason (JSON `gap_reasons`, `gap_bytes`).
+    #[serde(flatten)]
+    gap_tally: GapTally,
     bytes_raw: u64,
     bytes_stored: u64,
     /// Raw bytes of its tensors stored as references to identical bytes (dedup, 1.3).
@@ -188,8 +188,7 @@ fn read_segments(store: &Store) -> Listing {
                 Op::Gap(g) => {
                     r.gaps += 1;
                     s.gaps += 1;
-                    *r.gap_reasons.entry(g.reason.name().into()).or_default() += 1;
-                    r.gap_bytes = r.gap_bytes.saturating_add(g.bytes);
+                    r.gap_tally.add(g);
                 }
                 Op::Collective(c) => {
                     seen_comms
@@ -424,23 +423,18 @@ fn print_header(
 /// The line that calls a store with gap records incomplete, as `ttrace run`, `compare` and
 /// `check` do (`None` without gaps).
 fn gaps_note<'a>(ranks: impl Iterator<Item = &'a RankSum>) -> Option<String> {
-    let (mut count, mut bytes) = (0u64, 0u64);
-    let mut reasons: BTreeMap<&str, u64> = BTreeMap::new();
-    for r in ranks {
-        count += r.gaps;
-        bytes = bytes.saturating_add(r.gap_bytes);
-        for (k, n) in &r.gap_reasons {
-            *reasons.entry(k).or_default() += n;
-        }
-    }
+    let tally = ranks.fold(GapTally::default(), |mut t, r| {
+        t.merge(&r.gap_tally);
+        t
+    });
+    let count = tally.count();
     (count > 0).then(|| {
-        let reasons: Vec<String> = reasons.iter().map(|(k, n)| format!("{k} {n}")).collect();
         format!(
             "INCOMPLETE {count} gap record{}: ops or tensors not captured ({}{})",
             if count == 1 { "" } else { "s" },
-            reasons.join(", "),
-            if bytes > 0 {
-                format!("; {} not captured", human(bytes))
+            tally.reasons(),
+            if tally.bytes > 0 {
+                format!("; {} not captured", human(tally.bytes))
             } else {
                 String::new()
             }
@@ -479,15 +473,10 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
             r.hostname.as_deref().map_or_else(|| "-".into(), esc),
             steps_set(&r.steps),
             r.records.to_string(),
-            if r.gap_reasons.is_empty() {
+            if r.gap_tally.count() == 0 {
                 r.gaps.to_string()
             } else {
-                let reasons: Vec<String> = r
-                    .gap_reasons
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect();
-                format!("{} ({})", r.gaps, reasons.join(", "))
+                format!("{} ({})", r.gaps, r.gap_tally.reasons())
             },
             human(r.bytes_raw),
             human(r.bytes_stored),

@@ -423,12 +423,15 @@ impl GapReason {
 }
 
 /// Gap records counted by reason, and the bytes they would have captured: what `ttrace run`,
-/// `ttrace ls` and the reports say of a store's gaps.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// `ttrace ls` and the reports say of a store's gaps. As JSON: `gap_reasons` (by name) and
+/// `gap_bytes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct GapTally {
     /// Gaps by [`GapReason::name`].
+    #[serde(rename = "gap_reasons")]
     pub by_reason: std::collections::BTreeMap<&'static str, u64>,
     /// Bytes they would have captured, where known.
+    #[serde(rename = "gap_bytes")]
     pub bytes: u64,
 }
 

@@ -427,6 +427,13 @@ fn gaps_note<'a>(ranks: impl Iterator<Item = &'a RankSum>) -> Option<String> {
         t.merge(&r.gap_tally);
         t
     });
+    gaps_line(&tally)
+}
+
+/// `INCOMPLETE 3 gap records: ops or tensors not captured (copy_refused 2, ring_full 1; 4.00
+/// KiB not captured)`: how `ttrace ls` and `ttrace run` call a capture with gaps incomplete
+/// (`None` without gaps).
+pub(crate) fn gaps_line(tally: &GapTally) -> Option<String> {
     let count = tally.count();
     (count > 0).then(|| {
         format!(

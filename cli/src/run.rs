@@ -816,20 +816,8 @@ fn render_lost(s: &Summary) -> String {
             p.rank, p.pid, p.unpublished
         );
     }
-    if s.gaps > 0 {
-        let _ = writeln!(
-            o,
-            "  INCOMPLETE {} gap record{}: ops or tensors not captured ({}{}); `ttrace ls` \
-             lists them by rank",
-            s.gaps,
-            if s.gaps == 1 { "" } else { "s" },
-            s.gap_tally.reasons(),
-            if s.gap_tally.bytes > 0 {
-                format!("; {} not captured", human(s.gap_tally.bytes))
-            } else {
-                String::new()
-            }
-        );
+    if let Some(line) = crate::ls::gaps_line(&s.gap_tally) {
+        let _ = writeln!(o, "  {line}; `ttrace ls` lists them by rank");
     }
     o
 }

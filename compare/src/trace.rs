@@ -15,6 +15,7 @@ use ttrace_format::store::Manifest;
 
 use crate::decoded::{Checked, DecodedCache, Shared};
 use crate::prefetch::{lock, TensorAt};
+use crate::widen::WholeElements;
 pub use crate::widen::{to_f32, to_f32_into, F32Widening};
 use crate::CompareError;
 
@@ -473,34 +474,16 @@ impl RunTrace {
             return Ok(true);
         }
         let size = t.dtype.size();
-        let mut first: Vec<u8> = Vec::with_capacity(size);
-        // Bytes of an element cut by a block's end, completed by the next block.
-        let mut partial: Vec<u8> = Vec::with_capacity(size);
+        let mut elements = WholeElements::new(size);
+        let mut first: Option<Vec<u8>> = None;
         let mut one = true;
-        let captured = self.with_blocks(at, &mut |mut b: &[u8]| {
-            if !one {
-                return;
+        let captured = self.with_blocks(at, &mut |b: &[u8]| {
+            if one {
+                elements.push(b, &mut |run| {
+                    let first = first.get_or_insert_with(|| run[..size].to_vec());
+                    one = one && run.chunks_exact(size).all(|e| e == first.as_slice());
+                });
             }
-            if !partial.is_empty() {
-                let take = (size - partial.len()).min(b.len());
-                partial.extend_from_slice(&b[..take]);
-                b = &b[take..];
-                if partial.len() < size {
-                    return;
-                }
-                if first.is_empty() {
-                    first = std::mem::take(&mut partial);
-                } else {
-                    one = partial == first;
-                    partial.clear();
-                }
-            }
-            if first.is_empty() && b.len() >= size {
-                first.extend_from_slice(&b[..size]);
-            }
-            let whole = b.len() / size * size;
-            one = one && b[..whole].chunks_exact(size).all(|e| e == first.as_slice());
-            partial.extend_from_slice(&b[whole..]);
         })?;
         Ok(!captured || one)
     }

@@ -89,34 +89,27 @@ fn widen_direct(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) {
     unsafe { out.set_len(len) };
 }
 
-/// A tensor's values widened to f32 block by block as its bytes are decoded
-/// ([`ttrace_format::reader::RecordView::tensor_blocks`]): [`to_f32_into`]'s values, without
-/// the tensor's bytes in one buffer first. Types other than F32, BF16 and F16 are gathered
-/// and widened whole at [`F32Widening::finish`].
-pub struct F32Widening<'a> {
-    dtype: DType,
-    out: &'a mut Vec<f32>,
-    /// A partial element carried to the next block (every byte, for the other types).
+/// Bytes handed over block by block ([`ttrace_format::reader::RecordView::tensor_blocks`]),
+/// regrouped into runs of whole elements: an element cut by a block's end is completed with
+/// the next block's first bytes.
+pub struct WholeElements {
+    size: usize,
+    /// The start of an element cut by the last block's end.
     carry: Vec<u8>,
 }
 
-impl<'a> F32Widening<'a> {
-    /// Widening into `out` (cleared; its capacity is kept).
-    pub fn new(dtype: DType, out: &'a mut Vec<f32>) -> F32Widening<'a> {
-        out.clear();
-        F32Widening {
-            dtype,
-            out,
+impl WholeElements {
+    /// Elements of `size` bytes (at least 1).
+    pub fn new(size: usize) -> WholeElements {
+        WholeElements {
+            size: size.max(1),
             carry: Vec::new(),
         }
     }
 
-    /// The next bytes of the tensor.
-    pub fn push(&mut self, mut bytes: &[u8]) {
-        let Some(size) = direct_size(self.dtype) else {
-            self.carry.extend_from_slice(bytes);
-            return;
-        };
+    /// Hands `run` every whole element of the next `bytes`, in one or two runs.
+    pub fn push(&mut self, mut bytes: &[u8], run: &mut impl FnMut(&[u8])) {
+        let size = self.size;
         if !self.carry.is_empty() {
             let take = (size - self.carry.len()).min(bytes.len());
             self.carry.extend_from_slice(&bytes[..take]);
@@ -124,23 +117,76 @@ impl<'a> F32Widening<'a> {
             if self.carry.len() < size {
                 return;
             }
-            widen_direct(self.dtype, &self.carry, self.out);
+            run(&self.carry);
             self.carry.clear();
         }
         let whole = bytes.len() / size * size;
-        widen_direct(self.dtype, &bytes[..whole], self.out);
+        if whole > 0 {
+            run(&bytes[..whole]);
+        }
         self.carry.extend_from_slice(&bytes[whole..]);
+    }
+
+    /// Bytes of a last element left incomplete (empty when the bytes ended on an element).
+    pub fn torn(&self) -> usize {
+        self.carry.len()
+    }
+}
+
+/// A tensor's values widened to f32 block by block as its bytes are decoded
+/// ([`ttrace_format::reader::RecordView::tensor_blocks`]): [`to_f32_into`]'s values, without
+/// the tensor's bytes in one buffer first. Types other than F32, BF16 and F16 are gathered
+/// and widened whole at [`F32Widening::finish`].
+pub struct F32Widening<'a> {
+    dtype: DType,
+    out: &'a mut Vec<f32>,
+    pending: Pending,
+}
+
+/// What [`F32Widening`] holds between blocks.
+enum Pending {
+    /// A type widened as it comes ([`direct_size`]).
+    Direct(WholeElements),
+    /// Every byte, for the other types.
+    Gathered(Vec<u8>),
+}
+
+impl<'a> F32Widening<'a> {
+    /// Widening into `out` (cleared; its capacity is kept).
+    pub fn new(dtype: DType, out: &'a mut Vec<f32>) -> F32Widening<'a> {
+        out.clear();
+        let pending = match direct_size(dtype) {
+            Some(size) => Pending::Direct(WholeElements::new(size)),
+            None => Pending::Gathered(Vec::new()),
+        };
+        F32Widening {
+            dtype,
+            out,
+            pending,
+        }
+    }
+
+    /// The next bytes of the tensor.
+    pub fn push(&mut self, bytes: &[u8]) {
+        match &mut self.pending {
+            Pending::Direct(elements) => {
+                let (dtype, out) = (self.dtype, &mut *self.out);
+                elements.push(bytes, &mut |run| widen_direct(dtype, run, out));
+            }
+            Pending::Gathered(all) => all.extend_from_slice(bytes),
+        }
     }
 
     /// Every byte was pushed: the values are in `out`.
     pub fn finish(self) -> Result<(), CompareError> {
-        match direct_size(self.dtype) {
-            None => to_f32_into(self.dtype, &self.carry, self.out),
-            Some(_) if self.carry.is_empty() => Ok(()),
-            Some(size) => Err(CompareError::Record(format!(
-                "{:?} bytes end in a partial element ({} of {size} bytes)",
+        match self.pending {
+            Pending::Gathered(all) => to_f32_into(self.dtype, &all, self.out),
+            Pending::Direct(elements) if elements.torn() == 0 => Ok(()),
+            Pending::Direct(elements) => Err(CompareError::Record(format!(
+                "{:?} bytes end in a partial element ({} of {} bytes)",
                 self.dtype,
-                self.carry.len()
+                elements.torn(),
+                elements.size
             ))),
         }
     }
@@ -217,5 +263,28 @@ mod tests {
         let mut torn = F32Widening::new(DType::BF16, &mut out);
         torn.push(&[0, 0x3f, 0]);
         assert!(torn.finish().is_err(), "a torn element is an error");
+    }
+
+    /// Whole elements come out in order and whole, wherever the blocks cut them.
+    #[test]
+    fn elements_cut_by_a_block_end_are_whole_again() {
+        let bytes: Vec<u8> = (0..60u8).collect();
+        for size in [1, 2, 3, 4, 7] {
+            for block in [1, 2, 5, 6, 13, 60] {
+                let mut elements = WholeElements::new(size);
+                let mut runs: Vec<Vec<u8>> = Vec::new();
+                for b in bytes.chunks(block) {
+                    elements.push(b, &mut |run| runs.push(run.to_vec()));
+                }
+                assert!(runs.iter().all(|r| !r.is_empty() && r.len() % size == 0));
+                let whole = bytes.len() / size * size;
+                assert_eq!(
+                    runs.concat(),
+                    bytes[..whole],
+                    "size {size}, blocks of {block}"
+                );
+                assert_eq!(elements.torn(), bytes.len() - whole);
+            }
+        }
     }
 }

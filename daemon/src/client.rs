@@ -93,8 +93,7 @@ struct Info {
     hello: Option<Hello>,
     last_rank: Option<u32>,
     records: u64,
-    gaps: u64,
-    /// The gaps by reason.
+    /// Its gap records, by reason.
     gap_tally: GapTally,
     steps: BTreeSet<(u32, u64)>,
     bytes_raw: u64,
@@ -172,7 +171,7 @@ impl ClientState {
             local_rank: h.local_rank,
             world_size: h.world_size,
             records: i.records,
-            gaps: i.gaps,
+            gaps: i.gap_tally.count(),
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
             clean_exit: i.clean_exit,
@@ -197,7 +196,7 @@ impl ClientState {
                 .map(|&(_, s)| s)
                 .collect::<BTreeSet<_>>()
                 .len() as u64,
-            gaps: i.gaps,
+            gaps: i.gap_tally.count(),
             gap_tally: i.gap_tally.clone(),
             bytes_raw: i.bytes_raw,
             bytes_stored: i.bytes_stored,
@@ -1244,7 +1243,6 @@ impl Writer<'_> {
             let mut i = self.state.info.lock();
             i.bytes_deduped += deduped;
             if let Op::Gap(g) = &rec.op {
-                i.gaps += 1;
                 i.gap_tally.add(g);
             }
             i.steps.insert(key);

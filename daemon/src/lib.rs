@@ -203,7 +203,7 @@ pub struct ProcessSummary {
     pub records: u64,
     /// Distinct steps among them.
     pub steps: u64,
-    /// Gap records among them.
+    /// Gap records among them (`gap_tally.count()`).
     pub gaps: u64,
     /// Those gaps by reason, and the bytes they would have captured.
     pub gap_tally: GapTally,
@@ -245,6 +245,7 @@ pub struct Summary {
     pub records: u64,
     /// Records received but not stored, by cause (the store is incomplete when not empty).
     pub lost: Vec<ttrace_format::store::Loss>,
+    /// Gap records, every process (`gap_tally.count()`).
     pub gaps: u64,
     /// The gaps by reason, over every process.
     pub gap_tally: GapTally,
@@ -772,6 +773,10 @@ impl Handle {
             .filter(|c| c.was_dropped())
             .count();
         let ranks: BTreeSet<u32> = processes.iter().map(|p| p.rank).collect();
+        let gap_tally = processes.iter().fold(GapTally::default(), |mut t, p| {
+            t.merge(&p.gap_tally);
+            t
+        });
         Summary {
             run_id: self.shared.run.run_id.clone(),
             store: self.shared.store.clone(),
@@ -784,11 +789,8 @@ impl Handle {
                 .load(Ordering::Relaxed)
                 .saturating_sub(self.shared.segments.lost().iter().map(|l| l.records).sum()),
             lost: self.shared.segments.lost(),
-            gaps: processes.iter().map(|p| p.gaps).sum(),
-            gap_tally: processes.iter().fold(GapTally::default(), |mut t, p| {
-                t.merge(&p.gap_tally);
-                t
-            }),
+            gaps: gap_tally.count(),
+            gap_tally,
             bytes_raw: processes.iter().map(|p| p.bytes_raw).sum(),
             bytes_stored: processes.iter().map(|p| p.bytes_stored).sum(),
             bytes_deduped: processes.iter().map(|p| p.bytes_deduped).sum(),

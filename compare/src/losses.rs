@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use ttrace_format::record::{GapTally, Op};
+use ttrace_format::store::Manifest;
 
 use crate::trace::RunTrace;
 
@@ -46,15 +47,24 @@ impl CaptureLosses {
             .iter()
             .flat_map(|&rank| steps.iter().flat_map(move |&step| t.records(rank, step)))
             .map(|rec| &rec.op);
-        let (gaps, gap_bytes) = tally_gaps(ops);
         CaptureLosses {
             store: store.to_string(),
             path: t.path.display().to_string(),
+            unreadable: t.unreadable.len() as u64,
+            ..CaptureLosses::counted(ops, &t.manifest)
+        }
+    }
+
+    /// The gaps among `ops` and the manifest's store-wide counts (snapshots never published,
+    /// records not stored); no name, path or unreadable records.
+    pub fn counted<'a>(ops: impl Iterator<Item = &'a Op>, manifest: &Manifest) -> CaptureLosses {
+        let (gaps, gap_bytes) = tally_gaps(ops);
+        CaptureLosses {
             gaps,
             gap_bytes,
-            unpublished: t.manifest.ranks.iter().map(|r| r.unpublished).sum(),
-            unreadable: t.unreadable.len() as u64,
-            not_stored: t.manifest.lost.iter().map(|l| l.records).sum(),
+            unpublished: manifest.ranks.iter().map(|r| r.unpublished).sum(),
+            not_stored: manifest.lost.iter().map(|l| l.records).sum(),
+            ..CaptureLosses::default()
         }
     }
 
@@ -102,7 +112,7 @@ pub fn of_stores(stores: &[(&str, &RunTrace)], steps: &[u64]) -> Vec<CaptureLoss
 
 /// The gaps among `ops`: their count by reason (as the format names it) and the bytes they
 /// would have captured.
-pub fn tally_gaps<'a>(ops: impl Iterator<Item = &'a Op>) -> (BTreeMap<String, u64>, u64) {
+fn tally_gaps<'a>(ops: impl Iterator<Item = &'a Op>) -> (BTreeMap<String, u64>, u64) {
     let mut tally = GapTally::default();
     for op in ops {
         if let Op::Gap(g) = op {

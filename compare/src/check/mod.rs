@@ -90,10 +90,12 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         }
     }
     report.unreadable.extend(trace.unreadable.iter().cloned());
-    (report.gaps, report.gap_bytes) =
-        crate::losses::tally_gaps(trace.records.iter().map(|r| &r.record.op));
-    report.unpublished = manifest.ranks.iter().map(|r| r.unpublished).sum();
-    report.not_stored = manifest.lost.iter().map(|l| l.records).sum();
+    let lost = crate::losses::CaptureLosses::counted(
+        trace.records.iter().map(|r| &r.record.op),
+        &manifest,
+    );
+    (report.gaps, report.gap_bytes) = (lost.gaps, lost.gap_bytes);
+    (report.unpublished, report.not_stored) = (lost.unpublished, lost.not_stored);
     report.sort();
     Ok(report)
 }

@@ -224,6 +224,7 @@ fn partition_on_the_pool(
         },
         (bytes_read(&p), started.elapsed().as_secs_f64()),
     )?;
+    release(p);
     Ok(crate::partition::PartialReport {
         report,
         partition: crate::partition::Partial::new(

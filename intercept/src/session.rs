@@ -40,8 +40,8 @@ pub const FIRST_PIN_BYTES: u64 = 256 << 10;
 /// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
 /// is locked from its start, part by part, as slots first reach a part and before any copy
 /// goes into it: [`FIRST_PIN_BYTES`], then parts that double while they end in the ring's
-/// first half, then the rest. Locked memory grows with what the capture uses: a full capture of a small model
-/// locks tens of MiB (one that locked the rest once past a sixteenth of the ring cost the
+/// first half, then the rest. Locked memory grows with what the capture uses: a full capture
+/// of a small model locks tens of MiB (one that locked the rest once past a sixteenth of the ring cost the
 /// simulated hidden-64 job 3.1x its untraced CPU instead of 2.2x). The price: slots never cross
 /// a part's end, so the largest slot is half the ring, and a burst of large slots that cannot
 /// wait for releases (an NCCL group) finds less room than in one unbroken ring.

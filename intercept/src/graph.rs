@@ -464,13 +464,16 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
                     t.api
                 ));
                 if !lost.iter().any(|l: &(usize, String)| l.0 == c.tensor) {
+                    let role = t.tensors.get(c.tensor).map_or_else(
+                        || format!("tensor {}", c.tensor),
+                        |x| format!("{:?}", x.role),
+                    );
                     lost.push((
                         c.tensor,
                         format!(
-                            "the runtime refused to point a graph snapshot node of tensor {} \
+                            "the runtime refused to point the graph snapshot node of {role} \
                              at this replay's ring slot (cudaError {code}): the replay's record, \
-                             just before this gap, keeps it as metadata only",
-                            c.tensor
+                             just before this gap, keeps it as metadata only"
                         ),
                     ));
                 }

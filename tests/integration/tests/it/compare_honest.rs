@@ -103,6 +103,15 @@ fn compare(args: &[&Path], extra: &[&str]) -> (Output, Option<Value>) {
     (out, report)
 }
 
+/// `ttrace check STORE`.
+fn check(store: &Path) -> Output {
+    Command::new(bin("ttrace"))
+        .arg("check")
+        .arg(store)
+        .output()
+        .expect("ttrace check")
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -233,11 +242,7 @@ fn a_match_of_a_capture_that_lost_data_is_never_clean() {
     assert_eq!(losses[0]["store"], "run");
     assert_eq!(losses[0]["gaps"]["copy_refused"], 2, "one per process");
     assert!(text(&o).contains("INCOMPLETE CAPTURE"), "{}", text(&o));
-    let c = Command::new(bin("ttrace"))
-        .arg("check")
-        .arg(&run)
-        .output()
-        .expect("ttrace check");
+    let c = check(&run);
     assert_eq!(c.status.code(), Some(5), "{}", text(&c));
     assert!(
         text(&c).contains("INCOMPLETE CAPTURE: 2 gaps (copy_refused 2"),
@@ -264,11 +269,7 @@ fn a_store_missing_ranks_is_not_a_divergence() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("not comparable"), "{}", text(&o));
     // check: no findings made of the missing rank, and it says what it did not check.
-    let c = Command::new(bin("ttrace"))
-        .arg("check")
-        .arg(&run)
-        .output()
-        .expect("ttrace check");
+    let c = check(&run);
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     assert!(text(&c).contains("ranks [3]"), "{}", text(&c));
     // ls: the missing rank is not shown as clean.
@@ -295,11 +296,7 @@ fn check_and_ls_are_honest_about_a_pipeline_rank_not_captured() {
         &["--ranks", "0-2"],
         &with(&["--pp", "2", "--dp", "2"]),
     );
-    let c = Command::new(bin("ttrace"))
-        .arg("check")
-        .arg(&run)
-        .output()
-        .expect("ttrace check");
+    let c = check(&run);
     // Rank 3's sends and receives are not captured: not a send/recv finding.
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     assert!(text(&c).contains("no finding"), "{}", text(&c));

@@ -36,16 +36,9 @@ fn a_two_rank_ksplit_job_is_captured_completely() {
         profile_dir().join("libttrace.so").exists(),
         "libttrace.so is not built next to ttrace (cargo build --release -p ttrace-intercept)"
     );
-    let dir = std::env::temp_dir().join(format!("ttrace-e2e-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let out = Command::new(bin("ttrace"))
-        .current_dir(&dir)
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env_remove("TTRACE_LIB")
-        .env_remove("TTRACE_DAEMON")
-        .env_remove("LD_PRELOAD")
-        .args(["run", "--out", "store", "--"])
+    let (dir, mut c) = fresh_run("ksplit");
+    let out = c
+        .arg("--")
         .arg(bin("simrun"))
         .args(["--nproc-per-node", "2", "--"])
         .arg(bin("sim-probe"))
@@ -123,9 +116,9 @@ fn a_two_rank_ksplit_job_is_captured_completely() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `ttrace run -q [--strict] -- sim-probe traced gemm` in a fresh directory, with `env` set,
-/// and what `ttrace ls` then says of the store.
-fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> (std::process::Output, String) {
+/// A fresh directory for `tag`, and `ttrace run --out store` to run in it with the library
+/// found next to ttrace (options and `-- CMD` still to add).
+fn fresh_run(tag: &str) -> (std::path::PathBuf, Command) {
     let dir = std::env::temp_dir().join(format!("ttrace-e2e-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
@@ -135,8 +128,15 @@ fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> (std::process::O
         .env_remove("TTRACE_LIB")
         .env_remove("TTRACE_DAEMON")
         .env_remove("LD_PRELOAD")
-        .args(["run", "--out", "store"])
-        .args(opts)
+        .args(["run", "--out", "store"]);
+    (dir, c)
+}
+
+/// `ttrace run OPTS -- sim-probe traced gemm` in a fresh directory, with `env` set, and what
+/// `ttrace ls` then says of the store.
+fn run_probe(tag: &str, opts: &[&str], env: &[(&str, &str)]) -> (std::process::Output, String) {
+    let (dir, mut c) = fresh_run(tag);
+    c.args(opts)
         .arg("--")
         .arg(bin("sim-probe"))
         .args(["traced", "gemm"]);

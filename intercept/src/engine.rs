@@ -212,7 +212,16 @@ pub fn begin(call: Call) -> Option<InFlight> {
             }
         }
     }
-    let fingerprints: PerTensor<Option<Layout>> = plans.iter().map(fingerprint_only).collect();
+    // Only a GEMM that may recur the anchor needs its operands' fingerprints; the others'
+    // glimpses tell whether they read the anchor's bytes again (fingerprint.rs).
+    let recurs = match &call.op {
+        Op::Gemm(g) if plans.iter().any(|t| t.rule_only) => {
+            prefilter::may_recur_anchor(|| tracer::gemm_sig(call.api, g))
+        }
+        _ => true,
+    };
+    let fingerprints: PerTensor<Option<Layout>> =
+        plans.iter().map(|t| fingerprint_only(t, recurs)).collect();
     let (offsets, total) = layout_in_slot(&plans, &fingerprints);
     let m = meta_of(call.api, call.op, call.stream_id, device, !prefiltered);
     if streamed {
@@ -322,12 +331,18 @@ fn layout_in_slot(
     (offsets, end)
 }
 
-/// The fingerprint a tensor copied for the step rule only is reduced to (one copy of its
-/// pieces): when its bytes lie at one address, in order (else it is copied whole and the
-/// tracer takes the fingerprint from its packed bytes).
-fn fingerprint_only(t: &TensorPlan) -> Option<Layout> {
+/// The fingerprint (or with `recurs` false, the glimpse) a tensor copied for the step rule
+/// only is reduced to (one copy of its pieces): when its bytes lie at one address, in order
+/// (else it is copied whole and the tracer takes the fingerprint from its packed bytes).
+fn fingerprint_only(t: &TensorPlan, recurs: bool) -> Option<Layout> {
     let contiguous = t.blocks.is_none() && t.source.is_contiguous();
-    (t.captured && t.rule_only && contiguous).then(|| Layout::of(t.nbytes))
+    (t.captured && t.rule_only && contiguous).then(|| {
+        if recurs {
+            Layout::of(t.nbytes)
+        } else {
+            Layout::glimpse(t.nbytes)
+        }
+    })
 }
 
 /// The copy that brings the fingerprint `fp` of a contiguous tensor at `src` into its slot
@@ -931,12 +946,25 @@ mod tests {
     fn a_rule_only_operand_copies_only_its_fingerprint() {
         // Up to 64 MiB the fingerprint is the whole operand (one plain copy's worth).
         let small = operand(1024, 1024);
-        let fp = fingerprint_only(&small).expect("a contiguous operand is fingerprinted");
+        let fp = fingerprint_only(&small, true).expect("a contiguous operand is fingerprinted");
         assert_eq!(fp.bytes(), small.nbytes);
-        // Over it, the pieces only: one pitched copy.
+        // A GEMM that cannot recur the anchor takes the glimpse: over 1 MiB, the pieces only.
+        assert!(small.nbytes > crate::fingerprint::GLIMPSE_WHOLE_MAX);
+        let glimpse = fingerprint_only(&small, false).expect("a contiguous operand is glimpsed");
+        assert_eq!(glimpse, Layout::glimpse(small.nbytes));
+        assert_eq!(
+            glimpse.bytes(),
+            crate::fingerprint::PIECE * crate::fingerprint::PIECES
+        );
+        assert!(matches!(
+            fingerprint_copy(small.source.src, glimpse),
+            Copy::Pitched { height, .. } if height == crate::fingerprint::PIECES
+        ));
+        // Over 64 MiB, the pieces only: one pitched copy.
         let t = operand(65_536, 65_536);
         assert!(t.nbytes > crate::fingerprint::WHOLE_MAX);
-        let fp = fingerprint_only(&t).expect("a contiguous operand is fingerprinted");
+        let fp = fingerprint_only(&t, true).expect("a contiguous operand is fingerprinted");
+        assert_eq!(fingerprint_only(&t, false), Some(fp));
         assert_eq!(
             fp.bytes(),
             crate::fingerprint::PIECE * crate::fingerprint::PIECES
@@ -981,7 +1009,8 @@ mod tests {
             rule_only: false,
             ..operand(1024, 1024)
         };
-        assert_eq!(fingerprint_only(&stored), None);
-        assert_eq!(fingerprint_only(&operand(1000, 1024)), None);
+        assert_eq!(fingerprint_only(&stored, true), None);
+        assert_eq!(fingerprint_only(&operand(1000, 1024), true), None);
+        assert_eq!(fingerprint_only(&operand(1000, 1024), false), None);
     }
 }

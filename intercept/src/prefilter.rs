@@ -61,6 +61,15 @@ pub(crate) fn counts_gemm(cfg: &CaptureConfig, sig: impl FnOnce() -> u64) -> boo
         && (!ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig())
 }
 
+/// Whether a GEMM with signature `sig` (computed only when needed) may recur the anchor
+/// under `auto`, whatever is selected: any GEMM before the anchor is known, then the anchor's
+/// signature only. The step rule compares fingerprints only of such GEMMs' operands; of the
+/// others, glimpses (fingerprint.rs). The tracer knows the anchor before any record whose hook
+/// saw it, so a hook never glimpses what the rule will fingerprint.
+pub(crate) fn may_recur_anchor(sig: impl FnOnce() -> u64) -> bool {
+    !ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig()
+}
+
 /// Whether an op counts: a GEMM that may start a step.
 pub(crate) fn counts_op(cfg: &CaptureConfig, api: &str, op: &Op) -> bool {
     match op {

@@ -112,6 +112,9 @@ pub struct Operand {
     /// CRC-32 of its fingerprint (its bytes at fixed places, fingerprint.rs), when its bytes
     /// or fingerprint were captured.
     pub crc: Option<u32>,
+    /// CRC-32 of its glimpse (fingerprint.rs), when its bytes, fingerprint or glimpse were
+    /// captured: what tells the anchor's operand bytes read again by another GEMM.
+    pub glimpse: Option<u32>,
     /// Bytes of the operand (packed): equal CRC-32s of different lengths are not the same
     /// bytes.
     pub len: u64,
@@ -182,9 +185,9 @@ impl Anchor {
     fn observe(&mut self, a: Operand, b: Operand) {
         let shape = self.shape();
         for (slot, op) in [(0u8, a), (1u8, b)] {
-            let Some(crc) = op.crc else { continue };
+            let Some(glimpse) = op.glimpse else { continue };
             for (of, mine) in [(0u8, self.a), (1u8, self.b)] {
-                if mine.crc == Some(crc) && shape.may_be(of, slot, op.trans, op.len) {
+                if mine.glimpse == Some(glimpse) && shape.may_be(of, slot, op.trans, op.len) {
                     self.transposed_reuse = true;
                 }
             }
@@ -411,6 +414,7 @@ mod tests {
         Operand {
             ptr,
             crc: Some(crc),
+            glimpse: Some(crc),
             len: 64,
             trans,
             sample: None,
@@ -521,6 +525,7 @@ mod tests {
             a: Operand {
                 ptr,
                 crc: None,
+                glimpse: None,
                 len: 64,
                 trans: true,
                 sample: None,
@@ -528,6 +533,7 @@ mod tests {
             b: Operand {
                 ptr: 0x99,
                 crc: None,
+                glimpse: None,
                 len: 64,
                 trans: false,
                 sample: None,
@@ -800,6 +806,49 @@ mod tests {
         // The same with the anchor's lengths is the backward pass: a new step.
         let items = [items[0], ("bwd", backward((0x10, 1), (0x200, 9))), items[2]];
         assert_eq!(run(StepRule::Auto, &items).last(), Some(&("fwd", 1)));
+    }
+
+    /// A backward GEMM whose operands were copied as glimpses only (no fingerprint: it cannot
+    /// recur the anchor) is still the backward pass when a glimpse is the anchor's; the
+    /// fingerprints never decide it, and a recurrence still needs them.
+    #[test]
+    fn a_backward_read_is_told_by_glimpses_alone() {
+        // Operands over 1 MiB: the glimpse's CRC-32 is not the fingerprint's.
+        let big = |ptr, crc: u32, trans| Operand {
+            glimpse: Some(crc + 1000),
+            len: 8 << 20,
+            ..op(ptr, crc, trans)
+        };
+        // A fresh input buffer each time: only a read of the anchor's bytes in another
+        // orientation makes the second forward a candidate.
+        let fwd = |w: u32, x: u32| Class::Gemm {
+            sig: 7,
+            a: big(0x10, w, true),
+            b: big(0x100 + u64::from(x), x, false),
+        };
+        let glimpsed = |ptr, glimpse: u32, trans| Operand {
+            crc: None,
+            glimpse: Some(glimpse),
+            ..big(ptr, 0, trans)
+        };
+        let bwd = |x_glimpse| Class::Gemm {
+            sig: 8,
+            a: glimpsed(0x200, 77, false),
+            b: glimpsed(0x300, x_glimpse, true),
+        };
+        // The anchor's input (fingerprint 5, glimpse 1005) read again: the next forward, with
+        // new weights and a fresh batch, is a new step.
+        let out = run(
+            StepRule::Auto,
+            &[("fwd", fwd(1, 5)), ("bwd", bwd(1005)), ("fwd", fwd(2, 6))],
+        );
+        assert_eq!(out.last(), Some(&("fwd", 1)));
+        // A glimpse equal to the anchor's fingerprint (not its glimpse) is not its bytes.
+        let out = run(
+            StepRule::Auto,
+            &[("fwd", fwd(1, 5)), ("bwd", bwd(5)), ("fwd", fwd(2, 6))],
+        );
+        assert!(out.iter().all(|o| o.1 == 0), "{out:?}");
     }
 
     #[test]

@@ -482,6 +482,8 @@ struct Pending {
     prefiltered: bool,
     /// The step rule got evidence of its GEMM operands.
     evidence: bool,
+    /// That evidence was glimpses alone (fingerprint.rs): no operand's fingerprint.
+    glimpses: bool,
 }
 
 /// A stream's progress as its chunks are published.
@@ -524,6 +526,7 @@ pub fn start(
                 dropped: 0,
                 reduced: 0,
                 reduced_copies: 0,
+                reduced_glimpses: 0,
                 decided: Vec::new(),
             };
             t.run();
@@ -564,6 +567,8 @@ struct Tracer {
     reduced: u64,
     /// Of the reduced ones, those whose GEMM operands' fingerprints were copied for the rule.
     reduced_copies: u64,
+    /// Of those, the ones whose operands were copied as glimpses alone.
+    reduced_glimpses: u64,
     /// The records the step rule decided, as it hands them back (empty between records).
     decided: Vec<(Pending, u64)>,
 }
@@ -614,10 +619,11 @@ impl Tracer {
                     "{} records outside TTRACE_STEPS/TTRACE_RANKS dropped: {needless} left out \
                      by their hooks (nothing in them for the step rule), {} reduced to what \
                      the step rule needs before their snapshot ({} with operand fingerprints \
-                     for it), {} snapshotted in full",
+                     for it, {} of them glimpses alone), {} snapshotted in full",
                     self.dropped + needless,
                     self.reduced,
                     self.reduced_copies,
+                    self.reduced_glimpses,
                     self.dropped - self.reduced
                 ));
             }
@@ -863,12 +869,18 @@ impl Tracer {
                 continue;
             }
             if let Some(Some(fp)) = c.fingerprints.get(i) {
-                // Only its fingerprint was copied (for the rule: never stored).
+                // Only its fingerprint, or its glimpse, was copied (for the rule: never
+                // stored).
                 let at = from as usize;
                 if gemm {
-                    *ev = bytes
-                        .get(at..at + fp.bytes() as usize)
-                        .map(|held| Evidence::read(held, t.dtype, sampled));
+                    let full = *fp == Layout::of(t.nbytes);
+                    *ev = bytes.get(at..at + fp.bytes() as usize).map(|held| {
+                        if full {
+                            Evidence::read(held, t.nbytes, t.dtype, sampled)
+                        } else {
+                            Evidence::of_glimpse(held)
+                        }
+                    });
                 }
                 continue;
             }
@@ -1032,7 +1044,9 @@ impl Tracer {
                 slot,
                 streams,
                 prefiltered,
-                evidence: matches!(class, Class::Gemm { a, b, .. } if a.crc.is_some() || b.crc.is_some()),
+                evidence: matches!(class, Class::Gemm { a, b, .. } if a.glimpse.is_some() || b.glimpse.is_some()),
+                glimpses: matches!(class, Class::Gemm { a, b, .. }
+                    if (a.glimpse.is_some() || b.glimpse.is_some()) && a.crc.is_none() && b.crc.is_none()),
             },
             class,
             &mut |p, s| out.push((p, s)),
@@ -1104,6 +1118,7 @@ impl Tracer {
             self.dropped += 1;
             self.reduced += u64::from(p.prefiltered);
             self.reduced_copies += u64::from(p.prefiltered && p.evidence);
+            self.reduced_glimpses += u64::from(p.prefiltered && p.glimpses);
             return;
         }
         if p.prefiltered {
@@ -1315,7 +1330,8 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
                 let ev = found.and_then(|i| evidence.get(i).copied().flatten());
                 Operand {
                     ptr: found.map_or(0, |i| tensors[i].ptr),
-                    crc: ev.map(|e| e.crc),
+                    crc: ev.and_then(|e| e.crc),
+                    glimpse: ev.map(|e| e.glimpse),
                     len: found.map_or(0, |i| tensors[i].nbytes),
                     trans: trans != 0,
                     sample: ev.and_then(|e| e.sample),

@@ -162,6 +162,41 @@ fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
     );
 }
 
+/// Every tensor in a fresh buffer, as under a caching allocator (sim-probe `traced steps
+/// backward`): only the weight gradient's read of the anchor's 2 MiB input, transposed, tells
+/// the `auto` rule where a step ends. Outside the selected step that read is copied as a
+/// glimpse, not whole (fingerprint.rs); the rule numbers the steps as it does from the whole
+/// bytes, and the selected step is stored as a full capture stores it.
+#[test]
+fn glimpsed_backward_reads_number_the_steps_as_a_full_capture_does() {
+    let args = ["traced", "steps", "backward"];
+    let full = traced(1, &args, &[]);
+    assert_ok(&full);
+    let gemm_steps: Vec<u64> = full
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, Op::Gemm(_)))
+        .map(|r| r.record.step)
+        .collect();
+    let want: Vec<u64> = (0..5).flat_map(|s| [s; 3]).collect();
+    assert_eq!(gemm_steps, want, "a step per iteration");
+    let last = traced(1, &args, &[("TTRACE_STEPS", "4"), ("TTRACE_LOG", "info")]);
+    assert_ok(&last);
+    assert_checksums(&last);
+    let want = of_step(&full, 4);
+    assert_same(&of_step(&last, 4), &want, "step 4");
+    assert_eq!(last.records.len(), want.len(), "only step 4 is stored");
+    // "..., N of them glimpses alone), ..." at exit.
+    let log = stderr(&last.out);
+    let glimpses = log
+        .split_once(" of them glimpses alone")
+        .and_then(|(head, _)| head.split_whitespace().last()?.parse::<u64>().ok());
+    assert!(
+        glimpses.is_some_and(|n| n >= 2),
+        "the weight gradients of the first steps were not glimpsed:\n{log}"
+    );
+}
+
 #[test]
 fn steps_outside_the_run_store_nothing_and_lose_nothing() {
     let run = traced_steps(2, Some("50-60"));

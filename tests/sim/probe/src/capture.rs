@@ -103,11 +103,12 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         })?),
         Some("graph-update") => graph_update(),
         Some("errors") => errors(),
+        Some("steps") if args.get(1).is_some_and(|a| a == "backward") => steps_backward(),
         Some("steps") => steps(args.get(1).map_or("auto", String::as_str)),
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api]|fork|threads"
+            "usage: traced memcpy|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
                 .into(),
         ),
     }
@@ -1641,6 +1642,63 @@ fn steps(rule: &str) -> Result<(), String> {
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));
     println!("traced steps {rule} OK");
+    Ok(())
+}
+
+/// Five training iterations the way a caching allocator lays them out: every tensor in a
+/// fresh buffer (weight casts, batches, activations), so that only the backward pass tells the
+/// `auto` step rule where a step ends. Each iteration: the batch `x` (512 x 1024 f32, 2 MiB:
+/// its glimpse is not the whole of it) and this step's weights `w` (16 x 512) are uploaded;
+/// the forward GEMM `y = w·x` (the anchor), a second layer of the same shape on other
+/// tensors, then the weight gradient `dw = dy·xᵀ`, which reads the anchor's `x` transposed.
+fn steps_backward() -> Result<(), String> {
+    let s = stream()?;
+    let mut h: cublasHandle_t = std::ptr::null_mut();
+    bl!(cublasCreate_v2(&mut h));
+    bl!(cublasSetStream_v2(h, s));
+    let (m, n, k) = (16usize, 1024usize, 512usize);
+    let mut rng = Rng(29);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let gemm = |transb, a: &DevBuf, b: &DevBuf, c: &DevBuf, (rows, cols, inner, ldb)| {
+        bl!(cublasSgemm_v2(
+            h,
+            CUBLAS_OP_N,
+            transb,
+            rows as c_int,
+            cols as c_int,
+            inner as c_int,
+            &alpha,
+            a.ptr.cast(),
+            rows as c_int,
+            b.ptr.cast(),
+            ldb as c_int,
+            &beta,
+            c.ptr.cast(),
+            rows as c_int
+        ));
+        Ok(())
+    };
+    // Every buffer lives to the end: no address is handed out twice.
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let x = up(&values(DType::F32, k * n, &mut rng))?;
+        let w = up(&values(DType::F32, m * k, &mut rng))?;
+        let y = DevBuf::new(m * n * 4)?;
+        gemm(CUBLAS_OP_N, &w, &x, &y, (m, n, k, k))?;
+        let (x2, w2) = (
+            up(&values(DType::F32, k * n, &mut rng))?,
+            up(&values(DType::F32, m * k, &mut rng))?,
+        );
+        let y2 = DevBuf::new(m * n * 4)?;
+        gemm(CUBLAS_OP_N, &w2, &x2, &y2, (m, n, k, k))?;
+        let dy = up(&values(DType::F32, m * n, &mut rng))?;
+        let dw = DevBuf::new(m * k * 4)?;
+        gemm(CUBLAS_OP_T, &dy, &x, &dw, (m, k, n, k))?;
+        ck!(cudaStreamSynchronize(s));
+        held.extend([x, w, y, x2, w2, y2, dy, dw]);
+    }
+    bl!(cublasDestroy_v2(h));
+    println!("traced steps backward OK");
     Ok(())
 }
 

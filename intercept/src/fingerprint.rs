@@ -137,15 +137,32 @@ impl Evidence {
     /// `dtype`, with a sample only when `sampled` (the rule reads samples only of a GEMM that
     /// may recur the anchor: sampling every operand cost the tracer as much as their CRC-32s).
     pub fn read(fp: &[u8], len: u64, dtype: DType, sampled: bool) -> Evidence {
+        Evidence::read_glimpsed(fp, dtype, sampled, glimpse_crc(fp, len))
+    }
+
+    /// [`Evidence::read`] of a fingerprint whose own glimpse's CRC-32 is known: `glimpse`
+    /// ([`glimpse_crc`]).
+    pub fn read_glimpsed(fp: &[u8], dtype: DType, sampled: bool, glimpse: Option<u32>) -> Evidence {
         let n = fp.len() / dtype.size().max(1);
         let crc = crc32fast::hash(fp);
         Evidence {
             crc: Some(crc),
             // A fingerprint that is not the glimpse's pieces is the whole operand.
-            glimpse: glimpse_crc(fp, len).unwrap_or(crc),
+            glimpse: glimpse.unwrap_or(crc),
             sample: sampled
                 .then(|| Sample::take(n, |i| element_f64(dtype, fp, i)))
                 .flatten(),
+        }
+    }
+
+    /// The evidence of a fingerprint of which the rule will read only the glimpse, `glimpse`
+    /// its CRC-32 (a GEMM that the rule will not take for a recurrence: steps.rs,
+    /// `Steps::needs_fingerprints`): the fingerprint's own CRC-32 is not computed.
+    pub fn glimpsed(glimpse: u32) -> Evidence {
+        Evidence {
+            crc: None,
+            glimpse,
+            sample: None,
         }
     }
 
@@ -186,9 +203,10 @@ impl Evidence {
     }
 }
 
-/// The CRC-32 of the glimpse of an operand of `len` bytes whose packed bytes are `packed`,
-/// when it is not the whole operand nor its fingerprint (`None`: it is the CRC-32 of those).
-fn glimpse_crc(packed: &[u8], len: u64) -> Option<u32> {
+/// The CRC-32 of the glimpse of an operand of `len` bytes whose packed bytes (or fingerprint,
+/// the same up to 64 MiB) are `packed`, when it is not the whole operand nor its fingerprint
+/// (`None`: it is the CRC-32 of those).
+pub fn glimpse_crc(packed: &[u8], len: u64) -> Option<u32> {
     let glimpse = Layout::glimpse(len);
     if glimpse.count <= 1 || glimpse == Layout::of(len) || packed.len() as u64 != len {
         return None;

@@ -855,6 +855,11 @@ impl Tracer {
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
         let sampled = gemm && self.may_recur_anchor(c.meta.api, &c.meta.op);
         let mut evidence: EvidenceByTensor = smallvec::smallvec![None; c.tensors.len()];
+        let glimpses = if sampled {
+            self.glimpses_first(c, bytes)
+        } else {
+            None
+        };
         // In tensor order: a tensor is read where it was copied before any later one moves
         // down over it (each moves only to before its own place).
         for (i, ((t, off), ev)) in c
@@ -875,10 +880,14 @@ impl Tracer {
                 if gemm {
                     let full = *fp == Layout::of(t.nbytes);
                     *ev = bytes.get(at..at + fp.bytes() as usize).map(|held| {
-                        if full {
-                            Evidence::read(held, t.nbytes, t.dtype, sampled)
-                        } else {
-                            Evidence::of_glimpse(held)
+                        match glimpses.as_ref().and_then(|g| g.get(i).copied().flatten()) {
+                            // The rule reads only the glimpse of this GEMM's operands.
+                            Some(Glimpsed::Only(g)) => Evidence::glimpsed(g),
+                            Some(Glimpsed::Known(g)) => {
+                                Evidence::read_glimpsed(held, t.dtype, sampled, Some(g))
+                            }
+                            None if full => Evidence::read(held, t.nbytes, t.dtype, sampled),
+                            None => Evidence::of_glimpse(held),
                         }
                     });
                 }
@@ -902,6 +911,56 @@ impl Tracer {
             }
         }
         (packed, k, evidence)
+    }
+
+    /// For a GEMM that may recur the anchor whose A and B were copied as fingerprints only
+    /// (a reduced record): their glimpses' CRC-32s, read before the slot's bytes move, and
+    /// whether the rule will read more than them ([`Steps::needs_fingerprints`]; it is fed
+    /// this record next). Hashing whole 8 MiB operands of every forward GEMM kept the tracer
+    /// from keeping up with an H200 under `--steps`. `None` when the glimpses are the
+    /// fingerprints (operands up to 1 MiB or over 64 MiB) or another operand is at hand whole.
+    fn glimpses_first(&self, c: &Captured, bytes: &[u8]) -> Option<PerTensor<Option<Glimpsed>>> {
+        let Op::Gemm(g) = &c.meta.op else {
+            return None;
+        };
+        let mut glimpses: PerTensor<Option<Glimpsed>> = PerTensor::new();
+        let (mut ptrs, mut seen) = ([0u64; 2], [None; 2]);
+        for (i, t) in c.tensors.iter().enumerate() {
+            let slot = match t.role {
+                Role::A => 0,
+                Role::B => 1,
+                _ => {
+                    glimpses.push(None);
+                    continue;
+                }
+            };
+            ptrs[slot] = t.ptr;
+            if !t.captured {
+                glimpses.push(None);
+                continue;
+            }
+            let fp = c.fingerprints.get(i).copied().flatten()?;
+            let from = c.offsets.get(i).copied().flatten()? as usize;
+            if fp != Layout::of(t.nbytes) {
+                return None;
+            }
+            let held = bytes.get(from..from + fp.bytes() as usize)?;
+            let glimpse = crate::fingerprint::glimpse_crc(held, t.nbytes)?;
+            seen[slot] = Some(glimpse);
+            glimpses.push(Some(Glimpsed::Known(glimpse)));
+        }
+        if self
+            .steps
+            .needs_fingerprints(gemm_sig(c.meta.api, g), ptrs, seen)
+        {
+            return Some(glimpses);
+        }
+        for g in glimpses.iter_mut().flatten() {
+            if let Glimpsed::Known(v) = *g {
+                *g = Glimpsed::Only(v);
+            }
+        }
+        Some(glimpses)
     }
 
     /// Whether the step rule may read the samples of this op's operands: a GEMM with the
@@ -1316,6 +1375,15 @@ struct Later {
     api: &'static str,
     nvtx: Arc<[String]>,
     kernels: Vec<Arc<str>>,
+}
+
+/// A fingerprint's glimpse read ahead ([`Tracer::glimpses_first`]).
+#[derive(Debug, Clone, Copy)]
+enum Glimpsed {
+    /// Its CRC-32; the fingerprint's is wanted too.
+    Known(u32),
+    /// Its CRC-32, all the rule will read of the operand.
+    Only(u32),
 }
 
 /// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the

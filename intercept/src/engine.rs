@@ -88,6 +88,8 @@ struct Eager {
     counted: bool,
     /// Reduced to what the step rule needs (prefilter.rs).
     prefiltered: bool,
+    /// The program's call returns only once its work is complete ([`InFlight::complete_at_return`]).
+    complete_at_return: bool,
 }
 
 impl InFlight {
@@ -108,6 +110,18 @@ impl InFlight {
     /// so an `ncclGroupEnd` finishes such ops after the others.
     pub fn is_streamed(&self) -> bool {
         matches!(&self.snap, Snap::Eager(e) if e.streamed)
+    }
+
+    /// The program's call returns only once its work is done (a synchronous `cudaMemcpy`
+    /// between host and device): [`finish`] then returns only once the snapshot's copies are
+    /// done too. Else the program, which may change the bytes at once from a stream that does
+    /// not wait for the legacy default stream (`cudaStreamNonBlocking`), would have them
+    /// copied changed: a snapshot of bytes the copy never made (seen on the simulator, an
+    /// in-place all-reduce right after the synchronous upload of its buffer).
+    pub fn complete_at_return(&mut self) {
+        if let Snap::Eager(e) = &mut self.snap {
+            e.complete_at_return = true;
+        }
     }
 }
 
@@ -278,6 +292,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
         refused: Vec::new(),
         counted,
         prefiltered,
+        complete_at_return: false,
     };
     f.copy(When::Before);
     Some(InFlight::new(Snap::Eager(Box::new(f))))
@@ -451,7 +466,14 @@ fn finish_eager(mut f: Eager, ok: bool) {
     }
     let event = if f.copied {
         match cuda::record_completion(f.device, stream) {
-            Ok(ev) => Some(ev),
+            Ok(ev) => {
+                if f.complete_at_return {
+                    // Before the tracer has it (it returns it to the pool once complete).
+                    // An error here is the tracer's to report, when it waits.
+                    let _ = cuda::event_synchronize(ev.handle());
+                }
+                Some(ev)
+            }
             Err(code) => {
                 // Copies are in flight with no way to see them finish: stop capturing so the
                 // ring space is never handed out again.
@@ -736,6 +758,7 @@ fn begin_streamed(
         refused: Vec::new(),
         counted: how.counted,
         prefiltered: how.prefiltered,
+        complete_at_return: false,
     };
     f.stream_all(s, When::Before);
     InFlight::new(Snap::Eager(Box::new(f)))
@@ -846,7 +869,13 @@ impl Eager {
                 return abort(index, format!("cudaError {code}"));
             }
             let event = match cuda::record_completion(self.device, stream) {
-                Ok(ev) => ev,
+                Ok(ev) => {
+                    if self.complete_at_return && offset + len == total {
+                        // The last chunk: the earlier ones completed before it (one stream).
+                        let _ = cuda::event_synchronize(ev.handle());
+                    }
+                    ev
+                }
                 Err(code) => {
                     crate::fault(
                         self.meta.api,

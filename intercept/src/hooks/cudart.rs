@@ -122,10 +122,23 @@ fn capture(
 ) -> cudaError_t {
     let dir = dir.or_else(|| direction(kind, &g));
     crate::around(
-        || engine::begin(call(api, g, kind, dir, stream)?),
+        || {
+            let mut f = engine::begin(call(api, g, kind, dir, stream)?)?;
+            if complete_at_return(api, dir) {
+                f.complete_at_return();
+            }
+            Some(f)
+        },
         || tracked(&g, dir, real),
         |f, r| engine::finish(f, r == cudaSuccess),
     )
+}
+
+/// Whether a copy entry point returns only once its copy is done: the synchronous ones
+/// (no `Async` in the name), except between two device buffers (CUDA does not synchronise the
+/// host for those; the program cannot rely on their completion either).
+fn complete_at_return(api: &str, dir: Option<CopyDirection>) -> bool {
+    !api.contains("Async") && dir != Some(CopyDirection::DeviceToDevice)
 }
 
 /// The path of a copy hook while copies are not captured: a small upload is still remembered

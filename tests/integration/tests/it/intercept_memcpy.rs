@@ -119,3 +119,33 @@ fn concurrent_threads_through_a_small_ring_lose_nothing_and_keep_their_order() {
         }
     }
 }
+
+/// A synchronous `cudaMemcpy` returns with its copy done, so a program may change the bytes at
+/// once from a stream that does not wait for the legacy default stream (here, an in-place
+/// all-reduce of the uploaded buffer on a `cudaStreamNonBlocking` stream). The snapshot is
+/// done by then too: with the simulator's legacy streams running every operation 20 ms late
+/// (`SIM_CUDA_LEGACY_DELAY_US`), each upload is still captured with the bytes it made, not the
+/// all-reduce's result.
+#[test]
+fn a_synchronous_copy_is_captured_as_made_when_other_streams_change_its_bytes_at_once() {
+    let args = ["collectives", "single-process"];
+    let crcs = |run: &Run| -> Vec<(u32, u64, Vec<u32>)> {
+        run.records
+            .iter()
+            .map(|r| {
+                let crcs = r.record.tensors.iter().map(|t| t.crc32).collect();
+                (r.record.rank, r.record.seq, crcs)
+            })
+            .collect()
+    };
+    let plain = traced(1, &args, &[]);
+    assert_ok(&plain);
+    let late = traced(1, &args, &[("SIM_CUDA_LEGACY_DELAY_US", "20000")]);
+    assert_ok(&late);
+    assert_checksums(&late);
+    let (mut want, mut got) = (crcs(&plain), crcs(&late));
+    want.sort();
+    got.sort();
+    assert!(want.len() >= 16, "{} records", want.len());
+    assert_eq!(got, want, "the uploads' bytes as the program made them");
+}

@@ -47,6 +47,20 @@ struct Task {
     op: Op,
 }
 
+/// `SIM_CUDA_LEGACY_DELAY_US=N`: each operation of a legacy default stream starts N µs late (a
+/// device whose legacy stream lags behind its non-blocking streams), so that tests can show
+/// work that assumed an order CUDA does not promise.
+fn legacy_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("SIM_CUDA_LEGACY_DELAY_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&us| us > 0)
+            .map(std::time::Duration::from_micros)
+    })
+}
+
 /// How a stream takes part in implicit synchronisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamKind {
@@ -164,12 +178,19 @@ impl Stream {
         // The worker owns a strong reference until the queue closes (cudaStreamDestroy), so
         // work queued on a destroyed stream still runs, as in CUDA.
         let me = stream.clone();
+        let delay = match kind {
+            StreamKind::Legacy => legacy_delay(),
+            _ => None,
+        };
         std::thread::Builder::new()
             .name(format!("sim-stream-{id}"))
             .spawn(move || {
                 for mut task in rx {
                     for d in &task.deps {
                         d.wait();
+                    }
+                    if let Some(d) = delay {
+                        std::thread::sleep(d);
                     }
                     let result = (task.op)();
                     drop(task);

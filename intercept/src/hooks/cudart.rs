@@ -88,7 +88,13 @@ fn call(
     }
     let (w, h) = (g.width as u64, g.height as u64);
     let t = if dir == CopyDirection::DeviceToHost {
-        plan::bytes(Role::Src, g.src as u64, w, h, g.spitch as u64)
+        // Before the copy, which does not change it: done when the copy is, so also when a
+        // copy into pageable memory returns complete and the program changes the source at
+        // once from a stream that does not wait for the copy's.
+        plan::TensorPlan {
+            when: plan::When::Before,
+            ..plan::bytes(Role::Src, g.src as u64, w, h, g.spitch as u64)
+        }
     } else {
         plan::bytes(Role::Dst, g.dst as u64, w, h, g.dpitch as u64)
     };
@@ -134,11 +140,12 @@ fn capture(
     )
 }
 
-/// Whether a copy entry point returns only once its copy is done: the synchronous ones
-/// (no `Async` in the name), except between two device buffers (CUDA does not synchronise the
-/// host for those; the program cannot rely on their completion either).
+/// Whether a copy's snapshot must be done when the copy returns: a synchronous upload (no
+/// `Async` in the name), whose destination is snapshotted after it. A download's source is
+/// snapshotted before it (done when the download is); a copy between device buffers does not
+/// synchronise the host in CUDA, so the program cannot rely on its completion either.
 fn complete_at_return(api: &str, dir: Option<CopyDirection>) -> bool {
-    !api.contains("Async") && dir != Some(CopyDirection::DeviceToDevice)
+    !api.contains("Async") && dir == Some(CopyDirection::HostToDevice)
 }
 
 /// The path of a copy hook while copies are not captured: a small upload is still remembered

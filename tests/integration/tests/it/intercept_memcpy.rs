@@ -149,3 +149,39 @@ fn a_synchronous_copy_is_captured_as_made_when_other_streams_change_its_bytes_at
     assert!(want.len() >= 16, "{} records", want.len());
     assert_eq!(got, want, "the uploads' bytes as the program made them");
 }
+
+/// The same for a synchronous download and upload of one buffer, each followed at once by a
+/// memset of that buffer on a non-blocking stream (sim-probe `traced memcpy-then-overwrite`):
+/// the download's source is captured as it was read, the upload's destination as written.
+#[test]
+fn synchronous_copies_are_captured_as_made_when_the_buffer_is_overwritten_at_once() {
+    let run = traced(
+        1,
+        &["traced", "memcpy-then-overwrite"],
+        &[("SIM_CUDA_LEGACY_DELAY_US", "20000")],
+    );
+    assert_ok(&run);
+    assert_checksums(&run);
+    let n = 4096usize;
+    let first: Vec<u8> = (0..n).map(|i| (1 + i % 200) as u8).collect();
+    let second: Vec<u8> = (0..n).map(|i| (101 + i % 100) as u8).collect();
+    let copies: Vec<(CopyDirection, &[u8])> = run
+        .records
+        .iter()
+        .filter_map(|r| {
+            let Op::Memcpy(m) = &r.record.op else {
+                return None;
+            };
+            Some((m.direction, r.bytes.first()?.as_deref()?))
+        })
+        .collect();
+    use CopyDirection::*;
+    assert_eq!(
+        copies,
+        vec![
+            (HostToDevice, &first[..]),
+            (DeviceToHost, &first[..]),
+            (HostToDevice, &second[..]),
+        ]
+    );
+}

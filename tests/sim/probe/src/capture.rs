@@ -86,6 +86,7 @@ pub fn pattern(salt: u8, len: usize) -> Vec<u8> {
 pub fn traced(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("memcpy") => memcpy(),
+        Some("memcpy-then-overwrite") => memcpy_then_overwrite(),
         Some("memset") => crate::memset::run(),
         Some("memset-graph") => crate::memset::graph(),
         Some("gemm") => gemms(),
@@ -108,7 +109,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
+            "usage: traced memcpy|memcpy-then-overwrite|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
                 .into(),
         ),
     }
@@ -1642,6 +1643,30 @@ fn steps(rule: &str) -> Result<(), String> {
     ck!(cudaStreamSynchronize(s));
     bl!(cublasDestroy_v2(h));
     println!("traced steps {rule} OK");
+    Ok(())
+}
+
+/// Synchronous copies whose bytes the program changes as soon as they return, from a
+/// `cudaStreamNonBlocking` stream (which does not wait for the legacy default stream): a
+/// download of `x` (values 1, 2, 3, ...), then `x` zeroed; an upload into `x` (values 101,
+/// 102, ...), then `x` set to 0xff bytes. A snapshot must hold the bytes each copy moved.
+fn memcpy_then_overwrite() -> Result<(), String> {
+    let side = stream()?;
+    let n = 4096usize;
+    let first: Vec<u8> = (0..n).map(|i| (1 + i % 200) as u8).collect();
+    let x = DevBuf::from_host(&first)?;
+    let got = x.read()?;
+    if got != first {
+        return Err("the download did not bring the uploaded bytes".into());
+    }
+    ck!(cudaMemsetAsync(x.ptr, 0, n, side));
+    ck!(cudaStreamSynchronize(side));
+    let second: Vec<u8> = (0..n).map(|i| (101 + i % 100) as u8).collect();
+    x.write(0, &second)?;
+    ck!(cudaMemsetAsync(x.ptr, 0xff, n, side));
+    ck!(cudaStreamSynchronize(side));
+    ck!(cudaDeviceSynchronize());
+    println!("traced memcpy-then-overwrite OK");
     Ok(())
 }
 

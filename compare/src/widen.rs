@@ -68,15 +68,7 @@ fn widen_direct(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) {
                 o.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
             }
         }
-        // A BF16 is the high half of its f32, a NaN made quiet as `half` does (without a
-        // branch, so that the loop vectorizes).
-        DType::BF16 => {
-            for (o, c) in new.iter_mut().zip(bytes.chunks_exact(2)) {
-                let b = u16::from_le_bytes([c[0], c[1]]);
-                let quiet = u16::from(b & 0x7fff > 0x7f80) << 6;
-                o.write(f32::from_bits(u32::from(b | quiet) << 16));
-            }
-        }
+        DType::BF16 => crate::simd::widen_bf16(bytes, new),
         _ => {
             for (o, c) in new.iter_mut().zip(bytes.chunks_exact(2)) {
                 o.write(half::f16::from_le_bytes([c[0], c[1]]).to_f32());

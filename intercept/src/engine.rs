@@ -112,12 +112,13 @@ impl InFlight {
         matches!(&self.snap, Snap::Eager(e) if e.streamed)
     }
 
-    /// The program's call returns only once its work is done (a synchronous `cudaMemcpy`
-    /// between host and device): [`finish`] then returns only once the snapshot's copies are
-    /// done too. Else the program, which may change the bytes at once from a stream that does
-    /// not wait for the legacy default stream (`cudaStreamNonBlocking`), would have them
-    /// copied changed: a snapshot of bytes the copy never made (seen on the simulator, an
-    /// in-place all-reduce right after the synchronous upload of its buffer).
+    /// The program's call returns only once its work is done and its outputs are snapshotted
+    /// after it (a synchronous upload, hooks/cudart.rs): [`finish`] then returns only once the
+    /// snapshot's copies are done too. Else the program, which may change the bytes at once
+    /// from a stream that does not wait for the legacy default stream
+    /// (`cudaStreamNonBlocking`), would have them copied changed: a snapshot of bytes the copy
+    /// never made (seen on the simulator, an in-place all-reduce right after the synchronous
+    /// upload of its buffer).
     pub fn complete_at_return(&mut self) {
         if let Snap::Eager(e) = &mut self.snap {
             e.complete_at_return = true;

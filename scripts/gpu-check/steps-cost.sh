@@ -2,8 +2,10 @@
 # What `--steps` saves on a real GPU (docs/capture.md, "What filtering saves"), and that it
 # changes nothing it keeps. scripts/gpu-check/overhead.py (a bf16 MLP, one batch trained on
 # repeatedly) runs untraced, traced with every step, with --steps 0 (capture stops after the
-# first step) and with --steps outside the run; each line gives the median later step time and
-# the job's CPU. Then step 5 of a `--steps 5` capture must equal step 5 of a full capture:
+# first step) and with --steps outside the run; each line gives the median later step time (and
+# that of the last half of the steps) and the job's CPU; then untraced and outside the run again
+# over 60 steps, past what the snapshot ring absorbs. Then step 5 of a `--steps 5` capture must
+# equal step 5 of a full capture:
 # every record's step, seq, op, tensors and CRC-32s (addresses, threads and times aside).
 #
 #   scripts/gpu-check/steps-cost.sh [BIN_DIR]   # BIN_DIR: ttrace and libttrace.so
@@ -38,6 +40,13 @@ one "traced, every step" traced "$work/full"
 one "traced, --steps 0" traced "$work/zero" --steps 0
 one "traced, --steps 1000" traced "$work/none" --steps 1000
 one "untraced (again)" "${plain[@]}"
+# Long enough for the ring to fill: under --steps the first steps' snapshots are absorbed by
+# it, and only the later ones show whether the tracer keeps up (on an H200, 4 ms a step for the
+# first ten, then 25 ms, before glimpses: docs/capture.md "What filtering saves").
+long=("$py" scripts/gpu-check/overhead.py --steps 60)
+one "untraced, 60 steps" "${long[@]}"
+rm -rf "$work/none60"
+one "--steps 1000, 60 steps" env TTRACE_LOG=info "$bin/ttrace" run -q --out "$work/none60" --steps 1000 -- "${long[@]}"
 
 traced "$work/five" --steps 5 >/dev/null 2>&1
 "$bin/ttrace" dump --step 5 "$work/full" >"$work/full.jsonl" 2>/dev/null

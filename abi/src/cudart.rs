@@ -309,6 +309,37 @@ pub struct cudaExtent {
     pub depth: usize,
 }
 
+crate::opaque_struct!(
+    /// Pointee of `cudaArray_t`.
+    cudaArray
+);
+/// `cudaArray_t`: a CUDA array (texture memory, not linear).
+pub type cudaArray_t = *mut cudaArray;
+
+/// `struct cudaPos`: a 3-D position (`x` in bytes for linear memory, row, slice).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaPos {
+    pub x: usize,
+    pub y: usize,
+    pub z: usize,
+}
+
+/// `struct cudaMemcpy3DParms`: a 3-D copy (`cudaMemcpy3D`, `cudaMemcpy3DAsync`) between a CUDA
+/// array or pitched linear memory at a position, for an extent.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaMemcpy3DParms {
+    pub srcArray: cudaArray_t,
+    pub srcPos: cudaPos,
+    pub srcPtr: cudaPitchedPtr,
+    pub dstArray: cudaArray_t,
+    pub dstPos: cudaPos,
+    pub dstPtr: cudaPitchedPtr,
+    pub extent: cudaExtent,
+    pub kind: cudaMemcpyKind,
+}
+
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

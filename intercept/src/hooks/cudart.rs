@@ -10,7 +10,7 @@
 use core::ffi::{c_int, c_void};
 
 use cuda_abi::cudart::*;
-use ttrace_proto::record::{CopyDirection, MemcpyOp, Op, Role};
+use ttrace_proto::record::{CopyDirection, GapOp, GapReason, MemcpyOp, Op, Role};
 
 use crate::cuda::{self, ErrScope, MISSING};
 use crate::engine::{self, Call};
@@ -256,6 +256,91 @@ macro_rules! copy_hook {
             capture(stringify!($name), g, $kind, $dir, $stream, run)
         }
     };
+}
+
+/// A 3-D copy (`cudaMemcpy3D` and its spellings): not captured, so recorded as an
+/// `unsupported` gap naming the API and its bytes once the real call succeeded, on the stream
+/// it ran on. Training frameworks do not move tensors this way; the gap says so if one does.
+fn uncaptured_3d(
+    api: &'static str,
+    p: *const cudaMemcpy3DParms,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    if mode::off(mode::MEMCPY) || p.is_null() {
+        return real();
+    }
+    // SAFETY: the program's parameter block, which the real call reads too (non-null).
+    let q = unsafe { *p };
+    let e = q.extent;
+    let bytes = (e.width as u64)
+        .saturating_mul(e.height as u64)
+        .saturating_mul(e.depth as u64);
+    let arrays = match (q.srcArray.is_null(), q.dstArray.is_null()) {
+        (true, true) => "",
+        _ => ", a CUDA array at one end",
+    };
+    let detail = format!(
+        "3-D copies are not captured (extent {} x {} x {} bytes, kind {}{arrays})",
+        e.width, e.height, e.depth, q.kind
+    );
+    crate::around(
+        || {
+            engine::begin(Call {
+                api,
+                op: Op::Gap(GapOp {
+                    reason: GapReason::Unsupported,
+                    skipped_api: api.into(),
+                    bytes,
+                    detail,
+                }),
+                stream,
+                stream_id: stream as u64,
+                device: None,
+                tensors: Vec::new(),
+            })
+        },
+        real,
+        |f, r| engine::finish(f, r == cudaSuccess),
+    )
+}
+
+/// One `cudaMemcpy3D*` entry point: `name(C signature) => stream`.
+macro_rules! copy_3d_hook {
+    ($(#[$m:meta])* $name:ident ( p: *const cudaMemcpy3DParms $(, $a:ident : $t:ty)* $(,)? )
+        => $stream:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(p: *const cudaMemcpy3DParms $(, $a: $t)*) -> cudaError_t {
+            let Some(real) =
+                real::real_of!($name, fn(*const cudaMemcpy3DParms $(, $t)*) -> cudaError_t, Cudart)
+            else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            uncaptured_3d(stringify!($name), p, $stream, || unsafe { real(p $(, $a)*) })
+        }
+    };
+}
+
+copy_3d_hook! {
+    /// `cudaError_t cudaMemcpy3D(const struct cudaMemcpy3DParms* p)`.
+    cudaMemcpy3D(p: *const cudaMemcpy3DParms) => LEGACY
+}
+
+copy_3d_hook! {
+    /// `cudaMemcpy3D` for code built with `--default-stream per-thread`.
+    cudaMemcpy3D_ptds(p: *const cudaMemcpy3DParms) => cudaStreamPerThread
+}
+
+copy_3d_hook! {
+    /// `cudaError_t cudaMemcpy3DAsync(const struct cudaMemcpy3DParms* p, cudaStream_t stream)`.
+    cudaMemcpy3DAsync(p: *const cudaMemcpy3DParms, stream: cudaStream_t) => stream
+}
+
+copy_3d_hook! {
+    /// `cudaMemcpy3DAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy3DAsync_ptsz(p: *const cudaMemcpy3DParms, stream: cudaStream_t) => per_thread(stream)
 }
 
 copy_hook! {

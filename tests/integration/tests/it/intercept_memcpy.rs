@@ -4,7 +4,7 @@
 use crate::intercept_util;
 
 use intercept_util::*;
-use ttrace_format::record::{CopyDirection, Op, Role};
+use ttrace_format::record::{CopyDirection, GapReason, Op, Role};
 
 #[test]
 fn every_copy_spelling_is_captured_with_its_bytes() {
@@ -184,4 +184,35 @@ fn synchronous_copies_are_captured_as_made_when_the_buffer_is_overwritten_at_onc
             (HostToDevice, &second[..]),
         ]
     );
+}
+
+/// 3-D copies are not captured: each is an `unsupported` gap naming its API and bytes, in
+/// call order, and the program's copies are unchanged (the probe checks the bytes it reads
+/// back). Nothing is lost silently.
+#[test]
+fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
+    let run = traced(1, &["traced", "memcpy3d"], &[]);
+    assert_ok(&run);
+    let out = String::from_utf8_lossy(&run.out.stdout);
+    assert!(out.contains("traced memcpy3d OK"), "{out}");
+    let gaps: Vec<(String, GapReason, u64)> = run
+        .records
+        .iter()
+        .filter_map(|r| match &r.record.op {
+            Op::Gap(g) => Some((g.skipped_api.clone(), g.reason, g.bytes)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        gaps,
+        vec![
+            ("cudaMemcpy3D".into(), GapReason::Unsupported, 10 * 3 * 2),
+            (
+                "cudaMemcpy3DAsync".into(),
+                GapReason::Unsupported,
+                32 * 5 * 3
+            ),
+        ]
+    );
+    assert_eq!(run.summary.gaps, 2);
 }

@@ -368,6 +368,71 @@ pub unsafe extern "C" fn cudaMemcpyAsync_ptsz(
 ) -> cudaError_t {
     copy1d(dst, src, count, kind, on(stream, true))
 }
+/// A 3-D copy between pitched linear memory: each slice a 2-D copy, in order on one stream.
+/// CUDA arrays are not simulated (`cudaErrorInvalidValue`, as for an array argument the
+/// runtime cannot use).
+fn copy3d(p: *const cudaMemcpy3DParms, call: Call) -> cudaError_t {
+    guard(|| {
+        if p.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        // SAFETY: the caller passes a valid parameter block (checked non-null above).
+        let p = unsafe { *p };
+        if !p.srcArray.is_null() || !p.dstArray.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let e = p.extent;
+        if e.width == 0 || e.height == 0 || e.depth == 0 {
+            return Ok(());
+        }
+        let at = |q: cudaPitchedPtr, pos: cudaPos, slice: usize| -> Result<usize, cudaError_t> {
+            if q.pitch < e.width || q.ysize < e.height {
+                return Err(cudaErrorInvalidPitchValue);
+            }
+            let offset = (pos.z + slice) * q.pitch * q.ysize + pos.y * q.pitch + pos.x;
+            Ok(q.ptr as usize + offset)
+        };
+        for slice in 0..e.depth {
+            memcpy(
+                CopyRequest {
+                    dst: at(p.dstPtr, p.dstPos, slice)? as *mut c_void,
+                    dpitch: p.dstPtr.pitch,
+                    src: at(p.srcPtr, p.srcPos, slice)? as *const c_void,
+                    spitch: p.srcPtr.pitch,
+                    width: e.width,
+                    height: e.height,
+                    kind: p.kind,
+                },
+                call,
+            )?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3D(p: *const cudaMemcpy3DParms) -> cudaError_t {
+    copy3d(p, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3D_ptds(p: *const cudaMemcpy3DParms) -> cudaError_t {
+    copy3d(p, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DAsync(
+    p: *const cudaMemcpy3DParms,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy3d(p, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DAsync_ptsz(
+    p: *const cudaMemcpy3DParms,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy3d(p, on(stream, true))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cudaMemcpy2D(
     dst: *mut c_void,

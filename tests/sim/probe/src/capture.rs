@@ -87,6 +87,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("memcpy") => memcpy(),
         Some("memcpy-then-overwrite") => memcpy_then_overwrite(),
+        Some("memcpy3d") => memcpy3d(),
         Some("memset") => crate::memset::run(),
         Some("memset-graph") => crate::memset::graph(),
         Some("gemm") => gemms(),
@@ -109,7 +110,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memcpy-then-overwrite|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
+            "usage: traced memcpy|memcpy-then-overwrite|memcpy3d|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
                 .into(),
         ),
     }
@@ -1667,6 +1668,77 @@ fn memcpy_then_overwrite() -> Result<(), String> {
     ck!(cudaStreamSynchronize(side));
     ck!(cudaDeviceSynchronize());
     println!("traced memcpy-then-overwrite OK");
+    Ok(())
+}
+
+/// 3-D copies (which ttrace records as gaps): a 2 x 3 x 10-byte block uploaded into a pitched
+/// device buffer at position (4, 1, 1) with `cudaMemcpy3D`, read back whole with
+/// `cudaMemcpy3DAsync` on a stream, and checked.
+fn memcpy3d() -> Result<(), String> {
+    let s = stream()?;
+    let (pitch, ysize, slices) = (32usize, 5usize, 3usize);
+    let dev = DevBuf::new(pitch * ysize * slices)?;
+    ck!(cudaMemset(dev.ptr, 0, dev.bytes));
+    let (w, h, d) = (10usize, 3usize, 2usize);
+    let mut block: Vec<u8> = (0..w * h * d).map(|i| (i + 1) as u8).collect();
+    let pitched = |ptr: *mut c_void, pitch: usize, xsize: usize, ysize: usize| cudaPitchedPtr {
+        ptr,
+        pitch,
+        xsize,
+        ysize,
+    };
+    let up = cudaMemcpy3DParms {
+        srcArray: std::ptr::null_mut(),
+        srcPos: cudaPos::default(),
+        srcPtr: pitched(block.as_mut_ptr().cast(), w, w, h),
+        dstArray: std::ptr::null_mut(),
+        dstPos: cudaPos { x: 4, y: 1, z: 1 },
+        dstPtr: pitched(dev.ptr, pitch, pitch, ysize),
+        extent: cudaExtent {
+            width: w,
+            height: h,
+            depth: d,
+        },
+        kind: cudaMemcpyHostToDevice,
+    };
+    ck!(cudaMemcpy3D(&up));
+    let mut back = vec![0u8; pitch * ysize * slices];
+    let down = cudaMemcpy3DParms {
+        srcArray: std::ptr::null_mut(),
+        srcPos: cudaPos::default(),
+        srcPtr: pitched(dev.ptr, pitch, pitch, ysize),
+        dstArray: std::ptr::null_mut(),
+        dstPos: cudaPos::default(),
+        dstPtr: pitched(back.as_mut_ptr().cast(), pitch, pitch, ysize),
+        extent: cudaExtent {
+            width: pitch,
+            height: ysize,
+            depth: slices,
+        },
+        kind: cudaMemcpyDeviceToHost,
+    };
+    ck!(cudaMemcpy3DAsync(&down, s));
+    ck!(cudaStreamSynchronize(s));
+    for z in 0..slices {
+        for y in 0..ysize {
+            for x in 0..pitch {
+                let inside =
+                    (1..1 + d).contains(&z) && (1..1 + h).contains(&y) && (4..4 + w).contains(&x);
+                let want = if inside {
+                    block[(z - 1) * w * h + (y - 1) * w + (x - 4)]
+                } else {
+                    0
+                };
+                let got = back[z * pitch * ysize + y * pitch + x];
+                if got != want {
+                    return Err(format!(
+                        "3-D copy: byte ({x}, {y}, {z}) is {got}, not {want}"
+                    ));
+                }
+            }
+        }
+    }
+    println!("traced memcpy3d OK");
     Ok(())
 }
 

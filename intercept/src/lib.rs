@@ -109,6 +109,32 @@ pub(crate) fn around<R: Copy>(
     r
 }
 
+/// [`around`] for an op recorded without tensors (a memset, the gap of an entry point ttrace
+/// does not capture): `op` on `stream`, planned before the real call (`None`: nothing to
+/// record), recorded in call order once `succeeded` says the call did.
+pub(crate) fn around_metadata<R: Copy>(
+    api: &'static str,
+    stream: cuda_abi::cudart::cudaStream_t,
+    op: impl FnOnce() -> Option<ttrace_proto::record::Op>,
+    call: impl FnOnce() -> R,
+    succeeded: impl FnOnce(R) -> bool,
+) -> R {
+    around(
+        || {
+            engine::begin(engine::Call {
+                api,
+                op: op()?,
+                stream,
+                stream_id: stream as u64,
+                device: None,
+                tensors: Vec::new(),
+            })
+        },
+        call,
+        |f, r| engine::finish(f, succeeded(r)),
+    )
+}
+
 /// [`around`] for a GEMM: the snapshot is planned only when GEMMs are captured, and `perturb`
 /// (a perturbed reference run) runs after the real call and before `done` enqueues the
 /// snapshot of its outputs, so the store holds the output the program goes on with.

@@ -284,24 +284,18 @@ fn uncaptured_3d(
         "3-D copies are not captured (extent {} x {} x {} bytes, kind {}{arrays})",
         e.width, e.height, e.depth, q.kind
     );
-    crate::around(
-        || {
-            engine::begin(Call {
-                api,
-                op: Op::Gap(GapOp {
-                    reason: GapReason::Unsupported,
-                    skipped_api: api.into(),
-                    bytes,
-                    detail,
-                }),
-                stream,
-                stream_id: stream as u64,
-                device: None,
-                tensors: Vec::new(),
-            })
-        },
+    let gap = GapOp {
+        reason: GapReason::Unsupported,
+        skipped_api: api.into(),
+        bytes,
+        detail,
+    };
+    crate::around_metadata(
+        api,
+        stream,
+        || Some(Op::Gap(gap)),
         real,
-        |f, r| engine::finish(f, r == cudaSuccess),
+        |r| r == cudaSuccess,
     )
 }
 

@@ -15,7 +15,6 @@ use cuda_abi::cudart::*;
 use ttrace_proto::record::{MemsetOp, Op};
 
 use crate::cuda::MISSING;
-use crate::engine::{self, Call};
 use crate::{mode, real};
 
 /// The legacy default stream, as synchronous memsets use it (recorded as 0).
@@ -65,20 +64,12 @@ fn capture(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    crate::around(
-        || {
-            (op.bytes() > 0).then_some(())?;
-            engine::begin(Call {
-                api,
-                op: Op::Memset(op),
-                stream,
-                stream_id: stream as u64,
-                device: None,
-                tensors: Vec::new(),
-            })
-        },
+    crate::around_metadata(
+        api,
+        stream,
+        || (op.bytes() > 0).then_some(Op::Memset(op)),
         real,
-        |f, r| engine::finish(f, r == cudaSuccess),
+        |r| r == cudaSuccess,
     )
 }
 

@@ -252,6 +252,7 @@ real_fns! {
     Cudart: fn cudaEventSynchronize(cudaEvent_t) -> cudaError_t;
     Cudart: fn cudaHostRegister(*mut c_void, usize, c_uint) -> cudaError_t;
     Cudart: fn cudaRuntimeGetVersion(*mut c_int) -> cudaError_t;
+    Cudart: fn cudaGetSymbolAddress(*mut *mut c_void, *const c_void) -> cudaError_t;
     // ---- runtime: CUDA graphs, used by the tracer (intercept/src/graph.rs; the graph hooks look
     // theirs up by the signatures in `graph_hook!`) ----
     // CUDA 12 spelling (every 12.x runtime exports it); CUDA 13 renamed it to the unversioned

@@ -258,6 +258,74 @@ macro_rules! copy_hook {
     };
 }
 
+/// The device address of byte `offset` of the `__device__`/`__constant__` variable `symbol`
+/// (null when the runtime knows no such variable: the real call then fails as well, and
+/// nothing is captured).
+fn symbol_at(symbol: *const c_void, offset: usize) -> *mut c_void {
+    let _e = ErrScope::new();
+    let Some(f) = real::cudaGetSymbolAddress() else {
+        return core::ptr::null_mut();
+    };
+    let mut p: *mut c_void = core::ptr::null_mut();
+    // SAFETY: an out-pointer to a local and the program's symbol, as the copy passes it.
+    if unsafe { f(&mut p, symbol) } != cudaSuccess || p.is_null() {
+        return core::ptr::null_mut();
+    }
+    p.cast::<u8>().wrapping_add(offset).cast()
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpyToSymbol(const void* symbol, const void* src, size_t count,
+    /// size_t offset, cudaMemcpyKind kind)`: a copy to the variable's device address.
+    cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(symbol_at(symbol, offset), src, count), kind, None, LEGACY, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpyToSymbol` for code built with `--default-stream per-thread`.
+    cudaMemcpyToSymbol_ptds(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(symbol_at(symbol, offset), src, count), kind, None, cudaStreamPerThread, direct)
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* src, size_t count,
+    /// size_t offset, cudaMemcpyKind kind, cudaStream_t stream)`.
+    cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t)
+    => (Geometry::linear(symbol_at(symbol, offset), src, count), kind, None, stream, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpyToSymbolAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyToSymbolAsync_ptsz(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t)
+    => (Geometry::linear(symbol_at(symbol, offset), src, count), kind, None, per_thread(stream), direct)
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpyFromSymbol(void* dst, const void* symbol, size_t count, size_t
+    /// offset, cudaMemcpyKind kind)`: a copy from the variable's device address.
+    cudaMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(dst, symbol_at(symbol, offset), count), kind, None, LEGACY, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpyFromSymbol` for code built with `--default-stream per-thread`.
+    cudaMemcpyFromSymbol_ptds(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind)
+    => (Geometry::linear(dst, symbol_at(symbol, offset), count), kind, None, cudaStreamPerThread, direct)
+}
+
+copy_hook! {
+    /// `cudaError_t cudaMemcpyFromSymbolAsync(void* dst, const void* symbol, size_t count,
+    /// size_t offset, cudaMemcpyKind kind, cudaStream_t stream)`.
+    cudaMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t)
+    => (Geometry::linear(dst, symbol_at(symbol, offset), count), kind, None, stream, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpyFromSymbolAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyFromSymbolAsync_ptsz(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t)
+    => (Geometry::linear(dst, symbol_at(symbol, offset), count), kind, None, per_thread(stream), direct)
+}
+
 /// A 3-D copy (`cudaMemcpy3D` and its spellings): not captured, so recorded as an
 /// `unsupported` gap naming the API and its bytes once the real call succeeded, on the stream
 /// it ran on. Training frameworks do not move tensors this way; the gap says so if one does.

@@ -216,3 +216,52 @@ fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
     );
     assert_eq!(run.summary.gaps, 2);
 }
+
+/// Copies to and from a `__device__` variable (sim-probe `traced memcpy-symbol`: registered as
+/// nvcc's start-up code does, written at offsets 8 and 48, read back whole) are captured as
+/// copies at the variable's device address, with the bytes they moved.
+#[test]
+fn copies_to_and_from_a_device_variable_are_captured_with_their_bytes() {
+    let run = traced(1, &["traced", "memcpy-symbol"], &[]);
+    assert_ok(&run);
+    assert_checksums(&run);
+    let first: Vec<u8> = (0..32).map(|i| 101 + i as u8).collect();
+    let second: Vec<u8> = (0..16).map(|i| 201 + i as u8).collect();
+    let mut whole: Vec<u8> = (1..=64).collect();
+    whole[8..40].copy_from_slice(&first);
+    whole[48..64].copy_from_slice(&second);
+    let copies: Vec<(&str, CopyDirection, &[u8], u64)> = run
+        .records
+        .iter()
+        .filter_map(|r| {
+            let Op::Memcpy(m) = &r.record.op else {
+                return None;
+            };
+            let device_end = if m.direction == CopyDirection::HostToDevice {
+                m.dst
+            } else {
+                m.src
+            };
+            Some((
+                r.record.api.as_str(),
+                m.direction,
+                r.bytes.first()?.as_deref()?,
+                device_end,
+            ))
+        })
+        .collect();
+    use CopyDirection::*;
+    let summary: Vec<(&str, CopyDirection, &[u8])> =
+        copies.iter().map(|c| (c.0, c.1, c.2)).collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("cudaMemcpyToSymbol", HostToDevice, &first[..]),
+            ("cudaMemcpyToSymbolAsync", HostToDevice, &second[..]),
+            ("cudaMemcpyFromSymbol", DeviceToHost, &whole[..]),
+        ]
+    );
+    // At the variable's device address and the offsets given.
+    let base = copies[2].3;
+    assert_eq!((copies[0].3 - base, copies[1].3 - base), (8, 48));
+}

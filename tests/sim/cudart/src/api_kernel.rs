@@ -113,16 +113,17 @@ pub unsafe extern "C" fn __cudaRegisterFunction(
 #[no_mangle]
 pub unsafe extern "C" fn __cudaRegisterVar(
     _handle: *mut *mut c_void,
-    _host_var: *mut c_char,
+    host_var: *mut c_char,
     _device_address: *mut c_char,
     _device_name: *const c_char,
     _ext: c_int,
-    _size: usize,
+    size: usize,
     _constant: c_int,
     _global: c_int,
 ) {
-    // Device variables have no storage here: `cudaMemcpyToSymbol` and `cudaGetSymbolAddress`
-    // refuse them.
+    // A variable's storage is made on each device at its first use, from the host shadow's
+    // bytes now (nvcc's registration code passes the shadow, which holds the initialiser).
+    crate::api_memory::register_symbol(host_var as *const c_void, size);
 }
 
 /// `kernel<<<grid, block, shared, stream>>>` pushes its configuration before calling the stub.
@@ -240,24 +241,4 @@ pub unsafe extern "C" fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
             "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         )
     })
-}
-
-/// Device symbols have no storage on the simulated device.
-#[no_mangle]
-pub unsafe extern "C" fn cudaGetSymbolAddress(
-    _dev_ptr: *mut *mut c_void,
-    _symbol: *const c_void,
-) -> cudaError_t {
-    guard(|| rt().and(Err(cudaErrorInvalidSymbol)))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cudaMemcpyToSymbol(
-    _symbol: *const c_void,
-    _src: *const c_void,
-    _count: usize,
-    _offset: usize,
-    _kind: cudaMemcpyKind,
-) -> cudaError_t {
-    guard(|| rt().and(Err(cudaErrorInvalidSymbol)))
 }

@@ -734,6 +734,240 @@ pub unsafe extern "C" fn cudaMemset3DAsync_ptsz(
     memset(p.ptr, value, Fill::pitched(p, extent), on(stream, true))
 }
 
+/// A `__device__` or `__constant__` variable registered by `__cudaRegisterVar`: its size, its
+/// initial bytes, and its storage on each device that used it.
+struct Symbol {
+    size: usize,
+    initial: Vec<u8>,
+    on_device: std::collections::BTreeMap<i32, usize>,
+}
+
+/// Registered variables by the address of their host shadow (what the program passes as
+/// `symbol`).
+fn symbols() -> &'static std::sync::Mutex<std::collections::HashMap<usize, Symbol>> {
+    static SYMBOLS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<usize, Symbol>>,
+    > = std::sync::OnceLock::new();
+    SYMBOLS.get_or_init(Default::default)
+}
+
+/// Registers the variable whose host shadow is `host_var` (`size` bytes, read now as its
+/// initial value).
+pub(crate) fn register_symbol(host_var: *const c_void, size: usize) {
+    if host_var.is_null() {
+        return;
+    }
+    // SAFETY: the registration names a host variable of `size` bytes.
+    let initial = unsafe { std::slice::from_raw_parts(host_var.cast::<u8>(), size) }.to_vec();
+    let mut m = symbols().lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(host_var as usize).or_insert(Symbol {
+        size,
+        initial,
+        on_device: Default::default(),
+    });
+}
+
+/// The storage of `symbol` on the current device (made and initialised at its first use there)
+/// and its size; `cudaErrorInvalidSymbol` for an address no variable was registered at.
+fn symbol_storage(r: &Runtime, symbol: *const c_void) -> Result<(usize, usize), cudaError_t> {
+    let device = r.current_device();
+    let mut m = symbols().lock().unwrap_or_else(|p| p.into_inner());
+    let s = m
+        .get_mut(&(symbol as usize))
+        .ok_or(cudaErrorInvalidSymbol)?;
+    if let Some(&p) = s.on_device.get(&device) {
+        return Ok((p, s.size));
+    }
+    r.activate(device);
+    let p = r.heap.alloc(s.size.max(1), device).map_err(heap_error)?;
+    let at = r
+        .heap
+        .device_access(p, s.size.max(1))
+        .ok_or(cudaErrorInvalidValue)?;
+    // SAFETY: where the fresh device allocation of at least `size` bytes lives in this
+    // process, written before any stream can use it.
+    unsafe { std::ptr::copy_nonoverlapping(s.initial.as_ptr(), at.cast::<u8>(), s.size) };
+    let p = p as usize;
+    s.on_device.insert(device, p);
+    Ok((p, s.size))
+}
+
+/// A copy to (`to` true) or from `symbol` at `offset`, `count` bytes, as `cudaMemcpy` or
+/// `cudaMemcpyAsync` does it; `host` is the other end.
+fn symbol_copy(
+    symbol: *const c_void,
+    host: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    to: bool,
+    call: Call,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let allowed = if to {
+            [
+                cudaMemcpyHostToDevice,
+                cudaMemcpyDeviceToDevice,
+                cudaMemcpyDefault,
+            ]
+        } else {
+            [
+                cudaMemcpyDeviceToHost,
+                cudaMemcpyDeviceToDevice,
+                cudaMemcpyDefault,
+            ]
+        };
+        if !allowed.contains(&kind) {
+            return Err(cudaErrorInvalidMemcpyDirection);
+        }
+        let (p, size) = symbol_storage(r, symbol)?;
+        if offset.checked_add(count).is_none_or(|end| end > size) {
+            return Err(cudaErrorInvalidValue);
+        }
+        let at = (p + offset) as *mut c_void;
+        let (dst, src) = if to {
+            (at, host.cast_const())
+        } else {
+            (host, at.cast_const())
+        };
+        memcpy(
+            CopyRequest {
+                dst,
+                dpitch: count,
+                src,
+                spitch: count,
+                width: count,
+                height: 1,
+                kind,
+            },
+            call,
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetSymbolAddress(
+    dev_ptr: *mut *mut c_void,
+    symbol: *const c_void,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let (p, _) = symbol_storage(r, symbol)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(dev_ptr, p as *mut c_void) }
+    })
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetSymbolSize(size: *mut usize, symbol: *const c_void) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        let (_, n) = symbol_storage(r, symbol)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(size, n) }
+    })
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyToSymbol(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    symbol_copy(symbol, src.cast_mut(), count, offset, kind, true, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyToSymbol_ptds(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    symbol_copy(symbol, src.cast_mut(), count, offset, kind, true, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyToSymbolAsync(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    symbol_copy(
+        symbol,
+        src.cast_mut(),
+        count,
+        offset,
+        kind,
+        true,
+        on(stream, false),
+    )
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyToSymbolAsync_ptsz(
+    symbol: *const c_void,
+    src: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    symbol_copy(
+        symbol,
+        src.cast_mut(),
+        count,
+        offset,
+        kind,
+        true,
+        on(stream, true),
+    )
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyFromSymbol(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    symbol_copy(symbol, dst, count, offset, kind, false, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyFromSymbol_ptds(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    symbol_copy(symbol, dst, count, offset, kind, false, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyFromSymbolAsync(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    symbol_copy(symbol, dst, count, offset, kind, false, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyFromSymbolAsync_ptsz(
+    dst: *mut c_void,
+    symbol: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    symbol_copy(symbol, dst, count, offset, kind, false, on(stream, true))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> cudaError_t {
     guard(|| {

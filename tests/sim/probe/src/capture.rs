@@ -88,6 +88,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("memcpy") => memcpy(),
         Some("memcpy-then-overwrite") => memcpy_then_overwrite(),
         Some("memcpy3d") => memcpy3d(),
+        Some("memcpy-symbol") => memcpy_symbol(),
         Some("memset") => crate::memset::run(),
         Some("memset-graph") => crate::memset::graph(),
         Some("gemm") => gemms(),
@@ -110,7 +111,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memcpy-then-overwrite|memcpy3d|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
+            "usage: traced memcpy|memcpy-then-overwrite|memcpy3d|memcpy-symbol|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
                 .into(),
         ),
     }
@@ -1668,6 +1669,89 @@ fn memcpy_then_overwrite() -> Result<(), String> {
     ck!(cudaStreamSynchronize(side));
     ck!(cudaDeviceSynchronize());
     println!("traced memcpy-then-overwrite OK");
+    Ok(())
+}
+
+/// Copies to and from a `__device__` variable, registered as nvcc's start-up code registers it
+/// (`__cudaRegisterFatBinary`, `__cudaRegisterVar` with its 64-byte host shadow, bytes 1..=64):
+/// 32 bytes (101..) at offset 8 with `cudaMemcpyToSymbol`, 16 bytes (201..) at offset 48 with
+/// `cudaMemcpyToSymbolAsync` on a stream, then all 64 read back with `cudaMemcpyFromSymbol`
+/// and checked.
+fn memcpy_symbol() -> Result<(), String> {
+    type RegisterFatBinary = unsafe extern "C" fn(*mut c_void) -> *mut *mut c_void;
+    type RegisterVar = unsafe extern "C" fn(
+        *mut *mut c_void,
+        *mut c_char,
+        *mut c_char,
+        *const c_char,
+        c_int,
+        usize,
+        c_int,
+        c_int,
+    );
+    // The runtime is loaded (with RTLD_GLOBAL) by the first call through cuda-dyn.
+    let s = stream()?;
+    let find = |name: &core::ffi::CStr| {
+        // SAFETY: a NUL-terminated name looked up in the global scope (RTLD_DEFAULT is null).
+        let p = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+        (!p.is_null())
+            .then_some(p)
+            .ok_or(format!("{name:?} is not exported"))
+    };
+    // SAFETY: the runtime's registration entry points, with nvcc's C signatures.
+    let (register_binary, register_var) = unsafe {
+        (
+            std::mem::transmute::<*mut c_void, RegisterFatBinary>(find(
+                c"__cudaRegisterFatBinary",
+            )?),
+            std::mem::transmute::<*mut c_void, RegisterVar>(find(c"__cudaRegisterVar")?),
+        )
+    };
+    let shadow: &'static mut [u8; 64] = Box::leak(Box::new([0u8; 64]));
+    for (i, b) in shadow.iter_mut().enumerate() {
+        *b = (i + 1) as u8;
+    }
+    let initial = *shadow;
+    let name = c"probe_table".as_ptr().cast_mut();
+    // SAFETY: a module handle made now and a host shadow of 64 bytes that lives forever.
+    unsafe {
+        let module = register_binary(std::ptr::null_mut());
+        register_var(module, shadow.as_mut_ptr().cast(), name, name, 0, 64, 0, 0);
+    }
+    let symbol = shadow.as_ptr().cast::<c_void>();
+    let first: Vec<u8> = (0..32).map(|i| 101 + i as u8).collect();
+    let second: Vec<u8> = (0..16).map(|i| 201 + i as u8).collect();
+    ck!(cudaMemcpyToSymbol(
+        symbol,
+        first.as_ptr().cast(),
+        32,
+        8,
+        cudaMemcpyHostToDevice
+    ));
+    ck!(cudaMemcpyToSymbolAsync(
+        symbol,
+        second.as_ptr().cast(),
+        16,
+        48,
+        cudaMemcpyHostToDevice,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    let mut back = [0u8; 64];
+    ck!(cudaMemcpyFromSymbol(
+        back.as_mut_ptr().cast(),
+        symbol,
+        64,
+        0,
+        cudaMemcpyDeviceToHost
+    ));
+    let mut want = initial;
+    want[8..40].copy_from_slice(&first);
+    want[48..64].copy_from_slice(&second);
+    if back != want {
+        return Err(format!("the variable holds {back:?}, not {want:?}"));
+    }
+    println!("traced memcpy-symbol OK");
     Ok(())
 }
 

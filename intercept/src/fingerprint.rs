@@ -127,8 +127,9 @@ impl Layout {
 pub struct Evidence {
     /// CRC-32 of the fingerprint (`None`: only the glimpse was copied).
     pub crc: Option<u32>,
-    /// CRC-32 of the glimpse.
-    pub glimpse: u32,
+    /// CRC-32 of the glimpse (`None`: not computed, the rule cannot read it: an operand
+    /// captured whole whose GEMM can neither recur the anchor nor read its bytes).
+    pub glimpse: Option<u32>,
     pub sample: Option<Sample>,
 }
 
@@ -148,7 +149,7 @@ impl Evidence {
         Evidence {
             crc: Some(crc),
             // A fingerprint that is not the glimpse's pieces is the whole operand.
-            glimpse: glimpse.unwrap_or(crc),
+            glimpse: Some(glimpse.unwrap_or(crc)),
             sample: sampled
                 .then(|| Sample::take(n, |i| element_f64(dtype, fp, i)))
                 .flatten(),
@@ -161,7 +162,7 @@ impl Evidence {
     pub fn glimpsed(glimpse: u32) -> Evidence {
         Evidence {
             crc: None,
-            glimpse,
+            glimpse: Some(glimpse),
             sample: None,
         }
     }
@@ -170,19 +171,22 @@ impl Evidence {
     pub fn of_glimpse(glimpse: &[u8]) -> Evidence {
         Evidence {
             crc: None,
-            glimpse: crc32fast::hash(glimpse),
+            glimpse: Some(crc32fast::hash(glimpse)),
             sample: None,
         }
     }
 
     /// The evidence of an operand whose packed bytes `packed` are all at hand; `crc`: their
     /// CRC-32 when the caller computed it already (a captured tensor's). With a sample only
-    /// when `sampled` (see [`Evidence::read`]).
+    /// when `sampled` (see [`Evidence::read`]), with the glimpse only when `glimpsed` (its
+    /// own 1 MiB gather and CRC-32 for an operand over 1 MiB: not for every GEMM operand of a
+    /// full capture, only those the rule can compare).
     pub fn read_packed(
         packed: &[u8],
         dtype: DType,
         crc: Option<u32>,
         sampled: bool,
+        glimpsed: bool,
     ) -> Option<Evidence> {
         let len = packed.len() as u64;
         let layout = Layout::of(len);
@@ -193,7 +197,7 @@ impl Evidence {
             let crc = crc.unwrap_or_else(|| crc32fast::hash(packed));
             return Some(Evidence {
                 crc: Some(crc),
-                glimpse: glimpse_crc(packed, len).unwrap_or(crc),
+                glimpse: glimpsed.then(|| glimpse_crc(packed, len).unwrap_or(crc)),
                 sample: sampled
                     .then(|| Sample::take(n, |i| element_f64(dtype, packed, i)))
                     .flatten(),
@@ -306,9 +310,11 @@ impl StreamedEvidence {
                 };
                 Evidence {
                     crc: Some(crc),
-                    glimpse: glimpse
-                        .as_ref()
-                        .map_or(crc, |(_, pieces)| crc32fast::hash(pieces)),
+                    glimpse: Some(
+                        glimpse
+                            .as_ref()
+                            .map_or(crc, |(_, pieces)| crc32fast::hash(pieces)),
+                    ),
                     sample: Sample::take((*total / size) as usize, element),
                 }
             }
@@ -367,26 +373,32 @@ mod tests {
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7919 % 251) as u8).collect();
         let g = Layout::glimpse(len as u64);
         let alone = Evidence::of_glimpse(&g.gather(&bytes).expect("gathered"));
-        let whole = Evidence::read_packed(&bytes, DType::BF16, None, false).expect("evidence");
+        let whole =
+            Evidence::read_packed(&bytes, DType::BF16, None, false, true).expect("evidence");
         assert_eq!(alone.crc, None);
         assert_eq!(alone.glimpse, whole.glimpse);
-        assert_ne!(whole.crc, Some(whole.glimpse));
+        assert_ne!(whole.crc, whole.glimpse);
         let fp = Layout::of(len as u64).gather(&bytes).expect("whole");
         assert_eq!(Evidence::read(&fp, len as u64, DType::BF16, false), whole);
         // A byte between the glimpse's pieces: the fingerprint changes, the glimpse does not.
         let mut between = bytes.clone();
         between[(g.width + 1) as usize] ^= 1;
-        let other = Evidence::read_packed(&between, DType::BF16, None, false).expect("evidence");
+        let other =
+            Evidence::read_packed(&between, DType::BF16, None, false, true).expect("evidence");
         assert_ne!(other.crc, whole.crc);
         assert_eq!(other.glimpse, whole.glimpse);
         // A byte inside a piece changes both.
         let mut inside = bytes.clone();
         inside[(7 * g.stride + 3) as usize] ^= 1;
-        let other = Evidence::read_packed(&inside, DType::BF16, None, false).expect("evidence");
+        let other =
+            Evidence::read_packed(&inside, DType::BF16, None, false, true).expect("evidence");
         assert_ne!(other.glimpse, whole.glimpse);
         // Up to 1 MiB the glimpse is the whole operand, its CRC-32 the fingerprint's.
-        let small = Evidence::read_packed(&bytes[..1000], DType::BF16, None, false);
-        assert_eq!(small.map(|e| Some(e.glimpse)), small.map(|e| e.crc));
+        // Not asked for (no GEMM the rule compares it with): not computed.
+        let unread = Evidence::read_packed(&bytes, DType::BF16, None, false, false);
+        assert_eq!(unread.map(|e| (e.crc, e.glimpse)), Some((whole.crc, None)));
+        let small = Evidence::read_packed(&bytes[..1000], DType::BF16, None, false, true);
+        assert_eq!(small.map(|e| e.glimpse), small.map(|e| e.crc));
     }
 
     /// A streamed tensor's evidence, whatever its chunking and type, equals the evidence of
@@ -412,7 +424,7 @@ mod tests {
                     }
                     assert_eq!(
                         Some(s.evidence(dtype, crc)),
-                        Evidence::read_packed(bytes, dtype, None, true),
+                        Evidence::read_packed(bytes, dtype, None, true, true),
                         "{dtype:?} in chunks of {chunk}"
                     );
                 }
@@ -480,13 +492,19 @@ mod tests {
         let mut one = bytes.clone();
         one[(5 * l.stride + l.width + 1) as usize] ^= 1;
         assert_ne!(
-            Evidence::read_packed(&one, DType::U8, None, true),
-            Evidence::read_packed(&bytes, DType::U8, None, true)
+            Evidence::read_packed(&one, DType::U8, None, true, true),
+            Evidence::read_packed(&bytes, DType::U8, None, true, true)
         );
         // Read in place, with the caller's CRC-32: the same evidence as the fingerprint's.
         let whole = Layout::of(bytes.len() as u64);
         assert_eq!(
-            Evidence::read_packed(&bytes, DType::BF16, Some(crc32fast::hash(&bytes)), true),
+            Evidence::read_packed(
+                &bytes,
+                DType::BF16,
+                Some(crc32fast::hash(&bytes)),
+                true,
+                true
+            ),
             Some(Evidence::read(
                 &whole.gather(&bytes).expect("whole"),
                 bytes.len() as u64,

@@ -906,8 +906,15 @@ impl Tracer {
             };
             let held = &bytes[at..at + len];
             t.crc32 = crc32fast::hash(held);
-            if gemm && matches!(t.role, Role::A | Role::B) {
-                *ev = Evidence::read_packed(held, t.dtype, Some(t.crc32), sampled);
+            if let (true, Some(slot)) = (gemm, operand_slot(t.role)) {
+                // The glimpse only where the rule can compare it: a GEMM that may recur the
+                // anchor, or an operand that may be the anchor's bytes read again.
+                let glimpsed = sampled
+                    || self
+                        .steps
+                        .anchor()
+                        .is_some_and(|a| a.may_see(slot, transposed(&c.meta.op, slot), t.nbytes));
+                *ev = Evidence::read_packed(held, t.dtype, Some(t.crc32), sampled, glimpsed);
             }
         }
         (packed, k, evidence)
@@ -926,13 +933,9 @@ impl Tracer {
         let mut glimpses: PerTensor<Option<Glimpsed>> = PerTensor::new();
         let (mut ptrs, mut seen) = ([0u64; 2], [None; 2]);
         for (i, t) in c.tensors.iter().enumerate() {
-            let slot = match t.role {
-                Role::A => 0,
-                Role::B => 1,
-                _ => {
-                    glimpses.push(None);
-                    continue;
-                }
+            let Some(slot) = operand_slot(t.role).map(usize::from) else {
+                glimpses.push(None);
+                continue;
             };
             ptrs[slot] = t.ptr;
             if !t.captured {
@@ -1377,6 +1380,23 @@ struct Later {
     kernels: Vec<Arc<str>>,
 }
 
+/// The operand slot of a GEMM tensor's role (0: A, 1: B).
+fn operand_slot(role: Role) -> Option<u8> {
+    match role {
+        Role::A => Some(0),
+        Role::B => Some(1),
+        _ => None,
+    }
+}
+
+/// Whether a GEMM reads operand `slot` (0: A, 1: B) transposed (cuBLAS's `CUBLAS_OP_N` is 0).
+fn transposed(op: &Op, slot: u8) -> bool {
+    match op {
+        Op::Gemm(g) => (if slot == 0 { g.transa } else { g.transb }) != 0,
+        _ => false,
+    }
+}
+
 /// A fingerprint's glimpse read ahead ([`Tracer::glimpses_first`]).
 #[derive(Debug, Clone, Copy)]
 enum Glimpsed {
@@ -1399,7 +1419,7 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
                 Operand {
                     ptr: found.map_or(0, |i| tensors[i].ptr),
                     crc: ev.and_then(|e| e.crc),
-                    glimpse: ev.map(|e| e.glimpse),
+                    glimpse: ev.and_then(|e| e.glimpse),
                     len: found.map_or(0, |i| tensors[i].nbytes),
                     trans: trans != 0,
                     sample: ev.and_then(|e| e.sample),

@@ -82,8 +82,30 @@ fn call(
     dir: Option<CopyDirection>,
     stream: cudaStream_t,
 ) -> Option<Call> {
+    if g.width == 0 || g.height == 0 {
+        return None;
+    }
+    if g.dst.is_null() || g.src.is_null() {
+        // A copy with a null end fails, and nothing is recorded; one that succeeds had an end
+        // the hook could not resolve (a variable whose address the runtime did not give): a
+        // gap, not a record without its bytes.
+        let bytes = (g.width as u64).saturating_mul(g.height as u64);
+        return Some(Call {
+            api,
+            op: Op::Gap(GapOp {
+                reason: GapReason::Unsupported,
+                skipped_api: api.into(),
+                bytes,
+                detail: "the copy's device address could not be resolved".into(),
+            }),
+            stream,
+            stream_id: stream as u64,
+            device: None,
+            tensors: Vec::new(),
+        });
+    }
     let dir = dir.or_else(|| direction(kind, &g))?;
-    if dir == CopyDirection::HostToHost || g.width == 0 || g.height == 0 {
+    if dir == CopyDirection::HostToHost {
         return None;
     }
     let (w, h) = (g.width as u64, g.height as u64);
@@ -152,12 +174,12 @@ fn complete_at_return(api: &str, dir: Option<CopyDirection>) -> bool {
 /// when GEMMs are captured (their pointer arrays, uploads.rs). Only an explicit
 /// `cudaMemcpyHostToDevice` is looked at (resolving `cudaMemcpyDefault` costs a runtime call).
 fn pass_through(
-    g: Geometry,
+    g: impl FnOnce() -> Geometry,
     kind: cudaMemcpyKind,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
     if kind == cudaMemcpyHostToDevice && mode::on(mode::GEMM) {
-        tracked(&g, Some(CopyDirection::HostToDevice), real)
+        tracked(&g(), Some(CopyDirection::HostToDevice), real)
     } else {
         real()
     }
@@ -212,7 +234,11 @@ fn tracked(
 
 /// The path of a copy hook while copies are not captured, for the spellings whose uploads are
 /// not remembered (pitched and peer copies): the real call alone.
-fn direct(_: Geometry, _: cudaMemcpyKind, real: impl FnOnce() -> cudaError_t) -> cudaError_t {
+fn direct(
+    _: impl FnOnce() -> Geometry,
+    _: cudaMemcpyKind,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
     real()
 }
 
@@ -247,13 +273,13 @@ macro_rules! copy_hook {
             let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
                 return MISSING;
             };
-            let g = $g;
             // SAFETY: the program's arguments, forwarded unchanged.
             let run = || unsafe { real($($a),*) };
             if mode::off(mode::MEMCPY) {
-                return $off(g, $kind, run);
+                // The geometry only if the path reads it (a symbol's costs a runtime call).
+                return $off(|| $g, $kind, run);
             }
-            capture(stringify!($name), g, $kind, $dir, $stream, run)
+            capture(stringify!($name), $g, $kind, $dir, $stream, run)
         }
     };
 }

@@ -264,4 +264,6 @@ fn copies_to_and_from_a_device_variable_are_captured_with_their_bytes() {
     // At the variable's device address and the offsets given.
     let base = copies[2].3;
     assert_eq!((copies[0].3 - base, copies[1].3 - base), (8, 48));
+    // The refused copy (an unregistered symbol: no address to resolve) left no record.
+    assert_eq!(run.records.len(), 3, "records besides the three copies");
 }

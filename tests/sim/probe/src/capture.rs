@@ -1675,8 +1675,8 @@ fn memcpy_then_overwrite() -> Result<(), String> {
 /// Copies to and from a `__device__` variable, registered as nvcc's start-up code registers it
 /// (`__cudaRegisterFatBinary`, `__cudaRegisterVar` with its 64-byte host shadow, bytes 1..=64):
 /// 32 bytes (101..) at offset 8 with `cudaMemcpyToSymbol`, 16 bytes (201..) at offset 48 with
-/// `cudaMemcpyToSymbolAsync` on a stream, then all 64 read back with `cudaMemcpyFromSymbol`
-/// and checked.
+/// `cudaMemcpyToSymbolAsync` on a stream, a copy to an unregistered symbol (refused), then all
+/// 64 read back with `cudaMemcpyFromSymbol` and checked.
 fn memcpy_symbol() -> Result<(), String> {
     type RegisterFatBinary = unsafe extern "C" fn(*mut c_void) -> *mut *mut c_void;
     type RegisterVar = unsafe extern "C" fn(
@@ -1745,6 +1745,23 @@ fn memcpy_symbol() -> Result<(), String> {
         0,
         cudaMemcpyDeviceToHost
     ));
+    // A symbol no variable was registered at: the runtime refuses the copy.
+    let unknown = [0u8; 8];
+    // SAFETY: the runtime reads nothing of an unregistered symbol; `first` has 32 bytes.
+    let refused = unsafe {
+        cudaMemcpyToSymbol(
+            unknown.as_ptr().cast(),
+            first.as_ptr().cast(),
+            8,
+            0,
+            cudaMemcpyHostToDevice,
+        )
+    };
+    if refused != cudaErrorInvalidSymbol {
+        return Err(format!(
+            "a copy to an unregistered symbol returned {refused}"
+        ));
+    }
     let mut want = initial;
     want[8..40].copy_from_slice(&first);
     want[48..64].copy_from_slice(&second);

@@ -16,7 +16,7 @@
 //! it). The ranks blamed are those outside the majority; with no majority (two
 //! replicas), those whose copy is farther from the reference.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use rayon::prelude::*;
 
@@ -70,60 +70,50 @@ pub fn drift(
 ) -> Result<Vec<ReplicaDrift>, CompareError> {
     let groups = groups(run);
     let ordinal = ordinals(reff, ref_rank, tensors);
-    let constants = first_constants(run, tensors, &groups, &ordinal)?;
+    let seen = occurrences(run, tensors, &groups, &ordinal);
+    let constants = first_constants(run, tensors, &seen)?;
     let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
     let mut found = Vec::new();
-    for (i, t) in tensors.iter().enumerate() {
-        let Some((role, kind)) = operand_kind(t, &ordinal) else {
-            continue;
-        };
-        for (g, members) in groups.iter().enumerate() {
-            let Some(copies) = copies(run, t, role, members) else {
-                continue;
-            };
-            let key = (g, kind.clone());
-            match state.get(&key).copied() {
-                None => {
-                    let same = copies.iter().all(|c| c.1 == copies[0].1);
-                    let constant = |rank| match constants.get(&(i, rank)) {
-                        Some(&c) => Ok(c),
-                        None => constant(run, t, role, rank),
-                    };
-                    let replicated = same && !constant(copies[0].0)?;
-                    state.insert(
-                        key,
-                        if replicated {
-                            State::Replicated(i)
-                        } else {
-                            State::Settled
-                        },
-                    );
-                }
-                Some(State::Replicated(since)) => {
-                    if copies.iter().all(|c| c.1 == copies[0].1) {
-                        state.insert(key, State::Replicated(i));
-                        continue;
-                    }
-                    state.insert(key.clone(), State::Settled);
-                    let before = &tensors[since];
-                    // Only a tensor that persists from step to step (a weight moved by its
-                    // updates) must stay replicated; one replaced by new data each step (an
-                    // activation that happened to agree) need not.
-                    if !persists(run, before, t, role, copies[0].0)? {
-                        continue;
-                    }
-                    found.push(ReplicaDrift {
-                        tensor: i as u64,
-                        step: t.step,
-                        identical_in: before.step,
-                        group: members.clone(),
-                        ranks: blame(&copies, t),
-                        operand: format!("{} {}", t.api, t.role),
-                        nvtx: t.nvtx.clone(),
-                    });
-                }
-                Some(State::Settled) => {}
+    for (o, occ) in seen.iter().enumerate() {
+        let (i, t, copies) = (occ.tensor, &tensors[occ.tensor], &occ.copies);
+        let key = (occ.group, occ.kind.clone());
+        match state.get(&key).copied() {
+            // First seen: replicated when its copies agree and are not one value throughout.
+            None => {
+                let replicated = constants[o] == Some(false);
+                state.insert(
+                    key,
+                    if replicated {
+                        State::Replicated(i)
+                    } else {
+                        State::Settled
+                    },
+                );
             }
+            Some(State::Replicated(since)) => {
+                if copies.iter().all(|c| c.1 == copies[0].1) {
+                    state.insert(key, State::Replicated(i));
+                    continue;
+                }
+                state.insert(key.clone(), State::Settled);
+                let before = &tensors[since];
+                // Only a tensor that persists from step to step (a weight moved by its
+                // updates) must stay replicated; one replaced by new data each step (an
+                // activation that happened to agree) need not.
+                if !persists(run, before, t, occ.role, copies[0].0)? {
+                    continue;
+                }
+                found.push(ReplicaDrift {
+                    tensor: i as u64,
+                    step: t.step,
+                    identical_in: before.step,
+                    group: groups[occ.group].clone(),
+                    ranks: blame(copies, t),
+                    operand: format!("{} {}", t.api, t.role),
+                    nvtx: t.nvtx.clone(),
+                });
+            }
+            Some(State::Settled) => {}
         }
     }
     Ok(found)
@@ -140,57 +130,86 @@ fn operand_kind(t: &TensorComparison, ordinal: &BTreeMap<(u64, u64), u64>) -> Op
     Some((role, (n, t.api.clone(), t.role.clone(), t.shape.clone())))
 }
 
-/// A compared operand's copy on one rank: index into the comparisons, role, rank.
-type OperandCopy = (usize, Role, u32);
-/// Whether copies (index into the comparisons, rank) hold one value throughout.
-type Constants = HashMap<(usize, u32), bool>;
+/// A compared GEMM operand's copies on the members of one replica group.
+struct Occurrence {
+    /// Index into the comparisons.
+    tensor: usize,
+    role: Role,
+    kind: Kind,
+    /// Index into the groups.
+    group: usize,
+    /// (rank, CRC-32) of each member's copy.
+    copies: Vec<(u32, u32)>,
+}
 
-/// Whether each operand [`drift`] first sees identical on a group (by index into `tensors`
-/// and the rank whose copy it reads) is [`constant`]: the only tests that read tensor values
-/// there, made on every thread of the pool (each reads its tensors whole), since which
-/// operands they are follows from checksums alone.
-fn first_constants(
+/// Every compared operand on every group whose members all captured it, in execution order
+/// (comparisons, then groups): what [`drift`] walks, from checksums alone.
+fn occurrences(
     run: &RunTrace,
     tensors: &[TensorComparison],
     groups: &[Vec<u32>],
     ordinal: &BTreeMap<(u64, u64), u64>,
-) -> Result<Constants, CompareError> {
-    let mut seen: HashSet<(usize, Kind)> = HashSet::new();
-    let mut wanted: Vec<OperandCopy> = Vec::new();
+) -> Vec<Occurrence> {
+    let mut out = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
         let Some((role, kind)) = operand_kind(t, ordinal) else {
             continue;
         };
         for (g, members) in groups.iter().enumerate() {
-            let Some(copies) = copies(run, t, role, members) else {
-                continue;
-            };
-            if seen.insert((g, kind.clone())) && copies.iter().all(|c| c.1 == copies[0].1) {
-                wanted.push((i, role, copies[0].0));
+            if let Some(copies) = copies(run, t, role, members) {
+                out.push(Occurrence {
+                    tensor: i,
+                    role,
+                    kind: kind.clone(),
+                    group: g,
+                    copies,
+                });
             }
         }
     }
-    wanted.sort_unstable_by_key(|&(i, _, rank)| (i, rank));
-    wanted.dedup_by_key(|&mut (i, _, rank)| (i, rank));
+    out
+}
+
+/// By occurrence: for the first of its group and kind whose copies agree, whether that copy is
+/// [`constant`] (`None` for the others). The only tests that read tensor values there, made on
+/// every thread of the pool (each reads its tensors whole), since which occurrences they are
+/// follows from checksums alone.
+fn first_constants(
+    run: &RunTrace,
+    tensors: &[TensorComparison],
+    seen: &[Occurrence],
+) -> Result<Vec<Option<bool>>, CompareError> {
+    let mut first: HashSet<(usize, &Kind)> = HashSet::new();
+    let wanted: Vec<usize> = (0..seen.len())
+        .filter(|&o| {
+            let occ = &seen[o];
+            first.insert((occ.group, &occ.kind))
+                && occ.copies.iter().all(|c| c.1 == occ.copies[0].1)
+        })
+        .collect();
     // A reader per thread: a store's reader is not shared between threads.
     let threads = rayon::current_num_threads().max(1);
     let share = wanted.len().div_ceil(threads).max(1);
-    let shares: Vec<(RunTrace, &[OperandCopy])> =
+    let shares: Vec<(RunTrace, &[usize])> =
         wanted.chunks(share).map(|c| (run.reader(), c)).collect();
-    let tested: Vec<Result<Constants, CompareError>> = shares
+    let tested: Vec<Result<Vec<(usize, bool)>, CompareError>> = shares
         .into_par_iter()
         .map(|(reader, share)| {
             share
                 .iter()
-                .map(|&(i, role, rank)| {
-                    Ok(((i, rank), constant(&reader, &tensors[i], role, rank)?))
+                .map(|&o| {
+                    let occ = &seen[o];
+                    let one = constant(&reader, &tensors[occ.tensor], occ.role, occ.copies[0].0)?;
+                    Ok((o, one))
                 })
                 .collect()
         })
         .collect();
-    let mut out = Constants::new();
+    let mut out = vec![None; seen.len()];
     for t in tested {
-        out.extend(t?);
+        for (o, one) in t? {
+            out[o] = Some(one);
+        }
     }
     Ok(out)
 }

@@ -139,6 +139,10 @@ pub type cudaGraphNodeType = c_uint;
 pub type cudaGraphExecUpdateResult = c_uint;
 /// `enum cudaDeviceAttr`.
 pub type cudaDeviceAttr = c_uint;
+/// `enum cudaMemLocationType`.
+pub type cudaMemLocationType = c_uint;
+/// `enum cudaMemcpySrcAccessOrder`: when a batched copy may read its source.
+pub type cudaMemcpySrcAccessOrder = c_uint;
 /// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
 pub type cudaHostFn_t = Option<unsafe extern "C" fn(userData: *mut c_void)>;
 /// `cudaStreamCallback_t` (deprecated `cudaStreamAddCallback`).
@@ -155,6 +159,15 @@ pub const cudaMemcpyHostToDevice: cudaMemcpyKind = 1;
 pub const cudaMemcpyDeviceToHost: cudaMemcpyKind = 2;
 pub const cudaMemcpyDeviceToDevice: cudaMemcpyKind = 3;
 pub const cudaMemcpyDefault: cudaMemcpyKind = 4;
+
+pub const cudaMemcpySrcAccessOrderInvalid: cudaMemcpySrcAccessOrder = 0x0;
+pub const cudaMemcpySrcAccessOrderStream: cudaMemcpySrcAccessOrder = 0x1;
+pub const cudaMemcpySrcAccessOrderDuringApiCall: cudaMemcpySrcAccessOrder = 0x2;
+pub const cudaMemcpySrcAccessOrderAny: cudaMemcpySrcAccessOrder = 0x3;
+
+pub const cudaMemLocationTypeInvalid: cudaMemLocationType = 0;
+pub const cudaMemLocationTypeDevice: cudaMemLocationType = 1;
+pub const cudaMemLocationTypeHost: cudaMemLocationType = 2;
 
 pub const cudaStreamDefault: c_uint = 0x0;
 pub const cudaStreamNonBlocking: c_uint = 0x1;
@@ -338,6 +351,25 @@ pub struct cudaMemcpy3DParms {
     pub dstPtr: cudaPitchedPtr,
     pub extent: cudaExtent,
     pub kind: cudaMemcpyKind,
+}
+
+/// `struct cudaMemLocation`: a device or host memory location (a hint of a batched copy).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaMemLocation {
+    pub type_: cudaMemLocationType,
+    pub id: c_int,
+}
+
+/// `struct cudaMemcpyAttributes` (CUDA 12.8+): how the copies of a `cudaMemcpyBatchAsync`
+/// that it applies to may read their sources, with location hints and flags.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaMemcpyAttributes {
+    pub srcAccessOrder: cudaMemcpySrcAccessOrder,
+    pub srcLocHint: cudaMemLocation,
+    pub dstLocHint: cudaMemLocation,
+    pub flags: c_uint,
 }
 
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.

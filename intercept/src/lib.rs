@@ -90,13 +90,14 @@ pub(crate) fn catch<T>(f: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
-/// The capturing path of a hook: `prepare` plans the snapshot and begins it, `call` runs the
-/// real function exactly once, `done` completes the snapshot with the result. Reentrant calls
-/// (from inside the tracer, or a library calling another hooked function) only `call`.
-pub(crate) fn around<R: Copy>(
-    prepare: impl FnOnce() -> Option<engine::InFlight>,
+/// The capturing path of a hook: `prepare` plans the snapshot and begins it (one op's, or a
+/// batch's several), `call` runs the real function exactly once, `done` completes the
+/// snapshot with the result. Reentrant calls (from inside the tracer, or a library calling
+/// another hooked function) only `call`.
+pub(crate) fn around<P, R: Copy>(
+    prepare: impl FnOnce() -> Option<P>,
     call: impl FnOnce() -> R,
-    done: impl FnOnce(engine::InFlight, R),
+    done: impl FnOnce(P, R),
 ) -> R {
     let Some(_guard) = thread::Guard::enter() else {
         return call();

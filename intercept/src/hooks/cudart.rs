@@ -19,17 +19,17 @@ use crate::{mode, plan, thread, uploads};
 
 /// A copy's geometry: `height` rows of `width` bytes.
 #[derive(Clone, Copy)]
-struct Geometry {
-    dst: *mut c_void,
+pub(super) struct Geometry {
+    pub(super) dst: *mut c_void,
     dpitch: usize,
     src: *const c_void,
     spitch: usize,
-    width: usize,
+    pub(super) width: usize,
     height: usize,
 }
 
 impl Geometry {
-    fn linear(dst: *mut c_void, src: *const c_void, count: usize) -> Geometry {
+    pub(super) fn linear(dst: *mut c_void, src: *const c_void, count: usize) -> Geometry {
         Geometry {
             dst,
             dpitch: count,
@@ -45,7 +45,7 @@ impl Geometry {
 const LEGACY: cudaStream_t = core::ptr::null_mut();
 
 /// The stream a `_ptsz`/`_ptds` call means by 0.
-fn per_thread(s: cudaStream_t) -> cudaStream_t {
+pub(super) fn per_thread(s: cudaStream_t) -> cudaStream_t {
     if s.is_null() {
         cudaStreamPerThread
     } else {
@@ -75,7 +75,7 @@ fn direction(kind: cudaMemcpyKind, g: &Geometry) -> Option<CopyDirection> {
 }
 
 /// The snapshot plan of a copy (`None`: nothing to snapshot).
-fn call(
+pub(super) fn call(
     api: &'static str,
     g: Geometry,
     kind: cudaMemcpyKind,

@@ -5,7 +5,7 @@
 //! returned untouched.
 //!
 //! Each hook's C signature is written once, as a line of its family's hook macro
-//! (`copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!`, `gemm_hook!`/`blas_gap!`
+//! (`copy_hook!`, `batch_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!`, `gemm_hook!`/`blas_gap!`
 //! through `cublas_sigs!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`): the macro
 //! makes the export and looks the real function up under the hook's name with that signature
 //! ([`real_of!`](crate::real)); `crate::real`'s table lists only the functions the tracer calls
@@ -13,6 +13,7 @@
 //! compiles each signature against NVIDIA's headers.
 
 pub mod api;
+pub mod copy_batch;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;

@@ -1,5 +1,5 @@
 /*
- * Error checks shared by the C test programs (smoke.c, fixture2.c, graph.c): every CUDA,
+ * Error checks shared by the C test programs (smoke.c, fixture2.c, graph.c, batch.c): every CUDA,
  * cuBLAS and NCCL call is checked, and a failure ends the program with exit status 1 and a
  * message naming the call. Include after the CUDA headers, with PROGRAM defined as the
  * program's name (a string literal); g_rank is the rank messages name.

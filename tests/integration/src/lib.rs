@@ -145,6 +145,18 @@ pub fn sim_dir() -> PathBuf {
     d
 }
 
+/// The simulated stack of CUDA `major`: target/<profile>/sim (12), or the CUDA 13 build in
+/// target/cuda13/<profile>/sim (scripts/build-sim-cuda13.sh), `None` when that is not built.
+pub fn sim_dir_for(major: u32) -> Option<PathBuf> {
+    if major == 12 {
+        return Some(sim_dir());
+    }
+    let profile = profile_dir();
+    let name = profile.file_name()?.to_owned();
+    let d = profile.parent()?.join("cuda13").join(name).join("sim");
+    d.join("libcudart.so.13").exists().then_some(d)
+}
+
 /// A command for a workspace binary with the simulated stack on its library path.
 pub fn command(name: &str) -> Command {
     let mut c = Command::new(bin(name));

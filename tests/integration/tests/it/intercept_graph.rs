@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use integration_tests::c_build::compile_c;
-use integration_tests::{describe, profile_dir, sim_dir};
+use integration_tests::{describe, sim_dir_for};
 use intercept_util::*;
 use ttrace_format::record::{CollectiveKind, CopyDirection, Op, Role};
 
@@ -145,20 +145,6 @@ fn a_replayed_op_larger_than_the_ring_is_metadata_at_each_replay() {
             );
         }
     }
-}
-
-/// The simulated stack of CUDA `major` (13: target/cuda13/<profile>/sim, `None` when not built).
-fn sim_dir_for(major: u32) -> Option<PathBuf> {
-    if major == 12 {
-        return Some(sim_dir());
-    }
-    let profile = profile_dir();
-    let d = profile
-        .parent()?
-        .join("cuda13")
-        .join(profile.file_name()?)
-        .join("sim");
-    d.join("libcudart.so.13").exists().then_some(d)
 }
 
 /// Compiles tests/integration/c/graph.c against CUDA `major`'s headers, linked by soname to

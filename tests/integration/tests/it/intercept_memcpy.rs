@@ -267,3 +267,80 @@ fn copies_to_and_from_a_device_variable_are_captured_with_their_bytes() {
     // The refused copy (an unregistered symbol: no address to resolve) left no record.
     assert_eq!(run.records.len(), 3, "records besides the three copies");
 }
+
+/// f32 values as little-endian bytes.
+fn f32_bytes(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
+    (0..n).flat_map(|j| f(j).to_le_bytes()).collect()
+}
+
+/// `cudaMemcpyBatchAsync`, whose signature CUDA 13 changed (tests/integration/c/batch.c,
+/// compiled against the CUDA 12.8 and the CUDA 13 headers): every copy of a batch is a record
+/// of its own, in the batch's order, with its direction, the program's stream and the bytes it
+/// moved (a pageable source read during the call and overwritten at once included); a batch
+/// the runtime refuses records nothing, and the program sees the runtime's own error and
+/// failure index.
+#[test]
+fn batched_copies_are_captured_copy_by_copy_on_cuda_12_and_cuda_13() {
+    use integration_tests::c_build::compile_c;
+    for major in [12, 13] {
+        let Some(sim) = integration_tests::sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let cudart = format!("libcudart.so.{major}");
+        let exe = compile_c("batch.c", &format!("batch{major}"), major, &sim, &[&cudart]);
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "batch-c");
+        assert_ok(&run);
+        assert_checksums(&run);
+        let out = String::from_utf8_lossy(&run.out.stdout);
+        assert!(out.contains("batch: OK"), "CUDA {major}: {out}");
+        let handle = out
+            .lines()
+            .find_map(|l| l.strip_prefix("batch: stream 0x"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("CUDA {major}: no stream handle in {out}"));
+        let batched: Vec<(CopyDirection, u64, &[u8])> = run
+            .records
+            .iter()
+            .filter(|r| r.record.api == "cudaMemcpyBatchAsync")
+            .map(|r| {
+                let Op::Memcpy(m) = &r.record.op else {
+                    panic!("CUDA {major}: not a copy: {:?}", r.record)
+                };
+                let bytes = r.bytes.first().and_then(|b| b.as_deref()).unwrap_or(&[]);
+                (m.direction, r.record.stream, bytes)
+            })
+            .collect();
+        let a = f32_bytes(4096, |j| j as f32 * 0.5 - 3.0);
+        let b = f32_bytes(48, |j| 100.0 + j as f32);
+        let d = f32_bytes(1000, |j| (j % 13) as f32 - 6.0);
+        use CopyDirection::*;
+        let want: [(CopyDirection, &[u8]); 5] = [
+            (HostToDevice, &b),
+            (HostToDevice, &a),
+            (DeviceToDevice, &d),
+            (DeviceToHost, &a),
+            (DeviceToHost, &d),
+        ];
+        let shape = |v: &[(CopyDirection, u64, &[u8])]| -> Vec<(CopyDirection, u64, usize)> {
+            v.iter().map(|c| (c.0, c.1, c.2.len())).collect()
+        };
+        let wanted: Vec<(CopyDirection, u64, &[u8])> = want
+            .iter()
+            .map(|&(dir, bytes)| (dir, handle, bytes))
+            .collect();
+        assert_eq!(shape(&batched), shape(&wanted), "CUDA {major}");
+        for (i, (got, want)) in batched.iter().zip(&wanted).enumerate() {
+            assert!(
+                got.2 == want.2,
+                "CUDA {major}: copy {i} has other bytes than it moved"
+            );
+        }
+        assert_eq!(run.summary.gaps, 0, "CUDA {major}");
+    }
+}

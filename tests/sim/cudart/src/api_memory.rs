@@ -129,6 +129,9 @@ struct CopyRequest {
     width: usize,
     height: usize,
     kind: cudaMemcpyKind,
+    /// Read the source during the call, whatever memory it is in (a pageable source always
+    /// is): a batched copy with `cudaMemcpySrcAccessOrderDuringApiCall`.
+    stage: bool,
 }
 
 /// How the call returns.
@@ -177,7 +180,8 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     };
 
     let (width, height, dpitch, spitch) = (req.width, req.height, req.dpitch, req.spitch);
-    if !blocking && !src.pageable && stream.capture().is_some() {
+    let stage = src.pageable || req.stage;
+    if !blocking && !stage && stream.capture().is_some() {
         // Between device and pinned memory: a memcpy node, which an instantiated graph can
         // redirect. (A pageable source is staged now: an opaque node.)
         let params = MemcpyParams {
@@ -191,8 +195,8 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
         };
         return r.capture_node(&stream, cudaGraphNodeTypeMemcpy, NodeBody::Memcpy(params));
     }
-    let op: crate::Op = if src.pageable && !blocking {
-        // Stage the pageable source now: the caller may reuse it as soon as we return.
+    let op: crate::Op = if stage && !blocking {
+        // Stage the source now: the caller may reuse it as soon as we return.
         let staged: Vec<Vec<u8>> = (0..height)
             .map(|i| {
                 // SAFETY: the caller guarantees the source range is readable host memory.
@@ -291,6 +295,7 @@ fn copy1d(
                 width: count,
                 height: 1,
                 kind,
+                stage: false,
             },
             call,
         )
@@ -318,6 +323,7 @@ fn copy2d(
                 width,
                 height,
                 kind,
+                stage: false,
             },
             call,
         )
@@ -402,6 +408,7 @@ fn copy3d(p: *const cudaMemcpy3DParms, call: Call) -> cudaError_t {
                     width: e.width,
                     height: e.height,
                     kind: p.kind,
+                    stage: false,
                 },
                 call,
             )?;
@@ -431,6 +438,176 @@ pub unsafe extern "C" fn cudaMemcpy3DAsync_ptsz(
     stream: cudaStream_t,
 ) -> cudaError_t {
     copy3d(p, on(stream, true))
+}
+
+/// A batch of linear copies (`cudaMemcpyBatchAsync`, CUDA 12.8+): validated as CUDA validates
+/// it (a stream that is not the legacy one, one attribute set per copy with a valid source
+/// access order, every end resolvable: else `cudaErrorInvalidValue` and nothing enqueued, the
+/// failing copy's index in `fail_idx`, `SIZE_MAX` when no copy is at fault), then each copy
+/// as a `cudaMemcpyAsync` of kind `cudaMemcpyDefault` on the stream, its source read during
+/// the call under `cudaMemcpySrcAccessOrderDuringApiCall`.
+#[allow(clippy::too_many_arguments)]
+fn copy_batch(
+    dsts: *const *mut c_void,
+    srcs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const cudaMemcpyAttributes,
+    attrs_idxs: *const usize,
+    num_attrs: usize,
+    fail_idx: *mut usize,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> cudaError_t {
+    let mut failed = usize::MAX;
+    let r = guard(|| {
+        let r = rt()?;
+        errors::sticky()?;
+        let arrays = [
+            dsts as usize,
+            srcs as usize,
+            sizes as usize,
+            attrs as usize,
+            attrs_idxs as usize,
+        ];
+        if count == 0 || num_attrs == 0 || num_attrs > count || arrays.contains(&0) {
+            return Err(cudaErrorInvalidValue);
+        }
+        if (stream.is_null() && !per_thread) || stream == cudaStreamLegacy {
+            return Err(cudaErrorInvalidValue);
+        }
+        // SAFETY: the caller's arrays of `count` (copies) and `num_attrs` (attributes) entries,
+        // checked non-null above.
+        let (dsts, srcs, sizes, attrs, idxs) = unsafe {
+            (
+                std::slice::from_raw_parts(dsts, count),
+                std::slice::from_raw_parts(srcs, count),
+                std::slice::from_raw_parts(sizes, count),
+                std::slice::from_raw_parts(attrs, num_attrs),
+                std::slice::from_raw_parts(attrs_idxs, num_attrs),
+            )
+        };
+        if idxs[0] != 0 || idxs.windows(2).any(|w| w[1] <= w[0]) || idxs[num_attrs - 1] >= count {
+            return Err(cudaErrorInvalidValue);
+        }
+        let mut order = vec![cudaMemcpySrcAccessOrderInvalid; count];
+        for (k, (a, &first)) in attrs.iter().zip(idxs).enumerate() {
+            let last = idxs.get(k + 1).copied().unwrap_or(count);
+            if !(cudaMemcpySrcAccessOrderStream..=cudaMemcpySrcAccessOrderAny)
+                .contains(&a.srcAccessOrder)
+            {
+                failed = first;
+                return Err(cudaErrorInvalidValue);
+            }
+            order[first..last].fill(a.srcAccessOrder);
+        }
+        let on_device = |p: *const c_void| matches!(r.heap.classify(p), PointerKind::Device { .. });
+        for i in 0..count {
+            if sizes[i] == 0 {
+                continue;
+            }
+            let ends = end(r, dsts[i], sizes[i], on_device(dsts[i]))
+                .and_then(|_| end(r, srcs[i], sizes[i], on_device(srcs[i])));
+            if ends.is_err() {
+                failed = i;
+                return Err(cudaErrorInvalidValue);
+            }
+        }
+        r.stream(stream, per_thread)?;
+        for i in 0..count {
+            let req = CopyRequest {
+                dst: dsts[i],
+                dpitch: sizes[i],
+                src: srcs[i],
+                spitch: sizes[i],
+                width: sizes[i],
+                height: 1,
+                kind: cudaMemcpyDefault,
+                stage: order[i] == cudaMemcpySrcAccessOrderDuringApiCall,
+            };
+            memcpy(req, on(stream, per_thread))?;
+        }
+        Ok(())
+    });
+    if r != cudaSuccess && !fail_idx.is_null() {
+        // SAFETY: the caller's out-pointer (non-null).
+        unsafe { *fail_idx = failed };
+    }
+    r
+}
+
+/// `cudaMemcpyBatchAsync` as CUDA 12.8 declares it (with `failIdx`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyBatchAsync(
+    dsts: *mut *mut c_void,
+    srcs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    attrs: *mut cudaMemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    failIdx: *mut usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let srcs = srcs as *const *const c_void;
+    copy_batch(
+        dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream, false,
+    )
+}
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyBatchAsync_ptsz(
+    dsts: *mut *mut c_void,
+    srcs: *mut *mut c_void,
+    sizes: *mut usize,
+    count: usize,
+    attrs: *mut cudaMemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    failIdx: *mut usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let srcs = srcs as *const *const c_void;
+    copy_batch(
+        dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream, true,
+    )
+}
+
+/// `cudaMemcpyBatchAsync` as CUDA 13 declares it (`failIdx` gone, const arrays).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyBatchAsync(
+    dsts: *const *mut c_void,
+    srcs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+    attrs: *mut cudaMemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let none = std::ptr::null_mut();
+    copy_batch(
+        dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, none, stream, false,
+    )
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyBatchAsync_ptsz(
+    dsts: *const *mut c_void,
+    srcs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+    attrs: *mut cudaMemcpyAttributes,
+    attrsIdxs: *mut usize,
+    numAttrs: usize,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let none = std::ptr::null_mut();
+    copy_batch(
+        dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, none, stream, true,
+    )
 }
 
 #[no_mangle]
@@ -840,6 +1017,7 @@ fn symbol_copy(
                 width: count,
                 height: 1,
                 kind,
+                stage: false,
             },
             call,
         )

@@ -12,19 +12,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use integration_tests::{abi_check::repo_root, bin, describe, profile_dir, sim_dir};
-
-/// The simulated stack of CUDA `major`: target/<profile>/sim (12), or the CUDA 13 build in
-/// target/cuda13/<profile>/sim (scripts/build-sim-cuda13.sh), `None` when that is not built.
-pub fn sim_dir_for(major: u32) -> Option<PathBuf> {
-    if major == 12 {
-        return Some(sim_dir());
-    }
-    let profile = profile_dir();
-    let name = profile.file_name()?.to_owned();
-    let d = profile.parent()?.join("cuda13").join(name).join("sim");
-    d.join("libcudart.so.13").exists().then_some(d)
-}
+pub use integration_tests::sim_dir_for;
+use integration_tests::{abi_check::repo_root, bin, describe, profile_dir};
 
 /// A torch venv and the stub libraries generated for its wheel.
 pub struct Torch {

@@ -1,0 +1,183 @@
+//! `cudaMemcpyBatchAsync` (CUDA 12.8+): a batch of linear copies on one stream, each captured
+//! as the `cudaMemcpyAsync` of kind `cudaMemcpyDefault` it amounts to (one record per copy, in
+//! the batch's order, its direction told from where its ends lie).
+//!
+//! CUDA 13 dropped the `failIdx` out-parameter that CUDA 12.8 has before the stream, and
+//! libcudart.so.13 exports the new signature under the same name. One export serves both: it
+//! is declared with CUDA 12.8's nine parameters and reads the eighth as the stream when the
+//! program's runtime is CUDA 13 ([`cuda::runtime_major`]); the real function gets the nine
+//! values as they came (CUDA 13's reads eight of them).
+
+use core::ffi::c_void;
+
+use cuda_abi::cudart::*;
+
+use super::cudart::{self, Geometry};
+use crate::cuda::{self, MISSING};
+use crate::engine;
+use crate::real;
+use crate::{mode, uploads};
+
+/// The copies of a batch as the program listed them (`dsts`, `srcs`, `sizes`: `count` each).
+#[derive(Clone, Copy)]
+struct Batch {
+    dsts: *const *mut c_void,
+    srcs: *const *const c_void,
+    sizes: *const usize,
+    count: usize,
+}
+
+impl Batch {
+    /// Each copy's geometry (empty when an array is null: the real call then fails).
+    fn copies(&self) -> Vec<Geometry> {
+        if self.count == 0 || self.dsts.is_null() || self.srcs.is_null() || self.sizes.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: the program's three arrays of `count` entries (non-null), which the real
+        // call reads as well.
+        let (dsts, srcs, sizes) = unsafe {
+            (
+                std::slice::from_raw_parts(self.dsts, self.count),
+                std::slice::from_raw_parts(self.srcs, self.count),
+                std::slice::from_raw_parts(self.sizes, self.count),
+            )
+        };
+        (0..self.count)
+            .map(|i| Geometry::linear(dsts[i], srcs[i], sizes[i]))
+            .collect()
+    }
+}
+
+/// The stream of a call whose eighth and ninth values are `failIdx` and `stream` as CUDA 12.8
+/// passes them: CUDA 13 passes the stream eighth.
+fn stream_of(eighth: *mut usize, ninth: cudaStream_t) -> cudaStream_t {
+    if cuda::runtime_major() >= 13 {
+        eighth.cast()
+    } else {
+        ninth
+    }
+}
+
+/// Runs a batch: each copy captured (snapshots planned before the call, completed after it)
+/// when copies are, else the real call alone; the uploads remembered for GEMM pointer arrays
+/// are forgotten where the batch wrote.
+fn run_batch(
+    api: &'static str,
+    batch: Batch,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    let capture = !mode::off(mode::MEMCPY);
+    if !capture && !mode::on(mode::GEMM) {
+        return real();
+    }
+    let copies = crate::catch(|| batch.copies()).unwrap_or_default();
+    let forget = |r: cudaError_t| {
+        if r == cudaSuccess && mode::on(mode::GEMM) {
+            let _ = crate::catch(|| {
+                copies
+                    .iter()
+                    .for_each(|g| uploads::forget(g.dst as u64, g.width as u64))
+            });
+        }
+    };
+    if !capture {
+        let r = real();
+        forget(r);
+        return r;
+    }
+    crate::around(
+        || {
+            let kind = cudaMemcpyDefault;
+            let begun = copies
+                .iter()
+                .filter_map(|g| engine::begin(cudart::call(api, *g, kind, None, stream)?))
+                .collect::<Vec<_>>();
+            Some(begun)
+        },
+        || {
+            let r = real();
+            forget(r);
+            r
+        },
+        |begun, r| {
+            begun
+                .into_iter()
+                .for_each(|f| engine::finish(f, r == cudaSuccess))
+        },
+    )
+}
+
+/// One `cudaMemcpyBatchAsync` spelling: `name(C signature as CUDA 12.8 declares it) => the
+/// stream a 0 means`.
+macro_rules! batch_copy_hook {
+    ($(#[$m:meta])* $name:ident (
+        dsts: $dt:ty, srcs: $st:ty, sizes: $zt:ty, count: $ct:ty, attrs: $at:ty,
+        attrsIdxs: $it:ty, numAttrs: $nt:ty, failIdx: $ft:ty, stream: $sst:ty $(,)?
+    ) => $stream:path) => {
+        $(#[$m])*
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            dsts: $dt, srcs: $st, sizes: $zt, count: $ct, attrs: $at,
+            attrsIdxs: $it, numAttrs: $nt, failIdx: $ft, stream: $sst,
+        ) -> cudaError_t {
+            let Some(real) = real::real_of!(
+                $name,
+                fn($dt, $st, $zt, $ct, $at, $it, $nt, $ft, $sst) -> cudaError_t,
+                Cudart
+            ) else {
+                return MISSING;
+            };
+            let batch = Batch {
+                dsts: dsts.cast_const(),
+                srcs: srcs.cast_const().cast(),
+                sizes: sizes.cast_const(),
+                count,
+            };
+            // SAFETY: the program's nine values, forwarded unchanged (CUDA 13's function
+            // reads the first eight: a caller-cleaned C call passes a ninth harmlessly).
+            let run = || unsafe {
+                real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
+            };
+            run_batch(stringify!($name), batch, $stream(stream_of(failIdx, stream)), run)
+        }
+    };
+}
+
+/// The stream as given (`cudaMemcpyBatchAsync` refuses the legacy default stream).
+fn as_given(s: cudaStream_t) -> cudaStream_t {
+    s
+}
+
+batch_copy_hook! {
+    /// `cudaError_t cudaMemcpyBatchAsync(void** dsts, void** srcs, size_t* sizes, size_t
+    /// count, struct cudaMemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs, size_t*
+    /// failIdx, cudaStream_t stream)` (CUDA 12.8; CUDA 13: no `failIdx`, const arrays).
+    cudaMemcpyBatchAsync(
+        dsts: *mut *mut c_void,
+        srcs: *mut *mut c_void,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut cudaMemcpyAttributes,
+        attrsIdxs: *mut usize,
+        numAttrs: usize,
+        failIdx: *mut usize,
+        stream: cudaStream_t,
+    ) => as_given
+}
+
+batch_copy_hook! {
+    /// `cudaMemcpyBatchAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyBatchAsync_ptsz(
+        dsts: *mut *mut c_void,
+        srcs: *mut *mut c_void,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut cudaMemcpyAttributes,
+        attrsIdxs: *mut usize,
+        numAttrs: usize,
+        failIdx: *mut usize,
+        stream: cudaStream_t,
+    ) => cudart::per_thread
+}

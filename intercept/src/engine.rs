@@ -671,10 +671,17 @@ fn reserve_polling(
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
             // A slot lies in one page-locked part of the ring, locked before any copy goes
-            // into it (session.rs).
-            if let Some(slot) = s
-                .ring
-                .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off))
+            // into it (session.rs), and in the part locked already when the ring's start is
+            // free: unless a ticket is out (a hook or NCCL group holding its snapshot while it
+            // reserves more, whose space must not be cut to the bytes before its own).
+            let warm = if tracer::all_handed_in() {
+                s.pin.locked()
+            } else {
+                s.ring.capacity()
+            };
+            if let Some(slot) =
+                s.ring
+                    .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off), warm)
             {
                 let end = slot.pos % s.ring.capacity() + slot.len;
                 if let Err(why) = s.pin.cover(end) {
@@ -703,16 +710,29 @@ fn reserve_polling(
     }
 }
 
-/// The oldest ticket of this thread's deferred NCCL group: the tracer cannot get past it
-/// before the group ends, so no ring space can come while it waits there.
+/// The oldest ticket of this thread's deferred NCCL group, or of the snapshots a hook holds
+/// before its call ([`thread::ThreadState::holding`]): the tracer cannot get past it before it
+/// is handed in, so no ring space can come while it waits there.
 fn my_oldest_deferred() -> Option<u64> {
-    thread::with(|t| t.deferred.iter().filter_map(InFlight::ticket).min()).flatten()
+    thread::with(|t| {
+        let group = t.deferred.iter().filter_map(InFlight::ticket).min();
+        match (group, t.holding) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    })
+    .flatten()
 }
 
 /// The most one record reserves in one slot (half the ring): larger snapshots are streamed in
 /// chunks, so that other records keep flowing beside them and no snapshot is too large.
 fn slot_limit(capacity: u64) -> u64 {
     capacity / 2
+}
+
+/// Whether a snapshot of `bytes` is streamed in chunks rather than copied into one slot.
+pub(crate) fn is_streamed_size(bytes: u64) -> bool {
+    session::get().is_some_and(|s| bytes > slot_limit(s.ring.capacity()))
 }
 
 /// Bytes of one chunk of a streamed tensor: a quarter of the ring, so that the device copies

@@ -69,6 +69,10 @@ pub struct ThreadState {
     pub group_id: u64,
     /// Snapshots waiting for the outermost `ncclGroupEnd`.
     pub deferred: Vec<InFlight>,
+    /// The oldest ticket a hook of this thread holds unpushed while it begins more snapshots
+    /// before its one real call (a batch of copies): no ring space can come before it is
+    /// handed in.
+    pub holding: Option<u64>,
 }
 
 impl ThreadState {

@@ -16,7 +16,7 @@ use super::cudart::{self, Geometry};
 use crate::cuda::{self, MISSING};
 use crate::engine;
 use crate::real;
-use crate::{mode, uploads};
+use crate::{mode, thread, uploads};
 
 /// The copies of a batch as the program listed them (`dsts`, `srcs`, `sizes`: `count` each).
 #[derive(Clone, Copy)]
@@ -88,11 +88,24 @@ fn run_batch(
     }
     crate::around(
         || {
+            let _held = Holding;
             let kind = cudaMemcpyDefault;
-            let begun = copies
-                .iter()
-                .filter_map(|g| engine::begin(cudart::call(api, *g, kind, None, stream)?))
-                .collect::<Vec<_>>();
+            let mut begun = Vec::with_capacity(copies.len());
+            // The copies streamed in chunks first: a download's chunks are taken before the
+            // call, and must not wait behind the tickets the others hold until it.
+            let streamed = |g: &&Geometry| engine::is_streamed_size(g.width as u64);
+            let (large, small): (Vec<&Geometry>, Vec<&Geometry>) =
+                copies.iter().partition(streamed);
+            for g in large.into_iter().chain(small) {
+                let Some(f) = cudart::call(api, *g, kind, None, stream).and_then(engine::begin)
+                else {
+                    continue;
+                };
+                if let Some(n) = f.ticket() {
+                    let _ = thread::with(|t| t.holding = Some(t.holding.map_or(n, |h| h.min(n))));
+                }
+                begun.push(f);
+            }
             Some(begun)
         },
         || {
@@ -101,11 +114,26 @@ fn run_batch(
             r
         },
         |begun, r| {
-            begun
-                .into_iter()
-                .for_each(|f| engine::finish(f, r == cudaSuccess))
+            // Streamed copies take their tickets and chunks now: after the others are handed
+            // in, which the tracer must get past first.
+            let (streamed, plain): (Vec<_>, Vec<_>) =
+                begun.into_iter().partition(engine::InFlight::is_streamed);
+            for f in plain.into_iter().chain(streamed) {
+                engine::finish(f, r == cudaSuccess);
+            }
         },
     )
+}
+
+/// Clears the thread's [`thread::ThreadState::holding`] when the batch's snapshots are all
+/// begun (or planning them panicked): from then on its reservations are its own streamed
+/// chunks, after the others are handed in.
+struct Holding;
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let _ = thread::with(|t| t.holding = None);
+    }
 }
 
 /// One `cudaMemcpyBatchAsync` spelling: `name(C signature as CUDA 12.8 declares it) => the

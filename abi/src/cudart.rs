@@ -372,6 +372,22 @@ pub struct cudaMemcpyAttributes {
     pub flags: c_uint,
 }
 
+/// `struct cudaMemcpy3DPeerParms`: a 3-D copy between devices (`cudaMemcpy3DPeer`,
+/// `cudaMemcpy3DPeerAsync`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaMemcpy3DPeerParms {
+    pub srcArray: cudaArray_t,
+    pub srcPos: cudaPos,
+    pub srcPtr: cudaPitchedPtr,
+    pub srcDevice: c_int,
+    pub dstArray: cudaArray_t,
+    pub dstPos: cudaPos,
+    pub dstPtr: cudaPitchedPtr,
+    pub dstDevice: c_int,
+    pub extent: cudaExtent,
+}
+
 /// `dim3` (`vector_types.h`): a kernel launch's grid or block size, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

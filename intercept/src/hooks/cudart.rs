@@ -352,12 +352,47 @@ copy_hook! {
     => (Geometry::linear(dst, symbol_at(symbol, offset), count), kind, None, per_thread(stream), direct)
 }
 
-/// A 3-D copy (`cudaMemcpy3D` and its spellings): not captured, so recorded as an
-/// `unsupported` gap naming the API and its bytes once the real call succeeded, on the stream
-/// it ran on. Training frameworks do not move tensors this way; the gap says so if one does.
-fn uncaptured_3d(
+/// The parameter block of a 3-D copy (`cudaMemcpy3D*`, `cudaMemcpy3DPeer*`): what its gap
+/// says of it.
+trait ThreeD: Copy {
+    fn extent(&self) -> cudaExtent;
+    /// The direction as the record's detail names it.
+    fn kind(&self) -> String;
+    /// Whether an end is a CUDA array.
+    fn arrays(&self) -> bool;
+}
+
+impl ThreeD for cudaMemcpy3DParms {
+    fn extent(&self) -> cudaExtent {
+        self.extent
+    }
+    fn kind(&self) -> String {
+        format!("kind {}", self.kind)
+    }
+    fn arrays(&self) -> bool {
+        !self.srcArray.is_null() || !self.dstArray.is_null()
+    }
+}
+
+impl ThreeD for cudaMemcpy3DPeerParms {
+    fn extent(&self) -> cudaExtent {
+        self.extent
+    }
+    fn kind(&self) -> String {
+        format!("device {} to device {}", self.srcDevice, self.dstDevice)
+    }
+    fn arrays(&self) -> bool {
+        !self.srcArray.is_null() || !self.dstArray.is_null()
+    }
+}
+
+/// A 3-D copy (`cudaMemcpy3D`, `cudaMemcpy3DPeer` and their spellings): not captured, so
+/// recorded as an `unsupported` gap naming the API and its bytes once the real call
+/// succeeded, on the stream it ran on. Training frameworks do not move tensors this way; the
+/// gap says so if one does.
+fn uncaptured_3d<P: ThreeD>(
     api: &'static str,
-    p: *const cudaMemcpy3DParms,
+    p: *const P,
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
@@ -366,17 +401,21 @@ fn uncaptured_3d(
     }
     // SAFETY: the program's parameter block, which the real call reads too (non-null).
     let q = unsafe { *p };
-    let e = q.extent;
+    let e = q.extent();
     let bytes = (e.width as u64)
         .saturating_mul(e.height as u64)
         .saturating_mul(e.depth as u64);
-    let arrays = match (q.srcArray.is_null(), q.dstArray.is_null()) {
-        (true, true) => "",
-        _ => ", a CUDA array at one end",
+    let arrays = if q.arrays() {
+        ", a CUDA array at one end"
+    } else {
+        ""
     };
     let detail = format!(
-        "3-D copies are not captured (extent {} x {} x {} bytes, kind {}{arrays})",
-        e.width, e.height, e.depth, q.kind
+        "3-D copies are not captured (extent {} x {} x {} bytes, {}{arrays})",
+        e.width,
+        e.height,
+        e.depth,
+        q.kind()
     );
     let gap = GapOp {
         reason: GapReason::Unsupported,
@@ -395,13 +434,13 @@ fn uncaptured_3d(
 
 /// One `cudaMemcpy3D*` entry point: `name(C signature) => stream`.
 macro_rules! copy_3d_hook {
-    ($(#[$m:meta])* $name:ident ( p: *const cudaMemcpy3DParms $(, $a:ident : $t:ty)* $(,)? )
+    ($(#[$m:meta])* $name:ident ( p: *const $parms:ty $(, $a:ident : $t:ty)* $(,)? )
         => $stream:expr) => {
         $(#[$m])*
         #[no_mangle]
-        pub unsafe extern "C" fn $name(p: *const cudaMemcpy3DParms $(, $a: $t)*) -> cudaError_t {
+        pub unsafe extern "C" fn $name(p: *const $parms $(, $a: $t)*) -> cudaError_t {
             let Some(real) =
-                real::real_of!($name, fn(*const cudaMemcpy3DParms $(, $t)*) -> cudaError_t, Cudart)
+                real::real_of!($name, fn(*const $parms $(, $t)*) -> cudaError_t, Cudart)
             else {
                 return MISSING;
             };
@@ -429,6 +468,28 @@ copy_3d_hook! {
 copy_3d_hook! {
     /// `cudaMemcpy3DAsync` for code built with `--default-stream per-thread`.
     cudaMemcpy3DAsync_ptsz(p: *const cudaMemcpy3DParms, stream: cudaStream_t) => per_thread(stream)
+}
+
+copy_3d_hook! {
+    /// `cudaError_t cudaMemcpy3DPeer(const struct cudaMemcpy3DPeerParms* p)`.
+    cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParms) => LEGACY
+}
+
+copy_3d_hook! {
+    /// `cudaMemcpy3DPeer` for code built with `--default-stream per-thread`.
+    cudaMemcpy3DPeer_ptds(p: *const cudaMemcpy3DPeerParms) => cudaStreamPerThread
+}
+
+copy_3d_hook! {
+    /// `cudaError_t cudaMemcpy3DPeerAsync(const struct cudaMemcpy3DPeerParms* p,
+    /// cudaStream_t stream)`.
+    cudaMemcpy3DPeerAsync(p: *const cudaMemcpy3DPeerParms, stream: cudaStream_t) => stream
+}
+
+copy_3d_hook! {
+    /// `cudaMemcpy3DPeerAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy3DPeerAsync_ptsz(p: *const cudaMemcpy3DPeerParms, stream: cudaStream_t)
+    => per_thread(stream)
 }
 
 copy_hook! {

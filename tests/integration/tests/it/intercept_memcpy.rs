@@ -186,8 +186,8 @@ fn synchronous_copies_are_captured_as_made_when_the_buffer_is_overwritten_at_onc
     );
 }
 
-/// 3-D copies are not captured: each is an `unsupported` gap naming its API and bytes, in
-/// call order, and the program's copies are unchanged (the probe checks the bytes it reads
+/// 3-D copies (`cudaMemcpy3D*`, and between devices `cudaMemcpy3DPeer*`) are not captured:
+/// each is an `unsupported` gap naming its API and bytes, in call order, and the program's copies are unchanged (the probe checks the bytes it reads
 /// back). Nothing is lost silently.
 #[test]
 fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
@@ -212,9 +212,19 @@ fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
                 GapReason::Unsupported,
                 32 * 5 * 3
             ),
+            (
+                "cudaMemcpy3DPeer".into(),
+                GapReason::Unsupported,
+                32 * 5 * 3
+            ),
+            (
+                "cudaMemcpy3DPeerAsync".into(),
+                GapReason::Unsupported,
+                32 * 5 * 3
+            ),
         ]
     );
-    assert_eq!(run.summary.gaps, 2);
+    assert_eq!(run.summary.gaps, 4);
 }
 
 /// Copies to and from a `__device__` variable (sim-probe `traced memcpy-symbol`: registered as

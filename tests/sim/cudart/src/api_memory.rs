@@ -384,37 +384,89 @@ fn copy3d(p: *const cudaMemcpy3DParms, call: Call) -> cudaError_t {
         }
         // SAFETY: the caller passes a valid parameter block (checked non-null above).
         let p = unsafe { *p };
-        if !p.srcArray.is_null() || !p.dstArray.is_null() {
+        let src = (p.srcArray, p.srcPos, p.srcPtr);
+        let dst = (p.dstArray, p.dstPos, p.dstPtr);
+        copy3d_between(src, dst, p.extent, p.kind, call)
+    })
+}
+
+/// A 3-D copy between devices (`cudaMemcpy3DPeer*`): one between pitched device memory.
+fn copy3d_peer(p: *const cudaMemcpy3DPeerParms, call: Call) -> cudaError_t {
+    guard(|| {
+        if p.is_null() {
             return Err(cudaErrorInvalidValue);
         }
-        let e = p.extent;
-        if e.width == 0 || e.height == 0 || e.depth == 0 {
-            return Ok(());
-        }
-        let at = |q: cudaPitchedPtr, pos: cudaPos, slice: usize| -> Result<usize, cudaError_t> {
-            if q.pitch < e.width || q.ysize < e.height {
-                return Err(cudaErrorInvalidPitchValue);
-            }
-            let offset = (pos.z + slice) * q.pitch * q.ysize + pos.y * q.pitch + pos.x;
-            Ok(q.ptr as usize + offset)
-        };
-        for slice in 0..e.depth {
-            memcpy(
-                CopyRequest {
-                    dst: at(p.dstPtr, p.dstPos, slice)? as *mut c_void,
-                    dpitch: p.dstPtr.pitch,
-                    src: at(p.srcPtr, p.srcPos, slice)? as *const c_void,
-                    spitch: p.srcPtr.pitch,
-                    width: e.width,
-                    height: e.height,
-                    kind: p.kind,
-                    stage: false,
-                },
-                call,
-            )?;
-        }
-        Ok(())
+        // SAFETY: the caller passes a valid parameter block (checked non-null above).
+        let p = unsafe { *p };
+        check_peer(p.dstDevice, p.srcDevice)?;
+        let src = (p.srcArray, p.srcPos, p.srcPtr);
+        let dst = (p.dstArray, p.dstPos, p.dstPtr);
+        copy3d_between(src, dst, p.extent, cudaMemcpyDeviceToDevice, call)
     })
+}
+
+/// One end of a 3-D copy: a CUDA array (refused) or pitched memory, at a position.
+type End3d = (cudaArray_t, cudaPos, cudaPitchedPtr);
+
+fn copy3d_between(
+    src: End3d,
+    dst: End3d,
+    e: cudaExtent,
+    kind: cudaMemcpyKind,
+    call: Call,
+) -> Result<(), cudaError_t> {
+    if !src.0.is_null() || !dst.0.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    if e.width == 0 || e.height == 0 || e.depth == 0 {
+        return Ok(());
+    }
+    let at = |q: cudaPitchedPtr, pos: cudaPos, slice: usize| -> Result<usize, cudaError_t> {
+        if q.pitch < e.width || q.ysize < e.height {
+            return Err(cudaErrorInvalidPitchValue);
+        }
+        let offset = (pos.z + slice) * q.pitch * q.ysize + pos.y * q.pitch + pos.x;
+        Ok(q.ptr as usize + offset)
+    };
+    for slice in 0..e.depth {
+        memcpy(
+            CopyRequest {
+                dst: at(dst.2, dst.1, slice)? as *mut c_void,
+                dpitch: dst.2.pitch,
+                src: at(src.2, src.1, slice)? as *const c_void,
+                spitch: src.2.pitch,
+                width: e.width,
+                height: e.height,
+                kind,
+                stage: false,
+            },
+            call,
+        )?;
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParms) -> cudaError_t {
+    copy3d_peer(p, LEGACY)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DPeer_ptds(p: *const cudaMemcpy3DPeerParms) -> cudaError_t {
+    copy3d_peer(p, PTDS)
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DPeerAsync(
+    p: *const cudaMemcpy3DPeerParms,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy3d_peer(p, on(stream, false))
+}
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DPeerAsync_ptsz(
+    p: *const cudaMemcpy3DPeerParms,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy3d_peer(p, on(stream, true))
 }
 
 #[no_mangle]

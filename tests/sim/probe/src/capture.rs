@@ -1839,6 +1839,39 @@ fn memcpy3d() -> Result<(), String> {
             }
         }
     }
+    // Between devices: the block to a second buffer (device 0 to device 0) and back to the
+    // host through a third, each checked.
+    let (w2, h2, d2) = (pitch, ysize, slices);
+    let peer = |src: *mut c_void, dst: *mut c_void| cudaMemcpy3DPeerParms {
+        srcArray: std::ptr::null_mut(),
+        srcPos: cudaPos::default(),
+        srcPtr: pitched(src, pitch, pitch, ysize),
+        srcDevice: 0,
+        dstArray: std::ptr::null_mut(),
+        dstPos: cudaPos::default(),
+        dstPtr: pitched(dst, pitch, pitch, ysize),
+        dstDevice: 0,
+        extent: cudaExtent {
+            width: w2,
+            height: h2,
+            depth: d2,
+        },
+    };
+    let second = DevBuf::new(pitch * ysize * slices)?;
+    let third = DevBuf::new(pitch * ysize * slices)?;
+    ck!(cudaMemcpy3DPeer(&peer(dev.ptr, second.ptr)));
+    ck!(cudaMemcpy3DPeerAsync(&peer(second.ptr, third.ptr), s));
+    ck!(cudaStreamSynchronize(s));
+    let mut again = vec![0u8; pitch * ysize * slices];
+    ck!(cudaMemcpy(
+        again.as_mut_ptr().cast(),
+        third.ptr,
+        again.len(),
+        cudaMemcpyDeviceToHost
+    ));
+    if again != back {
+        return Err("3-D peer copies: the bytes differ from the source's".into());
+    }
     println!("traced memcpy3d OK");
     Ok(())
 }

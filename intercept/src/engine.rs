@@ -671,17 +671,10 @@ fn reserve_polling(
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
             // A slot lies in one page-locked part of the ring, locked before any copy goes
-            // into it (session.rs), and in the part locked already when the ring's start is
-            // free: unless a ticket is out (a hook or NCCL group holding its snapshot while it
-            // reserves more, whose space must not be cut to the bytes before its own).
-            let warm = if tracer::all_handed_in() {
-                s.pin.locked()
-            } else {
-                s.ring.capacity()
-            };
-            if let Some(slot) =
-                s.ring
-                    .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off), warm)
+            // into it (session.rs).
+            if let Some(slot) = s
+                .ring
+                .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off))
             {
                 let end = slot.pos % s.ring.capacity() + slot.len;
                 if let Err(why) = s.pin.cover(end) {

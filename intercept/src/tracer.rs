@@ -221,8 +221,6 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 static SPACE_WANTED: AtomicBool = AtomicBool::new(false);
 /// The ticket the tracer waits for (`u64::MAX` before it starts and once it stopped).
 static AT: AtomicU64 = AtomicU64::new(u64::MAX);
-/// Tickets handed in ([`put`]): all of them when it equals [`NEXT`].
-static HANDED_IN: AtomicU64 = AtomicU64::new(0);
 /// The tracer thread has stopped: nothing will take entries any more.
 static STOPPED: AtomicBool = AtomicBool::new(false);
 /// Exit: the tracer drains up to this ticket, then says goodbye.
@@ -314,16 +312,7 @@ pub(crate) fn note_needless() {
     }
 }
 
-/// Whether every ticket taken so far was handed in: no hook (or NCCL group) holds one
-/// while it may reserve more ring space.
-pub fn all_handed_in() -> bool {
-    // Handed in first: never more than taken.
-    let handed = HANDED_IN.load(Ordering::Acquire);
-    handed == NEXT.load(Ordering::Acquire)
-}
-
 fn put(n: u64, e: Entry, counted: bool) {
-    HANDED_IN.fetch_add(1, Ordering::AcqRel);
     if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
         // Taken: from here on the daemon accounts for it (published, dropped or lost).
         if let Some(r) = COUNTED.get() {
@@ -1105,20 +1094,9 @@ impl Tracer {
             // A reduced record is dropped (or becomes a gap, stamped then): no clock read.
             record.t_done_ns = now_ns();
         }
-        let slot = match slot {
-            // Its bytes are never published (dropped, or a gap if its step turns out
-            // selected), and the rule has read them: the ring space goes back now, not when
-            // the rule decides its step (a whole step later while the anchor is not known).
-            Some(s) if prefiltered => {
-                self.skip_slot(s);
-                None
-            }
-            Some(s) => {
-                *self.unpublished.entry(s.pos).or_default() += 1;
-                Some(s)
-            }
-            None => None,
-        };
+        if let Some(s) = slot {
+            *self.unpublished.entry(s.pos).or_default() += 1;
+        }
         // Kept between records (an allocation per record otherwise).
         let mut out = std::mem::take(&mut self.decided);
         self.steps.push(

@@ -256,40 +256,10 @@ impl Ring {
         start
     }
 
-    /// Where a slot of `len` bytes goes ([`Self::place`] from `head`), given that the data
-    /// area is warm up to offset `warm` ([`Self::reserve_within`]): at the next lap's
-    /// beginning instead when it would end past `warm` from `head`, the next lap holds it
-    /// within `warm` in bytes that are free now (the bytes skipped are released with it), and
-    /// the bytes in use with it take at most half of the warm area (the consumer keeps up:
-    /// the lap left behind is released soon, and until it is, half the warm area is free
-    /// before it).
-    fn place_warm(
-        &self,
-        head: u64,
-        len: u64,
-        part_end: &impl Fn(u64) -> u64,
-        warm: u64,
-    ) -> Option<(u64, u64)> {
-        let here = self.place(head, len, part_end)?;
-        let ends_in = |(start, _): (u64, u64)| start % self.capacity + len;
-        let off = head % self.capacity;
-        let busy = head - self.tail();
-        if off == 0 || ends_in(here) <= warm || busy + len > warm / 2 {
-            return Some(here);
-        }
-        let next = head + (self.capacity - off);
-        match self.place(next, len, part_end) {
-            Some(there) if ends_in(there) <= warm && there.1 - self.tail() <= self.capacity => {
-                Some(there)
-            }
-            _ => Some(here),
-        }
-    }
-
     /// Reserves `len` bytes (producer; callers serialise reservations). Waits for space until
     /// `timeout`, then returns `None`. A request larger than the ring is refused at once.
     pub fn reserve(&self, len: u64, timeout: Duration) -> Option<Slot> {
-        self.reserve_within(len, timeout, |_| self.capacity, self.capacity)
+        self.reserve_within(len, timeout, |_| self.capacity)
     }
 
     /// [`Self::reserve`] of a slot that lies in one part of the data area: `part_end` gives
@@ -297,21 +267,11 @@ impl Ring {
     /// a device copy must not cross from one into the next). A slot that would cross into the
     /// next part starts there; the bytes skipped are released with it. A request no part can
     /// hold is refused at once.
-    ///
-    /// `warm` is the offset up to which the data area is ready for use at no cost (page-locked
-    /// already): a slot that would end past it starts the next lap at the data area's
-    /// beginning instead when the bytes there are free now and little is in use
-    /// ([`Self::place_warm`]), so that a producer whose consumer keeps up within that area
-    /// never walks (and page-locks) the rest of the ring. `warm` = the capacity never wraps
-    /// early: a producer passes that when the bytes in use may not be released without its
-    /// own further reservations (after an early wrap, only the bytes before them are free
-    /// until they are).
     pub fn reserve_within(
         &self,
         len: u64,
         timeout: Duration,
         part_end: impl Fn(u64) -> u64,
-        warm: u64,
     ) -> Option<Slot> {
         let len = align(len.max(1));
         if len > self.capacity {
@@ -319,7 +279,7 @@ impl Ring {
         }
         let deadline = Instant::now() + timeout;
         let head = self.rewind_if_empty(self.head());
-        let (start, end) = self.place_warm(head, len, &part_end, warm)?;
+        let (start, end) = self.place(head, len, &part_end)?;
         loop {
             let seen = self.atomic32(OFF_RELEASED).load(Ordering::Acquire);
             if end - self.tail() <= self.capacity {
@@ -502,17 +462,17 @@ mod tests {
             _ => 1024,
         };
         let a = p
-            .reserve_within(192, Duration::ZERO, part_end, 1024)
+            .reserve_within(192, Duration::ZERO, part_end)
             .expect("fits");
         assert_eq!((a.pos, a.end), (0, 192));
         // 64 bytes are left in the first part: a 128-byte slot starts at the second.
         let b = p
-            .reserve_within(128, Duration::ZERO, part_end, 1024)
+            .reserve_within(128, Duration::ZERO, part_end)
             .expect("fits");
         assert_eq!((b.pos, b.end), (256, 384));
         // Too large for the second part's rest and for the second part: the third.
         let d = p
-            .reserve_within(320, Duration::ZERO, part_end, 1024)
+            .reserve_within(320, Duration::ZERO, part_end)
             .expect("fits");
         assert_eq!((d.pos, d.end), (512, 832));
         for s in [&a, &b, &d] {
@@ -523,100 +483,11 @@ mod tests {
         assert_eq!(c.tail(), 384);
         // No part holds more than 512 bytes: refused at once, even on an empty ring.
         c.release_to(d.end);
-        assert!(p
-            .reserve_within(576, Duration::ZERO, part_end, 1024)
-            .is_none());
+        assert!(p.reserve_within(576, Duration::ZERO, part_end).is_none());
         assert!(
             p.reserve(576, Duration::ZERO).is_some(),
             "one part: the whole ring"
         );
-    }
-
-    /// A producer whose consumer keeps a few slots in flight stays within the warm (already
-    /// page-locked) beginning of the data area, wrapping early when the bytes there are free;
-    /// it goes past it only while they are not.
-    #[test]
-    fn a_producer_stays_in_the_warm_area_while_its_beginning_is_free() {
-        let mut mem = mapping(1024);
-        let (p, c) = producer_and_consumer(&mut mem, 1024);
-        let warm = 256;
-        let reserve = |len| {
-            p.reserve_within(len, Duration::ZERO, |_| 1024, warm)
-                .expect("fits")
-        };
-        let mut held = std::collections::VecDeque::new();
-        for i in 0..40 {
-            let s = reserve(64);
-            assert!(
-                s.pos % 1024 + s.len <= warm,
-                "slot {i} at {} left the warm area",
-                s.pos
-            );
-            held.push_back(s);
-            // A slot in flight: never an empty ring (no rewind), always room at the start.
-            if held.len() > 1 {
-                let done = held.pop_front().expect("held");
-                c.validate(&done).expect("valid");
-                c.release_to(done.end);
-            }
-        }
-        // Empty again (back to the beginning); then a slot held at the start and the warm
-        // area filled: the next slot goes on past it instead of waiting.
-        for done in held.drain(..) {
-            c.release_to(done.end);
-        }
-        let start = reserve(64);
-        assert_eq!(start.pos % 1024, 0);
-        let fill = reserve(warm - 64);
-        assert_eq!(fill.end % 1024, warm);
-        let past = reserve(64);
-        assert_eq!(
-            past.pos % 1024,
-            warm,
-            "past the warm area while its start is held"
-        );
-    }
-
-    /// A ring with much in use does not wrap early, though the next lap's start is free:
-    /// after the wrap only the bytes before those in use would be free until they are
-    /// released.
-    #[test]
-    fn a_busy_ring_goes_on_past_the_warm_area() {
-        let mut mem = mapping(1024);
-        let (p, c) = producer_and_consumer(&mut mem, 1024);
-        let reserve = |len| {
-            p.reserve_within(len, Duration::ZERO, |_| 1024, 256)
-                .expect("fits")
-        };
-        let a = reserve(64);
-        let held: Vec<Slot> = (0..3).map(|_| reserve(64)).collect();
-        assert_eq!(held[2].end, 256);
-        c.release_to(a.end);
-        // [0, 64) of the next lap is free, but 192 bytes are in use (more than half of the
-        // warm area with the new slot): on at the head.
-        let e = reserve(64);
-        assert_eq!(e.pos, 256);
-    }
-
-    /// Wrapping early is only taken where the next lap holds the slot warm and free: a slot
-    /// the next lap's parts would place past the warm area, or in bytes still in use, goes on
-    /// at the head (it is not refused).
-    #[test]
-    fn a_slot_the_next_lap_cannot_hold_warm_goes_on_at_the_head() {
-        let mut mem = mapping(1024);
-        let (p, c) = producer_and_consumer(&mut mem, 1024);
-        // Parts [0, 128) and [128, 1024); warm up to 256.
-        let part_end = |off: u64| if off < 128 { 128 } else { 1024 };
-        let reserve = |len| p.reserve_within(len, Duration::ZERO, part_end, 256);
-        let first: Vec<Slot> = (0..3).map(|_| reserve(64).expect("fits")).collect();
-        let held = reserve(32).expect("fits");
-        assert_eq!((held.pos, held.end), (192, 256));
-        c.release_to(first[2].end);
-        // 192 bytes (160 aligned) from 256 end past the warm area; the next lap's first part
-        // is too small and its second would end at 320, past it too: the slot goes on at the
-        // head.
-        let s = reserve(160).expect("placed, not refused");
-        assert_eq!((s.pos, s.end), (256, 448));
     }
 
     #[test]

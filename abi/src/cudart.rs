@@ -143,6 +143,8 @@ pub type cudaDeviceAttr = c_uint;
 pub type cudaMemLocationType = c_uint;
 /// `enum cudaMemcpySrcAccessOrder`: when a batched copy may read its source.
 pub type cudaMemcpySrcAccessOrder = c_uint;
+/// `enum cudaMemcpy3DOperandType`: a batched 3-D copy's operand is a pointer or a CUDA array.
+pub type cudaMemcpy3DOperandType = c_uint;
 /// `cudaHostFn_t`: a host function enqueued with `cudaLaunchHostFunc`.
 pub type cudaHostFn_t = Option<unsafe extern "C" fn(userData: *mut c_void)>;
 /// `cudaStreamCallback_t` (deprecated `cudaStreamAddCallback`).
@@ -164,6 +166,9 @@ pub const cudaMemcpySrcAccessOrderInvalid: cudaMemcpySrcAccessOrder = 0x0;
 pub const cudaMemcpySrcAccessOrderStream: cudaMemcpySrcAccessOrder = 0x1;
 pub const cudaMemcpySrcAccessOrderDuringApiCall: cudaMemcpySrcAccessOrder = 0x2;
 pub const cudaMemcpySrcAccessOrderAny: cudaMemcpySrcAccessOrder = 0x3;
+
+pub const cudaMemcpyOperandTypePointer: cudaMemcpy3DOperandType = 0x1;
+pub const cudaMemcpyOperandTypeArray: cudaMemcpy3DOperandType = 0x2;
 
 pub const cudaMemLocationTypeInvalid: cudaMemLocationType = 0;
 pub const cudaMemLocationTypeDevice: cudaMemLocationType = 1;
@@ -369,6 +374,51 @@ pub struct cudaMemcpyAttributes {
     pub srcAccessOrder: cudaMemcpySrcAccessOrder,
     pub srcLocHint: cudaMemLocation,
     pub dstLocHint: cudaMemLocation,
+    pub flags: c_uint,
+}
+
+/// `struct cudaMemcpy3DOperand` (CUDA 12.8+): one end of a batched 3-D copy. C's `op` is a
+/// union of two anonymous structs (`ptr`: `void* ptr; size_t rowLength; size_t layerHeight;
+/// struct cudaMemLocation locHint;`, `array`: `cudaArray_t array; struct cudaOffset3D
+/// offset;`), kept here as its bytes; [`cudaMemcpy3DOperand::pointer`] reads the first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaMemcpy3DOperand {
+    pub type_: cudaMemcpy3DOperandType,
+    pub _op: [u64; 4],
+}
+
+impl cudaMemcpy3DOperand {
+    /// A pointer operand: the pointer, its row length and layer height in elements (0:
+    /// packed by the copy's extent).
+    pub fn pointer(&self) -> Option<(*mut c_void, usize, usize)> {
+        (self.type_ == cudaMemcpyOperandTypePointer).then(|| {
+            (
+                self._op[0] as *mut c_void,
+                self._op[1] as usize,
+                self._op[2] as usize,
+            )
+        })
+    }
+
+    /// An operand at `ptr` with rows of `row_length` and layers of `layer_height` elements.
+    pub fn of_pointer(ptr: *mut c_void, row_length: usize, layer_height: usize) -> Self {
+        cudaMemcpy3DOperand {
+            type_: cudaMemcpyOperandTypePointer,
+            _op: [ptr as u64, row_length as u64, layer_height as u64, 0],
+        }
+    }
+}
+
+/// `struct cudaMemcpy3DBatchOp` (CUDA 12.8+): one copy of a `cudaMemcpy3DBatchAsync`; its
+/// extent counts elements (bytes between pointers).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaMemcpy3DBatchOp {
+    pub src: cudaMemcpy3DOperand,
+    pub dst: cudaMemcpy3DOperand,
+    pub extent: cudaExtent,
+    pub srcAccessOrder: cudaMemcpySrcAccessOrder,
     pub flags: c_uint,
 }
 

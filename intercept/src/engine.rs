@@ -657,7 +657,8 @@ fn reserve_until(
 
 /// Reserves `len` bytes and a ticket, polling with a growing pause, until capture dies, the
 /// tracer stopped or waits for `mine` (a ticket of this thread's that is not handed in yet: no
-/// space can come before it is), or `out_of_time` says the wait is over. The ticket is
+/// space can come before it is, once the daemon has released what the tracer published), or
+/// `out_of_time` says the wait is over. The ticket is
 /// `counted` (prefilter.rs) as asked.
 fn reserve_polling(
     s: &Session,
@@ -692,7 +693,9 @@ fn reserve_polling(
         if mode::dead()
             || out_of_time()
             || tracer::stopped()
-            || mine.is_some_and(|m| tracer::waiting_for() == m)
+            // Space can still come from the daemon releasing what the tracer published
+            // before the ticket it waits for.
+            || (mine.is_some_and(|m| tracer::waiting_for() == m) && !tracer::daemon_owes(&s.ring))
         {
             return None;
         }

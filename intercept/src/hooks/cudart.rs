@@ -493,6 +493,30 @@ copy_3d_hook! {
 }
 
 copy_hook! {
+    /// `cudaError_t cudaMemcpyWithAttributesAsync(void* dst, const void* src, size_t size,
+    /// struct cudaMemcpyAttributes* attr, cudaStream_t stream)` (CUDA 13): a copy whose
+    /// direction its ends tell, as `cudaMemcpyDefault`'s.
+    cudaMemcpyWithAttributesAsync(
+        dst: *mut c_void,
+        src: *const c_void,
+        size: usize,
+        attr: *mut cudaMemcpyAttributes,
+        stream: cudaStream_t,
+    ) => (Geometry::linear(dst, src, size), cudaMemcpyDefault, None, stream, direct)
+}
+
+copy_hook! {
+    /// `cudaMemcpyWithAttributesAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyWithAttributesAsync_ptsz(
+        dst: *mut c_void,
+        src: *const c_void,
+        size: usize,
+        attr: *mut cudaMemcpyAttributes,
+        stream: cudaStream_t,
+    ) => (Geometry::linear(dst, src, size), cudaMemcpyDefault, None, per_thread(stream), direct)
+}
+
+copy_hook! {
     /// `cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)`.
     cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind)
     => (Geometry::linear(dst, src, count), kind, None, LEGACY, pass_through)

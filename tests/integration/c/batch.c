@@ -8,7 +8,8 @@
  *     cudaMemcpySrcAccessOrderDuringApiCall allows), a pinned source read in stream order, and
  *     a device-to-device copy of a buffer uploaded before;
  *  2. a download batch of two of the results into pinned memory;
- *  3. a batch with an invalid source access order on its second attribute set: it must fail
+ *  3. (CUDA 13) cudaMemcpyWithAttributesAsync of the pinned values into a device buffer;
+ *  4. a batch with an invalid source access order on its second attribute set: it must fail
  *     with cudaErrorInvalidValue (CUDA 12: failIdx names copy 1) and move nothing.
  * Every byte is checked; prints "batch: OK", exit status 1 on a failure.
  */
@@ -97,6 +98,17 @@ int main(void) {
         if (back_b[j] != value_b(j)) FAIL("pageable upload: element %d is %g", j, back_b[j]);
     for (int j = 0; j < NC; j++)
         if (out_c[j] != value_d(j)) FAIL("device copy: element %d is %g", j, out_c[j]);
+
+#if CUDART_VERSION >= 13000
+    /* CUDA 13's single copy with attributes: the pinned values again, into the device
+     * buffer of the device-to-device copy's source (read back below). */
+    struct cudaMemcpyAttributes one = order(cudaMemcpySrcAccessOrderStream);
+    CK_CUDA(cudaMemcpyWithAttributesAsync(dd, ha, sizeof(float) * NC, &one, s));
+    CK_CUDA(cudaStreamSynchronize(s));
+    CK_CUDA(cudaMemcpy(hd, dd, sizeof(float) * NC, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < NC; j++)
+        if (hd[j] != value_a(j)) FAIL("copy with attributes: element %d is %g", j, hd[j]);
+#endif
 
     /* 3. Refused: the second attribute set has no source access order. */
     struct cudaMemcpyAttributes attrs3[2] = {order(cudaMemcpySrcAccessOrderStream),

@@ -29,7 +29,9 @@
 //!    every view that declares it.
 //!
 //! Limits: a header field the Rust struct omits goes unnoticed when it sits in what is padding
-//! on the Rust side and the size still matches (C cannot list a struct's fields); a function
+//! on the Rust side and the size still matches (C cannot list a struct's fields), and a Rust
+//! field named `_...` (standing for an anonymous union the mirror cannot name) is checked only
+//! through its struct's size and alignment; a function
 //! the headers declare only for C++ (`#if defined(__cplusplus)`, e.g. cuBLAS's `__half` API) is
 //! checked in a C++ file instead, where an enum matches its underlying type.
 //!
@@ -1234,7 +1236,9 @@ impl Unit {
             &subject,
         );
         if lang == Lang::C {
-            for (fname, _) in &r.fields {
+            // A field named `_...` stands for a part of the C struct the mirror does not name
+            // (an anonymous union): the struct's size and alignment check it, nothing else.
+            for (fname, _) in r.fields.iter().filter(|(f, _)| !f.starts_with('_')) {
                 self.push(
                     format!("{assert}(offsetof({mirror}, {fname}) == offsetof({c_name}, {fname}), \"{label}.{fname}: offset differs from the header\");"),
                     &subject,

@@ -284,16 +284,23 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
     v.out
 }
 
-/// Hooks of entry points NCCL added in 2.28 (absent from the CUDA 12 header set's NCCL 2.27).
-const NCCL_2_28: [&str; 3] = ["ncclAlltoAll", "ncclGather", "ncclScatter"];
+/// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
+/// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
+const NEWER: [&str; 5] = [
+    "ncclAlltoAll",
+    "ncclGather",
+    "ncclScatter",
+    "cudaMemcpyWithAttributesAsync",
+    "cudaMemcpyWithAttributesAsync_ptsz",
+];
 
 #[test]
 fn every_hook_matches_nvidias_headers() {
     let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
     let abi = AbiTypes::parse(&abi_check::repo_root().join("abi/src")).expect("cuda-abi parses");
     let all = hook_exports();
-    // NCCL 2.28+ entry points are declared by the CUDA 13 header set only (NCCL 2.30).
-    let newer = |e: &Export| NCCL_2_28.contains(&e.name.as_str());
+    // NCCL 2.28+ and CUDA 13 entry points are declared by the CUDA 13 header set only.
+    let newer = |e: &Export| NEWER.contains(&e.name.as_str());
     let exports: Vec<Export> = all
         .iter()
         .filter(|e| !e.library.ends_with("/api") && !newer(e))
@@ -301,7 +308,11 @@ fn every_hook_matches_nvidias_headers() {
         .collect();
     assert!(exports.len() >= 45, "only {} hooks found", exports.len());
     let exports13: Vec<Export> = all.iter().filter(|e| newer(e)).cloned().collect();
-    assert_eq!(exports13.len(), NCCL_2_28.len(), "the NCCL 2.28 hooks");
+    assert_eq!(
+        exports13.len(),
+        NEWER.len(),
+        "the NCCL 2.28 and CUDA 13 hooks"
+    );
     let include13 = abi_check::fetch_headers_for(13).unwrap_or_else(|e| panic!("headers: {e}"));
     let report13 = check(
         &exports13,
@@ -319,7 +330,7 @@ fn every_hook_matches_nvidias_headers() {
         .collect();
     assert!(
         hook_failures.is_empty(),
-        "NCCL 2.28+ hooks that differ from NVIDIA's NCCL 2.30 headers:\n{}",
+        "NCCL 2.28+ and CUDA 13 hooks that differ from NVIDIA's CUDA 13 headers:\n{}",
         hook_failures.join("\n")
     );
     assert_eq!(report13.exports_checked.len(), exports13.len());
@@ -358,10 +369,10 @@ fn every_hook_is_a_simulated_export_of_the_same_c_type() {
     let sim = abi_check::parse_exports(&repo.join("tests/sim")).expect("the simulator parses");
     let mut missing = Vec::new();
     let mut differ = Vec::new();
-    // NCCL 2.28's entry points are in the CUDA 13 build of the simulator only (its NCCL 2.30).
+    // NCCL 2.28 and CUDA 13 entry points are in the CUDA 13 build of the simulator only.
     let hooks: Vec<Export> = hook_exports()
         .into_iter()
-        .filter(|e| !e.library.ends_with("/api") && !NCCL_2_28.contains(&e.name.as_str()))
+        .filter(|e| !e.library.ends_with("/api") && !NEWER.contains(&e.name.as_str()))
         .collect();
     for h in &hooks {
         let want = abi
@@ -490,7 +501,7 @@ fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
     let exports: Vec<Export> = texts
         .iter()
         .flat_map(|(path, text)| exports_of(path, text))
-        .filter(|e| !NCCL_2_28.contains(&e.name.as_str()))
+        .filter(|e| !NEWER.contains(&e.name.as_str()))
         .collect();
     let report = check(
         &exports,

@@ -288,7 +288,11 @@ fn f32_bytes(n: usize, f: impl Fn(usize) -> f32) -> Vec<u8> {
 /// of its own, in the batch's order, with its direction, the program's stream and the bytes it
 /// moved (a pageable source read during the call and overwritten at once included); a batch
 /// the runtime refuses records nothing, and the program sees the runtime's own error and
-/// failure index. Also with a 16 KiB ring, where the 16 KiB copies are streamed in chunks
+/// failure index. CUDA 13's `cudaMemcpyWithAttributesAsync` is a copy like the others. Also
+/// with a 16 KiB ring (where, on CUDA 13, the refused batch's snapshots begin while the daemon
+/// still holds the slots of the copies before it: they wait for its releases, where a hook
+/// that gave up at once, since the tracer waits for the batch's own first ticket, recorded a
+/// ring_full gap), where the 16 KiB copies are streamed in chunks
 /// (a download's before the call, while the batch's other snapshots are begun): the same
 /// records, nothing lost, no stall.
 #[test]
@@ -375,6 +379,24 @@ fn batched_copies_are_captured_copy_by_copy_on_cuda_12_and_cuda_13() {
             assert!(
                 got.2 == want.2,
                 "CUDA {major}: copy {i} has other bytes than it moved"
+            );
+        }
+        if major >= 13 {
+            let with_attributes: Vec<(CopyDirection, u64, &[u8])> = run
+                .records
+                .iter()
+                .filter(|r| r.record.api == "cudaMemcpyWithAttributesAsync")
+                .filter_map(|r| {
+                    let Op::Memcpy(m) = &r.record.op else {
+                        return None;
+                    };
+                    Some((m.direction, r.record.stream, r.bytes.first()?.as_deref()?))
+                })
+                .collect();
+            assert_eq!(
+                with_attributes,
+                vec![(HostToDevice, handle, &a[..4000])],
+                "CUDA {major}, ring {ring:?}: cudaMemcpyWithAttributesAsync"
             );
         }
         assert_eq!(run.summary.gaps, 0, "CUDA {major}");

@@ -511,6 +511,32 @@ fn copy_batch(
     stream: cudaStream_t,
     per_thread: bool,
 ) -> cudaError_t {
+    copy_batch_on(
+        (dsts, srcs, sizes, count),
+        (attrs, attrs_idxs, num_attrs),
+        fail_idx,
+        stream,
+        per_thread,
+        false,
+    )
+}
+
+/// [`copy_batch`], on the legacy default stream too when `legacy_ok` (a single copy with
+/// attributes: CUDA documents no such restriction for it).
+#[allow(clippy::type_complexity)]
+fn copy_batch_on(
+    (dsts, srcs, sizes, count): (
+        *const *mut c_void,
+        *const *const c_void,
+        *const usize,
+        usize,
+    ),
+    (attrs, attrs_idxs, num_attrs): (*const cudaMemcpyAttributes, *const usize, usize),
+    fail_idx: *mut usize,
+    stream: cudaStream_t,
+    per_thread: bool,
+    legacy_ok: bool,
+) -> cudaError_t {
     let mut failed = usize::MAX;
     let r = guard(|| {
         let r = rt()?;
@@ -525,7 +551,7 @@ fn copy_batch(
         if count == 0 || num_attrs == 0 || num_attrs > count || arrays.contains(&0) {
             return Err(cudaErrorInvalidValue);
         }
-        if (stream.is_null() && !per_thread) || stream == cudaStreamLegacy {
+        if !legacy_ok && ((stream.is_null() && !per_thread) || stream == cudaStreamLegacy) {
             return Err(cudaErrorInvalidValue);
         }
         // SAFETY: the caller's arrays of `count` (copies) and `num_attrs` (attributes) entries,
@@ -624,6 +650,45 @@ pub unsafe extern "C" fn cudaMemcpyBatchAsync_ptsz(
     copy_batch(
         dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream, true,
     )
+}
+
+/// `cudaMemcpyWithAttributesAsync` (CUDA 13): one copy with its attributes, as a batch of one.
+#[cfg(sim_cuda13)]
+fn copy_with_attributes(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    attr: *mut cudaMemcpyAttributes,
+    stream: cudaStream_t,
+    per_thread: bool,
+) -> cudaError_t {
+    let (dsts, srcs, sizes, first) = ([dst], [src], [size], [0usize]);
+    let none = std::ptr::null_mut();
+    let (d, s, z, i) = (dsts.as_ptr(), srcs.as_ptr(), sizes.as_ptr(), first.as_ptr());
+    copy_batch_on((d, s, z, 1), (attr, i, 1), none, stream, per_thread, true)
+}
+
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyWithAttributesAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    attr: *mut cudaMemcpyAttributes,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_with_attributes(dst, src, size, attr, stream, false)
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpyWithAttributesAsync_ptsz(
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    attr: *mut cudaMemcpyAttributes,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_with_attributes(dst, src, size, attr, stream, true)
 }
 
 /// `cudaMemcpyBatchAsync` as CUDA 13 declares it (`failIdx` gone, const arrays).

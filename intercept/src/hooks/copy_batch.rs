@@ -1,14 +1,17 @@
 //! `cudaMemcpyBatchAsync` (CUDA 12.8+): a batch of linear copies on one stream, each captured
 //! as the `cudaMemcpyAsync` of kind `cudaMemcpyDefault` it amounts to (one record per copy, in
-//! the batch's order, its direction told from where its ends lie).
+//! the batch's order, its direction told from where its ends lie). `cudaMemcpy3DBatchAsync`
+//! and CUDA 13's `cudaMemcpy3DWithAttributesAsync`: 3-D copies, not captured (as
+//! `cudaMemcpy3D`'s): an `unsupported` gap naming the API and the copies' elements.
 //!
 //! CUDA 13 dropped the `failIdx` out-parameter that CUDA 12.8 has before the stream, and
 //! libcudart.so.13 exports the new signature under the same name. One export serves both: it
 //! is declared with CUDA 12.8's nine parameters and reads the eighth as the stream when the
 //! program's runtime is CUDA 13 ([`cuda::runtime_major`]); the real function gets the nine
-//! values as they came (CUDA 13's reads eight of them).
+//! values as they came (CUDA 13's reads eight of them). `cudaMemcpy3DBatchAsync` likewise lost
+//! its `failIdx` (third of five parameters).
 
-use core::ffi::c_void;
+use core::ffi::{c_ulonglong, c_void};
 
 use cuda_abi::cudart::*;
 
@@ -17,6 +20,7 @@ use crate::cuda::{self, MISSING};
 use crate::engine;
 use crate::real;
 use crate::{mode, thread, uploads};
+use ttrace_proto::record::{GapOp, GapReason, Op};
 
 /// The copies of a batch as the program listed them (`dsts`, `srcs`, `sizes`: `count` each).
 #[derive(Clone, Copy)]
@@ -206,6 +210,155 @@ batch_copy_hook! {
         attrsIdxs: *mut usize,
         numAttrs: usize,
         failIdx: *mut usize,
+        stream: cudaStream_t,
+    ) => cudart::per_thread
+}
+
+/// A batch of 3-D copies (`cudaMemcpy3DBatchAsync`, `cudaMemcpy3DWithAttributesAsync`): an
+/// `unsupported` gap naming the API, the copies and their elements (bytes between pointers;
+/// a CUDA array's elements may be wider), once the real call succeeded.
+fn uncaptured_3d_batch(
+    api: &'static str,
+    ops: *const cudaMemcpy3DBatchOp,
+    n: usize,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    if mode::off(mode::MEMCPY) || ops.is_null() {
+        return real();
+    }
+    let gap = || {
+        // SAFETY: the program's array of `n` operations (non-null), which the real call reads.
+        let ops = unsafe { std::slice::from_raw_parts(ops, n) };
+        let elements = ops.iter().fold(0u64, |sum, op| {
+            let e = op.extent;
+            let n = (e.width as u64)
+                .saturating_mul(e.height as u64)
+                .saturating_mul(e.depth as u64);
+            sum.saturating_add(n)
+        });
+        let arrays = ops
+            .iter()
+            .any(|op| op.src.pointer().is_none() || op.dst.pointer().is_none());
+        let detail = format!(
+            "3-D copies are not captured ({n} in the call, {elements} elements{})",
+            if arrays {
+                ", CUDA arrays among the ends"
+            } else {
+                ""
+            }
+        );
+        Some(Op::Gap(GapOp {
+            reason: GapReason::Unsupported,
+            skipped_api: api.into(),
+            bytes: elements,
+            detail,
+        }))
+    };
+    crate::around_metadata(api, stream, gap, real, |r| r == cudaSuccess)
+}
+
+/// One `cudaMemcpy3DBatchAsync` spelling (CUDA 12.8's signature; CUDA 13's has no `failIdx`,
+/// so its `flags` come third and its stream fourth) `=> the stream a 0 means`.
+macro_rules! batch_3d_hook {
+    ($(#[$m:meta])* $name:ident (
+        numOps: usize, opList: *mut cudaMemcpy3DBatchOp, failIdx: *mut usize,
+        flags: c_ulonglong, stream: cudaStream_t $(,)?
+    ) => $stream:path) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            numOps: usize,
+            opList: *mut cudaMemcpy3DBatchOp,
+            failIdx: *mut usize,
+            flags: c_ulonglong,
+            stream: cudaStream_t,
+        ) -> cudaError_t {
+            let Some(real) = real::real_of!(
+                $name,
+                fn(usize, *mut cudaMemcpy3DBatchOp, *mut usize, c_ulonglong, cudaStream_t)
+                    -> cudaError_t,
+                Cudart
+            ) else {
+                return MISSING;
+            };
+            let on = if cuda::runtime_major() >= 13 {
+                flags as usize as cudaStream_t
+            } else {
+                stream
+            };
+            // SAFETY: the program's five values, forwarded unchanged (CUDA 13's function
+            // reads the first four).
+            let run = || unsafe { real(numOps, opList, failIdx, flags, stream) };
+            uncaptured_3d_batch(stringify!($name), opList, numOps, $stream(on), run)
+        }
+    };
+}
+
+batch_3d_hook! {
+    /// `cudaError_t cudaMemcpy3DBatchAsync(size_t numOps, struct cudaMemcpy3DBatchOp* opList,
+    /// size_t* failIdx, unsigned long long flags, cudaStream_t stream)` (CUDA 12.8).
+    cudaMemcpy3DBatchAsync(
+        numOps: usize,
+        opList: *mut cudaMemcpy3DBatchOp,
+        failIdx: *mut usize,
+        flags: c_ulonglong,
+        stream: cudaStream_t,
+    ) => as_given
+}
+
+batch_3d_hook! {
+    /// `cudaMemcpy3DBatchAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy3DBatchAsync_ptsz(
+        numOps: usize,
+        opList: *mut cudaMemcpy3DBatchOp,
+        failIdx: *mut usize,
+        flags: c_ulonglong,
+        stream: cudaStream_t,
+    ) => cudart::per_thread
+}
+
+/// One `cudaMemcpy3DWithAttributesAsync` spelling (CUDA 13) `=> the stream a 0 means`.
+macro_rules! one_3d_hook {
+    ($(#[$m:meta])* $name:ident (
+        op: *mut cudaMemcpy3DBatchOp, flags: c_ulonglong, stream: cudaStream_t $(,)?
+    ) => $stream:path) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            op: *mut cudaMemcpy3DBatchOp,
+            flags: c_ulonglong,
+            stream: cudaStream_t,
+        ) -> cudaError_t {
+            let Some(real) = real::real_of!(
+                $name,
+                fn(*mut cudaMemcpy3DBatchOp, c_ulonglong, cudaStream_t) -> cudaError_t,
+                Cudart
+            ) else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let run = || unsafe { real(op, flags, stream) };
+            uncaptured_3d_batch(stringify!($name), op, 1, $stream(stream), run)
+        }
+    };
+}
+
+one_3d_hook! {
+    /// `cudaError_t cudaMemcpy3DWithAttributesAsync(struct cudaMemcpy3DBatchOp* op, unsigned
+    /// long long flags, cudaStream_t stream)` (CUDA 13).
+    cudaMemcpy3DWithAttributesAsync(
+        op: *mut cudaMemcpy3DBatchOp,
+        flags: c_ulonglong,
+        stream: cudaStream_t,
+    ) => as_given
+}
+
+one_3d_hook! {
+    /// `cudaMemcpy3DWithAttributesAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy3DWithAttributesAsync_ptsz(
+        op: *mut cudaMemcpy3DBatchOp,
+        flags: c_ulonglong,
         stream: cudaStream_t,
     ) => cudart::per_thread
 }

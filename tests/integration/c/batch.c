@@ -1,7 +1,7 @@
 /*
  * A C program written only against NVIDIA's headers (CUDA 12.8+ or CUDA 13) that moves
- * tensors with cudaMemcpyBatchAsync, whose signature differs between the two: CUDA 12.8's has
- * a failIdx out-parameter before the stream, CUDA 13's has none.
+ * tensors with cudaMemcpyBatchAsync and cudaMemcpy3DBatchAsync, whose signatures differ between
+ * the two: CUDA 12.8's have a failIdx out-parameter, CUDA 13's none.
  *
  * Prints "batch: stream 0x..." (the created stream's handle), then runs on that stream:
  *  1. an upload batch: a pageable source read during the call (then overwritten at once, as
@@ -9,7 +9,9 @@
  *     a device-to-device copy of a buffer uploaded before;
  *  2. a download batch of two of the results into pinned memory;
  *  3. (CUDA 13) cudaMemcpyWithAttributesAsync of the pinned values into a device buffer;
- *  4. a batch with an invalid source access order on its second attribute set: it must fail
+ *  4. a cudaMemcpy3DBatchAsync of two pointer-to-pointer 3-D copies (a pitched destination,
+ *     a source on the stack read during the call) and (CUDA 13) cudaMemcpy3DWithAttributesAsync;
+ *  5. a batch with an invalid source access order on its second attribute set: it must fail
  *     with cudaErrorInvalidValue (CUDA 12: failIdx names copy 1) and move nothing.
  * Every byte is checked; prints "batch: OK", exit status 1 on a failure.
  */
@@ -110,7 +112,53 @@ int main(void) {
         if (hd[j] != value_a(j)) FAIL("copy with attributes: element %d is %g", j, hd[j]);
 #endif
 
-    /* 3. Refused: the second attribute set has no source access order. */
+    /* 4. Two 3-D copies in one batch: 10 x 4 x 2 bytes from the stack (read during the call)
+     * into a pitched device block (rows of 16 bytes, layers of 5 rows), and the first 80 bytes
+     * of `dd` into a packed device buffer; CUDA 13 then copies the latter again with
+     * cudaMemcpy3DWithAttributesAsync. Read back and checked. */
+    unsigned char *pitched3, *packed3, block[80], want3[80], got3[160];
+    CK_CUDA(cudaMalloc((void **)&pitched3, sizeof got3));
+    CK_CUDA(cudaMalloc((void **)&packed3, sizeof want3));
+    CK_CUDA(cudaMemset(pitched3, 0, sizeof got3));
+    CK_CUDA(cudaMemcpy(want3, dd, sizeof want3, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < 80; j++) block[j] = (unsigned char)(j * 3 + 1);
+    struct cudaMemcpy3DBatchOp ops[2];
+    memset(ops, 0, sizeof ops);
+    for (int i = 0; i < 2; i++) {
+        ops[i].src.type = cudaMemcpyOperandTypePointer;
+        ops[i].dst.type = cudaMemcpyOperandTypePointer;
+        ops[i].extent.width = 10;
+        ops[i].extent.height = 4;
+        ops[i].extent.depth = 2;
+    }
+    ops[0].src.op.ptr.ptr = block;
+    ops[0].dst.op.ptr.ptr = pitched3;
+    ops[0].dst.op.ptr.rowLength = 16;
+    ops[0].dst.op.ptr.layerHeight = 5;
+    ops[0].srcAccessOrder = cudaMemcpySrcAccessOrderDuringApiCall;
+    ops[1].src.op.ptr.ptr = dd;
+    ops[1].dst.op.ptr.ptr = packed3;
+    ops[1].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+#if CUDART_VERSION >= 13000
+    CK_CUDA(cudaMemcpy3DBatchAsync(2, ops, 0, s));
+    CK_CUDA(cudaMemcpy3DWithAttributesAsync(&ops[1], 0, s));
+#else
+    CK_CUDA(cudaMemcpy3DBatchAsync(2, ops, &fail, 0, s));
+#endif
+    memset(block, 0, sizeof block); /* read during the call: free to reuse */
+    CK_CUDA(cudaStreamSynchronize(s));
+    CK_CUDA(cudaMemcpy(got3, pitched3, sizeof got3, cudaMemcpyDeviceToHost));
+    for (int z = 0; z < 2; z++)
+        for (int y = 0; y < 5; y++)
+            for (int x = 0; x < 16; x++) {
+                int in = y < 4 && x < 10;
+                unsigned char w = in ? (unsigned char)((z * 40 + y * 10 + x) * 3 + 1) : 0;
+                if (got3[z * 80 + y * 16 + x] != w) FAIL("3-D batch: byte (%d, %d, %d)", x, y, z);
+            }
+    CK_CUDA(cudaMemcpy(got3, packed3, sizeof want3, cudaMemcpyDeviceToHost));
+    if (memcmp(got3, want3, sizeof want3) != 0) FAIL("3-D batch: the packed copy differs");
+
+    /* 5. Refused: the second attribute set has no source access order. */
     struct cudaMemcpyAttributes attrs3[2] = {order(cudaMemcpySrcAccessOrderStream),
                                              order(cudaMemcpySrcAccessOrderInvalid)};
     fail = 7;

@@ -1,8 +1,8 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
 //! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cuBLASLt's
-//! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `memset_hook!`,
-//! `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
+//! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
+//! `one_3d_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
 //! of the simulated libraries (`integration_tests::abi_check`), and the built library exports
 //! nothing else.
@@ -51,12 +51,14 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 12] = [
+const HOOK_MACROS: [(&str, &str); 14] = [
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
     ("copy_3d_hook", "cudaError_t"),
     ("batch_copy_hook", "cudaError_t"),
+    ("batch_3d_hook", "cudaError_t"),
+    ("one_3d_hook", "cudaError_t"),
     ("memset_hook", "cudaError_t"),
     ("launch_hook", "cudaError_t"),
     ("graph_hook", "cudaError_t"),
@@ -286,12 +288,14 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
 
 /// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
 /// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
-const NEWER: [&str; 5] = [
+const NEWER: [&str; 7] = [
     "ncclAlltoAll",
     "ncclGather",
     "ncclScatter",
     "cudaMemcpyWithAttributesAsync",
     "cudaMemcpyWithAttributesAsync_ptsz",
+    "cudaMemcpy3DWithAttributesAsync",
+    "cudaMemcpy3DWithAttributesAsync_ptsz",
 ];
 
 #[test]

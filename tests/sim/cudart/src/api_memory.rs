@@ -652,6 +652,155 @@ pub unsafe extern "C" fn cudaMemcpyBatchAsync_ptsz(
     )
 }
 
+/// A batch of 3-D copies (`cudaMemcpy3DBatchAsync`, CUDA 12.8+) between pointers (CUDA
+/// arrays are not simulated: `cudaErrorInvalidValue`), validated as CUDA documents it (not the
+/// legacy stream unless `legacy_ok`, `flags` 0, extents not 0, row lengths and layer heights 0
+/// or at least the extent's, a valid source access order: else nothing enqueued and the failing
+/// copy's index in `fail_idx`), then each copy slice by slice as `cudaMemcpy2DAsync`s of kind
+/// `cudaMemcpyDefault` (an element is a byte between pointers).
+fn copy_3d_batch(
+    ops: *const cudaMemcpy3DBatchOp,
+    n: usize,
+    fail_idx: *mut usize,
+    flags: u64,
+    stream: cudaStream_t,
+    (per_thread, legacy_ok): (bool, bool),
+) -> cudaError_t {
+    let mut failed = usize::MAX;
+    let r = guard(|| {
+        rt()?;
+        errors::sticky()?;
+        if n == 0 || ops.is_null() || flags != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        if !legacy_ok && ((stream.is_null() && !per_thread) || stream == cudaStreamLegacy) {
+            return Err(cudaErrorInvalidValue);
+        }
+        // SAFETY: the caller's array of `n` operations (non-null).
+        let ops = unsafe { std::slice::from_raw_parts(ops, n) };
+        let mut plans = Vec::with_capacity(n);
+        for (i, op) in ops.iter().enumerate() {
+            let e = op.extent;
+            let order = op.srcAccessOrder;
+            let ends = op.src.pointer().zip(op.dst.pointer());
+            let valid = |row: usize, layer: usize| {
+                (row == 0 || row >= e.width) && (layer == 0 || layer >= e.height)
+            };
+            let ok = e.width > 0
+                && e.height > 0
+                && e.depth > 0
+                && (cudaMemcpySrcAccessOrderStream..=cudaMemcpySrcAccessOrderAny).contains(&order)
+                && ends.is_some_and(|(s, d)| valid(s.1, s.2) && valid(d.1, d.2));
+            let Some((src, dst)) = ends.filter(|_| ok) else {
+                failed = i;
+                return Err(cudaErrorInvalidValue);
+            };
+            plans.push((src, dst, e, order == cudaMemcpySrcAccessOrderDuringApiCall));
+        }
+        for (src, dst, e, stage) in plans {
+            let pitch = |row: usize| if row == 0 { e.width } else { row };
+            let layer = |row: usize, height: usize| {
+                pitch(row) * if height == 0 { e.height } else { height }
+            };
+            for z in 0..e.depth {
+                let req = CopyRequest {
+                    dst: dst
+                        .0
+                        .cast::<u8>()
+                        .wrapping_add(z * layer(dst.1, dst.2))
+                        .cast(),
+                    dpitch: pitch(dst.1),
+                    src: src
+                        .0
+                        .cast::<u8>()
+                        .wrapping_add(z * layer(src.1, src.2))
+                        .cast(),
+                    spitch: pitch(src.1),
+                    width: e.width,
+                    height: e.height,
+                    kind: cudaMemcpyDefault,
+                    stage,
+                };
+                memcpy(req, on(stream, per_thread))?;
+            }
+        }
+        Ok(())
+    });
+    if r != cudaSuccess && !fail_idx.is_null() {
+        // SAFETY: the caller's out-pointer (non-null).
+        unsafe { *fail_idx = failed };
+    }
+    r
+}
+
+/// `cudaMemcpy3DBatchAsync` as CUDA 12.8 declares it (with `failIdx`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DBatchAsync(
+    numOps: usize,
+    opList: *mut cudaMemcpy3DBatchOp,
+    failIdx: *mut usize,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_3d_batch(opList, numOps, failIdx, flags, stream, (false, false))
+}
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DBatchAsync_ptsz(
+    numOps: usize,
+    opList: *mut cudaMemcpy3DBatchOp,
+    failIdx: *mut usize,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_3d_batch(opList, numOps, failIdx, flags, stream, (true, false))
+}
+
+/// `cudaMemcpy3DBatchAsync` as CUDA 13 declares it (`failIdx` gone).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DBatchAsync(
+    numOps: usize,
+    opList: *mut cudaMemcpy3DBatchOp,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let none = std::ptr::null_mut();
+    copy_3d_batch(opList, numOps, none, flags, stream, (false, false))
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DBatchAsync_ptsz(
+    numOps: usize,
+    opList: *mut cudaMemcpy3DBatchOp,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    let none = std::ptr::null_mut();
+    copy_3d_batch(opList, numOps, none, flags, stream, (true, false))
+}
+
+/// `cudaMemcpy3DWithAttributesAsync` (CUDA 13): one 3-D copy, as a batch of one.
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DWithAttributesAsync(
+    op: *mut cudaMemcpy3DBatchOp,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_3d_batch(op, 1, std::ptr::null_mut(), flags, stream, (false, true))
+}
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cudaMemcpy3DWithAttributesAsync_ptsz(
+    op: *mut cudaMemcpy3DBatchOp,
+    flags: core::ffi::c_ulonglong,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    copy_3d_batch(op, 1, std::ptr::null_mut(), flags, stream, (true, true))
+}
+
 /// `cudaMemcpyWithAttributesAsync` (CUDA 13): one copy with its attributes, as a batch of one.
 #[cfg(sim_cuda13)]
 fn copy_with_attributes(

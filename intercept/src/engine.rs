@@ -695,7 +695,7 @@ fn reserve_polling(
             || tracer::stopped()
             // Space can still come from the daemon releasing what the tracer published
             // before the ticket it waits for.
-            || (mine.is_some_and(|m| tracer::waiting_for() == m) && !tracer::daemon_owes(&s.ring))
+            || (mine.is_some_and(|m| tracer::waiting_for() == m) && !tracer::daemon_owes(s.ring))
         {
             return None;
         }

@@ -186,13 +186,16 @@ fn glimpsed_backward_reads_number_the_steps_as_a_full_capture_does() {
     let want = of_step(&full, 4);
     assert_same(&of_step(&last, 4), &want, "step 4");
     assert_eq!(last.records.len(), want.len(), "only step 4 is stored");
-    // "..., N of them glimpses alone), ..." at exit.
+    // "..., N of them glimpses alone), ..." at exit: the weight gradients of steps 2 and 3
+    // (the anchor is known from step 1's records on; whether a hook knows it yet depends on
+    // how far the tracer got, which the probe's pause between iterations makes likely, not
+    // certain, on a loaded machine: one of the two is asked for).
     let log = stderr(&last.out);
     let glimpses = log
         .split_once(" of them glimpses alone")
         .and_then(|(head, _)| head.split_whitespace().last()?.parse::<u64>().ok());
     assert!(
-        glimpses.is_some_and(|n| n >= 2),
+        glimpses.is_some_and(|n| n >= 1),
         "the weight gradients of the first steps were not glimpsed:\n{log}"
     );
 }

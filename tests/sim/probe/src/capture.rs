@@ -1926,6 +1926,10 @@ fn steps_backward() -> Result<(), String> {
         let dw = DevBuf::new(m * k * 4)?;
         gemm(CUBLAS_OP_T, &dy, &x, &dw, (m, k, n, k))?;
         ck!(cudaStreamSynchronize(s));
+        // An iteration's host work (the next batch's loading): the tracer catches up, so that
+        // under `--steps` the next iteration's hooks know the anchor its records told, as they
+        // do in a training loop, also on a loaded machine.
+        std::thread::sleep(std::time::Duration::from_millis(50));
         held.extend([x, w, y, x2, w2, y2, dy, dw]);
     }
     bl!(cublasDestroy_v2(h));

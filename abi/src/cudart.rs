@@ -233,6 +233,7 @@ pub const cudaErrorCudartUnloading: cudaError_t = 4;
 pub const cudaErrorInvalidConfiguration: cudaError_t = 9;
 pub const cudaErrorInvalidPitchValue: cudaError_t = 12;
 pub const cudaErrorInvalidDevicePointer: cudaError_t = 17;
+pub const cudaErrorInvalidChannelDescriptor: cudaError_t = 20;
 pub const cudaErrorInvalidMemcpyDirection: cudaError_t = 21;
 pub const cudaErrorInsufficientDriver: cudaError_t = 35;
 pub const cudaErrorNoDevice: cudaError_t = 100;
@@ -333,6 +334,21 @@ crate::opaque_struct!(
 );
 /// `cudaArray_t`: a CUDA array (texture memory, not linear).
 pub type cudaArray_t = *mut cudaArray;
+/// `cudaArray_const_t`.
+pub type cudaArray_const_t = *const cudaArray;
+/// `enum cudaChannelFormatKind`.
+pub type cudaChannelFormatKind = c_uint;
+
+/// `struct cudaChannelFormatDesc`: the bits of each channel of a CUDA array's element.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct cudaChannelFormatDesc {
+    pub x: c_int,
+    pub y: c_int,
+    pub z: c_int,
+    pub w: c_int,
+    pub f: cudaChannelFormatKind,
+}
 
 /// `struct cudaPos`: a 3-D position (`x` in bytes for linear memory, row, slice).
 #[repr(C)]

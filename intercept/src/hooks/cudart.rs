@@ -470,6 +470,334 @@ copy_3d_hook! {
     cudaMemcpy3DAsync_ptsz(p: *const cudaMemcpy3DParms, stream: cudaStream_t) => per_thread(stream)
 }
 
+/// A copy into, out of or between CUDA arrays (texture memory, not the linear memory tensors
+/// live in): not captured, recorded as an `unsupported` gap naming the API and its bytes once
+/// the real call succeeded, on the stream it ran on.
+fn uncaptured_array(
+    api: &'static str,
+    bytes: usize,
+    kind: cudaMemcpyKind,
+    how: &'static str,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    if mode::off(mode::MEMCPY) {
+        return real();
+    }
+    let gap = || {
+        Some(Op::Gap(GapOp {
+            reason: GapReason::Unsupported,
+            skipped_api: api.into(),
+            bytes: bytes as u64,
+            detail: format!(
+                "copies {how} CUDA arrays are not captured ({bytes} bytes, kind {kind})"
+            ),
+        }))
+    };
+    crate::around_metadata(api, stream, gap, real, |r| r == cudaSuccess)
+}
+
+/// One CUDA-array copy entry point: `name(C signature) => (bytes, kind, "to" | "from" |
+/// "between", stream)`.
+macro_rules! array_copy_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($bytes:expr, $kind:expr, $how:literal, $stream:expr)) => {
+        $(#[$m])*
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cudaError_t {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> cudaError_t, Cudart) else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let run = || unsafe { real($($a),*) };
+            uncaptured_array(stringify!($name), $bytes, $kind, $how, $stream, run)
+        }
+    };
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpy2DToArray(cudaArray_t dst, size_t wOffset, size_t hOffset, const
+    /// void* src, size_t spitch, size_t width, size_t height, cudaMemcpyKind kind)`.
+    cudaMemcpy2DToArray(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "to", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DToArray` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DToArray_ptds(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "to", cudaStreamPerThread)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DToArray` on `stream` (`cudaError_t cudaMemcpy2DToArrayAsync(..., cudaStream_t stream)`).
+    cudaMemcpy2DToArrayAsync(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (width * height, kind, "to", stream)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DToArrayAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DToArrayAsync_ptsz(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (width * height, kind, "to", per_thread(stream))
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpy2DFromArray(void* dst, size_t dpitch, cudaArray_const_t src, size_t
+    /// wOffset, size_t hOffset, size_t width, size_t height, cudaMemcpyKind kind)`.
+    cudaMemcpy2DFromArray(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "from", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DFromArray` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DFromArray_ptds(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "from", cudaStreamPerThread)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DFromArray` on `stream` (`cudaError_t cudaMemcpy2DFromArrayAsync(..., cudaStream_t stream)`).
+    cudaMemcpy2DFromArrayAsync(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (width * height, kind, "from", stream)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DFromArrayAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DFromArrayAsync_ptsz(
+        dst: *mut c_void,
+        dpitch: usize,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (width * height, kind, "from", per_thread(stream))
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpy2DArrayToArray(cudaArray_t dst, size_t wOffsetDst, size_t
+    /// hOffsetDst, cudaArray_const_t src, size_t wOffsetSrc, size_t hOffsetSrc, size_t width,
+    /// size_t height, cudaMemcpyKind kind)`.
+    cudaMemcpy2DArrayToArray(
+        dst: cudaArray_t,
+        wOffsetDst: usize,
+        hOffsetDst: usize,
+        src: cudaArray_const_t,
+        wOffsetSrc: usize,
+        hOffsetSrc: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "between", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpy2DArrayToArray` for code built with `--default-stream per-thread`.
+    cudaMemcpy2DArrayToArray_ptds(
+        dst: cudaArray_t,
+        wOffsetDst: usize,
+        hOffsetDst: usize,
+        src: cudaArray_const_t,
+        wOffsetSrc: usize,
+        hOffsetSrc: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) => (width * height, kind, "between", cudaStreamPerThread)
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpyToArray(cudaArray_t dst, size_t wOffset, size_t hOffset, const
+    /// void* src, size_t count, cudaMemcpyKind kind)` (deprecated).
+    cudaMemcpyToArray(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "to", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyToArray` for code built with `--default-stream per-thread`.
+    cudaMemcpyToArray_ptds(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "to", cudaStreamPerThread)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyToArray` on `stream` (`cudaError_t cudaMemcpyToArrayAsync(..., cudaStream_t stream)`).
+    cudaMemcpyToArrayAsync(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (count, kind, "to", stream)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyToArrayAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyToArrayAsync_ptsz(
+        dst: cudaArray_t,
+        wOffset: usize,
+        hOffset: usize,
+        src: *const c_void,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (count, kind, "to", per_thread(stream))
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpyFromArray(void* dst, cudaArray_const_t src, size_t wOffset, size_t
+    /// hOffset, size_t count, cudaMemcpyKind kind)` (deprecated).
+    cudaMemcpyFromArray(
+        dst: *mut c_void,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "from", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyFromArray` for code built with `--default-stream per-thread`.
+    cudaMemcpyFromArray_ptds(
+        dst: *mut c_void,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "from", cudaStreamPerThread)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyFromArray` on `stream` (`cudaError_t cudaMemcpyFromArrayAsync(..., cudaStream_t stream)`).
+    cudaMemcpyFromArrayAsync(
+        dst: *mut c_void,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (count, kind, "from", stream)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyFromArrayAsync` for code built with `--default-stream per-thread`.
+    cudaMemcpyFromArrayAsync_ptsz(
+        dst: *mut c_void,
+        src: cudaArray_const_t,
+        wOffset: usize,
+        hOffset: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: cudaStream_t,
+    ) => (count, kind, "from", per_thread(stream))
+}
+
+array_copy_hook! {
+    /// `cudaError_t cudaMemcpyArrayToArray(cudaArray_t dst, size_t wOffsetDst, size_t hOffsetDst,
+    /// cudaArray_const_t src, size_t wOffsetSrc, size_t hOffsetSrc, size_t count, cudaMemcpyKind
+    /// kind)` (deprecated).
+    cudaMemcpyArrayToArray(
+        dst: cudaArray_t,
+        wOffsetDst: usize,
+        hOffsetDst: usize,
+        src: cudaArray_const_t,
+        wOffsetSrc: usize,
+        hOffsetSrc: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "between", LEGACY)
+}
+
+array_copy_hook! {
+    /// `cudaMemcpyArrayToArray` for code built with `--default-stream per-thread`.
+    cudaMemcpyArrayToArray_ptds(
+        dst: cudaArray_t,
+        wOffsetDst: usize,
+        hOffsetDst: usize,
+        src: cudaArray_const_t,
+        wOffsetSrc: usize,
+        hOffsetSrc: usize,
+        count: usize,
+        kind: cudaMemcpyKind,
+    ) => (count, kind, "between", cudaStreamPerThread)
+}
+
 copy_3d_hook! {
     /// `cudaError_t cudaMemcpy3DPeer(const struct cudaMemcpy3DPeerParms* p)`.
     cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParms) => LEGACY

@@ -30,6 +30,13 @@ crate::dyn_api! {
     fn cudaMemcpy3D(p: *const cudaMemcpy3DParms) -> cudaError_t;
     fn cudaMemcpy3DAsync(p: *const cudaMemcpy3DParms, stream: cudaStream_t) -> cudaError_t;
     fn cudaMemcpy3DPeer(p: *const cudaMemcpy3DPeerParms) -> cudaError_t;
+    fn cudaMallocArray(array: *mut cudaArray_t, desc: *const cudaChannelFormatDesc, width: usize, height: usize, flags: c_uint) -> cudaError_t;
+    fn cudaFreeArray(array: cudaArray_t) -> cudaError_t;
+    fn cudaMemcpy2DToArray(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, spitch: usize, width: usize, height: usize, kind: cudaMemcpyKind) -> cudaError_t;
+    fn cudaMemcpy2DArrayToArray(dst: cudaArray_t, w_dst: usize, h_dst: usize, src: cudaArray_const_t, w_src: usize, h_src: usize, width: usize, height: usize, kind: cudaMemcpyKind) -> cudaError_t;
+    fn cudaMemcpy2DFromArrayAsync(dst: *mut c_void, dpitch: usize, src: cudaArray_const_t, w_offset: usize, h_offset: usize, width: usize, height: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> cudaError_t;
+    fn cudaMemcpyToArray(dst: cudaArray_t, w_offset: usize, h_offset: usize, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t;
+    fn cudaMemcpyFromArray(dst: *mut c_void, src: cudaArray_const_t, w_offset: usize, h_offset: usize, count: usize, kind: cudaMemcpyKind) -> cudaError_t;
     fn cudaMemcpy3DPeerAsync(p: *const cudaMemcpy3DPeerParms, stream: cudaStream_t) -> cudaError_t;
     fn cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) -> cudaError_t;
     fn cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) -> cudaError_t;

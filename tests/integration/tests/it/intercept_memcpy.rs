@@ -227,6 +227,39 @@ fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
     assert_eq!(run.summary.gaps, 4);
 }
 
+/// Copies into, between and out of CUDA arrays (sim-probe `traced memcpy-array`, which checks
+/// the bytes it reads back) are `unsupported` gaps naming their API and bytes, in call order:
+/// arrays are texture memory, not where tensors live, and the gap says so if a program does
+/// move data through them. Nothing is lost silently.
+#[test]
+fn copies_of_cuda_arrays_are_gaps_naming_their_api_and_bytes() {
+    let run = traced(1, &["traced", "memcpy-array"], &[]);
+    assert_ok(&run);
+    let out = String::from_utf8_lossy(&run.out.stdout);
+    assert!(out.contains("traced memcpy-array OK"), "{out}");
+    let gaps: Vec<(&str, GapReason, u64)> = run
+        .records
+        .iter()
+        .filter_map(|r| match &r.record.op {
+            Op::Gap(g) => Some((g.skipped_api.as_str(), g.reason, g.bytes)),
+            _ => None,
+        })
+        .collect();
+    use GapReason::Unsupported;
+    assert_eq!(
+        gaps,
+        vec![
+            ("cudaMemcpyToArray", Unsupported, 256),
+            ("cudaMemcpy2DToArray", Unsupported, 40 * 3),
+            ("cudaMemcpy2DArrayToArray", Unsupported, 64 * 4),
+            ("cudaMemcpy2DFromArrayAsync", Unsupported, 64 * 4),
+            ("cudaMemcpyToArray", Unsupported, 100),
+            ("cudaMemcpyFromArray", Unsupported, 100),
+        ]
+    );
+    assert_eq!(run.summary.gaps, 6);
+}
+
 /// Copies to and from a `__device__` variable (sim-probe `traced memcpy-symbol`: registered as
 /// nvcc's start-up code does, written at offsets 8 and 48, read back whole) are captured as
 /// copies at the variable's device address, with the bytes they moved.

@@ -1412,6 +1412,621 @@ pub unsafe extern "C" fn cudaMemcpyFromSymbolAsync_ptsz(
     symbol_copy(symbol, dst, count, offset, kind, false, on(stream, true))
 }
 
+/// A CUDA array: rows of `width` elements of `elem` bytes, `height` of them, kept as packed
+/// device memory at `base` (its handle is an address of its own, not device memory).
+#[derive(Clone, Copy)]
+struct ArrayStore {
+    base: usize,
+    elem: usize,
+    width: usize,
+    height: usize,
+}
+
+impl ArrayStore {
+    fn pitch(&self) -> usize {
+        self.width * self.elem
+    }
+
+    /// The device address of byte `w_offset` of row `h_offset`, for `bytes` running on
+    /// linearly (`rows` rows of `row` bytes when 2-D): inside the array, else
+    /// `cudaErrorInvalidValue`.
+    fn at(
+        &self,
+        w_offset: usize,
+        h_offset: usize,
+        row: usize,
+        rows: usize,
+    ) -> Result<usize, cudaError_t> {
+        let inside = w_offset.checked_add(row).is_some_and(|e| e <= self.pitch())
+            && h_offset.checked_add(rows).is_some_and(|e| e <= self.height);
+        if inside {
+            Ok(self.base + h_offset * self.pitch() + w_offset)
+        } else {
+            Err(cudaErrorInvalidValue)
+        }
+    }
+
+    /// As [`ArrayStore::at`] for `count` bytes from (`w_offset`, `h_offset`), across rows.
+    fn linear(&self, w_offset: usize, h_offset: usize, count: usize) -> Result<usize, cudaError_t> {
+        let start = h_offset
+            .checked_mul(self.pitch())
+            .and_then(|s| s.checked_add(w_offset))
+            .filter(|_| w_offset < self.pitch());
+        match start {
+            Some(s)
+                if s.checked_add(count)
+                    .is_some_and(|e| e <= self.pitch() * self.height) =>
+            {
+                Ok(self.base + s)
+            }
+            _ => Err(cudaErrorInvalidValue),
+        }
+    }
+}
+
+fn arrays() -> &'static std::sync::Mutex<std::collections::HashMap<usize, ArrayStore>> {
+    static ARRAYS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<usize, ArrayStore>>,
+    > = std::sync::OnceLock::new();
+    ARRAYS.get_or_init(Default::default)
+}
+
+fn array(a: cudaArray_const_t) -> Result<ArrayStore, cudaError_t> {
+    let arrays = arrays().lock().unwrap_or_else(|p| p.into_inner());
+    arrays
+        .get(&(a as usize))
+        .copied()
+        .ok_or(cudaErrorInvalidResourceHandle)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaMallocArray(
+    array: *mut cudaArray_t,
+    desc: *const cudaChannelFormatDesc,
+    width: usize,
+    height: usize,
+    flags: c_uint,
+) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if array.is_null() || desc.is_null() || width == 0 || flags != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        // SAFETY: the caller's descriptor (non-null).
+        let d = unsafe { *desc };
+        let bits = [d.x, d.y, d.z, d.w];
+        if bits.iter().any(|&b| b < 0 || b % 8 != 0) || bits.iter().sum::<c_int>() == 0 {
+            return Err(cudaErrorInvalidChannelDescriptor);
+        }
+        let elem = bits.iter().sum::<c_int>() as usize / 8;
+        let height = height.max(1);
+        r.check_capture_safe()?;
+        r.activate(r.current_device());
+        let base = r
+            .heap
+            .alloc(width * elem * height, r.current_device())
+            .map_err(heap_error)?;
+        let handle = Box::into_raw(Box::new(0u8)) as usize;
+        let store = ArrayStore {
+            base: base as usize,
+            elem,
+            width,
+            height,
+        };
+        arrays()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, store);
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(array, handle as cudaArray_t) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaFreeArray(array: cudaArray_t) -> cudaError_t {
+    guard(|| {
+        let r = rt()?;
+        if array.is_null() {
+            return Ok(());
+        }
+        let store = arrays()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(array as usize))
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        // SAFETY: the handle was made by Box::into_raw in cudaMallocArray and is freed once
+        // (removed from the table above).
+        drop(unsafe { Box::from_raw(array.cast::<u8>()) });
+        r.synchronize_device(r.current_device());
+        r.heap.free(store.base as *mut c_void).map_err(heap_error)
+    })
+}
+
+/// A copy into, out of or between CUDA arrays, as the 2-D copy between their device memory
+/// and the other end it amounts to.
+#[allow(clippy::too_many_arguments)]
+fn array_copy(
+    dst: Result<(usize, usize), cudaError_t>,
+    src: Result<(usize, usize), cudaError_t>,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    call: Call,
+) -> cudaError_t {
+    guard(|| {
+        let ((dst, dpitch), (src, spitch)) = (dst?, src?);
+        memcpy(
+            CopyRequest {
+                dst: dst as *mut c_void,
+                dpitch,
+                src: src as *const c_void,
+                spitch,
+                width,
+                height,
+                kind,
+                stage: false,
+            },
+            call,
+        )
+    })
+}
+
+/// An array end of a 2-D copy: its address at the offsets, and its pitch.
+fn array_2d(
+    a: cudaArray_const_t,
+    w: usize,
+    h: usize,
+    width: usize,
+    height: usize,
+) -> Result<(usize, usize), cudaError_t> {
+    let store = array(a)?;
+    Ok((store.at(w, h, width, height)?, store.pitch()))
+}
+
+/// An array end of a linear copy of `count` bytes.
+fn array_1d(
+    a: cudaArray_const_t,
+    w: usize,
+    h: usize,
+    count: usize,
+) -> Result<(usize, usize), cudaError_t> {
+    Ok((array(a)?.linear(w, h, count)?, count))
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DToArray(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffset, hOffset, width, height),
+        Ok((src as usize, spitch)),
+        width,
+        height,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DToArray_ptds(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffset, hOffset, width, height),
+        Ok((src as usize, spitch)),
+        width,
+        height,
+        kind,
+        PTDS,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DToArrayAsync(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffset, hOffset, width, height),
+        Ok((src as usize, spitch)),
+        width,
+        height,
+        kind,
+        on(stream, false),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DToArrayAsync_ptsz(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffset, hOffset, width, height),
+        Ok((src as usize, spitch)),
+        width,
+        height,
+        kind,
+        on(stream, true),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DFromArray(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, dpitch)),
+        array_2d(src, wOffset, hOffset, width, height),
+        width,
+        height,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DFromArray_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, dpitch)),
+        array_2d(src, wOffset, hOffset, width, height),
+        width,
+        height,
+        kind,
+        PTDS,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DFromArrayAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, dpitch)),
+        array_2d(src, wOffset, hOffset, width, height),
+        width,
+        height,
+        kind,
+        on(stream, false),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, dpitch)),
+        array_2d(src, wOffset, hOffset, width, height),
+        width,
+        height,
+        kind,
+        on(stream, true),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DArrayToArray(
+    dst: cudaArray_t,
+    wOffsetDst: usize,
+    hOffsetDst: usize,
+    src: cudaArray_const_t,
+    wOffsetSrc: usize,
+    hOffsetSrc: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffsetDst, hOffsetDst, width, height),
+        array_2d(src, wOffsetSrc, hOffsetSrc, width, height),
+        width,
+        height,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpy2DArrayToArray_ptds(
+    dst: cudaArray_t,
+    wOffsetDst: usize,
+    hOffsetDst: usize,
+    src: cudaArray_const_t,
+    wOffsetSrc: usize,
+    hOffsetSrc: usize,
+    width: usize,
+    height: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_2d(dst, wOffsetDst, hOffsetDst, width, height),
+        array_2d(src, wOffsetSrc, hOffsetSrc, width, height),
+        width,
+        height,
+        kind,
+        PTDS,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyToArray(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffset, hOffset, count),
+        Ok((src as usize, count)),
+        count,
+        1,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyToArray_ptds(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffset, hOffset, count),
+        Ok((src as usize, count)),
+        count,
+        1,
+        kind,
+        PTDS,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyToArrayAsync(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffset, hOffset, count),
+        Ok((src as usize, count)),
+        count,
+        1,
+        kind,
+        on(stream, false),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyToArrayAsync_ptsz(
+    dst: cudaArray_t,
+    wOffset: usize,
+    hOffset: usize,
+    src: *const c_void,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffset, hOffset, count),
+        Ok((src as usize, count)),
+        count,
+        1,
+        kind,
+        on(stream, true),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyFromArray(
+    dst: *mut c_void,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, count)),
+        array_1d(src, wOffset, hOffset, count),
+        count,
+        1,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyFromArray_ptds(
+    dst: *mut c_void,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, count)),
+        array_1d(src, wOffset, hOffset, count),
+        count,
+        1,
+        kind,
+        PTDS,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyFromArrayAsync(
+    dst: *mut c_void,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, count)),
+        array_1d(src, wOffset, hOffset, count),
+        count,
+        1,
+        kind,
+        on(stream, false),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    src: cudaArray_const_t,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+    stream: cudaStream_t,
+) -> cudaError_t {
+    array_copy(
+        Ok((dst as usize, count)),
+        array_1d(src, wOffset, hOffset, count),
+        count,
+        1,
+        kind,
+        on(stream, true),
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyArrayToArray(
+    dst: cudaArray_t,
+    wOffsetDst: usize,
+    hOffsetDst: usize,
+    src: cudaArray_const_t,
+    wOffsetSrc: usize,
+    hOffsetSrc: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffsetDst, hOffsetDst, count),
+        array_1d(src, wOffsetSrc, hOffsetSrc, count),
+        count,
+        1,
+        kind,
+        LEGACY,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cudaMemcpyArrayToArray_ptds(
+    dst: cudaArray_t,
+    wOffsetDst: usize,
+    hOffsetDst: usize,
+    src: cudaArray_const_t,
+    wOffsetSrc: usize,
+    hOffsetSrc: usize,
+    count: usize,
+    kind: cudaMemcpyKind,
+) -> cudaError_t {
+    array_copy(
+        array_1d(dst, wOffsetDst, hOffsetDst, count),
+        array_1d(src, wOffsetSrc, hOffsetSrc, count),
+        count,
+        1,
+        kind,
+        PTDS,
+    )
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cudaMalloc(dev_ptr: *mut *mut c_void, size: usize) -> cudaError_t {
     guard(|| {

@@ -88,6 +88,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("memcpy") => memcpy(),
         Some("memcpy-then-overwrite") => memcpy_then_overwrite(),
         Some("memcpy3d") => memcpy3d(),
+        Some("memcpy-array") => memcpy_array(),
         Some("memcpy-symbol") => memcpy_symbol(),
         Some("memset") => crate::memset::run(),
         Some("memset-graph") => crate::memset::graph(),
@@ -111,7 +112,7 @@ pub fn traced(args: &[String]) -> Result<(), String> {
         Some("fork") => forked(),
         Some("threads") => threads(),
         _ => Err(
-            "usage: traced memcpy|memcpy-then-overwrite|memcpy3d|memcpy-symbol|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
+            "usage: traced memcpy|memcpy-then-overwrite|memcpy3d|memcpy-array|memcpy-symbol|memset|memset-graph|gemm|gemm-more|gemm-ptrarrays|gemm-blockscaled [corrupt]|uploads [N] [BYTES]|gemv-strided|nccl|graph|graph-step [N]|graph-update|errors|steps [auto|nvtx|api|backward]|fork|threads"
                 .into(),
         ),
     }
@@ -1873,6 +1874,107 @@ fn memcpy3d() -> Result<(), String> {
         return Err("3-D peer copies: the bytes differ from the source's".into());
     }
     println!("traced memcpy3d OK");
+    Ok(())
+}
+
+/// Copies into, between and out of CUDA arrays of f32 (16 x 4 elements: rows of 64 bytes):
+/// a 2-D upload of 40 x 3 bytes at (8, 1), the whole array to a second one, a 2-D download
+/// of it, then a linear upload of 100 bytes across rows from (60, 0) and its download.
+/// Checks the bytes it reads back.
+fn memcpy_array() -> Result<(), String> {
+    let s = stream()?;
+    let desc = cudaChannelFormatDesc {
+        x: 32,
+        y: 0,
+        z: 0,
+        w: 0,
+        f: 2, // cudaChannelFormatKindFloat
+    };
+    let (mut a, mut b): (cudaArray_t, cudaArray_t) = (std::ptr::null_mut(), std::ptr::null_mut());
+    ck!(cudaMallocArray(&mut a, &desc, 16, 4, 0));
+    ck!(cudaMallocArray(&mut b, &desc, 16, 4, 0));
+    let zeros = vec![0u8; 256];
+    ck!(cudaMemcpyToArray(
+        a,
+        0,
+        0,
+        zeros.as_ptr().cast(),
+        256,
+        cudaMemcpyHostToDevice
+    ));
+    let block: Vec<u8> = (0..120).map(|i| (i + 1) as u8).collect();
+    ck!(cudaMemcpy2DToArray(
+        a,
+        8,
+        1,
+        block.as_ptr().cast(),
+        40,
+        40,
+        3,
+        cudaMemcpyHostToDevice
+    ));
+    ck!(cudaMemcpy2DArrayToArray(
+        b,
+        0,
+        0,
+        a,
+        0,
+        0,
+        64,
+        4,
+        cudaMemcpyDeviceToDevice
+    ));
+    let mut back = vec![0u8; 256];
+    ck!(cudaMemcpy2DFromArrayAsync(
+        back.as_mut_ptr().cast(),
+        64,
+        b,
+        0,
+        0,
+        64,
+        4,
+        cudaMemcpyDeviceToHost,
+        s
+    ));
+    ck!(cudaStreamSynchronize(s));
+    for (i, &got) in back.iter().enumerate() {
+        let (y, x) = (i / 64, i % 64);
+        let inside = (1..4).contains(&y) && (8..48).contains(&x);
+        let want = if inside {
+            block[(y - 1) * 40 + x - 8]
+        } else {
+            0
+        };
+        if got != want {
+            return Err(format!(
+                "array copies: byte ({x}, {y}) is {got}, not {want}"
+            ));
+        }
+    }
+    let line: Vec<u8> = (0..100).map(|i| 200u8.wrapping_add(i)).collect();
+    ck!(cudaMemcpyToArray(
+        a,
+        60,
+        0,
+        line.as_ptr().cast(),
+        100,
+        cudaMemcpyHostToDevice
+    ));
+    let mut again = vec![0u8; 100];
+    ck!(cudaMemcpyFromArray(
+        again.as_mut_ptr().cast(),
+        a,
+        60,
+        0,
+        100,
+        cudaMemcpyDeviceToHost
+    ));
+    if again != line {
+        return Err("array copies: the linear copy read back other bytes".into());
+    }
+    ck!(cudaFreeArray(a));
+    ck!(cudaFreeArray(b));
+    println!("traced memcpy-array OK");
     Ok(())
 }
 

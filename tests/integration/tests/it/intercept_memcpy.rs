@@ -186,42 +186,34 @@ fn synchronous_copies_are_captured_as_made_when_the_buffer_is_overwritten_at_onc
     );
 }
 
+/// The gap records of a run, in call order: the API each names, its reason and bytes.
+fn gaps_of(run: &Run) -> Vec<(&str, GapReason, u64)> {
+    run.records
+        .iter()
+        .filter_map(|r| match &r.record.op {
+            Op::Gap(g) => Some((g.skipped_api.as_str(), g.reason, g.bytes)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// 3-D copies (`cudaMemcpy3D*`, and between devices `cudaMemcpy3DPeer*`) are not captured:
-/// each is an `unsupported` gap naming its API and bytes, in call order, and the program's copies are unchanged (the probe checks the bytes it reads
-/// back). Nothing is lost silently.
+/// each is an `unsupported` gap naming its API and bytes, in call order, and the program's
+/// copies are unchanged (the probe checks the bytes it reads back). Nothing is lost silently.
 #[test]
 fn three_d_copies_are_gaps_naming_their_api_and_bytes() {
     let run = traced(1, &["traced", "memcpy3d"], &[]);
     assert_ok(&run);
     let out = String::from_utf8_lossy(&run.out.stdout);
     assert!(out.contains("traced memcpy3d OK"), "{out}");
-    let gaps: Vec<(String, GapReason, u64)> = run
-        .records
-        .iter()
-        .filter_map(|r| match &r.record.op {
-            Op::Gap(g) => Some((g.skipped_api.clone(), g.reason, g.bytes)),
-            _ => None,
-        })
-        .collect();
+    use GapReason::Unsupported;
     assert_eq!(
-        gaps,
+        gaps_of(&run),
         vec![
-            ("cudaMemcpy3D".into(), GapReason::Unsupported, 10 * 3 * 2),
-            (
-                "cudaMemcpy3DAsync".into(),
-                GapReason::Unsupported,
-                32 * 5 * 3
-            ),
-            (
-                "cudaMemcpy3DPeer".into(),
-                GapReason::Unsupported,
-                32 * 5 * 3
-            ),
-            (
-                "cudaMemcpy3DPeerAsync".into(),
-                GapReason::Unsupported,
-                32 * 5 * 3
-            ),
+            ("cudaMemcpy3D", Unsupported, 10 * 3 * 2),
+            ("cudaMemcpy3DAsync", Unsupported, 32 * 5 * 3),
+            ("cudaMemcpy3DPeer", Unsupported, 32 * 5 * 3),
+            ("cudaMemcpy3DPeerAsync", Unsupported, 32 * 5 * 3),
         ]
     );
     assert_eq!(run.summary.gaps, 4);
@@ -237,17 +229,9 @@ fn copies_of_cuda_arrays_are_gaps_naming_their_api_and_bytes() {
     assert_ok(&run);
     let out = String::from_utf8_lossy(&run.out.stdout);
     assert!(out.contains("traced memcpy-array OK"), "{out}");
-    let gaps: Vec<(&str, GapReason, u64)> = run
-        .records
-        .iter()
-        .filter_map(|r| match &r.record.op {
-            Op::Gap(g) => Some((g.skipped_api.as_str(), g.reason, g.bytes)),
-            _ => None,
-        })
-        .collect();
     use GapReason::Unsupported;
     assert_eq!(
-        gaps,
+        gaps_of(&run),
         vec![
             ("cudaMemcpyToArray", Unsupported, 256),
             ("cudaMemcpy2DToArray", Unsupported, 40 * 3),

@@ -20,7 +20,6 @@ use crate::cuda::{self, MISSING};
 use crate::engine;
 use crate::real;
 use crate::{mode, thread, uploads};
-use ttrace_proto::record::{GapOp, GapReason, Op};
 
 /// The copies of a batch as the program listed them (`dsts`, `srcs`, `sizes`: `count` each).
 #[derive(Clone, Copy)]
@@ -68,7 +67,7 @@ fn stream_of(eighth: *mut usize, ninth: cudaStream_t) -> cudaStream_t {
 fn run_batch(
     api: &'static str,
     batch: Batch,
-    stream: cudaStream_t,
+    stream: impl FnOnce() -> cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
     let capture = !mode::off(mode::MEMCPY);
@@ -90,6 +89,7 @@ fn run_batch(
         forget(r);
         return r;
     }
+    let stream = stream();
     crate::around(
         || {
             let _held = Holding;
@@ -172,7 +172,8 @@ macro_rules! batch_copy_hook {
             let run = || unsafe {
                 real(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream)
             };
-            run_batch(stringify!($name), batch, $stream(stream_of(failIdx, stream)), run)
+            let on = || $stream(stream_of(failIdx, stream));
+            run_batch(stringify!($name), batch, on, run)
         }
     };
 }
@@ -214,48 +215,38 @@ batch_copy_hook! {
     ) => cudart::per_thread
 }
 
-/// A batch of 3-D copies (`cudaMemcpy3DBatchAsync`, `cudaMemcpy3DWithAttributesAsync`): an
-/// `unsupported` gap naming the API, the copies and their elements (bytes between pointers;
-/// a CUDA array's elements may be wider), once the real call succeeded.
+/// A batch of 3-D copies (`cudaMemcpy3DBatchAsync`, `cudaMemcpy3DWithAttributesAsync`): not
+/// captured ([`cudart::uncaptured`]): one gap naming the copies and their elements (bytes
+/// between pointers; a CUDA array's elements may be wider).
 fn uncaptured_3d_batch(
     api: &'static str,
     ops: *const cudaMemcpy3DBatchOp,
     n: usize,
-    stream: cudaStream_t,
+    stream: impl FnOnce() -> cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    if mode::off(mode::MEMCPY) || ops.is_null() {
-        return real();
-    }
-    let gap = || {
+    let what = || {
+        if ops.is_null() {
+            return None;
+        }
         // SAFETY: the program's array of `n` operations (non-null), which the real call reads.
         let ops = unsafe { std::slice::from_raw_parts(ops, n) };
         let elements = ops.iter().fold(0u64, |sum, op| {
-            let e = op.extent;
-            let n = (e.width as u64)
-                .saturating_mul(e.height as u64)
-                .saturating_mul(e.depth as u64);
-            sum.saturating_add(n)
+            sum.saturating_add(cudart::elements(op.extent))
         });
         let arrays = ops
             .iter()
             .any(|op| op.src.pointer().is_none() || op.dst.pointer().is_none());
-        let detail = format!(
-            "3-D copies are not captured ({n} in the call, {elements} elements{})",
-            if arrays {
-                ", CUDA arrays among the ends"
-            } else {
-                ""
-            }
-        );
-        Some(Op::Gap(GapOp {
-            reason: GapReason::Unsupported,
-            skipped_api: api.into(),
-            bytes: elements,
-            detail,
-        }))
+        let arrays = if arrays {
+            ", CUDA arrays among the ends"
+        } else {
+            ""
+        };
+        let detail =
+            format!("3-D copies are not captured ({n} in the call, {elements} elements{arrays})");
+        Some((elements, detail))
     };
-    crate::around_metadata(api, stream, gap, real, |r| r == cudaSuccess)
+    cudart::uncaptured(api, stream, what, real)
 }
 
 /// One `cudaMemcpy3DBatchAsync` spelling (CUDA 12.8's signature; CUDA 13's has no `failIdx`,
@@ -282,15 +273,18 @@ macro_rules! batch_3d_hook {
             ) else {
                 return MISSING;
             };
-            let on = if cuda::runtime_major() >= 13 {
-                flags as usize as cudaStream_t
-            } else {
-                stream
+            // CUDA 13 passes the stream fourth.
+            let on = || {
+                $stream(if cuda::runtime_major() >= 13 {
+                    flags as usize as cudaStream_t
+                } else {
+                    stream
+                })
             };
             // SAFETY: the program's five values, forwarded unchanged (CUDA 13's function
             // reads the first four).
             let run = || unsafe { real(numOps, opList, failIdx, flags, stream) };
-            uncaptured_3d_batch(stringify!($name), opList, numOps, $stream(on), run)
+            uncaptured_3d_batch(stringify!($name), opList, numOps, on, run)
         }
     };
 }
@@ -339,7 +333,7 @@ macro_rules! one_3d_hook {
             };
             // SAFETY: the program's arguments, forwarded unchanged.
             let run = || unsafe { real(op, flags, stream) };
-            uncaptured_3d_batch(stringify!($name), op, 1, $stream(stream), run)
+            uncaptured_3d_batch(stringify!($name), op, 1, || $stream(stream), run)
         }
     };
 }

@@ -386,50 +386,67 @@ impl ThreeD for cudaMemcpy3DPeerParms {
     }
 }
 
-/// A 3-D copy (`cudaMemcpy3D`, `cudaMemcpy3DPeer` and their spellings): not captured, so
-/// recorded as an `unsupported` gap naming the API and its bytes once the real call
-/// succeeded, on the stream it ran on. Training frameworks do not move tensors this way; the
-/// gap says so if one does.
+/// An entry point ttrace does not capture: an `unsupported` gap naming `api`, with the bytes
+/// and detail `what` tells (`None`: nothing to record), on the stream `stream` tells, once the
+/// real call succeeded. Both are asked only while copies are captured: a hook that does not
+/// capture is a mode load and the real call.
+pub(super) fn uncaptured(
+    api: &'static str,
+    stream: impl FnOnce() -> cudaStream_t,
+    what: impl FnOnce() -> Option<(u64, String)>,
+    real: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    if mode::off(mode::MEMCPY) {
+        return real();
+    }
+    let gap = || {
+        let (bytes, detail) = what()?;
+        Some(Op::Gap(GapOp {
+            reason: GapReason::Unsupported,
+            skipped_api: api.into(),
+            bytes,
+            detail,
+        }))
+    };
+    crate::around_metadata(api, stream(), gap, real, |r| r == cudaSuccess)
+}
+
+/// The elements (bytes, between linear memory) of a 3-D extent.
+pub(super) fn elements(e: cudaExtent) -> u64 {
+    (e.width as u64)
+        .saturating_mul(e.height as u64)
+        .saturating_mul(e.depth as u64)
+}
+
+/// A 3-D copy (`cudaMemcpy3D`, `cudaMemcpy3DPeer` and their spellings): not captured
+/// ([`uncaptured`]). Training frameworks do not move tensors this way; the gap says so if one
+/// does.
 fn uncaptured_3d<P: ThreeD>(
     api: &'static str,
     p: *const P,
-    stream: cudaStream_t,
+    stream: impl FnOnce() -> cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    if mode::off(mode::MEMCPY) || p.is_null() {
-        return real();
-    }
-    // SAFETY: the program's parameter block, which the real call reads too (non-null).
-    let q = unsafe { *p };
-    let e = q.extent();
-    let bytes = (e.width as u64)
-        .saturating_mul(e.height as u64)
-        .saturating_mul(e.depth as u64);
-    let arrays = if q.arrays() {
-        ", a CUDA array at one end"
-    } else {
-        ""
+    let what = || {
+        // SAFETY: the program's parameter block, which the real call reads too (non-null; a
+        // null one fails the call, and nothing is recorded).
+        let q = unsafe { p.as_ref() }.copied()?;
+        let e = q.extent();
+        let arrays = if q.arrays() {
+            ", a CUDA array at one end"
+        } else {
+            ""
+        };
+        let detail = format!(
+            "3-D copies are not captured (extent {} x {} x {} bytes, {}{arrays})",
+            e.width,
+            e.height,
+            e.depth,
+            q.kind()
+        );
+        Some((elements(e), detail))
     };
-    let detail = format!(
-        "3-D copies are not captured (extent {} x {} x {} bytes, {}{arrays})",
-        e.width,
-        e.height,
-        e.depth,
-        q.kind()
-    );
-    let gap = GapOp {
-        reason: GapReason::Unsupported,
-        skipped_api: api.into(),
-        bytes,
-        detail,
-    };
-    crate::around_metadata(
-        api,
-        stream,
-        || Some(Op::Gap(gap)),
-        real,
-        |r| r == cudaSuccess,
-    )
+    uncaptured(api, stream, what, real)
 }
 
 /// One `cudaMemcpy3D*` entry point: `name(C signature) => stream`.
@@ -445,7 +462,7 @@ macro_rules! copy_3d_hook {
                 return MISSING;
             };
             // SAFETY: the program's arguments, forwarded unchanged.
-            uncaptured_3d(stringify!($name), p, $stream, || unsafe { real(p $(, $a)*) })
+            uncaptured_3d(stringify!($name), p, || $stream, || unsafe { real(p $(, $a)*) })
         }
     };
 }
@@ -471,30 +488,21 @@ copy_3d_hook! {
 }
 
 /// A copy into, out of or between CUDA arrays (texture memory, not the linear memory tensors
-/// live in): not captured, recorded as an `unsupported` gap naming the API and its bytes once
-/// the real call succeeded, on the stream it ran on.
+/// live in): not captured ([`uncaptured`]).
 fn uncaptured_array(
     api: &'static str,
     bytes: usize,
     kind: cudaMemcpyKind,
     how: &'static str,
-    stream: cudaStream_t,
+    stream: impl FnOnce() -> cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    if mode::off(mode::MEMCPY) {
-        return real();
-    }
-    let gap = || {
-        Some(Op::Gap(GapOp {
-            reason: GapReason::Unsupported,
-            skipped_api: api.into(),
-            bytes: bytes as u64,
-            detail: format!(
-                "copies {how} CUDA arrays are not captured ({bytes} bytes, kind {kind})"
-            ),
-        }))
+    let what = || {
+        let detail =
+            format!("copies {how} CUDA arrays are not captured ({bytes} bytes, kind {kind})");
+        Some((bytes as u64, detail))
     };
-    crate::around_metadata(api, stream, gap, real, |r| r == cudaSuccess)
+    uncaptured(api, stream, what, real)
 }
 
 /// One CUDA-array copy entry point: `name(C signature) => (bytes, kind, "to" | "from" |
@@ -511,7 +519,7 @@ macro_rules! array_copy_hook {
             };
             // SAFETY: the program's arguments, forwarded unchanged.
             let run = || unsafe { real($($a),*) };
-            uncaptured_array(stringify!($name), $bytes, $kind, $how, $stream, run)
+            uncaptured_array(stringify!($name), $bytes, $kind, $how, || $stream, run)
         }
     };
 }

@@ -134,6 +134,22 @@ struct CopyRequest {
     stage: bool,
 }
 
+impl CopyRequest {
+    /// `count` contiguous bytes, the source read in stream order.
+    fn linear(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> Self {
+        CopyRequest {
+            dst,
+            dpitch: count,
+            src,
+            spitch: count,
+            width: count,
+            height: 1,
+            kind,
+            stage: false,
+        }
+    }
+}
+
 /// How the call returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Call {
@@ -285,21 +301,7 @@ fn copy1d(
     kind: cudaMemcpyKind,
     call: Call,
 ) -> cudaError_t {
-    guard(|| {
-        memcpy(
-            CopyRequest {
-                dst,
-                dpitch: count,
-                src,
-                spitch: count,
-                width: count,
-                height: 1,
-                kind,
-                stage: false,
-            },
-            call,
-        )
-    })
+    guard(|| memcpy(CopyRequest::linear(dst, src, count, kind), call))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -594,14 +596,8 @@ fn copy_batch_on(
         r.stream(stream, per_thread)?;
         for i in 0..count {
             let req = CopyRequest {
-                dst: dsts[i],
-                dpitch: sizes[i],
-                src: srcs[i],
-                spitch: sizes[i],
-                width: sizes[i],
-                height: 1,
-                kind: cudaMemcpyDefault,
                 stage: order[i] == cudaMemcpySrcAccessOrderDuringApiCall,
+                ..CopyRequest::linear(dsts[i], srcs[i], sizes[i], cudaMemcpyDefault)
             };
             memcpy(req, on(stream, per_thread))?;
         }
@@ -1274,19 +1270,7 @@ fn symbol_copy(
         } else {
             (host, at.cast_const())
         };
-        memcpy(
-            CopyRequest {
-                dst,
-                dpitch: count,
-                src,
-                spitch: count,
-                width: count,
-                height: 1,
-                kind,
-                stage: false,
-            },
-            call,
-        )
+        memcpy(CopyRequest::linear(dst, src, count, kind), call)
     })
 }
 

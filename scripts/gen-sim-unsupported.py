@@ -15,6 +15,7 @@ again, so a translation error fails CI. Run after changing NAMES:
 
 from __future__ import annotations
 
+import pathlib
 import re
 import sys
 
@@ -69,6 +70,18 @@ cublasHSHgemvStridedBatched_64 cublasHSSgemvStridedBatched_64 cublasTSTgemvStrid
 cublasTSSgemvStridedBatched_64 cublasCgemv_v2_64 cublasZgemv_v2_64
 """
 NAMES = (NAMES + HOOKED).split()
+# Every cuBLAS routine libttrace.so records as a gap (scripts/gen-blas-gaps.py), so that each hook
+# can be called on the simulated stack, except those the simulator computes (written by hand in
+# the crate's other modules).
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+_HAND = set()
+for _f in (_REPO / "tests/sim/cublas/src").glob("*.rs"):
+    if _f.name != "unsupported.rs":
+        _HAND |= set(re.findall(r"\bfn (cublas\w+)\s*\(", _f.read_text()))
+_ROUTINES = _REPO / "intercept/src/hooks/cublas_routines.rs"
+if _ROUTINES.exists():
+    NAMES += sorted(set(re.findall(r"^    (cublas\w+)\($", _ROUTINES.read_text(), re.M)) - set(NAMES))
+NAMES = [n for n in NAMES if n not in _HAND]
 
 SCALARS = {
     "int": "c_int",
@@ -80,6 +93,8 @@ SCALARS = {
     "void": "c_void",
     "cuComplex": "cuComplex",
     "cuDoubleComplex": "cuDoubleComplex",
+    "uchar": "u8",
+    "schar": "i8",
 }
 
 
@@ -91,6 +106,8 @@ def rust_type(ctype: str) -> str:
         t = t[:-2].strip()
     # Tokens: qualifiers and stars, read right to left.
     t = re.sub(r"\blong long int\b|\blong long\b", "c_longlong", t)
+    t = re.sub(r"\bunsigned char\b", "uchar", t)
+    t = re.sub(r"\bsigned char\b", "schar", t)
     toks = re.findall(r"\*|const|[A-Za-z_][A-Za-z_0-9]*", t)
     base = [x for x in toks if x not in ("*", "const")]
     if len(base) != 1:

@@ -46,7 +46,7 @@ use crate::plan::{self, Matrix, TensorPlan, Vector, When};
 use crate::{mode, perturb, real, uploads};
 
 /// What a hook returns when the real function is missing.
-const MISSING: cublasStatus_t = CUBLAS_STATUS_NOT_SUPPORTED;
+pub(super) const MISSING: cublasStatus_t = CUBLAS_STATUS_NOT_SUPPORTED;
 
 /// One matrix argument: pointer, `cudaDataType_t`, leading dimension, batch stride.
 #[derive(Clone, Copy)]
@@ -549,8 +549,15 @@ macro_rules! blas_gap {
     };
 }
 
+pub(super) use blas_gap;
+
+/// The detail of the gap of a cuBLAS routine other than the GEMMs and gemv (hooks/cublas_routines.rs).
+pub(super) fn routine_not_captured() -> String {
+    "only cuBLAS's GEMMs and gemv are captured, not its other routines".into()
+}
+
 /// The gap of an uncaptured entry point, on the handle's stream, once the call succeeded.
-fn uncaptured(
+pub(super) fn uncaptured(
     api: &'static str,
     handle: cublasHandle_t,
     reason: GapReason,

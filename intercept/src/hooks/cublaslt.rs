@@ -595,6 +595,53 @@ lt_hook! {
     }
 }
 
+lt_hook! {
+    /// `cublasStatus_t cublasLtMatrixTransform(cublasLtHandle_t lightHandle,
+    /// cublasLtMatrixTransformDesc_t transformDesc, const void* alpha, const void* A,
+    /// cublasLtMatrixLayout_t Adesc, const void* beta, const void* B, cublasLtMatrixLayout_t
+    /// Bdesc, void* C, cublasLtMatrixLayout_t Cdesc, cudaStream_t stream)`: C = alpha op(A) +
+    /// beta op(B), often a change of layout or order. Not captured: a gap naming it and C's
+    /// layout, once the call succeeded.
+    cublasLtMatrixTransform(
+        lightHandle: cublasLtHandle_t,
+        transformDesc: cublasLtMatrixTransformDesc_t,
+        alpha: *const c_void,
+        A: *const c_void,
+        Adesc: cublasLtMatrixLayout_t,
+        beta: *const c_void,
+        B: *const c_void,
+        Bdesc: cublasLtMatrixLayout_t,
+        C: *mut c_void,
+        Cdesc: cublasLtMatrixLayout_t,
+        stream: cudaStream_t,
+    ) => |run| {
+        if mode::off(mode::GEMM) {
+            return run();
+        }
+        crate::around_metadata(
+            "cublasLtMatrixTransform",
+            stream,
+            || {
+                let detail = match layout(Cdesc) {
+                    Some(l) => format!(
+                        "C {}x{} (type {}, order {}, ld {}, batch {}): matrix transforms are not captured",
+                        l.rows, l.cols, l.dtype, l.order, l.ld, l.batch
+                    ),
+                    None => "matrix transforms are not captured".into(),
+                };
+                Some(Op::Gap(GapOp {
+                    reason: GapReason::Unsupported,
+                    skipped_api: "cublasLtMatrixTransform".into(),
+                    bytes: 0,
+                    detail,
+                }))
+            },
+            run,
+            |r| r == CUBLAS_STATUS_SUCCESS,
+        )
+    }
+}
+
 /// A perturbed reference run: noise on D, as its layout describes it (column-major; a
 /// row-major D is the same bytes seen transposed, which the element-wise noise does not mind;
 /// other orders are left alone).

@@ -42,7 +42,7 @@ impl Geometry {
 }
 
 /// The legacy default stream, as synchronous copies use it (recorded as 0).
-const LEGACY: cudaStream_t = core::ptr::null_mut();
+pub(super) const LEGACY: cudaStream_t = core::ptr::null_mut();
 
 /// The stream a `_ptsz`/`_ptds` call means by 0.
 pub(super) fn per_thread(s: cudaStream_t) -> cudaStream_t {
@@ -148,6 +148,20 @@ fn capture(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
+    capture_as(api, g, kind, dir, stream, real, cudaSuccess)
+}
+
+/// [`capture`] for a copy made by another library's entry point (cuBLAS's
+/// `cublasSetMatrix` family), whose status type is its own: `ok` is its success.
+pub(super) fn capture_as<R: Copy + PartialEq>(
+    api: &'static str,
+    g: Geometry,
+    kind: cudaMemcpyKind,
+    dir: Option<CopyDirection>,
+    stream: cudaStream_t,
+    real: impl FnOnce() -> R,
+    ok: R,
+) -> R {
     let dir = dir.or_else(|| direction(kind, &g));
     crate::around(
         || {
@@ -157,8 +171,8 @@ fn capture(
             }
             Some(f)
         },
-        || tracked(&g, dir, real),
-        |f, r| engine::finish(f, r == cudaSuccess),
+        || tracked(&g, dir, real, ok),
+        |f, r| engine::finish(f, r == ok),
     )
 }
 
@@ -179,7 +193,7 @@ fn pass_through(
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
     if kind == cudaMemcpyHostToDevice && mode::on(mode::GEMM) {
-        tracked(&g(), Some(CopyDirection::HostToDevice), real)
+        tracked(&g(), Some(CopyDirection::HostToDevice), real, cudaSuccess)
     } else {
         real()
     }
@@ -195,11 +209,12 @@ fn host_readable(p: *const c_void) -> bool {
 /// Runs a copy, keeping [`uploads`] up to date: the host bytes of a small linear upload are
 /// remembered (as they are at the call, what the copy takes); any other write to the device
 /// the hooks see forgets what was remembered of its range.
-fn tracked(
+pub(super) fn tracked<R: PartialEq>(
     g: &Geometry,
     dir: Option<CopyDirection>,
-    real: impl FnOnce() -> cudaError_t,
-) -> cudaError_t {
+    real: impl FnOnce() -> R,
+    ok: R,
+) -> R {
     let to_device = matches!(
         dir,
         Some(CopyDirection::HostToDevice | CopyDirection::DeviceToDevice)
@@ -222,7 +237,7 @@ fn tracked(
     })
     .flatten();
     let r = real();
-    if r == cudaSuccess {
+    if r == ok {
         let extent = g.dpitch.saturating_mul(g.height.saturating_sub(1)) + g.width;
         let _ = crate::catch(|| match host {
             Some(bytes) => uploads::remember(g.dst as u64, bytes),
@@ -243,7 +258,7 @@ fn direct(
 }
 
 /// A pitched copy's geometry.
-fn pitched(
+pub(super) fn pitched(
     dst: *mut c_void,
     dpitch: usize,
     src: *const c_void,

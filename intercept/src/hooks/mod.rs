@@ -15,6 +15,8 @@
 pub mod api;
 pub mod copy_batch;
 pub mod cublas;
+pub mod cublas_copies;
+pub mod cublas_routines;
 pub mod cublaslt;
 pub mod cudart;
 pub mod graph;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::nccl::*;
 use ttrace_proto::dtype::DType;
-use ttrace_proto::record::{CollectiveKind, CollectiveOp, Op, PreMulSum, Role};
+use ttrace_proto::record::{CollectiveKind, CollectiveOp, GapOp, GapReason, Op, PreMulSum, Role};
 
 use crate::comms;
 use crate::cuda::ErrScope;
@@ -734,4 +734,84 @@ comm_hook! {
         let _ = crate::catch(|| comms::forget(comm));
         r
     }
+}
+
+/// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
+/// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
+/// flags, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.29+): a one-sided write into a
+/// peer's registered window. Not captured (the bytes land in another rank's memory, with no
+/// call there to snapshot them): a gap naming it, its bytes and peer, once the call succeeded.
+///
+/// # Safety
+/// The program's arguments, forwarded unchanged.
+#[no_mangle]
+pub unsafe extern "C" fn ncclPutSignal(
+    localbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    peerWin: *mut ncclWindow_vidmem,
+    peerWinOffset: usize,
+    sigIdx: c_int,
+    ctx: c_int,
+    flags: core::ffi::c_uint,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let Some(real) = real::real_of!(
+        ncclPutSignal,
+        fn(
+            *const c_void,
+            usize,
+            ncclDataType_t,
+            c_int,
+            *mut ncclWindow_vidmem,
+            usize,
+            c_int,
+            c_int,
+            core::ffi::c_uint,
+            ncclComm_t,
+            cudaStream_t,
+        ) -> ncclResult_t,
+        Nccl
+    ) else {
+        return MISSING;
+    };
+    // SAFETY: the program's arguments, forwarded unchanged.
+    let run = || unsafe {
+        real(
+            localbuff,
+            count,
+            datatype,
+            peer,
+            peerWin,
+            peerWinOffset,
+            sigIdx,
+            ctx,
+            flags,
+            comm,
+            stream,
+        )
+    };
+    if mode::off(mode::NCCL) {
+        return run();
+    }
+    crate::around_metadata(
+        "ncclPutSignal",
+        stream,
+        || {
+            let size = DType::from_nccl(datatype).map_or(0, |d| d.size() as u64);
+            Some(Op::Gap(GapOp {
+                reason: GapReason::Unsupported,
+                skipped_api: "ncclPutSignal".into(),
+                bytes: (count as u64).saturating_mul(size),
+                detail: format!(
+                    "count={count} datatype={datatype} peer={peer} offset={peerWinOffset}: \
+                     one-sided puts into a peer's window are not captured"
+                ),
+            }))
+        },
+        run,
+        |r| r == ncclSuccess,
+    )
 }

@@ -1720,3 +1720,141 @@ mod tests {
         assert!(!cfg_holds(&m));
     }
 }
+
+/// One C function declaration of a header: its name and its parameters as written (whitespace
+/// collapsed), e.g. `const float* x`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declaration {
+    /// The function's name.
+    pub name: String,
+    /// Each parameter's declaration (`void` alone: none).
+    pub params: Vec<String>,
+}
+
+/// The functions returning `ret` whose names start with `prefix` that `header` declares once
+/// preprocessed as C with the include directories `include` (macros such as `CUBLASWINAPI`
+/// expanded, conditional declarations resolved as a C compiler sees them).
+pub fn declarations(
+    include: &[PathBuf],
+    header: &str,
+    ret: &str,
+    prefix: &str,
+) -> Result<Vec<Declaration>, String> {
+    use std::io::Write;
+    let mut cmd = Command::new("cc");
+    cmd.args(["-E", "-P", "-x", "c", "-"]);
+    for d in include {
+        cmd.arg("-I").arg(d);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run cc: {e}"))?;
+    child
+        .stdin
+        .take()
+        .ok_or("cc has no stdin")?
+        .write_all(format!("#include <{header}>\n").as_bytes())
+        .map_err(|e| format!("cc: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| format!("cc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cc -E {header} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text: String = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(parse_declarations(&text, ret, prefix))
+}
+
+/// [`declarations`] of preprocessed text: every `ret name(params);` with `name` starting with
+/// `prefix` (the first declaration of a name wins).
+fn parse_declarations(text: &str, ret: &str, prefix: &str) -> Vec<Declaration> {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out: Vec<Declaration> = Vec::new();
+    let mut at = 0;
+    while let Some(i) = text[at..].find(ret) {
+        let start = at + i;
+        at = start + ret.len();
+        // `ret` must be a whole token, followed by an identifier and `(`.
+        if text[..start].chars().next_back().is_some_and(ident) {
+            continue;
+        }
+        let rest = &text[at..];
+        let Some(name_len) = rest
+            .trim_start()
+            .find(|c: char| !ident(c))
+            .filter(|&n| n > 0)
+        else {
+            continue;
+        };
+        let skipped = rest.len() - rest.trim_start().len();
+        let name = &rest[skipped..skipped + name_len];
+        let after = rest[skipped + name_len..].trim_start();
+        if !name.starts_with(prefix) || !after.starts_with('(') {
+            continue;
+        }
+        // The parameter list up to its matching `)`, then `;` (a declaration, not a call).
+        let mut depth = 0;
+        let Some(close) = after.char_indices().find_map(|(j, c)| {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(j);
+                    }
+                }
+                _ => {}
+            }
+            None
+        }) else {
+            continue;
+        };
+        let tail = after[close + 1..].trim_start();
+        if !(tail.starts_with(';') || tail.starts_with("__attribute__")) {
+            continue;
+        }
+        let params: Vec<String> = after[1..close]
+            .split(',')
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty() && p != "void")
+            .collect();
+        if !out.iter().any(|d| d.name == name) {
+            out.push(Declaration {
+                name: name.to_string(),
+                params,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod declaration_tests {
+    use super::*;
+
+    #[test]
+    fn declarations_are_read_with_their_parameters_and_calls_are_not() {
+        let text = "typedef int cublasStatus_t; cublasStatus_t cublasSaxpy_v2(cublasHandle_t h, \
+                    int n, const float* alpha, const float* x, int incx, float* y, int incy); \
+                    cublasStatus_t cublasCreate_v2(cublasHandle_t* handle); \
+                    static int f(void) { return (cublasStatus_t) cublasNot(1); } \
+                    mycublasStatus_t cublasOther(int a); \
+                    cublasStatus_t cublasGetVersion(void) __attribute__((deprecated));";
+        let d = parse_declarations(text, "cublasStatus_t", "cublas");
+        let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["cublasSaxpy_v2", "cublasCreate_v2", "cublasGetVersion"]
+        );
+        assert_eq!(d[0].params.len(), 7);
+        assert_eq!(d[0].params[2], "const float* alpha");
+        assert!(d[2].params.is_empty());
+    }
+}

@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!` and `blas_gap!`, cuBLASLt's
+//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
 //! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
@@ -51,7 +51,7 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 15] = [
+const HOOK_MACROS: [(&str, &str); 16] = [
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
@@ -65,6 +65,7 @@ const HOOK_MACROS: [(&str, &str); 15] = [
     ("graph_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
+    ("blas_copy_hook", "cublasStatus_t"),
     ("lt_hook", "cublasStatus_t"),
     ("nvtx_hook", "()"),
 ];
@@ -289,8 +290,9 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
 
 /// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
 /// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
-const NEWER: [&str; 7] = [
+const NEWER: [&str; 8] = [
     "ncclAlltoAll",
+    "ncclPutSignal",
     "ncclGather",
     "ncclScatter",
     "cudaMemcpyWithAttributesAsync",

@@ -35,6 +35,7 @@ mod intercept_abi;
 mod intercept_backpressure;
 mod intercept_blockscaled;
 mod intercept_c_api;
+mod intercept_census;
 mod intercept_gemm;
 mod intercept_gemm_more;
 mod intercept_graph;

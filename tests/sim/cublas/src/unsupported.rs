@@ -3424,3 +3424,4044 @@ pub unsafe extern "C" fn cublasZgemv_v2_64(
 ) -> cublasStatus_t {
     unsupported_call("cublasZgemv_v2_64", Some(handle))
 }
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasAsumEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasAsumEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasAsumEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasAsumEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasAxpyEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _alpha: *const c_void,
+    _alpha_type: cudaDataType,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasAxpyEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasAxpyEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const c_void,
+    _alpha_type: cudaDataType,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasAxpyEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCaxpy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCaxpy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCcopy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCcopy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCdgmm(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: c_int,
+    _n: c_int,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCdgmm", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCdgmm_64(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: i64,
+    _n: i64,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCdgmm_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCdotc_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _result: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasCdotc_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCdotu_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _result: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasCdotu_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgbmv_v2(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _kl: c_int,
+    _ku: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgbmv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _kl: i64,
+    _ku: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgeam(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _beta: *const cuComplex,
+    _b: *const cuComplex,
+    _ldb: c_int,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgeam", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgeam_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _beta: *const cuComplex,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgeam_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgerc_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgerc_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgeru_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgeru_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCgetriBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const cuComplex,
+    _lda: c_int,
+    _p: *const c_int,
+    _c: *const *mut cuComplex,
+    _ldc: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCgetriBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasChbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasChbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChemm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasChemm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChemv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasChemv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCher2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCher2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCher2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const f32,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCher2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCher_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const cuComplex,
+    _incx: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCher_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherk3mEx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f32,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _beta: *const f32,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherk3mEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherk3mEx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _beta: *const f32,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherk3mEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherkEx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f32,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _beta: *const f32,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherkEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherkEx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _beta: *const f32,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherkEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const cuComplex,
+    _lda: i64,
+    _beta: *const f32,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _b: *const cuComplex,
+    _ldb: c_int,
+    _beta: *const f32,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCherkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const f32,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCherkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const cuComplex,
+    _ap: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _ap: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpr2_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _y: *const cuComplex,
+    _incy: c_int,
+    _ap: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpr2_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _ap: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpr_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f32,
+    _x: *const cuComplex,
+    _incx: c_int,
+    _ap: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpr_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasChpr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const cuComplex,
+    _incx: i64,
+    _ap: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasChpr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCmatinvBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const cuComplex,
+    _lda: c_int,
+    _ainv: *const *mut cuComplex,
+    _lda_inv: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCmatinvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCopyEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCopyEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCopyEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCopyEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+    _y: *mut cuComplex,
+    _incy: i64,
+    _c: *const f32,
+    _s: *const cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasCrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+    _y: *mut cuComplex,
+    _incy: i64,
+    _c: *const f32,
+    _s: *const f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCswap_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCswap_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsymm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsymm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsymv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _beta: *const cuComplex,
+    _y: *mut cuComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsymv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _y: *const cuComplex,
+    _incy: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyr2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyr2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _x: *const cuComplex,
+    _incx: i64,
+    _a: *mut cuComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrk3mEx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrk3mEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrk3mEx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrk3mEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrkEx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: c_int,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrkEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrkEx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const c_void,
+    _atype: cudaDataType,
+    _lda: i64,
+    _beta: *const cuComplex,
+    _c: *mut c_void,
+    _ctype: cudaDataType,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrkEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _b: *const cuComplex,
+    _ldb: c_int,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCsyrkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _beta: *const cuComplex,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCsyrkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _x: *mut cuComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtbsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _x: *mut cuComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtbsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtbsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtbsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const cuComplex,
+    _x: *mut cuComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const cuComplex,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtpsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const cuComplex,
+    _x: *mut cuComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtpsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtpsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const cuComplex,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtpsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtpttr(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _ap: *const cuComplex,
+    _a: *mut cuComplex,
+    _lda: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtpttr", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrmm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *const cuComplex,
+    _ldb: i64,
+    _c: *mut cuComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrmm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrsmBatched_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const *const cuComplex,
+    _lda: i64,
+    _b: *const *mut cuComplex,
+    _ldb: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrsmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrsm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuComplex,
+    _a: *const cuComplex,
+    _lda: i64,
+    _b: *mut cuComplex,
+    _ldb: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrsm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const cuComplex,
+    _lda: i64,
+    _x: *mut cuComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasCtrttp(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _a: *const cuComplex,
+    _lda: c_int,
+    _ap: *mut cuComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasCtrttp", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDasum_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _result: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDasum_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDaxpy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDaxpy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDcopy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDcopy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDdgmm(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: c_int,
+    _n: c_int,
+    _a: *const f64,
+    _lda: c_int,
+    _x: *const f64,
+    _incx: c_int,
+    _c: *mut f64,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDdgmm", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDdgmm_64(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: i64,
+    _n: i64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *const f64,
+    _incx: i64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDdgmm_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDdot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *const f64,
+    _incy: i64,
+    _result: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDdot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgbmv_v2(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _kl: c_int,
+    _ku: c_int,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: c_int,
+    _x: *const f64,
+    _incx: c_int,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgbmv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _kl: i64,
+    _ku: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *const f64,
+    _incx: i64,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgeam(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: c_int,
+    _beta: *const f64,
+    _b: *const f64,
+    _ldb: c_int,
+    _c: *mut f64,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgeam", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgeam_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _beta: *const f64,
+    _b: *const f64,
+    _ldb: i64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgeam_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDger_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *const f64,
+    _incy: i64,
+    _a: *mut f64,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDger_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDgetriBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const f64,
+    _lda: c_int,
+    _p: *const c_int,
+    _c: *const *mut f64,
+    _ldc: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDgetriBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDmatinvBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const f64,
+    _lda: c_int,
+    _ainv: *const *mut f64,
+    _lda_inv: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDmatinvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDnrm2_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _result: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDnrm2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDotEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *const c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasDotEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDotcEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *const c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasDotcEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDotcEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *const c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasDotcEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f64,
+    _incx: i64,
+    _y: *mut f64,
+    _incy: i64,
+    _c: *const f64,
+    _s: *const f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDrotm_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f64,
+    _incx: i64,
+    _y: *mut f64,
+    _incy: i64,
+    _param: *const f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDrotm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: c_int,
+    _x: *const f64,
+    _incx: c_int,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *const f64,
+    _incx: i64,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f64,
+    _ap: *const f64,
+    _x: *const f64,
+    _incx: c_int,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _ap: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspr2_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: c_int,
+    _y: *const f64,
+    _incy: c_int,
+    _ap: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspr2_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *const f64,
+    _incy: i64,
+    _ap: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspr_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: c_int,
+    _ap: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspr_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDspr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _ap: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDspr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDswap_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f64,
+    _incx: i64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDswap_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsymm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _b: *const f64,
+    _ldb: i64,
+    _beta: *const f64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsymm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsymv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *const f64,
+    _incx: i64,
+    _beta: *const f64,
+    _y: *mut f64,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsymv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _y: *const f64,
+    _incy: i64,
+    _a: *mut f64,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyr2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _b: *const f64,
+    _ldb: i64,
+    _beta: *const f64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyr2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const f64,
+    _incx: i64,
+    _a: *mut f64,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyrk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _beta: *const f64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyrk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyrkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: c_int,
+    _b: *const f64,
+    _ldb: c_int,
+    _beta: *const f64,
+    _c: *mut f64,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyrkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDsyrkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _b: *const f64,
+    _ldb: i64,
+    _beta: *const f64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDsyrkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const f64,
+    _lda: c_int,
+    _x: *mut f64,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtbsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const f64,
+    _lda: c_int,
+    _x: *mut f64,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtbsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtbsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtbsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const f64,
+    _x: *mut f64,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const f64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtpsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const f64,
+    _x: *mut f64,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtpsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtpsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const f64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtpsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtpttr(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _ap: *const f64,
+    _a: *mut f64,
+    _lda: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtpttr", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrmm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _b: *const f64,
+    _ldb: i64,
+    _c: *mut f64,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrmm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrsmBatched_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const *const f64,
+    _lda: i64,
+    _b: *const *mut f64,
+    _ldb: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrsmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrsm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f64,
+    _a: *const f64,
+    _lda: i64,
+    _b: *mut f64,
+    _ldb: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrsm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const f64,
+    _lda: i64,
+    _x: *mut f64,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDtrttp(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _a: *const f64,
+    _lda: c_int,
+    _ap: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDtrttp", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDzasum_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _result: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDzasum_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasDznrm2_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _result: *mut f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasDznrm2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIamaxEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _result: *mut c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasIamaxEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIamaxEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIamaxEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIaminEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _result: *mut c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasIaminEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIaminEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIaminEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIcamax_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIcamax_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIcamin_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIcamin_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIdamax_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIdamax_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIdamin_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f64,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIdamin_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIsamax_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIsamax_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIsamin_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIsamin_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIzamax_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIzamax_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasIzamin_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _result: *mut i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasIzamin_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasNrm2Ex(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasNrm2Ex", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasNrm2Ex_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _result: *mut c_void,
+    _result_type: cudaDataType,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasNrm2Ex_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+    _c: *const c_void,
+    _s: *const c_void,
+    _cs_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+    _c: *const c_void,
+    _s: *const c_void,
+    _cs_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotgEx(
+    handle: cublasHandle_t,
+    _a: *mut c_void,
+    _b: *mut c_void,
+    _ab_type: cudaDataType,
+    _c: *mut c_void,
+    _s: *mut c_void,
+    _cs_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotgEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotmEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+    _param: *const c_void,
+    _param_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotmEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotmEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+    _param: *const c_void,
+    _param_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotmEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasRotmgEx(
+    handle: cublasHandle_t,
+    _d1: *mut c_void,
+    _d1_type: cudaDataType,
+    _d2: *mut c_void,
+    _d2_type: cudaDataType,
+    _x1: *mut c_void,
+    _x1_type: cudaDataType,
+    _y1: *const c_void,
+    _y1_type: cudaDataType,
+    _param: *mut c_void,
+    _param_type: cudaDataType,
+    _executiontype: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasRotmgEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSasum_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _result: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSasum_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSaxpy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSaxpy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasScalEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _alpha: *const c_void,
+    _alpha_type: cudaDataType,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasScalEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasScalEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const c_void,
+    _alpha_type: cudaDataType,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _execution_type: cudaDataType,
+) -> cublasStatus_t {
+    unsupported_call("cublasScalEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasScasum_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _result: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasScasum_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasScnrm2_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuComplex,
+    _incx: i64,
+    _result: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasScnrm2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasScopy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasScopy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSdgmm(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: c_int,
+    _n: c_int,
+    _a: *const f32,
+    _lda: c_int,
+    _x: *const f32,
+    _incx: c_int,
+    _c: *mut f32,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSdgmm", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSdgmm_64(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: i64,
+    _n: i64,
+    _a: *const f32,
+    _lda: i64,
+    _x: *const f32,
+    _incx: i64,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSdgmm_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSdot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _y: *const f32,
+    _incy: i64,
+    _result: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSdot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgbmv_v2(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _kl: c_int,
+    _ku: c_int,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: c_int,
+    _x: *const f32,
+    _incx: c_int,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgbmv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _kl: i64,
+    _ku: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _x: *const f32,
+    _incx: i64,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgeam(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: c_int,
+    _beta: *const f32,
+    _b: *const f32,
+    _ldb: c_int,
+    _c: *mut f32,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgeam", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgeam_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _beta: *const f32,
+    _b: *const f32,
+    _ldb: i64,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgeam_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSger_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _y: *const f32,
+    _incy: i64,
+    _a: *mut f32,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSger_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSgetriBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const f32,
+    _lda: c_int,
+    _p: *const c_int,
+    _c: *const *mut f32,
+    _ldc: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSgetriBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSmatinvBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const f32,
+    _lda: c_int,
+    _ainv: *const *mut f32,
+    _lda_inv: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSmatinvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSnrm2_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const f32,
+    _incx: i64,
+    _result: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSnrm2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f32,
+    _incx: i64,
+    _y: *mut f32,
+    _incy: i64,
+    _c: *const f32,
+    _s: *const f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSrotm_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f32,
+    _incx: i64,
+    _y: *mut f32,
+    _incy: i64,
+    _param: *const f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSrotm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: c_int,
+    _x: *const f32,
+    _incx: c_int,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _x: *const f32,
+    _incx: i64,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f32,
+    _ap: *const f32,
+    _x: *const f32,
+    _incx: c_int,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _ap: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspr2_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: c_int,
+    _y: *const f32,
+    _incy: c_int,
+    _ap: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspr2_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _y: *const f32,
+    _incy: i64,
+    _ap: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspr_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: c_int,
+    _ap: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspr_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSspr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _ap: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasSspr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSswap_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut f32,
+    _incx: i64,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSswap_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsymm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _b: *const f32,
+    _ldb: i64,
+    _beta: *const f32,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsymm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsymv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _x: *const f32,
+    _incx: i64,
+    _beta: *const f32,
+    _y: *mut f32,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsymv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _y: *const f32,
+    _incy: i64,
+    _a: *mut f32,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyr2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _b: *const f32,
+    _ldb: i64,
+    _beta: *const f32,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyr2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f32,
+    _x: *const f32,
+    _incx: i64,
+    _a: *mut f32,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyrk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _beta: *const f32,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyrk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyrkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: c_int,
+    _b: *const f32,
+    _ldb: c_int,
+    _beta: *const f32,
+    _c: *mut f32,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyrkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSsyrkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _b: *const f32,
+    _ldb: i64,
+    _beta: *const f32,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSsyrkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const f32,
+    _lda: c_int,
+    _x: *mut f32,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasStbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const f32,
+    _lda: i64,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStbsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const f32,
+    _lda: c_int,
+    _x: *mut f32,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasStbsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStbsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const f32,
+    _lda: i64,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStbsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const f32,
+    _x: *mut f32,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasStpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const f32,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStpsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const f32,
+    _x: *mut f32,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasStpsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStpsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const f32,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStpsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStpttr(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _ap: *const f32,
+    _a: *mut f32,
+    _lda: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasStpttr", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrmm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _b: *const f32,
+    _ldb: i64,
+    _c: *mut f32,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrmm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const f32,
+    _lda: i64,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrsmBatched_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const *const f32,
+    _lda: i64,
+    _b: *const *mut f32,
+    _ldb: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrsmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrsm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const f32,
+    _a: *const f32,
+    _lda: i64,
+    _b: *mut f32,
+    _ldb: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrsm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const f32,
+    _lda: i64,
+    _x: *mut f32,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasStrttp(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _a: *const f32,
+    _lda: c_int,
+    _ap: *mut f32,
+) -> cublasStatus_t {
+    unsupported_call("cublasStrttp", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSwapEx(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: c_int,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasSwapEx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasSwapEx_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut c_void,
+    _x_type: cudaDataType,
+    _incx: i64,
+    _y: *mut c_void,
+    _y_type: cudaDataType,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasSwapEx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasUint8gemmBias(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _transc: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _k: c_int,
+    _a: *const u8,
+    _a_bias: c_int,
+    _lda: c_int,
+    _b: *const u8,
+    _b_bias: c_int,
+    _ldb: c_int,
+    _c: *mut u8,
+    _c_bias: c_int,
+    _ldc: c_int,
+    _c_mult: c_int,
+    _c_shift: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasUint8gemmBias", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZaxpy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZaxpy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZcopy_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZcopy_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdgmm(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: c_int,
+    _n: c_int,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _c: *mut cuDoubleComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdgmm", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdgmm_64(
+    handle: cublasHandle_t,
+    _mode: cublasSideMode_t,
+    _m: i64,
+    _n: i64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdgmm_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdotc_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _result: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdotc_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdotu_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _result: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdotu_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+    _c: *const f64,
+    _s: *const f64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZdscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZdscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgbmv_v2(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _kl: c_int,
+    _ku: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgbmv_v2_64(
+    handle: cublasHandle_t,
+    _trans: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _kl: i64,
+    _ku: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgeam(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: c_int,
+    _n: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _beta: *const cuDoubleComplex,
+    _b: *const cuDoubleComplex,
+    _ldb: c_int,
+    _c: *mut cuDoubleComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgeam", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgeam_64(
+    handle: cublasHandle_t,
+    _transa: cublasOperation_t,
+    _transb: cublasOperation_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _beta: *const cuDoubleComplex,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgeam_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgerc_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgerc_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgeru_v2_64(
+    handle: cublasHandle_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgeru_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZgetriBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const cuDoubleComplex,
+    _lda: c_int,
+    _p: *const c_int,
+    _c: *const *mut cuDoubleComplex,
+    _ldc: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZgetriBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhemm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhemm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhemv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhemv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZher2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZher2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZher2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const f64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZher2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZher_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZher_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZherk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const f64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _beta: *const f64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZherk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZherkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _b: *const cuDoubleComplex,
+    _ldb: c_int,
+    _beta: *const f64,
+    _c: *mut cuDoubleComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZherkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZherkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const f64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZherkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const cuDoubleComplex,
+    _ap: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _ap: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpr2_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _y: *const cuDoubleComplex,
+    _incy: c_int,
+    _ap: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpr2_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _ap: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpr_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _alpha: *const f64,
+    _x: *const cuDoubleComplex,
+    _incx: c_int,
+    _ap: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpr_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZhpr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const f64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _ap: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZhpr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZmatinvBatched(
+    handle: cublasHandle_t,
+    _n: c_int,
+    _a: *const *const cuDoubleComplex,
+    _lda: c_int,
+    _ainv: *const *mut cuDoubleComplex,
+    _lda_inv: c_int,
+    _info: *mut c_int,
+    _batch_size: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZmatinvBatched", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZrot_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+    _c: *const f64,
+    _s: *const cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZrot_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZscal_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZscal_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZswap_v2_64(
+    handle: cublasHandle_t,
+    _n: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZswap_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsymm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsymm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsymv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _beta: *const cuDoubleComplex,
+    _y: *mut cuDoubleComplex,
+    _incy: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsymv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyr2_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _y: *const cuDoubleComplex,
+    _incy: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyr2_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyr2k_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyr2k_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyr_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _x: *const cuDoubleComplex,
+    _incx: i64,
+    _a: *mut cuDoubleComplex,
+    _lda: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyr_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyrk_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyrk_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyrkx(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: c_int,
+    _k: c_int,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _b: *const cuDoubleComplex,
+    _ldb: c_int,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyrkx", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZsyrkx_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _n: i64,
+    _k: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _beta: *const cuDoubleComplex,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZsyrkx_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtbmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _x: *mut cuDoubleComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtbmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtbmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtbmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtbsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _k: c_int,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _x: *mut cuDoubleComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtbsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtbsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _k: i64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtbsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtpmv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const cuDoubleComplex,
+    _x: *mut cuDoubleComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtpmv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtpmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const cuDoubleComplex,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtpmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtpsv_v2(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: c_int,
+    _ap: *const cuDoubleComplex,
+    _x: *mut cuDoubleComplex,
+    _incx: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtpsv_v2", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtpsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _ap: *const cuDoubleComplex,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtpsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtpttr(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _ap: *const cuDoubleComplex,
+    _a: *mut cuDoubleComplex,
+    _lda: c_int,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtpttr", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrmm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const cuDoubleComplex,
+    _ldb: i64,
+    _c: *mut cuDoubleComplex,
+    _ldc: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrmm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrmv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrmv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrsmBatched_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const *const cuDoubleComplex,
+    _lda: i64,
+    _b: *const *mut cuDoubleComplex,
+    _ldb: i64,
+    _batch_count: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrsmBatched_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrsm_v2_64(
+    handle: cublasHandle_t,
+    _side: cublasSideMode_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _m: i64,
+    _n: i64,
+    _alpha: *const cuDoubleComplex,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _b: *mut cuDoubleComplex,
+    _ldb: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrsm_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrsv_v2_64(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _trans: cublasOperation_t,
+    _diag: cublasDiagType_t,
+    _n: i64,
+    _a: *const cuDoubleComplex,
+    _lda: i64,
+    _x: *mut cuDoubleComplex,
+    _incx: i64,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrsv_v2_64", Some(handle))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cublasZtrttp(
+    handle: cublasHandle_t,
+    _uplo: cublasFillMode_t,
+    _n: c_int,
+    _a: *const cuDoubleComplex,
+    _lda: c_int,
+    _ap: *mut cuDoubleComplex,
+) -> cublasStatus_t {
+    unsupported_call("cublasZtrttp", Some(handle))
+}

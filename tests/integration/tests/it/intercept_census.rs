@@ -1,0 +1,167 @@
+//! No silent holes, checked against NVIDIA's headers rather than against a list of our own:
+//! every entry point of cuBLAS, cuBLASLt, NCCL and the CUDA runtime that moves tensor data is
+//! exported by libttrace.so (captured, or recorded as a gap naming it), for the CUDA 12 and
+//! the CUDA 13 header sets. What "moves tensor data" means is a rule per library, read off the
+//! declarations (docs/capture.md, "What is captured, and what is a gap"):
+//! * cuBLAS (`cublas_api.h`): a parameter points to numbers (`float`, `double`, `cuComplex`,
+//!   `cuDoubleComplex`, `__half`, `void`, `unsigned char`, `signed char`) and is not a
+//!   `workspace`;
+//! * cuBLASLt (`cublasLt.h`): a `cudaStream_t` parameter and a `void` data pointer that is not
+//!   a `workspace` (work queued on a stream over the program's matrices);
+//! * NCCL (`nccl.h`): a `cudaStream_t` parameter and a `void` buffer pointer (the collectives,
+//!   point-to-point calls and one-sided puts; the `pnccl` profiling aliases aside);
+//! * the CUDA runtime (`cuda_runtime_api.h`): `Memcpy` or `Memset` in the name, except the
+//!   graph-building API (`cudaGraph*`), which moves nothing itself.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use integration_tests::abi_check::{self, declarations, dynamic_symbols, Declaration};
+use integration_tests::profile_dir;
+
+/// Whether a parameter declaration points to numbers (tensor data), a workspace aside.
+fn points_to_numbers(p: &str) -> bool {
+    const NUMBERS: [&str; 8] = [
+        "float",
+        "double",
+        "cuComplex",
+        "cuDoubleComplex",
+        "__half",
+        "void",
+        "unsigned char",
+        "signed char",
+    ];
+    let words: String = p.replace('*', " * ");
+    let tokens: Vec<&str> = words.split_whitespace().collect();
+    let name = tokens.last().copied().unwrap_or("");
+    let base = tokens
+        .iter()
+        .filter(|t| **t != "const" && **t != "*")
+        .copied()
+        .collect::<Vec<_>>();
+    let base = base[..base.len().saturating_sub(1)].join(" ");
+    p.contains('*') && NUMBERS.contains(&base.as_str()) && !name.contains("workspace")
+}
+
+fn has_stream(d: &Declaration) -> bool {
+    d.params.iter().any(|p| p.starts_with("cudaStream_t "))
+}
+
+/// The data-moving entry points of one header set, by library.
+fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
+    let decl = |header, ret, prefix| {
+        declarations(include, header, ret, prefix).unwrap_or_else(|e| panic!("{header}: {e}"))
+    };
+    let names = |ds: Vec<Declaration>, keep: &dyn Fn(&Declaration) -> bool| -> Vec<String> {
+        ds.into_iter().filter(keep).map(|d| d.name).collect()
+    };
+    let cublas = names(decl("cublas_v2.h", "cublasStatus_t", "cublas"), &|d| {
+        d.params.iter().any(|p| points_to_numbers(p))
+    });
+    let lt = names(decl("cublasLt.h", "cublasStatus_t", "cublasLt"), &|d| {
+        has_stream(d)
+            && d.params
+                .iter()
+                .any(|p| points_to_numbers(p) && p.contains("void"))
+    });
+    let nccl = names(decl("nccl.h", "ncclResult_t", "nccl"), &|d| {
+        has_stream(d)
+            && d.params
+                .iter()
+                .any(|p| points_to_numbers(p) && p.contains("void"))
+    });
+    let cudart = names(decl("cuda_runtime_api.h", "cudaError_t", "cuda"), &|d| {
+        (d.name.contains("Memcpy") || d.name.contains("Memset")) && !d.name.starts_with("cudaGraph")
+    });
+    vec![
+        ("cuBLAS", cublas),
+        ("cuBLASLt", lt),
+        ("NCCL", nccl),
+        ("the CUDA runtime", cudart),
+    ]
+}
+
+fn exported() -> BTreeSet<String> {
+    let lib = profile_dir().join("libttrace.so");
+    dynamic_symbols(&lib).expect("nm").into_iter().collect()
+}
+
+/// Checks one header set: each library's rule finds its known data movers (the rule is not
+/// vacuous) and libttrace.so exports every one.
+fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 4]) {
+    let include = abi_check::fetch_headers_for(major).unwrap_or_else(|e| panic!("headers: {e}"));
+    let exported = exported();
+    let mut holes = Vec::new();
+    for ((library, movers), (lib2, min, known)) in data_movers(&include).into_iter().zip(at_least) {
+        assert_eq!(library, lib2);
+        assert!(
+            movers.len() >= min && movers.iter().any(|n| n == known),
+            "CUDA {major} {library}: the rule finds {} data movers ({known} among them?): {movers:?}",
+            movers.len()
+        );
+        holes.extend(
+            movers
+                .iter()
+                .filter(|n| !exported.contains(*n))
+                .map(|n| format!("{library}: {n}")),
+        );
+    }
+    assert!(
+        holes.is_empty(),
+        "CUDA {major}: entry points that move tensor data and that libttrace.so does not hook \
+         (silent holes):\n{}",
+        holes.join("\n")
+    );
+}
+
+#[test]
+fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_12() {
+    every_data_mover_is_hooked(
+        12,
+        [
+            ("cuBLAS", 450, "cublasStrsm_v2"),
+            ("cuBLASLt", 2, "cublasLtMatrixTransform"),
+            ("NCCL", 8, "ncclAllReduce"),
+            ("the CUDA runtime", 30, "cudaMemcpy2DAsync"),
+        ],
+    );
+}
+
+#[test]
+fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_13() {
+    every_data_mover_is_hooked(
+        13,
+        [
+            ("cuBLAS", 450, "cublasSetMatrixAsync"),
+            ("cuBLASLt", 2, "cublasLtMatmul"),
+            ("NCCL", 12, "ncclPutSignal"),
+            ("the CUDA runtime", 30, "cudaMemcpyBatchAsync"),
+        ],
+    );
+}
+
+#[test]
+fn the_rules_tell_data_from_configuration() {
+    // The parameter rule on declarations as NVIDIA writes them.
+    for p in [
+        "const float* x",
+        "float* const Carray[]",
+        "const void* const Aarray[]",
+        "cuDoubleComplex* C",
+        "const unsigned char* A",
+        "void* devicePtr",
+    ] {
+        assert!(points_to_numbers(p), "{p} is tensor data");
+    }
+    for p in [
+        "void* workspace",
+        "int* info",
+        "cublasHandle_t handle",
+        "const char* logFileName",
+        "float alpha",
+        "cudaStream_t* streamId",
+        "int64_t* result",
+    ] {
+        assert!(!points_to_numbers(p), "{p} is not tensor data");
+    }
+}

@@ -738,7 +738,7 @@ comm_hook! {
 
 /// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
 /// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
-/// flags, ncclComm_t comm, cudaStream_t stream)` (NCCL 2.29+): a one-sided write into a
+/// flags, ncclComm_t comm, cudaStream_t stream)` (in NCCL 2.30's headers): a one-sided write into a
 /// peer's registered window. Not captured (the bytes land in another rank's memory, with no
 /// call there to snapshot them): a gap naming it, its bytes and peer, once the call succeeded.
 ///

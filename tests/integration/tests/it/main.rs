@@ -33,6 +33,7 @@ mod daemon_robustness;
 mod daemon_store;
 mod intercept_abi;
 mod intercept_backpressure;
+mod intercept_blas_routines;
 mod intercept_blockscaled;
 mod intercept_c_api;
 mod intercept_census;

@@ -1,0 +1,127 @@
+//! cuBLAS beyond its GEMMs, and cuBLASLt's matrix transform, under libttrace.so: a program
+//! written only against NVIDIA's headers (tests/integration/c/blas_more.c) moves tensors with
+//! cuBLAS's helper copies, which are captured as the copies they are (their own API name, the
+//! bytes that reached or left the device, the stream), and computes with level-1 routines,
+//! `cublasSgeam` and `cublasLtMatrixTransform`, which are not captured: each is a gap naming
+//! it on the stream it ran on. The program checks every result, so a hook that forwarded an
+//! argument wrongly (geam has 13, most of them on the stack) fails it. A refused call records
+//! nothing.
+
+use crate::intercept_util;
+
+use intercept_util::*;
+use ttrace_format::record::{CopyDirection, GapReason, Op};
+
+fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+#[test]
+fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
+    use integration_tests::c_build::compile_c;
+    for major in [12, 13] {
+        let Some(sim) = integration_tests::sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let libs = [
+            format!("libcudart.so.{major}"),
+            format!("libcublas.so.{major}"),
+            format!("libcublasLt.so.{major}"),
+        ];
+        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+        let exe = compile_c(
+            "blas_more.c",
+            &format!("blas_more{major}"),
+            major,
+            &sim,
+            &libs,
+        );
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "blas-more-c");
+        assert_ok(&run);
+        assert_checksums(&run);
+        let out = String::from_utf8_lossy(&run.out.stdout);
+        assert!(out.contains("blas_more: OK"), "CUDA {major}: {out}");
+        let s = out
+            .lines()
+            .find_map(|l| l.strip_prefix("blas_more: stream 0x"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("CUDA {major}: no stream in {out}"));
+
+        // What the program put: the 5 x 3 block of a (lda 7), every second element of v, the
+        // doubles of m64.
+        let a = |i: usize| i as f32 * 0.25 - 1.0;
+        let block = f32_bytes((0..3).flat_map(|c| (0..5).map(move |r| a(c * 7 + r))));
+        let every_second = f32_bytes((0..10).map(|i| 100.0 + (2 * i) as f32));
+        let doubles: Vec<u8> = (0..8)
+            .flat_map(|i| (-2.0 + i as f64).to_le_bytes())
+            .collect();
+        use CopyDirection::*;
+        let copies: Vec<(&str, CopyDirection, u64, &[u8])> = run
+            .records
+            .iter()
+            .filter(|r| r.record.api.starts_with("cublas"))
+            .filter_map(|r| match &r.record.op {
+                Op::Memcpy(m) => Some((
+                    r.record.api.as_str(),
+                    m.direction,
+                    r.record.stream,
+                    r.bytes.first().and_then(|b| b.as_deref()).unwrap_or(&[]),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            copies,
+            vec![
+                ("cublasSetMatrixAsync", HostToDevice, s, &block[..]),
+                ("cublasGetMatrixAsync", DeviceToHost, s, &block[..]),
+                ("cublasSetVector", HostToDevice, 0, &every_second[..]),
+                ("cublasGetVector", DeviceToHost, 0, &every_second[..]),
+                ("cublasSetMatrix_64", HostToDevice, 0, &doubles[..]),
+            ],
+            "CUDA {major}: the helper copies, in call order (the refused one not among them)"
+        );
+
+        let gaps: Vec<(&str, GapReason, u64, &str)> = run
+            .records
+            .iter()
+            .filter_map(|r| match &r.record.op {
+                Op::Gap(g) => Some((
+                    g.skipped_api.as_str(),
+                    g.reason,
+                    r.record.stream,
+                    g.detail.as_str(),
+                )),
+                _ => None,
+            })
+            .collect();
+        let named: Vec<(&str, GapReason, u64)> = gaps.iter().map(|g| (g.0, g.1, g.2)).collect();
+        use GapReason::Unsupported;
+        assert_eq!(
+            named,
+            vec![
+                ("cublasSaxpy_v2", Unsupported, s),
+                ("cublasSdot_v2", Unsupported, s),
+                ("cublasSgeam", Unsupported, s),
+                ("cublasLtMatrixTransform", Unsupported, s),
+            ],
+            "CUDA {major}: one gap per uncaptured call, on the stream it ran on"
+        );
+        assert!(
+            gaps[3].3.starts_with("C 4x3"),
+            "CUDA {major}: the transform's gap names its output: {}",
+            gaps[3].3
+        );
+        assert_eq!(
+            run.summary.gaps, 4,
+            "CUDA {major}: the run is not clean: {:?}",
+            run.summary
+        );
+    }
+}

@@ -33,13 +33,13 @@ cublasDgeqrfBatched cublasDger_v2 cublasDgetrfBatched cublasDgetrsBatched cublas
 cublasDotEx cublasDrot_v2 cublasDrotg_v2 cublasDrotm_v2 cublasDrotmg_v2 cublasDscal_v2
 cublasDswap_v2 cublasDsymm_v2 cublasDsymv_v2 cublasDsyr2_v2 cublasDsyr2k_v2 cublasDsyr_v2
 cublasDsyrk_v2 cublasDtrmm_v2 cublasDtrmv_v2 cublasDtrsmBatched cublasDtrsm_v2 cublasDtrsv_v2
-cublasDzasum_v2 cublasDznrm2_v2 cublasGetMatrixAsync cublasGetVectorAsync cublasIcamax_v2
+cublasDzasum_v2 cublasDznrm2_v2 cublasIcamax_v2
 cublasIcamin_v2 cublasIdamax_v2 cublasIdamin_v2 cublasIsamax_v2 cublasIsamin_v2 cublasIzamax_v2
-cublasIzamin_v2 cublasSasum_v2 cublasSaxpy_v2 cublasScasum_v2 cublasScnrm2_v2 cublasScopy_v2
-cublasSdot_v2 cublasSetMatrixAsync cublasSetVectorAsync cublasSgelsBatched
+cublasIzamin_v2 cublasSasum_v2 cublasScasum_v2 cublasScnrm2_v2 cublasScopy_v2
+cublasSgelsBatched
 cublasSgeqrfBatched cublasSger_v2 cublasSgetrfBatched
 cublasSgetrsBatched cublasSnrm2_v2 cublasSrot_v2 cublasSrotg_v2 cublasSrotm_v2 cublasSrotmg_v2
-cublasSscal_v2 cublasSswap_v2 cublasSsymm_v2 cublasSsymv_v2 cublasSsyr2_v2 cublasSsyr2k_v2
+cublasSswap_v2 cublasSsymm_v2 cublasSsymv_v2 cublasSsyr2_v2 cublasSsyr2k_v2
 cublasSsyr_v2 cublasSsyrk_v2 cublasStrmm_v2 cublasStrmv_v2 cublasStrsmBatched cublasStrsm_v2
 cublasStrsv_v2 cublasZaxpy_v2 cublasZcopy_v2 cublasZdotc_v2 cublasZdotu_v2 cublasZdrot_v2
 cublasZdscal_v2 cublasZgelsBatched cublasZgemmBatched cublasZgemmStridedBatched cublasZgemm_v2
@@ -175,13 +175,16 @@ def main() -> int:
     print()
     print("use core::ffi::{c_int, c_longlong, c_void};")
     print()
+    decls = {name: declaration(header, name) for name in NAMES}
     print("use cuda_abi::cublas::*;")
-    print("use cuda_abi::cudart::cudaStream_t;")
+    # Only when a signature takes a stream (an unused import fails clippy -D warnings).
+    if any(t == "cudaStream_t" for _, ps in decls.values() for _, t in ps):
+        print("use cuda_abi::cudart::cudaStream_t;")
     print("use cuda_abi::library_types::*;")
     print()
     print("use crate::unsupported_call;")
     for name in NAMES:
-        ret, params = declaration(header, name)
+        ret, params = decls[name]
         assert ret == "cublasStatus_t", name
         handle = next((p for p, t in params if t == "cublasHandle_t"), None)
         print()

@@ -135,4 +135,28 @@ crate::dyn_api! {
         alpha: *const f64, A: *const f64, lda: c_int, x: *const f64, incx: c_int,
         beta: *const f64, y: *mut f64, incy: c_int,
     ) -> cublasStatus_t;
+    fn cublasSetVector(n: c_int, elemSize: c_int, x: *const c_void, incx: c_int, devicePtr: *mut c_void, incy: c_int) -> cublasStatus_t;
+    fn cublasSetVector_64(n: i64, elemSize: i64, x: *const c_void, incx: i64, devicePtr: *mut c_void, incy: i64) -> cublasStatus_t;
+    fn cublasGetVector(n: c_int, elemSize: c_int, x: *const c_void, incx: c_int, y: *mut c_void, incy: c_int) -> cublasStatus_t;
+    fn cublasGetVector_64(n: i64, elemSize: i64, x: *const c_void, incx: i64, y: *mut c_void, incy: i64) -> cublasStatus_t;
+    fn cublasSetMatrix(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int) -> cublasStatus_t;
+    fn cublasSetMatrix_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64) -> cublasStatus_t;
+    fn cublasGetMatrix(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int) -> cublasStatus_t;
+    fn cublasGetMatrix_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64) -> cublasStatus_t;
+    fn cublasSetVectorAsync(n: c_int, elemSize: c_int, hostPtr: *const c_void, incx: c_int, devicePtr: *mut c_void, incy: c_int, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasSetVectorAsync_64(n: i64, elemSize: i64, hostPtr: *const c_void, incx: i64, devicePtr: *mut c_void, incy: i64, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasGetVectorAsync(n: c_int, elemSize: c_int, devicePtr: *const c_void, incx: c_int, hostPtr: *mut c_void, incy: c_int, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasGetVectorAsync_64(n: i64, elemSize: i64, devicePtr: *const c_void, incx: i64, hostPtr: *mut c_void, incy: i64, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasSetMatrixAsync(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasSetMatrixAsync_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasGetMatrixAsync(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasGetMatrixAsync_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64, stream: cudaStream_t) -> cublasStatus_t;
+    fn cublasSaxpy_v2(handle: cublasHandle_t, n: c_int, alpha: *const f32, x: *const f32, incx: c_int, y: *mut f32, incy: c_int) -> cublasStatus_t;
+    fn cublasSscal_v2(handle: cublasHandle_t, n: c_int, alpha: *const f32, x: *mut f32, incx: c_int) -> cublasStatus_t;
+    fn cublasSdot_v2(handle: cublasHandle_t, n: c_int, x: *const f32, incx: c_int, y: *const f32, incy: c_int, result: *mut f32) -> cublasStatus_t;
+    fn cublasSgeam(
+        handle: cublasHandle_t, transa: cublasOperation_t, transb: cublasOperation_t,
+        m: c_int, n: c_int, alpha: *const f32, A: *const f32, lda: c_int,
+        beta: *const f32, B: *const f32, ldb: c_int, C: *mut f32, ldc: c_int,
+    ) -> cublasStatus_t;
 }

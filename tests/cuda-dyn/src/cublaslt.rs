@@ -41,4 +41,15 @@ crate::dyn_api! {
         Ddesc: cublasLtMatrixLayout_t, algo: *const cublasLtMatmulAlgo_t, workspace: *mut c_void,
         workspaceSizeInBytes: usize, stream: cudaStream_t,
     ) -> cublasStatus_t;
+    fn cublasLtMatrixTransformDescCreate(transformDesc: *mut cublasLtMatrixTransformDesc_t, scaleType: cudaDataType) -> cublasStatus_t;
+    fn cublasLtMatrixTransformDescInit_internal(transformDesc: cublasLtMatrixTransformDesc_t, size: usize, scaleType: cudaDataType) -> cublasStatus_t;
+    fn cublasLtMatrixTransformDescDestroy(transformDesc: cublasLtMatrixTransformDesc_t) -> cublasStatus_t;
+    fn cublasLtMatrixTransformDescSetAttribute(transformDesc: cublasLtMatrixTransformDesc_t, attr: cublasLtMatrixTransformDescAttributes_t, buf: *const c_void, sizeInBytes: usize) -> cublasStatus_t;
+    fn cublasLtMatrixTransformDescGetAttribute(transformDesc: cublasLtMatrixTransformDesc_t, attr: cublasLtMatrixTransformDescAttributes_t, buf: *mut c_void, sizeInBytes: usize, sizeWritten: *mut usize) -> cublasStatus_t;
+    fn cublasLtMatrixTransform(
+        lightHandle: cublasLtHandle_t, transformDesc: cublasLtMatrixTransformDesc_t,
+        alpha: *const c_void, A: *const c_void, Adesc: cublasLtMatrixLayout_t,
+        beta: *const c_void, B: *const c_void, Bdesc: cublasLtMatrixLayout_t,
+        C: *mut c_void, Cdesc: cublasLtMatrixLayout_t, stream: cudaStream_t,
+    ) -> cublasStatus_t;
 }

@@ -59,6 +59,7 @@ mod reliability_wire;
 mod run_cli;
 mod run_e2e;
 mod run_perturb;
+mod sim_blas_more;
 mod sim_gemm;
 mod sim_nccl;
 mod sim_runtime;

@@ -60,7 +60,8 @@ impl Scalar {
         sim_device::device_access(p, t.size()).map(|d| Scalar::Device(d, t))
     }
 
-    fn read(self) -> f64 {
+    /// The value: read now, or (device) from device memory; call it inside a kernel.
+    pub fn read(self) -> f64 {
         match self {
             Scalar::Value(v) => v,
             // SAFETY: validated by `device_access` for one element at launch.

@@ -1,4 +1,7 @@
-//! Simulated `libcublas.so.12`: handles and the GEMM entry points of cuBLAS 12.8.
+//! Simulated `libcublas.so.12`: handles and the GEMM entry points of cuBLAS 12.8, the helper
+//! copies (`cublas{Set,Get}{Vector,Matrix}[Async][_64]`, see `copies`) and a few f32 BLAS
+//! routines (`cublasSaxpy_v2`, `cublasSscal_v2`, `cublasSdot_v2`, `cublasSgeam`, see
+//! `level1`).
 //!
 //! Every GEMM runs as a kernel on the handle's stream (`cublasSetStream_v2`; default 0, the
 //! legacy default stream) through the simulated runtime, and computes with
@@ -60,6 +63,8 @@ pub(crate) fn state(h: cublasHandle_t) -> Result<Handle, cublasStatus_t> {
         .ok_or(CUBLAS_STATUS_NOT_INITIALIZED)
 }
 
+mod copies;
+mod level1;
 mod more_gemms;
 mod unsupported;
 

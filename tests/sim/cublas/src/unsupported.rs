@@ -9,7 +9,6 @@
 use core::ffi::{c_int, c_longlong, c_void};
 
 use cuda_abi::cublas::*;
-use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::library_types::*;
 
 use crate::unsupported_call;
@@ -1046,33 +1045,6 @@ pub unsafe extern "C" fn cublasDznrm2_v2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasGetMatrixAsync(
-    _rows: c_int,
-    _cols: c_int,
-    _elem_size: c_int,
-    _a: *const c_void,
-    _lda: c_int,
-    _b: *mut c_void,
-    _ldb: c_int,
-    _stream: cudaStream_t,
-) -> cublasStatus_t {
-    unsupported_call("cublasGetMatrixAsync", None)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasGetVectorAsync(
-    _n: c_int,
-    _elem_size: c_int,
-    _device_ptr: *const c_void,
-    _incx: c_int,
-    _host_ptr: *mut c_void,
-    _incy: c_int,
-    _stream: cudaStream_t,
-) -> cublasStatus_t {
-    unsupported_call("cublasGetVectorAsync", None)
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasIcamax_v2(
     handle: cublasHandle_t,
     _n: c_int,
@@ -1172,19 +1144,6 @@ pub unsafe extern "C" fn cublasSasum_v2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasSaxpy_v2(
-    handle: cublasHandle_t,
-    _n: c_int,
-    _alpha: *const f32,
-    _x: *const f32,
-    _incx: c_int,
-    _y: *mut f32,
-    _incy: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSaxpy_v2", Some(handle))
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasScasum_v2(
     handle: cublasHandle_t,
     _n: c_int,
@@ -1216,46 +1175,6 @@ pub unsafe extern "C" fn cublasScopy_v2(
     _incy: c_int,
 ) -> cublasStatus_t {
     unsupported_call("cublasScopy_v2", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSdot_v2(
-    handle: cublasHandle_t,
-    _n: c_int,
-    _x: *const f32,
-    _incx: c_int,
-    _y: *const f32,
-    _incy: c_int,
-    _result: *mut f32,
-) -> cublasStatus_t {
-    unsupported_call("cublasSdot_v2", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSetMatrixAsync(
-    _rows: c_int,
-    _cols: c_int,
-    _elem_size: c_int,
-    _a: *const c_void,
-    _lda: c_int,
-    _b: *mut c_void,
-    _ldb: c_int,
-    _stream: cudaStream_t,
-) -> cublasStatus_t {
-    unsupported_call("cublasSetMatrixAsync", None)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSetVectorAsync(
-    _n: c_int,
-    _elem_size: c_int,
-    _host_ptr: *const c_void,
-    _incx: c_int,
-    _device_ptr: *mut c_void,
-    _incy: c_int,
-    _stream: cudaStream_t,
-) -> cublasStatus_t {
-    unsupported_call("cublasSetVectorAsync", None)
 }
 
 #[no_mangle]
@@ -1395,17 +1314,6 @@ pub unsafe extern "C" fn cublasSrotmg_v2(
     _param: *mut f32,
 ) -> cublasStatus_t {
     unsupported_call("cublasSrotmg_v2", Some(handle))
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cublasSscal_v2(
-    handle: cublasHandle_t,
-    _n: c_int,
-    _alpha: *const f32,
-    _x: *mut f32,
-    _incx: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSscal_v2", Some(handle))
 }
 
 #[no_mangle]

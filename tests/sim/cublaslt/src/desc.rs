@@ -1,6 +1,6 @@
 //! cuBLASLt descriptors kept inside their caller-visible opaque storage.
 //!
-//! A matmul descriptor, matrix layout or preference lives in the header's semi-opaque struct
+//! A matmul descriptor, matrix layout, preference or matrix transform descriptor lives in the header's semi-opaque struct
 //! (`cublasLtMatmulDescOpaque_t` is 256 bytes, the others 64): allocated by `*Create`, or by the
 //! caller for `*Init` (the header's inline `cublasLt*Init` passes `sizeof` of the struct to
 //! `*Init_internal`). The storage holds a tag identifying the kind, then each attribute at a
@@ -126,12 +126,25 @@ pub const PREFERENCE: Kind = Kind {
     ],
 };
 
+/// `cublasLtMatrixTransformDescAttributes_t` (each an `int32_t`).
+pub const TRANSFORM_DESC: Kind = Kind {
+    tag: 0x544c_544d, // "MTLT"
+    attrs: &[
+        (CUBLASLT_MATRIX_TRANSFORM_DESC_SCALE_TYPE, 4),
+        (CUBLASLT_MATRIX_TRANSFORM_DESC_POINTER_MODE, 4),
+        (CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSA, 4),
+        (CUBLASLT_MATRIX_TRANSFORM_DESC_TRANSB, 4),
+    ],
+};
+
 // Every descriptor fits the storage the header gives callers.
 const _: () = assert!(MATMUL_DESC.bytes() <= core::mem::size_of::<cublasLtMatmulDescOpaque_t>());
 const _: () =
     assert!(MATRIX_LAYOUT.bytes() <= core::mem::size_of::<cublasLtMatrixLayoutOpaque_t>());
 const _: () =
     assert!(PREFERENCE.bytes() <= core::mem::size_of::<cublasLtMatmulPreferenceOpaque_t>());
+const _: () =
+    assert!(TRANSFORM_DESC.bytes() <= core::mem::size_of::<cublasLtMatrixTransformDescOpaque_t>());
 
 /// A descriptor: a pointer to storage of a [`Kind`].
 #[derive(Clone, Copy)]

@@ -36,12 +36,16 @@
 //!   DRELU, DRELU_BGRAD) are `CUBLAS_STATUS_NOT_SUPPORTED`;
 //! * pointer modes HOST (alpha/beta read during the call) and DEVICE (read by the kernel).
 //!
+//! `cublasLtMatrixTransform` (C = alpha * op(A) + beta * op(B)) and its descriptor are in
+//! `transform`.
+//!
 //! `cublasLtMatmulAlgoGetHeuristic` returns one algorithm (workspace 0, state SUCCESS) for
 //! every supported problem and the matmul's status otherwise. Faults follow the simulated
 //! cuBLAS (see `launch`).
 #![allow(clippy::missing_safety_doc)]
 
 pub mod desc;
+mod transform;
 
 use core::ffi::{c_char, c_int, c_void};
 use std::collections::{HashMap, HashSet};

@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 mod big;
+mod blas_more;
 mod blockscaled;
 mod capture;
 mod collectives;
@@ -85,6 +86,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "big",
         "programs for streamed capture and crash accounting: copy|allreduce BYTES, crash HOW",
         big::big,
+    ),
+    (
+        "blas-more",
+        "cuBLAS helper copies, f32 axpy/scal/dot/geam, cuBLASLt matrix transform",
+        blas_more::blas_more,
     ),
     (
         "ksplit",

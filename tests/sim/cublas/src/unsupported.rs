@@ -5765,25 +5765,6 @@ pub unsafe extern "C" fn cublasSgbmv_v2_64(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cublasSgeam(
-    handle: cublasHandle_t,
-    _transa: cublasOperation_t,
-    _transb: cublasOperation_t,
-    _m: c_int,
-    _n: c_int,
-    _alpha: *const f32,
-    _a: *const f32,
-    _lda: c_int,
-    _beta: *const f32,
-    _b: *const f32,
-    _ldb: c_int,
-    _c: *mut f32,
-    _ldc: c_int,
-) -> cublasStatus_t {
-    unsupported_call("cublasSgeam", Some(handle))
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cublasSgeam_64(
     handle: cublasHandle_t,
     _transa: cublasOperation_t,

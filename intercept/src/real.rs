@@ -158,7 +158,7 @@ pub unsafe fn lookup<F: Copy>(slot: &AtomicUsize, name: &'static str, lib: Lib) 
 /// hook's macro): `real_of!(name, fn(T1, T2) -> R, Lib)` is `Option<unsafe extern "C"
 /// fn(T1, T2) -> R>`, looked up on first use and cached in a slot of its own.
 macro_rules! real_of {
-    ($name:ident, fn($($t:ty),*) $(-> $r:ty)?, $lib:ident) => {{
+    ($name:ident, fn($($t:ty),* $(,)?) $(-> $r:ty)?, $lib:ident $(,)?) => {{
         type Real = unsafe extern "C" fn($($t),*) $(-> $r)?;
         static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let name = concat!(stringify!($name), "\0");

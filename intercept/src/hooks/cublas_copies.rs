@@ -25,13 +25,14 @@ use crate::{mode, real};
 /// A vector copy: `n` elements of `elem` bytes, every `incx`-th from `x` to every `incy`-th
 /// of `y` (`None`: arguments cuBLAS refuses).
 fn vector(
-    n: i64,
-    elem: i64,
+    n: impl Into<i64>,
+    elem: impl Into<i64>,
     x: *const c_void,
-    incx: i64,
+    incx: impl Into<i64>,
     y: *mut c_void,
-    incy: i64,
+    incy: impl Into<i64>,
 ) -> Option<Geometry> {
+    let (n, elem, incx, incy) = (n.into(), elem.into(), incx.into(), incy.into());
     if n < 0 || elem <= 0 || incx <= 0 || incy <= 0 {
         return None;
     }
@@ -49,14 +50,16 @@ fn vector(
 /// A column-major matrix copy: `cols` columns of `rows` elements of `elem` bytes, from `a`
 /// (leading dimension `lda` elements) to `b` (`ldb`) (`None`: arguments cuBLAS refuses).
 fn matrix(
-    rows: i64,
-    cols: i64,
-    elem: i64,
+    rows: impl Into<i64>,
+    cols: impl Into<i64>,
+    elem: impl Into<i64>,
     a: *const c_void,
-    lda: i64,
+    lda: impl Into<i64>,
     b: *mut c_void,
-    ldb: i64,
+    ldb: impl Into<i64>,
 ) -> Option<Geometry> {
+    let (rows, cols, elem) = (rows.into(), cols.into(), elem.into());
+    let (lda, ldb) = (lda.into(), ldb.into());
     if rows < 0 || cols < 0 || elem <= 0 || lda < rows.max(1) || ldb < rows.max(1) {
         return None;
     }
@@ -108,95 +111,95 @@ macro_rules! blas_copy_hook {
 blas_copy_hook! {
     /// `cublasSetVector`: a vector upload on the legacy default stream, done when it returns.
     cublasSetVector(n: c_int, elemSize: c_int, x: *const c_void, incx: c_int, devicePtr: *mut c_void, incy: c_int)
-        => (vector(n.into(), elemSize.into(), x, incx.into(), devicePtr, incy.into()), cudaMemcpyHostToDevice, LEGACY)
+        => (vector(n, elemSize, x, incx, devicePtr, incy), cudaMemcpyHostToDevice, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasSetVectorAsync`: a vector upload on `stream`.
     cublasSetVectorAsync(n: c_int, elemSize: c_int, hostPtr: *const c_void, incx: c_int, devicePtr: *mut c_void, incy: c_int, stream: cudaStream_t)
-        => (vector(n.into(), elemSize.into(), hostPtr, incx.into(), devicePtr, incy.into()), cudaMemcpyHostToDevice, stream)
+        => (vector(n, elemSize, hostPtr, incx, devicePtr, incy), cudaMemcpyHostToDevice, stream)
 }
 
 blas_copy_hook! {
     /// `cublasSetVector_64`: a vector upload on the legacy default stream, done when it returns.
     cublasSetVector_64(n: i64, elemSize: i64, x: *const c_void, incx: i64, devicePtr: *mut c_void, incy: i64)
-        => (vector(n.into(), elemSize.into(), x, incx.into(), devicePtr, incy.into()), cudaMemcpyHostToDevice, LEGACY)
+        => (vector(n, elemSize, x, incx, devicePtr, incy), cudaMemcpyHostToDevice, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasSetVectorAsync_64`: a vector upload on `stream`.
     cublasSetVectorAsync_64(n: i64, elemSize: i64, hostPtr: *const c_void, incx: i64, devicePtr: *mut c_void, incy: i64, stream: cudaStream_t)
-        => (vector(n.into(), elemSize.into(), hostPtr, incx.into(), devicePtr, incy.into()), cudaMemcpyHostToDevice, stream)
+        => (vector(n, elemSize, hostPtr, incx, devicePtr, incy), cudaMemcpyHostToDevice, stream)
 }
 
 blas_copy_hook! {
     /// `cublasGetVector`: a vector download on the legacy default stream, done when it returns.
     cublasGetVector(n: c_int, elemSize: c_int, x: *const c_void, incx: c_int, y: *mut c_void, incy: c_int)
-        => (vector(n.into(), elemSize.into(), x, incx.into(), y, incy.into()), cudaMemcpyDeviceToHost, LEGACY)
+        => (vector(n, elemSize, x, incx, y, incy), cudaMemcpyDeviceToHost, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasGetVectorAsync`: a vector download on `stream`.
     cublasGetVectorAsync(n: c_int, elemSize: c_int, devicePtr: *const c_void, incx: c_int, hostPtr: *mut c_void, incy: c_int, stream: cudaStream_t)
-        => (vector(n.into(), elemSize.into(), devicePtr, incx.into(), hostPtr, incy.into()), cudaMemcpyDeviceToHost, stream)
+        => (vector(n, elemSize, devicePtr, incx, hostPtr, incy), cudaMemcpyDeviceToHost, stream)
 }
 
 blas_copy_hook! {
     /// `cublasGetVector_64`: a vector download on the legacy default stream, done when it returns.
     cublasGetVector_64(n: i64, elemSize: i64, x: *const c_void, incx: i64, y: *mut c_void, incy: i64)
-        => (vector(n.into(), elemSize.into(), x, incx.into(), y, incy.into()), cudaMemcpyDeviceToHost, LEGACY)
+        => (vector(n, elemSize, x, incx, y, incy), cudaMemcpyDeviceToHost, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasGetVectorAsync_64`: a vector download on `stream`.
     cublasGetVectorAsync_64(n: i64, elemSize: i64, devicePtr: *const c_void, incx: i64, hostPtr: *mut c_void, incy: i64, stream: cudaStream_t)
-        => (vector(n.into(), elemSize.into(), devicePtr, incx.into(), hostPtr, incy.into()), cudaMemcpyDeviceToHost, stream)
+        => (vector(n, elemSize, devicePtr, incx, hostPtr, incy), cudaMemcpyDeviceToHost, stream)
 }
 
 blas_copy_hook! {
     /// `cublasSetMatrix`: a matrix upload on the legacy default stream, done when it returns.
     cublasSetMatrix(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyHostToDevice, LEGACY)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyHostToDevice, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasSetMatrixAsync`: a matrix upload on `stream`.
     cublasSetMatrixAsync(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int, stream: cudaStream_t)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyHostToDevice, stream)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyHostToDevice, stream)
 }
 
 blas_copy_hook! {
     /// `cublasSetMatrix_64`: a matrix upload on the legacy default stream, done when it returns.
     cublasSetMatrix_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyHostToDevice, LEGACY)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyHostToDevice, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasSetMatrixAsync_64`: a matrix upload on `stream`.
     cublasSetMatrixAsync_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64, stream: cudaStream_t)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyHostToDevice, stream)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyHostToDevice, stream)
 }
 
 blas_copy_hook! {
     /// `cublasGetMatrix`: a matrix download on the legacy default stream, done when it returns.
     cublasGetMatrix(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyDeviceToHost, LEGACY)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyDeviceToHost, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasGetMatrixAsync`: a matrix download on `stream`.
     cublasGetMatrixAsync(rows: c_int, cols: c_int, elemSize: c_int, A: *const c_void, lda: c_int, B: *mut c_void, ldb: c_int, stream: cudaStream_t)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyDeviceToHost, stream)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyDeviceToHost, stream)
 }
 
 blas_copy_hook! {
     /// `cublasGetMatrix_64`: a matrix download on the legacy default stream, done when it returns.
     cublasGetMatrix_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyDeviceToHost, LEGACY)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyDeviceToHost, LEGACY)
 }
 
 blas_copy_hook! {
     /// `cublasGetMatrixAsync_64`: a matrix download on `stream`.
     cublasGetMatrixAsync_64(rows: i64, cols: i64, elemSize: i64, A: *const c_void, lda: i64, B: *mut c_void, ldb: i64, stream: cudaStream_t)
-        => (matrix(rows.into(), cols.into(), elemSize.into(), A, lda.into(), B, ldb.into()), cudaMemcpyDeviceToHost, stream)
+        => (matrix(rows, cols, elemSize, A, lda, B, ldb), cudaMemcpyDeviceToHost, stream)
 }

@@ -495,6 +495,26 @@ pub fn redirect_copy(
     })
 }
 
+/// The type of every node of `graph` (`cudaGraphGetNodes`, `cudaGraphNodeGetType`).
+pub fn node_types(graph: usize) -> Result<Vec<cudaGraphNodeType>, cudaError_t> {
+    let nodes = real::cudaGraphGetNodes().ok_or(MISSING)?;
+    let kind = real::cudaGraphNodeGetType().ok_or(MISSING)?;
+    let mut n = 0usize;
+    // SAFETY: a graph the program instantiated; a null array asks for the count only.
+    check(unsafe { nodes(graph as cudaGraph_t, core::ptr::null_mut(), &mut n) })?;
+    let mut list: Vec<cudaGraphNode_t> = vec![core::ptr::null_mut(); n];
+    // SAFETY: `list` has room for `n` nodes, the count passed.
+    check(unsafe { nodes(graph as cudaGraph_t, list.as_mut_ptr(), &mut n) })?;
+    list.truncate(n);
+    list.into_iter()
+        .map(|node| {
+            let mut t: cudaGraphNodeType = 0;
+            // SAFETY: a node of the graph and an out-pointer to a local.
+            check(unsafe { kind(node, &mut t) }).map(|()| t)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,9 @@
 //!   stream after it; the entries go to the tracer like any snapshot, so each replay publishes
 //!   its own record set with its own step and seq. Then the nodes are pointed back at the
 //!   sink: a launch the tracer does not see never writes into ring space handed out again.
+//! * **Graphs not captured.** An instance of a graph the tracer did not capture (built node
+//!   by node, or captured while copies were not hooked) whose nodes copy or set memory records
+//!   a `GraphCapture` gap at each launch, naming its copy, memset and child-graph nodes.
 //! * **Gaps.** Where a replay cannot be snapshotted (no node found for a copy, a strided
 //!   tensor of too many rows, no staging memory, the graph launched into another capture, an
 //!   instance updated with `cudaGraphExecUpdate`), each replay records a `GraphCapture` gap
@@ -26,8 +29,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cuda_abi::cudart::{cudaError_t, cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess};
-use ttrace_proto::record::{GapReason, Op, Tensor};
+use cuda_abi::cudart::{
+    cudaError_t, cudaGraphNodeTypeGraph, cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeMemset,
+    cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess,
+};
+use ttrace_proto::record::{GapOp, GapReason, Op, Tensor};
 use ttrace_proto::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
@@ -75,6 +81,10 @@ struct Template {
 static GRAPHS: Mutex<Option<HashMap<usize, Vec<Arc<Template>>>>> = Mutex::new(None);
 /// Instances whose graph had templates, by instance handle.
 static EXECS: Mutex<Option<HashMap<usize, Arc<Exec>>>> = Mutex::new(None);
+/// Instances of graphs the tracer did not capture whose nodes move data (built node by node
+/// with `cudaGraphAdd*Node`, or captured while copies were not hooked), by instance handle:
+/// what each launch's gap says.
+static UNTRACKED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 /// The sink: (address, bytes). Older, smaller sinks stay allocated (nodes may point there).
 static SINK: Mutex<(usize, u64)> = Mutex::new((0, 0));
 
@@ -293,11 +303,53 @@ pub fn capture_failed(graph: usize) {
     }
 }
 
+fn untracked<T>(f: impl FnOnce(&mut HashMap<usize, String>) -> T) -> T {
+    let mut g = UNTRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// Files `exec`, an instance of `graph`, which the tracer did not capture, when its nodes move
+/// data while copies are captured: its copy and memset nodes (and child graphs, not looked
+/// into) run at every launch without a hook seeing them, so each launch records a gap. Kernel
+/// nodes are not counted: eager kernels are not captured either.
+fn classify_untracked(exec: usize, graph: usize) {
+    untracked(|u| u.remove(&exec));
+    if !mode::on(mode::MEMCPY) {
+        return;
+    }
+    let _err = ErrScope::new();
+    let detail = match cuda::node_types(graph) {
+        Ok(types) => {
+            let count = |t| types.iter().filter(|&&x| x == t).count();
+            let (copies, memsets, children) = (
+                count(cudaGraphNodeTypeMemcpy),
+                count(cudaGraphNodeTypeMemset),
+                count(cudaGraphNodeTypeGraph),
+            );
+            if copies + memsets + children == 0 {
+                return;
+            }
+            format!(
+                "a CUDA graph the tracer did not capture (built node by node, or captured while \
+                 copies were not hooked): its {copies} copy, {memsets} memset and {children} \
+                 child-graph nodes run at each launch without being captured"
+            )
+        }
+        Err(code) => format!(
+            "a CUDA graph the tracer did not capture, whose nodes could not be listed \
+             (cudaError {code}): what each launch moves is not captured"
+        ),
+    };
+    untracked(|u| u.insert(exec, detail));
+}
+
 /// After `cudaGraphInstantiate*` made `exec` from `graph`.
 pub fn instantiated(exec: usize, graph: usize) {
     let Some(templates) = graphs(|g| g.get(&graph).cloned()) else {
+        classify_untracked(exec, graph);
         return;
     };
+    untracked(|u| u.remove(&exec));
     let e = Arc::new(Exec {
         templates,
         launch: Mutex::new(()),
@@ -314,8 +366,10 @@ pub fn updated(exec: usize, graph: usize) {
     let Some(base) =
         graphs(|g| g.get(&graph).cloned()).or_else(|| old.map(|e| e.templates.clone()))
     else {
+        classify_untracked(exec, graph);
         return;
     };
+    untracked(|u| u.remove(&exec));
     let detail = "the instance was updated with cudaGraphExecUpdate: its snapshot copy nodes \
                   cannot be redirected any more";
     let templates = base
@@ -343,6 +397,7 @@ pub fn graph_destroyed(graph: usize) {
 /// After `cudaGraphExecDestroy`.
 pub fn exec_destroyed(exec: usize) {
     execs(|x| x.remove(&exec));
+    untracked(|u| u.remove(&exec));
 }
 
 /// What one template does in one replay.
@@ -372,6 +427,23 @@ pub fn launch(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
+    if let Some(detail) = crate::catch(|| untracked(|u| u.get(&exec).cloned())).flatten() {
+        // One gap per launch, on the launch stream, once the launch succeeded.
+        return crate::around_metadata(
+            "cudaGraphLaunch",
+            stream,
+            || {
+                Some(Op::Gap(GapOp {
+                    reason: GapReason::GraphCapture,
+                    skipped_api: "cudaGraphLaunch".into(),
+                    bytes: 0,
+                    detail,
+                }))
+            },
+            real,
+            |r| r == cudaSuccess,
+        );
+    }
     let Some(_guard) = thread::Guard::enter() else {
         return real();
     };

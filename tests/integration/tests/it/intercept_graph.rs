@@ -13,7 +13,7 @@ use std::process::Command;
 use integration_tests::c_build::compile_c;
 use integration_tests::{describe, sim_dir_for};
 use intercept_util::*;
-use ttrace_format::record::{CollectiveKind, CopyDirection, Op, Role};
+use ttrace_format::record::{CollectiveKind, CopyDirection, GapReason, Op, Role};
 
 const REPLAYS: usize = 3;
 
@@ -273,5 +273,81 @@ fn replays_of_an_instance_updated_with_cuda_graph_exec_update_are_gaps_naming_it
                 .is_some_and(|d| d.contains("cudaGraphExecUpdate")),
             "{graph_ops:?}"
         );
+    }
+}
+
+/// A graph built node by node (tests/integration/c/graph_nodes.c: copy, memset and empty nodes,
+/// `cudaGraphAdd*Node`) runs copies no hook sees: each launch of its instance is a
+/// `graph_capture` gap naming its copy and memset nodes, on the launch stream, so the run never
+/// reports itself clean; the program's bytes are unchanged (it checks them). A graph the same
+/// program captures from a stream is snapshotted at its replay as before (a record, no gap).
+#[test]
+fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
+    for major in [12, 13] {
+        let Some(sim) = sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let cudart = format!("libcudart.so.{major}");
+        let exe = compile_c(
+            "graph_nodes.c",
+            &format!("graph_nodes{major}"),
+            major,
+            &sim,
+            &[&cudart],
+        );
+        let mut cmd = Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "graph-nodes-c");
+        assert_ok(&run);
+        assert_checksums(&run);
+        let out = String::from_utf8_lossy(&run.out.stdout);
+        assert!(out.contains("graph_nodes: OK"), "CUDA {major}: {out}");
+        let s = out
+            .lines()
+            .find_map(|l| l.strip_prefix("graph_nodes: stream 0x"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("CUDA {major}: no stream in {out}"));
+        let gaps: Vec<(&str, GapReason, u64, &str)> = run
+            .records
+            .iter()
+            .filter_map(|r| match &r.record.op {
+                Op::Gap(g) => Some((
+                    g.skipped_api.as_str(),
+                    g.reason,
+                    r.record.stream,
+                    g.detail.as_str(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(gaps.len(), 2, "CUDA {major}: one gap per launch: {gaps:?}");
+        for g in &gaps {
+            assert_eq!(
+                (g.0, g.1, g.2),
+                ("cudaGraphLaunch", GapReason::GraphCapture, s),
+                "CUDA {major}"
+            );
+            assert!(
+                g.3.contains("3 copy, 1 memset and 0 child-graph nodes"),
+                "CUDA {major}: {}",
+                g.3
+            );
+        }
+        // The captured graph's replay: its upload, with the bytes of that launch.
+        let want: Vec<u8> = (0..64).flat_map(|i| (-(i as f32)).to_le_bytes()).collect();
+        let replayed = run.records.iter().any(|r| {
+            r.record.api == "cudaMemcpyAsync"
+                && r.record.stream == s
+                && r.bytes.first().and_then(|b| b.as_deref()) == Some(&want[..])
+        });
+        assert!(
+            replayed,
+            "CUDA {major}: the captured graph's copy is captured"
+        );
+        assert_eq!(run.summary.gaps, 2, "CUDA {major}");
     }
 }

@@ -374,6 +374,19 @@ pub struct cudaMemcpy3DParms {
     pub kind: cudaMemcpyKind,
 }
 
+/// `struct cudaMemsetParams`: a memset node (`cudaGraphAddMemsetNode`): `height` rows of
+/// `width` elements of `elementSize` bytes (1, 2 or 4) set to `value`, rows `pitch` bytes apart.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct cudaMemsetParams {
+    pub dst: *mut c_void,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub elementSize: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
+
 /// `struct cudaMemLocation`: a device or host memory location (a hint of a batched copy).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

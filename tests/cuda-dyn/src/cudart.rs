@@ -101,6 +101,12 @@ crate::dyn_api! {
     fn cudaStreamEndCapture(stream: cudaStream_t, graph: *mut cudaGraph_t) -> cudaError_t;
     fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, graph: *mut cudaGraph_t) -> cudaError_t;
     fn cudaThreadExchangeStreamCaptureMode(mode: *mut cudaStreamCaptureMode) -> cudaError_t;
+    fn cudaGraphCreate(graph: *mut cudaGraph_t, flags: c_uint) -> cudaError_t;
+    fn cudaGraphAddMemcpyNode1D(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t, num_deps: usize, dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) -> cudaError_t;
+    fn cudaGraphAddMemcpyNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t, num_deps: usize, params: *const cudaMemcpy3DParms) -> cudaError_t;
+    fn cudaGraphAddMemsetNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t, num_deps: usize, params: *const cudaMemsetParams) -> cudaError_t;
+    fn cudaGraphAddEmptyNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t, num_deps: usize) -> cudaError_t;
+    fn cudaGraphAddChildGraphNode(node: *mut cudaGraphNode_t, graph: cudaGraph_t, deps: *const cudaGraphNode_t, num_deps: usize, child: cudaGraph_t) -> cudaError_t;
     fn cudaGraphInstantiate(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, _flags: c_ulonglong) -> cudaError_t;
     fn cudaGraphInstantiateWithFlags(exec: *mut cudaGraphExec_t, graph: cudaGraph_t, flags: c_ulonglong) -> cudaError_t;
     fn cudaGraphExecUpdate(exec: cudaGraphExec_t, graph: cudaGraph_t, info: *mut cudaGraphExecUpdateResultInfo) -> cudaError_t;

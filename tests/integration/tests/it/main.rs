@@ -61,6 +61,7 @@ mod run_e2e;
 mod run_perturb;
 mod sim_blas_more;
 mod sim_gemm;
+mod sim_graph_nodes;
 mod sim_nccl;
 mod sim_runtime;
 mod sim_sharded;

@@ -283,7 +283,7 @@ pub unsafe extern "C" fn cudaMemPoolTrimTo(_pool: cudaMemPool_t, _keep: usize) -
     guard(|| rt().and(Err(cudaErrorNotSupported)))
 }
 
-// ---- Graphs: captured graphs are linear lists of typed nodes ------------------------------
+// ---- Graphs: captured (linear) or built node by node (api_graph.rs); queries and updates --
 
 /// The nodes of a graph, in capture order (CUDA's calling convention: a null array asks for
 /// the count; a longer array is padded with nulls and the count says how many were written).
@@ -359,10 +359,9 @@ fn node_dependencies(
         .nodes
         .get(node as usize)
         .ok_or(cudaErrorInvalidValue)?;
-    // A linear graph: each node depends on the one captured before it.
-    let prev: &[usize] = if n.prev != 0 { &[n.prev] } else { &[] };
+    // A captured node depends on the one captured before it; an added node on those it named.
     // SAFETY: the caller's array and count.
-    unsafe { node_list(prev, deps, count) }
+    unsafe { node_list(&n.deps, deps, count) }
 }
 
 #[cfg(not(sim_cuda13))]
@@ -416,7 +415,7 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
         let Some(old) = *params else {
             return Err(cudaErrorInvalidValue);
         };
-        if old.height != 1 || count == 0 || kind > cudaMemcpyDefault {
+        if old.height != 1 || old.depth != 1 || count == 0 || kind > cudaMemcpyDefault {
             return Err(cudaErrorInvalidValue);
         }
         if dst.is_null() || src.is_null() {
@@ -431,15 +430,15 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
         {
             return Err(cudaErrorInvalidValue);
         }
-        *params = Some(crate::streams::MemcpyParams {
-            dst: dst as usize,
-            dpitch: count,
-            src: src as usize,
-            spitch: count,
-            width: count,
-            height: 1,
+        *params = Some(crate::streams::MemcpyParams::rows(
+            dst as usize,
+            count,
+            src as usize,
+            count,
+            count,
+            1,
             kind,
-        });
+        ));
         Ok(())
     })
 }
@@ -491,10 +490,7 @@ pub unsafe extern "C" fn cudaGraphExecUpdate(
             return Err(cudaErrorGraphExecUpdateFailure);
         }
         for (n, x) in nodes.into_iter().zip(&e.nodes) {
-            let params = match &n.body {
-                crate::streams::NodeBody::Memcpy(p) => Some(*p),
-                crate::streams::NodeBody::Op(_) => None,
-            };
+            let params = n.memcpy();
             *x.memcpy.lock().unwrap_or_else(|p| p.into_inner()) = params;
             *x.node.lock().unwrap_or_else(|p| p.into_inner()) = n;
         }

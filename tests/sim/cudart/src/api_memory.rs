@@ -200,15 +200,15 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     if !blocking && !stage && stream.capture().is_some() {
         // Between device and pinned memory: a memcpy node, which an instantiated graph can
         // redirect. (A pageable source is staged now: an opaque node.)
-        let params = MemcpyParams {
-            dst: req.dst as usize,
+        let params = MemcpyParams::rows(
+            req.dst as usize,
             dpitch,
-            src: req.src as usize,
+            req.src as usize,
             spitch,
             width,
             height,
-            kind: req.kind,
-        };
+            req.kind,
+        );
         return r.capture_node(&stream, cudaGraphNodeTypeMemcpy, NodeBody::Memcpy(params));
     }
     let op: crate::Op = if stage && !blocking {
@@ -245,39 +245,135 @@ fn memcpy(req: CopyRequest, call: Call) -> Result<(), cudaError_t> {
     }
 }
 
-/// Runs a memcpy node of a launched graph (on its stream's worker): its endpoints are resolved
-/// now, as the device would find them.
-pub(crate) fn run_memcpy_node(p: &MemcpyParams) -> Result<(), cudaError_t> {
-    let r = rt()?;
-    let extent = |pitch: usize| (p.height - 1) * pitch + p.width;
+/// The bytes from the first to one past the last a memcpy node touches on the side whose row
+/// and slice strides are `pitch` and `slice` (`None`: empty or overflowing).
+fn node_extent(p: &MemcpyParams, pitch: usize, slice: usize) -> Option<usize> {
+    let slices = p.depth.checked_sub(1)?.checked_mul(slice)?;
+    let rows = p.height.checked_sub(1)?.checked_mul(pitch)?;
+    slices.checked_add(rows)?.checked_add(p.width)
+}
+
+/// Which ends of a memcpy node the direction puts on the device (`cudaMemcpyDefault`: where
+/// the pointers lie).
+fn node_sides(r: &Runtime, p: &MemcpyParams) -> (bool, bool) {
     let on_device = |a: usize| {
         matches!(
             r.heap.classify(a as *const c_void),
             PointerKind::Device { .. }
         )
     };
-    let (dst_dev, src_dev) = match p.kind {
+    match p.kind {
         cudaMemcpyHostToHost => (false, false),
         cudaMemcpyHostToDevice => (true, false),
         cudaMemcpyDeviceToHost => (false, true),
         cudaMemcpyDeviceToDevice => (true, true),
         _ => (on_device(p.dst), on_device(p.src)),
+    }
+}
+
+/// Checks a memcpy node's parameters when the node is added to a graph
+/// (`cudaGraphAddMemcpyNode*`): a valid direction, a non-empty copy, and each end wholly in
+/// memory the device reaches (one device allocation or one pinned range) on the side the
+/// direction names; else `cudaErrorInvalidValue`, the one error CUDA documents for these
+/// calls. Pageable host memory is refused: the simulated device cannot reach it, so a launch
+/// could only fault. (No fault injection here: `end` counts the copies it refuses.)
+pub(crate) fn check_memcpy_node(p: &MemcpyParams) -> Result<(), cudaError_t> {
+    let r = rt()?;
+    if p.kind > cudaMemcpyDefault || p.dst == 0 || p.src == 0 {
+        return Err(cudaErrorInvalidValue);
+    }
+    if p.height > 1 && (p.width > p.dpitch || p.width > p.spitch) {
+        return Err(cudaErrorInvalidValue);
+    }
+    let (dst_dev, src_dev) = node_sides(r, p);
+    let reachable = |a: usize, extent: Option<usize>, device_side: bool| {
+        let Some(extent) = extent.filter(|&e| e > 0) else {
+            return false;
+        };
+        let host_side_device_pointer = !device_side
+            && matches!(
+                r.heap.classify(a as *const c_void),
+                PointerKind::Device { .. }
+            );
+        !host_side_device_pointer && r.heap.device_access(a as *const c_void, extent).is_some()
     };
-    let dst = end(r, p.dst as *const c_void, extent(p.dpitch), dst_dev)?;
-    let src = end(r, p.src as *const c_void, extent(p.spitch), src_dev)?;
+    if !reachable(p.dst, node_extent(p, p.dpitch, p.dslice), dst_dev)
+        || !reachable(p.src, node_extent(p, p.spitch, p.sslice), src_dev)
+    {
+        return Err(cudaErrorInvalidValue);
+    }
+    Ok(())
+}
+
+/// The memcpy node `cudaGraphAddMemcpyNode` adds for `cudaMemcpy3D`-style parameters: pitched
+/// pointers at positions (CUDA arrays are not simulated: `cudaErrorInvalidValue`), the extent's
+/// width in bytes; each slice is `pitch * ysize` bytes after the one before, as in
+/// [`cudaMemcpy3D`].
+pub(crate) fn memcpy_node_3d(p: &cudaMemcpy3DParms) -> Result<MemcpyParams, cudaError_t> {
+    if !p.srcArray.is_null() || !p.dstArray.is_null() {
+        return Err(cudaErrorInvalidValue);
+    }
+    let e = p.extent;
+    let at = |q: cudaPitchedPtr, pos: cudaPos| -> Option<(usize, usize)> {
+        if q.pitch < e.width || q.ysize < e.height || q.ptr.is_null() {
+            return None;
+        }
+        let slice = q.pitch.checked_mul(q.ysize)?;
+        let offset = pos
+            .z
+            .checked_mul(slice)?
+            .checked_add(pos.y.checked_mul(q.pitch)?)?
+            .checked_add(pos.x)?;
+        Some(((q.ptr as usize).checked_add(offset)?, slice))
+    };
+    let (dst, dslice) = at(p.dstPtr, p.dstPos).ok_or(cudaErrorInvalidValue)?;
+    let (src, sslice) = at(p.srcPtr, p.srcPos).ok_or(cudaErrorInvalidValue)?;
+    let params = MemcpyParams {
+        dst,
+        dpitch: p.dstPtr.pitch,
+        src,
+        spitch: p.srcPtr.pitch,
+        width: e.width,
+        height: e.height,
+        kind: p.kind,
+        depth: e.depth,
+        dslice,
+        sslice,
+    };
+    check_memcpy_node(&params)?;
+    Ok(params)
+}
+
+/// Runs a memcpy node of a launched graph (on its stream's worker): its endpoints are resolved
+/// now, as the device would find them.
+pub(crate) fn run_memcpy_node(p: &MemcpyParams) -> Result<(), cudaError_t> {
+    let r = rt()?;
+    let (Some(dst_extent), Some(src_extent)) = (
+        node_extent(p, p.dpitch, p.dslice),
+        node_extent(p, p.spitch, p.sslice),
+    ) else {
+        // Nothing to copy (nodes are checked non-empty when added).
+        return Ok(());
+    };
+    let (dst_dev, src_dev) = node_sides(r, p);
+    let dst = end(r, p.dst as *const c_void, dst_extent, dst_dev)?;
+    let src = end(r, p.src as *const c_void, src_extent, src_dev)?;
     if dst.pageable || src.pageable {
         // The device cannot reach pageable memory.
         return Err(cudaErrorIllegalAddress);
     }
-    for i in 0..p.height {
-        // SAFETY: both ranges were resolved as device-accessible memory just now.
-        unsafe {
-            std::ptr::copy(
-                src.addr.at(i * p.spitch),
-                dst.addr.at(i * p.dpitch),
-                p.width,
-            )
-        };
+    for z in 0..p.depth {
+        for i in 0..p.height {
+            // SAFETY: both ranges were resolved as device-accessible memory just now, and
+            // every row of every slice lies within the extents resolved.
+            unsafe {
+                std::ptr::copy(
+                    src.addr.at(z * p.sslice + i * p.spitch),
+                    dst.addr.at(z * p.dslice + i * p.dpitch),
+                    p.width,
+                )
+            };
+        }
     }
     Ok(())
 }
@@ -1062,6 +1158,60 @@ fn memset(ptr: *mut c_void, value: c_int, fill: Fill, call: Call) -> cudaError_t
         r.submit_as(&stream, Vec::new(), op, cudaGraphNodeTypeMemset)
             .map(|_| ())
     })
+}
+
+/// The work of a memset node (`cudaGraphAddMemsetNode`): `height` rows of `width` elements of
+/// `elementSize` bytes (1, 2 or 4) set to `value`'s low bytes, rows `pitch` bytes apart (the
+/// pitch is unused for one row). Checked when the node is added, as CUDA does: the element
+/// size, a non-empty fill, a destination aligned to the element size, a pitch that holds a row
+/// (and is a multiple of the element size), and the whole fill in one allocation the device
+/// reaches; else `cudaErrorInvalidValue`. The destination is resolved again at each launch
+/// (memory freed since is a fault, as on a device).
+pub(crate) fn memset_node(p: &cudaMemsetParams) -> Result<crate::Op, cudaError_t> {
+    let r = rt()?;
+    let size = match p.elementSize {
+        1 | 2 | 4 => p.elementSize as usize,
+        _ => return Err(cudaErrorInvalidValue),
+    };
+    let dst = p.dst as usize;
+    if dst == 0 || !dst.is_multiple_of(size) || p.width == 0 || p.height == 0 {
+        return Err(cudaErrorInvalidValue);
+    }
+    let row = p.width.checked_mul(size).ok_or(cudaErrorInvalidValue)?;
+    let pitch = if p.height == 1 { row } else { p.pitch };
+    if pitch < row || !pitch.is_multiple_of(size) {
+        return Err(cudaErrorInvalidValue);
+    }
+    let height = p.height;
+    let extent = Fill::rows(pitch, row, height)
+        .extent()
+        .ok_or(cudaErrorInvalidValue)?;
+    r.heap
+        .device_access(p.dst, extent)
+        .ok_or(cudaErrorInvalidValue)?;
+    let value = p.value;
+    Ok(Box::new(move || {
+        let a = rt()?
+            .heap
+            .device_access(dst as *const c_void, extent)
+            .ok_or(cudaErrorIllegalAddress)?;
+        for y in 0..height {
+            let at = a.wrapping_add(y * pitch);
+            // SAFETY: the whole extent was resolved as device-accessible just now; the
+            // destination and the pitch are multiples of the element size, so each element
+            // is aligned for its type.
+            unsafe {
+                match size {
+                    1 => std::ptr::write_bytes(at, value as u8, row),
+                    2 => {
+                        std::slice::from_raw_parts_mut(at.cast::<u16>(), row / 2).fill(value as u16)
+                    }
+                    _ => std::slice::from_raw_parts_mut(at.cast::<u32>(), row / 4).fill(value),
+                }
+            }
+        }
+        Ok(())
+    }))
 }
 
 #[no_mangle]

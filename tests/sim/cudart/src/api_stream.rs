@@ -747,14 +747,11 @@ fn graph_launch(
             )
         })
         .collect();
-    // Replays the captured operations: no API call (and so no hook) runs for them.
+    // Replays the nodes in the graph's order, which respects their dependencies: no API call
+    // (and so no hook) runs for them.
     let op: Op = Box::new(move || {
         for (node, params) in &nodes {
-            match (&node.body, params) {
-                (NodeBody::Memcpy(_), Some(p)) => crate::api_memory::run_memcpy_node(p)?,
-                (NodeBody::Op(op), _) => (op.lock().unwrap_or_else(|p| p.into_inner()))()?,
-                (NodeBody::Memcpy(_), None) => return Err(cudaErrorInvalidValue),
-            }
+            run_node(node, params.as_ref())?;
         }
         Ok(())
     });
@@ -762,6 +759,20 @@ fn graph_launch(
     r.submit_as(&s, Vec::new(), op, cudaGraphNodeTypeGraph)
         .map(|_| ())
 }
+/// Runs one node of a launched graph: a memcpy node from `params` (the instance's own for a
+/// node of the launched graph itself, the node's for one inside a child graph), a child graph
+/// node by running the child's nodes in their order.
+fn run_node(node: &Node, params: Option<&MemcpyParams>) -> Result<(), cudaError_t> {
+    match (&node.body, params) {
+        (NodeBody::Memcpy(_), Some(p)) | (NodeBody::Memcpy(p), None) => {
+            crate::api_memory::run_memcpy_node(p)
+        }
+        (NodeBody::Op(op), _) => (op.lock().unwrap_or_else(|p| p.into_inner()))(),
+        (NodeBody::Empty, _) => Ok(()),
+        (NodeBody::Graph(children), _) => children.iter().try_for_each(|c| run_node(c, None)),
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphLaunch(
     exec: cudaGraphExec_t,

@@ -25,6 +25,7 @@ pub mod streams;
 mod api13;
 mod api_device;
 mod api_extra;
+mod api_graph;
 mod api_kernel;
 mod api_memory;
 mod api_stream;
@@ -361,8 +362,8 @@ impl Runtime {
             return Err(cudaErrorStreamCaptureInvalidated);
         }
         let mut nodes = c.graph.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        let prev = nodes.last().map_or(0, |n| n.handle());
-        let node = Arc::new(Node { kind, body, prev });
+        let deps = nodes.last().map(|n| n.handle()).into_iter().collect();
+        let node = Arc::new(Node { kind, body, deps });
         let h = self.nodes.insert(node.clone());
         nodes.push(node);
         drop(nodes);

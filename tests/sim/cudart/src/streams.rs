@@ -12,6 +12,9 @@
 //! instead of running; a graph launch replays them in order on the launch stream. Copies between
 //! device and pinned memory become memcpy nodes whose parameters an instantiated graph can
 //! change (`cudaGraphExecMemcpyNodeSetParams1D`); other work is an opaque node of its type.
+//! A graph can also be built node by node (`cudaGraphCreate`, `cudaGraphAdd*Node`): a node may
+//! only depend on nodes already in its graph, so the order nodes were added in is always an
+//! order that respects every dependency, and a launch runs them in that order.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,7 +90,9 @@ pub struct Capture {
     pub tails: HashMap<u64, Box<usize>>,
 }
 
-/// The parameters of a 1-D or 2-D memcpy node (addresses as the program gave them).
+/// The parameters of a memcpy node (addresses as the program gave them): `depth` slices of
+/// `height` rows of `width` bytes, rows `dpitch`/`spitch` bytes apart and slices
+/// `dslice`/`sslice` bytes apart (a 1-D or 2-D copy is one slice; its slice strides are unused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemcpyParams {
     pub dst: usize,
@@ -97,6 +102,36 @@ pub struct MemcpyParams {
     pub width: usize,
     pub height: usize,
     pub kind: cudaMemcpyKind,
+    pub depth: usize,
+    pub dslice: usize,
+    pub sslice: usize,
+}
+
+impl MemcpyParams {
+    /// A 2-D copy (one slice).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rows(
+        dst: usize,
+        dpitch: usize,
+        src: usize,
+        spitch: usize,
+        width: usize,
+        height: usize,
+        kind: cudaMemcpyKind,
+    ) -> MemcpyParams {
+        MemcpyParams {
+            dst,
+            dpitch,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            depth: 1,
+            dslice: 0,
+            sslice: 0,
+        }
+    }
 }
 
 /// What a node does when its graph runs.
@@ -105,20 +140,35 @@ pub enum NodeBody {
     Op(Mutex<Op>),
     /// A copy, executed from its (instance's) parameters.
     Memcpy(MemcpyParams),
+    /// Nothing (`cudaGraphAddEmptyNode`: a node that only orders others).
+    Empty,
+    /// A child graph (`cudaGraphAddChildGraphNode`): the child's nodes as they were when the
+    /// node was added, in their (dependency-respecting) order. Nodes never change once added,
+    /// so sharing them is the copy CUDA makes; their handles stay the child graph's.
+    Graph(Vec<Arc<Node>>),
 }
 
-/// A node of a captured graph. Its handle is its address.
+/// A node of a graph. Its handle is its address.
 pub struct Node {
     pub kind: cudaGraphNodeType,
     pub body: NodeBody,
-    /// The node before it in the graph's (linear) order: its one dependency (0: none).
-    pub prev: usize,
+    /// The handles of the nodes it depends on, all added to its graph before it. A captured
+    /// node depends on the node captured before it (none for the first).
+    pub deps: Vec<usize>,
 }
 
 impl Node {
     /// The node's handle.
     pub fn handle(self: &Arc<Self>) -> usize {
         Arc::as_ptr(self) as usize
+    }
+
+    /// A memcpy node's parameters (what an instance starts from); `None` for other nodes.
+    pub fn memcpy(&self) -> Option<MemcpyParams> {
+        match &self.body {
+            NodeBody::Memcpy(p) => Some(*p),
+            _ => None,
+        }
     }
 }
 
@@ -409,7 +459,8 @@ impl Event {
     }
 }
 
-/// A graph made by stream capture: its nodes in capture order.
+/// A graph, made by stream capture or node by node: its nodes in the order they were added
+/// (an order that respects their dependencies).
 #[derive(Default)]
 pub struct Graph {
     pub nodes: Mutex<Vec<Arc<Node>>>,
@@ -451,10 +502,7 @@ impl GraphExec {
             .nodes()
             .into_iter()
             .map(|node| {
-                let memcpy = match &node.body {
-                    NodeBody::Memcpy(p) => Some(*p),
-                    NodeBody::Op(_) => None,
-                };
+                let memcpy = node.memcpy();
                 ExecNode {
                     origin: node.handle(),
                     node: Mutex::new(node),

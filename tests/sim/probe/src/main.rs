@@ -63,6 +63,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         streams::graph_nodes,
     ),
     (
+        "graph-build",
+        "a graph built node by node: copies, memsets, empty and child nodes in order",
+        streams::graph_build,
+    ),
+    (
         "device-deref",
         "a host read of a device pointer faults (expect SIGSEGV)",
         streams::device_deref,

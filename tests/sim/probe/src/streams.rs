@@ -532,6 +532,277 @@ pub fn graph_nodes(_: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// A graph built node by node (`cudaGraphCreate`, `cudaGraphAdd*Node`): an upload, a device
+/// to device copy after it, a pitched 4-byte memset, an empty node, a 3-D copy after the device
+/// copy, a child graph (a 2-byte memset; its graph destroyed once added), and a download after
+/// the device copy and the empty node. The nodes are reported in the order they were added,
+/// with their types; an instance launched twice on a stream runs after the stream's earlier
+/// work and copies what the host source holds at each launch; every byte is checked. Invalid
+/// additions are refused with `cudaErrorInvalidValue` and leave the graph unchanged.
+pub fn graph_build(_: &[String]) -> Result<(), String> {
+    const N: usize = 256;
+    const PITCH: usize = 64;
+    const POISON: u8 = 0xEE;
+    let s = stream(cudaStreamNonBlocking)?;
+    let (host_src, host_dst) = (pinned_buffer(N)?, pinned_buffer(N)?);
+    let (a, b) = (device_buffer(N)?, device_buffer(N)?);
+    let (c, m, k) = (device_buffer(N)?, device_buffer(N)?, device_buffer(N)?);
+    for p in [b, c, m, k] {
+        ck!(cudaMemset(p, POISON as i32, N));
+    }
+    // SAFETY: pinned buffer of N bytes; no work uses it yet.
+    unsafe { std::ptr::write_bytes(host_dst, POISON, N) };
+    // The poison is on the legacy stream, which the non-blocking stream does not wait for.
+    ck!(cudaDeviceSynchronize());
+
+    let null = std::ptr::null::<cudaGraphNode_t>();
+    let mut g: cudaGraph_t = std::ptr::null_mut();
+    expect_code!(cudaGraphCreate(&mut g, 1), cudaErrorInvalidValue);
+    expect_code!(
+        cudaGraphCreate(std::ptr::null_mut(), 0),
+        cudaErrorInvalidValue
+    );
+    ck!(cudaGraphCreate(&mut g, 0));
+    let none = || std::ptr::null_mut::<CUgraphNode_st>();
+    let (mut up, mut d2d, mut set4, mut empty) = (none(), none(), none(), none());
+    let (mut copy3d, mut child, mut down) = (none(), none(), none());
+    ck!(cudaGraphAddMemcpyNode1D(
+        &mut up,
+        g,
+        null,
+        0,
+        a,
+        host_src.cast(),
+        N,
+        cudaMemcpyHostToDevice
+    ));
+    ck!(cudaGraphAddMemcpyNode1D(
+        &mut d2d,
+        g,
+        &up,
+        1,
+        b,
+        a,
+        N,
+        cudaMemcpyDeviceToDevice
+    ));
+    // 4-byte elements: 8 per row (32 bytes), rows PITCH bytes apart; the rest of each row
+    // keeps its poison.
+    let memset4 = cudaMemsetParams {
+        dst: m,
+        pitch: PITCH,
+        value: 0x1122_3344,
+        elementSize: 4,
+        width: 8,
+        height: N / PITCH,
+    };
+    ck!(cudaGraphAddMemsetNode(&mut set4, g, null, 0, &memset4));
+    ck!(cudaGraphAddEmptyNode(&mut empty, g, &set4, 1));
+    // Two slices of two rows of 32 bytes: b's rows to c's, in pitched layout.
+    let pitched = |ptr: *mut c_void| cudaPitchedPtr {
+        ptr,
+        pitch: PITCH,
+        xsize: PITCH,
+        ysize: 2,
+    };
+    let origin = cudaPos { x: 0, y: 0, z: 0 };
+    let p3d = cudaMemcpy3DParms {
+        srcArray: std::ptr::null_mut(),
+        srcPos: origin,
+        srcPtr: pitched(b),
+        dstArray: std::ptr::null_mut(),
+        dstPos: origin,
+        dstPtr: pitched(c),
+        extent: cudaExtent {
+            width: 32,
+            height: 2,
+            depth: 2,
+        },
+        kind: cudaMemcpyDeviceToDevice,
+    };
+    ck!(cudaGraphAddMemcpyNode(&mut copy3d, g, &d2d, 1, &p3d));
+    // A child graph of one 2-byte memset, copied into the node: destroying it changes nothing.
+    let mut cg: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaGraphCreate(&mut cg, 0));
+    let memset2 = cudaMemsetParams {
+        dst: k,
+        pitch: 0,
+        value: 0xBEEF,
+        elementSize: 2,
+        width: N / 2,
+        height: 1,
+    };
+    let mut inner = none();
+    ck!(cudaGraphAddMemsetNode(&mut inner, cg, null, 0, &memset2));
+    ck!(cudaGraphAddChildGraphNode(&mut child, g, null, 0, cg));
+    ck!(cudaGraphDestroy(cg));
+    let after = [d2d, empty];
+    ck!(cudaGraphAddMemcpyNode1D(
+        &mut down,
+        g,
+        after.as_ptr(),
+        after.len(),
+        host_dst.cast(),
+        b,
+        N,
+        cudaMemcpyDeviceToHost
+    ));
+
+    // Refused, as CUDA documents: a null out-pointer, a null dependency array with a count, a
+    // dependency of another graph, a dependency named twice, invalid parameters.
+    let mut other: cudaGraph_t = std::ptr::null_mut();
+    ck!(cudaGraphCreate(&mut other, 0));
+    let mut foreign = none();
+    ck!(cudaGraphAddEmptyNode(&mut foreign, other, null, 0));
+    let mut refused = none();
+    expect_code!(
+        cudaGraphAddEmptyNode(std::ptr::null_mut(), g, null, 0),
+        cudaErrorInvalidValue
+    );
+    expect_code!(
+        cudaGraphAddEmptyNode(&mut refused, g, null, 1),
+        cudaErrorInvalidValue
+    );
+    expect_code!(
+        cudaGraphAddEmptyNode(&mut refused, g, &foreign, 1),
+        cudaErrorInvalidValue
+    );
+    let twice = [up, up];
+    expect_code!(
+        cudaGraphAddEmptyNode(&mut refused, g, twice.as_ptr(), 2),
+        cudaErrorInvalidValue
+    );
+    let bad_size = cudaMemsetParams {
+        elementSize: 3,
+        ..memset4
+    };
+    expect_code!(
+        cudaGraphAddMemsetNode(&mut refused, g, null, 0, &bad_size),
+        cudaErrorInvalidValue
+    );
+    expect_code!(
+        cudaGraphAddMemcpyNode1D(&mut refused, g, null, 0, b, a, 0, cudaMemcpyDeviceToDevice),
+        cudaErrorInvalidValue
+    );
+    expect_code!(
+        cudaGraphAddMemcpyNode1D(&mut refused, g, null, 0, b, a, N + 1, cudaMemcpyDefault),
+        cudaErrorInvalidValue
+    );
+    ck!(cudaGraphDestroy(other));
+
+    let want = [up, d2d, set4, empty, copy3d, child, down];
+    let mut nodes = [std::ptr::null_mut(); 8];
+    let mut count = nodes.len();
+    ck!(cudaGraphGetNodes(g, nodes.as_mut_ptr(), &mut count));
+    if nodes[..count] != want || !nodes[count].is_null() {
+        return Err(format!(
+            "cudaGraphGetNodes gave {count} nodes {:?}, expected {want:?}",
+            &nodes[..count]
+        ));
+    }
+    let mut kinds = Vec::new();
+    for n in want {
+        let mut t = 99;
+        ck!(cudaGraphNodeGetType(n, &mut t));
+        kinds.push(t);
+    }
+    let want_kinds = [
+        cudaGraphNodeTypeMemcpy,
+        cudaGraphNodeTypeMemcpy,
+        cudaGraphNodeTypeMemset,
+        cudaGraphNodeTypeEmpty,
+        cudaGraphNodeTypeMemcpy,
+        cudaGraphNodeTypeGraph,
+        cudaGraphNodeTypeMemcpy,
+    ];
+    if kinds != want_kinds {
+        return Err(format!("node types {kinds:?}, expected {want_kinds:?}"));
+    }
+
+    let mut exec: cudaGraphExec_t = std::ptr::null_mut();
+    ck!(cudaGraphInstantiate(&mut exec, g, 0));
+    let read_device = |p: *mut c_void| -> Result<Vec<u8>, String> {
+        let mut v = vec![0u8; N];
+        ck!(cudaMemcpy(
+            v.as_mut_ptr().cast(),
+            p,
+            N,
+            cudaMemcpyDeviceToHost
+        ));
+        Ok(v)
+    };
+    // What the download buffer holds before each launch: the poison, then the previous
+    // launch's bytes.
+    let mut before = vec![POISON; N];
+    for launch in 0..2u8 {
+        // SAFETY: pinned buffer of N bytes; the previous launch has completed.
+        let src = unsafe { std::slice::from_raw_parts_mut(host_src, N) };
+        for (i, x) in src.iter_mut().enumerate() {
+            *x = (i as u8).wrapping_mul(7).wrapping_add(launch * 101);
+        }
+        let src = src.to_vec();
+        // The launch is stream-ordered: it runs after the gate the stream is held at.
+        close_gate();
+        ck!(cudaLaunchHostFunc(
+            s,
+            Some(wait_for_gate),
+            std::ptr::null_mut()
+        ));
+        ck!(cudaGraphLaunch(exec, s));
+        std::thread::sleep(Duration::from_millis(20));
+        // SAFETY: pinned buffer of N bytes, read while the launch is held back.
+        let early = unsafe { std::slice::from_raw_parts(host_dst, N) }.to_vec();
+        if early != before {
+            return Err(format!(
+                "launch {launch} ran before the work enqueued ahead of it"
+            ));
+        }
+        open_gate();
+        ck!(cudaStreamSynchronize(s));
+        // SAFETY: pinned buffer of N bytes; the launch has completed.
+        let got = unsafe { std::slice::from_raw_parts(host_dst, N) }.to_vec();
+        if got != src {
+            return Err(format!(
+                "launch {launch}: the download did not bring back the upload's bytes"
+            ));
+        }
+        let want_c: Vec<u8> = (0..N)
+            .map(|i| if i % PITCH < 32 { src[i] } else { POISON })
+            .collect();
+        if read_device(c)? != want_c {
+            return Err(format!(
+                "launch {launch}: the 3-D copy node's bytes are wrong"
+            ));
+        }
+        let want_m: Vec<u8> = (0..N)
+            .map(|i| match i % PITCH {
+                j if j < 32 => 0x1122_3344u32.to_le_bytes()[j % 4],
+                _ => POISON,
+            })
+            .collect();
+        if read_device(m)? != want_m {
+            return Err(format!(
+                "launch {launch}: the pitched memset node's bytes are wrong"
+            ));
+        }
+        let want_k: Vec<u8> = (0..N).map(|i| 0xBEEFu16.to_le_bytes()[i % 2]).collect();
+        if read_device(k)? != want_k {
+            return Err(format!(
+                "launch {launch}: the child graph's memset bytes are wrong"
+            ));
+        }
+        before = src;
+    }
+    ck!(cudaGraphExecDestroy(exec));
+    ck!(cudaGraphDestroy(g));
+    // SAFETY: the node handle died with its graph.
+    if unsafe { cudaGraphNodeGetType(up, &mut 0) } == cudaSuccess {
+        return Err("a node of a destroyed graph is still valid".into());
+    }
+    println!("graph-build OK");
+    Ok(())
+}
+
 /// Dereferences a device pointer on the host: on a GPU this faults, and so it must here.
 pub fn device_deref(_: &[String]) -> Result<(), String> {
     let dev = device_buffer(64)?;

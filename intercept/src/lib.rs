@@ -46,7 +46,6 @@ mod log;
 mod mode;
 mod perturb;
 mod prefilter;
-mod private_libs;
 mod real;
 mod session;
 mod stall;
@@ -169,16 +168,11 @@ extern "C" fn in_fork_child() {
 }
 
 extern "C" fn on_load() {
-    // SAFETY: registers an async-signal-safe child handler (two atomic stores); besides the
-    // exit handler below, nothing else happens at load time: the loader runs this before the program's own constructors, when
+    // SAFETY: registers an async-signal-safe child handler (two atomic stores); nothing else
+    // happens at load time: the loader runs this before the program's own constructors, when
     // neither std's runtime nor CUDA may be ready.
     unsafe {
         libc::pthread_atfork(None, None, Some(in_fork_child));
-    }
-    // SAFETY: registers an extern "C" fn without arguments; registered first, it runs last at
-    // exit, after the program's handlers and a session's (private_libs.rs).
-    unsafe {
-        libc::atexit(private_libs::at_exit);
     }
 }
 

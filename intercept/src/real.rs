@@ -20,7 +20,7 @@ use cuda_abi::cudart::*;
 use cuda_abi::nccl::*;
 
 /// The library a function belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Lib {
     Cudart,
     Cublas,
@@ -77,42 +77,6 @@ fn loaded_objects(stem: &str) -> Vec<std::ffi::CString> {
     // SAFETY: `visit` matches dl_iterate_phdr's callback type and only reads what it is given.
     unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search<'_>).cast()) };
     search.found
-}
-
-/// The loaded copies of the CUDA libraries ttrace hooks whose entry points the hooks cannot be
-/// in front of: objects whose `probe` function differs from the one the global scope resolves
-/// after libttrace.so (a library `dlopen`ed without `RTLD_GLOBAL`, reached with
-/// `dlsym(handle, ...)` as JAX's XLA plugin does, or a second copy shadowed by the first).
-/// Calls into them never reach a hook. `(library, path)`, in load order.
-pub fn privately_loaded() -> Vec<(Lib, std::ffi::CString)> {
-    const PROBES: [(Lib, &str); 4] = [
-        (Lib::Cudart, "cudaMemcpyAsync\0"),
-        (Lib::Cublas, "cublasSgemm_v2\0"),
-        (Lib::CublasLt, "cublasLtMatmul\0"),
-        (Lib::Nccl, "ncclAllReduce\0"),
-    ];
-    let mut out = Vec::new();
-    for (lib, probe) in PROBES {
-        let cname = probe.as_ptr().cast::<c_char>();
-        // SAFETY: `cname` is NUL-terminated; RTLD_NEXT searches the objects after this one.
-        let global = unsafe { libc::dlsym(libc::RTLD_NEXT, cname) };
-        for path in loaded_objects(lib.stem()) {
-            // SAFETY: the path of a loaded object; RTLD_NOLOAD only returns an already loaded
-            // object, whose reference is dropped right after the lookup.
-            let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-            if h.is_null() {
-                continue;
-            }
-            // SAFETY: a live handle and a NUL-terminated name.
-            let own = unsafe { libc::dlsym(h, cname) };
-            // SAFETY: the handle dlopen just returned (the object stays: it was loaded before).
-            unsafe { libc::dlclose(h) };
-            if !own.is_null() && own != global {
-                out.push((lib, path));
-            }
-        }
-    }
-    out
 }
 
 /// The load address of libttrace.so itself: a lookup that lands here found a hook, not the

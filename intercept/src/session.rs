@@ -242,11 +242,7 @@ fn start() -> Result<Session, String> {
     // SAFETY: a page-aligned writable mapping of mapping_bytes(capacity), alive for good.
     let ring = unsafe { Ring::create(base, capacity) }.map_err(|e| e.to_string())?;
     let pin = RingPin::new(base, capacity);
-    // A process with no CUDA runtime loaded (one reporting privately loaded libraries at
-    // exit, private_libs.rs) has nothing to page-lock with: its first reservation locks.
-    if crate::real::cudaHostRegister().is_some() {
-        pin.cover(FIRST_PIN_BYTES)?;
-    }
+    pin.cover(FIRST_PIN_BYTES)?;
     let hello = process_hello(capacity, cfg)?;
     let client = connect_daemon(cfg, hello, fd)?;
     let ring: &'static Ring = {
@@ -379,7 +375,6 @@ fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Clie
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| {
         if current().is_some_and(|s| s.pid == std::process::id()) {
-            crate::private_libs::report();
             let wait = mode::config().map_or(10_000, |c| c.wait_ms.clamp(1_000, 30_000));
             tracer::shutdown(Duration::from_millis(wait));
         }

@@ -36,6 +36,7 @@ use ttrace_proto::producer as client;
 mod collector;
 mod comms;
 mod cuda;
+mod dlsym;
 mod engine;
 mod fatal;
 mod fingerprint;
@@ -168,12 +169,14 @@ extern "C" fn in_fork_child() {
 }
 
 extern "C" fn on_load() {
-    // SAFETY: registers an async-signal-safe child handler (two atomic stores); nothing else
-    // happens at load time: the loader runs this before the program's own constructors, when
+    // SAFETY: registers an async-signal-safe child handler (two atomic stores); besides the
+    // lookup of the real dlsym below, nothing else happens at load time: the loader runs this before the program's own constructors, when
     // neither std's runtime nor CUDA may be ready.
     unsafe {
         libc::pthread_atfork(None, None, Some(in_fork_child));
     }
+    // The C library's dlsym, before the program can ask for `RTLD_NEXT` through ours.
+    dlsym::init();
 }
 
 /// Runs [`on_load`] when the library is loaded.

@@ -11,7 +11,7 @@
 //! The resolved address is cached in one atomic word per function, so a hook's pass-through
 //! path costs that load and the indirect call.
 
-use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_abi::cublas::*;
@@ -33,6 +33,23 @@ impl Lib {
     /// The file-name stem every version of the library shares: `libcudart.so` matches
     /// `libcudart.so.12`, `libcudart.so.13`, `libcudart.so.13.0.48`, ... No soname (and so no
     /// CUDA major) is written down here: the library found loaded is the one used.
+    /// The library whose entry point `name` is, by NVIDIA's prefixes.
+    pub fn of(name: &str) -> Option<Lib> {
+        Some(if name.starts_with("cublasLt") {
+            Lib::CublasLt
+        } else if name.starts_with("cublas") {
+            Lib::Cublas
+        } else if name.starts_with("cuda") {
+            Lib::Cudart
+        } else if name.starts_with("nccl") {
+            Lib::Nccl
+        } else if name.starts_with("nvtx") {
+            Lib::Nvtx
+        } else {
+            return None;
+        })
+    }
+
     fn stem(self) -> &'static str {
         match self {
             Lib::Cudart => "libcudart.so",
@@ -104,11 +121,85 @@ fn object_base(addr: *const c_void) -> usize {
     unsafe { info.assume_init() }.dli_fbase as usize
 }
 
+/// The path of the object containing `addr`.
+pub fn object_path(addr: usize) -> Option<String> {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
+    if unsafe { libc::dladdr(addr as *const c_void, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded and filled the struct.
+    let f = unsafe { info.assume_init() }.dli_fname;
+    // SAFETY: the loader's NUL-terminated path of a loaded object.
+    (!f.is_null()).then(|| {
+        unsafe { core::ffi::CStr::from_ptr(f) }
+            .to_string_lossy()
+            .into_owned()
+    })
+}
+
+/// Whether `p` lies in libttrace.so (one of its exports: a hook).
+pub fn is_own(p: *mut c_void) -> bool {
+    !p.is_null() && own_base() != 0 && object_base(p) == own_base()
+}
+
+/// Whether `addr` lies in libttrace.so or in a CUDA library: one whose file name is a hooked
+/// library's (any version) or the driver's.
+pub fn is_cuda_object(addr: usize) -> bool {
+    if object_base(addr as *const c_void) == own_base() {
+        return true;
+    }
+    let Some(path) = object_path(addr) else {
+        return false;
+    };
+    let file = path.rsplit('/').next().unwrap_or(&path);
+    [
+        Lib::Cudart,
+        Lib::Cublas,
+        Lib::CublasLt,
+        Lib::Nccl,
+        Lib::Nvtx,
+    ]
+    .iter()
+    .map(|l| l.stem())
+    .chain(["libcuda.so"])
+    .any(|stem| file == stem || file.strip_prefix(stem).is_some_and(|r| r.starts_with('.')))
+}
+
+/// A handle of libttrace.so itself (null when it cannot be had).
+pub fn own_handle() -> *mut c_void {
+    let Some(path) = object_path(own_base as *const () as usize) else {
+        return core::ptr::null_mut();
+    };
+    let Ok(path) = std::ffi::CString::new(path) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: the path of this loaded library; RTLD_NOLOAD only returns the loaded object.
+    unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }
+}
+
 /// Looks `name` (NUL-terminated) up and caches it in `slot`; 0 when it is nowhere.
 #[cold]
 #[inline(never)]
 fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
-    let cname = name.as_ptr().cast::<c_char>();
+    // SAFETY: the hook macros pass NUL-terminated names.
+    let p = find_real(
+        unsafe { core::ffi::CStr::from_ptr(name.as_ptr().cast()) },
+        lib,
+    );
+    if p != 0 {
+        slot.store(p, Ordering::Release);
+        if lib == Lib::Cudart {
+            announce_runtime(p);
+        }
+    }
+    p
+}
+
+/// The function a hook of `name` calls: the next definition after libttrace.so in the global
+/// scope, else the first loaded copy of `lib` that defines it (0 when none).
+pub fn find_real(name: &core::ffi::CStr, lib: Lib) -> usize {
+    let cname = name.as_ptr();
     let me = own_base();
     let usable = |p: *mut c_void| !p.is_null() && (me == 0 || object_base(p) != me);
     // SAFETY: `cname` is NUL-terminated; RTLD_NEXT searches the objects after this one.
@@ -122,22 +213,16 @@ fn resolve(slot: &AtomicUsize, name: &'static str, lib: Lib) -> usize {
             if h.is_null() {
                 continue;
             }
-            // SAFETY: a live handle and a NUL-terminated name.
-            let q = unsafe { libc::dlsym(h, cname) };
+            // SAFETY: a live handle and a NUL-terminated name (the C library's dlsym: a lookup
+            // of libttrace.so's own is never redirected).
+            let q = unsafe { crate::dlsym::real(h, cname) };
             if usable(q) {
                 p = q;
                 break;
             }
         }
     }
-    let p = p as usize;
-    if p != 0 {
-        slot.store(p, Ordering::Release);
-        if lib == Lib::Cudart {
-            announce_runtime(p);
-        }
-    }
-    p
+    p as usize
 }
 
 /// The real function `name` (NUL-terminated) of `lib` as `F`, cached in `slot`: for hooks

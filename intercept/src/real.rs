@@ -130,12 +130,12 @@ pub fn object_path(addr: usize) -> Option<String> {
     }
     // SAFETY: dladdr succeeded and filled the struct.
     let f = unsafe { info.assume_init() }.dli_fname;
+    if f.is_null() {
+        return None;
+    }
     // SAFETY: the loader's NUL-terminated path of a loaded object.
-    (!f.is_null()).then(|| {
-        unsafe { core::ffi::CStr::from_ptr(f) }
-            .to_string_lossy()
-            .into_owned()
-    })
+    let path = unsafe { core::ffi::CStr::from_ptr(f) };
+    Some(path.to_string_lossy().into_owned())
 }
 
 /// Whether `p` lies in libttrace.so (one of its exports: a hook).

@@ -88,19 +88,7 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
             "CUDA {major}: the helper copies, in call order (the refused one not among them)"
         );
 
-        let gaps: Vec<(&str, GapReason, u64, &str)> = run
-            .records
-            .iter()
-            .filter_map(|r| match &r.record.op {
-                Op::Gap(g) => Some((
-                    g.skipped_api.as_str(),
-                    g.reason,
-                    r.record.stream,
-                    g.detail.as_str(),
-                )),
-                _ => None,
-            })
-            .collect();
+        let gaps = gap_records(&run);
         let named: Vec<(&str, GapReason, u64)> = gaps.iter().map(|g| (g.0, g.1, g.2)).collect();
         use GapReason::Unsupported;
         assert_eq!(

@@ -311,19 +311,7 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
             .find_map(|l| l.strip_prefix("graph_nodes: stream 0x"))
             .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
             .unwrap_or_else(|| panic!("CUDA {major}: no stream in {out}"));
-        let gaps: Vec<(&str, GapReason, u64, &str)> = run
-            .records
-            .iter()
-            .filter_map(|r| match &r.record.op {
-                Op::Gap(g) => Some((
-                    g.skipped_api.as_str(),
-                    g.reason,
-                    r.record.stream,
-                    g.detail.as_str(),
-                )),
-                _ => None,
-            })
-            .collect();
+        let gaps = gap_records(&run);
         assert_eq!(gaps.len(), 2, "CUDA {major}: one gap per launch: {gaps:?}");
         for g in &gaps {
             assert_eq!(

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use integration_tests::{bin, describe, profile_dir, sim_dir};
 use ttrace_format::reader::Segment;
-use ttrace_format::record::{Record, Role, Tensor};
+use ttrace_format::record::{GapReason, Op, Record, Role, Tensor};
 use ttraced::{Config, Daemon, Summary};
 
 pub use integration_tests::TempDir;
@@ -254,4 +254,20 @@ pub fn sim_dtype(t: ttrace_format::dtype::DType) -> sim_kernels::dtype::DType {
 /// Stderr as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A run's gap records, in order: (skipped API, reason, stream, detail).
+pub fn gap_records(run: &Run) -> Vec<(&str, GapReason, u64, &str)> {
+    run.records
+        .iter()
+        .filter_map(|r| match &r.record.op {
+            Op::Gap(g) => Some((
+                g.skipped_api.as_str(),
+                g.reason,
+                r.record.stream,
+                g.detail.as_str(),
+            )),
+            _ => None,
+        })
+        .collect()
 }

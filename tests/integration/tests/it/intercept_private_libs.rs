@@ -108,3 +108,63 @@ fn a_lookup_in_a_second_copy_of_a_library_is_a_gap_naming_the_function() {
     let err = String::from_utf8_lossy(&run.out.stderr);
     assert!(err.contains("a copy of the library other than"), "{err}");
 }
+
+/// Another `LD_PRELOAD` wrapper beside libttrace.so (tests/integration/c/wrap_next.c: a
+/// profiler-style `cudaMemcpy` that chains with `dlsym(RTLD_NEXT, ...)`) still finds the next
+/// definition after itself, in either preload order: the interposed `dlsym` hands `RTLD_NEXT`
+/// to the C library with the caller's return address. Both tools see every call: the wrapper
+/// counts the program's two `cudaMemcpy` calls, ttrace records them.
+#[test]
+fn another_preloaded_wrapper_chaining_with_rtld_next_still_finds_its_next() {
+    let sim = integration_tests::sim_dir();
+    let include = integration_tests::abi_check::fetch_headers_for(12)
+        .unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
+    let dir = integration_tests::profile_dir().join("c-wrap-next");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let wrap = dir.join("libwrap_next.so");
+    let mut cc = std::process::Command::new("gcc");
+    cc.args([
+        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+    ]);
+    for d in &include {
+        cc.arg("-I").arg(d);
+    }
+    let src = integration_tests::abi_check::repo_root().join("tests/integration/c/wrap_next.c");
+    let out = cc
+        .arg(&src)
+        .arg("-o")
+        .arg(&wrap)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        integration_tests::describe(&out)
+    );
+    let exe = compile_c(
+        "graph_nodes.c",
+        "graph_nodes12",
+        12,
+        &sim,
+        &["libcudart.so.12"],
+    );
+    let ttrace = libttrace().display().to_string();
+    let wrap = wrap.display().to_string();
+    for preload in [format!("{ttrace}:{wrap}"), format!("{wrap}:{ttrace}")] {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_preloaded(cmd, "wrap-next", &preload);
+        assert_ok(&run);
+        let err = String::from_utf8_lossy(&run.out.stderr);
+        assert!(
+            err.contains("wrap_next: 2 calls chained"),
+            "LD_PRELOAD={preload}: {err}"
+        );
+        let copies = run
+            .records
+            .iter()
+            .filter(|r| r.record.api == "cudaMemcpy")
+            .count();
+        assert_eq!(copies, 2, "LD_PRELOAD={preload}: ttrace saw both copies");
+    }
+}

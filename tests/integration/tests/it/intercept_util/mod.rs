@@ -122,7 +122,13 @@ pub fn traced_command(c: Command) -> Run {
 
 /// As [`traced_command`], with the daemon's directory (and so `TTRACE_SOCKET`) named after
 /// `tag`: `<tmp>/ttrace-<tag>-<test pid>-<n>/sock/ttraced.sock`.
-pub fn traced_command_tagged(mut c: Command, tag: &str) -> Run {
+pub fn traced_command_tagged(c: Command, tag: &str) -> Run {
+    traced_command_preloaded(c, tag, &libttrace().display().to_string())
+}
+
+/// As [`traced_command_tagged`], with `LD_PRELOAD` set to `preload` (which names libttrace.so
+/// among other libraries).
+pub fn traced_command_preloaded(mut c: Command, tag: &str, preload: &str) -> Run {
     let dir = TempDir::new(tag);
     let mut cfg = Config::new(
         dir.path().join("sock/ttraced.sock"),
@@ -130,7 +136,7 @@ pub fn traced_command_tagged(mut c: Command, tag: &str) -> Run {
     );
     cfg.threads = 1;
     let h = Daemon::start(cfg).expect("daemon starts");
-    c.env("LD_PRELOAD", libttrace())
+    c.env("LD_PRELOAD", preload)
         .env("TTRACE_SOCKET", h.socket());
     let out = c.output().expect("the command starts");
     let store = h.store().to_path_buf();

@@ -13,7 +13,10 @@
 #                torch saw must be captured byte for byte (the same check.py table);
 #   dist.py      (4+ GPUs) torchrun with NCCL: every collective's result captured, per rank;
 #   megatron.py  the world-1 reference and its --perturb twin; with 4+ GPUs the tp=2 dp=2 run
-#                must compare MATCH and the neighbour-shard bug must be found (exit 1).
+#                must compare MATCH and the neighbour-shard bug must be found (exit 1);
+#   jax_probe.py (when JAX with a GPU backend is installed) f32 and bf16 matmuls, whose
+#                operands and outputs must be captured byte for byte (XLA's cuBLASLt calls,
+#                reached through dlsym).
 # Exits 0 when everything passed or when there is no GPU to check on (saying so), 1 when a
 # check failed.
 #
@@ -120,6 +123,18 @@ check_script() {
     "$py" scripts/gpu-check/check.py "$saved" "$store.records.jsonl" "$store.tensors" || failed=1
   fi
 }
+
+# JAX, when this python has it with a GPU backend: its GEMMs reach cuBLASLt through
+# dlsym(handle, name) (ttrace's interposed dlsym); each operand and output must be captured.
+# XLA's defaults autotune cuBLAS candidates on scratch buffers and often run the GEMM as a
+# Triton kernel, which no library hook sees: these flags make its GEMMs cuBLASLt calls.
+if "$py" -c 'import sys, jax; sys.exit(0 if jax.default_backend() == "gpu" else 1)' 2>/dev/null; then
+  echo "gpu-check: scripts/gpu-check/jax_probe.py (JAX $("$py" -c 'import jax; print(jax.__version__)'))"
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
+    check_script "$work/jax-store" "$work/jax" single -- "$py" scripts/gpu-check/jax_probe.py "$work/jax"
+else
+  echo "gpu-check: JAX skipped: this python has no JAX with a GPU backend"
+fi
 
 ngpu=$(nvidia-smi -L | grep -c '^GPU ')
 torchrun=("$py" -m torch.distributed.run)

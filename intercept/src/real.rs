@@ -27,6 +27,8 @@ pub enum Lib {
     CublasLt,
     Nccl,
     Nvtx,
+    /// The driver, `libcuda.so`.
+    Driver,
 }
 
 impl Lib {
@@ -45,6 +47,8 @@ impl Lib {
             Lib::Nccl
         } else if name.starts_with("nvtx") {
             Lib::Nvtx
+        } else if name.starts_with("cu") {
+            Lib::Driver
         } else {
             return None;
         })
@@ -57,6 +61,7 @@ impl Lib {
             Lib::CublasLt => "libcublasLt.so",
             Lib::Nccl => "libnccl.so",
             Lib::Nvtx => "libnvToolsExt.so",
+            Lib::Driver => "libcuda.so",
         }
     }
 }
@@ -159,10 +164,10 @@ pub fn is_cuda_object(addr: usize) -> bool {
         Lib::CublasLt,
         Lib::Nccl,
         Lib::Nvtx,
+        Lib::Driver,
     ]
     .iter()
     .map(|l| l.stem())
-    .chain(["libcuda.so"])
     .any(|stem| file == stem || file.strip_prefix(stem).is_some_and(|r| r.starts_with('.')))
 }
 

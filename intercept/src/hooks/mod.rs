@@ -19,6 +19,7 @@ pub mod cublas_copies;
 pub mod cublas_routines;
 pub mod cublaslt;
 pub mod cudart;
+pub mod driver;
 pub mod graph;
 pub mod memset;
 pub mod nccl;

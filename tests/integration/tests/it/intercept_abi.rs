@@ -51,7 +51,7 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 16] = [
+const HOOK_MACROS: [(&str, &str); 18] = [
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
@@ -66,6 +66,8 @@ const HOOK_MACROS: [(&str, &str); 16] = [
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
     ("blas_copy_hook", "cublasStatus_t"),
+    ("cu_copy_hook", "CUresult"),
+    ("cu_memset_hook", "CUresult"),
     ("lt_hook", "cublasStatus_t"),
     ("nvtx_hook", "()"),
 ];

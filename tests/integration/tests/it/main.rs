@@ -37,6 +37,7 @@ mod intercept_blas_routines;
 mod intercept_blockscaled;
 mod intercept_c_api;
 mod intercept_census;
+mod intercept_driver;
 mod intercept_gemm;
 mod intercept_gemm_more;
 mod intercept_graph;

@@ -1,0 +1,102 @@
+/*
+ * A C program written only against NVIDIA's headers that moves tensors with the driver API,
+ * as JAX's XLA plugin does. argv[1]: "linked" (the driver's entry points as the program links
+ * them) or "dlsym" (libcuda.so.1 dlopened without RTLD_GLOBAL, every entry point taken with
+ * dlsym(handle, name), as XLA does). The runtime only initialises the device and makes the
+ * stream (prints "driver_copies: stream 0x...").
+ *
+ * On that stream and the legacy one: cuMemcpyHtoD_v2 of 64 floats (host_a), cuMemcpyHtoDAsync_v2
+ * (host_b), cuMemcpyDtoDAsync_v2 of it, cuMemsetD32Async to 0 of 64 words then of 1.0f over
+ * 16, cuMemcpyDtoHAsync_v2 of the device-to-device copy, cuMemcpyDtoH_v2 of the first buffer,
+ * cuMemcpy (unified addressing) of it into a fifth buffer and cuMemsetD8_v2 of 0x11 over its
+ * first 8 bytes. Every byte read back is checked. Prints "driver_copies: OK"; exit status 1 on
+ * a failure.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#define PROGRAM "driver_copies"
+#include "check.h"
+
+#define N 64
+#define CU(call)                                                  \
+    do {                                                          \
+        CUresult r_ = (call);                                     \
+        if (r_ != CUDA_SUCCESS) FAIL("%s: CUresult %d", #call, (int)r_); \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc != 2) FAIL("usage: driver_copies linked|dlsym");
+    int by_dlsym = strcmp(argv[1], "dlsym") == 0;
+    __typeof__(&cuMemAlloc_v2) alloc = &cuMemAlloc_v2;
+    __typeof__(&cuMemcpyHtoD_v2) htod = &cuMemcpyHtoD_v2;
+    __typeof__(&cuMemcpyDtoH_v2) dtoh = &cuMemcpyDtoH_v2;
+    __typeof__(&cuMemcpy) copy = &cuMemcpy;
+    __typeof__(&cuMemcpyHtoDAsync_v2) htod_async = &cuMemcpyHtoDAsync_v2;
+    __typeof__(&cuMemcpyDtoHAsync_v2) dtoh_async = &cuMemcpyDtoHAsync_v2;
+    __typeof__(&cuMemcpyDtoDAsync_v2) dtod_async = &cuMemcpyDtoDAsync_v2;
+    __typeof__(&cuMemsetD32Async) set32_async = &cuMemsetD32Async;
+    __typeof__(&cuMemsetD8_v2) set8 = &cuMemsetD8_v2;
+    if (by_dlsym) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
+#define TAKE(var, name)                                    \
+    do {                                                   \
+        *(void **)&var = dlsym(h, name);                   \
+        if (!var) FAIL("dlsym %s: %s", name, dlerror());   \
+    } while (0)
+        TAKE(alloc, "cuMemAlloc_v2");
+        TAKE(htod, "cuMemcpyHtoD_v2");
+        TAKE(dtoh, "cuMemcpyDtoH_v2");
+        TAKE(copy, "cuMemcpy");
+        TAKE(htod_async, "cuMemcpyHtoDAsync_v2");
+        TAKE(dtoh_async, "cuMemcpyDtoHAsync_v2");
+        TAKE(dtod_async, "cuMemcpyDtoDAsync_v2");
+        TAKE(set32_async, "cuMemsetD32Async");
+        TAKE(set8, "cuMemsetD8_v2");
+    }
+
+    CK_CUDA(cudaFree(0));
+    cudaStream_t rs;
+    CK_CUDA(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
+    CUstream s = (CUstream)rs;
+    printf("driver_copies: stream %p\n", (void *)s);
+
+    float host_a[N], host_b[N], back[N], words[N];
+    for (int i = 0; i < N; i++) {
+        host_a[i] = (float)i * 0.25f;
+        host_b[i] = 100.0f - (float)i;
+    }
+    CUdeviceptr d[5];
+    for (int i = 0; i < 5; i++) CU(alloc(&d[i], sizeof host_a));
+    CU(htod(d[0], host_a, sizeof host_a));
+    CU(htod_async(d[1], host_b, sizeof host_b, s));
+    CU(dtod_async(d[2], d[1], sizeof host_b, s));
+    CU(set32_async(d[3], 0, N, s));
+    CU(set32_async(d[3], 0x3f800000u, 16, s));
+    CU(dtoh_async(back, d[2], sizeof back, s));
+    CK_CUDA(cudaStreamSynchronize(rs));
+    for (int i = 0; i < N; i++)
+        if (back[i] != host_b[i]) FAIL("device-to-device: %d: %g", i, (double)back[i]);
+    CU(dtoh(words, d[3], sizeof words));
+    for (int i = 0; i < N; i++)
+        if (words[i] != (i < 16 ? 1.0f : 0.0f)) FAIL("memset D32: %d: %g", i, (double)words[i]);
+    CU(dtoh(back, d[0], sizeof back));
+    for (int i = 0; i < N; i++)
+        if (back[i] != host_a[i]) FAIL("upload: %d: %g", i, (double)back[i]);
+    CU(copy(d[4], d[0], sizeof host_a));
+    CU(set8(d[4], 0x11, 8));
+    unsigned char bytes[sizeof host_a];
+    CU(dtoh(bytes, d[4], sizeof bytes));
+    for (size_t i = 0; i < sizeof bytes; i++) {
+        unsigned char want = i < 8 ? 0x11 : ((unsigned char *)host_a)[i];
+        if (bytes[i] != want) FAIL("unified copy + memset D8: byte %zu", i);
+    }
+    CK_CUDA(cudaStreamDestroy(rs));
+    printf("driver_copies: OK\n");
+    return 0;
+}

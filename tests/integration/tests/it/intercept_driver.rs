@@ -1,0 +1,107 @@
+//! Driver API copies and memsets under libttrace.so: a program written only against NVIDIA's
+//! headers (tests/integration/c/driver_copies.c) moves tensors with `cuMemcpy*` and sets
+//! memory with `cuMemsetD*`, linking the driver or taking every entry point with
+//! `dlsym(handle, name)` from a privately opened `libcuda.so.1`, as JAX's XLA plugin does. Each
+//! copy is captured under the driver's API name with its direction, stream and bytes; a memset
+//! of one repeated byte is a `memset` record; a 32-bit pattern of unequal bytes is a gap naming
+//! it. Nothing else is recorded.
+
+use crate::intercept_util;
+
+use integration_tests::c_build::compile_c;
+use intercept_util::*;
+use ttrace_format::record::{CopyDirection, GapReason, Op};
+
+fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(f32::to_le_bytes).collect()
+}
+
+/// A record as the test compares it: API, what it is, stream, bytes.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Copy(String, CopyDirection, u64, Vec<u8>),
+    Memset(String, u8, u64, u64),
+    Gap(String, GapReason, u64, u64),
+}
+
+#[test]
+fn driver_copies_and_memsets_are_captured_linked_or_taken_with_dlsym() {
+    for major in [12, 13] {
+        let Some(sim) = integration_tests::sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let cudart = format!("libcudart.so.{major}");
+        let exe = compile_c(
+            "driver_copies.c",
+            &format!("driver_copies{major}"),
+            major,
+            &sim,
+            &[&cudart, "libcuda.so.1"],
+        );
+        for mode in ["linked", "dlsym"] {
+            if mode == "dlsym" && !cfg!(target_arch = "x86_64") {
+                continue; // dlsym is interposed on x86-64 only
+            }
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
+            let run = traced_command_tagged(cmd, "driver-copies-c");
+            assert_ok(&run);
+            assert_checksums(&run);
+            let out = String::from_utf8_lossy(&run.out.stdout);
+            assert!(
+                out.contains("driver_copies: OK"),
+                "CUDA {major} {mode}: {out}"
+            );
+            let s = out
+                .lines()
+                .find_map(|l| l.strip_prefix("driver_copies: stream 0x"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+                .unwrap_or_else(|| panic!("CUDA {major} {mode}: no stream in {out}"));
+            let seen: Vec<Seen> = run
+                .records
+                .iter()
+                .map(|r| {
+                    let api = r.record.api.clone();
+                    let stream = r.record.stream;
+                    match &r.record.op {
+                        Op::Memcpy(m) => Seen::Copy(
+                            api,
+                            m.direction,
+                            stream,
+                            r.bytes.first().cloned().flatten().unwrap_or_default(),
+                        ),
+                        Op::Memset(m) => Seen::Memset(api, m.value, m.width, stream),
+                        Op::Gap(g) => Seen::Gap(g.skipped_api.clone(), g.reason, g.bytes, stream),
+                        other => panic!("CUDA {major} {mode}: unexpected {other:?}"),
+                    }
+                })
+                .collect();
+            let a = f32_bytes((0..64).map(|i| i as f32 * 0.25));
+            let b = f32_bytes((0..64).map(|i| 100.0 - i as f32));
+            let words = f32_bytes((0..64).map(|i| if i < 16 { 1.0 } else { 0.0 }));
+            let mut last = a.clone();
+            last[..8].fill(0x11);
+            use CopyDirection::*;
+            let c = |api: &str, d, st, bytes: &[u8]| Seen::Copy(api.into(), d, st, bytes.to_vec());
+            let want = vec![
+                c("cuMemcpyHtoD_v2", HostToDevice, 0, &a),
+                c("cuMemcpyHtoDAsync_v2", HostToDevice, s, &b),
+                c("cuMemcpyDtoDAsync_v2", DeviceToDevice, s, &b),
+                Seen::Memset("cuMemsetD32Async".into(), 0, 256, s),
+                Seen::Gap("cuMemsetD32Async".into(), GapReason::Unsupported, 64, s),
+                c("cuMemcpyDtoHAsync_v2", DeviceToHost, s, &b),
+                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &words),
+                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &a),
+                c("cuMemcpy", DeviceToDevice, 0, &a),
+                Seen::Memset("cuMemsetD8_v2".into(), 0x11, 8, 0),
+                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &last),
+            ];
+            assert_eq!(seen, want, "CUDA {major} {mode}");
+            assert_eq!(run.summary.gaps, 1, "CUDA {major} {mode}");
+        }
+    }
+}

@@ -275,7 +275,7 @@ fn memset_pattern<const W: usize>(
     if runtime().is_none() {
         return CUDA_ERROR_NOT_INITIALIZED;
     }
-    if dst % W as CUdeviceptr != 0 {
+    if !dst.is_multiple_of(W as CUdeviceptr) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     if n == 0 {

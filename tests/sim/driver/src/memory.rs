@@ -15,15 +15,17 @@
 //! only) cannot: they enqueue a kernel through the runtime's private launch interface
 //! (`sim_device::launch`), as the simulated cuBLAS does. Their destination must be aligned to
 //! the element size and lie in one allocation the device reaches, else
-//! `CUDA_ERROR_INVALID_VALUE`. Like `cudaMemset`, the synchronous memsets are asynchronous
-//! with respect to the host for device memory.
+//! `CUDA_ERROR_INVALID_VALUE`. The synchronous memsets are asynchronous with respect to the
+//! host for device memory and fully synchronous for pinned host or managed memory, as CUDA's
+//! "API synchronization behavior" documents.
 
 use core::ffi::{c_int, c_uchar, c_uint, c_ushort, c_void};
 use std::ffi::CStr;
 
 use cuda_abi::cudart::{
     cudaError_t, cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
-    cudaMemcpyHostToDevice, cudaMemcpyKind, cudaStream_t,
+    cudaMemcpyHostToDevice, cudaMemcpyKind, cudaMemoryTypeHost, cudaMemoryTypeManaged,
+    cudaPointerAttributes, cudaStream_t,
 };
 use cuda_abi::driver::*;
 
@@ -245,6 +247,35 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
 
 // ---- Memsets ------------------------------------------------------------------------------
 
+/// Completes a synchronous memset that `r` enqueued on the legacy default stream: CUDA makes
+/// it synchronous with respect to the host when `dst` is pinned host or managed memory (the
+/// host may read it at once), asynchronous for device memory.
+fn finish_sync_memset(dst: CUdeviceptr, r: CUresult) -> CUresult {
+    type Attr = unsafe extern "C" fn(*mut cudaPointerAttributes, *const c_void) -> c_uint;
+    type Sync = unsafe extern "C" fn(cudaStream_t) -> c_uint;
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    // SAFETY: cudaPointerAttributes is plain data (integers and pointers): all-zero is valid.
+    let mut a: cudaPointerAttributes = unsafe { std::mem::zeroed() };
+    // SAFETY: `cudaPointerGetAttributes`'s C signature.
+    let host_visible = unsafe { runtime_fn::<Attr>(c"cudaPointerGetAttributes") }.is_ok_and(|f| {
+        // SAFETY: a valid out-pointer; the runtime only classifies the address.
+        let ok = unsafe { f(&mut a, addr(dst)) } == 0;
+        ok && (a.type_ == cudaMemoryTypeHost || a.type_ == cudaMemoryTypeManaged)
+    });
+    if !host_visible {
+        return CUDA_SUCCESS;
+    }
+    // SAFETY: `cudaStreamSynchronize`'s C signature.
+    done(
+        unsafe { runtime_fn::<Sync>(c"cudaStreamSynchronize") }.map(|f| {
+            // SAFETY: the legacy default stream.
+            unsafe { f(std::ptr::null_mut()) }
+        }),
+    )
+}
+
 /// `cudaMemset` (`stream` None) or `cudaMemsetAsync` of the runtime.
 fn memset_bytes(dst: CUdeviceptr, value: c_uchar, n: usize, stream: Option<CUstream>) -> CUresult {
     type Sync = unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_uint;
@@ -301,7 +332,7 @@ fn memset_pattern<const W: usize>(
 /// `cuMemsetD8_v2`: `N` bytes set to `uc` (legacy default stream).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) -> CUresult {
-    memset_bytes(dstDevice, uc, N, None)
+    finish_sync_memset(dstDevice, memset_bytes(dstDevice, uc, N, None))
 }
 
 /// `cuMemsetD16_v2`: `N` 16-bit values set to `us`; `dstDevice` 2-byte aligned.
@@ -311,13 +342,15 @@ pub unsafe extern "C" fn cuMemsetD16_v2(
     us: c_ushort,
     N: usize,
 ) -> CUresult {
-    memset_pattern(dstDevice, us.to_le_bytes(), N, std::ptr::null_mut())
+    let r = memset_pattern(dstDevice, us.to_le_bytes(), N, std::ptr::null_mut());
+    finish_sync_memset(dstDevice, r)
 }
 
 /// `cuMemsetD32_v2`: `N` 32-bit values set to `ui`; `dstDevice` 4-byte aligned.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) -> CUresult {
-    memset_pattern(dstDevice, ui.to_le_bytes(), N, std::ptr::null_mut())
+    let r = memset_pattern(dstDevice, ui.to_le_bytes(), N, std::ptr::null_mut());
+    finish_sync_memset(dstDevice, r)
 }
 
 /// `cuMemsetD8Async`: `cuMemsetD8_v2` on `hStream`.

@@ -175,6 +175,23 @@ pub fn driver_copies(_args: &[String]) -> Result<(), String> {
     ck!(cudaStreamSynchronize(s));
     expect("refused memsets", &read(a)?, &want)?;
 
+    // Pinned host memory: a synchronous memset is complete when it returns (read at once).
+    let mut pinned: *mut core::ffi::c_void = std::ptr::null_mut();
+    ck!(cudaMallocHost(&mut pinned, 64));
+    cu!(cuMemsetD8_v2(host_addr(pinned), 0, 64));
+    cu!(cuMemsetD32_v2(host_addr(pinned) + 4, 0x0a0b_0c0d, 3));
+    cu!(cuMemsetD16_v2(host_addr(pinned) + 32, 0x7f80, 5));
+    // SAFETY: 64 bytes of pinned host memory, no work pending on them.
+    let got = unsafe { std::slice::from_raw_parts(pinned.cast::<u8>(), 64) }.to_vec();
+    let mut want_pinned = filled(&[0u8; 64], 4, 0x0a0b_0c0du32.to_le_bytes(), 3);
+    want_pinned = filled(&want_pinned, 32, 0x7f80u16.to_le_bytes(), 5);
+    expect(
+        "synchronous memsets of pinned host memory",
+        &got,
+        &want_pinned,
+    )?;
+    ck!(cudaFreeHost(pinned));
+
     // Stream-ordered memsets on the runtime stream.
     cu!(cuMemsetD8Async(b, 0x11, N, s));
     cu!(cuMemsetD16Async(b + 6, 0xa55a, 7, s));

@@ -73,7 +73,9 @@ pub type CUdriverProcAddressQueryResult = c_uint;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_DEINITIALIZED: CUresult = 4;
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
@@ -82,6 +84,7 @@ pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 

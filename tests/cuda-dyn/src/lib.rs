@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 pub mod cublas;
 pub mod cublaslt;
 pub mod cudart;
+pub mod driver;
 pub mod nccl;
 pub mod nvtx;
 
@@ -30,6 +31,10 @@ pub const LIBRARIES: [&str; 5] = [
     "libnccl.so.2",
     "libnvToolsExt.so.1",
 ];
+
+/// Libraries loaded only when a program first calls into them (by the same search as
+/// [`LIBRARIES`]): the driver, which the runtime opens itself and most programs never call.
+pub const LAZY_LIBRARIES: [&str; 1] = ["libcuda.so.1"];
 
 /// Where to look when the dynamic linker's search path has no CUDA libraries: `$CUDA_DYN_LIB_DIR`,
 /// then `sim/` next to the executable and one directory up (where cargo leaves test binaries).
@@ -50,22 +55,30 @@ fn fallback_dirs() -> Vec<PathBuf> {
 /// libraries that could not be loaded.
 pub fn load_libraries() -> &'static [String] {
     static MISSING: OnceLock<Vec<String>> = OnceLock::new();
-    MISSING.get_or_init(|| {
-        let mut missing = Vec::new();
-        for lib in LIBRARIES {
-            let mut loaded = dlopen_global(lib);
-            for d in fallback_dirs() {
-                if loaded {
-                    break;
-                }
-                loaded = dlopen_global(&d.join(lib).to_string_lossy());
+    MISSING.get_or_init(|| load_all(&LIBRARIES))
+}
+
+/// Loads [`LAZY_LIBRARIES`] once; returns those that could not be loaded.
+fn load_lazy_libraries() -> &'static [String] {
+    static MISSING: OnceLock<Vec<String>> = OnceLock::new();
+    MISSING.get_or_init(|| load_all(&LAZY_LIBRARIES))
+}
+
+fn load_all(libs: &[&str]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for lib in libs {
+        let mut loaded = dlopen_global(lib);
+        for d in fallback_dirs() {
+            if loaded {
+                break;
             }
-            if !loaded {
-                missing.push(lib.to_string());
-            }
+            loaded = dlopen_global(&d.join(lib).to_string_lossy());
         }
-        missing
-    })
+        if !loaded {
+            missing.push(lib.to_string());
+        }
+    }
+    missing
 }
 
 fn dlopen_global(path: &str) -> bool {
@@ -76,17 +89,26 @@ fn dlopen_global(path: &str) -> bool {
     !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
 }
 
-/// Resolves `name` (NUL-terminated) in the global scope, where `LD_PRELOAD` comes first.
+/// Resolves `name` (NUL-terminated) in the global scope, where `LD_PRELOAD` comes first
+/// (loading [`LAZY_LIBRARIES`] when the eager ones do not define it).
 #[doc(hidden)]
 pub fn resolve(name: &'static str) -> *mut c_void {
     load_libraries();
-    // SAFETY: `name` is NUL-terminated by the macro.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr().cast::<c_char>()) };
+    let lookup = || {
+        // SAFETY: `name` is NUL-terminated by the macro.
+        unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr().cast::<c_char>()) }
+    };
+    let mut p = lookup();
+    if p.is_null() {
+        load_lazy_libraries();
+        p = lookup();
+    }
     if p.is_null() {
         let shown = name.trim_end_matches('\0');
         eprintln!(
-            "cuda-dyn: `{shown}` not found; missing libraries: {:?} (set CUDA_DYN_LIB_DIR or LD_LIBRARY_PATH)",
-            load_libraries()
+            "cuda-dyn: `{shown}` not found; missing libraries: {:?} {:?} (set CUDA_DYN_LIB_DIR or LD_LIBRARY_PATH)",
+            load_libraries(),
+            load_lazy_libraries()
         );
         std::process::exit(127);
     }

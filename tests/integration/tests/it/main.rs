@@ -62,6 +62,7 @@ mod run_cli;
 mod run_e2e;
 mod run_perturb;
 mod sim_blas_more;
+mod sim_driver;
 mod sim_gemm;
 mod sim_graph_nodes;
 mod sim_nccl;

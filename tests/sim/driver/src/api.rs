@@ -8,7 +8,7 @@ use cuda_abi::cudart::CUDART_VERSION;
 use cuda_abi::driver::*;
 
 /// The loaded simulated runtime (never loaded here: it is the one the program uses).
-fn runtime() -> Option<usize> {
+pub(crate) fn runtime() -> Option<usize> {
     static H: OnceLock<Option<usize>> = OnceLock::new();
     *H.get_or_init(|| {
         let soname = concat!(env!("SIM_CUDART_SONAME"), "\0");
@@ -22,7 +22,7 @@ fn runtime() -> Option<usize> {
 ///
 /// # Safety
 /// `F` must be the C signature of `name`.
-unsafe fn rt_fn<F: Copy>(name: &CStr) -> Option<F> {
+pub(crate) unsafe fn rt_fn<F: Copy>(name: &CStr) -> Option<F> {
     let h = runtime()?;
     // SAFETY: a live handle and a NUL-terminated name.
     let p = unsafe { libc::dlsym(h as *mut c_void, name.as_ptr()) };

@@ -18,5 +18,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod api;
+mod memory;
 
 pub use api::*;
+pub use memory::*;

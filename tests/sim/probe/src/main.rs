@@ -9,6 +9,7 @@ mod blas_more;
 mod blockscaled;
 mod capture;
 mod collectives;
+mod driver_copies;
 mod gemm;
 mod ksplit;
 mod memset;
@@ -96,6 +97,11 @@ const PROBES: &[(&str, &str, Probe)] = &[
         "blas-more",
         "cuBLAS helper copies, f32 axpy/scal/dot/geam, cuBLASLt matrix transform",
         blas_more::blas_more,
+    ),
+    (
+        "driver-copies",
+        "driver API cuMemAlloc/cuMemcpy*/cuMemsetD8/D16/D32, sync and on a stream, byte for byte",
+        driver_copies::driver_copies,
     ),
     (
         "ksplit",

@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, cuBLASLt's
+//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, the driver's `cu_copy_hook!` and `cu_memset_hook!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
 //! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker

@@ -1,5 +1,5 @@
 //! `cuda.h`: the CUDA driver API types the simulated `libcuda.so.1` exports use.
-use core::ffi::{c_int, c_uint, c_ulonglong};
+use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
 pub use crate::cudart::{CUstream_st, CUuuid_st};
 
@@ -23,6 +23,69 @@ crate::opaque_struct!(
     /// `CUtensorMap` (`struct CUtensorMap_st`, 64-byte aligned opaque words): passed by pointer.
     CUtensorMap_st
 );
+
+crate::opaque_struct!(
+    /// Pointee of `CUarray`.
+    CUarray_st
+);
+crate::opaque_struct!(
+    /// `CUDA_MEMCPY3D` (`struct CUDA_MEMCPY3D_st`): a 3-D copy's parameters, passed by pointer
+    /// and not read by the tracer.
+    CUDA_MEMCPY3D_st
+);
+crate::opaque_struct!(
+    /// `CUDA_MEMCPY3D_PEER` (`struct CUDA_MEMCPY3D_PEER_st`): a 3-D copy between contexts,
+    /// passed by pointer and not read by the tracer.
+    CUDA_MEMCPY3D_PEER_st
+);
+crate::opaque_struct!(
+    /// `CUmemcpyAttributes` (`struct CUmemcpyAttributes_st`): a batch copy's attributes,
+    /// passed by pointer and not read by the tracer.
+    CUmemcpyAttributes_st
+);
+crate::opaque_struct!(
+    /// `CUDA_MEMCPY3D_BATCH_OP` (`struct CUDA_MEMCPY3D_BATCH_OP_st`): one 3-D copy of a batch,
+    /// passed by pointer and not read by the tracer.
+    CUDA_MEMCPY3D_BATCH_OP_st
+);
+
+/// `struct CUDA_MEMCPY2D_st` (`CUDA_MEMCPY2D`): a 2-D copy (`cuMemcpy2D_v2`,
+/// `cuMemcpy2DAsync_v2`, `cuMemcpy2DUnaligned_v2`), each end host, device or array memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEMCPY2D_st {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcMemoryType: CUmemorytype,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub srcPitch: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstMemoryType: CUmemorytype,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub dstPitch: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+}
+
+/// `CUDA_MEMCPY2D`.
+pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_st;
+/// `CUDA_MEMCPY3D`.
+pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_st;
+/// `CUDA_MEMCPY3D_PEER`.
+pub type CUDA_MEMCPY3D_PEER = CUDA_MEMCPY3D_PEER_st;
+/// `CUmemcpyAttributes`.
+pub type CUmemcpyAttributes = CUmemcpyAttributes_st;
+/// `CUDA_MEMCPY3D_BATCH_OP`.
+pub type CUDA_MEMCPY3D_BATCH_OP = CUDA_MEMCPY3D_BATCH_OP_st;
+/// A CUDA array (texture memory, not linear).
+pub type CUarray = *mut CUarray_st;
+/// `CUmemorytype`.
+pub type CUmemorytype = c_uint;
 
 /// `enum cudaError_enum` (non-negative values: `unsigned int`).
 pub type CUresult = c_uint;

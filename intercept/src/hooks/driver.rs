@@ -8,8 +8,9 @@
 //! 16- or 32-bit pattern of unequal bytes, which a `memset` record cannot say, an `unsupported`
 //! gap naming it. The synchronous spellings use the legacy default stream.
 //!
-//! Not hooked yet (silent): the driver's 2-D, 3-D, array, peer and batch copies and 2-D
-//! memsets, and what programs reach through `cuGetProcAddress`.
+//! The driver's other copies and memsets (2-D, 3-D, array, peer, batch and attribute copies,
+//! 2-D memsets) are gaps ([`driver_gaps`](super::driver_gaps)). Not hooked yet (silent): what
+//! programs reach through `cuGetProcAddress`.
 
 use core::ffi::{c_uchar, c_uint, c_ushort, c_void};
 

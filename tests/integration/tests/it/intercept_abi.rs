@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, the driver's `cu_copy_hook!` and `cu_memset_hook!`, cuBLASLt's
+//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
 //! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
@@ -51,7 +51,7 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 18] = [
+const HOOK_MACROS: [(&str, &str); 19] = [
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
@@ -68,6 +68,7 @@ const HOOK_MACROS: [(&str, &str); 18] = [
     ("blas_copy_hook", "cublasStatus_t"),
     ("cu_copy_hook", "CUresult"),
     ("cu_memset_hook", "CUresult"),
+    ("cu_gap", "CUresult"),
     ("lt_hook", "cublasStatus_t"),
     ("nvtx_hook", "()"),
 ];
@@ -292,7 +293,7 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
 
 /// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
 /// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
-const NEWER: [&str; 8] = [
+const NEWER: [&str; 12] = [
     "ncclAlltoAll",
     "ncclPutSignal",
     "ncclGather",
@@ -301,6 +302,10 @@ const NEWER: [&str; 8] = [
     "cudaMemcpyWithAttributesAsync_ptsz",
     "cudaMemcpy3DWithAttributesAsync",
     "cudaMemcpy3DWithAttributesAsync_ptsz",
+    "cuMemcpyBatchAsync_v2",
+    "cuMemcpy3DBatchAsync_v2",
+    "cuMemcpyWithAttributesAsync",
+    "cuMemcpy3DWithAttributesAsync",
 ];
 
 #[test]

@@ -1,7 +1,7 @@
 //! No silent holes, checked against NVIDIA's headers rather than against a list of our own:
-//! every entry point of cuBLAS, cuBLASLt, NCCL and the CUDA runtime that moves tensor data is
-//! exported by libttrace.so (captured, or recorded as a gap naming it), for the CUDA 12 and
-//! the CUDA 13 header sets. What "moves tensor data" means is a rule per library, read off the
+//! every entry point of cuBLAS, cuBLASLt, NCCL, the CUDA runtime and the CUDA driver that moves
+//! tensor data is exported by libttrace.so (captured, or recorded as a gap naming it), for the
+//! CUDA 12 and the CUDA 13 header sets. What "moves tensor data" means is a rule per library, read off the
 //! declarations (docs/capture.md, "What is captured, and what is a gap"):
 //! * cuBLAS (`cublas_api.h`): a parameter points to numbers (`float`, `double`, `cuComplex`,
 //!   `cuDoubleComplex`, `__half`, `void`, `unsigned char`, `signed char`) and is not a
@@ -11,7 +11,9 @@
 //! * NCCL (`nccl.h`): a `cudaStream_t` parameter and a `void` buffer pointer (the collectives,
 //!   point-to-point calls and one-sided puts; the `pnccl` profiling aliases aside);
 //! * the CUDA runtime (`cuda_runtime_api.h`): `Memcpy` or `Memset` in the name, except the
-//!   graph-building API (`cudaGraph*`), which moves nothing itself.
+//!   graph-building API (`cudaGraph*`), which moves nothing itself;
+//! * the CUDA driver (`cuda.h`): functions returning `CUresult` with `Memcpy` or `Memset` in
+//!   the name, except the graph-building API (`cuGraph*`).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -73,11 +75,15 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
     let cudart = names(decl("cuda_runtime_api.h", "cudaError_t", "cuda"), &|d| {
         (d.name.contains("Memcpy") || d.name.contains("Memset")) && !d.name.starts_with("cudaGraph")
     });
+    let driver = names(decl("cuda.h", "CUresult", "cu"), &|d| {
+        (d.name.contains("Memcpy") || d.name.contains("Memset")) && !d.name.starts_with("cuGraph")
+    });
     vec![
         ("cuBLAS", cublas),
         ("cuBLASLt", lt),
         ("NCCL", nccl),
         ("the CUDA runtime", cudart),
+        ("the CUDA driver", driver),
     ]
 }
 
@@ -88,7 +94,7 @@ fn exported() -> BTreeSet<String> {
 
 /// Checks one header set: each library's rule finds its known data movers (the rule is not
 /// vacuous) and libttrace.so exports every one.
-fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 4]) {
+fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 5]) {
     let include = abi_check::fetch_headers_for(major).unwrap_or_else(|e| panic!("headers: {e}"));
     let exported = exported();
     let mut holes = Vec::new();
@@ -123,6 +129,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_12() {
             ("cuBLASLt", 2, "cublasLtMatrixTransform"),
             ("NCCL", 8, "ncclAllReduce"),
             ("the CUDA runtime", 30, "cudaMemcpy2DAsync"),
+            ("the CUDA driver", 38, "cuMemcpy3D_v2"),
         ],
     );
 }
@@ -136,6 +143,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_13() {
             ("cuBLASLt", 2, "cublasLtMatmul"),
             ("NCCL", 12, "ncclPutSignal"),
             ("the CUDA runtime", 30, "cudaMemcpyBatchAsync"),
+            ("the CUDA driver", 40, "cuMemcpyWithAttributesAsync"),
         ],
     );
 }

@@ -18,8 +18,11 @@
 //! `CUDA_ERROR_INVALID_VALUE`. The synchronous memsets are asynchronous with respect to the
 //! host for device memory and fully synchronous for pinned host or managed memory, as CUDA's
 //! "API synchronization behavior" documents.
+//!
+//! The other copies and memsets (2-D, 3-D, array, peer, batch, with attributes; 2-D memsets)
+//! are exported with their exact signatures and return `CUDA_ERROR_NOT_SUPPORTED`.
 
-use core::ffi::{c_int, c_uchar, c_uint, c_ushort, c_void};
+use core::ffi::{c_int, c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 use std::ffi::CStr;
 
 use cuda_abi::cudart::{
@@ -384,4 +387,321 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     hStream: CUstream,
 ) -> CUresult {
     memset_pattern(dstDevice, ui.to_le_bytes(), N, hStream)
+}
+
+// ---- Not simulated ------------------------------------------------------------------------
+// The 2-D, 3-D, array, peer, batch and attribute copies and the 2-D memsets: exported with
+// their exact signatures (libttrace.so hooks them as gaps) and refused.
+
+/// `cuMemcpyPeer`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeer(
+    _dstDevice: CUdeviceptr,
+    _dstContext: CUcontext,
+    _srcDevice: CUdeviceptr,
+    _srcContext: CUcontext,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyDtoA_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoA_v2(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcDevice: CUdeviceptr,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoD_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoD_v2(
+    _dstDevice: CUdeviceptr,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyHtoA_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoA_v2(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcHost: *const c_void,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoH_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoH_v2(
+    _dstHost: *mut c_void,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoA_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoA_v2(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2D_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2D_v2(_pCopy: *const CUDA_MEMCPY2D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2DUnaligned_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2(_pCopy: *const CUDA_MEMCPY2D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3D_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3D_v2(_pCopy: *const CUDA_MEMCPY3D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DPeer`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeer(_pCopy: *const CUDA_MEMCPY3D_PEER) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyPeerAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeerAsync(
+    _dstDevice: CUdeviceptr,
+    _dstContext: CUcontext,
+    _srcDevice: CUdeviceptr,
+    _srcContext: CUcontext,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyHtoAAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoAAsync_v2(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcHost: *const c_void,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoHAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoHAsync_v2(
+    _dstHost: *mut c_void,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2DAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2(
+    _pCopy: *const CUDA_MEMCPY2D,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(
+    _pCopy: *const CUDA_MEMCPY3D,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DPeerAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeerAsync(
+    _pCopy: *const CUDA_MEMCPY3D_PEER,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyBatchAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyBatchAsync(
+    _dsts: *mut CUdeviceptr,
+    _srcs: *mut CUdeviceptr,
+    _sizes: *mut usize,
+    _count: usize,
+    _attrs: *mut CUmemcpyAttributes,
+    _attrsIdxs: *mut usize,
+    _numAttrs: usize,
+    _failIdx: *mut usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DBatchAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync(
+    _numOps: usize,
+    _opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _failIdx: *mut usize,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D8_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D8_v2(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _uc: c_uchar,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D16_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D16_v2(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _us: c_ushort,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D32_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D32_v2(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _ui: c_uint,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D8Async`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D8Async(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _uc: c_uchar,
+    _Width: usize,
+    _Height: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D16Async`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D16Async(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _us: c_ushort,
+    _Width: usize,
+    _Height: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D32Async`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D32Async(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _ui: c_uint,
+    _Width: usize,
+    _Height: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyBatchAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
+    _dsts: *mut CUdeviceptr,
+    _srcs: *mut CUdeviceptr,
+    _sizes: *mut usize,
+    _count: usize,
+    _attrs: *mut CUmemcpyAttributes,
+    _attrsIdxs: *mut usize,
+    _numAttrs: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DBatchAsync_v2`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync_v2(
+    _numOps: usize,
+    _opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyWithAttributesAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyWithAttributesAsync(
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _size: usize,
+    _attr: *mut CUmemcpyAttributes,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DWithAttributesAsync`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync(
+    _op: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
 }

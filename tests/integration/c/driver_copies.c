@@ -9,7 +9,8 @@
  * (host_b), cuMemcpyDtoDAsync_v2 of it, cuMemsetD32Async to 0 of 64 words then of 1.0f over
  * 16, cuMemcpyDtoHAsync_v2 of the device-to-device copy, cuMemcpyDtoH_v2 of the first buffer,
  * cuMemcpy (unified addressing) of it into a fifth buffer and cuMemsetD8_v2 of 0x11 over its
- * first 8 bytes. Every byte read back is checked. Prints "driver_copies: OK"; exit status 1 on
+ * first 8 bytes, and cuMemsetD2D8Async of 0x22 over two rows of 16 bytes, 64 apart (not captured:
+ * a gap). Every byte read back is checked. Prints "driver_copies: OK"; exit status 1 on
  * a failure.
  */
 #include <cuda.h>
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
     __typeof__(&cuMemcpyDtoDAsync_v2) dtod_async = &cuMemcpyDtoDAsync_v2;
     __typeof__(&cuMemsetD32Async) set32_async = &cuMemsetD32Async;
     __typeof__(&cuMemsetD8_v2) set8 = &cuMemsetD8_v2;
+    __typeof__(&cuMemsetD2D8Async) set2d_async = &cuMemsetD2D8Async;
     if (by_dlsym) {
         void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
@@ -58,6 +60,7 @@ int main(int argc, char **argv) {
         TAKE(dtod_async, "cuMemcpyDtoDAsync_v2");
         TAKE(set32_async, "cuMemsetD32Async");
         TAKE(set8, "cuMemsetD8_v2");
+        TAKE(set2d_async, "cuMemsetD2D8Async");
     }
 
     CK_CUDA(cudaFree(0));
@@ -95,6 +98,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof bytes; i++) {
         unsigned char want = i < 8 ? 0x11 : ((unsigned char *)host_a)[i];
         if (bytes[i] != want) FAIL("unified copy + memset D8: byte %zu", i);
+    }
+    CU(set2d_async(d[2], 64, 0x22, 16, 2, s));
+    CK_CUDA(cudaStreamSynchronize(rs));
+    unsigned char rows[128];
+    CU(dtoh(rows, d[2], sizeof rows));
+    for (size_t i = 0; i < sizeof rows; i++) {
+        unsigned char want = (i % 64) < 16 ? 0x22 : ((unsigned char *)host_b)[i];
+        if (rows[i] != want) FAIL("memset D2D8: byte %zu", i);
     }
     CK_CUDA(cudaStreamDestroy(rs));
     printf("driver_copies: OK\n");

@@ -3,8 +3,8 @@
 //! memory with `cuMemsetD*`, linking the driver or taking every entry point with
 //! `dlsym(handle, name)` from a privately opened `libcuda.so.1`, as JAX's XLA plugin does. Each
 //! copy is captured under the driver's API name with its direction, stream and bytes; a memset
-//! of one repeated byte is a `memset` record; a 32-bit pattern of unequal bytes is a gap naming
-//! it. Nothing else is recorded.
+//! of one repeated byte is a `memset` record; a 32-bit pattern of unequal bytes, and a 2-D
+//! memset, are gaps naming them. Nothing else is recorded.
 
 use crate::intercept_util;
 
@@ -85,6 +85,9 @@ fn driver_copies_and_memsets_are_captured_linked_or_taken_with_dlsym() {
             let words = f32_bytes((0..64).map(|i| if i < 16 { 1.0 } else { 0.0 }));
             let mut last = a.clone();
             last[..8].fill(0x11);
+            let mut rows = b[..128].to_vec();
+            rows[..16].fill(0x22);
+            rows[64..80].fill(0x22);
             use CopyDirection::*;
             let c = |api: &str, d, st, bytes: &[u8]| Seen::Copy(api.into(), d, st, bytes.to_vec());
             let want = vec![
@@ -99,9 +102,11 @@ fn driver_copies_and_memsets_are_captured_linked_or_taken_with_dlsym() {
                 c("cuMemcpy", DeviceToDevice, 0, &a),
                 Seen::Memset("cuMemsetD8_v2".into(), 0x11, 8, 0),
                 c("cuMemcpyDtoH_v2", DeviceToHost, 0, &last),
+                Seen::Gap("cuMemsetD2D8Async".into(), GapReason::Unsupported, 32, s),
+                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &rows),
             ];
             assert_eq!(seen, want, "CUDA {major} {mode}");
-            assert_eq!(run.summary.gaps, 1, "CUDA {major} {mode}");
+            assert_eq!(run.summary.gaps, 2, "CUDA {major} {mode}");
         }
     }
 }

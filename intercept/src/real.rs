@@ -20,7 +20,7 @@ use cuda_abi::cudart::*;
 use cuda_abi::nccl::*;
 
 /// The library a function belongs to.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lib {
     Cudart,
     Cublas,
@@ -373,4 +373,33 @@ real_fns! {
     Nccl: fn ncclCommUserRank(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommCuDevice(ncclComm_t, *mut c_int) -> ncclResult_t;
     Nccl: fn ncclCommGetAsyncError(ncclComm_t, *mut ncclResult_t) -> ncclResult_t;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_point_belongs_to_the_library_its_prefix_names() {
+        let cases = [
+            ("cublasLtMatmul", Some(Lib::CublasLt)),
+            ("cublasSgemm_v2", Some(Lib::Cublas)),
+            ("cudaMemcpyAsync", Some(Lib::Cudart)),
+            ("ncclAllReduce", Some(Lib::Nccl)),
+            ("nvtxRangePushA", Some(Lib::Nvtx)),
+            ("cuMemcpyHtoDAsync_v2", Some(Lib::Driver)),
+            ("malloc", None),
+            ("pncclAllReduce", None),
+        ];
+        for (name, lib) in cases {
+            assert_eq!(Lib::of(name), lib, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_c_library_is_not_a_cuda_object() {
+        // The rule reads the object's file name: libc is none of the CUDA libraries.
+        assert!(!is_cuda_object(libc::malloc as *const () as usize));
+        assert!(object_path(libc::malloc as *const () as usize).is_some());
+    }
 }

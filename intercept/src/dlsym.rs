@@ -157,7 +157,7 @@ fn bypassed(name: &CStr, p: *mut c_void) {
         return;
     }
     crate::log::warn(&detail(&name, &lib));
-    announce(&detail(&name, &lib));
+    crate::session::announce(&detail(&name, &lib));
     b.push((name, lib));
 }
 
@@ -168,26 +168,14 @@ fn detail(name: &str, lib: &str) -> String {
     )
 }
 
-/// One line on stderr, whatever the log level.
-fn announce(line: &str) {
-    use std::io::Write;
-    let line = format!("ttrace[{}]: {line}\n", std::process::id());
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
-}
-
 /// Records the lookups not redirected since the last report as `unsupported` gaps (with a
 /// session running: at its start and when it ends).
 pub fn report() {
-    use ttrace_proto::record::{GapOp, GapReason, Op};
+    use ttrace_proto::record::{GapReason, Op};
     let b = BYPASSED.lock().unwrap_or_else(|e| e.into_inner());
     let from = REPORTED.swap(b.len(), Ordering::AcqRel);
     for (name, lib) in b.iter().skip(from) {
-        let op = Op::Gap(GapOp {
-            reason: GapReason::Unsupported,
-            skipped_api: name.clone(),
-            bytes: 0,
-            detail: detail(name, lib),
-        });
+        let op = Op::gap(GapReason::Unsupported, name, 0, detail(name, lib));
         let m = crate::engine::meta("dlsym", op, 0, 0);
         crate::tracer::push(crate::tracer::Entry::Gap(Box::new(m)));
     }

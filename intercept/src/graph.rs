@@ -33,7 +33,7 @@ use cuda_abi::cudart::{
     cudaError_t, cudaGraphNodeTypeGraph, cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeMemset,
     cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess,
 };
-use ttrace_proto::record::{GapOp, GapReason, Op, Tensor};
+use ttrace_proto::record::{GapReason, Op, Tensor};
 use ttrace_proto::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
@@ -433,12 +433,12 @@ pub fn launch(
             "cudaGraphLaunch",
             stream,
             || {
-                Some(Op::Gap(GapOp {
-                    reason: GapReason::GraphCapture,
-                    skipped_api: "cudaGraphLaunch".into(),
-                    bytes: 0,
+                Some(Op::gap(
+                    GapReason::GraphCapture,
+                    "cudaGraphLaunch",
+                    0,
                     detail,
-                }))
+                ))
             },
             real,
             |r| r == cudaSuccess,

@@ -56,7 +56,7 @@ mod uploads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ttrace_proto::record::{GapOp, GapReason, Op};
+use ttrace_proto::record::{GapReason, Op};
 
 /// Disables capture for good: one log line and a `TracerFault` gap (only the first fault).
 pub(crate) fn fault(api: &'static str, detail: String) {
@@ -67,12 +67,7 @@ pub(crate) fn fault(api: &'static str, detail: String) {
     if session::current().is_some() {
         let meta = engine::meta(
             api,
-            Op::Gap(GapOp {
-                reason: GapReason::TracerFault,
-                skipped_api: api.to_string(),
-                bytes: 0,
-                detail,
-            }),
+            Op::gap(GapReason::TracerFault, api.to_string(), 0, detail),
             0,
             -1,
         );

@@ -164,7 +164,7 @@ fn report_off(why: &str) {
 }
 
 /// One line on stderr, whatever the log level.
-fn announce(line: &str) {
+pub(crate) fn announce(line: &str) {
     use std::io::Write;
     let line = format!("ttrace[{}]: {line}\n", std::process::id());
     let _ = std::io::stderr().lock().write_all(line.as_bytes());

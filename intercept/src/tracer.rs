@@ -1199,12 +1199,12 @@ impl Tracer {
                 self.send(&ClientMsg::StreamAbort { stream: r.stream });
             }
             let bytes = p.record.tensors.iter().map(|t| t.nbytes).sum();
-            p.record.op = Op::Gap(GapOp {
-                reason: GapReason::TracerFault,
-                skipped_api: p.later.api.to_string(),
+            p.record.op = Op::gap(
+                GapReason::TracerFault,
+                p.later.api.to_string(),
                 bytes,
-                detail: detail.clone(),
-            });
+                detail.clone(),
+            );
             p.record.tensors.clear();
             p.record.t_done_ns = now_ns();
             crate::fault("ttrace", detail);

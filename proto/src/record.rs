@@ -68,6 +68,22 @@ pub enum Op {
 const OP_FAMILIES: &[&str] = &["memcpy", "memset", "gemm", "collective", "gap"];
 
 impl Op {
+    /// The gap record of the entry point `api`, skipped for `reason`: `bytes` it would have
+    /// captured (0 when unknown) and `detail` saying why.
+    pub fn gap(
+        reason: GapReason,
+        api: impl Into<String>,
+        bytes: u64,
+        detail: impl Into<String>,
+    ) -> Op {
+        Op::Gap(GapOp {
+            reason,
+            skipped_api: api.into(),
+            bytes,
+            detail: detail.into(),
+        })
+    }
+
     /// The op of family `name` from the other entries of its map.
     fn of_family<'de, B: FamilyBody<'de>>(name: &str, body: B) -> Result<Op, B::Error> {
         Ok(match name {

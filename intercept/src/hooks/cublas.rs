@@ -434,11 +434,11 @@ fn locate(arrays: [*const c_void; 3], batch: u64) -> Result<Located, String> {
 fn gap_call(g: &Gemm, stream: cudaStream_t, detail: String) -> Call {
     Call {
         api: g.api,
-        op: Op::Gap(GapOp {
-            reason: GapReason::ShapeUnknown,
-            skipped_api: g.api.into(),
-            bytes: 0,
-            detail: format!(
+        op: Op::gap(
+            GapReason::ShapeUnknown,
+            g.api,
+            0,
+            format!(
                 "m={} n={} k={} batch={} Atype={} Btype={} Ctype={} lda={} ldb={} ldc={} \
                  computeType={}: {detail}",
                 g.m,
@@ -453,7 +453,7 @@ fn gap_call(g: &Gemm, stream: cudaStream_t, detail: String) -> Call {
                 g.c.ld,
                 g.compute
             ),
-        }),
+        ),
         stream,
         stream_id: stream as u64,
         device: None,

@@ -8,8 +8,8 @@
 //! too, as for `cudaMemcpy2D`); the `Async` ones run on the stream they are given.
 //!
 //! Arguments cuBLAS refuses (`CUBLAS_STATUS_INVALID_VALUE`: a negative size or a size,
-//! increment or leading dimension below what the data needs) are passed through untouched and
-//! record nothing: the call moves nothing.
+//! increment or leading dimension below what the data needs) record nothing when the call
+//! fails, as it does; one such call that succeeded anyway is a gap naming it.
 
 use core::ffi::{c_int, c_void};
 
@@ -17,6 +17,8 @@ use cuda_abi::cublas::*;
 use cuda_abi::cudart::{
     cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudaMemcpyKind, cudaStream_t,
 };
+
+use ttrace_proto::record::{GapReason, Op};
 
 use super::cublas::MISSING;
 use super::cudart::{capture_as, pitched, Geometry, LEGACY};
@@ -102,7 +104,17 @@ macro_rules! blas_copy_hook {
                     run,
                     CUBLAS_STATUS_SUCCESS,
                 ),
-                None => run(),
+                // Arguments the tracer cannot map to a copy: cuBLAS refuses them, but a call
+                // that moved data anyway is a gap, not a silent hole.
+                None => crate::around_metadata(
+                    stringify!($name),
+                    $stream,
+                    || {
+                        Some(Op::gap(GapReason::Unsupported, stringify!($name), 0, "arguments outside what the tracer maps to a copy"))
+                    },
+                    run,
+                    |r| r == CUBLAS_STATUS_SUCCESS,
+                ),
             }
         }
     };

@@ -15,7 +15,7 @@ use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::cudaStream_t;
 use ttrace_proto::blockscale;
 use ttrace_proto::dtype::DType;
-use ttrace_proto::record::{GapOp, GapReason, GemmOp, Op, Role};
+use ttrace_proto::record::{GapReason, GemmOp, Op, Role};
 
 use super::cublas::{around_blas_gemm, read_scalar};
 use crate::engine::{self, Call};
@@ -116,12 +116,12 @@ struct Matmul {
 fn unknown(stream: cudaStream_t, detail: &str) -> Call {
     Call {
         api: "cublasLtMatmul",
-        op: Op::Gap(GapOp {
-            reason: GapReason::ShapeUnknown,
-            skipped_api: "cublasLtMatmul".into(),
-            bytes: 0,
-            detail: detail.to_string(),
-        }),
+        op: Op::gap(
+            GapReason::ShapeUnknown,
+            "cublasLtMatmul",
+            0,
+            detail.to_string(),
+        ),
         stream,
         stream_id: stream as u64,
         device: None,
@@ -629,12 +629,7 @@ lt_hook! {
                     ),
                     None => "matrix transforms are not captured".into(),
                 };
-                Some(Op::Gap(GapOp {
-                    reason: GapReason::Unsupported,
-                    skipped_api: "cublasLtMatrixTransform".into(),
-                    bytes: 0,
-                    detail,
-                }))
+                Some(Op::gap(GapReason::Unsupported, "cublasLtMatrixTransform", 0, detail))
             },
             run,
             |r| r == CUBLAS_STATUS_SUCCESS,

@@ -10,7 +10,7 @@
 use core::ffi::{c_int, c_void};
 
 use cuda_abi::cudart::*;
-use ttrace_proto::record::{CopyDirection, GapOp, GapReason, MemcpyOp, Op, Role};
+use ttrace_proto::record::{CopyDirection, GapReason, MemcpyOp, Op, Role};
 
 use crate::cuda::{self, ErrScope, MISSING};
 use crate::engine::{self, Call};
@@ -85,26 +85,33 @@ pub(super) fn call(
     if g.width == 0 || g.height == 0 {
         return None;
     }
-    if g.dst.is_null() || g.src.is_null() {
-        // A copy with a null end fails, and nothing is recorded; one that succeeds had an end
-        // the hook could not resolve (a variable whose address the runtime did not give): a
-        // gap, not a record without its bytes.
-        let bytes = (g.width as u64).saturating_mul(g.height as u64);
-        return Some(Call {
+    // A copy the hook cannot plan is a gap, not a record without its bytes (recorded only if
+    // the call succeeds: a copy with a null end or an invalid kind fails and moves nothing).
+    let gap = |detail: &str| {
+        Some(Call {
             api,
-            op: Op::Gap(GapOp {
-                reason: GapReason::Unsupported,
-                skipped_api: api.into(),
-                bytes,
-                detail: "the copy's device address could not be resolved".into(),
-            }),
+            op: Op::gap(
+                GapReason::Unsupported,
+                api,
+                (g.width as u64).saturating_mul(g.height as u64),
+                detail,
+            ),
             stream,
             stream_id: stream as u64,
             device: None,
             tensors: Vec::new(),
-        });
+        })
+    };
+    if g.dst.is_null() || g.src.is_null() {
+        // One that succeeds had an end the hook could not resolve (a variable whose address
+        // the runtime did not give).
+        return gap("the copy's device address could not be resolved");
     }
-    let dir = dir.or_else(|| direction(kind, &g))?;
+    let Some(dir) = dir.or_else(|| direction(kind, &g)) else {
+        // cudaMemcpyDefault (or the driver's unified cuMemcpy) whose ends the runtime could
+        // not classify.
+        return gap("the copy's direction could not be resolved from where its ends lie");
+    };
     if dir == CopyDirection::HostToHost {
         return None;
     }
@@ -416,12 +423,7 @@ pub(super) fn uncaptured(
     }
     let gap = || {
         let (bytes, detail) = what()?;
-        Some(Op::Gap(GapOp {
-            reason: GapReason::Unsupported,
-            skipped_api: api.into(),
-            bytes,
-            detail,
-        }))
+        Some(Op::gap(GapReason::Unsupported, api, bytes, detail))
     };
     crate::around_metadata(api, stream(), gap, real, |r| r == cudaSuccess)
 }
@@ -1086,4 +1088,24 @@ launch_hook! {
     /// `cudaLaunchHostFunc` for code built with `--default-stream per-thread`.
     cudaLaunchHostFunc_ptsz(stream: cudaStream_t, fn_: cudaHostFn_t, userData: *mut c_void)
     => fn_.map_or(0, |f| f as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A default-kind copy whose ends the runtime cannot classify (here: no runtime at all) is
+    /// planned as a gap naming it, never dropped; a host-to-host copy moves no device data.
+    #[test]
+    fn a_copy_whose_direction_cannot_be_resolved_is_a_gap() {
+        let (mut dst, src) = ([0u8; 16], [1u8; 16]);
+        let g = Geometry::linear(dst.as_mut_ptr().cast(), src.as_ptr().cast(), 16);
+        let c = call("cuMemcpy", g, cudaMemcpyDefault, None, LEGACY).expect("planned");
+        let Op::Gap(gap) = c.op else {
+            panic!("not a gap: {:?}", c.op)
+        };
+        assert_eq!((gap.skipped_api.as_str(), gap.bytes), ("cuMemcpy", 16));
+        assert!(gap.detail.contains("direction"), "{}", gap.detail);
+        assert!(call("cudaMemcpy", g, cudaMemcpyHostToHost, None, LEGACY).is_none());
+    }
 }

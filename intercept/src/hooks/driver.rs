@@ -19,15 +19,15 @@ use cuda_abi::cudart::{
     cudaMemcpyKind, cudaStream_t,
 };
 use cuda_abi::driver::*;
-use ttrace_proto::record::{GapOp, GapReason, MemsetOp, Op};
+use ttrace_proto::record::{GapReason, MemsetOp, Op};
 
 use super::cudart::{capture_as, Geometry, LEGACY};
 use crate::{mode, real};
 
 /// What a hook returns when the real function is missing (`CUDA_ERROR_NOT_FOUND`).
-const MISSING: CUresult = 500;
+pub(super) const MISSING: CUresult = 500;
 /// `CUDA_SUCCESS`.
-const SUCCESS: CUresult = 0;
+pub(super) const SUCCESS: CUresult = 0;
 
 /// A linear copy of `count` bytes.
 fn linear(dst: u64, src: u64, count: usize) -> Geometry {
@@ -144,16 +144,16 @@ fn memset_op(api: &str, dst: CUdeviceptr, pattern: u32, size: u64, n: usize) -> 
             slice_pitch: bytes,
         })
     } else {
-        Op::Gap(GapOp {
-            reason: GapReason::Unsupported,
-            skipped_api: api.into(),
+        Op::gap(
+            GapReason::Unsupported,
+            api,
             bytes,
-            detail: format!(
+            format!(
                 "{n} elements of the {}-bit pattern {pattern:#x}: a memset record holds one \
                  repeated byte",
                 size * 8
             ),
-        })
+        )
     })
 }
 

@@ -13,26 +13,11 @@ use core::ffi::{c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::driver::*;
-use ttrace_proto::record::{GapOp, GapReason, Op};
+use ttrace_proto::record::{GapReason, Op};
 
 use super::cudart::LEGACY;
+use super::driver::{MISSING, SUCCESS};
 use crate::{mode, real};
-
-/// What a hook returns when the real function is missing (`CUDA_ERROR_NOT_FOUND`).
-const MISSING: CUresult = 500;
-/// `CUDA_SUCCESS`.
-const SUCCESS: CUresult = 0;
-
-/// The `unsupported` gap of `api`: `bytes` moved (0: not said cheaply), `detail` saying what
-/// is not captured.
-fn gap(api: &str, bytes: u64, detail: String) -> Op {
-    Op::Gap(GapOp {
-        reason: GapReason::Unsupported,
-        skipped_api: api.into(),
-        bytes,
-        detail,
-    })
-}
 
 /// A copy of `count` bytes between contexts, into, out of or between CUDA arrays, or with
 /// attributes (`how`: "between contexts (peer copies)", "to CUDA arrays", ...).
@@ -105,7 +90,7 @@ macro_rules! cu_gap {
             let stream: cudaStream_t = $stream;
             let op = || {
                 let (bytes, detail): (u64, String) = $what;
-                Some(gap(stringify!($name), bytes, detail))
+                Some(Op::gap(GapReason::Unsupported, stringify!($name), bytes, detail))
             };
             crate::around_metadata(stringify!($name), stream, op, run, |r| r == SUCCESS)
         }
@@ -440,7 +425,7 @@ mod tests {
         assert_eq!(memset_2d(0x3f80, 2, 10, 4).0, 80);
         assert_eq!(counted(64, "to CUDA arrays").0, 64);
         assert_eq!(batch("batch copies", 5).0, 0);
-        let Op::Gap(g) = gap("cuMemcpy2D_v2", 600, detail) else {
+        let Op::Gap(g) = Op::gap(GapReason::Unsupported, "cuMemcpy2D_v2", 600, detail) else {
             panic!("a gap")
         };
         assert_eq!((g.skipped_api.as_str(), g.bytes), ("cuMemcpy2D_v2", 600));

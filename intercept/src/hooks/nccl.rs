@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::nccl::*;
 use ttrace_proto::dtype::DType;
-use ttrace_proto::record::{CollectiveKind, CollectiveOp, GapOp, GapReason, Op, PreMulSum, Role};
+use ttrace_proto::record::{CollectiveKind, CollectiveOp, GapReason, Op, PreMulSum, Role};
 
 use crate::comms;
 use crate::cuda::ErrScope;
@@ -801,15 +801,15 @@ pub unsafe extern "C" fn ncclPutSignal(
         stream,
         || {
             let size = DType::from_nccl(datatype).map_or(0, |d| d.size() as u64);
-            Some(Op::Gap(GapOp {
-                reason: GapReason::Unsupported,
-                skipped_api: "ncclPutSignal".into(),
-                bytes: (count as u64).saturating_mul(size),
-                detail: format!(
+            Some(Op::gap(
+                GapReason::Unsupported,
+                "ncclPutSignal",
+                (count as u64).saturating_mul(size),
+                format!(
                     "count={count} datatype={datatype} peer={peer} offset={peerWinOffset}: \
                      one-sided puts into a peer's window are not captured"
                 ),
-            }))
+            ))
         },
         run,
         |r| r == ncclSuccess,

@@ -79,17 +79,18 @@ struct Template {
 
 /// Templates of the graphs being captured or captured, by graph handle.
 static GRAPHS: Mutex<Option<HashMap<usize, Vec<Arc<Template>>>>> = Mutex::new(None);
-/// Instances whose graph had templates, by instance handle.
+/// Instances whose graph had templates, or whose graph the tracer did not capture but whose
+/// nodes move data, by instance handle.
 static EXECS: Mutex<Option<HashMap<usize, Arc<Exec>>>> = Mutex::new(None);
-/// Instances of graphs the tracer did not capture whose nodes move data (built node by node
-/// with `cudaGraphAdd*Node`, or captured while copies were not hooked), by instance handle:
-/// what each launch's gap says.
-static UNTRACKED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 /// The sink: (address, bytes). Older, smaller sinks stay allocated (nodes may point there).
 static SINK: Mutex<(usize, u64)> = Mutex::new((0, 0));
 
 struct Exec {
     templates: Vec<Arc<Template>>,
+    /// For an instance of a graph the tracer did not capture (built node by node with
+    /// `cudaGraphAdd*Node`, or captured while copies were not hooked) whose nodes move data:
+    /// what the gap each launch records says (no templates then).
+    unseen: Option<String>,
     /// Serialises redirect + launch + reset of this instance.
     launch: Mutex<()>,
 }
@@ -303,19 +304,9 @@ pub fn capture_failed(graph: usize) {
     }
 }
 
-fn untracked<T>(f: impl FnOnce(&mut HashMap<usize, String>) -> T) -> T {
-    let mut g = UNTRACKED.lock().unwrap_or_else(|p| p.into_inner());
-    f(g.get_or_insert_with(HashMap::new))
-}
-
-/// Files `exec`, an instance of `graph`, which the tracer did not capture, when its nodes move
-/// data while copies are captured: its copy and memset nodes (and child graphs, not looked
-/// into) run at every launch without a hook seeing them, so each launch records a gap. Kernel
-/// nodes are not counted: eager kernels are not captured either.
-fn classify_untracked(exec: usize, graph: usize) {
-    untracked(|u| u.remove(&exec));
+fn unseen_work(graph: usize) -> Option<String> {
     if !mode::on(mode::MEMCPY) {
-        return;
+        return None;
     }
     let _err = ErrScope::new();
     let detail = match cuda::node_types(graph) {
@@ -327,7 +318,7 @@ fn classify_untracked(exec: usize, graph: usize) {
                 count(cudaGraphNodeTypeGraph),
             );
             if copies + memsets + children == 0 {
-                return;
+                return None;
             }
             format!(
                 "a CUDA graph the tracer did not capture (built node by node, or captured while \
@@ -340,18 +331,36 @@ fn classify_untracked(exec: usize, graph: usize) {
              (cudaError {code}): what each launch moves is not captured"
         ),
     };
-    untracked(|u| u.insert(exec, detail));
+    Some(detail)
+}
+
+/// Files `exec` as an instance of a graph the tracer did not capture: with the gap its
+/// launches record when its nodes move data ([`unseen_work`]), else not at all.
+fn file_unseen(exec: usize, graph: usize) {
+    match unseen_work(graph) {
+        Some(detail) => {
+            let e = Arc::new(Exec {
+                templates: Vec::new(),
+                unseen: Some(detail),
+                launch: Mutex::new(()),
+            });
+            execs(|x| x.insert(exec, e));
+        }
+        None => {
+            execs(|x| x.remove(&exec));
+        }
+    }
 }
 
 /// After `cudaGraphInstantiate*` made `exec` from `graph`.
 pub fn instantiated(exec: usize, graph: usize) {
     let Some(templates) = graphs(|g| g.get(&graph).cloned()) else {
-        classify_untracked(exec, graph);
+        file_unseen(exec, graph);
         return;
     };
-    untracked(|u| u.remove(&exec));
     let e = Arc::new(Exec {
         templates,
+        unseen: None,
         launch: Mutex::new(()),
     });
     execs(|x| x.insert(exec, e));
@@ -363,13 +372,13 @@ pub fn instantiated(exec: usize, graph: usize) {
 /// under the tracer, else the old ones).
 pub fn updated(exec: usize, graph: usize) {
     let old = execs(|x| x.get(&exec).cloned());
-    let Some(base) =
-        graphs(|g| g.get(&graph).cloned()).or_else(|| old.map(|e| e.templates.clone()))
-    else {
-        classify_untracked(exec, graph);
+    let Some(base) = graphs(|g| g.get(&graph).cloned()).or_else(|| {
+        old.filter(|e| e.unseen.is_none())
+            .map(|e| e.templates.clone())
+    }) else {
+        file_unseen(exec, graph);
         return;
     };
-    untracked(|u| u.remove(&exec));
     let detail = "the instance was updated with cudaGraphExecUpdate: its snapshot copy nodes \
                   cannot be redirected any more";
     let templates = base
@@ -384,6 +393,7 @@ pub fn updated(exec: usize, graph: usize) {
         .collect();
     let e = Arc::new(Exec {
         templates,
+        unseen: None,
         launch: Mutex::new(()),
     });
     execs(|x| x.insert(exec, e));
@@ -397,7 +407,6 @@ pub fn graph_destroyed(graph: usize) {
 /// After `cudaGraphExecDestroy`.
 pub fn exec_destroyed(exec: usize) {
     execs(|x| x.remove(&exec));
-    untracked(|u| u.remove(&exec));
 }
 
 /// What one template does in one replay.
@@ -427,7 +436,10 @@ pub fn launch(
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
 ) -> cudaError_t {
-    if let Some(detail) = crate::catch(|| untracked(|u| u.get(&exec).cloned())).flatten() {
+    let Some(e) = crate::catch(|| execs(|x| x.get(&exec).cloned())).flatten() else {
+        return real();
+    };
+    if let Some(detail) = e.unseen.clone() {
         // One gap per launch, on the launch stream, once the launch succeeded.
         return crate::around_metadata(
             "cudaGraphLaunch",
@@ -445,9 +457,6 @@ pub fn launch(
         );
     }
     let Some(_guard) = thread::Guard::enter() else {
-        return real();
-    };
-    let Some(e) = crate::catch(|| execs(|x| x.get(&exec).cloned())).flatten() else {
         return real();
     };
     let _serial = e.launch.lock().unwrap_or_else(|p| p.into_inner());

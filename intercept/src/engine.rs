@@ -570,7 +570,12 @@ impl Eager {
                     Ok(()) => self.copied = true,
                     Err(code) => {
                         if cuda::is_fatal(code) {
+                            // The context failed (an earlier kernel's fault, seen here first
+                            // when the fault wins the race with this op): the op is not
+                            // recorded and the fault path says so once, not as a refusal.
                             self.fatal.get_or_insert(code);
+                            self.tensors[i].captured = false;
+                            break;
                         }
                         // The record keeps the tensor as metadata only: said once as a
                         // warning, counted for the exit summary (an H200 refused copies

@@ -5,9 +5,9 @@
 //! `ctypes`. So libttrace.so exports `dlsym` too:
 //! * a lookup with an explicit handle of a name libttrace.so hooks returns the hook, when the
 //!   function found is the very one the hook itself calls (the copy of the library the hooks
-//!   resolve, [`real::find_real`]); a lookup that finds another copy (a second cuBLAS of another
-//!   version, say) returns that copy, is said on stderr and becomes one `unsupported` gap
-//!   naming the library and the function when a session runs ([`report`]);
+//!   resolve); a lookup that finds another copy (a second cuBLAS of another version, say)
+//!   returns that copy, is said on stderr and becomes one `unsupported` gap naming the library
+//!   and the function when a session runs ([`crate::lookups`]);
 //! * lookups made by the CUDA libraries themselves (their file name is one the hooks serve, or
 //!   the driver's) or by libttrace.so are never redirected: a library's own calls are not the
 //!   program's (the simulated libraries find their runtime so, as NVIDIA's link theirs);
@@ -21,7 +21,6 @@
 
 use core::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 use crate::real;
 
@@ -124,59 +123,5 @@ fn redirect(name: *const c_char, p: *mut c_void, caller: usize) -> Option<*mut c
     if real::is_cuda_object(caller) {
         return None;
     }
-    let hook = own_export(name_c)?;
-    if real::find_real(name_c, lib) == p as usize {
-        return Some(hook);
-    }
-    bypassed(name_c, p);
-    None
-}
-
-/// libttrace.so's export `name`, if it has one (a hook).
-fn own_export(name: &CStr) -> Option<*mut c_void> {
-    static OWN: OnceLock<usize> = OnceLock::new();
-    let h = *OWN.get_or_init(|| real::own_handle() as usize);
-    if h == 0 {
-        return None;
-    }
-    // SAFETY: libttrace.so's own handle and a NUL-terminated name.
-    let p = unsafe { real(h as *mut c_void, name.as_ptr()) };
-    real::is_own(p).then_some(p)
-}
-
-/// Lookups handed a copy of a library other than the hooks': (function, library path).
-static BYPASSED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
-/// How many of [`BYPASSED`] were recorded as gaps.
-static REPORTED: AtomicUsize = AtomicUsize::new(0);
-
-fn bypassed(name: &CStr, p: *mut c_void) {
-    let lib = real::object_path(p as usize).unwrap_or_else(|| "?".into());
-    let name = name.to_string_lossy().into_owned();
-    let mut b = BYPASSED.lock().unwrap_or_else(|e| e.into_inner());
-    if b.iter().any(|(n, l)| *n == name && *l == lib) {
-        return;
-    }
-    crate::log::warn(&detail(&name, &lib));
-    crate::session::announce(&detail(&name, &lib));
-    b.push((name, lib));
-}
-
-fn detail(name: &str, lib: &str) -> String {
-    format!(
-        "{name} was looked up with dlsym in {lib}, a copy of the library other than the one \
-         ttrace's hooks call: its calls through that lookup are not captured"
-    )
-}
-
-/// Records the lookups not redirected since the last report as `unsupported` gaps (with a
-/// session running: at its start and when it ends).
-pub fn report() {
-    use ttrace_proto::record::{GapReason, Op};
-    let b = BYPASSED.lock().unwrap_or_else(|e| e.into_inner());
-    let from = REPORTED.swap(b.len(), Ordering::AcqRel);
-    for (name, lib) in b.iter().skip(from) {
-        let op = Op::gap(GapReason::Unsupported, name, 0, detail(name, lib));
-        let m = crate::engine::meta("dlsym", op, 0, 0);
-        crate::tracer::push(crate::tracer::Entry::Gap(Box::new(m)));
-    }
+    crate::lookups::hook_for(&[name_c], lib, p, "dlsym")
 }

@@ -44,6 +44,7 @@ mod graph;
 mod hooks;
 mod identity;
 mod log;
+mod lookups;
 mod mode;
 mod perturb;
 mod prefilter;

@@ -250,7 +250,7 @@ fn start() -> Result<Session, String> {
         RING.get().ok_or("the ring was set twice")?
     };
     tracer::start(client, ring, cfg)?;
-    crate::dlsym::report();
+    crate::lookups::report();
     // SAFETY: `on_exit` is an extern "C" fn without arguments, registered once, from the first
     // capturing call: after the runtime registered its own teardown, so ours runs first.
     unsafe { libc::atexit(on_exit) };
@@ -376,7 +376,7 @@ fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Clie
 extern "C" fn on_exit() {
     let _ = std::panic::catch_unwind(|| {
         if current().is_some_and(|s| s.pid == std::process::id()) {
-            crate::dlsym::report();
+            crate::lookups::report();
             let wait = mode::config().map_or(10_000, |c| c.wait_ms.clamp(1_000, 30_000));
             tracer::shutdown(Duration::from_millis(wait));
         }

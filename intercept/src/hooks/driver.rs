@@ -9,8 +9,9 @@
 //! gap naming it. The synchronous spellings use the legacy default stream.
 //!
 //! The driver's other copies and memsets (2-D, 3-D, array, peer, batch and attribute copies,
-//! 2-D memsets) are gaps ([`driver_gaps`](super::driver_gaps)). Not hooked yet (silent): what
-//! programs reach through `cuGetProcAddress`.
+//! 2-D memsets) are gaps ([`driver_gaps`](super::driver_gaps)). Programs that take these
+//! functions from `cuGetProcAddress` or `cudaGetDriverEntryPoint` are handed the hooks
+//! ([`entry_points`](super::entry_points)).
 
 use core::ffi::{c_uchar, c_uint, c_ushort, c_void};
 

@@ -7,7 +7,7 @@
 //! Each hook's C signature is written once, as a line of its family's hook macro
 //! (`copy_hook!`, `batch_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!`, the
 //! driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, `gemm_hook!`/`blas_gap!` through
-//! `cublas_sigs!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`): the macro
+//! `cublas_sigs!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`, `entry_point_hook!`): the macro
 //! makes the export and looks the real function up under the hook's name with that signature
 //! ([`real_of!`](crate::real)); `crate::real`'s table lists only the functions the tracer calls
 //! itself. The ABI test (tests/integration/tests/it/intercept_abi.rs) reads the same lines and
@@ -22,6 +22,7 @@ pub mod cublaslt;
 pub mod cudart;
 pub mod driver;
 pub mod driver_gaps;
+pub mod entry_points;
 pub mod graph;
 pub mod memset;
 pub mod nccl;

@@ -1,8 +1,11 @@
 /*
  * A C program written only against NVIDIA's headers that moves tensors with the driver API,
- * as JAX's XLA plugin does. argv[1]: "linked" (the driver's entry points as the program links
- * them) or "dlsym" (libcuda.so.1 dlopened without RTLD_GLOBAL, every entry point taken with
- * dlsym(handle, name), as XLA does). The runtime only initialises the device and makes the
+ * as JAX's XLA plugin does. argv[1] says how it finds the driver's entry points: "linked" (as
+ * the program links them), "dlsym" (libcuda.so.1 dlopened without RTLD_GLOBAL, every entry
+ * point taken with dlsym(handle, name), as XLA does), "proc" (cuGetProcAddress of the base
+ * name, as NVIDIA's Python bindings do), "proc_v1" (the CUDA 11 cuGetProcAddress, itself found
+ * with dlsym), "entry" (the runtime's cudaGetDriverEntryPoint) or "entry_version"
+ * (cudaGetDriverEntryPointByVersion). The runtime only initialises the device and makes the
  * stream (prints "driver_copies: stream 0x...").
  *
  * On that stream and the legacy one: cuMemcpyHtoD_v2 of 64 floats (host_a), cuMemcpyHtoDAsync_v2
@@ -13,12 +16,22 @@
  * a gap). Every byte read back is checked. Prints "driver_copies: OK"; exit status 1 on
  * a failure.
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
+
+/* cudaGetDriverEntryPoint is deprecated from CUDA 12.5 on, and still exported: its one use
+ * is exempt from -Werror. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static cudaError_t (*const ENTRY_POINT)(const char *, void **, unsigned long long,
+                                        enum cudaDriverEntryPointQueryResult *) =
+    &cudaGetDriverEntryPoint;
+#pragma GCC diagnostic pop
 
 #define PROGRAM "driver_copies"
 #include "check.h"
@@ -31,8 +44,9 @@
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 2) FAIL("usage: driver_copies linked|dlsym");
-    int by_dlsym = strcmp(argv[1], "dlsym") == 0;
+    if (argc != 2) FAIL("usage: driver_copies linked|dlsym|proc|proc_v1|entry|entry_version");
+    const char *mode = argv[1];
+    int by_dlsym = strcmp(mode, "dlsym") == 0;
     __typeof__(&cuMemAlloc_v2) alloc = &cuMemAlloc_v2;
     __typeof__(&cuMemcpyHtoD_v2) htod = &cuMemcpyHtoD_v2;
     __typeof__(&cuMemcpyDtoH_v2) dtoh = &cuMemcpyDtoH_v2;
@@ -61,6 +75,48 @@ int main(int argc, char **argv) {
         TAKE(set32_async, "cuMemsetD32Async");
         TAKE(set8, "cuMemsetD8_v2");
         TAKE(set2d_async, "cuMemsetD2D8Async");
+    } else if (strcmp(mode, "linked") != 0) {
+        /* By base name, as the driver documents: the version is picked by cudaVersion. */
+        typedef CUresult (*proc_v1_t)(const char *, void **, int, cuuint64_t);
+        proc_v1_t proc_v1 = NULL;
+        if (strcmp(mode, "proc_v1") == 0) {
+            *(void **)&proc_v1 = dlsym(RTLD_DEFAULT, "cuGetProcAddress");
+            if (!proc_v1) FAIL("dlsym cuGetProcAddress: %s", dlerror());
+        }
+#define FIND(var, name)                                                                    \
+    do {                                                                                   \
+        void *fn_ = NULL;                                                                  \
+        if (strcmp(mode, "proc") == 0) {                                                   \
+            CUdriverProcAddressQueryResult st_;                                            \
+            CU(cuGetProcAddress(name, &fn_, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st_)); \
+            if (st_ != CU_GET_PROC_ADDRESS_SUCCESS) FAIL("%s: status %d", name, (int)st_);    \
+        } else if (strcmp(mode, "proc_v1") == 0) {                                         \
+            CU(proc_v1(name, &fn_, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT));            \
+        } else if (strcmp(mode, "entry_version") == 0) {                                   \
+            enum cudaDriverEntryPointQueryResult st_;                                      \
+            CK_CUDA(cudaGetDriverEntryPointByVersion(name, &fn_, CUDA_VERSION,             \
+                                                     cudaEnableDefault, &st_));            \
+            if (st_ != cudaDriverEntryPointSuccess) FAIL("%s: status %d", name, (int)st_);  \
+        } else if (strcmp(mode, "entry") == 0) {                                           \
+            enum cudaDriverEntryPointQueryResult st_;                                      \
+            CK_CUDA(ENTRY_POINT(name, &fn_, cudaEnableDefault, &st_));                     \
+            if (st_ != cudaDriverEntryPointSuccess) FAIL("%s: status %d", name, (int)st_);  \
+        } else {                                                                           \
+            FAIL("unknown mode %s", mode);                                                 \
+        }                                                                                  \
+        if (!fn_) FAIL("%s: not found", name);                                             \
+        *(void **)&var = fn_;                                                              \
+    } while (0)
+        FIND(alloc, "cuMemAlloc");
+        FIND(htod, "cuMemcpyHtoD");
+        FIND(dtoh, "cuMemcpyDtoH");
+        FIND(copy, "cuMemcpy");
+        FIND(htod_async, "cuMemcpyHtoDAsync");
+        FIND(dtoh_async, "cuMemcpyDtoHAsync");
+        FIND(dtod_async, "cuMemcpyDtoDAsync");
+        FIND(set32_async, "cuMemsetD32Async");
+        FIND(set8, "cuMemsetD8");
+        FIND(set2d_async, "cuMemsetD2D8Async");
     }
 
     CK_CUDA(cudaFree(0));

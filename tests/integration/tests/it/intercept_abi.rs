@@ -2,7 +2,7 @@
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
 //! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
-//! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!` and `graph_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
+//! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!` and `entry_point_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
 //! of the simulated libraries (`integration_tests::abi_check`), and the built library exports
 //! nothing else.
@@ -51,7 +51,8 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 19] = [
+const HOOK_MACROS: [(&str, &str); 20] = [
+    ("entry_point_hook", "cudaError_t"),
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),

@@ -1,7 +1,9 @@
 //! Driver API copies and memsets under libttrace.so: a program written only against NVIDIA's
 //! headers (tests/integration/c/driver_copies.c) moves tensors with `cuMemcpy*` and sets
-//! memory with `cuMemsetD*`, linking the driver or taking every entry point with
-//! `dlsym(handle, name)` from a privately opened `libcuda.so.1`, as JAX's XLA plugin does. Each
+//! memory with `cuMemsetD*`, linking the driver, taking every entry point with
+//! `dlsym(handle, name)` from a privately opened `libcuda.so.1` (as JAX's XLA plugin does), or
+//! by base name from the driver's `cuGetProcAddress` (both ABIs, as NVIDIA's Python bindings
+//! do) or the runtime's `cudaGetDriverEntryPoint[ByVersion]`: the same records each way. Each
 //! copy is captured under the driver's API name with its direction, stream and bytes; a memset
 //! of one repeated byte is a `memset` record; a 32-bit pattern of unequal bytes, and a 2-D
 //! memset, are gaps naming them. Nothing else is recorded.
@@ -25,7 +27,7 @@ enum Seen {
 }
 
 #[test]
-fn driver_copies_and_memsets_are_captured_linked_or_taken_with_dlsym() {
+fn driver_copies_and_memsets_are_captured_however_the_program_finds_the_driver() {
     for major in [12, 13] {
         let Some(sim) = integration_tests::sim_dir_for(major) else {
             eprintln!(
@@ -42,7 +44,14 @@ fn driver_copies_and_memsets_are_captured_linked_or_taken_with_dlsym() {
             &sim,
             &[&cudart, "libcuda.so.1"],
         );
-        for mode in ["linked", "dlsym"] {
+        for mode in [
+            "linked",
+            "dlsym",
+            "proc",
+            "proc_v1",
+            "entry",
+            "entry_version",
+        ] {
             if mode == "dlsym" && !cfg!(target_arch = "x86_64") {
                 continue; // dlsym is interposed on x86-64 only
             }

@@ -97,6 +97,39 @@ pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion(
     guard(|| entry_point(symbol, func, version, flags, status))
 }
 
+/// The `flags` a lookup by a program built with per-thread default streams passes on:
+/// `cudaEnableDefault` (0) means the per-thread spellings there.
+fn per_thread_default(flags: c_ulonglong) -> c_ulonglong {
+    if flags == 0 {
+        2 // cudaEnablePerThreadDefaultStream, the driver's CU_GET_PROC_ADDRESS_PER_THREAD_...
+    } else {
+        flags
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPoint_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    flags: c_ulonglong,
+    status: *mut cudaDriverEntryPointQueryResult,
+) -> cudaError_t {
+    let flags = per_thread_default(flags);
+    guard(|| entry_point(symbol, func, CUDART_VERSION as c_uint, flags, status))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cudaGetDriverEntryPointByVersion_ptsz(
+    symbol: *const c_char,
+    func: *mut *mut c_void,
+    version: c_uint,
+    flags: c_ulonglong,
+    status: *mut cudaDriverEntryPointQueryResult,
+) -> cudaError_t {
+    let flags = per_thread_default(flags);
+    guard(|| entry_point(symbol, func, version, flags, status))
+}
+
 /// The simulated devices share one host memory: peers can always access each other.
 #[no_mangle]
 pub unsafe extern "C" fn cudaDeviceEnablePeerAccess(peer: c_int, flags: c_uint) -> cudaError_t {

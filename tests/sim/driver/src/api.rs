@@ -399,6 +399,18 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     }
 }
 
+/// The CUDA 11 ABI of the lookup (no status), which the driver still exports.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+) -> CUresult {
+    // SAFETY: the caller's arguments; the status is optional.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, std::ptr::null_mut()) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuPointerGetAttribute(
     _data: *mut c_void,

@@ -17,12 +17,12 @@ use core::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use cuda_abi::cudart::{
     cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice,
-    cudaMemcpyKind, cudaStream_t,
+    cudaMemcpyKind, cudaStreamPerThread, cudaStream_t,
 };
 use cuda_abi::driver::*;
 use ttrace_proto::record::{GapReason, MemsetOp, Op};
 
-use super::cudart::{capture_as, Geometry, LEGACY};
+use super::cudart::{capture_as, per_thread, Geometry, LEGACY};
 use crate::{mode, real};
 
 /// What a hook returns when the real function is missing (`CUDA_ERROR_NOT_FOUND`).
@@ -124,6 +124,71 @@ cu_copy_hook! {
     ) => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, hStream)
 }
 
+// The spellings of a program built with per-thread default streams
+// (`CUDA_API_PER_THREAD_DEFAULT_STREAM`, `nvcc --default-stream per-thread`): `_ptds` for the
+// synchronous calls, which then use the calling thread's default stream, `_ptsz` for the
+// asynchronous ones, whose stream 0 means that stream.
+
+cu_copy_hook! {
+    /// `cuMemcpy` built with per-thread default streams.
+    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize)
+        => (linear(dst, src, ByteCount), cudaMemcpyDefault, cudaStreamPerThread)
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyAsync` built with per-thread default streams.
+    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream)
+        => (linear(dst, src, ByteCount), cudaMemcpyDefault, per_thread(hStream))
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyHtoD_v2` built with per-thread default streams.
+    cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize)
+        => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, cudaStreamPerThread)
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyDtoH_v2` built with per-thread default streams.
+    cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize)
+        => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, cudaStreamPerThread)
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyDtoD_v2` built with per-thread default streams.
+    cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize)
+        => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, cudaStreamPerThread)
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyHtoDAsync_v2` built with per-thread default streams.
+    cuMemcpyHtoDAsync_v2_ptsz(
+        dstDevice: CUdeviceptr,
+        srcHost: *const c_void,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, per_thread(hStream))
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyDtoHAsync_v2` built with per-thread default streams.
+    cuMemcpyDtoHAsync_v2_ptsz(
+        dstHost: *mut c_void,
+        srcDevice: CUdeviceptr,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, per_thread(hStream))
+}
+
+cu_copy_hook! {
+    /// `cuMemcpyDtoDAsync_v2` built with per-thread default streams.
+    cuMemcpyDtoDAsync_v2_ptsz(
+        dstDevice: CUdeviceptr,
+        srcDevice: CUdeviceptr,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, per_thread(hStream))
+}
+
 /// What a driver memset of `n` elements of `pattern` (`size` bytes each, little-endian) at
 /// `dst` is recorded as: a `memset` record when every byte of the pattern is the same, else a
 /// gap naming `api` (`None`: nothing written).
@@ -219,6 +284,42 @@ cu_memset_hook! {
     /// hStream)`.
     cuMemsetD32Async(dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream)
         => (dstDevice, ui, 4, N, hStream)
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD8_v2` built with per-thread default streams.
+    cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize)
+        => (dstDevice, uc, 1, N, cudaStreamPerThread)
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD16_v2` built with per-thread default streams.
+    cuMemsetD16_v2_ptds(dstDevice: CUdeviceptr, us: c_ushort, N: usize)
+        => (dstDevice, us, 2, N, cudaStreamPerThread)
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD32_v2` built with per-thread default streams.
+    cuMemsetD32_v2_ptds(dstDevice: CUdeviceptr, ui: c_uint, N: usize)
+        => (dstDevice, ui, 4, N, cudaStreamPerThread)
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD8Async` built with per-thread default streams.
+    cuMemsetD8Async_ptsz(dstDevice: CUdeviceptr, uc: c_uchar, N: usize, hStream: CUstream)
+        => (dstDevice, uc, 1, N, per_thread(hStream))
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD16Async` built with per-thread default streams.
+    cuMemsetD16Async_ptsz(dstDevice: CUdeviceptr, us: c_ushort, N: usize, hStream: CUstream)
+        => (dstDevice, us, 2, N, per_thread(hStream))
+}
+
+cu_memset_hook! {
+    /// `cuMemsetD32Async` built with per-thread default streams.
+    cuMemsetD32Async_ptsz(dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream)
+        => (dstDevice, ui, 4, N, per_thread(hStream))
 }
 
 #[cfg(test)]

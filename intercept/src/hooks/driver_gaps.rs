@@ -5,17 +5,19 @@
 //! `cuMemsetD2D8_v2`, ...): frameworks move tensors with the linear copies and memsets
 //! ([`driver`](super::driver)), and a gap says so if one does not. Each hook calls the real
 //! function once with the program's arguments and returns what it returned; the gap is on the
-//! call's stream (`hStream`, else the legacy default stream), with the bytes moved where the
+//! call's stream (`hStream`, else the legacy default stream; for the `_ptds`/`_ptsz` spellings of
+//! a program built with per-thread default streams, that thread's default stream), with the
+//! bytes moved where the
 //! arguments say them (`ByteCount`, a 2-D copy's `WidthInBytes * Height`, a 2-D memset's
 //! `Width * Height` elements), else 0.
 
 use core::ffi::{c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
-use cuda_abi::cudart::cudaStream_t;
+use cuda_abi::cudart::{cudaStreamPerThread, cudaStream_t};
 use cuda_abi::driver::*;
 use ttrace_proto::record::{GapReason, Op};
 
-use super::cudart::LEGACY;
+use super::cudart::{per_thread, LEGACY};
 use super::driver::{MISSING, SUCCESS};
 use crate::{mode, real};
 
@@ -392,6 +394,283 @@ cu_gap! {
         flags: c_ulonglong,
         hStream: CUstream,
     ) => (copy_3d("3-D copies with attributes"), hStream)
+}
+
+// The spellings of a program built with per-thread default streams: `_ptds` for the
+// synchronous calls (on the calling thread's default stream), `_ptsz` for the asynchronous
+// ones (stream 0: that stream).
+
+cu_gap! {
+    /// `cuMemcpyPeer` built with per-thread default streams.
+    cuMemcpyPeer_ptds(
+        dstDevice: CUdeviceptr,
+        dstContext: CUcontext,
+        srcDevice: CUdeviceptr,
+        srcContext: CUcontext,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "between contexts (peer copies)"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyDtoA_v2` built with per-thread default streams.
+    cuMemcpyDtoA_v2_ptds(
+        dstArray: CUarray,
+        dstOffset: usize,
+        srcDevice: CUdeviceptr,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "to CUDA arrays"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyAtoD_v2` built with per-thread default streams.
+    cuMemcpyAtoD_v2_ptds(
+        dstDevice: CUdeviceptr,
+        srcArray: CUarray,
+        srcOffset: usize,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "from CUDA arrays"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyHtoA_v2` built with per-thread default streams.
+    cuMemcpyHtoA_v2_ptds(
+        dstArray: CUarray,
+        dstOffset: usize,
+        srcHost: *const c_void,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "to CUDA arrays"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyAtoH_v2` built with per-thread default streams.
+    cuMemcpyAtoH_v2_ptds(dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize)
+        => (counted(ByteCount, "from CUDA arrays"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyAtoA_v2` built with per-thread default streams.
+    cuMemcpyAtoA_v2_ptds(
+        dstArray: CUarray,
+        dstOffset: usize,
+        srcArray: CUarray,
+        srcOffset: usize,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "between CUDA arrays"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpy2D_v2` built with per-thread default streams.
+    cuMemcpy2D_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
+        => (copy_2d(pCopy), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpy2DUnaligned_v2` built with per-thread default streams.
+    cuMemcpy2DUnaligned_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
+        => (copy_2d(pCopy), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpy3D_v2` built with per-thread default streams.
+    cuMemcpy3D_v2_ptds(pCopy: *const CUDA_MEMCPY3D)
+        => (copy_3d("3-D copies"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpy3DPeer` built with per-thread default streams.
+    cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER)
+        => (copy_3d("3-D copies between contexts"), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemcpyPeerAsync` built with per-thread default streams.
+    cuMemcpyPeerAsync_ptsz(
+        dstDevice: CUdeviceptr,
+        dstContext: CUcontext,
+        srcDevice: CUdeviceptr,
+        srcContext: CUcontext,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (counted(ByteCount, "between contexts (peer copies)"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpyHtoAAsync_v2` built with per-thread default streams.
+    cuMemcpyHtoAAsync_v2_ptsz(
+        dstArray: CUarray,
+        dstOffset: usize,
+        srcHost: *const c_void,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (counted(ByteCount, "to CUDA arrays"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpyAtoHAsync_v2` built with per-thread default streams.
+    cuMemcpyAtoHAsync_v2_ptsz(
+        dstHost: *mut c_void,
+        srcArray: CUarray,
+        srcOffset: usize,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (counted(ByteCount, "from CUDA arrays"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy2DAsync_v2` built with per-thread default streams.
+    cuMemcpy2DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream)
+        => (copy_2d(pCopy), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy3DAsync_v2` built with per-thread default streams.
+    cuMemcpy3DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream)
+        => (copy_3d("3-D copies"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy3DPeerAsync` built with per-thread default streams.
+    cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream)
+        => (copy_3d("3-D copies between contexts"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpyBatchAsync` built with per-thread default streams.
+    cuMemcpyBatchAsync_ptsz(
+        dsts: *mut CUdeviceptr,
+        srcs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut CUmemcpyAttributes,
+        attrsIdxs: *mut usize,
+        numAttrs: usize,
+        failIdx: *mut usize,
+        hStream: CUstream,
+    ) => (batch("batch copies", count), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy3DBatchAsync` built with per-thread default streams.
+    cuMemcpy3DBatchAsync_ptsz(
+        numOps: usize,
+        opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+        failIdx: *mut usize,
+        flags: c_ulonglong,
+        hStream: CUstream,
+    ) => (batch("3-D batch copies", numOps), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemsetD2D8_v2` built with per-thread default streams.
+    cuMemsetD2D8_v2_ptds(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        uc: c_uchar,
+        Width: usize,
+        Height: usize,
+    ) => (memset_2d(u32::from(uc), 1, Width, Height), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemsetD2D16_v2` built with per-thread default streams.
+    cuMemsetD2D16_v2_ptds(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        us: c_ushort,
+        Width: usize,
+        Height: usize,
+    ) => (memset_2d(u32::from(us), 2, Width, Height), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemsetD2D32_v2` built with per-thread default streams.
+    cuMemsetD2D32_v2_ptds(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        ui: c_uint,
+        Width: usize,
+        Height: usize,
+    ) => (memset_2d(ui, 4, Width, Height), cudaStreamPerThread)
+}
+
+cu_gap! {
+    /// `cuMemsetD2D8Async` built with per-thread default streams.
+    cuMemsetD2D8Async_ptsz(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        uc: c_uchar,
+        Width: usize,
+        Height: usize,
+        hStream: CUstream,
+    ) => (memset_2d(u32::from(uc), 1, Width, Height), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemsetD2D16Async` built with per-thread default streams.
+    cuMemsetD2D16Async_ptsz(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        us: c_ushort,
+        Width: usize,
+        Height: usize,
+        hStream: CUstream,
+    ) => (memset_2d(u32::from(us), 2, Width, Height), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemsetD2D32Async` built with per-thread default streams.
+    cuMemsetD2D32Async_ptsz(
+        dstDevice: CUdeviceptr,
+        dstPitch: usize,
+        ui: c_uint,
+        Width: usize,
+        Height: usize,
+        hStream: CUstream,
+    ) => (memset_2d(ui, 4, Width, Height), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpyBatchAsync_v2` built with per-thread default streams. CUDA 13.
+    cuMemcpyBatchAsync_v2_ptsz(
+        dsts: *mut CUdeviceptr,
+        srcs: *mut CUdeviceptr,
+        sizes: *mut usize,
+        count: usize,
+        attrs: *mut CUmemcpyAttributes,
+        attrsIdxs: *mut usize,
+        numAttrs: usize,
+        hStream: CUstream,
+    ) => (batch("batch copies", count), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy3DBatchAsync_v2` built with per-thread default streams. CUDA 13.
+    cuMemcpy3DBatchAsync_v2_ptsz(
+        numOps: usize,
+        opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+        flags: c_ulonglong,
+        hStream: CUstream,
+    ) => (batch("3-D batch copies", numOps), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpyWithAttributesAsync` built with per-thread default streams. CUDA 13.
+    cuMemcpyWithAttributesAsync_ptsz(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        size: usize,
+        attr: *mut CUmemcpyAttributes,
+        hStream: CUstream,
+    ) => (counted(size, "with attributes"), per_thread(hStream))
+}
+
+cu_gap! {
+    /// `cuMemcpy3DWithAttributesAsync` built with per-thread default streams. CUDA 13.
+    cuMemcpy3DWithAttributesAsync_ptsz(
+        op: *mut CUDA_MEMCPY3D_BATCH_OP,
+        flags: c_ulonglong,
+        hStream: CUstream,
+    ) => (copy_3d("3-D copies with attributes"), per_thread(hStream))
 }
 
 #[cfg(test)]

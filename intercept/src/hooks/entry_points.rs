@@ -27,19 +27,19 @@ const CUDA_ENABLE_PER_THREAD_DEFAULT_STREAM: c_ulonglong = 2;
 const CUDA_SUCCESS_RT: cudaError_t = 0;
 
 /// The exported names that may be the function the driver hands out for `symbol` (a base
-/// name, such as `cuMemcpyHtoD`): the per-thread-stream spellings when they were asked for,
-/// then the ABI versions newest first, then the name itself.
+/// name, such as `cuMemcpyHtoD`): the per-thread-stream spellings of each ABI version when
+/// they were asked for (`cuMemcpyHtoD_v2_ptds`), then the ABI versions newest first, then the
+/// name itself.
 fn spellings(symbol: &str, per_thread: bool) -> Vec<CString> {
-    let mut names = Vec::with_capacity(5);
+    const VERSIONS: [&str; 3] = ["_v3", "_v2", ""];
+    let mut names = Vec::with_capacity(9);
     if per_thread {
-        names.push(format!("{symbol}_ptsz"));
-        names.push(format!("{symbol}_ptds"));
+        for v in VERSIONS {
+            names.push(format!("{symbol}{v}_ptsz"));
+            names.push(format!("{symbol}{v}_ptds"));
+        }
     }
-    names.extend([
-        format!("{symbol}_v3"),
-        format!("{symbol}_v2"),
-        symbol.to_owned(),
-    ]);
+    names.extend(VERSIONS.iter().map(|v| format!("{symbol}{v}")));
     names
         .into_iter()
         .filter_map(|n| CString::new(n).ok())
@@ -233,6 +233,10 @@ mod tests {
         assert_eq!(
             names("cuMemcpyAsync", true),
             [
+                "cuMemcpyAsync_v3_ptsz",
+                "cuMemcpyAsync_v3_ptds",
+                "cuMemcpyAsync_v2_ptsz",
+                "cuMemcpyAsync_v2_ptds",
                 "cuMemcpyAsync_ptsz",
                 "cuMemcpyAsync_ptds",
                 "cuMemcpyAsync_v3",

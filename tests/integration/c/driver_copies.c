@@ -16,7 +16,9 @@
  * a gap). Every byte read back is checked. Prints "driver_copies: OK"; exit status 1 on
  * a failure.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* RTLD_DEFAULT */
+#endif
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -47,15 +49,17 @@ int main(int argc, char **argv) {
     if (argc != 2) FAIL("usage: driver_copies linked|dlsym|proc|proc_v1|entry|entry_version");
     const char *mode = argv[1];
     int by_dlsym = strcmp(mode, "dlsym") == 0;
-    __typeof__(&cuMemAlloc_v2) alloc = &cuMemAlloc_v2;
-    __typeof__(&cuMemcpyHtoD_v2) htod = &cuMemcpyHtoD_v2;
-    __typeof__(&cuMemcpyDtoH_v2) dtoh = &cuMemcpyDtoH_v2;
+    /* By the names cuda.h gives: cuMemcpyHtoD is cuMemcpyHtoD_v2, or cuMemcpyHtoD_v2_ptds in
+     * a build with per-thread default streams (driver_copies_ptds.c). */
+    __typeof__(&cuMemAlloc) alloc = &cuMemAlloc;
+    __typeof__(&cuMemcpyHtoD) htod = &cuMemcpyHtoD;
+    __typeof__(&cuMemcpyDtoH) dtoh = &cuMemcpyDtoH;
     __typeof__(&cuMemcpy) copy = &cuMemcpy;
-    __typeof__(&cuMemcpyHtoDAsync_v2) htod_async = &cuMemcpyHtoDAsync_v2;
-    __typeof__(&cuMemcpyDtoHAsync_v2) dtoh_async = &cuMemcpyDtoHAsync_v2;
-    __typeof__(&cuMemcpyDtoDAsync_v2) dtod_async = &cuMemcpyDtoDAsync_v2;
+    __typeof__(&cuMemcpyHtoDAsync) htod_async = &cuMemcpyHtoDAsync;
+    __typeof__(&cuMemcpyDtoHAsync) dtoh_async = &cuMemcpyDtoHAsync;
+    __typeof__(&cuMemcpyDtoDAsync) dtod_async = &cuMemcpyDtoDAsync;
     __typeof__(&cuMemsetD32Async) set32_async = &cuMemsetD32Async;
-    __typeof__(&cuMemsetD8_v2) set8 = &cuMemsetD8_v2;
+    __typeof__(&cuMemsetD8) set8 = &cuMemsetD8;
     __typeof__(&cuMemsetD2D8Async) set2d_async = &cuMemsetD2D8Async;
     if (by_dlsym) {
         void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -1732,11 +1732,14 @@ pub struct Declaration {
 }
 
 /// The functions returning `ret` whose names start with `prefix` that `header` declares once
-/// preprocessed as C with the include directories `include` (macros such as `CUBLASWINAPI`
-/// expanded, conditional declarations resolved as a C compiler sees them).
+/// preprocessed as C with the include directories `include` and the macros `defines` defined
+/// (`CUDA_API_PER_THREAD_DEFAULT_STREAM`: the per-thread default stream's spellings; macros
+/// such as `CUBLASWINAPI` expanded, conditional declarations resolved as a C compiler sees
+/// them).
 pub fn declarations(
     include: &[PathBuf],
     header: &str,
+    defines: &[&str],
     ret: &str,
     prefix: &str,
 ) -> Result<Vec<Declaration>, String> {
@@ -1756,7 +1759,14 @@ pub fn declarations(
         .stdin
         .take()
         .ok_or("cc has no stdin")?
-        .write_all(format!("#include <{header}>\n").as_bytes())
+        .write_all(
+            defines
+                .iter()
+                .map(|d| format!("#define {d} 1\n"))
+                .chain([format!("#include <{header}>\n")])
+                .collect::<String>()
+                .as_bytes(),
+        )
         .map_err(|e| format!("cc: {e}"))?;
     let out = child.wait_with_output().map_err(|e| format!("cc: {e}"))?;
     if !out.status.success() {

@@ -294,7 +294,7 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
 
 /// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
 /// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
-const NEWER: [&str; 12] = [
+const NEWER: [&str; 16] = [
     "ncclAlltoAll",
     "ncclPutSignal",
     "ncclGather",
@@ -307,6 +307,10 @@ const NEWER: [&str; 12] = [
     "cuMemcpy3DBatchAsync_v2",
     "cuMemcpyWithAttributesAsync",
     "cuMemcpy3DWithAttributesAsync",
+    "cuMemcpyBatchAsync_v2_ptsz",
+    "cuMemcpy3DBatchAsync_v2_ptsz",
+    "cuMemcpyWithAttributesAsync_ptsz",
+    "cuMemcpy3DWithAttributesAsync_ptsz",
 ];
 
 #[test]

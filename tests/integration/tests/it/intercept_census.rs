@@ -14,6 +14,10 @@
 //!   graph-building API (`cudaGraph*`), which moves nothing itself;
 //! * the CUDA driver (`cuda.h`): functions returning `CUresult` with `Memcpy` or `Memset` in
 //!   the name, except the graph-building API (`cuGraph*`).
+//!
+//! The runtime's and the driver's headers are read twice: as most programs see them, and as a
+//! program built with per-thread default streams does (`CUDA_API_PER_THREAD_DEFAULT_STREAM`,
+//! `nvcc --default-stream per-thread`), which calls the `_ptds`/`_ptsz` spellings.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -51,8 +55,22 @@ fn has_stream(d: &Declaration) -> bool {
 
 /// The data-moving entry points of one header set, by library.
 fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
-    let decl = |header, ret, prefix| {
-        declarations(include, header, ret, prefix).unwrap_or_else(|e| panic!("{header}: {e}"))
+    let decl_as = |header, defines: &[&str], ret, prefix| {
+        declarations(include, header, defines, ret, prefix)
+            .unwrap_or_else(|e| panic!("{header}: {e}"))
+    };
+    let decl = |header, ret, prefix| decl_as(header, &[], ret, prefix);
+    // The runtime's and the driver's declarations as a program built with per-thread default
+    // streams sees them too (their `_ptds`/`_ptsz` spellings), each name once.
+    let both_views = |header, ret, prefix| {
+        let mut ds = decl(header, ret, prefix);
+        let seen: BTreeSet<String> = ds.iter().map(|d| d.name.clone()).collect();
+        ds.extend(
+            decl_as(header, &["CUDA_API_PER_THREAD_DEFAULT_STREAM"], ret, prefix)
+                .into_iter()
+                .filter(|d| !seen.contains(&d.name)),
+        );
+        ds
     };
     let names = |ds: Vec<Declaration>, keep: &dyn Fn(&Declaration) -> bool| -> Vec<String> {
         ds.into_iter().filter(keep).map(|d| d.name).collect()
@@ -72,10 +90,14 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
                 .iter()
                 .any(|p| points_to_numbers(p) && p.contains("void"))
     });
-    let cudart = names(decl("cuda_runtime_api.h", "cudaError_t", "cuda"), &|d| {
-        (d.name.contains("Memcpy") || d.name.contains("Memset")) && !d.name.starts_with("cudaGraph")
-    });
-    let driver = names(decl("cuda.h", "CUresult", "cu"), &|d| {
+    let cudart = names(
+        both_views("cuda_runtime_api.h", "cudaError_t", "cuda"),
+        &|d| {
+            (d.name.contains("Memcpy") || d.name.contains("Memset"))
+                && !d.name.starts_with("cudaGraph")
+        },
+    );
+    let driver = names(both_views("cuda.h", "CUresult", "cu"), &|d| {
         (d.name.contains("Memcpy") || d.name.contains("Memset")) && !d.name.starts_with("cuGraph")
     });
     vec![

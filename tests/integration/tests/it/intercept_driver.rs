@@ -6,7 +6,10 @@
 //! do) or the runtime's `cudaGetDriverEntryPoint[ByVersion]`: the same records each way. Each
 //! copy is captured under the driver's API name with its direction, stream and bytes; a memset
 //! of one repeated byte is a `memset` record; a 32-bit pattern of unequal bytes, and a 2-D
-//! memset, are gaps naming them. Nothing else is recorded.
+//! memset, are gaps naming them. Nothing else is recorded. Built with per-thread default
+//! streams (tests/integration/c/driver_copies_ptds.c), the same program calls the `_ptds` and
+//! `_ptsz` spellings: the same records under those names, the synchronous ones on the calling
+//! thread's default stream.
 
 use crate::intercept_util;
 
@@ -24,6 +27,73 @@ enum Seen {
     Copy(String, CopyDirection, u64, Vec<u8>),
     Memset(String, u8, u64, u64),
     Gap(String, GapReason, u64, u64),
+}
+
+/// The program's output and records when run traced in `mode`: what it printed as its stream,
+/// what was recorded, and the run's gap count.
+fn run_mode(exe: &std::path::Path, what: &str, mode: &str) -> (u64, Vec<Seen>, u64) {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
+    let run = traced_command_tagged(cmd, "driver-copies-c");
+    assert_ok(&run);
+    assert_checksums(&run);
+    let out = String::from_utf8_lossy(&run.out.stdout);
+    assert!(out.contains("driver_copies: OK"), "{what} {mode}: {out}");
+    let s = out
+        .lines()
+        .find_map(|l| l.strip_prefix("driver_copies: stream 0x"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("{what} {mode}: no stream in {out}"));
+    let seen: Vec<Seen> = run
+        .records
+        .iter()
+        .map(|r| {
+            let api = r.record.api.clone();
+            let stream = r.record.stream;
+            match &r.record.op {
+                Op::Memcpy(m) => Seen::Copy(
+                    api,
+                    m.direction,
+                    stream,
+                    r.bytes.first().cloned().flatten().unwrap_or_default(),
+                ),
+                Op::Memset(m) => Seen::Memset(api, m.value, m.width, stream),
+                Op::Gap(g) => Seen::Gap(g.skipped_api.clone(), g.reason, g.bytes, stream),
+                other => panic!("{what} {mode}: unexpected {other:?}"),
+            }
+        })
+        .collect();
+    (s, seen, run.summary.gaps)
+}
+
+/// What driver_copies.c records: its async calls on stream `s`, its synchronous ones on
+/// `sync` (0: the legacy default stream), each API named as `name` spells it.
+fn expected(s: u64, sync: u64, name: impl Fn(&str) -> String) -> Vec<Seen> {
+    let a = f32_bytes((0..64).map(|i| i as f32 * 0.25));
+    let b = f32_bytes((0..64).map(|i| 100.0 - i as f32));
+    let words = f32_bytes((0..64).map(|i| if i < 16 { 1.0 } else { 0.0 }));
+    let mut last = a.clone();
+    last[..8].fill(0x11);
+    let mut rows = b[..128].to_vec();
+    rows[..16].fill(0x22);
+    rows[64..80].fill(0x22);
+    use CopyDirection::*;
+    let c = |api: &str, d, st, bytes: &[u8]| Seen::Copy(name(api), d, st, bytes.to_vec());
+    vec![
+        c("cuMemcpyHtoD_v2", HostToDevice, sync, &a),
+        c("cuMemcpyHtoDAsync_v2", HostToDevice, s, &b),
+        c("cuMemcpyDtoDAsync_v2", DeviceToDevice, s, &b),
+        Seen::Memset(name("cuMemsetD32Async"), 0, 256, s),
+        Seen::Gap(name("cuMemsetD32Async"), GapReason::Unsupported, 64, s),
+        c("cuMemcpyDtoHAsync_v2", DeviceToHost, s, &b),
+        c("cuMemcpyDtoH_v2", DeviceToHost, sync, &words),
+        c("cuMemcpyDtoH_v2", DeviceToHost, sync, &a),
+        c("cuMemcpy", DeviceToDevice, sync, &a),
+        Seen::Memset(name("cuMemsetD8_v2"), 0x11, 8, sync),
+        c("cuMemcpyDtoH_v2", DeviceToHost, sync, &last),
+        Seen::Gap(name("cuMemsetD2D8Async"), GapReason::Unsupported, 32, s),
+        c("cuMemcpyDtoH_v2", DeviceToHost, sync, &rows),
+    ]
 }
 
 #[test]
@@ -55,67 +125,60 @@ fn driver_copies_and_memsets_are_captured_however_the_program_finds_the_driver()
             if mode == "dlsym" && !cfg!(target_arch = "x86_64") {
                 continue; // dlsym is interposed on x86-64 only
             }
-            let mut cmd = std::process::Command::new(&exe);
-            cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
-            let run = traced_command_tagged(cmd, "driver-copies-c");
-            assert_ok(&run);
-            assert_checksums(&run);
-            let out = String::from_utf8_lossy(&run.out.stdout);
-            assert!(
-                out.contains("driver_copies: OK"),
-                "CUDA {major} {mode}: {out}"
-            );
-            let s = out
-                .lines()
-                .find_map(|l| l.strip_prefix("driver_copies: stream 0x"))
-                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-                .unwrap_or_else(|| panic!("CUDA {major} {mode}: no stream in {out}"));
-            let seen: Vec<Seen> = run
-                .records
-                .iter()
-                .map(|r| {
-                    let api = r.record.api.clone();
-                    let stream = r.record.stream;
-                    match &r.record.op {
-                        Op::Memcpy(m) => Seen::Copy(
-                            api,
-                            m.direction,
-                            stream,
-                            r.bytes.first().cloned().flatten().unwrap_or_default(),
-                        ),
-                        Op::Memset(m) => Seen::Memset(api, m.value, m.width, stream),
-                        Op::Gap(g) => Seen::Gap(g.skipped_api.clone(), g.reason, g.bytes, stream),
-                        other => panic!("CUDA {major} {mode}: unexpected {other:?}"),
-                    }
-                })
-                .collect();
-            let a = f32_bytes((0..64).map(|i| i as f32 * 0.25));
-            let b = f32_bytes((0..64).map(|i| 100.0 - i as f32));
-            let words = f32_bytes((0..64).map(|i| if i < 16 { 1.0 } else { 0.0 }));
-            let mut last = a.clone();
-            last[..8].fill(0x11);
-            let mut rows = b[..128].to_vec();
-            rows[..16].fill(0x22);
-            rows[64..80].fill(0x22);
-            use CopyDirection::*;
-            let c = |api: &str, d, st, bytes: &[u8]| Seen::Copy(api.into(), d, st, bytes.to_vec());
-            let want = vec![
-                c("cuMemcpyHtoD_v2", HostToDevice, 0, &a),
-                c("cuMemcpyHtoDAsync_v2", HostToDevice, s, &b),
-                c("cuMemcpyDtoDAsync_v2", DeviceToDevice, s, &b),
-                Seen::Memset("cuMemsetD32Async".into(), 0, 256, s),
-                Seen::Gap("cuMemsetD32Async".into(), GapReason::Unsupported, 64, s),
-                c("cuMemcpyDtoHAsync_v2", DeviceToHost, s, &b),
-                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &words),
-                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &a),
-                c("cuMemcpy", DeviceToDevice, 0, &a),
-                Seen::Memset("cuMemsetD8_v2".into(), 0x11, 8, 0),
-                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &last),
-                Seen::Gap("cuMemsetD2D8Async".into(), GapReason::Unsupported, 32, s),
-                c("cuMemcpyDtoH_v2", DeviceToHost, 0, &rows),
-            ];
-            assert_eq!(seen, want, "CUDA {major} {mode}");
-            assert_eq!(run.summary.gaps, 2, "CUDA {major} {mode}");
+            let what = format!("CUDA {major}");
+            let (s, seen, gaps) = run_mode(&exe, &what, mode);
+            assert_eq!(seen, expected(s, 0, str::to_owned), "{what} {mode}");
+            assert_eq!(gaps, 2, "{what} {mode}");
         }
+    }
+}
+
+/// The per-thread default stream's spelling of a driver entry point: `_ptsz` for the
+/// asynchronous ones, `_ptds` for the others (cuda.h's `__CUDA_API_PTSZ`/`__CUDA_API_PTDS`).
+fn per_thread_spelling(api: &str) -> String {
+    if api.contains("Async") {
+        format!("{api}_ptsz")
+    } else {
+        format!("{api}_ptds")
+    }
+}
+
+#[test]
+fn a_program_built_with_per_thread_default_streams_is_captured_under_its_spellings() {
+    for major in [12, 13] {
+        let Some(sim) = integration_tests::sim_dir_for(major) else {
+            eprintln!("SKIP CUDA {major}: build its simulated stack (scripts/test.sh does)");
+            continue;
+        };
+        let cudart = format!("libcudart.so.{major}");
+        let exe = compile_c(
+            "driver_copies_ptds.c",
+            &format!("driver_copies_ptds{major}"),
+            major,
+            &sim,
+            &[&cudart, "libcuda.so.1"],
+        );
+        let what = format!("CUDA {major} per-thread");
+        let mut sync_streams = Vec::new();
+        for mode in ["linked", "proc", "entry", "entry_version"] {
+            let (s, seen, gaps) = run_mode(&exe, &what, mode);
+            // The synchronous calls' stream: the calling thread's default stream, whatever
+            // handle the store gives it, the same for each of them and not the legacy one.
+            let sync = match seen.first() {
+                Some(Seen::Copy(_, _, st, _)) => *st,
+                other => panic!("{what} {mode}: first record {other:?}"),
+            };
+            assert_ne!(sync, 0, "{what} {mode}: on the legacy default stream");
+            assert_ne!(sync, s, "{what} {mode}");
+            assert_eq!(
+                seen,
+                expected(s, sync, per_thread_spelling),
+                "{what} {mode}"
+            );
+            assert_eq!(gaps, 2, "{what} {mode}");
+            sync_streams.push(sync);
+        }
+        sync_streams.dedup();
+        assert_eq!(sync_streams.len(), 1, "{what}: {sync_streams:?}");
     }
 }

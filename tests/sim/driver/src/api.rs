@@ -339,22 +339,22 @@ fn own_handle() -> Option<usize> {
     })
 }
 
-/// The export that serves `symbol`: the per-thread-stream variant when asked for, then the
-/// newest ABI version this library exports (`_v3`, `_v2`), then the plain name. CUDA picks
+/// The export that serves `symbol`: the per-thread-stream variant of the newest ABI version
+/// when asked for (`cuMemcpyHtoD_v2_ptds`), then the newest ABI version this library exports
+/// (`_v3`, `_v2`), then the plain name. CUDA picks
 /// the version by the caller's `cudaVersion`; this library exports one version of each
 /// function, the one CUDA 12 headers name.
 fn lookup(symbol: &str, flags: cuuint64_t) -> Option<*mut c_void> {
     let h = own_handle()? as *mut c_void;
     let mut names = Vec::new();
+    let versions = ["_v3", "_v2", ""];
     if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 {
-        names.push(format!("{symbol}_ptsz"));
-        names.push(format!("{symbol}_ptds"));
+        for v in versions {
+            names.push(format!("{symbol}{v}_ptsz"));
+            names.push(format!("{symbol}{v}_ptds"));
+        }
     }
-    names.extend([
-        format!("{symbol}_v3"),
-        format!("{symbol}_v2"),
-        symbol.to_string(),
-    ]);
+    names.extend(versions.iter().map(|v| format!("{symbol}{v}")));
     names.into_iter().find_map(|n| {
         let c = std::ffi::CString::new(n).ok()?;
         // SAFETY: a live handle and a NUL-terminated name.

@@ -28,7 +28,7 @@ use std::ffi::CStr;
 use cuda_abi::cudart::{
     cudaError_t, cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
     cudaMemcpyHostToDevice, cudaMemcpyKind, cudaMemoryTypeHost, cudaMemoryTypeManaged,
-    cudaPointerAttributes, cudaStream_t,
+    cudaPointerAttributes, cudaStreamPerThread, cudaStream_t,
 };
 use cuda_abi::driver::*;
 
@@ -71,11 +71,33 @@ type MemcpyAsyncFn =
 
 /// `cudaMemcpy(dst, src, n, kind)` of the runtime.
 fn memcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: cudaMemcpyKind) -> CUresult {
-    // SAFETY: `cudaMemcpy`'s C signature.
-    done(unsafe { runtime_fn::<MemcpyFn>(c"cudaMemcpy") }.map(|f| {
+    memcpy_as(c"cudaMemcpy", dst, src, n, kind)
+}
+
+/// The runtime's synchronous copy `name` (`cudaMemcpy`, or `cudaMemcpy_ptds` on the calling
+/// thread's default stream).
+fn memcpy_as(
+    name: &CStr,
+    dst: *mut c_void,
+    src: *const c_void,
+    n: usize,
+    kind: cudaMemcpyKind,
+) -> CUresult {
+    // SAFETY: `cudaMemcpy`'s C signature, which `cudaMemcpy_ptds` shares.
+    done(unsafe { runtime_fn::<MemcpyFn>(name) }.map(|f| {
         // SAFETY: the runtime validates both ranges against its allocations.
         unsafe { f(dst, src, n, kind) }
     }))
+}
+
+/// The stream a per-thread-default-stream call (`_ptsz`) means by `s`: 0 is the calling
+/// thread's default stream (`CU_STREAM_PER_THREAD`).
+fn per_thread(s: CUstream) -> CUstream {
+    if s.is_null() {
+        cudaStreamPerThread
+    } else {
+        s
+    }
 }
 
 /// `cudaMemcpyAsync(dst, src, n, kind, stream)` of the runtime.
@@ -254,6 +276,11 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
 /// it synchronous with respect to the host when `dst` is pinned host or managed memory (the
 /// host may read it at once), asynchronous for device memory.
 fn finish_sync_memset(dst: CUdeviceptr, r: CUresult) -> CUresult {
+    finish_sync_memset_on(dst, r, std::ptr::null_mut())
+}
+
+/// [`finish_sync_memset`] of a memset enqueued on `stream`.
+fn finish_sync_memset_on(dst: CUdeviceptr, r: CUresult, stream: CUstream) -> CUresult {
     type Attr = unsafe extern "C" fn(*mut cudaPointerAttributes, *const c_void) -> c_uint;
     type Sync = unsafe extern "C" fn(cudaStream_t) -> c_uint;
     if r != CUDA_SUCCESS {
@@ -273,8 +300,8 @@ fn finish_sync_memset(dst: CUdeviceptr, r: CUresult) -> CUresult {
     // SAFETY: `cudaStreamSynchronize`'s C signature.
     done(
         unsafe { runtime_fn::<Sync>(c"cudaStreamSynchronize") }.map(|f| {
-            // SAFETY: the legacy default stream.
-            unsafe { f(std::ptr::null_mut()) }
+            // SAFETY: the stream the memset was enqueued on.
+            unsafe { f(stream) }
         }),
     )
 }
@@ -387,6 +414,209 @@ pub unsafe extern "C" fn cuMemsetD32Async(
     hStream: CUstream,
 ) -> CUresult {
     memset_pattern(dstDevice, ui.to_le_bytes(), N, hStream)
+}
+
+// ---- Per-thread default stream spellings --------------------------------------------------
+// What a program built with `CUDA_API_PER_THREAD_DEFAULT_STREAM` calls: the synchronous
+// `_ptds` copies and memsets use the calling thread's default stream, and the `Async` `_ptsz`
+// ones take 0 to mean it.
+
+/// `cuMemcpy` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy_ptds(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    memcpy_as(
+        c"cudaMemcpy_ptds",
+        addr(dst),
+        addr(src),
+        ByteCount,
+        cudaMemcpyDefault,
+    )
+}
+
+/// `cuMemcpyAsync`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAsync_ptsz(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memcpy_async(
+        addr(dst),
+        addr(src),
+        ByteCount,
+        cudaMemcpyDefault,
+        per_thread(hStream),
+    )
+}
+
+/// `cuMemcpyHtoD_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2_ptds(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+) -> CUresult {
+    memcpy_as(
+        c"cudaMemcpy_ptds",
+        addr(dstDevice),
+        srcHost,
+        ByteCount,
+        cudaMemcpyHostToDevice,
+    )
+}
+
+/// `cuMemcpyDtoH_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2_ptds(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    memcpy_as(
+        c"cudaMemcpy_ptds",
+        dstHost,
+        addr(srcDevice),
+        ByteCount,
+        cudaMemcpyDeviceToHost,
+    )
+}
+
+/// `cuMemcpyDtoD_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoD_v2_ptds(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+) -> CUresult {
+    memcpy_as(
+        c"cudaMemcpy_ptds",
+        addr(dstDevice),
+        addr(srcDevice),
+        ByteCount,
+        cudaMemcpyDeviceToDevice,
+    )
+}
+
+/// `cuMemcpyHtoDAsync_v2`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(
+    dstDevice: CUdeviceptr,
+    srcHost: *const c_void,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memcpy_async(
+        addr(dstDevice),
+        srcHost,
+        ByteCount,
+        cudaMemcpyHostToDevice,
+        per_thread(hStream),
+    )
+}
+
+/// `cuMemcpyDtoHAsync_v2`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2_ptsz(
+    dstHost: *mut c_void,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memcpy_async(
+        dstHost,
+        addr(srcDevice),
+        ByteCount,
+        cudaMemcpyDeviceToHost,
+        per_thread(hStream),
+    )
+}
+
+/// `cuMemcpyDtoDAsync_v2`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
+    dstDevice: CUdeviceptr,
+    srcDevice: CUdeviceptr,
+    ByteCount: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memcpy_async(
+        addr(dstDevice),
+        addr(srcDevice),
+        ByteCount,
+        cudaMemcpyDeviceToDevice,
+        per_thread(hStream),
+    )
+}
+
+/// `cuMemsetD8_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8_v2_ptds(
+    dstDevice: CUdeviceptr,
+    uc: c_uchar,
+    N: usize,
+) -> CUresult {
+    let r = memset_bytes(dstDevice, uc, N, Some(cudaStreamPerThread));
+    finish_sync_memset_on(dstDevice, r, cudaStreamPerThread)
+}
+
+/// `cuMemsetD16_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16_v2_ptds(
+    dstDevice: CUdeviceptr,
+    us: c_ushort,
+    N: usize,
+) -> CUresult {
+    let r = memset_pattern(dstDevice, us.to_le_bytes(), N, cudaStreamPerThread);
+    finish_sync_memset_on(dstDevice, r, cudaStreamPerThread)
+}
+
+/// `cuMemsetD32_v2` on the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32_v2_ptds(
+    dstDevice: CUdeviceptr,
+    ui: c_uint,
+    N: usize,
+) -> CUresult {
+    let r = memset_pattern(dstDevice, ui.to_le_bytes(), N, cudaStreamPerThread);
+    finish_sync_memset_on(dstDevice, r, cudaStreamPerThread)
+}
+
+/// `cuMemsetD8Async`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD8Async_ptsz(
+    dstDevice: CUdeviceptr,
+    uc: c_uchar,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset_bytes(dstDevice, uc, N, Some(per_thread(hStream)))
+}
+
+/// `cuMemsetD16Async`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD16Async_ptsz(
+    dstDevice: CUdeviceptr,
+    us: c_ushort,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset_pattern(dstDevice, us.to_le_bytes(), N, per_thread(hStream))
+}
+
+/// `cuMemsetD32Async`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD32Async_ptsz(
+    dstDevice: CUdeviceptr,
+    ui: c_uint,
+    N: usize,
+    hStream: CUstream,
+) -> CUresult {
+    memset_pattern(dstDevice, ui.to_le_bytes(), N, per_thread(hStream))
 }
 
 // ---- Not simulated ------------------------------------------------------------------------
@@ -723,4 +953,320 @@ pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync(
     _hStream: CUstream,
 ) -> CUresult {
     CUDA_ERROR_NOT_SUPPORTED
+}
+
+// Their per-thread default stream spellings, refused alike.
+
+/// `cuMemcpyPeer_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeer_ptds(
+    _dstDevice: CUdeviceptr,
+    _dstContext: CUcontext,
+    _srcDevice: CUdeviceptr,
+    _srcContext: CUcontext,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyDtoA_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoA_v2_ptds(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcDevice: CUdeviceptr,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoD_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoD_v2_ptds(
+    _dstDevice: CUdeviceptr,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyHtoA_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoA_v2_ptds(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcHost: *const c_void,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoH_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoH_v2_ptds(
+    _dstHost: *mut c_void,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoA_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoA_v2_ptds(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2D_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2D_v2_ptds(_pCopy: *const CUDA_MEMCPY2D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2DUnaligned_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DUnaligned_v2_ptds(_pCopy: *const CUDA_MEMCPY2D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3D_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3D_v2_ptds(_pCopy: *const CUDA_MEMCPY3D) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DPeer_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeer_ptds(_pCopy: *const CUDA_MEMCPY3D_PEER) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyPeerAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyPeerAsync_ptsz(
+    _dstDevice: CUdeviceptr,
+    _dstContext: CUcontext,
+    _srcDevice: CUdeviceptr,
+    _srcContext: CUcontext,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyHtoAAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoAAsync_v2_ptsz(
+    _dstArray: CUarray,
+    _dstOffset: usize,
+    _srcHost: *const c_void,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyAtoHAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyAtoHAsync_v2_ptsz(
+    _dstHost: *mut c_void,
+    _srcArray: CUarray,
+    _srcOffset: usize,
+    _ByteCount: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy2DAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy2DAsync_v2_ptsz(
+    _pCopy: *const CUDA_MEMCPY2D,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2_ptsz(
+    _pCopy: *const CUDA_MEMCPY3D,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DPeerAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeerAsync_ptsz(
+    _pCopy: *const CUDA_MEMCPY3D_PEER,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D8_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D8_v2_ptds(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _uc: c_uchar,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D16_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D16_v2_ptds(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _us: c_ushort,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D32_v2_ptds`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D32_v2_ptds(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _ui: c_uint,
+    _Width: usize,
+    _Height: usize,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D16Async_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D16Async_ptsz(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _us: c_ushort,
+    _Width: usize,
+    _Height: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D32Async_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D32Async_ptsz(
+    _dstDevice: CUdeviceptr,
+    _dstPitch: usize,
+    _ui: c_uint,
+    _Width: usize,
+    _Height: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyBatchAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_ptsz(
+    _dsts: *mut CUdeviceptr,
+    _srcs: *mut CUdeviceptr,
+    _sizes: *mut usize,
+    _count: usize,
+    _attrs: *mut CUmemcpyAttributes,
+    _attrsIdxs: *mut usize,
+    _numAttrs: usize,
+    _failIdx: *mut usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DBatchAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(not(sim_cuda13))]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync_ptsz(
+    _numOps: usize,
+    _opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _failIdx: *mut usize,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyBatchAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_v2_ptsz(
+    _dsts: *mut CUdeviceptr,
+    _srcs: *mut CUdeviceptr,
+    _sizes: *mut usize,
+    _count: usize,
+    _attrs: *mut CUmemcpyAttributes,
+    _attrsIdxs: *mut usize,
+    _numAttrs: usize,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DBatchAsync_v2_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DBatchAsync_v2_ptsz(
+    _numOps: usize,
+    _opList: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpyWithAttributesAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyWithAttributesAsync_ptsz(
+    _dst: CUdeviceptr,
+    _src: CUdeviceptr,
+    _size: usize,
+    _attr: *mut CUmemcpyAttributes,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemcpy3DWithAttributesAsync_ptsz`: not simulated (`CUDA_ERROR_NOT_SUPPORTED`).
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DWithAttributesAsync_ptsz(
+    _op: *mut CUDA_MEMCPY3D_BATCH_OP,
+    _flags: c_ulonglong,
+    _hStream: CUstream,
+) -> CUresult {
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// `cuMemsetD2D8Async`, stream 0 meaning the calling thread's default stream.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemsetD2D8Async_ptsz(
+    dstDevice: CUdeviceptr,
+    dstPitch: usize,
+    uc: c_uchar,
+    Width: usize,
+    Height: usize,
+    hStream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, on the stream they mean.
+    unsafe { cuMemsetD2D8Async(dstDevice, dstPitch, uc, Width, Height, per_thread(hStream)) }
 }

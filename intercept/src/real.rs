@@ -143,6 +143,23 @@ pub fn object_path(addr: usize) -> Option<String> {
     Some(path.to_string_lossy().into_owned())
 }
 
+/// The name of the exported symbol that starts exactly at `addr`, if one does (`dladdr`): what
+/// a function pointer handed out by address is called in its library.
+pub fn symbol_at(addr: usize) -> Option<std::ffi::CString> {
+    let mut info = core::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
+    if unsafe { libc::dladdr(addr as *const c_void, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded and filled the struct.
+    let info = unsafe { info.assume_init() };
+    if info.dli_sname.is_null() || info.dli_saddr as usize != addr {
+        return None;
+    }
+    // SAFETY: the loader's NUL-terminated name of a symbol of a loaded object.
+    Some(unsafe { core::ffi::CStr::from_ptr(info.dli_sname) }.to_owned())
+}
+
 /// Whether `p` lies in libttrace.so (one of its exports: a hook).
 pub fn is_own(p: *mut c_void) -> bool {
     !p.is_null() && own_base() != 0 && object_base(p) == own_base()

@@ -47,7 +47,8 @@ fn spellings(symbol: &str, per_thread: bool) -> Vec<CString> {
 }
 
 /// After a successful lookup of `symbol` that wrote `*pfn`: the hook in its place where one
-/// calls that very function.
+/// calls that very function (found by the exported name at that address, else by the
+/// spellings of `symbol`).
 ///
 /// # Safety
 /// `symbol` is null or NUL-terminated; `pfn` is null or the caller's out-pointer the lookup
@@ -69,7 +70,10 @@ unsafe fn hand_out(
         if found.is_null() || !name.starts_with("cu") {
             return None;
         }
-        let names = spellings(name, per_thread);
+        // The exported symbol the driver handed out, when the pointer is one (NVIDIA's
+        // driver hands out its exports), then the spellings the base name may stand for.
+        let mut names: Vec<CString> = real::symbol_at(found as usize).into_iter().collect();
+        names.extend(spellings(name, per_thread));
         let names: Vec<&CStr> = names.iter().map(CString::as_c_str).collect();
         let hook = crate::lookups::hook_for(&names, Lib::Driver, found, via)?;
         // SAFETY: the same out-pointer; the hook has the C signature of the function found.

@@ -62,7 +62,7 @@ pub struct ThreadState {
     /// Shared names: a launch costs no allocation once its kernel was named.
     kernels: VecDeque<Arc<str>>,
     kernels_dropped: u64,
-    names: HashMap<usize, Arc<str>>,
+    names: HashMap<usize, Arc<str>, rustc_hash::FxBuildHasher>,
     /// `ncclGroupStart` nesting.
     pub group_depth: u32,
     /// Group number of the current outermost group.

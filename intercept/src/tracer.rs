@@ -1438,10 +1438,12 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
 }
 
 /// The step rule's signature of a GEMM: API, shape, transposes and types. Compared within
-/// the process only (never stored): std's hasher, whose keys are fixed, will do.
+/// the process only (never stored), and computed for every GEMM by its hook and again by the
+/// tracer: a fast hash (std's SipHash was the largest of libttrace's own costs in a GEMM hook
+/// under `--steps` outside the run, on the simulator).
 pub(crate) fn gemm_sig(api: &str, g: &GemmOp) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
+    let mut h = rustc_hash::FxHasher::default();
     (api, g.m, g.n, g.k, g.batch, g.transa, g.transb).hash(&mut h);
     (g.a_type, g.b_type, g.c_type, g.d_type, g.compute_type).hash(&mut h);
     h.finish()

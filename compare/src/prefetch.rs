@@ -220,9 +220,10 @@ enum Decoded {
 /// [`RecordView::same_stored`]) takes its values. Otherwise, or when the tensor it takes
 /// its values from did not decode (or is no longer kept), it is left out and the walk reads
 /// it on its own.
-pub fn decode(
+pub fn decode<'k>(
     segments: &[SegmentWants],
     kept: &Mutex<DecodedCache>,
+    known: &(dyn Fn((u32, u64), u64) -> Option<(&'k Record, u64)> + Sync),
 ) -> Vec<(TensorAt, Shared, Checked)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
@@ -232,7 +233,14 @@ pub fn decode(
     // order: the same plan whatever the number of threads.
     let views: Vec<Option<RecordView>> = jobs
         .par_iter()
-        .map(|&(_, seg, (seq, _))| seg.read_seq(*seq).and_then(Result::ok))
+        .map(|&(key, seg, (seq, _))| {
+            let read = match known(key, *seq) {
+                // Its metadata was decoded when the store was opened: not again.
+                Some((rec, offset)) => seg.read_at(offset, rec),
+                None => seg.read_seq(*seq),
+            };
+            read.and_then(Result::ok)
+        })
         .collect();
     let is_kept = |at: &TensorAt| lock(kept).contains(at);
     let (plan, mut decoded) = plan_decoding(&jobs, &views, &is_kept);
@@ -480,7 +488,11 @@ mod tests {
             vec![((0, 0, 1, 0), (0, 0, 0, 0)), ((1, 0, 0, 0), (0, 0, 0, 0))]
         );
 
-        let mut got = decode(&segments, &Mutex::new(DecodedCache::new(u64::MAX)));
+        let mut got = decode(
+            &segments,
+            &Mutex::new(DecodedCache::new(u64::MAX)),
+            &|_, _| None,
+        );
         got.sort_by_key(|g| g.0);
         let want_w = to_f32(DType::BF16, &w).expect("widens");
         let want_other = to_f32(DType::BF16, &other).expect("widens");

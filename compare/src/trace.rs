@@ -42,6 +42,9 @@ pub struct RunTrace {
     store: Arc<Store>,
     /// Records by (rank, step), in seq order.
     pub ops: Arc<BTreeMap<(u32, u64), Vec<Record>>>,
+    /// The offset of each record's frame in its segment, as `ops` orders them: its data is
+    /// read there without decoding its metadata again ([`Segment::read_at`]).
+    frames: Arc<BTreeMap<(u32, u64), Vec<u64>>>,
     /// Communicators of more than one rank each (rank, step) calls collectives on, in order
     /// of first use.
     comms_used: Arc<BTreeMap<(u32, u64), Vec<u64>>>,
@@ -74,16 +77,19 @@ impl RunTrace {
             .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
             .collect();
         // Segments are read on every core, then joined in their order.
-        let read: Vec<(Option<Vec<Record>>, Vec<String>)> = keys
+        let read: Vec<SegmentRecords> = keys
             .par_iter()
             .map(|&(rank, step)| read_records(&store, path, rank, step))
             .collect();
         let mut ops = BTreeMap::new();
+        let mut frames = BTreeMap::new();
         let mut unreadable = Vec::new();
         for (key, (recs, issues)) in keys.into_iter().zip(read) {
             unreadable.extend(issues);
             if let Some(recs) = recs {
+                let (recs, offsets): (Vec<Record>, Vec<u64>) = recs.into_iter().unzip();
                 ops.insert(key, recs);
+                frames.insert(key, offsets);
             }
         }
         let comms_used = ops
@@ -103,6 +109,7 @@ impl RunTrace {
             manifest,
             store: Arc::new(store),
             ops: Arc::new(ops),
+            frames: Arc::new(frames),
             comms_used: Arc::new(comms_used),
             segments: Arc::new(Mutex::new(OpenCache::default())),
             decoded: Arc::new(Mutex::new(DecodedCache::new(u64::MAX))),
@@ -124,6 +131,7 @@ impl RunTrace {
             manifest: self.manifest.clone(),
             store: Arc::clone(&self.store),
             ops: Arc::clone(&self.ops),
+            frames: Arc::clone(&self.frames),
             comms_used: Arc::clone(&self.comms_used),
             segments: Arc::clone(&self.segments),
             decoded: Arc::clone(&self.decoded),
@@ -190,15 +198,7 @@ impl RunTrace {
 
     /// The record `seq` of `rank` in `step`.
     pub fn record(&self, rank: u32, step: u64, seq: u64) -> Option<&Record> {
-        let recs = self.records(rank, step);
-        // Records are sorted by seq (and dense in practice): look where it should be first.
-        match recs.get(seq as usize) {
-            Some(r) if r.seq == seq => Some(r),
-            _ => recs
-                .binary_search_by_key(&seq, |r| r.seq)
-                .ok()
-                .map(|i| &recs[i]),
-        }
+        known_record(&self.ops, &self.frames, (rank, step), seq).map(|(r, _)| r)
     }
 
     /// Keeps at most `bytes` of segments open (mapped) at a time, the least recently read
@@ -268,6 +268,7 @@ impl RunTrace {
         }
         drop(segs);
         let kept = Arc::clone(&self.decoded);
+        let (ops, frames) = (Arc::clone(&self.ops), Arc::clone(&self.frames));
         let job = move || {
             let open: Vec<crate::prefetch::SegmentWants> = jobs
                 .iter()
@@ -275,7 +276,8 @@ impl RunTrace {
                 .collect();
             // A decoding that panics leaves its tensors to the walk (which reports them).
             let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let values = crate::prefetch::decode(&open, &kept);
+                let known = |key: (u32, u64), seq: u64| known_record(&ops, &frames, key, seq);
+                let values = crate::prefetch::decode(&open, &kept, &known);
                 let increments = form_increments(&increments, &values, &kept);
                 DecodedAhead { values, increments }
             }));
@@ -419,7 +421,11 @@ impl RunTrace {
             lock(&self.segments)
                 .get_or_open((rank, step), size, || self.open_segment(rank, step))?,
         );
-        let view = match seg.read_seq(seq) {
+        let read = match known_record(&self.ops, &self.frames, (rank, step), seq) {
+            Some((rec, offset)) => seg.read_at(offset, rec),
+            None => seg.read_seq(seq),
+        };
+        let view = match read {
             Some(Ok(v)) => v,
             Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),
             None => {
@@ -587,14 +593,32 @@ impl RunTrace {
     }
 }
 
-/// Every record's metadata of the segment of `rank` and `step`, in seq order, and what could
-/// not be read (`None` and one line: the segment does not open).
-fn read_records(
-    store: &Store,
-    path: &Path,
-    rank: u32,
-    step: u64,
-) -> (Option<Vec<Record>>, Vec<String>) {
+/// A segment's records with the offsets of their frames (`None`: it does not open), and what
+/// could not be read.
+type SegmentRecords = (Option<Vec<(Record, u64)>>, Vec<String>);
+
+/// The record `seq` of segment `key` and the offset of its frame, in `ops` and `frames` as
+/// [`RunTrace`] holds them.
+fn known_record<'a>(
+    ops: &'a BTreeMap<(u32, u64), Vec<Record>>,
+    frames: &BTreeMap<(u32, u64), Vec<u64>>,
+    key: (u32, u64),
+    seq: u64,
+) -> Option<(&'a Record, u64)> {
+    let recs = ops.get(&key)?;
+    // Records are sorted by seq (and dense in practice): look where it should be first.
+    let i = match recs.get(seq as usize) {
+        Some(r) if r.seq == seq => seq as usize,
+        _ => recs.binary_search_by_key(&seq, |r| r.seq).ok()?,
+    };
+    let offset = frames.get(&key).and_then(|f| f.get(i)).copied()?;
+    Some((&recs[i], offset))
+}
+
+/// Every record's metadata of the segment of `rank` and `step` with the offset of its frame,
+/// in seq order, and what could not be read (`None` and one line: the segment does not
+/// open).
+fn read_records(store: &Store, path: &Path, rank: u32, step: u64) -> SegmentRecords {
     let seg = match store.open_segment(rank, step) {
         Ok(s) => s,
         Err(e) => {
@@ -608,11 +632,11 @@ fn read_records(
     let mut unreadable = Vec::new();
     for i in 0..seg.len() {
         match seg.read_meta(i) {
-            Ok(v) => recs.push(v.record),
+            Ok(v) => recs.push((v.record, v.offset)),
             Err(issue) => unreadable.push(issue.to_string()),
         }
     }
-    recs.sort_by_key(|r| r.seq);
+    recs.sort_by_key(|(r, _)| r.seq);
     (Some(recs), unreadable)
 }
 

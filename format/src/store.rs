@@ -828,7 +828,33 @@ impl Frame {
 /// blob's stored bytes sit in `body`. `offset` (of the frame in its segment) only names the
 /// frame in errors.
 pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), FormatError> {
-    let bad = |why: String| FormatError::Corrupt(format!("frame at {offset}: {why}"));
+    let (meta, blobs) = split_body(offset, body)?;
+    let record: Record = ciborium::from_reader(meta)
+        .map_err(|e| corrupt_at(offset, format!("record metadata: {e}")))?;
+    check_blobs(offset, &record, &blobs)?;
+    Ok((record, blobs))
+}
+
+/// [`parse_body`] of a frame whose record is already known (`record`, decoded from this very
+/// body before): where its blobs sit, without decoding the record's metadata again, checked
+/// against the record as `parse_body` checks them.
+pub fn parse_blobs_of(
+    offset: u64,
+    body: &[u8],
+    record: &Record,
+) -> Result<Vec<BlobRef>, FormatError> {
+    let (_, blobs) = split_body(offset, body)?;
+    check_blobs(offset, record, &blobs)?;
+    Ok(blobs)
+}
+
+fn corrupt_at(offset: u64, why: String) -> FormatError {
+    FormatError::Corrupt(format!("frame at {offset}: {why}"))
+}
+
+/// A frame body's record metadata (CBOR, not decoded) and its blobs.
+fn split_body(offset: u64, body: &[u8]) -> Result<(&[u8], Vec<BlobRef>), FormatError> {
+    let bad = |why: String| corrupt_at(offset, why);
     if body.len() < 4 {
         return Err(bad("body shorter than its metadata length".into()));
     }
@@ -844,8 +870,6 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         .checked_add(meta_len)
         .filter(|&e| e <= body.len())
         .ok_or_else(|| bad("metadata runs past the body".into()))?;
-    let record: Record = ciborium::from_reader(&body[4..meta_end])
-        .map_err(|e| bad(format!("record metadata: {e}")))?;
     let mut blobs = Vec::new();
     let mut at = meta_end;
     while at < body.len() {
@@ -870,14 +894,19 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
         });
         at = end;
     }
+    Ok((&body[4..meta_end], blobs))
+}
+
+/// The record has one blob per captured tensor.
+fn check_blobs(offset: u64, record: &Record, blobs: &[BlobRef]) -> Result<(), FormatError> {
     let captured = record.tensors.iter().filter(|t| t.captured).count();
     if captured != blobs.len() {
-        return Err(bad(format!(
-            "{captured} captured tensors but {} blobs",
-            blobs.len()
-        )));
+        return Err(corrupt_at(
+            offset,
+            format!("{captured} captured tensors but {} blobs", blobs.len()),
+        ));
     }
-    Ok((record, blobs))
+    Ok(())
 }
 
 #[cfg(test)]

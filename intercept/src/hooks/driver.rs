@@ -6,7 +6,10 @@
 //! the driver's API name; a memset of one repeated byte (`cuMemsetD8`, or `D16`/`D32` with a
 //! pattern whose bytes are equal: zeroing) is a `memset` record like `cudaMemset`'s, and a
 //! 16- or 32-bit pattern of unequal bytes, which a `memset` record cannot say, an `unsupported`
-//! gap naming it. The synchronous spellings use the legacy default stream.
+//! gap naming it. The synchronous spellings use the legacy default stream. Each hook comes
+//! with its per-thread default stream spelling (`cuMemcpyHtoD_v2_ptds`,
+//! `cuMemcpyHtoDAsync_v2_ptsz`: `name / name_ptds(...)` in the macros), which a program built
+//! with `CUDA_API_PER_THREAD_DEFAULT_STREAM` calls: on the calling thread's default stream.
 //!
 //! The driver's other copies and memsets (2-D, 3-D, array, peer, batch and attribute copies,
 //! 2-D memsets) are gaps ([`driver_gaps`](super::driver_gaps)). Programs that take these
@@ -17,7 +20,7 @@ use core::ffi::{c_uchar, c_uint, c_ushort, c_void};
 
 use cuda_abi::cudart::{
     cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice,
-    cudaMemcpyKind, cudaStreamPerThread, cudaStream_t,
+    cudaMemcpyKind, cudaStream_t,
 };
 use cuda_abi::driver::*;
 use ttrace_proto::record::{GapReason, MemsetOp, Op};
@@ -38,6 +41,20 @@ fn linear(dst: u64, src: u64, count: usize) -> Geometry {
 /// One driver copy: `name(C signature) => (geometry, kind, stream)`. The real function,
 /// looked up under the hook's name, is called exactly once with the program's arguments.
 macro_rules! cu_copy_hook {
+    // `name / name_ptxx(...)`: also the per-thread default stream spelling (`per_thread` of
+    // the stream: the thread's default stream where the other uses the legacy one).
+    ($(#[$m:meta])* $name:ident / $per_thread:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($g:expr, $kind:expr, $stream:expr)) => {
+        cu_copy_hook! { $(#[$m])* $name($($a: $t),*) => ($g, $kind, $stream) }
+        cu_copy_hook! {
+            #[doc = concat!(
+                "`",
+                stringify!($name),
+                "` of a program built with per-thread default streams.",
+            )]
+            $per_thread($($a: $t),*) => ($g, $kind, per_thread($stream))
+        }
+    };
     ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? )
         => ($g:expr, $kind:expr, $stream:expr)) => {
         $(#[$m])*
@@ -61,40 +78,53 @@ macro_rules! cu_copy_hook {
 cu_copy_hook! {
     /// `CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)`: unified
     /// addressing, the direction from where the ends lie.
-    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize)
+    cuMemcpy / cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize)
         => (linear(dst, src, ByteCount), cudaMemcpyDefault, LEGACY)
 }
 
 cu_copy_hook! {
     /// `CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream
     /// hStream)`.
-    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream)
-        => (linear(dst, src, ByteCount), cudaMemcpyDefault, hStream)
+    cuMemcpyAsync / cuMemcpyAsync_ptsz(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        ByteCount: usize,
+        hStream: CUstream,
+    ) => (linear(dst, src, ByteCount), cudaMemcpyDefault, hStream)
 }
 
 cu_copy_hook! {
     /// `CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount)`.
-    cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize)
-        => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, LEGACY)
+    cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds(
+        dstDevice: CUdeviceptr,
+        srcHost: *const c_void,
+        ByteCount: usize,
+    ) => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, LEGACY)
 }
 
 cu_copy_hook! {
     /// `CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount)`.
-    cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize)
-        => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, LEGACY)
+    cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds(
+        dstHost: *mut c_void,
+        srcDevice: CUdeviceptr,
+        ByteCount: usize,
+    ) => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, LEGACY)
 }
 
 cu_copy_hook! {
     /// `CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t
     /// ByteCount)`.
-    cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize)
-        => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, LEGACY)
+    cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds(
+        dstDevice: CUdeviceptr,
+        srcDevice: CUdeviceptr,
+        ByteCount: usize,
+    ) => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, LEGACY)
 }
 
 cu_copy_hook! {
     /// `CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost, size_t
     /// ByteCount, CUstream hStream)`.
-    cuMemcpyHtoDAsync_v2(
+    cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz(
         dstDevice: CUdeviceptr,
         srcHost: *const c_void,
         ByteCount: usize,
@@ -105,7 +135,7 @@ cu_copy_hook! {
 cu_copy_hook! {
     /// `CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
     /// CUstream hStream)`.
-    cuMemcpyDtoHAsync_v2(
+    cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz(
         dstHost: *mut c_void,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
@@ -116,77 +146,12 @@ cu_copy_hook! {
 cu_copy_hook! {
     /// `CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t
     /// ByteCount, CUstream hStream)`.
-    cuMemcpyDtoDAsync_v2(
+    cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(
         dstDevice: CUdeviceptr,
         srcDevice: CUdeviceptr,
         ByteCount: usize,
         hStream: CUstream,
     ) => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, hStream)
-}
-
-// The spellings of a program built with per-thread default streams
-// (`CUDA_API_PER_THREAD_DEFAULT_STREAM`, `nvcc --default-stream per-thread`): `_ptds` for the
-// synchronous calls, which then use the calling thread's default stream, `_ptsz` for the
-// asynchronous ones, whose stream 0 means that stream.
-
-cu_copy_hook! {
-    /// `cuMemcpy` built with per-thread default streams.
-    cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize)
-        => (linear(dst, src, ByteCount), cudaMemcpyDefault, cudaStreamPerThread)
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyAsync` built with per-thread default streams.
-    cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream)
-        => (linear(dst, src, ByteCount), cudaMemcpyDefault, per_thread(hStream))
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyHtoD_v2` built with per-thread default streams.
-    cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize)
-        => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, cudaStreamPerThread)
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyDtoH_v2` built with per-thread default streams.
-    cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize)
-        => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, cudaStreamPerThread)
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyDtoD_v2` built with per-thread default streams.
-    cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize)
-        => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, cudaStreamPerThread)
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyHtoDAsync_v2` built with per-thread default streams.
-    cuMemcpyHtoDAsync_v2_ptsz(
-        dstDevice: CUdeviceptr,
-        srcHost: *const c_void,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (linear(dstDevice, srcHost as u64, ByteCount), cudaMemcpyHostToDevice, per_thread(hStream))
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyDtoHAsync_v2` built with per-thread default streams.
-    cuMemcpyDtoHAsync_v2_ptsz(
-        dstHost: *mut c_void,
-        srcDevice: CUdeviceptr,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (linear(dstHost as u64, srcDevice, ByteCount), cudaMemcpyDeviceToHost, per_thread(hStream))
-}
-
-cu_copy_hook! {
-    /// `cuMemcpyDtoDAsync_v2` built with per-thread default streams.
-    cuMemcpyDtoDAsync_v2_ptsz(
-        dstDevice: CUdeviceptr,
-        srcDevice: CUdeviceptr,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (linear(dstDevice, srcDevice, ByteCount), cudaMemcpyDeviceToDevice, per_thread(hStream))
 }
 
 /// What a driver memset of `n` elements of `pattern` (`size` bytes each, little-endian) at
@@ -225,6 +190,19 @@ fn memset_op(api: &str, dst: CUdeviceptr, pattern: u32, size: u64, n: usize) -> 
 
 /// One driver memset: `name(C signature) => (dst, pattern, element bytes, count, stream)`.
 macro_rules! cu_memset_hook {
+    // `name / name_ptxx(...)`: also the per-thread default stream spelling, as `cu_copy_hook!`.
+    ($(#[$m:meta])* $name:ident / $per_thread:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($dst:expr, $pattern:expr, $size:expr, $n:expr, $stream:expr)) => {
+        cu_memset_hook! { $(#[$m])* $name($($a: $t),*) => ($dst, $pattern, $size, $n, $stream) }
+        cu_memset_hook! {
+            #[doc = concat!(
+                "`",
+                stringify!($name),
+                "` of a program built with per-thread default streams.",
+            )]
+            $per_thread($($a: $t),*) => ($dst, $pattern, $size, $n, per_thread($stream))
+        }
+    };
     ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? )
         => ($dst:expr, $pattern:expr, $size:expr, $n:expr, $stream:expr)) => {
         $(#[$m])*
@@ -252,74 +230,53 @@ macro_rules! cu_memset_hook {
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)`.
-    cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: c_uchar, N: usize) => (dstDevice, uc, 1, N, LEGACY)
+    cuMemsetD8_v2 / cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize)
+        => (dstDevice, uc, 1, N, LEGACY)
 }
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD16_v2(CUdeviceptr dstDevice, unsigned short us, size_t N)`.
-    cuMemsetD16_v2(dstDevice: CUdeviceptr, us: c_ushort, N: usize) => (dstDevice, us, 2, N, LEGACY)
+    cuMemsetD16_v2 / cuMemsetD16_v2_ptds(dstDevice: CUdeviceptr, us: c_ushort, N: usize)
+        => (dstDevice, us, 2, N, LEGACY)
 }
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N)`.
-    cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: c_uint, N: usize) => (dstDevice, ui, 4, N, LEGACY)
+    cuMemsetD32_v2 / cuMemsetD32_v2_ptds(dstDevice: CUdeviceptr, ui: c_uint, N: usize)
+        => (dstDevice, ui, 4, N, LEGACY)
 }
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream
     /// hStream)`.
-    cuMemsetD8Async(dstDevice: CUdeviceptr, uc: c_uchar, N: usize, hStream: CUstream)
-        => (dstDevice, uc, 1, N, hStream)
+    cuMemsetD8Async / cuMemsetD8Async_ptsz(
+        dstDevice: CUdeviceptr,
+        uc: c_uchar,
+        N: usize,
+        hStream: CUstream,
+    ) => (dstDevice, uc, 1, N, hStream)
 }
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD16Async(CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream
     /// hStream)`.
-    cuMemsetD16Async(dstDevice: CUdeviceptr, us: c_ushort, N: usize, hStream: CUstream)
-        => (dstDevice, us, 2, N, hStream)
+    cuMemsetD16Async / cuMemsetD16Async_ptsz(
+        dstDevice: CUdeviceptr,
+        us: c_ushort,
+        N: usize,
+        hStream: CUstream,
+    ) => (dstDevice, us, 2, N, hStream)
 }
 
 cu_memset_hook! {
     /// `CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream
     /// hStream)`.
-    cuMemsetD32Async(dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream)
-        => (dstDevice, ui, 4, N, hStream)
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD8_v2` built with per-thread default streams.
-    cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: c_uchar, N: usize)
-        => (dstDevice, uc, 1, N, cudaStreamPerThread)
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD16_v2` built with per-thread default streams.
-    cuMemsetD16_v2_ptds(dstDevice: CUdeviceptr, us: c_ushort, N: usize)
-        => (dstDevice, us, 2, N, cudaStreamPerThread)
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD32_v2` built with per-thread default streams.
-    cuMemsetD32_v2_ptds(dstDevice: CUdeviceptr, ui: c_uint, N: usize)
-        => (dstDevice, ui, 4, N, cudaStreamPerThread)
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD8Async` built with per-thread default streams.
-    cuMemsetD8Async_ptsz(dstDevice: CUdeviceptr, uc: c_uchar, N: usize, hStream: CUstream)
-        => (dstDevice, uc, 1, N, per_thread(hStream))
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD16Async` built with per-thread default streams.
-    cuMemsetD16Async_ptsz(dstDevice: CUdeviceptr, us: c_ushort, N: usize, hStream: CUstream)
-        => (dstDevice, us, 2, N, per_thread(hStream))
-}
-
-cu_memset_hook! {
-    /// `cuMemsetD32Async` built with per-thread default streams.
-    cuMemsetD32Async_ptsz(dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream)
-        => (dstDevice, ui, 4, N, per_thread(hStream))
+    cuMemsetD32Async / cuMemsetD32Async_ptsz(
+        dstDevice: CUdeviceptr,
+        ui: c_uint,
+        N: usize,
+        hStream: CUstream,
+    ) => (dstDevice, ui, 4, N, hStream)
 }
 
 #[cfg(test)]

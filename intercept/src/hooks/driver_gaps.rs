@@ -13,7 +13,7 @@
 
 use core::ffi::{c_uchar, c_uint, c_ulonglong, c_ushort, c_void};
 
-use cuda_abi::cudart::{cudaStreamPerThread, cudaStream_t};
+use cuda_abi::cudart::cudaStream_t;
 use cuda_abi::driver::*;
 use ttrace_proto::record::{GapReason, Op};
 
@@ -77,6 +77,20 @@ fn memset_2d(value: u32, size: u64, width: usize, height: usize) -> (u64, String
 /// The real function, looked up under the hook's name, is called exactly once with the
 /// program's arguments, and its result returned.
 macro_rules! cu_gap {
+    // `name / name_ptds(...)`: also the per-thread default stream spelling, on that thread's
+    // default stream where the other is on the legacy one (`per_thread` of the stream).
+    ($(#[$m:meta])* $name:ident / $per_thread:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($what:expr, $stream:expr)) => {
+        cu_gap! { $(#[$m])* $name($($a: $t),*) => ($what, $stream) }
+        cu_gap! {
+            #[doc = concat!(
+                "`",
+                stringify!($name),
+                "` of a program built with per-thread default streams.",
+            )]
+            $per_thread($($a: $t),*) => ($what, per_thread($stream))
+        }
+    };
     ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => ($what:expr, $stream:expr)) => {
         $(#[$m])*
         #[no_mangle]
@@ -102,7 +116,7 @@ macro_rules! cu_gap {
 cu_gap! {
     /// `CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
     /// CUcontext srcContext, size_t ByteCount)`.
-    cuMemcpyPeer(
+    cuMemcpyPeer / cuMemcpyPeer_ptds(
         dstDevice: CUdeviceptr,
         dstContext: CUcontext,
         srcDevice: CUdeviceptr,
@@ -114,7 +128,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyDtoA_v2(CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t
     /// ByteCount)`.
-    cuMemcpyDtoA_v2(
+    cuMemcpyDtoA_v2 / cuMemcpyDtoA_v2_ptds(
         dstArray: CUarray,
         dstOffset: usize,
         srcDevice: CUdeviceptr,
@@ -125,7 +139,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyAtoD_v2(CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t
     /// ByteCount)`.
-    cuMemcpyAtoD_v2(
+    cuMemcpyAtoD_v2 / cuMemcpyAtoD_v2_ptds(
         dstDevice: CUdeviceptr,
         srcArray: CUarray,
         srcOffset: usize,
@@ -136,7 +150,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyHtoA_v2(CUarray dstArray, size_t dstOffset, const void *srcHost, size_t
     /// ByteCount)`.
-    cuMemcpyHtoA_v2(
+    cuMemcpyHtoA_v2 / cuMemcpyHtoA_v2_ptds(
         dstArray: CUarray,
         dstOffset: usize,
         srcHost: *const c_void,
@@ -147,14 +161,18 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyAtoH_v2(void *dstHost, CUarray srcArray, size_t srcOffset, size_t
     /// ByteCount)`.
-    cuMemcpyAtoH_v2(dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize)
-        => (counted(ByteCount, "from CUDA arrays"), LEGACY)
+    cuMemcpyAtoH_v2 / cuMemcpyAtoH_v2_ptds(
+        dstHost: *mut c_void,
+        srcArray: CUarray,
+        srcOffset: usize,
+        ByteCount: usize,
+    ) => (counted(ByteCount, "from CUDA arrays"), LEGACY)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpyAtoA_v2(CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t
     /// srcOffset, size_t ByteCount)`.
-    cuMemcpyAtoA_v2(
+    cuMemcpyAtoA_v2 / cuMemcpyAtoA_v2_ptds(
         dstArray: CUarray,
         dstOffset: usize,
         srcArray: CUarray,
@@ -165,32 +183,32 @@ cu_gap! {
 
 cu_gap! {
     /// `CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *pCopy)`.
-    cuMemcpy2D_v2(pCopy: *const CUDA_MEMCPY2D)
+    cuMemcpy2D_v2 / cuMemcpy2D_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
         => (copy_2d(pCopy), LEGACY)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D *pCopy)`.
-    cuMemcpy2DUnaligned_v2(pCopy: *const CUDA_MEMCPY2D)
+    cuMemcpy2DUnaligned_v2 / cuMemcpy2DUnaligned_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
         => (copy_2d(pCopy), LEGACY)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpy3D_v2(const CUDA_MEMCPY3D *pCopy)`.
-    cuMemcpy3D_v2(pCopy: *const CUDA_MEMCPY3D)
+    cuMemcpy3D_v2 / cuMemcpy3D_v2_ptds(pCopy: *const CUDA_MEMCPY3D)
         => (copy_3d("3-D copies"), LEGACY)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER *pCopy)`.
-    cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER)
+    cuMemcpy3DPeer / cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER)
         => (copy_3d("3-D copies between contexts"), LEGACY)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr
     /// srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)`.
-    cuMemcpyPeerAsync(
+    cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz(
         dstDevice: CUdeviceptr,
         dstContext: CUcontext,
         srcDevice: CUdeviceptr,
@@ -203,7 +221,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyHtoAAsync_v2(CUarray dstArray, size_t dstOffset, const void *srcHost,
     /// size_t ByteCount, CUstream hStream)`.
-    cuMemcpyHtoAAsync_v2(
+    cuMemcpyHtoAAsync_v2 / cuMemcpyHtoAAsync_v2_ptsz(
         dstArray: CUarray,
         dstOffset: usize,
         srcHost: *const c_void,
@@ -215,7 +233,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyAtoHAsync_v2(void *dstHost, CUarray srcArray, size_t srcOffset, size_t
     /// ByteCount, CUstream hStream)`.
-    cuMemcpyAtoHAsync_v2(
+    cuMemcpyAtoHAsync_v2 / cuMemcpyAtoHAsync_v2_ptsz(
         dstHost: *mut c_void,
         srcArray: CUarray,
         srcOffset: usize,
@@ -226,27 +244,29 @@ cu_gap! {
 
 cu_gap! {
     /// `CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *pCopy, CUstream hStream)`.
-    cuMemcpy2DAsync_v2(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream)
+    cuMemcpy2DAsync_v2 / cuMemcpy2DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream)
         => (copy_2d(pCopy), hStream)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *pCopy, CUstream hStream)`.
-    cuMemcpy3DAsync_v2(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream)
+    cuMemcpy3DAsync_v2 / cuMemcpy3DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream)
         => (copy_3d("3-D copies"), hStream)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER *pCopy, CUstream hStream)`.
-    cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream)
-        => (copy_3d("3-D copies between contexts"), hStream)
+    cuMemcpy3DPeerAsync / cuMemcpy3DPeerAsync_ptsz(
+        pCopy: *const CUDA_MEMCPY3D_PEER,
+        hStream: CUstream,
+    ) => (copy_3d("3-D copies between contexts"), hStream)
 }
 
 cu_gap! {
     /// `CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t
     /// count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
     /// CUstream hStream)`. CUDA 12 (CUDA 13 names it `_v2`, with other parameters).
-    cuMemcpyBatchAsync(
+    cuMemcpyBatchAsync / cuMemcpyBatchAsync_ptsz(
         dsts: *mut CUdeviceptr,
         srcs: *mut CUdeviceptr,
         sizes: *mut usize,
@@ -263,7 +283,7 @@ cu_gap! {
     /// `CUresult cuMemcpy3DBatchAsync(size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, size_t
     /// *failIdx, unsigned long long flags, CUstream hStream)`. CUDA 12 (CUDA 13 names it `_v2`,
     /// with other parameters).
-    cuMemcpy3DBatchAsync(
+    cuMemcpy3DBatchAsync / cuMemcpy3DBatchAsync_ptsz(
         numOps: usize,
         opList: *mut CUDA_MEMCPY3D_BATCH_OP,
         failIdx: *mut usize,
@@ -275,7 +295,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D8_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t
     /// Width, size_t Height)`.
-    cuMemsetD2D8_v2(
+    cuMemsetD2D8_v2 / cuMemsetD2D8_v2_ptds(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         uc: c_uchar,
@@ -287,7 +307,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D16_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t
     /// Width, size_t Height)`.
-    cuMemsetD2D16_v2(
+    cuMemsetD2D16_v2 / cuMemsetD2D16_v2_ptds(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         us: c_ushort,
@@ -299,7 +319,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D32_v2(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t
     /// Width, size_t Height)`.
-    cuMemsetD2D32_v2(
+    cuMemsetD2D32_v2 / cuMemsetD2D32_v2_ptds(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         ui: c_uint,
@@ -311,7 +331,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D8Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t
     /// Width, size_t Height, CUstream hStream)`.
-    cuMemsetD2D8Async(
+    cuMemsetD2D8Async / cuMemsetD2D8Async_ptsz(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         uc: c_uchar,
@@ -324,7 +344,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D16Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned short us,
     /// size_t Width, size_t Height, CUstream hStream)`.
-    cuMemsetD2D16Async(
+    cuMemsetD2D16Async / cuMemsetD2D16Async_ptsz(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         us: c_ushort,
@@ -337,7 +357,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemsetD2D32Async(CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t
     /// Width, size_t Height, CUstream hStream)`.
-    cuMemsetD2D32Async(
+    cuMemsetD2D32Async / cuMemsetD2D32Async_ptsz(
         dstDevice: CUdeviceptr,
         dstPitch: usize,
         ui: c_uint,
@@ -351,7 +371,7 @@ cu_gap! {
     /// `CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t
     /// count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)`.
     /// CUDA 13.
-    cuMemcpyBatchAsync_v2(
+    cuMemcpyBatchAsync_v2 / cuMemcpyBatchAsync_v2_ptsz(
         dsts: *mut CUdeviceptr,
         srcs: *mut CUdeviceptr,
         sizes: *mut usize,
@@ -366,7 +386,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpy3DBatchAsync_v2(size_t numOps, CUDA_MEMCPY3D_BATCH_OP *opList, unsigned
     /// long long flags, CUstream hStream)`. CUDA 13.
-    cuMemcpy3DBatchAsync_v2(
+    cuMemcpy3DBatchAsync_v2 / cuMemcpy3DBatchAsync_v2_ptsz(
         numOps: usize,
         opList: *mut CUDA_MEMCPY3D_BATCH_OP,
         flags: c_ulonglong,
@@ -377,7 +397,7 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpyWithAttributesAsync(CUdeviceptr dst, CUdeviceptr src, size_t size,
     /// CUmemcpyAttributes *attr, CUstream hStream)`. CUDA 13.
-    cuMemcpyWithAttributesAsync(
+    cuMemcpyWithAttributesAsync / cuMemcpyWithAttributesAsync_ptsz(
         dst: CUdeviceptr,
         src: CUdeviceptr,
         size: usize,
@@ -389,288 +409,11 @@ cu_gap! {
 cu_gap! {
     /// `CUresult cuMemcpy3DWithAttributesAsync(CUDA_MEMCPY3D_BATCH_OP *op, unsigned long long
     /// flags, CUstream hStream)`. CUDA 13.
-    cuMemcpy3DWithAttributesAsync(
+    cuMemcpy3DWithAttributesAsync / cuMemcpy3DWithAttributesAsync_ptsz(
         op: *mut CUDA_MEMCPY3D_BATCH_OP,
         flags: c_ulonglong,
         hStream: CUstream,
     ) => (copy_3d("3-D copies with attributes"), hStream)
-}
-
-// The spellings of a program built with per-thread default streams: `_ptds` for the
-// synchronous calls (on the calling thread's default stream), `_ptsz` for the asynchronous
-// ones (stream 0: that stream).
-
-cu_gap! {
-    /// `cuMemcpyPeer` built with per-thread default streams.
-    cuMemcpyPeer_ptds(
-        dstDevice: CUdeviceptr,
-        dstContext: CUcontext,
-        srcDevice: CUdeviceptr,
-        srcContext: CUcontext,
-        ByteCount: usize,
-    ) => (counted(ByteCount, "between contexts (peer copies)"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyDtoA_v2` built with per-thread default streams.
-    cuMemcpyDtoA_v2_ptds(
-        dstArray: CUarray,
-        dstOffset: usize,
-        srcDevice: CUdeviceptr,
-        ByteCount: usize,
-    ) => (counted(ByteCount, "to CUDA arrays"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyAtoD_v2` built with per-thread default streams.
-    cuMemcpyAtoD_v2_ptds(
-        dstDevice: CUdeviceptr,
-        srcArray: CUarray,
-        srcOffset: usize,
-        ByteCount: usize,
-    ) => (counted(ByteCount, "from CUDA arrays"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyHtoA_v2` built with per-thread default streams.
-    cuMemcpyHtoA_v2_ptds(
-        dstArray: CUarray,
-        dstOffset: usize,
-        srcHost: *const c_void,
-        ByteCount: usize,
-    ) => (counted(ByteCount, "to CUDA arrays"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyAtoH_v2` built with per-thread default streams.
-    cuMemcpyAtoH_v2_ptds(dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize)
-        => (counted(ByteCount, "from CUDA arrays"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyAtoA_v2` built with per-thread default streams.
-    cuMemcpyAtoA_v2_ptds(
-        dstArray: CUarray,
-        dstOffset: usize,
-        srcArray: CUarray,
-        srcOffset: usize,
-        ByteCount: usize,
-    ) => (counted(ByteCount, "between CUDA arrays"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpy2D_v2` built with per-thread default streams.
-    cuMemcpy2D_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
-        => (copy_2d(pCopy), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpy2DUnaligned_v2` built with per-thread default streams.
-    cuMemcpy2DUnaligned_v2_ptds(pCopy: *const CUDA_MEMCPY2D)
-        => (copy_2d(pCopy), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpy3D_v2` built with per-thread default streams.
-    cuMemcpy3D_v2_ptds(pCopy: *const CUDA_MEMCPY3D)
-        => (copy_3d("3-D copies"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpy3DPeer` built with per-thread default streams.
-    cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER)
-        => (copy_3d("3-D copies between contexts"), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemcpyPeerAsync` built with per-thread default streams.
-    cuMemcpyPeerAsync_ptsz(
-        dstDevice: CUdeviceptr,
-        dstContext: CUcontext,
-        srcDevice: CUdeviceptr,
-        srcContext: CUcontext,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (counted(ByteCount, "between contexts (peer copies)"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpyHtoAAsync_v2` built with per-thread default streams.
-    cuMemcpyHtoAAsync_v2_ptsz(
-        dstArray: CUarray,
-        dstOffset: usize,
-        srcHost: *const c_void,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (counted(ByteCount, "to CUDA arrays"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpyAtoHAsync_v2` built with per-thread default streams.
-    cuMemcpyAtoHAsync_v2_ptsz(
-        dstHost: *mut c_void,
-        srcArray: CUarray,
-        srcOffset: usize,
-        ByteCount: usize,
-        hStream: CUstream,
-    ) => (counted(ByteCount, "from CUDA arrays"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy2DAsync_v2` built with per-thread default streams.
-    cuMemcpy2DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream)
-        => (copy_2d(pCopy), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy3DAsync_v2` built with per-thread default streams.
-    cuMemcpy3DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream)
-        => (copy_3d("3-D copies"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy3DPeerAsync` built with per-thread default streams.
-    cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream)
-        => (copy_3d("3-D copies between contexts"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpyBatchAsync` built with per-thread default streams.
-    cuMemcpyBatchAsync_ptsz(
-        dsts: *mut CUdeviceptr,
-        srcs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        attrs: *mut CUmemcpyAttributes,
-        attrsIdxs: *mut usize,
-        numAttrs: usize,
-        failIdx: *mut usize,
-        hStream: CUstream,
-    ) => (batch("batch copies", count), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy3DBatchAsync` built with per-thread default streams.
-    cuMemcpy3DBatchAsync_ptsz(
-        numOps: usize,
-        opList: *mut CUDA_MEMCPY3D_BATCH_OP,
-        failIdx: *mut usize,
-        flags: c_ulonglong,
-        hStream: CUstream,
-    ) => (batch("3-D batch copies", numOps), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemsetD2D8_v2` built with per-thread default streams.
-    cuMemsetD2D8_v2_ptds(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        uc: c_uchar,
-        Width: usize,
-        Height: usize,
-    ) => (memset_2d(u32::from(uc), 1, Width, Height), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemsetD2D16_v2` built with per-thread default streams.
-    cuMemsetD2D16_v2_ptds(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        us: c_ushort,
-        Width: usize,
-        Height: usize,
-    ) => (memset_2d(u32::from(us), 2, Width, Height), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemsetD2D32_v2` built with per-thread default streams.
-    cuMemsetD2D32_v2_ptds(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        ui: c_uint,
-        Width: usize,
-        Height: usize,
-    ) => (memset_2d(ui, 4, Width, Height), cudaStreamPerThread)
-}
-
-cu_gap! {
-    /// `cuMemsetD2D8Async` built with per-thread default streams.
-    cuMemsetD2D8Async_ptsz(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        uc: c_uchar,
-        Width: usize,
-        Height: usize,
-        hStream: CUstream,
-    ) => (memset_2d(u32::from(uc), 1, Width, Height), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemsetD2D16Async` built with per-thread default streams.
-    cuMemsetD2D16Async_ptsz(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        us: c_ushort,
-        Width: usize,
-        Height: usize,
-        hStream: CUstream,
-    ) => (memset_2d(u32::from(us), 2, Width, Height), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemsetD2D32Async` built with per-thread default streams.
-    cuMemsetD2D32Async_ptsz(
-        dstDevice: CUdeviceptr,
-        dstPitch: usize,
-        ui: c_uint,
-        Width: usize,
-        Height: usize,
-        hStream: CUstream,
-    ) => (memset_2d(ui, 4, Width, Height), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpyBatchAsync_v2` built with per-thread default streams. CUDA 13.
-    cuMemcpyBatchAsync_v2_ptsz(
-        dsts: *mut CUdeviceptr,
-        srcs: *mut CUdeviceptr,
-        sizes: *mut usize,
-        count: usize,
-        attrs: *mut CUmemcpyAttributes,
-        attrsIdxs: *mut usize,
-        numAttrs: usize,
-        hStream: CUstream,
-    ) => (batch("batch copies", count), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy3DBatchAsync_v2` built with per-thread default streams. CUDA 13.
-    cuMemcpy3DBatchAsync_v2_ptsz(
-        numOps: usize,
-        opList: *mut CUDA_MEMCPY3D_BATCH_OP,
-        flags: c_ulonglong,
-        hStream: CUstream,
-    ) => (batch("3-D batch copies", numOps), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpyWithAttributesAsync` built with per-thread default streams. CUDA 13.
-    cuMemcpyWithAttributesAsync_ptsz(
-        dst: CUdeviceptr,
-        src: CUdeviceptr,
-        size: usize,
-        attr: *mut CUmemcpyAttributes,
-        hStream: CUstream,
-    ) => (counted(size, "with attributes"), per_thread(hStream))
-}
-
-cu_gap! {
-    /// `cuMemcpy3DWithAttributesAsync` built with per-thread default streams. CUDA 13.
-    cuMemcpy3DWithAttributesAsync_ptsz(
-        op: *mut CUDA_MEMCPY3D_BATCH_OP,
-        flags: c_ulonglong,
-        hStream: CUstream,
-    ) => (copy_3d("3-D copies with attributes"), per_thread(hStream))
 }
 
 #[cfg(test)]

@@ -19,9 +19,10 @@ use syn::visit::Visit;
 
 /// One hook macro invocation: `#[doc] name(args) => ...`, or `#[doc] name(args) -> type, ...
 /// => ...` for a macro whose hooks' return types differ (what follows says how the call is
-/// captured, not its signature).
+/// captured, not its signature). `name / other(args) => ...` makes a hook of each name with
+/// that signature (the driver's per-thread default stream spellings).
 struct MacroHook {
-    name: syn::Ident,
+    names: Vec<syn::Ident>,
     args: syn::punctuated::Punctuated<syn::FnArg, syn::Token![,]>,
     ret: Option<syn::Type>,
 }
@@ -29,7 +30,11 @@ struct MacroHook {
 impl Parse for MacroHook {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let _ = input.call(syn::Attribute::parse_outer)?;
-        let name: syn::Ident = input.parse()?;
+        let mut names: Vec<syn::Ident> = vec![input.parse()?];
+        while input.peek(syn::Token![/]) {
+            let _: syn::Token![/] = input.parse()?;
+            names.push(input.parse()?);
+        }
         let content;
         syn::parenthesized!(content in input);
         let args = content.parse_terminated(syn::FnArg::parse, syn::Token![,])?;
@@ -41,7 +46,7 @@ impl Parse for MacroHook {
             None
         };
         let _: proc_macro2::TokenStream = input.parse()?;
-        Ok(MacroHook { name, args, ret })
+        Ok(MacroHook { names, args, ret })
     }
 }
 
@@ -200,17 +205,19 @@ impl Hooks<'_> {
     fn hook(&mut self, mac: &str, ret: &str, tokens: proc_macro2::TokenStream) {
         let h: MacroHook =
             syn::parse2(tokens).unwrap_or_else(|e| panic!("{mac}! body parses: {e}"));
-        let (name, args) = (&h.name, &h.args);
+        let args = &h.args;
         let ret: syn::Type = match h.ret {
             Some(t) => t,
             None => syn::parse_str(ret).unwrap_or_else(|e| panic!("{mac}!: {ret}: {e}")),
         };
-        self.out.push(Export {
-            name: name.to_string(),
-            library: self.library.clone(),
-            file: self.file.to_path_buf(),
-            sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> #ret),
-        });
+        for name in &h.names {
+            self.out.push(Export {
+                name: name.to_string(),
+                library: self.library.clone(),
+                file: self.file.to_path_buf(),
+                sig: syn::parse_quote!(unsafe extern "C" fn #name(#args) -> #ret),
+            });
+        }
     }
 
     /// An entry of a signature list: its family's expansion, visited as the file's items are.

@@ -234,12 +234,12 @@ pub fn decode<'k>(
     let views: Vec<Option<RecordView>> = jobs
         .par_iter()
         .map(|&(key, seg, (seq, _))| {
-            let read = match known(key, *seq) {
-                // Its metadata was decoded when the store was opened: not again.
-                Some((rec, offset)) => seg.read_at(offset, rec),
-                None => seg.read_seq(*seq),
-            };
-            read.and_then(Result::ok)
+            // Its metadata was decoded when the store was opened: not again (by its seq when
+            // its frame is not where it was).
+            known(key, *seq)
+                .and_then(|(rec, offset)| seg.read_at(offset, rec))
+                .or_else(|| seg.read_seq(*seq))
+                .and_then(Result::ok)
         })
         .collect();
     let is_kept = |at: &TensorAt| lock(kept).contains(at);

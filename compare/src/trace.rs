@@ -421,10 +421,9 @@ impl RunTrace {
             lock(&self.segments)
                 .get_or_open((rank, step), size, || self.open_segment(rank, step))?,
         );
-        let read = match known_record(&self.ops, &self.frames, (rank, step), seq) {
-            Some((rec, offset)) => seg.read_at(offset, rec),
-            None => seg.read_seq(seq),
-        };
+        let read = known_record(&self.ops, &self.frames, (rank, step), seq)
+            .and_then(|(rec, offset)| seg.read_at(offset, rec))
+            .or_else(|| seg.read_seq(seq));
         let view = match read {
             Some(Ok(v)) => v,
             Some(Err(issue)) => return Err(CompareError::Record(issue.to_string())),

@@ -1043,16 +1043,18 @@ impl Segment {
     /// `read` checks it, and only its blob headers are decoded, not the record's metadata a
     /// second time (compare reads every record's metadata first, then the data of most: the
     /// second decoding was a twentieth of its time on small tensors). `None` when no frame
-    /// starts at `offset`; [`Segment::read`] when the blobs do not fit `known`.
+    /// starts at `offset` (the caller looks the record up by its seq then); [`Segment::read`]
+    /// when the blobs do not fit `known`.
     pub fn read_at(
         &self,
         offset: u64,
         known: &Record,
     ) -> Option<Result<RecordView<'_>, Box<Issue>>> {
-        let i = self
-            .frames
-            .binary_search_by_key(&offset, |f| f.offset)
-            .ok()?;
+        // Frames are in file order unless a segment was rewritten oddly: fall back to a scan.
+        let i = match self.frames.binary_search_by_key(&offset, |f| f.offset) {
+            Ok(i) => i,
+            Err(_) => self.frames.iter().position(|f| f.offset == offset)?,
+        };
         let loc = self.frames[i];
         let body = self.body(&loc);
         if let Some(p) = self.parsed.get(i).and_then(OnceLock::get) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cuda_abi::cudart::cudaStream_t;
 use ttrace_proto::config::StepRule;
-use ttrace_proto::record::{GapReason, Op, Role, Tensor};
+use ttrace_proto::record::{GapReason, GemmOp, Op, Role, Tensor};
 use ttrace_proto::ring::Slot;
 
 use crate::cuda::{self, ErrScope};
@@ -200,7 +200,10 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let cfg = session.cfg;
     let mut plans = call.tensors;
     select(session, &mut plans, matches!(call.op, Op::Gemm(_)));
-    let counted = prefilter::counts_op(cfg, call.api, &call.op);
+    // The GEMM's signature, computed once for what reads it below.
+    let sig = std::cell::OnceCell::new();
+    let sig_of = |g: &GemmOp| *sig.get_or_init(|| tracer::gemm_sig(call.api, g));
+    let counted = prefilter::counts_op(cfg, &call.op, sig_of);
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).
@@ -231,7 +234,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     // glimpses tell whether they read the anchor's bytes again (fingerprint.rs).
     let recurs = match &call.op {
         Op::Gemm(g) if plans.iter().any(|t| t.rule_only) => {
-            prefilter::may_recur_anchor(|| tracer::gemm_sig(call.api, g))
+            prefilter::may_recur_anchor(|| sig_of(g))
         }
         _ => true,
     };

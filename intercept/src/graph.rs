@@ -484,7 +484,8 @@ fn prepare(e: &Exec, exec: usize, stream: cudaStream_t) -> Option<Vec<Replay>> {
     let mut out = Vec::with_capacity(e.templates.len());
     for t in &e.templates {
         // A replayed GEMM may move the step like an eager one (prefilter.rs).
-        let counted = crate::prefilter::counts_op(s.cfg, t.api, &t.op);
+        let counted =
+            crate::prefilter::counts_op(s.cfg, &t.op, |g| crate::tracer::gemm_sig(t.api, g));
         let why = if nested {
             Some((
                 GapReason::GraphCapture,

@@ -29,7 +29,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ttrace_proto::config::{CaptureConfig, RangeSet, StepRule};
-use ttrace_proto::record::{Op, Role};
+use ttrace_proto::record::{GemmOp, Op, Role};
 
 use crate::plan::TensorPlan;
 use crate::steps::AnchorShape;
@@ -70,10 +70,11 @@ pub(crate) fn may_recur_anchor(sig: impl FnOnce() -> u64) -> bool {
     !ANCHOR_KNOWN.load(Ordering::Acquire) || ANCHOR.load(Ordering::Relaxed) == sig()
 }
 
-/// Whether an op counts: a GEMM that may start a step.
-pub(crate) fn counts_op(cfg: &CaptureConfig, api: &str, op: &Op) -> bool {
+/// Whether an op counts: a GEMM that may start a step (`sig`: its signature, computed only
+/// when needed).
+pub(crate) fn counts_op(cfg: &CaptureConfig, op: &Op, sig: impl FnOnce(&GemmOp) -> u64) -> bool {
     match op {
-        Op::Gemm(g) => counts_gemm(cfg, || crate::tracer::gemm_sig(api, g)),
+        Op::Gemm(g) => counts_gemm(cfg, || sig(g)),
         _ => false,
     }
 }

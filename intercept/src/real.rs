@@ -143,6 +143,26 @@ pub fn object_path(addr: usize) -> Option<String> {
     Some(path.to_string_lossy().into_owned())
 }
 
+/// The return address of the innermost frame on this thread's stack that lies outside
+/// libttrace.so: who called the hook running now (`None`: not known, or not on glibc). For
+/// hooks that are not on a hot path only (it unwinds the stack).
+pub fn caller_outside() -> Option<usize> {
+    #[cfg(target_env = "gnu")]
+    {
+        let mut frames = [core::ptr::null_mut::<c_void>(); 8];
+        // SAFETY: glibc fills at most `frames.len()` entries of the buffer and says how many.
+        let n = unsafe { libc::backtrace(frames.as_mut_ptr(), frames.len() as c_int) };
+        let me = own_base();
+        frames
+            .iter()
+            .take(n.max(0) as usize)
+            .map(|&p| p as usize)
+            .find(|&a| object_base(a as *const c_void) != me)
+    }
+    #[cfg(not(target_env = "gnu"))]
+    None
+}
+
 /// The name of the exported symbol that starts exactly at `addr`, if one does (`dladdr`): what
 /// a function pointer handed out by address is called in its library.
 pub fn symbol_at(addr: usize) -> Option<std::ffi::CString> {

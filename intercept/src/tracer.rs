@@ -753,7 +753,8 @@ impl Tracer {
         };
         // SAFETY: the slot belongs to the tracer until it is published; its copies completed.
         let bytes = unsafe { self.ring.slot_bytes(&slot) };
-        let (packed, kept, evidence) = self.read_slot(&mut c, bytes);
+        let sig = op_sig(c.meta.api, &c.meta.op);
+        let (packed, kept, evidence) = self.read_slot(&mut c, bytes, sig);
         let stored = |i: usize, t: &Tensor| t.captured && !c.rule_only.contains(&i);
         let held = |i: usize, want: &[u8]| {
             let t = &c.tensors[i];
@@ -768,7 +769,7 @@ impl Tracer {
             self.skip_slot(slot);
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
-        let class = classify(c.meta.api, &c.meta.op, &c.tensors, &evidence);
+        let class = classify(&c.meta.op, sig, &c.tensors, &evidence);
         for &i in &c.rule_only {
             // Read for the rule; stored as metadata, as inputs are under `--no-inputs`.
             if let Some(t) = c.tensors.get_mut(i) {
@@ -826,7 +827,8 @@ impl Tracer {
             }
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
-        let class = classify(c.meta.api, &c.meta.op, &c.tensors, &evidence);
+        let sig = op_sig(c.meta.api, &c.meta.op);
+        let class = classify(&c.meta.op, sig, &c.tensors, &evidence);
         let rec = record(c.meta, c.tensors);
         self.feed(rec, None, streams, class, c.prefiltered)
     }
@@ -839,6 +841,7 @@ impl Tracer {
         &self,
         c: &mut Captured,
         bytes: &mut [u8],
+        sig: Option<u64>,
     ) -> (PackedOffsets, usize, EvidenceByTensor) {
         // Where `tensor_offsets` (the daemon's reading) puts the stored tensors: each at the
         // aligned end of the one before.
@@ -853,10 +856,10 @@ impl Tracer {
         let mut k = 0;
         // Only the auto step rule reads values; the others are told steps by marks.
         let gemm = matches!(c.meta.op, Op::Gemm(_)) && self.cfg.step_rule == StepRule::Auto;
-        let sampled = gemm && self.may_recur_anchor(c.meta.api, &c.meta.op);
+        let sampled = gemm && self.may_recur_anchor(sig);
         let mut evidence: EvidenceByTensor = smallvec::smallvec![None; c.tensors.len()];
         let glimpses = if sampled {
-            self.glimpses_first(c, bytes)
+            self.glimpses_first(c, bytes, sig)
         } else {
             None
         };
@@ -926,10 +929,13 @@ impl Tracer {
     /// this record next). Hashing whole 8 MiB operands of every forward GEMM kept the tracer
     /// from keeping up with an H200 under `--steps`. `None` when the glimpses are the
     /// fingerprints (operands up to 1 MiB or over 64 MiB) or another operand is at hand whole.
-    fn glimpses_first(&self, c: &Captured, bytes: &[u8]) -> Option<PerTensor<Option<Glimpsed>>> {
-        let Op::Gemm(g) = &c.meta.op else {
-            return None;
-        };
+    fn glimpses_first(
+        &self,
+        c: &Captured,
+        bytes: &[u8],
+        sig: Option<u64>,
+    ) -> Option<PerTensor<Option<Glimpsed>>> {
+        let sig = sig?;
         let mut glimpses: PerTensor<Option<Glimpsed>> = PerTensor::new();
         let (mut ptrs, mut seen) = ([0u64; 2], [None; 2]);
         for (i, t) in c.tensors.iter().enumerate() {
@@ -952,10 +958,7 @@ impl Tracer {
             seen[slot] = Some(glimpse);
             glimpses.push(Some(Glimpsed::Known(glimpse)));
         }
-        if self
-            .steps
-            .needs_fingerprints(gemm_sig(c.meta.api, g), ptrs, seen)
-        {
+        if self.steps.needs_fingerprints(sig, ptrs, seen) {
             return Some(glimpses);
         }
         for g in glimpses.iter_mut().flatten() {
@@ -970,11 +973,11 @@ impl Tracer {
     /// anchor's signature, or any GEMM before the anchor is known (the rule only compares
     /// other GEMMs' CRC-32s with the anchor's, steps.rs). Records reach the rule in the order
     /// they are read here, so the anchor known now is the one the rule will hold.
-    fn may_recur_anchor(&self, api: &str, op: &Op) -> bool {
-        match (op, self.steps.anchor()) {
-            (Op::Gemm(g), Some(anchor)) => gemm_sig(api, g) == anchor.sig,
-            (Op::Gemm(_), None) => true,
-            _ => false,
+    fn may_recur_anchor(&self, sig: Option<u64>) -> bool {
+        match (sig, self.steps.anchor()) {
+            (Some(sig), Some(anchor)) => sig == anchor.sig,
+            (Some(_), None) => true,
+            (None, _) => false,
         }
     }
 
@@ -987,7 +990,7 @@ impl Tracer {
             .map(|t| t.nbytes)
             .sum();
         let gap = gap_meta(meta, GapReason::ShapeUnknown, bytes, why);
-        let class = classify(gap.api, &gap.op, &[], &[]);
+        let class = classify(&gap.op, None, &[], &[]);
         self.feed(
             record(gap, Vec::new()),
             None,
@@ -1406,12 +1409,21 @@ enum Glimpsed {
     Only(u32),
 }
 
-/// What the step rule needs of a record. `evidence` (by tensor, or empty) holds the
-/// fingerprints' CRC-32s and samples of the GEMM operands whose bytes were at hand.
-fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>]) -> Class {
+/// The signature of a record's op if it is a GEMM ([`gemm_sig`]), computed once per record
+/// for what reads it.
+fn op_sig(api: &str, op: &Op) -> Option<u64> {
     match op {
-        Op::Gemm(g) => {
-            let sig = gemm_sig(api, g);
+        Op::Gemm(g) => Some(gemm_sig(api, g)),
+        _ => None,
+    }
+}
+
+/// What the step rule needs of a record, `sig` its op's signature ([`op_sig`]). `evidence`
+/// (by tensor, or empty) holds the fingerprints' CRC-32s and samples of the GEMM operands
+/// whose bytes were at hand.
+fn classify(op: &Op, sig: Option<u64>, tensors: &[Tensor], evidence: &[Option<Evidence>]) -> Class {
+    match (op, sig) {
+        (Op::Gemm(g), Some(sig)) => {
             // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
             let operand = |role, trans: u32| {
                 let found = tensors.iter().position(|t| t.role == role);
@@ -1431,8 +1443,8 @@ fn classify(api: &str, op: &Op, tensors: &[Tensor], evidence: &[Option<Evidence>
                 b: operand(Role::B, g.transb),
             }
         }
-        Op::Memcpy(m) if m.direction == CopyDirection::HostToDevice => Class::Arrival,
-        Op::Collective(c) if c.kind == CollectiveKind::Recv => Class::Arrival,
+        (Op::Memcpy(m), _) if m.direction == CopyDirection::HostToDevice => Class::Arrival,
+        (Op::Collective(c), _) if c.kind == CollectiveKind::Recv => Class::Arrival,
         _ => Class::Other,
     }
 }

@@ -6,9 +6,11 @@
 //! arguments, and returns what it returned; when the pointer found is the function a driver
 //! hook calls, the program gets the hook instead ([`crate::lookups`]), so a copy made through
 //! it is captured like a linked one; a function the hooks serve under another version or
-//! per-thread-stream spelling is a gap naming it. Lookups by the CUDA libraries themselves do
-//! not come here: the runtime takes the driver's `cuGetProcAddress` with `dlsym` from its own
-//! handle, which the interposed `dlsym` never redirects for them.
+//! per-thread-stream spelling is a gap naming it. Lookups made by a CUDA library itself (the
+//! caller's file name, as for `dlsym`) are left as found: the runtime resolves the driver's
+//! functions through `cuGetProcAddress`, whether it takes that from its own handle (then it
+//! does not come here) or from the global scope, and its copies are the runtime calls the
+//! program made, captured as such.
 
 use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::ffi::CString;
@@ -68,6 +70,11 @@ unsafe fn hand_out(
         // SAFETY: the out-pointer the real lookup wrote, per the contract.
         let found = unsafe { pfn.read() };
         if found.is_null() || !name.starts_with("cu") {
+            return None;
+        }
+        // A CUDA library's own lookup is not the program's (as for `dlsym`): NVIDIA's runtime
+        // finds the driver's functions so, and its copies are captured as runtime calls.
+        if real::caller_outside().is_some_and(real::is_cuda_object) {
             return None;
         }
         // The exported symbol the driver handed out, when the pointer is one (NVIDIA's

@@ -42,16 +42,7 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
         );
         let mut cmd = std::process::Command::new(&exe);
         cmd.env_remove("LD_LIBRARY_PATH");
-        let run = traced_command_tagged(cmd, "blas-more-c");
-        assert_ok(&run);
-        assert_checksums(&run);
-        let out = String::from_utf8_lossy(&run.out.stdout);
-        assert!(out.contains("blas_more: OK"), "CUDA {major}: {out}");
-        let s = out
-            .lines()
-            .find_map(|l| l.strip_prefix("blas_more: stream 0x"))
-            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-            .unwrap_or_else(|| panic!("CUDA {major}: no stream in {out}"));
+        let (run, s) = run_c_program(cmd, "blas-more-c", "blas_more", &format!("CUDA {major}"));
 
         // What the program put: the 5 x 3 block of a (lda 7), every second element of v, the
         // doubles of m64.

@@ -34,16 +34,12 @@ enum Seen {
 fn run_mode(exe: &std::path::Path, what: &str, mode: &str) -> (u64, Vec<Seen>, u64) {
     let mut cmd = std::process::Command::new(exe);
     cmd.arg(mode).env_remove("LD_LIBRARY_PATH");
-    let run = traced_command_tagged(cmd, "driver-copies-c");
-    assert_ok(&run);
-    assert_checksums(&run);
-    let out = String::from_utf8_lossy(&run.out.stdout);
-    assert!(out.contains("driver_copies: OK"), "{what} {mode}: {out}");
-    let s = out
-        .lines()
-        .find_map(|l| l.strip_prefix("driver_copies: stream 0x"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-        .unwrap_or_else(|| panic!("{what} {mode}: no stream in {out}"));
+    let (run, s) = run_c_program(
+        cmd,
+        "driver-copies-c",
+        "driver_copies",
+        &format!("{what} {mode}"),
+    );
     let seen: Vec<Seen> = run
         .records
         .iter()

@@ -339,17 +339,8 @@ fn batched_copies_are_captured_copy_by_copy_on_cuda_12_and_cuda_13() {
                 .env("TTRACE_WAIT_MS", "60000");
         }
         let started = std::time::Instant::now();
-        let run = traced_command_tagged(cmd, "batch-c");
+        let (run, handle) = run_c_program(cmd, "batch-c", "batch", &format!("CUDA {major}"));
         let took = started.elapsed();
-        assert_ok(&run);
-        assert_checksums(&run);
-        let out = String::from_utf8_lossy(&run.out.stdout);
-        assert!(out.contains("batch: OK"), "CUDA {major}: {out}");
-        let handle = out
-            .lines()
-            .find_map(|l| l.strip_prefix("batch: stream 0x"))
-            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
-            .unwrap_or_else(|| panic!("CUDA {major}: no stream handle in {out}"));
         let batched: Vec<(CopyDirection, u64, &[u8])> = run
             .records
             .iter()

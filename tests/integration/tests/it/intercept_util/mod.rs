@@ -126,6 +126,24 @@ pub fn traced_command_tagged(c: Command, tag: &str) -> Run {
     traced_command_preloaded(c, tag, &libttrace().display().to_string())
 }
 
+/// Runs a C test program of tests/integration/c traced (daemon directory named after `tag`):
+/// the run, checked to have ended well with intact checksums and the program's
+/// `<program>: OK` line, and the stream handle it printed as `<program>: stream 0x...`. `what`
+/// names the case in failures.
+pub fn run_c_program(c: Command, tag: &str, program: &str, what: &str) -> (Run, u64) {
+    let run = traced_command_tagged(c, tag);
+    assert_ok(&run);
+    assert_checksums(&run);
+    let out = String::from_utf8_lossy(&run.out.stdout).into_owned();
+    assert!(out.contains(&format!("{program}: OK")), "{what}: {out}");
+    let stream = out
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{program}: stream 0x")))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("{what}: no stream in {out}"));
+    (run, stream)
+}
+
 /// As [`traced_command_tagged`], with `LD_PRELOAD` set to `preload` (which names libttrace.so
 /// among other libraries).
 pub fn traced_command_preloaded(mut c: Command, tag: &str, preload: &str) -> Run {

@@ -1,6 +1,14 @@
 //! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; `ls`,
 //! `show`, `stats`, `export`, `fsck` read it; `check` and `compare` judge it.
 
+/// mimalloc: compare allocates and frees many buffers from every thread, and glibc's malloc
+/// spent a tenth of the demo comparison in its arenas (`_int_free`, `malloc_consolidate`);
+/// with mimalloc the demo compares in 0.88x the time, the large benchmark config in 0.96-0.99x
+/// (docs/compare.md, section 6). Transparent huge pages are off (the `no_thp` feature): their
+/// compaction stalls made some comparisons slower, not faster.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod check;
 mod child_wait;
 mod compare;

@@ -165,6 +165,14 @@ crate::opaque_struct!(
 /// A cuBLAS library context.
 pub type cublasHandle_t = *mut cublasContext;
 
+crate::opaque_struct!(
+    /// `struct cublasXtContext`: the pointee of `cublasXtHandle_t` (`cublasXt.h`).
+    cublasXtContext
+);
+/// A cuBLAS-XT context: BLAS-3 routines spread over several devices, on host or device
+/// matrices (`cublasXt.h`).
+pub type cublasXtHandle_t = *mut cublasXtContext;
+
 /// `float2` (`vector_types.h`, 8-byte aligned): the storage of `cuComplex`.
 #[repr(C, align(8))]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

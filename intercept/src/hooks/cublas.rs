@@ -586,6 +586,66 @@ pub(super) fn uncaptured(
     )
 }
 
+/// One cuBLAS-XT routine (hooks/cublasxt_routines.rs, generated): `name(C signature) =>
+/// GapReason`. XT spreads the routine over the devices its handle was given, on host or device
+/// matrices, with streams and copies of its own: a successful call records a gap naming it (a
+/// failed one moved nothing).
+macro_rules! xt_gap {
+    ($(#[$m:meta])* $name:ident ( $h:ident : cublasXtHandle_t $(, $a:ident : $t:ty)* $(,)? )
+        => $reason:ident) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($h: cublasXtHandle_t $(, $a: $t)*) -> cublasStatus_t {
+            let Some(real) =
+                real::real_of!($name, fn(cublasXtHandle_t $(, $t)*) -> cublasStatus_t, Cublas)
+            else {
+                return MISSING;
+            };
+            if mode::off(mode::GEMM) {
+                // SAFETY: the program's arguments, forwarded unchanged.
+                return unsafe { real($h $(, $a)*) };
+            }
+            // SAFETY: as above.
+            uncaptured_xt(stringify!($name), GapReason::$reason, || unsafe {
+                real($h $(, $a)*)
+            })
+        }
+    };
+}
+
+pub(super) use xt_gap;
+
+/// The gap of a cuBLAS-XT routine once the call succeeded. XT routines return when their
+/// work is done, on streams of XT's own: the gap is placed on the legacy default stream, as
+/// the synchronous copies of `cublasSetVector` and the like are.
+pub(super) fn uncaptured_xt(
+    api: &'static str,
+    reason: GapReason,
+    real: impl FnOnce() -> cublasStatus_t,
+) -> cublasStatus_t {
+    crate::around(
+        || {
+            engine::begin(Call {
+                api,
+                op: Op::Gap(GapOp {
+                    reason,
+                    skipped_api: api.into(),
+                    bytes: 0,
+                    detail: "cuBLAS-XT routines (several devices, host or device matrices) are \
+                             not captured"
+                        .into(),
+                }),
+                stream: core::ptr::null_mut(),
+                stream_id: 0,
+                device: None,
+                tensors: Vec::new(),
+            })
+        },
+        real,
+        |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
+    )
+}
+
 /// Why a pointer-array batch is a gap, with its shape.
 fn pointer_arrays(
     m: impl Into<i64>,

@@ -14,10 +14,14 @@
  *  4. cublasSaxpy_v2 (y = 2 x + y), cublasSdot_v2 (host result), cublasSgeam (13 parameters:
  *     C = 1.5 A^T + -1 B, 3 x 5), each checked against the host's arithmetic;
  *  5. cublasLtMatrixTransform (C = 2 A, F32, 4 x 3), checked;
- *  6. a refused cublasSetVector (incx 0): CUBLAS_STATUS_INVALID_VALUE, nothing moved.
+ *  6. a refused cublasSetVector (incx 0): CUBLAS_STATUS_INVALID_VALUE, nothing moved;
+ *  7. cuBLAS-XT (cublasXt.h): cublasXtSgemm on host matrices (C = 0.5 A^T B + 2 C, 3 x 2 from
+ *     A 4 x 3 and B 4 x 2; 14 parameters, the sizes size_t), checked, after one refused
+ *     (lda 2 < 4: CUBLAS_STATUS_INVALID_VALUE).
  * Prints "blas_more: OK"; exit status 1 on a failure.
  */
 #include <cublasLt.h>
+#include <cublasXt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -129,6 +133,29 @@ int main(void) {
     /* 6. Refused: incx 0. */
     cublasStatus_t st = cublasSetVector(10, sizeof(float), v, 0, dv, 1);
     if (st != CUBLAS_STATUS_INVALID_VALUE) FAIL("cublasSetVector with incx 0: status %d", (int)st);
+
+    /* 7. cuBLAS-XT on host matrices: C (3 x 2, ldc 3) = 0.5 A^T B + 2 C, A 4 x 3 (lda 4),
+     *    B 4 x 2 (ldb 5). */
+    cublasXtHandle_t xt;
+    CK_CUBLAS(cublasXtCreate(&xt));
+    int devices[1] = {0};
+    CK_CUBLAS(cublasXtDeviceSelect(xt, 1, devices));
+    float xa[4 * 3], xb[5 * 2], xc[3 * 2], xc0[3 * 2];
+    for (int i = 0; i < 12; i++) xa[i] = (float)i * 0.5f - 2.0f;
+    for (int i = 0; i < 10; i++) xb[i] = 1.0f + (float)i * 0.25f;
+    for (int i = 0; i < 6; i++) xc[i] = xc0[i] = (float)i - 1.0f;
+    float xalpha = 0.5f, xbeta = 2.0f;
+    st = cublasXtSgemm(xt, CUBLAS_OP_T, CUBLAS_OP_N, 3, 2, 4, &xalpha, xa, 2, xb, 5, &xbeta, xc, 3);
+    if (st != CUBLAS_STATUS_INVALID_VALUE) FAIL("cublasXtSgemm with lda 2: status %d", (int)st);
+    CK_CUBLAS(cublasXtSgemm(xt, CUBLAS_OP_T, CUBLAS_OP_N, 3, 2, 4, &xalpha, xa, 4, xb, 5, &xbeta,
+                            xc, 3));
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) {
+            float dot = 0.0f;
+            for (int l = 0; l < 4; l++) dot += xa[i * 4 + l] * xb[j * 5 + l];
+            near("cublasXtSgemm", xc[j * 3 + i], xalpha * dot + xbeta * xc0[j * 3 + i]);
+        }
+    CK_CUBLAS(cublasXtDestroy(xt));
 
     CK_CUBLAS(cublasLtMatrixLayoutDestroy(la));
     CK_CUBLAS(cublasLtMatrixLayoutDestroy(lc));

@@ -54,11 +54,12 @@ use syn::visit::Visit;
 pub const SIM_LIBRARIES: [&str; 6] = ["cudart", "cublas", "cublaslt", "nccl", "nvtx", "driver"];
 
 /// Headers every generated C file includes, in order.
-pub const HEADERS: [&str; 8] = [
+pub const HEADERS: [&str; 9] = [
     "cuda.h",
     "cuda_runtime_api.h",
     "cuda_profiler_api.h",
     "cublas_v2.h",
+    "cublasXt.h",
     "cublasLt.h",
     "nccl.h",
     "nvToolsExt.h",
@@ -1092,6 +1093,10 @@ impl View {
             h.push("nccl_device/core.h");
         }
         for inc in HEADERS {
+            // cublasXt.h includes cublas_v2.h, which cublas.h refuses to meet.
+            if self == View::CublasLegacy && inc == "cublasXt.h" {
+                continue;
+            }
             h.push(if self == View::CublasLegacy && inc == "cublas_v2.h" {
                 "cublas.h"
             } else {

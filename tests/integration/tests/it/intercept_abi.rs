@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!` and `blas_copy_hook!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
+//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!`, `blas_copy_hook!` and cuBLAS-XT's `xt_gap!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
 //! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!` and `entry_point_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
@@ -56,7 +56,7 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 20] = [
+const HOOK_MACROS: [(&str, &str); 21] = [
     ("entry_point_hook", "cudaError_t"),
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
@@ -71,6 +71,7 @@ const HOOK_MACROS: [(&str, &str); 20] = [
     ("graph_hook", "cudaError_t"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
+    ("xt_gap", "cublasStatus_t"),
     ("blas_copy_hook", "cublasStatus_t"),
     ("cu_copy_hook", "CUresult"),
     ("cu_memset_hook", "CUresult"),
@@ -473,11 +474,12 @@ fn a_wrong_type_in_a_signature_list_line_or_family_fails_the_check() {
 fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
     // Negative controls for the hook macros other than cuBLAS's list: one type changed in one
     // line of each (a return type of `nvtx_hook!`, a void NVTX mark made `int`, a parameter
-    // of `comm_hook!`, `graph_hook!`, `lt_hook!` and `launch_hook!`) fails exactly that hook.
+    // of `comm_hook!`, `graph_hook!`, `lt_hook!`, `xt_gap!` and `launch_hook!`) fails exactly
+    // that hook.
     let include = abi_check::fetch_headers().unwrap_or_else(|e| panic!("headers: {e}"));
     let repo = abi_check::repo_root();
     let abi = AbiTypes::parse(&repo.join("abi/src")).expect("cuda-abi parses");
-    let mutations: [(&str, &str, &str, &str); 6] = [
+    let mutations: [(&str, &str, &str, &str); 7] = [
         (
             "nvtx.rs",
             "nvtxRangePushA(message: *const c_char) -> c_int,",
@@ -507,6 +509,12 @@ fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
             "workspaceSizeInBytes: usize,",
             "workspaceSizeInBytes: u32,",
             "cublasLtMatmul",
+        ),
+        (
+            "cublasxt_routines.rs",
+            "cublasXtSgemm(\n        handle: cublasXtHandle_t,\n        transa: cublasOperation_t,\n        transb: cublasOperation_t,\n        m: usize,",
+            "cublasXtSgemm(\n        handle: cublasXtHandle_t,\n        transa: cublasOperation_t,\n        transb: cublasOperation_t,\n        m: u32,",
+            "cublasXtSgemm",
         ),
         (
             "cudart.rs",

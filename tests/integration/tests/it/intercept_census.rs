@@ -6,6 +6,8 @@
 //! * cuBLAS (`cublas_api.h`): a parameter points to numbers (`float`, `double`, `cuComplex`,
 //!   `cuDoubleComplex`, `__half`, `void`, `unsigned char`, `signed char`) and is not a
 //!   `workspace`;
+//! * cuBLAS-XT (`cublasXt.h`, BLAS-3 over several devices): a parameter points to `float`,
+//!   `double`, `cuComplex` or `cuDoubleComplex` (its one `void*` is a CPU routine, not data);
 //! * cuBLASLt (`cublasLt.h`): a `cudaStream_t` parameter and a `void` data pointer that is not
 //!   a `workspace` (work queued on a stream over the program's matrices);
 //! * NCCL (`nccl.h`): a `cudaStream_t` parameter and a `void` buffer pointer (the collectives,
@@ -78,6 +80,11 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
     let cublas = names(decl("cublas_v2.h", "cublasStatus_t", "cublas"), &|d| {
         d.params.iter().any(|p| points_to_numbers(p))
     });
+    let xt = names(decl("cublasXt.h", "cublasStatus_t", "cublasXt"), &|d| {
+        d.params
+            .iter()
+            .any(|p| points_to_numbers(p) && !p.contains("void"))
+    });
     let lt = names(decl("cublasLt.h", "cublasStatus_t", "cublasLt"), &|d| {
         has_stream(d)
             && d.params
@@ -102,6 +109,7 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
     });
     vec![
         ("cuBLAS", cublas),
+        ("cuBLAS-XT", xt),
         ("cuBLASLt", lt),
         ("NCCL", nccl),
         ("the CUDA runtime", cudart),
@@ -116,7 +124,7 @@ fn exported() -> BTreeSet<String> {
 
 /// Checks one header set: each library's rule finds its known data movers (the rule is not
 /// vacuous) and libttrace.so exports every one.
-fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 5]) {
+fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 6]) {
     let include = abi_check::fetch_headers_for(major).unwrap_or_else(|e| panic!("headers: {e}"));
     let exported = exported();
     let mut holes = Vec::new();
@@ -148,6 +156,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_12() {
         12,
         [
             ("cuBLAS", 450, "cublasStrsm_v2"),
+            ("cuBLAS-XT", 40, "cublasXtSgemm"),
             ("cuBLASLt", 2, "cublasLtMatrixTransform"),
             ("NCCL", 8, "ncclAllReduce"),
             ("the CUDA runtime", 30, "cudaMemcpy2DAsync"),
@@ -162,6 +171,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_13() {
         13,
         [
             ("cuBLAS", 450, "cublasSetMatrixAsync"),
+            ("cuBLAS-XT", 40, "cublasXtZtrsm"),
             ("cuBLASLt", 2, "cublasLtMatmul"),
             ("NCCL", 12, "ncclPutSignal"),
             ("the CUDA runtime", 30, "cudaMemcpyBatchAsync"),

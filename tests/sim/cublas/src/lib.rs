@@ -67,6 +67,8 @@ mod copies;
 mod level1;
 mod more_gemms;
 mod unsupported;
+mod xt;
+mod xt_unsupported;
 
 /// Private export for the simulated cuBLASLt, which accepts a cuBLAS handle as its own.
 #[no_mangle]

@@ -85,6 +85,12 @@ fn unsupported_call(name: &str, h: Option<cublasHandle_t>) -> cublasStatus_t {
             return e;
         }
     }
+    not_computed(name)
+}
+
+/// `CUBLAS_STATUS_NOT_SUPPORTED` for an entry point the simulator does not compute, said on
+/// stderr with `SIM_CUDA_LOG_KERNELS=1`.
+fn not_computed(name: &str) -> cublasStatus_t {
     if std::env::var("SIM_CUDA_LOG_KERNELS").is_ok_and(|v| v == "1") {
         eprintln!(
             "sim-cublas: {name} is not computed by the simulator (CUBLAS_STATUS_NOT_SUPPORTED)"

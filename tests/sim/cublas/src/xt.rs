@@ -37,12 +37,7 @@ pub(crate) fn unsupported(name: &str, h: cublasXtHandle_t) -> cublasStatus_t {
     if let Err(e) = state(h) {
         return e;
     }
-    if std::env::var("SIM_CUDA_LOG_KERNELS").is_ok_and(|v| v == "1") {
-        eprintln!(
-            "sim-cublas: {name} is not computed by the simulator (CUBLAS_STATUS_NOT_SUPPORTED)"
-        );
-    }
-    CUBLAS_STATUS_NOT_SUPPORTED
+    crate::not_computed(name)
 }
 
 #[no_mangle]

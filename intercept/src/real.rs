@@ -43,7 +43,7 @@ impl Lib {
             Lib::Cublas
         } else if name.starts_with("cuda") {
             Lib::Cudart
-        } else if name.starts_with("nccl") {
+        } else if name.starts_with("nccl") || name.starts_with("pnccl") {
             Lib::Nccl
         } else if name.starts_with("nvtx") {
             Lib::Nvtx
@@ -426,7 +426,8 @@ mod tests {
             ("nvtxRangePushA", Some(Lib::Nvtx)),
             ("cuMemcpyHtoDAsync_v2", Some(Lib::Driver)),
             ("malloc", None),
-            ("pncclAllReduce", None),
+            ("pncclAllReduce", Some(Lib::Nccl)),
+            ("pnccl", Some(Lib::Nccl)),
         ];
         for (name, lib) in cases {
             assert_eq!(Lib::of(name), lib, "{name}");

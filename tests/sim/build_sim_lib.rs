@@ -42,6 +42,13 @@ fn main() {
     };
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+    if pkg == "sim-nccl" {
+        // NCCL's calls to its own entry points (a `pnccl` profiling name running the `nccl`
+        // one, ncclAlltoAll's group) stay inside it, as in NVIDIA's build: a PMPI-style
+        // wrapper that takes `ncclGroupStart` and calls `pncclGroupStart` must not be called
+        // back by the simulator (it recursed until the stack overflowed).
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    }
 
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out: the profile directory is 3 up.
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));

@@ -8,6 +8,15 @@
 //! communicators (`ncclInProgress`) are polled with the real `ncclCommGetAsyncError` before the
 //! copies are enqueued.
 //!
+//! NCCL exports each entry point under a second, profiling name (`pncclAllReduce` for
+//! `ncclAllReduce`: the same function), which is what a PMPI-style wrapper calls once it has
+//! taken the `ncclX` name for itself. Those names are hooked too (`name / pname` in the hook
+//! macros), the record named after the `ncclX` function: with such a wrapper loaded before
+//! libttrace.so its calls to NCCL were silent. Loaded after it, the wrapper is what the hook
+//! calls as "real", and its `pnccl` call comes back to the hooks from inside that real call: a
+//! collective only runs there (the reentrancy guard), a communicator is registered once (the
+//! creation guard), and a group level is opened and closed by both hooks, which balances.
+//!
 //! `ncclGroupSimulateEnd` closes a group as `ncclGroupEnd` does but launches nothing: the
 //! snapshots deferred to it are dropped (their ops never run). A collective whose reduction is a
 //! PreMulSum operator records its factor (a device-resident scalar as an `Alpha` tensor).
@@ -193,14 +202,14 @@ fn capture(c: Coll, real: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
 }
 
 macro_rules! coll_hook {
-    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* ) => $kind:ident {
+    (@export $(#[$m:meta])* $export:ident, $api:ident ( $($a:ident : $t:ty),* ) => $kind:ident {
         send: $send:expr, recv: $recv:expr, count: $count:expr, dtype: $dt:expr,
         redop: $redop:expr, root: $root:expr, comm: $comm:expr, stream: $stream:expr $(,)?
     }) => {
         $(#[$m])*
         #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
-            let Some(real) = real::real_of!($name, fn($($t),*) -> ncclResult_t, Nccl) else {
+        pub unsafe extern "C" fn $export($($a: $t),*) -> ncclResult_t {
+            let Some(real) = real::real_of!($export, fn($($t),*) -> ncclResult_t, Nccl) else {
                 return MISSING;
             };
             if mode::off(mode::NCCL) {
@@ -208,7 +217,7 @@ macro_rules! coll_hook {
                 return unsafe { real($($a),*) };
             }
             let c = Coll {
-                api: stringify!($name),
+                api: stringify!($api),
                 kind: CollectiveKind::$kind,
                 send: $send,
                 recv: $recv,
@@ -223,11 +232,24 @@ macro_rules! coll_hook {
             capture(c, || unsafe { real($($a),*) })
         }
     };
+    // `name / pname(...)`: also NCCL's profiling name of the same function (see the module
+    // documentation), recorded under the NCCL name.
+    ($(#[$m:meta])* $name:ident / $twin:ident ( $($a:ident : $t:ty),* ) => $kind:ident { $($f:tt)* }) => {
+        coll_hook! { @export $(#[$m])* $name, $name($($a: $t),*) => $kind { $($f)* } }
+        coll_hook! {
+            @export
+            #[doc = concat!("`", stringify!($twin), "`: NCCL's profiling name of `", stringify!($name), "`.")]
+            $twin, $name($($a: $t),*) => $kind { $($f)* }
+        }
+    };
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* ) => $kind:ident { $($f:tt)* }) => {
+        coll_hook! { @export $(#[$m])* $name, $name($($a: $t),*) => $kind { $($f)* } }
+    };
 }
 
 coll_hook! {
     /// `ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)`.
-    ncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => AllReduce {
+    ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => AllReduce {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: Some(op), root: None, comm: comm, stream: stream,
     }
@@ -235,7 +257,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)`.
-    ncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllGather {
+    ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllGather {
         send: sendbuff, recv: recvbuff.cast_const(), count: sendcount, dtype: datatype,
         redop: None, root: None, comm: comm, stream: stream,
     }
@@ -243,7 +265,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)`.
-    ncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => ReduceScatter {
+    ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) => ReduceScatter {
         send: sendbuff, recv: recvbuff.cast_const(), count: recvcount, dtype: datatype,
         redop: Some(op), root: None, comm: comm, stream: stream,
     }
@@ -251,7 +273,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)`.
-    ncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
+    ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: None, root: Some(root), comm: comm, stream: stream,
     }
@@ -260,7 +282,7 @@ coll_hook! {
 coll_hook! {
     /// `ncclBcast(buff, count, datatype, root, comm, stream)`: in-place broadcast (NCCL
     /// implements it with `ncclBroadcast`, which then passes through the reentrancy guard).
-    ncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
+    ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Broadcast {
         send: buff.cast_const(), recv: buff.cast_const(), count: count, dtype: datatype,
         redop: None, root: Some(root), comm: comm, stream: stream,
     }
@@ -268,7 +290,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)`.
-    ncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Reduce {
+    ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Reduce {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: Some(op), root: Some(root), comm: comm, stream: stream,
     }
@@ -277,7 +299,7 @@ coll_hook! {
 coll_hook! {
     /// `ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)` (NCCL 2.28+; `count`
     /// elements per peer).
-    ncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllToAll {
+    ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) => AllToAll {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: None, root: None, comm: comm, stream: stream,
     }
@@ -285,7 +307,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream)` (NCCL 2.28+).
-    ncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Gather {
+    ncclGather / pncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Gather {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: None, root: Some(root), comm: comm, stream: stream,
     }
@@ -293,7 +315,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)` (NCCL 2.28+).
-    ncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Scatter {
+    ncclScatter / pncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) => Scatter {
         send: sendbuff, recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: None, root: Some(root), comm: comm, stream: stream,
     }
@@ -301,7 +323,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclSend(sendbuff, count, datatype, peer, comm, stream)`.
-    ncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Send {
+    ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Send {
         send: sendbuff, recv: core::ptr::null(), count: count, dtype: datatype,
         redop: None, root: Some(peer), comm: comm, stream: stream,
     }
@@ -309,7 +331,7 @@ coll_hook! {
 
 coll_hook! {
     /// `ncclRecv(recvbuff, count, datatype, peer, comm, stream)`.
-    ncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Recv {
+    ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) => Recv {
         send: core::ptr::null(), recv: recvbuff.cast_const(), count: count, dtype: datatype,
         redop: None, root: Some(peer), comm: comm, stream: stream,
     }
@@ -318,13 +340,14 @@ coll_hook! {
 /// One communicator or group entry point: `name(C signature) => |real| what the hook does`,
 /// where `real` calls the real function, looked up under the hook's name, with the program's
 /// arguments (the hook calls it exactly once). While communicators are not tracked the hook is
-/// the real call alone.
+/// the real call alone. `name / pname(...)` also makes the hook of NCCL's profiling name (see
+/// the module documentation).
 macro_rules! comm_hook {
-    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+    (@export $(#[$m:meta])* $export:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
         $(#[$m])*
         #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
-            let Some(real) = real::real_of!($name, fn($($t),*) -> ncclResult_t, Nccl) else {
+        pub unsafe extern "C" fn $export($($a: $t),*) -> ncclResult_t {
+            let Some(real) = real::real_of!($export, fn($($t),*) -> ncclResult_t, Nccl) else {
                 return MISSING;
             };
             // SAFETY: the program's arguments, forwarded unchanged.
@@ -335,11 +358,22 @@ macro_rules! comm_hook {
             $body
         }
     };
+    ($(#[$m:meta])* $name:ident / $twin:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        comm_hook! { @export $(#[$m])* $name($($a: $t),*) => |$real| $body }
+        comm_hook! {
+            @export
+            #[doc = concat!("`", stringify!($twin), "`: NCCL's profiling name of `", stringify!($name), "`.")]
+            $twin($($a: $t),*) => |$real| $body
+        }
+    };
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        comm_hook! { @export $(#[$m])* $name($($a: $t),*) => |$real| $body }
+    };
 }
 
 comm_hook! {
     /// `ncclGroupStart()`: one level deeper (the outermost opens a new group number).
-    ncclGroupStart() => |real| {
+    ncclGroupStart / pncclGroupStart() => |real| {
         let r = real();
         if r == ncclSuccess {
             let _ = crate::catch(|| {
@@ -358,7 +392,7 @@ comm_hook! {
 comm_hook! {
     /// `ncclGroupEnd()`: the outermost one launches the group; the deferred snapshots are
     /// enqueued after it returns.
-    ncclGroupEnd() => |real| {
+    ncclGroupEnd / pncclGroupEnd() => |real| {
         let r = real();
         let _ = crate::catch(|| close_group(r, true));
         r
@@ -369,7 +403,7 @@ comm_hook! {
     /// `ncclGroupSimulateEnd(simInfo)`: closes the group like `ncclGroupEnd`, but NCCL only
     /// estimates the outermost group's time and runs none of its operations, so their deferred
     /// snapshots are dropped (no data moved: nothing to record).
-    ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) => |real| {
+    ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) => |real| {
         let r = real();
         let _ = crate::catch(|| close_group(r, false));
         r
@@ -464,7 +498,7 @@ fn after_init(
 comm_hook! {
     /// `ncclCommInitRank(comm, nranks, commId, rank)`: registers the communicator (key: a hash
     /// of the unique id, the same on every member).
-    ncclCommInitRank(
+    ncclCommInitRank / pncclCommInitRank(
         comm: *mut ncclComm_t,
         nranks: c_int,
         commId: ncclUniqueId,
@@ -477,7 +511,7 @@ comm_hook! {
 
 comm_hook! {
     /// `ncclCommInitRankConfig(comm, nranks, commId, rank, config)`.
-    ncclCommInitRankConfig(
+    ncclCommInitRankConfig / pncclCommInitRankConfig(
         comm: *mut ncclComm_t,
         nranks: c_int,
         commId: ncclUniqueId,
@@ -494,7 +528,7 @@ comm_hook! {
 comm_hook! {
     /// `ncclCommInitRankScalable(newcomm, nranks, myrank, nId, commIds, config)`: the key
     /// hashes every id.
-    ncclCommInitRankScalable(
+    ncclCommInitRankScalable / pncclCommInitRankScalable(
         newcomm: *mut ncclComm_t,
         nranks: c_int,
         myrank: c_int,
@@ -518,7 +552,7 @@ comm_hook! {
 
 comm_hook! {
     /// `ncclCommInitAll(comm, ndev, devlist)`: one communicator per device in this process.
-    ncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) => |real| {
+    ncclCommInitAll / pncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) => |real| {
         creating(real, |r| {
             if r != ncclSuccess || comm.is_null() {
                 return;
@@ -562,7 +596,7 @@ fn init_all_registered(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int
 comm_hook! {
     /// `ncclCommSplit(comm, color, key, newcomm, config)`: the new communicator's key hashes
     /// the parent's key, the split's number on the parent and the color.
-    ncclCommSplit(
+    ncclCommSplit / pncclCommSplit(
         comm: ncclComm_t,
         color: c_int,
         key: c_int,
@@ -587,7 +621,7 @@ comm_hook! {
     /// shrinkFlags)`: called by the survivors only; the new communicator's key hashes the
     /// parent's key, the excluded ranks and the number of such shrinks of the parent, the same
     /// on every survivor ([`comms::shrink_key`]).
-    ncclCommShrink(
+    ncclCommShrink / pncclCommShrink(
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
         excludeRanksCount: c_int,
@@ -668,7 +702,7 @@ comm_hook! {
     /// `ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm)`: remembers the
     /// operator's factor (a host scalar's value, or a device scalar's address) for the
     /// collectives using it.
-    ncclRedOpCreatePreMulSum(
+    ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut ncclRedOp_t,
         scalar: *mut c_void,
         datatype: ncclDataType_t,
@@ -709,7 +743,7 @@ comm_hook! {
 
 comm_hook! {
     /// `ncclRedOpDestroy(op, comm)`.
-    ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) => |real| {
+    ncclRedOpDestroy / pncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) => |real| {
         let r = real();
         if r == ncclSuccess {
             let _ = crate::catch(|| comms::forget_premul(comm, op));
@@ -720,7 +754,7 @@ comm_hook! {
 
 comm_hook! {
     /// `ncclCommDestroy(comm)`.
-    ncclCommDestroy(comm: ncclComm_t) => |real| {
+    ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) => |real| {
         let r = real();
         let _ = crate::catch(|| comms::forget(comm));
         r
@@ -729,7 +763,7 @@ comm_hook! {
 
 comm_hook! {
     /// `ncclCommAbort(comm)`.
-    ncclCommAbort(comm: ncclComm_t) => |real| {
+    ncclCommAbort / pncclCommAbort(comm: ncclComm_t) => |real| {
         let r = real();
         let _ = crate::catch(|| comms::forget(comm));
         r
@@ -738,64 +772,43 @@ comm_hook! {
 
 /// `ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype,
 /// int peer, ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int
-/// flags, ncclComm_t comm, cudaStream_t stream)` (in NCCL 2.30's headers): a one-sided write into a
-/// peer's registered window. Not captured (the bytes land in another rank's memory, with no
-/// call there to snapshot them): a gap naming it, its bytes and peer, once the call succeeded.
-///
-/// # Safety
-/// The program's arguments, forwarded unchanged.
-#[no_mangle]
-pub unsafe extern "C" fn ncclPutSignal(
-    localbuff: *const c_void,
-    count: usize,
-    datatype: ncclDataType_t,
-    peer: c_int,
-    peerWin: *mut ncclWindow_vidmem,
-    peerWinOffset: usize,
-    sigIdx: c_int,
-    ctx: c_int,
-    flags: core::ffi::c_uint,
-    comm: ncclComm_t,
+/// flags, ncclComm_t comm, cudaStream_t stream)` (in NCCL 2.30's headers) and its profiling
+/// name: a one-sided write into a peer's registered window. Not captured (the bytes land in
+/// another rank's memory, with no call there to snapshot them): a gap naming it, its bytes and
+/// peer, once the call succeeded.
+macro_rules! put_signal_hook {
+    (@export $export:ident ( $($a:ident : $t:ty),* $(,)? )
+        => ($count:ident, $dtype:ident, $peer:ident, $offset:ident, $stream:ident)) => {
+        /// See [`put_signal_hook!`].
+        ///
+        /// # Safety
+        /// The program's arguments, forwarded unchanged.
+        #[no_mangle]
+        pub unsafe extern "C" fn $export($($a: $t),*) -> ncclResult_t {
+            let Some(real) = real::real_of!($export, fn($($t),*) -> ncclResult_t, Nccl) else {
+                return MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let run = || unsafe { real($($a),*) };
+            if mode::off(mode::NCCL) {
+                return run();
+            }
+            put_signal_gap(($count, $dtype, $peer, $offset), $stream, run)
+        }
+    };
+    ($name:ident / $twin:ident ( $($a:ident : $t:ty),* $(,)? ) => $what:tt) => {
+        put_signal_hook! { @export $name($($a: $t),*) => $what }
+        put_signal_hook! { @export $twin($($a: $t),*) => $what }
+    };
+}
+
+/// The gap of a one-sided put ([`put_signal_hook!`]) of `count` elements of `datatype` to
+/// `peer` at `offset` in its window, recorded once `run` succeeded.
+fn put_signal_gap(
+    (count, datatype, peer, offset): (usize, ncclDataType_t, c_int, usize),
     stream: cudaStream_t,
+    run: impl FnOnce() -> ncclResult_t,
 ) -> ncclResult_t {
-    let Some(real) = real::real_of!(
-        ncclPutSignal,
-        fn(
-            *const c_void,
-            usize,
-            ncclDataType_t,
-            c_int,
-            *mut ncclWindow_vidmem,
-            usize,
-            c_int,
-            c_int,
-            core::ffi::c_uint,
-            ncclComm_t,
-            cudaStream_t,
-        ) -> ncclResult_t,
-        Nccl
-    ) else {
-        return MISSING;
-    };
-    // SAFETY: the program's arguments, forwarded unchanged.
-    let run = || unsafe {
-        real(
-            localbuff,
-            count,
-            datatype,
-            peer,
-            peerWin,
-            peerWinOffset,
-            sigIdx,
-            ctx,
-            flags,
-            comm,
-            stream,
-        )
-    };
-    if mode::off(mode::NCCL) {
-        return run();
-    }
     crate::around_metadata(
         "ncclPutSignal",
         stream,
@@ -806,12 +819,28 @@ pub unsafe extern "C" fn ncclPutSignal(
                 "ncclPutSignal",
                 (count as u64).saturating_mul(size),
                 format!(
-                    "count={count} datatype={datatype} peer={peer} offset={peerWinOffset}: \
-                     one-sided puts into a peer's window are not captured"
+                    "count={count} datatype={datatype} peer={peer} offset={offset}: one-sided \
+                     puts into a peer's window are not captured"
                 ),
             ))
         },
         run,
         |r| r == ncclSuccess,
     )
+}
+
+put_signal_hook! {
+    ncclPutSignal / pncclPutSignal(
+        localbuff: *const c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: c_int,
+        peerWin: *mut ncclWindow_vidmem,
+        peerWinOffset: usize,
+        sigIdx: c_int,
+        ctx: c_int,
+        flags: core::ffi::c_uint,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) => (count, datatype, peer, peerWinOffset, stream)
 }

@@ -1,6 +1,6 @@
 //! libttrace.so's hooks have NVIDIA's exact C signatures: every export in
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
-//! `coll_hook!` and `comm_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!`, `blas_copy_hook!` and cuBLAS-XT's `xt_gap!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
+//! `coll_hook!`, `comm_hook!` and `put_signal_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!`, `blas_copy_hook!` and cuBLAS-XT's `xt_gap!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
 //! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!` and `entry_point_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
@@ -56,10 +56,11 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 21] = [
+const HOOK_MACROS: [(&str, &str); 22] = [
     ("entry_point_hook", "cudaError_t"),
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
+    ("put_signal_hook", "ncclResult_t"),
     ("copy_hook", "cudaError_t"),
     ("copy_3d_hook", "cudaError_t"),
     ("batch_copy_hook", "cudaError_t"),
@@ -302,11 +303,15 @@ fn exports_of(f: &Path, text: &str) -> Vec<Export> {
 
 /// Hooks of entry points the CUDA 12 header set lacks: NCCL 2.28's (it has NCCL 2.27) and
 /// CUDA 13's, checked against the CUDA 13 header set (NCCL 2.30).
-const NEWER: [&str; 16] = [
+const NEWER: [&str; 20] = [
     "ncclAlltoAll",
     "ncclPutSignal",
     "ncclGather",
     "ncclScatter",
+    "pncclAlltoAll",
+    "pncclPutSignal",
+    "pncclGather",
+    "pncclScatter",
     "cudaMemcpyWithAttributesAsync",
     "cudaMemcpyWithAttributesAsync_ptsz",
     "cudaMemcpy3DWithAttributesAsync",
@@ -553,6 +558,8 @@ fn a_wrong_type_in_any_hook_macro_line_fails_the_check() {
         .filter(|e| report.fails_export(&e.name))
         .map(|e| e.name.clone())
         .collect();
-    let want: BTreeSet<String> = mutations.iter().map(|m| m.3.to_string()).collect();
+    let mut want: BTreeSet<String> = mutations.iter().map(|m| m.3.to_string()).collect();
+    // `ncclCommDestroy / pncclCommDestroy(...)`: one line makes both names' hooks.
+    want.insert("pncclCommDestroy".into());
     assert_eq!(failed, want, "{}", report.describe_failures());
 }

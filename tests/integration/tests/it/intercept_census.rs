@@ -11,7 +11,8 @@
 //! * cuBLASLt (`cublasLt.h`): a `cudaStream_t` parameter and a `void` data pointer that is not
 //!   a `workspace` (work queued on a stream over the program's matrices);
 //! * NCCL (`nccl.h`): a `cudaStream_t` parameter and a `void` buffer pointer (the collectives,
-//!   point-to-point calls and one-sided puts; the `pnccl` profiling aliases aside);
+//!   point-to-point calls and one-sided puts), under their names and their `pnccl` profiling
+//!   names (what a PMPI-style wrapper calls to reach NCCL);
 //! * the CUDA runtime (`cuda_runtime_api.h`): `Memcpy` or `Memset` in the name, except the
 //!   graph-building API (`cudaGraph*`), which moves nothing itself;
 //! * the CUDA driver (`cuda.h`): functions returning `CUresult` with `Memcpy` or `Memset` in
@@ -91,7 +92,9 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
                 .iter()
                 .any(|p| points_to_numbers(p) && p.contains("void"))
     });
-    let nccl = names(decl("nccl.h", "ncclResult_t", "nccl"), &|d| {
+    let mut nccl_decls = decl("nccl.h", "ncclResult_t", "nccl");
+    nccl_decls.extend(decl("nccl.h", "ncclResult_t", "pnccl"));
+    let nccl = names(nccl_decls, &|d| {
         has_stream(d)
             && d.params
                 .iter()
@@ -158,7 +161,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_12() {
             ("cuBLAS", 450, "cublasStrsm_v2"),
             ("cuBLAS-XT", 40, "cublasXtSgemm"),
             ("cuBLASLt", 2, "cublasLtMatrixTransform"),
-            ("NCCL", 8, "ncclAllReduce"),
+            ("NCCL", 16, "pncclAllReduce"),
             ("the CUDA runtime", 30, "cudaMemcpy2DAsync"),
             ("the CUDA driver", 38, "cuMemcpy3D_v2"),
         ],
@@ -173,7 +176,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_13() {
             ("cuBLAS", 450, "cublasSetMatrixAsync"),
             ("cuBLAS-XT", 40, "cublasXtZtrsm"),
             ("cuBLASLt", 2, "cublasLtMatmul"),
-            ("NCCL", 12, "ncclPutSignal"),
+            ("NCCL", 24, "pncclPutSignal"),
             ("the CUDA runtime", 30, "cudaMemcpyBatchAsync"),
             ("the CUDA driver", 40, "cuMemcpyWithAttributesAsync"),
         ],

@@ -191,3 +191,92 @@ fn collectives_outputs_follow_from_their_captured_inputs() {
     assert_eq!(split_entry.parent, Some(world));
     assert_eq!(run.summary.gaps, 0);
 }
+
+/// A PMPI-style NCCL wrapper (tests/integration/c/nccl_pmpi.c: it takes `ncclAllReduce`,
+/// `ncclGroupStart` and `ncclGroupEnd` and reaches NCCL through the profiling names
+/// `pnccl*`) preloaded beside libttrace.so, in either order: ttrace records each all-reduce of
+/// tests/integration/c/nccl_groups.c once, under `ncclAllReduce`, with its output, the grouped
+/// one in a group and its snapshot taken after the group ran; the wrapper counts every call.
+/// Before the profiling names were hooked, the wrapper loaded first made NCCL silent.
+#[test]
+fn a_pmpi_style_wrapper_calling_nccls_profiling_names_is_captured_once_in_either_order() {
+    use integration_tests::c_build::compile_c;
+    let sim = integration_tests::sim_dir();
+    let include = integration_tests::abi_check::fetch_headers_for(12)
+        .unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
+    let dir = integration_tests::profile_dir().join("c-nccl-pmpi");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let wrap = dir.join("libnccl_pmpi.so");
+    let mut cc = std::process::Command::new("gcc");
+    cc.args([
+        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+    ]);
+    for d in &include {
+        cc.arg("-I").arg(d);
+    }
+    let src = integration_tests::abi_check::repo_root().join("tests/integration/c/nccl_pmpi.c");
+    let out = cc
+        .arg(&src)
+        .arg("-o")
+        .arg(&wrap)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        integration_tests::describe(&out)
+    );
+    let exe = compile_c(
+        "nccl_groups.c",
+        "nccl_groups12",
+        12,
+        &sim,
+        &["libcudart.so.12", "libnccl.so.2"],
+    );
+    let input: Vec<u8> = (0..8)
+        .flat_map(|i| (0.5f32 * i as f32 - 1.0).to_le_bytes())
+        .collect();
+    let ttrace = libttrace().display().to_string();
+    let wrap = wrap.display().to_string();
+    for preload in [format!("{wrap}:{ttrace}"), format!("{ttrace}:{wrap}")] {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_preloaded(cmd, "nccl-pmpi", &preload);
+        assert_ok(&run);
+        assert_checksums(&run);
+        let err = String::from_utf8_lossy(&run.out.stderr);
+        assert!(
+            err.contains("nccl_pmpi: 4 calls"),
+            "LD_PRELOAD={preload}: the wrapper saw every call: {err}"
+        );
+        let colls: Vec<&Rec> = run
+            .records
+            .iter()
+            .filter(|r| matches!(r.record.op, Op::Collective(_)))
+            .collect();
+        let apis: Vec<&str> = colls.iter().map(|r| r.record.api.as_str()).collect();
+        assert_eq!(
+            apis,
+            ["ncclAllReduce", "ncclAllReduce"],
+            "LD_PRELOAD={preload}: each all-reduce once, under NCCL's name"
+        );
+        assert_eq!(coll(colls[0]).group, 0, "LD_PRELOAD={preload}");
+        assert_ne!(
+            coll(colls[1]).group,
+            0,
+            "LD_PRELOAD={preload}: the grouped one"
+        );
+        for r in &colls {
+            assert_eq!(
+                r.tensor(Role::Output).1,
+                &input[..],
+                "LD_PRELOAD={preload}: a one-rank sum is its input"
+            );
+        }
+        assert_eq!(
+            run.summary.gaps, 0,
+            "LD_PRELOAD={preload}: {:?}",
+            run.summary
+        );
+    }
+}

@@ -98,6 +98,21 @@ pub unsafe extern "C" fn ncclAlltoAll(
     })
 }
 
+/// `pncclAlltoAll`.
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn pncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: same contract.
+    unsafe { ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream) }
+}
+
 /// `ncclGather` (NCCL 2.28): every rank's `count` elements land in block `rank` of the root's
 /// `recvbuff`.
 #[cfg(sim_cuda13)]
@@ -152,6 +167,22 @@ pub unsafe extern "C" fn ncclGather(
         }
         ncclSuccess
     })
+}
+
+/// `pncclGather`.
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn pncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: same contract.
+    unsafe { ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream) }
 }
 
 #[cfg(sim_cuda13)]
@@ -306,6 +337,40 @@ pub unsafe extern "C" fn ncclPutSignal(
     match ranks(comm) {
         Ok(_) => refuse("one-sided puts (ncclPutSignal)"),
         Err(e) => e,
+    }
+}
+
+/// `pncclPutSignal`.
+#[cfg(sim_cuda13)]
+#[no_mangle]
+pub unsafe extern "C" fn pncclPutSignal(
+    localbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    peer_win: ncclWindow_t,
+    peer_win_offset: usize,
+    sig_idx: c_int,
+    ctx: c_int,
+    flags: c_uint,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    // SAFETY: same contract.
+    unsafe {
+        ncclPutSignal(
+            localbuff,
+            count,
+            datatype,
+            peer,
+            peer_win,
+            peer_win_offset,
+            sig_idx,
+            ctx,
+            flags,
+            comm,
+            stream,
+        )
     }
 }
 

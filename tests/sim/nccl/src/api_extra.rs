@@ -199,6 +199,29 @@ pub unsafe extern "C" fn ncclCommShrink(
     })
 }
 
+/// `pncclCommShrink`.
+#[no_mangle]
+pub unsafe extern "C" fn pncclCommShrink(
+    comm: ncclComm_t,
+    exclude_ranks: *mut c_int,
+    exclude_count: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrink_flags: c_int,
+) -> ncclResult_t {
+    // SAFETY: same contract.
+    unsafe {
+        ncclCommShrink(
+            comm,
+            exclude_ranks,
+            exclude_count,
+            newcomm,
+            config,
+            shrink_flags,
+        )
+    }
+}
+
 /// `ncclGroupSimulateEnd`: closes the group without running it and reports an estimate of 0 s
 /// (the simulator has no performance model).
 #[no_mangle]
@@ -212,4 +235,11 @@ pub unsafe extern "C" fn ncclGroupSimulateEnd(info: *mut ncclSimInfo_t) -> ncclR
         }
         Ok(())
     })
+}
+
+/// `pncclGroupSimulateEnd`.
+#[no_mangle]
+pub unsafe extern "C" fn pncclGroupSimulateEnd(info: *mut ncclSimInfo_t) -> ncclResult_t {
+    // SAFETY: same contract.
+    unsafe { ncclGroupSimulateEnd(info) }
 }

@@ -48,3 +48,33 @@ pub fn compile_c(source: &str, exe: &str, major: u32, sim: &Path, sonames: &[&st
     );
     out_exe
 }
+
+/// Compiles `tests/integration/c/<source>` with gcc (C11, warnings as errors) against CUDA 12's
+/// headers into the shared library `target/<profile>/c-<name>/lib<name>.so`, to be preloaded
+/// beside libttrace.so (a profiler-style wrapper; its CUDA symbols resolve at run time). Panics
+/// with gcc's output when it fails.
+pub fn compile_preload_c(source: &str, name: &str) -> PathBuf {
+    let include = fetch_headers_for(12).unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
+    let dir = profile_dir().join(format!("c-{name}"));
+    std::fs::create_dir_all(&dir).expect("create the output directory");
+    let lib = dir.join(format!("lib{name}.so"));
+    let mut cc = Command::new("gcc");
+    cc.args([
+        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+    ]);
+    for d in &include {
+        cc.arg("-I").arg(d);
+    }
+    let out = cc
+        .arg(repo_root().join("tests/integration/c").join(source))
+        .arg("-o")
+        .arg(&lib)
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed on {source}:\n{}",
+        describe(&out)
+    );
+    lib
+}

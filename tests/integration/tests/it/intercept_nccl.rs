@@ -202,30 +202,7 @@ fn collectives_outputs_follow_from_their_captured_inputs() {
 fn a_pmpi_style_wrapper_calling_nccls_profiling_names_is_captured_once_in_either_order() {
     use integration_tests::c_build::compile_c;
     let sim = integration_tests::sim_dir();
-    let include = integration_tests::abi_check::fetch_headers_for(12)
-        .unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
-    let dir = integration_tests::profile_dir().join("c-nccl-pmpi");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let wrap = dir.join("libnccl_pmpi.so");
-    let mut cc = std::process::Command::new("gcc");
-    cc.args([
-        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-    ]);
-    for d in &include {
-        cc.arg("-I").arg(d);
-    }
-    let src = integration_tests::abi_check::repo_root().join("tests/integration/c/nccl_pmpi.c");
-    let out = cc
-        .arg(&src)
-        .arg("-o")
-        .arg(&wrap)
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        integration_tests::describe(&out)
-    );
+    let wrap = integration_tests::c_build::compile_preload_c("nccl_pmpi.c", "nccl_pmpi");
     let exe = compile_c(
         "nccl_groups.c",
         "nccl_groups12",

@@ -117,30 +117,7 @@ fn a_lookup_in_a_second_copy_of_a_library_is_a_gap_naming_the_function() {
 #[test]
 fn another_preloaded_wrapper_chaining_with_rtld_next_still_finds_its_next() {
     let sim = integration_tests::sim_dir();
-    let include = integration_tests::abi_check::fetch_headers_for(12)
-        .unwrap_or_else(|e| panic!("NVIDIA's headers: {e}"));
-    let dir = integration_tests::profile_dir().join("c-wrap-next");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let wrap = dir.join("libwrap_next.so");
-    let mut cc = std::process::Command::new("gcc");
-    cc.args([
-        "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-    ]);
-    for d in &include {
-        cc.arg("-I").arg(d);
-    }
-    let src = integration_tests::abi_check::repo_root().join("tests/integration/c/wrap_next.c");
-    let out = cc
-        .arg(&src)
-        .arg("-o")
-        .arg(&wrap)
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        integration_tests::describe(&out)
-    );
+    let wrap = integration_tests::c_build::compile_preload_c("wrap_next.c", "wrap_next");
     let exe = compile_c(
         "graph_nodes.c",
         "graph_nodes12",

@@ -615,6 +615,50 @@ macro_rules! xt_gap {
 
 pub(super) use xt_gap;
 
+/// One routine of the legacy cuBLAS API (hooks/cublas_legacy.rs, generated): `name(C
+/// signature) -> return type`. It has no handle (cuBLAS's own, on the stream
+/// `cublasSetKernelStream` set) and reports failure only to `cublasGetError`, which clears it:
+/// every call records an `unsupported` gap naming it, in call order, on the legacy default
+/// stream. Without the real function it returns zero (its error then unknowable as NVIDIA's
+/// own would be).
+macro_rules! legacy_gap {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) -> $ret:ty) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> $ret, Cublas) else {
+                // SAFETY: every legacy return type is plain data, zero a valid value.
+                return unsafe { core::mem::zeroed() };
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let run = || unsafe { real($($a),*) };
+            if mode::off(mode::GEMM) {
+                return run();
+            }
+            crate::around_metadata(
+                stringify!($name),
+                core::ptr::null_mut(),
+                || Some($crate::hooks::cublas::legacy_gap_op(stringify!($name))),
+                run,
+                |_| true,
+            )
+        }
+    };
+}
+
+pub(super) use legacy_gap;
+
+/// The gap of a legacy cuBLAS routine ([`legacy_gap!`]).
+pub(super) fn legacy_gap_op(api: &'static str) -> Op {
+    Op::gap(
+        GapReason::Unsupported,
+        api,
+        0,
+        "the legacy cuBLAS API (cublas.h: no handle, the stream cublasSetKernelStream set) is \
+         not captured",
+    )
+}
+
 /// The gap of a cuBLAS-XT routine once the call succeeded. XT routines return when their
 /// work is done, on streams of XT's own: the gap is placed on the legacy default stream, as
 /// the synchronous copies of `cublasSetVector` and the like are.

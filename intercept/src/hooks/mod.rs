@@ -7,7 +7,7 @@
 //! Each hook's C signature is written once, as a line of its family's hook macro
 //! (`copy_hook!`, `batch_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!`, the
 //! driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, `gemm_hook!`/`blas_gap!` through
-//! `cublas_sigs!`, cuBLAS-XT's `xt_gap!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`, `entry_point_hook!`): the macro
+//! `cublas_sigs!`, cuBLAS-XT's `xt_gap!`, the legacy cuBLAS API's `legacy_gap!`, `lt_hook!`, `coll_hook!`, `comm_hook!`, `nvtx_hook!`, `entry_point_hook!`): the macro
 //! makes the export and looks the real function up under the hook's name with that signature
 //! ([`real_of!`](crate::real)); `crate::real`'s table lists only the functions the tracer calls
 //! itself. The ABI test (tests/integration/tests/it/intercept_abi.rs) reads the same lines and
@@ -17,6 +17,7 @@ pub mod api;
 pub mod copy_batch;
 pub mod cublas;
 pub mod cublas_copies;
+pub mod cublas_legacy;
 pub mod cublas_routines;
 pub mod cublaslt;
 pub mod cublasxt_routines;

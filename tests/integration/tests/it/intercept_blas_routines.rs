@@ -106,3 +106,71 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
         );
     }
 }
+
+/// The legacy cuBLAS API (tests/integration/c/blas_legacy.c, written against `cublas.h`): its
+/// routines are not captured, and each call is a gap naming it on the legacy default stream,
+/// whatever its outcome (only `cublasGetError`, which clears it, knows); the hook hands back
+/// what the routine returns (`cublasSdot`'s value, checked by the program) and the copies the
+/// two APIs share are captured.
+#[test]
+fn legacy_cublas_routines_are_gaps_naming_them() {
+    use integration_tests::c_build::compile_c;
+    for major in [12, 13] {
+        let Some(sim) = integration_tests::sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let libs = [
+            format!("libcudart.so.{major}"),
+            format!("libcublas.so.{major}"),
+        ];
+        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+        let exe = compile_c(
+            "blas_legacy.c",
+            &format!("blas_legacy{major}"),
+            major,
+            &sim,
+            &libs,
+        );
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        let (run, s) = run_c_program(
+            cmd,
+            "blas-legacy-c",
+            "blas_legacy",
+            &format!("CUDA {major}"),
+        );
+        assert_eq!(s, 0);
+        let gaps = gap_records(&run);
+        let named: Vec<(&str, GapReason, u64)> = gaps.iter().map(|g| (g.0, g.1, g.2)).collect();
+        use GapReason::Unsupported;
+        assert_eq!(
+            named,
+            vec![
+                ("cublasSscal", Unsupported, 0),
+                ("cublasSdot", Unsupported, 0),
+                ("cublasSgemm", Unsupported, 0),
+            ],
+            "CUDA {major}: one gap per legacy call, in call order"
+        );
+        let copies: Vec<&str> = run
+            .records
+            .iter()
+            .filter(|r| matches!(r.record.op, Op::Memcpy(_)))
+            .map(|r| r.record.api.as_str())
+            .collect();
+        assert_eq!(
+            copies,
+            [
+                "cublasSetVector",
+                "cublasSetVector",
+                "cublasSetVector",
+                "cublasGetVector"
+            ],
+            "CUDA {major}: the shared helper copies are captured"
+        );
+    }
+}

@@ -6,6 +6,9 @@
 //! * cuBLAS (`cublas_api.h`): a parameter points to numbers (`float`, `double`, `cuComplex`,
 //!   `cuDoubleComplex`, `__half`, `void`, `unsigned char`, `signed char`) and is not a
 //!   `workspace`;
+//! * the legacy cuBLAS API (`cublas.h`, no handle; libcublas exports it beside `_v2`): a
+//!   parameter points to `float`, `double`, `cuComplex` or `cuDoubleComplex` (its `void*` are
+//!   `cublasAlloc`'s and `cublasFree`'s allocations);
 //! * cuBLAS-XT (`cublasXt.h`, BLAS-3 over several devices): a parameter points to `float`,
 //!   `double`, `cuComplex` or `cuDoubleComplex` (its one `void*` is a CPU routine, not data);
 //! * cuBLASLt (`cublasLt.h`): a `cudaStream_t` parameter and a `void` data pointer that is not
@@ -81,6 +84,24 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
     let cublas = names(decl("cublas_v2.h", "cublasStatus_t", "cublas"), &|d| {
         d.params.iter().any(|p| points_to_numbers(p))
     });
+    // Legacy routines return what they compute (or nothing): every return type of cublas.h.
+    let legacy_decls = [
+        "void",
+        "float",
+        "double",
+        "int",
+        "cuComplex",
+        "cuDoubleComplex",
+        "cublasStatus_t",
+    ]
+    .into_iter()
+    .flat_map(|ret| decl("cublas.h", ret, "cublas"))
+    .collect();
+    let legacy = names(legacy_decls, &|d| {
+        d.params
+            .iter()
+            .any(|p| points_to_numbers(p) && !p.contains("void"))
+    });
     let xt = names(decl("cublasXt.h", "cublasStatus_t", "cublasXt"), &|d| {
         d.params
             .iter()
@@ -112,6 +133,7 @@ fn data_movers(include: &[PathBuf]) -> Vec<(&'static str, Vec<String>)> {
     });
     vec![
         ("cuBLAS", cublas),
+        ("the legacy cuBLAS API", legacy),
         ("cuBLAS-XT", xt),
         ("cuBLASLt", lt),
         ("NCCL", nccl),
@@ -127,7 +149,7 @@ fn exported() -> BTreeSet<String> {
 
 /// Checks one header set: each library's rule finds its known data movers (the rule is not
 /// vacuous) and libttrace.so exports every one.
-fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 6]) {
+fn every_data_mover_is_hooked(major: u32, at_least: [(&str, usize, &str); 7]) {
     let include = abi_check::fetch_headers_for(major).unwrap_or_else(|e| panic!("headers: {e}"));
     let exported = exported();
     let mut holes = Vec::new();
@@ -159,6 +181,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_12() {
         12,
         [
             ("cuBLAS", 450, "cublasStrsm_v2"),
+            ("the legacy cuBLAS API", 150, "cublasSgemm"),
             ("cuBLAS-XT", 40, "cublasXtSgemm"),
             ("cuBLASLt", 2, "cublasLtMatrixTransform"),
             ("NCCL", 16, "pncclAllReduce"),
@@ -174,6 +197,7 @@ fn every_entry_point_that_moves_tensor_data_is_hooked_on_cuda_13() {
         13,
         [
             ("cuBLAS", 450, "cublasSetMatrixAsync"),
+            ("the legacy cuBLAS API", 150, "cublasZtrmm"),
             ("cuBLAS-XT", 40, "cublasXtZtrsm"),
             ("cuBLASLt", 2, "cublasLtMatmul"),
             ("NCCL", 24, "pncclPutSignal"),

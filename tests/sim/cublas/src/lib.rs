@@ -64,6 +64,8 @@ pub(crate) fn state(h: cublasHandle_t) -> Result<Handle, cublasStatus_t> {
 }
 
 mod copies;
+mod legacy;
+mod legacy_unsupported;
 mod level1;
 mod more_gemms;
 mod unsupported;

@@ -262,8 +262,14 @@ pub struct ShardError {
 
 /// Errors of `x` against `y` (same length), rows of `row_len` elements.
 pub fn shard_error(x: &[f32], y: &[f32], row_len: usize) -> ShardError {
+    shard_error_scaled(x, y, row_len, 1.0)
+}
+
+/// [`shard_error`] of `x` divided by `scale` (in f32, element by element, as a copy divided
+/// first would hold: the same numbers, without the copy).
+pub fn shard_error_scaled(x: &[f32], y: &[f32], row_len: usize, scale: f32) -> ShardError {
     let rows = x.len() / row_len.max(1);
-    error_of(kernels::sums(x, y, 1.0, row_len), rows)
+    error_of(kernels::sums(x, y, scale, row_len), rows)
 }
 
 /// The errors of `x` (divided by `scale`) at its place `map` in `reff`.

@@ -61,10 +61,8 @@ pub(crate) fn piece_error(
     input_scale: f64,
     dp_scales: &[f64],
 ) -> PieceError {
-    let err_at = |s: f64| {
-        let xs: Vec<f32> = x.iter().map(|v| v / s as f32).collect();
-        numerics::shard_error(&xs, y, row)
-    };
+    // x / s in f32 inside the error pass, not in a copy per scale.
+    let err_at = |s: f64| numerics::shard_error_scaled(x, y, row, s as f32);
     match must {
         MustProduce::ReferenceAtInputScale => PieceError::At(err_at(input_scale)),
         MustProduce::ScaledGradient => {
@@ -928,6 +926,28 @@ mod tests {
             "a sum of mean-loss gradients at scale 2"
         );
         assert!(e.at(1.0).rel > 0.9, "at scale 1 it is twice the reference");
+    }
+
+    #[test]
+    fn a_gradient_judged_at_a_scale_gives_the_numbers_of_a_copy_divided_by_it() {
+        // The error pass divides as it reads: the same bits as a copy divided first, at a
+        // scale whose inverse is inexact (3) and at a power of two (multiplied by its inverse).
+        let x: Vec<f32> = (0..37)
+            .map(|i| (i as f32 * 0.37 - 5.0).sin() * 7.0)
+            .collect();
+        let y: Vec<f32> = x.iter().map(|v| v / 3.0 + 1e-3).collect();
+        let e = piece_error(MustProduce::ScaledGradient, (&x, &y, 5), 1.0, &[3.0, 4.0]);
+        for s in [3.0f32, 4.0] {
+            let divided: Vec<f32> = x.iter().map(|v| v / s).collect();
+            let want = numerics::shard_error(&divided, &y, 5);
+            let got = e.at(f64::from(s));
+            assert_eq!(got.rel.to_bits(), want.rel.to_bits(), "scale {s}");
+            assert_eq!(
+                got.norm_ratio.to_bits(),
+                want.norm_ratio.to_bits(),
+                "scale {s}"
+            );
+        }
     }
 
     #[test]

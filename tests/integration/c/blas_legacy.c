@@ -6,7 +6,9 @@
  *  3. cublasSgemm (legacy arguments: char transposes, scalars by value), whose status
  *     cublasGetError gives (the simulator does not compute it: CUBLAS_STATUS_NOT_SUPPORTED;
  *     NVIDIA's cuBLAS: success), C checked when it succeeded;
- *  4. x read back with cublasGetVector and checked; cublasShutdown.
+ *  4. x read back with cublasGetVector and checked;
+ *  5. cublasSdot again while another stream captures a graph (querying the legacy stream is
+ *     then an error: its status is read and not checked); cublasShutdown.
  * Prints "blas_legacy: stream 0x0" (the legacy default stream) first and "blas_legacy: OK"
  * last; exit status 1 on a failure.
  */
@@ -63,6 +65,15 @@ int main(void) {
     CK_CUBLAS(cublasGetVector(N, sizeof(float), dx, 1, back, 1));
     for (int i = 0; i < N; i++)
         if (back[i] != 2.0f * x[i]) FAIL("cublasSscal: x[%d] = %g, want %g", i, (double)back[i], (double)(2.0f * x[i]));
+    cudaStream_t cs;
+    CK_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CK_CUDA(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed));
+    (void)cublasSdot(N, dx, 1, dy, 1);
+    (void)cublasGetError();
+    cudaGraph_t g;
+    CK_CUDA(cudaStreamEndCapture(cs, &g));
+    CK_CUDA(cudaGraphDestroy(g));
+    CK_CUDA(cudaStreamDestroy(cs));
     CK_CUDA(cudaFree(dx));
     CK_CUDA(cudaFree(dy));
     CK_CUDA(cudaFree(da));

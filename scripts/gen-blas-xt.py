@@ -61,7 +61,7 @@ def hooks(text: str) -> None:
     print("use cuda_abi::cublas::*;")
     print("use ttrace_proto::record::GapReason;")
     print()
-    print("use super::cublas::{uncaptured_xt, xt_gap, MISSING};")
+    print("use super::cublas::{gap_without_stream, xt_gap, MISSING};")
     print("use crate::{mode, real};")
     for name in data_movers(text):
         params = signature(text, name)

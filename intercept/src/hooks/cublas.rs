@@ -605,10 +605,14 @@ macro_rules! xt_gap {
                 // SAFETY: the program's arguments, forwarded unchanged.
                 return unsafe { real($h $(, $a)*) };
             }
-            // SAFETY: as above.
-            uncaptured_xt(stringify!($name), GapReason::$reason, || unsafe {
-                real($h $(, $a)*)
-            })
+            gap_without_stream(
+                stringify!($name),
+                GapReason::$reason,
+                "cuBLAS-XT routines (several devices, host or device matrices) are not captured",
+                // SAFETY: as above.
+                || unsafe { real($h $(, $a)*) },
+                |r| r == CUBLAS_STATUS_SUCCESS,
+            )
         }
     };
 }
@@ -635,10 +639,11 @@ macro_rules! legacy_gap {
             if mode::off(mode::GEMM) {
                 return run();
             }
-            crate::around_metadata(
+            $crate::hooks::cublas::gap_without_stream(
                 stringify!($name),
-                core::ptr::null_mut(),
-                || Some($crate::hooks::cublas::legacy_gap_op(stringify!($name))),
+                ttrace_proto::record::GapReason::Unsupported,
+                "the legacy cuBLAS API (cublas.h: no handle, the stream cublasSetKernelStream \
+                 set) is not captured",
                 run,
                 |_| true,
             )
@@ -648,46 +653,18 @@ macro_rules! legacy_gap {
 
 pub(super) use legacy_gap;
 
-/// The gap of a legacy cuBLAS routine ([`legacy_gap!`]).
-pub(super) fn legacy_gap_op(api: &'static str) -> Op {
-    Op::gap(
-        GapReason::Unsupported,
-        api,
-        0,
-        "the legacy cuBLAS API (cublas.h: no handle, the stream cublasSetKernelStream set) is \
-         not captured",
-    )
-}
-
-/// The gap of a cuBLAS-XT routine once the call succeeded. XT routines return when their
-/// work is done, on streams of XT's own: the gap is placed on the legacy default stream, as
-/// the synchronous copies of `cublasSetVector` and the like are.
-pub(super) fn uncaptured_xt(
+/// The gap of an entry point that runs on streams of its library's own (cuBLAS-XT's, the
+/// legacy API's kernel stream), placed on the legacy default stream, recorded in call order once
+/// `succeeded` says the call did.
+pub(super) fn gap_without_stream<R: Copy>(
     api: &'static str,
     reason: GapReason,
-    real: impl FnOnce() -> cublasStatus_t,
-) -> cublasStatus_t {
-    crate::around(
-        || {
-            engine::begin(Call {
-                api,
-                op: Op::Gap(GapOp {
-                    reason,
-                    skipped_api: api.into(),
-                    bytes: 0,
-                    detail: "cuBLAS-XT routines (several devices, host or device matrices) are \
-                             not captured"
-                        .into(),
-                }),
-                stream: core::ptr::null_mut(),
-                stream_id: 0,
-                device: None,
-                tensors: Vec::new(),
-            })
-        },
-        real,
-        |f, r| engine::finish(f, r == CUBLAS_STATUS_SUCCESS),
-    )
+    detail: &'static str,
+    real: impl FnOnce() -> R,
+    succeeded: impl FnOnce(R) -> bool,
+) -> R {
+    let op = || Some(Op::gap(reason, api, 0, detail));
+    crate::around_metadata(api, core::ptr::null_mut(), op, real, succeeded)
 }
 
 /// Why a pointer-array batch is a gap, with its shape.

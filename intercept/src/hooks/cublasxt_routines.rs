@@ -8,7 +8,7 @@
 use cuda_abi::cublas::*;
 use ttrace_proto::record::GapReason;
 
-use super::cublas::{uncaptured_xt, xt_gap, MISSING};
+use super::cublas::{gap_without_stream, xt_gap, MISSING};
 use crate::{mode, real};
 
 xt_gap! {

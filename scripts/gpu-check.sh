@@ -11,6 +11,9 @@
 # tests/integration/tests/it/torch_*.rs), this time on the real GPU:
 #   ops.py       copies, GEMMs in fp32/fp16/bf16, FP8 _scaled_mm, linear backward: every tensor
 #                torch saw must be captured byte for byte (the same check.py table);
+#   graph_probe.py  CUDA graphs: GEMMs, a copy and an all-reduce captured into torch.cuda.graph
+#                and replayed with new inputs, then (with Triton) a matmul compiled with
+#                torch.compile(mode="reduce-overhead"): every replay's tensors captured;
 #   dist.py      (4+ GPUs) torchrun with NCCL: every collective's result captured, per rank;
 #   megatron.py  the world-1 reference and its --perturb twin; with 4+ GPUs the tp=2 dp=2 run
 #                must compare MATCH and the neighbour-shard bug must be found (exit 1);
@@ -141,6 +144,16 @@ torchrun=("$py" -m torch.distributed.run)
 echo "gpu-check: tests/torch/ops.py on the GPU"
 TORCH_OPS_ON_GPU=1 check_script "$work/ops-store" "$work/ops" single -- \
   "$py" tests/torch/ops.py "$work/ops"
+echo "gpu-check: scripts/gpu-check/graph_probe.py: torch.cuda.graph replays"
+check_script "$work/graph-store" "$work/graph" single -- \
+  "$py" scripts/gpu-check/graph_probe.py "$work/graph"
+if "$py" -c 'import triton' 2>/dev/null; then
+  echo "gpu-check: scripts/gpu-check/graph_probe.py compile: torch.compile(mode=\"reduce-overhead\") replays"
+  check_script "$work/compiled-store" "$work/compiled" single -- \
+    "$py" scripts/gpu-check/graph_probe.py "$work/compiled" compile
+else
+  echo "gpu-check: torch.compile replays skipped: this python has no Triton"
+fi
 if [ "$ngpu" -ge 4 ]; then
   echo "gpu-check: tests/torch/dist.py, torchrun --nproc-per-node 4"
   check_script "$work/dist-store" "$work/dist" per-rank -- \

@@ -495,6 +495,14 @@ pub fn redirect_copy(
     })
 }
 
+/// Destroys `graph` (`cudaGraphDestroy`): one whose destruction the program asked for while
+/// the tracer still needed its nodes (graph.rs).
+pub fn graph_destroy(graph: usize) -> Result<(), cudaError_t> {
+    let destroy = real::cudaGraphDestroy().ok_or(MISSING)?;
+    // SAFETY: a graph the program made and asked to destroy, which nothing uses any more.
+    check(unsafe { destroy(graph as cudaGraph_t) })
+}
+
 /// The type of every node of `graph` (`cudaGraphGetNodes`, `cudaGraphNodeGetType`).
 pub fn node_types(graph: usize) -> Result<Vec<cudaGraphNodeType>, cudaError_t> {
     let nodes = real::cudaGraphGetNodes().ok_or(MISSING)?;

@@ -22,6 +22,12 @@
 //!   instance updated with `cudaGraphExecUpdate`), each replay records a `GraphCapture` gap
 //!   saying why.
 //!
+//! * **Destroyed graphs.** The runtime refuses to redirect a node of a graph that was
+//!   destroyed (`cudaErrorInvalidValue`, seen on an H200), and PyTorch destroys each graph
+//!   right after instantiating it. So `cudaGraphDestroy` of a graph whose instances still
+//!   redirect snapshot nodes is deferred: it returns success, and the real call runs when
+//!   the last such instance is destroyed (or updated away from those nodes).
+//!
 //! No host callback, no synchronisation, no legacy stream. A per-instance lock is held across
 //! the redirects and the launch (CUDA requires launches of one instance to be serialised by
 //! the program anyway; no hook runs under it).
@@ -82,11 +88,25 @@ static GRAPHS: Mutex<Option<HashMap<usize, Vec<Arc<Template>>>>> = Mutex::new(No
 /// Instances whose graph had templates, or whose graph the tracer did not capture but whose
 /// nodes move data, by instance handle.
 static EXECS: Mutex<Option<HashMap<usize, Arc<Exec>>>> = Mutex::new(None);
+/// Graphs whose live instances redirect snapshot copy nodes (the runtime refuses nodes of a
+/// destroyed graph), by graph handle.
+static HELD: Mutex<Option<HashMap<usize, Held>>> = Mutex::new(None);
 /// The sink: (address, bytes). Older, smaller sinks stay allocated (nodes may point there).
 static SINK: Mutex<(usize, u64)> = Mutex::new((0, 0));
 
+/// A graph kept alive for the instances made from it.
+#[derive(Debug, Default)]
+struct Held {
+    /// Live instances whose snapshot copy nodes are this graph's.
+    instances: usize,
+    /// The program destroyed it: the real `cudaGraphDestroy` runs after the last instance.
+    destroyed: bool,
+}
+
 struct Exec {
     templates: Vec<Arc<Template>>,
+    /// The graph whose nodes this instance's templates redirect (it must outlive them).
+    origin: Option<usize>,
     /// For an instance of a graph the tracer did not capture (built node by node with
     /// `cudaGraphAdd*Node`, or captured while copies were not hooked) whose nodes move data:
     /// what the gap each launch records says (no templates then).
@@ -103,6 +123,44 @@ fn graphs<T>(f: impl FnOnce(&mut HashMap<usize, Vec<Arc<Template>>>) -> T) -> T 
 fn execs<T>(f: impl FnOnce(&mut HashMap<usize, Arc<Exec>>) -> T) -> T {
     let mut g = EXECS.lock().unwrap_or_else(|p| p.into_inner());
     f(g.get_or_insert_with(HashMap::new))
+}
+
+fn held<T>(f: impl FnOnce(&mut HashMap<usize, Held>) -> T) -> T {
+    let mut g = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// Files `e` as instance `exec`, holding its graph for it; lets go of what the instance it
+/// replaces held.
+fn file_exec(exec: usize, e: Exec) {
+    if let Some(graph) = e.origin {
+        held(|h| h.entry(graph).or_default().instances += 1);
+    }
+    let old = execs(|x| x.insert(exec, Arc::new(e)));
+    if let Some(graph) = old.and_then(|o| o.origin) {
+        let_go(graph);
+    }
+}
+
+/// An instance that held `graph` is gone: destroys the graph when the program did and no
+/// other instance holds it.
+fn let_go(graph: usize) {
+    let destroy = held(|h| {
+        let g = h.get_mut(&graph)?;
+        g.instances = g.instances.saturating_sub(1);
+        if g.instances > 0 {
+            return None;
+        }
+        h.remove(&graph).map(|g| g.destroyed)
+    });
+    if destroy == Some(true) {
+        if let Err(code) = cuda::graph_destroy(graph) {
+            crate::log::warn(&format!(
+                "cudaGraphDestroy of a graph whose destruction waited for its instances failed \
+                 (cudaError {code})"
+            ));
+        }
+    }
 }
 
 /// A sink of at least `len` bytes (allocated in relaxed capture mode: the allocation happens
@@ -339,16 +397,17 @@ fn unseen_work(graph: usize) -> Option<String> {
 fn file_unseen(exec: usize, graph: usize) {
     match unseen_work(graph) {
         Some(detail) => {
-            let e = Arc::new(Exec {
-                templates: Vec::new(),
-                unseen: Some(detail),
-                launch: Mutex::new(()),
-            });
-            execs(|x| x.insert(exec, e));
+            file_exec(
+                exec,
+                Exec {
+                    templates: Vec::new(),
+                    origin: None,
+                    unseen: Some(detail),
+                    launch: Mutex::new(()),
+                },
+            );
         }
-        None => {
-            execs(|x| x.remove(&exec));
-        }
+        None => exec_destroyed(exec),
     }
 }
 
@@ -358,12 +417,16 @@ pub fn instantiated(exec: usize, graph: usize) {
         file_unseen(exec, graph);
         return;
     };
-    let e = Arc::new(Exec {
-        templates,
-        unseen: None,
-        launch: Mutex::new(()),
-    });
-    execs(|x| x.insert(exec, e));
+    let redirects = templates.iter().any(|t| !t.copies.is_empty());
+    file_exec(
+        exec,
+        Exec {
+            templates,
+            origin: redirects.then_some(graph),
+            unseen: None,
+            launch: Mutex::new(()),
+        },
+    );
 }
 
 /// After a successful `cudaGraphExecUpdate`: the instance runs `graph`'s work now. Its copy
@@ -391,22 +454,47 @@ pub fn updated(exec: usize, graph: usize) {
             })
         })
         .collect();
-    let e = Arc::new(Exec {
-        templates,
-        unseen: None,
-        launch: Mutex::new(()),
-    });
-    execs(|x| x.insert(exec, e));
+    file_exec(
+        exec,
+        Exec {
+            templates,
+            origin: None,
+            unseen: None,
+            launch: Mutex::new(()),
+        },
+    );
 }
 
-/// After `cudaGraphDestroy`.
-pub fn graph_destroyed(graph: usize) {
-    graphs(|g| g.remove(&graph));
+/// `cudaGraphDestroy`: deferred (success returned, the real call made later) while an
+/// instance made from `graph` redirects its snapshot copy nodes, else the real call.
+pub fn destroy(graph: usize, real: impl FnOnce() -> cudaError_t) -> cudaError_t {
+    let deferred = crate::catch(|| {
+        held(|h| match h.get_mut(&graph) {
+            Some(g) if g.instances > 0 => {
+                g.destroyed = true;
+                true
+            }
+            _ => false,
+        })
+    })
+    .unwrap_or(false);
+    if deferred {
+        // The handle stays valid (the graph lives on), so it cannot name another graph.
+        let _ = crate::catch(|| graphs(|g| g.remove(&graph)));
+        return cudaSuccess;
+    }
+    let r = real();
+    if r == cudaSuccess {
+        let _ = crate::catch(|| graphs(|g| g.remove(&graph)));
+    }
+    r
 }
 
 /// After `cudaGraphExecDestroy`.
 pub fn exec_destroyed(exec: usize) {
-    execs(|x| x.remove(&exec));
+    if let Some(graph) = execs(|x| x.remove(&exec)).and_then(|e| e.origin) {
+        let_go(graph);
+    }
 }
 
 /// What one template does in one replay.

@@ -389,6 +389,7 @@ real_fns! {
     Cudart: fn cudaGraphExecMemcpyNodeSetParams1D(cudaGraphExec_t, cudaGraphNode_t, *mut c_void, *const c_void, usize, cudaMemcpyKind) -> cudaError_t;
     Cudart: fn cudaGraphGetNodes(cudaGraph_t, *mut cudaGraphNode_t, *mut usize) -> cudaError_t;
     Cudart: fn cudaGraphNodeGetType(cudaGraphNode_t, *mut cudaGraphNodeType) -> cudaError_t;
+    Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
     // ---- runtime: used by the perturbation of a reference run ----
     Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;

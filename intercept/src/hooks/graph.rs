@@ -185,6 +185,5 @@ graph_hook! {
 
 graph_hook! {
     /// `cudaError_t cudaGraphDestroy(cudaGraph_t graph)`.
-    cudaGraphDestroy(graph: cudaGraph_t)
-    => |real| on_success(real, || graph::graph_destroyed(graph as usize))
+    cudaGraphDestroy(graph: cudaGraph_t) => |real| graph::destroy(graph as usize, real)
 }

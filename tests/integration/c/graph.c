@@ -6,8 +6,10 @@
  * The step: cudaMemcpyAsync of the input B from a pinned staging buffer to the device,
  * cublasGemmEx (f32, C = A * B, A 8x16, B 16x4), and an in-place ncclAllReduce (sum) of C over
  * a one-rank communicator (ncclCommInitAll). It is captured once, instantiated with
- * cudaGraphInstantiateWithFlags (with any second argument: cudaGraphInstantiateWithParams,
- * uploading on the stream), and launched REPLAYS times (argv[1], default 3); before
+ * cudaGraphInstantiateWithFlags (with argv[2] "params": cudaGraphInstantiateWithParams,
+ * uploading on the stream; with "destroy-early": the graph is destroyed right after it was
+ * instantiated, as PyTorch's CUDAGraph::capture_end does), and launched REPLAYS times
+ * (argv[1], default 3); before
  * replay i the staging buffer is refilled with graph_input(i, .). Each replay's result is
  * checked against a host GEMM (the inputs are small multiples of 1/2: exact in f32).
  * Prints "graph: replay I ok" per replay and "graph: OK"; exit status 1 on a failure.
@@ -18,6 +20,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define M 8
 #define N 4
@@ -62,7 +65,8 @@ int main(int argc, char **argv) {
     cudaGraph_t graph;
     CK_CUDA(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    if (argc > 2) { /* "params": the parameter-block spelling, uploading on the stream */
+    const char *how = argc > 2 ? argv[2] : "";
+    if (strcmp(how, "params") == 0) { /* the parameter-block spelling, uploading on the stream */
         cudaGraphInstantiateParams p = {0};
         p.flags = cudaGraphInstantiateFlagUpload;
         p.uploadStream = s;
@@ -71,6 +75,8 @@ int main(int argc, char **argv) {
     } else {
         CK_CUDA(cudaGraphInstantiateWithFlags(&exec, graph, 0));
     }
+    int destroyed = strcmp(how, "destroy-early") == 0;
+    if (destroyed) CK_CUDA(cudaGraphDestroy(graph)); /* the instance lives on */
 
     for (int i = 0; i < replays; i++) {
         for (int j = 0; j < K * N; j++) staging[j] = graph_input(i, j);
@@ -89,7 +95,7 @@ int main(int argc, char **argv) {
         printf("graph: replay %d ok\n", i);
     }
     CK_CUDA(cudaGraphExecDestroy(exec));
-    CK_CUDA(cudaGraphDestroy(graph));
+    if (!destroyed) CK_CUDA(cudaGraphDestroy(graph));
     CK_NCCL(ncclCommDestroy(comm));
     CK_CUBLAS(cublasDestroy(h));
     CK_CUDA(cudaStreamDestroy(s));

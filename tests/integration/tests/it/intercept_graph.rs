@@ -170,11 +170,15 @@ fn c_input(replay: usize) -> Vec<u8> {
 
 #[test]
 fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_instantiated() {
+    // "destroy-early": the graph destroyed right after instantiation, as PyTorch does; the
+    // runtime then refuses to redirect its nodes, so ttrace must keep it alive.
     for (major, spelling) in [
         (12, None),
         (13, None),
         (12, Some("params")),
         (13, Some("params")),
+        (12, Some("destroy-early")),
+        (13, Some("destroy-early")),
     ] {
         let Some(sim) = sim_dir_for(major) else {
             eprintln!(

@@ -421,9 +421,11 @@ pub unsafe extern "C" fn cudaGraphNodeGetDependencies(
 }
 
 /// Redirects a 1-D memcpy node of an instantiated graph for its later launches. As in CUDA:
-/// the node must be a memcpy node of the graph the instance was made from, 1-D at
-/// instantiation, the count non-zero, and each endpoint the same kind of memory as before
-/// (device memory of the same device, or pinned host memory): else `cudaErrorInvalidValue`.
+/// the node must be a memcpy node of the graph the instance was made from, that graph not
+/// destroyed (PyTorch destroys it right after instantiating: on an H200, driver 580, CUDA 13
+/// runtime, the call then failed with `cudaErrorInvalidValue`), 1-D at instantiation, the
+/// count non-zero, and each endpoint the same kind of memory as before (device memory of the
+/// same device, or pinned host memory): else `cudaErrorInvalidValue`.
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
     exec: cudaGraphExec_t,
@@ -439,6 +441,8 @@ pub unsafe extern "C" fn cudaGraphExecMemcpyNodeSetParams1D(
             .execs
             .get(exec as usize)
             .ok_or(cudaErrorInvalidResourceHandle)?;
+        // The node's handle dies with its graph (`Runtime::drop_nodes`).
+        r.nodes.get(node as usize).ok_or(cudaErrorInvalidValue)?;
         let n = e
             .nodes
             .iter()

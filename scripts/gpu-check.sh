@@ -14,6 +14,8 @@
 #   graph_probe.py  CUDA graphs: GEMMs, a copy and an all-reduce captured into torch.cuda.graph
 #                and replayed with new inputs, then (with Triton) a matmul compiled with
 #                torch.compile(mode="reduce-overhead"): every replay's tensors captured;
+#   graphed_train.py  an MLP trained eagerly and with its whole step in a replayed CUDA graph:
+#                `ttrace compare` must match them, and find a loss doubled inside the graph;
 #   dist.py      (4+ GPUs) torchrun with NCCL: every collective's result captured, per rank;
 #   megatron.py  the world-1 reference and its --perturb twin; with 4+ GPUs the tp=2 dp=2 run
 #                must compare MATCH and the neighbour-shard bug must be found (exit 1);
@@ -153,6 +155,25 @@ if "$py" -c 'import triton' 2>/dev/null; then
     "$py" scripts/gpu-check/graph_probe.py "$work/compiled" compile
 else
   echo "gpu-check: torch.compile replays skipped: this python has no Triton"
+fi
+echo "gpu-check: scripts/gpu-check/graphed_train.py: eager vs graphed training, and a bug in the graph"
+for m in eager graphed graphed-bug; do
+  rm -rf "$work/gt-$m"
+  "$ttrace" run -q --out "$work/gt-$m" -- "$py" scripts/gpu-check/graphed_train.py "$m" || {
+    echo "gpu-check: FAIL: graphed_train.py $m exited non-zero under ttrace run"; failed=1; }
+done
+rc=0; "$ttrace" compare "$work/gt-eager" "$work/gt-graphed" || rc=$?
+if [ "$rc" -eq 0 ]; then
+  echo "gpu-check: PASS: the graphed training matches the eager one"
+else
+  echo "gpu-check: FAIL: the graphed training does not match the eager one (exit $rc)"; failed=1
+fi
+rc=0; "$ttrace" compare "$work/gt-eager" "$work/gt-graphed-bug" > "$work/gt-bug.txt" || rc=$?
+if [ "$rc" -eq 1 ] && grep -q 'step 3' "$work/gt-bug.txt"; then
+  echo "gpu-check: PASS: the loss doubled inside the graph is found in the first replayed step"
+else
+  cat "$work/gt-bug.txt"
+  echo "gpu-check: FAIL: compare exited $rc on the bug inside the graph (1 at step 3 expected)"; failed=1
 fi
 if [ "$ngpu" -ge 4 ]; then
   echo "gpu-check: tests/torch/dist.py, torchrun --nproc-per-node 4"

@@ -1,7 +1,7 @@
 //! `cuda.h`: the CUDA driver API types the simulated `libcuda.so.1` exports use.
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 
-pub use crate::cudart::{CUstream_st, CUuuid_st};
+pub use crate::cudart::{CUgraphExec_st, CUgraphNode_st, CUgraph_st, CUstream_st, CUuuid_st};
 
 crate::opaque_struct!(
     /// Pointee of `CUcontext`.
@@ -24,6 +24,17 @@ crate::opaque_struct!(
     CUtensorMap_st
 );
 
+crate::opaque_struct!(
+    /// `CUDA_GRAPH_INSTANTIATE_PARAMS` (`struct CUDA_GRAPH_INSTANTIATE_PARAMS_st`): passed by
+    /// pointer, the runtime's `cudaGraphInstantiateParams` by another name; not read by the
+    /// tracer.
+    CUDA_GRAPH_INSTANTIATE_PARAMS_st
+);
+crate::opaque_struct!(
+    /// `CUgraphExecUpdateResultInfo` (`struct CUgraphExecUpdateResultInfo_st`): passed by
+    /// pointer, not read by the tracer.
+    CUgraphExecUpdateResultInfo_st
+);
 crate::opaque_struct!(
     /// Pointee of `CUarray`.
     CUarray_st
@@ -99,6 +110,18 @@ pub type CUmodule = *mut CUmod_st;
 pub type CUfunction = *mut CUfunc_st;
 /// A stream (the runtime's `cudaStream_t` is the same pointer).
 pub type CUstream = *mut CUstream_st;
+/// A graph (the runtime's `cudaGraph_t` is the same pointer).
+pub type CUgraph = *mut CUgraph_st;
+/// An instantiated graph (the runtime's `cudaGraphExec_t`).
+pub type CUgraphExec = *mut CUgraphExec_st;
+/// A node of a graph (the runtime's `cudaGraphNode_t`).
+pub type CUgraphNode = *mut CUgraphNode_st;
+/// `CUstreamCaptureMode` (numerically the runtime's `cudaStreamCaptureMode`).
+pub type CUstreamCaptureMode = c_uint;
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+pub type CUDA_GRAPH_INSTANTIATE_PARAMS = CUDA_GRAPH_INSTANTIATE_PARAMS_st;
+/// `CUgraphExecUpdateResultInfo`.
+pub type CUgraphExecUpdateResultInfo = CUgraphExecUpdateResultInfo_st;
 /// A JIT link.
 pub type CUlinkState = *mut CUlinkState_st;
 /// A device address.

@@ -518,8 +518,10 @@ enum Replay {
     },
 }
 
-/// `cudaGraphLaunch`: snapshots every template of `exec` around the real launch.
+/// `cudaGraphLaunch` or the driver's `cuGraphLaunch` (`api`): snapshots every template of
+/// `exec` around the real launch.
 pub fn launch(
+    api: &'static str,
     exec: usize,
     stream: cudaStream_t,
     real: impl FnOnce() -> cudaError_t,
@@ -530,16 +532,9 @@ pub fn launch(
     if let Some(detail) = e.unseen.clone() {
         // One gap per launch, on the launch stream, once the launch succeeded.
         return crate::around_metadata(
-            "cudaGraphLaunch",
+            api,
             stream,
-            || {
-                Some(Op::gap(
-                    GapReason::GraphCapture,
-                    "cudaGraphLaunch",
-                    0,
-                    detail,
-                ))
-            },
+            || Some(Op::gap(GapReason::GraphCapture, api, 0, detail)),
             real,
             |r| r == cudaSuccess,
         );

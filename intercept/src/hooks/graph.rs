@@ -1,10 +1,15 @@
 //! CUDA graph hooks: the calls that build, instantiate, launch and destroy graphs, so that ops
-//! captured into a graph are snapshotted at each replay (the logic is in `graph.rs`).
+//! captured into a graph are snapshotted at each replay (the logic is in `graph.rs`), in the
+//! runtime's spelling and in the driver's (`cuGraphLaunch`, ...).
 //!
 //! Each returns exactly what the real function returned; bookkeeping runs after a successful
 //! call only, under `catch_unwind`.
 
 use cuda_abi::cudart::*;
+use cuda_abi::driver::{
+    CUgraph, CUgraphExec, CUgraphExecUpdateResultInfo, CUresult, CUstream,
+    CUDA_GRAPH_INSTANTIATE_PARAMS,
+};
 
 use crate::cuda::{self, MISSING};
 use crate::{graph, mode, real};
@@ -145,7 +150,7 @@ graph_hook! {
         if mode::off(FAMILIES) {
             real()
         } else {
-            graph::launch(exec as usize, stream, real)
+            graph::launch("cudaGraphLaunch", exec as usize, stream, real)
         }
     }
 }
@@ -156,7 +161,7 @@ graph_hook! {
         if mode::off(FAMILIES) {
             real()
         } else {
-            graph::launch(exec as usize, per_thread(stream), real)
+            graph::launch("cudaGraphLaunch_ptsz", exec as usize, per_thread(stream), real)
         }
     }
 }
@@ -186,4 +191,116 @@ graph_hook! {
 graph_hook! {
     /// `cudaError_t cudaGraphDestroy(cudaGraph_t graph)`.
     cudaGraphDestroy(graph: cudaGraph_t) => |real| graph::destroy(graph as usize, real)
+}
+
+// ---- The driver API's spellings (`libcuda.so`: XLA's command buffers, programs that take
+// driver functions from `cuGetProcAddress`). Its handles are the runtime's (`CUgraph` is
+// `cudaGraph_t`, `CUstream` is `cudaStream_t`) and `CUresult` is numerically `cudaError_t`
+// where these calls meet (0 is success), so each does what its runtime twin does; without
+// them, ops captured into a graph that the driver instantiates and launches were never
+// recorded, not even as a gap.
+
+/// One driver graph entry point: as [`graph_hook!`], the real function looked up in the
+/// driver.
+macro_rules! cu_graph_hook {
+    ($(#[$m:meta])* $name:ident ( $($a:ident : $t:ty),* $(,)? ) => |$real:ident| $body:expr) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            let Some(real) = real::real_of!($name, fn($($t),*) -> CUresult, Driver) else {
+                return super::driver::MISSING;
+            };
+            // SAFETY: the program's arguments, forwarded unchanged.
+            let $real = || unsafe { real($($a),*) };
+            $body
+        }
+    };
+}
+
+cu_graph_hook! {
+    /// `CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph)`.
+    cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph)
+    => |real| end_capture(stream, graph, real)
+}
+
+cu_graph_hook! {
+    /// `cuStreamEndCapture` for code built with per-thread default streams.
+    cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph)
+    => |real| end_capture(per_thread(stream), graph, real)
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph,
+    /// unsigned long long flags)` (what CUDA 12+ headers call `cuGraphInstantiate`).
+    cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong)
+    => |real| instantiate(exec, graph, real)
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph,
+    /// CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams)`.
+    cuGraphInstantiateWithParams(
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+    ) => |real| instantiate(exec, graph, real)
+}
+
+cu_graph_hook! {
+    /// `cuGraphInstantiateWithParams` for code built with per-thread default streams.
+    cuGraphInstantiateWithParams_ptsz(
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+    ) => |real| instantiate(exec, graph, real)
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)`.
+    cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => |real| {
+        if mode::off(FAMILIES) {
+            real()
+        } else {
+            graph::launch("cuGraphLaunch", exec as usize, stream, real)
+        }
+    }
+}
+
+cu_graph_hook! {
+    /// `cuGraphLaunch` for code built with per-thread default streams.
+    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => |real| {
+        if mode::off(FAMILIES) {
+            real()
+        } else {
+            graph::launch("cuGraphLaunch_ptsz", exec as usize, per_thread(stream), real)
+        }
+    }
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+    /// CUgraphExecUpdateResultInfo* resultInfo)` (what CUDA 12+ headers call
+    /// `cuGraphExecUpdate`).
+    cuGraphExecUpdate_v2(
+        exec: CUgraphExec,
+        graph: CUgraph,
+        info: *mut CUgraphExecUpdateResultInfo,
+    ) => |real| {
+        on_success(real, || {
+            if !mode::off(FAMILIES) {
+                graph::updated(exec as usize, graph as usize)
+            }
+        })
+    }
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)`.
+    cuGraphExecDestroy(exec: CUgraphExec)
+    => |real| on_success(real, || graph::exec_destroyed(exec as usize))
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphDestroy(CUgraph hGraph)`.
+    cuGraphDestroy(graph: CUgraph) => |real| graph::destroy(graph as usize, real)
 }

@@ -2,7 +2,7 @@
 //! `intercept/src/hooks` (those written out and those the hook macros make: NCCL's
 //! `coll_hook!`, `comm_hook!` and `put_signal_hook!`, cuBLAS's `gemm_hook!`, `blas_gap!`, `blas_copy_hook!`, cuBLAS-XT's `xt_gap!` and the legacy API's `legacy_gap!`, the driver's `cu_copy_hook!`, `cu_memset_hook!` and `cu_gap!`, cuBLASLt's
 //! `lt_hook!`, cudart's `copy_hook!`, `copy_3d_hook!`, `batch_copy_hook!`, `batch_3d_hook!`,
-//! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!` and `entry_point_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
+//! `one_3d_hook!`, `array_copy_hook!`, `memset_hook!`, `launch_hook!`, `graph_hook!` (and the driver's `cu_graph_hook!`) and `entry_point_hook!`, NVTX's `nvtx_hook!`, and each entry of a signature list such as `cublas_sigs!`, expanded through
 //! its family's macro as rustc does) is compiled against NVIDIA's headers by the ABI checker
 //! of the simulated libraries (`integration_tests::abi_check`), and the built library exports
 //! nothing else.
@@ -56,7 +56,7 @@ const SIGNATURE_LISTS: [&str; 1] = ["cublas_sigs"];
 
 /// The hook macros and the C return type of the functions they make (`nvtx_hook!`'s: the
 /// `-> type` of an invocation, else void).
-const HOOK_MACROS: [(&str, &str); 23] = [
+const HOOK_MACROS: [(&str, &str); 24] = [
     ("entry_point_hook", "cudaError_t"),
     ("coll_hook", "ncclResult_t"),
     ("comm_hook", "ncclResult_t"),
@@ -70,6 +70,7 @@ const HOOK_MACROS: [(&str, &str); 23] = [
     ("memset_hook", "cudaError_t"),
     ("launch_hook", "cudaError_t"),
     ("graph_hook", "cudaError_t"),
+    ("cu_graph_hook", "CUresult"),
     ("gemm_hook", "cublasStatus_t"),
     ("blas_gap", "cublasStatus_t"),
     ("xt_gap", "cublasStatus_t"),

@@ -157,7 +157,7 @@ fn graph_c(major: u32, sim: &std::path::Path) -> PathBuf {
         &format!("graph{major}"),
         major,
         sim,
-        &[&cudart, &cublas, "libnccl.so.2"],
+        &[&cudart, &cublas, "libnccl.so.2", "libcuda.so.1"],
     )
 }
 
@@ -171,7 +171,8 @@ fn c_input(replay: usize) -> Vec<u8> {
 #[test]
 fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_instantiated() {
     // "destroy-early": the graph destroyed right after instantiation, as PyTorch does; the
-    // runtime then refuses to redirect its nodes, so ttrace must keep it alive.
+    // runtime then refuses to redirect its nodes, so ttrace must keep it alive. "driver": the
+    // same through the driver API (cuStreamEndCapture, cuGraphInstantiate, cuGraphLaunch).
     for (major, spelling) in [
         (12, None),
         (13, None),
@@ -179,6 +180,8 @@ fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_inst
         (13, Some("params")),
         (12, Some("destroy-early")),
         (13, Some("destroy-early")),
+        (12, Some("driver")),
+        (13, Some("driver")),
     ] {
         let Some(sim) = sim_dir_for(major) else {
             eprintln!(
@@ -341,5 +344,53 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
             "CUDA {major}: the captured graph's copy is captured"
         );
         assert_eq!(run.summary.gaps, 2, "CUDA {major}");
+    }
+}
+
+/// XLA's command buffers: a cuBLAS call captured from a stream through the driver API becomes
+/// a child-graph node of another graph (`cuGraphCreate`, `cuGraphAddChildGraphNode`), which
+/// the driver instantiates and launches. The child's nodes are not the ones the tracer can
+/// redirect, so each `cuGraphLaunch` is a `graph_capture` gap naming the child-graph node, on
+/// the launch stream; before the driver's graph calls were hooked such launches left nothing.
+/// The program checks its own results (tracing changes none).
+#[test]
+fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
+    for major in [12, 13] {
+        let Some(sim) = sim_dir_for(major) else {
+            eprintln!(
+                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+                 --release; scripts/test.sh does)"
+            );
+            continue;
+        };
+        let exe = graph_c(major, &sim);
+        let mut cmd = Command::new(&exe);
+        cmd.args(["3", "driver-child"])
+            .env_remove("LD_LIBRARY_PATH");
+        let run = traced_command_tagged(cmd, "graph-c-child");
+        assert_ok(&run);
+        assert_checksums(&run);
+        assert!(
+            String::from_utf8_lossy(&run.out.stdout).contains("graph: OK"),
+            "CUDA {major}: {}",
+            describe(&run.out)
+        );
+        let gaps = gap_records(&run);
+        assert_eq!(gaps.len(), 3, "CUDA {major}: one gap per launch: {gaps:?}");
+        for g in &gaps {
+            assert_eq!(
+                (g.0, g.1),
+                ("cuGraphLaunch", GapReason::GraphCapture),
+                "CUDA {major}"
+            );
+            assert!(g.3.contains("1 child-graph nodes"), "CUDA {major}: {}", g.3);
+        }
+        // Nothing of the graph's ops is passed off as captured.
+        assert!(
+            !run.records
+                .iter()
+                .any(|r| matches!(r.record.op, Op::Gemm(_))),
+            "CUDA {major}: a GEMM record from a launch no hook snapshotted"
+        );
     }
 }

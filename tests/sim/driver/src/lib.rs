@@ -12,13 +12,18 @@
 //! runtime itself (never interposed). A context handle is the device's primary context; there
 //! are no other contexts.
 //!
+//! Stream capture and graphs (`cuStreamBeginCapture_v2`, `cuGraphInstantiateWithFlags`,
+//! `cuGraphLaunch`, ...) are the runtime's, as XLA's command buffers reach them (graph.rs).
+//!
 //! Device code cannot run: module loading, JIT linking and launches fail with the errors CUDA
 //! documents for an image that does not fit the device (`CUDA_ERROR_NO_BINARY_FOR_GPU`) or an
 //! unusable handle (`CUDA_ERROR_INVALID_HANDLE`).
 #![allow(clippy::missing_safety_doc)]
 
 mod api;
+mod graph;
 mod memory;
 
 pub use api::*;
+pub use graph::*;
 pub use memory::*;

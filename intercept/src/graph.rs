@@ -88,6 +88,10 @@ static GRAPHS: Mutex<Option<HashMap<usize, Vec<Arc<Template>>>>> = Mutex::new(No
 /// Instances whose graph had templates, or whose graph the tracer did not capture but whose
 /// nodes move data, by instance handle.
 static EXECS: Mutex<Option<HashMap<usize, Arc<Exec>>>> = Mutex::new(None);
+/// The ops captured from a stream (their API names) that graphs hold inside child-graph nodes
+/// (`cudaGraphAddChildGraphNode`: XLA's command buffers), by parent graph handle: a launch of
+/// the parent runs them without a snapshot, and its gap names them.
+static NESTED: Mutex<Option<HashMap<usize, Vec<&'static str>>>> = Mutex::new(None);
 /// Graphs whose live instances redirect snapshot copy nodes (the runtime refuses nodes of a
 /// destroyed graph), by graph handle.
 static HELD: Mutex<Option<HashMap<usize, Held>>> = Mutex::new(None);
@@ -123,6 +127,44 @@ fn graphs<T>(f: impl FnOnce(&mut HashMap<usize, Vec<Arc<Template>>>) -> T) -> T 
 fn execs<T>(f: impl FnOnce(&mut HashMap<usize, Arc<Exec>>) -> T) -> T {
     let mut g = EXECS.lock().unwrap_or_else(|p| p.into_inner());
     f(g.get_or_insert_with(HashMap::new))
+}
+
+fn nested<T>(f: impl FnOnce(&mut HashMap<usize, Vec<&'static str>>) -> T) -> T {
+    let mut g = NESTED.lock().unwrap_or_else(|p| p.into_inner());
+    f(g.get_or_insert_with(HashMap::new))
+}
+
+/// After `child` was added to `parent` as a child-graph node: the ops captured into `child`
+/// (and into its own children) now also run, unsnapshotted, in `parent`.
+pub fn child_added(parent: usize, child: usize) {
+    let mut apis: Vec<&'static str> = graphs(|g| {
+        g.get(&child)
+            .map(|ts| ts.iter().map(|t| t.api).collect())
+            .unwrap_or_default()
+    });
+    apis.extend(nested(|n| n.get(&child).cloned().unwrap_or_default()));
+    if !apis.is_empty() {
+        nested(|n| n.entry(parent).or_default().extend(apis));
+    }
+}
+
+/// "N ops captured from a stream (cublasLtMatmul ×3, ...)" for the ops `graph`'s child-graph
+/// nodes hold, if any.
+fn nested_ops(graph: usize) -> Option<String> {
+    let apis = nested(|n| n.get(&graph).cloned())?;
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for a in &apis {
+        match counts.iter_mut().find(|(n, _)| n == a) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((a, 1)),
+        }
+    }
+    let list: Vec<String> = counts.iter().map(|(a, c)| format!("{a} ×{c}")).collect();
+    Some(format!(
+        "{} ops captured from a stream ({})",
+        apis.len(),
+        list.join(", ")
+    ))
 }
 
 fn held<T>(f: impl FnOnce(&mut HashMap<usize, Held>) -> T) -> T {
@@ -359,15 +401,18 @@ impl Recording {
 pub fn capture_failed(graph: usize) {
     if graph != 0 {
         graphs(|g| g.remove(&graph));
+        nested(|n| n.remove(&graph));
     }
 }
 
 fn unseen_work(graph: usize) -> Option<String> {
-    if !mode::on(mode::MEMCPY) {
+    // Ops the hooks saw being captured into a child graph: named whatever is captured.
+    let held = nested_ops(graph);
+    if !mode::on(mode::MEMCPY) && held.is_none() {
         return None;
     }
     let _err = ErrScope::new();
-    let detail = match cuda::node_types(graph) {
+    let mut detail = match cuda::node_types(graph) {
         Ok(types) => {
             let count = |t| types.iter().filter(|&&x| x == t).count();
             let (copies, memsets, children) = (
@@ -375,7 +420,7 @@ fn unseen_work(graph: usize) -> Option<String> {
                 count(cudaGraphNodeTypeMemset),
                 count(cudaGraphNodeTypeGraph),
             );
-            if copies + memsets + children == 0 {
+            if copies + memsets + children == 0 && held.is_none() {
                 return None;
             }
             format!(
@@ -389,6 +434,12 @@ fn unseen_work(graph: usize) -> Option<String> {
              (cudaError {code}): what each launch moves is not captured"
         ),
     };
+    if let Some(ops) = held {
+        detail.push_str(&format!(
+            "; its child graphs hold {ops}, which run at each launch without a snapshot (a \
+             child's nodes are copies of the captured ones, which cannot be redirected)"
+        ));
+    }
     Some(detail)
 }
 
@@ -478,14 +529,18 @@ pub fn destroy(graph: usize, real: impl FnOnce() -> cudaError_t) -> cudaError_t 
         })
     })
     .unwrap_or(false);
+    let forget = || {
+        graphs(|g| g.remove(&graph));
+        nested(|n| n.remove(&graph));
+    };
     if deferred {
         // The handle stays valid (the graph lives on), so it cannot name another graph.
-        let _ = crate::catch(|| graphs(|g| g.remove(&graph)));
+        let _ = crate::catch(forget);
         return cudaSuccess;
     }
     let r = real();
     if r == cudaSuccess {
-        let _ = crate::catch(|| graphs(|g| g.remove(&graph)));
+        let _ = crate::catch(forget);
     }
     r
 }

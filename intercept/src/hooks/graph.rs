@@ -7,7 +7,7 @@
 
 use cuda_abi::cudart::*;
 use cuda_abi::driver::{
-    CUgraph, CUgraphExec, CUgraphExecUpdateResultInfo, CUresult, CUstream,
+    CUgraph, CUgraphExec, CUgraphExecUpdateResultInfo, CUgraphNode, CUresult, CUstream,
     CUDA_GRAPH_INSTANTIATE_PARAMS,
 };
 
@@ -183,6 +183,18 @@ graph_hook! {
 }
 
 graph_hook! {
+    /// `cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
+    /// const cudaGraphNode_t* pDependencies, size_t numDependencies, cudaGraph_t childGraph)`.
+    cudaGraphAddChildGraphNode(
+        node: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        deps: *const cudaGraphNode_t,
+        count: usize,
+        child: cudaGraph_t,
+    ) => |real| on_success(real, || graph::child_added(graph as usize, child as usize))
+}
+
+graph_hook! {
     /// `cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)`.
     cudaGraphExecDestroy(exec: cudaGraphExec_t)
     => |real| on_success(real, || graph::exec_destroyed(exec as usize))
@@ -292,6 +304,19 @@ cu_graph_hook! {
             }
         })
     }
+}
+
+cu_graph_hook! {
+    /// `CUresult cuGraphAddChildGraphNode(CUgraphNode* phGraphNode, CUgraph hGraph, const
+    /// CUgraphNode* dependencies, size_t numDependencies, CUgraph childGraph)`: how XLA's
+    /// command buffers nest each captured cuBLAS call.
+    cuGraphAddChildGraphNode(
+        node: *mut CUgraphNode,
+        graph: CUgraph,
+        deps: *const CUgraphNode,
+        count: usize,
+        child: CUgraph,
+    ) => |real| on_success(real, || graph::child_added(graph as usize, child as usize))
 }
 
 cu_graph_hook! {

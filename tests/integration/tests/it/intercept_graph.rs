@@ -350,8 +350,9 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
 /// XLA's command buffers: a cuBLAS call captured from a stream through the driver API becomes
 /// a child-graph node of another graph (`cuGraphCreate`, `cuGraphAddChildGraphNode`), which
 /// the driver instantiates and launches. The child's nodes are not the ones the tracer can
-/// redirect, so each `cuGraphLaunch` is a `graph_capture` gap naming the child-graph node, on
-/// the launch stream; before the driver's graph calls were hooked such launches left nothing.
+/// redirect, so each `cuGraphLaunch` is a `graph_capture` gap naming the child-graph node and
+/// the ops captured into it, on the launch stream; before the driver's graph calls were
+/// hooked such launches left nothing.
 /// The program checks its own results (tracing changes none).
 #[test]
 fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
@@ -383,7 +384,16 @@ fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
                 ("cuGraphLaunch", GapReason::GraphCapture),
                 "CUDA {major}"
             );
-            assert!(g.3.contains("1 child-graph nodes"), "CUDA {major}: {}", g.3);
+            // The gap names what the child holds: the ops its hooks saw being captured.
+            assert!(
+                g.3.contains("1 child-graph nodes")
+                    && g.3.contains(
+                        "3 ops captured from a stream (cudaMemcpyAsync ×1, cublasGemmEx ×1, \
+                         ncclAllReduce ×1)"
+                    ),
+                "CUDA {major}: {}",
+                g.3
+            );
         }
         // Nothing of the graph's ops is passed off as captured.
         assert!(

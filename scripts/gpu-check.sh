@@ -21,7 +21,10 @@
 #                must compare MATCH and the neighbour-shard bug must be found (exit 1);
 #   jax_probe.py (when JAX with a GPU backend is installed) f32 and bf16 matmuls, whose
 #                operands and outputs must be captured byte for byte (XLA's cuBLASLt calls,
-#                reached through dlsym).
+#                reached through dlsym);
+#   jax_step.py  a jitted step run as XLA's command buffer (a CUDA graph XLA builds): each
+#                launch must be a gap naming the matmuls inside, never silence; with command
+#                buffers off, every matmul must be a record.
 # Exits 0 when everything passed or when there is no GPU to check on (saying so), 1 when a
 # check failed.
 #
@@ -137,6 +140,33 @@ if "$py" -c 'import sys, jax; sys.exit(0 if jax.default_backend() == "gpu" else 
   echo "gpu-check: scripts/gpu-check/jax_probe.py (JAX $("$py" -c 'import jax; print(jax.__version__)'))"
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
     check_script "$work/jax-store" "$work/jax" single -- "$py" scripts/gpu-check/jax_probe.py "$work/jax"
+  # Counts the store's cublasLtMatmul records and its gaps naming ops captured inside a graph.
+  jax_counts() {
+    "$ttrace" dump "$1" | "$py" -c '
+import json, sys
+recs = [json.loads(l) for l in sys.stdin]
+gemms = sum(r["api"] == "cublasLtMatmul" for r in recs)
+nested = sum(r["op"]["family"] == "gap" and "ops captured from a stream" in r["op"].get("detail", "") for r in recs)
+print(gemms, nested, sum(r["op"]["family"] == "gap" for r in recs))'
+  }
+  echo "gpu-check: scripts/gpu-check/jax_step.py: XLA command buffers"
+  rm -rf "$work/jax-cb" "$work/jax-eager"
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
+    "$ttrace" run -q --out "$work/jax-cb" -- "$py" scripts/gpu-check/jax_step.py 5 || failed=1
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer= --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0" \
+    "$ttrace" run -q --out "$work/jax-eager" -- "$py" scripts/gpu-check/jax_step.py 5 || failed=1
+  read -r g1 n1 _ < <(jax_counts "$work/jax-cb")
+  read -r g2 _ gaps2 < <(jax_counts "$work/jax-eager")
+  if [ "$g1" -gt 0 ] || [ "$n1" -gt 0 ]; then
+    echo "gpu-check: PASS: command buffers: $g1 matmul records, $n1 gaps naming the ops inside graphs"
+  else
+    echo "gpu-check: FAIL: command buffers left neither matmul records nor gaps (silent)"; failed=1
+  fi
+  if [ "$g2" -ge 15 ] && [ "$gaps2" -eq 0 ]; then
+    echo "gpu-check: PASS: command buffers off: $g2 matmul records, no gap"
+  else
+    echo "gpu-check: FAIL: command buffers off: $g2 matmul records (15 expected), $gaps2 gaps"; failed=1
+  fi
 else
   echo "gpu-check: JAX skipped: this python has no JAX with a GPU backend"
 fi

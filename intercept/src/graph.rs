@@ -437,7 +437,9 @@ fn unseen_work(graph: usize) -> Option<String> {
     if let Some(ops) = held {
         detail.push_str(&format!(
             "; its child graphs hold {ops}, which run at each launch without a snapshot (a \
-             child's nodes are copies of the captured ones, which cannot be redirected)"
+             child's nodes are copies of the captured ones, which cannot be redirected); in \
+             an XLA (JAX) program, XLA_FLAGS=--xla_gpu_enable_command_buffer= makes XLA \
+             call them eagerly, where they are captured"
         ));
     }
     Some(detail)

@@ -210,6 +210,12 @@ pub const cudaGraphNodeTypeMemcpy: cudaGraphNodeType = 1;
 pub const cudaGraphNodeTypeMemset: cudaGraphNodeType = 2;
 pub const cudaGraphNodeTypeHost: cudaGraphNodeType = 3;
 pub const cudaGraphNodeTypeGraph: cudaGraphNodeType = 4;
+/// `cudaGraphNodeTypeConditional` (CUDA 12.4+): an if/while/switch node with body graphs.
+pub const cudaGraphNodeTypeConditional: cudaGraphNodeType = 13;
+/// `cudaGraphCondAssignDefault`: a conditional handle takes its default value at each launch.
+pub const cudaGraphCondAssignDefault: c_uint = 1;
+/// `cudaGraphCondTypeIf`.
+pub const cudaGraphCondTypeIf: c_uint = 0;
 pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
 pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
 pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;

@@ -36,8 +36,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cuda_abi::cudart::{
-    cudaError_t, cudaGraphNodeTypeGraph, cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeMemset,
-    cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess,
+    cudaError_t, cudaGraphNodeTypeConditional, cudaGraphNodeTypeGraph, cudaGraphNodeTypeMemcpy,
+    cudaGraphNodeTypeMemset, cudaStreamCaptureModeRelaxed, cudaStream_t, cudaSuccess,
 };
 use ttrace_proto::record::{GapReason, Op, Tensor};
 use ttrace_proto::ring::Slot;
@@ -415,19 +415,28 @@ fn unseen_work(graph: usize) -> Option<String> {
     let mut detail = match cuda::node_types(graph) {
         Ok(types) => {
             let count = |t| types.iter().filter(|&&x| x == t).count();
-            let (copies, memsets, children) = (
+            let (copies, memsets, children, conditionals) = (
                 count(cudaGraphNodeTypeMemcpy),
                 count(cudaGraphNodeTypeMemset),
                 count(cudaGraphNodeTypeGraph),
+                count(cudaGraphNodeTypeConditional),
             );
-            if copies + memsets + children == 0 && held.is_none() {
+            if copies + memsets + children + conditionals == 0 && held.is_none() {
                 return None;
             }
-            format!(
+            let mut d = format!(
                 "a CUDA graph the tracer did not capture (built node by node, or captured while \
                  copies were not hooked): its {copies} copy, {memsets} memset and {children} \
                  child-graph nodes run at each launch without being captured"
-            )
+            );
+            if conditionals > 0 {
+                // Their bodies (XLA's while loops, torch.cond) may copy or multiply anything.
+                d.push_str(&format!(
+                    ", and {conditionals} conditional (if/while/switch) nodes, whose body \
+                     graphs run without being captured or inspected"
+                ));
+            }
+            d
         }
         Err(code) => format!(
             "a CUDA graph the tracer did not capture, whose nodes could not be listed \
@@ -464,6 +473,25 @@ fn file_unseen(exec: usize, graph: usize) {
     }
 }
 
+/// The conditional nodes of a captured graph (added to it while it was being captured, as
+/// torch.cond does), whose bodies no template covers: the gap each launch records beside the
+/// templates' records, if there are any.
+fn hidden_bodies(graph: usize) -> Option<String> {
+    let _err = ErrScope::new();
+    let n = cuda::node_types(graph)
+        .ok()?
+        .into_iter()
+        .filter(|&t| t == cudaGraphNodeTypeConditional)
+        .count();
+    (n > 0).then(|| {
+        format!(
+            "a captured CUDA graph holds {n} conditional (if/while/switch) nodes, whose body \
+             graphs run without being captured or inspected (the graph's other ops are \
+             snapshotted)"
+        )
+    })
+}
+
 /// After `cudaGraphInstantiate*` made `exec` from `graph`.
 pub fn instantiated(exec: usize, graph: usize) {
     let Some(templates) = graphs(|g| g.get(&graph).cloned()) else {
@@ -476,7 +504,7 @@ pub fn instantiated(exec: usize, graph: usize) {
         Exec {
             templates,
             origin: redirects.then_some(graph),
-            unseen: None,
+            unseen: hidden_bodies(graph),
             launch: Mutex::new(()),
         },
     );
@@ -586,26 +614,40 @@ pub fn launch(
     let Some(e) = crate::catch(|| execs(|x| x.get(&exec).cloned())).flatten() else {
         return real();
     };
-    if let Some(detail) = e.unseen.clone() {
-        // One gap per launch, on the launch stream, once the launch succeeded.
-        return crate::around_metadata(
+    // What each launch runs unseen: one gap per launch, on the launch stream, once the
+    // launch succeeded (after the replay's records, for a graph that has templates too).
+    let unseen_gap = |detail: String, call: &mut dyn FnMut() -> cudaError_t| {
+        crate::around_metadata(
             api,
             stream,
             || Some(Op::gap(GapReason::GraphCapture, api, 0, detail)),
-            real,
+            call,
             |r| r == cudaSuccess,
-        );
-    }
-    let Some(_guard) = thread::Guard::enter() else {
-        return real();
+        )
     };
-    let _serial = e.launch.lock().unwrap_or_else(|p| p.into_inner());
-    let plan = crate::catch(|| prepare(&e, exec, stream)).flatten();
-    let r = real();
-    if let Some(replays) = plan {
-        let _ = crate::catch(|| complete(&e, exec, stream, replays, r == cudaSuccess));
+    if e.templates.is_empty() {
+        let Some(detail) = e.unseen.clone() else {
+            return real();
+        };
+        let mut real = Some(real);
+        return unseen_gap(detail, &mut || real.take().map_or(cudaSuccess, |f| f()));
     }
-    r
+    let r = {
+        let Some(_guard) = thread::Guard::enter() else {
+            return real();
+        };
+        let _serial = e.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let plan = crate::catch(|| prepare(&e, exec, stream)).flatten();
+        let r = real();
+        if let Some(replays) = plan {
+            let _ = crate::catch(|| complete(&e, exec, stream, replays, r == cudaSuccess));
+        }
+        r
+    };
+    match e.unseen.clone() {
+        Some(detail) => unseen_gap(detail, &mut || r),
+        None => r,
+    }
 }
 
 /// Reserves and redirects (before the real launch).

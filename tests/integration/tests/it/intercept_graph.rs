@@ -404,3 +404,88 @@ fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
         );
     }
 }
+
+/// A graph holding a conditional node (tests/integration/c/graph_cond.c, CUDA 13: an `if`
+/// node whose body uploads a buffer): the body runs at each launch, and no hook sees inside
+/// it, so each launch is a `graph_capture` gap naming the conditional node, never silence; in
+/// a captured graph (a conditional node added during the capture, as torch.cond does) the
+/// captured ops are still snapshotted at each replay, the gap beside them.
+#[test]
+fn launches_of_a_graph_with_a_conditional_node_are_gaps_naming_it() {
+    let Some(sim) = sim_dir_for(13) else {
+        eprintln!(
+            "SKIP CUDA 13: build its simulated stack (scripts/build-sim-cuda13.sh --release; \
+             scripts/test.sh does)"
+        );
+        return;
+    };
+    let exe = compile_c(
+        "graph_cond.c",
+        "graph_cond13",
+        13,
+        &sim,
+        &["libcudart.so.13"],
+    );
+    let mut cmd = Command::new(&exe);
+    cmd.env_remove("LD_LIBRARY_PATH");
+    let run = traced_command_tagged(cmd, "graph-cond-c");
+    assert_ok(&run);
+    assert_checksums(&run);
+    assert!(
+        String::from_utf8_lossy(&run.out.stdout).contains("graph_cond: OK"),
+        "{}",
+        describe(&run.out)
+    );
+    let gaps = gap_records(&run);
+    assert_eq!(gaps.len(), 4, "one gap per launch: {gaps:?}");
+    for g in &gaps {
+        assert_eq!((g.0, g.1), ("cudaGraphLaunch", GapReason::GraphCapture));
+        assert!(
+            g.3.contains("1 conditional (if/while/switch) nodes"),
+            "{}",
+            g.3
+        );
+    }
+    // The graph built node by node, then the captured one, whose upload is snapshotted at
+    // each replay (its record before the gap).
+    assert!(gaps[..2].iter().all(|g| g.3.contains("did not capture")));
+    assert!(gaps[2..]
+        .iter()
+        .all(|g| g.3.contains("a captured CUDA graph")));
+    let order: Vec<&str> = run
+        .records
+        .iter()
+        .filter(|r| r.record.stream != 0)
+        .map(|r| match &r.record.op {
+            Op::Gap(_) => "gap",
+            _ => r.record.api.as_str(),
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "gap",
+            "cudaMemcpyAsync",
+            "gap",
+            "cudaMemcpyAsync",
+            "cudaMemcpyAsync",
+            "gap",
+            "cudaMemcpyAsync",
+            "gap"
+        ]
+    );
+    let replayed: Vec<&[u8]> = run
+        .records
+        .iter()
+        .filter(|r| r.record.api == "cudaMemcpyAsync")
+        .filter_map(|r| r.bytes.first().and_then(|b| b.as_deref()))
+        .collect();
+    let want = |launch: usize| -> Vec<u8> {
+        (0..256)
+            .flat_map(|i| ((i + 10 * launch) as f32).to_le_bytes())
+            .collect()
+    };
+    assert_eq!(replayed.len(), 4);
+    assert_eq!(replayed[2], &want(0)[..]);
+    assert_eq!(replayed[3], &want(1)[..]);
+}

@@ -8,6 +8,9 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_abi::cudart::*;
 
+use std::sync::{Arc, Mutex};
+
+use crate::streams::{ConditionalHandle, Graph, NodeBody};
 use crate::{guard, rt};
 
 fn no_image() -> Result<(), cudaError_t> {
@@ -182,28 +185,124 @@ pub unsafe extern "C" fn cudaMallocManaged(
     guard(unsupported)
 }
 
+/// The conditional handles made so far; handle `h` is entry `h - 1`.
+static CONDITIONALS: Mutex<Vec<Arc<ConditionalHandle>>> = Mutex::new(Vec::new());
+
+/// The leading fields of `struct cudaGraphNodeParams` (driver_types.h) for a conditional
+/// node: `int type; int reserved0[3];`, then the union, whose `conditional` member
+/// (`struct cudaConditionalNodeParams`) begins `cudaGraphConditionalHandle handle; enum
+/// cudaGraphConditionalNodeType type; unsigned int size; cudaGraph_t* phGraph_out;` in CUDA
+/// 12.4 to 13 alike (13 appends a context). Read through this prefix only.
+#[repr(C)]
+struct ConditionalParams {
+    node_type: c_int,
+    reserved0: [c_int; 3],
+    handle: cudaGraphConditionalHandle,
+    cond_type: c_uint,
+    size: c_uint,
+    graphs_out: *mut cudaGraph_t,
+}
+
+/// `cudaGraphAddNode`: conditional `if` nodes (one body, or two: if/else), whose body graphs
+/// are made empty and handed out through `phGraph_out` (a runtime-owned array, as in CUDA).
+/// The simulator runs no device code, so nothing can change a handle's value: a `while` or
+/// `switch` node, and the other node types through this generic call, are refused with
+/// `cudaErrorNotSupported`.
 #[cfg(sim_cuda13)]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphAddNode(
-    _node: *mut cudaGraphNode_t,
-    _graph: cudaGraph_t,
-    _deps: *const cudaGraphNode_t,
+    node: *mut cudaGraphNode_t,
+    graph: cudaGraph_t,
+    deps: *const cudaGraphNode_t,
     _edge_data: *const cudaGraphEdgeData,
-    _num_deps: usize,
-    _params: *mut cudaGraphNodeParams,
+    num_deps: usize,
+    params: *mut cudaGraphNodeParams,
 ) -> cudaError_t {
-    guard(unsupported)
+    guard(|| {
+        let r = rt()?;
+        if params.is_null() {
+            return Err(cudaErrorInvalidValue);
+        }
+        let p = params.cast::<ConditionalParams>();
+        // SAFETY: the caller's parameter block, whose leading fields are `ConditionalParams`.
+        let (kind, handle, cond, size) = unsafe {
+            (
+                (*p).node_type as cudaGraphNodeType,
+                (*p).handle,
+                (*p).cond_type,
+                (*p).size,
+            )
+        };
+        if kind != cudaGraphNodeTypeConditional || cond != cudaGraphCondTypeIf {
+            return Err(cudaErrorNotSupported);
+        }
+        if !(1..=2).contains(&size) {
+            return Err(cudaErrorInvalidValue);
+        }
+        let h = usize::try_from(handle)
+            .ok()
+            .and_then(|h| h.checked_sub(1))
+            .and_then(|i| {
+                CONDITIONALS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(i)
+                    .cloned()
+            })
+            .ok_or(cudaErrorInvalidValue)?;
+        let bodies: Vec<Arc<Graph>> = (0..size).map(|_| Arc::new(Graph::default())).collect();
+        let body_handles: Vec<cudaGraph_t> = bodies
+            .iter()
+            .map(|b| r.graphs.insert(b.clone()) as cudaGraph_t)
+            .collect();
+        let added = crate::api_graph::add_node(node, graph, deps, num_deps, kind, || {
+            Ok(NodeBody::Conditional {
+                handle: h,
+                bodies: bodies.clone(),
+            })
+        });
+        if let Err(e) = added {
+            for b in &bodies {
+                r.graphs.remove(Arc::as_ptr(b) as usize);
+            }
+            return Err(e);
+        }
+        // The runtime-owned array of body graphs lives as long as the process (CUDA's lives
+        // as long as the node).
+        let out: &'static mut [cudaGraph_t] = Box::leak(body_handles.into_boxed_slice());
+        // SAFETY: the caller's parameter block (checked non-null above).
+        unsafe { (*p).graphs_out = out.as_mut_ptr() };
+        Ok(())
+    })
 }
 
+/// `cudaGraphConditionalHandleCreate`: a handle holding `default_value` (what every launch
+/// sees here, device code being unable to set it; `flags` must be 0 or
+/// `cudaGraphCondAssignDefault`).
 #[cfg(sim_cuda13)]
 #[no_mangle]
 pub unsafe extern "C" fn cudaGraphConditionalHandleCreate(
-    _handle: *mut cudaGraphConditionalHandle,
-    _graph: cudaGraph_t,
-    _default_value: c_uint,
-    _flags: c_uint,
+    handle: *mut cudaGraphConditionalHandle,
+    graph: cudaGraph_t,
+    default_value: c_uint,
+    flags: c_uint,
 ) -> cudaError_t {
-    guard(unsupported)
+    guard(|| {
+        let r = rt()?;
+        if handle.is_null() || flags & !cudaGraphCondAssignDefault != 0 {
+            return Err(cudaErrorInvalidValue);
+        }
+        r.graphs
+            .get(graph as usize)
+            .ok_or(cudaErrorInvalidResourceHandle)?;
+        let mut all = CONDITIONALS.lock().unwrap_or_else(|e| e.into_inner());
+        all.push(Arc::new(ConditionalHandle {
+            default: default_value,
+        }));
+        let h = all.len() as cudaGraphConditionalHandle;
+        // SAFETY: non-null out-pointer from the caller.
+        unsafe { crate::out(handle, h) }
+    })
 }
 
 #[cfg(sim_cuda13)]

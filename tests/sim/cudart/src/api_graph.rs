@@ -36,7 +36,7 @@ pub unsafe extern "C" fn cudaGraphCreate(graph: *mut cudaGraph_t, flags: c_uint)
 /// Adds a node of type `kind` doing `body` to `graph`, after the `num_deps` nodes of `deps`,
 /// and hands out its handle. Everything is checked before the node exists, so a refused call
 /// leaves the graph as it was.
-fn add_node(
+pub(crate) fn add_node(
     node_out: *mut cudaGraphNode_t,
     graph: cudaGraph_t,
     deps: *const cudaGraphNode_t,

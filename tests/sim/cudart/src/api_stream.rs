@@ -770,6 +770,16 @@ fn run_node(node: &Node, params: Option<&MemcpyParams>) -> Result<(), cudaError_
         (NodeBody::Op(op), _) => (op.lock().unwrap_or_else(|p| p.into_inner()))(),
         (NodeBody::Empty, _) => Ok(()),
         (NodeBody::Graph(children), _) => children.iter().try_for_each(|c| run_node(c, None)),
+        (NodeBody::Conditional { handle, bodies }, _) => {
+            let body = if handle.default != 0 {
+                bodies.first()
+            } else {
+                bodies.get(1)
+            };
+            body.map_or(Ok(()), |b| {
+                b.nodes().iter().try_for_each(|c| run_node(c, None))
+            })
+        }
     }
 }
 

@@ -375,6 +375,13 @@ impl Runtime {
     pub fn drop_nodes(&self, g: &Graph) {
         for n in g.nodes() {
             self.nodes.remove(n.handle());
+            // A conditional node owns its body graphs: they die with it.
+            if let streams::NodeBody::Conditional { bodies, .. } = &n.body {
+                for b in bodies {
+                    self.graphs.remove(Arc::as_ptr(b) as usize);
+                    self.drop_nodes(b);
+                }
+            }
         }
     }
 

@@ -146,6 +146,19 @@ pub enum NodeBody {
     /// node was added, in their (dependency-respecting) order. Nodes never change once added,
     /// so sharing them is the copy CUDA makes; their handles stay the child graph's.
     Graph(Vec<Arc<Node>>),
+    /// An `if` conditional node (`cudaGraphAddNode`): body 0 runs when the handle's value is
+    /// non-zero, body 1 (if any) when it is zero. The bodies are graphs of their own, filled
+    /// after the node exists, so they are read when the node runs.
+    Conditional {
+        handle: Arc<ConditionalHandle>,
+        bodies: Vec<Arc<Graph>>,
+    },
+}
+
+/// A conditional handle (`cudaGraphConditionalHandleCreate`). Only device code can set its
+/// value (`cudaGraphSetConditional`), which cannot run here: it holds its default.
+pub struct ConditionalHandle {
+    pub default: u32,
 }
 
 /// A node of a graph. Its handle is its address.

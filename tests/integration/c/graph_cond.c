@@ -1,0 +1,101 @@
+/*
+ * A C program written only against NVIDIA's CUDA 13 headers that launches a graph holding a
+ * conditional node (cudaGraphConditionalHandleCreate, cudaGraphAddNode with an `if` node, CUDA
+ * 12.4+), whose body graph uploads a buffer (cudaGraphAddMemcpyNode1D): the shape of XLA's
+ * while/conditional command buffers and of torch.cond inside a CUDA graph. The handle's default
+ * value (1, assigned at each launch) runs the body. Launched twice with new host values; each
+ * time the buffer is read back (cudaMemcpyAsync) and checked. Then the same inside a graph
+ * captured from a stream (as torch.cond does): an upload captured with cudaMemcpyAsync, and a
+ * conditional node added to the graph being captured (cudaStreamGetCaptureInfo's graph), whose
+ * body uploads a second buffer; launched twice, both buffers checked. Prints "graph_cond: OK";
+ * exit status 1 on a failure.
+ */
+#include <cuda_runtime_api.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PROGRAM "graph_cond"
+#include "check.h"
+
+#define N 256
+
+int main(void) {
+    float *dev, *host, *back;
+    CK_CUDA(cudaMalloc((void **)&dev, sizeof(float) * N));
+    CK_CUDA(cudaMallocHost((void **)&host, sizeof(float) * N));
+    CK_CUDA(cudaMallocHost((void **)&back, sizeof(float) * N));
+    cudaStream_t s;
+    CK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    cudaGraph_t graph;
+    CK_CUDA(cudaGraphCreate(&graph, 0));
+    cudaGraphConditionalHandle handle;
+    CK_CUDA(cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault));
+    struct cudaGraphNodeParams p = {0};
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = cudaGraphCondTypeIf;
+    p.conditional.size = 1;
+    cudaGraphNode_t cond;
+    CK_CUDA(cudaGraphAddNode(&cond, graph, NULL, NULL, 0, &p));
+    cudaGraph_t body = p.conditional.phGraph_out[0];
+    cudaGraphNode_t upload;
+    CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, body, NULL, 0, dev, host, sizeof(float) * N,
+                                     cudaMemcpyHostToDevice));
+    cudaGraphExec_t exec;
+    CK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+    for (int launch = 0; launch < 2; launch++) {
+        for (int i = 0; i < N; i++) host[i] = (float)(i * 3 + launch);
+        CK_CUDA(cudaGraphLaunch(exec, s));
+        CK_CUDA(cudaMemcpyAsync(back, dev, sizeof(float) * N, cudaMemcpyDeviceToHost, s));
+        CK_CUDA(cudaStreamSynchronize(s));
+        for (int i = 0; i < N; i++)
+            if (back[i] != host[i]) FAIL("launch %d: [%d] = %g, expected %g", launch, i,
+                                         (double)back[i], (double)host[i]);
+    }
+    CK_CUDA(cudaGraphExecDestroy(exec));
+    CK_CUDA(cudaGraphDestroy(graph));
+
+    /* A captured graph with a conditional node added during the capture. */
+    float *dev2, *host2;
+    CK_CUDA(cudaMalloc((void **)&dev2, sizeof(float) * N));
+    CK_CUDA(cudaMallocHost((void **)&host2, sizeof(float) * N));
+    CK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK_CUDA(cudaMemcpyAsync(dev, host, sizeof(float) * N, cudaMemcpyHostToDevice, s));
+    enum cudaStreamCaptureStatus status;
+    cudaGraph_t capturing;
+    CK_CUDA(cudaStreamGetCaptureInfo(s, &status, NULL, &capturing, NULL, NULL, NULL));
+    cudaGraphConditionalHandle handle2;
+    CK_CUDA(cudaGraphConditionalHandleCreate(&handle2, capturing, 1, cudaGraphCondAssignDefault));
+    struct cudaGraphNodeParams p2 = {0};
+    p2.type = cudaGraphNodeTypeConditional;
+    p2.conditional.handle = handle2;
+    p2.conditional.type = cudaGraphCondTypeIf;
+    p2.conditional.size = 1;
+    cudaGraphNode_t cond2;
+    CK_CUDA(cudaGraphAddNode(&cond2, capturing, NULL, NULL, 0, &p2));
+    CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, p2.conditional.phGraph_out[0], NULL, 0, dev2, host2,
+                                     sizeof(float) * N, cudaMemcpyHostToDevice));
+    cudaGraph_t captured;
+    CK_CUDA(cudaStreamEndCapture(s, &captured));
+    CK_CUDA(cudaGraphInstantiate(&exec, captured, 0));
+    for (int launch = 0; launch < 2; launch++) {
+        for (int i = 0; i < N; i++) {
+            host[i] = (float)(i + 10 * launch);
+            host2[i] = (float)(-i - 10 * launch);
+        }
+        CK_CUDA(cudaGraphLaunch(exec, s));
+        CK_CUDA(cudaStreamSynchronize(s));
+        CK_CUDA(cudaMemcpy(back, dev2, sizeof(float) * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++)
+            if (back[i] != host2[i]) FAIL("captured launch %d: body [%d] = %g", launch, i,
+                                          (double)back[i]);
+    }
+    CK_CUDA(cudaGraphExecDestroy(exec));
+    CK_CUDA(cudaGraphDestroy(captured));
+    CK_CUDA(cudaStreamDestroy(s));
+    printf("graph_cond: OK\n");
+    return 0;
+}

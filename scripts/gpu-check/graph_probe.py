@@ -15,25 +15,20 @@ inputs.
 Usage: graph_probe.py OUT_DIR [compile]
 """
 
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 
+from probe import Saved
+
 REPLAYS = 3
 
 
 def main(out, mode):
-    os.makedirs(out, exist_ok=True)
-    saved = {}
-
-    def save(name, t):
-        t = t.detach().contiguous().cpu()
-        with open(os.path.join(out, name + ".bin"), "wb") as f:
-            f.write(t.view(torch.uint8).numpy().tobytes())
-        saved[name] = {"dtype": str(t.dtype), "shape": list(t.shape), "nbytes": t.numel() * t.element_size()}
+    saved = Saved(out)
+    save = saved.save
 
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -102,9 +97,7 @@ def main(out, mode):
             torch.cuda.synchronize()
             save(f"replay{i}_allreduce", t)
         dist.destroy_process_group()
-    with open(os.path.join(out, "expected.json"), "w") as f:
-        json.dump(saved, f, indent=1)
-    print(f"graph_probe: {torch.cuda.get_device_name(0)}: saved {len(saved)} tensors to {out}")
+    print(f"graph_probe: {torch.cuda.get_device_name(0)}: saved {saved.write()} tensors to {out}")
 
 
 if __name__ == "__main__":

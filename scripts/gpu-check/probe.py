@@ -14,15 +14,31 @@ import torch
 import torch.distributed as dist
 
 
-def main(out):
-    os.makedirs(out, exist_ok=True)
-    saved = {}
+class Saved:
+    """Tensors saved for check.py: OUT/NAME.bin (raw bytes) each, listed with dtype and shape
+    in OUT/expected.json (graph_probe.py saves through it too)."""
 
-    def save(name, t):
+    def __init__(self, out):
+        os.makedirs(out, exist_ok=True)
+        self.out = out
+        self.meta = {}
+
+    def save(self, name, t):
         t = t.detach().contiguous().cpu()
-        with open(os.path.join(out, name + ".bin"), "wb") as f:
+        with open(os.path.join(self.out, name + ".bin"), "wb") as f:
             f.write(t.view(torch.uint8).numpy().tobytes())
-        saved[name] = {"dtype": str(t.dtype), "shape": list(t.shape), "nbytes": t.numel() * t.element_size()}
+        self.meta[name] = {"dtype": str(t.dtype), "shape": list(t.shape), "nbytes": t.numel() * t.element_size()}
+
+    def write(self):
+        """Writes expected.json; returns how many tensors were saved."""
+        with open(os.path.join(self.out, "expected.json"), "w") as f:
+            json.dump(self.meta, f, indent=1)
+        return len(self.meta)
+
+
+def main(out):
+    saved = Saved(out)
+    save = saved.save
 
     torch.manual_seed(0)
     dev = torch.device("cuda:0")
@@ -70,9 +86,7 @@ def main(out):
     dist.destroy_process_group()
 
     torch.cuda.synchronize()
-    with open(os.path.join(out, "expected.json"), "w") as f:
-        json.dump(saved, f, indent=1)
-    print(f"probe: saved {len(saved)} tensors to {out}")
+    print(f"probe: saved {saved.write()} tensors to {out}")
 
 
 if __name__ == "__main__":

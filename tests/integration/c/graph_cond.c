@@ -20,6 +20,21 @@
 
 #define N 256
 
+/* Adds to `graph` an `if` node on a new handle whose default value, 1, every launch assigns;
+ * returns its body graph. */
+static cudaGraph_t add_if_node(cudaGraph_t graph) {
+    cudaGraphConditionalHandle handle;
+    CK_CUDA(cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault));
+    struct cudaGraphNodeParams p = {0};
+    p.type = cudaGraphNodeTypeConditional;
+    p.conditional.handle = handle;
+    p.conditional.type = cudaGraphCondTypeIf;
+    p.conditional.size = 1;
+    cudaGraphNode_t node;
+    CK_CUDA(cudaGraphAddNode(&node, graph, NULL, NULL, 0, &p));
+    return p.conditional.phGraph_out[0];
+}
+
 int main(void) {
     float *dev, *host, *back;
     CK_CUDA(cudaMalloc((void **)&dev, sizeof(float) * N));
@@ -30,16 +45,7 @@ int main(void) {
 
     cudaGraph_t graph;
     CK_CUDA(cudaGraphCreate(&graph, 0));
-    cudaGraphConditionalHandle handle;
-    CK_CUDA(cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault));
-    struct cudaGraphNodeParams p = {0};
-    p.type = cudaGraphNodeTypeConditional;
-    p.conditional.handle = handle;
-    p.conditional.type = cudaGraphCondTypeIf;
-    p.conditional.size = 1;
-    cudaGraphNode_t cond;
-    CK_CUDA(cudaGraphAddNode(&cond, graph, NULL, NULL, 0, &p));
-    cudaGraph_t body = p.conditional.phGraph_out[0];
+    cudaGraph_t body = add_if_node(graph);
     cudaGraphNode_t upload;
     CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, body, NULL, 0, dev, host, sizeof(float) * N,
                                      cudaMemcpyHostToDevice));
@@ -67,16 +73,7 @@ int main(void) {
     enum cudaStreamCaptureStatus status;
     cudaGraph_t capturing;
     CK_CUDA(cudaStreamGetCaptureInfo(s, &status, NULL, &capturing, NULL, NULL, NULL));
-    cudaGraphConditionalHandle handle2;
-    CK_CUDA(cudaGraphConditionalHandleCreate(&handle2, capturing, 1, cudaGraphCondAssignDefault));
-    struct cudaGraphNodeParams p2 = {0};
-    p2.type = cudaGraphNodeTypeConditional;
-    p2.conditional.handle = handle2;
-    p2.conditional.type = cudaGraphCondTypeIf;
-    p2.conditional.size = 1;
-    cudaGraphNode_t cond2;
-    CK_CUDA(cudaGraphAddNode(&cond2, capturing, NULL, NULL, 0, &p2));
-    CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, p2.conditional.phGraph_out[0], NULL, 0, dev2, host2,
+    CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, add_if_node(capturing), NULL, 0, dev2, host2,
                                      sizeof(float) * N, cudaMemcpyHostToDevice));
     cudaGraph_t captured;
     CK_CUDA(cudaStreamEndCapture(s, &captured));

@@ -147,6 +147,36 @@ fn a_replayed_op_larger_than_the_ring_is_metadata_at_each_replay() {
     }
 }
 
+/// The simulated stack of CUDA `major`, or `None` (saying SKIP) when it was not built.
+fn sim_or_skip(major: u32) -> Option<PathBuf> {
+    let sim = sim_dir_for(major);
+    if sim.is_none() {
+        eprintln!(
+            "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+             --release; scripts/test.sh does)"
+        );
+    }
+    sim
+}
+
+/// Runs the C program `exe ARGS` traced (on the simulated stack its sonames link, not
+/// `LD_LIBRARY_PATH`'s) and asserts what every such run must show: success, every stored
+/// tensor matching its CRC-32, and its own checks passed (`ok_line` printed).
+fn traced_c(exe: &std::path::Path, args: &[&str], tag: &str, ok_line: &str) -> Run {
+    let mut cmd = Command::new(exe);
+    cmd.args(args).env_remove("LD_LIBRARY_PATH");
+    let run = traced_command_tagged(cmd, tag);
+    assert_ok(&run);
+    assert_checksums(&run);
+    assert!(
+        String::from_utf8_lossy(&run.out.stdout).contains(ok_line),
+        "{} {args:?}: {}",
+        exe.display(),
+        describe(&run.out)
+    );
+    run
+}
+
 /// Compiles tests/integration/c/graph.c against CUDA `major`'s headers, linked by soname to
 /// the simulated libraries in `sim`.
 fn graph_c(major: u32, sim: &std::path::Path) -> PathBuf {
@@ -183,24 +213,13 @@ fn a_c_program_replaying_a_graph_is_captured_on_cuda_12_and_cuda_13_however_inst
         (12, Some("driver")),
         (13, Some("driver")),
     ] {
-        let Some(sim) = sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let exe = graph_c(major, &sim);
-        let mut cmd = Command::new(&exe);
-        cmd.arg("3").args(spelling).env_remove("LD_LIBRARY_PATH");
-        let run = traced_command_tagged(cmd, "graph-c");
-        assert_ok(&run);
-        assert_checksums(&run);
-        assert!(
-            String::from_utf8_lossy(&run.out.stdout).contains("graph: OK"),
-            "CUDA {major}: {}",
-            describe(&run.out)
-        );
+        let mut args = vec!["3"];
+        args.extend(spelling);
+        let run = traced_c(&exe, &args, "graph-c", "graph: OK");
         let graph_ops: Vec<&Rec> = run
             .records
             .iter()
@@ -291,11 +310,7 @@ fn replays_of_an_instance_updated_with_cuda_graph_exec_update_are_gaps_naming_it
 #[test]
 fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
     for major in [12, 13] {
-        let Some(sim) = sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let cudart = format!("libcudart.so.{major}");
@@ -306,13 +321,8 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
             &sim,
             &[&cudart],
         );
-        let mut cmd = Command::new(&exe);
-        cmd.env_remove("LD_LIBRARY_PATH");
-        let run = traced_command_tagged(cmd, "graph-nodes-c");
-        assert_ok(&run);
-        assert_checksums(&run);
+        let run = traced_c(&exe, &[], "graph-nodes-c", "graph_nodes: OK");
         let out = String::from_utf8_lossy(&run.out.stdout);
-        assert!(out.contains("graph_nodes: OK"), "CUDA {major}: {out}");
         let s = out
             .lines()
             .find_map(|l| l.strip_prefix("graph_nodes: stream 0x"))
@@ -357,25 +367,11 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
 #[test]
 fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
     for major in [12, 13] {
-        let Some(sim) = sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let exe = graph_c(major, &sim);
-        let mut cmd = Command::new(&exe);
-        cmd.args(["3", "driver-child"])
-            .env_remove("LD_LIBRARY_PATH");
-        let run = traced_command_tagged(cmd, "graph-c-child");
-        assert_ok(&run);
-        assert_checksums(&run);
-        assert!(
-            String::from_utf8_lossy(&run.out.stdout).contains("graph: OK"),
-            "CUDA {major}: {}",
-            describe(&run.out)
-        );
+        let run = traced_c(&exe, &["3", "driver-child"], "graph-c-child", "graph: OK");
         let gaps = gap_records(&run);
         assert_eq!(gaps.len(), 3, "CUDA {major}: one gap per launch: {gaps:?}");
         for g in &gaps {
@@ -412,11 +408,7 @@ fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
 /// captured ops are still snapshotted at each replay, the gap beside them.
 #[test]
 fn launches_of_a_graph_with_a_conditional_node_are_gaps_naming_it() {
-    let Some(sim) = sim_dir_for(13) else {
-        eprintln!(
-            "SKIP CUDA 13: build its simulated stack (scripts/build-sim-cuda13.sh --release; \
-             scripts/test.sh does)"
-        );
+    let Some(sim) = sim_or_skip(13) else {
         return;
     };
     let exe = compile_c(
@@ -426,16 +418,7 @@ fn launches_of_a_graph_with_a_conditional_node_are_gaps_naming_it() {
         &sim,
         &["libcudart.so.13"],
     );
-    let mut cmd = Command::new(&exe);
-    cmd.env_remove("LD_LIBRARY_PATH");
-    let run = traced_command_tagged(cmd, "graph-cond-c");
-    assert_ok(&run);
-    assert_checksums(&run);
-    assert!(
-        String::from_utf8_lossy(&run.out.stdout).contains("graph_cond: OK"),
-        "{}",
-        describe(&run.out)
-    );
+    let run = traced_c(&exe, &[], "graph-cond-c", "graph_cond: OK");
     let gaps = gap_records(&run);
     assert_eq!(gaps.len(), 4, "one gap per launch: {gaps:?}");
     for g in &gaps {

@@ -102,10 +102,14 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     }
 }
 
+/// The runtime's `name` (`cudaGraphInstantiateWithParams` or its `_ptsz` form) for
 /// `cuGraphInstantiateWithParams`: `CUDA_GRAPH_INSTANTIATE_PARAMS` is laid out as the
 /// runtime's `cudaGraphInstantiateParams`.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+///
+/// # Safety
+/// The caller's arguments, as the driver call received them.
+unsafe fn instantiate_with_params(
+    name: &CStr,
     phGraphExec: *mut CUgraphExec,
     hGraph: CUgraph,
     instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
@@ -115,12 +119,30 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
         cudaGraph_t,
         *mut cudaGraphInstantiateParams,
     ) -> c_uint;
-    // SAFETY: `cudaGraphInstantiateWithParams`'s C signature; the two parameter blocks have
-    // the same fields in the same order.
+    // SAFETY: the C signature of both runtime spellings; the two parameter blocks have the
+    // same fields in the same order.
     unsafe {
-        runtime(c"cudaGraphInstantiateWithParams", |f: F| {
+        runtime(name, |f: F| {
             f(phGraphExec, hGraph, instantiateParams.cast())
         })
+    }
+}
+
+/// `cuGraphInstantiateWithParams`.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    phGraphExec: *mut CUgraphExec,
+    hGraph: CUgraph,
+    instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    unsafe {
+        instantiate_with_params(
+            c"cudaGraphInstantiateWithParams",
+            phGraphExec,
+            hGraph,
+            instantiateParams,
+        )
     }
 }
 
@@ -166,16 +188,14 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
     hGraph: CUgraph,
     instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
 ) -> CUresult {
-    type F = unsafe extern "C" fn(
-        *mut cudaGraphExec_t,
-        cudaGraph_t,
-        *mut cudaGraphInstantiateParams,
-    ) -> c_uint;
-    // SAFETY: as `cuGraphInstantiateWithParams`.
+    // SAFETY: the caller's arguments.
     unsafe {
-        runtime(c"cudaGraphInstantiateWithParams_ptsz", |f: F| {
-            f(phGraphExec, hGraph, instantiateParams.cast())
-        })
+        instantiate_with_params(
+            c"cudaGraphInstantiateWithParams_ptsz",
+            phGraphExec,
+            hGraph,
+            instantiateParams,
+        )
     }
 }
 

@@ -498,9 +498,15 @@ pub fn redirect_copy(
 /// Destroys `graph` (`cudaGraphDestroy`): one whose destruction the program asked for while
 /// the tracer still needed its nodes (graph.rs).
 pub fn graph_destroy(graph: usize) -> Result<(), cudaError_t> {
-    let destroy = real::cudaGraphDestroy().ok_or(MISSING)?;
-    // SAFETY: a graph the program made and asked to destroy, which nothing uses any more.
-    check(unsafe { destroy(graph as cudaGraph_t) })
+    // The runtime's, else the driver's (a program such as XLA that makes its graphs through
+    // the driver need not load the runtime; the handles are the same).
+    if let Some(destroy) = real::cudaGraphDestroy() {
+        // SAFETY: a graph the program made and asked to destroy, which nothing uses any more.
+        return check(unsafe { destroy(graph as cudaGraph_t) });
+    }
+    let destroy = real::cuGraphDestroy().ok_or(MISSING)?;
+    // SAFETY: as above.
+    check(unsafe { destroy(graph as cuda_abi::driver::CUgraph) })
 }
 
 /// The type of every node of `graph` (`cudaGraphGetNodes`, `cudaGraphNodeGetType`).

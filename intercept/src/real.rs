@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cuda_abi::cublas::*;
 use cuda_abi::cublaslt::*;
 use cuda_abi::cudart::*;
+use cuda_abi::driver::{CUgraph, CUresult};
 use cuda_abi::nccl::*;
 
 /// The library a function belongs to.
@@ -390,6 +391,7 @@ real_fns! {
     Cudart: fn cudaGraphGetNodes(cudaGraph_t, *mut cudaGraphNode_t, *mut usize) -> cudaError_t;
     Cudart: fn cudaGraphNodeGetType(cudaGraphNode_t, *mut cudaGraphNodeType) -> cudaError_t;
     Cudart: fn cudaGraphDestroy(cudaGraph_t) -> cudaError_t;
+    Driver: fn cuGraphDestroy(CUgraph) -> CUresult;
     // ---- runtime: used by the perturbation of a reference run ----
     Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;

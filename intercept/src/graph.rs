@@ -16,17 +16,21 @@
 //!   sink: a launch the tracer does not see never writes into ring space handed out again.
 //! * **Graphs not captured.** An instance of a graph the tracer did not capture (built node
 //!   by node, or captured while copies were not hooked) whose nodes copy or set memory records
-//!   a `GraphCapture` gap at each launch, naming its copy, memset and child-graph nodes.
+//!   a `GraphCapture` gap at each launch, naming its copy, memset, child-graph and conditional
+//!   nodes, and the ops its child graphs hold that hooks saw being captured ([`child_added`]:
+//!   XLA's command buffers nest each captured cuBLAS call so).
 //! * **Gaps.** Where a replay cannot be snapshotted (no node found for a copy, a strided
 //!   tensor of too many rows, no staging memory, the graph launched into another capture, an
 //!   instance updated with `cudaGraphExecUpdate`), each replay records a `GraphCapture` gap
-//!   saying why.
-//!
+//!   saying why; a captured graph holding conditional nodes records one after its records.
 //! * **Destroyed graphs.** The runtime refuses to redirect a node of a graph that was
 //!   destroyed (`cudaErrorInvalidValue`, seen on an H200), and PyTorch destroys each graph
 //!   right after instantiating it. So `cudaGraphDestroy` of a graph whose instances still
 //!   redirect snapshot nodes is deferred: it returns success, and the real call runs when
 //!   the last such instance is destroyed (or updated away from those nodes).
+//!
+//! The driver API's graph calls (`cuGraphLaunch`, ...) come here as the runtime's do: the
+//! handles are the same.
 //!
 //! No host callback, no synchronisation, no legacy stream. A per-instance lock is held across
 //! the redirects and the launch (CUDA requires launches of one instance to be serialised by

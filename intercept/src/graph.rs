@@ -152,8 +152,9 @@ pub fn child_added(parent: usize, child: usize) {
     }
 }
 
-/// "N ops captured from a stream (cublasLtMatmul ×3, ...)" for the ops `graph`'s child-graph
-/// nodes hold, if any.
+/// What the ops `graph`'s child-graph nodes hold (hooks saw them captured into the children)
+/// amount to, for its launches' gap: "its child graphs hold N ops captured from a stream
+/// (cublasLtMatmul ×3, ...), which ...", or `None` when they hold none.
 fn nested_ops(graph: usize) -> Option<String> {
     let apis = nested(|n| n.get(&graph).cloned())?;
     let mut counts: Vec<(&str, usize)> = Vec::new();
@@ -165,7 +166,10 @@ fn nested_ops(graph: usize) -> Option<String> {
     }
     let list: Vec<String> = counts.iter().map(|(a, c)| format!("{a} ×{c}")).collect();
     Some(format!(
-        "{} ops captured from a stream ({})",
+        "its child graphs hold {} ops captured from a stream ({}), which run at each launch \
+         without a snapshot (a child's nodes are copies of the captured ones, which cannot be \
+         redirected); in an XLA (JAX) program, XLA_FLAGS=--xla_gpu_enable_command_buffer= \
+         makes XLA call them eagerly, where they are captured",
         apis.len(),
         list.join(", ")
     ))
@@ -448,12 +452,8 @@ fn unseen_work(graph: usize) -> Option<String> {
         ),
     };
     if let Some(ops) = held {
-        detail.push_str(&format!(
-            "; its child graphs hold {ops}, which run at each launch without a snapshot (a \
-             child's nodes are copies of the captured ones, which cannot be redirected); in \
-             an XLA (JAX) program, XLA_FLAGS=--xla_gpu_enable_command_buffer= makes XLA \
-             call them eagerly, where they are captured"
-        ));
+        detail.push_str("; ");
+        detail.push_str(&ops);
     }
     Some(detail)
 }
@@ -477,21 +477,32 @@ fn file_unseen(exec: usize, graph: usize) {
     }
 }
 
-/// The conditional nodes of a captured graph (added to it while it was being captured, as
-/// torch.cond does), whose bodies no template covers: the gap each launch records beside the
-/// templates' records, if there are any.
-fn hidden_bodies(graph: usize) -> Option<String> {
-    let _err = ErrScope::new();
-    let n = cuda::node_types(graph)
-        .ok()?
-        .into_iter()
-        .filter(|&t| t == cudaGraphNodeTypeConditional)
-        .count();
-    (n > 0).then(|| {
+/// What a launch of a captured graph runs that none of its templates covers: conditional
+/// nodes (added during the capture, as torch.cond does), whose bodies no hook inspects, and
+/// child graphs holding ops captured elsewhere ([`child_added`]). The gap each launch records
+/// after the replay's records, if there is any.
+fn hidden_work(graph: usize) -> Option<String> {
+    let conditionals = {
+        let _err = ErrScope::new();
+        cuda::node_types(graph).map_or(0, |types| {
+            types
+                .iter()
+                .filter(|&&t| t == cudaGraphNodeTypeConditional)
+                .count()
+        })
+    };
+    let mut parts = Vec::new();
+    if conditionals > 0 {
+        parts.push(format!(
+            "{conditionals} conditional (if/while/switch) nodes, whose body graphs run without \
+             being captured or inspected"
+        ));
+    }
+    parts.extend(nested_ops(graph));
+    (!parts.is_empty()).then(|| {
         format!(
-            "a captured CUDA graph holds {n} conditional (if/while/switch) nodes, whose body \
-             graphs run without being captured or inspected (the graph's other ops are \
-             snapshotted)"
+            "a captured CUDA graph (its other ops are snapshotted): {}",
+            parts.join("; ")
         )
     })
 }
@@ -508,7 +519,7 @@ pub fn instantiated(exec: usize, graph: usize) {
         Exec {
             templates,
             origin: redirects.then_some(graph),
-            unseen: hidden_bodies(graph),
+            unseen: hidden_work(graph),
             launch: Mutex::new(()),
         },
     );
@@ -618,23 +629,11 @@ pub fn launch(
     let Some(e) = crate::catch(|| execs(|x| x.get(&exec).cloned())).flatten() else {
         return real();
     };
-    // What each launch runs unseen: one gap per launch, on the launch stream, once the
-    // launch succeeded (after the replay's records, for a graph that has templates too).
-    let unseen_gap = |detail: String, call: &mut dyn FnMut() -> cudaError_t| {
-        crate::around_metadata(
-            api,
-            stream,
-            || Some(Op::gap(GapReason::GraphCapture, api, 0, detail)),
-            call,
-            |r| r == cudaSuccess,
-        )
-    };
     if e.templates.is_empty() {
-        let Some(detail) = e.unseen.clone() else {
-            return real();
+        return match e.unseen.clone() {
+            Some(detail) => unseen_gap(api, stream, detail, real),
+            None => real(),
         };
-        let mut real = Some(real);
-        return unseen_gap(detail, &mut || real.take().map_or(cudaSuccess, |f| f()));
     }
     let r = {
         let Some(_guard) = thread::Guard::enter() else {
@@ -649,9 +648,27 @@ pub fn launch(
         r
     };
     match e.unseen.clone() {
-        Some(detail) => unseen_gap(detail, &mut || r),
+        Some(detail) => unseen_gap(api, stream, detail, || r),
         None => r,
     }
+}
+
+/// What a launch runs unseen (`detail`): one gap, on the launch stream, once `call` (the
+/// launch, or its result) says it succeeded; after the replay's records when the graph has
+/// templates too.
+fn unseen_gap(
+    api: &'static str,
+    stream: cudaStream_t,
+    detail: String,
+    call: impl FnOnce() -> cudaError_t,
+) -> cudaError_t {
+    crate::around_metadata(
+        api,
+        stream,
+        || Some(Op::gap(GapReason::GraphCapture, api, 0, detail)),
+        call,
+        |r| r == cudaSuccess,
+    )
 }
 
 /// Reserves and redirects (before the real launch).

@@ -5,10 +5,11 @@
  * while/conditional command buffers and of torch.cond inside a CUDA graph. The handle's default
  * value (1, assigned at each launch) runs the body. Launched twice with new host values; each
  * time the buffer is read back (cudaMemcpyAsync) and checked. Then the same inside a graph
- * captured from a stream (as torch.cond does): an upload captured with cudaMemcpyAsync, and a
+ * captured from a stream (as torch.cond does): an upload captured with cudaMemcpyAsync, a
  * conditional node added to the graph being captured (cudaStreamGetCaptureInfo's graph), whose
- * body uploads a second buffer; launched twice, both buffers checked. Prints "graph_cond: OK";
- * exit status 1 on a failure.
+ * body uploads a second buffer, and a child-graph node holding a third upload captured into a
+ * graph of its own beforehand; launched twice, the last two buffers checked. Prints
+ * "graph_cond: OK"; exit status 1 on a failure.
  */
 #include <cuda_runtime_api.h>
 
@@ -68,6 +69,13 @@ int main(void) {
     float *dev2, *host2;
     CK_CUDA(cudaMalloc((void **)&dev2, sizeof(float) * N));
     CK_CUDA(cudaMallocHost((void **)&host2, sizeof(float) * N));
+    float *dev3, *host3;
+    CK_CUDA(cudaMalloc((void **)&dev3, sizeof(float) * N));
+    CK_CUDA(cudaMallocHost((void **)&host3, sizeof(float) * N));
+    cudaGraph_t child;
+    CK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CK_CUDA(cudaMemcpyAsync(dev3, host3, sizeof(float) * N, cudaMemcpyHostToDevice, s));
+    CK_CUDA(cudaStreamEndCapture(s, &child));
     CK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CK_CUDA(cudaMemcpyAsync(dev, host, sizeof(float) * N, cudaMemcpyHostToDevice, s));
     enum cudaStreamCaptureStatus status;
@@ -75,6 +83,8 @@ int main(void) {
     CK_CUDA(cudaStreamGetCaptureInfo(s, &status, NULL, &capturing, NULL, NULL, NULL));
     CK_CUDA(cudaGraphAddMemcpyNode1D(&upload, add_if_node(capturing), NULL, 0, dev2, host2,
                                      sizeof(float) * N, cudaMemcpyHostToDevice));
+    cudaGraphNode_t nested;
+    CK_CUDA(cudaGraphAddChildGraphNode(&nested, capturing, NULL, 0, child));
     cudaGraph_t captured;
     CK_CUDA(cudaStreamEndCapture(s, &captured));
     CK_CUDA(cudaGraphInstantiate(&exec, captured, 0));
@@ -82,6 +92,7 @@ int main(void) {
         for (int i = 0; i < N; i++) {
             host[i] = (float)(i + 10 * launch);
             host2[i] = (float)(-i - 10 * launch);
+            host3[i] = (float)(2 * i + launch);
         }
         CK_CUDA(cudaGraphLaunch(exec, s));
         CK_CUDA(cudaStreamSynchronize(s));
@@ -89,9 +100,14 @@ int main(void) {
         for (int i = 0; i < N; i++)
             if (back[i] != host2[i]) FAIL("captured launch %d: body [%d] = %g", launch, i,
                                           (double)back[i]);
+        CK_CUDA(cudaMemcpy(back, dev3, sizeof(float) * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++)
+            if (back[i] != host3[i]) FAIL("captured launch %d: child [%d] = %g", launch, i,
+                                          (double)back[i]);
     }
     CK_CUDA(cudaGraphExecDestroy(exec));
     CK_CUDA(cudaGraphDestroy(captured));
+    CK_CUDA(cudaGraphDestroy(child));
     CK_CUDA(cudaStreamDestroy(s));
     printf("graph_cond: OK\n");
     return 0;

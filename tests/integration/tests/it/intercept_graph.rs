@@ -404,8 +404,9 @@ fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
 /// A graph holding a conditional node (tests/integration/c/graph_cond.c, CUDA 13: an `if`
 /// node whose body uploads a buffer): the body runs at each launch, and no hook sees inside
 /// it, so each launch is a `graph_capture` gap naming the conditional node, never silence; in
-/// a captured graph (a conditional node added during the capture, as torch.cond does) the
-/// captured ops are still snapshotted at each replay, the gap beside them.
+/// a captured graph (a conditional node added during the capture, as torch.cond does, and a
+/// child graph of ops captured elsewhere) the captured ops are still snapshotted at each
+/// replay, the gap beside them naming both.
 #[test]
 fn launches_of_a_graph_with_a_conditional_node_are_gaps_naming_it() {
     let Some(sim) = sim_or_skip(13) else {
@@ -435,6 +436,13 @@ fn launches_of_a_graph_with_a_conditional_node_are_gaps_naming_it() {
     assert!(gaps[2..]
         .iter()
         .all(|g| g.3.contains("a captured CUDA graph")));
+    // Its child graph's upload, captured into a graph of its own, is named there too.
+    assert!(
+        gaps[2..].iter().all(|g| g
+            .3
+            .contains("1 ops captured from a stream (cudaMemcpyAsync ×1)")),
+        "{gaps:?}"
+    );
     let order: Vec<&str> = run
         .records
         .iter()

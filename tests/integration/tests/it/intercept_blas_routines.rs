@@ -21,11 +21,7 @@ fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
 fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
     use integration_tests::c_build::compile_c;
     for major in [12, 13] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let libs = [
@@ -117,11 +113,7 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
 fn legacy_cublas_routines_are_gaps_naming_them() {
     use integration_tests::c_build::compile_c;
     for major in [12, 13] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let libs = [

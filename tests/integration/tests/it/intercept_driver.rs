@@ -95,11 +95,7 @@ fn expected(s: u64, sync: u64, name: impl Fn(&str) -> String) -> Vec<Seen> {
 #[test]
 fn driver_copies_and_memsets_are_captured_however_the_program_finds_the_driver() {
     for major in [12, 13] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let cudart = format!("libcudart.so.{major}");
@@ -142,8 +138,7 @@ fn per_thread_spelling(api: &str) -> String {
 #[test]
 fn a_program_built_with_per_thread_default_streams_is_captured_under_its_spellings() {
     for major in [12, 13] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!("SKIP CUDA {major}: build its simulated stack (scripts/test.sh does)");
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let cudart = format!("libcudart.so.{major}");

@@ -323,11 +323,7 @@ fn batched_copies_are_captured_copy_by_copy_on_cuda_12_and_cuda_13() {
         (12, Some("16384")),
         (13, Some("16384")),
     ] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let cudart = format!("libcudart.so.{major}");

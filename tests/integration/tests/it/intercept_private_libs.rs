@@ -23,11 +23,7 @@ fn entry_points_taken_with_dlsym_from_a_private_library_are_captured() {
         return;
     }
     for major in [12, 13] {
-        let Some(sim) = integration_tests::sim_dir_for(major) else {
-            eprintln!(
-                "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
-                 --release; scripts/test.sh does)"
-            );
+        let Some(sim) = sim_or_skip(major) else {
             continue;
         };
         let exe = compile_c(

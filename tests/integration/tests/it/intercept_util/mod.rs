@@ -126,16 +126,35 @@ pub fn traced_command_tagged(c: Command, tag: &str) -> Run {
     traced_command_preloaded(c, tag, &libttrace().display().to_string())
 }
 
+/// The simulated stack of CUDA `major` for a C test program, or `None` (saying SKIP) when it
+/// was not built.
+pub fn sim_or_skip(major: u32) -> Option<std::path::PathBuf> {
+    let sim = integration_tests::sim_dir_for(major);
+    if sim.is_none() {
+        eprintln!(
+            "SKIP CUDA {major}: build its simulated stack (scripts/build-sim-cuda13.sh \
+             --release; scripts/test.sh does)"
+        );
+    }
+    sim
+}
+
 /// Runs a C test program of tests/integration/c traced (daemon directory named after `tag`):
 /// the run, checked to have ended well with intact checksums and the program's
-/// `<program>: OK` line, and the stream handle it printed as `<program>: stream 0x...`. `what`
-/// names the case in failures.
-pub fn run_c_program(c: Command, tag: &str, program: &str, what: &str) -> (Run, u64) {
+/// `<program>: OK` line (its own checks passed). `what` names the case in failures.
+pub fn run_c(c: Command, tag: &str, program: &str, what: &str) -> Run {
     let run = traced_command_tagged(c, tag);
     assert_ok(&run);
     assert_checksums(&run);
-    let out = String::from_utf8_lossy(&run.out.stdout).into_owned();
+    let out = String::from_utf8_lossy(&run.out.stdout);
     assert!(out.contains(&format!("{program}: OK")), "{what}: {out}");
+    run
+}
+
+/// [`run_c`], and the stream handle the program printed as `<program>: stream 0x...`.
+pub fn run_c_program(c: Command, tag: &str, program: &str, what: &str) -> (Run, u64) {
+    let run = run_c(c, tag, program, what);
+    let out = String::from_utf8_lossy(&run.out.stdout).into_owned();
     let stream = out
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{program}: stream 0x")))

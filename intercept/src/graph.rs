@@ -115,9 +115,10 @@ struct Exec {
     templates: Vec<Arc<Template>>,
     /// The graph whose nodes this instance's templates redirect (it must outlive them).
     origin: Option<usize>,
-    /// For an instance of a graph the tracer did not capture (built node by node with
-    /// `cudaGraphAdd*Node`, or captured while copies were not hooked) whose nodes move data:
-    /// what the gap each launch records says (no templates then).
+    /// What each launch runs that no template snapshots, said by the gap it records: the
+    /// data-moving nodes of a graph the tracer did not capture (built node by node with
+    /// `cudaGraphAdd*Node`, or captured while copies were not hooked: no templates then), or
+    /// the conditional nodes and nested ops of a captured one ([`hidden_work`]).
     unseen: Option<String>,
     /// Serialises redirect + launch + reset of this instance.
     launch: Mutex<()>,

@@ -191,7 +191,11 @@ graph_hook! {
         deps: *const cudaGraphNode_t,
         count: usize,
         child: cudaGraph_t,
-    ) => |real| on_success(real, || graph::child_added(graph as usize, child as usize))
+    ) => |real| on_success(real, || {
+        if !mode::off(FAMILIES) {
+            graph::child_added(graph as usize, child as usize)
+        }
+    })
 }
 
 graph_hook! {
@@ -316,7 +320,11 @@ cu_graph_hook! {
         deps: *const CUgraphNode,
         count: usize,
         child: CUgraph,
-    ) => |real| on_success(real, || graph::child_added(graph as usize, child as usize))
+    ) => |real| on_success(real, || {
+        if !mode::off(FAMILIES) {
+            graph::child_added(graph as usize, child as usize)
+        }
+    })
 }
 
 cu_graph_hook! {

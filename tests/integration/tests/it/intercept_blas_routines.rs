@@ -17,28 +17,42 @@ fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
     v.into_iter().flat_map(f32::to_le_bytes).collect()
 }
 
+/// tests/integration/c/`program`.c built against CUDA `major`'s headers and linked by soname
+/// to the runtime and cuBLAS (and cuBLASLt with `lt`) of the simulated stack `sim`: the
+/// command that runs it there.
+fn blas_program(
+    major: u32,
+    sim: &std::path::Path,
+    program: &str,
+    lt: bool,
+) -> std::process::Command {
+    let mut libs = vec![
+        format!("libcudart.so.{major}"),
+        format!("libcublas.so.{major}"),
+    ];
+    if lt {
+        libs.push(format!("libcublasLt.so.{major}"));
+    }
+    let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+    let exe = integration_tests::c_build::compile_c(
+        &format!("{program}.c"),
+        &format!("{program}{major}"),
+        major,
+        sim,
+        &libs,
+    );
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.env_remove("LD_LIBRARY_PATH");
+    cmd
+}
+
 #[test]
 fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
-    use integration_tests::c_build::compile_c;
     for major in [12, 13] {
         let Some(sim) = sim_or_skip(major) else {
             continue;
         };
-        let libs = [
-            format!("libcudart.so.{major}"),
-            format!("libcublas.so.{major}"),
-            format!("libcublasLt.so.{major}"),
-        ];
-        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
-        let exe = compile_c(
-            "blas_more.c",
-            &format!("blas_more{major}"),
-            major,
-            &sim,
-            &libs,
-        );
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.env_remove("LD_LIBRARY_PATH");
+        let cmd = blas_program(major, &sim, "blas_more", true);
         let (run, s) = run_c_program(cmd, "blas-more-c", "blas_more", &format!("CUDA {major}"));
 
         // What the program put: the 5 x 3 block of a (lda 7), every second element of v, the
@@ -111,25 +125,11 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
 /// two APIs share are captured.
 #[test]
 fn legacy_cublas_routines_are_gaps_naming_them() {
-    use integration_tests::c_build::compile_c;
     for major in [12, 13] {
         let Some(sim) = sim_or_skip(major) else {
             continue;
         };
-        let libs = [
-            format!("libcudart.so.{major}"),
-            format!("libcublas.so.{major}"),
-        ];
-        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
-        let exe = compile_c(
-            "blas_legacy.c",
-            &format!("blas_legacy{major}"),
-            major,
-            &sim,
-            &libs,
-        );
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.env_remove("LD_LIBRARY_PATH");
+        let cmd = blas_program(major, &sim, "blas_legacy", false);
         let (run, s) = run_c_program(
             cmd,
             "blas-legacy-c",

@@ -631,6 +631,9 @@ struct Walk<'a> {
     whole: bool,
     /// The run's layout (ranks' coordinates).
     layout: LayoutSummary,
+    /// The first step whose GEMMs the perturbed reference's perturbation did not reach
+    /// ([`crate::twin`]): from there on the steps' drift is modelled.
+    unperturbed_from: Option<u64>,
 }
 
 impl<'a> Walk<'a> {
@@ -649,6 +652,13 @@ impl<'a> Walk<'a> {
         if let Some(pt) = &p.pert {
             warnings.extend(pt.unreadable.iter().cloned());
         }
+        let unperturbed = p
+            .pert
+            .as_ref()
+            .and_then(|pt| crate::twin::unperturbed(&p.reff, pt, p.ref_rank));
+        if let Some(u) = &unperturbed {
+            warnings.push(u.warning());
+        }
         Walk {
             reff: &p.reff,
             run: &p.run,
@@ -664,6 +674,7 @@ impl<'a> Walk<'a> {
             warnings,
             whole: missing.is_empty(),
             layout: p.layout.clone(),
+            unperturbed_from: unperturbed.map(|u| u.first_step),
         }
     }
 
@@ -720,6 +731,7 @@ impl<'a> Walk<'a> {
             depth,
             step: ref_rec.step,
             perturbed_reference: self.pert.is_some(),
+            drift_measured: self.unperturbed_from.is_none_or(|s| ref_rec.step < s),
             increment: increment.then_some(cancelled),
             output_of: (role == Role::D).then_some(input_error),
         };

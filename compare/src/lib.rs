@@ -33,6 +33,7 @@ pub mod report;
 pub mod simd;
 pub mod tolerance;
 pub mod trace;
+pub mod twin;
 pub mod validate;
 pub mod widen;
 

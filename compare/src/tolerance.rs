@@ -216,6 +216,9 @@ pub struct TensorAt {
     pub step: u64,
     /// Whether a perturbed reference was given.
     pub perturbed_reference: bool,
+    /// Whether that reference's own drift over the steps measures this tensor's: it was
+    /// perturbed up to this step ([`crate::twin`]). Otherwise the steps' drift is modelled.
+    pub drift_measured: bool,
     /// For an increment `D - beta*C` (an accumulating GEMM's output): the digits cancelled,
     /// `‖beta*C‖ / ‖D - beta*C‖`.
     pub increment: Option<f64>,
@@ -235,14 +238,18 @@ impl TensorAt {
 impl Terms {
     /// The terms of a tensor's tolerance, given the perturbed reference's relative error on
     /// it (`perturbed`, read only when [`TensorAt::reads_perturbed`]). Without a perturbed
-    /// reference, the drift over the steps is modelled ([`step_growth`]); with one, its own
-    /// drift measures it.
+    /// reference, or with one whose perturbation did not reach this step's GEMMs, the drift
+    /// over the steps is modelled ([`step_growth`]); otherwise its own drift measures it.
     pub fn for_tensor(at: TensorAt, perturbed: Option<f64>) -> Terms {
         Terms {
             precision: at.precision,
             dtype: at.dtype,
             depth: at.depth,
-            updates: if at.perturbed_reference { 0 } else { at.step },
+            updates: if at.perturbed_reference && at.drift_measured {
+                0
+            } else {
+                at.step
+            },
             perturbed: perturbed.filter(|_| at.reads_perturbed()),
             cancelled: at.increment,
             input_error: at.output_of,
@@ -424,6 +431,7 @@ mod tests {
             depth: 0,
             step,
             perturbed_reference: false,
+            drift_measured: false,
             increment: None,
             output_of: None,
         }
@@ -434,9 +442,22 @@ mod tests {
         assert_eq!(Terms::for_tensor(at(99), None).tolerance().value, K * 10.0);
         let measured = TensorAt {
             perturbed_reference: true,
+            drift_measured: true,
             ..at(99)
         };
         assert_eq!(Terms::for_tensor(measured, None).tolerance().value, K);
+        // A twin its perturbation did not reach by this step (CUDA graph replays): modelled.
+        let unmeasured = TensorAt {
+            drift_measured: false,
+            ..measured
+        };
+        assert_eq!(
+            Terms::for_tensor(unmeasured, None).tolerance().value,
+            K * 10.0
+        );
+        // Its error on the tensor still counts where it is the larger.
+        let t = Terms::for_tensor(unmeasured, Some(1.0)).tolerance();
+        assert_eq!(t.source, "perturbed");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! replayed from a CUDA graph (`trainer --cuda-graph`: captured once, launched every step):
 //! the graphed run holds the same records as the eager run of the same layout, passes
 //! `ttrace check`, compares MATCH against an eager single-device reference, and a bug inside a
-//! graphed layer is found at the same op as in the eager run.
+//! graphed layer is found at the same op as in the eager run. A graphed reference's perturbed
+//! twin perturbs nothing (replays run no API call): compare sees it in the data and keeps
+//! modelling the drift over the steps.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,13 +23,18 @@ fn trace(store: &Path, nproc: usize, extra: &[&str], perturb: bool) {
 
 /// `ttrace compare REF RUN --perturbed P --json`: (exit code, report).
 fn compare(dir: &Path, run: &str) -> (i32, Value) {
+    compare_with(dir, "ref", run)
+}
+
+/// `ttrace compare REFERENCE RUN --perturbed REFERENCE-perturbed --json`: (exit code, report).
+fn compare_with(dir: &Path, reference: &str, run: &str) -> (i32, Value) {
     let json = dir.join(format!("{run}.json"));
     let out = Command::new(bin("ttrace"))
         .arg("compare")
-        .arg(dir.join("ref"))
+        .arg(dir.join(reference))
         .arg(dir.join(run))
         .arg("--perturbed")
-        .arg(dir.join("ref-perturbed"))
+        .arg(dir.join(format!("{reference}-perturbed")))
         .arg("--json")
         .arg(&json)
         .output()
@@ -125,6 +132,10 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
         "bug-free graphed run: {}",
         report["first_divergence"]
     );
+    // An eager twin perturbed every GEMM: its drift is the measurement, no step term.
+    assert!(twin_warning(&report).is_none(), "{}", report["warnings"]);
+    let growths = step_growths(&report);
+    assert!(growths.iter().all(|&g| g == 1.0), "{growths:?}");
 
     let (ecode, ereport) = compare(d, "eager-bug");
     let (gcode, greport) = compare(d, "graphed-bug");
@@ -141,4 +152,78 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
         pos(&ereport),
         "found at the same op as eagerly"
     );
+}
+
+/// The report's warning that the perturbed reference left GEMM outputs unperturbed.
+fn twin_warning(report: &Value) -> Option<String> {
+    report["warnings"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|w| w.starts_with("the perturbed reference left"))
+        .map(str::to_string)
+}
+
+/// For each reference operand (A or B: no increment's cancellation, no inputs' errors) of
+/// step 2 whose tolerance is the analytic bound alone, its
+/// tolerance over that of the same tensor (reference seq and role) in step 1 (at least one;
+/// step 0 also holds the first uploads, so its seqs are others).
+fn step_growths(report: &Value) -> Vec<f64> {
+    let tensors = report["tensors"].as_array().expect("tensors");
+    let key = |t: &Value| {
+        (
+            t["ref_seq"].as_u64(),
+            t["role"].as_str().map(str::to_string),
+        )
+    };
+    let analytic =
+        |t: &&Value| t["tolerance_source"] == "analytic" && (t["role"] == "A" || t["role"] == "B");
+    let growths: Vec<f64> = tensors
+        .iter()
+        .filter(|t| t["step"] == 2)
+        .filter(analytic)
+        .filter_map(|t| {
+            let first = tensors
+                .iter()
+                .filter(|f| f["step"] == 1)
+                .filter(analytic)
+                .find(|f| key(f) == key(t))?;
+            Some(t["tolerance_eps"].as_f64()? / first["tolerance_eps"].as_f64()?)
+        })
+        .map(|g| (g * 1e9).round() / 1e9)
+        .collect();
+    assert!(
+        !growths.is_empty(),
+        "no analytic tolerance in steps 1 and 2"
+    );
+    growths
+}
+
+#[test]
+fn a_graphed_twin_that_perturbed_nothing_leaves_the_steps_drift_modelled() {
+    let dir = TempDir::new("compare-graphed-twin");
+    let d = &dir.0;
+    let graphed = ["--cuda-graph"];
+    trace(&d.join("gref"), 1, &graphed, false);
+    trace(&d.join("gref-perturbed"), 1, &graphed, true);
+    trace(&d.join("run"), 2, &["--tp", "2", "--cuda-graph"], false);
+    let (code, report) = compare_with(d, "gref", "run");
+    assert_eq!(code, 0, "bug-free: {}", report["first_divergence"]);
+    // Every GEMM replays from the graph, unperturbed: the twin is the reference bit for bit.
+    let w = twin_warning(&report).expect("the report says the twin was not perturbed");
+    let counts: Vec<u64> = w
+        .split(' ')
+        .skip_while(|&x| x != "left")
+        .take(4)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert!(
+        counts.len() == 2 && counts[0] == counts[1] && counts[0] > 0,
+        "every GEMM output left alone: {w}"
+    );
+    assert!(w.contains("the first in step 0"), "{w}");
+    // So the drift over the steps is modelled, as without a twin: sqrt(1 + step).
+    let expected = ((3f64 / 2.0).sqrt() * 1e9).round() / 1e9;
+    let growths = step_growths(&report);
+    assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
 }

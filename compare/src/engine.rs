@@ -634,6 +634,8 @@ struct Walk<'a> {
     /// The first step whose GEMMs the perturbed reference's perturbation did not reach
     /// ([`crate::twin`]): from there on the steps' drift is modelled.
     unperturbed_from: Option<u64>,
+    /// Reference steps the perturbed reference holds nothing of ([`crate::twin`]).
+    twin_missing: std::collections::BTreeSet<u64>,
 }
 
 impl<'a> Walk<'a> {
@@ -659,6 +661,12 @@ impl<'a> Walk<'a> {
         if let Some(u) = &unperturbed {
             warnings.push(u.warning());
         }
+        let twin_missing = p
+            .pert
+            .as_ref()
+            .map(|pt| crate::twin::missing_steps(&p.reff, pt, p.ref_rank))
+            .unwrap_or_default();
+        warnings.extend(crate::twin::missing_warning(&twin_missing));
         Walk {
             reff: &p.reff,
             run: &p.run,
@@ -675,6 +683,7 @@ impl<'a> Walk<'a> {
             whole: missing.is_empty(),
             layout: p.layout.clone(),
             unperturbed_from: unperturbed.map(|u| u.first_step),
+            twin_missing: twin_missing.into_iter().collect(),
         }
     }
 
@@ -731,7 +740,8 @@ impl<'a> Walk<'a> {
             depth,
             step: ref_rec.step,
             perturbed_reference: self.pert.is_some(),
-            drift_measured: self.unperturbed_from.is_none_or(|s| ref_rec.step < s),
+            drift_measured: self.unperturbed_from.is_none_or(|s| ref_rec.step < s)
+                && !self.twin_missing.contains(&ref_rec.step),
             increment: increment.then_some(cancelled),
             output_of: (role == Role::D).then_some(input_error),
         };

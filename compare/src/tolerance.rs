@@ -216,8 +216,9 @@ pub struct TensorAt {
     pub step: u64,
     /// Whether a perturbed reference was given.
     pub perturbed_reference: bool,
-    /// Whether that reference's own drift over the steps measures this tensor's: it was
-    /// perturbed up to this step ([`crate::twin`]). Otherwise the steps' drift is modelled.
+    /// Whether that reference's own drift over the steps measures this tensor's: it holds
+    /// this step and was perturbed up to it ([`crate::twin`]). Otherwise the steps' drift is
+    /// modelled.
     pub drift_measured: bool,
     /// For an increment `D - beta*C` (an accumulating GEMM's output): the digits cancelled,
     /// `‖beta*C‖ / ‖D - beta*C‖`.

@@ -90,6 +90,34 @@ pub fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unpert
     found.map(|f| Unperturbed { of, ..f })
 }
 
+/// The steps of `reff` (rank `rank`) the twin `pert` holds no records of (a twin that ran
+/// fewer steps under the same command line, or died): it measures no drift there.
+pub fn missing_steps(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Vec<u64> {
+    reff.steps()
+        .into_iter()
+        .filter(|&s| pert.records(rank, s).is_empty())
+        .collect()
+}
+
+/// The report's warning for [`missing_steps`] (none when there are none).
+pub fn missing_warning(steps: &[u64]) -> Option<String> {
+    let (&first, &last) = (steps.first()?, steps.last()?);
+    let which = if first == last {
+        first.to_string()
+    } else if steps.len() as u64 == last - first + 1 {
+        format!("{first}-{last}")
+    } else {
+        let shown: Vec<String> = steps.iter().take(8).map(u64::to_string).collect();
+        let more = if steps.len() > 8 { ", ..." } else { "" };
+        format!("{}{more}", shown.join(", "))
+    };
+    Some(format!(
+        "the perturbed reference holds no records of {} reference step(s) ({which}): there \
+         the steps' drift is modelled as without a perturbed reference",
+        steps.len()
+    ))
+}
+
 /// The output of a GEMM record that a perturbed reference disturbs: its one captured D of
 /// F32, F16 or BF16 of at least [`MIN_ELEMENTS`] elements.
 fn perturbable_output(rec: &Record) -> Option<&Tensor> {
@@ -123,6 +151,15 @@ fn zeros_crc(n: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_steps_are_named_as_a_range_or_a_list() {
+        assert_eq!(missing_warning(&[]), None);
+        let w = missing_warning(&[3, 4, 5]).unwrap_or_default();
+        assert!(w.contains("3 reference step(s) (3-5)"), "{w}");
+        let w = missing_warning(&[1, 3]).unwrap_or_default();
+        assert!(w.contains("(1, 3)"), "{w}");
+    }
 
     #[test]
     fn the_crc_of_zeros_is_that_of_the_bytes() {

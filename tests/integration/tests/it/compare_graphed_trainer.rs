@@ -23,18 +23,18 @@ fn trace(store: &Path, nproc: usize, extra: &[&str], perturb: bool) {
 
 /// `ttrace compare REF RUN --perturbed P --json`: (exit code, report).
 fn compare(dir: &Path, run: &str) -> (i32, Value) {
-    compare_with(dir, "ref", run)
+    compare_with(dir, "ref", "ref-perturbed", run)
 }
 
-/// `ttrace compare REFERENCE RUN --perturbed REFERENCE-perturbed --json`: (exit code, report).
-fn compare_with(dir: &Path, reference: &str, run: &str) -> (i32, Value) {
-    let json = dir.join(format!("{run}.json"));
+/// `ttrace compare REFERENCE RUN --perturbed PERTURBED --json`: (exit code, report).
+fn compare_with(dir: &Path, reference: &str, perturbed: &str, run: &str) -> (i32, Value) {
+    let json = dir.join(format!("{run}-vs-{perturbed}.json"));
     let out = Command::new(bin("ttrace"))
         .arg("compare")
         .arg(dir.join(reference))
         .arg(dir.join(run))
         .arg("--perturbed")
-        .arg(dir.join(format!("{reference}-perturbed")))
+        .arg(dir.join(perturbed))
         .arg("--json")
         .arg(&json)
         .output()
@@ -136,6 +136,33 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
     assert!(twin_warning(&report).is_none(), "{}", report["warnings"]);
     let growths = step_growths(&report);
     assert!(growths.iter().all(|&g| g == 1.0), "{growths:?}");
+    // A twin without the last step (ran fewer steps under the same command line, or died):
+    // there the drift is modelled.
+    let short = d.join("short-perturbed");
+    copy_dir(&d.join("ref-perturbed"), &short);
+    for rank in std::fs::read_dir(&short).expect("store").flatten() {
+        for f in std::fs::read_dir(rank.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if f.file_name().to_string_lossy().starts_with("step000002.") {
+                std::fs::remove_file(f.path()).expect("remove step 2");
+            }
+        }
+    }
+    let (code, report) = compare_with(d, "ref", "short-perturbed", "graphed");
+    assert_eq!(code, 0, "{}", report["first_divergence"]);
+    let named = report["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|w| w.contains("holds no records of 1 reference step(s) (2)"));
+    assert!(named, "{}", report["warnings"]);
+    let expected = (3f64.sqrt() * 1e9).round() / 1e9;
+    let growths = step_growths(&report);
+    assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
 
     let (ecode, ereport) = compare(d, "eager-bug");
     let (gcode, greport) = compare(d, "graphed-bug");
@@ -207,7 +234,7 @@ fn a_graphed_twin_that_perturbed_nothing_leaves_the_steps_drift_modelled() {
     trace(&d.join("gref"), 1, &graphed, false);
     trace(&d.join("gref-perturbed"), 1, &graphed, true);
     trace(&d.join("run"), 2, &["--tp", "2", "--cuda-graph"], false);
-    let (code, report) = compare_with(d, "gref", "run");
+    let (code, report) = compare_with(d, "gref", "gref-perturbed", "run");
     assert_eq!(code, 0, "bug-free: {}", report["first_divergence"]);
     // Every GEMM replays from the graph, unperturbed: the twin is the reference bit for bit.
     let w = twin_warning(&report).expect("the report says the twin was not perturbed");
@@ -226,4 +253,17 @@ fn a_graphed_twin_that_perturbed_nothing_leaves_the_steps_drift_modelled() {
     let expected = ((3f64 / 2.0).sqrt() * 1e9).round() / 1e9;
     let growths = step_growths(&report);
     assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
+}
+
+/// Copies the files of `from` (a store: manifest, rank directories) into `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        let dest = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), &dest).expect("copy");
+        }
+    }
 }

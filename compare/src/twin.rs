@@ -5,11 +5,12 @@
 //! the elements of every F32, F16 and BF16 GEMM output, so each of those outputs differs from
 //! the reference's, and so does everything downstream. Its drift over the steps then measures
 //! how far one rounding per GEMM carries, and compare leaves out the modelled step drift.
-//! But the perturbation needs an API call per GEMM: a GEMM replayed from a CUDA graph
-//! (`torch.compile(mode="reduce-overhead")`, graphed layers) runs unperturbed, and where every
-//! GEMM is graphed the twin is the reference bit for bit: it measures no drift at all, and a
-//! correct run was reported diverged once its weights had drifted for enough steps (a graphed
-//! tp2 fixture trainer, FP32: at step 89 of 120).
+//! But a twin may leave GEMMs alone: before the perturbation was recorded into CUDA graphs,
+//! every replayed GEMM ran unperturbed, and where every GEMM is graphed the twin was the
+//! reference bit for bit: it measured no drift at all, and a correct run was reported diverged
+//! once its weights had drifted for enough steps (a graphed tp2 fixture trainer, FP32: at step
+//! 89 of 120). Graphed GEMMs past the staging budget are still left alone, and the wrong store
+//! may be given.
 //!
 //! What is read is the data, never how the twin was made: a GEMM output of the twin that holds
 //! exactly the reference's bytes (same length and CRC-32) was neither perturbed nor reached by
@@ -46,10 +47,9 @@ impl Unperturbed {
     pub fn warning(&self) -> String {
         format!(
             "the perturbed reference left {} of {} GEMM outputs bit for bit as the reference \
-             computed them, the first in step {} (the perturbation needs an API call per GEMM: \
-             CUDA graph replays, torch.compile(mode=\"reduce-overhead\"), run unperturbed): \
-             from that step on its drift is not a measurement, and the steps' drift is \
-             modelled as without a perturbed reference",
+             computed them, the first in step {} (not perturbed: see its run's exit log, or \
+             not a perturbed run of the reference at all): from that step on its drift is not \
+             a measurement, and the steps' drift is modelled as without a perturbed reference",
             self.outputs, self.of, self.first_step
         )
     }

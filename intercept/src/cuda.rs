@@ -293,6 +293,19 @@ pub fn malloc_host(len: usize) -> Result<*mut u8, cudaError_t> {
     Ok(p.cast())
 }
 
+/// Enqueues `f(data)` on `stream` (the perturbation of a reference run recorded into a CUDA
+/// graph: during a stream capture it becomes a host node, run at every replay).
+pub fn launch_host_func(
+    stream: cudaStream_t,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+) -> Result<(), cudaError_t> {
+    let real = real::cudaLaunchHostFunc().ok_or(MISSING)?;
+    // SAFETY: the program's stream; `f` touches only host memory (no CUDA call) and `data`
+    // stays valid for as long as the stream or a graph made from it may run it.
+    check(unsafe { real(stream, Some(f), data) })
+}
+
 /// Frees memory from [`malloc_host`].
 pub fn free_host(p: *mut u8) -> Result<(), cudaError_t> {
     let f = real::cudaFreeHost().ok_or(MISSING)?;

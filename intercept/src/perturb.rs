@@ -18,11 +18,19 @@
 //! D is enqueued afterwards, so the store holds the perturbed D the program goes on with. This
 //! synchronises twice per GEMM: slow, and meant for a reference run only.
 //!
-//! Never inside a stream capture (the copies would become graph nodes and the host step
-//! would not happen on replay): such a GEMM is left alone and counted. A runtime error stops
-//! the perturbation for the rest of the run with one log line; the hooked function's return
-//! value is never affected.
+//! Inside a stream capture (a CUDA graph: `torch.compile(mode="reduce-overhead")`, graphed
+//! layers), where nothing may synchronise, the same round trip is recorded into the graph and
+//! so runs at every replay: the copies to a staging buffer of the GEMM's own, a host node
+//! (`cudaLaunchHostFunc`) that flips the bits, with the noise of the replay's own place in the
+//! counter, and the copies back. A captured GEMM keeps its staging buffer for the life of the
+//! process (a graph may be replayed at any time), up to [`GRAPH_STAGING_MAX`] bytes in all;
+//! beyond, and on the legacy stream during another thread's capture (which cannot be asked),
+//! a GEMM is left alone and counted; compare finds the outputs such a run left unperturbed
+//! (`compare/src/twin.rs`). Two instances of one graph replayed at once would share the
+//! staging buffers. A runtime error stops the perturbation for the rest of the run with one
+//! log line; the hooked function's return value is never affected.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -109,9 +117,18 @@ pub fn disjoint(s: &Source) -> bool {
         || (s.bstride >= w && s.spitch >= s.bstride * (b - 1) + w)
 }
 
-/// GEMM outputs perturbed, and left alone (stream capture, runtime errors), in this process.
+/// GEMM outputs perturbed (eagerly, and by replays of CUDA graphs), GEMMs whose perturbation
+/// was recorded into a graph, and GEMMs left alone (legacy stream during a capture, staging
+/// budget, runtime errors), in this process.
 static PERTURBED: AtomicU64 = AtomicU64::new(0);
+static REPLAYED: AtomicU64 = AtomicU64::new(0);
+static RECORDED: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
+/// Page-locked bytes held by the staging buffers of perturbations recorded into graphs.
+static GRAPH_STAGING: AtomicU64 = AtomicU64::new(0);
+/// The most page-locked memory the perturbations recorded into graphs may hold.
+pub const GRAPH_STAGING_MAX: u64 = 1 << 30;
+static WARNED_BUDGET: AtomicBool = AtomicBool::new(false);
 /// Perturbable GEMMs seen so far (the noise's call counter).
 static CALLS: AtomicU64 = AtomicU64::new(0);
 static WARNED_CAPTURE: AtomicBool = AtomicBool::new(false);
@@ -123,9 +140,11 @@ static POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
 /// Why a GEMM was left alone.
 enum Skip {
-    /// The stream is being captured into a graph (or cannot be asked: the legacy stream
-    /// during another capture).
+    /// The stream cannot be asked whether it is being captured (the legacy stream during
+    /// another thread's capture).
     Capturing,
+    /// A graph's perturbation would pass [`GRAPH_STAGING_MAX`].
+    Budget,
     /// A runtime call failed.
     Failed(&'static str, cudaError_t),
 }
@@ -140,20 +159,19 @@ pub fn gemm_output(stream: cudaStream_t, d: &Matrix) {
         return;
     };
     let t = plan::matrix(Role::D, d, When::After, false);
-    if !perturbable(t.dtype) || !t.captured {
+    if !perturbable(t.dtype) {
         return;
+    }
+    if !t.captured {
+        return left_alone("a GEMM output that cannot be copied");
     }
     let s = t.source;
     if !disjoint(&s) {
         // Overlapping batch entries (a stride of 0 broadcasts one D): the noise would be
         // applied twice to the same bytes.
-        log::debug("perturbation: a batched GEMM whose outputs overlap is left alone");
-        return;
+        return left_alone("a batched GEMM whose outputs overlap");
     }
-    if !AT_EXIT.swap(true, Ordering::Relaxed) {
-        // SAFETY: `report` is an extern "C" fn without arguments, registered once.
-        unsafe { libc::atexit(report) };
-    }
+    report_at_exit();
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let mut noise = Noise::new(seed, identity::rank(), call);
     let _err = ErrScope::new();
@@ -165,16 +183,30 @@ pub fn gemm_output(stream: cudaStream_t, d: &Matrix) {
         let _ = cuda::exchange_capture_mode(m);
     }
     match r {
-        Ok(()) => {
+        Ok(Done::Now) => {
             PERTURBED.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Done::AtReplays) => {
+            RECORDED.fetch_add(1, Ordering::Relaxed);
         }
         Err(Skip::Capturing) => {
             SKIPPED.fetch_add(1, Ordering::Relaxed);
             if !WARNED_CAPTURE.swap(true, Ordering::Relaxed) {
                 log::warn(
-                    "perturbation: GEMMs captured into CUDA graphs are not perturbed (their \
-                     replays run no API call); the count is reported at exit with TTRACE_LOG=info",
+                    "perturbation: a GEMM on the legacy stream while another thread captures a \
+                     CUDA graph is not perturbed (the stream cannot be asked); the count is \
+                     reported at exit",
                 );
+            }
+        }
+        Err(Skip::Budget) => {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            if !WARNED_BUDGET.swap(true, Ordering::Relaxed) {
+                log::warn(&format!(
+                    "perturbation: GEMMs captured into CUDA graphs hold {} MiB of staging \
+                     memory: later ones are not perturbed; the count is reported at exit",
+                    GRAPH_STAGING_MAX >> 20
+                ));
             }
         }
         Err(Skip::Failed(what, code)) => {
@@ -190,10 +222,43 @@ pub fn gemm_output(stream: cudaStream_t, d: &Matrix) {
     }
 }
 
-fn perturb(stream: cudaStream_t, s: &Source, dtype: DType, noise: &mut Noise) -> Result<(), Skip> {
+/// How a GEMM's output was perturbed.
+enum Done {
+    /// Now (the stream synchronised).
+    Now,
+    /// At every replay of the graph being captured.
+    AtReplays,
+}
+
+/// A perturbed run's GEMM whose output is left alone (`what` it is): counted for the exit
+/// line, so that a twin that left outputs alone says so.
+pub fn left_alone(what: &str) {
+    if !mode::on(mode::PERTURB) {
+        return;
+    }
+    report_at_exit();
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    log::debug(&format!("perturbation: {what} is left alone"));
+}
+
+/// Registers the exit line ([`report`]) once.
+fn report_at_exit() {
+    if !AT_EXIT.swap(true, Ordering::Relaxed) {
+        // SAFETY: `report` is an extern "C" fn without arguments, registered once.
+        unsafe { libc::atexit(report) };
+    }
+}
+
+fn perturb(
+    stream: cudaStream_t,
+    s: &Source,
+    dtype: DType,
+    noise: &mut Noise,
+) -> Result<Done, Skip> {
     match cuda::is_capturing(stream) {
         Ok(false) => {}
-        Ok(true) | Err(_) => return Err(Skip::Capturing),
+        Ok(true) => return recorded(stream, s, dtype).map(|()| Done::AtReplays),
+        Err(_) => return Err(Skip::Capturing),
     }
     let len = s.bytes() as usize;
     let (buf, cap) = staging(len)?;
@@ -204,7 +269,66 @@ fn perturb(stream: cudaStream_t, s: &Source, dtype: DType, noise: &mut Noise) ->
             .unwrap_or_else(|p| p.into_inner())
             .push((buf as usize, cap));
     }
-    r
+    r.map(|()| Done::Now)
+}
+
+/// The round trip of a GEMM captured into a graph, recorded on `stream` for every replay:
+/// copies into a staging buffer of its own, a host node flipping the bits ([`replayed`]), the
+/// copies back. Nothing here is ever freed: a graph may be replayed at any time.
+fn recorded(stream: cudaStream_t, s: &Source, dtype: DType) -> Result<(), Skip> {
+    let len = s.bytes();
+    if GRAPH_STAGING.fetch_add(len, Ordering::Relaxed) + len > GRAPH_STAGING_MAX {
+        GRAPH_STAGING.fetch_sub(len, Ordering::Relaxed);
+        return Err(Skip::Budget);
+    }
+    let buf =
+        cuda::malloc_host(len.max(1) as usize).map_err(|c| Skip::Failed("cudaMallocHost", c))?;
+    let copies = s.copies();
+    for &c in &copies {
+        crate::engine::enqueue(buf as usize, c, stream)
+            .map_err(|e| Skip::Failed(copy_api(c, true), e))?;
+    }
+    let at = Box::into_raw(Box::new(Staged {
+        buf: buf as usize,
+        len: len as usize,
+        dtype,
+    }));
+    cuda::launch_host_func(stream, replayed, at.cast())
+        .map_err(|e| Skip::Failed("cudaLaunchHostFunc", e))?;
+    for &c in &copies {
+        copy_back(buf, c, stream).map_err(|e| Skip::Failed(copy_api(c, false), e))?;
+    }
+    Ok(())
+}
+
+/// A captured GEMM's staging buffer: `len` bytes of `dtype` at `buf`.
+struct Staged {
+    buf: usize,
+    len: usize,
+    dtype: DType,
+}
+
+/// The host node of a recorded perturbation: flips the bits of the replay's copy of D with
+/// the noise of the next place in the counter (replays come in stream order).
+unsafe extern "C" fn replayed(data: *mut c_void) {
+    let _ = std::panic::catch_unwind(|| {
+        if !mode::on(mode::PERTURB) {
+            return;
+        }
+        let Some(seed) = mode::config().and_then(|c| c.perturb) else {
+            return;
+        };
+        // SAFETY: `data` is the `Staged` that `recorded` leaked for this node.
+        let st = unsafe { &*(data as *const Staged) };
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let mut noise = Noise::new(seed, identity::rank(), call);
+        // SAFETY: `st.buf` holds `st.len` bytes of our page-locked allocation; the graph's
+        // copies into it completed before this node runs and the copies back start after it
+        // returns (stream order).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(st.buf as *mut u8, st.len) };
+        apply(st.dtype, bytes, &mut noise);
+        REPLAYED.fetch_add(1, Ordering::Relaxed);
+    });
 }
 
 /// A staging buffer of at least `len` bytes, taken out of the pool.
@@ -285,12 +409,22 @@ fn copy_back(buf: *mut u8, c: Copy, stream: cudaStream_t) -> Result<(), cudaErro
 /// were left alone).
 extern "C" fn report() {
     let _ = std::panic::catch_unwind(|| {
-        let (p, s) = (
+        let (p, r, g, s) = (
             PERTURBED.load(Ordering::Relaxed),
+            REPLAYED.load(Ordering::Relaxed),
+            RECORDED.load(Ordering::Relaxed),
             SKIPPED.load(Ordering::Relaxed),
         );
         let seed = mode::config().and_then(|c| c.perturb).unwrap_or(0);
-        let msg = format!("perturbation (seed {seed}): {p} GEMM outputs perturbed, {s} left alone");
+        let graphs = if g > 0 {
+            format!(" ({r} of them by replays of the {g} GEMMs captured into CUDA graphs)")
+        } else {
+            String::new()
+        };
+        let msg = format!(
+            "perturbation (seed {seed}): {} GEMM outputs perturbed{graphs}, {s} left alone",
+            p + r
+        );
         if s > 0 {
             log::warn(&msg);
         } else {

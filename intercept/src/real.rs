@@ -396,6 +396,7 @@ real_fns! {
     Cudart: fn cudaStreamSynchronize(cudaStream_t) -> cudaError_t;
     Cudart: fn cudaMallocHost(*mut *mut c_void, usize) -> cudaError_t;
     Cudart: fn cudaFreeHost(*mut c_void) -> cudaError_t;
+    Cudart: fn cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t, *mut c_void) -> cudaError_t;
 
     // ---- cuBLAS ----
     Cublas: fn cublasGetStream_v2(cublasHandle_t, *mut cudaStream_t) -> cublasStatus_t;

@@ -647,7 +647,7 @@ fn perturb_output(x: &Matmul) {
     let (rows, cols) = match l.order {
         o if o == CUBLASLT_ORDER_COL as i32 => (l.rows, l.cols),
         o if o == CUBLASLT_ORDER_ROW as i32 => (l.cols, l.rows),
-        _ => return,
+        _ => return perturb::left_alone("a GEMM output in a tiled order"),
     };
     let batch = l.batch.max(1) as u64;
     perturb::gemm_output(

@@ -3,8 +3,8 @@
 //! the graphed run holds the same records as the eager run of the same layout, passes
 //! `ttrace check`, compares MATCH against an eager single-device reference, and a bug inside a
 //! graphed layer is found at the same op as in the eager run. A graphed reference's perturbed
-//! twin perturbs nothing (replays run no API call): compare sees it in the data and keeps
-//! modelling the drift over the steps.
+//! twin is perturbed at every replay, so its drift is a measurement; a twin that is not (the
+//! reference's bytes) is found in the data, and the drift over the steps is modelled.
 
 use std::path::Path;
 use std::process::Command;
@@ -227,16 +227,25 @@ fn step_growths(report: &Value) -> Vec<f64> {
 }
 
 #[test]
-fn a_graphed_twin_that_perturbed_nothing_leaves_the_steps_drift_modelled() {
+fn a_graphed_twin_is_perturbed_at_every_replay_and_an_unperturbed_one_is_found() {
     let dir = TempDir::new("compare-graphed-twin");
     let d = &dir.0;
     let graphed = ["--cuda-graph"];
     trace(&d.join("gref"), 1, &graphed, false);
     trace(&d.join("gref-perturbed"), 1, &graphed, true);
     trace(&d.join("run"), 2, &["--tp", "2", "--cuda-graph"], false);
+    // The twin's GEMMs replay from its graph, perturbed: its drift is the measurement.
     let (code, report) = compare_with(d, "gref", "gref-perturbed", "run");
     assert_eq!(code, 0, "bug-free: {}", report["first_divergence"]);
-    // Every GEMM replays from the graph, unperturbed: the twin is the reference bit for bit.
+    assert!(twin_warning(&report).is_none(), "{}", report["warnings"]);
+    let growths = step_growths(&report);
+    assert!(growths.iter().all(|&g| g == 1.0), "{growths:?}");
+
+    // A twin that is the reference bit for bit (unperturbed replays, as before graphs were
+    // perturbed, or the wrong store given): found in the data, the drift modelled.
+    copy_dir(&d.join("gref"), &d.join("copy"));
+    let (code, report) = compare_with(d, "gref", "copy", "run");
+    assert_eq!(code, 0, "bug-free: {}", report["first_divergence"]);
     let w = twin_warning(&report).expect("the report says the twin was not perturbed");
     let counts: Vec<u64> = w
         .split(' ')

@@ -16,6 +16,7 @@
 #                torch.compile(mode="reduce-overhead"): every replay's tensors captured;
 #   graphed_train.py  an MLP trained eagerly and with its whole step in a replayed CUDA graph:
 #                `ttrace compare` must match them, and find a loss doubled inside the graph;
+#                the graphed run's --perturb twin must be perturbed at every replay;
 #   dist.py      (4+ GPUs) torchrun with NCCL: every collective's result captured, per rank;
 #   megatron.py  the world-1 reference and its --perturb twin; with 4+ GPUs the tp=2 dp=2 run
 #                must compare MATCH and the neighbour-shard bug must be found (exit 1);
@@ -205,6 +206,23 @@ if [ "$rc" -eq 1 ] && grep -q 'step 3' "$work/gt-bug.txt"; then
 else
   cat "$work/gt-bug.txt"
   echo "gpu-check: FAIL: compare exited $rc on the bug inside the graph (1 at step 3 expected)"; failed=1
+fi
+# The graphed step's perturbed twin: the perturbation is recorded into the graph (a host node
+# between copies to pinned memory and back), so every replay must be perturbed; compare must
+# take its drift as a measurement (no "perturbed reference left ... GEMM outputs" warning).
+rm -rf "$work/gt-graphed-perturbed"
+TTRACE_LOG=info "$ttrace" run -q --perturb --out "$work/gt-graphed-perturbed" -- \
+  "$py" scripts/gpu-check/graphed_train.py graphed 2> "$work/gt-perturb.err" || {
+  cat "$work/gt-perturb.err"; echo "gpu-check: FAIL: graphed_train.py graphed exited non-zero under --perturb"; failed=1; }
+grep 'perturbation (seed' "$work/gt-perturb.err" || true
+rc=0; "$ttrace" compare "$work/gt-graphed" "$work/gt-eager" --perturbed "$work/gt-graphed-perturbed" \
+  > "$work/gt-twin.txt" 2>&1 || rc=$?
+if [ "$rc" -eq 0 ] && grep -q 'of them by replays of the' "$work/gt-perturb.err" &&
+  ! grep -q 'perturbed reference left' "$work/gt-twin.txt"; then
+  echo "gpu-check: PASS: the graphed twin is perturbed at every replay and compare measures its drift"
+else
+  cat "$work/gt-twin.txt"
+  echo "gpu-check: FAIL: the graphed twin (compare exit $rc; its exit log and the report above)"; failed=1
 fi
 if [ "$ngpu" -ge 4 ]; then
   echo "gpu-check: tests/torch/dist.py, torchrun --nproc-per-node 4"

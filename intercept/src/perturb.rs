@@ -281,8 +281,10 @@ fn recorded(stream: cudaStream_t, s: &Source, dtype: DType) -> Result<(), Skip> 
         GRAPH_STAGING.fetch_sub(len, Ordering::Relaxed);
         return Err(Skip::Budget);
     }
-    let buf =
-        cuda::malloc_host(len.max(1) as usize).map_err(|c| Skip::Failed("cudaMallocHost", c))?;
+    let buf = cuda::malloc_host(len.max(1) as usize).map_err(|c| {
+        GRAPH_STAGING.fetch_sub(len, Ordering::Relaxed);
+        Skip::Failed("cudaMallocHost", c)
+    })?;
     let copies = s.copies();
     for &c in &copies {
         crate::engine::enqueue(buf as usize, c, stream)

@@ -746,9 +746,8 @@ impl<'a> Walk<'a> {
             output_of: (role == Role::D).then_some(input_error),
         };
         let pert_rec = self.pert.filter(|_| at.reads_perturbed()).and_then(|p| {
-            p.records(self.ref_rank, ref_rec.step)
-                .iter()
-                .find(|r| r.seq == ref_rec.seq && r.api == ref_rec.api)
+            p.record(self.ref_rank, ref_rec.step, ref_rec.seq)
+                .filter(|r| r.api == ref_rec.api)
                 .map(|r| (p, r))
         });
         let perturbed = match pert_rec {

@@ -21,8 +21,6 @@
 //! for a measurement (the steps' drift is modelled as without a twin); before it, it is.
 //! Metadata only (records' CRC-32s): every partition of a comparison decides the same.
 
-use std::collections::HashMap;
-
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{Record, Role, Tensor};
 
@@ -61,16 +59,14 @@ pub fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unpert
     let mut found: Option<Unperturbed> = None;
     let mut of = 0u64;
     for step in reff.steps() {
-        let twins: HashMap<u64, &Record> = pert
-            .records(rank, step)
-            .iter()
-            .map(|r| (r.seq, r))
-            .collect();
         for rec in reff.records(rank, step) {
             let Some(d) = perturbable_output(rec) else {
                 continue;
             };
-            let Some(twin) = twins.get(&rec.seq).filter(|t| t.api == rec.api) else {
+            let Some(twin) = pert
+                .record(rank, step, rec.seq)
+                .filter(|t| t.api == rec.api)
+            else {
                 continue;
             };
             let Some(td) = perturbable_output(twin) else {

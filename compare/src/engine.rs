@@ -653,6 +653,13 @@ impl<'a> Walk<'a> {
         warnings.extend(p.run.unreadable.iter().cloned());
         if let Some(pt) = &p.pert {
             warnings.extend(pt.unreadable.iter().cloned());
+            if pt.manifest.config.perturb.is_none() {
+                warnings.push(format!(
+                    "--perturbed {} was not run with ttrace run --perturb (its manifest names \
+                     no seed): where it equals the reference it measures nothing",
+                    pt.path.display()
+                ));
+            }
         }
         let unperturbed = p
             .pert

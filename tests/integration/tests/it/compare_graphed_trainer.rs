@@ -258,6 +258,13 @@ fn a_graphed_twin_is_perturbed_at_every_replay_and_an_unperturbed_one_is_found()
         "every GEMM output left alone: {w}"
     );
     assert!(w.contains("the first in step 0"), "{w}");
+    let said = report["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|w| w.contains("was not run with ttrace run --perturb"));
+    assert!(said, "{}", report["warnings"]);
     // So the drift over the steps is modelled, as without a twin: sqrt(1 + step).
     let expected = ((3f64 / 2.0).sqrt() * 1e9).round() / 1e9;
     let growths = step_growths(&report);

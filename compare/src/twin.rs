@@ -15,9 +15,11 @@
 //! What is read is the data, never how the twin was made: a GEMM output of the twin that holds
 //! exactly the reference's bytes (same length and CRC-32) was neither perturbed nor reached by
 //! any perturbation upstream. A perturbed output differs in about half its nonzero finite
-//! elements, so one of [`MIN_ELEMENTS`] elements or more, not all zero, is identical by chance
-//! with probability about `2^-MIN_ELEMENTS` only when nearly all its elements are zero or
-//! non-finite. From the first step holding such an output on, the twin's drift is not taken
+//! elements (one with `m` of them stays identical with probability `2^-m`), so an output of
+//! [`MIN_ELEMENTS`] elements or more, not all zero, is taken for unperturbed by chance only
+//! when nearly all its elements are zero or non-finite; the cost of that error is a tolerance
+//! as without a twin, never a tighter one. From the first step holding such an output on, the
+//! twin's drift is not taken
 //! for a measurement (the steps' drift is modelled as without a twin); before it, it is.
 //! Metadata only (records' CRC-32s): every partition of a comparison decides the same.
 

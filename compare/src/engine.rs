@@ -631,11 +631,8 @@ struct Walk<'a> {
     whole: bool,
     /// The run's layout (ranks' coordinates).
     layout: LayoutSummary,
-    /// The first step whose GEMMs the perturbed reference's perturbation did not reach
-    /// ([`crate::twin`]): from there on the steps' drift is modelled.
-    unperturbed_from: Option<u64>,
-    /// Reference steps the perturbed reference holds nothing of ([`crate::twin`]).
-    twin_missing: std::collections::BTreeSet<u64>,
+    /// Where the perturbed reference measures the drift over the steps ([`crate::twin`]).
+    twin: crate::twin::Reach,
 }
 
 impl<'a> Walk<'a> {
@@ -653,27 +650,13 @@ impl<'a> Walk<'a> {
         warnings.extend(p.run.unreadable.iter().cloned());
         if let Some(pt) = &p.pert {
             warnings.extend(pt.unreadable.iter().cloned());
-            if pt.manifest.config.perturb.is_none() {
-                warnings.push(format!(
-                    "--perturbed {} was not run with ttrace run --perturb (its manifest names \
-                     no seed): where it equals the reference it measures nothing",
-                    pt.path.display()
-                ));
-            }
         }
-        let unperturbed = p
+        let twin = p
             .pert
             .as_ref()
-            .and_then(|pt| crate::twin::unperturbed(&p.reff, pt, p.ref_rank));
-        if let Some(u) = &unperturbed {
-            warnings.push(u.warning());
-        }
-        let twin_missing = p
-            .pert
-            .as_ref()
-            .map(|pt| crate::twin::missing_steps(&p.reff, pt, p.ref_rank))
+            .map(|pt| crate::twin::Reach::of(&p.reff, pt, p.ref_rank))
             .unwrap_or_default();
-        warnings.extend(crate::twin::missing_warning(&twin_missing));
+        warnings.extend(twin.warnings.iter().cloned());
         Walk {
             reff: &p.reff,
             run: &p.run,
@@ -689,8 +672,7 @@ impl<'a> Walk<'a> {
             warnings,
             whole: missing.is_empty(),
             layout: p.layout.clone(),
-            unperturbed_from: unperturbed.map(|u| u.first_step),
-            twin_missing: twin_missing.into_iter().collect(),
+            twin,
         }
     }
 
@@ -747,8 +729,7 @@ impl<'a> Walk<'a> {
             depth,
             step: ref_rec.step,
             perturbed_reference: self.pert.is_some(),
-            drift_measured: self.unperturbed_from.is_none_or(|s| ref_rec.step < s)
-                && !self.twin_missing.contains(&ref_rec.step),
+            drift_measured: self.twin.measures(ref_rec.step),
             increment: increment.then_some(cancelled),
             output_of: (role == Role::D).then_some(input_error),
         };

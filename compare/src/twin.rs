@@ -23,10 +23,53 @@
 //! for a measurement (the steps' drift is modelled as without a twin); before it, it is.
 //! Metadata only (records' CRC-32s): every partition of a comparison decides the same.
 
+use std::collections::BTreeSet;
+
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{Record, Role, Tensor};
 
 use crate::trace::{gemm, RunTrace};
+
+/// Where a perturbed reference measures the drift over the steps, and what the report says
+/// where it does not.
+#[derive(Debug, Clone, Default)]
+pub struct Reach {
+    /// The first step whose GEMM outputs it left alone ([`unperturbed`]).
+    unperturbed_from: Option<u64>,
+    /// Reference steps it holds no records of ([`missing_steps`]).
+    missing: BTreeSet<u64>,
+    /// The report's warnings about it.
+    pub warnings: Vec<String>,
+}
+
+impl Reach {
+    /// Assesses the twin `pert` of `reff` (rank `rank` of both).
+    pub fn of(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Reach {
+        let mut warnings = Vec::new();
+        if pert.manifest.config.perturb.is_none() {
+            warnings.push(format!(
+                "--perturbed {} was not run with ttrace run --perturb (its manifest names no \
+                 seed): where it equals the reference it measures nothing",
+                pert.path.display()
+            ));
+        }
+        let left = unperturbed(reff, pert, rank);
+        warnings.extend(left.as_ref().map(Unperturbed::warning));
+        let missing = missing_steps(reff, pert, rank);
+        warnings.extend(missing_warning(&missing));
+        Reach {
+            unperturbed_from: left.map(|u| u.first_step),
+            missing: missing.into_iter().collect(),
+            warnings,
+        }
+    }
+
+    /// Whether the twin's own drift measures that of `step` (its perturbation reached every
+    /// step up to it, and it holds that step).
+    pub fn measures(&self, step: u64) -> bool {
+        self.unperturbed_from.is_none_or(|s| step < s) && !self.missing.contains(&step)
+    }
+}
 
 /// Elements a GEMM output needs for its twin's identical bytes to mean "not perturbed".
 pub const MIN_ELEMENTS: u64 = 64;
@@ -57,7 +100,7 @@ impl Unperturbed {
 
 /// The GEMM outputs of the twin `pert` that hold exactly the bytes of `reff`'s (rank `rank`
 /// of both: single-device references), paired by step, seq and API; `None` when there is none.
-pub fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unperturbed> {
+fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unperturbed> {
     let mut found: Option<Unperturbed> = None;
     let mut of = 0u64;
     for step in reff.steps() {
@@ -90,7 +133,7 @@ pub fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unpert
 
 /// The steps of `reff` (rank `rank`) the twin `pert` holds no records of (a twin that ran
 /// fewer steps under the same command line, or died): it measures no drift there.
-pub fn missing_steps(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Vec<u64> {
+fn missing_steps(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Vec<u64> {
     reff.steps()
         .into_iter()
         .filter(|&s| pert.records(rank, s).is_empty())
@@ -98,7 +141,7 @@ pub fn missing_steps(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Vec<u64> {
 }
 
 /// The report's warning for [`missing_steps`] (none when there are none).
-pub fn missing_warning(steps: &[u64]) -> Option<String> {
+fn missing_warning(steps: &[u64]) -> Option<String> {
     let (&first, &last) = (steps.first()?, steps.last()?);
     let which = if first == last {
         first.to_string()

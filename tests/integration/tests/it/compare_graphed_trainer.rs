@@ -153,13 +153,8 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
     }
     let (code, report) = compare_with(d, "ref", "short-perturbed", "graphed");
     assert_eq!(code, 0, "{}", report["first_divergence"]);
-    let named = report["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .any(|w| w.contains("holds no records of 1 reference step(s) (2)"));
-    assert!(named, "{}", report["warnings"]);
+    let named = warning(&report, "holds no records of 1 reference step(s) (2)");
+    assert!(named.is_some(), "{}", report["warnings"]);
     let expected = (3f64.sqrt() * 1e9).round() / 1e9;
     let growths = step_growths(&report);
     assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
@@ -183,11 +178,16 @@ fn a_graphed_run_compares_like_the_eager_one_and_a_bug_in_a_graphed_layer_is_fou
 
 /// The report's warning that the perturbed reference left GEMM outputs unperturbed.
 fn twin_warning(report: &Value) -> Option<String> {
+    warning(report, "the perturbed reference left")
+}
+
+/// The report's warning that says `text`, if any.
+fn warning(report: &Value, text: &str) -> Option<String> {
     report["warnings"]
         .as_array()?
         .iter()
         .filter_map(Value::as_str)
-        .find(|w| w.starts_with("the perturbed reference left"))
+        .find(|w| w.contains(text))
         .map(str::to_string)
 }
 
@@ -258,13 +258,8 @@ fn a_graphed_twin_is_perturbed_at_every_replay_and_an_unperturbed_one_is_found()
         "every GEMM output left alone: {w}"
     );
     assert!(w.contains("the first in step 0"), "{w}");
-    let said = report["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .any(|w| w.contains("was not run with ttrace run --perturb"));
-    assert!(said, "{}", report["warnings"]);
+    let said = warning(&report, "was not run with ttrace run --perturb");
+    assert!(said.is_some(), "{}", report["warnings"]);
     // So the drift over the steps is modelled, as without a twin: sqrt(1 + step).
     let expected = ((3f64 / 2.0).sqrt() * 1e9).round() / 1e9;
     let growths = step_growths(&report);

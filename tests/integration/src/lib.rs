@@ -123,6 +123,19 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// Copies the files under `from` (a store: its manifest and rank directories) into `to`.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
 /// A binary built by this workspace, e.g. `bin("simrun")`. Panics with a hint when missing.
 pub fn bin(name: &str) -> PathBuf {
     let p = profile_dir().join(name);

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use integration_tests::{bin, trace_trainer, TempDir};
+use integration_tests::{bin, copy_dir, trace_trainer, TempDir};
 use serde_json::Value;
 
 /// Model flags shared by the reference and the runs (no NVTX: replayed ops run no API call,
@@ -264,17 +264,4 @@ fn a_graphed_twin_is_perturbed_at_every_replay_and_an_unperturbed_one_is_found()
     let expected = ((3f64 / 2.0).sqrt() * 1e9).round() / 1e9;
     let growths = step_growths(&report);
     assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
-}
-
-/// Copies the files of `from` (a store: manifest, rank directories) into `to`.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read dir").flatten() {
-        let dest = to.join(e.file_name());
-        if e.path().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), &dest).expect("copy");
-        }
-    }
 }

@@ -133,6 +133,31 @@ fn ulp_diff(dtype: DType, a: &[u8], b: &[u8], what: &str) -> (usize, usize) {
     (a.len() / es, changed)
 }
 
+/// Over the GEMMs `gemms` of a perturbed store: (elements of their D, how many of them moved),
+/// each D compared with its inputs' exact product, every difference one ulp to an adjacent
+/// value of the same sign ([`ulp_diff`]); with `every`, each D of 8 elements or more moved.
+fn moved_by_noise(gemms: &[&Rec], every: bool) -> (usize, usize) {
+    let (mut total, mut moved) = (0, 0);
+    for r in gemms {
+        let (d_t, d) = r.tensor(Role::D);
+        assert!(matches!(d_t.dtype, DType::BF16 | DType::F32 | DType::F16));
+        let what = format!(
+            "seq {} step {} {}",
+            r.record.seq, r.record.step, r.record.api
+        );
+        let (n, c) = ulp_diff(d_t.dtype, &recompute(r).0, d, &what);
+        assert!(!every || c > 0 || n < 8, "{what}: D not perturbed");
+        total += n;
+        moved += c;
+    }
+    (total, moved)
+}
+
+/// Every record's captured bytes, in store order.
+fn tensors(run: &Traced) -> Vec<Vec<Option<Vec<u8>>>> {
+    run.records.iter().map(|r| r.bytes.clone()).collect()
+}
+
 #[test]
 fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
     let dump = TempDir::new("perturb-plain");
@@ -206,20 +231,7 @@ fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
     // Every GEMM of the perturbed store: D is its captured inputs' exact result (the
     // simulator's, recomputed) moved by one ulp in about half its elements; its inputs are
     // the perturbed outputs the program went on with.
-    let (mut total, mut moved) = (0, 0);
-    for r in &q0 {
-        let (d_t, d) = r.tensor(Role::D);
-        assert!(matches!(d_t.dtype, DType::BF16 | DType::F32 | DType::F16));
-        let (exact, _, _) = recompute(r);
-        let what = format!(
-            "seq {} step {} {}",
-            r.record.seq, r.record.step, r.record.api
-        );
-        let (n, c) = ulp_diff(d_t.dtype, &exact, d, &what);
-        assert!(c > 0 || n < 8, "{what}: D not perturbed");
-        total += n;
-        moved += c;
-    }
+    let (total, moved) = moved_by_noise(&q0, true);
     let frac = moved as f64 / total as f64;
     assert!(
         (0.45..0.55).contains(&frac),
@@ -235,9 +247,6 @@ fn a_perturbed_reference_run_moves_every_gemm_output_by_one_ulp() {
     }
 
     // (3) The same seed gives the same tensors, bit for bit; another seed other ones.
-    let tensors = |run: &Traced| -> Vec<Vec<Option<Vec<u8>>>> {
-        run.records.iter().map(|r| r.bytes.clone()).collect()
-    };
     assert!(
         tensors(&p1) == tensors(&p1_again),
         "the same seed gave other tensors"
@@ -259,14 +268,7 @@ fn the_cublaslt_path_is_perturbed_too() {
     let run = trainer_run(Some("--perturb=7"), &["--gemm", "lt"]);
     let g = gemms(&run);
     assert!(g.iter().all(|r| r.record.api == "cublasLtMatmul"));
-    let (mut total, mut moved) = (0, 0);
-    for r in &g {
-        let (d_t, d) = r.tensor(Role::D);
-        let (exact, _, _) = recompute(r);
-        let (n, c) = ulp_diff(d_t.dtype, &exact, d, &format!("seq {}", r.record.seq));
-        total += n;
-        moved += c;
-    }
+    let (total, moved) = moved_by_noise(&g, false);
     let frac = moved as f64 / total as f64;
     assert!(
         (0.45..0.55).contains(&frac),
@@ -339,18 +341,7 @@ fn gemms_captured_into_a_graph_are_perturbed_at_every_replay() {
     assert!(g.len() > 100, "{} GEMMs", g.len());
     // Every replayed GEMM's stored D is its inputs' exact result moved by one ulp in about
     // half its elements, with the noise of its own replay.
-    let (mut total, mut moved) = (0, 0);
-    for r in &q {
-        let (d_t, d) = r.tensor(Role::D);
-        let what = format!(
-            "seq {} step {} {}",
-            r.record.seq, r.record.step, r.record.api
-        );
-        let (n, c) = ulp_diff(d_t.dtype, &recompute(r).0, d, &what);
-        assert!(c > 0 || n < 8, "{what}: D not perturbed");
-        total += n;
-        moved += c;
-    }
+    let (total, moved) = moved_by_noise(&q, true);
     let frac = moved as f64 / total as f64;
     assert!(
         (0.45..0.55).contains(&frac),
@@ -358,9 +349,6 @@ fn gemms_captured_into_a_graph_are_perturbed_at_every_replay() {
     );
     assert_ne!(p3.losses, plain.losses, "the perturbation changed no loss");
     // The same seed, the same run bit for bit.
-    let tensors = |run: &Traced| -> Vec<Vec<Option<Vec<u8>>>> {
-        run.records.iter().map(|r| r.bytes.clone()).collect()
-    };
     assert!(
         tensors(&p3) == tensors(&p3_again),
         "the same seed gave other tensors"

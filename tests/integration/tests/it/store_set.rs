@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use integration_tests::{bin, trace_trainer, TempDir};
+use integration_tests::{bin, copy_dir, trace_trainer, TempDir};
 use serde_json::Value;
 
 const MODEL: &[&str] = &[
@@ -31,18 +31,6 @@ const MODEL: &[&str] = &[
 /// The trainer with this file's model and `extra` flags, traced into `store`.
 fn trace(store: &Path, nproc: usize, extra: &[&str]) {
     trace_trainer(store, nproc, false, &[MODEL, extra].concat());
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for e in std::fs::read_dir(from).expect("read dir").flatten() {
-        let target = to.join(e.file_name());
-        if e.file_type().expect("type").is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).expect("copy");
-        }
-    }
 }
 
 /// Writes `node` as the store the node running `rank` would have written: that rank's

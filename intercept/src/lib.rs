@@ -173,6 +173,40 @@ extern "C" fn on_load() {
     }
     // The C library's dlsym, before the program can ask for `RTLD_NEXT` through ours.
     dlsym::init();
+    offer_nvtx_tool();
+}
+
+/// Names this library as the process's NVTX tool (`NVTX_INJECTION64_PATH`), unless capture is
+/// off (`TTRACE=0`) or another tool (a profiler) is named already: NVTX 3 reaches a tool only
+/// that way (hooks/nvtx_injection.rs). Done at load, before any NVTX call reads it; the
+/// variable is inherited by child processes, which decline it unless they preload this
+/// library too.
+fn offer_nvtx_tool() {
+    const VAR: &std::ffi::CStr = c"NVTX_INJECTION64_PATH";
+    // SAFETY: getenv with a NUL-terminated name; at load time no other thread changes the
+    // environment.
+    if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() || !mode::enabled() {
+        return;
+    }
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    // SAFETY: dladdr fills `info` for an address inside this library.
+    if unsafe { libc::dladdr(on_load as *const libc::c_void, &mut info) } == 0
+        || info.dli_fname.is_null()
+    {
+        return;
+    }
+    // An absolute path: NVTX loads it on its first call, maybe after the program changed
+    // its working directory.
+    // SAFETY: realpath allocates the result (freed below) from a NUL-terminated path.
+    let path = unsafe { libc::realpath(info.dli_fname, core::ptr::null_mut()) };
+    if path.is_null() {
+        return;
+    }
+    // SAFETY: both strings are NUL-terminated; 0: never replace a value set meanwhile.
+    unsafe {
+        libc::setenv(VAR.as_ptr(), path, 0);
+        libc::free(path.cast());
+    }
 }
 
 /// Runs [`on_load`] when the library is loaded.

@@ -29,6 +29,7 @@ pub mod graph;
 pub mod memset;
 pub mod nccl;
 pub mod nvtx;
+pub mod nvtx_injection;
 
 use std::ffi::CStr;
 

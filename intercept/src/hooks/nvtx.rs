@@ -1,5 +1,7 @@
 //! NVTX hooks: a per-thread stack of open ranges (recorded with every op as `nvtx`) and step
-//! marks for `TTRACE_STEP_RULE=nvtx:NAME` (a range push or mark with that name).
+//! marks for `TTRACE_STEP_RULE=nvtx:NAME` (a range push or mark with that name), from the
+//! NVTX v2 library's exports interposed here, and from NVTX 3's tool interface
+//! ([`super::nvtx_injection`]).
 
 use core::ffi::{c_char, c_int};
 
@@ -16,7 +18,7 @@ const MISSING: c_int = NVTX_NO_PUSH_POP_TRACKING;
 ///
 /// # Safety
 /// `a` is null or a valid `nvtxEventAttributes_t` whose message matches its type.
-unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
+pub(super) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
     if a.is_null() {
         return String::new();
     }
@@ -43,7 +45,7 @@ fn maybe_mark(name: &str) {
     }
 }
 
-fn pushed(name: impl FnOnce() -> String) {
+pub(super) fn pushed(name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
@@ -54,14 +56,14 @@ fn pushed(name: impl FnOnce() -> String) {
     });
 }
 
-fn popped() {
+pub(super) fn popped() {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
     let _ = crate::catch(|| thread::with(|t| t.pop_range()));
 }
 
-fn marked(name: impl FnOnce() -> String) {
+pub(super) fn marked(name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
@@ -81,9 +83,14 @@ macro_rules! nvtx_hook {
             let Some(real) = real::real_of!($name, fn($($t),*) $(-> $r)?, Nvtx) else {
                 return $($missing)?;
             };
-            if !mode::off(mode::NVTX) {
-                $note;
+            if mode::off(mode::NVTX) {
+                // SAFETY: the program's arguments, forwarded unchanged.
+                return unsafe { real($($a),*) };
             }
+            $note;
+            // The real library may call ttrace's NVTX 3 table entries in turn (it loads
+            // tools the same way): noted once, here.
+            let _inside = super::nvtx_injection::InExportHook::enter();
             // SAFETY: the program's arguments, forwarded unchanged.
             unsafe { real($($a),*) }
         }

@@ -1,0 +1,286 @@
+//! NVTX 3's tool interface: how ranges reach ttrace from programs that use NVTX header-only.
+//!
+//! NVTX 3 (every CUDA 13 program, and most CUDA 12 ones: PyTorch, CUB, Transformer Engine)
+//! compiles the NVTX calls into the program as static functions that call through a table of
+//! function pointers; no `nvtxRangePushA` is ever exported, so an interposed export (the v2
+//! hooks in [`super::nvtx`]) never sees them. On its first NVTX call each such module reads
+//! `NVTX_INJECTION64_PATH`, `dlopen`s that library, and calls its `InitializeInjectionNvtx2`
+//! with a function that hands out the module's tables; the tool writes its own functions into
+//! the slots it wants (`nvtx3/nvtxDetail/nvtxInit.h`, `nvtxImpl.h`, `nvtxTypes.h`). NVIDIA's
+//! NVTX v2 library (`libnvToolsExt.so.1`) loads a tool the same way.
+//!
+//! libttrace.so offers itself: at load it sets `NVTX_INJECTION64_PATH` to its own path when
+//! nothing else (a profiler) set it (`lib.rs`), and [`InitializeInjectionNvtx2`] fills the
+//! push, pop and mark slots of the core and domain modules with functions that keep the
+//! thread's range stack and the `nvtx:NAME` step marks exactly as the v2 hooks do. They return
+//! what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`), so the program sees the
+//! values it would see untraced.
+//!
+//! A call of an interposed v2 export reaches the v2 library, which calls ttrace's table entry
+//! in turn: the v2 hook has already noted it, so the table entry leaves it alone
+//! ([`InExportHook`]).
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use cuda_abi::nvtx::{
+    nvtxDomainHandle_t, nvtxEventAttributes_t, wchar_t, NVTX_NO_PUSH_POP_TRACKING,
+};
+
+use super::nvtx::{attr_message, marked, popped, pushed};
+use crate::mode;
+
+/// `NvtxExportTableID`'s `NVTX_ETID_CALLBACKS` (`nvtxTypes.h`).
+const NVTX_ETID_CALLBACKS: u32 = 1;
+/// `NvtxCallbackModule`'s `NVTX_CB_MODULE_CORE`: the v2 core API.
+const NVTX_CB_MODULE_CORE: c_int = 1;
+/// `NvtxCallbackModule`'s `NVTX_CB_MODULE_CORE2`: the domain API.
+const NVTX_CB_MODULE_CORE2: c_int = 5;
+
+// `NvtxCallbackIdCore` (`nvtxTypes.h`).
+const NVTX_CBID_CORE_MARK_EX: usize = 1;
+const NVTX_CBID_CORE_MARK_A: usize = 2;
+const NVTX_CBID_CORE_MARK_W: usize = 3;
+const NVTX_CBID_CORE_RANGE_PUSH_EX: usize = 8;
+const NVTX_CBID_CORE_RANGE_PUSH_A: usize = 9;
+const NVTX_CBID_CORE_RANGE_PUSH_W: usize = 10;
+const NVTX_CBID_CORE_RANGE_POP: usize = 11;
+// `NvtxCallbackIdCore2` (`nvtxTypes.h`).
+const NVTX_CBID_CORE2_DOMAIN_MARK_EX: usize = 1;
+const NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
+const NVTX_CBID_CORE2_DOMAIN_RANGE_POP: usize = 5;
+
+/// `NvtxFunctionPointer`: an uncallable function pointer, cast to the slot's own type.
+type FunctionPointer = Option<unsafe extern "C" fn()>;
+
+/// `NvtxFunctionTable`: an array of pointers to a module's function-pointer slots.
+type FunctionTable = *mut *mut FunctionPointer;
+
+/// `NvtxGetExportTableFunc_t`.
+type GetExportTable = Option<unsafe extern "C" fn(export_table_id: u32) -> *const c_void>;
+
+/// `struct NvtxExportTableCallbacks` (`nvtxTypes.h`).
+#[repr(C)]
+struct ExportTableCallbacks {
+    struct_size: usize,
+    get_module_function_table: Option<
+        unsafe extern "C" fn(
+            module: c_int,
+            out_table: *mut FunctionTable,
+            out_size: *mut c_uint,
+        ) -> c_int,
+    >,
+}
+
+/// Modules (each library or program compiled with NVTX 3, and v2 libraries) that handed
+/// ttrace their tables.
+static MODULES: AtomicU32 = AtomicU32::new(0);
+
+thread_local! {
+    static IN_EXPORT_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as inside an interposed NVTX v2 export while it calls the real
+/// one, so that the real library's call of ttrace's table entries is not counted twice.
+pub(super) struct InExportHook(bool);
+
+impl InExportHook {
+    /// Enters (restored when dropped: a nested call keeps the outer mark).
+    pub(super) fn enter() -> InExportHook {
+        InExportHook(IN_EXPORT_HOOK.try_with(|c| c.replace(true)).unwrap_or(true))
+    }
+}
+
+impl Drop for InExportHook {
+    fn drop(&mut self) {
+        let _ = IN_EXPORT_HOOK.try_with(|c| c.set(self.0));
+    }
+}
+
+/// Runs `note` for a table entry the program called directly (not from within an interposed
+/// v2 export) while NVTX is tracked.
+fn from_table(note: impl FnOnce()) {
+    if IN_EXPORT_HOOK.try_with(Cell::get).unwrap_or(true) || mode::off(mode::NVTX) {
+        return;
+    }
+    note();
+}
+
+unsafe extern "C" fn range_push_a(message: *const c_char) -> c_int {
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    from_table(|| pushed(|| unsafe { super::c_string(message) }));
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+unsafe extern "C" fn range_push_w(message: *const wchar_t) -> c_int {
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    from_table(|| pushed(|| unsafe { super::wide_string(message) }));
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+unsafe extern "C" fn range_push_ex(attrib: *const nvtxEventAttributes_t) -> c_int {
+    // SAFETY: the program's attribute structure.
+    from_table(|| pushed(|| unsafe { attr_message(attrib) }));
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+unsafe extern "C" fn range_pop() -> c_int {
+    from_table(popped);
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+unsafe extern "C" fn mark_a(message: *const c_char) {
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    from_table(|| marked(|| unsafe { super::c_string(message) }));
+}
+
+unsafe extern "C" fn mark_w(message: *const wchar_t) {
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    from_table(|| marked(|| unsafe { super::wide_string(message) }));
+}
+
+unsafe extern "C" fn mark_ex(attrib: *const nvtxEventAttributes_t) {
+    // SAFETY: the program's attribute structure.
+    from_table(|| marked(|| unsafe { attr_message(attrib) }));
+}
+
+unsafe extern "C" fn domain_mark_ex(
+    _domain: nvtxDomainHandle_t,
+    attrib: *const nvtxEventAttributes_t,
+) {
+    // SAFETY: the program's attribute structure.
+    from_table(|| marked(|| unsafe { attr_message(attrib) }));
+}
+
+/// Domain ranges share the thread's stack, as with the v2 hooks.
+unsafe extern "C" fn domain_range_push_ex(
+    _domain: nvtxDomainHandle_t,
+    attrib: *const nvtxEventAttributes_t,
+) -> c_int {
+    // SAFETY: the program's attribute structure.
+    from_table(|| pushed(|| unsafe { attr_message(attrib) }));
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+unsafe extern "C" fn domain_range_pop(_domain: nvtxDomainHandle_t) -> c_int {
+    from_table(popped);
+    NVTX_NO_PUSH_POP_TRACKING
+}
+
+/// The slots ttrace fills, by module: (callback id, function).
+fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
+    /// A typed function as the table's uncallable pointer type.
+    macro_rules! entry {
+        ($id:expr, $f:expr, $ty:ty) => {
+            // SAFETY: only the pointer's type changes; NVTX calls it through the slot's own
+            // type, which is `$ty`.
+            ($id, Some(unsafe { core::mem::transmute::<$ty, unsafe extern "C" fn()>($f) }))
+        };
+    }
+    type Msg = unsafe extern "C" fn(*const c_char) -> c_int;
+    type Wide = unsafe extern "C" fn(*const wchar_t) -> c_int;
+    type Attr = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> c_int;
+    type Pop = unsafe extern "C" fn() -> c_int;
+    type MarkMsg = unsafe extern "C" fn(*const c_char);
+    type MarkWide = unsafe extern "C" fn(*const wchar_t);
+    type MarkAttr = unsafe extern "C" fn(*const nvtxEventAttributes_t);
+    type DomainMark = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
+    type DomainPush =
+        unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
+    type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
+    [
+        (
+            NVTX_CB_MODULE_CORE,
+            vec![
+                entry!(NVTX_CBID_CORE_RANGE_PUSH_A, range_push_a, Msg),
+                entry!(NVTX_CBID_CORE_RANGE_PUSH_W, range_push_w, Wide),
+                entry!(NVTX_CBID_CORE_RANGE_PUSH_EX, range_push_ex, Attr),
+                entry!(NVTX_CBID_CORE_RANGE_POP, range_pop, Pop),
+                entry!(NVTX_CBID_CORE_MARK_A, mark_a, MarkMsg),
+                entry!(NVTX_CBID_CORE_MARK_W, mark_w, MarkWide),
+                entry!(NVTX_CBID_CORE_MARK_EX, mark_ex, MarkAttr),
+            ],
+        ),
+        (
+            NVTX_CB_MODULE_CORE2,
+            vec![
+                entry!(NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX, domain_range_push_ex, DomainPush),
+                entry!(NVTX_CBID_CORE2_DOMAIN_RANGE_POP, domain_range_pop, DomainPop),
+                entry!(NVTX_CBID_CORE2_DOMAIN_MARK_EX, domain_mark_ex, DomainMark),
+            ],
+        ),
+    ]
+}
+
+/// Whether this copy of libttrace.so is the one the process resolves its symbols to (it was
+/// preloaded). A process that only inherited `NVTX_INJECTION64_PATH` (a child started
+/// without `LD_PRELOAD`) loads it privately for NVTX alone: there it declines, and NVTX
+/// runs as without a tool.
+fn preloaded() -> bool {
+    // SAFETY: a lookup in the global scope by a NUL-terminated name.
+    let found = unsafe { crate::dlsym::real(libc::RTLD_DEFAULT, c"InitializeInjectionNvtx2".as_ptr()) };
+    found as usize == InitializeInjectionNvtx2 as *const () as usize
+}
+
+/// NVTX's tool entry point (`NvtxInitializeInjectionNvtxFunc_t`), called once by each module
+/// that loads ttrace through `NVTX_INJECTION64_PATH`: fills the module's push, pop and mark
+/// slots. Returns 1 when it did, 0 to leave the module without a tool (capture off with
+/// `TTRACE=0` or `--apis` without `nvtx`, or this library not preloaded).
+///
+/// # Safety
+/// `get_export_table` is NVTX's export-table function for the calling module.
+#[no_mangle]
+pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTable) -> c_int {
+    let Some(get) = get_export_table else {
+        return 0;
+    };
+    if !mode::enabled() || mode::off(mode::NVTX) || !preloaded() {
+        return 0;
+    }
+    // SAFETY: NVTX's own function, with a table id it defines.
+    let table = unsafe { get(NVTX_ETID_CALLBACKS) }.cast::<ExportTableCallbacks>();
+    if table.is_null() {
+        return 0;
+    }
+    // SAFETY: NVTX hands out its callbacks table, which starts with its own size.
+    let size = unsafe { (*table).struct_size };
+    if size < core::mem::size_of::<ExportTableCallbacks>() {
+        return 0;
+    }
+    // SAFETY: the table is at least as large as the structure (checked just above).
+    let Some(module_table) = (unsafe { (*table).get_module_function_table }) else {
+        return 0;
+    };
+    let mut filled = 0;
+    for (module, entries) in slots() {
+        let (mut slots, mut count): (FunctionTable, c_uint) = (core::ptr::null_mut(), 0);
+        // SAFETY: NVTX's function, with a module it defines and two out-parameters.
+        if unsafe { module_table(module, &mut slots, &mut count) } == 0 || slots.is_null() {
+            continue;
+        }
+        for (id, f) in entries {
+            // `count` is the number of callback ids the module knows (its table holds one
+            // more entry, a null, at the end); an older NVTX may know fewer.
+            if id >= count as usize {
+                continue;
+            }
+            // SAFETY: `id` is within the module's table (checked above); each entry points to
+            // the module's function-pointer slot for that id, or is null.
+            let slot = unsafe { *slots.add(id) };
+            if !slot.is_null() {
+                // SAFETY: the slot is NVTX's, handed to the tool to write during this call.
+                unsafe { *slot = f };
+                filled += 1;
+            }
+        }
+    }
+    if filled == 0 {
+        return 0;
+    }
+    let n = MODULES.fetch_add(1, Ordering::Relaxed) + 1;
+    crate::log::debug(&format!(
+        "NVTX 3 tool interface: a module handed its tables over ({n} so far)"
+    ));
+    1
+}

@@ -1,0 +1,65 @@
+/*
+ * NVTX 3, header-only (as PyTorch, CUB and every CUDA 13 program use it): no NVTX library is
+ * linked; the ranges reach a tool only through NVTX's own loader (NVTX_INJECTION64_PATH).
+ * Three iterations, each in a range "step" holding a range "outer" > "inner" around a
+ * host-to-device copy, then a copy in a range of a domain of its own (its attributes' message),
+ * then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
+ * back. Push and pop must return what NVTX returns without a tool or with one that tracks
+ * levels: NVTX_NO_PUSH_POP_TRACKING, or the level.
+ */
+/* NVTX's loader uses POSIX (dlopen, PATH_MAX), which strict C11 hides. */
+#define _GNU_SOURCE
+#define PROGRAM "nvtx3"
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+#include <string.h>
+
+#include "check.h"
+
+enum { N = 64 };
+
+static void check_level(int got, int level, const char *what) {
+    if (got != NVTX_NO_PUSH_POP_TRACKING && got != level)
+        FAIL("%s returned %d (want %d or NVTX_NO_PUSH_POP_TRACKING)", what, got, level);
+}
+
+/* Copies `host` to the device and back, checking the bytes. */
+static void round_trip(float *dev, const float *host, float *back) {
+    CK_CUDA(cudaMemcpy(dev, host, N * sizeof(float), cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(back, dev, N * sizeof(float), cudaMemcpyDeviceToHost));
+    if (memcmp(host, back, N * sizeof(float)) != 0) FAIL("the copy came back changed");
+}
+
+int main(void) {
+    float host[N], back[N], *dev = NULL;
+    CK_CUDA(cudaMalloc((void **)&dev, N * sizeof(float)));
+    for (int i = 0; i < N; i++) host[i] = (float)i * 0.5f;
+    round_trip(dev, host, back);
+
+    nvtxDomainHandle_t domain = nvtxDomainCreateA("ttrace-test");
+    nvtxEventAttributes_t attr;
+    memset(&attr, 0, sizeof attr);
+    attr.version = NVTX_VERSION;
+    attr.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    attr.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    attr.message.ascii = "in-domain";
+
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < N; i++) host[i] = (float)(step * N + i);
+        check_level(nvtxRangePushA("step"), 0, "nvtxRangePushA(step)");
+        check_level(nvtxRangePushA("outer"), 1, "nvtxRangePushA(outer)");
+        check_level(nvtxRangePushA("inner"), 2, "nvtxRangePushA(inner)");
+        round_trip(dev, host, back);
+        check_level(nvtxRangePop(), 2, "nvtxRangePop(inner)");
+        check_level(nvtxRangePop(), 1, "nvtxRangePop(outer)");
+        check_level(nvtxDomainRangePushEx(domain, &attr), 0, "nvtxDomainRangePushEx");
+        round_trip(dev, host, back);
+        check_level(nvtxDomainRangePop(domain), 0, "nvtxDomainRangePop");
+        nvtxMarkA("after");
+        check_level(nvtxRangePop(), 0, "nvtxRangePop(step)");
+    }
+    nvtxDomainDestroy(domain);
+    CK_CUDA(cudaFree(dev));
+    printf("nvtx3: OK\n");
+    return 0;
+}

@@ -188,6 +188,7 @@ fn offer_nvtx_tool() {
     if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() || !mode::enabled() {
         return;
     }
+    // SAFETY: `Dl_info` is plain data (pointers and addresses): all zeros is a valid value.
     let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
     // SAFETY: dladdr fills `info` for an address inside this library.
     if unsafe { libc::dladdr(on_load as *const libc::c_void, &mut info) } == 0

@@ -1,7 +1,8 @@
 """Single-process PyTorch ops on the simulated CUDA stack, for ttrace's torch tests.
 
-Runs copies (H2D pageable and pinned non_blocking, D2H, D2D clone), mm / addmm / F.linear with
-and without bias / bmm / baddbmm in fp32, fp16 and bf16, torch._scaled_mm in FP8 and a linear
+Runs copies (H2D pageable and pinned non_blocking, D2H, D2D clone) in an NVTX range "copies",
+mm / addmm / F.linear with and without bias / bmm / baddbmm in fp32, fp16 and bf16 (each
+dtype in a range "gemms.<dtype>"), torch._scaled_mm in FP8 and a linear
 backward with an explicit gradient. Every tensor is made on the host (the simulated device runs
 no kernels: element-wise work is host work), moved to the device by a copy, and every result is
 copied back. What torch saw is saved as raw bytes, OUT/<index>_<label>.bin, with OUT/torch.json
@@ -126,9 +127,13 @@ def _kernel_refused_by_simulator():
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    copies()
+    # NVTX ranges (NVTX 3 inside torch: they reach a tool only through NVTX's loader), which
+    # the test finds on the records of the ops inside them.
+    with torch.cuda.nvtx.range("copies"):
+        copies()
     for dt in (torch.float32, torch.float16, torch.bfloat16):
-        gemms(dt)
+        with torch.cuda.nvtx.range("gemms." + str(dt).replace("torch.", "")):
+            gemms(dt)
     scaled_mm()
     linear_backward()
     kernel_refused()

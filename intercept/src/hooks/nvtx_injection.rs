@@ -168,14 +168,27 @@ unsafe extern "C" fn domain_range_pop(_domain: nvtxDomainHandle_t) -> c_int {
     NVTX_NO_PUSH_POP_TRACKING
 }
 
+/// A function pointer `f` as the table's uncallable pointer type.
+///
+/// # Safety
+/// `F` is a function pointer type: the one NVTX calls the slot through.
+unsafe fn erased<F: Copy>(f: F) -> FunctionPointer {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<unsafe extern "C" fn()>()) };
+    // SAFETY: `F` is a function pointer (the contract), of a function pointer's size (checked
+    // at compile time): only the pointer's type changes.
+    Some(unsafe { core::mem::transmute_copy::<F, unsafe extern "C" fn()>(&f) })
+}
+
 /// The slots ttrace fills, by module: (callback id, function).
 fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
-    /// A typed function as the table's uncallable pointer type.
+    /// A slot's id and ttrace's function for it, of the slot's own type.
     macro_rules! entry {
         ($id:expr, $f:expr, $ty:ty) => {
-            // SAFETY: only the pointer's type changes; NVTX calls it through the slot's own
-            // type, which is `$ty`.
-            ($id, Some(unsafe { core::mem::transmute::<$ty, unsafe extern "C" fn()>($f) }))
+            (
+                $id,
+                // SAFETY: `$ty` is the slot's NVTX function pointer type.
+                unsafe { erased::<$ty>($f) },
+            )
         };
     }
     type Msg = unsafe extern "C" fn(*const c_char) -> c_int;
@@ -205,8 +218,16 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
         (
             NVTX_CB_MODULE_CORE2,
             vec![
-                entry!(NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX, domain_range_push_ex, DomainPush),
-                entry!(NVTX_CBID_CORE2_DOMAIN_RANGE_POP, domain_range_pop, DomainPop),
+                entry!(
+                    NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX,
+                    domain_range_push_ex,
+                    DomainPush
+                ),
+                entry!(
+                    NVTX_CBID_CORE2_DOMAIN_RANGE_POP,
+                    domain_range_pop,
+                    DomainPop
+                ),
                 entry!(NVTX_CBID_CORE2_DOMAIN_MARK_EX, domain_mark_ex, DomainMark),
             ],
         ),
@@ -219,8 +240,12 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
 /// runs as without a tool.
 fn preloaded() -> bool {
     // SAFETY: a lookup in the global scope by a NUL-terminated name.
-    let found = unsafe { crate::dlsym::real(libc::RTLD_DEFAULT, c"InitializeInjectionNvtx2".as_ptr()) };
-    found as usize == InitializeInjectionNvtx2 as *const () as usize
+    let found =
+        unsafe { crate::dlsym::real(libc::RTLD_DEFAULT, c"InitializeInjectionNvtx2".as_ptr()) };
+    std::ptr::eq(
+        found.cast_const().cast(),
+        InitializeInjectionNvtx2 as *const (),
+    )
 }
 
 /// NVTX's tool entry point (`NvtxInitializeInjectionNvtxFunc_t`), called once by each module

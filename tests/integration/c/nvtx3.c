@@ -1,6 +1,9 @@
 /*
  * NVTX 3, header-only (as PyTorch, CUB and every CUDA 13 program use it): no NVTX library is
  * linked; the ranges reach a tool only through NVTX's own loader (NVTX_INJECTION64_PATH).
+ * Built with NVTX_V2 defined (nvtx2.c), the same program calls the NVTX v2 library
+ * (libnvToolsExt.so.1, CUDA 12) instead, whose exports a tool can interpose and which loads a
+ * tool the same way.
  * Three iterations, each in a range "step" holding a range "outer" > "inner" around a
  * host-to-device copy, then a copy in a range of a domain of its own (its attributes' message),
  * then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
@@ -9,9 +12,16 @@
  */
 /* NVTX's loader uses POSIX (dlopen, PATH_MAX), which strict C11 hides. */
 #define _GNU_SOURCE
+#ifndef PROGRAM
 #define PROGRAM "nvtx3"
+#endif
 #include <cuda_runtime.h>
+#ifdef NVTX_V2
+#define NVTX_SUPPRESS_V2_DEPRECATION_WARNING 1
+#include <nvToolsExt.h>
+#else
 #include <nvtx3/nvToolsExt.h>
+#endif
 #include <string.h>
 
 #include "check.h"
@@ -44,6 +54,12 @@ int main(void) {
     attr.messageType = NVTX_MESSAGE_TYPE_ASCII;
     attr.message.ascii = "in-domain";
 
+    /* What the first push returned: the level with a range-tracking tool, else
+     * NVTX_NO_PUSH_POP_TRACKING (which tool answered, for the test). */
+    int first = nvtxRangePushA("probe");
+    (void)nvtxRangePop();
+    printf("%s: first push returned %d\n", PROGRAM, first);
+
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < N; i++) host[i] = (float)(step * N + i);
         check_level(nvtxRangePushA("step"), 0, "nvtxRangePushA(step)");
@@ -60,6 +76,6 @@ int main(void) {
     }
     nvtxDomainDestroy(domain);
     CK_CUDA(cudaFree(dev));
-    printf("nvtx3: OK\n");
+    printf("%s: OK\n", PROGRAM);
     return 0;
 }

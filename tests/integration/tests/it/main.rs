@@ -45,6 +45,7 @@ mod intercept_memcpy;
 mod intercept_memset;
 mod intercept_nccl;
 mod intercept_nccl_identity;
+mod intercept_nvtx;
 mod intercept_private_libs;
 mod intercept_ptrarrays;
 mod intercept_real_cudart;

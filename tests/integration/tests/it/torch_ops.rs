@@ -1,7 +1,8 @@
 //! Real PyTorch (the PyPI wheels, in venvs made by scripts/torch-venv.sh) on the simulated CUDA
 //! stack, traced by `ttrace run`: copies, cuBLAS and cuBLASLt GEMMs in fp32/fp16/bf16, an FP8
 //! `torch._scaled_mm`, a linear backward, and a kernel launch that torch must turn into a
-//! Python exception (tests/torch/ops.py).
+//! Python exception (tests/torch/ops.py). torch's NVTX ranges (NVTX 3, compiled into torch)
+//! are on the records of the ops inside them.
 //!
 //! Asserted: the program's exit status and every tensor it saw are the same traced and
 //! untraced; every tensor torch copied back is byte-equal to a captured copy, and every GEMM
@@ -108,6 +109,38 @@ fn ops(version: &'static str) {
         cap.iter().any(|c| c.api == "cublasLtMatmul"),
         "no cublasLtMatmul captured"
     );
+    // torch's NVTX ranges (NVTX 3, compiled into torch) are on the records of the ops
+    // inside them, once each.
+    let records = crate::intercept_util::read_store(&store);
+    let ranges: Vec<(&str, Vec<&str>)> = records
+        .iter()
+        .map(|r| {
+            let path = r.record.nvtx.iter().map(String::as_str).collect();
+            (r.record.api.as_str(), path)
+        })
+        .collect();
+    let gemm_ranges = ["gemms.float32", "gemms.float16", "gemms.bfloat16"];
+    for (api, path) in &ranges {
+        assert!(
+            path.is_empty()
+                || (path.len() == 1 && (path[0] == "copies" || gemm_ranges.contains(&path[0]))),
+            "{api}: NVTX path {path:?}"
+        );
+    }
+    assert!(
+        ranges
+            .iter()
+            .any(|(api, path)| api.starts_with("cudaMemcpy") && path == &["copies"]),
+        "no copy in the range `copies`: {ranges:?}"
+    );
+    for g in gemm_ranges {
+        assert!(
+            ranges
+                .iter()
+                .any(|(api, path)| api.starts_with("cublas") && path == &[g]),
+            "no GEMM in the range `{g}`: {ranges:?}"
+        );
+    }
     check_is_silent(&store);
 }
 

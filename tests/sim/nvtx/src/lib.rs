@@ -14,7 +14,8 @@
 //! Environment: `SIM_NVTX_NO_TOOL=1` behaves instead like NVIDIA's library with no tool
 //! attached (the usual case outside a profiler): push and pop return
 //! `NVTX_NO_PUSH_POP_TRACKING` (-2), range starts return 0, handles are null. A tracer must
-//! work in both modes.
+//! work in both modes. `NVTX_INJECTION64_PATH` attaches a tool as NVIDIA's library does
+//! ([`tool`]): the push, pop and mark entry points then call the tool's functions.
 #![allow(clippy::missing_safety_doc)]
 
 use core::ffi::{c_char, c_int};
@@ -26,6 +27,35 @@ use std::sync::OnceLock;
 
 use cuda_abi::cudart::{cudaEvent_t, cudaStream_t};
 use cuda_abi::nvtx::*;
+
+pub mod tool;
+use tool::{Module, Slot};
+
+/// Runs the attached tool's function in slot `id` of `module` (`call`, given its address),
+/// does nothing (`empty`) when the tool left the slot empty, or runs `own` without a tool.
+fn routed<R>(
+    module: Module,
+    id: usize,
+    call: impl FnOnce(usize) -> R,
+    empty: R,
+    own: impl FnOnce() -> R,
+) -> R {
+    match tool::slot(module, id) {
+        Slot::Tool(f) => call(f),
+        Slot::Empty => empty,
+        Slot::NoTool => own(),
+    }
+}
+
+/// A tool's function at `f` as the slot's own type `T` (a function pointer type).
+///
+/// # Safety
+/// `f` is the address the tool wrote into a slot whose NVTX type is `T`.
+unsafe fn tool_fn<T: Copy>(f: usize) -> T {
+    debug_assert_eq!(core::mem::size_of::<T>(), core::mem::size_of::<usize>());
+    // SAFETY: per the contract, `f` is a function of type `T`.
+    unsafe { core::mem::transmute_copy::<usize, T>(&f) }
+}
 
 /// Whether a range-tracking tool is simulated (the default), see the crate documentation.
 fn tracking() -> bool {
@@ -107,22 +137,73 @@ fn handle<T>(tracking: bool) -> *mut T {
 
 /// `void nvtxMarkA(const char* message)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxMarkA(_message: *const c_char) {}
+pub unsafe extern "C" fn nvtxMarkA(message: *const c_char) {
+    type F = unsafe extern "C" fn(*const c_char);
+    guard((), || {
+        routed(
+            Module::Core,
+            tool::CORE_MARK_A,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(message) },
+            (),
+            || (),
+        )
+    })
+}
 
 /// `void nvtxMarkW(const wchar_t* message)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxMarkW(_message: *const wchar_t) {}
+pub unsafe extern "C" fn nvtxMarkW(message: *const wchar_t) {
+    type F = unsafe extern "C" fn(*const wchar_t);
+    guard((), || {
+        routed(
+            Module::Core,
+            tool::CORE_MARK_W,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(message) },
+            (),
+            || (),
+        )
+    })
+}
 
 /// `void nvtxMarkEx(const nvtxEventAttributes_t* eventAttrib)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxMarkEx(_eventAttrib: *const nvtxEventAttributes_t) {}
+pub unsafe extern "C" fn nvtxMarkEx(eventAttrib: *const nvtxEventAttributes_t) {
+    type F = unsafe extern "C" fn(*const nvtxEventAttributes_t);
+    guard((), || {
+        routed(
+            Module::Core,
+            tool::CORE_MARK_EX,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(eventAttrib) },
+            (),
+            || (),
+        )
+    })
+}
 
 /// `void nvtxDomainMarkEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* eventAttrib)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainMarkEx(
-    _domain: nvtxDomainHandle_t,
-    _eventAttrib: *const nvtxEventAttributes_t,
+    domain: nvtxDomainHandle_t,
+    eventAttrib: *const nvtxEventAttributes_t,
 ) {
+    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
+    guard((), || {
+        routed(
+            Module::Core2,
+            tool::CORE2_DOMAIN_MARK_EX,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(domain, eventAttrib) },
+            (),
+            || (),
+        )
+    })
 }
 
 // ---- start/end ranges --------------------------------------------------------------------
@@ -168,20 +249,53 @@ pub unsafe extern "C" fn nvtxDomainRangeEnd(_domain: nvtxDomainHandle_t, _id: nv
 
 /// `int nvtxRangePushA(const char* message)`: the level of the new range.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushA(_message: *const c_char) -> c_int {
-    guard(-1, || push(0, tracking()))
+pub unsafe extern "C" fn nvtxRangePushA(message: *const c_char) -> c_int {
+    type F = unsafe extern "C" fn(*const c_char) -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core,
+            tool::CORE_RANGE_PUSH_A,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(message) },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || push(0, tracking()),
+        )
+    })
 }
 
 /// `int nvtxRangePushW(const wchar_t* message)`: the level of the new range.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushW(_message: *const wchar_t) -> c_int {
-    guard(-1, || push(0, tracking()))
+pub unsafe extern "C" fn nvtxRangePushW(message: *const wchar_t) -> c_int {
+    type F = unsafe extern "C" fn(*const wchar_t) -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core,
+            tool::CORE_RANGE_PUSH_W,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(message) },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || push(0, tracking()),
+        )
+    })
 }
 
 /// `int nvtxRangePushEx(const nvtxEventAttributes_t* eventAttrib)`: the level of the new range.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangePushEx(_eventAttrib: *const nvtxEventAttributes_t) -> c_int {
-    guard(-1, || push(0, tracking()))
+pub unsafe extern "C" fn nvtxRangePushEx(eventAttrib: *const nvtxEventAttributes_t) -> c_int {
+    type F = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core,
+            tool::CORE_RANGE_PUSH_EX,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(eventAttrib) },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || push(0, tracking()),
+        )
+    })
 }
 
 /// `int nvtxDomainRangePushEx(nvtxDomainHandle_t, const nvtxEventAttributes_t*)`: the level of
@@ -189,21 +303,54 @@ pub unsafe extern "C" fn nvtxRangePushEx(_eventAttrib: *const nvtxEventAttribute
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRangePushEx(
     domain: nvtxDomainHandle_t,
-    _eventAttrib: *const nvtxEventAttributes_t,
+    eventAttrib: *const nvtxEventAttributes_t,
 ) -> c_int {
-    guard(-1, || push(domain as usize, tracking()))
+    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core2,
+            tool::CORE2_DOMAIN_RANGE_PUSH_EX,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(domain, eventAttrib) },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || push(domain as usize, tracking()),
+        )
+    })
 }
 
 /// `int nvtxRangePop(void)`: the level of the range closed, negative when none was open.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangePop() -> c_int {
-    guard(-1, || pop(0, tracking()))
+    type F = unsafe extern "C" fn() -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core,
+            tool::CORE_RANGE_POP,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)() },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || pop(0, tracking()),
+        )
+    })
 }
 
 /// `int nvtxDomainRangePop(nvtxDomainHandle_t domain)`: as `nvtxRangePop`, in that domain.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int {
-    guard(-1, || pop(domain as usize, tracking()))
+    type F = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
+    guard(-1, || {
+        routed(
+            Module::Core2,
+            tool::CORE2_DOMAIN_RANGE_POP,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(domain) },
+            NVTX_NO_PUSH_POP_TRACKING,
+            || pop(domain as usize, tracking()),
+        )
+    })
 }
 
 // ---- domains, strings, resources, names ---------------------------------------------------

@@ -1,0 +1,121 @@
+//! NVTX ranges under libttrace.so, from programs written only against NVIDIA's headers
+//! (tests/integration/c/nvtx3.c): with NVTX 3 header-only, as PyTorch, CUB and every CUDA 13
+//! program use it, the ranges reach ttrace only through NVTX's own tool loader
+//! (`NVTX_INJECTION64_PATH`, which libttrace.so sets to itself); with the NVTX v2 library
+//! (nvtx2.c, CUDA 12), through the interposed exports, and the library, which loads ttrace as
+//! its tool as well, must not make each range count twice. Either way every copy's record
+//! carries the ranges open around it, and `--step-rule nvtx:NAME` numbers the steps by them.
+
+use std::process::Command;
+
+use crate::intercept_util::*;
+
+/// The ranges open around each of the program's copies, in order: one copy before any range,
+/// then per iteration a copy inside step > outer > inner and one inside step > the domain's
+/// range (each copy is a host-to-device and a device-to-host `cudaMemcpy`).
+fn expected_ranges() -> Vec<Vec<&'static str>> {
+    let mut want = vec![vec![]; 2];
+    for _ in 0..3 {
+        want.extend(std::iter::repeat_n(vec!["step", "outer", "inner"], 2));
+        want.extend(std::iter::repeat_n(vec!["step", "in-domain"], 2));
+    }
+    want
+}
+
+/// tests/integration/c/`program`.c built for CUDA `major` against the simulated stack `sim`,
+/// linked to the runtime (and the NVTX v2 library with `v2`).
+fn nvtx_program(program: &str, major: u32, sim: &std::path::Path, v2: bool) -> Command {
+    let mut libs = vec![format!("libcudart.so.{major}")];
+    if v2 {
+        libs.push("libnvToolsExt.so.1".into());
+    }
+    let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+    let exe = integration_tests::c_build::compile_c(
+        &format!("{program}.c"),
+        &format!("{program}{major}"),
+        major,
+        sim,
+        &libs,
+    );
+    let mut cmd = Command::new(exe);
+    cmd.env_remove("LD_LIBRARY_PATH");
+    cmd
+}
+
+/// The NVTX path of every record, in order.
+fn ranges(run: &Run) -> Vec<Vec<&str>> {
+    run.records
+        .iter()
+        .map(|r| r.record.nvtx.iter().map(String::as_str).collect())
+        .collect()
+}
+
+/// How many records each step holds, by step.
+fn records_per_step(run: &Run) -> Vec<(u64, usize)> {
+    let mut per: std::collections::BTreeMap<u64, usize> = Default::default();
+    for r in &run.records {
+        *per.entry(r.record.step).or_default() += 1;
+    }
+    per.into_iter().collect()
+}
+
+/// The value the program's first `nvtxRangePushA` returned (it prints it).
+fn first_push(run: &Run, program: &str) -> i32 {
+    let out = String::from_utf8_lossy(&run.out.stdout);
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{program}: first push returned ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{program} printed no first push: {out}"))
+}
+
+#[test]
+fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
+    for major in [12, 13] {
+        let Some(sim) = sim_or_skip(major) else {
+            continue;
+        };
+        let what = format!("CUDA {major}");
+        let run = run_c(
+            nvtx_program("nvtx3", major, &sim, false),
+            "nvtx3-c",
+            "nvtx3",
+            &what,
+        );
+        assert_eq!(ranges(&run), expected_ranges(), "{what}");
+        // What NVTX returns without a tool: the program sees what it saw untraced.
+        assert_eq!(first_push(&run, "nvtx3"), -2, "{what}");
+
+        // The ranges and marks the program makes are step boundaries when named.
+        let mut cmd = nvtx_program("nvtx3", major, &sim, false);
+        cmd.env("TTRACE_STEP_RULE", "nvtx:step");
+        let run = run_c(cmd, "nvtx3-steps", "nvtx3", &what);
+        assert_eq!(
+            records_per_step(&run),
+            [(0, 2), (1, 4), (2, 4), (3, 4)],
+            "{what}: a step from each `step` range"
+        );
+        let mut cmd = nvtx_program("nvtx3", major, &sim, false);
+        cmd.env("TTRACE_STEP_RULE", "nvtx:after");
+        let run = run_c(cmd, "nvtx3-marks", "nvtx3", &what);
+        assert_eq!(
+            records_per_step(&run),
+            [(0, 6), (1, 4), (2, 4)],
+            "{what}: a step from each `after` mark"
+        );
+    }
+}
+
+#[test]
+fn the_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
+    let sim = integration_tests::sim_dir();
+    let run = run_c(
+        nvtx_program("nvtx2", 12, &sim, true),
+        "nvtx2-c",
+        "nvtx2",
+        "NVTX v2",
+    );
+    // The library attached ttrace as its tool: its push answered with ttrace's value, not
+    // with the level the simulated library returns on its own.
+    assert_eq!(first_push(&run, "nvtx2"), -2);
+    assert_eq!(ranges(&run), expected_ranges());
+}

@@ -10,7 +10,6 @@
 //! connects to it. The collector logs to `collector.log` in the same directory and exits by
 //! itself once it has had no client for a while.
 
-use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
@@ -241,19 +240,7 @@ fn find_ttraced() -> Result<PathBuf, String> {
 
 /// The directory libttrace.so was loaded from.
 fn own_dir() -> Option<PathBuf> {
-    // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an address inside a loaded
-    // object (this function's own code) and leaves it alone otherwise.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    let here = own_dir as *const libc::c_void;
-    // SAFETY: `here` is an address in this library; `info` lives across the call.
-    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dladdr set dli_fname to a NUL-terminated path owned by the loader.
-    let name = unsafe { CStr::from_ptr(info.dli_fname) };
-    let path = PathBuf::from(name.to_string_lossy().into_owned());
-    let path = std::fs::canonicalize(&path).unwrap_or(path);
-    path.parent().map(Path::to_path_buf)
+    crate::own_path()?.parent().map(Path::to_path_buf)
 }
 
 #[cfg(test)]

@@ -55,6 +55,7 @@ mod thread;
 mod tracer;
 mod uploads;
 
+use std::os::unix::ffi::OsStringExt as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ttrace_proto::record::{GapReason, Op};
@@ -185,29 +186,38 @@ fn offer_nvtx_tool() {
     const VAR: &std::ffi::CStr = c"NVTX_INJECTION64_PATH";
     // SAFETY: getenv with a NUL-terminated name; at load time no other thread changes the
     // environment.
-    if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() || !mode::enabled() {
+    if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() {
+        hooks::nvtx_injection::another_tool_named();
         return;
     }
-    // SAFETY: `Dl_info` is plain data (pointers and addresses): all zeros is a valid value.
-    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
-    // SAFETY: dladdr fills `info` for an address inside this library.
-    if unsafe { libc::dladdr(on_load as *const libc::c_void, &mut info) } == 0
-        || info.dli_fname.is_null()
-    {
+    if !mode::enabled() {
         return;
     }
-    // An absolute path: NVTX loads it on its first call, maybe after the program changed
-    // its working directory.
-    // SAFETY: realpath allocates the result (freed below) from a NUL-terminated path.
-    let path = unsafe { libc::realpath(info.dli_fname, core::ptr::null_mut()) };
-    if path.is_null() {
+    let Some(path) = own_path() else {
         return;
-    }
+    };
+    let Ok(path) = std::ffi::CString::new(path.into_os_string().into_vec()) else {
+        return;
+    };
     // SAFETY: both strings are NUL-terminated; 0: never replace a value set meanwhile.
-    unsafe {
-        libc::setenv(VAR.as_ptr(), path, 0);
-        libc::free(path.cast());
+    unsafe { libc::setenv(VAR.as_ptr(), path.as_ptr(), 0) };
+}
+
+/// The canonical path of this library, as the loader found it (absolute: NVTX loads it on
+/// its first call, maybe after the program changed its working directory).
+pub(crate) fn own_path() -> Option<std::path::PathBuf> {
+    // SAFETY: an all-zero Dl_info is valid; dladdr fills it for an address inside a loaded
+    // object (this function's own code) and leaves it alone otherwise.
+    let mut info: libc::Dl_info = unsafe { core::mem::zeroed() };
+    let here = own_path as *const libc::c_void;
+    // SAFETY: `here` is an address in this library; `info` lives across the call.
+    if unsafe { libc::dladdr(here, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
     }
+    // SAFETY: dladdr set dli_fname to a NUL-terminated path owned by the loader.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    let path = std::path::PathBuf::from(std::ffi::OsString::from_vec(name.to_bytes().to_vec()));
+    Some(std::fs::canonicalize(&path).unwrap_or(path))
 }
 
 /// Runs [`on_load`] when the library is loaded.

@@ -22,7 +22,7 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use cuda_abi::nvtx::{
     nvtxDomainHandle_t, nvtxEventAttributes_t, wchar_t, NVTX_NO_PUSH_POP_TRACKING,
@@ -76,6 +76,38 @@ struct ExportTableCallbacks {
 /// Modules (each library or program compiled with NVTX 3, and v2 libraries) that handed
 /// ttrace their tables.
 static MODULES: AtomicU32 = AtomicU32::new(0);
+
+/// `NVTX_INJECTION64_PATH` was set when this library loaded (to another tool, or to this
+/// library by a parent process).
+static NAMED_BEFORE: AtomicBool = AtomicBool::new(false);
+
+/// Notes that `NVTX_INJECTION64_PATH` was set before this library loaded (lib.rs).
+pub(crate) fn another_tool_named() {
+    NAMED_BEFORE.store(true, Ordering::Relaxed);
+}
+
+/// Says once, when capture starts, that NVTX 3's ranges go to another tool: the records
+/// carry only the ranges of NVTX v2 library calls (the exports interposed here).
+pub(crate) fn warn_if_another_tool() {
+    if !NAMED_BEFORE.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(named) = std::env::var_os("NVTX_INJECTION64_PATH") else {
+        return;
+    };
+    // This library, named by a parent process that preloaded it too.
+    let mine = std::fs::canonicalize(&named)
+        .ok()
+        .is_some_and(|p| crate::own_path().is_some_and(|m| m == p));
+    if !mine {
+        crate::log::warn(&format!(
+            "NVTX_INJECTION64_PATH names another NVTX tool ({}): the ranges of code using NVTX 3 \
+             (PyTorch, CUB, every CUDA 13 program) go to it, so records carry only those of \
+             NVTX v2 library calls",
+            named.to_string_lossy()
+        ));
+    }
+}
 
 thread_local! {
     static IN_EXPORT_HOOK: Cell<bool> = const { Cell::new(false) };

@@ -119,3 +119,27 @@ fn the_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
     assert_eq!(first_push(&run, "nvtx2"), -2);
     assert_eq!(ranges(&run), expected_ranges());
 }
+
+#[test]
+fn another_nvtx_tool_keeps_its_place_and_the_loss_of_nvtx3_ranges_is_said() {
+    let sim = integration_tests::sim_dir();
+    let mut cmd = nvtx_program("nvtx3", 12, &sim, false);
+    // A profiler's injection (here one that does not load: NVTX then runs without a tool).
+    cmd.env(
+        "NVTX_INJECTION64_PATH",
+        "/nonexistent/libProfilerInjection64.so",
+    );
+    let run = run_c(cmd, "nvtx3-other-tool", "nvtx3", "another tool");
+    assert!(
+        ranges(&run).iter().all(Vec::is_empty),
+        "ttrace did not take the other tool's place"
+    );
+    let err = stderr(&run.out);
+    assert!(
+        err.contains(
+            "NVTX_INJECTION64_PATH names another NVTX tool \
+             (/nonexistent/libProfilerInjection64.so)"
+        ),
+        "{err}"
+    );
+}

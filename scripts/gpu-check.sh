@@ -10,7 +10,8 @@
 # match its CRC-32; no gaps. Then the scripts the simulated-stack tests run (tests/torch, see
 # tests/integration/tests/it/torch_*.rs), this time on the real GPU:
 #   ops.py       copies, GEMMs in fp32/fp16/bf16, FP8 _scaled_mm, linear backward: every tensor
-#                torch saw must be captured byte for byte (the same check.py table);
+#                torch saw must be captured byte for byte (the same check.py table), and its
+#                NVTX ranges (NVTX 3, compiled into torch) must be on the records;
 #   graph_probe.py  CUDA graphs: GEMMs, a copy and an all-reduce captured into torch.cuda.graph
 #                and replayed with new inputs, then (with Triton) a matmul compiled with
 #                torch.compile(mode="reduce-overhead"): every replay's tensors captured;
@@ -178,6 +179,16 @@ torchrun=("$py" -m torch.distributed.run)
 echo "gpu-check: tests/torch/ops.py on the GPU"
 TORCH_OPS_ON_GPU=1 check_script "$work/ops-store" "$work/ops" single -- \
   "$py" tests/torch/ops.py "$work/ops"
+# torch's NVTX ranges (NVTX 3 inside torch) reach the records through NVTX's tool loader.
+if "$py" -c '
+import json, sys
+paths = {tuple(json.loads(l).get("nvtx", [])) for l in open(sys.argv[1])}
+want = {("copies",), ("gemms.float32",), ("gemms.float16",), ("gemms.bfloat16",)}
+sys.exit(0 if want <= paths else 1)' "$work/ops-store.records.jsonl"; then
+  echo "gpu-check: PASS: torch's NVTX ranges are on the records"
+else
+  echo "gpu-check: FAIL: torch's NVTX ranges (copies, gemms.*) are not on the records"; failed=1
+fi
 echo "gpu-check: scripts/gpu-check/graph_probe.py: torch.cuda.graph replays"
 check_script "$work/graph-store" "$work/graph" single -- \
   "$py" scripts/gpu-check/graph_probe.py "$work/graph"

@@ -268,12 +268,20 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
 
 /// Whether this copy of libttrace.so is the one the process resolves its symbols to (it was
 /// preloaded). A process that only inherited `NVTX_INJECTION64_PATH` (a child started
-/// without `LD_PRELOAD`) loads it privately for NVTX alone: there it declines, and NVTX
+/// without `LD_PRELOAD`) loads it privately for NVTX alone: there it fills nothing, and NVTX
 /// runs as without a tool.
 fn preloaded() -> bool {
-    // SAFETY: a lookup in the global scope by a NUL-terminated name.
-    let found =
-        unsafe { crate::dlsym::real(libc::RTLD_DEFAULT, c"InitializeInjectionNvtx2".as_ptr()) };
+    // The program's global scope (dlopen(NULL)), where preloaded libraries are: a lookup with
+    // RTLD_DEFAULT from here would search this library's own scope too, and always find it.
+    // SAFETY: dlopen(NULL) only returns the main program's handle.
+    let global = unsafe { libc::dlopen(core::ptr::null(), libc::RTLD_LAZY) };
+    if global.is_null() {
+        return false;
+    }
+    // SAFETY: a lookup in that scope by a NUL-terminated name.
+    let found = unsafe { crate::dlsym::real(global, c"InitializeInjectionNvtx2".as_ptr()) };
+    // SAFETY: the handle dlopen(NULL) returned above, closed once.
+    unsafe { libc::dlclose(global) };
     std::ptr::eq(
         found.cast_const().cast(),
         InitializeInjectionNvtx2 as *const (),
@@ -282,8 +290,11 @@ fn preloaded() -> bool {
 
 /// NVTX's tool entry point (`NvtxInitializeInjectionNvtxFunc_t`), called once by each module
 /// that loads ttrace through `NVTX_INJECTION64_PATH`: fills the module's push, pop and mark
-/// slots. Returns 1 when it did, 0 to leave the module without a tool (capture off with
-/// `TTRACE=0` or `--apis` without `nvtx`, or this library not preloaded).
+/// slots and returns 1. Where NVTX is not to be tracked (capture off with `TTRACE=0`, or this
+/// library not preloaded) it fills none and still returns 1: NVTX then makes every call a
+/// no-op, as without a tool, and keeps the library loaded (a refusal would make it `dlclose`
+/// a library that registered fork handlers and thread-locals). 0 only for tables it cannot
+/// read.
 ///
 /// # Safety
 /// `get_export_table` is NVTX's export-table function for the calling module.
@@ -292,8 +303,8 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTab
     let Some(get) = get_export_table else {
         return 0;
     };
-    if !mode::enabled() || mode::off(mode::NVTX) || !preloaded() {
-        return 0;
+    if !preloaded() || !mode::enabled() || mode::off(mode::NVTX) {
+        return 1;
     }
     // SAFETY: NVTX's own function, with a table id it defines.
     let table = unsafe { get(NVTX_ETID_CALLBACKS) }.cast::<ExportTableCallbacks>();
@@ -333,7 +344,7 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTab
         }
     }
     if filled == 0 {
-        return 0;
+        return 1;
     }
     let n = MODULES.fetch_add(1, Ordering::Relaxed) + 1;
     crate::log::debug(&format!(

@@ -6,7 +6,10 @@
 //! its tool as well, must not make each range count twice. Either way every copy's record
 //! carries the ranges open around it, and `--step-rule nvtx:NAME` numbers the steps by them.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 
 use crate::intercept_util::*;
 
@@ -24,19 +27,20 @@ fn expected_ranges() -> Vec<Vec<&'static str>> {
 
 /// tests/integration/c/`program`.c built for CUDA `major` against the simulated stack `sim`,
 /// linked to the runtime (and the NVTX v2 library with `v2`).
+/// Each is built once: tests run in parallel, and one rebuilding the file another is starting
+/// would make that start fail.
 fn nvtx_program(program: &str, major: u32, sim: &std::path::Path, v2: bool) -> Command {
-    let mut libs = vec![format!("libcudart.so.{major}")];
-    if v2 {
-        libs.push("libnvToolsExt.so.1".into());
-    }
-    let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
-    let exe = integration_tests::c_build::compile_c(
-        &format!("{program}.c"),
-        &format!("{program}{major}"),
-        major,
-        sim,
-        &libs,
-    );
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let name = format!("{program}{major}");
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let exe = built.entry(name.clone()).or_insert_with(|| {
+        let mut libs = vec![format!("libcudart.so.{major}")];
+        if v2 {
+            libs.push("libnvToolsExt.so.1".into());
+        }
+        let libs: Vec<&str> = libs.iter().map(String::as_str).collect();
+        integration_tests::c_build::compile_c(&format!("{program}.c"), &name, major, sim, &libs)
+    });
     let mut cmd = Command::new(exe);
     cmd.env_remove("LD_LIBRARY_PATH");
     cmd
@@ -141,5 +145,28 @@ fn another_nvtx_tool_keeps_its_place_and_the_loss_of_nvtx3_ranges_is_said() {
              (/nonexistent/libProfilerInjection64.so)"
         ),
         "{err}"
+    );
+}
+
+/// A child that inherited `NVTX_INJECTION64_PATH` but not `LD_PRELOAD` loads libttrace.so for
+/// NVTX alone: it must stay out of the way there (fill no slot), and the program run as
+/// without a tool.
+#[test]
+fn a_process_that_did_not_preload_libttrace_gets_no_nvtx_tool_from_it() {
+    let sim = integration_tests::sim_dir();
+    let out = nvtx_program("nvtx3", 12, &sim, false)
+        .env("NVTX_INJECTION64_PATH", libttrace())
+        .env("TTRACE_LOG", "debug")
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("nvtx3 runs");
+    let (stdout, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        out.status.success() && stdout.contains("nvtx3: OK"),
+        "{stdout}{err}"
+    );
+    assert!(
+        !err.contains("handed its tables over"),
+        "libttrace.so took NVTX's slots in a process that did not preload it: {err}"
     );
 }

@@ -46,6 +46,7 @@ mod identity;
 mod log;
 mod lookups;
 mod mode;
+mod nvtx_tool;
 mod perturb;
 mod prefilter;
 mod real;
@@ -179,7 +180,7 @@ extern "C" fn on_load() {
 
 /// Names this library as the process's NVTX tool (`NVTX_INJECTION64_PATH`), unless capture is
 /// off (`TTRACE=0`) or another tool (a profiler) is named already: NVTX 3 reaches a tool only
-/// that way (hooks/nvtx_injection.rs). Done at load, before any NVTX call reads it; the
+/// that way (nvtx_tool.rs). Done at load, before any NVTX call reads it; the
 /// variable is inherited by child processes, which decline it unless they preload this
 /// library too.
 fn offer_nvtx_tool() {
@@ -187,7 +188,7 @@ fn offer_nvtx_tool() {
     // SAFETY: getenv with a NUL-terminated name; at load time no other thread changes the
     // environment.
     if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() {
-        hooks::nvtx_injection::another_tool_named();
+        nvtx_tool::another_tool_named();
         return;
     }
     if !mode::enabled() {

@@ -361,7 +361,7 @@ fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Clie
             welcome.store, welcome.store
         ));
     }
-    crate::hooks::nvtx_injection::warn_if_another_tool();
+    crate::nvtx_tool::warn_if_another_tool();
     log::info(&format!(
         "capturing into run {} at {} (ring {capacity} bytes, rank {})",
         welcome.run_id,

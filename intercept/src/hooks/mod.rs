@@ -29,7 +29,6 @@ pub mod graph;
 pub mod memset;
 pub mod nccl;
 pub mod nvtx;
-pub mod nvtx_injection;
 
 use std::ffi::CStr;
 

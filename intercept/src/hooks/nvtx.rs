@@ -1,7 +1,7 @@
 //! NVTX hooks: a per-thread stack of open ranges (recorded with every op as `nvtx`) and step
 //! marks for `TTRACE_STEP_RULE=nvtx:NAME` (a range push or mark with that name), from the
 //! NVTX v2 library's exports interposed here, and from NVTX 3's tool interface
-//! ([`super::nvtx_injection`]).
+//! ([`crate::nvtx_tool`]).
 
 use core::ffi::{c_char, c_int};
 
@@ -18,7 +18,7 @@ const MISSING: c_int = NVTX_NO_PUSH_POP_TRACKING;
 ///
 /// # Safety
 /// `a` is null or a valid `nvtxEventAttributes_t` whose message matches its type.
-pub(super) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
+pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
     if a.is_null() {
         return String::new();
     }
@@ -45,7 +45,7 @@ fn maybe_mark(name: &str) {
     }
 }
 
-pub(super) fn pushed(name: impl FnOnce() -> String) {
+pub(crate) fn pushed(name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
@@ -56,14 +56,14 @@ pub(super) fn pushed(name: impl FnOnce() -> String) {
     });
 }
 
-pub(super) fn popped() {
+pub(crate) fn popped() {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
     let _ = crate::catch(|| thread::with(|t| t.pop_range()));
 }
 
-pub(super) fn marked(name: impl FnOnce() -> String) {
+pub(crate) fn marked(name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
@@ -90,7 +90,7 @@ macro_rules! nvtx_hook {
             $note;
             // The real library may call ttrace's NVTX 3 table entries in turn (it loads
             // tools the same way): noted once, here.
-            let _inside = super::nvtx_injection::InExportHook::enter();
+            let _inside = crate::nvtx_tool::InExportHook::enter();
             // SAFETY: the program's arguments, forwarded unchanged.
             unsafe { real($($a),*) }
         }

@@ -3,7 +3,7 @@
 //! NVTX 3 (every CUDA 13 program, and most CUDA 12 ones: PyTorch, CUB, Transformer Engine)
 //! compiles the NVTX calls into the program as static functions that call through a table of
 //! function pointers; no `nvtxRangePushA` is ever exported, so an interposed export (the v2
-//! hooks in [`super::nvtx`]) never sees them. On its first NVTX call each such module reads
+//! hooks in [`crate::hooks::nvtx`]) never sees them. On its first NVTX call each such module reads
 //! `NVTX_INJECTION64_PATH`, `dlopen`s that library, and calls its `InitializeInjectionNvtx2`
 //! with a function that hands out the module's tables; the tool writes its own functions into
 //! the slots it wants (`nvtx3/nvtxDetail/nvtxInit.h`, `nvtxImpl.h`, `nvtxTypes.h`). NVIDIA's
@@ -28,7 +28,8 @@ use cuda_abi::nvtx::{
     nvtxDomainHandle_t, nvtxEventAttributes_t, wchar_t, NVTX_NO_PUSH_POP_TRACKING,
 };
 
-use super::nvtx::{attr_message, marked, popped, pushed};
+use crate::hooks::nvtx::{attr_message, marked, popped, pushed};
+use crate::hooks::{c_string, wide_string};
 use crate::mode;
 
 /// `NvtxExportTableID`'s `NVTX_ETID_CALLBACKS` (`nvtxTypes.h`).
@@ -115,11 +116,11 @@ thread_local! {
 
 /// Marks the calling thread as inside an interposed NVTX v2 export while it calls the real
 /// one, so that the real library's call of ttrace's table entries is not counted twice.
-pub(super) struct InExportHook(bool);
+pub(crate) struct InExportHook(bool);
 
 impl InExportHook {
     /// Enters (restored when dropped: a nested call keeps the outer mark).
-    pub(super) fn enter() -> InExportHook {
+    pub(crate) fn enter() -> InExportHook {
         InExportHook(IN_EXPORT_HOOK.try_with(|c| c.replace(true)).unwrap_or(true))
     }
 }
@@ -141,13 +142,13 @@ fn from_table(note: impl FnOnce()) {
 
 unsafe extern "C" fn range_push_a(message: *const c_char) -> c_int {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| pushed(|| unsafe { super::c_string(message) }));
+    from_table(|| pushed(|| unsafe { c_string(message) }));
     NVTX_NO_PUSH_POP_TRACKING
 }
 
 unsafe extern "C" fn range_push_w(message: *const wchar_t) -> c_int {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| pushed(|| unsafe { super::wide_string(message) }));
+    from_table(|| pushed(|| unsafe { wide_string(message) }));
     NVTX_NO_PUSH_POP_TRACKING
 }
 
@@ -164,12 +165,12 @@ unsafe extern "C" fn range_pop() -> c_int {
 
 unsafe extern "C" fn mark_a(message: *const c_char) {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| marked(|| unsafe { super::c_string(message) }));
+    from_table(|| marked(|| unsafe { c_string(message) }));
 }
 
 unsafe extern "C" fn mark_w(message: *const wchar_t) {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| marked(|| unsafe { super::wide_string(message) }));
+    from_table(|| marked(|| unsafe { wide_string(message) }));
 }
 
 unsafe extern "C" fn mark_ex(attrib: *const nvtxEventAttributes_t) {

@@ -14,7 +14,9 @@
 //! push, pop and mark slots of the core and domain modules with functions that keep the
 //! thread's range stack and the `nvtx:NAME` step marks exactly as the v2 hooks do. They return
 //! what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`), so the program sees the
-//! values it would see untraced.
+//! values it would see untraced. It also takes the domain module's string registration
+//! (`nvtxDomainRegisterString{A,W}`: nvtx3.hpp's `registered_string_in`, CCCL's range names),
+//! so that a range named by a registered string is recorded under its text.
 //!
 //! A call of an interposed v2 export reaches the v2 library, which calls ttrace's table entry
 //! in turn: the v2 hook has already noted it, so the table entry leaves it alone
@@ -22,10 +24,13 @@
 
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use cuda_abi::nvtx::{
-    nvtxDomainHandle_t, nvtxEventAttributes_t, wchar_t, NVTX_NO_PUSH_POP_TRACKING,
+    nvtxDomainHandle_t, nvtxEventAttributes_t, nvtxStringHandle_t, wchar_t,
+    NVTX_NO_PUSH_POP_TRACKING,
 };
 
 use crate::hooks::nvtx::{attr_message, marked, popped, pushed};
@@ -51,6 +56,8 @@ const NVTX_CBID_CORE_RANGE_POP: usize = 11;
 const NVTX_CBID_CORE2_DOMAIN_MARK_EX: usize = 1;
 const NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 const NVTX_CBID_CORE2_DOMAIN_RANGE_POP: usize = 5;
+const NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;
+const NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W: usize = 11;
 
 /// `NvtxFunctionPointer`: an uncallable function pointer, cast to the slot's own type.
 type FunctionPointer = Option<unsafe extern "C" fn()>;
@@ -186,6 +193,44 @@ unsafe extern "C" fn domain_mark_ex(
     from_table(|| marked(|| unsafe { attr_message(attrib) }));
 }
 
+/// Strings registered through ttrace's table entries, by the handle handed out for each (a
+/// range whose message is a registered string names it by its handle).
+static REGISTERED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
+
+/// Registers `text` and returns its handle: never null, and a pointer to nothing (opaque to
+/// the program, looked up here only).
+fn register(text: String) -> nvtxStringHandle_t {
+    let mut reg = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    let reg = reg.get_or_insert_with(HashMap::new);
+    // Handles count from 1, scaled to look like aligned pointers (never dereferenced).
+    let handle = (reg.len() + 1) * 16;
+    reg.insert(handle, text);
+    handle as nvtxStringHandle_t
+}
+
+/// The text of a string registered through ttrace's table entries, if `handle` is one of theirs
+/// (a handle from the v2 library's own registry, with no tool attached, is not).
+pub(crate) fn registered(handle: nvtxStringHandle_t) -> Option<String> {
+    let reg = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    reg.as_ref()?.get(&(handle as usize)).cloned()
+}
+
+unsafe extern "C" fn domain_register_string_a(
+    _domain: nvtxDomainHandle_t,
+    string: *const c_char,
+) -> nvtxStringHandle_t {
+    // SAFETY: the program's string, NUL-terminated as NVTX requires.
+    crate::catch(|| register(unsafe { c_string(string) })).unwrap_or(core::ptr::null_mut())
+}
+
+unsafe extern "C" fn domain_register_string_w(
+    _domain: nvtxDomainHandle_t,
+    string: *const wchar_t,
+) -> nvtxStringHandle_t {
+    // SAFETY: the program's string, NUL-terminated as NVTX requires.
+    crate::catch(|| register(unsafe { wide_string(string) })).unwrap_or(core::ptr::null_mut())
+}
+
 /// Domain ranges share the thread's stack, as with the v2 hooks.
 unsafe extern "C" fn domain_range_push_ex(
     _domain: nvtxDomainHandle_t,
@@ -235,6 +280,10 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
     type DomainPush =
         unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
     type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
+    type RegisterMsg =
+        unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
+    type RegisterWide =
+        unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
     [
         (
             NVTX_CB_MODULE_CORE,
@@ -262,6 +311,16 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
                     DomainPop
                 ),
                 entry!(NVTX_CBID_CORE2_DOMAIN_MARK_EX, domain_mark_ex, DomainMark),
+                entry!(
+                    NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A,
+                    domain_register_string_a,
+                    RegisterMsg
+                ),
+                entry!(
+                    NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W,
+                    domain_register_string_w,
+                    RegisterWide
+                ),
             ],
         ),
     ]

@@ -29,7 +29,11 @@ pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
         NVTX_MESSAGE_TYPE_ASCII => unsafe { super::c_string(a.message.ascii) },
         // SAFETY: the message is a wide string for this type.
         NVTX_MESSAGE_TYPE_UNICODE => unsafe { super::wide_string(a.message.unicode) },
-        NVTX_MESSAGE_TYPE_REGISTERED => "<registered string>".into(),
+        NVTX_MESSAGE_TYPE_REGISTERED => {
+            // SAFETY: the message is a string handle for this type.
+            let handle = unsafe { a.message.registered };
+            crate::nvtx_tool::registered(handle).unwrap_or_else(|| "<registered string>".into())
+        }
         _ => String::new(),
     }
 }

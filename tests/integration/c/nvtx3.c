@@ -5,8 +5,9 @@
  * (libnvToolsExt.so.1, CUDA 12) instead, whose exports a tool can interpose and which loads a
  * tool the same way.
  * Three iterations, each in a range "step" holding a range "outer" > "inner" around a
- * host-to-device copy, then a copy in a range of a domain of its own (its attributes' message),
- * then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
+ * host-to-device copy, then a copy in a range of a domain of its own (its attributes' message)
+ * and one in a range named by a string registered in that domain, inside it, then a mark
+ * "after"; one copy before any range. Every copy's bytes are checked on the way
  * back. Push and pop must return what NVTX returns without a tool or with one that tracks
  * levels: NVTX_NO_PUSH_POP_TRACKING, or the level.
  */
@@ -53,6 +54,10 @@ int main(void) {
     attr.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
     attr.messageType = NVTX_MESSAGE_TYPE_ASCII;
     attr.message.ascii = "in-domain";
+    /* A range named by a registered string (nvtx3.hpp's registered_string_in, CCCL's names). */
+    nvtxEventAttributes_t named = attr;
+    named.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    named.message.registered = nvtxDomainRegisterStringA(domain, "registered-name");
 
     /* What the first push returned: the level with a range-tracking tool, else
      * NVTX_NO_PUSH_POP_TRACKING (which tool answered, for the test). */
@@ -70,6 +75,9 @@ int main(void) {
         check_level(nvtxRangePop(), 1, "nvtxRangePop(outer)");
         check_level(nvtxDomainRangePushEx(domain, &attr), 0, "nvtxDomainRangePushEx");
         round_trip(dev, host, back);
+        check_level(nvtxDomainRangePushEx(domain, &named), 1, "nvtxDomainRangePushEx(registered)");
+        round_trip(dev, host, back);
+        check_level(nvtxDomainRangePop(domain), 1, "nvtxDomainRangePop(registered)");
         check_level(nvtxDomainRangePop(domain), 0, "nvtxDomainRangePop");
         nvtxMarkA("after");
         check_level(nvtxRangePop(), 0, "nvtxRangePop(step)");

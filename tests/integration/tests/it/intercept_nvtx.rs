@@ -14,13 +14,18 @@ use std::sync::Mutex;
 use crate::intercept_util::*;
 
 /// The ranges open around each of the program's copies, in order: one copy before any range,
-/// then per iteration a copy inside step > outer > inner and one inside step > the domain's
-/// range (each copy is a host-to-device and a device-to-host `cudaMemcpy`).
+/// then per iteration a copy inside step > outer > inner, one inside step > the domain's range
+/// and one inside a range named by a registered string within that (each copy is a
+/// host-to-device and a device-to-host `cudaMemcpy`).
 fn expected_ranges() -> Vec<Vec<&'static str>> {
     let mut want = vec![vec![]; 2];
     for _ in 0..3 {
         want.extend(std::iter::repeat_n(vec!["step", "outer", "inner"], 2));
         want.extend(std::iter::repeat_n(vec!["step", "in-domain"], 2));
+        want.extend(std::iter::repeat_n(
+            vec!["step", "in-domain", "registered-name"],
+            2,
+        ));
     }
     want
 }
@@ -95,7 +100,7 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
         let run = run_c(cmd, "nvtx3-steps", "nvtx3", &what);
         assert_eq!(
             records_per_step(&run),
-            [(0, 2), (1, 4), (2, 4), (3, 4)],
+            [(0, 2), (1, 6), (2, 6), (3, 6)],
             "{what}: a step from each `step` range"
         );
         let mut cmd = nvtx_program("nvtx3", major, &sim, false);
@@ -103,7 +108,7 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
         let run = run_c(cmd, "nvtx3-marks", "nvtx3", &what);
         assert_eq!(
             records_per_step(&run),
-            [(0, 6), (1, 4), (2, 4)],
+            [(0, 8), (1, 6), (2, 6)],
             "{what}: a step from each `after` mark"
         );
     }

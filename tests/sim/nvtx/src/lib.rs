@@ -374,19 +374,41 @@ pub unsafe extern "C" fn nvtxDomainDestroy(_domain: nvtxDomainHandle_t) {}
 /// `nvtxStringHandle_t nvtxDomainRegisterStringA(nvtxDomainHandle_t, const char*)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRegisterStringA(
-    _domain: nvtxDomainHandle_t,
-    _string: *const c_char,
+    domain: nvtxDomainHandle_t,
+    string: *const c_char,
 ) -> nvtxStringHandle_t {
-    guard(std::ptr::null_mut(), || handle(tracking()))
+    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
+    guard(std::ptr::null_mut(), || {
+        routed(
+            Module::Core2,
+            tool::CORE2_DOMAIN_REGISTER_STRING_A,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(domain, string) },
+            std::ptr::null_mut(),
+            || handle(tracking()),
+        )
+    })
 }
 
 /// `nvtxStringHandle_t nvtxDomainRegisterStringW(nvtxDomainHandle_t, const wchar_t*)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRegisterStringW(
-    _domain: nvtxDomainHandle_t,
-    _string: *const wchar_t,
+    domain: nvtxDomainHandle_t,
+    string: *const wchar_t,
 ) -> nvtxStringHandle_t {
-    guard(std::ptr::null_mut(), || handle(tracking()))
+    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
+    guard(std::ptr::null_mut(), || {
+        routed(
+            Module::Core2,
+            tool::CORE2_DOMAIN_REGISTER_STRING_W,
+            // SAFETY: the tool's function for this slot, of its type, with the program's
+            // arguments.
+            |f| unsafe { tool_fn::<F>(f)(domain, string) },
+            std::ptr::null_mut(),
+            || handle(tracking()),
+        )
+    })
 }
 
 /// `nvtxResourceHandle_t nvtxDomainResourceCreate(nvtxDomainHandle_t, nvtxResourceAttributes_t*)`.

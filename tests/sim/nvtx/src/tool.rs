@@ -8,7 +8,8 @@
 //! that declines), the entry points behave as the crate documentation says.
 //!
 //! The slots routed to a tool are the push, pop and mark entry points of the core and domain
-//! modules (those a range-tracking tool fills); the others keep their simulated behaviour.
+//! modules and the domain module's string registration (what a range-tracking tool fills);
+//! the others keep their simulated behaviour.
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,6 +36,8 @@ const CORE_SIZE: usize = 16;
 pub const CORE2_DOMAIN_MARK_EX: usize = 1;
 pub const CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 pub const CORE2_DOMAIN_RANGE_POP: usize = 5;
+pub const CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;
+pub const CORE2_DOMAIN_REGISTER_STRING_W: usize = 11;
 /// `NVTX_CBID_CORE2_SIZE`.
 const CORE2_SIZE: usize = 16;
 

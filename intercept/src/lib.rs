@@ -56,7 +56,7 @@ mod thread;
 mod tracer;
 mod uploads;
 
-use std::os::unix::ffi::OsStringExt as _;
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ttrace_proto::record::{GapReason, Op};
@@ -179,29 +179,38 @@ extern "C" fn on_load() {
 }
 
 /// Names this library as the process's NVTX tool (`NVTX_INJECTION64_PATH`), unless capture is
-/// off (`TTRACE=0`) or another tool (a profiler) is named already: NVTX 3 reaches a tool only
-/// that way (nvtx_tool.rs). Done at load, before any NVTX call reads it; the
-/// variable is inherited by child processes, which decline it unless they preload this
-/// library too.
+/// off (`TTRACE=0`): NVTX 3 reaches a tool only that way (nvtx_tool.rs). A tool named there
+/// already (a profiler: Nsight Systems sets it) is moved to `TTRACE_NVTX_NEXT_TOOL`, and
+/// chained: it still gets every range. Done at load, before any NVTX call reads it; both
+/// variables are inherited by child processes (one that does not preload this library gets
+/// the other tool alone from it).
 fn offer_nvtx_tool() {
     const VAR: &std::ffi::CStr = c"NVTX_INJECTION64_PATH";
-    // SAFETY: getenv with a NUL-terminated name; at load time no other thread changes the
-    // environment.
-    if !unsafe { libc::getenv(VAR.as_ptr()) }.is_null() {
-        nvtx_tool::another_tool_named();
-        return;
-    }
     if !mode::enabled() {
         return;
     }
     let Some(path) = own_path() else {
         return;
     };
+    // SAFETY: getenv with a NUL-terminated name; at load time no other thread changes the
+    // environment. The value is copied before the environment changes.
+    let named = unsafe { libc::getenv(VAR.as_ptr()) };
+    if !named.is_null() {
+        // SAFETY: getenv's value, NUL-terminated.
+        let named = unsafe { std::ffi::CStr::from_ptr(named) }.to_owned();
+        let named_path = std::path::Path::new(std::ffi::OsStr::from_bytes(named.to_bytes()));
+        if std::fs::canonicalize(named_path).is_ok_and(|p| p == path) {
+            return; // a parent process that preloads this library named it
+        }
+        let next = std::ffi::CString::new(nvtx_tool::NEXT_TOOL_VAR).expect("no NUL");
+        // SAFETY: NUL-terminated strings; 0: a tool already moved there by a parent stays.
+        unsafe { libc::setenv(next.as_ptr(), named.as_ptr(), 0) };
+    }
     let Ok(path) = std::ffi::CString::new(path.into_os_string().into_vec()) else {
         return;
     };
-    // SAFETY: both strings are NUL-terminated; 0: never replace a value set meanwhile.
-    unsafe { libc::setenv(VAR.as_ptr(), path.as_ptr(), 0) };
+    // SAFETY: both strings are NUL-terminated.
+    unsafe { libc::setenv(VAR.as_ptr(), path.as_ptr(), 1) };
 }
 
 /// The canonical path of this library, as the loader found it (absolute: NVTX loads it on

@@ -25,8 +25,9 @@
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::sync::OnceLock;
 
 use cuda_abi::nvtx::{
     nvtxDomainHandle_t, nvtxEventAttributes_t, nvtxStringHandle_t, wchar_t,
@@ -85,38 +86,6 @@ struct ExportTableCallbacks {
 /// ttrace their tables.
 static MODULES: AtomicU32 = AtomicU32::new(0);
 
-/// `NVTX_INJECTION64_PATH` was set when this library loaded (to another tool, or to this
-/// library by a parent process).
-static NAMED_BEFORE: AtomicBool = AtomicBool::new(false);
-
-/// Notes that `NVTX_INJECTION64_PATH` was set before this library loaded (lib.rs).
-pub(crate) fn another_tool_named() {
-    NAMED_BEFORE.store(true, Ordering::Relaxed);
-}
-
-/// Says once, when capture starts, that NVTX 3's ranges go to another tool: the records
-/// carry only the ranges of NVTX v2 library calls (the exports interposed here).
-pub(crate) fn warn_if_another_tool() {
-    if !NAMED_BEFORE.load(Ordering::Relaxed) {
-        return;
-    }
-    let Some(named) = std::env::var_os("NVTX_INJECTION64_PATH") else {
-        return;
-    };
-    // This library, named by a parent process that preloaded it too.
-    let mine = std::fs::canonicalize(&named)
-        .ok()
-        .is_some_and(|p| crate::own_path().is_some_and(|m| m == p));
-    if !mine {
-        crate::log::warn(&format!(
-            "NVTX_INJECTION64_PATH names another NVTX tool ({}): the ranges of code using NVTX 3 \
-             (PyTorch, CUB, every CUDA 13 program) go to it, so records carry only those of \
-             NVTX v2 library calls",
-            named.to_string_lossy()
-        ));
-    }
-}
-
 thread_local! {
     static IN_EXPORT_HOOK: Cell<bool> = const { Cell::new(false) };
 }
@@ -138,6 +107,69 @@ impl Drop for InExportHook {
     }
 }
 
+/// The environment variable that names the tool `NVTX_INJECTION64_PATH` named before this
+/// library took its place (lib.rs): that tool is loaded here and chained.
+pub(crate) const NEXT_TOOL_VAR: &str = "TTRACE_NVTX_NEXT_TOOL";
+
+/// Module indices into [`NEXT`]: the core module and the domain module.
+const CORE: usize = 0;
+const CORE2: usize = 1;
+/// Slots of a module (ids below NVTX's `NVTX_CBID_CORE_SIZE` / `NVTX_CBID_CORE2_SIZE`, both 16).
+const IDS: usize = 16;
+
+/// The chained tool's function in each slot ttrace takes, by module and id (0: none): what it
+/// wrote there before ttrace wrote its own. The same for every module (a tool's functions are
+/// its own, whichever module hands it its tables).
+static NEXT: [[AtomicUsize; IDS]; 2] = [
+    [const { AtomicUsize::new(0) }; IDS],
+    [const { AtomicUsize::new(0) }; IDS],
+];
+
+/// The chained tool's function for slot `id` of `module`, as the slot's type `F`.
+///
+/// # Safety
+/// `F` is the NVTX function pointer type of that slot.
+unsafe fn next<F: Copy>(module: usize, id: usize) -> Option<F> {
+    const { assert!(core::mem::size_of::<F>() == core::mem::size_of::<usize>()) };
+    let f = NEXT[module][id].load(Ordering::Acquire);
+    // SAFETY: a non-zero value is the address the chained tool wrote into a slot of type `F`
+    // (the contract): a function pointer of that type.
+    (f != 0).then(|| unsafe { core::mem::transmute_copy::<usize, F>(&f) })
+}
+
+/// `NvtxInitializeInjectionNvtxFunc_t`.
+type InitializeInjection = unsafe extern "C" fn(GetExportTable) -> c_int;
+
+/// The chained tool's init function: the library [`NEXT_TOOL_VAR`] names, loaded once (not
+/// this library itself, and none when it cannot be loaded: as NVTX without ttrace, which
+/// would not have loaded it either).
+fn next_tool() -> Option<InitializeInjection> {
+    static NEXT_TOOL: OnceLock<Option<usize>> = OnceLock::new();
+    let f = *NEXT_TOOL.get_or_init(|| {
+        let path = std::env::var_os(NEXT_TOOL_VAR)?;
+        let canonical = std::fs::canonicalize(&path).ok();
+        if canonical.is_some() && canonical == crate::own_path() {
+            return None;
+        }
+        let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+            .ok()?;
+        // SAFETY: dlopen with a NUL-terminated path, as NVTX's loader would have.
+        let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY) };
+        if lib.is_null() {
+            crate::log::warn(&format!(
+                "the NVTX tool {} (NVTX_INJECTION64_PATH before ttrace) cannot be loaded",
+                path.to_string_lossy()
+            ));
+            return None;
+        }
+        // SAFETY: a lookup in that library by a NUL-terminated name.
+        let init = unsafe { crate::dlsym::real(lib, c"InitializeInjectionNvtx2".as_ptr()) };
+        (!init.is_null()).then_some(init as usize)
+    });
+    // SAFETY: the address of the tool's `InitializeInjectionNvtx2`, of NVTX's documented type.
+    f.map(|f| unsafe { core::mem::transmute::<usize, InitializeInjection>(f) })
+}
+
 /// Runs `note` for a table entry the program called directly (not from within an interposed
 /// v2 export) while NVTX is tracked.
 fn from_table(note: impl FnOnce()) {
@@ -147,63 +179,119 @@ fn from_table(note: impl FnOnce()) {
     note();
 }
 
+/// Calls the chained tool's function for slot `$id` of `$module` (type `$ty`) with `$args`,
+/// or evaluates `$none` when no tool is chained there.
+macro_rules! chained {
+    ($module:expr, $id:expr, $ty:ty, ($($arg:expr),*), $none:expr) => {
+        // SAFETY: `$ty` is the slot's NVTX type; the program's arguments, forwarded unchanged.
+        match unsafe { next::<$ty>($module, $id) } {
+            // SAFETY: the chained tool's function, of the slot's type.
+            Some(f) => unsafe { f($($arg),*) },
+            None => $none,
+        }
+    };
+}
+
+type Msg = unsafe extern "C" fn(*const c_char) -> c_int;
+type Wide = unsafe extern "C" fn(*const wchar_t) -> c_int;
+type Attr = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> c_int;
+type Pop = unsafe extern "C" fn() -> c_int;
+type MarkMsg = unsafe extern "C" fn(*const c_char);
+type MarkWide = unsafe extern "C" fn(*const wchar_t);
+type MarkAttr = unsafe extern "C" fn(*const nvtxEventAttributes_t);
+type DomainMark = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
+type DomainPush = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
+type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
+type RegisterMsg = unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
+type RegisterWide = unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
+
+const NO_TRACKING: c_int = NVTX_NO_PUSH_POP_TRACKING;
+
 unsafe extern "C" fn range_push_a(message: *const c_char) -> c_int {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
     from_table(|| pushed(|| unsafe { c_string(message) }));
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(
+        CORE,
+        NVTX_CBID_CORE_RANGE_PUSH_A,
+        Msg,
+        (message),
+        NO_TRACKING
+    )
 }
 
 unsafe extern "C" fn range_push_w(message: *const wchar_t) -> c_int {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
     from_table(|| pushed(|| unsafe { wide_string(message) }));
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(
+        CORE,
+        NVTX_CBID_CORE_RANGE_PUSH_W,
+        Wide,
+        (message),
+        NO_TRACKING
+    )
 }
 
 unsafe extern "C" fn range_push_ex(attrib: *const nvtxEventAttributes_t) -> c_int {
     // SAFETY: the program's attribute structure.
     from_table(|| pushed(|| unsafe { attr_message(attrib) }));
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(
+        CORE,
+        NVTX_CBID_CORE_RANGE_PUSH_EX,
+        Attr,
+        (attrib),
+        NO_TRACKING
+    )
 }
 
 unsafe extern "C" fn range_pop() -> c_int {
     from_table(popped);
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(CORE, NVTX_CBID_CORE_RANGE_POP, Pop, (), NO_TRACKING)
 }
 
 unsafe extern "C" fn mark_a(message: *const c_char) {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
     from_table(|| marked(|| unsafe { c_string(message) }));
+    chained!(CORE, NVTX_CBID_CORE_MARK_A, MarkMsg, (message), ())
 }
 
 unsafe extern "C" fn mark_w(message: *const wchar_t) {
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
     from_table(|| marked(|| unsafe { wide_string(message) }));
+    chained!(CORE, NVTX_CBID_CORE_MARK_W, MarkWide, (message), ())
 }
 
 unsafe extern "C" fn mark_ex(attrib: *const nvtxEventAttributes_t) {
     // SAFETY: the program's attribute structure.
     from_table(|| marked(|| unsafe { attr_message(attrib) }));
+    chained!(CORE, NVTX_CBID_CORE_MARK_EX, MarkAttr, (attrib), ())
 }
 
 unsafe extern "C" fn domain_mark_ex(
-    _domain: nvtxDomainHandle_t,
+    domain: nvtxDomainHandle_t,
     attrib: *const nvtxEventAttributes_t,
 ) {
     // SAFETY: the program's attribute structure.
     from_table(|| marked(|| unsafe { attr_message(attrib) }));
+    chained!(
+        CORE2,
+        NVTX_CBID_CORE2_DOMAIN_MARK_EX,
+        DomainMark,
+        (domain, attrib),
+        ()
+    )
 }
 
 /// Strings registered through ttrace's table entries, by the handle handed out for each (a
 /// range whose message is a registered string names it by its handle).
 static REGISTERED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 
-/// Registers `text` and returns its handle: never null, and a pointer to nothing (opaque to
-/// the program, looked up here only).
-fn register(text: String) -> nvtxStringHandle_t {
+/// Registers `text` under `handle` (the chained tool's), or under a handle of its own: never
+/// null, and a pointer to nothing (opaque to the program, looked up here only).
+fn register(text: String, handle: Option<nvtxStringHandle_t>) -> nvtxStringHandle_t {
     let mut reg = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
     let reg = reg.get_or_insert_with(HashMap::new);
-    // Handles count from 1, scaled to look like aligned pointers (never dereferenced).
-    let handle = (reg.len() + 1) * 16;
+    // Its own handles count from 1, scaled to look like aligned pointers (never dereferenced).
+    let handle = handle.map_or((reg.len() + 1) * 16, |h| h as usize);
     reg.insert(handle, text);
     handle as nvtxStringHandle_t
 }
@@ -216,34 +304,63 @@ pub(crate) fn registered(handle: nvtxStringHandle_t) -> Option<String> {
 }
 
 unsafe extern "C" fn domain_register_string_a(
-    _domain: nvtxDomainHandle_t,
+    domain: nvtxDomainHandle_t,
     string: *const c_char,
 ) -> nvtxStringHandle_t {
+    let theirs = chained!(
+        CORE2,
+        NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A,
+        RegisterMsg,
+        (domain, string),
+        core::ptr::null_mut()
+    );
+    let theirs = (!theirs.is_null()).then_some(theirs);
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    crate::catch(|| register(unsafe { c_string(string) })).unwrap_or(core::ptr::null_mut())
+    crate::catch(|| register(unsafe { c_string(string) }, theirs)).unwrap_or(core::ptr::null_mut())
 }
 
 unsafe extern "C" fn domain_register_string_w(
-    _domain: nvtxDomainHandle_t,
+    domain: nvtxDomainHandle_t,
     string: *const wchar_t,
 ) -> nvtxStringHandle_t {
+    let theirs = chained!(
+        CORE2,
+        NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W,
+        RegisterWide,
+        (domain, string),
+        core::ptr::null_mut()
+    );
+    let theirs = (!theirs.is_null()).then_some(theirs);
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    crate::catch(|| register(unsafe { wide_string(string) })).unwrap_or(core::ptr::null_mut())
+    crate::catch(|| register(unsafe { wide_string(string) }, theirs))
+        .unwrap_or(core::ptr::null_mut())
 }
 
 /// Domain ranges share the thread's stack, as with the v2 hooks.
 unsafe extern "C" fn domain_range_push_ex(
-    _domain: nvtxDomainHandle_t,
+    domain: nvtxDomainHandle_t,
     attrib: *const nvtxEventAttributes_t,
 ) -> c_int {
     // SAFETY: the program's attribute structure.
     from_table(|| pushed(|| unsafe { attr_message(attrib) }));
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(
+        CORE2,
+        NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX,
+        DomainPush,
+        (domain, attrib),
+        NO_TRACKING
+    )
 }
 
-unsafe extern "C" fn domain_range_pop(_domain: nvtxDomainHandle_t) -> c_int {
+unsafe extern "C" fn domain_range_pop(domain: nvtxDomainHandle_t) -> c_int {
     from_table(popped);
-    NVTX_NO_PUSH_POP_TRACKING
+    chained!(
+        CORE2,
+        NVTX_CBID_CORE2_DOMAIN_RANGE_POP,
+        DomainPop,
+        (domain),
+        NO_TRACKING
+    )
 }
 
 /// A function pointer `f` as the table's uncallable pointer type.
@@ -257,8 +374,18 @@ unsafe fn erased<F: Copy>(f: F) -> FunctionPointer {
     Some(unsafe { core::mem::transmute_copy::<F, unsafe extern "C" fn()>(&f) })
 }
 
-/// The slots ttrace fills, by module: (callback id, function).
-fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
+/// The slots ttrace fills in one module.
+struct ModuleSlots {
+    /// NVTX's module number.
+    module: c_int,
+    /// Its index into [`NEXT`].
+    index: usize,
+    /// (callback id, ttrace's function).
+    entries: Vec<(usize, FunctionPointer)>,
+}
+
+/// The slots ttrace fills, by module.
+fn slots() -> [ModuleSlots; 2] {
     /// A slot's id and ttrace's function for it, of the slot's own type.
     macro_rules! entry {
         ($id:expr, $f:expr, $ty:ty) => {
@@ -269,25 +396,11 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
             )
         };
     }
-    type Msg = unsafe extern "C" fn(*const c_char) -> c_int;
-    type Wide = unsafe extern "C" fn(*const wchar_t) -> c_int;
-    type Attr = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> c_int;
-    type Pop = unsafe extern "C" fn() -> c_int;
-    type MarkMsg = unsafe extern "C" fn(*const c_char);
-    type MarkWide = unsafe extern "C" fn(*const wchar_t);
-    type MarkAttr = unsafe extern "C" fn(*const nvtxEventAttributes_t);
-    type DomainMark = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
-    type DomainPush =
-        unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
-    type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
-    type RegisterMsg =
-        unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
-    type RegisterWide =
-        unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
     [
-        (
-            NVTX_CB_MODULE_CORE,
-            vec![
+        ModuleSlots {
+            module: NVTX_CB_MODULE_CORE,
+            index: CORE,
+            entries: vec![
                 entry!(NVTX_CBID_CORE_RANGE_PUSH_A, range_push_a, Msg),
                 entry!(NVTX_CBID_CORE_RANGE_PUSH_W, range_push_w, Wide),
                 entry!(NVTX_CBID_CORE_RANGE_PUSH_EX, range_push_ex, Attr),
@@ -296,10 +409,11 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
                 entry!(NVTX_CBID_CORE_MARK_W, mark_w, MarkWide),
                 entry!(NVTX_CBID_CORE_MARK_EX, mark_ex, MarkAttr),
             ],
-        ),
-        (
-            NVTX_CB_MODULE_CORE2,
-            vec![
+        },
+        ModuleSlots {
+            module: NVTX_CB_MODULE_CORE2,
+            index: CORE2,
+            entries: vec![
                 entry!(
                     NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX,
                     domain_range_push_ex,
@@ -322,7 +436,7 @@ fn slots() -> [(c_int, Vec<(usize, FunctionPointer)>); 2] {
                     RegisterWide
                 ),
             ],
-        ),
+        },
     ]
 }
 
@@ -349,12 +463,13 @@ fn preloaded() -> bool {
 }
 
 /// NVTX's tool entry point (`NvtxInitializeInjectionNvtxFunc_t`), called once by each module
-/// that loads ttrace through `NVTX_INJECTION64_PATH`: fills the module's push, pop and mark
-/// slots and returns 1. Where NVTX is not to be tracked (capture off with `TTRACE=0`, or this
-/// library not preloaded) it fills none and still returns 1: NVTX then makes every call a
-/// no-op, as without a tool, and keeps the library loaded (a refusal would make it `dlclose`
-/// a library that registered fork handlers and thread-locals). 0 only for tables it cannot
-/// read.
+/// that loads ttrace through `NVTX_INJECTION64_PATH`: lets the tool that variable named before
+/// ttrace (a profiler: [`NEXT_TOOL_VAR`]) fill the module's slots first, then takes the push,
+/// pop, mark and string-registration slots, its functions calling the other tool's. Returns 1,
+/// or the other tool's answer where NVTX is not to be tracked (capture off with `TTRACE=0`,
+/// or this library not preloaded: then it takes no slot, and without another tool NVTX makes
+/// every call a no-op, as without a tool; accepting keeps NVTX from unloading a library that
+/// registered fork handlers and thread-locals). 0 only for tables it cannot read.
 ///
 /// # Safety
 /// `get_export_table` is NVTX's export-table function for the calling module.
@@ -363,8 +478,10 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTab
     let Some(get) = get_export_table else {
         return 0;
     };
+    let other = next_tool();
     if !preloaded() || !mode::enabled() || mode::off(mode::NVTX) {
-        return 1;
+        // SAFETY: the other tool's init function, with NVTX's own argument.
+        return other.map_or(1, |init| unsafe { init(get_export_table) });
     }
     // SAFETY: NVTX's own function, with a table id it defines.
     let table = unsafe { get(NVTX_ETID_CALLBACKS) }.cast::<ExportTableCallbacks>();
@@ -380,30 +497,67 @@ pub unsafe extern "C" fn InitializeInjectionNvtx2(get_export_table: GetExportTab
     let Some(module_table) = (unsafe { (*table).get_module_function_table }) else {
         return 0;
     };
-    let mut filled = 0;
-    for (module, entries) in slots() {
+    /// A slot ttrace takes, with what it held before any tool wrote to it.
+    struct Taken {
+        slot: *mut FunctionPointer,
+        index: usize,
+        id: usize,
+        before: usize,
+        ours: FunctionPointer,
+    }
+    let read = |slot: *mut FunctionPointer| {
+        // SAFETY: a non-null slot NVTX handed out: a function pointer, readable as an address.
+        unsafe { *slot.cast::<usize>() }
+    };
+    let mut taken: Vec<Taken> = Vec::new();
+    for m in slots() {
         let (mut slots, mut count): (FunctionTable, c_uint) = (core::ptr::null_mut(), 0);
         // SAFETY: NVTX's function, with a module it defines and two out-parameters.
-        if unsafe { module_table(module, &mut slots, &mut count) } == 0 || slots.is_null() {
+        if unsafe { module_table(m.module, &mut slots, &mut count) } == 0 || slots.is_null() {
             continue;
         }
-        for (id, f) in entries {
+        for (id, ours) in m.entries {
             // `count` is the number of callback ids the module knows (its table holds one
             // more entry, a null, at the end); an older NVTX may know fewer.
-            if id >= count as usize {
+            if id >= count as usize || id >= IDS {
                 continue;
             }
             // SAFETY: `id` is within the module's table (checked above); each entry points to
             // the module's function-pointer slot for that id, or is null.
             let slot = unsafe { *slots.add(id) };
             if !slot.is_null() {
-                // SAFETY: the slot is NVTX's, handed to the tool to write during this call.
-                unsafe { *slot = f };
-                filled += 1;
+                let before = read(slot);
+                taken.push(Taken {
+                    slot,
+                    index: m.index,
+                    id,
+                    before,
+                    ours,
+                });
             }
         }
     }
-    if filled == 0 {
+    if let Some(init) = other {
+        // SAFETY: the other tool's init function, with NVTX's own argument.
+        if unsafe { init(get_export_table) } == 0 {
+            // It declined: as NVTX would, nothing of it stays in the slots ttrace takes.
+            for t in &taken {
+                // SAFETY: the slot is NVTX's, handed to the tools to write during this call.
+                unsafe { *t.slot.cast::<usize>() = t.before };
+            }
+        }
+    }
+    for t in &taken {
+        let now = read(t.slot);
+        if now != 0 && now != t.before {
+            // The first module's wins (a tool's functions are the same for every module).
+            let _ =
+                NEXT[t.index][t.id].compare_exchange(0, now, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        // SAFETY: the slot is NVTX's, handed to the tools to write during this call.
+        unsafe { *t.slot = t.ours };
+    }
+    if taken.is_empty() {
         return 1;
     }
     let n = MODULES.fetch_add(1, Ordering::Relaxed) + 1;

@@ -361,7 +361,6 @@ fn connect_daemon(cfg: &CaptureConfig, hello: Hello, fd: OwnedFd) -> Result<Clie
             welcome.store, welcome.store
         ));
     }
-    crate::nvtx_tool::warn_if_another_tool();
     log::info(&format!(
         "capturing into run {} at {} (ring {capacity} bytes, rank {})",
         welcome.run_id,

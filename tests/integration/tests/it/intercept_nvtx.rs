@@ -4,7 +4,8 @@
 //! (`NVTX_INJECTION64_PATH`, which libttrace.so sets to itself); with the NVTX v2 library
 //! (nvtx2.c, CUDA 12), through the interposed exports, and the library, which loads ttrace as
 //! its tool as well, must not make each range count twice. Either way every copy's record
-//! carries the ranges open around it, and `--step-rule nvtx:NAME` numbers the steps by them.
+//! carries the ranges open around it, and `--step-rule nvtx:NAME` numbers the steps by them. A
+//! profiler's tool named before ttrace's still sees every range.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -129,38 +130,44 @@ fn the_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
     assert_eq!(ranges(&run), expected_ranges());
 }
 
+/// The stand-in profiler tool (tests/integration/c/nvtx_tool.c), built once.
+fn profiler_tool() -> PathBuf {
+    static TOOL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TOOL.get_or_init(|| integration_tests::c_build::compile_preload_c("nvtx_tool.c", "nvtx_tool"))
+        .clone()
+}
+
+/// What the stand-in profiler tool saw: every push of the program (the probe and three per
+/// iteration; two domain pushes per iteration).
+const PROFILER_SAW_ALL: &str = "nvtx_tool: 10 pushes, 6 domain pushes";
+
 #[test]
-fn another_nvtx_tool_keeps_its_place_and_the_loss_of_nvtx3_ranges_is_said() {
+fn a_profilers_nvtx_tool_is_chained_and_both_see_every_range() {
     let sim = integration_tests::sim_dir();
     let mut cmd = nvtx_program("nvtx3", 12, &sim, false);
-    // A profiler's injection (here one that does not load: NVTX then runs without a tool).
-    cmd.env(
-        "NVTX_INJECTION64_PATH",
-        "/nonexistent/libProfilerInjection64.so",
-    );
-    let run = run_c(cmd, "nvtx3-other-tool", "nvtx3", "another tool");
-    assert!(
-        ranges(&run).iter().all(Vec::is_empty),
-        "ttrace did not take the other tool's place"
-    );
+    // As Nsight Systems names its tool.
+    cmd.env("NVTX_INJECTION64_PATH", profiler_tool());
+    let run = run_c(cmd, "nvtx3-profiler", "nvtx3", "a profiler's tool");
+    assert_eq!(ranges(&run), expected_ranges(), "ttrace saw every range");
     let err = stderr(&run.out);
     assert!(
-        err.contains(
-            "NVTX_INJECTION64_PATH names another NVTX tool \
-             (/nonexistent/libProfilerInjection64.so)"
-        ),
-        "{err}"
+        err.contains(PROFILER_SAW_ALL),
+        "the profiler saw every range: {err}"
     );
+    // The program got the profiler's answers (its levels), not ttrace's.
+    assert_eq!(first_push(&run, "nvtx3"), 0);
 }
 
 /// A child that inherited `NVTX_INJECTION64_PATH` but not `LD_PRELOAD` loads libttrace.so for
-/// NVTX alone: it must stay out of the way there (fill no slot), and the program run as
-/// without a tool.
+/// NVTX alone: it must stay out of the way there (fill no slot), and hand NVTX to the profiler
+/// its parent chained.
 #[test]
 fn a_process_that_did_not_preload_libttrace_gets_no_nvtx_tool_from_it() {
     let sim = integration_tests::sim_dir();
     let out = nvtx_program("nvtx3", 12, &sim, false)
         .env("NVTX_INJECTION64_PATH", libttrace())
+        // As a traced parent that chained a profiler leaves it to its children.
+        .env("TTRACE_NVTX_NEXT_TOOL", profiler_tool())
         .env("TTRACE_LOG", "debug")
         .env_remove("LD_PRELOAD")
         .output()
@@ -173,5 +180,9 @@ fn a_process_that_did_not_preload_libttrace_gets_no_nvtx_tool_from_it() {
     assert!(
         !err.contains("handed its tables over"),
         "libttrace.so took NVTX's slots in a process that did not preload it: {err}"
+    );
+    assert!(
+        err.contains(PROFILER_SAW_ALL),
+        "the profiler still saw every range: {err}"
     );
 }

@@ -207,79 +207,52 @@ type RegisterWide = unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> 
 
 const NO_TRACKING: c_int = NVTX_NO_PUSH_POP_TRACKING;
 
-unsafe extern "C" fn range_push_a(message: *const c_char) -> c_int {
-    // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| pushed(|| unsafe { c_string(message) }));
-    chained!(
-        CORE,
-        NVTX_CBID_CORE_RANGE_PUSH_A,
-        Msg,
-        (message),
-        NO_TRACKING
-    )
+/// One slot ttrace takes: `name(C parameters) -> return type` for slot `id` of `module`, which
+/// notes `note` when the program called it directly, then calls the chained tool's function
+/// for the slot (returning its answer), else returns `none`.
+macro_rules! tool_entry {
+    ($name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)?, $module:ident[$id:ident] else $none:expr
+        => $note:expr) => {
+        unsafe extern "C" fn $name($($a: $t),*) $(-> $r)? {
+            from_table(|| $note);
+            chained!($module, $id, unsafe extern "C" fn($($t),*) $(-> $r)?, ($($a),*), $none)
+        }
+    };
 }
 
-unsafe extern "C" fn range_push_w(message: *const wchar_t) -> c_int {
+tool_entry!(range_push_a(message: *const c_char) -> c_int,
+    CORE[NVTX_CBID_CORE_RANGE_PUSH_A] else NO_TRACKING
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| pushed(|| unsafe { wide_string(message) }));
-    chained!(
-        CORE,
-        NVTX_CBID_CORE_RANGE_PUSH_W,
-        Wide,
-        (message),
-        NO_TRACKING
-    )
-}
-
-unsafe extern "C" fn range_push_ex(attrib: *const nvtxEventAttributes_t) -> c_int {
+    => pushed(|| unsafe { c_string(message) }));
+tool_entry!(range_push_w(message: *const wchar_t) -> c_int,
+    CORE[NVTX_CBID_CORE_RANGE_PUSH_W] else NO_TRACKING
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => pushed(|| unsafe { wide_string(message) }));
+tool_entry!(range_push_ex(attrib: *const nvtxEventAttributes_t) -> c_int,
+    CORE[NVTX_CBID_CORE_RANGE_PUSH_EX] else NO_TRACKING
     // SAFETY: the program's attribute structure.
-    from_table(|| pushed(|| unsafe { attr_message(attrib) }));
-    chained!(
-        CORE,
-        NVTX_CBID_CORE_RANGE_PUSH_EX,
-        Attr,
-        (attrib),
-        NO_TRACKING
-    )
-}
-
-unsafe extern "C" fn range_pop() -> c_int {
-    from_table(popped);
-    chained!(CORE, NVTX_CBID_CORE_RANGE_POP, Pop, (), NO_TRACKING)
-}
-
-unsafe extern "C" fn mark_a(message: *const c_char) {
+    => pushed(|| unsafe { attr_message(attrib) }));
+tool_entry!(range_pop() -> c_int, CORE[NVTX_CBID_CORE_RANGE_POP] else NO_TRACKING => popped());
+tool_entry!(mark_a(message: *const c_char), CORE[NVTX_CBID_CORE_MARK_A] else ()
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| marked(|| unsafe { c_string(message) }));
-    chained!(CORE, NVTX_CBID_CORE_MARK_A, MarkMsg, (message), ())
-}
-
-unsafe extern "C" fn mark_w(message: *const wchar_t) {
+    => marked(|| unsafe { c_string(message) }));
+tool_entry!(mark_w(message: *const wchar_t), CORE[NVTX_CBID_CORE_MARK_W] else ()
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    from_table(|| marked(|| unsafe { wide_string(message) }));
-    chained!(CORE, NVTX_CBID_CORE_MARK_W, MarkWide, (message), ())
-}
-
-unsafe extern "C" fn mark_ex(attrib: *const nvtxEventAttributes_t) {
+    => marked(|| unsafe { wide_string(message) }));
+tool_entry!(mark_ex(attrib: *const nvtxEventAttributes_t), CORE[NVTX_CBID_CORE_MARK_EX] else ()
     // SAFETY: the program's attribute structure.
-    from_table(|| marked(|| unsafe { attr_message(attrib) }));
-    chained!(CORE, NVTX_CBID_CORE_MARK_EX, MarkAttr, (attrib), ())
-}
-
-unsafe extern "C" fn domain_mark_ex(
-    domain: nvtxDomainHandle_t,
-    attrib: *const nvtxEventAttributes_t,
-) {
+    => marked(|| unsafe { attr_message(attrib) }));
+tool_entry!(domain_mark_ex(domain: nvtxDomainHandle_t, attrib: *const nvtxEventAttributes_t),
+    CORE2[NVTX_CBID_CORE2_DOMAIN_MARK_EX] else ()
     // SAFETY: the program's attribute structure.
-    from_table(|| marked(|| unsafe { attr_message(attrib) }));
-    chained!(
-        CORE2,
-        NVTX_CBID_CORE2_DOMAIN_MARK_EX,
-        DomainMark,
-        (domain, attrib),
-        ()
-    )
-}
+    => marked(|| unsafe { attr_message(attrib) }));
+// Domain ranges share the thread's stack, as with the v2 hooks.
+tool_entry!(domain_range_push_ex(domain: nvtxDomainHandle_t, attrib: *const nvtxEventAttributes_t)
+    -> c_int, CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX] else NO_TRACKING
+    // SAFETY: the program's attribute structure.
+    => pushed(|| unsafe { attr_message(attrib) }));
+tool_entry!(domain_range_pop(domain: nvtxDomainHandle_t) -> c_int,
+    CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_POP] else NO_TRACKING => popped());
 
 /// Strings registered through ttrace's table entries, by the handle handed out for each (a
 /// range whose message is a registered string names it by its handle).
@@ -334,33 +307,6 @@ unsafe extern "C" fn domain_register_string_w(
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
     crate::catch(|| register(unsafe { wide_string(string) }, theirs))
         .unwrap_or(core::ptr::null_mut())
-}
-
-/// Domain ranges share the thread's stack, as with the v2 hooks.
-unsafe extern "C" fn domain_range_push_ex(
-    domain: nvtxDomainHandle_t,
-    attrib: *const nvtxEventAttributes_t,
-) -> c_int {
-    // SAFETY: the program's attribute structure.
-    from_table(|| pushed(|| unsafe { attr_message(attrib) }));
-    chained!(
-        CORE2,
-        NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX,
-        DomainPush,
-        (domain, attrib),
-        NO_TRACKING
-    )
-}
-
-unsafe extern "C" fn domain_range_pop(domain: nvtxDomainHandle_t) -> c_int {
-    from_table(popped);
-    chained!(
-        CORE2,
-        NVTX_CBID_CORE2_DOMAIN_RANGE_POP,
-        DomainPop,
-        (domain),
-        NO_TRACKING
-    )
 }
 
 /// A function pointer `f` as the table's uncallable pointer type.

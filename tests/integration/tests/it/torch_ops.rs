@@ -2,7 +2,8 @@
 //! stack, traced by `ttrace run`: copies, cuBLAS and cuBLASLt GEMMs in fp32/fp16/bf16, an FP8
 //! `torch._scaled_mm`, a linear backward, and a kernel launch that torch must turn into a
 //! Python exception (tests/torch/ops.py). torch's NVTX ranges (NVTX 3, compiled into torch)
-//! are on the records of the ops inside them.
+//! are on the records of the ops inside them, and `--step-rule nvtx:NAME` numbers the steps by
+//! them.
 //!
 //! Asserted: the program's exit status and every tensor it saw are the same traced and
 //! untraced; every tensor torch copied back is byte-equal to a captured copy, and every GEMM
@@ -142,6 +143,35 @@ fn ops(version: &'static str) {
         );
     }
     check_is_silent(&store);
+
+    // A range torch opens is a step boundary under `--step-rule nvtx:NAME`: the copies before
+    // it stay in step 0, its GEMMs and what follows are step 1.
+    let marked = tmp.path().join("marked");
+    let out = torch.traced_with(
+        &marked,
+        &["--step-rule", "nvtx:gemms.float16"],
+        &torch.python,
+        &[&script, &tmp.path().join("marked-out")],
+    );
+    assert!(out.status.success(), "nvtx-marked run: {}", describe(&out));
+    let records = crate::intercept_util::read_store(&marked);
+    let step_of = |range: &str| -> Vec<u64> {
+        let mut steps: Vec<u64> = records
+            .iter()
+            .filter(|r| r.record.nvtx.first().is_some_and(|n| n == range))
+            .map(|r| r.record.step)
+            .collect();
+        steps.dedup();
+        steps
+    };
+    assert_eq!(step_of("copies"), [0], "the copies before the mark");
+    assert_eq!(step_of("gemms.float32"), [0]);
+    assert_eq!(
+        step_of("gemms.float16"),
+        [1],
+        "the marking range starts step 1"
+    );
+    assert_eq!(step_of("gemms.bfloat16"), [1]);
 }
 
 #[test]

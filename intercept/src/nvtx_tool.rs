@@ -9,14 +9,15 @@
 //! the slots it wants (`nvtx3/nvtxDetail/nvtxInit.h`, `nvtxImpl.h`, `nvtxTypes.h`). NVIDIA's
 //! NVTX v2 library (`libnvToolsExt.so.1`) loads a tool the same way.
 //!
-//! libttrace.so offers itself: at load it sets `NVTX_INJECTION64_PATH` to its own path when
-//! nothing else (a profiler) set it (`lib.rs`), and [`InitializeInjectionNvtx2`] fills the
-//! push, pop and mark slots of the core and domain modules with functions that keep the
-//! thread's range stack and the `nvtx:NAME` step marks exactly as the v2 hooks do. They return
-//! what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`), so the program sees the
-//! values it would see untraced. It also takes the domain module's string registration
-//! (`nvtxDomainRegisterString{A,W}`: nvtx3.hpp's `registered_string_in`, CCCL's range names),
-//! so that a range named by a registered string is recorded under its text.
+//! libttrace.so offers itself: at load it sets `NVTX_INJECTION64_PATH` to its own path
+//! (`lib.rs`; a tool named there before, a profiler's, moves to [`NEXT_TOOL_VAR`] and is
+//! chained), and [`InitializeInjectionNvtx2`] fills the push, pop and mark slots of the core
+//! and domain modules with functions that keep the thread's range stack and the `nvtx:NAME`
+//! step marks exactly as the v2 hooks do, then call the chained tool's function. They return
+//! its answer, or what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`): the program
+//! sees the values it would see untraced. It also takes the domain module's string
+//! registration (`nvtxDomainRegisterString{A,W}`: nvtx3.hpp's `registered_string_in`, CCCL's
+//! range names), so that a range named by a registered string is recorded under its text.
 //!
 //! A call of an interposed v2 export reaches the v2 library, which calls ttrace's table entry
 //! in turn: the v2 hook has already noted it, so the table entry leaves it alone

@@ -1,6 +1,10 @@
 //! `ttrace`, the command-line front end: `ttrace run` traces a command into a store; `ls`,
 //! `show`, `stats`, `export`, `fsck` read it; `check` and `compare` judge it.
 
+// The commands' doc comments are their `--help` text, written for a terminal: `<redacted>`
+// and `<UTC time>` there are words, not HTML.
+#![allow(rustdoc::invalid_html_tags)]
+
 /// mimalloc: compare allocates and frees many buffers from every thread, and glibc's malloc
 /// spent a tenth of the demo comparison in its arenas (`_int_free`, `malloc_consolidate`);
 /// with mimalloc the demo compares in 0.88x the time, the large benchmark config in 0.96-0.99x

@@ -9,6 +9,9 @@
 //! [`numerics`] measures errors and [`report`] holds what was found (text, JSON, HTML
 //! views).
 
+// Items' docs link the private items they rest on: read with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod align;
 pub mod check;
 pub mod combine;

@@ -7,6 +7,9 @@
 //! ring, wire protocol) lives in `ttrace-proto`, the crate `libttrace.so` links; it is
 //! re-exported here under its old paths, so `ttrace_format::record::Record` still names it.
 
+// Items' docs link the private items they rest on: read with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod codec;
 pub mod dedup;
 pub mod frame;

@@ -28,6 +28,9 @@
 //! each GEMM's output to add noise to it on the host); no lock held across a CUDA call; a
 //! forked child passes everything through.
 
+// Items' docs link the private items they rest on: read with `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod plan;
 pub mod steps;
 

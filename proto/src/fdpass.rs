@@ -93,7 +93,7 @@ pub fn send_all(stream: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
 }
 
 /// Sends all of `frame`, with `fds` (when any) attached as `SCM_RIGHTS` to its first bytes.
-/// At most [`MAX_FDS`] descriptors, what the receiving side accepts.
+/// At most `MAX_FDS` (4) descriptors, what the receiving side accepts.
 pub fn send_with_fds(stream: &UnixStream, frame: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if fds.is_empty() {
         return send_all(stream, frame);

@@ -14,7 +14,7 @@
 //!   both runs (SGD: `ΔW = k·G`, checked by [`proportion`]), the reduction must output
 //!   `k_ref / k_run` times the reference's gradient for the weights to move alike. The scales
 //!   measured over every reduced gradient must agree, and be a legal convention
-//!   ([`LEGAL`]: 1, dp or 1/dp); a reduction whose output has another scale is a LOCAL
+//!   ([`legal`]: 1, dp or 1/dp); a reduction whose output has another scale is a LOCAL
 //!   divergence there (a sum where the program's update expects an average).
 //! * **Scale-invariant updates** ([`Update::NotProportional`], Adam): the weights cannot tell a
 //!   scale; the gradient's scale still matters through the optimizer's epsilon and clipping

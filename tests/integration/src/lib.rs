@@ -158,8 +158,8 @@ pub fn sim_dir() -> PathBuf {
     d
 }
 
-/// The simulated stack of CUDA `major`: target/<profile>/sim (12), or the CUDA 13 build in
-/// target/cuda13/<profile>/sim (scripts/build-sim-cuda13.sh), `None` when that is not built.
+/// The simulated stack of CUDA `major`: `target/<profile>/sim` (12), or the CUDA 13 build in
+/// `target/cuda13/<profile>/sim` (scripts/build-sim-cuda13.sh), `None` when that is not built.
 pub fn sim_dir_for(major: u32) -> Option<PathBuf> {
     if major == 12 {
         return Some(sim_dir());

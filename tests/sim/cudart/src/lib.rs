@@ -11,7 +11,7 @@
 //!   thread-mode rules, and sticky kernel faults.
 //!
 //! The simulated cuBLAS, cuBLASLt and NCCL reach this runtime through the private exports in
-//! [`ext`] (see the `sim-device` crate), like real libraries that link the runtime statically.
+//! `ext` (see the `sim-device` crate), like real libraries that link the runtime statically.
 //!
 //! Environment: `SIM_CUDA_DEVICES` (number of devices, default 8; `CUDA_VISIBLE_DEVICES`
 //! narrows it as usual).

@@ -403,7 +403,8 @@ impl<T> Steps<T> {
                     "the auto step rule numbered the whole run step 0: its first GEMM recurred \
                      {} more times, each taken for a micro-batch (its operands kept their \
                      bytes). If this run trained several steps, mark them \
-                     (TTRACE_STEP_RULE=nvtx:NAME, or api with ttrace_step())",
+                     (TTRACE_STEP_RULE=nvtx:NAME with an NVTX range NAME around each step, \
+                     e.g. PyTorch's torch.cuda.nvtx.range(\"NAME\"), or api with ttrace_step())",
                     self.micro_batches
                 )
             })

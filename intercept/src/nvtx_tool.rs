@@ -259,15 +259,25 @@ tool_entry!(domain_range_pop(domain: nvtxDomainHandle_t) -> c_int,
 /// range whose message is a registered string names it by its handle).
 static REGISTERED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 
-/// Registers `text` under `handle` (the chained tool's), or under a handle of its own: never
-/// null, and a pointer to nothing (opaque to the program, looked up here only).
-fn register(text: String, handle: Option<nvtxStringHandle_t>) -> nvtxStringHandle_t {
-    let mut reg = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
-    let reg = reg.get_or_insert_with(HashMap::new);
-    // Its own handles count from 1, scaled to look like aligned pointers (never dereferenced).
-    let handle = handle.map_or((reg.len() + 1) * 16, |h| h as usize);
-    reg.insert(handle, text);
-    handle as nvtxStringHandle_t
+/// Handles ttrace hands out itself, counted (never null; scaled to look like aligned pointers,
+/// never dereferenced).
+static OWN_HANDLES: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers the program's string `text` under the chained tool's handle `theirs` when it gave
+/// one, else under a handle of ttrace's own, and returns that handle (null only when the
+/// registration failed: NVTX's answer without a tool).
+fn register(theirs: nvtxStringHandle_t, text: impl FnOnce() -> String) -> nvtxStringHandle_t {
+    crate::catch(|| {
+        let handle = if theirs.is_null() {
+            (OWN_HANDLES.fetch_add(1, Ordering::Relaxed) + 1) * 16
+        } else {
+            theirs as usize
+        };
+        let mut reg = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+        reg.get_or_insert_with(HashMap::new).insert(handle, text());
+        handle as nvtxStringHandle_t
+    })
+    .unwrap_or(core::ptr::null_mut())
 }
 
 /// The text of a string registered through ttrace's table entries, if `handle` is one of theirs
@@ -281,33 +291,32 @@ unsafe extern "C" fn domain_register_string_a(
     domain: nvtxDomainHandle_t,
     string: *const c_char,
 ) -> nvtxStringHandle_t {
+    use NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A as ID;
     let theirs = chained!(
         CORE2,
-        NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A,
+        ID,
         RegisterMsg,
         (domain, string),
         core::ptr::null_mut()
     );
-    let theirs = (!theirs.is_null()).then_some(theirs);
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    crate::catch(|| register(unsafe { c_string(string) }, theirs)).unwrap_or(core::ptr::null_mut())
+    register(theirs, || unsafe { c_string(string) })
 }
 
 unsafe extern "C" fn domain_register_string_w(
     domain: nvtxDomainHandle_t,
     string: *const wchar_t,
 ) -> nvtxStringHandle_t {
+    use NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W as ID;
     let theirs = chained!(
         CORE2,
-        NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W,
+        ID,
         RegisterWide,
         (domain, string),
         core::ptr::null_mut()
     );
-    let theirs = (!theirs.is_null()).then_some(theirs);
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    crate::catch(|| register(unsafe { wide_string(string) }, theirs))
-        .unwrap_or(core::ptr::null_mut())
+    register(theirs, || unsafe { wide_string(string) })
 }
 
 /// A function pointer `f` as the table's uncallable pointer type.

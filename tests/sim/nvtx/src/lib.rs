@@ -31,30 +31,22 @@ use cuda_abi::nvtx::*;
 pub mod tool;
 use tool::{Module, Slot};
 
-/// Runs the attached tool's function in slot `id` of `module` (`call`, given its address),
-/// does nothing (`empty`) when the tool left the slot empty, or runs `own` without a tool.
-fn routed<R>(
-    module: Module,
-    id: usize,
-    call: impl FnOnce(usize) -> R,
-    empty: R,
-    own: impl FnOnce() -> R,
-) -> R {
-    match tool::slot(module, id) {
-        Slot::Tool(f) => call(f),
-        Slot::Empty => empty,
-        Slot::NoTool => own(),
-    }
-}
-
-/// A tool's function at `f` as the slot's own type `T` (a function pointer type).
-///
-/// # Safety
-/// `f` is the address the tool wrote into a slot whose NVTX type is `T`.
-unsafe fn tool_fn<T: Copy>(f: usize) -> T {
-    debug_assert_eq!(core::mem::size_of::<T>(), core::mem::size_of::<usize>());
-    // SAFETY: per the contract, `f` is a function of type `T`.
-    unsafe { core::mem::transmute_copy::<usize, T>(&f) }
+/// The body of an entry point a tool may take: the attached tool's function in slot `$id` of
+/// `$module` (of the entry point's own C type) called with the program's arguments, `$empty`
+/// when the tool left the slot empty, `$own` without a tool, `$panic` if any of it panics.
+macro_rules! routed {
+    ($module:ident[$id:ident] fn($($t:ty),*) $(-> $r:ty)?, ($($arg:expr),*),
+        empty $empty:expr, own $own:expr, panic $panic:expr) => {
+        guard($panic, || match tool::slot(Module::$module, tool::$id) {
+            // SAFETY: the tool wrote this address into the slot, whose NVTX type is the entry
+            // point's own; the program's arguments, forwarded unchanged.
+            Slot::Tool(f) => unsafe {
+                core::mem::transmute::<usize, unsafe extern "C" fn($($t),*) $(-> $r)?>(f)($($arg),*)
+            },
+            Slot::Empty => $empty,
+            Slot::NoTool => $own,
+        })
+    };
 }
 
 /// Whether a range-tracking tool is simulated (the default), see the crate documentation.
@@ -138,52 +130,19 @@ fn handle<T>(tracking: bool) -> *mut T {
 /// `void nvtxMarkA(const char* message)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxMarkA(message: *const c_char) {
-    type F = unsafe extern "C" fn(*const c_char);
-    guard((), || {
-        routed(
-            Module::Core,
-            tool::CORE_MARK_A,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(message) },
-            (),
-            || (),
-        )
-    })
+    routed!(Core[CORE_MARK_A] fn(*const c_char), (message), empty (), own (), panic ())
 }
 
 /// `void nvtxMarkW(const wchar_t* message)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxMarkW(message: *const wchar_t) {
-    type F = unsafe extern "C" fn(*const wchar_t);
-    guard((), || {
-        routed(
-            Module::Core,
-            tool::CORE_MARK_W,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(message) },
-            (),
-            || (),
-        )
-    })
+    routed!(Core[CORE_MARK_W] fn(*const wchar_t), (message), empty (), own (), panic ())
 }
 
 /// `void nvtxMarkEx(const nvtxEventAttributes_t* eventAttrib)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxMarkEx(eventAttrib: *const nvtxEventAttributes_t) {
-    type F = unsafe extern "C" fn(*const nvtxEventAttributes_t);
-    guard((), || {
-        routed(
-            Module::Core,
-            tool::CORE_MARK_EX,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(eventAttrib) },
-            (),
-            || (),
-        )
-    })
+    routed!(Core[CORE_MARK_EX] fn(*const nvtxEventAttributes_t), (eventAttrib), empty (), own (), panic ())
 }
 
 /// `void nvtxDomainMarkEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t* eventAttrib)`.
@@ -192,18 +151,7 @@ pub unsafe extern "C" fn nvtxDomainMarkEx(
     domain: nvtxDomainHandle_t,
     eventAttrib: *const nvtxEventAttributes_t,
 ) {
-    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
-    guard((), || {
-        routed(
-            Module::Core2,
-            tool::CORE2_DOMAIN_MARK_EX,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(domain, eventAttrib) },
-            (),
-            || (),
-        )
-    })
+    routed!(Core2[CORE2_DOMAIN_MARK_EX] fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t), (domain, eventAttrib), empty (), own (), panic ())
 }
 
 // ---- start/end ranges --------------------------------------------------------------------
@@ -250,52 +198,19 @@ pub unsafe extern "C" fn nvtxDomainRangeEnd(_domain: nvtxDomainHandle_t, _id: nv
 /// `int nvtxRangePushA(const char* message)`: the level of the new range.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangePushA(message: *const c_char) -> c_int {
-    type F = unsafe extern "C" fn(*const c_char) -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core,
-            tool::CORE_RANGE_PUSH_A,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(message) },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || push(0, tracking()),
-        )
-    })
+    routed!(Core[CORE_RANGE_PUSH_A] fn(*const c_char) -> c_int, (message), empty NVTX_NO_PUSH_POP_TRACKING, own push(0, tracking()), panic -1)
 }
 
 /// `int nvtxRangePushW(const wchar_t* message)`: the level of the new range.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangePushW(message: *const wchar_t) -> c_int {
-    type F = unsafe extern "C" fn(*const wchar_t) -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core,
-            tool::CORE_RANGE_PUSH_W,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(message) },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || push(0, tracking()),
-        )
-    })
+    routed!(Core[CORE_RANGE_PUSH_W] fn(*const wchar_t) -> c_int, (message), empty NVTX_NO_PUSH_POP_TRACKING, own push(0, tracking()), panic -1)
 }
 
 /// `int nvtxRangePushEx(const nvtxEventAttributes_t* eventAttrib)`: the level of the new range.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangePushEx(eventAttrib: *const nvtxEventAttributes_t) -> c_int {
-    type F = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core,
-            tool::CORE_RANGE_PUSH_EX,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(eventAttrib) },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || push(0, tracking()),
-        )
-    })
+    routed!(Core[CORE_RANGE_PUSH_EX] fn(*const nvtxEventAttributes_t) -> c_int, (eventAttrib), empty NVTX_NO_PUSH_POP_TRACKING, own push(0, tracking()), panic -1)
 }
 
 /// `int nvtxDomainRangePushEx(nvtxDomainHandle_t, const nvtxEventAttributes_t*)`: the level of
@@ -305,52 +220,19 @@ pub unsafe extern "C" fn nvtxDomainRangePushEx(
     domain: nvtxDomainHandle_t,
     eventAttrib: *const nvtxEventAttributes_t,
 ) -> c_int {
-    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core2,
-            tool::CORE2_DOMAIN_RANGE_PUSH_EX,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(domain, eventAttrib) },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || push(domain as usize, tracking()),
-        )
-    })
+    routed!(Core2[CORE2_DOMAIN_RANGE_PUSH_EX] fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int, (domain, eventAttrib), empty NVTX_NO_PUSH_POP_TRACKING, own push(domain as usize, tracking()), panic -1)
 }
 
 /// `int nvtxRangePop(void)`: the level of the range closed, negative when none was open.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangePop() -> c_int {
-    type F = unsafe extern "C" fn() -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core,
-            tool::CORE_RANGE_POP,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)() },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || pop(0, tracking()),
-        )
-    })
+    routed!(Core[CORE_RANGE_POP] fn() -> c_int, (), empty NVTX_NO_PUSH_POP_TRACKING, own pop(0, tracking()), panic -1)
 }
 
 /// `int nvtxDomainRangePop(nvtxDomainHandle_t domain)`: as `nvtxRangePop`, in that domain.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int {
-    type F = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
-    guard(-1, || {
-        routed(
-            Module::Core2,
-            tool::CORE2_DOMAIN_RANGE_POP,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(domain) },
-            NVTX_NO_PUSH_POP_TRACKING,
-            || pop(domain as usize, tracking()),
-        )
-    })
+    routed!(Core2[CORE2_DOMAIN_RANGE_POP] fn(nvtxDomainHandle_t) -> c_int, (domain), empty NVTX_NO_PUSH_POP_TRACKING, own pop(domain as usize, tracking()), panic -1)
 }
 
 // ---- domains, strings, resources, names ---------------------------------------------------
@@ -377,18 +259,7 @@ pub unsafe extern "C" fn nvtxDomainRegisterStringA(
     domain: nvtxDomainHandle_t,
     string: *const c_char,
 ) -> nvtxStringHandle_t {
-    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
-    guard(std::ptr::null_mut(), || {
-        routed(
-            Module::Core2,
-            tool::CORE2_DOMAIN_REGISTER_STRING_A,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(domain, string) },
-            std::ptr::null_mut(),
-            || handle(tracking()),
-        )
-    })
+    routed!(Core2[CORE2_DOMAIN_REGISTER_STRING_A] fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t, (domain, string), empty std::ptr::null_mut(), own handle(tracking()), panic std::ptr::null_mut())
 }
 
 /// `nvtxStringHandle_t nvtxDomainRegisterStringW(nvtxDomainHandle_t, const wchar_t*)`.
@@ -397,18 +268,7 @@ pub unsafe extern "C" fn nvtxDomainRegisterStringW(
     domain: nvtxDomainHandle_t,
     string: *const wchar_t,
 ) -> nvtxStringHandle_t {
-    type F = unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
-    guard(std::ptr::null_mut(), || {
-        routed(
-            Module::Core2,
-            tool::CORE2_DOMAIN_REGISTER_STRING_W,
-            // SAFETY: the tool's function for this slot, of its type, with the program's
-            // arguments.
-            |f| unsafe { tool_fn::<F>(f)(domain, string) },
-            std::ptr::null_mut(),
-            || handle(tracking()),
-        )
-    })
+    routed!(Core2[CORE2_DOMAIN_REGISTER_STRING_W] fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t, (domain, string), empty std::ptr::null_mut(), own handle(tracking()), panic std::ptr::null_mut())
 }
 
 /// `nvtxResourceHandle_t nvtxDomainResourceCreate(nvtxDomainHandle_t, nvtxResourceAttributes_t*)`.

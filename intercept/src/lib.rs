@@ -183,7 +183,7 @@ extern "C" fn on_load() {
 
 /// Names this library as the process's NVTX tool (`NVTX_INJECTION64_PATH`), unless capture is
 /// off (`TTRACE=0`): NVTX 3 reaches a tool only that way (nvtx_tool.rs). A tool named there
-/// already (a profiler: Nsight Systems sets it) is moved to `TTRACE_NVTX_NEXT_TOOL`, and
+/// already (a profiler: Nsight Systems sets it) is moved to `NVTX_TOOL_BEFORE_TTRACE`, and
 /// chained: it still gets every range. Done at load, before any NVTX call reads it; both
 /// variables are inherited by child processes (one that does not preload this library gets
 /// the other tool alone from it).

@@ -109,8 +109,10 @@ impl Drop for InExportHook {
 }
 
 /// The environment variable that names the tool `NVTX_INJECTION64_PATH` named before this
-/// library took its place (lib.rs): that tool is loaded here and chained.
-pub(crate) const NEXT_TOOL_VAR: &str = "TTRACE_NVTX_NEXT_TOOL";
+/// library took its place (lib.rs): that tool is loaded here and chained. Not a `TTRACE_*`
+/// name: those are capture settings, which `ttrace run` does not pass on from its own
+/// environment, and this one must reach every process of the tree.
+pub(crate) const NEXT_TOOL_VAR: &str = "NVTX_TOOL_BEFORE_TTRACE";
 
 /// Module indices into [`NEXT`]: the core module and the domain module.
 const CORE: usize = 0;
@@ -408,13 +410,17 @@ fn preloaded() -> bool {
     if global.is_null() {
         return false;
     }
+    // A name only this library exports (its C API). Not `InitializeInjectionNvtx2`: another
+    // tool preloaded may export it too, and this library's own references to its exported
+    // names bind to the first definition in the global scope (it is not linked
+    // -Bsymbolic), so the comparison would hold wherever that tool is preloaded.
     // SAFETY: a lookup in that scope by a NUL-terminated name.
-    let found = unsafe { crate::dlsym::real(global, c"InitializeInjectionNvtx2".as_ptr()) };
+    let found = unsafe { crate::dlsym::real(global, c"ttrace_step".as_ptr()) };
     // SAFETY: the handle dlopen(NULL) returned above, closed once.
     unsafe { libc::dlclose(global) };
     std::ptr::eq(
         found.cast_const().cast(),
-        InitializeInjectionNvtx2 as *const (),
+        crate::hooks::api::ttrace_step as *const (),
     )
 }
 

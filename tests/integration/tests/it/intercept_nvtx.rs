@@ -156,6 +156,20 @@ fn a_profilers_nvtx_tool_is_chained_and_both_see_every_range() {
     );
     // The program got the profiler's answers (its levels), not ttrace's.
     assert_eq!(first_push(&run, "nvtx3"), 0);
+
+    // The profiler's library also preloaded, before libttrace.so: it exports an
+    // `InitializeInjectionNvtx2` of its own, found first in the global scope.
+    let mut cmd = nvtx_program("nvtx3", 12, &sim, false);
+    cmd.env("NVTX_INJECTION64_PATH", profiler_tool());
+    let preload = format!("{}:{}", profiler_tool().display(), libttrace().display());
+    let run = traced_command_preloaded(cmd, "nvtx3-profiler-preloaded", &preload);
+    assert_ok(&run);
+    assert_eq!(ranges(&run), expected_ranges(), "ttrace saw every range");
+    let err = stderr(&run.out);
+    assert!(
+        err.contains(PROFILER_SAW_ALL),
+        "the profiler saw every range: {err}"
+    );
 }
 
 /// A child that inherited `NVTX_INJECTION64_PATH` but not `LD_PRELOAD` loads libttrace.so for
@@ -167,9 +181,12 @@ fn a_process_that_did_not_preload_libttrace_gets_no_nvtx_tool_from_it() {
     let out = nvtx_program("nvtx3", 12, &sim, false)
         .env("NVTX_INJECTION64_PATH", libttrace())
         // As a traced parent that chained a profiler leaves it to its children.
-        .env("TTRACE_NVTX_NEXT_TOOL", profiler_tool())
+        .env("NVTX_TOOL_BEFORE_TTRACE", profiler_tool())
         .env("TTRACE_LOG", "debug")
-        .env_remove("LD_PRELOAD")
+        // The profiler's library preloaded (libttrace.so not): it exports the same
+        // `InitializeInjectionNvtx2`, and libttrace.so's own references to that name bind to
+        // it; whether libttrace.so was preloaded must not be read from that name.
+        .env("LD_PRELOAD", profiler_tool())
         .output()
         .expect("nvtx3 runs");
     let (stdout, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));

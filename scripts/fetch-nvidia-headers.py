@@ -183,18 +183,26 @@ def remote_size(url: str) -> int | None:
         return None
 
 
+# Libraries taken from the wheels beside the headers: NVIDIA's NVTX v2 library, which loads an
+# NVTX tool as libttrace.so must handle it (it runs without a GPU; tests/.../intercept_nvtx.rs).
+LIBRARIES = ("nvidia/nvtx/lib/libnvToolsExt.so.1",)
+
+
 def header_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
-    """`nvidia/<lib>/include/**` files."""
+    """`nvidia/<lib>/include/**` files, and the [`LIBRARIES`] the wheel holds."""
     out = []
     for zi in zf.infolist():
         parts = zi.filename.split("/")
-        if len(parts) >= 4 and parts[0] == "nvidia" and parts[2] == "include" and not zi.is_dir():
+        if zi.is_dir():
+            continue
+        if (len(parts) >= 4 and parts[0] == "nvidia" and parts[2] == "include") or zi.filename in LIBRARIES:
             out.append(zi)
     return out
 
 
 def extract(zf: zipfile.ZipFile, tmp: Path) -> list[str]:
-    """Extracts the include members under tmp/<lib>/include; returns the <lib> names."""
+    """Extracts the include members under tmp/<lib>/include (and the libraries under
+    tmp/<lib>/lib); returns the <lib> names."""
     libs = set()
     members = header_members(zf)
     if not members:
@@ -263,6 +271,8 @@ def main() -> int:
                 and entry
                 and entry.get("version") == version
                 and all((dest / lib / "include").is_dir() for lib in entry.get("libs", []))
+                # A cache made before LIBRARIES were taken is completed.
+                and all((dest / Path(*m.split("/")[1:])).is_file() for m in LIBRARIES if m.split("/")[1] in entry.get("libs", []))
             ):
                 continue
             info = wheel_info(name, version)

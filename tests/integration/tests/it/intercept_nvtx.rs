@@ -130,6 +130,47 @@ fn the_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
     assert_eq!(ranges(&run), expected_ranges());
 }
 
+/// The same with NVIDIA's own NVTX v2 library (from the nvidia-nvtx-cu12 wheel, beside its
+/// headers; it runs without a GPU): it loads ttrace as its tool from `NVTX_INJECTION64_PATH`
+/// as the simulated one does, and a range must still count once, a registered string's still
+/// be read back.
+#[test]
+fn nvidias_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
+    let include = integration_tests::abi_check::fetch_headers_for(12).expect("NVIDIA's headers");
+    let nvtx = include
+        .iter()
+        .find(|d| d.ends_with("nvtx/include"))
+        .and_then(|d| d.parent())
+        .map(|d| d.join("lib/libnvToolsExt.so.1"))
+        .filter(|l| l.is_file())
+        .expect("libnvToolsExt.so.1 beside the NVTX headers (scripts/fetch-nvidia-headers.py)");
+    // The program's libraries: the simulated runtime and NVIDIA's NVTX library.
+    let dir = integration_tests::profile_dir().join("c-nvtx2-nvidia-libs");
+    std::fs::create_dir_all(&dir).expect("library directory");
+    for (name, target) in [
+        (
+            "libcudart.so.12",
+            integration_tests::sim_dir().join("libcudart.so.12"),
+        ),
+        ("libnvToolsExt.so.1", nvtx),
+    ] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).expect("link the library");
+    }
+    let exe = integration_tests::c_build::compile_c(
+        "nvtx2.c",
+        "nvtx2nvidia",
+        12,
+        &dir,
+        &["libcudart.so.12", "libnvToolsExt.so.1"],
+    );
+    let mut cmd = Command::new(exe);
+    cmd.env_remove("LD_LIBRARY_PATH");
+    let run = run_c(cmd, "nvtx2-nvidia", "nvtx2", "NVIDIA's NVTX v2 library");
+    assert_eq!(ranges(&run), expected_ranges());
+}
+
 /// The stand-in profiler tool (tests/integration/c/nvtx_tool.c), built once.
 fn profiler_tool() -> PathBuf {
     static TOOL: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

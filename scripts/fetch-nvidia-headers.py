@@ -7,6 +7,8 @@ this script extracts only their `nvidia/<lib>/include/` folders into a cache dir
 (default: <repo>/.nvidia-headers, gitignored):
 
     <dest>/<lib>/include/...      one folder per wheel, e.g. cuda_runtime/include/cuda_runtime_api.h
+    <dest>/nvtx/lib/libnvToolsExt.so.1   and one library: NVIDIA's NVTX v2 library (no GPU
+                                  needed), which the NVTX tests run against (LIBRARIES below)
     <dest>/include-dirs.txt       the include folders, one per line, in -I order
     <dest>/manifest.json          wheel name, version, URL and PyPI's sha256 of each wheel
 

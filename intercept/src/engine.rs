@@ -221,7 +221,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
         prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
-        if prefilter::needless(cfg, counted, &plans) {
+        if prefilter::needless(counted, &plans) {
             // Its kernels would have gone with its record, which is never stored.
             let _ = thread::with(|t| t.forget_kernels());
             tracer::note_needless();

@@ -162,10 +162,11 @@ pub(crate) fn may_be_wanted(cfg: &CaptureConfig, device: i32) -> bool {
 /// Whether an unwanted record (`plans` already reduced by [`keep_rule_inputs`]) can be left
 /// out before it takes a ticket: under `auto`, a record that does not count and brings the
 /// rule no bytes cannot move the step (the rule only holds such records back, to place them,
-/// and this one is placed nowhere). Under `api` and `nvtx:NAME` every record matters: a mark
-/// starts a step only after a record.
-pub(crate) fn needless(cfg: &CaptureConfig, counted: bool, plans: &[TensorPlan]) -> bool {
-    cfg.step_rule == StepRule::Auto && !counted && plans.iter().all(|t| !t.captured)
+/// and this one is placed nowhere). Under `api` and `nvtx:NAME` every one: such a record
+/// matters to the rule only because a mark starts a step only after a record, and the next
+/// mark carries the count of records left out (`tracer::push_mark`).
+pub(crate) fn needless(counted: bool, plans: &[TensorPlan]) -> bool {
+    !counted && plans.iter().all(|t| !t.captured)
 }
 
 /// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a

@@ -424,6 +424,13 @@ impl<T> Steps<T> {
         }
     }
 
+    /// A record of the current step that the rule never saw: a hook left it out before its
+    /// ticket (prefilter.rs; under `nvtx:NAME` and `api` a record matters to the rule only as
+    /// one of its step's). A mark after it starts a new step, as after the record itself.
+    pub fn note_left_out(&mut self) {
+        self.in_step += 1;
+    }
+
     /// Releases everything held (end of the process) into the current step.
     pub fn flush(&mut self, out: &mut impl FnMut(T, u64)) {
         self.release_held(out);
@@ -991,6 +998,24 @@ mod tests {
         assert_eq!(out, vec![(0, 0), (1, 0), (2, 0)]);
         s.push(4, gemm(1, 5, 2, 5), &mut |n, st| out.push((n, st)));
         assert_eq!(out[3..], [(3, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn a_mark_after_records_left_out_starts_a_step_as_after_records() {
+        let mut s: Steps<u32> = Steps::new(StepRule::Api);
+        let mut out = Vec::new();
+        s.mark(true, None);
+        assert_eq!(s.step(), 0, "a mark before any record keeps step 0");
+        s.note_left_out();
+        s.mark(true, None);
+        assert_eq!(s.step(), 1);
+        s.mark(true, None);
+        assert_eq!(s.step(), 1, "an empty step is not left");
+        s.push(1, Class::Other, &mut |n, st| out.push((n, st)));
+        s.note_left_out();
+        s.mark(true, None);
+        s.push(2, Class::Other, &mut |n, st| out.push((n, st)));
+        assert_eq!(out, vec![(1, 1), (2, 2)]);
     }
 
     #[test]

@@ -112,6 +112,10 @@ pub enum Entry {
     Mark {
         api: bool,
         name: Option<String>,
+        /// Records the hooks had left out before their ticket when the mark took its own
+        /// ([`note_needless`]): the rule learns from it whether the step so far held records
+        /// it never saw.
+        left_out: u64,
     },
 }
 
@@ -305,7 +309,7 @@ static NEEDLESS: AtomicU64 = AtomicU64::new(0);
 /// A hook left out an unwanted record that the step rule does not need: it counts as taken
 /// and dropped, as if the tracer had dropped it (the store's accounting is unchanged).
 pub(crate) fn note_needless() {
-    NEEDLESS.fetch_add(1, Ordering::Relaxed);
+    NEEDLESS.fetch_add(1, Ordering::Release);
     if let Some(r) = COUNTED.get() {
         r.note_taken();
         r.note_dropped();
@@ -369,9 +373,17 @@ pub fn push(e: Entry) {
     Ticket::take().push(e);
 }
 
-/// Pushes a step mark under a fresh ticket (counted when steps are selected).
+/// Pushes a step mark under a fresh ticket (counted when steps are selected), with the
+/// count of records left out so far. A record left out before the mark in program order (or
+/// by a thread the program synchronised with) is in that count: its hook added to it before
+/// the mark read it.
 pub fn push_mark(cfg: &CaptureConfig, api: bool, name: Option<String>) {
-    Ticket::take_counted(crate::prefilter::counts_mark(cfg)).push(Entry::Mark { api, name });
+    let left_out = NEEDLESS.load(Ordering::Acquire);
+    Ticket::take_counted(crate::prefilter::counts_mark(cfg)).push(Entry::Mark {
+        api,
+        name,
+        left_out,
+    });
 }
 
 /// Wall-clock nanoseconds since the Unix epoch.
@@ -528,6 +540,7 @@ pub fn start(
                 reduced_copies: 0,
                 reduced_glimpses: 0,
                 decided: Vec::new(),
+                left_out_seen: 0,
             };
             t.run();
             *FINISHED.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -571,6 +584,8 @@ struct Tracer {
     reduced_glimpses: u64,
     /// The records the step rule decided, as it hands them back (empty between records).
     decided: Vec<(Pending, u64)>,
+    /// Records the hooks had left out when the last mark took its ticket.
+    left_out_seen: u64,
 }
 
 impl Tracer {
@@ -663,7 +678,19 @@ impl Tracer {
                     self.send(&ClientMsg::StreamAbort { stream: id });
                 }
             }
-            Entry::Mark { api, name } => self.steps.mark(api, name.as_deref()),
+            Entry::Mark {
+                api,
+                name,
+                left_out,
+            } => {
+                // Records left out since the last mark belong to the step it ends, as they
+                // would had they taken tickets (prefilter::needless).
+                if left_out > self.left_out_seen {
+                    self.steps.note_left_out();
+                    self.left_out_seen = left_out;
+                }
+                self.steps.mark(api, name.as_deref())
+            }
         }
     }
 

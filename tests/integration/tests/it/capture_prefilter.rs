@@ -82,9 +82,9 @@ fn assert_same(got: &[String], want: &[String], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: records");
 }
 
-/// Per process, how many dropped records its hooks had reduced before the snapshot (from the
-/// `TTRACE_LOG=info` line at exit).
-fn reduced_per_process(out: &std::process::Output) -> Vec<u64> {
+/// Per process, the dropped records its hooks left out and those they reduced before the
+/// snapshot (from the `TTRACE_LOG=info` line at exit).
+fn left_out_and_reduced(out: &std::process::Output) -> Vec<(u64, u64)> {
     // "... dropped: X left out by their hooks (...), Y reduced to what the step rule needs ..."
     let number_before = |text: &str, words: &str| -> Option<u64> {
         let (head, _) = text.split_once(words)?;
@@ -96,8 +96,16 @@ fn reduced_per_process(out: &std::process::Output) -> Vec<u64> {
             let (_, tail) = l.split_once(" dropped: ")?;
             let left_out = number_before(tail, " left out by their hooks")?;
             let reduced = number_before(tail, " reduced to what")?;
-            Some(left_out + reduced)
+            Some((left_out, reduced))
         })
+        .collect()
+}
+
+/// Per process, how many dropped records its hooks had reduced or left out.
+fn reduced_per_process(out: &std::process::Output) -> Vec<u64> {
+    left_out_and_reduced(out)
+        .into_iter()
+        .map(|(l, r)| l + r)
         .collect()
 }
 
@@ -239,32 +247,37 @@ fn ranks_of_one_process_are_selected_per_device() {
     );
 }
 
-/// Under `nvtx:NAME` the marks bound the step: a selected step is stored as a full capture
-/// stores it, and capture stops past it.
+/// Under `nvtx:NAME` and `api` the marks bound the step: a selected step is stored as a full
+/// capture stores it, and capture stops past it. The records of the steps before it are left
+/// out by their hooks (nothing reduced, no tracer work), and still counted into their steps:
+/// the marks carry how many were left out.
 #[test]
-fn marks_bound_the_step_under_the_nvtx_rule() {
-    let args = ["traced", "steps", "nvtx"];
-    let rule = ("TTRACE_STEP_RULE", "nvtx:train_step");
-    let full = traced(1, &args, &[rule]);
-    assert_ok(&full);
-    let two = traced(
-        1,
-        &args,
-        &[rule, ("TTRACE_STEPS", "2"), ("TTRACE_LOG", "info")],
-    );
-    assert_ok(&two);
-    assert_checksums(&two);
-    assert!(!of_step(&full, 2).is_empty());
-    assert_same(
-        &two.records.iter().map(essence).collect::<Vec<_>>(),
-        &of_step(&full, 2),
-        "step 2",
-    );
-    assert!(
-        stderr(&two.out).contains("capture stops at step 3"),
-        "{}",
-        stderr(&two.out)
-    );
+fn marks_bound_the_step_under_the_nvtx_and_api_rules() {
+    for (probe_rule, rule) in [("nvtx", "nvtx:train_step"), ("api", "api")] {
+        let args = ["traced", "steps", probe_rule];
+        let rule = ("TTRACE_STEP_RULE", rule);
+        let full = traced(1, &args, &[rule]);
+        assert_ok(&full);
+        let two = traced(
+            1,
+            &args,
+            &[rule, ("TTRACE_STEPS", "2"), ("TTRACE_LOG", "info")],
+        );
+        assert_ok(&two);
+        assert_checksums(&two);
+        assert!(!of_step(&full, 2).is_empty(), "{probe_rule}: a step 2");
+        assert_same(
+            &two.records.iter().map(essence).collect::<Vec<_>>(),
+            &of_step(&full, 2),
+            &format!("{probe_rule}: step 2"),
+        );
+        let log = stderr(&two.out);
+        assert!(log.contains("capture stops at step 3"), "{log}");
+        assert!(
+            matches!(left_out_and_reduced(&two.out)[..], [(left_out, 0)] if left_out > 0),
+            "{probe_rule}: steps 0 and 1 left out by their hooks: {log}"
+        );
+    }
 }
 
 /// PyTorch (the Megatron-style model of tests/torch, world 1, bf16, two micro-batches) with

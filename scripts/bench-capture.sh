@@ -131,15 +131,19 @@ traced_cmd() { # `ttrace run -q --out STORE/run "$@"` (options, then -- and the 
   json_cmd bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@"
 }
 if want 5; then
-read -r base all first none < <(cpu_of "$(json_cmd "${trainer[@]}")" \
+# The trainer's forward range of its first micro-batch opens each iteration: the steps marked
+# with NVTX, as `torch.cuda.nvtx.range("NAME")` marks them in PyTorch.
+read -r base all first none marked < <(cpu_of "$(json_cmd "${trainer[@]}")" \
   "$(traced_cmd -- "${trainer[@]}")" \
   "$(traced_cmd --steps 0 -- "${trainer[@]}")" \
-  "$(traced_cmd --steps 100000 -- "${trainer[@]}")")
-awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" 'BEGIN {
+  "$(traced_cmd --steps 100000 -- "${trainer[@]}")" \
+  "$(traced_cmd --steps 100000 --step-rule nvtx:forward.mb0 -- "${trainer[@]}")")
+awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" -v m="$marked" 'BEGIN {
   printf "  untraced               %6.3f CPU-s\n", b
   printf "  traced, every step     %6.3f CPU-s  %.3fx\n", a, a / b
   printf "  traced, --steps 0      %6.3f CPU-s  %.3fx\n", f, f / b
-  printf "  traced, --steps 100000 %6.3f CPU-s  %.3fx (no step of the run selected)\n", n, n / b }'
+  printf "  traced, --steps 100000 %6.3f CPU-s  %.3fx (no step of the run selected)\n", n, n / b
+  printf "  the same, steps marked %6.3f CPU-s  %.3fx (--step-rule nvtx:forward.mb0)\n", m, m / b }'
 fi
 
 bytes_of() { # raw bytes captured into a store

@@ -129,8 +129,10 @@ pub struct RunArgs {
     /// gap, so a stalled collector delays the job by at most this.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     max_stall_ms: u64,
-    /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range or mark
-    /// named NAME starts a step), api (ttrace_step() from include/ttrace.h).
+    /// How steps are numbered: auto (no code change), nvtx:NAME (an NVTX range pushed or
+    /// started, or a mark, named NAME starts a step: PyTorch's torch.cuda.nvtx.range("NAME")
+    /// around each iteration), api (ttrace_step() from include/ttrace.h). A process that never
+    /// saw its mark says so at exit.
     #[arg(long, value_name = "RULE", default_value = "auto")]
     step_rule: StepRule,
     /// Make this a perturbed reference run, for tolerances: every F32/F16/BF16 GEMM output

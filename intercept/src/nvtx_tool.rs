@@ -11,11 +11,11 @@
 //!
 //! libttrace.so offers itself: at load it sets `NVTX_INJECTION64_PATH` to its own path
 //! (`lib.rs`; a tool named there before, a profiler's, moves to [`NEXT_TOOL_VAR`] and is
-//! chained), and [`InitializeInjectionNvtx2`] fills the push, pop and mark slots of the core
-//! and domain modules with functions that keep the thread's range stack and the `nvtx:NAME`
-//! step marks exactly as the v2 hooks do, then call the chained tool's function. They return
-//! its answer, or what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`): the program
-//! sees the values it would see untraced. It also takes the domain module's string
+//! chained), and [`InitializeInjectionNvtx2`] fills the push, pop, range start and mark slots
+//! of the core and domain modules with functions that keep the thread's range stack and the
+//! `nvtx:NAME` step marks exactly as the v2 hooks do, then call the chained tool's function.
+//! They return its answer, or what NVTX returns without a tool (`NVTX_NO_PUSH_POP_TRACKING`,
+//! range id 0): the program sees the values it would see untraced. It also takes the domain module's string
 //! registration (`nvtxDomainRegisterString{A,W}`: nvtx3.hpp's `registered_string_in`, CCCL's
 //! range names), so that a range named by a registered string is recorded under its text.
 //!
@@ -31,7 +31,7 @@ use std::sync::Mutex;
 use std::sync::OnceLock;
 
 use cuda_abi::nvtx::{
-    nvtxDomainHandle_t, nvtxEventAttributes_t, nvtxStringHandle_t, wchar_t,
+    nvtxDomainHandle_t, nvtxEventAttributes_t, nvtxRangeId_t, nvtxStringHandle_t, wchar_t,
     NVTX_NO_PUSH_POP_TRACKING,
 };
 
@@ -50,12 +50,16 @@ const NVTX_CB_MODULE_CORE2: c_int = 5;
 const NVTX_CBID_CORE_MARK_EX: usize = 1;
 const NVTX_CBID_CORE_MARK_A: usize = 2;
 const NVTX_CBID_CORE_MARK_W: usize = 3;
+const NVTX_CBID_CORE_RANGE_START_EX: usize = 4;
+const NVTX_CBID_CORE_RANGE_START_A: usize = 5;
+const NVTX_CBID_CORE_RANGE_START_W: usize = 6;
 const NVTX_CBID_CORE_RANGE_PUSH_EX: usize = 8;
 const NVTX_CBID_CORE_RANGE_PUSH_A: usize = 9;
 const NVTX_CBID_CORE_RANGE_PUSH_W: usize = 10;
 const NVTX_CBID_CORE_RANGE_POP: usize = 11;
 // `NvtxCallbackIdCore2` (`nvtxTypes.h`).
 const NVTX_CBID_CORE2_DOMAIN_MARK_EX: usize = 1;
+const NVTX_CBID_CORE2_DOMAIN_RANGE_START_EX: usize = 2;
 const NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 const NVTX_CBID_CORE2_DOMAIN_RANGE_POP: usize = 5;
 const NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;
@@ -203,6 +207,11 @@ type MarkMsg = unsafe extern "C" fn(*const c_char);
 type MarkWide = unsafe extern "C" fn(*const wchar_t);
 type MarkAttr = unsafe extern "C" fn(*const nvtxEventAttributes_t);
 type DomainMark = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t);
+type StartMsg = unsafe extern "C" fn(*const c_char) -> nvtxRangeId_t;
+type StartWide = unsafe extern "C" fn(*const wchar_t) -> nvtxRangeId_t;
+type StartAttr = unsafe extern "C" fn(*const nvtxEventAttributes_t) -> nvtxRangeId_t;
+type DomainStart =
+    unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> nvtxRangeId_t;
 type DomainPush = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> c_int;
 type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
 type RegisterMsg = unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
@@ -247,6 +256,25 @@ tool_entry!(mark_ex(attrib: *const nvtxEventAttributes_t), CORE[NVTX_CBID_CORE_M
     => marked(|| unsafe { attr_message(attrib) }));
 tool_entry!(domain_mark_ex(domain: nvtxDomainHandle_t, attrib: *const nvtxEventAttributes_t),
     CORE2[NVTX_CBID_CORE2_DOMAIN_MARK_EX] else ()
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(attrib) }));
+// Start/end ranges are not kept (not nested, and they may end on another thread); a range
+// started under the rule's name is a step mark, as with the v2 hooks. Without a tool NVTX
+// returns range id 0.
+tool_entry!(range_start_a(message: *const c_char) -> nvtxRangeId_t,
+    CORE[NVTX_CBID_CORE_RANGE_START_A] else 0
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { c_string(message) }));
+tool_entry!(range_start_w(message: *const wchar_t) -> nvtxRangeId_t,
+    CORE[NVTX_CBID_CORE_RANGE_START_W] else 0
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { wide_string(message) }));
+tool_entry!(range_start_ex(attrib: *const nvtxEventAttributes_t) -> nvtxRangeId_t,
+    CORE[NVTX_CBID_CORE_RANGE_START_EX] else 0
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(attrib) }));
+tool_entry!(domain_range_start_ex(domain: nvtxDomainHandle_t, attrib: *const nvtxEventAttributes_t)
+    -> nvtxRangeId_t, CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_START_EX] else 0
     // SAFETY: the program's attribute structure.
     => marked(|| unsafe { attr_message(attrib) }));
 // Domain ranges share the thread's stack, as with the v2 hooks.
@@ -366,6 +394,9 @@ fn slots() -> [ModuleSlots; 2] {
                 entry!(NVTX_CBID_CORE_MARK_A, mark_a, MarkMsg),
                 entry!(NVTX_CBID_CORE_MARK_W, mark_w, MarkWide),
                 entry!(NVTX_CBID_CORE_MARK_EX, mark_ex, MarkAttr),
+                entry!(NVTX_CBID_CORE_RANGE_START_A, range_start_a, StartMsg),
+                entry!(NVTX_CBID_CORE_RANGE_START_W, range_start_w, StartWide),
+                entry!(NVTX_CBID_CORE_RANGE_START_EX, range_start_ex, StartAttr),
             ],
         },
         ModuleSlots {
@@ -383,6 +414,11 @@ fn slots() -> [ModuleSlots; 2] {
                     DomainPop
                 ),
                 entry!(NVTX_CBID_CORE2_DOMAIN_MARK_EX, domain_mark_ex, DomainMark),
+                entry!(
+                    NVTX_CBID_CORE2_DOMAIN_RANGE_START_EX,
+                    domain_range_start_ex,
+                    DomainStart
+                ),
                 entry!(
                     NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A,
                     domain_register_string_a,

@@ -245,6 +245,8 @@ pub struct Steps<T> {
     /// Records from the first arrival after the last GEMM on, waiting for the next GEMM.
     held: VecDeque<T>,
     max_held: usize,
+    /// Marks the rule applied (`nvtx:NAME`, `api`), whether or not they started a step.
+    marks: u64,
 }
 
 impl<T> Steps<T> {
@@ -258,6 +260,7 @@ impl<T> Steps<T> {
             micro_batches: 0,
             held: VecDeque::new(),
             max_held: MAX_HELD,
+            marks: 0,
         }
     }
 
@@ -418,9 +421,52 @@ impl<T> Steps<T> {
             StepRule::Nvtx(n) => nvtx_name == Some(n.as_str()),
             StepRule::Auto => false,
         };
+        self.marks += u64::from(applies);
         if applies && self.in_step > 0 {
             self.step += 1;
             self.in_step = 0;
+        }
+    }
+
+    /// A warning when a mark rule never saw its mark in a process that took records: the whole
+    /// run is then step 0, which `--steps` and compare would take for a one-step run. `seen`
+    /// gives the NVTX names seen instead, most frequent first, with their counts.
+    pub fn unmarked_warning(
+        &self,
+        took_records: bool,
+        seen: impl FnOnce() -> Vec<(String, u64)>,
+    ) -> Option<String> {
+        if self.marks > 0 || !took_records {
+            return None;
+        }
+        match &self.rule {
+            StepRule::Auto => None,
+            StepRule::Api => Some(
+                "TTRACE_STEP_RULE=api, but ttrace_step() was never called: the whole run is \
+                 step 0"
+                    .to_string(),
+            ),
+            StepRule::Nvtx(name) => {
+                let seen = seen();
+                let instead = if seen.is_empty() {
+                    "no NVTX range or mark was seen at all".to_string()
+                } else {
+                    let names: Vec<String> = seen
+                        .iter()
+                        .take(5)
+                        .map(|(n, c)| format!("`{n}` ({c})"))
+                        .collect();
+                    format!(
+                        "the names seen most often: {}{}",
+                        names.join(", "),
+                        if seen.len() > 5 { ", ..." } else { "" }
+                    )
+                };
+                Some(format!(
+                    "TTRACE_STEP_RULE=nvtx:{name}, but no NVTX range or mark named `{name}` was \
+                     seen: the whole run is step 0 ({instead})"
+                ))
+            }
         }
     }
 
@@ -998,6 +1044,46 @@ mod tests {
         assert_eq!(out, vec![(0, 0), (1, 0), (2, 0)]);
         s.push(4, gemm(1, 5, 2, 5), &mut |n, st| out.push((n, st)));
         assert_eq!(out[3..], [(3, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn a_mark_rule_that_never_saw_its_mark_says_so() {
+        let seen = || vec![("forward".to_string(), 12), ("backward".to_string(), 3)];
+        let s: Steps<u32> = Steps::new(StepRule::Nvtx("train_step".into()));
+        let w = s.unmarked_warning(true, seen).expect("warned");
+        assert!(w.contains("named `train_step`"), "{w}");
+        assert!(w.contains("`forward` (12), `backward` (3)"), "{w}");
+        let w = s.unmarked_warning(true, Vec::new).expect("warned");
+        assert!(w.contains("no NVTX range or mark was seen at all"), "{w}");
+        assert_eq!(
+            s.unmarked_warning(false, seen),
+            None,
+            "no records, no doubt"
+        );
+
+        let mut s: Steps<u32> = Steps::new(StepRule::Nvtx("train_step".into()));
+        s.mark(false, Some("train_step"));
+        assert_eq!(
+            s.unmarked_warning(true, seen),
+            None,
+            "one mark: a one-step run"
+        );
+
+        let mut s: Steps<u32> = Steps::new(StepRule::Api);
+        assert!(s
+            .unmarked_warning(true, seen)
+            .unwrap()
+            .contains("ttrace_step()"));
+        s.mark(false, Some("train_step"));
+        assert!(
+            s.unmarked_warning(true, seen).is_some(),
+            "an NVTX mark is not api's"
+        );
+        s.mark(true, None);
+        assert_eq!(s.unmarked_warning(true, seen), None);
+
+        let auto: Steps<u32> = Steps::new(StepRule::Auto);
+        assert_eq!(auto.unmarked_warning(true, seen), None);
     }
 
     #[test]

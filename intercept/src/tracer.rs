@@ -621,6 +621,13 @@ impl Tracer {
             if let Some(doubt) = self.steps.one_step_doubt() {
                 crate::log::warn(&doubt);
             }
+            let took = self.records + self.gaps + self.dropped + NEEDLESS.load(Ordering::Relaxed);
+            if let Some(w) = self
+                .steps
+                .unmarked_warning(took > 0, crate::hooks::nvtx::names_seen)
+            {
+                crate::log::warn(&w);
+            }
             let refused = crate::engine::refused_copies();
             if refused > 0 {
                 crate::log::warn(&format!(

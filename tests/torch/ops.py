@@ -131,9 +131,14 @@ def main():
     # the test finds on the records of the ops inside them.
     with torch.cuda.nvtx.range("copies"):
         copies()
+    started = None
     for dt in (torch.float32, torch.float16, torch.bfloat16):
+        if dt == torch.float16:
+            # A start/end range (not nested), from here to the end of the GEMMs.
+            started = torch.cuda.nvtx.range_start("from.float16")
         with torch.cuda.nvtx.range("gemms." + str(dt).replace("torch.", "")):
             gemms(dt)
+    torch.cuda.nvtx.range_end(started)
     scaled_mm()
     linear_backward()
     kernel_refused()

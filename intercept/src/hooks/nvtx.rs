@@ -4,6 +4,9 @@
 //! ([`crate::nvtx_tool`]).
 
 use core::ffi::{c_char, c_int};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use cuda_abi::nvtx::*;
 use ttrace_proto::config::StepRule;
@@ -38,15 +41,49 @@ pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
     }
 }
 
+/// Whether a range or mark named as the `nvtx:NAME` rule says was seen.
+static MATCHED: AtomicBool = AtomicBool::new(false);
+
+/// The other names seen until then, with their counts (at most [`SEEN_MAX`] names): what the
+/// warning at exit names when NAME never came (a misspelt NAME, a range named otherwise).
+static SEEN: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+const SEEN_MAX: usize = 64;
+
 /// A step mark when the rule is `nvtx:NAME` and `name` is NAME (only once a session runs:
 /// before it, no step has records).
 fn maybe_mark(name: &str) {
     let Some(s) = session::current() else {
         return;
     };
-    if matches!(&s.cfg.step_rule, StepRule::Nvtx(n) if n == name) {
-        tracer::push_mark(s.cfg, false, Some(name.to_string()));
+    match &s.cfg.step_rule {
+        StepRule::Nvtx(n) if n == name => {
+            MATCHED.store(true, Ordering::Relaxed);
+            tracer::push_mark(s.cfg, false, Some(name.to_string()));
+        }
+        StepRule::Nvtx(_) if !MATCHED.load(Ordering::Relaxed) => {
+            let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+            let seen = seen.get_or_insert_with(HashMap::new);
+            if let Some(count) = seen.get_mut(name) {
+                *count += 1;
+            } else if seen.len() < SEEN_MAX {
+                seen.insert(name.to_string(), 1);
+            }
+        }
+        _ => {}
     }
+}
+
+/// The NVTX names seen before the `nvtx:NAME` rule's own (all of them when it never came),
+/// most frequent first (then by name), with their counts.
+pub(crate) fn names_seen() -> Vec<(String, u64)> {
+    let seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let mut names: Vec<(String, u64)> = seen
+        .iter()
+        .flatten()
+        .map(|(n, c)| (n.clone(), *c))
+        .collect();
+    names.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    names
 }
 
 pub(crate) fn pushed(name: impl FnOnce() -> String) {
@@ -153,6 +190,57 @@ nvtx_hook! {
 nvtx_hook! {
     /// `void nvtxMarkEx(const nvtxEventAttributes_t* eventAttrib)`.
     nvtxMarkEx(eventAttrib: *const nvtxEventAttributes_t)
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(eventAttrib) })
+}
+
+nvtx_hook! {
+    /// `void nvtxMarkW(const wchar_t* message)`.
+    nvtxMarkW(message: *const wchar_t)
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { super::wide_string(message) })
+}
+
+nvtx_hook! {
+    /// `void nvtxDomainMarkEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t*
+    /// eventAttrib)`.
+    nvtxDomainMarkEx(domain: nvtxDomainHandle_t, eventAttrib: *const nvtxEventAttributes_t)
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(eventAttrib) })
+}
+
+// Start/end ranges are not nested (they may end on another thread) and are not kept in the
+// thread's stack; a range started under the rule's name is a step mark, as a push is
+// (PyTorch's `torch.cuda.nvtx.range_start`).
+
+nvtx_hook! {
+    /// `nvtxRangeId_t nvtxRangeStartA(const char* message)`: a step mark under `nvtx:NAME`.
+    nvtxRangeStartA(message: *const c_char) -> nvtxRangeId_t, else 0
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { super::c_string(message) })
+}
+
+nvtx_hook! {
+    /// `nvtxRangeId_t nvtxRangeStartW(const wchar_t* message)`.
+    nvtxRangeStartW(message: *const wchar_t) -> nvtxRangeId_t, else 0
+    // SAFETY: the program's message, NUL-terminated as NVTX requires.
+    => marked(|| unsafe { super::wide_string(message) })
+}
+
+nvtx_hook! {
+    /// `nvtxRangeId_t nvtxRangeStartEx(const nvtxEventAttributes_t* eventAttrib)`.
+    nvtxRangeStartEx(eventAttrib: *const nvtxEventAttributes_t) -> nvtxRangeId_t, else 0
+    // SAFETY: the program's attribute structure.
+    => marked(|| unsafe { attr_message(eventAttrib) })
+}
+
+nvtx_hook! {
+    /// `nvtxRangeId_t nvtxDomainRangeStartEx(nvtxDomainHandle_t domain, const
+    /// nvtxEventAttributes_t* eventAttrib)`.
+    nvtxDomainRangeStartEx(
+        domain: nvtxDomainHandle_t,
+        eventAttrib: *const nvtxEventAttributes_t,
+    ) -> nvtxRangeId_t, else 0
     // SAFETY: the program's attribute structure.
     => marked(|| unsafe { attr_message(eventAttrib) })
 }

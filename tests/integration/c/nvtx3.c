@@ -4,10 +4,10 @@
  * Built with NVTX_V2 defined (nvtx2.c), the same program calls the NVTX v2 library
  * (libnvToolsExt.so.1, CUDA 12) instead, whose exports a tool can interpose and which loads a
  * tool the same way.
- * Three iterations, each in a range "step" holding a range "outer" > "inner" around a
- * host-to-device copy, then a copy in a range of a domain of its own (its attributes' message)
- * and one in a range named by a string registered in that domain, inside it, then a mark
- * "after"; one copy before any range. Every copy's bytes are checked on the way
+ * Three iterations, each in a start/end range "started" (not nested: no path) and a range
+ * "step" holding a range "outer" > "inner" around a host-to-device copy, then a copy in a
+ * range of a domain of its own (its attributes' message) and one in a range named by a string
+ * registered in that domain, inside it, then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
  * back. Push and pop must return what NVTX returns without a tool or with one that tracks
  * levels: NVTX_NO_PUSH_POP_TRACKING, or the level.
  */
@@ -67,6 +67,7 @@ int main(void) {
 
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < N; i++) host[i] = (float)(step * N + i);
+        nvtxRangeId_t started = nvtxRangeStartA("started");
         check_level(nvtxRangePushA("step"), 0, "nvtxRangePushA(step)");
         check_level(nvtxRangePushA("outer"), 1, "nvtxRangePushA(outer)");
         check_level(nvtxRangePushA("inner"), 2, "nvtxRangePushA(inner)");
@@ -81,6 +82,7 @@ int main(void) {
         check_level(nvtxDomainRangePop(domain), 0, "nvtxDomainRangePop");
         nvtxMarkA("after");
         check_level(nvtxRangePop(), 0, "nvtxRangePop(step)");
+        nvtxRangeEnd(started);
     }
     nvtxDomainDestroy(domain);
     CK_CUDA(cudaFree(dev));

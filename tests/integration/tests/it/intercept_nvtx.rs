@@ -112,7 +112,37 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
             [(0, 8), (1, 6), (2, 6)],
             "{what}: a step from each `after` mark"
         );
+        assert_starts_and_misses_mark_steps(
+            || nvtx_program("nvtx3", major, &sim, false),
+            "nvtx3",
+            &what,
+        );
     }
+}
+
+/// `--step-rule nvtx:NAME` with the program's start/end range `started` (PyTorch's
+/// `torch.cuda.nvtx.range_start`) numbers the steps as its pushed range `step` does; with a
+/// name no range has, the whole run is step 0 and each process says so, naming the ranges it
+/// saw instead.
+fn assert_starts_and_misses_mark_steps(program: impl Fn() -> Command, name: &str, what: &str) {
+    let mut cmd = program();
+    cmd.env("TTRACE_STEP_RULE", "nvtx:started");
+    let run = run_c(cmd, &format!("{name}-started"), name, what);
+    assert_eq!(
+        records_per_step(&run),
+        [(0, 2), (1, 6), (2, 6), (3, 6)],
+        "{what}: a step from each range started as `started`"
+    );
+    let mut cmd = program();
+    cmd.env("TTRACE_STEP_RULE", "nvtx:strated");
+    let run = run_c(cmd, &format!("{name}-misspelt"), name, what);
+    assert_eq!(records_per_step(&run), [(0, 20)], "{what}");
+    let err = String::from_utf8_lossy(&run.out.stderr);
+    assert!(
+        err.contains("no NVTX range or mark named `strated` was seen: the whole run is step 0")
+            && err.contains("`after` (3), `in-domain` (3)"),
+        "{what}: no word of the missing mark: {err}"
+    );
 }
 
 #[test]
@@ -128,6 +158,11 @@ fn the_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
     // with the level the simulated library returns on its own.
     assert_eq!(first_push(&run, "nvtx2"), -2);
     assert_eq!(ranges(&run), expected_ranges());
+    assert_starts_and_misses_mark_steps(
+        || nvtx_program("nvtx2", 12, &sim, true),
+        "nvtx2",
+        "NVTX v2",
+    );
 }
 
 /// The same with NVIDIA's own NVTX v2 library (from the nvidia-nvtx-cu12 wheel, beside its
@@ -165,10 +200,15 @@ fn nvidias_nvtx_v2_library_loading_ttrace_as_its_tool_counts_each_range_once() {
         &dir,
         &["libcudart.so.12", "libnvToolsExt.so.1"],
     );
-    let mut cmd = Command::new(exe);
-    cmd.env_remove("LD_LIBRARY_PATH");
-    let run = run_c(cmd, "nvtx2-nvidia", "nvtx2", "NVIDIA's NVTX v2 library");
+    let program = || {
+        let mut cmd = Command::new(&exe);
+        cmd.env_remove("LD_LIBRARY_PATH");
+        cmd
+    };
+    let what = "NVIDIA's NVTX v2 library";
+    let run = run_c(program(), "nvtx2-nvidia", "nvtx2", what);
     assert_eq!(ranges(&run), expected_ranges());
+    assert_starts_and_misses_mark_steps(program, "nvtx2", what);
 }
 
 /// The stand-in profiler tool (tests/integration/c/nvtx_tool.c), built once.

@@ -144,34 +144,40 @@ fn ops(version: &'static str) {
     }
     check_is_silent(&store);
 
-    // A range torch opens is a step boundary under `--step-rule nvtx:NAME`: the copies before
-    // it stay in step 0, its GEMMs and what follows are step 1.
-    let marked = tmp.path().join("marked");
-    let out = torch.traced_with(
-        &marked,
-        &["--step-rule", "nvtx:gemms.float16"],
-        &torch.python,
-        &[&script, &tmp.path().join("marked-out")],
-    );
-    assert!(out.status.success(), "nvtx-marked run: {}", describe(&out));
-    let records = crate::intercept_util::read_store(&marked);
-    let step_of = |range: &str| -> Vec<u64> {
-        let mut steps: Vec<u64> = records
-            .iter()
-            .filter(|r| r.record.nvtx.first().is_some_and(|n| n == range))
-            .map(|r| r.record.step)
-            .collect();
-        steps.dedup();
-        steps
-    };
-    assert_eq!(step_of("copies"), [0], "the copies before the mark");
-    assert_eq!(step_of("gemms.float32"), [0]);
-    assert_eq!(
-        step_of("gemms.float16"),
-        [1],
-        "the marking range starts step 1"
-    );
-    assert_eq!(step_of("gemms.bfloat16"), [1]);
+    // A range torch opens, pushed (`torch.cuda.nvtx.range`) or started
+    // (`torch.cuda.nvtx.range_start`), is a step boundary under `--step-rule nvtx:NAME`: the
+    // copies before it stay in step 0, its GEMMs and what follows are step 1.
+    for (rule, name) in [
+        ("nvtx:gemms.float16", "marked"),
+        ("nvtx:from.float16", "started"),
+    ] {
+        let marked = tmp.path().join(name);
+        let out = torch.traced_with(
+            &marked,
+            &["--step-rule", rule],
+            &torch.python,
+            &[&script, &tmp.path().join(format!("{name}-out"))],
+        );
+        assert!(out.status.success(), "{rule}: {}", describe(&out));
+        let records = crate::intercept_util::read_store(&marked);
+        let step_of = |range: &str| -> Vec<u64> {
+            let mut steps: Vec<u64> = records
+                .iter()
+                .filter(|r| r.record.nvtx.first().is_some_and(|n| n == range))
+                .map(|r| r.record.step)
+                .collect();
+            steps.dedup();
+            steps
+        };
+        assert_eq!(step_of("copies"), [0], "{rule}: the copies before the mark");
+        assert_eq!(step_of("gemms.float32"), [0], "{rule}");
+        assert_eq!(
+            step_of("gemms.float16"),
+            [1],
+            "{rule}: the mark starts step 1"
+        );
+        assert_eq!(step_of("gemms.bfloat16"), [1], "{rule}");
+    }
 }
 
 #[test]

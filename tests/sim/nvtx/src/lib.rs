@@ -158,40 +158,44 @@ pub unsafe extern "C" fn nvtxDomainMarkEx(
 
 /// `nvtxRangeId_t nvtxRangeStartA(const char* message)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangeStartA(_message: *const c_char) -> nvtxRangeId_t {
-    guard(0, || start(tracking()))
+pub unsafe extern "C" fn nvtxRangeStartA(message: *const c_char) -> nvtxRangeId_t {
+    routed!(Core[CORE_RANGE_START_A] fn(*const c_char) -> nvtxRangeId_t, (message), empty 0, own start(tracking()), panic 0)
 }
 
 /// `nvtxRangeId_t nvtxRangeStartW(const wchar_t* message)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangeStartW(_message: *const wchar_t) -> nvtxRangeId_t {
-    guard(0, || start(tracking()))
+pub unsafe extern "C" fn nvtxRangeStartW(message: *const wchar_t) -> nvtxRangeId_t {
+    routed!(Core[CORE_RANGE_START_W] fn(*const wchar_t) -> nvtxRangeId_t, (message), empty 0, own start(tracking()), panic 0)
 }
 
 /// `nvtxRangeId_t nvtxRangeStartEx(const nvtxEventAttributes_t* eventAttrib)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxRangeStartEx(
-    _eventAttrib: *const nvtxEventAttributes_t,
+    eventAttrib: *const nvtxEventAttributes_t,
 ) -> nvtxRangeId_t {
-    guard(0, || start(tracking()))
+    routed!(Core[CORE_RANGE_START_EX] fn(*const nvtxEventAttributes_t) -> nvtxRangeId_t, (eventAttrib), empty 0, own start(tracking()), panic 0)
 }
 
 /// `nvtxRangeId_t nvtxDomainRangeStartEx(nvtxDomainHandle_t, const nvtxEventAttributes_t*)`.
 #[no_mangle]
 pub unsafe extern "C" fn nvtxDomainRangeStartEx(
-    _domain: nvtxDomainHandle_t,
-    _eventAttrib: *const nvtxEventAttributes_t,
+    domain: nvtxDomainHandle_t,
+    eventAttrib: *const nvtxEventAttributes_t,
 ) -> nvtxRangeId_t {
-    guard(0, || start(tracking()))
+    routed!(Core2[CORE2_DOMAIN_RANGE_START_EX] fn(nvtxDomainHandle_t, *const nvtxEventAttributes_t) -> nvtxRangeId_t, (domain, eventAttrib), empty 0, own start(tracking()), panic 0)
 }
 
 /// `void nvtxRangeEnd(nvtxRangeId_t id)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxRangeEnd(_id: nvtxRangeId_t) {}
+pub unsafe extern "C" fn nvtxRangeEnd(id: nvtxRangeId_t) {
+    routed!(Core[CORE_RANGE_END] fn(nvtxRangeId_t), (id), empty (), own (), panic ())
+}
 
 /// `void nvtxDomainRangeEnd(nvtxDomainHandle_t domain, nvtxRangeId_t id)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxDomainRangeEnd(_domain: nvtxDomainHandle_t, _id: nvtxRangeId_t) {}
+pub unsafe extern "C" fn nvtxDomainRangeEnd(domain: nvtxDomainHandle_t, id: nvtxRangeId_t) {
+    routed!(Core2[CORE2_DOMAIN_RANGE_END] fn(nvtxDomainHandle_t, nvtxRangeId_t), (domain, id), empty (), own (), panic ())
+}
 
 // ---- push/pop ranges ---------------------------------------------------------------------
 

@@ -7,9 +7,9 @@
 //! empty. Without a tool (no variable, a library that cannot be loaded, or an init function
 //! that declines), the entry points behave as the crate documentation says.
 //!
-//! The slots routed to a tool are the push, pop and mark entry points of the core and domain
-//! modules and the domain module's string registration (what a range-tracking tool fills);
-//! the others keep their simulated behaviour.
+//! The slots routed to a tool are the push, pop, start, end and mark entry points of the core
+//! and domain modules and the domain module's string registration (what a range-tracking tool
+//! fills); the others keep their simulated behaviour.
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +26,10 @@ pub enum Module {
 pub const CORE_MARK_EX: usize = 1;
 pub const CORE_MARK_A: usize = 2;
 pub const CORE_MARK_W: usize = 3;
+pub const CORE_RANGE_START_EX: usize = 4;
+pub const CORE_RANGE_START_A: usize = 5;
+pub const CORE_RANGE_START_W: usize = 6;
+pub const CORE_RANGE_END: usize = 7;
 pub const CORE_RANGE_PUSH_EX: usize = 8;
 pub const CORE_RANGE_PUSH_A: usize = 9;
 pub const CORE_RANGE_PUSH_W: usize = 10;
@@ -34,6 +38,8 @@ pub const CORE_RANGE_POP: usize = 11;
 const CORE_SIZE: usize = 16;
 // `NvtxCallbackIdCore2` (`nvtxTypes.h`).
 pub const CORE2_DOMAIN_MARK_EX: usize = 1;
+pub const CORE2_DOMAIN_RANGE_START_EX: usize = 2;
+pub const CORE2_DOMAIN_RANGE_END: usize = 3;
 pub const CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 pub const CORE2_DOMAIN_RANGE_POP: usize = 5;
 pub const CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;

@@ -35,7 +35,7 @@ use cuda_abi::nvtx::{
     NVTX_NO_PUSH_POP_TRACKING,
 };
 
-use crate::hooks::nvtx::{attr_message, marked, popped, pushed};
+use crate::hooks::nvtx::{attr_message, marked, popped, pushed, DEFAULT_DOMAIN};
 use crate::hooks::{c_string, wide_string};
 use crate::mode;
 
@@ -64,6 +64,8 @@ const NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 const NVTX_CBID_CORE2_DOMAIN_RANGE_POP: usize = 5;
 const NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;
 const NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W: usize = 11;
+const NVTX_CBID_CORE2_DOMAIN_CREATE_A: usize = 12;
+const NVTX_CBID_CORE2_DOMAIN_CREATE_W: usize = 13;
 
 /// `NvtxFunctionPointer`: an uncallable function pointer, cast to the slot's own type.
 type FunctionPointer = Option<unsafe extern "C" fn()>;
@@ -216,6 +218,8 @@ type DomainPush = unsafe extern "C" fn(nvtxDomainHandle_t, *const nvtxEventAttri
 type DomainPop = unsafe extern "C" fn(nvtxDomainHandle_t) -> c_int;
 type RegisterMsg = unsafe extern "C" fn(nvtxDomainHandle_t, *const c_char) -> nvtxStringHandle_t;
 type RegisterWide = unsafe extern "C" fn(nvtxDomainHandle_t, *const wchar_t) -> nvtxStringHandle_t;
+type CreateMsg = unsafe extern "C" fn(*const c_char) -> nvtxDomainHandle_t;
+type CreateWide = unsafe extern "C" fn(*const wchar_t) -> nvtxDomainHandle_t;
 
 const NO_TRACKING: c_int = NVTX_NO_PUSH_POP_TRACKING;
 
@@ -235,16 +239,17 @@ macro_rules! tool_entry {
 tool_entry!(range_push_a(message: *const c_char) -> c_int,
     CORE[NVTX_CBID_CORE_RANGE_PUSH_A] else NO_TRACKING
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    => pushed(|| unsafe { c_string(message) }));
+    => pushed(DEFAULT_DOMAIN, || unsafe { c_string(message) }));
 tool_entry!(range_push_w(message: *const wchar_t) -> c_int,
     CORE[NVTX_CBID_CORE_RANGE_PUSH_W] else NO_TRACKING
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    => pushed(|| unsafe { wide_string(message) }));
+    => pushed(DEFAULT_DOMAIN, || unsafe { wide_string(message) }));
 tool_entry!(range_push_ex(attrib: *const nvtxEventAttributes_t) -> c_int,
     CORE[NVTX_CBID_CORE_RANGE_PUSH_EX] else NO_TRACKING
     // SAFETY: the program's attribute structure.
-    => pushed(|| unsafe { attr_message(attrib) }));
-tool_entry!(range_pop() -> c_int, CORE[NVTX_CBID_CORE_RANGE_POP] else NO_TRACKING => popped());
+    => pushed(DEFAULT_DOMAIN, || unsafe { attr_message(attrib) }));
+tool_entry!(range_pop() -> c_int, CORE[NVTX_CBID_CORE_RANGE_POP] else NO_TRACKING
+    => popped(DEFAULT_DOMAIN));
 tool_entry!(mark_a(message: *const c_char), CORE[NVTX_CBID_CORE_MARK_A] else ()
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
     => marked(|| unsafe { c_string(message) }));
@@ -277,20 +282,20 @@ tool_entry!(domain_range_start_ex(domain: nvtxDomainHandle_t, attrib: *const nvt
     -> nvtxRangeId_t, CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_START_EX] else 0
     // SAFETY: the program's attribute structure.
     => marked(|| unsafe { attr_message(attrib) }));
-// Domain ranges share the thread's stack, as with the v2 hooks.
+// Each domain's ranges are a stack of their own, as with the v2 hooks.
 tool_entry!(domain_range_push_ex(domain: nvtxDomainHandle_t, attrib: *const nvtxEventAttributes_t)
     -> c_int, CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_PUSH_EX] else NO_TRACKING
     // SAFETY: the program's attribute structure.
-    => pushed(|| unsafe { attr_message(attrib) }));
+    => pushed(domain, || unsafe { attr_message(attrib) }));
 tool_entry!(domain_range_pop(domain: nvtxDomainHandle_t) -> c_int,
-    CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_POP] else NO_TRACKING => popped());
+    CORE2[NVTX_CBID_CORE2_DOMAIN_RANGE_POP] else NO_TRACKING => popped(domain));
 
 /// Strings registered through ttrace's table entries, by the handle handed out for each (a
 /// range whose message is a registered string names it by its handle).
 static REGISTERED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 
-/// Handles ttrace hands out itself, counted (never null; scaled to look like aligned pointers,
-/// never dereferenced).
+/// Handles (strings, domains) ttrace hands out itself, counted (never null; scaled to look
+/// like aligned pointers, never dereferenced).
 static OWN_HANDLES: AtomicUsize = AtomicUsize::new(0);
 
 /// Registers the program's string `text` under the chained tool's handle `theirs` when it gave
@@ -347,6 +352,40 @@ unsafe extern "C" fn domain_register_string_w(
     );
     // SAFETY: the program's string, NUL-terminated as NVTX requires.
     register(theirs, || unsafe { wide_string(string) })
+}
+
+/// A domain handle: the chained tool's when it gave one, else one of ttrace's own. Without a
+/// tool NVTX hands out null, the default domain, for every domain, and each domain's ranges
+/// must be a stack of their own (`thread.rs`): CCCL's ranges around CUB algorithms, in domain
+/// `CCCL`, must not close the program's.
+fn domain_handle(theirs: nvtxDomainHandle_t) -> nvtxDomainHandle_t {
+    if theirs.is_null() {
+        ((OWN_HANDLES.fetch_add(1, Ordering::Relaxed) + 1) * 16) as nvtxDomainHandle_t
+    } else {
+        theirs
+    }
+}
+
+unsafe extern "C" fn domain_create_a(name: *const c_char) -> nvtxDomainHandle_t {
+    use NVTX_CBID_CORE2_DOMAIN_CREATE_A as ID;
+    domain_handle(chained!(
+        CORE2,
+        ID,
+        CreateMsg,
+        (name),
+        core::ptr::null_mut()
+    ))
+}
+
+unsafe extern "C" fn domain_create_w(name: *const wchar_t) -> nvtxDomainHandle_t {
+    use NVTX_CBID_CORE2_DOMAIN_CREATE_W as ID;
+    domain_handle(chained!(
+        CORE2,
+        ID,
+        CreateWide,
+        (name),
+        core::ptr::null_mut()
+    ))
 }
 
 /// A function pointer `f` as the table's uncallable pointer type.
@@ -429,6 +468,8 @@ fn slots() -> [ModuleSlots; 2] {
                     domain_register_string_w,
                     RegisterWide
                 ),
+                entry!(NVTX_CBID_CORE2_DOMAIN_CREATE_A, domain_create_a, CreateMsg),
+                entry!(NVTX_CBID_CORE2_DOMAIN_CREATE_W, domain_create_w, CreateWide),
             ],
         },
     ]

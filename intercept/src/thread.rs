@@ -55,8 +55,9 @@ pub fn no_ranges() -> Arc<[String]> {
 #[derive(Default)]
 pub struct ThreadState {
     tid: u64,
-    /// Open NVTX ranges, outermost first.
-    nvtx: Vec<String>,
+    /// Open NVTX ranges, outermost first, with their domain (its handle; 0 for the default
+    /// domain, which the core API's ranges are in).
+    nvtx: Vec<(usize, String)>,
     /// `nvtx` as records share it, until a range opens or closes.
     nvtx_shared: Option<Arc<[String]>>,
     /// Shared names: a launch costs no allocation once its kernel was named.
@@ -76,23 +77,29 @@ pub struct ThreadState {
 }
 
 impl ThreadState {
-    /// Opens an NVTX range.
-    pub fn push_range(&mut self, name: String) {
-        self.nvtx.push(name);
+    /// Opens an NVTX range in `domain`.
+    pub fn push_range(&mut self, domain: usize, name: String) {
+        self.nvtx.push((domain, name));
         self.nvtx_shared = None;
     }
 
-    /// Closes the innermost NVTX range.
-    pub fn pop_range(&mut self) {
-        self.nvtx.pop();
-        self.nvtx_shared = None;
+    /// Closes the innermost NVTX range of `domain`: NVTX keeps a stack per thread and domain,
+    /// so a domain's pop closes its own range even when another domain's opened after it is
+    /// still open (a library's ranges interleaved with the program's). Nothing when the
+    /// domain has none open.
+    pub fn pop_range(&mut self, domain: usize) {
+        if let Some(i) = self.nvtx.iter().rposition(|(d, _)| *d == domain) {
+            self.nvtx.remove(i);
+            self.nvtx_shared = None;
+        }
     }
 
-    /// The open NVTX ranges, outermost first, shared by the records taken inside them (one
-    /// allocation per range change, not per record).
+    /// The open NVTX ranges, outermost first (in the order they opened, whatever their
+    /// domains), shared by the records taken inside them (one allocation per range change,
+    /// not per record).
     pub fn ranges(&mut self) -> Arc<[String]> {
         self.nvtx_shared
-            .get_or_insert_with(|| Arc::from(self.nvtx.as_slice()))
+            .get_or_insert_with(|| self.nvtx.iter().map(|(_, n)| n.clone()).collect())
             .clone()
     }
 
@@ -149,4 +156,23 @@ pub fn with<R>(f: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
         .try_with(|s| s.try_borrow_mut().ok().map(|mut s| f(&mut s)))
         .ok()
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_domain_pop_closes_that_domains_innermost_range() {
+        let mut t = ThreadState::default();
+        t.push_range(0, "step".into());
+        t.push_range(7, "library".into());
+        t.push_range(0, "program".into());
+        t.pop_range(7);
+        assert_eq!(&*t.ranges(), ["step", "program"]);
+        t.pop_range(7);
+        assert_eq!(&*t.ranges(), ["step", "program"], "nothing open in domain 7");
+        t.pop_range(0);
+        assert_eq!(&*t.ranges(), ["step"]);
+    }
 }

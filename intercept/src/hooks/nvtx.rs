@@ -14,6 +14,9 @@ use ttrace_proto::config::StepRule;
 use crate::tracer;
 use crate::{mode, real, session, thread};
 
+/// The default domain (the core API's ranges, and a null domain handle's).
+pub(crate) const DEFAULT_DOMAIN: nvtxDomainHandle_t = core::ptr::null_mut();
+
 /// `NVTX_NO_PUSH_POP_TRACKING`: what a push or pop returns when the real library is missing.
 const MISSING: c_int = NVTX_NO_PUSH_POP_TRACKING;
 
@@ -86,22 +89,25 @@ pub(crate) fn names_seen() -> Vec<(String, u64)> {
     names
 }
 
-pub(crate) fn pushed(name: impl FnOnce() -> String) {
+/// A range pushed in `domain` (its handle; the core API's and a null handle are the default
+/// domain, 0).
+pub(crate) fn pushed(domain: nvtxDomainHandle_t, name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
     let _ = crate::catch(|| {
         let name = name();
         maybe_mark(&name);
-        thread::with(|t| t.push_range(name));
+        thread::with(|t| t.push_range(domain as usize, name));
     });
 }
 
-pub(crate) fn popped() {
+/// A range of `domain` popped.
+pub(crate) fn popped(domain: nvtxDomainHandle_t) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
-    let _ = crate::catch(|| thread::with(|t| t.pop_range()));
+    let _ = crate::catch(|| thread::with(|t| t.pop_range(domain as usize)));
 }
 
 pub(crate) fn marked(name: impl FnOnce() -> String) {
@@ -142,42 +148,42 @@ nvtx_hook! {
     /// `int nvtxRangePushA(const char* message)`.
     nvtxRangePushA(message: *const c_char) -> c_int, else MISSING
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    => pushed(|| unsafe { super::c_string(message) })
+    => pushed(DEFAULT_DOMAIN, || unsafe { super::c_string(message) })
 }
 
 nvtx_hook! {
     /// `int nvtxRangePushW(const wchar_t* message)`.
     nvtxRangePushW(message: *const wchar_t) -> c_int, else MISSING
     // SAFETY: the program's message, NUL-terminated as NVTX requires.
-    => pushed(|| unsafe { super::wide_string(message) })
+    => pushed(DEFAULT_DOMAIN, || unsafe { super::wide_string(message) })
 }
 
 nvtx_hook! {
     /// `int nvtxRangePushEx(const nvtxEventAttributes_t* eventAttrib)`.
     nvtxRangePushEx(eventAttrib: *const nvtxEventAttributes_t) -> c_int, else MISSING
     // SAFETY: the program's attribute structure.
-    => pushed(|| unsafe { attr_message(eventAttrib) })
+    => pushed(DEFAULT_DOMAIN, || unsafe { attr_message(eventAttrib) })
 }
 
 nvtx_hook! {
     /// `int nvtxRangePop(void)`.
-    nvtxRangePop() -> c_int, else MISSING => popped()
+    nvtxRangePop() -> c_int, else MISSING => popped(DEFAULT_DOMAIN)
 }
 
 nvtx_hook! {
     /// `int nvtxDomainRangePushEx(nvtxDomainHandle_t domain, const nvtxEventAttributes_t*
-    /// eventAttrib)`: domain ranges share the thread's stack.
+    /// eventAttrib)`: in that domain's stack.
     nvtxDomainRangePushEx(
         domain: nvtxDomainHandle_t,
         eventAttrib: *const nvtxEventAttributes_t,
     ) -> c_int, else MISSING
     // SAFETY: the program's attribute structure.
-    => pushed(|| unsafe { attr_message(eventAttrib) })
+    => pushed(domain, || unsafe { attr_message(eventAttrib) })
 }
 
 nvtx_hook! {
     /// `int nvtxDomainRangePop(nvtxDomainHandle_t domain)`.
-    nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int, else MISSING => popped()
+    nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int, else MISSING => popped(domain)
 }
 
 nvtx_hook! {

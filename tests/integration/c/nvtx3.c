@@ -7,7 +7,9 @@
  * Three iterations, each in a start/end range "started" (not nested: no path) and a range
  * "step" holding a range "outer" > "inner" around a host-to-device copy, then a copy in a
  * range of a domain of its own (its attributes' message) and one in a range named by a string
- * registered in that domain, inside it, then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
+ * registered in that domain, inside it, then a copy in a range "x-crossed" opened after
+ * another of the domain's, which is closed first (NVTX keeps a stack per domain: the domain's
+ * pop closes its own range), then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
  * back. Push and pop must return what NVTX returns without a tool or with one that tracks
  * levels: NVTX_NO_PUSH_POP_TRACKING, or the level.
  */
@@ -80,6 +82,11 @@ int main(void) {
         round_trip(dev, host, back);
         check_level(nvtxDomainRangePop(domain), 1, "nvtxDomainRangePop(registered)");
         check_level(nvtxDomainRangePop(domain), 0, "nvtxDomainRangePop");
+        check_level(nvtxDomainRangePushEx(domain, &attr), 0, "nvtxDomainRangePushEx(crossed)");
+        check_level(nvtxRangePushA("x-crossed"), 1, "nvtxRangePushA(x-crossed)");
+        check_level(nvtxDomainRangePop(domain), 0, "nvtxDomainRangePop(crossed)");
+        round_trip(dev, host, back);
+        check_level(nvtxRangePop(), 1, "nvtxRangePop(x-crossed)");
         nvtxMarkA("after");
         check_level(nvtxRangePop(), 0, "nvtxRangePop(step)");
         nvtxRangeEnd(started);

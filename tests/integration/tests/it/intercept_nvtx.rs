@@ -15,8 +15,9 @@ use std::sync::Mutex;
 use crate::intercept_util::*;
 
 /// The ranges open around each of the program's copies, in order: one copy before any range,
-/// then per iteration a copy inside step > outer > inner, one inside step > the domain's range
-/// and one inside a range named by a registered string within that (each copy is a
+/// then per iteration a copy inside step > outer > inner, one inside step > the domain's range,
+/// one inside a range named by a registered string within that, and one inside step >
+/// x-crossed, a core range opened after a domain range the domain then closed (each copy is a
 /// host-to-device and a device-to-host `cudaMemcpy`).
 fn expected_ranges() -> Vec<Vec<&'static str>> {
     let mut want = vec![vec![]; 2];
@@ -27,6 +28,7 @@ fn expected_ranges() -> Vec<Vec<&'static str>> {
             vec!["step", "in-domain", "registered-name"],
             2,
         ));
+        want.extend(std::iter::repeat_n(vec!["step", "x-crossed"], 2));
     }
     want
 }
@@ -101,7 +103,7 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
         let run = run_c(cmd, "nvtx3-steps", "nvtx3", &what);
         assert_eq!(
             records_per_step(&run),
-            [(0, 2), (1, 6), (2, 6), (3, 6)],
+            [(0, 2), (1, 8), (2, 8), (3, 8)],
             "{what}: a step from each `step` range"
         );
         let mut cmd = nvtx_program("nvtx3", major, &sim, false);
@@ -109,7 +111,7 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
         let run = run_c(cmd, "nvtx3-marks", "nvtx3", &what);
         assert_eq!(
             records_per_step(&run),
-            [(0, 8), (1, 6), (2, 6)],
+            [(0, 10), (1, 8), (2, 8)],
             "{what}: a step from each `after` mark"
         );
         assert_starts_and_misses_mark_steps(
@@ -130,17 +132,17 @@ fn assert_starts_and_misses_mark_steps(program: impl Fn() -> Command, name: &str
     let run = run_c(cmd, &format!("{name}-started"), name, what);
     assert_eq!(
         records_per_step(&run),
-        [(0, 2), (1, 6), (2, 6), (3, 6)],
+        [(0, 2), (1, 8), (2, 8), (3, 8)],
         "{what}: a step from each range started as `started`"
     );
     let mut cmd = program();
     cmd.env("TTRACE_STEP_RULE", "nvtx:strated");
     let run = run_c(cmd, &format!("{name}-misspelt"), name, what);
-    assert_eq!(records_per_step(&run), [(0, 20)], "{what}");
+    assert_eq!(records_per_step(&run), [(0, 26)], "{what}");
     let err = String::from_utf8_lossy(&run.out.stderr);
     assert!(
         err.contains("no NVTX range or mark named `strated` was seen: the whole run is step 0")
-            && err.contains("`after` (3), `in-domain` (3)"),
+            && err.contains("`in-domain` (6), `after` (3), `inner` (3)"),
         "{what}: no word of the missing mark: {err}"
     );
 }
@@ -220,7 +222,7 @@ fn profiler_tool() -> PathBuf {
 
 /// What the stand-in profiler tool saw: every push of the program (the probe and three per
 /// iteration; two domain pushes per iteration).
-const PROFILER_SAW_ALL: &str = "nvtx_tool: 10 pushes, 6 domain pushes";
+const PROFILER_SAW_ALL: &str = "nvtx_tool: 13 pushes, 9 domain pushes";
 
 #[test]
 fn a_profilers_nvtx_tool_is_chained_and_both_see_every_range() {

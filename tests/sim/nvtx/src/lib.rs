@@ -243,14 +243,14 @@ pub unsafe extern "C" fn nvtxDomainRangePop(domain: nvtxDomainHandle_t) -> c_int
 
 /// `nvtxDomainHandle_t nvtxDomainCreateA(const char* name)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxDomainCreateA(_name: *const c_char) -> nvtxDomainHandle_t {
-    guard(std::ptr::null_mut(), || handle(tracking()))
+pub unsafe extern "C" fn nvtxDomainCreateA(name: *const c_char) -> nvtxDomainHandle_t {
+    routed!(Core2[CORE2_DOMAIN_CREATE_A] fn(*const c_char) -> nvtxDomainHandle_t, (name), empty std::ptr::null_mut(), own handle(tracking()), panic std::ptr::null_mut())
 }
 
 /// `nvtxDomainHandle_t nvtxDomainCreateW(const wchar_t* name)`.
 #[no_mangle]
-pub unsafe extern "C" fn nvtxDomainCreateW(_name: *const wchar_t) -> nvtxDomainHandle_t {
-    guard(std::ptr::null_mut(), || handle(tracking()))
+pub unsafe extern "C" fn nvtxDomainCreateW(name: *const wchar_t) -> nvtxDomainHandle_t {
+    routed!(Core2[CORE2_DOMAIN_CREATE_W] fn(*const wchar_t) -> nvtxDomainHandle_t, (name), empty std::ptr::null_mut(), own handle(tracking()), panic std::ptr::null_mut())
 }
 
 /// `void nvtxDomainDestroy(nvtxDomainHandle_t domain)`.

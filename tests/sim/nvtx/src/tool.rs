@@ -8,8 +8,8 @@
 //! that declines), the entry points behave as the crate documentation says.
 //!
 //! The slots routed to a tool are the push, pop, start, end and mark entry points of the core
-//! and domain modules and the domain module's string registration (what a range-tracking tool
-//! fills); the others keep their simulated behaviour.
+//! and domain modules and the domain module's domain creation and string registration (what a
+//! range-tracking tool fills); the others keep their simulated behaviour.
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,6 +44,8 @@ pub const CORE2_DOMAIN_RANGE_PUSH_EX: usize = 4;
 pub const CORE2_DOMAIN_RANGE_POP: usize = 5;
 pub const CORE2_DOMAIN_REGISTER_STRING_A: usize = 10;
 pub const CORE2_DOMAIN_REGISTER_STRING_W: usize = 11;
+pub const CORE2_DOMAIN_CREATE_A: usize = 12;
+pub const CORE2_DOMAIN_CREATE_W: usize = 13;
 /// `NVTX_CBID_CORE2_SIZE`.
 const CORE2_SIZE: usize = 16;
 

@@ -171,7 +171,11 @@ mod tests {
         t.pop_range(7);
         assert_eq!(&*t.ranges(), ["step", "program"]);
         t.pop_range(7);
-        assert_eq!(&*t.ranges(), ["step", "program"], "nothing open in domain 7");
+        assert_eq!(
+            &*t.ranges(),
+            ["step", "program"],
+            "nothing open in domain 7"
+        );
         t.pop_range(0);
         assert_eq!(&*t.ranges(), ["step"]);
     }

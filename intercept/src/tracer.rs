@@ -622,10 +622,11 @@ impl Tracer {
                 crate::log::warn(&doubt);
             }
             let took = self.records + self.gaps + self.dropped + NEEDLESS.load(Ordering::Relaxed);
-            if let Some(w) = self
-                .steps
-                .unmarked_warning(took > 0, crate::hooks::nvtx::names_seen)
-            {
+            if let Some(w) = self.steps.unmarked_warning(
+                took > 0,
+                crate::hooks::nvtx::names_seen,
+                crate::hooks::api::step_called_before_capture(),
+            ) {
                 crate::log::warn(&w);
             }
             let refused = crate::engine::refused_copies();

@@ -1,6 +1,8 @@
 //! The optional C API of include/ttrace.h, for programs that want to mark steps or pause
 //! capture. Safe to call at any time, from any thread, traced or not.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use ttrace_proto::config::StepRule;
 
 use crate::tracer;
@@ -15,13 +17,23 @@ pub extern "C" fn ttrace_step() {
             return;
         }
         let Some(s) = session::current() else {
-            // No record yet: nothing to separate.
+            // No record yet: nothing to separate (but a one-step run was marked).
+            CALLED_BEFORE_CAPTURE.store(true, Ordering::Relaxed);
             return;
         };
         if s.cfg.step_rule == StepRule::Api {
             tracer::push_mark(s.cfg, true, None);
         }
     });
+}
+
+/// Whether `ttrace_step()` was called before capture began (before the first CUDA call).
+static CALLED_BEFORE_CAPTURE: AtomicBool = AtomicBool::new(false);
+
+/// Whether `ttrace_step()` was called before capture began: the step rule never sees that
+/// call, and a run whose only call it was is a one-step run, not one whose marks went missing.
+pub(crate) fn step_called_before_capture() -> bool {
+    CALLED_BEFORE_CAPTURE.load(Ordering::Relaxed)
 }
 
 /// `void ttrace_pause(void)`: stops capturing (NVTX ranges, NCCL groups and communicators are

@@ -47,8 +47,9 @@ pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
 /// Whether a range or mark named as the `nvtx:NAME` rule says was seen.
 static MATCHED: AtomicBool = AtomicBool::new(false);
 
-/// The other names seen until then, with their counts (at most [`SEEN_MAX`] names): what the
-/// warning at exit names when NAME never came (a misspelt NAME, a range named otherwise).
+/// The other names seen until then, and every name seen before capture began (the rule is
+/// not known yet then), with their counts (at most [`SEEN_MAX`] names): what the warning at
+/// exit names when NAME never came (a misspelt NAME, a range named otherwise).
 static SEEN: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
 const SEEN_MAX: usize = 64;
 
@@ -56,6 +57,8 @@ const SEEN_MAX: usize = 64;
 /// before it, no step has records).
 fn maybe_mark(name: &str) {
     let Some(s) = session::current() else {
+        // A range before the first CUDA call: a one-step run's only mark may be this one.
+        note_seen(name);
         return;
     };
     match &s.cfg.step_rule {
@@ -63,16 +66,18 @@ fn maybe_mark(name: &str) {
             MATCHED.store(true, Ordering::Relaxed);
             tracer::push_mark(s.cfg, false, Some(name.to_string()));
         }
-        StepRule::Nvtx(_) if !MATCHED.load(Ordering::Relaxed) => {
-            let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-            let seen = seen.get_or_insert_with(HashMap::new);
-            if let Some(count) = seen.get_mut(name) {
-                *count += 1;
-            } else if seen.len() < SEEN_MAX {
-                seen.insert(name.to_string(), 1);
-            }
-        }
+        StepRule::Nvtx(_) if !MATCHED.load(Ordering::Relaxed) => note_seen(name),
         _ => {}
+    }
+}
+
+fn note_seen(name: &str) {
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(HashMap::new);
+    if let Some(count) = seen.get_mut(name) {
+        *count += 1;
+    } else if seen.len() < SEEN_MAX {
+        seen.insert(name.to_string(), 1);
     }
 }
 

@@ -353,6 +353,13 @@ fn print_header(
                     r.unpublished, r.rank, r.pid, r.taken
                 )?;
             }
+            let ranks = m
+                .ranks
+                .iter()
+                .map(|r| (r.rank, r.pid, r.warnings.as_slice()));
+            for line in warning_lines(ranks, usize::MAX) {
+                writeln!(out, "{}", esc(&line))?;
+            }
             if let Some(j) = &m.job {
                 writeln!(
                     out,
@@ -547,6 +554,29 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
     Ok(())
 }
 
+/// What processes warned about their capture when they exited (`ranks[].warnings`: a step
+/// rule that numbered the whole run step 0), one line per rank and warning, `WARNING rank R
+/// (pid P): ...`; at most `most` lines, then how many more there are.
+pub(crate) fn warning_lines<'a>(
+    ranks: impl Iterator<Item = (u32, u32, &'a [String])>,
+    most: usize,
+) -> Vec<String> {
+    let all: Vec<String> = ranks
+        .flat_map(|(rank, pid, ws)| {
+            ws.iter()
+                .map(move |w| format!("WARNING rank {rank} (pid {pid}): {w}"))
+        })
+        .collect();
+    let more = all.len().saturating_sub(most);
+    let mut lines: Vec<String> = all.into_iter().take(most).collect();
+    if more > 0 {
+        lines.push(format!(
+            "WARNING ... and {more} more (`ttrace ls STORE` lists every one)"
+        ));
+    }
+    lines
+}
+
 /// `0-3,7` from a sorted list.
 fn steps_set(v: &[u64]) -> String {
     let set: BTreeSet<u64> = v.iter().copied().collect();
@@ -619,5 +649,26 @@ mod tests {
             shell_words(&["python".into(), "a b".into(), "it's".into()]),
             r"python 'a b' 'it'\''s'"
         );
+    }
+
+    #[test]
+    fn warnings_are_listed_per_rank_up_to_a_bound() {
+        let w = |s: &str| vec![s.to_string()];
+        let (a, b, none) = (w("step 0 only"), w("no mark"), Vec::new());
+        let ranks = || {
+            [(0, 10, &a), (1, 11, &none), (2, 12, &b)]
+                .into_iter()
+                .map(|(r, p, ws)| (r, p, ws.as_slice()))
+        };
+        assert_eq!(
+            warning_lines(ranks(), usize::MAX),
+            [
+                "WARNING rank 0 (pid 10): step 0 only",
+                "WARNING rank 2 (pid 12): no mark"
+            ]
+        );
+        let bounded = warning_lines(ranks(), 1);
+        assert_eq!(bounded.len(), 2);
+        assert!(bounded[1].contains("1 more"), "{bounded:?}");
     }
 }

@@ -792,7 +792,8 @@ fn exit_note(p: &ttraced::ProcessSummary) -> String {
     }
 }
 
-/// The lines of the summary that say the trace is incomplete (empty when it is not).
+/// The lines of the summary that say the trace is incomplete, and what processes warned about
+/// their step numbering (empty when neither).
 fn render_lost(s: &Summary) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -820,6 +821,13 @@ fn render_lost(s: &Summary) -> String {
     }
     if let Some(line) = crate::ls::gaps_line(&s.gap_tally) {
         let _ = writeln!(o, "  {line}; `ttrace ls` lists them by rank");
+    }
+    let ranks = s
+        .processes
+        .iter()
+        .map(|p| (p.rank, p.pid, p.warnings.as_slice()));
+    for line in crate::ls::warning_lines(ranks, 3) {
+        let _ = writeln!(o, "  {line}");
     }
     o
 }

@@ -111,6 +111,8 @@ struct Info {
     /// left.
     taken: u64,
     dropped: u64,
+    /// What it warned about its capture when it said `Bye`.
+    warnings: Vec<String>,
 }
 
 impl Info {
@@ -179,6 +181,7 @@ impl ClientState {
             unpublished: i.unpublished(),
             unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
             bytes_deduped: i.bytes_deduped,
+            warnings: i.warnings.clone(),
         })
     }
 
@@ -207,6 +210,7 @@ impl ClientState {
             unpublished: i.unpublished(),
             unpublished_after: i.last_published.filter(|_| i.unpublished() > 0),
             error: i.error.clone(),
+            warnings: i.warnings.clone(),
         })
     }
 }
@@ -449,6 +453,10 @@ fn refuse(stream: &mut UnixStream, reason: String) -> ClientError {
     ClientError::Refused(reason)
 }
 
+/// Warnings of a client kept (`Bye`), and characters of each.
+const MAX_WARNINGS: usize = 8;
+const MAX_WARNING_CHARS: usize = 2000;
+
 /// Runs the session; `Ok(true)` when the client said `Bye`, `Ok(false)` at EOF without it.
 fn session(
     router: &dyn Route,
@@ -650,8 +658,18 @@ fn read_loop(
                 check_comm(&c, seen.comms).map_err(ClientError::Protocol)?;
                 shared.register_comm(&c);
             }
-            ClientMsg::Bye { records, gaps } => {
+            ClientMsg::Bye {
+                records,
+                gaps,
+                warnings,
+            } => {
                 debug!(client = state.id, records, gaps, "bye");
+                // Bounded: a client's words, kept in the manifest.
+                state.info.lock().warnings = warnings
+                    .into_iter()
+                    .take(MAX_WARNINGS)
+                    .map(|w| w.chars().take(MAX_WARNING_CHARS).collect())
+                    .collect();
                 return Ok(true);
             }
             ClientMsg::Hello(_) => return Err(ClientError::Protocol("a second Hello".into())),

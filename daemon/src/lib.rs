@@ -226,6 +226,9 @@ pub struct ProcessSummary {
     pub unpublished_after: Option<(u64, u64)>,
     /// Why the daemon dropped it, if it did.
     pub error: Option<String>,
+    /// What it warned about its capture when it exited (its step rule numbered the whole run
+    /// step 0), as the manifest keeps it.
+    pub warnings: Vec<String>,
 }
 
 /// What [`Handle::finalize`] returns.

@@ -172,7 +172,11 @@ impl TestClient {
 
     /// Says goodbye and closes the connection.
     pub fn bye(mut self, records: u64, gaps: u64) -> Result<(), ClientError> {
-        self.send(&ClientMsg::Bye { records, gaps })
+        self.send(&ClientMsg::Bye {
+            records,
+            gaps,
+            warnings: Vec::new(),
+        })
     }
 
     /// Sends one message.

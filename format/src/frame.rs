@@ -22,7 +22,7 @@ use crate::FormatError;
 /// Major version: a reader refuses a store with another one.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Minor version: additions a reader of the same major may ignore.
-pub const FORMAT_MINOR: u16 = 6;
+pub const FORMAT_MINOR: u16 = 7;
 
 /// First bytes of a segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"TTRSEG\r\n";
@@ -346,7 +346,7 @@ mod tests {
     fn headers_are_laid_out_as_the_specification_says() {
         let s = SegmentHeader::current(3, 0x0102_0304_0506_0708).encode();
         assert_eq!(&s[..8], b"TTRSEG\r\n");
-        assert_eq!(&s[8..12], &[1, 0, 6, 0]);
+        assert_eq!(&s[8..12], &[1, 0, 7, 0]);
         assert_eq!(&s[12..16], &[3, 0, 0, 0]);
         assert_eq!(&s[16..24], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(s[24..].iter().all(|&b| b == 0));

@@ -428,6 +428,7 @@ pub fn rebuild_manifest(store: &Store, checks: &[SegmentCheck]) -> Manifest {
                 unpublished: known.map_or(0, |k| k.unpublished),
                 unpublished_after: known.and_then(|k| k.unpublished_after),
                 bytes_deduped: 0,
+                warnings: known.map(|k| k.warnings.clone()).unwrap_or_default(),
             }
         });
         r.records += c.records;

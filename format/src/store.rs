@@ -139,6 +139,11 @@ pub struct RankInfo {
     /// earlier in the same segment (dedup); 0 in older stores.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_deduped: u64,
+    /// (1.7) What the process warned about its capture when it exited: its step rule
+    /// numbered the whole run step 0 (`auto` doubting a loop it could not split, a mark rule
+    /// that never saw its mark); empty in older stores.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -130,6 +130,7 @@ fn client_msgs() -> Vec<ClientMsg> {
         ClientMsg::Bye {
             records: 3,
             gaps: 0,
+            warnings: vec!["the whole run is step 0".into()],
         },
     ]
 }

@@ -618,16 +618,22 @@ impl Tracer {
             for (p, s) in out {
                 self.publish(p, s);
             }
-            if let Some(doubt) = self.steps.one_step_doubt() {
-                crate::log::warn(&doubt);
-            }
+            // Said on stderr, and kept in the store (the manifest's `ranks[].warnings`): a run
+            // numbered as one step must not pass for a one-step run when read later.
             let took = self.records + self.gaps + self.dropped + NEEDLESS.load(Ordering::Relaxed);
-            if let Some(w) = self.steps.unmarked_warning(
-                took > 0,
-                crate::hooks::nvtx::names_seen,
-                crate::hooks::api::step_called_before_capture(),
-            ) {
-                crate::log::warn(&w);
+            let warnings: Vec<String> = [
+                self.steps.one_step_doubt(),
+                self.steps.unmarked_warning(
+                    took > 0,
+                    crate::hooks::nvtx::names_seen,
+                    crate::hooks::api::step_called_before_capture(),
+                ),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            for w in &warnings {
+                crate::log::warn(w);
             }
             let refused = crate::engine::refused_copies();
             if refused > 0 {
@@ -654,6 +660,7 @@ impl Tracer {
                 let bye = ClientMsg::Bye {
                     records: self.records,
                     gaps: self.gaps,
+                    warnings,
                 };
                 let _ = self.client.send(&bye);
             }

@@ -253,6 +253,7 @@ mod tests {
         let bye = ClientMsg::Bye {
             records: 1,
             gaps: 0,
+            warnings: Vec::new(),
         };
         let one = wire::encode(&bye).expect("encoded").len();
         let mut sent = 0;

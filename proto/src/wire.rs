@@ -132,6 +132,10 @@ pub enum ClientMsg {
     Bye {
         records: u64,
         gaps: u64,
+        /// What the process warned about its capture at exit that the store should keep (a
+        /// step rule that numbered the whole run step 0); absent from older producers.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        warnings: Vec<String>,
     },
 }
 
@@ -171,6 +175,8 @@ mod bodies {
     pub(super) struct Bye {
         pub records: u64,
         pub gaps: u64,
+        #[serde(default)]
+        pub warnings: Vec<String>,
     }
 }
 
@@ -227,6 +233,7 @@ impl<'de> serde::de::Visitor<'de> for ClientMsgVisitor {
                 ClientMsg::Bye {
                     records: b.records,
                     gaps: b.gaps,
+                    warnings: b.warnings,
                 }
             }
             other => return Err(A::Error::unknown_variant(other, CLIENT_MSGS)),
@@ -391,6 +398,7 @@ mod tests {
             ClientMsg::Bye {
                 records: 1,
                 gaps: 2,
+                warnings: vec!["the whole run is step 0".into()],
             },
             ClientMsg::StreamAbort { stream: 9 },
         ];
@@ -433,6 +441,7 @@ mod tests {
             ClientMsg::Bye {
                 records: 10,
                 gaps: 0,
+                warnings: Vec::new(),
             },
             ClientMsg::Hello(Hello {
                 protocol: PROTOCOL_VERSION,
@@ -516,7 +525,8 @@ mod tests {
             decode::<ClientMsg>(&bye).expect("decodes"),
             ClientMsg::Bye {
                 records: 1,
-                gaps: 2
+                gaps: 2,
+                warnings: Vec::new(),
             }
         );
         let late = map(vec![
@@ -550,6 +560,7 @@ mod tests {
             ClientMsg::Bye {
                 records: 3,
                 gaps: 0,
+                warnings: Vec::new(),
             },
             ClientMsg::Publish {
                 record: Box::new(Record::d2h_copy(0, 9, 4, b"abc")),

@@ -277,6 +277,7 @@ pub fn write_store(run: &Path, ranks: u32, steps: u64, n: u64) -> BTreeMap<(u32,
             unpublished: 0,
             unpublished_after: None,
             bytes_deduped: 0,
+            warnings: Vec::new(),
         };
         for step in 0..steps {
             let made = records(rank, step, n, ranks);

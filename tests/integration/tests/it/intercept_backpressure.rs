@@ -98,7 +98,8 @@ fn a_full_ring_waits_briefly_then_records_gaps() {
             msgs.last(),
             Some(ClientMsg::Bye {
                 records: 2,
-                gaps: 4
+                gaps: 4,
+                ..
             })
         ),
         "{:?}",

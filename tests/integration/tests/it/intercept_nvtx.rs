@@ -145,6 +145,30 @@ fn assert_starts_and_misses_mark_steps(program: impl Fn() -> Command, name: &str
             && err.contains("`in-domain` (6), `after` (3), `inner` (3)"),
         "{what}: no word of the missing mark: {err}"
     );
+    // Kept in the store, and said by `ttrace ls`: read later, the run must not pass for a
+    // one-step run.
+    let manifest = ttrace_format::store::Manifest::read(&run.store).expect("manifest");
+    let missing = "no NVTX range or mark named `strated` was seen";
+    assert!(
+        manifest
+            .ranks
+            .iter()
+            .all(|r| r.warnings.iter().any(|w| w.contains(missing))),
+        "{what}: {:?}",
+        manifest.ranks
+    );
+    let ls = Command::new(integration_tests::bin("ttrace"))
+        .arg("ls")
+        .arg(&run.store)
+        .output()
+        .expect("ttrace ls runs");
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("WARNING rank 0 (pid ") && l.contains(missing)),
+        "{what}: ttrace ls: {listed}"
+    );
 }
 
 #[test]

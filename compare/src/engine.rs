@@ -651,6 +651,11 @@ impl<'a> Walk<'a> {
         if let Some(pt) = &p.pert {
             warnings.extend(pt.unreadable.iter().cloned());
         }
+        warnings.extend(p.reff.capture_warnings("reference"));
+        warnings.extend(p.run.capture_warnings("run"));
+        if let Some(pt) = &p.pert {
+            warnings.extend(pt.capture_warnings("perturbed"));
+        }
         let twin = p
             .pert
             .as_ref()

@@ -164,6 +164,22 @@ impl RunTrace {
             .collect()
     }
 
+    /// What the store's processes warned about their capture when they exited (the manifest's
+    /// `ranks[].warnings`: a step rule that numbered the whole run step 0), each prefixed with
+    /// `store` (`reference`, `run`, `perturbed`) and the rank: steps the comparison lines up
+    /// may not be the program's.
+    pub fn capture_warnings(&self, store: &str) -> Vec<String> {
+        self.manifest
+            .ranks
+            .iter()
+            .flat_map(|r| {
+                r.warnings
+                    .iter()
+                    .map(move |w| format!("{store} rank {} warned when captured: {w}", r.rank))
+            })
+            .collect()
+    }
+
     /// Whether the store holds collectives (captured with the `nccl` family and called).
     pub fn has_collectives(&self) -> bool {
         self.ops.values().flatten().any(|r| collective(r).is_some())

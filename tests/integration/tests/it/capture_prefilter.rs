@@ -280,6 +280,32 @@ fn marks_bound_the_step_under_the_nvtx_and_api_rules() {
     }
 }
 
+/// A mark rule that never saw its mark numbers the whole run step 0 (a misspelt name): the
+/// process says so, the store keeps it, and a comparison of the store says so too, naming
+/// the ranges the program did open.
+#[test]
+fn a_mark_rule_that_never_matched_is_kept_by_the_store_and_said_by_compare() {
+    let args = ["traced", "steps", "nvtx"];
+    let run = traced(1, &args, &[("TTRACE_STEP_RULE", "nvtx:train-step")]);
+    assert_ok(&run);
+    assert!(run.records.iter().all(|r| r.record.step == 0));
+    let said = "TTRACE_STEP_RULE=nvtx:train-step, but no NVTX range or mark named `train-step` \
+                was seen: the whole run is step 0 (the names seen most often: `train_step` (3)";
+    assert!(stderr(&run.out).contains(said), "{}", stderr(&run.out));
+    let opts = ttrace_compare::CompareOptions::default();
+    let cmp =
+        ttrace_compare::compare(&run.store, &run.store, &opts, &mut |_, _| {}).expect("compare");
+    for store in ["reference", "run"] {
+        assert!(
+            cmp.warnings
+                .iter()
+                .any(|w| w.starts_with(&format!("{store} rank 0 warned when captured: {said}"))),
+            "{store}: {:?}",
+            cmp.warnings
+        );
+    }
+}
+
 /// PyTorch (the Megatron-style model of tests/torch, world 1, bf16, two micro-batches) with
 /// `--steps 3` of five iterations: step 3 is stored as a full capture stores it. Skipped where
 /// the torch venv is missing (scripts/torch-venv.sh).

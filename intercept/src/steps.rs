@@ -430,7 +430,7 @@ impl<T> Steps<T> {
 
     /// A warning when a mark rule never saw its mark in a process that took records: the whole
     /// run is then step 0, which `--steps` and compare would take for a one-step run. `seen`
-    /// gives the NVTX names seen instead (and those seen before capture began), most frequent
+    /// gives the NVTX names seen instead (and those seen before capture began), outermost
     /// first, with their counts; `api_before`, whether `ttrace_step()` was called before capture
     /// began. A mark that came only before capture began is a one-step run's: no warning.
     pub fn unmarked_warning(
@@ -464,7 +464,7 @@ impl<T> Steps<T> {
                         .map(|(n, c)| format!("`{n}` ({c})"))
                         .collect();
                     format!(
-                        "the names seen most often: {}{}",
+                        "the outermost names seen: {}{}",
                         names.join(", "),
                         if seen.len() > 5 { ", ..." } else { "" }
                     )

@@ -94,6 +94,11 @@ impl ThreadState {
         }
     }
 
+    /// How many NVTX ranges are open on the thread (every domain's).
+    pub fn range_depth(&self) -> usize {
+        self.nvtx.len()
+    }
+
     /// The open NVTX ranges, outermost first (in the order they opened, whatever their
     /// domains), shared by the records taken inside them (one allocation per range change,
     /// not per record).

@@ -48,9 +48,16 @@ pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
 static MATCHED: AtomicBool = AtomicBool::new(false);
 
 /// The other names seen until then, and every name seen before capture began (the rule is
-/// not known yet then), with their counts (at most [`SEEN_MAX`] names): what the warning at
-/// exit names when NAME never came (a misspelt NAME, a range named otherwise).
-static SEEN: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+/// not known yet then), with their counts and the fewest ranges open around them (at most
+/// [`SEEN_MAX`] names): what the warning at exit names when NAME never came (a misspelt NAME,
+/// a range named otherwise).
+static SEEN: Mutex<Option<HashMap<String, Seen>>> = Mutex::new(None);
+
+#[derive(Clone, Copy)]
+struct Seen {
+    count: u64,
+    depth: usize,
+}
 const SEEN_MAX: usize = 64;
 
 /// A step mark when the rule is `nvtx:NAME` and `name` is NAME (only once a session runs:
@@ -72,26 +79,35 @@ fn maybe_mark(name: &str) {
 }
 
 fn note_seen(name: &str) {
+    // Ranges open around it (for a push, before it opens).
+    let depth = thread::with(|t| t.range_depth()).unwrap_or(0);
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let seen = seen.get_or_insert_with(HashMap::new);
-    if let Some(count) = seen.get_mut(name) {
-        *count += 1;
+    if let Some(s) = seen.get_mut(name) {
+        s.count += 1;
+        s.depth = s.depth.min(depth);
     } else if seen.len() < SEEN_MAX {
-        seen.insert(name.to_string(), 1);
+        seen.insert(name.to_string(), Seen { count: 1, depth });
     }
 }
 
 /// The NVTX names seen before the `nvtx:NAME` rule's own (all of them when it never came),
-/// most frequent first (then by name), with their counts.
+/// with their counts: outermost first (a step's range is usually opened around everything
+/// else, once a step), then most frequent first, then by name.
 pub(crate) fn names_seen() -> Vec<(String, u64)> {
     let seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    let mut names: Vec<(String, u64)> = seen
-        .iter()
-        .flatten()
-        .map(|(n, c)| (n.clone(), *c))
-        .collect();
-    names.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let mut names: Vec<(&String, Seen)> = seen.iter().flatten().map(|(n, s)| (n, *s)).collect();
+    names.sort_by(|a, b| {
+        (a.1.depth, std::cmp::Reverse(a.1.count), a.0).cmp(&(
+            b.1.depth,
+            std::cmp::Reverse(b.1.count),
+            b.0,
+        ))
+    });
     names
+        .into_iter()
+        .map(|(n, s)| (n.clone(), s.count))
+        .collect()
 }
 
 /// A range pushed in `domain` (its handle; the core API's and a null handle are the default

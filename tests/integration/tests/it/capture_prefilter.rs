@@ -290,7 +290,7 @@ fn a_mark_rule_that_never_matched_is_kept_by_the_store_and_said_by_compare() {
     assert_ok(&run);
     assert!(run.records.iter().all(|r| r.record.step == 0));
     let said = "TTRACE_STEP_RULE=nvtx:train-step, but no NVTX range or mark named `train-step` \
-                was seen: the whole run is step 0 (the names seen most often: `train_step` (3)";
+                was seen: the whole run is step 0 (the outermost names seen: `train_step` (3)";
     assert!(stderr(&run.out).contains(said), "{}", stderr(&run.out));
     let opts = ttrace_compare::CompareOptions::default();
     let cmp =

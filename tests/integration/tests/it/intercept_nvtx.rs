@@ -142,7 +142,7 @@ fn assert_starts_and_misses_mark_steps(program: impl Fn() -> Command, name: &str
     let err = String::from_utf8_lossy(&run.out.stderr);
     assert!(
         err.contains("no NVTX range or mark named `strated` was seen: the whole run is step 0")
-            && err.contains("`in-domain` (6), `after` (3), `inner` (3)"),
+            && err.contains("(the outermost names seen: `started` (3), `step` (3), `probe` (1),"),
         "{what}: no word of the missing mark: {err}"
     );
     // Kept in the store, and said by `ttrace ls`: read later, the run must not pass for a

@@ -11,7 +11,9 @@
 # tests/integration/tests/it/torch_*.rs), this time on the real GPU:
 #   ops.py       copies, GEMMs in fp32/fp16/bf16, FP8 _scaled_mm, linear backward: every tensor
 #                torch saw must be captured byte for byte (the same check.py table), and its
-#                NVTX ranges (NVTX 3, compiled into torch) must be on the records;
+#                NVTX ranges (NVTX 3, compiled into torch) must be on the records, a
+#                range_start must mark a step under --step-rule nvtx:NAME, and a name no
+#                range has must leave a warning in the store;
 #   graph_probe.py  CUDA graphs: GEMMs, a copy and an all-reduce captured into torch.cuda.graph
 #                and replayed with new inputs, then (with Triton) a matmul compiled with
 #                torch.compile(mode="reduce-overhead"): every replay's tensors captured;
@@ -188,6 +190,32 @@ sys.exit(0 if want <= paths else 1)' "$work/ops-store.records.jsonl"; then
   echo "gpu-check: PASS: torch's NVTX ranges are on the records"
 else
   echo "gpu-check: FAIL: torch's NVTX ranges (copies, gemms.*) are not on the records"; failed=1
+fi
+# A range torch starts (torch.cuda.nvtx.range_start, not nested) marks a step under
+# `--step-rule nvtx:NAME`; a name no range has leaves step 0 and the store says so.
+rm -rf "$work/ops-started" "$work/ops-misspelt"
+TORCH_OPS_ON_GPU=1 "$ttrace" run -q --step-rule nvtx:from.float16 --out "$work/ops-started" -- \
+  "$py" tests/torch/ops.py "$work/ops-started.out" || failed=1
+"$ttrace" dump "$work/ops-started" > "$work/ops-started.records.jsonl" || failed=1
+if "$py" -c '
+import json, sys
+steps = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r.get("nvtx"):
+        steps.setdefault(r["nvtx"][0], set()).add(r["step"])
+sys.exit(0 if steps.get("copies") == {0} and steps.get("gemms.float16") == {1} else 1)' \
+  "$work/ops-started.records.jsonl"; then
+  echo "gpu-check: PASS: torch.cuda.nvtx.range_start marks a step"
+else
+  echo "gpu-check: FAIL: torch.cuda.nvtx.range_start did not mark step 1 at gemms.float16"; failed=1
+fi
+TORCH_OPS_ON_GPU=1 "$ttrace" run -q --step-rule nvtx:from.float32 --out "$work/ops-misspelt" -- \
+  "$py" tests/torch/ops.py "$work/ops-misspelt.out" || failed=1
+if "$ttrace" ls "$work/ops-misspelt" | grep -q "WARNING rank 0 .*no NVTX range or mark named .from.float32."; then
+  echo "gpu-check: PASS: a step rule that never matched is said by the store"
+else
+  echo "gpu-check: FAIL: no warning in the store for a step rule that never matched"; failed=1
 fi
 echo "gpu-check: scripts/gpu-check/graph_probe.py: torch.cuda.graph replays"
 check_script "$work/graph-store" "$work/graph" single -- \

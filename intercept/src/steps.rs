@@ -429,22 +429,20 @@ impl<T> Steps<T> {
     }
 
     /// A warning when a mark rule never saw its mark in a process that took records: the whole
-    /// run is then step 0, which `--steps` and compare would take for a one-step run. `seen`
-    /// gives the NVTX names seen instead (and those seen before capture began), outermost
-    /// first, with their counts; `api_before`, whether `ttrace_step()` was called before capture
-    /// began. A mark that came only before capture began is a one-step run's: no warning.
+    /// run is then step 0, which `--steps` and compare would take for a one-step run. `doubt`:
+    /// the process took records and its rule's mark never came, not even before capture began
+    /// (which the rule does not see: a mark there is a one-step run's). `seen` gives the NVTX
+    /// names seen instead, outermost first, with their counts.
     pub fn unmarked_warning(
         &self,
-        took_records: bool,
+        doubt: bool,
         seen: impl FnOnce() -> Vec<(String, u64)>,
-        api_before: bool,
     ) -> Option<String> {
-        if self.marks > 0 || !took_records {
+        if self.marks > 0 || !doubt {
             return None;
         }
         match &self.rule {
             StepRule::Auto => None,
-            StepRule::Api if api_before => None,
             StepRule::Api => Some(
                 "TTRACE_STEP_RULE=api, but ttrace_step() was never called: the whole run is \
                  step 0"
@@ -452,9 +450,6 @@ impl<T> Steps<T> {
             ),
             StepRule::Nvtx(name) => {
                 let seen = seen();
-                if seen.iter().any(|(n, _)| n == name) {
-                    return None;
-                }
                 let instead = if seen.is_empty() {
                     "no NVTX range or mark was seen at all".to_string()
                 } else {
@@ -1057,13 +1052,13 @@ mod tests {
     fn a_mark_rule_that_never_saw_its_mark_says_so() {
         let seen = || vec![("forward".to_string(), 12), ("backward".to_string(), 3)];
         let s: Steps<u32> = Steps::new(StepRule::Nvtx("train_step".into()));
-        let w = s.unmarked_warning(true, seen, false).expect("warned");
+        let w = s.unmarked_warning(true, seen).expect("warned");
         assert!(w.contains("named `train_step`"), "{w}");
         assert!(w.contains("`forward` (12), `backward` (3)"), "{w}");
-        let w = s.unmarked_warning(true, Vec::new, false).expect("warned");
+        let w = s.unmarked_warning(true, Vec::new).expect("warned");
         assert!(w.contains("no NVTX range or mark was seen at all"), "{w}");
         assert_eq!(
-            s.unmarked_warning(false, seen, false),
+            s.unmarked_warning(false, seen),
             None,
             "no records, no doubt"
         );
@@ -1071,32 +1066,33 @@ mod tests {
         let mut s: Steps<u32> = Steps::new(StepRule::Nvtx("train_step".into()));
         s.mark(false, Some("train_step"));
         assert_eq!(
-            s.unmarked_warning(true, seen, false),
+            s.unmarked_warning(true, seen),
             None,
             "one mark: a one-step run"
         );
 
         let mut s: Steps<u32> = Steps::new(StepRule::Api);
         assert!(s
-            .unmarked_warning(true, seen, false)
+            .unmarked_warning(true, seen)
             .unwrap()
             .contains("ttrace_step()"));
         s.mark(false, Some("train_step"));
         assert!(
-            s.unmarked_warning(true, seen, false).is_some(),
+            s.unmarked_warning(true, seen).is_some(),
             "an NVTX mark is not api's"
         );
         s.mark(true, None);
-        assert_eq!(s.unmarked_warning(true, seen, false), None);
+        assert_eq!(s.unmarked_warning(true, seen), None);
 
-        // The mark came only before capture began: a one-step run.
+        // The mark came only before capture began (the tracer's `rule_marked()`): no doubt,
+        // a one-step run.
         let s: Steps<u32> = Steps::new(StepRule::Nvtx("forward".into()));
-        assert_eq!(s.unmarked_warning(true, seen, false), None);
+        assert_eq!(s.unmarked_warning(false, seen), None);
         let s: Steps<u32> = Steps::new(StepRule::Api);
-        assert_eq!(s.unmarked_warning(true, seen, true), None);
+        assert_eq!(s.unmarked_warning(false, seen), None);
 
         let auto: Steps<u32> = Steps::new(StepRule::Auto);
-        assert_eq!(auto.unmarked_warning(true, seen, false), None);
+        assert_eq!(auto.unmarked_warning(true, seen), None);
     }
 
     #[test]

@@ -373,6 +373,21 @@ pub fn push(e: Entry) {
     Ticket::take().push(e);
 }
 
+/// Whether the step rule's own mark (`nvtx:NAME`'s range or mark, `api`'s `ttrace_step()`)
+/// came at all, before capture began included: the warning at exit is for a run that never
+/// saw it.
+static RULE_MARKED: AtomicBool = AtomicBool::new(false);
+
+/// The program made the step rule's own mark.
+pub(crate) fn note_rule_mark() {
+    RULE_MARKED.store(true, Ordering::Relaxed);
+}
+
+/// Whether the program made the step rule's own mark ([`note_rule_mark`]).
+pub(crate) fn rule_marked() -> bool {
+    RULE_MARKED.load(Ordering::Relaxed)
+}
+
 /// Pushes a step mark under a fresh ticket (counted when steps are selected), with the
 /// count of records left out so far. A record left out before the mark in program order (or
 /// by a thread the program synchronised with) is in that count: its hook added to it before
@@ -623,11 +638,8 @@ impl Tracer {
             let took = self.records + self.gaps + self.dropped + NEEDLESS.load(Ordering::Relaxed);
             let warnings: Vec<String> = [
                 self.steps.one_step_doubt(),
-                self.steps.unmarked_warning(
-                    took > 0,
-                    crate::hooks::nvtx::names_seen,
-                    crate::hooks::api::step_called_before_capture(),
-                ),
+                self.steps
+                    .unmarked_warning(took > 0 && !rule_marked(), crate::hooks::nvtx::names_seen),
             ]
             .into_iter()
             .flatten()

@@ -1,8 +1,6 @@
 //! The optional C API of include/ttrace.h, for programs that want to mark steps or pause
 //! capture. Safe to call at any time, from any thread, traced or not.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use ttrace_proto::config::StepRule;
 
 use crate::tracer;
@@ -16,24 +14,16 @@ pub extern "C" fn ttrace_step() {
         if !mode::configured() {
             return;
         }
-        let Some(s) = session::current() else {
-            // No record yet: nothing to separate (but a one-step run was marked).
-            CALLED_BEFORE_CAPTURE.store(true, Ordering::Relaxed);
+        if mode::config().is_none_or(|c| c.step_rule != StepRule::Api) {
             return;
-        };
-        if s.cfg.step_rule == StepRule::Api {
+        }
+        // Seen even before the first CUDA call (a one-step run's only mark may come then),
+        // pushed once a session runs (before it, no step has records).
+        tracer::note_rule_mark();
+        if let Some(s) = session::current() {
             tracer::push_mark(s.cfg, true, None);
         }
     });
-}
-
-/// Whether `ttrace_step()` was called before capture began (before the first CUDA call).
-static CALLED_BEFORE_CAPTURE: AtomicBool = AtomicBool::new(false);
-
-/// Whether `ttrace_step()` was called before capture began: the step rule never sees that
-/// call, and a run whose only call it was is a one-step run, not one whose marks went missing.
-pub(crate) fn step_called_before_capture() -> bool {
-    CALLED_BEFORE_CAPTURE.load(Ordering::Relaxed)
 }
 
 /// `void ttrace_pause(void)`: stops capturing (NVTX ranges, NCCL groups and communicators are

@@ -5,7 +5,6 @@
 
 use core::ffi::{c_char, c_int};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use cuda_abi::nvtx::*;
@@ -44,13 +43,9 @@ pub(crate) unsafe fn attr_message(a: *const nvtxEventAttributes_t) -> String {
     }
 }
 
-/// Whether a range or mark named as the `nvtx:NAME` rule says was seen.
-static MATCHED: AtomicBool = AtomicBool::new(false);
-
-/// The other names seen until then, and every name seen before capture began (the rule is
-/// not known yet then), with their counts and the fewest ranges open around them (at most
-/// [`SEEN_MAX`] names): what the warning at exit names when NAME never came (a misspelt NAME,
-/// a range named otherwise).
+/// Under `nvtx:NAME`, the other names seen until NAME came, with their counts and the fewest
+/// ranges open around them (at most [`SEEN_MAX`] names): what the warning at exit names when
+/// NAME never came (a misspelt NAME, a range named otherwise).
 static SEEN: Mutex<Option<HashMap<String, Seen>>> = Mutex::new(None);
 
 #[derive(Clone, Copy)]
@@ -60,21 +55,21 @@ struct Seen {
 }
 const SEEN_MAX: usize = 64;
 
-/// A step mark when the rule is `nvtx:NAME` and `name` is NAME (only once a session runs:
-/// before it, no step has records).
+/// A step mark when the rule is `nvtx:NAME` and `name` is NAME: pushed once a session runs
+/// (before it, no step has records), noted as seen either way (a one-step run's only mark may
+/// come before its first CUDA call). Until NAME came, the other names are kept for the
+/// warning at exit; under the other rules nothing is done.
 fn maybe_mark(name: &str) {
-    let Some(s) = session::current() else {
-        // A range before the first CUDA call: a one-step run's only mark may be this one.
-        note_seen(name);
+    let Some(StepRule::Nvtx(n)) = mode::config().map(|c| &c.step_rule) else {
         return;
     };
-    match &s.cfg.step_rule {
-        StepRule::Nvtx(n) if n == name => {
-            MATCHED.store(true, Ordering::Relaxed);
+    if n == name {
+        tracer::note_rule_mark();
+        if let Some(s) = session::current() {
             tracer::push_mark(s.cfg, false, Some(name.to_string()));
         }
-        StepRule::Nvtx(_) if !MATCHED.load(Ordering::Relaxed) => note_seen(name),
-        _ => {}
+    } else if !tracer::rule_marked() {
+        note_seen(name);
     }
 }
 
@@ -97,13 +92,7 @@ fn note_seen(name: &str) {
 pub(crate) fn names_seen() -> Vec<(String, u64)> {
     let seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
     let mut names: Vec<(&String, Seen)> = seen.iter().flatten().map(|(n, s)| (n, *s)).collect();
-    names.sort_by(|a, b| {
-        (a.1.depth, std::cmp::Reverse(a.1.count), a.0).cmp(&(
-            b.1.depth,
-            std::cmp::Reverse(b.1.count),
-            b.0,
-        ))
-    });
+    names.sort_by_key(|&(n, s)| (s.depth, std::cmp::Reverse(s.count), n));
     names
         .into_iter()
         .map(|(n, s)| (n.clone(), s.count))

@@ -9,9 +9,10 @@
  * range of a domain of its own (its attributes' message) and one in a range named by a string
  * registered in that domain, inside it, then a copy in a range "x-crossed" opened after
  * another of the domain's, which is closed first (NVTX keeps a stack per domain: the domain's
- * pop closes its own range), then a mark "after"; one copy before any range. Every copy's bytes are checked on the way
- * back. Push and pop must return what NVTX returns without a tool or with one that tracks
- * levels: NVTX_NO_PUSH_POP_TRACKING, or the level.
+ * pop closes its own range), then a mark "after"; one copy before any range, and a mark
+ * "warm-up" before the first CUDA call. Every copy's bytes are checked on the way back. Push
+ * and pop must return what NVTX returns without a tool or with one that tracks levels:
+ * NVTX_NO_PUSH_POP_TRACKING, or the level.
  */
 /* NVTX's loader uses POSIX (dlopen, PATH_MAX), which strict C11 hides. */
 #define _GNU_SOURCE
@@ -45,6 +46,8 @@ static void round_trip(float *dev, const float *host, float *back) {
 
 int main(void) {
     float host[N], back[N], *dev = NULL;
+    /* Before the first CUDA call: no capture yet. */
+    nvtxMarkA("warm-up");
     CK_CUDA(cudaMalloc((void **)&dev, N * sizeof(float)));
     for (int i = 0; i < N; i++) host[i] = (float)i * 0.5f;
     round_trip(dev, host, back);

@@ -119,6 +119,17 @@ fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
             "nvtx3",
             &what,
         );
+        // A mark that came only before the first CUDA call (before capture began) is a
+        // one-step run's: every record in step 0, and no word of a missing mark.
+        let mut cmd = nvtx_program("nvtx3", major, &sim, false);
+        cmd.env("TTRACE_STEP_RULE", "nvtx:warm-up");
+        let run = run_c(cmd, "nvtx3-warm-up", "nvtx3", &what);
+        assert_eq!(records_per_step(&run), [(0, 26)], "{what}");
+        let err = String::from_utf8_lossy(&run.out.stderr);
+        assert!(
+            !err.contains("no NVTX range or mark named"),
+            "{what}: {err}"
+        );
     }
 }
 

@@ -298,13 +298,18 @@ static REGISTERED: Mutex<Option<HashMap<usize, String>>> = Mutex::new(None);
 /// like aligned pointers, never dereferenced).
 static OWN_HANDLES: AtomicUsize = AtomicUsize::new(0);
 
+/// A handle of ttrace's own (never null).
+fn own_handle() -> usize {
+    (OWN_HANDLES.fetch_add(1, Ordering::Relaxed) + 1) * 16
+}
+
 /// Registers the program's string `text` under the chained tool's handle `theirs` when it gave
 /// one, else under a handle of ttrace's own, and returns that handle (null only when the
 /// registration failed: NVTX's answer without a tool).
 fn register(theirs: nvtxStringHandle_t, text: impl FnOnce() -> String) -> nvtxStringHandle_t {
     crate::catch(|| {
         let handle = if theirs.is_null() {
-            (OWN_HANDLES.fetch_add(1, Ordering::Relaxed) + 1) * 16
+            own_handle()
         } else {
             theirs as usize
         };
@@ -322,71 +327,48 @@ pub(crate) fn registered(handle: nvtxStringHandle_t) -> Option<String> {
     reg.as_ref()?.get(&(handle as usize)).cloned()
 }
 
-unsafe extern "C" fn domain_register_string_a(
-    domain: nvtxDomainHandle_t,
-    string: *const c_char,
-) -> nvtxStringHandle_t {
-    use NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A as ID;
-    let theirs = chained!(
-        CORE2,
-        ID,
-        RegisterMsg,
-        (domain, string),
-        core::ptr::null_mut()
-    );
-    // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    register(theirs, || unsafe { c_string(string) })
-}
-
-unsafe extern "C" fn domain_register_string_w(
-    domain: nvtxDomainHandle_t,
-    string: *const wchar_t,
-) -> nvtxStringHandle_t {
-    use NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W as ID;
-    let theirs = chained!(
-        CORE2,
-        ID,
-        RegisterWide,
-        (domain, string),
-        core::ptr::null_mut()
-    );
-    // SAFETY: the program's string, NUL-terminated as NVTX requires.
-    register(theirs, || unsafe { wide_string(string) })
-}
-
 /// A domain handle: the chained tool's when it gave one, else one of ttrace's own. Without a
 /// tool NVTX hands out null, the default domain, for every domain, and each domain's ranges
 /// must be a stack of their own (`thread.rs`): CCCL's ranges around CUB algorithms, in domain
 /// `CCCL`, must not close the program's.
 fn domain_handle(theirs: nvtxDomainHandle_t) -> nvtxDomainHandle_t {
     if theirs.is_null() {
-        ((OWN_HANDLES.fetch_add(1, Ordering::Relaxed) + 1) * 16) as nvtxDomainHandle_t
+        own_handle() as nvtxDomainHandle_t
     } else {
         theirs
     }
 }
 
-unsafe extern "C" fn domain_create_a(name: *const c_char) -> nvtxDomainHandle_t {
-    use NVTX_CBID_CORE2_DOMAIN_CREATE_A as ID;
-    domain_handle(chained!(
-        CORE2,
-        ID,
-        CreateMsg,
-        (name),
-        core::ptr::null_mut()
-    ))
+/// A slot that hands out a handle: `name(C parameters) -> handle type` for slot `id` of the
+/// domain module, which asks the chained tool first (`theirs`: its handle, or null) and
+/// returns `make`.
+macro_rules! handle_entry {
+    ($name:ident ( $($a:ident : $t:ty),* ) -> $r:ty, $id:ident, $theirs:ident => $make:expr) => {
+        unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            let $theirs = chained!(
+                CORE2,
+                $id,
+                unsafe extern "C" fn($($t),*) -> $r,
+                ($($a),*),
+                core::ptr::null_mut()
+            );
+            $make
+        }
+    };
 }
 
-unsafe extern "C" fn domain_create_w(name: *const wchar_t) -> nvtxDomainHandle_t {
-    use NVTX_CBID_CORE2_DOMAIN_CREATE_W as ID;
-    domain_handle(chained!(
-        CORE2,
-        ID,
-        CreateWide,
-        (name),
-        core::ptr::null_mut()
-    ))
-}
+handle_entry!(domain_register_string_a(domain: nvtxDomainHandle_t, string: *const c_char)
+    -> nvtxStringHandle_t, NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_A, theirs
+    // SAFETY: the program's string, NUL-terminated as NVTX requires.
+    => register(theirs, || unsafe { c_string(string) }));
+handle_entry!(domain_register_string_w(domain: nvtxDomainHandle_t, string: *const wchar_t)
+    -> nvtxStringHandle_t, NVTX_CBID_CORE2_DOMAIN_REGISTER_STRING_W, theirs
+    // SAFETY: the program's string, NUL-terminated as NVTX requires.
+    => register(theirs, || unsafe { wide_string(string) }));
+handle_entry!(domain_create_a(name: *const c_char) -> nvtxDomainHandle_t,
+    NVTX_CBID_CORE2_DOMAIN_CREATE_A, theirs => domain_handle(theirs));
+handle_entry!(domain_create_w(name: *const wchar_t) -> nvtxDomainHandle_t,
+    NVTX_CBID_CORE2_DOMAIN_CREATE_W, theirs => domain_handle(theirs));
 
 /// A function pointer `f` as the table's uncallable pointer type.
 ///

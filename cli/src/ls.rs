@@ -358,7 +358,7 @@ fn print_header(
                 .iter()
                 .map(|r| (r.rank, r.pid, r.warnings.as_slice()));
             for line in warning_lines(ranks, usize::MAX) {
-                writeln!(out, "{}", esc(&line))?;
+                writeln!(out, "{line}")?;
             }
             if let Some(j) = &m.job {
                 writeln!(
@@ -556,7 +556,8 @@ fn print_tables(out: &mut impl Write, l: &Listing, comms: &[CommEntry]) -> anyho
 
 /// What processes warned about their capture when they exited (`ranks[].warnings`: a step
 /// rule that numbered the whole run step 0), one line per rank and warning, `WARNING rank R
-/// (pid P): ...`; at most `most` lines, then how many more there are.
+/// (pid P): ...`; at most `most` lines, then how many more there are. The warnings quote the
+/// program's NVTX names: their control characters are escaped.
 pub(crate) fn warning_lines<'a>(
     ranks: impl Iterator<Item = (u32, u32, &'a [String])>,
     most: usize,
@@ -564,7 +565,7 @@ pub(crate) fn warning_lines<'a>(
     let all: Vec<String> = ranks
         .flat_map(|(rank, pid, ws)| {
             ws.iter()
-                .map(move |w| format!("WARNING rank {rank} (pid {pid}): {w}"))
+                .map(move |w| format!("WARNING rank {rank} (pid {pid}): {}", esc(w)))
         })
         .collect();
     let more = all.len().saturating_sub(most);
@@ -670,5 +671,9 @@ mod tests {
         let bounded = warning_lines(ranks(), 1);
         assert_eq!(bounded.len(), 2);
         assert!(bounded[1].contains("1 more"), "{bounded:?}");
+        // A program's NVTX name quoted in a warning does not drive the terminal.
+        let hostile = w("no NVTX range named `\x1b[2J`");
+        let lines = warning_lines([(3, 13, hostile.as_slice())].into_iter(), usize::MAX);
+        assert!(!lines[0].contains('\x1b'), "{lines:?}");
     }
 }

@@ -2,7 +2,8 @@
 
 Runs copies (H2D pageable and pinned non_blocking, D2H, D2D clone) in an NVTX range "copies",
 mm / addmm / F.linear with and without bias / bmm / baddbmm in fp32, fp16 and bf16 (each
-dtype in a range "gemms.<dtype>"), torch._scaled_mm in FP8 and a linear
+dtype in a range "gemms.<dtype>", and a start/end range "from.float16" from the fp16 GEMMs
+to the end of them), torch._scaled_mm in FP8 and a linear
 backward with an explicit gradient. Every tensor is made on the host (the simulated device runs
 no kernels: element-wise work is host work), moved to the device by a copy, and every result is
 copied back. What torch saw is saved as raw bytes, OUT/<index>_<label>.bin, with OUT/torch.json

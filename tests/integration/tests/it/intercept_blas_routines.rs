@@ -48,10 +48,7 @@ fn blas_program(
 
 #[test]
 fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let cmd = blas_program(major, &sim, "blas_more", true);
         let (run, s) = run_c_program(cmd, "blas-more-c", "blas_more", &format!("CUDA {major}"));
 
@@ -125,10 +122,7 @@ fn helper_copies_are_captured_and_other_routines_are_gaps_naming_them() {
 /// two APIs share are captured.
 #[test]
 fn legacy_cublas_routines_are_gaps_naming_them() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let cmd = blas_program(major, &sim, "blas_legacy", false);
         let (run, s) = run_c_program(
             cmd,

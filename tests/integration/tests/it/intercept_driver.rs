@@ -94,10 +94,7 @@ fn expected(s: u64, sync: u64, name: impl Fn(&str) -> String) -> Vec<Seen> {
 
 #[test]
 fn driver_copies_and_memsets_are_captured_however_the_program_finds_the_driver() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let cudart = format!("libcudart.so.{major}");
         let exe = compile_c(
             "driver_copies.c",
@@ -137,10 +134,7 @@ fn per_thread_spelling(api: &str) -> String {
 
 #[test]
 fn a_program_built_with_per_thread_default_streams_is_captured_under_its_spellings() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let cudart = format!("libcudart.so.{major}");
         let exe = compile_c(
             "driver_copies_ptds.c",

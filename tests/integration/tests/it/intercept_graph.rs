@@ -292,10 +292,7 @@ fn replays_of_an_instance_updated_with_cuda_graph_exec_update_are_gaps_naming_it
 /// program captures from a stream is snapshotted at its replay as before (a record, no gap).
 #[test]
 fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let cudart = format!("libcudart.so.{major}");
         let exe = compile_c(
             "graph_nodes.c",
@@ -354,10 +351,7 @@ fn launches_of_a_graph_built_node_by_node_are_gaps_naming_its_nodes() {
 /// The program checks its own results (tracing changes none).
 #[test]
 fn driver_launches_of_a_captured_graph_nested_as_a_child_are_gaps() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let exe = graph_c(major, &sim);
         let run = run_c(
             c_command(&exe, &["3", "driver-child"]),

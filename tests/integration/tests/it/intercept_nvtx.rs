@@ -82,10 +82,7 @@ fn first_push(run: &Run, program: &str) -> i32 {
 
 #[test]
 fn header_only_nvtx3_ranges_reach_the_records_through_nvtx_s_tool_loader() {
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let what = format!("CUDA {major}");
         let run = run_c(
             nvtx_program("nvtx3", major, &sim, false),

@@ -22,10 +22,7 @@ fn entry_points_taken_with_dlsym_from_a_private_library_are_captured() {
         eprintln!("SKIP: dlsym is interposed on x86-64 only");
         return;
     }
-    for major in [12, 13] {
-        let Some(sim) = sim_or_skip(major) else {
-            continue;
-        };
+    for (major, sim) in cuda_sims() {
         let exe = compile_c(
             "private_blas.c",
             &format!("private_blas{major}"),

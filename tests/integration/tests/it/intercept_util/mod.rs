@@ -139,6 +139,14 @@ pub fn sim_or_skip(major: u32) -> Option<std::path::PathBuf> {
     sim
 }
 
+/// The CUDA majors a C test program runs against (12 and 13) with their simulated stacks,
+/// those not built left out (saying SKIP).
+pub fn cuda_sims() -> impl Iterator<Item = (u32, std::path::PathBuf)> {
+    [12, 13]
+        .into_iter()
+        .filter_map(|major| sim_or_skip(major).map(|sim| (major, sim)))
+}
+
 /// Runs a C test program of tests/integration/c traced (daemon directory named after `tag`):
 /// the run, checked to have ended well with intact checksums and the program's
 /// `<program>: OK` line (its own checks passed). `what` names the case in failures.

@@ -15,7 +15,8 @@
 //! attached (the usual case outside a profiler): push and pop return
 //! `NVTX_NO_PUSH_POP_TRACKING` (-2), range starts return 0, handles are null. A tracer must
 //! work in both modes. `NVTX_INJECTION64_PATH` attaches a tool as NVIDIA's library does
-//! ([`tool`]): the push, pop and mark entry points then call the tool's functions.
+//! ([`tool`]): the push, pop, start, end and mark entry points, domain creation and string
+//! registration then call the tool's functions.
 #![allow(clippy::missing_safety_doc)]
 
 use core::ffi::{c_char, c_int};

@@ -110,25 +110,30 @@ cpu_of() { # least user+sys CPU seconds (children included) of each command give
   # JSON list per argument, over CPU_RUNS rounds that run every command once, in turn: the
   # figures compared come from the same minutes of a machine whose load drifts.
   # getrusage of the waited-for children, in microseconds (time(1) rounds to 10 ms: 0.7 % of
-  # this job, the size of the differences measured here).
+  # this job, the size of the differences measured here). The store of the traced run before
+  # is removed outside the measured span (by this process, not a child): deleting it is
+  # not the traced job's work (an rm in the command cost ~1 ms of a 16 ms fixed cost).
   python3 -c '
-import json, resource, subprocess, sys
-runs, cmds = int(sys.argv[1]), [json.loads(c) for c in sys.argv[2:]]
+import json, resource, shutil, subprocess, sys
+runs, store = int(sys.argv[1]), sys.argv[2]
+cmds = [json.loads(c) for c in sys.argv[3:]]
 least = [None] * len(cmds)
 for _ in range(runs):
     for i, cmd in enumerate(cmds):
+        shutil.rmtree(store, ignore_errors=True)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         least[i] = cpu if least[i] is None else min(least[i], cpu)
-print(" ".join(f"{c:.4f}" for c in least))' "$CPU_RUNS" "$@"
+print(" ".join(f"{c:.4f}" for c in least))' "$CPU_RUNS" "$store/run" "$@"
 }
 json_cmd() { # "$@" as a JSON list
   python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
 }
 traced_cmd() { # `ttrace run -q --out STORE/run "$@"` (options, then -- and the command) as JSON
-  json_cmd bash -c 'rm -rf "$0"/run; exec "$@"' "$store" "$target/release/ttrace" run -q --out "$store/run" "$@"
+  # (cpu_of removes the store before each run.)
+  json_cmd "$target/release/ttrace" run -q --out "$store/run" "$@"
 }
 if want 5; then
 # The trainer's forward range of its first micro-batch opens each iteration: the steps marked

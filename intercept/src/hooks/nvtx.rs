@@ -55,15 +55,19 @@ struct Seen {
 }
 const SEEN_MAX: usize = 64;
 
-/// A step mark when the rule is `nvtx:NAME` and `name` is NAME: pushed once a session runs
-/// (before it, no step has records), noted as seen either way (a one-step run's only mark may
-/// come before its first CUDA call). Until NAME came, the other names are kept for the
-/// warning at exit; under the other rules nothing is done.
-fn maybe_mark(name: &str) {
-    let Some(StepRule::Nvtx(n)) = mode::config().map(|c| &c.step_rule) else {
-        return;
-    };
-    if n == name {
+/// NAME, under the `nvtx:NAME` step rule.
+fn rule_name() -> Option<&'static str> {
+    match &mode::config()?.step_rule {
+        StepRule::Nvtx(n) => Some(n),
+        _ => None,
+    }
+}
+
+/// A step mark when `name` is `rule`'s NAME: pushed once a session runs (before it, no step
+/// has records), noted as seen either way (a one-step run's only mark may come before its
+/// first CUDA call). Until NAME came, the other names are kept for the warning at exit.
+fn maybe_mark(rule: &str, name: &str) {
+    if rule == name {
         tracer::note_rule_mark();
         if let Some(s) = session::current() {
             tracer::push_mark(s.cfg, false, Some(name.to_string()));
@@ -107,7 +111,9 @@ pub(crate) fn pushed(domain: nvtxDomainHandle_t, name: impl FnOnce() -> String) 
     };
     let _ = crate::catch(|| {
         let name = name();
-        maybe_mark(&name);
+        if let Some(rule) = rule_name() {
+            maybe_mark(rule, &name);
+        }
         thread::with(|t| t.push_range(domain as usize, name));
     });
 }
@@ -120,11 +126,17 @@ pub(crate) fn popped(domain: nvtxDomainHandle_t) {
     let _ = crate::catch(|| thread::with(|t| t.pop_range(domain as usize)));
 }
 
+/// A mark or a start/end range named `name`: a step mark under `nvtx:NAME`, and nothing under
+/// the other rules (not even the name's text: such calls keep no stack).
 pub(crate) fn marked(name: impl FnOnce() -> String) {
     let Some(_g) = thread::Guard::enter() else {
         return;
     };
-    let _ = crate::catch(|| maybe_mark(&name()));
+    let _ = crate::catch(|| {
+        if let Some(rule) = rule_name() {
+            maybe_mark(rule, &name());
+        }
+    });
 }
 
 /// One NVTX entry point: `name(C signature) -> return type, else what to return without the

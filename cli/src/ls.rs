@@ -578,23 +578,13 @@ pub(crate) fn warning_lines<'a>(
     lines
 }
 
-/// `0-3,7` from a sorted list.
+/// `0-3,7` from a list (`-` when empty).
 fn steps_set(v: &[u64]) -> String {
     let set: BTreeSet<u64> = v.iter().copied().collect();
-    let mut parts = Vec::new();
-    let mut it = set.into_iter().peekable();
-    while let Some(a) = it.next() {
-        let mut b = a;
-        while it.peek() == Some(&(b + 1)) {
-            b += 1;
-            it.next();
-        }
-        parts.push((a, b));
-    }
-    if parts.is_empty() {
+    if set.is_empty() {
         return "-".into();
     }
-    RangeSet(parts).to_string()
+    RangeSet::of_values(set).to_string()
 }
 
 /// The dedup ratio of a store: tensor bytes its records reference over the bytes stored once

@@ -165,19 +165,16 @@ impl RunTrace {
     }
 
     /// What the store's processes warned about their capture when they exited (the manifest's
-    /// `ranks[].warnings`: a step rule that numbered the whole run step 0), each prefixed with
-    /// `store` (`reference`, `run`, `perturbed`) and the rank: steps the comparison lines up
-    /// may not be the program's.
+    /// `ranks[].warnings`: a step rule that numbered the whole run step 0), prefixed with
+    /// `store` (`reference`, `run`, `perturbed`) and the ranks that said it
+    /// ([`warnings_by_text`]): steps the comparison lines up may not be the program's.
     pub fn capture_warnings(&self, store: &str) -> Vec<String> {
-        self.manifest
+        let ranks = self
+            .manifest
             .ranks
             .iter()
-            .flat_map(|r| {
-                r.warnings
-                    .iter()
-                    .map(move |w| format!("{store} rank {} warned when captured: {w}", r.rank))
-            })
-            .collect()
+            .map(|r| (r.rank, r.warnings.as_slice()));
+        warnings_by_text(store, ranks)
     }
 
     /// Whether the store holds collectives (captured with the `nccl` family and called).
@@ -863,9 +860,80 @@ pub fn collective(rec: &Record) -> Option<&ttrace_format::record::CollectiveOp> 
     }
 }
 
+/// Warnings said by a job's ranks at most this many lines per store in a report (the rest
+/// counted; `ttrace ls` lists every one).
+const CAPTURE_WARNING_LINES: usize = 8;
+
+/// One line per distinct warning of `ranks` (rank, its warnings), in the order they first
+/// come, naming every rank that said it (`rank 3`, `ranks 0-7`): a thousand ranks that
+/// numbered their run alike are one line, not a thousand. At most
+/// [`CAPTURE_WARNING_LINES`], then how many more.
+fn warnings_by_text<'a>(
+    store: &str,
+    ranks: impl Iterator<Item = (u32, &'a [String])>,
+) -> Vec<String> {
+    let mut texts: Vec<(&str, std::collections::BTreeSet<u64>)> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    for (rank, warnings) in ranks {
+        for w in warnings {
+            let i = *at.entry(w).or_insert_with(|| {
+                texts.push((w, Default::default()));
+                texts.len() - 1
+            });
+            texts[i].1.insert(u64::from(rank));
+        }
+    }
+    let more = texts.len().saturating_sub(CAPTURE_WARNING_LINES);
+    let mut lines: Vec<String> = texts
+        .into_iter()
+        .take(CAPTURE_WARNING_LINES)
+        .map(|(w, ranks)| {
+            let who = match ranks.len() {
+                1 => "rank",
+                _ => "ranks",
+            };
+            let ranks = ttrace_format::config::RangeSet::of_values(ranks);
+            format!("{store} {who} {ranks} warned when captured: {w}")
+        })
+        .collect();
+    if more > 0 {
+        lines.push(format!(
+            "{store}: {more} more warnings its ranks gave when captured (`ttrace ls` lists \
+             every one)"
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_warnings_are_one_line_per_text_naming_its_ranks() {
+        let (same, other) = (vec!["step 0 only".to_string()], vec!["no mark".to_string()]);
+        let ranks = [(0, &same), (1, &same), (2, &other), (3, &same), (5, &same)];
+        assert_eq!(
+            warnings_by_text("run", ranks.iter().map(|(r, w)| (*r, w.as_slice()))),
+            [
+                "run ranks 0-1,3,5 warned when captured: step 0 only",
+                "run rank 2 warned when captured: no mark"
+            ]
+        );
+        // Each rank its own text (counts of the names it saw): bounded, the rest counted.
+        let many: Vec<Vec<String>> = (0..20).map(|r| vec![format!("saw `x` ({r})")]).collect();
+        let lines = warnings_by_text(
+            "run",
+            many.iter()
+                .enumerate()
+                .map(|(r, w)| (r as u32, w.as_slice())),
+        );
+        assert_eq!(lines.len(), CAPTURE_WARNING_LINES + 1);
+        assert!(
+            lines[CAPTURE_WARNING_LINES].starts_with("run: 12 more"),
+            "{lines:?}"
+        );
+    }
 
     /// Constant tensors are told by their stored bytes, block by block, whatever block the
     /// odd element lies in; values already decoded give the same answer; what cannot be read

@@ -168,6 +168,7 @@ fn meta_of(api: &'static str, op: Op, stream_id: u64, device: i32, context: bool
         nvtx,
         kernels_before,
         t_call_ns: tracer::now_ns(),
+        gemm_ordinal: None,
     }
 }
 
@@ -187,12 +188,16 @@ pub fn begin(call: Call) -> Option<InFlight> {
         Some(d) => d,
         None => cuda::get_device().unwrap_or(0),
     };
+    let auto = session.cfg.step_rule == StepRule::Auto;
     match cuda::is_capturing(call.stream) {
         Ok(false) => {}
         // Snapshotted at every replay of the graph (graph.rs).
         Ok(true) => {
+            if auto && matches!(call.op, Op::Gemm(_)) {
+                prefilter::note_graph_gemm();
+            }
             return graph::begin(call, device, session)
-                .map(|r| InFlight::new(Snap::Graph(Box::new(r))))
+                .map(|r| InFlight::new(Snap::Graph(Box::new(r))));
         }
         // A gap is recorded whatever its stream says: the API it names may not run on that
         // stream (the legacy cuBLAS API's kernel stream, cuBLAS-XT's own streams), and the
@@ -207,7 +212,15 @@ pub fn begin(call: Call) -> Option<InFlight> {
     // The GEMM's signature, computed once for what reads it below.
     let sig = std::cell::OnceCell::new();
     let sig_of = |g: &GemmOp| *sig.get_or_init(|| tracer::gemm_sig(call.api, g));
-    let counted = prefilter::counts_op(cfg, &call.op, sig_of);
+    // Under `auto` every GEMM call takes its ordinal (the rule's periods, steps.rs).
+    let turn = match &call.op {
+        Op::Gemm(g) if auto => Some(prefilter::gemm_turn(sig_of(g))),
+        _ => None,
+    };
+    let counted = match turn.and_then(|t| t.within) {
+        Some(reads) => reads && prefilter::counts_op(cfg, &call.op, sig_of),
+        None => prefilter::counts_op(cfg, &call.op, sig_of),
+    };
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).
@@ -220,7 +233,7 @@ pub fn begin(call: Call) -> Option<InFlight> {
     }
     let prefiltered = !prefilter::may_be_wanted(cfg, device);
     if prefiltered {
-        prefilter::keep_rule_inputs(cfg, &call.op, counted, &mut plans);
+        prefilter::keep_rule_inputs(cfg, &call.op, counted, turn, &mut plans);
         if prefilter::needless(counted, &plans) {
             // Its kernels would have gone with its record, which is never stored.
             let _ = thread::with(|t| t.forget_kernels());
@@ -245,7 +258,8 @@ pub fn begin(call: Call) -> Option<InFlight> {
     let fingerprints: PerTensor<Option<Layout>> =
         plans.iter().map(|t| fingerprint_only(t, recurs)).collect();
     let (offsets, total) = layout_in_slot(&plans, &fingerprints);
-    let m = meta_of(call.api, call.op, call.stream_id, device, !prefiltered);
+    let mut m = meta_of(call.api, call.op, call.stream_id, device, !prefiltered);
+    m.gemm_ordinal = turn.map(|t| t.ordinal);
     if streamed {
         let how = Prefilter {
             counted,
@@ -684,11 +698,35 @@ fn reserve_polling(
         {
             let _l = RESERVE.lock().unwrap_or_else(|p| p.into_inner());
             // A slot lies in one page-locked part of the ring, locked before any copy goes
-            // into it (session.rs).
-            if let Some(slot) = s
-                .ring
-                .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off))
+            // into it (session.rs). The ring may start its next lap early to stay in the
+            // locked part only when no ticket is out: then the slots in use are released
+            // without the program, and a burst after this slot (an NCCL group, a graph
+            // replay: they cannot wait for their own first ticket) gets the whole ring once
+            // they are (proto/src/ring.rs, `Ring::reserve_within`).
+            let front = if tracer::no_ticket_out() {
+                s.pin.locked()
+            } else {
+                s.ring.capacity()
+            };
+            let head = s.ring.head();
+            if let Some(slot) =
+                s.ring
+                    .reserve_within(len, Duration::ZERO, |off| s.pin.part_end(off), front)
             {
+                if slot.pos > head && s.ring.tail() < slot.pos {
+                    // The bytes the slot skipped (to the next lap, or part) are released on
+                    // their own, as soon as the slots before them are: with the slot, a
+                    // slot held long (an NCCL group's first) would keep the ring's tail
+                    // before them, and every slot after it within their length.
+                    Ticket::take().push(Entry::Skip {
+                        slot: Some(Slot {
+                            pos: head,
+                            len: slot.pos - head,
+                            end: slot.pos,
+                        }),
+                        event: None,
+                    });
+                }
                 let end = slot.pos % s.ring.capacity() + slot.len;
                 if let Err(why) = s.pin.cover(end) {
                     // Copies into pageable memory would wait for the device: stop capturing.

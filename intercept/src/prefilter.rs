@@ -26,13 +26,13 @@
 //! gap in its place (it holds no shapes, and fingerprints for bytes) and capture stops with a
 //! second one (tracer.rs), so a store never holds a silently thinned step.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use ttrace_proto::config::{CaptureConfig, RangeSet, StepRule};
 use ttrace_proto::record::{GemmOp, Op, Role};
 
 use crate::plan::TensorPlan;
-use crate::steps::AnchorShape;
+use crate::steps::{AnchorShape, Period};
 
 /// Counted records that took a ticket.
 static ENQUEUED: AtomicU64 = AtomicU64::new(0);
@@ -47,6 +47,131 @@ static ANCHOR_A: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_B: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_TRANS: AtomicU64 = AtomicU64::new(0);
 static ANCHOR_KNOWN: AtomicBool = AtomicBool::new(false);
+
+/// GEMM calls counted by their hooks under `auto` (each GEMM's ordinal, steps.rs's periods).
+static GEMM_ORDINAL: AtomicU64 = AtomicU64::new(0);
+
+/// GEMMs remembered by ordinal (`HISTORY[ordinal % HISTORY_LEN]`): 32 bits of the signature
+/// ([`GRAPH_GEMM`] for a GEMM recorded into a CUDA graph) and the ordinal's low 32 bits plus
+/// one (zero: never written, so the table needs no initialised pages). The hooks leave the
+/// GEMMs a period does not read out of the tracer's sight; this is how the tracer, and a
+/// hook that learns of a period late, still see every GEMM's kind.
+const HISTORY_LEN: usize = 1 << 16;
+static HISTORY: [AtomicU64; HISTORY_LEN] = [const { AtomicU64::new(0) }; HISTORY_LEN];
+
+/// The low half of a history entry for `ordinal`.
+fn history_tag(ordinal: u64) -> u64 {
+    u64::from((ordinal as u32).wrapping_add(1))
+}
+
+/// The signature bits of a GEMM recorded into a CUDA graph: its replays come without
+/// ordinals, so a period breaks there.
+const GRAPH_GEMM: u32 = u32::MAX;
+
+/// The period the tracer follows, with the first ordinal at which one disagreed (each is
+/// leaked: a process takes at most `steps::MAX_PERIODS`).
+struct SharedPeriod {
+    period: Period,
+    /// The first ordinal from `period.from` on whose GEMM disagreed with it (`u64::MAX`: none
+    /// yet), as far as the hooks looked.
+    broken_at: AtomicU64,
+    /// Ordinals below this were checked against the period.
+    checked_to: AtomicU64,
+}
+
+static PERIOD: AtomicPtr<SharedPeriod> = AtomicPtr::new(std::ptr::null_mut());
+
+fn sig_bits(sig: u64) -> u32 {
+    // Not the graph marker: a real signature that folds to it is taken as its neighbour.
+    ((sig ^ (sig >> 32)) as u32).min(GRAPH_GEMM - 1)
+}
+
+fn remember(ordinal: u64, bits: u32) {
+    HISTORY[ordinal as usize % HISTORY_LEN].store(
+        u64::from(bits) << 32 | history_tag(ordinal),
+        Ordering::Release,
+    );
+}
+
+/// Whether the GEMM at `ordinal` disagrees with `p` by the history (overwritten: taken as
+/// disagreeing, the tracer having fallen a whole history behind).
+fn deviates_in_history(p: &Period, ordinal: u64) -> bool {
+    let v = HISTORY[ordinal as usize % HISTORY_LEN].load(Ordering::Acquire);
+    if v & 0xffff_ffff != history_tag(ordinal) {
+        return true;
+    }
+    let bits = (v >> 32) as u32;
+    bits == GRAPH_GEMM || (bits == sig_bits(p.sig)) != p.expects_anchor(ordinal)
+}
+
+/// The first ordinal in `from..to` (at or after the period's start) whose GEMM disagrees with
+/// `p` by the history.
+pub(crate) fn first_deviation(p: &Period, from: u64, to: u64) -> Option<u64> {
+    (from.max(p.from)..to).find(|&o| deviates_in_history(p, o))
+}
+
+/// A GEMM's hook under the `auto` rule, with its signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GemmTurn {
+    /// Its ordinal among the process's GEMM calls.
+    pub ordinal: u64,
+    /// Within a period it agrees with: whether the rule reads its operands (`None`: no
+    /// period, or one it breaks or has not reached).
+    pub within: Option<bool>,
+}
+
+/// Counts a GEMM call (under the `auto` rule) and places it in the period followed, if any.
+pub(crate) fn gemm_turn(sig: u64) -> GemmTurn {
+    let ordinal = GEMM_ORDINAL.fetch_add(1, Ordering::AcqRel);
+    let bits = sig_bits(sig);
+    remember(ordinal, bits);
+    let ptr = PERIOD.load(Ordering::Acquire);
+    // SAFETY: a published period is leaked, never freed.
+    let within = unsafe { ptr.as_ref() }.and_then(|shared| {
+        let p = &shared.period;
+        if ordinal < p.from || shared.broken_at.load(Ordering::Acquire) <= ordinal {
+            return None;
+        }
+        // The GEMMs before this one that no hook checked against the period (it was
+        // published after their calls): the history holds them.
+        let checked = shared.checked_to.load(Ordering::Acquire);
+        let disagrees = first_deviation(p, checked, ordinal)
+            .or(((sig == p.sig) != p.expects_anchor(ordinal)).then_some(ordinal));
+        shared.checked_to.fetch_max(ordinal + 1, Ordering::AcqRel);
+        if let Some(at) = disagrees {
+            shared.broken_at.fetch_min(at, Ordering::AcqRel);
+            return None;
+        }
+        Some(sig == p.sig && p.reads(ordinal))
+    });
+    GemmTurn { ordinal, within }
+}
+
+/// A GEMM recorded into a CUDA graph (under the `auto` rule): it takes an ordinal, and breaks
+/// a period (its replays have none).
+pub(crate) fn note_graph_gemm() {
+    let ordinal = GEMM_ORDINAL.fetch_add(1, Ordering::AcqRel);
+    remember(ordinal, GRAPH_GEMM);
+    let ptr = PERIOD.load(Ordering::Acquire);
+    // SAFETY: a published period is leaked, never freed.
+    if let Some(shared) = unsafe { ptr.as_ref() } {
+        if ordinal >= shared.period.from {
+            shared.broken_at.fetch_min(ordinal, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The tracer's step rule follows `period` from now on (`None`: none).
+pub(crate) fn note_period(period: Option<&Period>) {
+    let new = period.map_or(std::ptr::null_mut(), |p| {
+        Box::leak(Box::new(SharedPeriod {
+            period: p.clone(),
+            broken_at: AtomicU64::new(u64::MAX),
+            checked_to: AtomicU64::new(p.from),
+        })) as *mut SharedPeriod
+    });
+    PERIOD.store(new, Ordering::Release);
+}
 
 /// Whether the step bound is needed at all: steps are selected.
 fn active(cfg: &CaptureConfig) -> bool {
@@ -172,17 +297,20 @@ pub(crate) fn needless(counted: bool, plans: &[TensorPlan]) -> bool {
 /// Leaves in `plans` only what the step rule needs of an unwanted record: under `auto`, a
 /// GEMM's A and B operands (of a GEMM that is not `counted`, only those that could be an
 /// anchor operand's bytes read in another orientation, [`AnchorShape::may_see`]: the rule
-/// compares their bytes with the anchor's and nothing else); nothing otherwise.
+/// compares their bytes with the anchor's and nothing else; within a period, `turn`, only
+/// those of a recurrence); nothing otherwise.
 pub(crate) fn keep_rule_inputs(
     cfg: &CaptureConfig,
     op: &Op,
     counted: bool,
+    turn: Option<GemmTurn>,
     plans: &mut [TensorPlan],
 ) {
     let Op::Gemm(g) = op else {
         return keep_operands(None, None, plans);
     };
-    if cfg.step_rule != StepRule::Auto {
+    // Within a period the rule reads only the GEMMs where the anchor recurs.
+    if cfg.step_rule != StepRule::Auto || turn.is_some_and(|t| t.within == Some(false)) {
         return keep_operands(None, None, plans);
     }
     let anchor = if counted { None } else { noted_anchor() };
@@ -286,5 +414,59 @@ mod tests {
         let mut p = plans();
         keep_operands(None, None, &mut p);
         assert!(p.iter().all(|t| !t.captured));
+    }
+
+    #[test]
+    fn within_a_period_hooks_copy_only_recurrences_and_stop_at_the_first_gemm_off_it() {
+        // The only test of this binary that counts GEMM calls.
+        let base = GEMM_ORDINAL.load(Ordering::Acquire);
+        // Four GEMMs a step: the anchor's signature (7) at offsets 0 and 2, read at 0.
+        let period = Period {
+            origin: base,
+            from: base + 1,
+            len: 4,
+            sig: 7,
+            anchors: vec![0, 2],
+            recurrences: vec![0],
+        };
+        note_period(Some(&period));
+        let turns: Vec<Option<bool>> = [7, 8, 7, 8, 7].map(|s| gemm_turn(s).within).to_vec();
+        assert_eq!(
+            turns,
+            [None, Some(false), Some(false), Some(false), Some(true)],
+            "before the period, then within it: only the recurrence is read"
+        );
+        // The anchor's signature where the period has another: off the period from there on,
+        // for every later GEMM too.
+        assert_eq!(gemm_turn(7).within, None);
+        assert_eq!(gemm_turn(8).within, None);
+        assert_eq!(first_deviation(&period, base, base + 7), Some(base + 5));
+        note_period(None);
+
+        // A period the hooks learn of late: the GEMMs called before they did are checked in
+        // the history, and one off the period there stops the copying as well.
+        let base = GEMM_ORDINAL.load(Ordering::Acquire);
+        for s in [7, 8, 8] {
+            gemm_turn(s);
+        }
+        let late = Period {
+            origin: base,
+            from: base,
+            ..period
+        };
+        note_period(Some(&late));
+        assert_eq!(gemm_turn(8).within, None, "offset 2 held another signature");
+        note_period(None);
+        let base = GEMM_ORDINAL.load(Ordering::Acquire);
+        for s in [7, 8] {
+            gemm_turn(s);
+        }
+        note_period(Some(&Period {
+            origin: base,
+            from: base,
+            ..late
+        }));
+        assert_eq!(gemm_turn(7).within, Some(false), "all agreed: not read");
+        note_period(None);
     }
 }

@@ -43,6 +43,17 @@ pub const DOUBT_RECURRENCES: u64 = 3;
 /// Records held back at most (count), before they are released into the current step.
 pub const MAX_HELD: usize = 4096;
 
+/// Consecutive steps of one shape (GEMMs a step, where the anchor's signature falls, which of
+/// those recurred) after which the `auto` rule follows that shape as a [`Period`].
+pub const PERIOD_AFTER: u32 = 2;
+
+/// Periods a process may follow (each break, and the learning after it, takes one); then the
+/// rule reads every GEMM to the end.
+pub const MAX_PERIODS: u32 = 16;
+
+/// Longest period followed, in GEMMs a step (the hooks' signature history covers a few).
+pub const MAX_PERIOD_LEN: u64 = 1 << 13;
+
 /// Elements of an operand kept to tell an optimizer's update from new data.
 pub const SAMPLE_LEN: usize = 32;
 
@@ -130,8 +141,15 @@ pub struct Operand {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Class {
-    /// A GEMM: a hash of its signature and its A and B operands.
-    Gemm { sig: u64, a: Operand, b: Operand },
+    /// A GEMM: a hash of its signature, its A and B operands, and its ordinal among the
+    /// process's GEMM calls as its hook counted them (`None`: a GEMM no hook saw called, a
+    /// CUDA graph's replay).
+    Gemm {
+        sig: u64,
+        a: Operand,
+        b: Operand,
+        ordinal: Option<u64>,
+    },
     /// A host-to-device copy or an NCCL receive: the next batch may be arriving.
     Arrival,
     /// Anything else.
@@ -203,6 +221,11 @@ impl Anchor {
     }
 }
 
+/// Whether an operand's bytes were captured and kept their CRC-32.
+fn same(now: Option<u32>, before: Option<u32>) -> bool {
+    now.is_some() && now == before
+}
+
 /// How far `now`'s values moved from `before`'s (see [`Sample::change_from`]), when both
 /// were sampled.
 fn change(now: &Operand, before: &Operand) -> Option<f64> {
@@ -213,6 +236,32 @@ fn change(now: &Operand, before: &Operand) -> Option<f64> {
 }
 
 impl Anchor {
+    /// A recurrence with operands `a` and `b`: whether it starts a new step (see
+    /// [`Anchor::one_held`]). They become the anchor's previous occurrence.
+    fn recur(&mut self, a: Operand, b: Operand) -> bool {
+        let (same_a, same_b) = (same(a.crc, self.a.crc), same(b.crc, self.b.crc));
+        let new_step = match (same_a, same_b) {
+            (true, true) => false,
+            // One operand held its bytes. Usually the weights, and the other is the next
+            // micro-batch; but when the other only moved a little it was updated in place
+            // (an optimizer step) and the unchanged one is an input fed again (one batch
+            // trained on repeatedly).
+            (true, false) => {
+                let before = self.b;
+                self.one_held(0, &b, &before)
+            }
+            (false, true) => {
+                let before = self.a;
+                self.one_held(1, &a, &before)
+            }
+            (false, false) => true,
+        };
+        self.a = a;
+        self.b = b;
+        self.transposed_reuse = false;
+        new_step
+    }
+
     /// A recurrence in which operand slot `held` kept its bytes and the other one is `now`
     /// (it was `before`): whether it starts a new step. Clearly new values in the other slot
     /// are the next micro-batch under the held weights (and teach which slot holds weights).
@@ -232,6 +281,57 @@ impl Anchor {
     }
 }
 
+/// The shape of one step in GEMM ordinals, as the `auto` rule learns it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct StepShape {
+    /// Offsets from the step's first GEMM of the GEMMs of the anchor's signature.
+    anchors: Vec<u64>,
+    /// Of those, the anchor's recurrences: 0 (the step's start) and the micro-batches'.
+    recurrences: Vec<u64>,
+}
+
+/// A step shape that repeated ([`PERIOD_AFTER`] steps in a row): from [`Period::from`] on the
+/// `auto` rule reads the operands only of the GEMMs where the anchor recurred, and takes the
+/// others for other layers without reading them (docs/format.md, "Step numbering",
+/// "Periods"). It is learned from the GEMMs of the anchor's signature alone, which every
+/// capture feeds the rule whatever is selected, so every capture of a run learns the same
+/// period at the same GEMM; the hooks then copy nothing of the other GEMMs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Period {
+    /// The ordinal of the GEMM whose step offsets count from.
+    pub origin: u64,
+    /// The first ordinal the period applies to.
+    pub from: u64,
+    /// GEMMs a step.
+    pub len: u64,
+    /// The anchor's signature.
+    pub sig: u64,
+    /// Offsets of the GEMMs of the anchor's signature (sorted).
+    pub anchors: Vec<u64>,
+    /// Offsets of the recurrences (sorted; 0 starts a step).
+    pub recurrences: Vec<u64>,
+}
+
+impl Period {
+    /// The offset within its step of the GEMM of `ordinal` (at least [`Period::from`]).
+    pub fn offset(&self, ordinal: u64) -> u64 {
+        ordinal.saturating_sub(self.origin) % self.len
+    }
+
+    /// Whether the period has a GEMM of the anchor's signature at `ordinal`: a GEMM that
+    /// disagrees breaks the period (the program left its loop, or changed it).
+    pub fn expects_anchor(&self, ordinal: u64) -> bool {
+        self.anchors.binary_search(&self.offset(ordinal)).is_ok()
+    }
+
+    /// Whether the rule reads the operands of the GEMM of `ordinal`: a recurrence.
+    pub fn reads(&self, ordinal: u64) -> bool {
+        self.recurrences
+            .binary_search(&self.offset(ordinal))
+            .is_ok()
+    }
+}
+
 /// The step state of one process.
 #[derive(Debug)]
 pub struct Steps<T> {
@@ -247,6 +347,21 @@ pub struct Steps<T> {
     max_held: usize,
     /// Marks the rule applied (`nvtx:NAME`, `api`), whether or not they started a step.
     marks: u64,
+    /// Learning a period (`auto`): the ordinal of the current step's first GEMM (`None`:
+    /// nothing to learn from until the next step starts) and its shape so far.
+    shape_from: Option<u64>,
+    shape: StepShape,
+    /// The last whole step's length and shape, and how many steps in a row had them.
+    last_shape: Option<(u64, StepShape)>,
+    repeats: u32,
+    /// The period followed, if any, and how many were taken.
+    period: Option<Period>,
+    periods: u32,
+    /// Recurrences the period placed whose bytes said otherwise (a step start whose operands
+    /// kept their bytes, a micro-batch whose did not): the bytes decide.
+    contradicted: u64,
+    /// Periods broken by a GEMM where the period had none of its kind.
+    broken: u32,
 }
 
 impl<T> Steps<T> {
@@ -261,6 +376,14 @@ impl<T> Steps<T> {
             held: VecDeque::new(),
             max_held: MAX_HELD,
             marks: 0,
+            shape_from: None,
+            shape: StepShape::default(),
+            last_shape: None,
+            repeats: 0,
+            period: None,
+            periods: 0,
+            contradicted: 0,
+            broken: 0,
         }
     }
 
@@ -299,8 +422,8 @@ impl<T> Steps<T> {
             return;
         }
         match class {
-            Class::Gemm { sig, a, b } => {
-                match self.recurrence(sig, a, b) {
+            Class::Gemm { sig, a, b, ordinal } => {
+                match self.decide(sig, a, b, ordinal) {
                     Some(true) => {
                         // The held records (the next batch arriving) open the new step with it.
                         self.step += 1;
@@ -325,6 +448,148 @@ impl<T> Steps<T> {
         }
     }
 
+    /// The period followed, if any (the tracer tells the hooks, prefilter.rs).
+    pub fn period(&self) -> Option<&Period> {
+        self.period.as_ref()
+    }
+
+    /// A GEMM at `ordinal` that the rule did not see (its hook left it out) disagreed with the
+    /// period (the hooks' signature history says so, prefilter.rs): the period ends there, as
+    /// it would at that GEMM had it been fed.
+    pub fn period_broken_at(&mut self, ordinal: u64) {
+        if self.period.as_ref().is_some_and(|p| ordinal >= p.from) {
+            self.break_period();
+        }
+    }
+
+    fn break_period(&mut self) {
+        self.period = None;
+        self.broken += 1;
+        self.shape_from = None;
+        self.last_shape = None;
+        self.repeats = 0;
+        if let Some(anchor) = &mut self.anchor {
+            // Nothing was observed while the period was followed.
+            anchor.transposed_reuse = false;
+        }
+    }
+
+    /// [`Steps::recurrence`], or within a period [`Steps::follow`]; learns the period.
+    fn decide(&mut self, sig: u64, a: Operand, b: Operand, ordinal: Option<u64>) -> Option<bool> {
+        if let Some(p) = &self.period {
+            match ordinal {
+                Some(o) if o >= p.from => {
+                    if (sig == p.sig) == p.expects_anchor(o) {
+                        return self.follow(o, a, b);
+                    }
+                    self.break_period();
+                }
+                Some(_) => {}
+                // A GEMM no hook counted (a graph's replay): the ordinals no longer say where
+                // in its step a GEMM is.
+                None => self.break_period(),
+            }
+        }
+        let first = self.anchor.is_none();
+        let r = self.recurrence(sig, a, b);
+        self.learn(first, sig, ordinal, r);
+        r
+    }
+
+    /// Within the period: a recurrence where the period has one (its bytes decide whether it
+    /// starts a step), nothing elsewhere.
+    fn follow(&mut self, ordinal: u64, a: Operand, b: Operand) -> Option<bool> {
+        let (reads, starts) = match &self.period {
+            Some(p) => (p.reads(ordinal), p.offset(ordinal) == 0),
+            None => return None,
+        };
+        let anchor = self.anchor.as_mut()?;
+        if !reads {
+            return None;
+        }
+        let new_step = anchor.recur(a, b);
+        self.contradicted += u64::from(new_step != starts);
+        Some(new_step)
+    }
+
+    /// Learns the shape of the steps from the GEMMs of the anchor's signature, and follows it
+    /// as a period once [`PERIOD_AFTER`] steps in a row had it.
+    fn learn(&mut self, first: bool, sig: u64, ordinal: Option<u64>, r: Option<bool>) {
+        let Some(o) = ordinal else {
+            self.shape_from = None;
+            self.repeats = 0;
+            return;
+        };
+        let anchor_sig = self.anchor.as_ref().map_or(sig, |a| a.sig);
+        match r {
+            _ if first => self.start_shape(o),
+            Some(true) => {
+                if let Some(from) = self.shape_from {
+                    let done = (o - from, std::mem::take(&mut self.shape));
+                    if self.last_shape.as_ref() == Some(&done) {
+                        self.repeats += 1;
+                    } else {
+                        self.repeats = 1;
+                        self.last_shape = Some(done);
+                    }
+                    self.take_period(o, anchor_sig);
+                }
+                self.start_shape(o);
+            }
+            Some(false) | None if sig == anchor_sig => {
+                if let Some(from) = self.shape_from {
+                    self.shape.anchors.push(o - from);
+                    if r.is_some() {
+                        self.shape.recurrences.push(o - from);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn start_shape(&mut self, o: u64) {
+        self.shape_from = Some(o);
+        self.shape = StepShape {
+            anchors: vec![0],
+            recurrences: vec![0],
+        };
+    }
+
+    /// Follows the last shape as a period from the GEMM after `o` (which starts a step) when
+    /// it repeated often enough.
+    fn take_period(&mut self, o: u64, sig: u64) {
+        let Some((len, shape)) = &self.last_shape else {
+            return;
+        };
+        if self.repeats < PERIOD_AFTER || self.periods >= MAX_PERIODS || *len > MAX_PERIOD_LEN {
+            return;
+        }
+        self.periods += 1;
+        self.period = Some(Period {
+            origin: o,
+            from: o + 1,
+            len: *len,
+            sig,
+            anchors: shape.anchors.clone(),
+            recurrences: shape.recurrences.clone(),
+        });
+    }
+
+    /// A warning when a period's placement and the bytes disagreed (the bytes decided), or a
+    /// period broke: what the rule did instead of reading every GEMM.
+    pub fn period_note(&self) -> Option<String> {
+        (self.contradicted > 0).then(|| {
+            format!(
+                "the auto step rule followed the period of the steps it learned (docs/format.md,                  \"Periods\"), and {} of the recurrences it placed read otherwise by their \
+                 bytes (a step start whose operands kept their bytes, or a micro-batch whose \
+                 did not); the bytes decided. If the steps look wrong, mark them \
+                 (TTRACE_STEP_RULE=nvtx:NAME or api)",
+                self.contradicted
+            )
+        })
+    }
+
     /// Whether a GEMM recurs the anchor (`Some`: starting a new step or not), and records it
     /// as the anchor or a recurrence; `None` for the anchor itself and other GEMMs.
     fn recurrence(&mut self, sig: u64, a: Operand, b: Operand) -> Option<bool> {
@@ -342,35 +607,14 @@ impl<T> Steps<T> {
             anchor.observe(a, b);
             return None;
         }
-        let same = |now: Option<u32>, before: Option<u32>| now.is_some() && now == before;
-        let (same_a, same_b) = (same(a.crc, anchor.a.crc), same(b.crc, anchor.b.crc));
-        let unchanged = same_a || same_b;
+        let unchanged = same(a.crc, anchor.a.crc) || same(b.crc, anchor.b.crc);
         let both_buffers = a.ptr == anchor.a.ptr && b.ptr == anchor.b.ptr;
         if !(unchanged || both_buffers || anchor.transposed_reuse) {
             // Another layer of the anchor's shape.
             anchor.observe(a, b);
             return None;
         }
-        let new_step = match (same_a, same_b) {
-            (true, true) => false,
-            // One operand held its bytes. Usually the weights, and the other is the next
-            // micro-batch; but when the other only moved a little it was updated in place
-            // (an optimizer step) and the unchanged one is an input fed again (one batch
-            // trained on repeatedly).
-            (true, false) => {
-                let before = anchor.b;
-                anchor.one_held(0, &b, &before)
-            }
-            (false, true) => {
-                let before = anchor.a;
-                anchor.one_held(1, &a, &before)
-            }
-            (false, false) => true,
-        };
-        anchor.a = a;
-        anchor.b = b;
-        anchor.transposed_reuse = false;
-        Some(new_step)
+        Some(anchor.recur(a, b))
     }
 
     /// Whether the rule will read the fingerprints (CRC-32s and samples), not only the
@@ -381,9 +625,22 @@ impl<T> Steps<T> {
     /// operand kept its bytes (then it kept its glimpse too), it reuses both buffers, or the
     /// anchor's bytes were read in another orientation since: when none of those can hold, the
     /// tracer leaves the fingerprints' CRC-32s uncomputed, and the rule decides the same.
-    pub fn needs_fingerprints(&self, sig: u64, ptrs: [u64; 2], glimpses: [Option<u32>; 2]) -> bool {
+    /// Within a period (`ordinal` at or after its start, agreeing with it) only a GEMM where
+    /// the period has a recurrence.
+    pub fn needs_fingerprints(
+        &self,
+        sig: u64,
+        ptrs: [u64; 2],
+        glimpses: [Option<u32>; 2],
+        ordinal: Option<u64>,
+    ) -> bool {
         if self.rule != StepRule::Auto {
             return false;
+        }
+        if let (Some(p), Some(o)) = (&self.period, ordinal) {
+            if o >= p.from && (sig == p.sig) == p.expects_anchor(o) {
+                return sig == p.sig && p.reads(o);
+            }
         }
         let Some(anchor) = &self.anchor else {
             return true;
@@ -506,6 +763,7 @@ mod tests {
             sig: 7,
             a: op(a, a_crc, true),
             b: op(b, b_crc, false),
+            ordinal: None,
         }
     }
 
@@ -516,6 +774,7 @@ mod tests {
             sig: 8,
             a: op(x.0, x.1, false),
             b: op(y.0, y.1, true),
+            ordinal: None,
         }
     }
 
@@ -581,6 +840,7 @@ mod tests {
             sig: 8,
             a: op(0x10, 9, true),
             b: op(0x20, 9, false),
+            ordinal: None,
         };
         let out = run(
             StepRule::Auto,
@@ -617,6 +877,7 @@ mod tests {
                 trans: false,
                 sample: None,
             },
+            ordinal: None,
         };
         let out = run(StepRule::Auto, &[("a", blind(0x10)), ("b", blind(0x10))]);
         assert_eq!(out, vec![("a", 0), ("b", 1)]);
@@ -645,7 +906,12 @@ mod tests {
     }
 
     fn forward(w: Operand, x: Operand) -> Class {
-        Class::Gemm { sig: 7, a: w, b: x }
+        Class::Gemm {
+            sig: 7,
+            a: w,
+            b: x,
+            ordinal: None,
+        }
     }
 
     /// Overfitting one batch (a common first debugging run): the same input bytes every
@@ -686,6 +952,7 @@ mod tests {
                             sig: 8,
                             a: xt,
                             b: w,
+                            ordinal: None,
                         },
                     ));
                 }
@@ -876,6 +1143,7 @@ mod tests {
                     sig: 8,
                     a: short(0x10, 1),
                     b: short(0x200, 9),
+                    ordinal: None,
                 },
             ),
             ("fwd", gemm(0x10, 2, 0x300, 6)),
@@ -904,6 +1172,7 @@ mod tests {
             sig: 7,
             a: big(0x10, w, true),
             b: big(0x100 + u64::from(x), x, false),
+            ordinal: None,
         };
         let glimpsed = |ptr, glimpse: u32, trans| Operand {
             crc: None,
@@ -914,6 +1183,7 @@ mod tests {
             sig: 8,
             a: glimpsed(0x200, 77, false),
             b: glimpsed(0x300, x_glimpse, true),
+            ordinal: None,
         };
         // The anchor's input (fingerprint 5, glimpse 1005) read again: the next forward, with
         // new weights and a fresh batch, is a new step.
@@ -969,7 +1239,12 @@ mod tests {
                             }
                         };
                         let (a, b) = (operand(), operand());
-                        Class::Gemm { sig, a, b }
+                        Class::Gemm {
+                            sig,
+                            a,
+                            b,
+                            ordinal: None,
+                        }
                     }
                 };
                 items.push(class);
@@ -979,12 +1254,17 @@ mod tests {
             for (n, class) in items.iter().enumerate() {
                 full.push(n, *class, &mut |n, s| want.push((n, s)));
                 let class = match *class {
-                    Class::Gemm { sig, a, b }
-                        if !lean.needs_fingerprints(
-                            sig,
-                            [a.ptr, b.ptr],
-                            [a.glimpse, b.glimpse],
-                        ) =>
+                    Class::Gemm {
+                        sig,
+                        a,
+                        b,
+                        ordinal: None,
+                    } if !lean.needs_fingerprints(
+                        sig,
+                        [a.ptr, b.ptr],
+                        [a.glimpse, b.glimpse],
+                        None,
+                    ) =>
                     {
                         let bare = |o: Operand| Operand {
                             crc: None,
@@ -995,6 +1275,7 @@ mod tests {
                             sig,
                             a: bare(a),
                             b: bare(b),
+                            ordinal: None,
                         }
                     }
                     other => other,
@@ -1026,6 +1307,7 @@ mod tests {
                         sig: 9,
                         a: op(0x30, 3, true),
                         b: op(0x100, 5, false),
+                        ordinal: None,
                     },
                 ),
                 ("l2", gemm(0x40, 4, 0x300, 7)),
@@ -1134,5 +1416,242 @@ mod tests {
         s.mark(true, None);
         s.push(3, Class::Other, &mut |n, st| out.push((n, st)));
         assert_eq!(out, vec![(1, 0), (2, 0), (3, 1)]);
+    }
+
+    /// What a training loop's GEMMs look like to the rule, numbered by ordinal: per step and
+    /// micro-batch, a batch copy, the forward of two layers of the anchor's shape (weights
+    /// W0, W1 held over the micro-batches), their backward (another signature, reading the
+    /// forward's operands untransposed) and an all-reduce. `odd(step)` may change a step:
+    /// `Eval` runs a forward pass only before it; `Skipped` leaves its weights unchanged (an
+    /// optimizer step skipped, as a loss scaler does on overflow).
+    fn training(steps: u32, odd: impl Fn(u32) -> Option<Odd>) -> Vec<Class> {
+        let mut out = Vec::new();
+        let mut ordinal = 0u64;
+        let mut gemm = |out: &mut Vec<Class>, sig: u64, a: Operand, b: Operand| {
+            out.push(Class::Gemm {
+                sig,
+                a,
+                b,
+                ordinal: Some(ordinal),
+            });
+            ordinal += 1;
+        };
+        let mut version = 0u32;
+        for step in 0..steps {
+            if odd(step) != Some(Odd::Skipped) {
+                version = step;
+            }
+            if odd(step) == Some(Odd::Eval) {
+                out.push(Class::Arrival);
+                gemm(
+                    &mut out,
+                    7,
+                    op(0x10, 1000 + version, true),
+                    op(0x20, 90_000 + step, false),
+                );
+                gemm(
+                    &mut out,
+                    7,
+                    op(0x30, 2000 + version, true),
+                    op(0x40, 91_000 + step, false),
+                );
+            }
+            for mb in 0..2 {
+                let x = 5000 + 10 * step + mb;
+                let (w0, w1) = (
+                    op(0x10, 1000 + version, true),
+                    op(0x30, 2000 + version, true),
+                );
+                let (x0, x1) = (op(0x20, x, false), op(0x40, x + 100_000, false));
+                out.push(Class::Arrival);
+                gemm(&mut out, 7, w0, x0);
+                gemm(&mut out, 7, w1, x1);
+                gemm(
+                    &mut out,
+                    8,
+                    op(0x30, w1.crc.unwrap(), false),
+                    op(0x50, x + 1, true),
+                );
+                gemm(
+                    &mut out,
+                    8,
+                    op(0x10, w0.crc.unwrap(), false),
+                    op(0x60, x + 2, true),
+                );
+                gemm(&mut out, 8, op(0x20, x, false), op(0x70, x + 3, true));
+            }
+            out.push(Class::Other);
+        }
+        out
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Odd {
+        Eval,
+        Skipped,
+    }
+
+    /// The steps of `items` fed to a fresh `auto` rule, in feeding order, and the rule.
+    fn steps_of(items: &[Class]) -> (Vec<(usize, u64)>, Steps<usize>) {
+        let mut s = Steps::new(StepRule::Auto);
+        let mut out = Vec::new();
+        for (n, class) in items.iter().enumerate() {
+            s.push(n, *class, &mut |n, st| out.push((n, st)));
+        }
+        s.flush(&mut |n, st| out.push((n, st)));
+        out.sort();
+        (out, s)
+    }
+
+    /// `items` without ordinals: the rule reads every GEMM, as before it learned periods.
+    fn unnumbered(items: &[Class]) -> Vec<Class> {
+        items
+            .iter()
+            .map(|c| match *c {
+                Class::Gemm { sig, a, b, .. } => Class::Gemm {
+                    sig,
+                    a,
+                    b,
+                    ordinal: None,
+                },
+                other => other,
+            })
+            .collect()
+    }
+
+    /// Feeds `items` as the hooks and the tracer do within a period: a GEMM the period does
+    /// not read is left out by its hook (not fed) once the period is known, unless it
+    /// disagrees with the period (the tracer, from the hooks' history, breaks the period at
+    /// the first such GEMM it did not see). The steps of the records fed.
+    fn steps_left_out(items: &[Class]) -> (Vec<(usize, u64)>, Steps<usize>) {
+        let mut s = Steps::new(StepRule::Auto);
+        let mut out = Vec::new();
+        let mut broken_to = 0;
+        for (n, class) in items.iter().enumerate() {
+            if let (
+                Class::Gemm {
+                    sig,
+                    ordinal: Some(o),
+                    ..
+                },
+                Some(p),
+            ) = (class, s.period())
+            {
+                if *o >= p.from {
+                    let agrees = (*sig == p.sig) == p.expects_anchor(*o);
+                    if !agrees && *o >= broken_to {
+                        // A hook saw it disagree: it is fed, and breaks the period itself.
+                        broken_to = u64::MAX;
+                    } else if agrees && broken_to != u64::MAX && !(*sig == p.sig && p.reads(*o)) {
+                        continue;
+                    }
+                }
+            }
+            if s.period().is_none() {
+                broken_to = 0;
+            }
+            s.push(n, *class, &mut |n, st| out.push((n, st)));
+        }
+        s.flush(&mut |n, st| out.push((n, st)));
+        out.sort();
+        (out, s)
+    }
+
+    #[test]
+    fn a_step_shape_that_repeats_is_followed_as_a_period_with_the_same_steps() {
+        let items = training(12, |_| None);
+        let (want, plain) = steps_of(&unnumbered(&items));
+        assert!(plain.period().is_none());
+        assert_eq!(want.last().map(|o| o.1), Some(11));
+        let (full, rule) = steps_of(&items);
+        assert_eq!(full, want);
+        // Steps 0 and 1 had one shape: from the GEMM after step 2's first on, the period
+        // (10 GEMMs a step; the anchor recurs at offsets 0 and 5).
+        let p = rule.period().expect("a period");
+        assert_eq!((p.origin, p.from, p.len), (20, 21, 10));
+        assert_eq!(p.recurrences, vec![0, 5]);
+        assert_eq!(p.anchors, vec![0, 1, 5, 6]);
+        assert_eq!(rule.period_note(), None);
+        // Left out by their hooks, the GEMMs the period does not read change no step.
+        let (lean, _) = steps_left_out(&items);
+        let fed: Vec<(usize, u64)> = want
+            .iter()
+            .copied()
+            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
+            .collect();
+        assert_eq!(lean, fed);
+        assert!(
+            lean.len() < want.len() - 50,
+            "{} of {}",
+            lean.len(),
+            want.len()
+        );
+    }
+
+    #[test]
+    fn a_gemm_the_period_does_not_expect_breaks_it_and_the_rule_reads_every_gemm_again() {
+        // An evaluation pass (a forward only) before step 6 moves every later GEMM off the
+        // period: its second forward GEMM falls where the period has a backward one.
+        let items = training(12, |s| (s == 6).then_some(Odd::Eval));
+        let (want, _) = steps_of(&unnumbered(&items));
+        let (full, rule) = steps_of(&items);
+        assert_eq!(full, want);
+        let (lean, lean_rule) = steps_left_out(&items);
+        let fed: Vec<(usize, u64)> = want
+            .iter()
+            .copied()
+            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
+            .collect();
+        assert_eq!(lean, fed);
+        // Broken, and learned again after the evaluation.
+        assert_eq!(rule.broken, 1);
+        assert_eq!(lean_rule.broken, 1);
+        assert!(rule.period().is_some_and(|p| p.from > 60));
+    }
+
+    #[test]
+    fn within_a_period_the_bytes_decide_and_a_disagreement_is_said() {
+        // Step 7's optimizer step was skipped: its weights kept their bytes, so the rule
+        // takes it for more micro-batches of step 6, as without a period.
+        let items = training(12, |s| (s == 7).then_some(Odd::Skipped));
+        let (want, _) = steps_of(&unnumbered(&items));
+        let (full, rule) = steps_of(&items);
+        assert_eq!(full, want);
+        assert_eq!(want.last().map(|o| o.1), Some(10));
+        assert!(rule.period().is_some());
+        assert!(rule
+            .period_note()
+            .is_some_and(|n| n.contains("1 of the recurrences")));
+    }
+
+    #[test]
+    fn a_gemm_without_an_ordinal_breaks_the_period() {
+        let mut items = training(8, |_| None);
+        // A CUDA graph's replay of the anchor's GEMM, at step 5.
+        let at = items.len() * 5 / 8;
+        items.insert(
+            at,
+            Class::Gemm {
+                sig: 7,
+                a: op(0x10, 1, true),
+                b: op(0x99, 2, false),
+                ordinal: None,
+            },
+        );
+        let (_, rule) = steps_of(&items);
+        assert_eq!(rule.broken, 1);
+        // The replays leave nothing to learn from until the next step starts: learned again.
+        assert!(rule.period().is_some_and(|p| p.from as usize > at));
+    }
+
+    #[test]
+    fn a_gemm_the_rule_did_not_see_breaks_the_period_where_it_was() {
+        let items = training(6, |_| None);
+        let (_, mut rule) = steps_of(&items[..items.len() / 2]);
+        let from = rule.period().map(|p| p.from).expect("a period");
+        rule.period_broken_at(from - 1);
+        assert!(rule.period().is_some(), "before the period: nothing breaks");
+        rule.period_broken_at(from + 3);
+        assert!(rule.period().is_none());
     }
 }

@@ -41,6 +41,9 @@ pub struct Meta {
     /// Names shared with the thread's list (converted when the record is published).
     pub kernels_before: Vec<Arc<str>>,
     pub t_call_ns: u64,
+    /// A GEMM's ordinal among the process's GEMM calls, as its hook counted them (the `auto`
+    /// step rule's periods, steps.rs); `None` for other ops and a graph's replayed GEMMs.
+    pub gemm_ordinal: Option<u64>,
 }
 
 /// Per-tensor facts of a record, inline: a record has a handful of tensors, and most records
@@ -220,6 +223,17 @@ static FIFO: Fifo = Fifo {
     cv: Condvar::new(),
 };
 static NEXT: AtomicU64 = AtomicU64::new(0);
+/// Tickets handed to the tracer (pushed or dropped): with [`NEXT`], how many are out.
+static PUT: AtomicU64 = AtomicU64::new(0);
+
+/// Whether every ticket taken so far was handed to the tracer: no thread holds one (no op
+/// between its reservation and its record, no NCCL group or graph replay holding its first),
+/// so every slot in use will be released without waiting for the program.
+pub(crate) fn no_ticket_out() -> bool {
+    // PUT first: a ticket counted in PUT was taken before, so NEXT read after covers it.
+    let put = PUT.load(Ordering::Acquire);
+    NEXT.load(Ordering::Acquire) == put
+}
 /// A hook waits for ring space: the tracer releases skipped slots as it goes, not only before
 /// it waits.
 static SPACE_WANTED: AtomicBool = AtomicBool::new(false);
@@ -317,6 +331,7 @@ pub(crate) fn note_needless() {
 }
 
 fn put(n: u64, e: Entry, counted: bool) {
+    PUT.fetch_add(1, Ordering::AcqRel);
     if matches!(e, Entry::Capture(_) | Entry::Gap(_)) {
         // Taken: from here on the daemon accounts for it (published, dropped or lost).
         if let Some(r) = COUNTED.get() {
@@ -549,6 +564,8 @@ pub fn start(
                 unpublished: BTreeMap::new(),
                 broken: false,
                 anchor_noted: false,
+                period_noted: None,
+                checked_to: 0,
                 stopped_capture: false,
                 dropped: 0,
                 reduced: 0,
@@ -588,6 +605,10 @@ struct Tracer {
     broken: bool,
     /// The anchor's signature was handed to the hooks (prefilter.rs).
     anchor_noted: bool,
+    /// The start of the period handed to the hooks (prefilter.rs), and the ordinal below
+    /// which the GEMMs the rule did not see were checked against it.
+    period_noted: Option<u64>,
+    checked_to: u64,
     /// Capture stopped: no selected step is left.
     stopped_capture: bool,
     /// Records dropped as unselected, and of those, the ones the hooks had reduced.
@@ -638,6 +659,7 @@ impl Tracer {
             let took = self.records + self.gaps + self.dropped + NEEDLESS.load(Ordering::Relaxed);
             let warnings: Vec<String> = [
                 self.steps.one_step_doubt(),
+                self.steps.period_note(),
                 self.steps
                     .unmarked_warning(took > 0 && !rule_marked(), crate::hooks::nvtx::names_seen),
             ]
@@ -823,7 +845,7 @@ impl Tracer {
             self.skip_slot(slot);
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
-        let class = classify(&c.meta.op, sig, &c.tensors, &evidence);
+        let class = classify(&c.meta.op, sig, c.meta.gemm_ordinal, &c.tensors, &evidence);
         for &i in &c.rule_only {
             // Read for the rule; stored as metadata, as inputs are under `--no-inputs`.
             if let Some(t) = c.tensors.get_mut(i) {
@@ -882,7 +904,7 @@ impl Tracer {
             return self.replaced(c.meta, &c.tensors, why, c.prefiltered);
         }
         let sig = op_sig(c.meta.api, &c.meta.op);
-        let class = classify(&c.meta.op, sig, &c.tensors, &evidence);
+        let class = classify(&c.meta.op, sig, c.meta.gemm_ordinal, &c.tensors, &evidence);
         let rec = record(c.meta, c.tensors);
         self.feed(rec, None, streams, class, c.prefiltered)
     }
@@ -1012,7 +1034,10 @@ impl Tracer {
             seen[slot] = Some(glimpse);
             glimpses.push(Some(Glimpsed::Known(glimpse)));
         }
-        if self.steps.needs_fingerprints(sig, ptrs, seen) {
+        if self
+            .steps
+            .needs_fingerprints(sig, ptrs, seen, c.meta.gemm_ordinal)
+        {
             return Some(glimpses);
         }
         for g in glimpses.iter_mut().flatten() {
@@ -1044,7 +1069,7 @@ impl Tracer {
             .map(|t| t.nbytes)
             .sum();
         let gap = gap_meta(meta, GapReason::ShapeUnknown, bytes, why);
-        let class = classify(&gap.op, None, &[], &[]);
+        let class = classify(&gap.op, None, None, &[], &[]);
         self.feed(
             record(gap, Vec::new()),
             None,
@@ -1154,6 +1179,12 @@ impl Tracer {
         if let Some(s) = slot {
             *self.unpublished.entry(s.pos).or_default() += 1;
         }
+        if let Class::Gemm {
+            ordinal: Some(o), ..
+        } = class
+        {
+            self.check_period_to(o);
+        }
         // Kept between records (an allocation per record otherwise).
         let mut out = std::mem::take(&mut self.decided);
         self.steps.push(
@@ -1176,10 +1207,44 @@ impl Tracer {
                 self.anchor_noted = true;
             }
         }
+        let period = self.steps.period();
+        if period.map(|p| p.origin) != self.period_noted {
+            crate::prefilter::note_period(period);
+            match period {
+                Some(p) => crate::log::info(&format!(
+                    "the auto step rule follows the steps' period from step {}: {} GEMMs a \
+                     step, the operands of {} of them read",
+                    self.steps.step(),
+                    p.len,
+                    p.recurrences.len()
+                )),
+                None => crate::log::info(&format!(
+                    "the auto step rule's period broke in step {}: every GEMM is read again",
+                    self.steps.step()
+                )),
+            }
+            self.period_noted = period.map(|p| p.origin);
+            self.checked_to = period.map_or(0, |p| p.from);
+        }
         for (p, s) in out.drain(..) {
             self.publish(p, s);
         }
         self.decided = out;
+    }
+
+    /// Within a period, checks the GEMMs before ordinal `o` that the rule did not see (their
+    /// hooks left them out) against it, by the hooks' history: the period breaks at the first
+    /// that disagrees, as it would have had the rule seen it (prefilter.rs).
+    fn check_period_to(&mut self, o: u64) {
+        let Some(p) = self.steps.period() else { return };
+        if o <= self.checked_to {
+            return;
+        }
+        let at = crate::prefilter::first_deviation(p, self.checked_to, o);
+        self.checked_to = o + 1;
+        if let Some(at) = at {
+            self.steps.period_broken_at(at);
+        }
     }
 
     /// A counted record went through the step rule: tells the hooks the step reached, and
@@ -1475,7 +1540,13 @@ fn op_sig(api: &str, op: &Op) -> Option<u64> {
 /// What the step rule needs of a record, `sig` its op's signature ([`op_sig`]). `evidence`
 /// (by tensor, or empty) holds the fingerprints' CRC-32s and samples of the GEMM operands
 /// whose bytes were at hand.
-fn classify(op: &Op, sig: Option<u64>, tensors: &[Tensor], evidence: &[Option<Evidence>]) -> Class {
+fn classify(
+    op: &Op,
+    sig: Option<u64>,
+    ordinal: Option<u64>,
+    tensors: &[Tensor],
+    evidence: &[Option<Evidence>],
+) -> Class {
     match (op, sig) {
         (Op::Gemm(g), Some(sig)) => {
             // cuBLAS's CUBLAS_OP_N is 0; T and C read the operand transposed.
@@ -1495,6 +1566,7 @@ fn classify(op: &Op, sig: Option<u64>, tensors: &[Tensor], evidence: &[Option<Ev
                 sig,
                 a: operand(Role::A, g.transa),
                 b: operand(Role::B, g.transb),
+                ordinal,
             }
         }
         (Op::Memcpy(m), _) if m.direction == CopyDirection::HostToDevice => Class::Arrival,

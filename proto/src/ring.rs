@@ -239,6 +239,36 @@ impl Ring {
         None
     }
 
+    /// Where a slot placed to end at `end` goes instead when that is past the producer's
+    /// `front` and the ring is all but idle (the bytes in use, the slot's included, fit in a
+    /// quarter of the front): at the next lap's beginning, if that space is free now. A
+    /// producer that keeps nearly up with its consumer (a run outside `--steps` copying only
+    /// fingerprints) then keeps to the pages it locked, instead of walking on and locking
+    /// (faulting in) the next part of a large ring, as an empty ring does
+    /// ([`Self::rewind_if_empty`]). The bytes skipped are released with the slot unless the
+    /// producer hands them to its consumer on its own (the preload library does, so that a
+    /// slot held long does not hold them). Never when the ring is busy: a burst after an
+    /// early wrap has to wait for the bytes in use before it to be released instead of taking
+    /// free space ahead.
+    fn wrap_early(
+        &self,
+        head: u64,
+        len: u64,
+        end: u64,
+        front: u64,
+        part_end: &impl Fn(u64) -> u64,
+    ) -> Option<(u64, u64)> {
+        let off = head % self.capacity;
+        let in_use = head - self.tail();
+        let ends_in_front = |e: u64| (e - 1) % self.capacity < front;
+        if off == 0 || ends_in_front(end) || in_use + len > front / 4 {
+            return None;
+        }
+        let (start, end) = self.place(head + (self.capacity - off), len, part_end)?;
+        (ends_in_front(end) && start % self.capacity == 0 && end - self.tail() <= self.capacity)
+            .then_some((start, end))
+    }
+
     /// Moves an empty ring (every reserved byte released) to the data area's beginning, so
     /// that a producer that keeps up with its consumer reuses the same few pages instead of
     /// walking the whole ring: its copies and the consumer's mapping touch (and fault in) only
@@ -259,7 +289,7 @@ impl Ring {
     /// Reserves `len` bytes (producer; callers serialise reservations). Waits for space until
     /// `timeout`, then returns `None`. A request larger than the ring is refused at once.
     pub fn reserve(&self, len: u64, timeout: Duration) -> Option<Slot> {
-        self.reserve_within(len, timeout, |_| self.capacity)
+        self.reserve_within(len, timeout, |_| self.capacity, self.capacity)
     }
 
     /// [`Self::reserve`] of a slot that lies in one part of the data area: `part_end` gives
@@ -267,11 +297,16 @@ impl Ring {
     /// a device copy must not cross from one into the next). A slot that would cross into the
     /// next part starts there; the bytes skipped are released with it. A request no part can
     /// hold is refused at once.
+    ///
+    /// `front`: the bytes at the data area's beginning the producer prefers (its page-locked
+    /// part): a slot that would end past them starts over at the next lap's beginning instead
+    /// when the ring is all but idle and that space is free now ([`Self::wrap_early`]).
     pub fn reserve_within(
         &self,
         len: u64,
         timeout: Duration,
         part_end: impl Fn(u64) -> u64,
+        front: u64,
     ) -> Option<Slot> {
         let len = align(len.max(1));
         if len > self.capacity {
@@ -280,6 +315,9 @@ impl Ring {
         let deadline = Instant::now() + timeout;
         let head = self.rewind_if_empty(self.head());
         let (start, end) = self.place(head, len, &part_end)?;
+        let (start, end) = self
+            .wrap_early(head, len, end, front, &part_end)
+            .unwrap_or((start, end));
         loop {
             let seen = self.atomic32(OFF_RELEASED).load(Ordering::Acquire);
             if end - self.tail() <= self.capacity {
@@ -448,6 +486,83 @@ mod tests {
         );
     }
 
+    /// A producer that keeps nearly up with its consumer stays in the front it prefers (its
+    /// page-locked part): past it, the next slot starts over at the next lap's beginning;
+    /// with more in flight it walks on (waiting for the front would stall a burst).
+    #[test]
+    fn an_idle_ring_wraps_early_to_stay_in_its_front() {
+        for (in_flight, wraps) in [(1u64, true), (6, false)] {
+            let mut mem = mapping(4096);
+            let (p, c) = producer_and_consumer(&mut mem, 4096);
+            let front = 1024;
+            let mut held = std::collections::VecDeque::new();
+            // Walk the head to the front's end, `in_flight` slots of 64 bytes in use.
+            for _ in 0..16 {
+                let s = p
+                    .reserve_within(64, Duration::ZERO, |_| 4096, front)
+                    .expect("fits");
+                held.push_back(s);
+                if held.len() > in_flight as usize {
+                    let done = held.pop_front().expect("held");
+                    c.validate(&done).expect("valid");
+                    c.release_to(done.end);
+                }
+            }
+            assert_eq!(p.head() % 4096, front);
+            let next = p
+                .reserve_within(64, Duration::ZERO, |_| 4096, front)
+                .expect("fits");
+            let want = if wraps { 4096 } else { front };
+            assert_eq!(next.pos, want, "{in_flight} slots in flight");
+            c.validate(&next).expect("valid");
+            // Without a front preference (`reserve`), the ring never wraps early.
+            let far = p.reserve(64, Duration::ZERO).expect("fits");
+            assert_eq!(far.pos, next.end);
+            // Released in order, the early wrap's skipped bytes with it.
+            for s in held.drain(..).chain([next, far]) {
+                c.validate(&s).expect("valid");
+                c.release_to(s.end);
+            }
+            assert_eq!(p.tail(), far.end);
+        }
+    }
+
+    /// A burst right after an early wrap (an NCCL group whose first slot it was: the consumer
+    /// cannot release that slot until the group ends) gets every byte but that slot's once
+    /// the slots before it and the bytes it skipped are released, as after any slot (the
+    /// producer wraps early only when those will be released without it, and hands the
+    /// skipped bytes to the consumer on their own: `engine::reserve_polling`).
+    #[test]
+    fn a_burst_after_an_early_wrap_gets_every_free_byte_once_the_slots_before_are_released() {
+        let cap = 1u64 << 16;
+        let mut mem = mapping(cap);
+        let (p, c) = producer_and_consumer(&mut mem, cap);
+        let front = cap / 4;
+        let mut prev: Option<Slot> = None;
+        while p.head() % cap < front {
+            let s = p
+                .reserve_within(1024, Duration::ZERO, |_| cap, front)
+                .expect("fits");
+            if let Some(done) = prev.replace(s) {
+                c.release_to(done.end);
+            }
+        }
+        let first = p
+            .reserve_within(1024, Duration::ZERO, |_| cap, front)
+            .expect("fits");
+        assert_eq!(first.pos % cap, 0, "wrapped early");
+        c.release_to(prev.expect("a slot before").end);
+        // The bytes skipped, released on their own (the producer hands them to the consumer
+        // as a slot of their own).
+        c.release_to(first.pos);
+        let mut got = 0;
+        while let Some(s) = p.reserve_within(1024, Duration::ZERO, |_| cap, cap) {
+            c.validate(&s).expect("valid");
+            got += s.len;
+        }
+        assert_eq!(got, cap - first.len);
+    }
+
     /// Parts of the data area (the producer's page-locked registrations) are never crossed:
     /// a slot that would cross starts at the next part, the bytes skipped go with it, and a
     /// slot no part can hold is refused.
@@ -462,17 +577,17 @@ mod tests {
             _ => 1024,
         };
         let a = p
-            .reserve_within(192, Duration::ZERO, part_end)
+            .reserve_within(192, Duration::ZERO, part_end, 1 << 20)
             .expect("fits");
         assert_eq!((a.pos, a.end), (0, 192));
         // 64 bytes are left in the first part: a 128-byte slot starts at the second.
         let b = p
-            .reserve_within(128, Duration::ZERO, part_end)
+            .reserve_within(128, Duration::ZERO, part_end, 1 << 20)
             .expect("fits");
         assert_eq!((b.pos, b.end), (256, 384));
         // Too large for the second part's rest and for the second part: the third.
         let d = p
-            .reserve_within(320, Duration::ZERO, part_end)
+            .reserve_within(320, Duration::ZERO, part_end, 1 << 20)
             .expect("fits");
         assert_eq!((d.pos, d.end), (512, 832));
         for s in [&a, &b, &d] {
@@ -483,7 +598,9 @@ mod tests {
         assert_eq!(c.tail(), 384);
         // No part holds more than 512 bytes: refused at once, even on an empty ring.
         c.release_to(d.end);
-        assert!(p.reserve_within(576, Duration::ZERO, part_end).is_none());
+        assert!(p
+            .reserve_within(576, Duration::ZERO, part_end, 1 << 20)
+            .is_none());
         assert!(
             p.reserve(576, Duration::ZERO).is_some(),
             "one part: the whole ring"

@@ -141,8 +141,18 @@ fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
     let last = full.records.iter().map(|r| r.record.step).max();
     assert_eq!(last, Some(9), "the full capture numbers ten steps");
 
-    // A late step: the steps before it are numbered from GEMM operand snapshots only.
+    // A late step: the steps before it are numbered from GEMM operand snapshots only, and
+    // from step 2 on only from those of the GEMMs where the anchor recurs (the period of the
+    // steps, docs/format.md "Periods"), in the full capture as in this one.
     let late = traced_steps(10, Some("8"));
+    for run in [&full, &late] {
+        let log = stderr(&run.out);
+        let periods = log
+            .lines()
+            .filter(|l| l.contains("follows the steps' period from step 2:"))
+            .count();
+        assert_eq!(periods, 4, "every process follows the period:\n{log}");
+    }
     assert!(late.records.iter().all(|r| r.record.step == 8));
     let want = of_step(&full, 8);
     assert!(want.len() > 100, "{} records in step 8", want.len());

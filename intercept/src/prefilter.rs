@@ -428,6 +428,7 @@ mod tests {
             sig: 7,
             anchors: vec![0, 2],
             recurrences: vec![0],
+            transposed: vec![],
         };
         note_period(Some(&period));
         let turns: Vec<Option<bool>> = [7, 8, 7, 8, 7].map(|s| gemm_turn(s).within).to_vec();

@@ -200,16 +200,18 @@ struct Anchor {
 impl Anchor {
     /// Notes a GEMM that is not a candidate: does it read the anchor's operand bytes in
     /// another orientation (slot or transpose)?
-    fn observe(&mut self, a: Operand, b: Operand) {
+    /// Returns whether it does.
+    fn observe(&mut self, a: Operand, b: Operand) -> bool {
         let shape = self.shape();
+        let mut read = false;
         for (slot, op) in [(0u8, a), (1u8, b)] {
             let Some(glimpse) = op.glimpse else { continue };
             for (of, mine) in [(0u8, self.a), (1u8, self.b)] {
-                if mine.glimpse == Some(glimpse) && shape.may_be(of, slot, op.trans, op.len) {
-                    self.transposed_reuse = true;
-                }
+                read |= mine.glimpse == Some(glimpse) && shape.may_be(of, slot, op.trans, op.len);
             }
         }
+        self.transposed_reuse |= read;
+        read
     }
 
     fn shape(&self) -> AnchorShape {
@@ -288,6 +290,9 @@ struct StepShape {
     anchors: Vec<u64>,
     /// Of those, the anchor's recurrences: 0 (the step's start) and the micro-batches'.
     recurrences: Vec<u64>,
+    /// Offsets of the GEMMs that read the anchor's operand bytes in another orientation (the
+    /// backward pass).
+    transposed: Vec<u64>,
 }
 
 /// A step shape that repeated ([`PERIOD_AFTER`] steps in a row): from [`Period::from`] on the
@@ -310,6 +315,8 @@ pub struct Period {
     pub anchors: Vec<u64>,
     /// Offsets of the recurrences (sorted; 0 starts a step).
     pub recurrences: Vec<u64>,
+    /// Offsets of the GEMMs that read the anchor's operand bytes in another orientation.
+    pub transposed: Vec<u64>,
 }
 
 impl Period {
@@ -362,6 +369,12 @@ pub struct Steps<T> {
     contradicted: u64,
     /// Periods broken by a GEMM where the period had none of its kind.
     broken: u32,
+    /// Whether the GEMM just fed read the anchor's bytes in another orientation.
+    read_transposed: bool,
+    /// Within a period, the ordinal of the last recurrence read.
+    last_read: Option<u64>,
+    /// The ordinal of the last GEMM fed that had one.
+    last_ordinal: Option<u64>,
 }
 
 impl<T> Steps<T> {
@@ -384,6 +397,9 @@ impl<T> Steps<T> {
             periods: 0,
             contradicted: 0,
             broken: 0,
+            read_transposed: false,
+            last_read: None,
+            last_ordinal: None,
         }
     }
 
@@ -458,39 +474,72 @@ impl<T> Steps<T> {
     /// it would at that GEMM had it been fed.
     pub fn period_broken_at(&mut self, ordinal: u64) {
         if self.period.as_ref().is_some_and(|p| ordinal >= p.from) {
-            self.break_period();
+            self.break_period(Some(ordinal));
         }
     }
 
-    fn break_period(&mut self) {
+    /// Ends the period at the GEMM of `at` (`None`: one without an ordinal, after the last
+    /// GEMM that had one). Nothing was observed while it was followed: whether the anchor's
+    /// bytes were read in another orientation since its last recurrence is what the period
+    /// says of the GEMMs in between (it held up to there), as the rule reading every GEMM
+    /// would have seen.
+    fn break_period(&mut self, at: Option<u64>) {
+        let at = at.or(self.last_ordinal.map(|o| o + 1));
+        let read = match (&self.period, self.last_read, at) {
+            (Some(p), Some(last), Some(at)) => {
+                let (from, to) = (p.offset(last), p.offset(at));
+                (at - last >= p.len && !p.transposed.is_empty())
+                    || p.transposed.iter().any(|&t| {
+                        if from < to {
+                            from < t && t < to
+                        } else {
+                            t > from || t < to
+                        }
+                    })
+            }
+            _ => false,
+        };
         self.period = None;
+        self.last_read = None;
         self.broken += 1;
         self.shape_from = None;
         self.last_shape = None;
         self.repeats = 0;
         if let Some(anchor) = &mut self.anchor {
-            // Nothing was observed while the period was followed.
-            anchor.transposed_reuse = false;
+            anchor.transposed_reuse = read;
         }
     }
 
     /// [`Steps::recurrence`], or within a period [`Steps::follow`]; learns the period.
     fn decide(&mut self, sig: u64, a: Operand, b: Operand, ordinal: Option<u64>) -> Option<bool> {
+        let r = self.decide_at(sig, a, b, ordinal);
+        self.last_ordinal = ordinal.or(self.last_ordinal);
+        r
+    }
+
+    fn decide_at(
+        &mut self,
+        sig: u64,
+        a: Operand,
+        b: Operand,
+        ordinal: Option<u64>,
+    ) -> Option<bool> {
         if let Some(p) = &self.period {
             match ordinal {
                 Some(o) if o >= p.from => {
                     if (sig == p.sig) == p.expects_anchor(o) {
                         return self.follow(o, a, b);
                     }
-                    self.break_period();
+                    self.break_period(Some(o));
                 }
                 Some(_) => {}
                 // A GEMM no hook counted (a graph's replay): the ordinals no longer say where
                 // in its step a GEMM is.
-                None => self.break_period(),
+                None => self.break_period(None),
             }
         }
         let first = self.anchor.is_none();
+        self.read_transposed = false;
         let r = self.recurrence(sig, a, b);
         self.learn(first, sig, ordinal, r);
         r
@@ -509,6 +558,7 @@ impl<T> Steps<T> {
         }
         let new_step = anchor.recur(a, b);
         self.contradicted += u64::from(new_step != starts);
+        self.last_read = Some(ordinal);
         Some(new_step)
     }
 
@@ -546,6 +596,9 @@ impl<T> Steps<T> {
             }
             _ => {}
         }
+        if let (true, Some(from)) = (self.read_transposed, self.shape_from) {
+            self.shape.transposed.push(o - from);
+        }
     }
 
     fn start_shape(&mut self, o: u64) {
@@ -553,6 +606,7 @@ impl<T> Steps<T> {
         self.shape = StepShape {
             anchors: vec![0],
             recurrences: vec![0],
+            transposed: Vec::new(),
         };
     }
 
@@ -573,6 +627,7 @@ impl<T> Steps<T> {
             sig,
             anchors: shape.anchors.clone(),
             recurrences: shape.recurrences.clone(),
+            transposed: shape.transposed.clone(),
         });
     }
 
@@ -604,14 +659,14 @@ impl<T> Steps<T> {
             return None;
         };
         if sig != anchor.sig {
-            anchor.observe(a, b);
+            self.read_transposed = anchor.observe(a, b);
             return None;
         }
         let unchanged = same(a.crc, anchor.a.crc) || same(b.crc, anchor.b.crc);
         let both_buffers = a.ptr == anchor.a.ptr && b.ptr == anchor.b.ptr;
         if !(unchanged || both_buffers || anchor.transposed_reuse) {
             // Another layer of the anchor's shape.
-            anchor.observe(a, b);
+            self.read_transposed = anchor.observe(a, b);
             return None;
         }
         Some(anchor.recur(a, b))
@@ -1423,7 +1478,8 @@ mod tests {
     /// W0, W1 held over the micro-batches), their backward (another signature, reading the
     /// forward's operands untransposed) and an all-reduce. `odd(step)` may change a step:
     /// `Eval` runs a forward pass only before it; `Skipped` leaves its weights unchanged (an
-    /// optimizer step skipped, as a loss scaler does on overflow).
+    /// optimizer step skipped, as a loss scaler does on overflow); `Extra` ends it with one
+    /// more GEMM.
     fn training(steps: u32, odd: impl Fn(u32) -> Option<Odd>) -> Vec<Class> {
         let mut out = Vec::new();
         let mut ordinal = 0u64;
@@ -1462,7 +1518,9 @@ mod tests {
                     op(0x10, 1000 + version, true),
                     op(0x30, 2000 + version, true),
                 );
-                let (x0, x1) = (op(0x20, x, false), op(0x40, x + 100_000, false));
+                // Fresh activation buffers each micro-batch, as a caching allocator hands out.
+                let fresh = 0x1000 * u64::from(2 * step + mb);
+                let (x0, x1) = (op(fresh, x, false), op(fresh + 0x40, x + 100_000, false));
                 out.push(Class::Arrival);
                 gemm(&mut out, 7, w0, x0);
                 gemm(&mut out, 7, w1, x1);
@@ -1478,7 +1536,10 @@ mod tests {
                     op(0x10, w0.crc.unwrap(), false),
                     op(0x60, x + 2, true),
                 );
-                gemm(&mut out, 8, op(0x20, x, false), op(0x70, x + 3, true));
+                gemm(&mut out, 8, op(fresh, x, false), op(0x70, x + 3, true));
+            }
+            if odd(step) == Some(Odd::Extra) {
+                gemm(&mut out, 9, op(0x80, 7, false), op(0x90, 8, false));
             }
             out.push(Class::Other);
         }
@@ -1489,6 +1550,8 @@ mod tests {
     enum Odd {
         Eval,
         Skipped,
+        /// One more GEMM (another signature) after the step's backward pass.
+        Extra,
     }
 
     /// The steps of `items` fed to a fresh `auto` rule, in feeding order, and the rule.
@@ -1610,6 +1673,26 @@ mod tests {
     }
 
     #[test]
+    fn a_period_broken_after_the_backward_pass_keeps_what_the_backward_read() {
+        // Step 6 ends with one more GEMM, where the period has the next step's first: the
+        // period breaks after the backward pass read the anchor's operands, which the rule
+        // did not see. The next step still starts where the rule reading every GEMM starts it.
+        let items = training(12, |s| (s == 6).then_some(Odd::Extra));
+        let (want, _) = steps_of(&unnumbered(&items));
+        assert_eq!(want.last().map(|o| o.1), Some(11));
+        let (full, rule) = steps_of(&items);
+        assert_eq!(rule.broken, 1);
+        assert_eq!(full, want);
+        let (lean, _) = steps_left_out(&items);
+        let fed: Vec<(usize, u64)> = want
+            .iter()
+            .copied()
+            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
+            .collect();
+        assert_eq!(lean, fed);
+    }
+
+    #[test]
     fn within_a_period_the_bytes_decide_and_a_disagreement_is_said() {
         // Step 7's optimizer step was skipped: its weights kept their bytes, so the rule
         // takes it for more micro-batches of step 6, as without a period.
@@ -1626,22 +1709,32 @@ mod tests {
 
     #[test]
     fn a_gemm_without_an_ordinal_breaks_the_period() {
-        let mut items = training(8, |_| None);
-        // A CUDA graph's replay of the anchor's GEMM, at step 5.
-        let at = items.len() * 5 / 8;
+        let mut items = training(12, |_| None);
+        // A GEMM of a CUDA graph's replay, in step 5.
+        let at = items.len() * 5 / 12;
         items.insert(
             at,
             Class::Gemm {
-                sig: 7,
-                a: op(0x10, 1, true),
+                sig: 9,
+                a: op(0x98, 1, true),
                 b: op(0x99, 2, false),
                 ordinal: None,
             },
         );
-        let (_, rule) = steps_of(&items);
+        let before = items[..at]
+            .iter()
+            .rev()
+            .find_map(|c| match c {
+                Class::Gemm { ordinal, .. } => *ordinal,
+                _ => None,
+            })
+            .expect("GEMMs before");
+        let (out, rule) = steps_of(&items);
+        assert_eq!(out, steps_of(&unnumbered(&items)).0);
         assert_eq!(rule.broken, 1);
-        // The replays leave nothing to learn from until the next step starts: learned again.
-        assert!(rule.period().is_some_and(|p| p.from as usize > at));
+        // The replays leave nothing to learn from until the next step starts: learned again,
+        // after them.
+        assert!(rule.period().is_some_and(|p| p.from > before + 1));
     }
 
     #[test]

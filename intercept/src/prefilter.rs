@@ -21,6 +21,12 @@
 //! copied; nothing else is. Once the tracer's step is past the last selected
 //! step, no later record can be wanted: capture stops ([`past_last_step`]).
 //!
+//! Within the step rule's period (steps.rs, [`Period`]) a GEMM's hook knows from its ordinal
+//! whether the rule will read it: only a recurrence counts and keeps its operands; the hooks
+//! check each GEMM against the period themselves ([`gemm_turn`]), and remember every GEMM's
+//! signature ([`first_deviation`]), so that the tracer and the hooks stop following it at the
+//! same GEMM.
+//!
 //! Two threads enqueuing at the same instant may see a count without the other's record; a
 //! reduced snapshot whose record turns out to be wanted is then published as a `TracerFault`
 //! gap in its place (it holds no shapes, and fingerprints for bytes) and capture stops with a

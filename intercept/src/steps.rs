@@ -29,6 +29,14 @@
 //! buffer) is not enough. An operand whose bytes were not captured (inputs off, size cap)
 //! counts as changed and gives no evidence; only the both-buffers condition then applies.
 //!
+//! Once two steps in a row had one shape in GEMM ordinals (each GEMM's place among the
+//! process's GEMM calls, counted by its hook: the step's length, where the anchor's signature
+//! falls, which of those recurred, where the backward read the anchor's bytes), the rule
+//! follows it as a [`Period`]: it reads only the recurrences (whose bytes still decide new step
+//! or micro-batch) and takes every other GEMM for another layer, unread; the hooks then leave
+//! those out under `--steps` (prefilter.rs). A GEMM off the period breaks it, and the rule
+//! reads every GEMM again.
+//!
 //! `nvtx:NAME` and `api`: a mark ([`Steps::mark`]) starts a new step, unless the current step
 //! has no record yet (so a mark before the first captured op does not leave step 0 empty).
 

@@ -1628,6 +1628,22 @@ mod tests {
         (out, s)
     }
 
+    /// Feeds `items` as [`steps_left_out`] does and checks that every record fed gets the step
+    /// `want` (every GEMM read) gives it; the lean rule and the records it got.
+    fn assert_left_out_change_no_step(
+        items: &[Class],
+        want: &[(usize, u64)],
+    ) -> (Vec<(usize, u64)>, Steps<usize>) {
+        let (lean, rule) = steps_left_out(items);
+        let fed: Vec<(usize, u64)> = want
+            .iter()
+            .copied()
+            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
+            .collect();
+        assert_eq!(lean, fed);
+        (lean, rule)
+    }
+
     #[test]
     fn a_step_shape_that_repeats_is_followed_as_a_period_with_the_same_steps() {
         let items = training(12, |_| None);
@@ -1644,13 +1660,7 @@ mod tests {
         assert_eq!(p.anchors, vec![0, 1, 5, 6]);
         assert_eq!(rule.period_note(), None);
         // Left out by their hooks, the GEMMs the period does not read change no step.
-        let (lean, _) = steps_left_out(&items);
-        let fed: Vec<(usize, u64)> = want
-            .iter()
-            .copied()
-            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
-            .collect();
-        assert_eq!(lean, fed);
+        let (lean, _) = assert_left_out_change_no_step(&items, &want);
         assert!(
             lean.len() < want.len() - 50,
             "{} of {}",
@@ -1667,13 +1677,7 @@ mod tests {
         let (want, _) = steps_of(&unnumbered(&items));
         let (full, rule) = steps_of(&items);
         assert_eq!(full, want);
-        let (lean, lean_rule) = steps_left_out(&items);
-        let fed: Vec<(usize, u64)> = want
-            .iter()
-            .copied()
-            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
-            .collect();
-        assert_eq!(lean, fed);
+        let (_, lean_rule) = assert_left_out_change_no_step(&items, &want);
         // Broken, and learned again after the evaluation.
         assert_eq!(rule.broken, 1);
         assert_eq!(lean_rule.broken, 1);
@@ -1691,13 +1695,7 @@ mod tests {
         let (full, rule) = steps_of(&items);
         assert_eq!(rule.broken, 1);
         assert_eq!(full, want);
-        let (lean, _) = steps_left_out(&items);
-        let fed: Vec<(usize, u64)> = want
-            .iter()
-            .copied()
-            .filter(|(n, _)| lean.iter().any(|(m, _)| m == n))
-            .collect();
-        assert_eq!(lean, fed);
+        assert_left_out_change_no_step(&items, &want);
     }
 
     #[test]

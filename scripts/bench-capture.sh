@@ -15,7 +15,9 @@
 #      and the dedup ratio `ttrace ls` reports;
 #   5. what step selection saves: the same trainer's CPU time (user + sys of the whole job,
 #      collector included) untraced, traced with every step, with --steps 0 (the first step
-#      only) and with --steps outside the run, as ratios to the untraced run;
+#      only) and with --steps outside the run, as ratios to the untraced run; and the latter's
+#      extra CPU split into the fixed cost of a traced job (the same job with no training
+#      step, untraced and traced) and what each step adds on average;
 #   6. capture CPU per GB captured ((traced - untraced CPU) / bytes captured) for the hidden-64
 #      trainer (small tensors, ~20 KiB) and a hidden-256 one (larger tensors, ~250 KiB).
 #
@@ -138,17 +140,26 @@ traced_cmd() { # `ttrace run -q --out STORE/run "$@"` (options, then -- and the 
 if want 5; then
 # The trainer's forward range of its first micro-batch opens each iteration: the steps marked
 # with NVTX, as `torch.cuda.nvtx.range("NAME")` marks them in PyTorch.
-read -r base all first none marked < <(cpu_of "$(json_cmd "${trainer[@]}")" \
+# The same job with no training step (set-up and exit only), untraced and traced: the fixed
+# cost of a traced job, apart from what each step adds.
+idle=("${trainer[@]}")
+idle[${#idle[@]}-1]=0
+read -r base all first none marked idle0 idle1 < <(cpu_of "$(json_cmd "${trainer[@]}")" \
   "$(traced_cmd -- "${trainer[@]}")" \
   "$(traced_cmd --steps 0 -- "${trainer[@]}")" \
   "$(traced_cmd --steps 100000 -- "${trainer[@]}")" \
-  "$(traced_cmd --steps 100000 --step-rule nvtx:forward.mb0 -- "${trainer[@]}")")
-awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" -v m="$marked" 'BEGIN {
+  "$(traced_cmd --steps 100000 --step-rule nvtx:forward.mb0 -- "${trainer[@]}")" \
+  "$(json_cmd "${idle[@]}")" \
+  "$(traced_cmd --steps 100000 -- "${idle[@]}")")
+awk -v b="$base" -v a="$all" -v f="$first" -v n="$none" -v m="$marked" -v i0="$idle0" \
+  -v i1="$idle1" -v s="$steps" 'BEGIN {
   printf "  untraced               %6.3f CPU-s\n", b
   printf "  traced, every step     %6.3f CPU-s  %.3fx\n", a, a / b
   printf "  traced, --steps 0      %6.3f CPU-s  %.3fx\n", f, f / b
   printf "  traced, --steps 100000 %6.3f CPU-s  %.3fx (no step of the run selected)\n", n, n / b
-  printf "  the same, steps marked %6.3f CPU-s  %.3fx (--step-rule nvtx:forward.mb0)\n", m, m / b }'
+  printf "  the same, steps marked %6.3f CPU-s  %.3fx (--step-rule nvtx:forward.mb0)\n", m, m / b
+  printf "  of --steps 100000: fixed %.1f ms (the job with no step: %.1f ms untraced, %.1f traced), %.2f ms a step\n",
+         1000 * (i1 - i0), 1000 * i0, 1000 * i1, 1000 * ((n - b) - (i1 - i0)) / s }'
 fi
 
 bytes_of() { # raw bytes captured into a store

@@ -141,8 +141,10 @@ pub(crate) fn gemm_turn(sig: u64) -> GemmTurn {
         // The GEMMs before this one that no hook checked against the period (it was
         // published after their calls): the history holds them.
         let checked = shared.checked_to.load(Ordering::Acquire);
-        let disagrees = first_deviation(p, checked, ordinal)
-            .or(((sig == p.sig) != p.expects_anchor(ordinal)).then_some(ordinal));
+        // Checked as the history is read, by the signature's bits: the tracer checks the GEMMs
+        // it does not see in the history, and must find the same one off the period.
+        let off = (bits == sig_bits(p.sig)) != p.expects_anchor(ordinal);
+        let disagrees = first_deviation(p, checked, ordinal).or(off.then_some(ordinal));
         shared.checked_to.fetch_max(ordinal + 1, Ordering::AcqRel);
         if let Some(at) = disagrees {
             shared.broken_at.fetch_min(at, Ordering::AcqRel);

@@ -496,7 +496,7 @@ impl<T> Steps<T> {
         let read = match (&self.period, self.last_read, at) {
             (Some(p), Some(last), Some(at)) => {
                 let (from, to) = (p.offset(last), p.offset(at));
-                (at - last >= p.len && !p.transposed.is_empty())
+                (at.saturating_sub(last) >= p.len && !p.transposed.is_empty())
                     || p.transposed.iter().any(|&t| {
                         if from < to {
                             from < t && t < to
@@ -571,7 +571,8 @@ impl<T> Steps<T> {
     }
 
     /// Learns the shape of the steps from the GEMMs of the anchor's signature, and follows it
-    /// as a period once [`PERIOD_AFTER`] steps in a row had it.
+    /// as a period once [`PERIOD_AFTER`] steps in a row had it. (Ordinals fed out of order, by
+    /// threads racing their GEMM calls, make shapes that do not repeat: no period.)
     fn learn(&mut self, first: bool, sig: u64, ordinal: Option<u64>, r: Option<bool>) {
         let Some(o) = ordinal else {
             self.shape_from = None;
@@ -583,7 +584,7 @@ impl<T> Steps<T> {
             _ if first => self.start_shape(o),
             Some(true) => {
                 if let Some(from) = self.shape_from {
-                    let done = (o - from, std::mem::take(&mut self.shape));
+                    let done = (o.saturating_sub(from), std::mem::take(&mut self.shape));
                     if self.last_shape.as_ref() == Some(&done) {
                         self.repeats += 1;
                     } else {
@@ -596,16 +597,16 @@ impl<T> Steps<T> {
             }
             Some(false) | None if sig == anchor_sig => {
                 if let Some(from) = self.shape_from {
-                    self.shape.anchors.push(o - from);
+                    self.shape.anchors.push(o.saturating_sub(from));
                     if r.is_some() {
-                        self.shape.recurrences.push(o - from);
+                        self.shape.recurrences.push(o.saturating_sub(from));
                     }
                 }
             }
             _ => {}
         }
         if let (true, Some(from)) = (self.read_transposed, self.shape_from) {
-            self.shape.transposed.push(o - from);
+            self.shape.transposed.push(o.saturating_sub(from));
         }
     }
 

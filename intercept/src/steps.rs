@@ -625,7 +625,11 @@ impl<T> Steps<T> {
         let Some((len, shape)) = &self.last_shape else {
             return;
         };
-        if self.repeats < PERIOD_AFTER || self.periods >= MAX_PERIODS || *len > MAX_PERIOD_LEN {
+        if self.repeats < PERIOD_AFTER
+            || self.periods >= MAX_PERIODS
+            || *len == 0
+            || *len > MAX_PERIOD_LEN
+        {
             return;
         }
         self.periods += 1;

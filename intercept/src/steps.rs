@@ -1749,6 +1749,43 @@ mod tests {
     }
 
     #[test]
+    fn ordinals_out_of_order_are_taken_without_harm() {
+        // Two threads racing their GEMM calls: ordinals reach the rule out of order (here,
+        // neighbours swapped now and then, the same ordinal twice, and going back far).
+        let items = training(12, |_| None);
+        for shift in [1u64, 2, 3, 7] {
+            let mut k = 0u64;
+            let raced: Vec<Class> = items
+                .iter()
+                .map(|c| match *c {
+                    Class::Gemm {
+                        sig,
+                        a,
+                        b,
+                        ordinal: Some(o),
+                    } => {
+                        k += 1;
+                        let o = match k % shift {
+                            0 => o.saturating_sub(shift * 3),
+                            1 => o + 1,
+                            _ => o,
+                        };
+                        Class::Gemm {
+                            sig,
+                            a,
+                            b,
+                            ordinal: Some(o),
+                        }
+                    }
+                    other => other,
+                })
+                .collect();
+            let (out, _) = steps_of(&raced);
+            assert_eq!(out.len(), items.len());
+        }
+    }
+
+    #[test]
     fn a_gemm_the_rule_did_not_see_breaks_the_period_where_it_was() {
         let items = training(6, |_| None);
         let (_, mut rule) = steps_of(&items[..items.len() / 2]);

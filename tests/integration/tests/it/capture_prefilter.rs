@@ -180,6 +180,53 @@ fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
     );
 }
 
+/// A program unlike the trainer (fixture2: C against NVIDIA's headers, one micro-batch,
+/// cuBLASLt and cuBLAS, weights stored transposed): the rule learns its own period (five GEMMs
+/// a step, one read), and a late selected step is stored as the full capture stores it.
+#[test]
+fn a_second_fixtures_selected_step_is_stored_as_its_full_capture_stores_it() {
+    let run = |select: Option<&str>| {
+        let mut c = Command::new(bin("simrun"));
+        c.args(["--nproc-per-node", "4", "--"])
+            .arg(crate::compare_fixture2::fixture2())
+            .args([
+                "--precision",
+                "bf16",
+                "--tp",
+                "2",
+                "--dp",
+                "2",
+                "--steps",
+                "10",
+            ])
+            .env("LD_LIBRARY_PATH", sim_dir())
+            .env("TTRACE_LOG", "info");
+        if let Some(s) = select {
+            c.env("TTRACE_STEPS", s);
+        }
+        let run = traced_command_tagged(c, "prefilter-f2");
+        assert_ok(&run);
+        assert_checksums(&run);
+        run
+    };
+    let full = run(None);
+    assert_eq!(full.records.iter().map(|r| r.record.step).max(), Some(9));
+    let late = run(Some("7"));
+    for r in [&full, &late] {
+        let log = stderr(&r.out);
+        let periods = log
+            .lines()
+            .filter(|l| l.contains("follows the steps' period from step 2: 5 GEMMs a step"))
+            .count();
+        assert_eq!(periods, 4, "every process follows the period:\n{log}");
+    }
+    let want = of_step(&full, 7);
+    assert!(want.len() > 40, "{} records in step 7", want.len());
+    assert_same(&of_step(&late, 7), &want, "fixture2 step 7");
+    assert!(late.records.iter().all(|r| r.record.step == 7));
+    assert!(assert_counts_add_up(&late) > 0);
+}
+
 /// Every tensor in a fresh buffer, as under a caching allocator (sim-probe `traced steps
 /// backward`): only the weight gradient's read of the anchor's 2 MiB input, transposed, tells
 /// the `auto` rule where a step ends. Outside the selected step that read is copied as a

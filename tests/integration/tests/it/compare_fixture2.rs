@@ -34,7 +34,7 @@ const STEPS: &str = "3";
 
 /// Compiles fixture2 once per test binary with gcc against NVIDIA's headers, linked to the
 /// simulated libraries by soname.
-fn fixture2() -> &'static Path {
+pub(crate) fn fixture2() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
     EXE.get_or_init(|| compile_c("fixture2.c", "fixture2", 12, &sim_dir(), &CUDA12_SONAMES))
 }

@@ -129,6 +129,16 @@ fn assert_counts_add_up(run: &Run) -> u64 {
     dropped
 }
 
+/// Each of the four processes of every run in `runs` said (`TTRACE_LOG=info`) that the step
+/// rule follows a period, in words that contain `said`.
+fn assert_periods(runs: &[&Run], said: &str) {
+    for run in runs {
+        let log = stderr(&run.out);
+        let periods = log.lines().filter(|l| l.contains(said)).count();
+        assert_eq!(periods, 4, "every process follows the period:\n{log}");
+    }
+}
+
 #[test]
 fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
     let full = traced_steps(10, None);
@@ -145,14 +155,7 @@ fn selected_steps_are_stored_exactly_as_a_full_capture_stores_them() {
     // from step 2 on only from those of the GEMMs where the anchor recurs (the period of the
     // steps, docs/format.md "Periods"), in the full capture as in this one.
     let late = traced_steps(10, Some("8"));
-    for run in [&full, &late] {
-        let log = stderr(&run.out);
-        let periods = log
-            .lines()
-            .filter(|l| l.contains("follows the steps' period from step 2:"))
-            .count();
-        assert_eq!(periods, 4, "every process follows the period:\n{log}");
-    }
+    assert_periods(&[&full, &late], "follows the steps' period from step 2:");
     assert!(late.records.iter().all(|r| r.record.step == 8));
     let want = of_step(&full, 8);
     assert!(want.len() > 100, "{} records in step 8", want.len());
@@ -189,16 +192,7 @@ fn a_second_fixtures_selected_step_is_stored_as_its_full_capture_stores_it() {
         let mut c = Command::new(bin("simrun"));
         c.args(["--nproc-per-node", "4", "--"])
             .arg(crate::compare_fixture2::fixture2())
-            .args([
-                "--precision",
-                "bf16",
-                "--tp",
-                "2",
-                "--dp",
-                "2",
-                "--steps",
-                "10",
-            ])
+            .args("--precision bf16 --tp 2 --dp 2 --steps 10".split(' '))
             .env("LD_LIBRARY_PATH", sim_dir())
             .env("TTRACE_LOG", "info");
         if let Some(s) = select {
@@ -212,14 +206,10 @@ fn a_second_fixtures_selected_step_is_stored_as_its_full_capture_stores_it() {
     let full = run(None);
     assert_eq!(full.records.iter().map(|r| r.record.step).max(), Some(9));
     let late = run(Some("7"));
-    for r in [&full, &late] {
-        let log = stderr(&r.out);
-        let periods = log
-            .lines()
-            .filter(|l| l.contains("follows the steps' period from step 2: 5 GEMMs a step"))
-            .count();
-        assert_eq!(periods, 4, "every process follows the period:\n{log}");
-    }
+    assert_periods(
+        &[&full, &late],
+        "follows the steps' period from step 2: 5 GEMMs a step",
+    );
     let want = of_step(&full, 7);
     assert!(want.len() > 40, "{} records in step 7", want.len());
     assert_same(&of_step(&late, 7), &want, "fixture2 step 7");

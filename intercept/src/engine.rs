@@ -217,10 +217,9 @@ pub fn begin(call: Call) -> Option<InFlight> {
         Op::Gemm(g) if auto => Some(prefilter::gemm_turn(sig_of(g))),
         _ => None,
     };
-    let counted = match turn.and_then(|t| t.within) {
-        Some(reads) => reads && prefilter::counts_op(cfg, &call.op, sig_of),
-        None => prefilter::counts_op(cfg, &call.op, sig_of),
-    };
+    // Within a period only the GEMMs the rule reads can move the step.
+    let counted =
+        turn.and_then(|t| t.within) != Some(false) && prefilter::counts_op(cfg, &call.op, sig_of);
     // Whether the op is streamed follows from what a full capture takes, so that the records
     // come in the same order (a streamed op takes its ticket after the call) and the step
     // rule sees the same operands (streamed ones are not sampled).

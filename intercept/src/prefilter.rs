@@ -107,7 +107,7 @@ fn deviates_in_history(p: &Period, ordinal: u64) -> bool {
         return true;
     }
     let bits = (v >> 32) as u32;
-    bits == GRAPH_GEMM || (bits == sig_bits(p.sig)) != p.expects_anchor(ordinal)
+    bits == GRAPH_GEMM || p.place(bits == sig_bits(p.sig), ordinal).is_none()
 }
 
 /// The first ordinal in `from..to` (at or after the period's start) whose GEMM disagrees with
@@ -143,14 +143,15 @@ pub(crate) fn gemm_turn(sig: u64) -> GemmTurn {
         let checked = shared.checked_to.load(Ordering::Acquire);
         // Checked as the history is read, by the signature's bits: the tracer checks the GEMMs
         // it does not see in the history, and must find the same one off the period.
-        let off = (bits == sig_bits(p.sig)) != p.expects_anchor(ordinal);
-        let disagrees = first_deviation(p, checked, ordinal).or(off.then_some(ordinal));
+        let placed = p.place(bits == sig_bits(p.sig), ordinal);
+        let disagrees =
+            first_deviation(p, checked, ordinal).or(placed.is_none().then_some(ordinal));
         shared.checked_to.fetch_max(ordinal + 1, Ordering::AcqRel);
         if let Some(at) = disagrees {
             shared.broken_at.fetch_min(at, Ordering::AcqRel);
             return None;
         }
-        Some(sig == p.sig && p.reads(ordinal))
+        placed
     });
     GemmTurn { ordinal, within }
 }

@@ -333,17 +333,15 @@ impl Period {
         ordinal.saturating_sub(self.origin) % self.len
     }
 
-    /// Whether the period has a GEMM of the anchor's signature at `ordinal`: a GEMM that
-    /// disagrees breaks the period (the program left its loop, or changed it).
-    pub fn expects_anchor(&self, ordinal: u64) -> bool {
-        self.anchors.binary_search(&self.offset(ordinal)).is_ok()
-    }
-
-    /// Whether the rule reads the operands of the GEMM of `ordinal`: a recurrence.
-    pub fn reads(&self, ordinal: u64) -> bool {
-        self.recurrences
-            .binary_search(&self.offset(ordinal))
-            .is_ok()
+    /// Where the GEMM of `ordinal` (at or after [`Period::from`]) falls, of the anchor's
+    /// signature (`anchor`) or not: `None` off the period, where it has a GEMM of the other
+    /// kind (the program left its loop, or changed it: the period breaks there); else whether
+    /// the rule reads its operands (a recurrence). The one statement of it for the rule, the
+    /// hooks and the hooks' history (prefilter.rs).
+    pub fn place(&self, anchor: bool, ordinal: u64) -> Option<bool> {
+        let off = self.offset(ordinal);
+        (self.anchors.binary_search(&off).is_ok() == anchor)
+            .then(|| anchor && self.recurrences.binary_search(&off).is_ok())
     }
 }
 
@@ -534,12 +532,10 @@ impl<T> Steps<T> {
     ) -> Option<bool> {
         if let Some(p) = &self.period {
             match ordinal {
-                Some(o) if o >= p.from => {
-                    if (sig == p.sig) == p.expects_anchor(o) {
-                        return self.follow(o, a, b);
-                    }
-                    self.break_period(Some(o));
-                }
+                Some(o) if o >= p.from => match p.place(sig == p.sig, o) {
+                    Some(reads) => return self.follow(o, reads, a, b),
+                    None => self.break_period(Some(o)),
+                },
                 Some(_) => {}
                 // A GEMM no hook counted (a graph's replay): the ordinals no longer say where
                 // in its step a GEMM is.
@@ -553,13 +549,10 @@ impl<T> Steps<T> {
         r
     }
 
-    /// Within the period: a recurrence where the period has one (its bytes decide whether it
-    /// starts a step), nothing elsewhere.
-    fn follow(&mut self, ordinal: u64, a: Operand, b: Operand) -> Option<bool> {
-        let (reads, starts) = match &self.period {
-            Some(p) => (p.reads(ordinal), p.offset(ordinal) == 0),
-            None => return None,
-        };
+    /// Within the period: a recurrence where the period has one (`reads`; its bytes decide
+    /// whether it starts a step), nothing elsewhere.
+    fn follow(&mut self, ordinal: u64, reads: bool, a: Operand, b: Operand) -> Option<bool> {
+        let starts = self.period.as_ref()?.offset(ordinal) == 0;
         let anchor = self.anchor.as_mut()?;
         if !reads {
             return None;
@@ -706,8 +699,8 @@ impl<T> Steps<T> {
             return false;
         }
         if let (Some(p), Some(o)) = (&self.period, ordinal) {
-            if o >= p.from && (sig == p.sig) == p.expects_anchor(o) {
-                return sig == p.sig && p.reads(o);
+            if let Some(reads) = p.place(sig == p.sig, o).filter(|_| o >= p.from) {
+                return reads;
             }
         }
         let Some(anchor) = &self.anchor else {
@@ -1614,12 +1607,11 @@ mod tests {
             ) = (class, s.period())
             {
                 if *o >= p.from {
-                    let agrees = (*sig == p.sig) == p.expects_anchor(*o);
-                    if !agrees && *o >= broken_to {
+                    match p.place(*sig == p.sig, *o) {
                         // A hook saw it disagree: it is fed, and breaks the period itself.
-                        broken_to = u64::MAX;
-                    } else if agrees && broken_to != u64::MAX && !(*sig == p.sig && p.reads(*o)) {
-                        continue;
+                        None if *o >= broken_to => broken_to = u64::MAX,
+                        Some(false) if broken_to != u64::MAX => continue,
+                        _ => {}
                     }
                 }
             }

@@ -1641,6 +1641,15 @@ mod tests {
         (lean, rule)
     }
 
+    /// The steps of `items` with their ordinals, checked to be those the rule gives them
+    /// reading every GEMM (without ordinals); and the rule.
+    fn numbered_as_every_gemm_read(items: &[Class]) -> (Vec<(usize, u64)>, Steps<usize>) {
+        let (want, _) = steps_of(&unnumbered(items));
+        let (full, rule) = steps_of(items);
+        assert_eq!(full, want);
+        (want, rule)
+    }
+
     #[test]
     fn a_step_shape_that_repeats_is_followed_as_a_period_with_the_same_steps() {
         let items = training(12, |_| None);
@@ -1671,9 +1680,7 @@ mod tests {
         // An evaluation pass (a forward only) before step 6 moves every later GEMM off the
         // period: its second forward GEMM falls where the period has a backward one.
         let items = training(12, |s| (s == 6).then_some(Odd::Eval));
-        let (want, _) = steps_of(&unnumbered(&items));
-        let (full, rule) = steps_of(&items);
-        assert_eq!(full, want);
+        let (want, rule) = numbered_as_every_gemm_read(&items);
         let (_, lean_rule) = assert_left_out_change_no_step(&items, &want);
         // Broken, and learned again after the evaluation.
         assert_eq!(rule.broken, 1);
@@ -1687,11 +1694,9 @@ mod tests {
         // period breaks after the backward pass read the anchor's operands, which the rule
         // did not see. The next step still starts where the rule reading every GEMM starts it.
         let items = training(12, |s| (s == 6).then_some(Odd::Extra));
-        let (want, _) = steps_of(&unnumbered(&items));
+        let (want, rule) = numbered_as_every_gemm_read(&items);
         assert_eq!(want.last().map(|o| o.1), Some(11));
-        let (full, rule) = steps_of(&items);
         assert_eq!(rule.broken, 1);
-        assert_eq!(full, want);
         assert_left_out_change_no_step(&items, &want);
     }
 
@@ -1700,9 +1705,7 @@ mod tests {
         // Step 7's optimizer step was skipped: its weights kept their bytes, so the rule
         // takes it for more micro-batches of step 6, as without a period.
         let items = training(12, |s| (s == 7).then_some(Odd::Skipped));
-        let (want, _) = steps_of(&unnumbered(&items));
-        let (full, rule) = steps_of(&items);
-        assert_eq!(full, want);
+        let (want, rule) = numbered_as_every_gemm_read(&items);
         assert_eq!(want.last().map(|o| o.1), Some(10));
         assert!(rule.period().is_some());
         assert!(rule

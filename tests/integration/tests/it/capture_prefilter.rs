@@ -26,12 +26,17 @@ fn trainer(steps: u32) -> Command {
 }
 
 fn traced_steps(steps: u32, select: Option<&str>) -> Run {
-    let mut c = trainer(steps);
+    traced_selecting(trainer(steps), "prefilter", select)
+}
+
+/// `c` traced (daemon directory named after `tag`) with the steps `select`ed, saying at exit
+/// what it dropped (`TTRACE_LOG=info`); it succeeded and its checksums hold.
+fn traced_selecting(mut c: Command, tag: &str, select: Option<&str>) -> Run {
     c.env("TTRACE_LOG", "info");
     if let Some(s) = select {
         c.env("TTRACE_STEPS", s);
     }
-    let run = traced_command_tagged(c, "prefilter");
+    let run = traced_command_tagged(c, tag);
     assert_ok(&run);
     assert_checksums(&run);
     run
@@ -193,15 +198,8 @@ fn a_second_fixtures_selected_step_is_stored_as_its_full_capture_stores_it() {
         c.args(["--nproc-per-node", "4", "--"])
             .arg(crate::compare_fixture2::fixture2())
             .args("--precision bf16 --tp 2 --dp 2 --steps 10".split(' '))
-            .env("LD_LIBRARY_PATH", sim_dir())
-            .env("TTRACE_LOG", "info");
-        if let Some(s) = select {
-            c.env("TTRACE_STEPS", s);
-        }
-        let run = traced_command_tagged(c, "prefilter-f2");
-        assert_ok(&run);
-        assert_checksums(&run);
-        run
+            .env("LD_LIBRARY_PATH", sim_dir());
+        traced_selecting(c, "prefilter-f2", select)
     };
     let full = run(None);
     assert_eq!(full.records.iter().map(|r| r.record.step).max(), Some(9));

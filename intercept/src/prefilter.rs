@@ -61,8 +61,11 @@ static GEMM_ORDINAL: AtomicU64 = AtomicU64::new(0);
 /// ([`GRAPH_GEMM`] for a GEMM recorded into a CUDA graph) and the ordinal's low 32 bits plus
 /// one (zero: never written, so the table needs no initialised pages). The hooks leave the
 /// GEMMs a period does not read out of the tracer's sight; this is how the tracer, and a
-/// hook that learns of a period late, still see every GEMM's kind.
-const HISTORY_LEN: usize = 1 << 16;
+/// hook that learns of a period late, still see every GEMM's kind. It holds four of the
+/// longest periods (2 MiB, touched as the ordinals advance): a tracer that falls
+/// further behind the program finds a GEMM it checks overwritten, and takes it as off the
+/// period.
+const HISTORY_LEN: usize = 4 * crate::steps::MAX_PERIOD_LEN as usize;
 static HISTORY: [AtomicU64; HISTORY_LEN] = [const { AtomicU64::new(0) }; HISTORY_LEN];
 
 /// The low half of a history entry for `ordinal`.

@@ -59,8 +59,10 @@ pub const PERIOD_AFTER: u32 = 2;
 /// rule reads every GEMM to the end.
 pub const MAX_PERIODS: u32 = 16;
 
-/// Longest period followed, in GEMMs a step (the hooks' signature history covers a few).
-pub const MAX_PERIOD_LEN: u64 = 1 << 13;
+/// Longest period followed, in GEMMs a step: a large model's step with many micro-batches
+/// (80 layers of 12 GEMMs each, 32 micro-batches: 30,720). The hooks' history of GEMM calls
+/// holds four of them (prefilter.rs), for the tracer falling behind the program.
+pub const MAX_PERIOD_LEN: u64 = 1 << 16;
 
 /// Elements of an operand kept to tell an optimizer's update from new data.
 pub const SAMPLE_LEN: usize = 32;
@@ -375,8 +377,6 @@ pub struct Steps<T> {
     contradicted: u64,
     /// Periods broken by a GEMM where the period had none of its kind.
     broken: u32,
-    /// Whether the GEMM just fed read the anchor's bytes in another orientation.
-    read_transposed: bool,
     /// Within a period, the ordinal of the last recurrence read.
     last_read: Option<u64>,
     /// The ordinal of the last GEMM fed that had one.
@@ -403,7 +403,6 @@ impl<T> Steps<T> {
             periods: 0,
             contradicted: 0,
             broken: 0,
-            read_transposed: false,
             last_read: None,
             last_ordinal: None,
         }
@@ -543,9 +542,8 @@ impl<T> Steps<T> {
             }
         }
         let first = self.anchor.is_none();
-        self.read_transposed = false;
-        let r = self.recurrence(sig, a, b);
-        self.learn(first, sig, ordinal, r);
+        let (r, read_transposed) = self.recurrence(sig, a, b);
+        self.learn(first, sig, ordinal, r, read_transposed);
         r
     }
 
@@ -566,7 +564,15 @@ impl<T> Steps<T> {
     /// Learns the shape of the steps from the GEMMs of the anchor's signature, and follows it
     /// as a period once [`PERIOD_AFTER`] steps in a row had it. (Ordinals fed out of order, by
     /// threads racing their GEMM calls, make shapes that do not repeat: no period.)
-    fn learn(&mut self, first: bool, sig: u64, ordinal: Option<u64>, r: Option<bool>) {
+    /// `read_transposed`: the GEMM read the anchor's bytes in another orientation.
+    fn learn(
+        &mut self,
+        first: bool,
+        sig: u64,
+        ordinal: Option<u64>,
+        r: Option<bool>,
+        read_transposed: bool,
+    ) {
         let Some(o) = ordinal else {
             self.shape_from = None;
             self.repeats = 0;
@@ -598,7 +604,7 @@ impl<T> Steps<T> {
             }
             _ => {}
         }
-        if let (true, Some(from)) = (self.read_transposed, self.shape_from) {
+        if let (true, Some(from)) = (read_transposed, self.shape_from) {
             self.shape.transposed.push(o.saturating_sub(from));
         }
     }
@@ -652,8 +658,9 @@ impl<T> Steps<T> {
     }
 
     /// Whether a GEMM recurs the anchor (`Some`: starting a new step or not), and records it
-    /// as the anchor or a recurrence; `None` for the anchor itself and other GEMMs.
-    fn recurrence(&mut self, sig: u64, a: Operand, b: Operand) -> Option<bool> {
+    /// as the anchor or a recurrence; `None` for the anchor itself and other GEMMs. With it,
+    /// whether the GEMM read the anchor's operand bytes in another orientation.
+    fn recurrence(&mut self, sig: u64, a: Operand, b: Operand) -> (Option<bool>, bool) {
         let Some(anchor) = &mut self.anchor else {
             self.anchor = Some(Anchor {
                 sig,
@@ -662,20 +669,18 @@ impl<T> Steps<T> {
                 transposed_reuse: false,
                 weights: None,
             });
-            return None;
+            return (None, false);
         };
         if sig != anchor.sig {
-            self.read_transposed = anchor.observe(a, b);
-            return None;
+            return (None, anchor.observe(a, b));
         }
         let unchanged = same(a.crc, anchor.a.crc) || same(b.crc, anchor.b.crc);
         let both_buffers = a.ptr == anchor.a.ptr && b.ptr == anchor.b.ptr;
         if !(unchanged || both_buffers || anchor.transposed_reuse) {
             // Another layer of the anchor's shape.
-            self.read_transposed = anchor.observe(a, b);
-            return None;
+            return (None, anchor.observe(a, b));
         }
-        Some(anchor.recur(a, b))
+        (Some(anchor.recur(a, b)), false)
     }
 
     /// Whether the rule will read the fingerprints (CRC-32s and samples), not only the

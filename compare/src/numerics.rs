@@ -488,7 +488,7 @@ pub fn place_with(
 const SEPARATION: f64 = 8.0;
 
 /// Candidates of one search stage and their screened errors: (error, candidate, scale).
-type Screen = (Vec<Placement>, Vec<(f64, usize, f32)>);
+type Screen = (std::sync::Arc<Vec<Placement>>, Vec<(f64, usize, f32)>);
 
 /// [`place_with`], where a remembered placement whose error is above `accept` but at most
 /// `trust` is re-validated cheaply instead of searched again: kept when every other placement
@@ -873,7 +873,7 @@ fn screen(
         })
         .collect();
     scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Some((cands.clone(), scored))
+    Some((std::sync::Arc::clone(cands), scored))
 }
 
 /// What screening a shard of one shape in a reference of one shape reads, whatever their
@@ -883,7 +883,8 @@ fn screen(
 /// shapes (every group sum of a kind of GEMM output, step after step): made once per pair of
 /// shapes and kept ([`ScreenPlan::of`]).
 struct ScreenPlan {
-    cands: Vec<Placement>,
+    /// Shared with the screens made with the plan (each screen's candidates, not a copy).
+    cands: std::sync::Arc<Vec<Placement>>,
     /// Flat indices of the sampled elements in the shard.
     picks: Vec<usize>,
     /// Per candidate, per sample, its offset in the reference.
@@ -967,7 +968,7 @@ impl ScreenPlan {
             })
             .collect();
         Some(ScreenPlan {
-            cands,
+            cands: std::sync::Arc::new(cands),
             picks,
             offsets,
         })
@@ -1420,7 +1421,7 @@ mod screening_tests {
             }
         }
         scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-        (cands, scored)
+        (std::sync::Arc::new(cands), scored)
     }
 
     #[test]

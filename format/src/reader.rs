@@ -24,7 +24,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -187,6 +188,9 @@ pub struct Store {
     issues: Vec<Issue>,
     /// The stores of a set read as one (see [`crate::storeset`]); empty for one store.
     parts: Vec<PathBuf>,
+    /// What opening each segment found (by rank and step), for opening it again without
+    /// locating its frames again ([`Store::open_segment`]).
+    located: Mutex<HashMap<(u32, u64), Arc<Located>>>,
 }
 
 /// Parses `prefix` followed by decimal digits, then `suffix`.
@@ -358,6 +362,7 @@ impl Store {
             segments,
             issues,
             parts: Vec::new(),
+            located: Mutex::default(),
         })
     }
 
@@ -375,6 +380,7 @@ impl Store {
             segments,
             issues,
             parts,
+            located: Mutex::default(),
         }
     }
 
@@ -428,7 +434,13 @@ impl Store {
             .map(|i| &self.segments[i])
     }
 
-    /// Opens the segment of (rank, step).
+    /// Opens the segment of (rank, step). Opened again (a reader that closed it to stay
+    /// within its memory budget), it is mapped without locating its frames again: the frames,
+    /// issues and index state found the first time are taken as they were, as long as the file
+    /// has the same length and modification time. Locating validates the index against every
+    /// frame header, which touches a page per frame: for a reader that opens segments many
+    /// times over, most of what opening costs (and, with a cold page cache, a read of the
+    /// file).
     pub fn open_segment(&self, rank: u32, step: u64) -> Result<Segment, FormatError> {
         let info = self.segment_info(rank, step).ok_or_else(|| {
             FormatError::Invalid(format!(
@@ -436,7 +448,21 @@ impl Store {
                 self.root.display()
             ))
         })?;
-        Segment::open_as(&info.path, Some((rank, step)))
+        let key = (rank, step);
+        let known = self
+            .located
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let (seg, found) = Segment::open_knowing(&info.path, Some(key), known.as_deref())?;
+        if let Some(found) = found {
+            self.located
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, Arc::new(found));
+        }
+        Ok(seg)
     }
 }
 
@@ -482,6 +508,22 @@ pub enum IndexState {
     Damaged,
 }
 
+/// What opening a segment found out (its frames, problems and index state), kept by its
+/// [`Store`] for opening it again, with what identifies the file it was found in.
+#[derive(Debug)]
+struct Located {
+    file_len: u64,
+    modified: Option<std::time::SystemTime>,
+    rank: u32,
+    step: u64,
+    frames: Vec<FrameLoc>,
+    issues: Vec<Issue>,
+    index: IndexState,
+    good_end: u64,
+    /// Which frames' bodies were checked against their CRC (shared with every opening).
+    checked: Arc<[AtomicBool]>,
+}
+
 /// An opened segment: its frames located, its problems listed.
 pub struct Segment {
     path: PathBuf,
@@ -498,6 +540,10 @@ pub struct Segment {
     /// a record is parsed (and its body checksummed) once, however many of its tensors are
     /// read, and references to it resolved.
     parsed: Vec<OnceLock<Parsed>>,
+    /// Which frames' bodies were checked against their CRC, by this opening of the file or
+    /// an earlier one of the same store ([`Store::open_segment`]): a body is checksummed
+    /// once, however often its segment is closed and opened again.
+    checked: Arc<[AtomicBool]>,
 }
 
 /// A frame body checked against its CRC and parsed.
@@ -621,9 +667,21 @@ impl Segment {
 
     /// [`Segment::open`], checking the header against the (rank, step) its name gives.
     pub fn open_as(path: &Path, named: Option<(u32, u64)>) -> Result<Segment, FormatError> {
+        Segment::open_knowing(path, named, None).map(|(seg, _)| seg)
+    }
+
+    /// [`Segment::open_as`], taking the frames `known` found when the file was opened before
+    /// if it is still that file (same length and modification time); otherwise locating them
+    /// and returning what was found, for the next opening.
+    fn open_knowing(
+        path: &Path,
+        named: Option<(u32, u64)>,
+        known: Option<&Located>,
+    ) -> Result<(Segment, Option<Located>), FormatError> {
         // The shared header and version check of every reader.
         let SegmentHeader { rank, step, .. } = SegmentHeader::read(path)?;
         let file = crate::store::open_regular(path)?;
+        let modified = file.metadata().and_then(|m| m.modified()).ok();
         // SAFETY: the mapping is read-only and lives as long as this Segment. Segments are
         // append-only while a collector writes them (bytes past the length mapped here are not
         // seen); only `ttrace fsck --repair` shrinks one, and it drops its own mappings first
@@ -644,6 +702,24 @@ impl Segment {
                 path.display()
             )));
         }
+        let file_len = data.len() as u64;
+        if let Some(k) = known.filter(|k| {
+            (k.file_len, k.modified, k.rank, k.step) == (file_len, modified, rank, step)
+        }) {
+            let seg = Segment {
+                path: path.to_path_buf(),
+                rank,
+                step,
+                data,
+                frames: k.frames.clone(),
+                issues: k.issues.clone(),
+                index: k.index,
+                good_end: k.good_end,
+                parsed: k.frames.iter().map(|_| OnceLock::new()).collect(),
+                checked: Arc::clone(&k.checked),
+            };
+            return Ok((seg, None));
+        }
         let mut seg = Segment {
             path: path.to_path_buf(),
             rank,
@@ -654,6 +730,7 @@ impl Segment {
             index: IndexState::Used,
             good_end: SEGMENT_HEADER_BYTES,
             parsed: Vec::new(),
+            checked: Arc::new([]),
         };
         if let Some((r, s)) = named {
             if (r, s) != (rank, step) {
@@ -672,7 +749,19 @@ impl Segment {
         seg.locate();
         seg.check_records_belong();
         seg.parsed = seg.frames.iter().map(|_| OnceLock::new()).collect();
-        Ok(seg)
+        seg.checked = seg.frames.iter().map(|_| AtomicBool::new(false)).collect();
+        let found = Located {
+            file_len,
+            modified,
+            rank,
+            step,
+            frames: seg.frames.clone(),
+            issues: seg.issues.clone(),
+            index: seg.index,
+            good_end: seg.good_end,
+            checked: Arc::clone(&seg.checked),
+        };
+        Ok((seg, Some(found)))
     }
 
     fn issue(
@@ -1067,7 +1156,7 @@ impl Segment {
                 blobs,
             )));
         }
-        if !loc.verified && crc32fast::hash(body) != loc.crc32 {
+        if !self.body_intact(i, &loc, body) {
             return Some(Err(self.corrupt_frame(&loc)));
         }
         let sizes_fit = |blobs: &[BlobRef]| {
@@ -1108,6 +1197,20 @@ impl Segment {
             bytes: Some(loc.frame_len),
             detail,
         })
+    }
+
+    /// Whether frame `i`'s `body` has its CRC: checked once (frames found by scanning were
+    /// checked then), remembered for every opening of the file by the same store.
+    fn body_intact(&self, i: usize, loc: &FrameLoc, body: &[u8]) -> bool {
+        let checked = self.checked.get(i);
+        if loc.verified || checked.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return true;
+        }
+        let intact = crc32fast::hash(body) == loc.crc32;
+        if let (true, Some(c)) = (intact, checked) {
+            c.store(true, Ordering::Release);
+        }
+        intact
     }
 
     /// The issue of a frame whose body does not have its CRC.
@@ -1170,7 +1273,7 @@ impl Segment {
                 return Ok(self.view(loc.offset, loc.frame_len, record, body, blobs));
             }
         }
-        if verify && !loc.verified && crc32fast::hash(body) != loc.crc32 {
+        if verify && !self.body_intact(i, &loc, body) {
             return Err(self.corrupt_frame(&loc));
         }
         let (record, blobs) = parse_body(loc.offset, body).map_err(|e| {

@@ -1,0 +1,102 @@
+//! Opening a segment again through its store (`Store::open_segment`, as compare does when it
+//! closed the segment to stay within its memory budget): what the first opening found (frames,
+//! issues, index state) is taken again without locating the frames again, as long as the file
+//! is the one it was found in; a segment whose file changed is located afresh.
+
+mod common;
+
+use std::io::Write;
+
+use common::{write_store, Scratch};
+use ttrace_format::reader::{IssueKind, Segment, Store};
+use ttrace_format::store::{index_path, segment_path};
+
+/// Every record's seq and first tensor's bytes, read through `seg`.
+fn contents(seg: &Segment) -> Vec<(u64, Option<Vec<u8>>)> {
+    (0..seg.len())
+        .map(|i| {
+            let v = seg.read(i).expect("an intact frame");
+            let first = (0..v.record.tensors.len())
+                .find(|&t| v.record.tensors[t].captured)
+                .map(|t| v.tensor_bytes(t).expect("decodes"));
+            (v.record.seq, first)
+        })
+        .collect()
+}
+
+#[test]
+fn a_segment_opened_again_by_its_store_is_not_located_again_until_its_file_changes() {
+    let dir = Scratch::new("reopen");
+    let run = dir.path();
+    write_store(run, 1, 1, 12);
+    let store = Store::open(run).expect("store");
+    let first = store.open_segment(0, 0).expect("first opening");
+    assert!(first.issues().is_empty(), "{:?}", first.issues());
+    let read_first = contents(&first);
+    drop(first);
+
+    // The index no longer matches: a fresh opening says so (and scans the segment) ...
+    let seg_path = segment_path(run, 0, 0);
+    std::fs::write(index_path(&seg_path), b"not an index").expect("damage the index");
+    let fresh = Segment::open(&seg_path).expect("a segment with a damaged index opens");
+    assert!(
+        fresh
+            .issues()
+            .iter()
+            .any(|i| i.kind == IssueKind::DamagedIndex),
+        "{:?}",
+        fresh.issues()
+    );
+    // ... but the store, opening the unchanged segment file again, takes what it found before:
+    // the same records, and no new issue.
+    let again = store.open_segment(0, 0).expect("opened again");
+    assert!(again.issues().is_empty(), "{:?}", again.issues());
+    assert_eq!(contents(&again), read_first);
+    drop(again);
+
+    // The segment file itself changed (bytes appended: a torn frame): located afresh.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&seg_path)
+        .expect("open for append");
+    f.write_all(b"TTRF half a frame").expect("append");
+    drop(f);
+    let changed = store.open_segment(0, 0).expect("opened after the change");
+    let kinds: Vec<IssueKind> = changed.issues().iter().map(|i| i.kind).collect();
+    assert!(kinds.contains(&IssueKind::TornTail), "{kinds:?}");
+    assert!(kinds.contains(&IssueKind::DamagedIndex), "{kinds:?}");
+    assert_eq!(
+        contents(&changed),
+        read_first,
+        "the intact records are still read"
+    );
+}
+
+#[test]
+fn a_damaged_record_is_still_refused_when_its_segment_is_opened_again() {
+    let dir = Scratch::new("reopen-damaged");
+    let run = dir.path();
+    write_store(run, 1, 1, 6);
+    let seg_path = segment_path(run, 0, 0);
+    let store = Store::open(run).expect("store");
+    // Located, nothing read yet: no body has been checked.
+    let seg = store.open_segment(0, 0).expect("first opening");
+    let (offset, len) = (0..seg.len())
+        .map(|i| seg.read_meta(i).expect("metadata"))
+        .find(|v| v.record.tensors.iter().any(|t| t.captured))
+        .map(|v| (v.offset, v.frame_len))
+        .expect("a record with data");
+    drop(seg);
+    // The last byte of its stored data flipped in place: same length.
+    let mut bytes = std::fs::read(&seg_path).expect("segment bytes");
+    bytes[(offset + len - 1) as usize] ^= 0x40;
+    std::fs::write(&seg_path, &bytes).expect("damage");
+    let again = store.open_segment(0, 0).expect("opened again");
+    let i = (0..again.len())
+        .find(|&i| again.read_meta(i).is_ok_and(|v| v.offset == offset))
+        .expect("the frame");
+    match again.read(i) {
+        Ok(_) => panic!("a frame whose CRC no longer holds was read"),
+        Err(issue) => assert_eq!(issue.kind, IssueKind::CorruptRecord, "{issue}"),
+    }
+}

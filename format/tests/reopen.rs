@@ -100,3 +100,63 @@ fn a_damaged_record_is_still_refused_when_its_segment_is_opened_again() {
         Err(issue) => assert_eq!(issue.kind, IssueKind::CorruptRecord, "{issue}"),
     }
 }
+
+/// `n` bytes that zstd cannot shrink (xorshift).
+fn incompressible(n: usize, mut x: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn a_segment_of_large_frames_reads_the_same_records_for_its_metadata_as_for_its_data() {
+    let dir = Scratch::new("sparse");
+    let run = dir.path();
+    // Copies of 1.5 MiB that do not compress: frames over the sparse threshold.
+    let mut made = common::records(0, 0, 5, 1);
+    made.retain(|m| matches!(m.record.op, ttrace_format::record::Op::Memcpy(_)));
+    let template = made.pop().expect("a copy record");
+    let big: Vec<common::Made> = (0..4u64)
+        .map(|i| {
+            let bytes = incompressible(3 << 19, 0x9E37_79B9_7F4A_7C15 ^ i);
+            let mut record = template.record.clone();
+            record.seq = i;
+            record.tensors[0].nbytes = bytes.len() as u64;
+            record.tensors[0].shape = vec![bytes.len() as u64];
+            record.tensors[0].crc32 = crc32fast::hash(&bytes);
+            common::Made {
+                record,
+                data: vec![bytes],
+            }
+        })
+        .collect();
+    common::write_segment(run, &big, 0, 0, true);
+    let seg = Segment::open(&segment_path(run, 0, 0)).expect("segment");
+    assert!(seg.sparse(), "frames of 1.5 MiB make a sparse segment");
+    assert_eq!(seg.len(), big.len());
+    // Metadata and data reads in turn (each switches the kernel's readahead): the same records.
+    for (i, m) in big.iter().enumerate() {
+        let meta = seg.read_meta(i).expect("metadata");
+        assert_eq!(meta.record, m.record, "frame {i}");
+        let full = seg.read(i).expect("an intact frame");
+        assert_eq!(full.record, m.record, "frame {i}");
+        assert_eq!(
+            full.tensor_bytes(0).expect("decodes"),
+            m.data[0],
+            "frame {i}"
+        );
+        let again = seg.read_meta(i).expect("metadata again");
+        assert_eq!(again.record, m.record, "frame {i}");
+    }
+
+    // Small frames (the common records): read ahead whatever is read.
+    let small = Scratch::new("not-sparse");
+    write_store(small.path(), 1, 1, 12);
+    let seg = Segment::open(&segment_path(small.path(), 0, 0)).expect("segment");
+    assert!(!seg.sparse(), "frames of a few KiB");
+}

@@ -436,8 +436,8 @@ impl Store {
 
     /// Opens the segment of (rank, step). Opened again (a reader that closed it to stay
     /// within its memory budget), it is mapped without locating its frames again: the frames,
-    /// issues and index state found the first time are taken as they were, as long as the file
-    /// has the same length and modification time. Locating validates the index against every
+    /// issues and index state found the first time are taken as they were, as long as the
+    /// segment file and its index have the same lengths and modification times. Locating validates the index against every
     /// frame header, which touches a page per frame: for a reader that opens segments many
     /// times over, most of what opening costs (and, with a cold page cache, a read of the
     /// file).
@@ -542,6 +542,8 @@ pub enum IndexState {
 struct Located {
     file_len: u64,
     modified: Option<std::time::SystemTime>,
+    /// The index file's length and modification time (`None`: none, or unreadable).
+    index_file: Option<(u64, std::time::SystemTime)>,
     rank: u32,
     step: u64,
     frames: Vec<FrameLoc>,
@@ -705,7 +707,7 @@ impl Segment {
     }
 
     /// [`Segment::open_as`], taking the frames `known` found when the file was opened before
-    /// if it is still that file (same length and modification time); otherwise locating them
+    /// if its files are still those (same lengths and modification times); otherwise locating them
     /// and returning what was found, for the next opening.
     fn open_knowing(
         path: &Path,
@@ -716,6 +718,10 @@ impl Segment {
         let SegmentHeader { rank, step, .. } = SegmentHeader::read(path)?;
         let file = crate::store::open_regular(path)?;
         let modified = file.metadata().and_then(|m| m.modified()).ok();
+        // The index too: one written since (a collector closing the segment) is read.
+        let index_file = std::fs::metadata(index_path(path))
+            .and_then(|m| Ok((m.len(), m.modified()?)))
+            .ok();
         // SAFETY: the mapping is read-only and lives as long as this Segment. Segments are
         // append-only while a collector writes them (bytes past the length mapped here are not
         // seen); only `ttrace fsck --repair` shrinks one, and it drops its own mappings first
@@ -738,7 +744,8 @@ impl Segment {
         }
         let file_len = data.len() as u64;
         if let Some(k) = known.filter(|k| {
-            (k.file_len, k.modified, k.rank, k.step) == (file_len, modified, rank, step)
+            (k.file_len, k.modified, k.index_file, k.rank, k.step)
+                == (file_len, modified, index_file, rank, step)
         }) {
             let seg = Segment {
                 path: path.to_path_buf(),
@@ -791,6 +798,7 @@ impl Segment {
         let found = Located {
             file_len,
             modified,
+            index_file,
             rank,
             step,
             frames: seg.frames.clone(),

@@ -280,6 +280,10 @@ pub fn decode<'k>(
         )
         .flatten()
         .collect();
+    // Decoded: large frames of segments over the budget leave the mapping.
+    for view in views.iter().flatten() {
+        view.release();
+    }
     let aliases = decoded.len();
     decoded.extend(values);
     tracing::debug!(

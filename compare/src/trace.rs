@@ -273,7 +273,8 @@ impl RunTrace {
                 .store
                 .segment_info(key.0, key.1)
                 .map_or(0, |info| info.bytes);
-            let opened = segs.get_or_open(key, size, || self.open_segment(key.0, key.1));
+            let budget = segs.budget;
+            let opened = segs.get_or_open(key, size, || self.open_segment(key, size, budget));
             // A segment that does not open is read (and its error reported) by the walk.
             if let Ok(seg) = opened {
                 jobs.push((key, Arc::clone(seg), recs));
@@ -392,10 +393,22 @@ impl RunTrace {
     }
 
     /// Opens the segment of `rank` and `step`.
-    fn open_segment(&self, rank: u32, step: u64) -> Result<Arc<Segment>, CompareError> {
+    /// Opens the segment of (rank, step), of `size` bytes, for a cache of open segments
+    /// within `budget`: a segment larger than that budget has each large frame's pages
+    /// dropped from its mapping once read ([`Segment::set_releasing`]), so that reading it
+    /// through does not map it whole.
+    fn open_segment(
+        &self,
+        (rank, step): (u32, u64),
+        size: u64,
+        budget: u64,
+    ) -> Result<Arc<Segment>, CompareError> {
         self.store
             .open_segment(rank, step)
-            .map(Arc::new)
+            .map(|mut seg| {
+                seg.set_releasing(size > budget);
+                Arc::new(seg)
+            })
             .map_err(|e| CompareError::Store {
                 path: self.path.display().to_string(),
                 source: e,
@@ -430,10 +443,12 @@ impl RunTrace {
             .segment_info(rank, step)
             .map_or(0, |info| info.bytes);
         // Held while the tensor is decoded, not the cache: other readers go on meanwhile.
-        let seg = Arc::clone(
-            lock(&self.segments)
-                .get_or_open((rank, step), size, || self.open_segment(rank, step))?,
-        );
+        let mut segs = lock(&self.segments);
+        let budget = segs.budget;
+        let seg = Arc::clone(segs.get_or_open((rank, step), size, || {
+            self.open_segment((rank, step), size, budget)
+        })?);
+        drop(segs);
         let read = known_record(&self.ops, &self.frames, (rank, step), seq)
             .and_then(|(rec, offset)| seg.read_at(offset, rec))
             .or_else(|| seg.read_seq(seq));
@@ -461,6 +476,8 @@ impl RunTrace {
             path: self.path.display().to_string(),
             source: e,
         })?;
+        // Read: a large frame of a segment over the budget leaves the mapping.
+        view.release();
         self.bytes_read.fetch_add(handed, Ordering::Relaxed);
         Ok(true)
     }

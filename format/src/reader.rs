@@ -473,6 +473,25 @@ enum Bytes {
 }
 
 impl Bytes {
+    /// Drops the whole pages of `range` from the mapping (a file read into memory keeps its
+    /// bytes).
+    fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let Bytes::Map(m) = self {
+            let lo = range.start.next_multiple_of(RELEASE_ALIGN);
+            let hi = range.end.min(m.len()) / RELEASE_ALIGN * RELEASE_ALIGN;
+            if hi > lo {
+                // SAFETY: the mapping is read-only, file-backed and never written through: a
+                // page dropped here is read from the file again when next touched, with the
+                // same bytes (segments are append-only while mapped: the mapping's contract
+                // in `Segment::open_knowing`), so whatever refers into it sees no change.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+                };
+            }
+        }
+    }
+
     /// Tells the kernel how the mapping is about to be read (a file read into memory has no
     /// readahead to tune).
     fn advise(&self, reading: u8) {
@@ -487,11 +506,22 @@ impl Bytes {
     }
 }
 
-/// A segment's mapping read for its data, in order: the kernel reads ahead.
-const READING_DATA: u8 = 0;
+/// Frame bodies at least this large are dropped from the process's mapping once read
+/// ([`RecordView::release`]).
+const RELEASE_BYTES: usize = 1 << 20;
+/// What is dropped is aligned inward to this (a multiple of the page sizes in use), so that
+/// the frames around keep their pages.
+const RELEASE_ALIGN: usize = 64 << 10;
+
+/// A segment's mapping as mapped: read ahead, nothing read yet.
+const READING_FRESH: u8 = 0;
 /// A segment's mapping read for its records' metadata alone (a frame header and the record at
 /// the start of each body): no readahead, so that only those pages are read from disk.
 const READING_METADATA: u8 = 1;
+/// A segment's mapping read for its data: the kernel reads ahead, from then on (a record's
+/// metadata read now and then, a reference checked before its target is read, does not turn
+/// readahead off again).
+const READING_DATA: u8 = 2;
 
 /// Frames at least this large on average make a segment **sparse**: its metadata is read
 /// without readahead. With readahead, touching each frame's header and record reads most of
@@ -578,8 +608,11 @@ pub struct Segment {
     /// Frames of [`SPARSE_FRAME_BYTES`] or more on average: reading metadata alone switches
     /// the mapping to no readahead, reading data back to readahead.
     sparse: bool,
-    /// How the mapping is being read ([`READING_DATA`], [`READING_METADATA`]).
+    /// How the mapping is being read ([`READING_FRESH`], [`READING_METADATA`],
+    /// [`READING_DATA`]).
     reading: AtomicU8,
+    /// Whether [`RecordView::release`] drops large frames' pages ([`Segment::set_releasing`]).
+    releasing: bool,
 }
 
 /// A frame body checked against its CRC and parsed.
@@ -759,7 +792,8 @@ impl Segment {
                 parsed: k.frames.iter().map(|_| OnceLock::new()).collect(),
                 checked: Arc::clone(&k.checked),
                 sparse: k.sparse,
-                reading: AtomicU8::new(READING_DATA),
+                reading: AtomicU8::new(READING_FRESH),
+                releasing: false,
             };
             return Ok((seg, None));
         }
@@ -775,7 +809,8 @@ impl Segment {
             parsed: Vec::new(),
             checked: Arc::new([]),
             sparse: false,
-            reading: AtomicU8::new(READING_DATA),
+            reading: AtomicU8::new(READING_FRESH),
+            releasing: false,
         };
         if let Some((r, s)) = named {
             if (r, s) != (rank, step) {
@@ -1275,6 +1310,24 @@ impl Segment {
         )
     }
 
+    /// Makes [`RecordView::release`] drop the pages of this segment's frames of 1 MiB or more
+    /// from its mapping, for a reader that maps a segment larger than its memory budget: read
+    /// through, the segment would otherwise stay mapped whole (resident, as the kernel counts a
+    /// process's memory). Off by default: dropping pages costs the process's other threads a
+    /// TLB flush, and pages read again a minor fault each.
+    pub fn set_releasing(&mut self, on: bool) {
+        self.releasing = on;
+    }
+
+    /// Drops the pages of `body` (a frame body of this segment's mapping) from the mapping.
+    fn release_body(&self, body: &[u8]) {
+        let base = self.data.as_ptr() as usize;
+        let at = (body.as_ptr() as usize).wrapping_sub(base);
+        if at < self.data.len() {
+            self.data.release(at..at + body.len());
+        }
+    }
+
     /// Whether the segment's frames are large enough ([`SPARSE_FRAME_BYTES`] on average, by its
     /// index) that reading their metadata alone turns the kernel's readahead off, so that a
     /// listing (or compare's first pass over the records) reads a page or two of each frame
@@ -1284,9 +1337,17 @@ impl Segment {
     }
 
     /// Reads the mapping as `reading` says from now on, if the segment is sparse (others are
-    /// always read ahead).
+    /// always read ahead) and no data was read from it yet (data read once, it stays read
+    /// ahead).
     fn set_reading(&self, reading: u8) {
-        if self.sparse && self.reading.swap(reading, Ordering::AcqRel) != reading {
+        if !self.sparse {
+            return;
+        }
+        let was = self.reading.load(Ordering::Acquire);
+        if was == reading || was == READING_DATA {
+            return;
+        }
+        if self.reading.swap(reading, Ordering::AcqRel) != reading {
             self.data.advise(reading);
         }
     }
@@ -1448,6 +1509,8 @@ impl Segment {
         target
             .tensor_bytes_into(t, scratch, out)
             .map_err(|e| FormatError::Corrupt(format!("the blob it references is bad: {e}")))?;
+        // Read for the reference alone: a large target's pages leave the mapping.
+        target.release();
         if out.len() as u64 != raw_len {
             return Err(FormatError::Corrupt(format!(
                 "the blob it references has {} bytes, not {raw_len}",
@@ -1496,6 +1559,17 @@ pub struct RecordView<'a> {
 }
 
 impl RecordView<'_> {
+    /// Drops the pages of this record's frame from the process's mapping of its segment when
+    /// the segment releases ([`Segment::set_releasing`]) and the body is 1 MiB or more: the
+    /// page cache keeps them (reading them again costs minor page faults), but they stop
+    /// counting in the process's resident memory. For readers that bound their memory
+    /// (compare), once they have read what they wanted of the record.
+    pub fn release(&self) {
+        if self.segment.releasing && self.body.len() >= RELEASE_BYTES {
+            self.segment.release_body(self.body);
+        }
+    }
+
     fn blob(&self, tensor: usize) -> Result<&BlobRef, FormatError> {
         let t = self.record.tensors.get(tensor).ok_or_else(|| {
             FormatError::Invalid(format!(

@@ -135,11 +135,9 @@ fn incompressible(n: usize, mut x: u64) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn a_segment_of_large_frames_reads_the_same_records_for_its_metadata_as_for_its_data() {
-    let dir = Scratch::new("sparse");
-    let run = dir.path();
-    // Copies of 1.5 MiB that do not compress: frames over the sparse threshold.
+/// Writes segment (0, 0) of `run`: four copies of 1.5 MiB that do not compress (frames over
+/// the sparse and release thresholds).
+fn write_large_frames(run: &std::path::Path) -> Vec<common::Made> {
     let mut made = common::records(0, 0, 5, 1);
     made.retain(|m| matches!(m.record.op, ttrace_format::record::Op::Memcpy(_)));
     let template = made.pop().expect("a copy record");
@@ -158,6 +156,14 @@ fn a_segment_of_large_frames_reads_the_same_records_for_its_metadata_as_for_its_
         })
         .collect();
     common::write_segment(run, &big, 0, 0, true);
+    big
+}
+
+#[test]
+fn a_segment_of_large_frames_reads_the_same_records_for_its_metadata_as_for_its_data() {
+    let dir = Scratch::new("sparse");
+    let run = dir.path();
+    let big = write_large_frames(run);
     let seg = Segment::open(&segment_path(run, 0, 0)).expect("segment");
     assert!(seg.sparse(), "frames of 1.5 MiB make a sparse segment");
     assert_eq!(seg.len(), big.len());
@@ -181,4 +187,58 @@ fn a_segment_of_large_frames_reads_the_same_records_for_its_metadata_as_for_its_
     write_store(small.path(), 1, 1, 12);
     let seg = Segment::open(&segment_path(small.path(), 0, 0)).expect("segment");
     assert!(!seg.sparse(), "frames of a few KiB");
+}
+
+/// KiB of `path`'s mappings resident in this process (`/proc/self/smaps`).
+#[cfg(target_os = "linux")]
+fn mapped_kib(path: &std::path::Path) -> u64 {
+    let path = path.canonicalize().expect("canonical path");
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
+    let mut inside = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's header line: `start-end perms offset dev inode [path]`.
+            inside = line.ends_with(path.to_str().expect("utf-8 path"));
+        } else if inside && first == "Rss:" {
+            kib += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    kib
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_releasing_segment_drops_its_large_frames_pages_once_read_and_a_default_one_keeps_them() {
+    let dir = Scratch::new("release");
+    let run = dir.path();
+    let big = write_large_frames(run);
+    let path = segment_path(run, 0, 0);
+    for releasing in [false, true] {
+        let mut seg = Segment::open(&path).expect("segment");
+        seg.set_releasing(releasing);
+        for (i, m) in big.iter().enumerate() {
+            let v = seg.read(i).expect("an intact frame");
+            assert_eq!(v.tensor_bytes(0).expect("decodes"), m.data[0], "frame {i}");
+            v.release();
+        }
+        // 6 MiB were read through the mapping.
+        let kib = mapped_kib(&path);
+        if releasing {
+            // What is left: each frame's first and last partial 64 KiB, the headers.
+            assert!(kib < 1024, "{kib} KiB still mapped after release");
+            // Read again, the same bytes (from the page cache).
+            for (i, m) in big.iter().enumerate() {
+                let v = seg.read(i).expect("an intact frame");
+                assert_eq!(v.tensor_bytes(0).expect("decodes"), m.data[0], "frame {i}");
+            }
+        } else {
+            assert!(kib >= 5 * 1024, "only {kib} KiB mapped after reading 6 MiB");
+        }
+    }
 }

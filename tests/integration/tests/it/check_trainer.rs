@@ -341,3 +341,54 @@ fn fp8_amax_unreduced_is_found() {
         c.text
     );
 }
+
+/// A store read for checking holds no collective bytes: a call's are read again from the
+/// store when that call is checked (`Trace::with_bytes`), the very bytes that were captured,
+/// so that the check's memory does not grow with the trace.
+#[test]
+fn a_trace_read_for_checking_holds_no_collective_bytes_and_reads_them_again_per_call() {
+    let dir = TempDir::new("check-lazy");
+    let store = dir.0.join("store");
+    let out = ttrace_run(&store)
+        .current_dir(&dir.0)
+        .arg("--")
+        .arg(bin("simrun"))
+        .args(["--nproc-per-node", "2", "--"])
+        .arg(bin("trainer"))
+        .args(["--steps", "2", "--micro-batches", "2", "--tp", "2"])
+        .output()
+        .expect("ttrace runs");
+    assert!(out.status.success(), "ttrace run: {}", describe(&out));
+    let store = std::sync::Arc::new(ttrace_format::reader::Store::open(&store).expect("store"));
+    let trace = ttrace_compare::check::load::load(&store, &mut |_, _| {}).expect("loads");
+    let collectives: Vec<_> = trace
+        .records
+        .iter()
+        .filter(|r| matches!(r.record.op, ttrace_format::record::Op::Collective(_)))
+        .filter(|r| r.record.tensors.iter().any(|t| t.captured))
+        .collect();
+    assert!(!collectives.is_empty(), "a tp=2 run has all-reduces");
+    for r in collectives {
+        assert!(
+            r.bytes.iter().all(Option::is_none),
+            "{}: bytes held",
+            r.name()
+        );
+        let read = trace.with_bytes(r);
+        for (i, t) in r.record.tensors.iter().enumerate() {
+            let held = read.bytes.get(i).and_then(|b| b.as_deref());
+            if !t.captured {
+                assert!(held.is_none(), "{}: tensor {i} was not captured", r.name());
+                continue;
+            }
+            let b = held.unwrap_or_else(|| panic!("{}: tensor {i} not read again", r.name()));
+            assert_eq!(b.len() as u64, t.nbytes, "{}: tensor {i}", r.name());
+            assert_eq!(crc32fast::hash(b), t.crc32, "{}: tensor {i}", r.name());
+        }
+    }
+    assert!(
+        trace.late_unreadable().is_empty(),
+        "{:?}",
+        trace.late_unreadable()
+    );
+}

@@ -161,13 +161,16 @@ pub fn load(store: &Arc<Store>, progress: &mut dyn FnMut(u64, u64)) -> Result<Tr
     let mut firsts: BTreeMap<u32, NonFinite> = BTreeMap::new();
     let mut done = 0u64;
     for seg in crate::model::store::segments(store) {
-        let (rank, seg) = match seg {
+        let (rank, mut seg) = match seg {
             Ok((rank, _, seg)) => (rank, seg),
             Err(line) => {
                 trace.unreadable.push(line);
                 continue;
             }
         };
+        // Read through once, in order: large frames leave the mapping as they are read, so
+        // that a segment larger than memory is not mapped (resident) whole.
+        seg.set_releasing(true);
         for view in seg.records() {
             done += 1;
             if done.is_multiple_of(256) {
@@ -190,6 +193,7 @@ pub fn load(store: &Arc<Store>, progress: &mut dyn FnMut(u64, u64)) -> Result<Tr
                 }
             }
             trace.records.push(keep(&view, &mut trace.unreadable));
+            view.release();
         }
     }
     progress(done, total.max(done));

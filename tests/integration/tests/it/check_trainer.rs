@@ -16,9 +16,9 @@ struct Checked {
     report: Value,
 }
 
-/// Traces the trainer on `nproc` ranks with `args` (2 steps, 2 micro-batches) and checks it.
-fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
-    let dir = TempDir::new("check-run");
+/// Traces the trainer on `nproc` ranks with `args` (2 steps, 2 micro-batches) into
+/// `dir/store`.
+fn trace(dir: &TempDir, nproc: usize, args: &[&str]) -> std::path::PathBuf {
     let store = dir.0.join("store");
     let out = ttrace_run(&store)
         .current_dir(&dir.0)
@@ -35,6 +35,13 @@ fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
         "ttrace run {args:?}: {}",
         describe(&out)
     );
+    store
+}
+
+/// Traces the trainer on `nproc` ranks with `args` (2 steps, 2 micro-batches) and checks it.
+fn trace_and_check(nproc: usize, args: &[&str]) -> Checked {
+    let dir = TempDir::new("check-run");
+    let store = trace(&dir, nproc, args);
     check(&store, &dir.0.join("report.json"))
 }
 
@@ -348,17 +355,7 @@ fn fp8_amax_unreduced_is_found() {
 #[test]
 fn a_trace_read_for_checking_holds_no_collective_bytes_and_reads_them_again_per_call() {
     let dir = TempDir::new("check-lazy");
-    let store = dir.0.join("store");
-    let out = ttrace_run(&store)
-        .current_dir(&dir.0)
-        .arg("--")
-        .arg(bin("simrun"))
-        .args(["--nproc-per-node", "2", "--"])
-        .arg(bin("trainer"))
-        .args(["--steps", "2", "--micro-batches", "2", "--tp", "2"])
-        .output()
-        .expect("ttrace runs");
-    assert!(out.status.success(), "ttrace run: {}", describe(&out));
+    let store = trace(&dir, 2, &["--tp", "2"]);
     let store = std::sync::Arc::new(ttrace_format::reader::Store::open(&store).expect("store"));
     let trace = ttrace_compare::check::load::load(&store, &mut |_, _| {}).expect("loads");
     let collectives: Vec<_> = trace

@@ -273,8 +273,7 @@ impl RunTrace {
                 .store
                 .segment_info(key.0, key.1)
                 .map_or(0, |info| info.bytes);
-            let budget = segs.budget;
-            let opened = segs.get_or_open(key, size, || self.open_segment(key, size, budget));
+            let opened = segs.get_or_open(key, size, |over| self.open_segment(key, over));
             // A segment that does not open is read (and its error reported) by the walk.
             if let Ok(seg) = opened {
                 jobs.push((key, Arc::clone(seg), recs));
@@ -392,21 +391,17 @@ impl RunTrace {
         jobs
     }
 
-    /// Opens the segment of `rank` and `step`.
-    /// Opens the segment of (rank, step), of `size` bytes, for a cache of open segments
-    /// within `budget`: a segment larger than that budget has each large frame's pages
-    /// dropped from its mapping once read ([`Segment::set_releasing`]), so that reading it
-    /// through does not map it whole.
+    /// Opens the segment of (rank, step) for the cache of open segments; `over_budget`: it is
+    /// larger than the cache's whole budget ([`OpenCache::get_or_open`]).
     fn open_segment(
         &self,
         (rank, step): (u32, u64),
-        size: u64,
-        budget: u64,
+        over_budget: bool,
     ) -> Result<Arc<Segment>, CompareError> {
         self.store
             .open_segment(rank, step)
             .map(|mut seg| {
-                seg.set_releasing(size > budget);
+                seg.set_releasing(over_budget);
                 Arc::new(seg)
             })
             .map_err(|e| CompareError::Store {
@@ -443,12 +438,11 @@ impl RunTrace {
             .segment_info(rank, step)
             .map_or(0, |info| info.bytes);
         // Held while the tensor is decoded, not the cache: other readers go on meanwhile.
-        let mut segs = lock(&self.segments);
-        let budget = segs.budget;
-        let seg = Arc::clone(segs.get_or_open((rank, step), size, || {
-            self.open_segment((rank, step), size, budget)
-        })?);
-        drop(segs);
+        let seg = Arc::clone(
+            lock(&self.segments).get_or_open((rank, step), size, |over| {
+                self.open_segment((rank, step), over)
+            })?,
+        );
         let read = known_record(&self.ops, &self.frames, (rank, step), seq)
             .and_then(|(rec, offset)| seg.read_at(offset, rec))
             .or_else(|| seg.read_seq(seq));
@@ -812,12 +806,15 @@ impl<T> Default for OpenCache<T> {
 
 impl<T> OpenCache<T> {
     /// The segment `key` (of `size` bytes), opened with `open` when it is not open, after
-    /// closing the least recently read ones that would pass the budget.
+    /// closing the least recently read ones that would pass the budget. `open` is told
+    /// whether the segment alone is larger than the budget: closing segments cannot bound
+    /// what it maps, so it should drop its large frames' pages as they are read
+    /// ([`Segment::set_releasing`]), or reading it through would map it whole.
     fn get_or_open(
         &mut self,
         key: (u32, u64),
         size: u64,
-        open: impl FnOnce() -> Result<T, CompareError>,
+        open: impl FnOnce(bool) -> Result<T, CompareError>,
     ) -> Result<&T, CompareError> {
         self.tick += 1;
         if !self.open.contains_key(&key) {
@@ -834,7 +831,7 @@ impl<T> OpenCache<T> {
                     self.mapped -= bytes;
                 }
             }
-            let seg = open()?;
+            let seg = open(size > self.budget)?;
             self.open.insert(key, (seg, size, 0));
             self.mapped += size;
             self.peak = self.peak.max(self.mapped);
@@ -1060,7 +1057,8 @@ mod tests {
         let mut opened = Vec::new();
         let mut get = |cache: &mut OpenCache<u64>, step: u64| {
             *cache
-                .get_or_open((0, step), 100, || {
+                .get_or_open((0, step), 100, |over| {
+                    assert!(!over, "100 bytes fit a budget of 250");
                     opened.push(step);
                     Ok(step)
                 })
@@ -1074,14 +1072,18 @@ mod tests {
         assert_eq!(get(&mut cache, 1), 1); // reopened, closes step 2
         assert_eq!(opened, vec![0, 1, 2, 1]);
         assert!(cache.peak <= 250 && cache.mapped <= 250, "{}", cache.peak);
-        // A segment larger than the budget still opens, alone.
+        // A segment larger than the budget still opens, alone, told that it is over the
+        // budget (it releases its pages as it is read).
         let mut small: OpenCache<u64> = OpenCache {
             budget: 50,
             ..OpenCache::default()
         };
         for step in 0..3 {
             small
-                .get_or_open((1, step), 100, || Ok(step))
+                .get_or_open((1, step), 100, |over| {
+                    assert!(over, "100 bytes are over a budget of 50");
+                    Ok(step)
+                })
                 .expect("opens");
             assert_eq!(small.open.len(), 1);
         }

@@ -567,16 +567,15 @@ pub enum IndexState {
 }
 
 /// What opening a segment found out (its frames, problems and index state), kept by its
-/// [`Store`] for opening it again, with what identifies the file it was found in.
+/// [`Store`] for opening it again, with what identifies the files it was found in.
 #[derive(Debug)]
 struct Located {
     file_len: u64,
     modified: Option<std::time::SystemTime>,
     /// The index file's length and modification time (`None`: none, or unreadable).
     index_file: Option<(u64, std::time::SystemTime)>,
-    rank: u32,
-    step: u64,
-    frames: Vec<FrameLoc>,
+    /// Shared with every opening (not copied per opening).
+    frames: Arc<[FrameLoc]>,
     issues: Vec<Issue>,
     index: IndexState,
     good_end: u64,
@@ -592,7 +591,7 @@ pub struct Segment {
     pub rank: u32,
     pub step: u64,
     data: Bytes,
-    frames: Vec<FrameLoc>,
+    frames: Arc<[FrameLoc]>,
     issues: Vec<Issue>,
     index: IndexState,
     /// End of the last intact frame (where a torn tail starts).
@@ -776,16 +775,15 @@ impl Segment {
             )));
         }
         let file_len = data.len() as u64;
-        if let Some(k) = known.filter(|k| {
-            (k.file_len, k.modified, k.index_file, k.rank, k.step)
-                == (file_len, modified, index_file, rank, step)
-        }) {
+        if let Some(k) = known
+            .filter(|k| (k.file_len, k.modified, k.index_file) == (file_len, modified, index_file))
+        {
             let seg = Segment {
                 path: path.to_path_buf(),
                 rank,
                 step,
                 data,
-                frames: k.frames.clone(),
+                frames: Arc::clone(&k.frames),
                 issues: k.issues.clone(),
                 index: k.index,
                 good_end: k.good_end,
@@ -802,7 +800,7 @@ impl Segment {
             rank,
             step,
             data,
-            frames: Vec::new(),
+            frames: Arc::new([]),
             issues: Vec::new(),
             index: IndexState::Used,
             good_end: SEGMENT_HEADER_BYTES,
@@ -834,9 +832,7 @@ impl Segment {
             file_len,
             modified,
             index_file,
-            rank,
-            step,
-            frames: seg.frames.clone(),
+            frames: Arc::clone(&seg.frames),
             issues: seg.issues.clone(),
             index: seg.index,
             good_end: seg.good_end,
@@ -960,21 +956,21 @@ impl Segment {
                             ),
                         }
                     }
-                    self.frames = frames;
+                    self.frames = frames.into();
                     return;
                 }
                 Err(why) => {
                     self.index_damaged(why);
                     let mut frames = Vec::new();
                     self.scan(SEGMENT_HEADER_BYTES, len, &entries, &mut frames, None);
-                    self.frames = frames;
+                    self.frames = frames.into();
                     return;
                 }
             }
         }
         let mut frames = Vec::new();
         self.scan(SEGMENT_HEADER_BYTES, len, &[], &mut frames, None);
-        self.frames = frames;
+        self.frames = frames.into();
     }
 
     /// Checks index entries against the segment. Returns how many leading entries are usable
@@ -1127,7 +1123,7 @@ impl Segment {
     /// Reports seqs that repeat within the segment.
     fn check_records_belong(&mut self) {
         let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
-        for f in &self.frames {
+        for f in self.frames.iter() {
             *seen.entry(f.seq).or_default() += 1;
         }
         let dups: Vec<u64> = seen

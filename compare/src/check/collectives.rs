@@ -218,93 +218,124 @@ fn check_p2p(
     recvs: &[&Rec],
     out: &mut Outcome,
 ) {
-    let (comm, from, to) = key;
     let mut seen: BTreeMap<(u64, u32, usize), usize> = BTreeMap::new();
-    for (i, s) in sends.iter().enumerate() {
-        let s = trace.with_bytes(s);
-        let Some(b) = s.bytes_of(Role::Input) else {
-            continue;
-        };
-        let es = s
-            .find(Role::Input)
-            .map_or(1, |t| s.record.tensors[t].dtype.size());
-        let constant = b.chunks(es).all(|c| c == &b[..es.min(b.len())]);
-        if constant {
-            continue;
-        }
-        let earlier = seen.insert((s.record.step, crc32fast::hash(b), b.len()), i);
-        let same = earlier.filter(|&j| {
-            trace
-                .with_bytes(sends[j])
-                .bytes_of(Role::Input)
-                .is_some_and(|e| e == b)
-        });
-        if let Some(j) = same {
-            out.findings.push(Finding {
-                kind: FindingKind::PointToPoint,
-                step: s.record.step,
-                ranks: vec![s.record.rank],
-                op: s.name(),
-                module: module(&s),
-                detail: format!(
-                    "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
-                ),
-            });
-        }
-    }
+    // Stale sends are said before the pairs' findings, as when they were looked for first.
+    let (mut stale, mut pairs) = (Vec::new(), Vec::new());
     for i in 0..sends.len().max(recvs.len()) {
+        // Each transfer's bytes read once.
         let (s, r) = (
             sends.get(i).map(|s| trace.with_bytes(s)),
             recvs.get(i).map(|r| trace.with_bytes(r)),
         );
         let (s, r) = (s.as_deref(), r.as_deref());
-        let (Some(s), Some(r)) = (s, r) else {
-            let (have, lacks) = match (s, r) {
-                (Some(s), None) => (s, "no matching recv"),
-                (None, Some(r)) => (r, "no matching send"),
-                _ => continue,
-            };
-            out.findings.push(Finding {
-                kind: FindingKind::PointToPoint,
-                step: have.record.step,
-                ranks: vec![have.record.rank],
-                op: have.name(),
-                module: module(have),
-                detail: format!(
-                    "transfer #{i} from comm rank {from} to {to} on comm {comm:#x}: {lacks}"
-                ),
-            });
-            continue;
+        if let Some(s) = s {
+            stale.extend(stale_send(trace, key, sends, &mut seen, i, s));
+        }
+        let (checked, finding) = check_pair(key, i, s, r);
+        out.checked += u64::from(checked);
+        pairs.extend(finding);
+    }
+    out.findings.extend(stale);
+    out.findings.extend(pairs);
+}
+
+/// Send `i` (`s`, its bytes read) when it repeats the bytes of an earlier send of the same
+/// step on the path (`seen`: earlier sends by step, CRC-32 and length of their bytes; a match
+/// is compared byte for byte).
+fn stale_send(
+    trace: &Trace,
+    (comm, from, to): (u64, u32, u32),
+    sends: &[&Rec],
+    seen: &mut BTreeMap<(u64, u32, usize), usize>,
+    i: usize,
+    s: &Rec,
+) -> Option<Finding> {
+    let b = s.bytes_of(Role::Input)?;
+    let es = s
+        .find(Role::Input)
+        .map_or(1, |t| s.record.tensors[t].dtype.size());
+    let constant = b.chunks(es).all(|c| c == &b[..es.min(b.len())]);
+    if constant {
+        return None;
+    }
+    let earlier = seen.insert((s.record.step, crc32fast::hash(b), b.len()), i);
+    let j = earlier.filter(|&j| {
+        trace
+            .with_bytes(sends[j])
+            .bytes_of(Role::Input)
+            .is_some_and(|e| e == b)
+    })?;
+    Some(Finding {
+        kind: FindingKind::PointToPoint,
+        step: s.record.step,
+        ranks: vec![s.record.rank],
+        op: s.name(),
+        module: module(s),
+        detail: format!(
+            "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
+        ),
+    })
+}
+
+/// Transfer `i` of a path: send `s` and recv `r` (their bytes read). Whether the pair was
+/// checked (both ends there), and what is wrong with it.
+fn check_pair(
+    (comm, from, to): (u64, u32, u32),
+    i: usize,
+    s: Option<&Rec>,
+    r: Option<&Rec>,
+) -> (bool, Option<Finding>) {
+    let (Some(s), Some(r)) = (s, r) else {
+        let (have, lacks) = match (s, r) {
+            (Some(s), None) => (s, "no matching recv"),
+            (None, Some(r)) => (r, "no matching send"),
+            _ => return (false, None),
         };
-        out.checked += 1;
-        let (Some(cs), Some(cr)) = (coll(s), coll(r)) else {
-            continue;
-        };
-        let ranks = vec![s.record.rank, r.record.rank];
-        let finding = |detail: String| Finding {
+        let finding = Finding {
             kind: FindingKind::PointToPoint,
-            step: r.record.step,
-            ranks: ranks.clone(),
-            op: format!("{} -> {}", s.name(), r.name()),
-            module: module(r),
-            detail,
+            step: have.record.step,
+            ranks: vec![have.record.rank],
+            op: have.name(),
+            module: module(have),
+            detail: format!(
+                "transfer #{i} from comm rank {from} to {to} on comm {comm:#x}: {lacks}"
+            ),
         };
-        if cs.count != cr.count || cs.nccl_type != cr.nccl_type {
-            out.findings.push(finding(format!(
+        return (false, Some(finding));
+    };
+    let (Some(cs), Some(cr)) = (coll(s), coll(r)) else {
+        return (true, None);
+    };
+    let finding = |detail: String| Finding {
+        kind: FindingKind::PointToPoint,
+        step: r.record.step,
+        ranks: vec![s.record.rank, r.record.rank],
+        op: format!("{} -> {}", s.name(), r.name()),
+        module: module(r),
+        detail,
+    };
+    if cs.count != cr.count || cs.nccl_type != cr.nccl_type {
+        return (
+            true,
+            Some(finding(format!(
                 "send of {} elements of type {} received as {} of type {}",
                 cs.count, cs.nccl_type, cr.count, cr.nccl_type
-            )));
-            continue;
-        }
-        if let (Some(a), Some(b)) = (s.bytes_of(Role::Input), r.bytes_of(Role::Output)) {
-            if a != b {
-                let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
-                out.findings.push(finding(format!(
-                    "the received bytes differ from the sent ones (first at byte {at})"
-                )));
-            }
-        }
+            ))),
+        );
     }
+    let (Some(a), Some(b)) = (s.bytes_of(Role::Input), r.bytes_of(Role::Output)) else {
+        return (true, None);
+    };
+    if a == b {
+        return (true, None);
+    }
+    let at = a.iter().zip(b).position(|(x, y)| x != y).unwrap_or(0);
+    (
+        true,
+        Some(finding(format!(
+            "the received bytes differ from the sent ones (first at byte {at})"
+        ))),
+    )
 }
 
 /// Checks one collective call (its members' records, by communicator rank).

@@ -76,10 +76,17 @@ pub struct Walked<'a> {
 
 /// The bytes of decoded tensors one window may hold under a `--memory` budget: a
 /// sixteenth, for two windows (the one compared and the next, decoded meanwhile) in an eighth
-/// (the rest is for open segments, the op being compared and what the comparison keeps).
+/// (the rest is for open segments, the op being compared and what the comparison keeps),
+/// and at most [`WINDOW_CAP`].
 pub fn window_budget(memory: u64) -> u64 {
-    memory / 16
+    (memory / 16).min(WINDOW_CAP)
 }
+
+/// The most bytes of decoded tensors a window holds whatever the budget: larger windows
+/// measured slower (a sixteenth of the default budget, 64 MiB, took the demo 1.1x the time;
+/// docs/compare.md, section 6), and a window of any size holds at least one op, whose
+/// tensors are decoded in parallel.
+pub const WINDOW_CAP: u64 = 8 << 20;
 
 /// The bytes of decoded tensors each store keeps ([`crate::decoded`]) under a `--memory`
 /// budget, the two windows included: an eighth of it (a larger share measured slower: in a

@@ -48,11 +48,10 @@ pub fn main(args: CheckArgs) -> anyhow::Result<i32> {
         ))
     })?;
     bar.finish();
-    let json = serde_json::to_string_pretty(&report)?;
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => writeln!(std::io::stdout().lock(), "{json}")?,
+        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, &report)?,
         Some(p) => {
-            std::fs::write(p, json + "\n").map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            crate::json_out::write(p, &report)?;
             write!(std::io::stdout().lock(), "{report}")?;
         }
         None => write!(std::io::stdout().lock(), "{report}")?,

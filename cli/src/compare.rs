@@ -216,8 +216,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
             let partial = compare_partition(&args.reference, &args.run, &opts, part, &mut progress)
                 .map_err(failed)?;
             bar.finish();
-            let json = serde_json::to_string_pretty(&partial)?;
-            write_reports(&args, &partial.report, &json, Some(&partial.label()))?;
+            write_reports(&args, &partial.report, &partial, Some(&partial.label()))?;
             partial.exit_code()
         }
         None => {
@@ -225,8 +224,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
                 compare(&args.reference, &args.run, &opts, &mut progress).map_err(failed)?;
             tracing::debug!("compare: report made");
             bar.finish();
-            let json = serde_json::to_string_pretty(&report)?;
-            write_reports(&args, &report, &json, None)?;
+            write_reports(&args, &report, &report, None)?;
             tracing::debug!("compare: reports written");
             report.exit_code()
         }
@@ -239,7 +237,7 @@ pub fn main(args: CompareArgs) -> anyhow::Result<i32> {
 fn write_reports(
     args: &CompareArgs,
     report: &CompareReport,
-    json: &str,
+    json: &impl serde::Serialize,
     partial: Option<&str>,
 ) -> anyhow::Result<()> {
     if let Some(p) = &args.html {
@@ -256,12 +254,9 @@ fn write_reports(
     }
     text_out.push_str(&text::render(report, color));
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => {
-            writeln!(std::io::stdout().lock(), "{json}")?;
-        }
+        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, json)?,
         Some(p) => {
-            std::fs::write(p, format!("{json}\n"))
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            crate::json_out::write(p, json)?;
             write!(std::io::stdout().lock(), "{text_out}")?;
         }
         None => write!(std::io::stdout().lock(), "{text_out}")?,

@@ -19,6 +19,7 @@ mod compare;
 mod dump;
 mod export;
 mod fsck;
+mod json_out;
 mod ls;
 mod progress;
 mod reading;

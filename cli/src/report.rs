@@ -69,12 +69,10 @@ fn merge(args: MergeArgs) -> anyhow::Result<i32> {
             .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let json = serde_json::to_string_pretty(&report)?;
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => writeln!(std::io::stdout().lock(), "{json}")?,
+        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, &report)?,
         Some(p) => {
-            std::fs::write(p, format!("{json}\n"))
-                .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            crate::json_out::write(p, &report)?;
             write!(std::io::stdout().lock(), "{}", text::render(&report, color))?;
         }
         None => write!(std::io::stdout().lock(), "{}", text::render(&report, color))?,

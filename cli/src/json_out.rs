@@ -1,0 +1,55 @@
+//! Writing a command's JSON report: to stdout (`-`) or to a file, serialized straight into a
+//! buffered writer. A report of many steps is tens of MB of JSON (about 1 KB a tensor
+//! compared): it is never held whole in memory, nor copied to add its last newline.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+/// Writes `value` as pretty-printed JSON and a newline to `path` (`-`: stdout).
+pub fn write(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    if path.as_os_str() == "-" {
+        let out = std::io::stdout().lock();
+        return write_to(BufWriter::new(out), value).map_err(|e| named(&e));
+    }
+    let file = std::fs::File::create(path).map_err(|e| named(&e))?;
+    write_to(BufWriter::with_capacity(1 << 20, file), value).map_err(|e| named(&e))
+}
+
+fn write_to<W: Write>(mut w: W, value: &impl Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut w, value)?;
+    w.write_all(b"\n")?;
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_holds_what_to_string_pretty_gives_and_a_newline() {
+        let value = serde_json::json!({"verdict": "match", "tensors": [{"error_eps": 0.5}]});
+        let path =
+            std::env::temp_dir().join(format!("ttrace-json-out-{}.json", std::process::id()));
+        write(&path, &value).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read back");
+        std::fs::remove_file(&path).ok();
+        assert_eq!(
+            text,
+            serde_json::to_string_pretty(&value).expect("json") + "\n"
+        );
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_made_is_named() {
+        let path = Path::new("/nonexistent-ttrace-dir/report.json");
+        let err = write(path, &serde_json::json!({})).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent-ttrace-dir/report.json: "),
+            "{err}"
+        );
+    }
+}

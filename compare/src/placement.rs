@@ -4,7 +4,9 @@
 //! ([`crate::combine`]).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use ttrace_format::dtype::DType;
 use ttrace_format::record::{Record, Role};
 
 use crate::combine::{self, SumSearch};
@@ -117,6 +119,7 @@ impl Placer {
             all_known: true,
             ..Placing::default()
         };
+        let mut fitted: Vec<Fitted> = Vec::new();
         for &(rank, seq) in shards {
             let Some(rec) = run.record(rank, step, seq) else {
                 continue;
@@ -156,7 +159,7 @@ impl Placer {
                 continue;
             }
             out.all_known &= self.mem.placed_whole.contains(&key);
-            match self.fit(&key, &x, ref_vals, tol) {
+            match self.fit_again(&key, &x, ref_vals, tol, &mut fitted) {
                 Some(f) => {
                     out.results.push(Shard {
                         rank,
@@ -174,6 +177,40 @@ impl Placer {
             out.vals.insert((rank, seq), x);
         }
         Ok(out)
+    }
+
+    /// [`Placer::fit`] of a shard of one reference tensor, `fitted` holding the fits of the
+    /// tensor's shards before it. A shard whose values are bit-for-bit those of an earlier
+    /// shard, whose kind remembers the same places, takes that shard's fit (remembered for its
+    /// own kind the same way) instead of searching again: the fit is a pure function of the
+    /// values, the reference, the tolerance, the places remembered and the scales tried, so
+    /// it is the same fit. Data-parallel replicas of a weight are such shards.
+    fn fit_again(
+        &mut self,
+        key: &HintKey,
+        x: &Values,
+        ref_vals: &Values,
+        tol: Tolerance,
+        fitted: &mut Vec<Fitted>,
+    ) -> Option<numerics::Fit> {
+        let known = self.mem.known(key).to_vec();
+        let provisional = self.mem.provisional.get(key).cloned();
+        let earlier = fitted.iter().find(|f| {
+            f.known == known && f.provisional == provisional && same_values(&f.values, x)
+        });
+        if let Some(f) = earlier {
+            let fit = f.fit.clone()?;
+            self.remember(key, &fit, tol, x.dtype);
+            return Some(fit);
+        }
+        let fit = self.fit(key, x, ref_vals, tol);
+        fitted.push(Fitted {
+            values: x.clone(),
+            known,
+            provisional,
+            fit: fit.clone(),
+        });
+        fit
     }
 
     /// The best placement of one shard, remembered for its kind when it fits clearly.
@@ -197,12 +234,19 @@ impl Placer {
             // is re-validated against the other places instead of searched again.
             _ => numerics::place_trusting(x, ref_vals, known, &self.scales, (accept, trust), quick),
         }?;
-        if fit.err.rel <= accept {
-            self.mem.placed_clean(key, &fit);
-        } else {
-            self.mem.placed_loosely(key, &fit);
-        }
+        self.remember(key, &fit, tol, x.dtype);
         Some(fit)
+    }
+
+    /// Remembers `fit` for `key`: a clean fit (within what a hint may accept) as where to look
+    /// first, a loose one as the kind's provisional place.
+    fn remember(&mut self, key: &HintKey, fit: &numerics::Fit, tol: Tolerance, dtype: DType) {
+        let (accept, _) = tol.hint_limits(self.eps, dtype);
+        if fit.err.rel <= accept {
+            self.mem.placed_clean(key, fit);
+        } else {
+            self.mem.placed_loosely(key, fit);
+        }
     }
 
     /// Tries the group sums for partial results; returns the group size (1: no sum fitted).
@@ -265,6 +309,28 @@ impl Placer {
     }
 }
 
+/// A shard's fit with what it was a function of besides the reference and the tolerance
+/// ([`Placer::fit_again`]).
+struct Fitted {
+    values: Values,
+    known: Vec<(Placement, f32)>,
+    provisional: Option<(Placement, f32)>,
+    fit: Option<numerics::Fit>,
+}
+
+/// Whether `a` and `b` hold the same elements bit for bit (the same buffer, or equal bits),
+/// with the same shape and stored type.
+fn same_values(a: &Values, b: &Values) -> bool {
+    a.shape == b.shape
+        && a.dtype == b.dtype
+        && (Arc::ptr_eq(&a.data, &b.data)
+            || (a.data.len() == b.data.len()
+                && a.data
+                    .iter()
+                    .zip(b.data.iter())
+                    .all(|(x, y)| x.to_bits() == y.to_bits())))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -322,6 +388,38 @@ pub(crate) mod tests {
         assert!(f.err.rel < 1e-12);
         assert_eq!(p.mem.known(&key()), &[(half(1), 1.0)][..]);
         assert!(p.mem.placed_whole.contains(&key()));
+    }
+
+    /// A replica's shard (the same bits as an earlier shard, its kind remembering the same
+    /// places) takes the earlier fit, and its kind remembers it as a search would have made
+    /// it remember; a shard with other bits, or whose kind remembers other places, is searched.
+    #[test]
+    fn a_replica_takes_the_fit_of_the_same_values_and_is_remembered_the_same() {
+        let other_rank = |rank: u32| {
+            let mut k = key();
+            k.0 = rank;
+            k
+        };
+        let (mut p, mut searched) = (placer(), placer());
+        let mut fitted = Vec::new();
+        let shard = values(&[-5.0, 6.0, 7.5, 8.0]);
+        let copy = values(&[-5.0, 6.0, 7.5, 8.0]); // another buffer, the same bits
+        let first = p.fit_again(&key(), &shard, &reference(), TOL, &mut fitted);
+        let again = p.fit_again(&other_rank(2), &copy, &reference(), TOL, &mut fitted);
+        assert_eq!(fitted.len(), 1, "the replica was not searched");
+        assert_eq!(first, again);
+        searched.fit(&key(), &shard, &reference(), TOL);
+        searched.fit(&other_rank(2), &copy, &reference(), TOL);
+        assert_eq!(p.mem.hints, searched.mem.hints);
+        assert_eq!(p.mem.placed_whole, searched.mem.placed_whole);
+        assert_eq!(p.mem.usual, searched.mem.usual);
+        // -0.0 is not 0.0 bit for bit: searched.
+        let signed = values(&[-5.0, 6.0, 7.5, -0.0]);
+        p.fit_again(&other_rank(3), &signed, &reference(), TOL, &mut fitted);
+        assert_eq!(fitted.len(), 2);
+        // The same bits again, but rank 2's kind now remembers a place: searched.
+        p.fit_again(&other_rank(2), &shard, &reference(), TOL, &mut fitted);
+        assert_eq!(fitted.len(), 3);
     }
 
     #[test]

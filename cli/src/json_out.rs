@@ -9,11 +9,12 @@ use serde::Serialize;
 
 /// Writes `value` as pretty-printed JSON and a newline to `path` (`-`: stdout).
 pub fn write(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
-    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
     if path.as_os_str() == "-" {
         let out = std::io::stdout().lock();
-        return write_to(BufWriter::new(out), value).map_err(|e| named(&e));
+        return write_to(BufWriter::new(out), value)
+            .map_err(|e| anyhow::anyhow!("writing the JSON report to stdout: {e}"));
     }
+    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
     let file = std::fs::File::create(path).map_err(|e| named(&e))?;
     write_to(BufWriter::with_capacity(1 << 20, file), value).map_err(|e| named(&e))
 }

@@ -49,9 +49,9 @@ pub fn main(args: CheckArgs) -> anyhow::Result<i32> {
     })?;
     bar.finish();
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, &report)?,
+        Some(p) if p.as_os_str() == "-" => crate::report_out::json(p, &report)?,
         Some(p) => {
-            crate::json_out::write(p, &report)?;
+            crate::report_out::json(p, &report)?;
             write!(std::io::stdout().lock(), "{report}")?;
         }
         None => write!(std::io::stdout().lock(), "{report}")?,

@@ -8,7 +8,7 @@ use crate::progress::Progress;
 use clap::Args;
 use ttrace_compare::engine::compare_partition;
 use ttrace_compare::partition::Partition;
-use ttrace_compare::report::{html, text, CompareReport};
+use ttrace_compare::report::{text, CompareReport};
 use ttrace_compare::{compare, layout, CompareOptions, DpScale};
 
 /// Compare a distributed run with a trusted single-device reference run.
@@ -241,8 +241,7 @@ fn write_reports(
     partial: Option<&str>,
 ) -> anyhow::Result<()> {
     if let Some(p) = &args.html {
-        std::fs::write(p, html::render(report))
-            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        crate::report_out::html(p, report)?;
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut text_out = String::new();
@@ -254,9 +253,9 @@ fn write_reports(
     }
     text_out.push_str(&text::render(report, color));
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, json)?,
+        Some(p) if p.as_os_str() == "-" => crate::report_out::json(p, json)?,
         Some(p) => {
-            crate::json_out::write(p, json)?;
+            crate::report_out::json(p, json)?;
             write!(std::io::stdout().lock(), "{text_out}")?;
         }
         None => write!(std::io::stdout().lock(), "{text_out}")?,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use ttrace_compare::partition;
-use ttrace_compare::report::{html, text};
+use ttrace_compare::report::text;
 
 /// Work with compare reports.
 #[derive(Args, Debug)]
@@ -65,14 +65,13 @@ fn merge(args: MergeArgs) -> anyhow::Result<i32> {
     let report = partition::merge(parts)
         .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;
     if let Some(p) = &args.html {
-        std::fs::write(p, html::render(&report))
-            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        crate::report_out::html(p, &report)?;
     }
     let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
     match &args.json {
-        Some(p) if p.as_os_str() == "-" => crate::json_out::write(p, &report)?,
+        Some(p) if p.as_os_str() == "-" => crate::report_out::json(p, &report)?,
         Some(p) => {
-            crate::json_out::write(p, &report)?;
+            crate::report_out::json(p, &report)?;
             write!(std::io::stdout().lock(), "{}", text::render(&report, color))?;
         }
         None => write!(std::io::stdout().lock(), "{}", text::render(&report, color))?,

@@ -20,14 +20,34 @@ use super::{Cause, CompareReport, Divergence, RunSummary, TensorComparison, Verd
 /// Rows of the worst-tensors table.
 const WORST_ROWS: usize = 12;
 
-/// Renders `report` as a self-contained HTML page.
+/// Renders `report` as a self-contained HTML page ([`write`] into memory).
 pub fn render(report: &CompareReport) -> String {
+    let mut page = Vec::new();
+    // Writing into memory fails only if the report does not serialize (plain data with
+    // string keys: it does); the page then ends where it stopped, which its script reports.
+    let _ = write(report, &mut page);
+    // Valid UTF-8: JSON is, and the escapes replace ASCII bytes with ASCII.
+    String::from_utf8_lossy(&page).into_owned()
+}
+
+/// Writes `report` as a self-contained HTML page into `out`: the page around the report's
+/// data is made in memory (kilobytes), the data itself (about the JSON report's size: tens of
+/// MB for a comparison of many steps) is serialized straight into `out`, never held whole.
+pub fn write(report: &CompareReport, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    let (before, after) = page(report);
+    out.write_all(before.as_bytes())?;
+    serde_json::to_writer(ScriptSafe(&mut *out), report).map_err(std::io::Error::other)?;
+    out.write_all(after.as_bytes())
+}
+
+/// The page before the report's data (embedded as JSON) and after it.
+fn page(report: &CompareReport) -> (String, String) {
     let verdict = match report.verdict {
         Verdict::Match => "MATCH",
         Verdict::Divergence => "DIVERGENCE",
     };
     let class = verdict.to_ascii_lowercase();
-    let mut h = String::with_capacity(64 * 1024 + report.tensors.len() * 400);
+    let mut h = String::with_capacity(64 * 1024);
     let _ = write!(
         h,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -76,22 +96,39 @@ pub fn render(report: &CompareReport) -> String {
         h.push_str("</ul></section>\n");
     }
     h.push_str("</main>\n<script type=\"application/json\" id=\"report-data\">");
-    h.push_str(&embed_json(report));
-    h.push_str("</script>\n<script>");
-    h.push_str(JS);
-    h.push_str("</script>\n</body>\n</html>\n");
-    h
+    let mut after = String::with_capacity(JS.len() + 64);
+    after.push_str("</script>\n<script>");
+    after.push_str(JS);
+    after.push_str("</script>\n</body>\n</html>\n");
+    (h, after)
 }
 
-/// The report as JSON safe inside a `<script>` element.
-fn embed_json(report: &CompareReport) -> String {
-    // Serializing plain data with string keys cannot fail; fall back to null all the same,
-    // which the page reports as a plot error.
-    let json = serde_json::to_string(report).unwrap_or_else(|_| "null".to_string());
-    // `<`, `>` and `&` only occur inside JSON strings, where the \u escapes mean the same.
-    json.replace('<', "\\u003c")
-        .replace('>', "\\u003e")
-        .replace('&', "\\u0026")
+/// JSON written through it is safe inside a `<script>` element: `<`, `>` and `&` (which
+/// only occur inside JSON strings, where the `\u` escapes mean the same) become `\u003c`,
+/// `\u003e` and `\u0026`.
+struct ScriptSafe<W>(W);
+
+impl<W: std::io::Write> std::io::Write for ScriptSafe<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut start = 0;
+        for (i, &b) in buf.iter().enumerate() {
+            let escape: &[u8] = match b {
+                b'<' => b"\\u003c",
+                b'>' => b"\\u003e",
+                b'&' => b"\\u0026",
+                _ => continue,
+            };
+            self.0.write_all(&buf[start..i])?;
+            self.0.write_all(escape)?;
+            start = i + 1;
+        }
+        self.0.write_all(&buf[start..])?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// The divergence explanation, or what a match compared.

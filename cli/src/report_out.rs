@@ -1,14 +1,16 @@
-//! Writing a command's JSON report: to stdout (`-`) or to a file, serialized straight into a
-//! buffered writer. A report of many steps is tens of MB of JSON (about 1 KB a tensor
-//! compared): it is never held whole in memory, nor copied to add its last newline.
+//! Writing a command's reports, serialized straight into a buffered writer: the JSON report
+//! to stdout (`-`) or a file, the HTML page to a file. A comparison of many steps makes tens
+//! of MB of each (about 1 KB a tensor compared): they are never held whole in memory, nor
+//! copied to add a last newline or escape the page's embedded data.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use serde::Serialize;
+use ttrace_compare::report::CompareReport;
 
 /// Writes `value` as pretty-printed JSON and a newline to `path` (`-`: stdout).
-pub fn write(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+pub fn json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     if path.as_os_str() == "-" {
         let out = std::io::stdout().lock();
         return write_to(BufWriter::new(out), value)
@@ -17,6 +19,16 @@ pub fn write(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
     let file = std::fs::File::create(path).map_err(|e| named(&e))?;
     write_to(BufWriter::with_capacity(1 << 20, file), value).map_err(|e| named(&e))
+}
+
+/// Writes `report` as a self-contained HTML page to `path`.
+pub fn html(path: &Path, report: &CompareReport) -> anyhow::Result<()> {
+    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    let file = std::fs::File::create(path).map_err(|e| named(&e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    ttrace_compare::report::html::write(report, &mut out)
+        .and_then(|()| out.flush())
+        .map_err(|e| named(&e))
 }
 
 fn write_to<W: Write>(mut w: W, value: &impl Serialize) -> std::io::Result<()> {
@@ -33,8 +45,8 @@ mod tests {
     fn a_file_holds_what_to_string_pretty_gives_and_a_newline() {
         let value = serde_json::json!({"verdict": "match", "tensors": [{"error_eps": 0.5}]});
         let path =
-            std::env::temp_dir().join(format!("ttrace-json-out-{}.json", std::process::id()));
-        write(&path, &value).expect("write");
+            std::env::temp_dir().join(format!("ttrace-report-out-{}.json", std::process::id()));
+        json(&path, &value).expect("write");
         let text = std::fs::read_to_string(&path).expect("read back");
         std::fs::remove_file(&path).ok();
         assert_eq!(
@@ -46,7 +58,7 @@ mod tests {
     #[test]
     fn a_file_that_cannot_be_made_is_named() {
         let path = Path::new("/nonexistent-ttrace-dir/report.json");
-        let err = write(path, &serde_json::json!({})).unwrap_err();
+        let err = json(path, &serde_json::json!({})).unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("/nonexistent-ttrace-dir/report.json: "),

@@ -522,10 +522,8 @@ fn finish(
         );
     }
     pending.sort_by_key(|p| p.key);
-    let mut tensors: Vec<TensorComparison> = Vec::with_capacity(pending.len());
     for (i, p) in pending.iter_mut().enumerate() {
         p.cmp.position = i as u64;
-        tensors.push(p.cmp.clone());
     }
     let first = pending.iter().position(|p| p.cmp.diverged);
     let first_divergence = match first {
@@ -534,6 +532,8 @@ fn finish(
         )?),
         None => None,
     };
+    // Moved, not copied: the results are the largest thing a comparison of many steps holds.
+    let tensors: Vec<TensorComparison> = pending.into_iter().map(|p| p.cmp).collect();
     tracing::debug!("compare: ordered and localized");
     let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
     tracing::debug!("compare: replica drift looked for");

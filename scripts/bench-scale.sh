@@ -11,7 +11,14 @@
 #   3. `ttrace compare REF RUN --memory M` for M in 1G and 128M: peak resident memory, split
 #      into the mapped files' share and anonymous memory (/proc/PID/status, sampled every
 #      5 ms), and the time;
-#   4. `ttrace check RUN`: peak resident memory (the same split) and time.
+#   4. `ttrace check RUN`: peak resident memory (the same split) and time;
+#   5. many records: the trainer at hidden 32 (small tensors, many records: about a thousand a
+#      step over tp2 dp2 pp2), a reference and a run of FEW_STEPS (4) and of MANY_STEPS (40)
+#      steps; compare's peak resident memory under `--memory 64M` and 1G for each, and what
+#      it grows by per step and per thousand records (what a budget "whatever the number of
+#      steps" must hold: the records' metadata and the per-tensor results stay in memory).
+#      Under 64M the budgeted caches are full at 4 steps already, so the growth is what no
+#      budget bounds; under 1G it includes the caches filling up to their shares.
 # Reports of the two builds are compared (JSON minus elapsed time) and said to be the same or
 # not.
 #
@@ -19,7 +26,7 @@
 #   BASELINE=/path/to/old/ttrace scripts/bench-scale.sh
 #
 # Environment: BASELINE as above; KEEP=1 keeps the stores under target/bench-scale (and reuses
-# them on the next run).
+# them on the next run); FEW_STEPS, MANY_STEPS (section 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -38,13 +45,27 @@ if [ ! -f "$work/ref/manifest.json" ] || [ ! -f "$work/run/manifest.json" ]; the
   "$T/ttrace" run -q --out "$work/run" -- "$T/simrun" --nproc-per-node 2 -- \
     "$T/trainer" "${model[@]}" --tp 2 >/dev/null
 fi
+# Section 5's stores: a thousand records a step, tensors of a few KB.
+small=(--precision bf16 --micro-batches 2 --hidden 32 --vocab 64 --seq 16)
+few="${FEW_STEPS:-4}" many="${MANY_STEPS:-40}"
+for n in "$few" "$many"; do
+  if [ ! -f "$work/small-ref$n/manifest.json" ] || [ ! -f "$work/small-run$n/manifest.json" ]; then
+    rm -rf "$work/small-ref$n" "$work/small-run$n"
+    echo "producing the stores of section 5 (trainer ${small[*]} --steps $n)..."
+    "$T/ttrace" run -q --out "$work/small-ref$n" -- "$T/trainer" "${small[@]}" --steps "$n" \
+      >/dev/null
+    "$T/ttrace" run -q --out "$work/small-run$n" -- "$T/simrun" --nproc-per-node 8 -- \
+      "$T/trainer" "${small[@]}" --steps "$n" --tp 2 --dp 2 --pp 2 >/dev/null
+  fi
+done
 builds=("this:$T/ttrace")
 [ -n "${BASELINE:-}" ] && builds+=("baseline:$BASELINE")
 
-python3 - "$work" "${builds[@]}" <<'EOF'
+python3 - "$work" "$few" "$many" "${builds[@]}" <<'EOF'
 import json, os, re, resource, subprocess, sys, time
 
-work, builds = sys.argv[1], [b.split(":", 1) for b in sys.argv[2:]]
+work, few, many = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+builds = [b.split(":", 1) for b in sys.argv[4:]]
 ref, run = os.path.join(work, "ref"), os.path.join(work, "run")
 
 
@@ -131,5 +152,33 @@ for name, tt in builds:
     print(f"   {name:9s} {rss:6.0f} MB ({f:.0f} + {a:.0f}), {s:.2f} s")
     outs.append(out)
 print(f"   {same(outs)}")
+
+
+def records(store):
+    return sum(r["records"] for r in json.load(open(os.path.join(store, "manifest.json")))["ranks"])
+
+
+stores = {n: (os.path.join(work, f"small-ref{n}"), os.path.join(work, f"small-run{n}"))
+          for n in (few, many)}
+count = {n: records(r) + records(u) for n, (r, u) in stores.items()}
+print(f"5. many records: `ttrace compare REF RUN --memory M`, {few} and {many} steps "
+      f"({count[few]} and {count[many]} records; peak RSS, mapped files + anonymous)")
+for mem, budget in (("64M", 64), ("1G", 1024)):
+    for name, tt in builds:
+        got, outs = {}, []
+        for n, (r, u) in stores.items():
+            out = os.path.join(work, f"small{n}-{mem}-{name}.json")
+            got[n] = peaks([tt, "compare", r, u, "--memory", mem, "--json", out])
+            outs.append(out)
+        (r0, _, _), _ = got[few]
+        (r1, f1, a1), s1 = got[many]
+        per_step = (r1 - r0) / (many - few)
+        per_k = (r1 - r0) / ((count[many] - count[few]) / 1000)
+        print(f"   --memory {mem:4s} {name:9s} {r0:5.0f} MB at {few} steps, {r1:5.0f} MB "
+              f"({f1:.0f} + {a1:.0f}) at {many} in {s1:.2f} s: {per_step:.2f} MB a step, "
+              f"{per_k:.2f} MB a thousand records; within --memory: "
+              f"{'yes' if r1 <= budget else 'NO'}")
+    if len(builds) > 1:
+        print(f"   {same([os.path.join(work, f'small{many}-{mem}-{n}.json') for n, _ in builds])}")
 EOF
 [ "${KEEP:-0}" = 1 ] || rm -rf "$work"

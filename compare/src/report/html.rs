@@ -412,6 +412,31 @@ mod tests {
         &html[start..start + len]
     }
 
+    /// However the JSON's bytes arrive (serde_json writes a string in pieces), every `<`,
+    /// `>` and `&` is escaped and nothing else changes.
+    #[test]
+    fn script_safe_escapes_across_any_split_of_its_input() {
+        use std::io::Write as _;
+        let text = r#"{"nvtx":"a</script>&b>c","x":1}"#;
+        let want = r#"{"nvtx":"a\u003c/script\u003e\u0026b\u003ec","x":1}"#;
+        for split in 0..=text.len() {
+            let mut out = Vec::new();
+            let mut w = ScriptSafe(&mut out);
+            w.write_all(&text.as_bytes()[..split]).expect("write");
+            w.write_all(&text.as_bytes()[split..]).expect("write");
+            assert_eq!(
+                String::from_utf8(out).expect("utf-8"),
+                want,
+                "split at {split}"
+            );
+        }
+        // The page written through a writer is the page rendered.
+        let r = sample(Verdict::Divergence);
+        let mut page = Vec::new();
+        write(&r, &mut page).expect("write");
+        assert_eq!(String::from_utf8(page).expect("utf-8"), render(&r));
+    }
+
     #[test]
     fn a_module_name_cannot_break_out_of_the_script_tag() {
         let mut r = sample(Verdict::Divergence);

@@ -16,19 +16,25 @@ pub fn json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
         return write_to(BufWriter::new(out), value)
             .map_err(|e| anyhow::anyhow!("writing the JSON report to stdout: {e}"));
     }
-    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
-    let file = std::fs::File::create(path).map_err(|e| named(&e))?;
-    write_to(BufWriter::with_capacity(1 << 20, file), value).map_err(|e| named(&e))
+    to_file(path, |w| write_to(w, value))
 }
 
 /// Writes `report` as a self-contained HTML page to `path`.
 pub fn html(path: &Path, report: &CompareReport) -> anyhow::Result<()> {
-    let named = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
-    let file = std::fs::File::create(path).map_err(|e| named(&e))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    ttrace_compare::report::html::write(report, &mut out)
-        .and_then(|()| out.flush())
-        .map_err(|e| named(&e))
+    to_file(path, |w| {
+        ttrace_compare::report::html::write(report, w)?;
+        w.flush()
+    })
+}
+
+/// Creates `path` and writes it through a buffer with `write`; errors name the file.
+fn to_file(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    std::fs::File::create(path)
+        .and_then(|file| write(&mut BufWriter::with_capacity(1 << 20, file)))
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 fn write_to<W: Write>(mut w: W, value: &impl Serialize) -> std::io::Result<()> {

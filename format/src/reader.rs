@@ -570,10 +570,7 @@ pub enum IndexState {
 /// [`Store`] for opening it again, with what identifies the files it was found in.
 #[derive(Debug)]
 struct Located {
-    file_len: u64,
-    modified: Option<std::time::SystemTime>,
-    /// The index file's length and modification time (`None`: none, or unreadable).
-    index_file: Option<(u64, std::time::SystemTime)>,
+    files: SegmentFiles,
     /// Shared with every opening (not copied per opening).
     frames: Arc<[FrameLoc]>,
     issues: Vec<Issue>,
@@ -582,6 +579,15 @@ struct Located {
     /// Which frames' bodies were checked against their CRC (shared with every opening).
     checked: Arc<[AtomicBool]>,
     sparse: bool,
+}
+
+/// What identifies a segment's files: what was found in them holds while they are the same.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct SegmentFiles {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    /// The index file's length and modification time (`None`: none, or unreadable).
+    index: Option<(u64, std::time::SystemTime)>,
 }
 
 /// An opened segment: its frames located, its problems listed.
@@ -774,27 +780,11 @@ impl Segment {
                 path.display()
             )));
         }
-        let file_len = data.len() as u64;
-        if let Some(k) = known
-            .filter(|k| (k.file_len, k.modified, k.index_file) == (file_len, modified, index_file))
-        {
-            let seg = Segment {
-                path: path.to_path_buf(),
-                rank,
-                step,
-                data,
-                frames: Arc::clone(&k.frames),
-                issues: k.issues.clone(),
-                index: k.index,
-                good_end: k.good_end,
-                parsed: k.frames.iter().map(|_| OnceLock::new()).collect(),
-                checked: Arc::clone(&k.checked),
-                sparse: k.sparse,
-                reading: AtomicU8::new(READING_FRESH),
-                releasing: false,
-            };
-            return Ok((seg, None));
-        }
+        let files = SegmentFiles {
+            len: data.len() as u64,
+            modified,
+            index: index_file,
+        };
         let mut seg = Segment {
             path: path.to_path_buf(),
             rank,
@@ -810,6 +800,10 @@ impl Segment {
             reading: AtomicU8::new(READING_FRESH),
             releasing: false,
         };
+        if let Some(k) = known.filter(|k| k.files == files) {
+            seg.adopt(k);
+            return Ok((seg, None));
+        }
         if let Some((r, s)) = named {
             if (r, s) != (rank, step) {
                 seg.issue(
@@ -826,20 +820,29 @@ impl Segment {
         }
         seg.locate();
         seg.check_records_belong();
-        seg.parsed = seg.frames.iter().map(|_| OnceLock::new()).collect();
-        seg.checked = seg.frames.iter().map(|_| AtomicBool::new(false)).collect();
         let found = Located {
-            file_len,
-            modified,
-            index_file,
+            files,
             frames: Arc::clone(&seg.frames),
             issues: seg.issues.clone(),
             index: seg.index,
             good_end: seg.good_end,
-            checked: Arc::clone(&seg.checked),
+            checked: seg.frames.iter().map(|_| AtomicBool::new(false)).collect(),
             sparse: seg.sparse,
         };
+        seg.adopt(&found);
         Ok((seg, Some(found)))
+    }
+
+    /// Takes what locating the segment's frames found (now, or when its files were opened
+    /// before), with nothing parsed yet by this opening.
+    fn adopt(&mut self, k: &Located) {
+        self.frames = Arc::clone(&k.frames);
+        self.issues = k.issues.clone();
+        self.index = k.index;
+        self.good_end = k.good_end;
+        self.parsed = k.frames.iter().map(|_| OnceLock::new()).collect();
+        self.checked = Arc::clone(&k.checked);
+        self.sparse = k.sparse;
     }
 
     fn issue(

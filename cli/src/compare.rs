@@ -60,8 +60,9 @@ pub struct CompareArgs {
     /// `1/dp` (averaged sum-loss gradients), or a number.
     #[arg(long, value_name = "SCALE")]
     dp_reduction_scale: Option<String>,
-    /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed as the comparison
-    /// moves on, so memory does not grow with the number of steps and ranks.
+    /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed and the records'
+    /// metadata dropped (read again when wanted) as the comparison moves on, so memory grows
+    /// with the number of steps only by the results (about 0.7 KB a tensor compared).
     #[arg(long, value_name = "BYTES")]
     memory: Option<String>,
     /// Write the full report as JSON to FILE (`-`: stdout, instead of the text).

@@ -195,11 +195,16 @@ pub fn needleman_wunsch<T, U>(
 /// without point-to-point ops); the pipeline size and communicator.
 fn stages(run: &RunTrace, ranks: &[u32], al: &mut Alignment) {
     for &rank in ranks {
+        // The rank's steps in order, read until the first point-to-point op.
         let p2p = run
-            .ops
-            .range((rank, 0)..=(rank, u64::MAX))
-            .flat_map(|(_, v)| v.iter())
-            .find_map(|r| collective(r).filter(|_| is_p2p(r).is_some()));
+            .segment_keys()
+            .into_iter()
+            .filter(|&(r, _)| r == rank)
+            .find_map(|(r, step)| {
+                run.records(r, step)
+                    .iter()
+                    .find_map(|r| collective(r).filter(|_| is_p2p(r).is_some()).cloned())
+            });
         match p2p {
             Some(c) => {
                 al.stage.insert(rank, c.comm_rank);
@@ -249,16 +254,30 @@ fn segment_lengths(
 
 /// Aligns every GEMM of `run` with `reff` (rank 0 of the reference) for `steps`.
 pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
-    let mut al = Alignment {
-        pp: 1,
-        ..Alignment::default()
-    };
-    let ref_rank = reff.ranks().first().copied().unwrap_or(0);
-    let ranks = run.ranks();
-
-    stages(run, &ranks, &mut al);
-
+    let mut al = Alignment::start(run);
     for &step in steps {
+        al.align_step(reff, run, step);
+    }
+    al
+}
+
+impl Alignment {
+    /// An alignment of no step yet, knowing the run's pipeline stages.
+    pub fn start(run: &RunTrace) -> Alignment {
+        let mut al = Alignment {
+            pp: 1,
+            ..Alignment::default()
+        };
+        stages(run, &run.ranks(), &mut al);
+        al
+    }
+
+    /// Aligns every GEMM of `run` in `step` with `reff` (rank 0 of the reference). Steps
+    /// are aligned apart from each other, in any order.
+    pub fn align_step(&mut self, reff: &RunTrace, run: &RunTrace, step: u64) {
+        let al = self;
+        let ref_rank = reff.ranks().first().copied().unwrap_or(0);
+        let ranks = run.ranks();
         let ref_recs = reff.records(ref_rank, step);
         let ref_gemms: Vec<usize> = (0..ref_recs.len())
             .filter(|&i| gemm(&ref_recs[i]).is_some())
@@ -267,11 +286,11 @@ pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
             .iter()
             .map(|&r| {
                 let st = al.stage.get(&r).copied().unwrap_or(0);
-                (r, segments(run.records(r, step), st, al.pp))
+                (r, segments(&run.records(r, step), st, al.pp))
             })
             .collect();
 
-        let (fwd_len, bwd_len, micro_batches) = segment_lengths(&per_rank, &al);
+        let (fwd_len, bwd_len, micro_batches) = segment_lengths(&per_rank, al);
         let total = ref_gemms.len();
         if al.pp > 1 && !total.is_multiple_of(micro_batches) {
             al.warnings.push(format!(
@@ -348,7 +367,6 @@ pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
             }
         }
     }
-    al
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::layout::LayoutSummary;
 use crate::localize;
 use crate::numerics::Placement;
 use crate::placement::{Placer, Placing};
-use crate::prepare::{bytes_read, gemm_ordinals, nothing_aligned, prepare, step_weight, Prepared};
+use crate::prepare::{bytes_read, nothing_aligned, prepare, step_weight, Prepared};
 use crate::reductions::{self, Ctx};
 use crate::report::{CompareReport, CompareStats, RunSummary, TensorComparison, Verdict};
 use crate::tolerance::{self, Precision, Tolerance};
@@ -56,11 +56,24 @@ pub const DEFAULT_MEMORY: u64 = 1 << 30;
 
 /// How a memory budget is shared: half for open (mapped) segments, of which the run's
 /// store (every rank) gets half and the reference and the perturbed reference a quarter
-/// each; the other half for the tensors being compared (decoded to f32) and the report.
+/// each; an eighth for decoded tensors kept ([`crate::prefetch::kept_budgets`]) and an
+/// eighth for the records' metadata ([`metadata_budgets`]), shared the same way; the rest
+/// for the tensors being compared (decoded to f32) and the results.
 /// Returns (reference, run, perturbed) segment budgets.
 pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
     let segments = memory / 2;
     (segments / 4, segments / 2, segments / 4)
+}
+
+/// How much record metadata each store keeps under a memory budget
+/// ([`crate::records`]): an eighth of it, the run's store (every rank) half of that and the
+/// reference and the perturbed reference a quarter each, as their mappings. Metadata past it
+/// (about a kilobyte a record: a trace of over a hundred thousand records under the default
+/// budget) is dropped, least recently read first, and read again when wanted.
+/// Returns (reference, run, perturbed).
+pub fn metadata_budgets(memory: u64) -> (u64, u64, u64) {
+    let metadata = memory / 8;
+    (metadata / 4, metadata / 2, metadata / 4)
 }
 
 /// The expected scale of a data-parallel gradient reduction's output, given by the user
@@ -141,6 +154,12 @@ fn compare_on_the_pool(
         return Err(nothing_aligned(&p, reff_path, run_path));
     }
     let bytes = bytes_read(&p);
+    tracing::debug!(
+        reference = p.reff.metadata_reread(),
+        run = p.run.metadata_reread(),
+        perturbed = p.pert.as_ref().map_or(0, |t| t.metadata_reread()),
+        "compare: segments whose records were read again (dropped from the metadata budget)"
+    );
     let mut warnings = walked.base_warnings;
     warnings.extend(walked.warnings);
     let report = finish(
@@ -351,7 +370,7 @@ fn walk_steps(
     // The reductions run beside the walk, a step behind it, on readers of their own.
     let (tell, news) = std::sync::mpsc::channel();
     let (reff, run) = (p.reff.reader(), p.run.reader());
-    let (al, layout) = (&p.al, &p.layout);
+    let (al, layout, shared) = (&p.al, &p.layout, &p.shared_buffers);
     let (ref_rank, eps) = (p.ref_rank, p.precision.epsilon());
     let dp_given = opts
         .dp_reduction_scale
@@ -364,6 +383,7 @@ fn walk_steps(
             run: &run,
             al,
             steps,
+            shared,
             eps,
             layout,
             dp_given,
@@ -418,7 +438,6 @@ fn walk_ops(
             .filter(|(op, _)| steps.contains(&op.0))
             .collect();
     let total_ops = ops.len() as u64;
-    let ref_ordinal = gemm_ordinals(&p.reff, p.ref_rank, steps);
     let mut current = None;
     // Tensors are decoded ahead, a window of ops at a time, on every core.
     let ahead = crate::prefetch::Walked {
@@ -451,7 +470,7 @@ fn walk_ops(
             current = Some(ref_op.0);
             walk.placer.start_step();
         }
-        let depth = ref_ordinal.get(&ref_op).copied().unwrap_or(0);
+        let depth = p.gemm_ordinal.get(&ref_op).copied().unwrap_or(0);
         walk.op(ref_op, shards, depth)?;
     }
     if let Some(step) = current {
@@ -535,7 +554,7 @@ fn finish(
     // Moved, not copied: the results are the largest thing a comparison of many steps holds.
     let tensors: Vec<TensorComparison> = pending.into_iter().map(|p| p.cmp).collect();
     tracing::debug!("compare: ordered and localized");
-    let replica_drift = crate::replicas::drift(&p.reff, p.ref_rank, &p.run, &tensors)?;
+    let replica_drift = crate::replicas::drift(&p.signature_ordinal, &p.run, &tensors)?;
     tracing::debug!("compare: replica drift looked for");
     let mut worst: Vec<usize> = (0..tensors.len()).collect();
     worst.sort_by(|&a, &b| {
@@ -590,7 +609,7 @@ fn stats(
     CompareStats {
         reference_ops: steps
             .iter()
-            .map(|&s| p.reff.records(p.ref_rank, s).len() as u64)
+            .map(|&s| p.reff.record_count(p.ref_rank, s))
             .sum(),
         reference_gemms_aligned: p
             .al
@@ -698,6 +717,7 @@ impl<'a> Walk<'a> {
         let Some(ref_rec) = self.reff.record(self.ref_rank, step, ref_seq) else {
             return Ok(());
         };
+        let ref_rec = &*ref_rec;
         // Errors of this op's inputs (within their tolerance) propagate into its output.
         let mut input_error = 0f64;
         for (sub, role) in [Role::A, Role::B, Role::D].into_iter().enumerate() {
@@ -744,7 +764,7 @@ impl<'a> Walk<'a> {
                 .map(|r| (p, r))
         });
         let perturbed = match pert_rec {
-            Some((p, rec)) => tolerance::perturbed_error(p, rec, role, ref_vals)?,
+            Some((p, rec)) => tolerance::perturbed_error(p, &rec, role, ref_vals)?,
             None => None,
         };
         Ok(tolerance::Terms::for_tensor(at, perturbed).tolerance())
@@ -799,7 +819,7 @@ impl<'a> Walk<'a> {
                 self.unjudged.note(
                     "a partial result (before its reduction) whose group partners were not \
                      captured (--ranks, or ranks missing from the store)",
-                    rec,
+                    &rec,
                 );
             }
             return Ok(None);

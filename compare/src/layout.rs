@@ -5,11 +5,11 @@
 //! TP all-reduces and SP gathers). Data parallel: what is left of the world. The rank order
 //! (fastest-varying first) from the rank strides of those groups.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use ttrace_format::record::CollectiveKind;
+use ttrace_format::record::{CollectiveKind, Record};
 
 use crate::align::Alignment;
 use crate::trace::{collective, gemm, RunTrace};
@@ -68,26 +68,30 @@ pub fn parse(s: &str) -> Result<LayoutSummary, String> {
     Ok(l)
 }
 
-/// The layout of `run`, from its communicators and alignment.
-pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
-    let world = run.world_size();
-    let pp = al.pp.max(1);
-    // Point-to-point communicators (one per pipeline).
-    let p2p: Vec<u64> = run
-        .ops
-        .values()
-        .flatten()
-        .filter_map(collective)
-        .filter(|c| matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv))
-        .map(|c| c.comm)
-        .collect();
-    // Collectives between two GEMMs of a step, per communicator.
-    let mut between: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
-    for recs in run.ops.values() {
+/// What the layout is read from, gathered a segment at a time ([`LayoutEvidence::observe`]):
+/// the point-to-point communicators (one per pipeline) and, per communicator, the
+/// collectives on GEMM buffers between two GEMMs of a step.
+#[derive(Debug, Default)]
+pub struct LayoutEvidence {
+    p2p: BTreeSet<u64>,
+    /// Communicator -> (its size, collectives between GEMMs), point-to-point ones included
+    /// (left out when the layout is concluded).
+    between: BTreeMap<u64, (u32, u64)>,
+}
+
+impl LayoutEvidence {
+    /// Takes in one segment's records (a rank's step, in seq order).
+    pub fn observe(&mut self, recs: &[Record]) {
+        self.p2p.extend(
+            recs.iter()
+                .filter_map(collective)
+                .filter(|c| matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv))
+                .map(|c| c.comm),
+        );
         let first = recs.iter().position(|r| gemm(r).is_some());
         let last = recs.iter().rposition(|r| gemm(r).is_some());
         let (Some(first), Some(last)) = (first, last) else {
-            continue;
+            return;
         };
         // Buffers GEMMs read or wrote in this step: a TP collective reduces a GEMM output
         // or gathers a GEMM input (an FP8 amax reduction, also between GEMMs, does neither).
@@ -102,12 +106,34 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
                 let bytes: u64 = r.tensors.iter().map(|t| t.nbytes).max().unwrap_or(0);
                 let gemm_buffer = touches(c.sendbuff, c.sendbuff + bytes)
                     || touches(c.recvbuff, c.recvbuff + bytes);
-                if gemm_buffer && !p2p.contains(&c.comm) && c.comm_size > 1 {
-                    between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
+                if gemm_buffer && c.comm_size > 1 {
+                    self.between.entry(c.comm).or_insert((c.comm_size, 0)).1 += 1;
                 }
             }
         }
     }
+
+    /// The evidence of every segment of `run`.
+    pub fn of(run: &RunTrace) -> LayoutEvidence {
+        let mut e = LayoutEvidence::default();
+        for (rank, step) in run.segment_keys() {
+            e.observe(&run.records(rank, step));
+        }
+        e
+    }
+}
+
+/// The layout of `run`, from its communicators and alignment.
+pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
+    conclude(run, al, LayoutEvidence::of(run))
+}
+
+/// The layout of `run`, from the evidence of every one of its segments and its alignment.
+pub fn conclude(run: &RunTrace, al: &Alignment, evidence: LayoutEvidence) -> LayoutSummary {
+    let world = run.world_size();
+    let pp = al.pp.max(1);
+    let LayoutEvidence { p2p, mut between } = evidence;
+    between.retain(|comm, _| !p2p.contains(comm));
     let tp_comm = between
         .iter()
         .max_by_key(|(_, (_, n))| *n)
@@ -151,7 +177,12 @@ pub fn discover(run: &RunTrace, al: &Alignment) -> LayoutSummary {
 /// size the ranks reported, the pipeline's point-to-point communicator, and, when the trace
 /// holds collectives on GEMM buffers, the size of the tensor-parallel communicator. Returns
 /// one line naming the difference.
-pub fn validate(given: &LayoutSummary, run: &RunTrace, al: &Alignment) -> Result<(), String> {
+pub fn validate(
+    given: &LayoutSummary,
+    run: &RunTrace,
+    al: &Alignment,
+    evidence: LayoutEvidence,
+) -> Result<(), String> {
     let world = run.world_size();
     let product = given.tp * given.dp * given.pp;
     if product != world {
@@ -173,7 +204,7 @@ pub fn validate(given: &LayoutSummary, run: &RunTrace, al: &Alignment) -> Result
         ));
     }
     if run.has_collectives() {
-        let found = discover(run, al);
+        let found = conclude(run, al, evidence);
         if found.tp > 1 && found.tp != given.tp {
             return Err(format!(
                 "--layout says tp={} but {}'s collectives between GEMMs run on communicators \

@@ -30,6 +30,7 @@ pub mod partition;
 mod placement;
 pub mod prefetch;
 mod prepare;
+pub mod records;
 mod reductions;
 pub mod replicas;
 pub mod report;

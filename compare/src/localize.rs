@@ -48,6 +48,7 @@ pub(crate) fn localize(
         .unwrap_or_default();
     let step = t.step;
     let run_rec = run.record(rank, step, seq);
+    let run_rec = run_rec.as_deref();
     // The last good tensor of an earlier op (the op's own other inputs say nothing about
     // where its diverged input came from).
     let last_good = last_good(pending, i);
@@ -257,10 +258,12 @@ pub(crate) fn local_gemm_reason(
     let Some(rec) = run.record(rank, step, seq) else {
         return Ok("the GEMM's output diverges while its inputs match".into());
     };
+    let rec = &*rec;
     let Some(g) = gemm(rec) else {
         return Ok("the op's output diverges while its inputs match".into());
     };
-    let ref_g = reff.record(ref_rank, p.ref_op.0, p.ref_op.1).and_then(gemm);
+    let ref_rec = reff.record(ref_rank, p.ref_op.0, p.ref_op.1);
+    let ref_g = ref_rec.as_deref().and_then(gemm);
     if let Some(f) = ref_g {
         if g.beta != f.beta || g.alpha != f.alpha {
             return Ok(format!(

@@ -43,10 +43,10 @@ impl CaptureLosses {
     /// What `t` (the `store` of the comparison) lost in `steps`.
     pub fn of(store: &str, t: &RunTrace, steps: &[u64]) -> CaptureLosses {
         let ranks = t.ranks();
+        // The gaps only (few), noted when the store was opened.
         let ops = ranks
             .iter()
-            .flat_map(|&rank| steps.iter().flat_map(move |&step| t.records(rank, step)))
-            .map(|rec| &rec.op);
+            .flat_map(|&rank| steps.iter().flat_map(move |&step| t.gaps(rank, step)));
         CaptureLosses {
             store: store.to_string(),
             path: t.path.display().to_string(),

@@ -124,6 +124,7 @@ impl Placer {
             let Some(rec) = run.record(rank, step, seq) else {
                 continue;
             };
+            let rec = &*rec;
             if role == Role::D && increment_unknown(rec) {
                 unjudged.note(
                     "an accumulating GEMM's output without its captured C (--no-inputs): \
@@ -261,7 +262,7 @@ impl Placer {
         let kind = shards
             .first()
             .and_then(|&(r, q)| run.record(r, step, q))
-            .map(kind_of)
+            .map(|r| kind_of(&r))
             .unwrap_or_default();
         let search = SumSearch {
             shards,
@@ -288,7 +289,7 @@ impl Placer {
                     sub,
                     x.shape.clone(),
                     ref_vals.shape.clone(),
-                    kind_of(rec),
+                    kind_of(&rec),
                 ));
             }
         }

@@ -20,6 +20,7 @@ use ttrace_format::record::{Record, Role};
 
 use crate::align::RefOp;
 use crate::decoded::{Checked, DecodedCache, Shared};
+use crate::records::RecordRef;
 use crate::trace::{gemm, is_float, Decoding, F32Widening, RunTrace};
 
 /// A stored tensor: (rank, step, seq, index in its record).
@@ -124,6 +125,7 @@ impl Walked<'_> {
                 covered += 1;
                 continue;
             };
+            let ref_rec = &*ref_rec;
             let mut op: Vec<(TensorAt, u64, usize)> = Vec::new();
             let roles = compared_roles(ref_rec);
             op.extend(wanted(ref_rec, roles).map(|(t, b)| (t, b, 0)));
@@ -136,27 +138,24 @@ impl Walked<'_> {
                     &[Role::A, Role::B, Role::D]
                 };
                 if let Some(r) = p
-                    .records(self.ref_rank, step)
-                    .iter()
-                    .find(|r| r.seq == seq && r.api == ref_rec.api)
+                    .record(self.ref_rank, step, seq)
+                    .filter(|r| r.api == ref_rec.api)
                 {
-                    op.extend(wanted(r, pert_roles).map(|(t, b)| (t, b, 2)));
+                    op.extend(wanted(&r, pert_roles).map(|(t, b)| (t, b, 2)));
                 }
             }
             for &(rank, s) in shards {
                 if let Some(r) = self.run.record(rank, step, s) {
-                    op.extend(wanted(r, compared_roles(r)).map(|(t, b)| (t, b, 1)));
+                    op.extend(wanted(&r, compared_roles(&r)).map(|(t, b)| (t, b, 1)));
                 }
             }
             // An accumulating GEMM's increment D - beta*C is formed beside its D.
-            let increments: u64 = std::iter::once(ref_rec)
-                .chain(
-                    shards
-                        .iter()
-                        .filter_map(|&(rank, s)| self.run.record(rank, step, s)),
-                )
-                .map(increment_bytes)
-                .sum();
+            let increments: u64 = increment_bytes(ref_rec)
+                + shards
+                    .iter()
+                    .filter_map(|&(rank, s)| self.run.record(rank, step, s))
+                    .map(|r| increment_bytes(&r))
+                    .sum::<u64>();
             let op_bytes: u64 = op.iter().map(|w| w.1).sum::<u64>() + increments;
             if covered > 0 && bytes + op_bytes > budget {
                 break;
@@ -227,10 +226,10 @@ enum Decoded {
 /// [`RecordView::same_stored`]) takes its values. Otherwise, or when the tensor it takes
 /// its values from did not decode (or is no longer kept), it is left out and the walk reads
 /// it on its own.
-pub fn decode<'k>(
+pub fn decode(
     segments: &[SegmentWants],
     kept: &Mutex<DecodedCache>,
-    known: &(dyn Fn((u32, u64), u64) -> Option<(&'k Record, u64)> + Sync),
+    known: &(dyn Fn((u32, u64), u64) -> Option<RecordRef> + Sync),
 ) -> Vec<(TensorAt, Shared, Checked)> {
     let jobs: Vec<((u32, u64), &Segment, &RecordWants)> = segments
         .iter()
@@ -244,7 +243,7 @@ pub fn decode<'k>(
             // Its metadata was decoded when the store was opened: not again (by its seq when
             // its frame is not where it was).
             known(key, *seq)
-                .and_then(|(rec, offset)| seg.read_at(offset, rec))
+                .and_then(|rec| seg.read_at(rec.frame(), &rec))
                 .or_else(|| seg.read_seq(*seq))
                 .and_then(Result::ok)
         })

@@ -2,12 +2,12 @@
 //! ([`crate::validate`]), the steps chosen, the run aligned ([`crate::align`]) and its
 //! layout given or discovered ([`crate::layout`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use crate::align::{self, Alignment, RefOp};
+use crate::align::{Alignment, RefOp};
 use crate::engine::CompareOptions;
-use crate::layout::LayoutSummary;
+use crate::layout::{LayoutEvidence, LayoutSummary};
 use crate::tolerance::Precision;
 use crate::trace::{gemm, RunTrace};
 use crate::CompareError;
@@ -22,6 +22,15 @@ pub(crate) struct Prepared {
     pub(crate) al: Alignment,
     pub(crate) precision: Precision,
     pub(crate) layout: LayoutSummary,
+    /// Each reference GEMM's ordinal within its step, by (step, seq) (depth for the
+    /// analytic bound).
+    pub(crate) gemm_ordinal: BTreeMap<RefOp, u64>,
+    /// Each reference GEMM's ordinal among those of its signature in its step
+    /// ([`crate::replicas::signature_ordinals`]).
+    pub(crate) signature_ordinal: BTreeMap<RefOp, u64>,
+    /// Reference GEMMs whose accumulation buffer uncaptured code also wrote
+    /// ([`crate::reductions::shared_buffers`]).
+    pub(crate) shared_buffers: BTreeSet<RefOp>,
 }
 
 /// Opens the stores, checks that they can be compared (one model, one precision, a
@@ -34,9 +43,20 @@ pub(crate) fn prepare(
 ) -> Result<Prepared, CompareError> {
     // The stores are read at once (each on every core, by segment): a reference has few
     // segments, too few to keep the cores busy alone. Errors are said in this order.
+    let (ref_kept, run_kept, pert_kept) =
+        crate::engine::metadata_budgets(opts.memory.unwrap_or(crate::engine::DEFAULT_MEMORY));
     let ((reff, run), pert) = rayon::join(
-        || rayon::join(|| RunTrace::open(reff_path), || RunTrace::open(run_path)),
-        || opts.perturbed.as_deref().map(RunTrace::open),
+        || {
+            rayon::join(
+                || RunTrace::open_within(reff_path, ref_kept),
+                || RunTrace::open_within(run_path, run_kept),
+            )
+        },
+        || {
+            opts.perturbed
+                .as_deref()
+                .map(|p| RunTrace::open_within(p, pert_kept))
+        },
     );
     let (reff, run, pert) = (reff?, run?, pert.transpose()?);
     let ref_rank = *reff
@@ -48,16 +68,19 @@ pub(crate) fn prepare(
     }
     crate::validate::references(&reff, &run)?;
     let steps = choose_steps(&reff, &run, opts.steps.as_deref())?;
-    let precision = Precision::of(&reff, ref_rank, &steps);
-    crate::validate::precisions(&reff, &run, precision, &steps)?;
+    let mut scan = StepScan::of(&reff, ref_rank, &run, pert.as_ref(), &steps);
+    let precision = scan.ref_precision;
+    crate::validate::precisions(&reff, &run, precision, scan.run_precision)?;
     if let Some(p) = &pert {
-        crate::validate::perturbed(&reff, p, precision, &steps)?;
+        let theirs = scan.pert_precision.unwrap_or(Precision::Fp32);
+        crate::validate::perturbed(&reff, p, precision, theirs, scan.pert_differs)?;
     }
-    let al = align::align(&reff, &run, &steps);
-    crate::validate::same_model(&reff, ref_rank, &run, &al, &steps)?;
+    crate::validate::same_model(&reff, &run, &scan.al, scan.ref_gemms, scan.run_gemms)?;
+    let al = std::mem::take(&mut scan.al);
     let layout = match &opts.layout {
         Some(l) => {
-            crate::layout::validate(l, &run, &al).map_err(CompareError::Invalid)?;
+            let evidence = std::mem::take(&mut scan.layout);
+            crate::layout::validate(l, &run, &al, evidence).map_err(CompareError::Invalid)?;
             l.clone()
         }
         None if run.world_size() > 1 && !run.has_collectives() => {
@@ -67,7 +90,7 @@ pub(crate) fn prepare(
                 run.path.display()
             )));
         }
-        None => crate::layout::discover(&run, &al),
+        None => crate::layout::conclude(&run, &al, std::mem::take(&mut scan.layout)),
     };
     Ok(Prepared {
         reff,
@@ -78,7 +101,95 @@ pub(crate) fn prepare(
         al,
         precision,
         layout,
+        gemm_ordinal: scan.gemm_ordinal,
+        signature_ordinal: scan.signature_ordinal,
+        shared_buffers: scan.shared_buffers,
     })
+}
+
+/// What one reading of each step's records finds for the checks of [`prepare`] and the
+/// alignment: a step's records are read once, for all of them together, so that a store
+/// whose records do not all fit the metadata budget ([`crate::records`]) is read through once
+/// here instead of once per check.
+struct StepScan {
+    /// The reference's precision (its first rank's GEMMs).
+    ref_precision: Precision,
+    /// The run's (every rank's).
+    run_precision: Precision,
+    /// The perturbed reference's (every rank's), when there is one.
+    pert_precision: Option<Precision>,
+    /// The first step whose GEMMs differ between the reference and the perturbed one.
+    pert_differs: Option<crate::validate::GemmsDiffer>,
+    al: Alignment,
+    /// GEMMs of the reference's first rank and of every rank of the run, in the steps.
+    ref_gemms: usize,
+    run_gemms: usize,
+    /// Every segment of the run's, the steps not compared included.
+    layout: LayoutEvidence,
+    /// [`Prepared::gemm_ordinal`] and [`Prepared::signature_ordinal`].
+    gemm_ordinal: BTreeMap<RefOp, u64>,
+    signature_ordinal: BTreeMap<RefOp, u64>,
+    shared_buffers: BTreeSet<RefOp>,
+}
+
+impl StepScan {
+    /// Reads `steps` once, a step at a time, then the run's segments of other steps (for
+    /// its layout) if there are any.
+    fn of(
+        reff: &RunTrace,
+        ref_rank: u32,
+        run: &RunTrace,
+        pert: Option<&RunTrace>,
+        steps: &[u64],
+    ) -> StepScan {
+        let mut scan = StepScan {
+            ref_precision: Precision::Fp32,
+            run_precision: Precision::Fp32,
+            pert_precision: pert.map(|_| Precision::Fp32),
+            pert_differs: None,
+            al: Alignment::start(run),
+            ref_gemms: 0,
+            run_gemms: 0,
+            layout: LayoutEvidence::default(),
+            gemm_ordinal: BTreeMap::new(),
+            signature_ordinal: BTreeMap::new(),
+            shared_buffers: BTreeSet::new(),
+        };
+        let ranks = run.ranks();
+        for &step in steps {
+            let recs = reff.records(ref_rank, step);
+            scan.ref_precision = scan.ref_precision.narrower(Precision::of_records(&recs));
+            scan.ref_gemms += recs.iter().filter_map(gemm).count();
+            let gemms = recs.iter().filter(|r| gemm(r).is_some());
+            for (n, r) in gemms.enumerate() {
+                scan.gemm_ordinal.insert((step, r.seq), n as u64);
+            }
+            crate::replicas::signature_ordinals(step, &recs, &mut scan.signature_ordinal);
+            crate::reductions::shared_buffers(step, &recs, &mut scan.shared_buffers);
+            for &rank in &ranks {
+                let recs = run.records(rank, step);
+                scan.run_precision = scan.run_precision.narrower(Precision::of_records(&recs));
+                scan.run_gemms += recs.iter().filter_map(gemm).count();
+                scan.layout.observe(&recs);
+            }
+            if let Some(p) = pert {
+                for rank in p.ranks() {
+                    let q = Precision::of_records(&p.records(rank, step));
+                    scan.pert_precision = scan.pert_precision.map(|had| had.narrower(q));
+                }
+                if scan.pert_differs.is_none() {
+                    scan.pert_differs = crate::validate::perturbed_step(reff, p, step);
+                }
+            }
+            scan.al.align_step(reff, run, step);
+        }
+        for (rank, step) in run.segment_keys() {
+            if steps.binary_search(&step).is_err() {
+                scan.layout.observe(&run.records(rank, step));
+            }
+        }
+        scan
+    }
 }
 
 /// The steps to compare: those both stores hold on every rank, within `want` (inclusive
@@ -134,21 +245,6 @@ pub(crate) fn steps_within(
         )));
     }
     Ok(steps)
-}
-
-/// The ordinal of every reference GEMM within its step (depth for the analytic bound).
-pub(crate) fn gemm_ordinals(reff: &RunTrace, rank: u32, steps: &[u64]) -> BTreeMap<RefOp, u64> {
-    let mut out = BTreeMap::new();
-    for &s in steps {
-        let mut n = 0u64;
-        for r in reff.records(rank, s) {
-            if gemm(r).is_some() {
-                out.insert((s, r.seq), n);
-                n += 1;
-            }
-        }
-    }
-    out
 }
 
 /// The error when no tensor could be compared.

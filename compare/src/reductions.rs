@@ -78,6 +78,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) run: &'a RunTrace,
     pub(crate) al: &'a Alignment,
     pub(crate) steps: &'a [u64],
+    /// Reference GEMMs whose accumulation buffer uncaptured code also wrote
+    /// ([`shared_buffers`]).
+    pub(crate) shared: &'a BTreeSet<RefOp>,
     pub(crate) eps: f64,
     pub(crate) layout: &'a LayoutSummary,
     /// The scale of data-parallel reductions' outputs, when `--dp-reduction-scale` gave it.
@@ -86,39 +89,37 @@ pub(crate) struct Ctx<'a> {
 
 /// Reference GEMMs whose accumulation buffer was also written by uncaptured code between
 /// two accumulations (its C differs from the previous GEMM's D in the same buffer): their
-/// final value is not the GEMM's, so reductions of it are not compared with it.
-pub(crate) fn shared_buffers(reff: &RunTrace, rank: u32, steps: &[u64]) -> BTreeSet<RefOp> {
-    let mut out = BTreeSet::new();
-    for &s in steps {
-        let mut last: BTreeMap<(u64, u64), u32> = BTreeMap::new();
-        let mut shared_ptrs: Vec<(u64, u64)> = Vec::new();
-        let mut members: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
-        for r in reff.records(rank, s) {
-            let Some(g) = gemm(r) else { continue };
-            let Some(d) = r.tensors.iter().find(|t| t.role == Role::D) else {
-                continue;
-            };
-            let key = (d.ptr, d.nbytes);
-            members.entry(key).or_default().push(r.seq);
-            if accumulates(g) {
-                let c = r.tensors.iter().find(|t| t.role == Role::CIn);
-                if let (Some(c), Some(prev)) = (c, last.get(&key)) {
-                    if c.captured && c.crc32 != *prev {
-                        shared_ptrs.push(key);
-                    }
+/// final value is not the GEMM's, so reductions of it are not compared with it. Adds those
+/// of `step` (`recs`: the reference's records there) to `out`.
+pub(crate) fn shared_buffers(step: u64, recs: &[Record], out: &mut BTreeSet<RefOp>) {
+    let s = step;
+    let mut last: BTreeMap<(u64, u64), u32> = BTreeMap::new();
+    let mut shared_ptrs: Vec<(u64, u64)> = Vec::new();
+    let mut members: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+    for r in recs {
+        let Some(g) = gemm(r) else { continue };
+        let Some(d) = r.tensors.iter().find(|t| t.role == Role::D) else {
+            continue;
+        };
+        let key = (d.ptr, d.nbytes);
+        members.entry(key).or_default().push(r.seq);
+        if accumulates(g) {
+            let c = r.tensors.iter().find(|t| t.role == Role::CIn);
+            if let (Some(c), Some(prev)) = (c, last.get(&key)) {
+                if c.captured && c.crc32 != *prev {
+                    shared_ptrs.push(key);
                 }
             }
-            if d.captured {
-                last.insert(key, d.crc32);
-            }
         }
-        for key in shared_ptrs {
-            for seq in members.get(&key).into_iter().flatten() {
-                out.insert((s, *seq));
-            }
+        if d.captured {
+            last.insert(key, d.crc32);
         }
     }
-    out
+    for key in shared_ptrs {
+        for seq in members.get(&key).into_iter().flatten() {
+            out.insert((s, *seq));
+        }
+    }
 }
 
 /// The send range a reduction's output reads: output element e reads `base + e * size`.
@@ -263,7 +264,6 @@ pub(crate) struct Reductions<'a> {
     /// Where the walk placed each run GEMM's D, for the steps it is done with.
     pub(crate) d_place: DPlace,
     pub(crate) ref_cache: BTreeMap<RefOp, Values>,
-    pub(crate) shared: BTreeSet<RefOp>,
     pub(crate) by_call: BTreeMap<CallKey, Vec<Piece>>,
     /// Data-parallel calls, compared once their scale is decided: with the reference's shape
     /// and type (no values).
@@ -283,7 +283,7 @@ impl Reductions<'_> {
             let Some(rr) = c.reff.record(c.ref_rank, ref_op.0, ref_op.1) else {
                 return Ok(false);
             };
-            let Some(v) = c.reff.values(rr, Role::D)? else {
+            let Some(v) = c.reff.values(&rr, Role::D)? else {
                 return Ok(false);
             };
             self.ref_cache.insert(ref_op, v);
@@ -354,7 +354,7 @@ impl Reductions<'_> {
                     continue;
                 }
                 if let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) {
-                    if !want(&mut ref_wants, rr, Role::D) {
+                    if !want(&mut ref_wants, &rr, Role::D) {
                         break 'recs;
                     }
                 }
@@ -410,7 +410,7 @@ impl Reductions<'_> {
             let Some(&ref_op) = ctx.al.of_run.get(&(rank, step, g.seq)) else {
                 continue;
             };
-            if self.shared.contains(&ref_op) {
+            if ctx.shared.contains(&ref_op) {
                 continue;
             }
             let placed = (rank, step, g.seq);
@@ -553,7 +553,6 @@ pub(crate) fn collectives(
         ctx,
         d_place: BTreeMap::new(),
         ref_cache: BTreeMap::new(),
-        shared: shared_buffers(ctx.reff, ctx.ref_rank, ctx.steps),
         by_call: BTreeMap::new(),
         deferred: Vec::new(),
         evidence: Vec::new(),
@@ -576,12 +575,12 @@ pub(crate) fn collectives(
             let recs = ctx.run.records(rank, step);
             let (run_ahead, ref_ahead) = next
                 .take()
-                .unwrap_or_else(|| red.start((rank, step, recs), window, &mut asked));
+                .unwrap_or_else(|| red.start((rank, step, &recs), window, &mut asked));
             ctx.run.install(run_ahead);
             ctx.reff.install(ref_ahead);
             if let Some(&after) = ranks.get(k + 1) {
-                let at = (after, step, ctx.run.records(after, step));
-                next = Some(red.start(at, window, &mut asked));
+                let after_recs = ctx.run.records(after, step);
+                next = Some(red.start((after, step, &after_recs), window, &mut asked));
             }
             let mut calls: BTreeMap<u64, usize> = BTreeMap::new();
             for (i, r) in recs.iter().enumerate() {
@@ -592,7 +591,7 @@ pub(crate) fn collectives(
                     c.kind,
                     CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
                 ) {
-                    red.reduction(rank, step, recs, i, n)?;
+                    red.reduction(rank, step, &recs, i, n)?;
                 }
             }
         }
@@ -612,6 +611,8 @@ pub(crate) fn collectives(
             }
         }
         red.ref_cache.clear();
+        // Where the walk placed this step's outputs is read by this step's reductions only.
+        red.d_place.retain(|&(_, s, _), _| s != step);
     }
     // A walk that stopped early is not taken for a whole one.
     if !from_walk.wait_for_the_end(&mut red.d_place) {
@@ -656,6 +657,7 @@ pub(crate) fn reduction_compared(
     let Some(run_rec) = pieces.first().and_then(|p| ctx.run.record(p.0, step, p.1)) else {
         return;
     };
+    let (rr, run_rec) = (&*rr, &*run_rec);
     let key = pieces
         .iter()
         .map(|s| s.3)

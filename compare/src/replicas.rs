@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use rayon::prelude::*;
 
 use serde::{Deserialize, Serialize};
-use ttrace_format::record::Role;
+use ttrace_format::record::{Record, Role};
 
 use crate::report::TensorComparison;
 use crate::trace::RunTrace;
@@ -60,17 +60,15 @@ enum State {
     Settled,
 }
 
-/// Finds replica drift among the compared `tensors` (in execution order) of `run`, compared
-/// against rank `ref_rank` of `reff`.
+/// Finds replica drift among the compared `tensors` (in execution order) of `run`, given the
+/// reference GEMMs' ordinals by signature ([`signature_ordinals`]).
 pub fn drift(
-    reff: &RunTrace,
-    ref_rank: u32,
+    ordinal: &BTreeMap<(u64, u64), u64>,
     run: &RunTrace,
     tensors: &[TensorComparison],
 ) -> Result<Vec<ReplicaDrift>, CompareError> {
     let groups = groups(run);
-    let ordinal = ordinals(reff, ref_rank, tensors);
-    let seen = occurrences(run, tensors, &groups, &ordinal);
+    let seen = occurrences(run, tensors, &groups, ordinal);
     let constants = first_constants(run, tensors, &seen)?;
     let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
     let mut found = Vec::new();
@@ -214,35 +212,25 @@ fn first_constants(
     Ok(out)
 }
 
-/// Each reference GEMM of the compared steps, by (step, seq): how many GEMMs of its signature
-/// (API, m, n, k, transposes) ran before it in its step. A seq is no identity across steps:
-/// steps hold different other ops (the first one, say, a framework's uploads of the initial
-/// weights), and a seq-keyed operand would be new in every step whose seqs moved.
-fn ordinals(
-    reff: &RunTrace,
-    ref_rank: u32,
-    tensors: &[TensorComparison],
-) -> BTreeMap<(u64, u64), u64> {
-    let mut steps: Vec<u64> = tensors.iter().map(|t| t.step).collect();
-    steps.sort_unstable();
-    steps.dedup();
-    let mut out = BTreeMap::new();
-    for step in steps {
-        let mut seen: BTreeMap<(&str, [u64; 5]), u64> = BTreeMap::new();
-        for r in reff.records(ref_rank, step) {
-            let Some(g) = crate::trace::gemm(r) else {
-                continue;
-            };
-            let sig = (
-                r.api.as_str(),
-                [g.m, g.n, g.k, u64::from(g.transa), u64::from(g.transb)],
-            );
-            let n = seen.entry(sig).or_default();
-            out.insert((step, r.seq), *n);
-            *n += 1;
-        }
+/// Adds each reference GEMM of `step` (`recs`: the reference's records there) to `out`, by
+/// (step, seq): how many GEMMs of its signature (API, m, n, k, transposes) ran before it in
+/// its step. A seq is no identity across steps: steps hold different other ops (the first
+/// one, say, a framework's uploads of the initial weights), and a seq-keyed operand would be
+/// new in every step whose seqs moved.
+pub(crate) fn signature_ordinals(step: u64, recs: &[Record], out: &mut BTreeMap<(u64, u64), u64>) {
+    let mut seen: BTreeMap<(&str, [u64; 5]), u64> = BTreeMap::new();
+    for r in recs {
+        let Some(g) = crate::trace::gemm(r) else {
+            continue;
+        };
+        let sig = (
+            r.api.as_str(),
+            [g.m, g.n, g.k, u64::from(g.transa), u64::from(g.transb)],
+        );
+        let n = seen.entry(sig).or_default();
+        out.insert((step, r.seq), *n);
+        *n += 1;
     }
-    out
 }
 
 /// Communicators of two or more ranks (global ranks, sorted, deduplicated).
@@ -285,7 +273,7 @@ fn persists(
         let Some(rec) = run.record(rank, t.step, held.seq) else {
             return Ok(None);
         };
-        Ok(run.values(rec, role)?.map(|v| v.data))
+        Ok(run.values(&rec, role)?.map(|v| v.data))
     };
     Ok(match (values(before)?, values(now)?) {
         (Some(a), Some(b)) => crate::check::persistent::mostly_kept(&a, &b),
@@ -306,7 +294,7 @@ fn constant(
     let Some(rec) = run.record(rank, t.step, held.seq) else {
         return Ok(true);
     };
-    run.holds_one_value(rec, role)
+    run.holds_one_value(&rec, role)
 }
 
 /// The ranks outside the most common CRC; without a strict majority, the copies farthest

@@ -41,25 +41,36 @@ pub enum Precision {
 impl Precision {
     /// The narrowest operand type over the reference's GEMMs in `steps`.
     pub fn of(reff: &RunTrace, rank: u32, steps: &[u64]) -> Precision {
+        steps
+            .iter()
+            .map(|&s| Precision::of_records(&reff.records(rank, s)))
+            .fold(Precision::Fp32, Precision::narrower)
+    }
+
+    /// The narrowest operand type over the GEMMs of `recs`.
+    pub fn of_records(recs: &[Record]) -> Precision {
         let mut p = Precision::Fp32;
-        for &s in steps {
-            for r in reff.records(rank, s) {
-                if let Some(g) = gemm(r) {
-                    for t in [g.a_type, g.b_type] {
-                        let q = match dtypes::of_cuda(t) {
-                            Some(DType::F8_E4M3 | DType::F8_E5M2) => Precision::Fp8,
-                            Some(DType::BF16) => Precision::Bf16,
-                            Some(DType::F16) => Precision::Fp16,
-                            _ => Precision::Fp32,
-                        };
-                        if q.rank() > p.rank() {
-                            p = q;
-                        }
-                    }
-                }
+        for g in recs.iter().filter_map(gemm) {
+            for t in [g.a_type, g.b_type] {
+                let q = match dtypes::of_cuda(t) {
+                    Some(DType::F8_E4M3 | DType::F8_E5M2) => Precision::Fp8,
+                    Some(DType::BF16) => Precision::Bf16,
+                    Some(DType::F16) => Precision::Fp16,
+                    _ => Precision::Fp32,
+                };
+                p = p.narrower(q);
             }
         }
         p
+    }
+
+    /// The narrower of the two.
+    pub fn narrower(self, other: Precision) -> Precision {
+        if other.rank() > self.rank() {
+            other
+        } else {
+            self
+        }
     }
 
     /// Narrowness: fp32 < fp16 < bf16 < fp8.

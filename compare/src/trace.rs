@@ -15,6 +15,7 @@ use ttrace_format::store::Manifest;
 
 use crate::decoded::{Checked, DecodedCache, Shared};
 use crate::prefetch::{lock, TensorAt};
+use crate::records::{read_segment, RecordCache, RecordRef, SegmentRecords, StepRecords};
 use crate::widen::WholeElements;
 pub use crate::widen::{to_f32, to_f32_into, F32Widening};
 use crate::CompareError;
@@ -40,14 +41,18 @@ pub struct RunTrace {
     /// Its manifest.
     pub manifest: Manifest,
     store: Arc<Store>,
-    /// Records by (rank, step), in seq order.
-    pub ops: Arc<BTreeMap<(u32, u64), Vec<Record>>>,
-    /// The offset of each record's frame in its segment, as `ops` orders them: its data is
-    /// read there without decoding its metadata again ([`Segment::read_at`]).
-    frames: Arc<BTreeMap<(u32, u64), Vec<u64>>>,
+    /// Records by (rank, step), in seq order, with the offset of each one's frame (its data
+    /// is read there without decoding its metadata again, [`Segment::read_at`]); kept within
+    /// a budget ([`RunTrace::set_metadata_budget`]).
+    records: Arc<RecordCache>,
+    /// Whether any record is a collective.
+    has_collectives: bool,
     /// Communicators of more than one rank each (rank, step) calls collectives on, in order
     /// of first use.
     comms_used: Arc<BTreeMap<(u32, u64), Vec<u64>>>,
+    /// What each (rank, step) holds that a comparison counts at its end, read when the store
+    /// was opened: its records dropped since need not be read again for it.
+    facts: Arc<BTreeMap<(u32, u64), SegmentFacts>>,
     /// Open segments; shared with the decoding ahead that reads them on the thread pool and
     /// with the other readers.
     segments: Arc<Mutex<OpenCache<Arc<Segment>>>>,
@@ -67,9 +72,24 @@ pub struct RunTrace {
     pub unreadable: Vec<String>,
 }
 
+/// What a segment holds that a comparison counts at its end ([`RunTrace::record_count`],
+/// [`RunTrace::gaps`]).
+#[derive(Debug, Default)]
+struct SegmentFacts {
+    records: u64,
+    gaps: Vec<Op>,
+}
+
 impl RunTrace {
-    /// Opens the store at `path` and reads every record's metadata.
+    /// Opens the store at `path` and reads every record's metadata, all of it kept.
     pub fn open(path: &Path) -> Result<RunTrace, CompareError> {
+        RunTrace::open_within(path, u64::MAX)
+    }
+
+    /// Opens the store at `path` and reads every record's metadata, keeping at most
+    /// `metadata` bytes of it (estimated; the earliest steps'): the rest is read again when
+    /// wanted ([`crate::records`]).
+    pub fn open_within(path: &Path, metadata: u64) -> Result<RunTrace, CompareError> {
         let (store, manifest) = crate::model::store::open(path)?;
         let keys: Vec<(u32, u64)> = store
             .ranks()
@@ -77,40 +97,68 @@ impl RunTrace {
             .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
             .collect();
         // Segments are read on every core, then joined in their order.
-        let read: Vec<SegmentRecords> = keys
-            .par_iter()
-            .map(|&(rank, step)| read_records(&store, path, rank, step))
-            .collect();
-        let mut ops = BTreeMap::new();
+        // Earliest steps first, every rank's: what the budget keeps is what the comparison
+        // reads first. Read a batch at a time (each batch on every core), so that what is
+        // held beyond the budget is one batch's.
+        let mut keys = keys;
+        keys.sort_by_key(|&(rank, step)| (step, rank));
+        let batch = 4 * rayon::current_num_threads().max(1);
+        let mut unreadable: BTreeMap<(u32, u64), Vec<String>> = BTreeMap::new();
+        let mut comms_used = BTreeMap::new();
+        let mut facts = BTreeMap::new();
+        let mut has_collectives = false;
         let mut frames = BTreeMap::new();
-        let mut unreadable = Vec::new();
-        for (key, (recs, issues)) in keys.into_iter().zip(read) {
-            unreadable.extend(issues);
-            if let Some(recs) = recs {
-                let (recs, offsets): (Vec<Record>, Vec<u64>) = recs.into_iter().unzip();
-                ops.insert(key, recs);
-                frames.insert(key, offsets);
-            }
-        }
-        let comms_used = ops
-            .iter()
-            .map(|(&key, recs)| {
+        let mut kept = Vec::new();
+        let mut kept_bytes = 0u64;
+        for keys in keys.chunks(batch) {
+            let read: Vec<_> = keys
+                .par_iter()
+                .map(|&key| read_segment(&store, path, key, usize::MAX))
+                .collect();
+            for (&key, read) in keys.iter().zip(read) {
+                unreadable.insert(key, read.unreadable);
+                let Some(recs) = read.records else {
+                    continue;
+                };
                 let mut used: Vec<u64> = Vec::new();
-                for c in recs.iter().filter_map(collective) {
+                for c in recs.iter().filter_map(|(r, _)| collective(r)) {
+                    has_collectives = true;
                     if c.comm_size > 1 && !used.contains(&c.comm) {
                         used.push(c.comm);
                     }
                 }
-                (key, used)
-            })
-            .collect();
+                comms_used.insert(key, used);
+                facts.insert(
+                    key,
+                    SegmentFacts {
+                        records: recs.len() as u64,
+                        gaps: recs
+                            .iter()
+                            .filter(|(r, _)| matches!(r.op, Op::Gap(_)))
+                            .map(|(r, _)| r.op.clone())
+                            .collect(),
+                    },
+                );
+                frames.insert(key, read.frames);
+                let recs = SegmentRecords::new(recs);
+                if kept_bytes.saturating_add(recs.bytes()) <= metadata {
+                    kept_bytes += recs.bytes();
+                    kept.push((key, recs));
+                }
+            }
+        }
+        // Said in (rank, step) order.
+        let unreadable: Vec<String> = unreadable.into_values().flatten().collect();
+        let store = Arc::new(store);
+        let records = RecordCache::new(Arc::clone(&store), path, frames, kept, metadata);
         Ok(RunTrace {
             path: path.to_path_buf(),
             manifest,
-            store: Arc::new(store),
-            ops: Arc::new(ops),
-            frames: Arc::new(frames),
+            store,
+            records: Arc::new(records),
+            has_collectives,
             comms_used: Arc::new(comms_used),
+            facts: Arc::new(facts),
             segments: Arc::new(Mutex::new(OpenCache::default())),
             decoded: Arc::new(Mutex::new(DecodedCache::new(u64::MAX))),
             bytes_read: Arc::new(AtomicU64::new(0)),
@@ -130,9 +178,10 @@ impl RunTrace {
             path: self.path.clone(),
             manifest: self.manifest.clone(),
             store: Arc::clone(&self.store),
-            ops: Arc::clone(&self.ops),
-            frames: Arc::clone(&self.frames),
+            records: Arc::clone(&self.records),
+            has_collectives: self.has_collectives,
             comms_used: Arc::clone(&self.comms_used),
+            facts: Arc::clone(&self.facts),
             segments: Arc::clone(&self.segments),
             decoded: Arc::clone(&self.decoded),
             bytes_read: Arc::clone(&self.bytes_read),
@@ -145,7 +194,7 @@ impl RunTrace {
 
     /// Ranks present.
     pub fn ranks(&self) -> Vec<u32> {
-        let mut r: Vec<u32> = self.ops.keys().map(|k| k.0).collect();
+        let mut r: Vec<u32> = self.records.keys().map(|k| k.0).collect();
         r.dedup();
         r
     }
@@ -179,7 +228,7 @@ impl RunTrace {
 
     /// Whether the store holds collectives (captured with the `nccl` family and called).
     pub fn has_collectives(&self) -> bool {
-        self.ops.values().flatten().any(|r| collective(r).is_some())
+        self.has_collectives
     }
 
     /// Whether inputs of ops were captured (not `ttrace run --no-inputs`).
@@ -190,16 +239,33 @@ impl RunTrace {
     /// Steps present on every rank.
     pub fn steps(&self) -> Vec<u64> {
         let ranks = self.ranks();
-        let mut steps: Vec<u64> = self.ops.keys().map(|k| k.1).collect();
+        let mut steps: Vec<u64> = self.records.keys().map(|k| k.1).collect();
         steps.sort_unstable();
         steps.dedup();
-        steps.retain(|s| ranks.iter().all(|r| self.ops.contains_key(&(*r, *s))));
+        steps.retain(|s| ranks.iter().all(|r| self.records.contains((*r, *s))));
         steps
     }
 
-    /// Records of `rank` in `step`.
-    pub fn records(&self, rank: u32, step: u64) -> &[Record] {
-        self.ops.get(&(rank, step)).map_or(&[], |v| v.as_slice())
+    /// Records of `rank` in `step`, in seq order (read again if they were dropped).
+    pub fn records(&self, rank: u32, step: u64) -> StepRecords {
+        self.records.get((rank, step))
+    }
+
+    /// The (rank, step) of every segment, in that order.
+    pub fn segment_keys(&self) -> Vec<(u32, u64)> {
+        self.records.keys().collect()
+    }
+
+    /// How many records `rank` holds in `step` (that could be read when the store was opened).
+    pub fn record_count(&self, rank: u32, step: u64) -> u64 {
+        self.facts.get(&(rank, step)).map_or(0, |f| f.records)
+    }
+
+    /// The gap records' ops of `rank` in `step` (what was not captured there).
+    pub fn gaps(&self, rank: u32, step: u64) -> &[Op] {
+        self.facts
+            .get(&(rank, step))
+            .map_or(&[], |f| f.gaps.as_slice())
     }
 
     /// Communicators (of more than one rank) that `rank` calls collectives on in `step`.
@@ -210,8 +276,20 @@ impl RunTrace {
     }
 
     /// The record `seq` of `rank` in `step`.
-    pub fn record(&self, rank: u32, step: u64, seq: u64) -> Option<&Record> {
-        known_record(&self.ops, &self.frames, (rank, step), seq).map(|(r, _)| r)
+    pub fn record(&self, rank: u32, step: u64, seq: u64) -> Option<RecordRef> {
+        RecordRef::find(self.records(rank, step), seq)
+    }
+
+    /// Keeps at most `bytes` of record metadata (estimated), the least recently read
+    /// segment's dropped first and read again when wanted: memory independent of the
+    /// number of steps.
+    pub fn set_metadata_budget(&self, bytes: u64) {
+        self.records.set_budget(bytes);
+    }
+
+    /// Segments whose records were read again after they were dropped.
+    pub fn metadata_reread(&self) -> u64 {
+        self.records.reparsed()
     }
 
     /// Keeps at most `bytes` of segments open (mapped) at a time, the least recently read
@@ -281,7 +359,7 @@ impl RunTrace {
         }
         drop(segs);
         let kept = Arc::clone(&self.decoded);
-        let (ops, frames) = (Arc::clone(&self.ops), Arc::clone(&self.frames));
+        let records = Arc::clone(&self.records);
         let job = move || {
             let open: Vec<crate::prefetch::SegmentWants> = jobs
                 .iter()
@@ -289,7 +367,7 @@ impl RunTrace {
                 .collect();
             // A decoding that panics leaves its tensors to the walk (which reports them).
             let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let known = |key: (u32, u64), seq: u64| known_record(&ops, &frames, key, seq);
+                let known = |key: (u32, u64), seq: u64| RecordRef::find(records.get(key), seq);
                 let values = crate::prefetch::decode(&open, &kept, &known);
                 let increments = form_increments(&increments, &values, &kept);
                 DecodedAhead { values, increments }
@@ -366,6 +444,7 @@ impl RunTrace {
             let Some(rec) = self.record(rank, step, seq) else {
                 continue;
             };
+            let rec = &*rec;
             let Some(g) = gemm(rec).filter(|g| crate::comparison::accumulates(g)) else {
                 continue;
             };
@@ -443,8 +522,9 @@ impl RunTrace {
                 self.open_segment((rank, step), over)
             })?,
         );
-        let read = known_record(&self.ops, &self.frames, (rank, step), seq)
-            .and_then(|(rec, offset)| seg.read_at(offset, rec))
+        let read = self
+            .record(rank, step, seq)
+            .and_then(|rec| seg.read_at(rec.frame(), &rec))
             .or_else(|| seg.read_seq(seq));
         let view = match read {
             Some(Ok(v)) => v,
@@ -614,53 +694,6 @@ impl RunTrace {
     pub fn comm_members(&self, comm: u64) -> Option<Vec<u32>> {
         crate::model::comms::members(&self.manifest, comm)
     }
-}
-
-/// A segment's records with the offsets of their frames (`None`: it does not open), and what
-/// could not be read.
-type SegmentRecords = (Option<Vec<(Record, u64)>>, Vec<String>);
-
-/// The record `seq` of segment `key` and the offset of its frame, in `ops` and `frames` as
-/// [`RunTrace`] holds them.
-fn known_record<'a>(
-    ops: &'a BTreeMap<(u32, u64), Vec<Record>>,
-    frames: &BTreeMap<(u32, u64), Vec<u64>>,
-    key: (u32, u64),
-    seq: u64,
-) -> Option<(&'a Record, u64)> {
-    let recs = ops.get(&key)?;
-    // Records are sorted by seq (and dense in practice): look where it should be first.
-    let i = match recs.get(seq as usize) {
-        Some(r) if r.seq == seq => seq as usize,
-        _ => recs.binary_search_by_key(&seq, |r| r.seq).ok()?,
-    };
-    let offset = frames.get(&key).and_then(|f| f.get(i)).copied()?;
-    Some((&recs[i], offset))
-}
-
-/// Every record's metadata of the segment of `rank` and `step` with the offset of its frame,
-/// in seq order, and what could not be read (`None` and one line: the segment does not
-/// open).
-fn read_records(store: &Store, path: &Path, rank: u32, step: u64) -> SegmentRecords {
-    let seg = match store.open_segment(rank, step) {
-        Ok(s) => s,
-        Err(e) => {
-            return (
-                None,
-                vec![format!("{}: rank {rank} step {step}: {e}", path.display())],
-            )
-        }
-    };
-    let mut recs = Vec::with_capacity(seg.len());
-    let mut unreadable = Vec::new();
-    for i in 0..seg.len() {
-        match seg.read_meta(i) {
-            Ok(v) => recs.push((v.record, v.offset)),
-            Err(issue) => unreadable.push(issue.to_string()),
-        }
-    }
-    recs.sort_by_key(|(r, _)| r.seq);
-    (Some(recs), unreadable)
 }
 
 /// The thread pool that decodes ahead of the walk, apart from the global pool that the walk's
@@ -996,16 +1029,72 @@ mod tests {
         let run = RunTrace::open(&dir).expect("open");
         let one = |seq: u64| {
             let rec = run.record(0, 0, seq).expect("record");
-            run.holds_one_value(rec, Role::Src).expect("reads")
+            run.holds_one_value(&rec, Role::Src).expect("reads")
         };
         let got: Vec<bool> = (0..6).map(one).collect();
         assert_eq!(got, [true, false, false, false, true, true]);
         // Decoded values kept from an earlier read say the same.
         for seq in 0..4 {
             let rec = run.record(0, 0, seq).expect("record");
-            assert!(run.values(rec, Role::Src).expect("values").is_some());
+            assert!(run.values(&rec, Role::Src).expect("values").is_some());
             assert_eq!(one(seq), got[seq as usize], "seq {seq} from decoded values");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Metadata over its budget is dropped, least recently read first, and read again the
+    /// same: every (rank, step) gives the records (and frames) an unbounded opening gives,
+    /// while what is held stays near the budget.
+    #[test]
+    fn records_over_the_metadata_budget_are_read_again_the_same() {
+        use ttrace_format::store::{Blob, SegmentWriter};
+        let dir = std::env::temp_dir().join(format!("ttrace-meta-budget-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        crate::model::comms::tests::manifest(&[])
+            .write_as(&dir, false)
+            .expect("manifest");
+        for rank in 0..2u32 {
+            for step in 0..6u64 {
+                let mut seg = SegmentWriter::create(&dir, rank, step).expect("create");
+                for seq in 0..5u64 {
+                    let data: Vec<u8> = (0..64).map(|i| (i as u64 + seq + step) as u8).collect();
+                    let rec = Record::d2h_copy(rank, step, seq, &data);
+                    let blob = Blob::encode(&data, 1, 3, &mut Vec::new()).expect("encode");
+                    seg.append(&rec, &[blob]).expect("append");
+                }
+                seg.finish().expect("finish");
+            }
+        }
+        let whole = RunTrace::open(&dir).expect("open");
+        let one_segment = whole.records(0, 0).bytes();
+        // Room for two segments' records of twelve.
+        let bounded = RunTrace::open_within(&dir, 2 * one_segment).expect("open within");
+        assert!(bounded.records.held_bytes() <= 2 * one_segment);
+        for _pass in 0..2 {
+            for (rank, step) in whole.segment_keys() {
+                let (a, b) = (whole.records(rank, step), bounded.records(rank, step));
+                assert_eq!(&a[..], &b[..], "rank {rank} step {step}");
+                for seq in 0..5 {
+                    let (x, y) = (
+                        whole.record(rank, step, seq).expect("record"),
+                        bounded.record(rank, step, seq).expect("record"),
+                    );
+                    assert_eq!((x.frame(), &*x), (y.frame(), &*y));
+                }
+                assert!(bounded.records.held_bytes() <= 2 * one_segment);
+            }
+        }
+        // Ten segments were dropped at open; each pass reads every one again.
+        assert_eq!(whole.metadata_reread(), 0);
+        assert!(
+            bounded.metadata_reread() >= 20,
+            "{}",
+            bounded.metadata_reread()
+        );
+        // The data is read through the records read again.
+        let bytes = bounded.bytes(1, 5, 4, 0).expect("reads").expect("captured");
+        assert_eq!(bytes, (0..64).map(|i| (i + 9) as u8).collect::<Vec<u8>>());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

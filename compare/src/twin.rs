@@ -104,7 +104,7 @@ fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unperturbe
     let mut found: Option<Unperturbed> = None;
     let mut of = 0u64;
     for step in reff.steps() {
-        for rec in reff.records(rank, step) {
+        for rec in reff.records(rank, step).iter() {
             let Some(d) = perturbable_output(rec) else {
                 continue;
             };
@@ -114,7 +114,7 @@ fn unperturbed(reff: &RunTrace, pert: &RunTrace, rank: u32) -> Option<Unperturbe
             else {
                 continue;
             };
-            let Some(td) = perturbable_output(twin) else {
+            let Some(td) = perturbable_output(&twin) else {
                 continue;
             };
             of += 1;

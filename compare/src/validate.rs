@@ -46,14 +46,13 @@ pub fn precision_of(t: &RunTrace, steps: &[u64]) -> Precision {
         .unwrap_or(Precision::Fp32)
 }
 
-/// REF and RUN compute in one precision.
+/// REF and RUN compute in one precision (`theirs`: the run's, [`precision_of`]).
 pub fn precisions(
     reff: &RunTrace,
     run: &RunTrace,
     precision: Precision,
-    steps: &[u64],
+    theirs: Precision,
 ) -> Result<(), CompareError> {
-    let theirs = precision_of(run, steps);
     if theirs != precision {
         return Err(CompareError::Invalid(format!(
             "the reference {} computes in {} but the run {} in {}: compare runs of one precision",
@@ -73,16 +72,37 @@ fn signature(g: &GemmOp) -> (u64, u64, u64, u64, u32, u32, u32, u32) {
     )
 }
 
+/// How a step's GEMMs differ between the reference and the perturbed reference: (the
+/// step, the perturbed reference's GEMMs, the reference's).
+pub type GemmsDiffer = (u64, usize, usize);
+
+/// Whether the GEMMs of `step` differ between the reference and the perturbed reference
+/// (each read on its first rank): in number or in shapes and types. A step the perturbed
+/// reference holds no GEMM of is not compared.
+pub fn perturbed_step(reff: &RunTrace, pert: &RunTrace, step: u64) -> Option<GemmsDiffer> {
+    let (rr, pr) = (
+        reff.ranks().first().copied()?,
+        pert.ranks().first().copied()?,
+    );
+    let (ra, rb) = (reff.records(rr, step), pert.records(pr, step));
+    let a: Vec<_> = ra.iter().filter_map(gemm).collect();
+    let b: Vec<_> = rb.iter().filter_map(gemm).collect();
+    let differs = !b.is_empty()
+        && (a.len() != b.len() || a.iter().zip(&b).any(|(x, y)| signature(x) != signature(y)));
+    differs.then_some((step, b.len(), a.len()))
+}
+
 /// The perturbed reference is the reference's command run again with `--perturb`: the same
-/// precision, world size, GEMMs and command line.
+/// precision (`theirs`: its own, [`precision_of`]), world size, GEMMs (`differs`: the first
+/// step whose GEMMs differ, [`perturbed_step`]) and command line.
 pub fn perturbed(
     reff: &RunTrace,
     pert: &RunTrace,
     precision: Precision,
-    steps: &[u64],
+    theirs: Precision,
+    differs: Option<GemmsDiffer>,
 ) -> Result<(), CompareError> {
     let name = pert.path.display();
-    let theirs = precision_of(pert, steps);
     if theirs != precision {
         return Err(CompareError::Invalid(format!(
             "--perturbed {name} computes in {} but the reference in {}: it must be the \
@@ -99,26 +119,11 @@ pub fn perturbed(
             reff.world_size()
         )));
     }
-    let (Some(rr), Some(pr)) = (reff.ranks().first().copied(), pert.ranks().first().copied())
-    else {
-        return Ok(());
-    };
-    for &s in steps {
-        let a: Vec<_> = reff.records(rr, s).iter().filter_map(gemm).collect();
-        let b: Vec<_> = pert.records(pr, s).iter().filter_map(gemm).collect();
-        if b.is_empty() {
-            continue;
-        }
-        let differs =
-            a.len() != b.len() || a.iter().zip(&b).any(|(x, y)| signature(x) != signature(y));
-        if differs {
-            return Err(CompareError::Invalid(format!(
-                "--perturbed {name} is another model: its GEMMs in step {s} differ from the \
-                 reference's ({} against {} GEMMs, or other shapes)",
-                b.len(),
-                a.len()
-            )));
-        }
+    if let Some((s, b, a)) = differs {
+        return Err(CompareError::Invalid(format!(
+            "--perturbed {name} is another model: its GEMMs in step {s} differ from the \
+             reference's ({b} against {a} GEMMs, or other shapes)"
+        )));
     }
     let (ca, cb) = (&reff.manifest.command, &pert.manifest.command);
     let base = |c: &[String]| {
@@ -140,26 +145,16 @@ pub fn perturbed(
     Ok(())
 }
 
-/// REF and RUN train one model: almost every run GEMM has a counterpart in the reference,
-/// and, when the run was captured whole (every rank), almost every reference GEMM has one
-/// in the run.
+/// REF and RUN train one model: almost every run GEMM (`run_gemms` of them, every rank's
+/// in the steps compared) has a counterpart in the reference, and, when the run was captured
+/// whole (every rank), almost every reference GEMM (`ref_gemms`) has one in the run.
 pub fn same_model(
     reff: &RunTrace,
-    ref_rank: u32,
     run: &RunTrace,
     al: &Alignment,
-    steps: &[u64],
+    ref_gemms: usize,
+    run_gemms: usize,
 ) -> Result<(), CompareError> {
-    let ref_gemms: usize = steps
-        .iter()
-        .map(|&s| reff.records(ref_rank, s).iter().filter_map(gemm).count())
-        .sum();
-    let run_gemms: usize = run
-        .ranks()
-        .iter()
-        .flat_map(|&r| steps.iter().map(move |&s| (r, s)))
-        .map(|(r, s)| run.records(r, s).iter().filter_map(gemm).count())
-        .sum();
     if al.of_ref.is_empty() {
         return Err(CompareError::NothingAligned(format!(
             "no GEMM of {} could be aligned with one of {} ({} unaligned): are they the same \

@@ -160,7 +160,7 @@ impl<'a> Updates<'a> {
             return Ok(None);
         };
         match self.run.record(rank, op.0, seq) {
-            Some(r) => self.run.values(r, role),
+            Some(r) => self.run.values(&r, role),
             None => Ok(None),
         }
     }
@@ -168,7 +168,7 @@ impl<'a> Updates<'a> {
     /// Searches the reference for the weight `g` (the D of `ref_op`) updates.
     fn find(&mut self, ref_op: RefOp, g: &Values) -> Result<Option<RefWeight>, CompareError> {
         let (t, next) = (ref_op.0, ref_op.0 + 1);
-        let at = ordinals(self.reff.records(self.ref_rank, t));
+        let at = ordinals(&self.reff.records(self.ref_rank, t));
         let mut best: Option<RefWeight> = None;
         let mut n_of: BTreeMap<Signature, u64> = BTreeMap::new();
         // A weight read by several GEMMs (every micro-batch, forward and backward) is fitted
@@ -182,7 +182,7 @@ impl<'a> Updates<'a> {
         // chosen in their order: the same choice whatever the number of threads.
         let mut batch: Vec<Candidate> = Vec::new();
         let mut batch_bytes = 0usize;
-        for r1 in self.reff.records(self.ref_rank, next) {
+        for r1 in self.reff.records(self.ref_rank, next).iter() {
             let Some(sig) = signature(r1) else { continue };
             let n = n_of.entry(sig.clone()).or_default();
             let ordinal = *n;
@@ -193,6 +193,7 @@ impl<'a> Updates<'a> {
             let Some(r0) = self.reff.record(self.ref_rank, t, seq0) else {
                 continue;
             };
+            let r0 = &*r0;
             for role in [Role::A, Role::B] {
                 let crc = |r: &Record| {
                     r.tensors

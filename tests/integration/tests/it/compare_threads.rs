@@ -1,9 +1,9 @@
 //! `ttrace compare` uses every core (tensors decoded ahead in parallel,
 //! blocked parallel sums, parallel placement screening) and its report does not depend on
 //! it. One thread, the default pool, an odd pool of three, and a memory budget so small that
-//! tensors are decoded a few ops at a time and segments are closed as the walk goes, all
-//! give the same JSON report (every number, the verdict, the first divergence), the same
-//! text and the same exit status; so does the library called from a thread of a caller's
+//! tensors are decoded a few ops at a time, segments are closed and the records' metadata is
+//! dropped and read again as the walk goes, all give the same JSON report (every number, the
+//! verdict, the first divergence), the same text and the same exit status; so does the library called from a thread of a caller's
 //! own one-thread pool.
 //!
 //! The run is tp=2 dp=2 in BF16 with a row-parallel reduction left out (a divergence in step
@@ -45,6 +45,7 @@ fn compare(root: &Path, threads: Option<usize>, memory: Option<&str>, json: &Pat
         Some(n) => cmd.env("RAYON_NUM_THREADS", n.to_string()),
         None => cmd.env_remove("RAYON_NUM_THREADS"),
     };
+    cmd.env("TTRACE_LOG", "ttrace_compare::engine=debug");
     cmd.output().expect("run ttrace compare")
 }
 
@@ -103,6 +104,19 @@ fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
     for (threads, memory) in [(Some(1), None), (Some(3), None), (None, Some("16M"))] {
         let json = root.join(format!("t{threads:?}-m{memory:?}.json"));
         let got = compare(&root, threads, memory, &json);
+        if memory.is_some() {
+            // The records' metadata did not fit its share of the budget: records dropped
+            // were read again (said in the debug log), and the report is still the same.
+            let log = String::from_utf8_lossy(&got.stderr);
+            let reread = log
+                .lines()
+                .find(|l| l.contains("records were read again"))
+                .unwrap_or_else(|| panic!("no metadata line in the debug log: {log}"));
+            assert!(
+                !reread.contains("run=0 "),
+                "the run's records fit the budget, nothing read again: {reread}"
+            );
+        }
         let what = format!("RAYON_NUM_THREADS={threads:?} --memory {memory:?}");
         assert_eq!(got.status.code(), base.status.code(), "{what}: exit status");
         assert_eq!(text(&got), text(&base), "{what}: text report");

@@ -1,0 +1,293 @@
+//! A store's record metadata, by segment (rank, step): parsed when first read and kept
+//! within a budget, the least recently read segment's records dropped first and parsed again
+//! when read again. A store's metadata grows with its steps (about a kilobyte a record) and
+//! a comparison reads a few steps at a time, so what it holds of them need not grow with the
+//! trace.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ttrace_format::reader::Store;
+use ttrace_format::record::{Op, Record};
+
+use crate::prefetch::lock;
+
+/// The records of one segment in seq order, with the offset of each one's frame.
+#[derive(Debug, Default)]
+pub struct SegmentRecords {
+    records: Vec<Record>,
+    frames: Vec<u64>,
+    /// What holding them costs, estimated ([`approx_bytes`]).
+    bytes: u64,
+}
+
+impl SegmentRecords {
+    /// Records in seq order with the offsets of their frames.
+    pub fn new(mut read: Vec<(Record, u64)>) -> SegmentRecords {
+        read.sort_by_key(|(r, _)| r.seq);
+        let bytes = read.iter().map(|(r, _)| approx_bytes(r)).sum();
+        let (records, frames) = read.into_iter().unzip();
+        SegmentRecords {
+            records,
+            frames,
+            bytes,
+        }
+    }
+
+    /// What holding them costs, estimated ([`approx_bytes`]).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The index of the record `seq`.
+    fn find(&self, seq: u64) -> Option<usize> {
+        // Records are sorted by seq (and dense in practice): look where it should be first.
+        match self.records.get(seq as usize) {
+            Some(r) if r.seq == seq => Some(seq as usize),
+            _ => self.records.binary_search_by_key(&seq, |r| r.seq).ok(),
+        }
+    }
+}
+
+impl Deref for SegmentRecords {
+    type Target = [Record];
+    fn deref(&self) -> &[Record] {
+        &self.records
+    }
+}
+
+/// One segment's records, shared: they stay in memory while held, whatever the budget.
+pub type StepRecords = Arc<SegmentRecords>;
+
+/// One record of a [`StepRecords`] (which it holds).
+#[derive(Debug, Clone)]
+pub struct RecordRef {
+    records: StepRecords,
+    index: usize,
+}
+
+impl RecordRef {
+    /// The record `seq` of `records`.
+    pub fn find(records: StepRecords, seq: u64) -> Option<RecordRef> {
+        let index = records.find(seq)?;
+        Some(RecordRef { records, index })
+    }
+
+    /// The offset of its frame in its segment.
+    pub fn frame(&self) -> u64 {
+        self.records.frames[self.index]
+    }
+}
+
+impl Deref for RecordRef {
+    type Target = Record;
+    fn deref(&self) -> &Record {
+        &self.records.records[self.index]
+    }
+}
+
+/// Every segment's records of a store, kept within a budget.
+pub struct RecordCache {
+    store: Arc<Store>,
+    path: PathBuf,
+    /// Frames each segment had when the store was opened: read again, a segment is read
+    /// that far only (a segment still being written has more frames since, which the
+    /// comparison, aligned on the first reading, does not know).
+    frames_at_open: BTreeMap<(u32, u64), usize>,
+    held: Mutex<Held>,
+}
+
+/// What a [`RecordCache`] holds.
+#[derive(Default)]
+struct Held {
+    loaded: HashMap<(u32, u64), (StepRecords, u64)>,
+    bytes: u64,
+    budget: u64,
+    tick: u64,
+    /// Segments parsed again after they were dropped.
+    reparsed: u64,
+}
+
+impl RecordCache {
+    /// The records of a store whose segments had `frames_at_open` frames each when it was
+    /// opened (every segment present, by (rank, step)), holding `kept` (records read then)
+    /// and at most `budget` bytes of records from now on.
+    pub fn new(
+        store: Arc<Store>,
+        path: &Path,
+        frames_at_open: BTreeMap<(u32, u64), usize>,
+        kept: Vec<((u32, u64), SegmentRecords)>,
+        budget: u64,
+    ) -> RecordCache {
+        let mut held = Held {
+            budget,
+            ..Held::default()
+        };
+        for (key, recs) in kept {
+            held.bytes += recs.bytes;
+            held.loaded.insert(key, (Arc::new(recs), 0));
+        }
+        RecordCache {
+            store,
+            path: path.to_path_buf(),
+            frames_at_open,
+            held: Mutex::new(held),
+        }
+    }
+
+    /// The segments present, by (rank, step).
+    pub fn keys(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.frames_at_open.keys().copied()
+    }
+
+    /// Whether the store has a segment for `key`.
+    pub fn contains(&self, key: (u32, u64)) -> bool {
+        self.frames_at_open.contains_key(&key)
+    }
+
+    /// The records of segment `key` (none when it is absent or no longer opens).
+    pub fn get(&self, key: (u32, u64)) -> StepRecords {
+        {
+            let mut held = lock(&self.held);
+            held.tick += 1;
+            let tick = held.tick;
+            if let Some((recs, used)) = held.loaded.get_mut(&key) {
+                *used = tick;
+                return Arc::clone(recs);
+            }
+        }
+        let Some(&frames) = self.frames_at_open.get(&key) else {
+            return StepRecords::default();
+        };
+        // Parsed outside the lock: the other readers go on meanwhile. What could not be
+        // read was said when the store was opened.
+        let read = read_segment(&self.store, &self.path, key, frames);
+        let recs = Arc::new(SegmentRecords::new(read.records.unwrap_or_default()));
+        let mut held = lock(&self.held);
+        held.reparsed += 1;
+        if let Some((kept, _)) = held.loaded.get(&key) {
+            return Arc::clone(kept); // Another reader parsed it meanwhile.
+        }
+        while held.bytes.saturating_add(recs.bytes) > held.budget {
+            let Some(oldest) = held
+                .loaded
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let Some((dropped, _)) = held.loaded.remove(&oldest) {
+                held.bytes -= dropped.bytes;
+            }
+        }
+        held.bytes += recs.bytes;
+        let tick = held.tick;
+        held.loaded.insert(key, (Arc::clone(&recs), tick));
+        recs
+    }
+
+    /// Keeps at most `bytes` of records (estimated), the least recently read dropped first.
+    pub fn set_budget(&self, bytes: u64) {
+        let mut held = lock(&self.held);
+        held.budget = bytes;
+        while held.bytes > bytes {
+            let Some(oldest) = held
+                .loaded
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let Some((dropped, _)) = held.loaded.remove(&oldest) {
+                held.bytes -= dropped.bytes;
+            }
+        }
+    }
+
+    /// Segments parsed again since the store was opened (their records had been dropped).
+    pub fn reparsed(&self) -> u64 {
+        lock(&self.held).reparsed
+    }
+
+    /// Bytes of records held now (estimated).
+    pub fn held_bytes(&self) -> u64 {
+        lock(&self.held).bytes
+    }
+}
+
+/// What holding `r` in memory costs, estimated from its parts (the struct, its strings and
+/// vectors' heap blocks; allocator overhead left out): within a few tens of percent, enough to
+/// bound the metadata a comparison holds.
+pub fn approx_bytes(r: &Record) -> u64 {
+    const STRING: usize = std::mem::size_of::<String>();
+    let strings = |v: &[String]| v.iter().map(|s| STRING + s.len()).sum::<usize>();
+    let op = match &r.op {
+        Op::Gemm(_) => std::mem::size_of::<ttrace_format::record::GemmOp>(),
+        Op::Gap(g) => g.skipped_api.len() + g.detail.len(),
+        _ => 0,
+    };
+    let tensors: usize = r
+        .tensors
+        .iter()
+        .map(|t| {
+            std::mem::size_of::<ttrace_format::record::Tensor>()
+                + 8 * (t.shape.len() + t.strides.len())
+        })
+        .sum();
+    (std::mem::size_of::<Record>()
+        + std::mem::size_of::<u64>()
+        + r.api.len()
+        + strings(&r.nvtx)
+        + strings(&r.kernels_before)
+        + op
+        + tensors) as u64
+}
+
+/// A segment's records as read: `None` when the segment does not open; what could not be
+/// read, a line each; how many frames it has.
+pub struct ReadRecords {
+    /// Every record read with the offset of its frame (`None`: the segment does not open).
+    pub records: Option<Vec<(Record, u64)>>,
+    /// What could not be read (or opened), a line each.
+    pub unreadable: Vec<String>,
+    /// The segment's frames.
+    pub frames: usize,
+}
+
+/// Every record's metadata of the segment of `key` (rank, step) in file order, its first
+/// `limit` frames at most, with the offset of each one's frame.
+pub fn read_segment(
+    store: &Store,
+    path: &Path,
+    (rank, step): (u32, u64),
+    limit: usize,
+) -> ReadRecords {
+    let seg = match store.open_segment(rank, step) {
+        Ok(s) => s,
+        Err(e) => {
+            return ReadRecords {
+                records: None,
+                unreadable: vec![format!("{}: rank {rank} step {step}: {e}", path.display())],
+                frames: 0,
+            }
+        }
+    };
+    let frames = seg.len().min(limit);
+    let mut records = Vec::with_capacity(frames);
+    let mut unreadable = Vec::new();
+    for i in 0..frames {
+        match seg.read_meta(i) {
+            Ok(v) => records.push((v.record, v.offset)),
+            Err(issue) => unreadable.push(issue.to_string()),
+        }
+    }
+    ReadRecords {
+        records: Some(records),
+        unreadable,
+        frames,
+    }
+}

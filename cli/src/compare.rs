@@ -60,9 +60,10 @@ pub struct CompareArgs {
     /// `1/dp` (averaged sum-loss gradients), or a number.
     #[arg(long, value_name = "SCALE")]
     dp_reduction_scale: Option<String>,
-    /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed and the records'
-    /// metadata dropped (read again when wanted) as the comparison moves on, so memory grows
-    /// with the number of steps only by the results (about 0.7 KB a tensor compared).
+    /// Memory budget, e.g. `512M`, `2G` (default 1G): segments are closed, the records'
+    /// metadata dropped (read again when wanted) and the results past their share spilled to
+    /// a temporary file in TMPDIR as the comparison moves on, so memory grows with the number
+    /// of steps by a few hundred bytes a GEMM only. Past its shares a comparison is slower.
     #[arg(long, value_name = "BYTES")]
     memory: Option<String>,
     /// Write the full report as JSON to FILE (`-`: stdout, instead of the text).

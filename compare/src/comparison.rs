@@ -19,6 +19,7 @@ use crate::CompareError;
 /// Sort key of a comparison in execution order: (step, reference seq, sub-order).
 pub(crate) type Position = (u64, u64, u32);
 
+#[derive(Clone)]
 pub(crate) struct Pending {
     pub(crate) key: Position,
     pub(crate) cmp: TensorComparison,

@@ -27,7 +27,8 @@ use crate::numerics::Placement;
 use crate::placement::{Placer, Placing};
 use crate::prepare::{bytes_read, nothing_aligned, prepare, step_weight, Prepared};
 use crate::reductions::{self, Ctx};
-use crate::report::{CompareReport, CompareStats, RunSummary, TensorComparison, Verdict};
+use crate::report::{CompareReport, CompareStats, RunSummary, TensorListBuilder, Verdict};
+use crate::results::Results;
 use crate::tolerance::{self, Precision, Tolerance};
 use crate::trace::{gemm, RunTrace, Values};
 use crate::CompareError;
@@ -226,22 +227,21 @@ fn partition_on_the_pool(
         .map(|u| u.step)
         .collect();
     let walked = walk_steps(&p, opts, &mine, progress)?;
-    let mut pending = walked.pending;
-    pending.sort_by_key(|p| p.key);
-    let entries: Vec<crate::partition::PendingEntry> = pending.iter().map(Pending::entry).collect();
     let mut warnings = walked.base_warnings;
     warnings.extend(walked.warnings.iter().cloned());
-    let report = finish(
+    let mut entries: Vec<crate::partition::PendingEntry> = Vec::new();
+    let report = finish_with_entries(
         &p,
         &mine,
         Found {
-            pending,
+            pending: walked.pending,
             warnings,
             not_comparable: walked.unjudged.into_report(),
             eps: walked.eps,
             dp_reduction: walked.dp_reduction,
         },
         (bytes_read(&p), started.elapsed().as_secs_f64()),
+        Some(&mut entries),
     )?;
     release(p);
     Ok(crate::partition::PartialReport {
@@ -268,9 +268,11 @@ pub(crate) fn merged(
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
-    let base = Walk::new(&p).warnings;
+    let memory = opts.memory.unwrap_or(DEFAULT_MEMORY);
+    let budget = crate::results::results_budget(memory);
+    let base = Walk::new(&p, budget).warnings;
     let mut found = Found {
-        pending: Vec::new(),
+        pending: Results::new(budget),
         warnings: base,
         not_comparable: Vec::new(),
         eps: p.precision.epsilon(),
@@ -295,7 +297,12 @@ pub(crate) fn merged(
             }
             _ => {}
         }
-        for (cmp, e) in part.report.tensors.into_iter().zip(part.partition.pending) {
+        let tensors = part
+            .report
+            .tensors
+            .into_vec()
+            .map_err(CompareError::Results)?;
+        for (cmp, e) in tensors.into_iter().zip(part.partition.pending) {
             found.pending.push(Pending::from_entry(cmp, e));
         }
         found.warnings.extend(part.partition.walk_warnings);
@@ -325,7 +332,7 @@ pub(crate) fn merged(
 
 /// What a walk over some steps found.
 struct Walked {
-    pending: Vec<Pending>,
+    pending: Results,
     /// Warnings of the whole comparison (alignment, missing ranks, unreadable records).
     base_warnings: Vec<String>,
     /// Warnings of the tensors compared.
@@ -399,7 +406,7 @@ fn walk_steps(
     let (mut walked, reduced) = (walked?, reduced.map_err(|_| panicked_reductions())?);
     // The walk ended (its error, if any, is what was reported above): so did the reductions.
     let (pending, dp_reduction) = reduced?.ok_or_else(panicked_reductions)?;
-    walked.pending.extend(pending);
+    walked.pending.absorb(pending)?;
     walked.dp_reduction = dp_reduction;
     Ok(walked)
 }
@@ -430,7 +437,8 @@ fn walk_ops(
     progress: &mut dyn FnMut(u64, u64),
     tell: std::sync::mpsc::Sender<reductions::Walked>,
 ) -> Result<Walked, CompareError> {
-    let mut walk = Walk::new(p);
+    let budget = crate::results::results_budget(opts.memory.unwrap_or(DEFAULT_MEMORY));
+    let mut walk = Walk::new(p, budget);
     let base_warnings = std::mem::take(&mut walk.warnings);
     let ops: Vec<(&RefOp, &Vec<(u32, u64)>)> =
         p.al.of_ref
@@ -500,7 +508,7 @@ fn walk_ops(
 
 /// The comparisons of a walk (or of merged partitions), before they are ordered.
 struct Found {
-    pending: Vec<Pending>,
+    pending: Results,
     warnings: Vec<String>,
     not_comparable: Vec<crate::report::NotComparable>,
     eps: f64,
@@ -514,10 +522,22 @@ fn finish(
     p: &Prepared,
     steps: &[u64],
     found: Found,
+    read: (u64, f64),
+) -> Result<CompareReport, CompareError> {
+    finish_with_entries(p, steps, found, read, None)
+}
+
+/// [`finish`], adding what a partial report keeps of each comparison to `entries` (in the
+/// order of the report's tensors) when given.
+fn finish_with_entries(
+    p: &Prepared,
+    steps: &[u64],
+    found: Found,
     (bytes, elapsed_s): (u64, f64),
+    mut entries: Option<&mut Vec<crate::partition::PendingEntry>>,
 ) -> Result<CompareReport, CompareError> {
     let Found {
-        mut pending,
+        pending,
         mut warnings,
         not_comparable,
         eps,
@@ -540,28 +560,52 @@ fn finish(
             ),
         );
     }
-    pending.sort_by_key(|p| p.key);
-    for (i, p) in pending.iter_mut().enumerate() {
-        p.cmp.position = i as u64;
-    }
-    let first = pending.iter().position(|p| p.cmp.diverged);
+    let mut sorted = pending.into_sorted()?;
+    let n = sorted.len();
+    let first = (0..n).find(|&i| sorted.diverged(i));
     let first_divergence = match first {
-        Some(i) => Some(localize::localize(
-            &p.reff, p.ref_rank, &p.run, &pending, i, &p.al,
-        )?),
+        Some(i) => {
+            let last_good = localize::last_good(i, |j| sorted.key(j), |j| sorted.diverged(j));
+            let last_good = match last_good {
+                Some(j) => Some((j, sorted.read(j)?.cmp)),
+                None => None,
+            };
+            let diverged = sorted.read(i)?;
+            let at = (i, &diverged, last_good.as_ref().map(|(j, t)| (*j, t)));
+            Some(localize::localize(&p.reff, p.ref_rank, &p.run, at, &p.al)?)
+        }
         None => None,
     };
-    // Moved, not copied: the results are the largest thing a comparison of many steps holds.
-    let tensors: Vec<TensorComparison> = pending.into_iter().map(|p| p.cmp).collect();
-    tracing::debug!("compare: ordered and localized");
+    let mut worst: Vec<usize> = (0..n).collect();
+    worst.sort_by(|&a, &b| sorted.ratio(b).total_cmp(&sorted.ratio(a)));
+    worst.truncate(10);
+    // Moved, not copied: the results are the largest thing a comparison of many steps holds;
+    // spilled to a file past their share of the budget, they are written there in order.
+    let mut list = if sorted.spilled() {
+        TensorListBuilder::spilled().map_err(CompareError::Results)?
+    } else {
+        TensorListBuilder::in_memory()
+    };
+    for i in 0..n {
+        let mut one = sorted.take(i)?;
+        one.cmp.position = i as u64;
+        if let Some(e) = entries.as_deref_mut() {
+            e.push(one.entry());
+        }
+        list.push(one.cmp).map_err(CompareError::Results)?;
+    }
+    drop(sorted);
+    let named = first_divergence
+        .iter()
+        .flat_map(|d| std::iter::once(d.tensor).chain(d.last_good))
+        .chain(worst.iter().copied());
+    let tensors = list.finish(named).map_err(CompareError::Results)?;
+    tracing::debug!(
+        spilled = tensors.is_spilled(),
+        "compare: ordered and localized"
+    );
     let replica_drift = crate::replicas::drift(&p.signature_ordinal, &p.run, &tensors)?;
     tracing::debug!("compare: replica drift looked for");
-    let mut worst: Vec<usize> = (0..tensors.len()).collect();
-    worst.sort_by(|&a, &b| {
-        let r = |t: &TensorComparison| t.error_eps / t.tolerance_eps.max(f64::MIN_POSITIVE);
-        r(&tensors[b]).total_cmp(&r(&tensors[a]))
-    });
-    worst.truncate(10);
     let summary = |t: &RunTrace| RunSummary {
         path: t.path.display().to_string(),
         run_id: t.manifest.run_id.clone(),
@@ -643,7 +687,7 @@ struct Walk<'a> {
     d_place: BTreeMap<(u32, u64, u64), (Placement, f32)>,
     /// Tolerance of each reference GEMM's D.
     d_tol: BTreeMap<RefOp, f64>,
-    pending: Vec<Pending>,
+    pending: Results,
     unjudged: Unjudged,
     warnings: Vec<String>,
     /// Every rank of the world is in the store (shards must then tile the reference).
@@ -655,7 +699,9 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(p: &'a Prepared) -> Walk<'a> {
+    /// A walk over `p`, holding at most `results_budget` bytes of its results in memory
+    /// ([`crate::results`]).
+    fn new(p: &'a Prepared, results_budget: u64) -> Walk<'a> {
         let mut warnings: Vec<String> = p.al.warnings.clone();
         let missing = p.run.missing_ranks();
         if !missing.is_empty() {
@@ -691,7 +737,7 @@ impl<'a> Walk<'a> {
             placer: Placer::new(p.precision.epsilon(), &p.layout),
             d_place: BTreeMap::new(),
             d_tol: BTreeMap::new(),
-            pending: Vec::new(),
+            pending: Results::new(results_budget),
             unjudged: Unjudged::default(),
             warnings,
             whole: missing.is_empty(),

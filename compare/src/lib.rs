@@ -34,7 +34,9 @@ pub mod records;
 mod reductions;
 pub mod replicas;
 pub mod report;
+mod results;
 pub mod simd;
+mod spill;
 pub mod tolerance;
 pub mod trace;
 pub mod twin;
@@ -74,6 +76,10 @@ pub enum CompareError {
     /// layout; stores swapped; a layout the communicator map contradicts).
     #[error("{0}")]
     Invalid(String),
+    /// The comparison's results, spilled to a temporary file (in `TMPDIR`) past their share
+    /// of `--memory`, could not be read back.
+    #[error("the comparison's results (spilled to a temporary file) could not be read back: {0}")]
+    Results(std::io::Error),
 }
 
 impl From<model::store::OpenError> for CompareError {

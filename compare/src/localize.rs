@@ -8,7 +8,7 @@ use ttrace_format::dtype::DType;
 use ttrace_format::record::{Record, Role};
 
 use crate::align::Alignment;
-use crate::comparison::Pending;
+use crate::comparison::{Pending, Position};
 use crate::numerics;
 use crate::report::{Cause, Divergence, TensorComparison};
 use crate::tolerance;
@@ -31,16 +31,19 @@ pub fn split_nvtx(path: &str) -> (Option<String>, Option<u32>, Option<String>) {
     }
 }
 
+/// The first divergence `p` (the comparison at index `i` of the report), with the last good
+/// tensor of an earlier op before it ([`last_good`]: its index and comparison) when there is
+/// one.
+pub(crate) type Diverged<'a> = (usize, &'a Pending, Option<(usize, &'a TensorComparison)>);
+
 /// Names the first divergence and decides whether its op made it.
 pub(crate) fn localize(
     reff: &RunTrace,
     ref_rank: u32,
     run: &RunTrace,
-    pending: &[Pending],
-    i: usize,
+    (i, p, good): Diverged,
     al: &Alignment,
 ) -> Result<Divergence, CompareError> {
-    let p = &pending[i];
     let t = &p.cmp;
     let (diverged_ranks, blamed) = blame(t);
     let (rank, seq) = blamed
@@ -49,9 +52,7 @@ pub(crate) fn localize(
     let step = t.step;
     let run_rec = run.record(rank, step, seq);
     let run_rec = run_rec.as_deref();
-    // The last good tensor of an earlier op (the op's own other inputs say nothing about
-    // where its diverged input came from).
-    let last_good = last_good(pending, i);
+    let last_good = good.map(|(j, _)| j);
     let (pass, nvtx_mb, module) = t.nvtx.as_deref().map_or((None, None, None), split_nvtx);
     let micro_batch = nvtx_mb.or_else(|| al.micro_batch.get(&p.ref_op).copied());
     let position = match run_rec {
@@ -73,7 +74,7 @@ pub(crate) fn localize(
         let before = unaligned_before(run, al, rank, step, seq);
         (
             Cause::Upstream,
-            upstream(t, last_good.map(|j| &pending[j].cmp), &ratio_hint, &before),
+            upstream(t, good.map(|(_, g)| g), &ratio_hint, &before),
         )
     };
     Ok(Divergence {
@@ -103,13 +104,19 @@ pub(crate) fn blame(t: &TensorComparison) -> (Vec<u32>, Option<(u32, u64)>) {
     (ranks, worst)
 }
 
-/// The last tensor before `pending[i]` within tolerance that belongs to an earlier op (the
-/// op's own other inputs say nothing about where its diverged input came from).
-pub(crate) fn last_good(pending: &[Pending], i: usize) -> Option<usize> {
-    let op = |j: usize| (pending[j].key.0, pending[j].key.1);
-    (0..i)
-        .rev()
-        .find(|&j| !pending[j].cmp.diverged && op(j) != op(i))
+/// The last comparison before the `i`-th (in execution order) within tolerance that belongs
+/// to an earlier op (the op's own other inputs say nothing about where its diverged input came
+/// from), given each comparison's key and whether it diverged.
+pub(crate) fn last_good(
+    i: usize,
+    key: impl Fn(usize) -> Position,
+    diverged: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    let op = |j: usize| {
+        let k = key(j);
+        (k.0, k.1)
+    };
+    (0..i).rev().find(|&j| !diverged(j) && op(j) != op(i))
 }
 
 /// Why a reduction's output diverged while the GEMM output it reduces matched; names an
@@ -381,13 +388,14 @@ mod tests {
 
     #[test]
     fn the_last_good_tensor_is_of_an_earlier_op_not_the_ops_own_other_input() {
-        let list = vec![
+        let list = [
             pending((0, 1, 2), compared("D", &[(0, 1.0)], 4.0)),
             pending((0, 2, 0), compared("A", &[(0, 1.0)], 4.0)),
             pending((0, 2, 1), compared("B", &[(0, 50.0)], 4.0)),
         ];
-        assert_eq!(last_good(&list, 2), Some(0));
-        assert_eq!(last_good(&list, 0), None);
+        let (key, diverged) = (|j: usize| list[j].key, |j: usize| list[j].cmp.diverged);
+        assert_eq!(last_good(2, key, diverged), Some(0));
+        assert_eq!(last_good(0, key, diverged), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::layout::LayoutSummary;
 use crate::numerics::{self, Placement, ShardError};
 use crate::placement::{unplaced, Shard};
 use crate::prefetch::TensorAt;
+use crate::results::Results;
 use crate::tolerance;
 use crate::trace::{collective, gemm, Decoding, RunTrace, Values};
 use crate::CompareError;
@@ -475,7 +476,7 @@ pub(crate) enum Walked {
 
 /// What the reductions found: their comparisons (in step order) and the scale data-parallel
 /// reductions were held to (`None`: none was seen).
-pub(crate) type Reduced = (Vec<Pending>, Option<gradscale::Decision>);
+pub(crate) type Reduced = (Results, Option<gradscale::Decision>);
 
 /// The walk's news, as [`collectives`] receives it.
 struct FromWalk {
@@ -548,7 +549,7 @@ pub(crate) fn collectives(
         done: false,
         d_tol: BTreeMap::new(),
     };
-    let mut pending: Vec<Pending> = Vec::new();
+    let mut pending = Results::new(crate::results::results_budget(memory));
     let mut red = Reductions {
         ctx,
         d_place: BTreeMap::new(),
@@ -649,7 +650,7 @@ pub(crate) fn reduction_compared(
     rv: &Values,
     scale: f64,
     d_tol: &BTreeMap<RefOp, f64>,
-    pending: &mut Vec<Pending>,
+    pending: &mut Results,
 ) {
     let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
         return;

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use ttrace_format::record::{Record, Role};
 
-use crate::report::TensorComparison;
+use crate::report::{TensorComparison, TensorList};
 use crate::trace::RunTrace;
 use crate::CompareError;
 
@@ -61,60 +61,104 @@ enum State {
 }
 
 /// Finds replica drift among the compared `tensors` (in execution order) of `run`, given the
-/// reference GEMMs' ordinals by signature ([`signature_ordinals`]).
+/// reference GEMMs' ordinals by signature ([`signature_ordinals`]). Read a step at a time
+/// (the tensors come step after step): what is held is one step's operands and what is
+/// known of each (group, kind), whatever the number of steps.
 pub fn drift(
     ordinal: &BTreeMap<(u64, u64), u64>,
     run: &RunTrace,
-    tensors: &[TensorComparison],
+    tensors: &TensorList,
 ) -> Result<Vec<ReplicaDrift>, CompareError> {
     let groups = groups(run);
-    let seen = occurrences(run, tensors, &groups, ordinal);
-    let constants = first_constants(run, tensors, &seen)?;
-    let mut state: BTreeMap<(usize, Kind), State> = BTreeMap::new();
-    let mut found = Vec::new();
-    for (o, occ) in seen.iter().enumerate() {
-        let (i, t, copies) = (occ.tensor, &tensors[occ.tensor], &occ.copies);
-        let key = (occ.group, occ.kind.clone());
-        match state.get(&key).copied() {
-            // First seen: replicated when its copies agree and are not one value throughout.
-            None => {
-                let replicated = constants[o] == Some(false);
-                state.insert(
-                    key,
-                    if replicated {
-                        State::Replicated(i)
-                    } else {
-                        State::Settled
-                    },
-                );
-            }
-            Some(State::Replicated(since)) => {
-                if copies.iter().all(|c| c.1 == copies[0].1) {
-                    state.insert(key, State::Replicated(i));
-                    continue;
-                }
-                state.insert(key.clone(), State::Settled);
-                let before = &tensors[since];
-                // Only a tensor that persists from step to step (a weight moved by its
-                // updates) must stay replicated; one replaced by new data each step (an
-                // activation that happened to agree) need not.
-                if !persists(run, before, t, occ.role, copies[0].0)? {
-                    continue;
-                }
-                found.push(ReplicaDrift {
-                    tensor: i as u64,
-                    step: t.step,
-                    identical_in: before.step,
-                    group: groups[occ.group].clone(),
-                    ranks: blame(copies, t),
-                    operand: format!("{} {}", t.api, t.role),
-                    nvtx: t.nvtx.clone(),
-                });
-            }
-            Some(State::Settled) => {}
+    let mut walk = Drift {
+        run,
+        tensors,
+        groups: &groups,
+        state: BTreeMap::new(),
+        first: HashSet::new(),
+        found: Vec::new(),
+    };
+    let mut step: Vec<(usize, TensorComparison)> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let t = t.map_err(CompareError::Results)?;
+        if step.first().is_some_and(|(_, s)| s.step != t.step) {
+            walk.step(&std::mem::take(&mut step), ordinal)?;
+        }
+        // Only GEMM operands can be replicated tensors.
+        if operand_kind(&t, ordinal).is_some() {
+            step.push((i, t.into_owned()));
         }
     }
-    Ok(found)
+    walk.step(&step, ordinal)?;
+    Ok(walk.found)
+}
+
+/// [`drift`] as it goes.
+struct Drift<'a> {
+    run: &'a RunTrace,
+    tensors: &'a TensorList,
+    groups: &'a [Vec<u32>],
+    state: BTreeMap<(usize, Kind), State>,
+    /// The (group, kind)s whose first occurrence was seen.
+    first: HashSet<(usize, Kind)>,
+    found: Vec<ReplicaDrift>,
+}
+
+impl Drift<'_> {
+    /// Takes in one step's compared operands (index in the report, comparison), in order.
+    fn step(
+        &mut self,
+        step: &[(usize, TensorComparison)],
+        ordinal: &BTreeMap<(u64, u64), u64>,
+    ) -> Result<(), CompareError> {
+        let seen = occurrences(self.run, step, self.groups, ordinal);
+        let constants = first_constants(self.run, step, &seen, &mut self.first)?;
+        for (o, occ) in seen.iter().enumerate() {
+            let (i, t) = (occ.tensor, &step[occ.at].1);
+            let copies = &occ.copies;
+            let key = (occ.group, occ.kind.clone());
+            match self.state.get(&key).copied() {
+                // First seen: replicated when its copies agree and are not one value
+                // throughout.
+                None => {
+                    let replicated = constants[o] == Some(false);
+                    self.state.insert(
+                        key,
+                        if replicated {
+                            State::Replicated(i)
+                        } else {
+                            State::Settled
+                        },
+                    );
+                }
+                Some(State::Replicated(since)) => {
+                    if copies.iter().all(|c| c.1 == copies[0].1) {
+                        self.state.insert(key, State::Replicated(i));
+                        continue;
+                    }
+                    self.state.insert(key, State::Settled);
+                    let before = self.tensors.read(since).map_err(CompareError::Results)?;
+                    // Only a tensor that persists from step to step (a weight moved by its
+                    // updates) must stay replicated; one replaced by new data each step (an
+                    // activation that happened to agree) need not.
+                    if !persists(self.run, &before, t, occ.role, copies[0].0)? {
+                        continue;
+                    }
+                    self.found.push(ReplicaDrift {
+                        tensor: i as u64,
+                        step: t.step,
+                        identical_in: before.step,
+                        group: self.groups[occ.group].clone(),
+                        ranks: blame(copies, t),
+                        operand: format!("{} {}", t.api, t.role),
+                        nvtx: t.nvtx.clone(),
+                    });
+                }
+                Some(State::Settled) => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A compared GEMM operand's role and identity across steps; `None` for other tensors.
@@ -130,8 +174,10 @@ fn operand_kind(t: &TensorComparison, ordinal: &BTreeMap<(u64, u64), u64>) -> Op
 
 /// A compared GEMM operand's copies on the members of one replica group.
 struct Occurrence {
-    /// Index into the comparisons.
+    /// Index into the report's comparisons.
     tensor: usize,
+    /// Index into the step's operands.
+    at: usize,
     role: Role,
     kind: Kind,
     /// Index into the groups.
@@ -140,23 +186,25 @@ struct Occurrence {
     copies: Vec<(u32, u32)>,
 }
 
-/// Every compared operand on every group whose members all captured it, in execution order
-/// (comparisons, then groups): what [`drift`] walks, from checksums alone.
+/// Every operand of a step (index in the report, comparison) on every group whose members all
+/// captured it, in execution order (comparisons, then groups): what [`drift`] walks, from
+/// checksums alone.
 fn occurrences(
     run: &RunTrace,
-    tensors: &[TensorComparison],
+    step: &[(usize, TensorComparison)],
     groups: &[Vec<u32>],
     ordinal: &BTreeMap<(u64, u64), u64>,
 ) -> Vec<Occurrence> {
     let mut out = Vec::new();
-    for (i, t) in tensors.iter().enumerate() {
+    for (at, (i, t)) in step.iter().enumerate() {
         let Some((role, kind)) = operand_kind(t, ordinal) else {
             continue;
         };
         for (g, members) in groups.iter().enumerate() {
             if let Some(copies) = copies(run, t, role, members) {
                 out.push(Occurrence {
-                    tensor: i,
+                    tensor: *i,
+                    at,
                     role,
                     kind: kind.clone(),
                     group: g,
@@ -168,20 +216,20 @@ fn occurrences(
     out
 }
 
-/// By occurrence: for the first of its group and kind whose copies agree, whether that copy is
-/// [`constant`] (`None` for the others). The only tests that read tensor values there, made on
-/// every thread of the pool (each reads its tensors whole), since which occurrences they are
-/// follows from checksums alone.
+/// By occurrence: for the first of its group and kind (none in `first`, which it adds to)
+/// whose copies agree, whether that copy is [`constant`] (`None` for the others). The only
+/// tests that read tensor values there, made on every thread of the pool (each reads its
+/// tensors whole), since which occurrences they are follows from checksums alone.
 fn first_constants(
     run: &RunTrace,
-    tensors: &[TensorComparison],
+    step: &[(usize, TensorComparison)],
     seen: &[Occurrence],
+    first: &mut HashSet<(usize, Kind)>,
 ) -> Result<Vec<Option<bool>>, CompareError> {
-    let mut first: HashSet<(usize, &Kind)> = HashSet::new();
     let wanted: Vec<usize> = (0..seen.len())
         .filter(|&o| {
             let occ = &seen[o];
-            first.insert((occ.group, &occ.kind))
+            first.insert((occ.group, occ.kind.clone()))
                 && occ.copies.iter().all(|c| c.1 == occ.copies[0].1)
         })
         .collect();
@@ -197,7 +245,8 @@ fn first_constants(
                 .iter()
                 .map(|&o| {
                     let occ = &seen[o];
-                    let one = constant(&reader, &tensors[occ.tensor], occ.role, occ.copies[0].0)?;
+                    let t = &step[occ.at].1;
+                    let one = constant(&reader, t, occ.role, occ.copies[0].0)?;
                     Ok((o, one))
                 })
                 .collect()

@@ -441,7 +441,7 @@ mod tests {
     fn a_module_name_cannot_break_out_of_the_script_tag() {
         let mut r = sample(Verdict::Divergence);
         let evil = "layers.0</script><script>alert(1)</script><!-- & \u{2028}";
-        r.tensors[0].nvtx = Some(evil.into());
+        r.tensors.get_mut(0).expect("a tensor").nvtx = Some(evil.into());
         r.warnings
             .push("</SCRIPT><img src=x onerror=alert(2)>".into());
         let html = render(&r);
@@ -463,7 +463,8 @@ mod tests {
             "embedded JSON differs"
         );
         let back: CompareReport = serde_json::from_str(embedded).expect("valid JSON");
-        assert_eq!(back.tensors[0].nvtx.as_deref(), Some(evil));
+        let first = back.tensors.get(0).expect("a tensor");
+        assert_eq!(first.nvtx.as_deref(), Some(evil));
         assert_eq!(back.warnings, r.warnings);
     }
 

@@ -2,6 +2,7 @@
 //! [`CompareReport`]. JSON is `serde_json` of this type (stable field names: CI parses it).
 
 pub mod html;
+mod tensors;
 pub mod text;
 
 use serde::{Deserialize, Serialize};
@@ -9,6 +10,7 @@ use serde::{Deserialize, Serialize};
 // Domain types the report shows, owned by their modules.
 pub use crate::combine::Merge;
 pub use crate::layout::LayoutSummary;
+pub use tensors::{TensorList, TensorListBuilder};
 
 /// Floats that may be NaN or infinite (an error against a non-finite tensor) are written as
 /// JSON numbers when finite and as the strings `"NaN"`, `"inf"`, `"-inf"` otherwise: JSON has
@@ -233,8 +235,9 @@ pub struct CompareReport {
     pub verdict: Verdict,
     /// The first tensor beyond tolerance in execution order.
     pub first_divergence: Option<Divergence>,
-    /// Every compared tensor, in the reference's execution order.
-    pub tensors: Vec<TensorComparison>,
+    /// Every compared tensor, in the reference's execution order (in memory, or spilled to
+    /// a temporary file for a comparison of many: [`TensorList`]).
+    pub tensors: TensorList,
     /// Indices into `tensors` of the worst ones (by error / tolerance), worst first.
     pub worst: Vec<usize>,
     /// Things the comparison could not use (unreadable records, ops with no counterpart).

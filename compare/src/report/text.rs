@@ -48,7 +48,8 @@ fn printable(r: &CompareReport) -> CompareReport {
         e(&mut summary.command);
         e(&mut summary.run_id);
     }
-    for t in &mut r.tensors {
+    // The tensors the text names are in memory ([`super::TensorList::get`]).
+    for t in r.tensors.in_memory_mut() {
         e(&mut t.api);
         e(&mut t.role);
         if let Some(n) = &mut t.nvtx {
@@ -363,7 +364,7 @@ fn render_worst(r: &CompareReport, p: &Paint, out: &mut String) {
 /// `compared 812 tensors (3 beyond tolerance); ops: 400 of 410 aligned, 12 unaligned; ...`.
 pub(crate) fn counts(r: &CompareReport) -> String {
     let s = &r.stats;
-    let beyond = r.tensors.iter().filter(|t| t.diverged).count();
+    let beyond = r.tensors.diverged();
     let mut line = format!("compared {}", plural(s.tensors_compared, "tensor"));
     if beyond > 0 {
         let _ = write!(line, " ({beyond} beyond tolerance)");
@@ -463,7 +464,11 @@ pub(crate) fn worst_indices(r: &CompareReport) -> Vec<usize> {
     }
     let mut idx: Vec<usize> = (0..r.tensors.len()).collect();
     idx.sort_by(|&a, &b| {
-        let x = |i: usize| nan_max(ratio(r.tensors[i].error_eps, r.tensors[i].tolerance_eps));
+        let x = |i: usize| {
+            r.tensors.get(i).map_or(f64::NEG_INFINITY, |t| {
+                nan_max(ratio(t.error_eps, t.tolerance_eps))
+            })
+        };
         x(b).total_cmp(&x(a))
     });
     idx.truncate(WORST_ROWS * 2);
@@ -844,7 +849,7 @@ pub(crate) mod tests {
             steps: vec![0, 1],
             verdict,
             first_divergence,
-            tensors,
+            tensors: tensors.into(),
             worst,
             warnings: vec![
                 "rank 5: 2 records unreadable (bad checksum)".into(),
@@ -874,7 +879,7 @@ pub(crate) mod tests {
         if let Some(d) = &mut r.first_divergence {
             d.module = Some("layers.1\r\u{1b}[31m".into());
         }
-        for t in &mut r.tensors {
+        for t in r.tensors.in_memory_mut() {
             t.nvtx = Some("forward.mb1/layers.1.mlp.fc2\u{1b}[H".into());
         }
         let text = render(&r, false);
@@ -956,7 +961,10 @@ pub(crate) mod tests {
         d.cause = Cause::Upstream;
         d.kernels_between.clear();
         d.last_good = None;
-        let t = &mut r.tensors[d.tensor];
+        let t = r
+            .tensors
+            .get_mut(d.tensor)
+            .expect("the divergence's tensor");
         t.error_eps = f64::NAN;
         t.norm_ratio = f64::NAN;
         let text = render(&r, false);

@@ -354,7 +354,7 @@ fn realistic(diverge: bool) -> CompareReport {
             Verdict::Match
         },
         first_divergence,
-        tensors,
+        tensors: tensors.into(),
         worst,
         warnings: vec!["rank 6: 3 ops with no counterpart in the reference".into()],
         not_comparable: vec![],
@@ -397,7 +397,8 @@ fn check_rendered(report: &CompareReport, dom: &str) -> (Vec<Series>, f64) {
         "a module name injected markup"
     );
 
-    let expected: usize = report.tensors.iter().map(|t| t.ranks.len()).sum();
+    let tensors = report.tensors.clone().into_vec().expect("the tensors read");
+    let expected: usize = tensors.iter().map(|t| t.ranks.len()).sum();
     let svg = tags_with(&visible, "<svg id=\"plot\"")[0];
     assert_eq!(
         attr(svg, "data-points"),
@@ -408,8 +409,7 @@ fn check_rendered(report: &CompareReport, dom: &str) -> (Vec<Series>, f64) {
     for tag in tags_with(&visible, "class=\"series\"") {
         let rank: u32 = attr(tag, "data-rank").unwrap().parse().unwrap();
         let pts = points_of(attr(tag, "d").unwrap());
-        let held = report
-            .tensors
+        let held = tensors
             .iter()
             .filter(|t| t.ranks.iter().any(|r| r.rank == rank))
             .count();
@@ -434,9 +434,13 @@ fn divergence_report_plots_every_rank_and_marks_the_first_divergence() {
     let dom = dump_dom(&html, "divergence");
     let (series, tol_y) = check_rendered(&report, &dom);
     let visible = without_scripts(&dom);
+    let tensors = report.tensors.clone().into_vec().expect("the tensors read");
 
     // The marker stands at the diverging tensor's position, with a ring per diverging rank.
-    let t = &report.tensors[d.tensor];
+    let t = report
+        .tensors
+        .get(d.tensor)
+        .expect("the divergence's tensor");
     let marker = tags_with(&visible, "id=\"divergence-marker\"");
     assert_eq!(marker.len(), 1);
     assert_eq!(
@@ -454,8 +458,7 @@ fn divergence_report_plots_every_rank_and_marks_the_first_divergence() {
     for (rank, pts) in &series {
         let above = pts.iter().filter(|p| p.1 < tol_y).count();
         if *rank == 4 || *rank == 5 {
-            let after = report
-                .tensors
+            let after = tensors
                 .iter()
                 .enumerate()
                 .filter(|(i, t)| *i >= d.tensor && t.ranks.iter().any(|r| r.rank == *rank))

@@ -4,7 +4,8 @@
 //! tensors are decoded a few ops at a time, segments are closed and the records' metadata is
 //! dropped and read again as the walk goes, all give the same JSON report (every number, the
 //! verdict, the first divergence), the same text and the same exit status; so does the library called from a thread of a caller's
-//! own one-thread pool.
+//! own one-thread pool. A comparison far larger than its budget spills its results to a
+//! temporary file and reports the same as one that holds them.
 //!
 //! The run is tp=2 dp=2 in BF16 with a row-parallel reduction left out (a divergence in step
 //! 0), over 3 steps with a perturbed reference: placements, partial sums, data-parallel
@@ -145,4 +146,110 @@ fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
         stats.remove("elapsed_s");
     }
     assert!(got == want, "inside a one-thread pool: the report differs");
+}
+
+/// The JSON report (without its elapsed time), the text (without its timing line) and the
+/// HTML page (without the line that says how long it took) of `ttrace compare` over the
+/// stores in `root`, under `--memory` when given, with its debug log.
+fn reports(root: &Path, memory: Option<&str>, name: &str) -> (Value, String, String, String) {
+    let json = root.join(format!("{name}.json"));
+    let html = root.join(format!("{name}.html"));
+    let mut cmd = Command::new(bin("ttrace"));
+    cmd.arg("compare")
+        .arg(root.join("ref"))
+        .arg(root.join("run"))
+        .arg("--json")
+        .arg(&json)
+        .arg("--html")
+        .arg(&html)
+        .env("TTRACE_LOG", "ttrace_compare::engine=debug");
+    if let Some(m) = memory {
+        cmd.args(["--memory", m]);
+    }
+    let out = cmd.output().expect("run ttrace compare");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a divergence: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).expect("the page written");
+    let page = page
+        .lines()
+        .filter(|l| !l.contains("class=\"counts\""))
+        .map(|l| {
+            // The embedded report's elapsed time.
+            match l.find("\"elapsed_s\":") {
+                Some(i) => l[..i].to_string(),
+                None => l.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    (
+        report(&json),
+        text(&out),
+        page,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A comparison of many records and tensors (a small model over 12 steps, tp=2 dp=2 pp=2)
+/// under a budget far below what its records' metadata and its results take: the metadata is
+/// dropped and read again, the results are spilled to a temporary file as the walk goes and
+/// read back for the report; the JSON report, the text and the HTML page are the same as
+/// with everything held (the default budget), the divergence localized the same.
+#[test]
+fn a_comparison_larger_than_its_budget_spills_its_results_and_reports_the_same() {
+    let dir = TempDir::new("compare-spill");
+    let root = dir.0.clone();
+    let small = [
+        "--precision",
+        "bf16",
+        "--micro-batches",
+        "2",
+        "--hidden",
+        "32",
+        "--vocab",
+        "64",
+        "--seq",
+        "16",
+        "--steps",
+        "12",
+    ];
+    trace_trainer(&root.join("ref"), 1, false, &small);
+    let layout = [
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--pp",
+        "2",
+        "--bug",
+        "tp-row-parallel-no-reduce",
+    ];
+    trace_trainer(&root.join("run"), 8, false, &[&small[..], &layout].concat());
+
+    let (want, want_text, want_page, log) = reports(&root, None, "default");
+    assert!(
+        log.contains("spilled=false"),
+        "the default budget holds the results: {log}"
+    );
+    assert!(want["first_divergence"].is_object(), "{want}");
+    let compared = want["stats"]["tensors_compared"].as_u64().unwrap_or(0);
+    assert!(compared > 3000, "{compared} tensors compared");
+
+    let (got, got_text, got_page, log) = reports(&root, Some("16M"), "tight");
+    assert!(
+        log.contains("spilled=true"),
+        "the results were not spilled under 16M: {log}"
+    );
+    let reread = log
+        .lines()
+        .find(|l| l.contains("records were read again"))
+        .unwrap_or_else(|| panic!("no metadata line in the debug log: {log}"));
+    assert!(!reread.contains("run=0 "), "nothing read again: {reread}");
+    assert!(got == want, "the JSON report differs under 16M");
+    assert_eq!(got_text, want_text, "the text differs under 16M");
+    assert_eq!(got_page, want_page, "the HTML page differs under 16M");
 }

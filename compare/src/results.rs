@@ -1,0 +1,339 @@
+//! The results of a comparison as the walk and the reductions find them ([`Pending`]): held in
+//! memory up to their share of `--memory`, the rest written to a spill file
+//! ([`crate::spill`]) as they come, with only what ordering them, finding the first
+//! divergence and the worst tensors needs kept in memory (an [`Entry`], a few tens of bytes
+//! each). A comparison of many steps then holds its results within a budget, where they
+//! were about 0.7 KB a tensor compared.
+//!
+//! A spill file that cannot be made or written (a full `TMPDIR`) loses nothing: the results
+//! from then on are held in memory, and a warning says so once.
+
+use serde::{Deserialize, Serialize};
+
+use crate::comparison::{Pending, Position};
+use crate::partition::PendingEntry;
+use crate::report::TensorComparison;
+use crate::spill::{Slot, SpillFile, SpillWriter};
+use crate::CompareError;
+
+/// What is kept in memory of one result.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: Position,
+    diverged: bool,
+    /// Error over tolerance (what orders the worst tensors).
+    ratio: f64,
+    at: At,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum At {
+    Memory(usize),
+    Spilled(Slot),
+}
+
+/// A result as the spill file holds it.
+#[derive(Deserialize)]
+struct Spilled {
+    entry: PendingEntry,
+    cmp: TensorComparison,
+}
+
+/// [`Spilled`], written.
+#[derive(Serialize)]
+struct SpilledRef<'a> {
+    entry: PendingEntry,
+    cmp: &'a TensorComparison,
+}
+
+/// The results found so far, in the order found.
+pub(crate) struct Results {
+    entries: Vec<Entry>,
+    memory: Vec<Option<Pending>>,
+    /// Bytes held in `memory` (estimated, [`approx_bytes`]).
+    held: u64,
+    /// Past this, results are spilled.
+    budget: u64,
+    spill: Option<SpillWriter>,
+    /// The spill could not be made or written: everything is held from then on.
+    spill_failed: bool,
+}
+
+/// The share of `--memory` the results are held within: a sixteenth (64 MiB, about ninety
+/// thousand tensors, under the default budget).
+pub(crate) fn results_budget(memory: u64) -> u64 {
+    memory / 16
+}
+
+impl Results {
+    /// No results yet; at most `budget` bytes of them held in memory.
+    pub(crate) fn new(budget: u64) -> Results {
+        Results {
+            entries: Vec::new(),
+            memory: Vec::new(),
+            held: 0,
+            budget,
+            spill: None,
+            spill_failed: false,
+        }
+    }
+
+    /// Whether there is none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Adds a result.
+    pub(crate) fn push(&mut self, p: Pending) {
+        let cmp = &p.cmp;
+        let ratio = cmp.error_eps / cmp.tolerance_eps.max(f64::MIN_POSITIVE);
+        let (key, diverged) = (p.key, cmp.diverged);
+        let bytes = approx_bytes(&p);
+        if self.held.saturating_add(bytes) > self.budget && !self.spill_failed {
+            match self.spill(&p) {
+                Ok(slot) => {
+                    self.entries.push(Entry {
+                        key,
+                        diverged,
+                        ratio,
+                        at: At::Spilled(slot),
+                    });
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "the comparison's results could not be written to a temporary file \
+                         ({e}): they are held in memory from now on, beyond --memory"
+                    );
+                    self.spill_failed = true;
+                }
+            }
+        }
+        self.held += bytes;
+        self.entries.push(Entry {
+            key,
+            diverged,
+            ratio,
+            at: At::Memory(self.memory.len()),
+        });
+        self.memory.push(Some(p));
+    }
+
+    /// Writes `p` to the spill file (made on first use).
+    fn spill(&mut self, p: &Pending) -> std::io::Result<Slot> {
+        let w = match &mut self.spill {
+            Some(w) => w,
+            None => self.spill.insert(SpillWriter::new()?),
+        };
+        w.append(&SpilledRef {
+            entry: p.entry(),
+            cmp: &p.cmp,
+        })
+    }
+
+    /// Adds every result of `other` after those of `self`, in its order.
+    pub(crate) fn absorb(&mut self, other: Results) -> Result<(), CompareError> {
+        let mut other = other.into_sorted_by(false)?;
+        for i in 0..other.len() {
+            let p = other.take(i)?;
+            self.push(p);
+        }
+        Ok(())
+    }
+
+    /// The results in execution order (by key; found order among equal keys).
+    pub(crate) fn into_sorted(self) -> Result<Sorted, CompareError> {
+        self.into_sorted_by(true)
+    }
+
+    fn into_sorted_by(mut self, by_key: bool) -> Result<Sorted, CompareError> {
+        if by_key {
+            self.entries.sort_by_key(|e| e.key);
+        }
+        let file = self
+            .spill
+            .map(SpillWriter::finish)
+            .transpose()
+            .map_err(CompareError::Results)?;
+        Ok(Sorted {
+            entries: self.entries,
+            memory: self.memory,
+            file,
+        })
+    }
+}
+
+/// Results in their final order, read (or taken) by index.
+pub(crate) struct Sorted {
+    entries: Vec<Entry>,
+    memory: Vec<Option<Pending>>,
+    file: Option<SpillFile>,
+}
+
+impl Sorted {
+    /// How many.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether any was spilled.
+    pub(crate) fn spilled(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// The key of result `i`.
+    pub(crate) fn key(&self, i: usize) -> Position {
+        self.entries[i].key
+    }
+
+    /// Whether result `i` is beyond its tolerance.
+    pub(crate) fn diverged(&self, i: usize) -> bool {
+        self.entries[i].diverged
+    }
+
+    /// Error over tolerance of result `i`.
+    pub(crate) fn ratio(&self, i: usize) -> f64 {
+        self.entries[i].ratio
+    }
+
+    /// Result `i`, a copy.
+    pub(crate) fn read(&self, i: usize) -> Result<Pending, CompareError> {
+        match self.entries[i].at {
+            At::Memory(m) => self.memory[m].clone().ok_or_else(|| taken(i)),
+            At::Spilled(slot) => self.read_spilled(slot),
+        }
+    }
+
+    /// Result `i`, moved out (read again after, it is an error).
+    pub(crate) fn take(&mut self, i: usize) -> Result<Pending, CompareError> {
+        match self.entries[i].at {
+            At::Memory(m) => self.memory[m].take().ok_or_else(|| taken(i)),
+            At::Spilled(slot) => self.read_spilled(slot),
+        }
+    }
+
+    fn read_spilled(&self, slot: Slot) -> Result<Pending, CompareError> {
+        let file = self.file.as_ref().ok_or_else(|| {
+            CompareError::Results(std::io::Error::other("a result spilled to no file"))
+        })?;
+        let s: Spilled = file.read(slot).map_err(CompareError::Results)?;
+        Ok(Pending::from_entry(s.cmp, s.entry))
+    }
+}
+
+fn taken(i: usize) -> CompareError {
+    CompareError::Results(std::io::Error::other(format!(
+        "result {i} was taken already"
+    )))
+}
+
+/// What holding `p` in memory costs, estimated from its parts (the struct, its strings'
+/// and vectors' heap blocks; allocator overhead left out).
+fn approx_bytes(p: &Pending) -> u64 {
+    let t = &p.cmp;
+    let strings = t.api.len()
+        + t.role.len()
+        + t.nvtx.as_ref().map_or(0, String::len)
+        + t.dtype.len()
+        + t.tolerance_source.len()
+        + p.param_note.as_ref().map_or(0, String::len);
+    let vectors = 8 * t.shape.len()
+        + std::mem::size_of::<crate::report::RankError>() * t.ranks.len()
+        + 16 * p.shards.len();
+    (std::mem::size_of::<Pending>() + strings + vectors) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::combine::Merge;
+
+    fn pending(key: Position, diverged: bool, error: f64) -> Pending {
+        Pending {
+            key,
+            cmp: TensorComparison {
+                position: 0,
+                step: key.0,
+                ref_seq: key.1,
+                api: "cublasGemmEx".into(),
+                role: "D".into(),
+                nvtx: Some(format!("forward/layer{}", key.1)),
+                shape: vec![4, 8],
+                dtype: "bf16".into(),
+                merge: Merge::Replicated,
+                ranks: Vec::new(),
+                error_eps: error,
+                worst_row: None,
+                norm_ratio: 1.0,
+                tolerance_eps: 2.0,
+                tolerance_source: "analytic".into(),
+                diverged,
+            },
+            shards: vec![(0, key.1), (1, key.1)],
+            ref_op: (key.0, key.1),
+            is_collective: false,
+            param_note: None,
+        }
+    }
+
+    /// The results in order, each as (key, its comparison as JSON).
+    fn contents(mut s: Sorted) -> Vec<(Position, String)> {
+        (0..s.len())
+            .map(|i| {
+                let p = s.take(i).expect("readable");
+                let json = serde_json::to_string(&p.cmp).expect("json");
+                (p.key, json)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn results_past_the_budget_are_spilled_and_read_back_the_same_in_order() {
+        // Keys out of order, as the walk and the reductions find them.
+        let keys: Vec<Position> = (0..200u64)
+            .map(|i| ((i * 7) % 5, (i * 13) % 41, (i % 3) as u32))
+            .collect();
+        let make = |budget| {
+            let mut r = Results::new(budget);
+            for (n, &k) in keys.iter().enumerate() {
+                r.push(pending(k, n % 17 == 0, n as f64 / 10.0));
+            }
+            r
+        };
+        let held = make(u64::MAX).into_sorted().expect("sorted");
+        assert!(!held.spilled());
+        let spilled = make(4096).into_sorted().expect("sorted");
+        assert!(
+            spilled.spilled(),
+            "a budget of 4 KiB holds a few results only"
+        );
+        for i in 0..held.len() {
+            assert_eq!(held.key(i), spilled.key(i));
+            assert_eq!(held.diverged(i), spilled.diverged(i));
+            assert_eq!(held.ratio(i).to_bits(), spilled.ratio(i).to_bits());
+        }
+        let keys_sorted: Vec<Position> = (0..held.len()).map(|i| held.key(i)).collect();
+        assert!(keys_sorted.windows(2).all(|w| w[0] <= w[1]));
+        let a = contents(held);
+        assert_eq!(a, contents(spilled));
+        assert_eq!(a.len(), 200);
+    }
+
+    #[test]
+    fn absorbed_results_follow_in_their_order() {
+        let mut walk = Results::new(0);
+        let mut reductions = Results::new(u64::MAX);
+        walk.push(pending((0, 5, 0), false, 1.0));
+        reductions.push(pending((0, 5, 0), true, 3.0));
+        reductions.push(pending((0, 1, 0), false, 1.0));
+        walk.absorb(reductions).expect("absorb");
+        let s = walk.into_sorted().expect("sorted");
+        // Equal keys keep the order found: the walk's first.
+        assert_eq!(
+            (0..3)
+                .map(|i| (s.key(i), s.diverged(i)))
+                .collect::<Vec<_>>(),
+            vec![((0, 1, 0), false), ((0, 5, 0), false), ((0, 5, 0), true)]
+        );
+    }
+}

@@ -477,6 +477,15 @@ fn walk_ops(
             }
             current = Some(ref_op.0);
             walk.placer.start_step();
+            // The next step's records, read while this one is compared (when they do not
+            // all fit the metadata budget).
+            if let Some(&next) = steps.iter().find(|&&s| s > ref_op.0) {
+                p.reff.read_ahead(next);
+                p.run.read_ahead(next);
+                if let Some(pt) = &p.pert {
+                    pt.read_ahead(next);
+                }
+            }
         }
         let depth = p.gemm_ordinal.get(&ref_op).copied().unwrap_or(0);
         walk.op(ref_op, shards, depth)?;

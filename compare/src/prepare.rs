@@ -156,7 +156,16 @@ impl StepScan {
             shared_buffers: BTreeSet::new(),
         };
         let ranks = run.ranks();
-        for &step in steps {
+        for (n, &step) in steps.iter().enumerate() {
+            // The next step's records, read while this one is looked at (when they do not
+            // all fit the metadata budget).
+            if let Some(&next) = steps.get(n + 1) {
+                reff.read_ahead(next);
+                run.read_ahead(next);
+                if let Some(p) = pert {
+                    p.read_ahead(next);
+                }
+            }
             let recs = reff.records(ref_rank, step);
             scan.ref_precision = scan.ref_precision.narrower(Precision::of_records(&recs));
             scan.ref_gemms += recs.iter().filter_map(gemm).count();

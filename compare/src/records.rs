@@ -147,6 +147,11 @@ impl RecordCache {
         self.frames_at_open.contains_key(&key)
     }
 
+    /// Whether the records of segment `key` are held now (reading them would parse nothing).
+    pub fn holds(&self, key: (u32, u64)) -> bool {
+        lock(&self.held).loaded.contains_key(&key)
+    }
+
     /// The records of segment `key` (none when it is absent or no longer opens).
     pub fn get(&self, key: (u32, u64)) -> StepRecords {
         {

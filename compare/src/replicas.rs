@@ -82,6 +82,8 @@ pub fn drift(
     for (i, t) in tensors.iter().enumerate() {
         let t = t.map_err(CompareError::Results)?;
         if step.first().is_some_and(|(_, s)| s.step != t.step) {
+            // The next step's records, read while this one's copies are looked at.
+            run.read_ahead(t.step);
             walk.step(&std::mem::take(&mut step), ordinal)?;
         }
         // Only GEMM operands can be replicated tensors.

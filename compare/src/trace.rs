@@ -280,6 +280,32 @@ impl RunTrace {
         RecordRef::find(self.records(rank, step), seq)
     }
 
+    /// Reads the records of every rank's segment of `step` that are not held
+    /// ([`crate::records`]) on the decoding pool, in the background: a comparison whose
+    /// records do not all fit their budget reads the next step's while it compares this one,
+    /// instead of when it gets there.
+    pub fn read_ahead(&self, step: u64) {
+        let keys: Vec<(u32, u64)> = self
+            .ranks()
+            .into_iter()
+            .map(|rank| (rank, step))
+            .filter(|&key| self.records.contains(key) && !self.records.holds(key))
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let records = Arc::clone(&self.records);
+        let job = move || {
+            for key in keys {
+                records.get(key);
+            }
+        };
+        match decode_pool() {
+            Some(pool) => pool.spawn(job),
+            None => rayon::spawn(job),
+        }
+    }
+
     /// Keeps at most `bytes` of record metadata (estimated), the least recently read
     /// segment's dropped first and read again when wanted: memory independent of the
     /// number of steps.

@@ -33,7 +33,8 @@
 # average; wall-clock numbers mean little when it is well above the number of cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
+# CARGO_TARGET_DIR relative to the repository, or absolute.
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 T="$target/release"
 RUNS="${RUNS:-3}"
 MEMORY="${MEMORY:-1G}"
@@ -43,7 +44,7 @@ work="$target/bench-compare"
 cargo build --release -q --workspace
 # Separate build: --example would leave the workspace's binaries out.
 cargo build --release -q -p ttrace-compare --example read_all
-export LD_LIBRARY_PATH="$PWD/$T/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$T/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 demo=(--precision bf16 --micro-batches 2 --steps 3)
 layout=(--tp 2 --dp 2 --pp 2)

@@ -13,12 +13,12 @@
 #      5 ms), and the time;
 #   4. `ttrace check RUN`: peak resident memory (the same split) and time;
 #   5. many records: the trainer at hidden 32 (small tensors, many records: about a thousand a
-#      step over tp2 dp2 pp2), a reference and a run of FEW_STEPS (4) and of MANY_STEPS (40)
-#      steps; compare's peak resident memory under `--memory 64M` and 1G for each, and what
-#      it grows by per step and per thousand records (what a budget "whatever the number of
-#      steps" must hold: the records' metadata and the per-tensor results stay in memory).
-#      Under 64M the budgeted caches are full at 4 steps already, so the growth is what no
-#      budget bounds; under 1G it includes the caches filling up to their shares.
+#      step over tp2 dp2 pp2), a reference and a run of FEW_STEPS (4), MANY_STEPS (40) and
+#      LONG_STEPS (160) steps; compare's peak resident memory and time under `--memory 64M`
+#      and 1G for each, and what it grows by per step and per thousand records from MANY to
+#      LONG (what a budget "whatever the number of steps" must hold). Under 64M the budgeted
+#      shares (segments, decoded tensors, records' metadata, results) are full at 40 steps,
+#      so that growth is what no budget bounds; under 1G it includes the shares filling.
 # Reports of the two builds are compared (JSON minus elapsed time) and said to be the same or
 # not.
 #
@@ -26,12 +26,13 @@
 #   BASELINE=/path/to/old/ttrace scripts/bench-scale.sh
 #
 # Environment: BASELINE as above; KEEP=1 keeps the stores under target/bench-scale (and reuses
-# them on the next run); FEW_STEPS, MANY_STEPS (section 5).
+# them on the next run); FEW_STEPS, MANY_STEPS, LONG_STEPS (section 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-T="$PWD/$target/release"
-work="$PWD/$target/bench-scale"
+# CARGO_TARGET_DIR relative to the repository, or absolute.
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
+T="$target/release"
+work="$target/bench-scale"
 cargo build --release -q --workspace
 export LD_LIBRARY_PATH="$T/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
@@ -47,8 +48,8 @@ if [ ! -f "$work/ref/manifest.json" ] || [ ! -f "$work/run/manifest.json" ]; the
 fi
 # Section 5's stores: a thousand records a step, tensors of a few KB.
 small=(--precision bf16 --micro-batches 2 --hidden 32 --vocab 64 --seq 16)
-few="${FEW_STEPS:-4}" many="${MANY_STEPS:-40}"
-for n in "$few" "$many"; do
+few="${FEW_STEPS:-4}" many="${MANY_STEPS:-40}" long="${LONG_STEPS:-160}"
+for n in "$few" "$many" "$long"; do
   if [ ! -f "$work/small-ref$n/manifest.json" ] || [ ! -f "$work/small-run$n/manifest.json" ]; then
     rm -rf "$work/small-ref$n" "$work/small-run$n"
     echo "producing the stores of section 5 (trainer ${small[*]} --steps $n)..."
@@ -61,11 +62,11 @@ done
 builds=("this:$T/ttrace")
 [ -n "${BASELINE:-}" ] && builds+=("baseline:$BASELINE")
 
-python3 - "$work" "$few" "$many" "${builds[@]}" <<'EOF'
+python3 - "$work" "$few" "$many" "$long" "${builds[@]}" <<'EOF'
 import json, os, re, resource, subprocess, sys, time
 
-work, few, many = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-builds = [b.split(":", 1) for b in sys.argv[4:]]
+work, few, many, long = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+builds = [b.split(":", 1) for b in sys.argv[5:]]
 ref, run = os.path.join(work, "ref"), os.path.join(work, "run")
 
 
@@ -159,26 +160,27 @@ def records(store):
 
 
 stores = {n: (os.path.join(work, f"small-ref{n}"), os.path.join(work, f"small-run{n}"))
-          for n in (few, many)}
+          for n in (few, many, long)}
 count = {n: records(r) + records(u) for n, (r, u) in stores.items()}
-print(f"5. many records: `ttrace compare REF RUN --memory M`, {few} and {many} steps "
-      f"({count[few]} and {count[many]} records; peak RSS, mapped files + anonymous)")
+print(f"5. many records: `ttrace compare REF RUN --memory M`, {few}, {many} and {long} steps "
+      f"({count[few]}, {count[many]} and {count[long]} records; peak RSS, time)")
 for mem, budget in (("64M", 64), ("1G", 1024)):
     for name, tt in builds:
-        got, outs = {}, []
+        got = {}
         for n, (r, u) in stores.items():
             out = os.path.join(work, f"small{n}-{mem}-{name}.json")
             got[n] = peaks([tt, "compare", r, u, "--memory", mem, "--json", out])
-            outs.append(out)
-        (r0, _, _), _ = got[few]
-        (r1, f1, a1), s1 = got[many]
-        per_step = (r1 - r0) / (many - few)
-        per_k = (r1 - r0) / ((count[many] - count[few]) / 1000)
-        print(f"   --memory {mem:4s} {name:9s} {r0:5.0f} MB at {few} steps, {r1:5.0f} MB "
-              f"({f1:.0f} + {a1:.0f}) at {many} in {s1:.2f} s: {per_step:.2f} MB a step, "
-              f"{per_k:.2f} MB a thousand records; within --memory: "
-              f"{'yes' if r1 <= budget else 'NO'}")
+        at = ", ".join(f"{got[n][0][0]:.0f} MB {got[n][1]:.2f} s" for n in (few, many, long))
+        (r1, _, _), _ = got[many]
+        (r2, _, _), _ = got[long]
+        per_step = (r2 - r1) / (long - many)
+        per_k = (r2 - r1) / ((count[long] - count[many]) / 1000)
+        print(f"   --memory {mem:4s} {name:9s} {at}; from {many} to {long} steps "
+              f"{per_step:.3f} MB a step, {per_k:.3f} MB a thousand records; within --memory "
+              f"at {long}: {'yes' if r2 <= budget else 'NO'}")
     if len(builds) > 1:
-        print(f"   {same([os.path.join(work, f'small{many}-{mem}-{n}.json') for n, _ in builds])}")
+        for n in (many, long):
+            reports = [os.path.join(work, f"small{n}-{mem}-{b}.json") for b, _ in builds]
+            print(f"   {n} steps: {same(reports)}")
 EOF
 [ "${KEEP:-0}" = 1 ] || rm -rf "$work"

@@ -590,10 +590,16 @@ fn finish_with_entries(
     worst.truncate(10);
     // Moved, not copied: the results are the largest thing a comparison of many steps holds;
     // spilled to a file past their share of the budget, they are written there in order.
-    let mut list = if sorted.spilled() {
-        TensorListBuilder::spilled().map_err(CompareError::Results)?
-    } else {
-        TensorListBuilder::in_memory()
+    let mut list = match sorted.spilled().then(TensorListBuilder::spilled) {
+        Some(Ok(spilled)) => spilled,
+        Some(Err(e)) => {
+            tracing::warn!(
+                "the report's tensors could not be written to a temporary file ({e}): they \
+                 are held in memory, beyond --memory"
+            );
+            TensorListBuilder::in_memory()
+        }
+        None => TensorListBuilder::in_memory(),
     };
     for i in 0..n {
         let mut one = sorted.take(i)?;

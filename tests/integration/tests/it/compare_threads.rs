@@ -152,6 +152,16 @@ fn the_report_is_the_same_whatever_the_threads_and_the_memory_budget() {
 /// HTML page (without the line that says how long it took) of `ttrace compare` over the
 /// stores in `root`, under `--memory` when given, with its debug log.
 fn reports(root: &Path, memory: Option<&str>, name: &str) -> (Value, String, String, String) {
+    reports_in(root, memory, name, None)
+}
+
+/// [`reports`], with `TMPDIR` (where results are spilled) set to `tmpdir` when given.
+fn reports_in(
+    root: &Path,
+    memory: Option<&str>,
+    name: &str,
+    tmpdir: Option<&Path>,
+) -> (Value, String, String, String) {
     let json = root.join(format!("{name}.json"));
     let html = root.join(format!("{name}.html"));
     let mut cmd = Command::new(bin("ttrace"));
@@ -162,9 +172,12 @@ fn reports(root: &Path, memory: Option<&str>, name: &str) -> (Value, String, Str
         .arg(&json)
         .arg("--html")
         .arg(&html)
-        .env("TTRACE_LOG", "ttrace_compare::engine=debug");
+        .env("TTRACE_LOG", "warn,ttrace_compare::engine=debug");
     if let Some(m) = memory {
         cmd.args(["--memory", m]);
+    }
+    if let Some(t) = tmpdir {
+        cmd.env("TMPDIR", t);
     }
     let out = cmd.output().expect("run ttrace compare");
     assert_eq!(
@@ -252,4 +265,16 @@ fn a_comparison_larger_than_its_budget_spills_its_results_and_reports_the_same()
     assert!(got == want, "the JSON report differs under 16M");
     assert_eq!(got_text, want_text, "the text differs under 16M");
     assert_eq!(got_page, want_page, "the HTML page differs under 16M");
+
+    // No temporary file can be made: nothing is lost, the results are held in memory and a
+    // warning says so.
+    let nowhere = root.join("no-such-dir");
+    let (got, got_text, _, log) = reports_in(&root, Some("16M"), "no-tmp", Some(&nowhere));
+    assert!(
+        log.contains("could not be written to a temporary file"),
+        "no warning: {log}"
+    );
+    assert!(log.contains("spilled=false"), "{log}");
+    assert!(got == want, "the JSON report differs without a TMPDIR");
+    assert_eq!(got_text, want_text, "the text differs without a TMPDIR");
 }

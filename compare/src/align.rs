@@ -252,15 +252,6 @@ fn segment_lengths(
     (fwd_len, bwd_len, micro_batches)
 }
 
-/// Aligns every GEMM of `run` with `reff` (rank 0 of the reference) for `steps`.
-pub fn align(reff: &RunTrace, run: &RunTrace, steps: &[u64]) -> Alignment {
-    let mut al = Alignment::start(run);
-    for &step in steps {
-        al.align_step(reff, run, step);
-    }
-    al
-}
-
 impl Alignment {
     /// An alignment of no step yet, knowing the run's pipeline stages.
     pub fn start(run: &RunTrace) -> Alignment {

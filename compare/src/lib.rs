@@ -2,12 +2,14 @@
 //! the reference-free consistency checks behind `ttrace check` ([`check`]).
 //!
 //! `ttrace compare` ([`engine::compare`]): [`trace`] opens the stores (through [`model`],
-//! the analysis model compare and check share), [`align`] finds each run GEMM's reference
+//! the analysis model compare and check share; their metadata held within a budget by
+//! [`records`]), [`align`] finds each run GEMM's reference
 //! counterpart, [`engine`] walks the reference's ops and calls the units that place shards
 //! (`placement`, `hints`), combine them ([`combine`]), judge reductions (`reductions`),
 //! tolerate round-off ([`tolerance`]) and localize the first divergence (`localize`);
 //! [`numerics`] measures errors and [`report`] holds what was found (text, JSON, HTML
-//! views).
+//! views; the comparisons held within a budget, the rest spilled to a temporary file:
+//! `results`, `spill`).
 
 // Items' docs link the private items they rest on: read with `cargo doc --document-private-items`.
 #![allow(rustdoc::private_intra_doc_links)]

@@ -39,14 +39,6 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// The narrowest operand type over the reference's GEMMs in `steps`.
-    pub fn of(reff: &RunTrace, rank: u32, steps: &[u64]) -> Precision {
-        steps
-            .iter()
-            .map(|&s| Precision::of_records(&reff.records(rank, s)))
-            .fold(Precision::Fp32, Precision::narrower)
-    }
-
     /// The narrowest operand type over the GEMMs of `recs`.
     pub fn of_records(recs: &[Record]) -> Precision {
         let mut p = Precision::Fp32;

@@ -37,16 +37,8 @@ pub fn references(reff: &RunTrace, run: &RunTrace) -> Result<(), CompareError> {
     }))
 }
 
-/// The working precision of every rank of `t` (the narrowest operand type over its GEMMs).
-pub fn precision_of(t: &RunTrace, steps: &[u64]) -> Precision {
-    t.ranks()
-        .into_iter()
-        .map(|r| Precision::of(t, r, steps))
-        .max_by_key(|p| p.order())
-        .unwrap_or(Precision::Fp32)
-}
-
-/// REF and RUN compute in one precision (`theirs`: the run's, [`precision_of`]).
+/// REF and RUN compute in one precision (`theirs`: the run's, the narrowest operand type
+/// over every rank's GEMMs).
 pub fn precisions(
     reff: &RunTrace,
     run: &RunTrace,
@@ -93,7 +85,7 @@ pub fn perturbed_step(reff: &RunTrace, pert: &RunTrace, step: u64) -> Option<Gem
 }
 
 /// The perturbed reference is the reference's command run again with `--perturb`: the same
-/// precision (`theirs`: its own, [`precision_of`]), world size, GEMMs (`differs`: the first
+/// precision (`theirs`: its own, over every rank's GEMMs), world size, GEMMs (`differs`: the first
 /// step whose GEMMs differ, [`perturbed_step`]) and command line.
 pub fn perturbed(
     reff: &RunTrace,

@@ -20,7 +20,7 @@ use super::{Cause, CompareReport, Divergence, RunSummary, TensorComparison, Verd
 /// Rows of the worst-tensors table.
 const WORST_ROWS: usize = 12;
 
-/// Renders `report` as a self-contained HTML page ([`write`] into memory).
+/// Renders `report` as a self-contained HTML page ([`write()`] into memory).
 pub fn render(report: &CompareReport) -> String {
     let mut page = Vec::new();
     // Writing into memory fails only if the report does not serialize (plain data with

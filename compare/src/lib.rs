@@ -79,8 +79,12 @@ pub enum CompareError {
     #[error("{0}")]
     Invalid(String),
     /// The comparison's results, spilled to a temporary file (in `TMPDIR`) past their share
-    /// of `--memory`, could not be read back.
-    #[error("the comparison's results (spilled to a temporary file) could not be read back: {0}")]
+    /// of `--memory`, could not be written or read back.
+    #[error(
+        "the comparison's results, spilled to a temporary file in TMPDIR past their share of \
+         --memory, could not be written or read back ({0}): set TMPDIR to a file system with \
+         room, or give a larger --memory"
+    )]
     Results(std::io::Error),
 }
 

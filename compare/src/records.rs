@@ -110,6 +110,25 @@ struct Held {
     reparsed: u64,
 }
 
+impl Held {
+    /// Drops the least recently read segments' records until at most `bytes` are held.
+    fn drop_past(&mut self, bytes: u64) {
+        while self.bytes > bytes {
+            let Some(oldest) = self
+                .loaded
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            if let Some((dropped, _)) = self.loaded.remove(&oldest) {
+                self.bytes -= dropped.bytes;
+            }
+        }
+    }
+}
+
 impl RecordCache {
     /// The records of a store whose segments had `frames_at_open` frames each when it was
     /// opened (every segment present, by (rank, step)), holding `kept` (records read then)
@@ -175,19 +194,8 @@ impl RecordCache {
         if let Some((kept, _)) = held.loaded.get(&key) {
             return Arc::clone(kept); // Another reader parsed it meanwhile.
         }
-        while held.bytes.saturating_add(recs.bytes) > held.budget {
-            let Some(oldest) = held
-                .loaded
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k)
-            else {
-                break;
-            };
-            if let Some((dropped, _)) = held.loaded.remove(&oldest) {
-                held.bytes -= dropped.bytes;
-            }
-        }
+        let room = held.budget.saturating_sub(recs.bytes);
+        held.drop_past(room);
         held.bytes += recs.bytes;
         let tick = held.tick;
         held.loaded.insert(key, (Arc::clone(&recs), tick));
@@ -198,19 +206,7 @@ impl RecordCache {
     pub fn set_budget(&self, bytes: u64) {
         let mut held = lock(&self.held);
         held.budget = bytes;
-        while held.bytes > bytes {
-            let Some(oldest) = held
-                .loaded
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k)
-            else {
-                break;
-            };
-            if let Some((dropped, _)) = held.loaded.remove(&oldest) {
-                held.bytes -= dropped.bytes;
-            }
-        }
+        held.drop_past(bytes);
     }
 
     /// Segments parsed again since the store was opened (their records had been dropped).

@@ -30,8 +30,8 @@ type OpenSegment = Option<((u32, u64), Arc<Segment>)>;
 pub struct Rec {
     /// The record's metadata.
     pub record: Record,
-    /// Bytes of each tensor, when held (`None`: not captured, not a collective, or not held:
-    /// [`Trace::with_bytes`] reads them from the store by `frame`).
+    /// Bytes of each tensor, when held (`None`, or no entry: not captured, not a collective,
+    /// or not held: [`Trace::with_bytes`] reads them from the store by `frame`).
     pub bytes: Vec<Option<Vec<u8>>>,
     /// Where the record's frame is in its segment, when it was read from a store.
     pub frame: Option<u64>,
@@ -210,7 +210,9 @@ fn keep(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Rec {
     }
     Rec {
         record: view.record.clone(),
-        bytes: vec![None; view.record.tensors.len()],
+        // None held (an empty list reads as `None` for every tensor): a list of `None`s
+        // would cost a hundred bytes a record, held for the whole trace.
+        bytes: Vec::new(),
         frame: Some(view.offset),
     }
 }

@@ -57,9 +57,12 @@ pub const DEFAULT_MEMORY: u64 = 1 << 30;
 
 /// How a memory budget is shared: half for open (mapped) segments, of which the run's
 /// store (every rank) gets half and the reference and the perturbed reference a quarter
-/// each; an eighth for decoded tensors kept ([`crate::prefetch::kept_budgets`]) and an
-/// eighth for the records' metadata ([`metadata_budgets`]), shared the same way; the rest
-/// for the tensors being compared (decoded to f32) and the results.
+/// each; an eighth for decoded tensors kept and as much for spare buffers
+/// ([`crate::prefetch::kept_budgets`]); a sixteenth for the records' metadata
+/// ([`metadata_budgets`]), shared the same way; a thirty-second for the results
+/// ([`crate::results::results_budget`]). The rest (about a sixth) is left for what no share
+/// bounds: the program and its threads, the tensors of the op being compared, what grows
+/// with the steps (the alignment, the results' index: a few hundred bytes a GEMM).
 /// Returns (reference, run, perturbed) segment budgets.
 pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
     let segments = memory / 2;
@@ -67,13 +70,15 @@ pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
 }
 
 /// How much record metadata each store keeps under a memory budget
-/// ([`crate::records`]): an eighth of it, the run's store (every rank) half of that and the
-/// reference and the perturbed reference a quarter each, as their mappings. Metadata past it
-/// (about a kilobyte a record: a trace of over a hundred thousand records under the default
-/// budget) is dropped, least recently read first, and read again when wanted.
+/// ([`crate::records`]): a sixteenth of it, the run's store (every rank) half of that and
+/// the reference and the perturbed reference a quarter each, as their mappings. Metadata past
+/// it (about a kilobyte a record: a trace of over fifty thousand records under the default
+/// budget) is dropped, least recently read first, and read again when wanted. An eighth
+/// took the large benchmark config over 100 steps to 1,026 MB under the default 1 GiB (the
+/// shares filling); a sixteenth, with the results' share halved, to 913 MB, 1.08x the time.
 /// Returns (reference, run, perturbed).
 pub fn metadata_budgets(memory: u64) -> (u64, u64, u64) {
-    let metadata = memory / 8;
+    let metadata = memory / 16;
     (metadata / 4, metadata / 2, metadata / 4)
 }
 

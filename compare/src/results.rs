@@ -59,10 +59,11 @@ pub(crate) struct Results {
     spill_failed: bool,
 }
 
-/// The share of `--memory` the results are held within: a sixteenth (64 MiB, about ninety
-/// thousand tensors, under the default budget).
+/// The share of `--memory` the results are held within: a thirty-second (32 MiB, about
+/// forty-five thousand tensors, under the default budget; see
+/// [`crate::engine::mapping_budgets`]).
 pub(crate) fn results_budget(memory: u64) -> u64 {
-    memory / 16
+    memory / 32
 }
 
 impl Results {

@@ -208,8 +208,13 @@ fn keep(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Rec {
     if matches!(view.record.op, Op::Collective(_)) {
         collective_bytes(view, unreadable);
     }
+    let mut record = view.record.clone();
+    // No check reads the kernels launched before an op, and their names (recorded by default,
+    // often long template instantiations) can outweigh the rest of a record held for the
+    // whole trace.
+    record.kernels_before = Vec::new();
     Rec {
-        record: view.record.clone(),
+        record,
         // None held (an empty list reads as `None` for every tensor): a list of `None`s
         // would cost a hundred bytes a record, held for the whole trace.
         bytes: Vec::new(),

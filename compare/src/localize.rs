@@ -82,9 +82,10 @@ pub(crate) fn localize(
         cause,
         explanation,
         last_good,
-        kernels_between: run_rec
-            .map(|r| r.kernels_before.clone())
-            .unwrap_or_default(),
+        kernels_between: match run_rec {
+            Some(_) => run.kernels_before(rank, step, seq),
+            None => Vec::new(),
+        },
         ranks: diverged_ranks,
         step,
         micro_batch,

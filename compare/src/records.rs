@@ -24,9 +24,15 @@ pub struct SegmentRecords {
 }
 
 impl SegmentRecords {
-    /// Records in seq order with the offsets of their frames.
+    /// Records in seq order with the offsets of their frames, without the names of the
+    /// kernels launched before each op: recorded by default and often long (template
+    /// instantiations), they can outweigh the rest of a record, and a comparison reads them
+    /// for its first divergence only ([`RecordCache::kernels_before`]).
     pub fn new(mut read: Vec<(Record, u64)>) -> SegmentRecords {
         read.sort_by_key(|(r, _)| r.seq);
+        for (r, _) in &mut read {
+            r.kernels_before = Vec::new();
+        }
         let bytes = read.iter().map(|(r, _)| approx_bytes(r)).sum();
         let (records, frames) = read.into_iter().unzip();
         SegmentRecords {
@@ -207,6 +213,21 @@ impl RecordCache {
         let mut held = lock(&self.held);
         held.budget = bytes;
         held.drop_past(bytes);
+    }
+
+    /// The names of the kernels launched before the record `seq` of segment `key` (which the
+    /// records held leave out, [`SegmentRecords::new`]), read from the segment again.
+    pub fn kernels_before(&self, key: (u32, u64), seq: u64) -> Vec<String> {
+        let Some(&frames) = self.frames_at_open.get(&key) else {
+            return Vec::new();
+        };
+        read_segment(&self.store, &self.path, key, frames)
+            .records
+            .into_iter()
+            .flatten()
+            .find(|(r, _)| r.seq == seq)
+            .map(|(r, _)| r.kernels_before)
+            .unwrap_or_default()
     }
 
     /// Segments parsed again since the store was opened (their records had been dropped).

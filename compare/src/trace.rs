@@ -275,9 +275,16 @@ impl RunTrace {
             .map_or(&[], |v| v.as_slice())
     }
 
-    /// The record `seq` of `rank` in `step`.
+    /// The record `seq` of `rank` in `step` (without its kernel names:
+    /// [`RunTrace::kernels_before`]).
     pub fn record(&self, rank: u32, step: u64, seq: u64) -> Option<RecordRef> {
         RecordRef::find(self.records(rank, step), seq)
+    }
+
+    /// The names of the kernels launched before the record `seq` of `rank` in `step`, read
+    /// from its segment (the records held leave them out).
+    pub fn kernels_before(&self, rank: u32, step: u64, seq: u64) -> Vec<String> {
+        self.records.kernels_before((rank, step), seq)
     }
 
     /// Reads the records of every rank's segment of `step` that are not held

@@ -637,6 +637,11 @@ fn finish_with_entries(
     if let Some(pt) = &p.pert {
         stores.push(("perturbed", pt));
     }
+    // Records read at opening that could not be read again (their segment changed since):
+    // said with the rest of what could not be read, and counted as a capture's losses.
+    for (_, t) in &stores {
+        warnings.extend(t.late_unreadable());
+    }
     let capture_losses = crate::losses::of_stores(&stores, steps);
     Ok(CompareReport {
         reference: summary(&p.reff),

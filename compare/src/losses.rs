@@ -50,7 +50,8 @@ impl CaptureLosses {
         CaptureLosses {
             store: store.to_string(),
             path: t.path.display().to_string(),
-            unreadable: t.unreadable.len() as u64,
+            // What could not be read at opening, and what was read then but not since.
+            unreadable: (t.unreadable.len() + t.late_unreadable().len()) as u64,
             ..CaptureLosses::counted(ops, &t.manifest)
         }
     }

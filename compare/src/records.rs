@@ -4,7 +4,7 @@
 //! a comparison reads a few steps at a time, so what it holds of them need not grow with the
 //! trace.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -98,11 +98,25 @@ impl Deref for RecordRef {
 pub struct RecordCache {
     store: Arc<Store>,
     path: PathBuf,
-    /// Frames each segment had when the store was opened: read again, a segment is read
-    /// that far only (a segment still being written has more frames since, which the
-    /// comparison, aligned on the first reading, does not know).
-    frames_at_open: BTreeMap<(u32, u64), usize>,
+    /// Frames each segment had when the store was opened, and how many of them were records
+    /// read then: read again, a segment is read that far only (a segment still being
+    /// written has more frames since, which the comparison, aligned on the first reading,
+    /// does not know), and must give as many records.
+    at_open: BTreeMap<(u32, u64), AtOpen>,
     held: Mutex<Held>,
+    /// What could not be read again that was read at opening (a segment changed or removed
+    /// since), a line each: the records lost are missing from the comparison, so they are
+    /// said with what else could not be read.
+    late: Mutex<BTreeSet<String>>,
+}
+
+/// A segment as the store's opening found it.
+#[derive(Debug, Clone, Copy)]
+pub struct AtOpen {
+    /// Its frames then.
+    pub frames: usize,
+    /// The records read from them.
+    pub records: usize,
 }
 
 /// What a [`RecordCache`] holds.
@@ -136,13 +150,13 @@ impl Held {
 }
 
 impl RecordCache {
-    /// The records of a store whose segments had `frames_at_open` frames each when it was
-    /// opened (every segment present, by (rank, step)), holding `kept` (records read then)
-    /// and at most `budget` bytes of records from now on.
+    /// The records of a store whose segments were as `at_open` says when it was opened
+    /// (every segment present, by (rank, step)), holding `kept` (records read then) and at
+    /// most `budget` bytes of records from now on.
     pub fn new(
         store: Arc<Store>,
         path: &Path,
-        frames_at_open: BTreeMap<(u32, u64), usize>,
+        at_open: BTreeMap<(u32, u64), AtOpen>,
         kept: Vec<((u32, u64), SegmentRecords)>,
         budget: u64,
     ) -> RecordCache {
@@ -157,19 +171,20 @@ impl RecordCache {
         RecordCache {
             store,
             path: path.to_path_buf(),
-            frames_at_open,
+            at_open,
             held: Mutex::new(held),
+            late: Mutex::default(),
         }
     }
 
     /// The segments present, by (rank, step).
     pub fn keys(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.frames_at_open.keys().copied()
+        self.at_open.keys().copied()
     }
 
     /// Whether the store has a segment for `key`.
     pub fn contains(&self, key: (u32, u64)) -> bool {
-        self.frames_at_open.contains_key(&key)
+        self.at_open.contains_key(&key)
     }
 
     /// Whether the records of segment `key` are held now (reading them would parse nothing).
@@ -188,13 +203,11 @@ impl RecordCache {
                 return Arc::clone(recs);
             }
         }
-        let Some(&frames) = self.frames_at_open.get(&key) else {
+        let Some(&open) = self.at_open.get(&key) else {
             return StepRecords::default();
         };
-        // Parsed outside the lock: the other readers go on meanwhile. What could not be
-        // read was said when the store was opened.
-        let read = read_segment(&self.store, &self.path, key, frames);
-        let recs = Arc::new(SegmentRecords::new(read.records.unwrap_or_default()));
+        // Parsed outside the lock: the other readers go on meanwhile.
+        let recs = Arc::new(SegmentRecords::new(self.read_again(key, open)));
         let mut held = lock(&self.held);
         held.reparsed += 1;
         if let Some((kept, _)) = held.loaded.get(&key) {
@@ -215,16 +228,42 @@ impl RecordCache {
         held.drop_past(bytes);
     }
 
+    /// The records of segment `key` read again up to its frames at opening, what could not be
+    /// read that was then noted ([`RecordCache::late_unreadable`]).
+    fn read_again(&self, key: (u32, u64), open: AtOpen) -> Vec<(Record, u64)> {
+        let read = read_segment(&self.store, &self.path, key, open.frames);
+        let recs = read.records.unwrap_or_default();
+        if recs.len() < open.records {
+            let why = match read.unreadable.as_slice() {
+                [] => String::new(),
+                lines => format!(": {}", lines.join("; ")),
+            };
+            lock(&self.late).insert(format!(
+                "{}: rank {} step {}: {} of its {} records no longer read (the segment changed \
+                 since the comparison opened it), left out{why}",
+                self.path.display(),
+                key.0,
+                key.1,
+                open.records - recs.len(),
+                open.records
+            ));
+        }
+        recs
+    }
+
+    /// What could not be read again that was read when the store was opened, a line each.
+    pub fn late_unreadable(&self) -> Vec<String> {
+        lock(&self.late).iter().cloned().collect()
+    }
+
     /// The names of the kernels launched before the record `seq` of segment `key` (which the
     /// records held leave out, [`SegmentRecords::new`]), read from the segment again.
     pub fn kernels_before(&self, key: (u32, u64), seq: u64) -> Vec<String> {
-        let Some(&frames) = self.frames_at_open.get(&key) else {
+        let Some(&open) = self.at_open.get(&key) else {
             return Vec::new();
         };
-        read_segment(&self.store, &self.path, key, frames)
-            .records
+        self.read_again(key, open)
             .into_iter()
-            .flatten()
             .find(|(r, _)| r.seq == seq)
             .map(|(r, _)| r.kernels_before)
             .unwrap_or_default()

@@ -15,7 +15,7 @@ use ttrace_format::store::Manifest;
 
 use crate::decoded::{Checked, DecodedCache, Shared};
 use crate::prefetch::{lock, TensorAt};
-use crate::records::{read_segment, RecordCache, RecordRef, SegmentRecords, StepRecords};
+use crate::records::{read_segment, AtOpen, RecordCache, RecordRef, SegmentRecords, StepRecords};
 use crate::widen::WholeElements;
 pub use crate::widen::{to_f32, to_f32_into, F32Widening};
 use crate::CompareError;
@@ -139,7 +139,11 @@ impl RunTrace {
                             .collect(),
                     },
                 );
-                frames.insert(key, read.frames);
+                let open = AtOpen {
+                    frames: read.frames,
+                    records: recs.len(),
+                };
+                frames.insert(key, open);
                 let recs = SegmentRecords::new(recs);
                 if kept_bytes.saturating_add(recs.bytes()) <= metadata {
                     kept_bytes += recs.bytes();
@@ -323,6 +327,12 @@ impl RunTrace {
     /// Segments whose records were read again after they were dropped.
     pub fn metadata_reread(&self) -> u64 {
         self.records.reparsed()
+    }
+
+    /// Records read when the store was opened that could not be read again since (their
+    /// segment changed or was removed), a line each: left out of the comparison.
+    pub fn late_unreadable(&self) -> Vec<String> {
+        self.records.late_unreadable()
     }
 
     /// Keeps at most `bytes` of segments open (mapped) at a time, the least recently read
@@ -1075,13 +1085,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// Metadata over its budget is dropped, least recently read first, and read again the
-    /// same: every (rank, step) gives the records (and frames) an unbounded opening gives,
-    /// while what is held stays near the budget.
-    #[test]
-    fn records_over_the_metadata_budget_are_read_again_the_same() {
+    /// A store of two ranks and six steps, five 64-byte copies a segment, in a new
+    /// directory named after `name`.
+    fn two_ranks_six_steps(name: &str) -> std::path::PathBuf {
         use ttrace_format::store::{Blob, SegmentWriter};
-        let dir = std::env::temp_dir().join(format!("ttrace-meta-budget-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("mkdir");
         crate::model::comms::tests::manifest(&[])
@@ -1099,6 +1107,45 @@ mod tests {
                 seg.finish().expect("finish");
             }
         }
+        dir
+    }
+
+    /// Records dropped from the budget whose segment is gone when they are read again are not
+    /// lost silently: the segment reads as empty, a line says how many records were left
+    /// out, and the store's capture losses count it (a match is then never clean).
+    #[test]
+    fn records_that_cannot_be_read_again_are_said_and_counted() {
+        let dir = two_ranks_six_steps("ttrace-meta-gone");
+        let whole = RunTrace::open(&dir).expect("open");
+        let one_segment = whole.records(0, 0).bytes();
+        let bounded = RunTrace::open_within(&dir, 2 * one_segment).expect("open within");
+        // Read again unchanged: nothing to say.
+        assert_eq!(bounded.records(0, 4).len(), 5);
+        assert!(bounded.late_unreadable().is_empty());
+        for ext in ["seg", "idx"] {
+            let _ = std::fs::remove_file(dir.join(format!("rank00001/step000005.{ext}")));
+        }
+        assert!(bounded.records(1, 5).is_empty(), "the segment is gone");
+        let late = bounded.late_unreadable();
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert!(
+            late[0].contains("rank 1 step 5: 5 of its 5 records no longer read"),
+            "{late:?}"
+        );
+        let lost = crate::losses::CaptureLosses::of("run", &bounded, &[5]);
+        assert_eq!(lost.unreadable, 1);
+        assert!(!lost.is_empty());
+        // The rank whose segment is still there reads as before.
+        assert_eq!(&bounded.records(0, 5)[..], &whole.records(0, 5)[..]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Metadata over its budget is dropped, least recently read first, and read again the
+    /// same: every (rank, step) gives the records (and frames) an unbounded opening gives,
+    /// while what is held stays near the budget.
+    #[test]
+    fn records_over_the_metadata_budget_are_read_again_the_same() {
+        let dir = two_ranks_six_steps("ttrace-meta-budget");
         let whole = RunTrace::open(&dir).expect("open");
         let one_segment = whole.records(0, 0).bytes();
         // Room for two segments' records of twelve.

@@ -27,7 +27,7 @@ use crate::numerics::Placement;
 use crate::placement::{Placer, Placing};
 use crate::prepare::{bytes_read, nothing_aligned, prepare, step_weight, Prepared};
 use crate::reductions::{self, Ctx};
-use crate::report::{CompareReport, CompareStats, RunSummary, TensorListBuilder, Verdict};
+use crate::report::{CompareReport, CompareStats, RunSummary, Verdict};
 use crate::results::Results;
 use crate::tolerance::{self, Precision, Tolerance};
 use crate::trace::{gemm, RunTrace, Values};
@@ -411,7 +411,7 @@ fn walk_steps(
     let (mut walked, reduced) = (walked?, reduced.map_err(|_| panicked_reductions())?);
     // The walk ended (its error, if any, is what was reported above): so did the reductions.
     let (pending, dp_reduction) = reduced?.ok_or_else(panicked_reductions)?;
-    walked.pending.absorb(pending)?;
+    walked.pending.absorb(pending);
     walked.dp_reduction = dp_reduction;
     Ok(walked)
 }
@@ -548,7 +548,7 @@ fn finish_with_entries(
     steps: &[u64],
     found: Found,
     (bytes, elapsed_s): (u64, f64),
-    mut entries: Option<&mut Vec<crate::partition::PendingEntry>>,
+    entries: Option<&mut Vec<crate::partition::PendingEntry>>,
 ) -> Result<CompareReport, CompareError> {
     let Found {
         pending,
@@ -574,7 +574,7 @@ fn finish_with_entries(
             ),
         );
     }
-    let mut sorted = pending.into_sorted()?;
+    let sorted = pending.into_sorted()?;
     let n = sorted.len();
     let first = (0..n).find(|&i| sorted.diverged(i));
     let first_divergence = match first {
@@ -593,33 +593,14 @@ fn finish_with_entries(
     let mut worst: Vec<usize> = (0..n).collect();
     worst.sort_by(|&a, &b| sorted.ratio(b).total_cmp(&sorted.ratio(a)));
     worst.truncate(10);
-    // Moved, not copied: the results are the largest thing a comparison of many steps holds;
-    // spilled to a file past their share of the budget, they are written there in order.
-    let mut list = match sorted.spilled().then(TensorListBuilder::spilled) {
-        Some(Ok(spilled)) => spilled,
-        Some(Err(e)) => {
-            tracing::warn!(
-                "the report's tensors could not be written to a temporary file ({e}): they \
-                 are held in memory, beyond --memory"
-            );
-            TensorListBuilder::in_memory()
-        }
-        None => TensorListBuilder::in_memory(),
-    };
-    for i in 0..n {
-        let mut one = sorted.take(i)?;
-        one.cmp.position = i as u64;
-        if let Some(e) = entries.as_deref_mut() {
-            e.push(one.entry());
-        }
-        list.push(one.cmp).map_err(CompareError::Results)?;
-    }
-    drop(sorted);
-    let named = first_divergence
+    let named: Vec<usize> = first_divergence
         .iter()
         .flat_map(|d| std::iter::once(d.tensor).chain(d.last_good))
-        .chain(worst.iter().copied());
-    let tensors = list.finish(named).map_err(CompareError::Results)?;
+        .chain(worst.iter().copied())
+        .collect();
+    // Moved, not copied: the results are the largest thing a comparison of many steps holds;
+    // those spilled stay in the files the walk and the reductions wrote them to.
+    let tensors = sorted.into_tensors(entries, named)?;
     tracing::debug!(
         spilled = tensors.is_spilled(),
         "compare: ordered and localized"

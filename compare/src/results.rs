@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comparison::{Pending, Position};
 use crate::partition::PendingEntry;
-use crate::report::TensorComparison;
+use crate::report::{Listed, TensorComparison, TensorList};
 use crate::spill::{Slot, SpillFile, SpillWriter};
 use crate::CompareError;
 
@@ -29,7 +29,8 @@ struct Entry {
 #[derive(Debug, Clone, Copy)]
 enum At {
     Memory(usize),
-    Spilled(Slot),
+    /// In spill file `.0` (an index into the results' files).
+    Spilled(usize, Slot),
 }
 
 /// A result as the spill file holds it.
@@ -37,6 +38,13 @@ enum At {
 struct Spilled {
     entry: PendingEntry,
     cmp: TensorComparison,
+}
+
+/// The comparison of a result the spill file holds (its entry skipped): what the report's
+/// tensors read ([`crate::report::TensorList`]).
+#[derive(Deserialize)]
+pub(crate) struct SpilledComparison {
+    pub(crate) cmp: TensorComparison,
 }
 
 /// [`Spilled`], written.
@@ -54,7 +62,11 @@ pub(crate) struct Results {
     held: u64,
     /// Past this, results are spilled.
     budget: u64,
-    spill: Option<SpillWriter>,
+    /// Spill files: the one these results are written to, and those of results absorbed,
+    /// in the order they came.
+    files: Vec<SpillWriter>,
+    /// Which of `files` these results are written to, once there is one.
+    writing: Option<usize>,
     /// The spill could not be made or written: everything is held from then on.
     spill_failed: bool,
 }
@@ -74,7 +86,8 @@ impl Results {
             memory: Vec::new(),
             held: 0,
             budget,
-            spill: None,
+            files: Vec::new(),
+            writing: None,
             spill_failed: false,
         }
     }
@@ -92,12 +105,12 @@ impl Results {
         let bytes = approx_bytes(&p);
         if self.held.saturating_add(bytes) > self.budget && !self.spill_failed {
             match self.spill(&p) {
-                Ok(slot) => {
+                Ok((file, slot)) => {
                     self.entries.push(Entry {
                         key,
                         diverged,
                         ratio,
-                        at: At::Spilled(slot),
+                        at: At::Spilled(file, slot),
                     });
                     return;
                 }
@@ -120,46 +133,52 @@ impl Results {
         self.memory.push(Some(p));
     }
 
-    /// Writes `p` to the spill file (made on first use).
-    fn spill(&mut self, p: &Pending) -> std::io::Result<Slot> {
-        let w = match &mut self.spill {
-            Some(w) => w,
-            None => self.spill.insert(SpillWriter::new()?),
+    /// Writes `p` to the spill file (made on first use): which file, and where.
+    fn spill(&mut self, p: &Pending) -> std::io::Result<(usize, Slot)> {
+        let file = match self.writing {
+            Some(file) => file,
+            None => {
+                self.files.push(SpillWriter::new()?);
+                *self.writing.insert(self.files.len() - 1)
+            }
         };
-        w.append(&SpilledRef {
+        let slot = self.files[file].append(&SpilledRef {
             entry: p.entry(),
             cmp: &p.cmp,
-        })
+        })?;
+        Ok((file, slot))
     }
 
-    /// Adds every result of `other` after those of `self`, in its order.
-    pub(crate) fn absorb(&mut self, other: Results) -> Result<(), CompareError> {
-        let mut other = other.into_sorted_by(false)?;
-        for i in 0..other.len() {
-            let p = other.take(i)?;
-            self.push(p);
-        }
-        Ok(())
+    /// Adds every result of `other` after those of `self`, in its order: its spill files
+    /// become files of `self` (nothing is read or written again), what it holds in memory is
+    /// held by `self` (each within its own share).
+    pub(crate) fn absorb(&mut self, other: Results) {
+        let (files, memory) = (self.files.len(), self.memory.len());
+        self.entries.extend(other.entries.into_iter().map(|mut e| {
+            e.at = match e.at {
+                At::Memory(m) => At::Memory(memory + m),
+                At::Spilled(f, slot) => At::Spilled(files + f, slot),
+            };
+            e
+        }));
+        self.files.extend(other.files);
+        self.memory.extend(other.memory);
+        self.held += other.held;
     }
 
     /// The results in execution order (by key; found order among equal keys).
-    pub(crate) fn into_sorted(self) -> Result<Sorted, CompareError> {
-        self.into_sorted_by(true)
-    }
-
-    fn into_sorted_by(mut self, by_key: bool) -> Result<Sorted, CompareError> {
-        if by_key {
-            self.entries.sort_by_key(|e| e.key);
-        }
-        let file = self
-            .spill
+    pub(crate) fn into_sorted(mut self) -> Result<Sorted, CompareError> {
+        self.entries.sort_by_key(|e| e.key);
+        let files = self
+            .files
+            .into_iter()
             .map(SpillWriter::finish)
-            .transpose()
+            .collect::<std::io::Result<Vec<SpillFile>>>()
             .map_err(CompareError::Results)?;
         Ok(Sorted {
             entries: self.entries,
             memory: self.memory,
-            file,
+            files,
         })
     }
 }
@@ -168,18 +187,13 @@ impl Results {
 pub(crate) struct Sorted {
     entries: Vec<Entry>,
     memory: Vec<Option<Pending>>,
-    file: Option<SpillFile>,
+    files: Vec<SpillFile>,
 }
 
 impl Sorted {
     /// How many.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// Whether any was spilled.
-    pub(crate) fn spilled(&self) -> bool {
-        self.file.is_some()
     }
 
     /// The key of result `i`.
@@ -201,24 +215,53 @@ impl Sorted {
     pub(crate) fn read(&self, i: usize) -> Result<Pending, CompareError> {
         match self.entries[i].at {
             At::Memory(m) => self.memory[m].clone().ok_or_else(|| taken(i)),
-            At::Spilled(slot) => self.read_spilled(slot),
+            At::Spilled(f, slot) => self.read_spilled(f, slot),
         }
     }
 
-    /// Result `i`, moved out (read again after, it is an error).
-    pub(crate) fn take(&mut self, i: usize) -> Result<Pending, CompareError> {
-        match self.entries[i].at {
-            At::Memory(m) => self.memory[m].take().ok_or_else(|| taken(i)),
-            At::Spilled(slot) => self.read_spilled(slot),
-        }
-    }
-
-    fn read_spilled(&self, slot: Slot) -> Result<Pending, CompareError> {
-        let file = self.file.as_ref().ok_or_else(|| {
+    fn read_spilled(&self, file: usize, slot: Slot) -> Result<Pending, CompareError> {
+        let file = self.files.get(file).ok_or_else(|| {
             CompareError::Results(std::io::Error::other("a result spilled to no file"))
         })?;
         let s: Spilled = file.read(slot).map_err(CompareError::Results)?;
         Ok(Pending::from_entry(s.cmp, s.entry))
+    }
+
+    /// The report's tensors, in this order, each with its position: those held moved into
+    /// the list, those spilled left where they are (read back when wanted, but for those at
+    /// `pin`, which the report names); what a partial report keeps of each is added to
+    /// `entries` when given (spilled ones read for it).
+    pub(crate) fn into_tensors(
+        mut self,
+        mut entries: Option<&mut Vec<PendingEntry>>,
+        pin: impl IntoIterator<Item = usize>,
+    ) -> Result<TensorList, CompareError> {
+        let mut items = Vec::with_capacity(self.entries.len());
+        let mut held = Vec::new();
+        let mut diverged = 0;
+        for i in 0..self.entries.len() {
+            let e = self.entries[i];
+            diverged += usize::from(e.diverged);
+            match e.at {
+                At::Memory(m) => {
+                    let mut p = self.memory[m].take().ok_or_else(|| taken(i))?;
+                    if let Some(out) = entries.as_deref_mut() {
+                        out.push(p.entry());
+                    }
+                    p.cmp.position = i as u64;
+                    items.push(Listed::Memory(held.len()));
+                    held.push(p.cmp);
+                }
+                At::Spilled(f, slot) => {
+                    if let Some(out) = entries.as_deref_mut() {
+                        out.push(self.read_spilled(f, slot)?.entry());
+                    }
+                    items.push(Listed::Spilled(f, slot));
+                }
+            }
+        }
+        TensorList::from_parts(self.files, items, held, diverged, pin)
+            .map_err(CompareError::Results)
     }
 }
 
@@ -278,14 +321,25 @@ mod tests {
     }
 
     /// The results in order, each as (key, its comparison as JSON).
-    fn contents(mut s: Sorted) -> Vec<(Position, String)> {
+    fn contents(s: &Sorted) -> Vec<(Position, String)> {
         (0..s.len())
             .map(|i| {
-                let p = s.take(i).expect("readable");
+                let p = s.read(i).expect("readable");
                 let json = serde_json::to_string(&p.cmp).expect("json");
                 (p.key, json)
             })
             .collect()
+    }
+
+    /// The report's tensors made of `s` (with what a partial report keeps of each), as JSON.
+    fn tensors(s: Sorted) -> (bool, Vec<String>, usize) {
+        let mut entries = Vec::new();
+        let list = s.into_tensors(Some(&mut entries), [0, 7]).expect("tensors");
+        let json = list
+            .iter()
+            .map(|t| serde_json::to_string(&*t.expect("read back")).expect("json"))
+            .collect();
+        (list.is_spilled(), json, entries.len())
     }
 
     #[test]
@@ -302,10 +356,10 @@ mod tests {
             r
         };
         let held = make(u64::MAX).into_sorted().expect("sorted");
-        assert!(!held.spilled());
+        assert!(held.files.is_empty());
         let spilled = make(4096).into_sorted().expect("sorted");
         assert!(
-            spilled.spilled(),
+            !spilled.files.is_empty(),
             "a budget of 4 KiB holds a few results only"
         );
         for i in 0..held.len() {
@@ -315,9 +369,18 @@ mod tests {
         }
         let keys_sorted: Vec<Position> = (0..held.len()).map(|i| held.key(i)).collect();
         assert!(keys_sorted.windows(2).all(|w| w[0] <= w[1]));
-        let a = contents(held);
-        assert_eq!(a, contents(spilled));
+        let a = contents(&held);
+        assert_eq!(a, contents(&spilled));
         assert_eq!(a.len(), 200);
+        // The report's tensors: the same in either case, each at its position, those spilled
+        // read from where the results were written.
+        let (was_spilled, held_json, held_entries) = tensors(held);
+        assert!(!was_spilled);
+        let (was_spilled, spilled_json, spilled_entries) = tensors(spilled);
+        assert!(was_spilled);
+        assert_eq!(held_json, spilled_json);
+        assert_eq!((held_entries, spilled_entries), (200, 200));
+        assert!(held_json[7].contains("\"position\":7"), "{}", held_json[7]);
     }
 
     #[test]
@@ -327,7 +390,7 @@ mod tests {
         walk.push(pending((0, 5, 0), false, 1.0));
         reductions.push(pending((0, 5, 0), true, 3.0));
         reductions.push(pending((0, 1, 0), false, 1.0));
-        walk.absorb(reductions).expect("absorb");
+        walk.absorb(reductions);
         let s = walk.into_sorted().expect("sorted");
         // Equal keys keep the order found: the walk's first.
         assert_eq!(
@@ -336,5 +399,19 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![((0, 1, 0), false), ((0, 5, 0), false), ((0, 5, 0), true)]
         );
+        // Spilled on both sides (two files, each read where it was written), or held: the
+        // same tensors.
+        let both = |budget: u64| {
+            let (mut walk, mut reductions) = (Results::new(budget), Results::new(budget));
+            for n in 0..20u64 {
+                walk.push(pending((n % 4, n, 0), n == 9, n as f64));
+                reductions.push(pending((n % 4, n, 1), false, 1.0));
+            }
+            walk.absorb(reductions);
+            walk.into_sorted().expect("sorted")
+        };
+        let spilled = both(0);
+        assert_eq!(spilled.files.len(), 2);
+        assert_eq!(tensors(spilled).1, tensors(both(u64::MAX)).1);
     }
 }

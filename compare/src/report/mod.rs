@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 // Domain types the report shows, owned by their modules.
 pub use crate::combine::Merge;
 pub use crate::layout::LayoutSummary;
-pub use tensors::{TensorList, TensorListBuilder};
+pub(crate) use tensors::Listed;
+pub use tensors::TensorList;
 
 /// Floats that may be NaN or infinite (an error against a non-finite tensor) are written as
 /// JSON numbers when finite and as the strings `"NaN"`, `"inf"`, `"-inf"` otherwise: JSON has

@@ -1,8 +1,9 @@
 //! The compared tensors of a report ([`CompareReport::tensors`](super::CompareReport)), in
 //! execution order: held in memory, or, for a comparison whose results outgrew their share of
-//! `--memory`, in a spill file ([`crate::spill`]) with only the tensors the report names
-//! (its first divergence, the last good tensor before it, the worst ones) read back into
-//! memory. Written as a JSON array either way.
+//! `--memory`, partly left in the spill files the comparison wrote them to
+//! ([`crate::results`]) with only the tensors the report names (its first divergence, the
+//! last good tensor before it, the worst ones) read back into memory. Written as a JSON
+//! array either way.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -12,7 +13,8 @@ use serde::ser::{Error as _, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::TensorComparison;
-use crate::spill::{Slot, SpillFile, SpillWriter};
+use crate::results::SpilledComparison;
+use crate::spill::{Slot, SpillFile};
 
 /// A report's compared tensors (cheap to clone: a spilled list shares its file).
 #[derive(Clone)]
@@ -26,12 +28,25 @@ enum Repr {
 
 #[derive(Clone)]
 struct Spilled {
-    file: SpillFile,
-    slots: Vec<Slot>,
-    /// The tensors read back into memory (those the report names), by index.
+    files: Vec<SpillFile>,
+    /// Where each tensor is.
+    items: Vec<Listed>,
+    /// The tensors held (those the comparison held in memory).
+    held: Vec<TensorComparison>,
+    /// Tensors of the spill files read back into memory (those the report names), by index.
     pinned: BTreeMap<usize, TensorComparison>,
     /// How many are beyond their tolerance.
     diverged: usize,
+}
+
+/// Where one tensor of a partly spilled list is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Listed {
+    /// In the list's held tensors, at this index.
+    Memory(usize),
+    /// In spill file `.0`, as the comparison's results write them
+    /// ([`crate::results`]: the comparison and what a partial report keeps of it).
+    Spilled(usize, Slot),
 }
 
 impl TensorList {
@@ -39,7 +54,7 @@ impl TensorList {
     pub fn len(&self) -> usize {
         match &*self.0 {
             Repr::Memory(v) => v.len(),
-            Repr::Spilled(s) => s.slots.len(),
+            Repr::Spilled(s) => s.items.len(),
         }
     }
 
@@ -54,12 +69,15 @@ impl TensorList {
     }
 
     /// The tensor at `i` if it is in memory: any of a list held in memory; of a spilled list,
-    /// those read back when it was made (the report's first divergence, last good tensor
-    /// and worst tensors). [`TensorList::read`] reads any.
+    /// those held and those read back when it was made (the report's first divergence, last
+    /// good tensor and worst tensors). [`TensorList::read`] reads any.
     pub fn get(&self, i: usize) -> Option<&TensorComparison> {
         match &*self.0 {
             Repr::Memory(v) => v.get(i),
-            Repr::Spilled(s) => s.pinned.get(&i),
+            Repr::Spilled(s) => match s.items.get(i)? {
+                Listed::Memory(m) => s.held.get(*m),
+                Listed::Spilled(..) => s.pinned.get(&i),
+            },
         }
     }
 
@@ -67,7 +85,10 @@ impl TensorList {
     pub fn get_mut(&mut self, i: usize) -> Option<&mut TensorComparison> {
         match Arc::make_mut(&mut self.0) {
             Repr::Memory(v) => v.get_mut(i),
-            Repr::Spilled(s) => s.pinned.get_mut(&i),
+            Repr::Spilled(s) => match s.items.get(i)? {
+                Listed::Memory(m) => s.held.get_mut(*m),
+                Listed::Spilled(..) => s.pinned.get_mut(&i),
+            },
         }
     }
 
@@ -75,21 +96,23 @@ impl TensorList {
     pub fn in_memory_mut(&mut self) -> Box<dyn Iterator<Item = &mut TensorComparison> + '_> {
         match Arc::make_mut(&mut self.0) {
             Repr::Memory(v) => Box::new(v.iter_mut()),
-            Repr::Spilled(s) => Box::new(s.pinned.values_mut()),
+            Repr::Spilled(s) => Box::new(s.held.iter_mut().chain(s.pinned.values_mut())),
         }
     }
 
-    /// The tensor at `i`, read back from the spill file if it is not in memory.
+    /// The tensor at `i`, read back from its spill file if it is not in memory.
     pub fn read(&self, i: usize) -> std::io::Result<Cow<'_, TensorComparison>> {
+        if let Some(t) = self.get(i) {
+            return Ok(Cow::Borrowed(t));
+        }
         match &*self.0 {
-            Repr::Memory(v) => v.get(i).map(Cow::Borrowed).ok_or_else(|| out_of_range(i)),
-            Repr::Spilled(s) => match s.pinned.get(&i) {
-                Some(t) => Ok(Cow::Borrowed(t)),
-                None => {
-                    let slot = *s.slots.get(i).ok_or_else(|| out_of_range(i))?;
-                    s.file.read(slot).map(Cow::Owned)
+            Repr::Spilled(s) => match s.items.get(i) {
+                Some(&Listed::Spilled(f, slot)) => {
+                    read_spilled(&s.files, f, slot, i).map(Cow::Owned)
                 }
+                _ => Err(out_of_range(i)),
             },
+            Repr::Memory(_) => Err(out_of_range(i)),
         }
     }
 
@@ -136,64 +159,46 @@ impl Default for TensorList {
     }
 }
 
-/// Builds a [`TensorList`] in order: in memory, or in a spill file.
-pub struct TensorListBuilder {
-    out: Building,
-    diverged: usize,
+/// Tensor `i` of the list, at `slot` of spill file `file`, with its position.
+fn read_spilled(
+    files: &[SpillFile],
+    file: usize,
+    slot: Slot,
+    i: usize,
+) -> std::io::Result<TensorComparison> {
+    let f = files.get(file).ok_or_else(|| out_of_range(i))?;
+    let mut t = f.read::<SpilledComparison>(slot)?.cmp;
+    t.position = i as u64;
+    Ok(t)
 }
 
-enum Building {
-    Memory(Vec<TensorComparison>),
-    Spill(SpillWriter, Vec<Slot>),
-}
-
-impl TensorListBuilder {
-    /// A list held in memory.
-    pub fn in_memory() -> TensorListBuilder {
-        TensorListBuilder {
-            out: Building::Memory(Vec::new()),
-            diverged: 0,
+impl TensorList {
+    /// A list of `items`, in order, `held` in memory or spilled to `files` (`diverged` of them
+    /// beyond their tolerance), the spilled ones at `pin` read back into memory.
+    pub(crate) fn from_parts(
+        files: Vec<SpillFile>,
+        items: Vec<Listed>,
+        held: Vec<TensorComparison>,
+        diverged: usize,
+        pin: impl IntoIterator<Item = usize>,
+    ) -> std::io::Result<TensorList> {
+        if files.is_empty() {
+            // Nothing spilled: every item is held, in order.
+            return Ok(held.into());
         }
-    }
-
-    /// A list written to a new spill file.
-    pub fn spilled() -> std::io::Result<TensorListBuilder> {
-        Ok(TensorListBuilder {
-            out: Building::Spill(SpillWriter::new()?, Vec::new()),
-            diverged: 0,
-        })
-    }
-
-    /// Adds the next tensor.
-    pub fn push(&mut self, t: TensorComparison) -> std::io::Result<()> {
-        self.diverged += usize::from(t.diverged);
-        match &mut self.out {
-            Building::Memory(v) => v.push(t),
-            Building::Spill(w, slots) => slots.push(w.append(&t)?),
-        }
-        Ok(())
-    }
-
-    /// The list, with the tensors at `pin` (those a report names) read back into memory.
-    pub fn finish(self, pin: impl IntoIterator<Item = usize>) -> std::io::Result<TensorList> {
-        match self.out {
-            Building::Memory(v) => Ok(v.into()),
-            Building::Spill(w, slots) => {
-                let file = w.finish()?;
-                let mut pinned = BTreeMap::new();
-                for i in pin {
-                    if let Some(&slot) = slots.get(i) {
-                        pinned.insert(i, file.read(slot)?);
-                    }
-                }
-                Ok(TensorList(Arc::new(Repr::Spilled(Spilled {
-                    file,
-                    slots,
-                    pinned,
-                    diverged: self.diverged,
-                }))))
+        let mut pinned = BTreeMap::new();
+        for i in pin {
+            if let Some(&Listed::Spilled(f, slot)) = items.get(i) {
+                pinned.insert(i, read_spilled(&files, f, slot, i)?);
             }
         }
+        Ok(TensorList(Arc::new(Repr::Spilled(Spilled {
+            files,
+            items,
+            held,
+            pinned,
+            diverged,
+        }))))
     }
 }
 
@@ -235,8 +240,9 @@ impl std::fmt::Debug for TensorList {
             Repr::Memory(v) => f.debug_list().entries(v).finish(),
             Repr::Spilled(s) => write!(
                 f,
-                "TensorList {{ spilled: {} tensors, {} in memory }}",
-                s.slots.len(),
+                "TensorList {{ {} tensors, {} held, {} read back }}",
+                s.items.len(),
+                s.held.len(),
                 s.pinned.len()
             ),
         }

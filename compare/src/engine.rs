@@ -72,8 +72,8 @@ pub fn mapping_budgets(memory: u64) -> (u64, u64, u64) {
 /// How much record metadata each store keeps under a memory budget
 /// ([`crate::records`]): a sixteenth of it, the run's store (every rank) half of that and
 /// the reference and the perturbed reference a quarter each, as their mappings. Metadata past
-/// it (about a kilobyte a record: a trace of over fifty thousand records under the default
-/// budget) is dropped, least recently read first, and read again when wanted. An eighth
+/// it (estimated by [`crate::records::approx_bytes`]; about 1.1 KB a record measured on the
+/// hidden-32 trainer) is dropped, least recently read first, and read again when wanted. An eighth
 /// took the large benchmark config over 100 steps to 1,026 MB under the default 1 GiB (the
 /// shares filling); a sixteenth, with the results' share halved, to 913 MB, 1.08x the time.
 /// Returns (reference, run, perturbed).

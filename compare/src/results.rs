@@ -71,9 +71,8 @@ pub(crate) struct Results {
     spill_failed: bool,
 }
 
-/// The share of `--memory` the results are held within: a thirty-second (32 MiB, about
-/// forty-five thousand tensors, under the default budget; see
-/// [`crate::engine::mapping_budgets`]).
+/// The share of `--memory` the results are held within: a thirty-second (32 MiB under the
+/// default budget, by [`approx_bytes`]; see [`crate::engine::mapping_budgets`]).
 pub(crate) fn results_budget(memory: u64) -> u64 {
     memory / 32
 }

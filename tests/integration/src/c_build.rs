@@ -2,8 +2,10 @@
 //! from PyPI, never committed), linked by soname to the simulated libraries, as a program
 //! built against NVIDIA's libraries would be.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::abi_check::{fetch_headers_for, repo_root};
 use crate::{describe, profile_dir};
@@ -32,20 +34,13 @@ pub fn compile_c(source: &str, exe: &str, major: u32, sim: &Path, sonames: &[&st
         cc.arg("-I").arg(d);
     }
     cc.arg(repo_root().join("tests/integration/c").join(source))
-        .arg("-o")
-        .arg(&out_exe)
         .arg("-L")
         .arg(sim);
     for so in sonames {
         cc.arg(format!("-l:{so}"));
     }
     cc.arg(format!("-Wl,-rpath,{}", sim.display())).arg("-lm");
-    let out = cc.output().expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc failed on {source}:\n{}",
-        describe(&out)
-    );
+    build_once(cc, source, &out_exe);
     out_exe
 }
 
@@ -65,16 +60,47 @@ pub fn compile_preload_c(source: &str, name: &str) -> PathBuf {
     for d in &include {
         cc.arg("-I").arg(d);
     }
-    let out = cc
-        .arg(repo_root().join("tests/integration/c").join(source))
-        .arg("-o")
-        .arg(&lib)
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc failed on {source}:\n{}",
-        describe(&out)
-    );
+    cc.arg(repo_root().join("tests/integration/c").join(source));
+    build_once(cc, source, &lib);
     lib
+}
+
+/// Runs `cc` (all but its `-o`) to make `out`, once per process and output, and so that a
+/// program is never run while it is being written: tests running side by side that build the
+/// same program share one build (the others wait for it), and the output is written under
+/// another name and renamed into place, so a process of another test binary that executes the
+/// old file is not refused with ETXTBSY ("text file busy") while gcc writes the new one.
+/// Panics with gcc's output when it fails, or when the same output is asked for with other
+/// arguments (two tests would then overwrite each other's program).
+fn build_once(mut cc: Command, source: &str, out: &Path) {
+    type Builds = Mutex<HashMap<PathBuf, (String, Arc<OnceLock<()>>)>>;
+    static BUILDS: OnceLock<Builds> = OnceLock::new();
+    let args = format!("{cc:?}");
+    let once = {
+        let mut builds = BUILDS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (built_with, once) = builds
+            .entry(out.to_path_buf())
+            .or_insert_with(|| (args.clone(), Arc::new(OnceLock::new())));
+        assert_eq!(
+            *built_with,
+            args,
+            "{} is built twice with different arguments",
+            out.display()
+        );
+        once.clone()
+    };
+    once.get_or_init(|| {
+        let partial = out.with_extension(format!("partial-{}", std::process::id()));
+        let result = cc.arg("-o").arg(&partial).output().expect("gcc runs");
+        assert!(
+            result.status.success(),
+            "gcc failed on {source}:\n{}",
+            describe(&result)
+        );
+        std::fs::rename(&partial, out)
+            .unwrap_or_else(|e| panic!("renaming {} into place: {e}", partial.display()));
+    });
 }

@@ -13,6 +13,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod allocator;
 mod check;
 mod child_wait;
 mod compare;
@@ -135,5 +136,6 @@ fn main() {
         Command::Compare(a) => status("compare", compare::main(a)),
         Command::Report(a) => status("report merge", report::main(a)),
     };
+    allocator::keep_freed_memory_until_exit();
     std::process::exit(code);
 }

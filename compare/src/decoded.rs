@@ -43,8 +43,34 @@ pub struct DecodedCache {
     tick: u64,
     /// Buffers of values dropped, for the next tensors decoded: no fresh allocation (and
     /// page faults) per tensor.
-    spare: Vec<Vec<f32>>,
+    spare: Spares,
     spare_bytes: u64,
+}
+
+/// Spare buffers by capacity: the smallest that holds a tensor, or the smallest of all, is
+/// found without a scan (the demo keeps thousands of small ones).
+#[derive(Default)]
+struct Spares(BTreeMap<usize, Vec<Vec<f32>>>);
+
+impl Spares {
+    /// Takes the smallest buffer of at least `n` values (`None`: the smallest of all).
+    fn take(&mut self, n: Option<usize>) -> Option<Vec<f32>> {
+        let cap = match n {
+            Some(n) => *self.0.range(n..).next()?.0,
+            None => *self.0.first_key_value()?.0,
+        };
+        let list = self.0.get_mut(&cap)?;
+        let b = list.pop();
+        if list.is_empty() {
+            self.0.remove(&cap);
+        }
+        b
+    }
+
+    /// Keeps `b` for [`Spares::take`].
+    fn put(&mut self, b: Vec<f32>) {
+        self.0.entry(b.capacity()).or_default().push(b);
+    }
 }
 
 impl DecodedCache {
@@ -57,7 +83,7 @@ impl DecodedCache {
             bytes: 0,
             budget,
             tick: 0,
-            spare: Vec::new(),
+            spare: Spares::default(),
             spare_bytes: 0,
         }
     }
@@ -65,16 +91,8 @@ impl DecodedCache {
     /// An empty buffer for `n` values: a spare one that holds them (the smallest), or a new
     /// one.
     pub fn buffer(&mut self, n: usize) -> Vec<f32> {
-        let fit = self
-            .spare
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= n)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        match fit {
-            Some(i) => {
-                let b = self.spare.swap_remove(i);
+        match self.spare.take(Some(n)) {
+            Some(b) => {
                 self.spare_bytes -= b.capacity() as u64 * 4;
                 b
             }
@@ -97,21 +115,20 @@ impl DecodedCache {
             return;
         }
         while self.spare_bytes + bytes > self.budget {
-            let Some(i) = (0..self.spare.len()).min_by_key(|&i| self.spare[i].capacity()) else {
+            let Some(dropped) = self.spare.take(None) else {
                 break;
             };
-            let dropped = self.spare.swap_remove(i);
             self.spare_bytes -= dropped.capacity() as u64 * 4;
             if dropped.capacity() as u64 * 4 >= bytes {
                 // Not worth more than the one dropped: keep that one instead.
                 self.spare_bytes += dropped.capacity() as u64 * 4;
-                self.spare.push(dropped);
+                self.spare.put(dropped);
                 return;
             }
         }
         b.clear();
         self.spare_bytes += bytes;
-        self.spare.push(b);
+        self.spare.put(b);
     }
 
     /// Keeps at most `bytes` from now on (dropping what is over at the next insertion).
@@ -188,7 +205,7 @@ impl DecodedCache {
         self.by_use.clear();
         self.owners.clear();
         self.bytes = 0;
-        self.spare = Vec::new();
+        self.spare = Spares::default();
         self.spare_bytes = 0;
     }
 

@@ -7,8 +7,8 @@ const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Leaves the memory freed so far to the kernel when the process exits, instead of mimalloc
 /// giving it back page range by page range (`madvise`) in its exit handler, one thread, after
-/// the work is done: that was 5-8% of a comparison's wall time (the demo and the large
-/// benchmark config), for memory the kernel takes back at exit anyway. Called just before
+/// the work is done: 3-5% of a comparison's samples (the demo and the large benchmark
+/// config, perf), for memory the kernel takes back at exit anyway. Called just before
 /// `exit`; until then memory is purged as usual.
 pub fn keep_freed_memory_until_exit() {
     // SAFETY: sets one of mimalloc's options (an atomic store); any value is valid for it.

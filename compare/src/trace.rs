@@ -91,6 +91,10 @@ impl RunTrace {
     /// wanted ([`crate::records`]).
     pub fn open_within(path: &Path, metadata: u64) -> Result<RunTrace, CompareError> {
         let (store, manifest) = crate::model::store::open(path)?;
+        // The segments' frame tables, kept by the store for opening them again, are
+        // metadata too: an eighth of its share (a segment opened after its table was
+        // dropped is located again).
+        store.set_located_budget(located_budget(metadata));
         let keys: Vec<(u32, u64)> = store
             .ranks()
             .into_iter()
@@ -322,6 +326,7 @@ impl RunTrace {
     /// number of steps.
     pub fn set_metadata_budget(&self, bytes: u64) {
         self.records.set_budget(bytes);
+        self.store.set_located_budget(located_budget(bytes));
     }
 
     /// Segments whose records were read again after they were dropped.
@@ -993,6 +998,12 @@ fn warnings_by_text<'a>(
         ));
     }
     lines
+}
+
+/// The share of a store's metadata budget its located frame tables are kept within
+/// ([`Store::set_located_budget`]): an eighth (about 33 bytes a record).
+fn located_budget(metadata: u64) -> u64 {
+    metadata / 8
 }
 
 #[cfg(test)]

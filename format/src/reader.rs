@@ -189,8 +189,64 @@ pub struct Store {
     /// The stores of a set read as one (see [`crate::storeset`]); empty for one store.
     parts: Vec<PathBuf>,
     /// What opening each segment found (by rank and step), for opening it again without
-    /// locating its frames again ([`Store::open_segment`]).
-    located: Mutex<HashMap<(u32, u64), Arc<Located>>>,
+    /// locating its frames again ([`Store::open_segment`]), within a budget.
+    located: Mutex<LocatedCache>,
+}
+
+/// What opening segments found ([`Located`]), by rank and step, for opening them again:
+/// within a byte budget when a reader sets one ([`Store::set_located_budget`]), the least
+/// recently opened dropped first (a segment opened again after that is located again, as at
+/// its first opening). Without one, every segment's is kept: a reader of a long trace that
+/// reads each segment once would otherwise hold a frame table per segment of the whole
+/// trace (about 33 bytes a record).
+#[derive(Debug, Default)]
+struct LocatedCache {
+    entries: HashMap<(u32, u64), (Arc<Located>, u64)>,
+    /// Keys by when they were last opened (no scan per drop).
+    by_use: BTreeMap<u64, (u32, u64)>,
+    tick: u64,
+    bytes: u64,
+    budget: Option<u64>,
+}
+
+impl LocatedCache {
+    /// What opening the segment of `key` found, marked as just used.
+    fn get(&mut self, key: (u32, u64)) -> Option<Arc<Located>> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (found, used) = self.entries.get_mut(&key)?;
+        self.by_use.remove(used);
+        self.by_use.insert(tick, key);
+        *used = tick;
+        Some(Arc::clone(found))
+    }
+
+    /// Keeps `found` for `key`, dropping the least recently used past the budget.
+    fn insert(&mut self, key: (u32, u64), found: Arc<Located>) {
+        self.remove(key);
+        self.tick += 1;
+        self.bytes += found.approx_bytes();
+        self.by_use.insert(self.tick, key);
+        self.entries.insert(key, (found, self.tick));
+        self.keep_within_budget();
+    }
+
+    fn remove(&mut self, key: (u32, u64)) {
+        if let Some((found, used)) = self.entries.remove(&key) {
+            self.by_use.remove(&used);
+            self.bytes -= found.approx_bytes();
+        }
+    }
+
+    fn keep_within_budget(&mut self) {
+        let Some(budget) = self.budget else { return };
+        while self.bytes > budget {
+            let Some((_, oldest)) = self.by_use.first_key_value().map(|(t, k)| (*t, *k)) else {
+                break;
+            };
+            self.remove(oldest);
+        }
+    }
 }
 
 /// Parses `prefix` followed by decimal digits, then `suffix`.
@@ -449,20 +505,29 @@ impl Store {
             ))
         })?;
         let key = (rank, step);
-        let known = self
-            .located
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
+        let known = self.located().get(key);
         let (seg, found) = Segment::open_knowing(&info.path, Some(key), known.as_deref())?;
         if let Some(found) = found {
-            self.located
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key, Arc::new(found));
+            self.located().insert(key, Arc::new(found));
         }
         Ok(seg)
+    }
+
+    /// Keeps what opening segments found (their frame tables, for opening them again) within
+    /// about `bytes`, the least recently opened dropped first; by default all are kept.
+    pub fn set_located_budget(&self, bytes: u64) {
+        let mut located = self.located();
+        located.budget = Some(bytes);
+        located.keep_within_budget();
+    }
+
+    /// Bytes held by what opening segments found (estimated).
+    pub fn located_bytes(&self) -> u64 {
+        self.located().bytes
+    }
+
+    fn located(&self) -> std::sync::MutexGuard<'_, LocatedCache> {
+        self.located.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -579,6 +644,16 @@ struct Located {
     /// Which frames' bodies were checked against their CRC (shared with every opening).
     checked: Arc<[AtomicBool]>,
     sparse: bool,
+}
+
+impl Located {
+    /// What holding it costs: its frame table and flags, its issues (estimated), the struct.
+    fn approx_bytes(&self) -> u64 {
+        (self.frames.len() * std::mem::size_of::<FrameLoc>()
+            + self.checked.len() * std::mem::size_of::<AtomicBool>()
+            + self.issues.len() * 256
+            + std::mem::size_of::<Located>()) as u64
+    }
 }
 
 /// What identifies a segment's files: what was found in them holds while they are the same.

@@ -242,3 +242,46 @@ fn a_releasing_segment_drops_its_large_frames_pages_once_read_and_a_default_one_
         }
     }
 }
+
+#[test]
+fn what_openings_found_is_kept_within_its_budget_the_least_recently_opened_dropped() {
+    let dir = Scratch::new("reopen-budget");
+    let run = dir.path();
+    write_store(run, 1, 3, 12);
+    let store = Store::open(run).expect("store");
+    for step in 0..3 {
+        drop(store.open_segment(0, step).expect("opens"));
+    }
+    let all = store.located_bytes();
+    assert!(all > 0, "kept by default");
+    // Room for about one segment's: the two opened before the last are dropped.
+    store.set_located_budget(all / 3 + 1);
+    assert!(
+        store.located_bytes() <= all / 3 + 1,
+        "{}",
+        store.located_bytes()
+    );
+    // Which ones: the index of every segment replaced by garbage of the same length and
+    // modification time. A segment whose opening is still kept is opened as found before
+    // (no issue); one whose was dropped is located again and finds its index damaged. The
+    // records read the same either way.
+    for step in 0..3 {
+        let idx_path = index_path(&segment_path(run, 0, step));
+        let len = std::fs::metadata(&idx_path).expect("index").len();
+        let when = std::fs::metadata(&idx_path)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let f = std::fs::File::create(&idx_path).expect("rewrite the index");
+        (&f).write_all(&vec![0xA5; len as usize]).expect("garbage");
+        f.set_modified(when).expect("keep its mtime");
+    }
+    let damaged = |step: u64| {
+        let seg = store.open_segment(0, step).expect("opens");
+        assert_eq!(seg.len(), 12);
+        seg.issues()
+            .iter()
+            .any(|i| i.kind == IssueKind::DamagedIndex)
+    };
+    assert!(!damaged(2), "the last opened is kept");
+    assert!(damaged(0) && damaged(1), "the others were located again");
+}

@@ -12,7 +12,7 @@
 //! [`crate::tolerance`]). Gathers, broadcasts and transfers move
 //! bytes and are checked bitwise.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ttrace_format::dtype::DType;
 use ttrace_format::record::{CollectiveKind, CollectiveOp, Op, Role};
@@ -136,7 +136,8 @@ fn data(r: &Rec, role: Role) -> Option<TensorData> {
 }
 
 /// Collective calls (not send/recv) keyed by (communicator, call number), each with its
-/// members' records sorted by communicator rank.
+/// members' records sorted by communicator rank (the whole trace at once; [`CallGroups`]
+/// groups them step by step).
 pub fn group_calls(trace: &Trace) -> BTreeMap<(u64, usize), Vec<&Rec>> {
     let mut calls: BTreeMap<(u64, usize), Vec<&Rec>> = BTreeMap::new();
     let mut counters: BTreeMap<(u64, u32), usize> = BTreeMap::new();
@@ -155,126 +156,306 @@ pub fn group_calls(trace: &Trace) -> BTreeMap<(u64, usize), Vec<&Rec>> {
     calls
 }
 
-/// Runs the collective checks.
-pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
-    let mut out = Outcome::default();
-    let mut sends: BTreeMap<(u64, u32, u32), Vec<&Rec>> = BTreeMap::new();
-    let mut recvs: BTreeMap<(u64, u32, u32), Vec<&Rec>> = BTreeMap::new();
-    for r in &trace.records {
-        let Some(c) = coll(r) else { continue };
-        let peer = c.root_or_peer.unwrap_or(-1).max(0) as u32;
-        match c.kind {
-            CollectiveKind::Send => sends
-                .entry((c.comm, c.comm_rank, peer))
-                .or_default()
-                .push(r),
-            CollectiveKind::Recv => recvs
-                .entry((c.comm, peer, c.comm_rank))
-                .or_default()
-                .push(r),
-            _ => {}
+/// Whether `r` is a send or a recv (`None`: not a collective).
+pub fn is_transfer(r: &Rec) -> Option<bool> {
+    coll(r).map(|c| matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv))
+}
+
+/// A collective call: its key (communicator, call number) and its members' records by
+/// communicator rank.
+pub type Call = ((u64, usize), Vec<Rec>);
+
+/// Collective calls (not send/recv) grouped as [`group_calls`] groups them, from records
+/// handed over step by step ([`CallGroups::add`]): a call is handed back as soon as every
+/// member of its communicator that is in the store has made it (no later record can join
+/// it), so that only calls still waiting for a member are held; the others come at the end
+/// ([`CallGroups::finish`]), in key order.
+#[derive(Debug, Default)]
+pub struct CallGroups {
+    counters: BTreeMap<(u64, u32), usize>,
+    pending: BTreeMap<(u64, usize), Vec<Rec>>,
+    /// The members of each communicator of the comm map that are in the store.
+    present: BTreeMap<u64, BTreeSet<u32>>,
+}
+
+impl CallGroups {
+    /// Grouping for a store holding `ranks`, whose comm map is `manifest`'s.
+    pub fn new(manifest: &Manifest, ranks: &[u32]) -> CallGroups {
+        let present = manifest
+            .comms
+            .iter()
+            .map(|e| {
+                let present = e.members.iter().flatten().copied();
+                (e.key, present.filter(|g| ranks.contains(g)).collect())
+            })
+            .collect();
+        CallGroups {
+            present,
+            ..CallGroups::default()
         }
     }
-    for ((comm, n), recs) in group_calls(trace) {
-        check_call(trace, manifest, comm, n, &recs, &mut out);
-    }
-    let keys: Vec<(u64, u32, u32)> = sends.keys().chain(recvs.keys()).copied().collect();
-    let mut seen = std::collections::BTreeSet::new();
-    for key in keys {
-        if !seen.insert(key) {
-            continue;
+
+    /// Adds `r` when it is a collective call (not a send or recv; records of a rank come in
+    /// call order); returns the call it completes, if it does.
+    pub fn add(&mut self, r: Rec) -> Option<Call> {
+        let c = coll(&r)?;
+        if matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv) {
+            return None;
         }
-        let s = sends.get(&key).map_or(&[][..], |v| &v[..]);
-        let r = recvs.get(&key).map_or(&[][..], |v| &v[..]);
-        // A transfer whose other end was not captured (or was lost) cannot be matched.
-        let (comm, from, to) = key;
-        let held = |comm_rank: u32| {
-            manifest
-                .comms
-                .iter()
-                .find(|e| e.key == comm)
-                .and_then(|e| e.members.get(comm_rank as usize).copied().flatten())
-                .is_some_and(|g| trace.ranks.contains(&g))
+        let comm = c.comm;
+        let n = self.counters.entry((comm, r.record.rank)).or_default();
+        let key = (comm, *n);
+        *n += 1;
+        let recs = self.pending.entry(key).or_default();
+        recs.push(r);
+        let ranks: BTreeSet<u32> = recs.iter().map(|r| r.record.rank).collect();
+        // Without the communicator in the comm map, every member must be in the store.
+        let complete = match self.present.get(&comm) {
+            Some(members) => !members.is_empty() && members.is_subset(&ranks),
+            None => recs
+                .first()
+                .and_then(coll)
+                .is_some_and(|c| ranks.len() >= c.comm_size as usize),
         };
-        if !held(from) || !held(to) {
-            out.peer_missing += (s.len() + r.len()) as u64;
-            continue;
+        if !complete {
+            return None;
         }
-        check_p2p(trace, key, s, r, &mut out);
+        let mut recs = self.pending.remove(&key)?;
+        recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
+        Some((key, recs))
     }
-    out
+
+    /// The calls that were never completed, by key.
+    pub fn finish(self) -> Vec<Call> {
+        self.pending
+            .into_iter()
+            .map(|(key, mut recs)| {
+                recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
+                (key, recs)
+            })
+            .collect()
+    }
 }
 
-/// Send/recv pairs between two communicator ranks, in order. Also: a send that repeats the
-/// bytes of an earlier send of the same step on the same path (not a constant tensor) sends a
-/// stale buffer (each micro-batch's activation or gradient is different). Each transfer's
-/// bytes are read when it is checked ([`Trace::with_bytes`]); the earlier sends are
-/// remembered by the CRC-32 and length of their bytes, and a send that matches one is
-/// compared with it byte for byte.
-fn check_p2p(
-    trace: &Trace,
-    key: (u64, u32, u32),
-    sends: &[&Rec],
-    recvs: &[&Rec],
-    out: &mut Outcome,
-) {
-    let mut seen: BTreeMap<(u64, u32, usize), usize> = BTreeMap::new();
-    // Stale sends are said before the pairs' findings, as when they were looked for first.
-    let (mut stale, mut pairs) = (Vec::new(), Vec::new());
-    for i in 0..sends.len().max(recvs.len()) {
+/// The collective checks, fed step by step: calls as they complete ([`Collectives::call`]),
+/// sends and recvs as they come ([`Collectives::transfer`]); what they found, in the order a
+/// check of the whole trace finds it ([`Collectives::finish`]).
+#[derive(Debug, Default)]
+pub struct Collectives {
+    /// Findings of each call, by key.
+    calls: BTreeMap<(u64, usize), Vec<Finding>>,
+    paths: BTreeMap<(u64, u32, u32), Path>,
+    checked: u64,
+    peer_missing: u64,
+}
+
+/// The transfers of one path (communicator, sender, receiver) not checked yet, and what its
+/// checked ones found.
+#[derive(Debug, Default)]
+struct Path {
+    sends: std::collections::VecDeque<Rec>,
+    recvs: std::collections::VecDeque<Rec>,
+    /// Index of the next transfer to check.
+    next: usize,
+    /// Both ends are ranks of the store (otherwise the path's transfers are only counted).
+    held: bool,
+    /// Whether the path has a send (paths of sends are said before recv-only ones).
+    has_send: bool,
+    /// Sends checked in the step being checked, by the CRC-32 and length of their bytes
+    /// ([`stale_send`]).
+    seen: BTreeMap<(u64, u32, usize), (usize, Rec)>,
+    stale: Vec<Finding>,
+    pairs: Vec<Finding>,
+}
+
+impl Collectives {
+    /// Checks one call (its members' records, by communicator rank).
+    pub fn call(&mut self, trace: &Trace, manifest: &Manifest, (key, recs): &Call) {
+        let recs: Vec<&Rec> = recs.iter().collect();
+        let mut out = Outcome::default();
+        check_call(trace, manifest, key.0, key.1, &recs, &mut out);
+        self.checked += out.checked;
+        if !out.findings.is_empty() {
+            self.calls.entry(*key).or_default().extend(out.findings);
+        }
+    }
+
+    /// Adds `r` when it is a send or a recv, and checks the transfers whose both ends have
+    /// come (a path's in order).
+    pub fn transfer(&mut self, trace: &Trace, manifest: &Manifest, r: Rec) {
+        let Some(c) = coll(&r) else { return };
+        let peer = c.root_or_peer.unwrap_or(-1).max(0) as u32;
+        let (key, send) = match c.kind {
+            CollectiveKind::Send => ((c.comm, c.comm_rank, peer), true),
+            CollectiveKind::Recv => ((c.comm, peer, c.comm_rank), false),
+            _ => return,
+        };
+        let path = self.paths.entry(key).or_insert_with(|| Path {
+            held: path_held(trace, manifest, key),
+            ..Path::default()
+        });
+        path.has_send |= send;
+        // A transfer whose other end was not captured (or was lost) cannot be matched.
+        if !path.held {
+            self.peer_missing += 1;
+            return;
+        }
+        if send {
+            path.sends.push_back(r);
+        } else {
+            path.recvs.push_back(r);
+        }
+        while !path.sends.is_empty() && !path.recvs.is_empty() {
+            let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
+            self.checked += u64::from(path.check(trace, key, s, r));
+        }
+    }
+
+    /// What the checks found: the calls' in key order (the calls never completed checked
+    /// now), then the transfers' by path (sends' paths first), each path's stale sends
+    /// before its pairs.
+    pub fn finish(mut self, trace: &Trace, manifest: &Manifest, left: Vec<Call>) -> Outcome {
+        for call in &left {
+            self.call(trace, manifest, call);
+        }
+        let mut out = Outcome {
+            checked: self.checked,
+            peer_missing: self.peer_missing,
+            findings: self.calls.into_values().flatten().collect(),
+        };
+        let mut paths: Vec<((u64, u32, u32), Path)> = self.paths.into_iter().collect();
+        // Sends' paths first, then recv-only ones, each in key order.
+        paths.sort_by_key(|(key, p)| (!p.has_send, *key));
+        for (key, mut path) in paths {
+            if !path.held {
+                continue;
+            }
+            while !path.sends.is_empty() || !path.recvs.is_empty() {
+                let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
+                out.checked += u64::from(path.check(trace, key, s, r));
+            }
+            out.findings.extend(path.stale);
+            out.findings.extend(path.pairs);
+        }
+        out
+    }
+}
+
+impl Path {
+    /// Checks the next transfer of the path (send `s`, recv `r`; one may be missing): a
+    /// stale send, then the pair. Whether the pair was checked.
+    fn check(
+        &mut self,
+        trace: &Trace,
+        key: (u64, u32, u32),
+        s: Option<Rec>,
+        r: Option<Rec>,
+    ) -> bool {
+        let i = self.next;
+        self.next += 1;
         // Each transfer's bytes read once.
-        let (s, r) = (
-            sends.get(i).map(|s| trace.with_bytes(s)),
-            recvs.get(i).map(|r| trace.with_bytes(r)),
+        let (s_read, r_read) = (
+            s.as_ref().map(|s| trace.with_bytes(s)),
+            r.as_ref().map(|r| trace.with_bytes(r)),
         );
-        let (s, r) = (s.as_deref(), r.as_deref());
-        if let Some(s) = s {
-            stale.extend(stale_send(trace, key, sends, &mut seen, i, s));
+        let (s_read, r_read) = (s_read.as_deref(), r_read.as_deref());
+        let mut seen_at = None;
+        if let Some(sr) = s_read {
+            // Sends of another step are never repeated ones: only this step's are kept.
+            if self
+                .seen
+                .keys()
+                .next()
+                .is_some_and(|k| k.0 != sr.record.step)
+            {
+                self.seen.clear();
+            }
+            let (at, finding) = stale_send(trace, key, &self.seen, i, sr);
+            self.stale.extend(finding);
+            seen_at = at;
         }
-        let (checked, finding) = check_pair(key, i, s, r);
-        out.checked += u64::from(checked);
-        pairs.extend(finding);
+        let (checked, finding) = check_pair(key, i, s_read, r_read);
+        self.pairs.extend(finding);
+        if let (Some(at), Some(s)) = (seen_at, s) {
+            self.seen.insert(at, (i, s));
+        }
+        checked
     }
-    out.findings.extend(stale);
-    out.findings.extend(pairs);
 }
 
-/// Send `i` (`s`, its bytes read) when it repeats the bytes of an earlier send of the same
-/// step on the path (`seen`: earlier sends by step, CRC-32 and length of their bytes; a match
-/// is compared byte for byte).
+/// Whether both ends of a send/recv path are ranks of the store.
+fn path_held(trace: &Trace, manifest: &Manifest, (comm, from, to): (u64, u32, u32)) -> bool {
+    let held = |comm_rank: u32| {
+        manifest
+            .comms
+            .iter()
+            .find(|e| e.key == comm)
+            .and_then(|e| e.members.get(comm_rank as usize).copied().flatten())
+            .is_some_and(|g| trace.ranks.contains(&g))
+    };
+    held(from) && held(to)
+}
+
+/// Runs the collective checks on the whole trace at once.
+pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
+    let mut groups = CallGroups::new(manifest, &trace.ranks);
+    let mut checks = Collectives::default();
+    for r in &trace.records {
+        match is_transfer(r) {
+            Some(true) => checks.transfer(trace, manifest, r.clone()),
+            Some(false) => {
+                if let Some(call) = groups.add(r.clone()) {
+                    checks.call(trace, manifest, &call);
+                }
+            }
+            None => {}
+        }
+    }
+    checks.finish(trace, manifest, groups.finish())
+}
+
+/// Whether send `i` of a path (`s`, its bytes read) repeats the bytes of an earlier send of
+/// the same step on the path (`seen`: earlier sends of the step by CRC-32 and length of their
+/// bytes, the latest of each; a match is compared byte for byte): a stale buffer (each
+/// micro-batch's activation or gradient is different). Returns where `s` goes in `seen`
+/// (`None`: no bytes, or a constant tensor) and the finding.
 fn stale_send(
     trace: &Trace,
     (comm, from, to): (u64, u32, u32),
-    sends: &[&Rec],
-    seen: &mut BTreeMap<(u64, u32, usize), usize>,
+    seen: &BTreeMap<(u64, u32, usize), (usize, Rec)>,
     i: usize,
     s: &Rec,
-) -> Option<Finding> {
-    let b = s.bytes_of(Role::Input)?;
+) -> (Option<(u64, u32, usize)>, Option<Finding>) {
+    let Some(b) = s.bytes_of(Role::Input) else {
+        return (None, None);
+    };
     let es = s
         .find(Role::Input)
         .map_or(1, |t| s.record.tensors[t].dtype.size());
     let constant = b.chunks(es).all(|c| c == &b[..es.min(b.len())]);
     if constant {
-        return None;
+        return (None, None);
     }
-    let earlier = seen.insert((s.record.step, crc32fast::hash(b), b.len()), i);
-    let j = earlier.filter(|&j| {
-        trace
-            .with_bytes(sends[j])
-            .bytes_of(Role::Input)
-            .is_some_and(|e| e == b)
-    })?;
-    Some(Finding {
-        kind: FindingKind::PointToPoint,
-        step: s.record.step,
-        ranks: vec![s.record.rank],
-        op: s.name(),
-        module: module(s),
-        detail: format!(
-            "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
-        ),
-    })
+    let at = (s.record.step, crc32fast::hash(b), b.len());
+    let finding = seen
+        .get(&at)
+        .filter(|(_, earlier)| {
+            trace
+                .with_bytes(earlier)
+                .bytes_of(Role::Input)
+                .is_some_and(|e| e == b)
+        })
+        .map(|&(j, _)| Finding {
+            kind: FindingKind::PointToPoint,
+            step: s.record.step,
+            ranks: vec![s.record.rank],
+            op: s.name(),
+            module: module(s),
+            detail: format!(
+                "transfer #{i} from comm rank {from} to {to} on comm {comm:#x} sends the same bytes as transfer #{j} of the same step: a stale buffer"
+            ),
+        });
+    (Some(at), finding)
 }
 
 /// Transfer `i` of a path: send `s` and recv `r` (their bytes read). Whether the pair was

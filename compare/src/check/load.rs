@@ -1,10 +1,12 @@
-//! Reading a store for the checks: every record's metadata (with where its frame is), and the
-//! first non-finite value of each rank (found while reading, so that GEMM tensors are decoded
-//! once and never held). Collective tensors are decoded while the store is read (a tensor that
-//! does not decode is said then), but their bytes are not held: a check reads a call's bytes
-//! again when it checks that call ([`Trace::with_bytes`]), so that memory does not grow with
-//! the trace (a whole run's collectives, gradient buckets included, do not fit in memory at
-//! scale). Segments come from the loader compare shares ([`crate::model::store::segments`]).
+//! Reading a store for the checks, a step at a time ([`stream`]; [`load`] reads it whole):
+//! each record's metadata (with where its frame is), and the first non-finite value of each
+//! rank (found while reading, so that GEMM tensors are decoded once and never held).
+//! Collective tensors are decoded while the store is read (a tensor that does not decode is
+//! said then), but their bytes are not held: a check reads a call's bytes again when it
+//! checks that call ([`Trace::with_bytes`]), so that memory does not grow with the trace (a
+//! whole run's collectives, gradient buckets included, do not fit in memory at scale).
+//! Segments are opened through the store the loader compare shares opened
+//! ([`crate::model::store::open`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,7 +64,8 @@ impl Rec {
 pub struct Trace {
     /// Ranks present.
     pub ranks: Vec<u32>,
-    /// Every readable record, by rank, then step, then seq.
+    /// Readable records, by rank, then step, then seq: every one ([`load`]), or those of the
+    /// step being read ([`stream`]; none once it is done).
     pub records: Vec<Rec>,
     /// The earliest non-finite value (by step, then call time) over all ranks.
     pub first_nonfinite: Option<NonFinite>,
@@ -144,8 +147,30 @@ impl Trace {
     }
 }
 
-/// Reads `store`; `progress(done, total)` counts records.
+/// Reads `store` whole; `progress(done, total)` counts records. [`stream`] reads it a step at
+/// a time instead, as `ttrace check` does.
 pub fn load(store: &Arc<Store>, progress: &mut dyn FnMut(u64, u64)) -> Result<Trace, FormatError> {
+    let mut records = Vec::new();
+    let mut trace = stream(store, progress, &mut |step: &mut Trace| {
+        records.append(&mut step.records);
+    })?;
+    // Rank by rank, then step by step, as the store lists its segments.
+    records.sort_by_key(|r| (r.record.rank, r.record.step));
+    trace.records = records;
+    Ok(trace)
+}
+
+/// Reads `store` one step at a time: `each_step` is handed the trace with that step's
+/// records (every rank's, rank by rank, each in call order), which are dropped after it, so
+/// that memory holds one step's records, not the trace's. Steps come in order; a rank
+/// without the step has none in it. The trace returned holds no records: what could not be
+/// read, in the store's order (rank by rank, then step by step), and the first non-finite
+/// value. `progress(done, total)` counts records.
+pub fn stream(
+    store: &Arc<Store>,
+    progress: &mut dyn FnMut(u64, u64),
+    each_step: &mut dyn FnMut(&mut Trace),
+) -> Result<Trace, FormatError> {
     let total: u64 = store
         .manifest()
         .map_or(0, |m| m.ranks.iter().map(|r| r.records).sum());
@@ -154,45 +179,61 @@ pub fn load(store: &Arc<Store>, progress: &mut dyn FnMut(u64, u64)) -> Result<Tr
         source: Some(Arc::clone(store)),
         ..Trace::default()
     };
+    let steps: BTreeSet<u64> = trace
+        .ranks
+        .iter()
+        .flat_map(|&rank| store.steps(rank))
+        .collect();
+    // What could not be read, said in the store's order whatever the order of reading.
+    let mut unreadable: BTreeMap<(u32, u64), Vec<String>> = BTreeMap::new();
     let mut firsts: BTreeMap<u32, NonFinite> = BTreeMap::new();
     let mut done = 0u64;
-    for seg in crate::model::store::segments(store) {
-        let (rank, mut seg) = match seg {
-            Ok((rank, _, seg)) => (rank, seg),
-            Err(line) => {
-                trace.unreadable.push(line);
+    for step in steps {
+        for rank in trace.ranks.clone() {
+            if !store.steps(rank).contains(&step) {
                 continue;
             }
-        };
-        // Read through once, in order: large frames leave the mapping as they are read, so
-        // that a segment larger than memory is not mapped (resident) whole.
-        seg.set_releasing(true);
-        for view in seg.records() {
-            done += 1;
-            if done.is_multiple_of(256) {
-                progress(done, total.max(done));
-            }
-            let view = match view {
-                Ok(v) => v,
-                Err(issue) => {
-                    trace.unreadable.push(issue.to_string());
+            let lines = unreadable.entry((rank, step)).or_default();
+            let mut seg = match store.open_segment(rank, step) {
+                Ok(seg) => seg,
+                Err(e) => {
+                    lines.push(format!("rank {rank} step {step}: {e}"));
                     continue;
                 }
             };
-            if let std::collections::btree_map::Entry::Vacant(slot) = firsts.entry(rank) {
-                match nonfinite::scan(&view) {
-                    Ok(Some(nf)) => {
-                        slot.insert(nf);
-                    }
-                    Ok(None) => {}
-                    Err(e) => trace.unreadable.push(e.to_string()),
+            // Read through once, in order: large frames leave the mapping as they are read,
+            // so that a segment larger than memory is not mapped (resident) whole.
+            seg.set_releasing(true);
+            for view in seg.records() {
+                done += 1;
+                if done.is_multiple_of(256) {
+                    progress(done, total.max(done));
                 }
+                let view = match view {
+                    Ok(v) => v,
+                    Err(issue) => {
+                        lines.push(issue.to_string());
+                        continue;
+                    }
+                };
+                if let std::collections::btree_map::Entry::Vacant(slot) = firsts.entry(rank) {
+                    match nonfinite::scan(&view) {
+                        Ok(Some(nf)) => {
+                            slot.insert(nf);
+                        }
+                        Ok(None) => {}
+                        Err(e) => lines.push(e.to_string()),
+                    }
+                }
+                trace.records.push(keep(&view, lines));
+                view.release();
             }
-            trace.records.push(keep(&view, &mut trace.unreadable));
-            view.release();
         }
+        each_step(&mut trace);
+        trace.records = Vec::new();
     }
     progress(done, total.max(done));
+    trace.unreadable = unreadable.into_values().flatten().collect();
     // Call times are host times (the host runs ahead of the device): a collective called
     // early receives a NaN made later on another rank. So within a step, a value that a
     // collective "produced" ranks after one that arose locally; then call time decides.

@@ -17,13 +17,14 @@
 //! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
 //!   the op's inputs or was produced by it.
 //!
-//! A collective call's tensors are read when that call is checked and dropped after
-//! ([`load::Trace::with_bytes`]): memory holds every record's metadata, not the trace's
-//! bytes (on the large benchmark config, 283 MB peak over 3 steps and 883 MB over 10 before;
-//! 52 and 61 MB after, the same report); GEMM
-//! operands are compared through their recorded CRC-32s (a differing CRC is a differing
-//! tensor; bytes are decoded to look for non-finite values, and re-read for the weights of
-//! the first step when shards are compared).
+//! The store is read a step at a time ([`load::stream`]) and each check keeps what it needs
+//! of a step's records, not the records: memory holds one step's records, the calls and
+//! transfers still waiting for a member, each rank's weight operands and the findings (on
+//! the hidden-32 trainer over 160 steps 31 MB, where holding every record took 167; the same
+//! report). A collective call's tensors are read when that call is checked and dropped after
+//! ([`load::Trace::with_bytes`]); GEMM operands are compared through their recorded CRC-32s
+//! (a differing CRC is a differing tensor; bytes are decoded to look for non-finite values,
+//! and re-read for the weights of the first step when shards are compared).
 
 pub mod collectives;
 pub mod layers;
@@ -61,29 +62,76 @@ impl From<OpenError> for CheckError {
     }
 }
 
+/// What the store keeps of the segments it opened, for opening them again
+/// ([`ttrace_format::reader::Store::set_located_budget`]): about 33 bytes a record, so the
+/// segments of a quarter of a million records.
+const LOCATED_BYTES: u64 = 8 << 20;
+
 /// Runs every check on the store at `run` (opened through [`crate::model`], the analysis
-/// model compare shares). `progress` is called with (records read, records
-/// in the store) as segments are read.
+/// model compare shares), a step at a time ([`load::stream`]): memory holds one step's
+/// records, the calls and transfers still waiting for a member, and each rank's weight
+/// operands, not the trace's records. `progress` is called with (records read, records in
+/// the store) as segments are read.
 pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Report, CheckError> {
     let (store, manifest) = crate::model::store::open(run)?;
+    // The segments' frame tables kept for opening them again (a call's bytes are read from
+    // its segment, mostly of the step being read): within a bound, not one per segment of
+    // the trace.
+    store.set_located_budget(LOCATED_BYTES);
     let store = std::sync::Arc::new(store);
-    let trace = load::load(&store, progress)?;
+    let ranks = store.ranks();
+    let mut calls = collectives::CallGroups::new(&manifest, &ranks);
+    let mut coll = collectives::Collectives::default();
+    let mut rep = replicas::Replicas::default();
+    let mut layer_findings = Vec::new();
+    let mut gaps = Vec::new();
+    let mut records = 0u64;
+    let trace = load::stream(&store, progress, &mut |step: &mut load::Trace| {
+        records += step.records.len() as u64;
+        layer_findings.extend(layers::check(step));
+        rep.step(step);
+        gaps.extend(
+            step.records
+                .iter()
+                .filter(|r| matches!(r.record.op, ttrace_format::record::Op::Gap(_)))
+                .map(|r| r.record.op.clone()),
+        );
+        // The collectives are kept until their call or transfer is checked; the rest go.
+        for r in std::mem::take(&mut step.records) {
+            match collectives::is_transfer(&r) {
+                Some(true) => coll.transfer(step, &manifest, r),
+                Some(false) => {
+                    if let Some(call) = calls.add(r) {
+                        coll.call(step, &manifest, &call);
+                        let members: Vec<&load::Rec> = call.1.iter().collect();
+                        rep.received(call.0, &members);
+                    }
+                }
+                None => {}
+            }
+        }
+    })?;
+    let left = calls.finish();
+    for (key, recs) in &left {
+        let members: Vec<&load::Rec> = recs.iter().collect();
+        rep.received(*key, &members);
+    }
+    let coll = coll.finish(&trace, &manifest, left);
+    let rep = rep.finish(&trace, &manifest, &store);
     let mut report = Report {
         ranks: trace.ranks.len(),
-        records: trace.records.len() as u64,
+        records,
         ..Report::default()
     };
     let world = crate::model::comms::world_size(&manifest, &trace.ranks);
     report.missing_ranks = (0..world).filter(|r| !trace.ranks.contains(r)).collect();
-    let coll = collectives::check(&trace, &manifest);
     report.collectives_checked = coll.checked;
     report.transfers_unchecked = coll.peer_missing;
     report.findings.extend(coll.findings);
-    let rep = replicas::check(&trace, &manifest, &store);
     report.replica_groups = rep.groups;
     report.weights_compared = rep.compared;
     report.findings.extend(rep.findings);
-    report.findings.extend(layers::check(&trace));
+    report.findings.extend(layer_findings);
     report.nonfinite = trace.first_nonfinite.clone();
     if let Some(nf) = &trace.first_nonfinite {
         report.findings.push(nf.to_finding());
@@ -95,10 +143,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     }
     report.unreadable.extend(trace.unreadable.iter().cloned());
     report.unreadable.extend(trace.late_unreadable());
-    let lost = crate::losses::CaptureLosses::counted(
-        trace.records.iter().map(|r| &r.record.op),
-        &manifest,
-    );
+    let lost = crate::losses::CaptureLosses::counted(gaps.iter(), &manifest);
     (report.gaps, report.gap_bytes) = (lost.gaps, lost.gap_bytes);
     (report.unpublished, report.not_stored) = (lost.unpublished, lost.not_stored);
     report.sort();

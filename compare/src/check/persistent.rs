@@ -31,19 +31,61 @@ const SAMPLE: usize = 4096;
 /// A GEMM's identity on one rank, steps aside: NVTX module, API, m, n, k, transposes.
 pub type Signature = (String, String, [u64; 5]);
 
-/// One GEMM use of a signature that occurs once in its step: its record and operand tensors.
+/// One GEMM use of a signature that occurs once in its step: what the persistence rule and
+/// the weights found by it read of its record (not the record: one is kept per GEMM and
+/// step of the trace).
+#[derive(Debug, Clone)]
+pub struct Single {
+    /// Rank, step and seq of the record.
+    pub at: (u32, u64, u64),
+    /// The record's name ([`Rec::name`]).
+    pub name: String,
+    /// A and B.
+    pub operands: [Option<Operand>; 2],
+    /// CRC-32s of the FP8 scales of A and of B, when captured.
+    pub scales: [Option<u32>; 2],
+}
+
+/// An operand tensor of a [`Single`].
 #[derive(Debug, Clone, Copy)]
-pub struct Single<'a> {
-    /// The record.
-    pub rec: &'a Rec,
-    /// Tensor indexes of A and B.
-    pub operands: [Option<usize>; 2],
+pub struct Operand {
+    /// Its index among the record's tensors.
+    pub index: usize,
+    /// Its element type.
+    pub dtype: ttrace_format::dtype::DType,
+    /// The CRC-32 of its bytes, when captured.
+    pub crc: Option<u32>,
+}
+
+impl Single {
+    fn of(rec: &Rec) -> Single {
+        let tensor = |role: Role| {
+            rec.find(role).map(|index| {
+                let t = &rec.record.tensors[index];
+                Operand {
+                    index,
+                    dtype: t.dtype,
+                    crc: t.captured.then_some(t.crc32),
+                }
+            })
+        };
+        let r = &rec.record;
+        Single {
+            at: (r.rank, r.step, r.seq),
+            name: rec.name(),
+            operands: [tensor(Role::A), tensor(Role::B)],
+            scales: [
+                tensor(Role::ScaleA).and_then(|t| t.crc),
+                tensor(Role::ScaleB).and_then(|t| t.crc),
+            ],
+        }
+    }
 }
 
 /// The GEMMs of `recs` (one rank) whose signature occurs exactly once in their step, by
 /// signature and step.
-pub fn singles<'a>(recs: &[&'a Rec]) -> BTreeMap<Signature, BTreeMap<u64, Single<'a>>> {
-    let mut count: BTreeMap<(u64, Signature), Vec<&'a Rec>> = BTreeMap::new();
+pub fn singles(recs: &[&Rec]) -> BTreeMap<Signature, BTreeMap<u64, Single>> {
+    let mut count: BTreeMap<(u64, Signature), Vec<&Rec>> = BTreeMap::new();
     for r in recs {
         let Op::Gemm(g) = &r.record.op else { continue };
         let sig = (
@@ -53,13 +95,10 @@ pub fn singles<'a>(recs: &[&'a Rec]) -> BTreeMap<Signature, BTreeMap<u64, Single
         );
         count.entry((r.record.step, sig)).or_default().push(r);
     }
-    let mut out: BTreeMap<Signature, BTreeMap<u64, Single<'a>>> = BTreeMap::new();
+    let mut out: BTreeMap<Signature, BTreeMap<u64, Single>> = BTreeMap::new();
     for ((step, sig), uses) in count {
         if let [rec] = uses[..] {
-            let operands = [rec.find(Role::A), rec.find(Role::B)];
-            out.entry(sig)
-                .or_default()
-                .insert(step, Single { rec, operands });
+            out.entry(sig).or_default().insert(step, Single::of(rec));
         }
     }
     out
@@ -69,7 +108,7 @@ pub fn singles<'a>(recs: &[&'a Rec]) -> BTreeMap<Signature, BTreeMap<u64, Single
 /// on the first two consecutive steps that hold the signature.
 pub fn weight_operands(
     store: &Store,
-    singles: &BTreeMap<Signature, BTreeMap<u64, Single<'_>>>,
+    singles: &BTreeMap<Signature, BTreeMap<u64, Single>>,
 ) -> BTreeMap<Signature, usize> {
     let mut out = BTreeMap::new();
     for (sig, steps) in singles {
@@ -83,9 +122,9 @@ pub fn weight_operands(
         };
         let kept: Vec<bool> = (0..2)
             .map(|op| match (u0.operands[op], u1.operands[op]) {
-                (Some(i0), Some(i1)) => {
-                    let a = sampled(store, u0.rec, i0);
-                    let b = sampled(store, u1.rec, i1);
+                (Some(o0), Some(o1)) => {
+                    let a = sampled(store, u0.at, o0);
+                    let b = sampled(store, u1.at, o1);
                     matches!((a, b), (Some(a), Some(b)) if mostly_kept(&a, &b))
                 }
                 _ => false,
@@ -133,17 +172,17 @@ pub fn mostly_kept(a: &[f32], b: &[f32]) -> bool {
     kept as f64 >= CLOSE_FRACTION * a.len() as f64
 }
 
-/// Up to [`SAMPLE`] evenly spaced elements of tensor `tensor` of `rec` (read back from the
-/// store), or `None` when not captured, unreadable or not a float type.
-fn sampled(store: &Store, rec: &Rec, tensor: usize) -> Option<Vec<f32>> {
-    let t = rec.record.tensors.get(tensor)?;
-    if !t.captured || !is_float(t.dtype) {
+/// Up to [`SAMPLE`] evenly spaced elements of operand `op` of the record at (rank, step,
+/// seq) (read back from the store), or `None` when not captured, unreadable or not a float
+/// type.
+fn sampled(store: &Store, (rank, step, seq): (u32, u64, u64), op: Operand) -> Option<Vec<f32>> {
+    if op.crc.is_none() || !is_float(op.dtype) {
         return None;
     }
-    let seg = store.open_segment(rec.record.rank, rec.record.step).ok()?;
-    let view = seg.read_seq(rec.record.seq)?.ok()?;
-    let bytes = view.tensor_bytes(tensor).ok()?;
-    let size = t.dtype.size().max(1);
+    let seg = store.open_segment(rank, step).ok()?;
+    let view = seg.read_seq(seq)?.ok()?;
+    let bytes = view.tensor_bytes(op.index).ok()?;
+    let size = op.dtype.size().max(1);
     let stride = (bytes.len() / size).div_ceil(SAMPLE).max(1);
     let picked: Vec<u8> = bytes
         .chunks_exact(size)
@@ -151,7 +190,7 @@ fn sampled(store: &Store, rec: &Rec, tensor: usize) -> Option<Vec<f32>> {
         .flatten()
         .copied()
         .collect();
-    to_f32(t.dtype, &picked).ok()
+    to_f32(op.dtype, &picked).ok()
 }
 
 #[cfg(test)]

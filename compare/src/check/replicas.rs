@@ -65,26 +65,42 @@ fn minority(values: &[(u32, u32)]) -> Vec<u32> {
         .collect()
 }
 
-/// Runs the replica checks.
+/// Runs the replica checks on the whole trace at once.
 pub fn check(trace: &Trace, manifest: &Manifest, store: &Store) -> Outcome {
-    let mut out = Outcome::default();
-    received_outputs(trace, &mut out);
-    weights(trace, manifest, store, &mut out);
-    out
+    let mut checks = Replicas::default();
+    for (key, recs) in group_calls(trace) {
+        checks.received(key, &recs);
+    }
+    checks.step(trace);
+    checks.finish(trace, manifest, store)
 }
 
-/// Members of an all-reduce, all-gather or broadcast must receive identical bytes.
-fn received_outputs(trace: &Trace, out: &mut Outcome) {
-    for ((comm, n), recs) in group_calls(trace) {
+/// The replica checks, fed step by step: collective calls as they complete
+/// ([`Replicas::received`]), each step's records ([`Replicas::step`]: the weights they use,
+/// not the records, are kept); the weights compared across the groups at the end
+/// ([`Replicas::finish`]).
+#[derive(Debug, Default)]
+pub struct Replicas {
+    /// Calls whose members received different outputs, by call key.
+    received: BTreeMap<(u64, usize), Finding>,
+    /// Weight operands of each rank found by recurrence within a step.
+    per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
+    /// GEMMs of each rank used once in their step, for the weights found by persistence.
+    singles: BTreeMap<u32, BTreeMap<persistent::Signature, BTreeMap<u64, persistent::Single>>>,
+}
+
+impl Replicas {
+    /// Members of an all-reduce, all-gather or broadcast must receive identical bytes.
+    pub fn received(&mut self, (comm, n): (u64, usize), recs: &[&Rec]) {
         let Some(c0) = recs.first().and_then(|r| coll(r)) else {
-            continue;
+            return;
         };
         if !matches!(
             c0.kind,
             CollectiveKind::AllReduce | CollectiveKind::AllGather | CollectiveKind::Broadcast
         ) || recs.len() != c0.comm_size as usize
         {
-            continue;
+            return;
         }
         let crcs: Vec<(u32, u32)> = recs
             .iter()
@@ -95,22 +111,62 @@ fn received_outputs(trace: &Trace, out: &mut Outcome) {
             })
             .collect();
         if crcs.len() != recs.len() {
-            continue;
+            return;
         }
         let bad = minority(&crcs);
         if !bad.is_empty() {
-            out.findings.push(Finding {
-                kind: FindingKind::ReplicaMismatch,
-                step: recs[0].record.step,
-                ranks: bad.clone(),
-                op: format!("{:?} #{n} on comm {comm:#x}", c0.kind),
-                module: recs[0].record.nvtx.last().cloned().unwrap_or_default(),
-                detail: format!(
-                    "members received different outputs: ranks {bad:?} differ from the others of {:?}",
-                    crcs.iter().map(|(r, _)| *r).collect::<Vec<_>>()
-                ),
-            });
+            self.received.insert(
+                (comm, n),
+                Finding {
+                    kind: FindingKind::ReplicaMismatch,
+                    step: recs[0].record.step,
+                    ranks: bad.clone(),
+                    op: format!("{:?} #{n} on comm {comm:#x}", c0.kind),
+                    module: recs[0].record.nvtx.last().cloned().unwrap_or_default(),
+                    detail: format!(
+                        "members received different outputs: ranks {bad:?} differ from the others of {:?}",
+                        crcs.iter().map(|(r, _)| *r).collect::<Vec<_>>()
+                    ),
+                },
+            );
         }
+    }
+
+    /// Keeps the weight operands the records of `trace` use (one step's, or the whole
+    /// trace's), rank by rank, and the GEMMs used once in their step.
+    pub fn step(&mut self, trace: &Trace) {
+        for &rank in &trace.ranks {
+            let recs: Vec<&Rec> = trace.of_rank(rank).collect();
+            if recs.is_empty() {
+                continue;
+            }
+            self.per_rank
+                .entry(rank)
+                .or_default()
+                .extend(rank_weights(&recs));
+            let kept = self.singles.entry(rank).or_default();
+            for (sig, steps) in persistent::singles(&recs) {
+                kept.entry(sig).or_default().extend(steps);
+            }
+        }
+    }
+
+    /// What the checks found: the calls' received outputs in key order, then the weights
+    /// compared across the groups of the comm map.
+    pub fn finish(mut self, trace: &Trace, manifest: &Manifest, store: &Store) -> Outcome {
+        let mut out = Outcome {
+            findings: std::mem::take(&mut self.received).into_values().collect(),
+            ..Outcome::default()
+        };
+        // Every rank of the store has a map (empty without GEMMs), as when found whole.
+        for &rank in &trace.ranks {
+            let found = self.per_rank.entry(rank).or_default();
+            if let Some(singles) = self.singles.get(&rank) {
+                persistent_weights(store, singles, found);
+            }
+        }
+        weights(&self.per_rank, manifest, store, &mut out);
+        out
     }
 }
 
@@ -207,29 +263,29 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
 
 /// Adds the weights found by persistence across steps ([`persistent`]: GEMMs used once per
 /// step, as with one micro-batch) to those found by recurrence within a step.
-fn persistent_weights(store: &Store, recs: &[&Rec], found: &mut BTreeMap<WeightKey, Weight>) {
-    let singles = persistent::singles(recs);
-    for (sig, op) in persistent::weight_operands(store, &singles) {
+fn persistent_weights(
+    store: &Store,
+    singles: &BTreeMap<persistent::Signature, BTreeMap<u64, persistent::Single>>,
+    found: &mut BTreeMap<WeightKey, Weight>,
+) {
+    for (sig, op) in persistent::weight_operands(store, singles) {
         let role: &'static str = if op == 0 { "A" } else { "B" };
         for (&step, single) in singles.get(&sig).into_iter().flatten() {
-            let crc = |i: Option<usize>| {
-                let t = &single.rec.record.tensors[i?];
-                t.captured.then_some(t.crc32)
-            };
-            let (Some(tensor), Some(w_crc)) = (single.operands[op], crc(single.operands[op]))
-            else {
+            let Some(weight) = single.operands[op] else {
                 continue;
             };
-            let act_scale = single
-                .rec
-                .find(if op == 0 { Role::ScaleB } else { Role::ScaleA });
+            let Some(w_crc) = weight.crc else { continue };
+            let activation = single.operands[1 - op].and_then(|a| a.crc);
+            // The activation's scale: B's for a weight A, A's for a weight B.
+            let act_scale = single.scales[1 - op];
+            let (rank, _, seq) = single.at;
             let key = (step, sig.0.clone(), sig.1.clone(), sig.2, role);
             found.entry(key).or_insert_with(|| Weight {
                 crc: w_crc,
-                name: single.rec.name(),
-                at: (single.rec.record.rank, step, single.rec.record.seq, tensor),
-                acts: vec![(crc(single.operands[1 - op]), single.rec.record.seq)],
-                act_scales: vec![crc(act_scale)],
+                name: single.name.clone(),
+                at: (rank, step, seq, weight.index),
+                acts: vec![(activation, seq)],
+                act_scales: vec![act_scale],
             });
         }
     }
@@ -326,16 +382,15 @@ fn diverging_activations(
     out.findings.extend(scale_findings);
 }
 
-/// GEMM weights across the replica groups found in the comm map.
-fn weights(trace: &Trace, manifest: &Manifest, store: &Store, out: &mut Outcome) {
-    let mut per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = BTreeMap::new();
-    for &rank in &trace.ranks {
-        let recs: Vec<&Rec> = trace.of_rank(rank).collect();
-        let mut found = rank_weights(&recs);
-        persistent_weights(store, &recs, &mut found);
-        per_rank.insert(rank, found);
-    }
-    frozen_weights(store, &per_rank, out);
+/// GEMM weights across the replica groups found in the comm map (`per_rank`: each rank's
+/// weight operands).
+fn weights(
+    per_rank: &BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
+    manifest: &Manifest,
+    store: &Store,
+    out: &mut Outcome,
+) {
+    frozen_weights(store, per_rank, out);
     // Candidate replica groups: the communicators whose every member is in the store.
     let groups = crate::model::comms::groups(manifest)
         .into_iter()

@@ -1,10 +1,9 @@
 //! Opening a store for analysis, the one way compare and check do it: the store and its
-//! manifest (a store without one is refused, `ttrace fsck --repair` makes it), and its
-//! segments rank by rank, step by step, each unreadable one said once.
+//! manifest (a store without one is refused, `ttrace fsck --repair` makes it).
 
 use std::path::Path;
 
-use ttrace_format::reader::{Segment, Store};
+use ttrace_format::reader::Store;
 use ttrace_format::store::Manifest;
 use ttrace_format::FormatError;
 
@@ -36,23 +35,6 @@ pub fn open(path: &Path) -> Result<(Store, Manifest), OpenError> {
         .cloned()
         .ok_or_else(|| OpenError::NoManifest(path.display().to_string()))?;
     Ok((store, manifest))
-}
-
-/// Every segment of `store`, rank by rank and step by step, opened; a segment that cannot
-/// be opened comes as the line that says so (`rank R step S: error`), for the caller to keep
-/// with its other unreadable parts, in order.
-pub fn segments(store: &Store) -> impl Iterator<Item = Result<(u32, u64, Segment), String>> + '_ {
-    let keys: Vec<(u32, u64)> = store
-        .ranks()
-        .into_iter()
-        .flat_map(|rank| store.steps(rank).into_iter().map(move |step| (rank, step)))
-        .collect();
-    keys.into_iter().map(move |(rank, step)| {
-        store
-            .open_segment(rank, step)
-            .map(|seg| (rank, step, seg))
-            .map_err(|e| format!("rank {rank} step {step}: {e}"))
-    })
 }
 
 #[cfg(test)]

@@ -855,6 +855,67 @@ mod tests {
     }
 
     #[test]
+    fn a_call_is_handed_back_once_every_member_in_the_store_made_it() {
+        // Ranks 0 and 1 in the comm map and the store: a call completes with its second
+        // member; the calls ranks make in turn are numbered per rank.
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+        let mut groups = CallGroups::new(&manifest, &[0, 1]);
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        let (key, recs) = groups
+            .add(all_reduce(1, &[1.0], &[2.0]))
+            .expect("call 0 has both members");
+        assert_eq!(key, (COMM, 0));
+        assert_eq!(recs.len(), 2);
+        // Call 1 waits for rank 1; a send is no call.
+        let send = rec(
+            0,
+            CollectiveKind::Send,
+            Some(1),
+            &[(Role::Input, f32s(&[1.0]))],
+        );
+        assert!(groups.add(send).is_none());
+        let left = groups.finish();
+        assert_eq!(left.len(), 1);
+        assert_eq!((left[0].0, left[0].1.len()), ((COMM, 1), 1));
+        // Rank 1 not in the store: rank 0 alone completes each call.
+        let mut alone = CallGroups::new(&manifest, &[0]);
+        assert!(alone.add(all_reduce(0, &[1.0], &[1.0])).is_some());
+    }
+
+    #[test]
+    fn transfers_are_checked_as_their_ends_come_with_the_same_findings() {
+        // Two sends of the same bytes in a step (the second stale), then their recvs, the
+        // second received wrong: the same findings fed whole or record by record.
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+        let trace = Trace {
+            ranks: vec![0, 1],
+            ..Trace::default()
+        };
+        let send = |v: &[f32]| rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]);
+        let recv = |v: &[f32]| rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))]);
+        let records = vec![
+            send(&[1.0, 2.0]),
+            send(&[1.0, 2.0]),
+            recv(&[1.0, 2.0]),
+            recv(&[1.0, 3.0]),
+        ];
+        let mut checks = Collectives::default();
+        for r in records.clone() {
+            checks.transfer(&trace, &manifest, r);
+        }
+        let fed = checks.finish(&trace, &manifest, Vec::new());
+        let whole = run(records);
+        let details =
+            |o: &Outcome| -> Vec<String> { o.findings.iter().map(|f| f.detail.clone()).collect() };
+        assert_eq!(details(&fed), details(&whole));
+        assert_eq!(fed.checked, 2);
+        assert_eq!(fed.findings.len(), 2, "{:?}", details(&fed));
+        assert!(fed.findings[0].detail.contains("stale buffer"));
+        assert!(fed.findings[1].detail.contains("differ from the sent ones"));
+    }
+
+    #[test]
     fn all_reduces_that_reduce_pass_and_others_are_named() {
         let ok = run(vec![
             all_reduce(0, &[1.0, 2.0], &[4.0, 2.5]),

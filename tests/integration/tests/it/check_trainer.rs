@@ -389,3 +389,42 @@ fn a_trace_read_for_checking_holds_no_collective_bytes_and_reads_them_again_per_
         trace.late_unreadable()
     );
 }
+
+/// The checks read a store a step at a time: each step's records (every rank's, rank by rank,
+/// each in call order) are handed over together and dropped after, so that `ttrace check`
+/// holds one step's records, not the trace's; together they are the records read whole.
+#[test]
+fn a_store_is_read_for_checking_one_step_at_a_time() {
+    let dir = TempDir::new("check-stream");
+    let store = trace(&dir, 2, &["--tp", "2"]);
+    let store = std::sync::Arc::new(ttrace_format::reader::Store::open(&store).expect("store"));
+    let mut steps = Vec::new();
+    let mut streamed = Vec::new();
+    let rest = ttrace_compare::check::load::stream(&store, &mut |_, _| {}, &mut |t| {
+        let step: std::collections::BTreeSet<u64> =
+            t.records.iter().map(|r| r.record.step).collect();
+        assert_eq!(step.len(), 1, "one step at a time: {step:?}");
+        steps.extend(step);
+        let ranks: Vec<u32> = t.records.iter().map(|r| r.record.rank).collect();
+        assert!(ranks.windows(2).all(|w| w[0] <= w[1]), "rank by rank");
+        assert_eq!(ranks.first(), Some(&0));
+        assert_eq!(ranks.last(), Some(&1), "every rank's records of the step");
+        streamed.extend(
+            t.records
+                .iter()
+                .map(|r| (r.record.rank, r.record.step, r.record.seq)),
+        );
+    })
+    .expect("streams");
+    assert_eq!(steps, vec![0, 1], "steps in order");
+    assert!(rest.records.is_empty(), "no record outlives its step");
+    let whole = ttrace_compare::check::load::load(&store, &mut |_, _| {}).expect("loads");
+    let mut whole: Vec<_> = whole
+        .records
+        .iter()
+        .map(|r| (r.record.rank, r.record.step, r.record.seq))
+        .collect();
+    streamed.sort_unstable();
+    whole.sort_unstable();
+    assert_eq!(streamed, whole);
+}

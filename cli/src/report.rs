@@ -58,9 +58,9 @@ pub fn main(args: ReportArgs) -> anyhow::Result<i32> {
 fn merge(args: MergeArgs) -> anyhow::Result<i32> {
     let mut parts = Vec::with_capacity(args.parts.len());
     for path in &args.parts {
-        let part = partition::read(path)
+        let part = partition::open(path)
             .map_err(|e| anyhow::anyhow!(text::escape_controls(&e.to_string())))?;
-        parts.push((path.display().to_string(), part));
+        parts.push(part);
     }
     let report = partition::merge(parts)
         .map_err(|e| anyhow::anyhow!(text::escape_controls(&ttrace_compare::error_line(&e))))?;

@@ -269,7 +269,7 @@ pub(crate) fn merged(
     reff_path: &Path,
     run_path: &Path,
     opts: &CompareOptions,
-    parts: Vec<crate::partition::PartialReport>,
+    parts: impl IntoIterator<Item = Result<crate::partition::PartialReport, CompareError>>,
 ) -> Result<CompareReport, CompareError> {
     let started = Instant::now();
     let p = prepare(reff_path, run_path, opts)?;
@@ -286,6 +286,7 @@ pub(crate) fn merged(
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
     for part in parts {
+        let part = part?;
         bytes += part.report.stats.bytes_compared;
         elapsed += part.report.stats.elapsed_s;
         found.eps = part.report.epsilon;

@@ -308,41 +308,101 @@ fn problem(file: &str, problem: impl Into<String>) -> MergeError {
 /// Reads a partial report, refusing a whole-run report and another version's partial.
 pub fn read(path: &Path) -> Result<PartialReport, MergeError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| problem(&file, e.to_string()))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
+    let reader = || {
+        std::fs::File::open(path)
+            .map(std::io::BufReader::new)
+            .map_err(|e| problem(&file, e.to_string()))
+    };
+    // What says whose report it is, read first (the rest skipped, nothing of it held): a
+    // whole-run report or another version's is refused as such, not as a parse error.
+    #[derive(Deserialize)]
+    struct Probe {
+        partition: Option<ProbePartition>,
+    }
+    #[derive(Deserialize)]
+    struct ProbePartition {
+        schema: Option<u64>,
+        version: Option<String>,
+    }
+    let probe: Probe = serde_json::from_reader(reader()?)
         .map_err(|e| problem(&file, format!("not a JSON report ({e})")))?;
-    let Some(part) = value.get("partition") else {
+    let Some(part) = probe.partition else {
         return Err(problem(
             &file,
             "a whole-run report, not a partition's (written without --partition I/N)",
         ));
     };
-    let schema = part.get("schema").and_then(|v| v.as_u64());
-    let version = part.get("version").and_then(|v| v.as_str()).unwrap_or("?");
-    if schema != Some(u64::from(SCHEMA)) || version != VERSION {
+    let version = part.version.as_deref().unwrap_or("?");
+    if part.schema != Some(u64::from(SCHEMA)) || version != VERSION {
         return Err(problem(
             &file,
             format!(
                 "written by ttrace {version} (partial schema {}); this is ttrace {VERSION} \
                  (schema {SCHEMA}): run every partition and the merge with one version",
-                schema.map_or("?".to_string(), |s| s.to_string())
+                part.schema.map_or("?".to_string(), |s| s.to_string())
             ),
         ));
     }
-    serde_json::from_value(value)
+    serde_json::from_reader(reader()?)
         .map_err(|e| problem(&file, format!("not a partial compare report ({e})")))
 }
 
-/// Checks that `parts` (file name, report) are the partitions of one comparison covering
-/// every step once, then joins them into the whole run's report.
-pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, MergeError> {
-    let Some((first_file, first)) = parts.first() else {
+/// A partial report opened for merging ([`open`]): all it says of its comparison but its
+/// comparisons (the report's `tensors` and the partial's `pending` are left empty), which
+/// the merge reads again from the file when it comes to this partition: a merge holds one
+/// partition's comparisons at a time, not every partition's.
+pub struct PartialFile {
+    /// The file, as named.
+    pub file: String,
+    path: std::path::PathBuf,
+    /// The report, without its comparisons.
+    pub head: PartialReport,
+    /// Its comparisons and pending entries (one per comparison in an intact report).
+    counts: (usize, usize),
+}
+
+/// Opens a partial report for merging ([`read`], its comparisons then dropped).
+pub fn open(path: &Path) -> Result<PartialFile, MergeError> {
+    let mut head = read(path)?;
+    let counts = (head.report.tensors.len(), head.partition.pending.len());
+    head.report.tensors = crate::report::TensorList::default();
+    head.partition.pending = Vec::new();
+    Ok(PartialFile {
+        file: path.display().to_string(),
+        path: path.to_path_buf(),
+        head,
+        counts,
+    })
+}
+
+impl PartialFile {
+    /// The whole partial report, read again: refused when the file changed since it was
+    /// opened (another partition, or another number of comparisons).
+    fn read_whole(&self) -> Result<PartialReport, MergeError> {
+        let whole = read(&self.path)?;
+        let counts = (whole.report.tensors.len(), whole.partition.pending.len());
+        if counts != self.counts || whole.partition.covered != self.head.partition.covered {
+            return Err(problem(
+                &self.file,
+                "changed while the partial reports were merged",
+            ));
+        }
+        Ok(whole)
+    }
+}
+
+/// Checks that `parts` (opened by [`open`]) are the partitions of one comparison covering
+/// every step once, then joins them into the whole run's report, reading each partition's
+/// comparisons in turn.
+pub fn merge(mut parts: Vec<PartialFile>) -> Result<CompareReport, MergeError> {
+    let Some(first) = parts.first() else {
         return Err(MergeError::Missing("no partial report to merge".into()));
     };
-    for (file, p) in &parts[1..] {
-        same_comparison(file, p, first_file, first)?;
+    for p in &parts[1..] {
+        same_comparison(&p.file, &p.head, &first.file, &first.head)?;
     }
-    // What the merge needs of the first (small; the comparisons are moved, not copied).
+    // What the merge needs of the first.
+    let first = &first.head;
     let head = Head {
         count: first.partition.count,
         units: first.partition.units.clone(),
@@ -354,7 +414,7 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
         ),
     };
     each_step_once(&parts, &head)?;
-    parts.sort_by_key(|(_, p)| p.partition.index);
+    parts.sort_by_key(|p| p.head.partition.index);
     let opts = head.options.compare_options();
     let (summaries, all_steps) = (
         head.summaries,
@@ -362,12 +422,12 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
     );
     let reference = Path::new(&head.options.reference).to_path_buf();
     let run = Path::new(&head.options.run).to_path_buf();
-    let mut report = crate::engine::merged(
-        &reference,
-        &run,
-        &opts,
-        parts.into_iter().map(|(_, p)| p).collect(),
-    )?;
+    // Each partition's comparisons read when the merge comes to it, and dropped after.
+    let whole = parts.iter().map(|p| {
+        p.read_whole()
+            .map_err(|e| CompareError::Invalid(e.to_string()))
+    });
+    let mut report = crate::engine::merged(&reference, &run, &opts, whole)?;
     if report.steps != all_steps || report.run.run_id != summaries.1.run_id {
         return Err(MergeError::Missing(format!(
             "the stores changed since the partitions ran: {} now holds {} where the \
@@ -384,12 +444,12 @@ pub fn merge(mut parts: Vec<(String, PartialReport)>) -> Result<CompareReport, M
 
 /// Every step of the split is covered once: by its owner, and by the steps each file says
 /// it compared; no partition is given twice and none is missing.
-fn each_step_once(parts: &[(String, PartialReport)], head: &Head) -> Result<(), MergeError> {
+fn each_step_once(parts: &[PartialFile], head: &Head) -> Result<(), MergeError> {
     // Each step once: by its owner, and by the steps each file says it compared.
     let mut by_step: BTreeMap<u64, &str> = BTreeMap::new();
     let mut by_index: BTreeMap<u32, &str> = BTreeMap::new();
-    for (file, p) in parts {
-        let q = &p.partition;
+    for p in parts {
+        let (file, q) = (&p.file, &p.head.partition);
         if let Some(other) = by_index.insert(q.index, file) {
             return Err(problem(
                 file,
@@ -402,7 +462,7 @@ fn each_step_once(parts: &[(String, PartialReport)], head: &Head) -> Result<(), 
             .filter(|u| u.partition == q.index)
             .map(|u| u.step)
             .collect();
-        if owned != q.covered || q.pending.len() != p.report.tensors.len() {
+        if owned != q.covered || p.counts.0 != p.counts.1 {
             return Err(problem(
                 file,
                 format!(

@@ -402,7 +402,27 @@ fn merges_of_partials_that_do_not_make_one_run_exit_2_naming_the_file() {
     );
     assert!(!merged.exists(), "a refused merge writes nothing");
     // The pair itself merges.
-    assert_eq!(code(&merge(&[a2, a1], &merged)), 0);
+    assert_eq!(code(&merge(&[a2.clone(), a1.clone()], &merged)), 0);
+
+    // A merge holds one partition's comparisons at a time: each is read again when the merge
+    // comes to it, and a partial that changed since it was opened is refused, naming it.
+    let a2_copy = dir.0.join("a2.json");
+    std::fs::copy(&a2, &a2_copy).expect("copy");
+    let opened = [&a1, &a2_copy].map(|p| ttrace_compare::partition::open(p).expect("opens"));
+    let mut shorter = read_json(&a2_copy);
+    for path in [&["tensors"][..], &["partition", "pending"][..]] {
+        let list = path.iter().fold(&mut shorter, |v, k| &mut v[*k]);
+        list.as_array_mut().expect("a list").pop();
+    }
+    std::fs::write(&a2_copy, shorter.to_string()).expect("write");
+    let Err(e) = ttrace_compare::partition::merge(opened.into()) else {
+        panic!("a partial that changed since it was opened is merged");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(&s(&a2_copy)) && e.contains("changed while"),
+        "{e}"
+    );
 
     // A partition needs somewhere to write its partial report, and a valid I/N.
     let s = stores();

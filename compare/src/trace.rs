@@ -1,5 +1,6 @@
-//! A store opened for comparison: every record's metadata in memory, tensors decoded to `f32`
-//! on demand (FP8 operands multiplied by their captured scales), bytes read counted.
+//! A store opened for comparison: its records' metadata, within a budget (read again when
+//! dropped, [`crate::records`]), tensors decoded to `f32` on demand (FP8 operands multiplied
+//! by their captured scales), bytes read counted.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};

@@ -77,38 +77,67 @@ fn check_reduction(
 ) -> Option<(usize, f64, f64, f64)> {
     let n = inputs.len();
     let extra = usize::from(factors.is_some());
-    for e in 0..len {
-        let xs = inputs.iter().enumerate().map(|(i, t)| {
+    // A block of elements at a time, widened to f64 once per tensor (the type matched once
+    // per block, not per element) into buffers reused across blocks: the same values as
+    // `get_f64`, in the same order, for a bounded cost in memory.
+    let mut xs_block: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut got_block: Vec<f64> = Vec::new();
+    for start in (0..len).step_by(REDUCTION_BLOCK) {
+        let block = REDUCTION_BLOCK.min(len - start);
+        for (i, (t, xs)) in inputs.iter().zip(&mut xs_block).enumerate() {
             let f = factors.and_then(|f| f.get(i).copied()).unwrap_or(1.0);
-            f * t.get_f64(in_off + e).unwrap_or(f64::NAN)
-        });
-        let got = out.get_f64(out_off + e).unwrap_or(f64::NAN);
-        let abs_sum: f64 = xs.clone().map(f64::abs).sum();
-        let (want, bound) = match op {
-            Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1 + extra, abs_sum)),
-            Red::Avg => (
-                xs.sum::<f64>() / n as f64,
-                reduction_bound(dtype, n + 1, abs_sum) / n as f64,
-            ),
-            Red::Prod => {
-                let p: f64 = xs.product();
-                (p, reduction_bound(dtype, n - 1, p.abs()))
+            f64_range(t, in_off + start, block, xs);
+            xs.iter_mut().for_each(|x| *x *= f);
+        }
+        f64_range(out, out_off + start, block, &mut got_block);
+        for (k, &got) in got_block.iter().enumerate() {
+            let xs = xs_block.iter().map(|v| v[k]);
+            let abs_sum: f64 = xs.clone().map(f64::abs).sum();
+            let (want, bound) = match op {
+                Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1 + extra, abs_sum)),
+                Red::Avg => (
+                    xs.sum::<f64>() / n as f64,
+                    reduction_bound(dtype, n + 1, abs_sum) / n as f64,
+                ),
+                Red::Prod => {
+                    let p: f64 = xs.product();
+                    (p, reduction_bound(dtype, n - 1, p.abs()))
+                }
+                Red::Max => (xs.fold(f64::NEG_INFINITY, f64::max), 0.0),
+                Red::Min => (xs.fold(f64::INFINITY, f64::min), 0.0),
+            };
+            let ok = if want.is_nan() || abs_sum.is_nan() {
+                got.is_nan()
+            } else if want.is_infinite() {
+                got == want
+            } else {
+                got.is_finite() && (got - want).abs() <= bound
+            };
+            if !ok {
+                return Some((start + k, got, want, bound));
             }
-            Red::Max => (xs.fold(f64::NEG_INFINITY, f64::max), 0.0),
-            Red::Min => (xs.fold(f64::INFINITY, f64::min), 0.0),
-        };
-        let ok = if want.is_nan() || abs_sum.is_nan() {
-            got.is_nan()
-        } else if want.is_infinite() {
-            got == want
-        } else {
-            got.is_finite() && (got - want).abs() <= bound
-        };
-        if !ok {
-            return Some((e, got, want, bound));
         }
     }
     None
+}
+
+/// Elements checked per block by [`check_reduction`].
+const REDUCTION_BLOCK: usize = 4096;
+
+/// Elements `off..off + len` of `t` as f64, into `out` (cleared first): as
+/// [`TensorData::get_f64`] reads them, NaN past the end.
+fn f64_range(t: &TensorData, off: usize, len: usize, out: &mut Vec<f64>) {
+    fn widen<T: Copy>(v: &[T], off: usize, len: usize, out: &mut Vec<f64>, f: impl Fn(T) -> f64) {
+        out.extend((off..off + len).map(|i| v.get(i).map_or(f64::NAN, |&x| f(x))));
+    }
+    out.clear();
+    match t {
+        TensorData::F32(v) => widen(v, off, len, out, f64::from),
+        TensorData::BF16(v) => widen(v, off, len, out, |x| x.to_f64()),
+        TensorData::F16(v) => widen(v, off, len, out, |x| x.to_f64()),
+        TensorData::F64(v) => widen(v, off, len, out, |x| x),
+        _ => out.extend((off..off + len).map(|i| t.get_f64(i).unwrap_or(f64::NAN))),
+    }
 }
 
 /// The collective parameters of a record.

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use ttrace_format::reader::RecordView;
 use ttrace_format::record::{Op, Role};
+use ttrace_format::tensor::TensorData;
 use ttrace_format::FormatError;
 
 use crate::check::report::{Finding, FindingKind};
@@ -84,16 +85,33 @@ fn first_bad(view: &RecordView<'_>, i: usize) -> Result<Option<(u64, f64, u64)>,
         return Ok(None);
     }
     let data = view.tensor(i)?;
-    let mut first = None;
-    let mut count = 0u64;
-    for e in 0..data.len() {
-        let v = data.get_f64(e).unwrap_or(0.0);
-        if !v.is_finite() {
-            count += 1;
-            first.get_or_insert((e as u64, v));
+    // The usual float types by their bits (exponent all ones: infinite or NaN, as widening
+    // to f64 keeps them): nothing else is looked at in a tensor that has none.
+    let (count, first) = match &data {
+        TensorData::BF16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7f80),
+        TensorData::F16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7c00),
+        TensorData::F32(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7f80_0000),
+        TensorData::F64(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7ff0_0000_0000_0000),
+        _ => {
+            let bad = |e: usize| !data.get_f64(e).unwrap_or(0.0).is_finite();
+            let count = (0..data.len()).filter(|&e| bad(e)).count();
+            (count, (0..data.len()).find(|&e| bad(e)))
         }
-    }
-    Ok(first.map(|(e, v)| (e, v, count)))
+    };
+    Ok(first.map(|e| (e as u64, data.get_f64(e).unwrap_or(0.0), count as u64)))
+}
+
+/// How many of the elements `bits` have every bit of `exponent` set (infinite or NaN), and
+/// the first: counted in one pass the compiler vectorizes, looked for only when there is one.
+fn non_finite_bits<T>(bits: impl Iterator<Item = T> + Clone, exponent: T) -> (usize, Option<usize>)
+where
+    T: Copy + PartialEq + std::ops::BitAnd<Output = T>,
+{
+    let count = bits.clone().filter(|&b| b & exponent == exponent).count();
+    let first = (count > 0)
+        .then(|| bits.clone().position(|b| b & exponent == exponent))
+        .flatten();
+    (count, first)
 }
 
 /// The non-finite value of one record, inputs first (`None`: all finite). Copies are bytes
@@ -129,4 +147,55 @@ pub fn scan(view: &RecordView<'_>) -> Result<Option<NonFinite>, FormatError> {
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exponent_test_is_widening_to_f64_for_every_half_precision_value() {
+        // Every BF16 and F16 bit pattern: non-finite by its bits exactly when its f64 is.
+        for b in 0..=u16::MAX {
+            let bf = half::bf16::from_bits(b);
+            assert_eq!(
+                b & 0x7f80 == 0x7f80,
+                !bf.to_f64().is_finite(),
+                "bf16 {b:#06x}"
+            );
+            let f = half::f16::from_bits(b);
+            assert_eq!(
+                b & 0x7c00 == 0x7c00,
+                !f.to_f64().is_finite(),
+                "f16 {b:#06x}"
+            );
+        }
+        for v in [
+            0.0f32,
+            -1.5,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::INFINITY,
+            f32::NAN,
+        ] {
+            let b = v.to_bits();
+            assert_eq!(b & 0x7f80_0000 == 0x7f80_0000, !v.is_finite(), "{v}");
+        }
+    }
+
+    #[test]
+    fn the_count_and_the_first_non_finite_element_are_found() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let some = bits(&[1.0, 2.0, f32::INFINITY, 0.0, f32::NAN, -3.0]);
+        assert_eq!(
+            non_finite_bits(some.iter().copied(), 0x7f80_0000),
+            (2, Some(2))
+        );
+        let none = bits(&[1.0, -0.0, f32::MAX]);
+        assert_eq!(
+            non_finite_bits(none.iter().copied(), 0x7f80_0000),
+            (0, None)
+        );
+    }
 }

@@ -342,14 +342,45 @@ pub const RECOMPUTE_MARGIN: f64 = 4.0;
 /// each at most `abs_sum` in magnitude: `gamma_k * abs_sum + k * smallest`, with
 /// `gamma_k = k u / (1 - k u)` (Higham's bound for recursive summation in any order).
 pub fn reduction_bound(dtype: DType, k: usize, abs_sum: f64) -> f64 {
-    let Some((u, tiny)) = dtypes::roundoff(dtype) else {
-        return 0.0;
-    };
-    let ku = k as f64 * u;
-    if ku >= 1.0 {
-        return f64::INFINITY;
+    ReductionBound::new(dtype, k).at(abs_sum)
+}
+
+/// [`reduction_bound`] of one type and number of roundings, its constants worked out once for
+/// the many elements of a reduction checked against it.
+#[derive(Debug, Clone, Copy)]
+pub enum ReductionBound {
+    /// Exact (an integer type): no difference allowed.
+    Exact,
+    /// So many roundings the bound is unbounded.
+    Unbounded,
+    /// `gamma_k` and `k * smallest`.
+    Scaled { gamma: f64, floor: f64 },
+}
+
+impl ReductionBound {
+    /// The bound of `k` roundings in `dtype`.
+    pub fn new(dtype: DType, k: usize) -> ReductionBound {
+        let Some((u, tiny)) = dtypes::roundoff(dtype) else {
+            return ReductionBound::Exact;
+        };
+        let ku = k as f64 * u;
+        if ku >= 1.0 {
+            return ReductionBound::Unbounded;
+        }
+        ReductionBound::Scaled {
+            gamma: ku / (1.0 - ku),
+            floor: k as f64 * tiny,
+        }
     }
-    ku / (1.0 - ku) * abs_sum + k as f64 * tiny
+
+    /// The bound given `abs_sum`: the same number [`reduction_bound`] gives.
+    pub fn at(self, abs_sum: f64) -> f64 {
+        match self {
+            ReductionBound::Exact => 0.0,
+            ReductionBound::Unbounded => f64::INFINITY,
+            ReductionBound::Scaled { gamma, floor } => gamma * abs_sum + floor,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use ttrace_format::tensor::TensorData;
 use crate::check::load::{Rec, Trace};
 use crate::check::report::{Finding, FindingKind};
 pub use crate::tolerance::reduction_bound;
+use crate::tolerance::ReductionBound;
 
 /// What the collective checks found.
 #[derive(Debug, Default)]
@@ -80,6 +81,11 @@ fn check_reduction(
     // A block of elements at a time, widened to f64 once per tensor (the type matched once
     // per block, not per element) into buffers reused across blocks: the same values as
     // `get_f64`, in the same order, for a bounded cost in memory.
+    let (sum_bound, avg_bound, prod_bound) = (
+        ReductionBound::new(dtype, n.saturating_sub(1) + extra),
+        ReductionBound::new(dtype, n + 1),
+        ReductionBound::new(dtype, n.saturating_sub(1)),
+    );
     let mut xs_block: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut got_block: Vec<f64> = Vec::new();
     for start in (0..len).step_by(REDUCTION_BLOCK) {
@@ -94,14 +100,11 @@ fn check_reduction(
             let xs = xs_block.iter().map(|v| v[k]);
             let abs_sum: f64 = xs.clone().map(f64::abs).sum();
             let (want, bound) = match op {
-                Red::Sum => (xs.sum(), reduction_bound(dtype, n - 1 + extra, abs_sum)),
-                Red::Avg => (
-                    xs.sum::<f64>() / n as f64,
-                    reduction_bound(dtype, n + 1, abs_sum) / n as f64,
-                ),
+                Red::Sum => (xs.sum(), sum_bound.at(abs_sum)),
+                Red::Avg => (xs.sum::<f64>() / n as f64, avg_bound.at(abs_sum) / n as f64),
                 Red::Prod => {
                     let p: f64 = xs.product();
-                    (p, reduction_bound(dtype, n - 1, p.abs()))
+                    (p, prod_bound.at(p.abs()))
                 }
                 Red::Max => (xs.fold(f64::NEG_INFINITY, f64::max), 0.0),
                 Red::Min => (xs.fold(f64::INFINITY, f64::min), 0.0),

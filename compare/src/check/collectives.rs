@@ -302,13 +302,16 @@ struct Path {
 
 impl Collectives {
     /// Checks one call (its members' records, by communicator rank).
-    pub fn call(&mut self, trace: &Trace, manifest: &Manifest, (key, recs): &Call) {
-        let recs: Vec<&Rec> = recs.iter().collect();
-        let mut out = Outcome::default();
-        check_call(trace, manifest, key.0, key.1, &recs, &mut out);
+    pub fn call(&mut self, trace: &Trace, manifest: &Manifest, call: &Call) {
+        self.add_call(call.0, call_outcome(trace, manifest, call));
+    }
+
+    /// Adds what checking call `key` found ([`call_outcome`], which calls may run side by
+    /// side).
+    pub fn add_call(&mut self, key: (u64, usize), out: Outcome) {
         self.checked += out.checked;
         if !out.findings.is_empty() {
-            self.calls.entry(*key).or_default().extend(out.findings);
+            self.calls.entry(key).or_default().extend(out.findings);
         }
     }
 
@@ -413,6 +416,40 @@ impl Path {
         }
         checked
     }
+}
+
+/// `calls` cut, in order, into runs whose members' captured tensors hold at most `most`
+/// bytes (a call larger than that alone).
+pub fn batches(calls: &[Call], most: u64) -> Vec<&[Call]> {
+    let bytes = |c: &Call| -> u64 {
+        c.1.iter()
+            .flat_map(|r| &r.record.tensors)
+            .filter(|t| t.captured)
+            .map(|t| t.nbytes)
+            .sum()
+    };
+    let mut out = Vec::new();
+    let (mut start, mut held) = (0, 0u64);
+    for (i, c) in calls.iter().enumerate() {
+        let b = bytes(c);
+        if i > start && held + b > most {
+            out.push(&calls[start..i]);
+            (start, held) = (i, 0);
+        }
+        held += b;
+    }
+    if start < calls.len() {
+        out.push(&calls[start..]);
+    }
+    out
+}
+
+/// What checking one call (its members' records, by communicator rank) finds.
+pub fn call_outcome(trace: &Trace, manifest: &Manifest, (key, recs): &Call) -> Outcome {
+    let recs: Vec<&Rec> = recs.iter().collect();
+    let mut out = Outcome::default();
+    check_call(trace, manifest, key.0, key.1, &recs, &mut out);
+    out
 }
 
 /// Whether both ends of a send/recv path are ranks of the store.
@@ -913,6 +950,35 @@ mod tests {
         // Rank 1 not in the store: rank 0 alone completes each call.
         let mut alone = CallGroups::new(&manifest, &[0]);
         assert!(alone.add(all_reduce(0, &[1.0], &[1.0])).is_some());
+    }
+
+    #[test]
+    fn calls_are_cut_into_batches_of_at_most_so_many_bytes() {
+        // Each call: two members of 8 bytes in and 8 out: 32 bytes.
+        let call = |n: usize| {
+            (
+                (COMM, n),
+                vec![
+                    all_reduce(0, &[1.0, 2.0], &[2.0, 4.0]),
+                    all_reduce(1, &[1.0, 2.0], &[2.0, 4.0]),
+                ],
+            )
+        };
+        let calls: Vec<Call> = (0..5).map(call).collect();
+        let sizes = |most| {
+            batches(&calls, most)
+                .iter()
+                .map(|b| b.len())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(64), vec![2, 2, 1]);
+        assert_eq!(sizes(1 << 20), vec![5]);
+        assert_eq!(
+            sizes(1),
+            vec![1, 1, 1, 1, 1],
+            "a call larger than the bound goes alone"
+        );
+        assert!(batches(&[], 64).is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use rayon::prelude::*;
 use ttrace_format::reader::{RecordView, Segment, Store};
 use ttrace_format::record::{Op, Record, Role};
 use ttrace_format::FormatError;
@@ -189,46 +190,26 @@ pub fn stream(
     let mut firsts: BTreeMap<u32, NonFinite> = BTreeMap::new();
     let mut done = 0u64;
     for step in steps {
-        for rank in trace.ranks.clone() {
-            if !store.steps(rank).contains(&step) {
-                continue;
+        let ranks: Vec<u32> = trace
+            .ranks
+            .iter()
+            .copied()
+            .filter(|&rank| store.steps(rank).contains(&step))
+            .collect();
+        // Every rank's segment of the step read at once, on every core; joined in rank order.
+        let read: Vec<RankStep> = ranks
+            .par_iter()
+            .map(|&rank| read_rank_step(store, rank, step, !firsts.contains_key(&rank)))
+            .collect();
+        for (&rank, r) in ranks.iter().zip(read) {
+            done += r.read;
+            unreadable.insert((rank, step), r.unreadable);
+            if let Some(nf) = r.first_nonfinite {
+                firsts.entry(rank).or_insert(nf);
             }
-            let lines = unreadable.entry((rank, step)).or_default();
-            let mut seg = match store.open_segment(rank, step) {
-                Ok(seg) => seg,
-                Err(e) => {
-                    lines.push(format!("rank {rank} step {step}: {e}"));
-                    continue;
-                }
-            };
-            // Read through once, in order: large frames leave the mapping as they are read,
-            // so that a segment larger than memory is not mapped (resident) whole.
-            seg.set_releasing(true);
-            for view in seg.records() {
-                done += 1;
-                if done.is_multiple_of(256) {
-                    progress(done, total.max(done));
-                }
-                let view = match view {
-                    Ok(v) => v,
-                    Err(issue) => {
-                        lines.push(issue.to_string());
-                        continue;
-                    }
-                };
-                if let std::collections::btree_map::Entry::Vacant(slot) = firsts.entry(rank) {
-                    match nonfinite::scan(&view) {
-                        Ok(Some(nf)) => {
-                            slot.insert(nf);
-                        }
-                        Ok(None) => {}
-                        Err(e) => lines.push(e.to_string()),
-                    }
-                }
-                trace.records.push(keep(&view, lines));
-                view.release();
-            }
+            trace.records.extend(r.records);
         }
+        progress(done, total.max(done));
         each_step(&mut trace);
         trace.records = Vec::new();
     }
@@ -241,6 +222,61 @@ pub fn stream(
         .into_values()
         .min_by_key(|n| (n.step, n.via_collective(), n.t_call_ns, n.rank));
     Ok(trace)
+}
+
+/// One rank's segment of one step, read ([`read_rank_step`]).
+struct RankStep {
+    records: Vec<Rec>,
+    /// What could not be read, in order.
+    unreadable: Vec<String>,
+    /// The first non-finite value of its records, when looked for.
+    first_nonfinite: Option<NonFinite>,
+    /// Records read (readable or not).
+    read: u64,
+}
+
+/// Reads the segment of (`rank`, `step`): its records, what could not be read, and, when
+/// `scan` (the rank has none yet), the first non-finite value.
+fn read_rank_step(store: &Store, rank: u32, step: u64, mut scan: bool) -> RankStep {
+    let mut out = RankStep {
+        records: Vec::new(),
+        unreadable: Vec::new(),
+        first_nonfinite: None,
+        read: 0,
+    };
+    let mut seg = match store.open_segment(rank, step) {
+        Ok(seg) => seg,
+        Err(e) => {
+            out.unreadable.push(format!("rank {rank} step {step}: {e}"));
+            return out;
+        }
+    };
+    // Read through once, in order: large frames leave the mapping as they are read, so that
+    // a segment larger than memory is not mapped (resident) whole.
+    seg.set_releasing(true);
+    for view in seg.records() {
+        out.read += 1;
+        let view = match view {
+            Ok(v) => v,
+            Err(issue) => {
+                out.unreadable.push(issue.to_string());
+                continue;
+            }
+        };
+        if scan {
+            match nonfinite::scan(&view) {
+                Ok(Some(nf)) => {
+                    out.first_nonfinite = Some(nf);
+                    scan = false;
+                }
+                Ok(None) => {}
+                Err(e) => out.unreadable.push(e.to_string()),
+            }
+        }
+        out.records.push(keep(&view, &mut out.unreadable));
+        view.release();
+    }
+    out
 }
 
 /// The record and where its frame is; a collective's tensors are decoded (checked against

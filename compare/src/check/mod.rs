@@ -36,6 +36,8 @@ pub mod report;
 
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use ttrace_format::FormatError;
 
 use crate::model::store::OpenError;
@@ -67,6 +69,11 @@ impl From<OpenError> for CheckError {
 /// segments of a quarter of a million records.
 const LOCATED_BYTES: u64 = 8 << 20;
 
+/// The most bytes of collective tensors read for calls checked side by side: a gradient
+/// bucket's all-reduce reads every member's input and output, so calls are not all checked at
+/// once on a machine of many cores.
+const CALL_BYTES: u64 = 512 << 20;
+
 /// Runs every check on the store at `run` (opened through [`crate::model`], the analysis
 /// model compare shares), a step at a time ([`load::stream`]): memory holds one step's
 /// records, the calls and transfers still waiting for a member, and each rank's weight
@@ -97,17 +104,26 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
                 .map(|r| r.record.op.clone()),
         );
         // The collectives are kept until their call or transfer is checked; the rest go.
+        let mut complete = Vec::new();
         for r in std::mem::take(&mut step.records) {
             match collectives::is_transfer(&r) {
                 Some(true) => coll.transfer(step, &manifest, r),
-                Some(false) => {
-                    if let Some(call) = calls.add(r) {
-                        coll.call(step, &manifest, &call);
-                        let members: Vec<&load::Rec> = call.1.iter().collect();
-                        rep.received(call.0, &members);
-                    }
-                }
+                Some(false) => complete.extend(calls.add(r)),
                 None => {}
+            }
+        }
+        // The calls the step completed, checked side by side (each reads its members' bytes
+        // again), in batches of at most CALL_BYTES of them.
+        let step: &load::Trace = step;
+        for batch in collectives::batches(&complete, CALL_BYTES) {
+            let outcomes: Vec<collectives::Outcome> = batch
+                .par_iter()
+                .map(|call| collectives::call_outcome(step, &manifest, call))
+                .collect();
+            for (call, out) in batch.iter().zip(outcomes) {
+                coll.add_call(call.0, out);
+                let members: Vec<&load::Rec> = call.1.iter().collect();
+                rep.received(call.0, &members);
             }
         }
     })?;

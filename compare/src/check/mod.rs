@@ -17,11 +17,12 @@
 //! * [`nonfinite`]: the first NaN or Inf in execution order, and whether it came in through
 //!   the op's inputs or was produced by it.
 //!
-//! The store is read a step at a time ([`load::stream`]) and each check keeps what it needs
-//! of a step's records, not the records: memory holds one step's records, the calls and
-//! transfers still waiting for a member, each rank's weight operands and the findings (on
-//! the hidden-32 trainer over 160 steps 31 MB, where holding every record took 167; the same
-//! report). A collective call's tensors are read when that call is checked and dropped after
+//! The store is read a step at a time ([`load::stream`], every rank's segment of the step at
+//! once, on every core) and each check keeps what it needs of a step's records, not the
+//! records: memory holds one step's records, the calls and transfers still waiting for a
+//! member, each rank's weight operands and the findings (on the hidden-32 trainer over 160
+//! steps 36 MB, where holding every record took 167; the same report). The calls a step
+//! completes are checked side by side ([`collectives::batches`]). A collective call's tensors are read when that call is checked and dropped after
 //! ([`load::Trace::with_bytes`]); GEMM operands are compared through their recorded CRC-32s
 //! (a differing CRC is a differing tensor; bytes are decoded to look for non-finite values,
 //! and re-read for the weights of the first step when shards are compared).

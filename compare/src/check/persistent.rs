@@ -38,8 +38,6 @@ pub type Signature = (String, String, [u64; 5]);
 pub struct Single {
     /// Rank, step and seq of the record.
     pub at: (u32, u64, u64),
-    /// The record's name ([`Rec::name`]).
-    pub name: String,
     /// A and B.
     pub operands: [Option<Operand>; 2],
     /// CRC-32s of the FP8 scales of A and of B, when captured.
@@ -72,7 +70,6 @@ impl Single {
         let r = &rec.record;
         Single {
             at: (r.rank, r.step, r.seq),
-            name: rec.name(),
             operands: [tensor(Role::A), tensor(Role::B)],
             scales: [
                 tensor(Role::ScaleA).and_then(|t| t.crc),

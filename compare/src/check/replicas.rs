@@ -175,24 +175,26 @@ impl Replicas {
 #[derive(Debug, Clone)]
 struct Weight {
     crc: u32,
-    name: String,
-    /// Rank, step and seq of the first record using it, and the operand's tensor index.
+    /// Rank, step and seq of the first record using it (which names it, [`Weight::name`]),
+    /// and the operand's tensor index.
     at: (u32, u64, u64, usize),
     acts: Vec<(Option<u32>, u64)>,
     /// The CRC of the activation's FP8 scale in each use (`None`: not FP8).
     act_scales: Vec<Option<u32>>,
 }
 
-/// One use of a GEMM signature: CRCs of A and B, the record's name and seq, and the tensor
-/// indexes of A and B, and the CRCs of the FP8 scales of A and B.
-type Use = (
-    Option<u32>,
-    Option<u32>,
-    String,
-    u64,
-    [usize; 2],
-    [Option<u32>; 2],
-);
+impl Weight {
+    /// The name of the record that first used it (`rank R step S seq Q API`, as
+    /// [`Rec::name`] says it), given its API (the weight's key holds it).
+    fn name(&self, api: &str) -> String {
+        let (rank, step, seq, _) = self.at;
+        format!("rank {rank} step {step} seq {seq} {api}")
+    }
+}
+
+/// One use of a GEMM signature: CRCs of A and B, the record's seq, the tensor indexes of A
+/// and B, and the CRCs of the FP8 scales of A and B.
+type Use = (Option<u32>, Option<u32>, u64, [usize; 2], [Option<u32>; 2]);
 
 /// Picks one operand's CRC out of a [`Use`].
 type UseCrc = fn(&Use) -> Option<u32>;
@@ -219,7 +221,6 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
         .push((
             crc(Role::A),
             crc(Role::B),
-            r.name(),
             r.record.seq,
             [r.find(Role::A).unwrap_or(0), r.find(Role::B).unwrap_or(0)],
             [crc(Role::ScaleA), crc(Role::ScaleB)],
@@ -240,18 +241,17 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
             (None, Some(b)) => ("B", b, |o| o.0),
             _ => continue,
         };
-        let acts = occ.iter().map(|o| (other(o), o.3)).collect();
-        let act_scales = occ.iter().map(|o| o.5[usize::from(role == "A")]).collect();
+        let acts = occ.iter().map(|o| (other(o), o.2)).collect();
+        let act_scales = occ.iter().map(|o| o.4[usize::from(role == "A")]).collect();
         weights.insert(
             (step, nvtx, api, shape, role),
             Weight {
                 crc,
-                name: occ[0].2.clone(),
                 at: (
                     recs.first().map_or(0, |r| r.record.rank),
                     step,
-                    occ[0].3,
-                    occ[0].4[usize::from(role == "B")],
+                    occ[0].2,
+                    occ[0].3[usize::from(role == "B")],
                 ),
                 acts,
                 act_scales,
@@ -282,7 +282,6 @@ fn persistent_weights(
             let key = (step, sig.0.clone(), sig.1.clone(), sig.2, role);
             found.entry(key).or_insert_with(|| Weight {
                 crc: w_crc,
-                name: single.name.clone(),
                 at: (rank, step, seq, weight.index),
                 acts: vec![(activation, seq)],
                 act_scales: vec![act_scale],
@@ -331,7 +330,7 @@ fn diverging_activations(
                 && scales.iter().all(Option::is_some)
                 && scales.iter().any(|c| *c != scales[0])
             {
-                let name = maps[0].get(*k).map(|w| w.name.clone()).unwrap_or_default();
+                let name = maps[0].get(*k).map(|w| w.name(&k.2)).unwrap_or_default();
                 scale_findings.push(Finding {
                     kind: FindingKind::ReplicaMismatch,
                     step: k.0,
@@ -345,7 +344,7 @@ fn diverging_activations(
             }
             let (seq, name) = maps[0]
                 .get(*k)
-                .map(|w| (w.acts[u].1, w.name.clone()))
+                .map(|w| (w.acts[u].1, w.name(&k.2)))
                 .unwrap_or_default();
             kinds
                 .entry((k.0, k.2.clone(), module_kind(&k.1), k.3, k.4, u))
@@ -440,7 +439,7 @@ fn weights(
                 .first()
                 .and_then(|b| members.iter().position(|m| m == b))
                 .and_then(|i| maps[i].get(k))
-                .map(|v| v.name.clone())
+                .map(|v| v.name(&k.2))
                 .unwrap_or_default();
             out.findings.push(Finding {
                 kind: FindingKind::ReplicaMismatch,
@@ -514,7 +513,7 @@ fn overlapping_shards(
                         kind: FindingKind::ReplicaMismatch,
                         step: k.0,
                         ranks: vec![members[i], members[j]],
-                        op: ws[j].name.clone(),
+                        op: ws[j].name(&k.2),
                         module: k.1.clone(),
                         detail: format!(
                             "the shards of weight operand {} on ranks {} and {} differ but share {shared} of {} blocks of {BLOCK} bytes: they were sliced from overlapping ranges (wrong shard offset)",
@@ -592,7 +591,7 @@ fn frozen_weights(
                         s0 + 1,
                         median * 100.0
                     ),
-                    w1.name.clone(),
+                    w1.name(&k.2),
                     s0 + 1,
                 )
             });
@@ -649,7 +648,7 @@ fn identical_data(
                 .all(|m| m.get(*k).and_then(|w| w.acts.get(u)).and_then(|a| a.0) == Some(*a0))
             {
                 equal += 1;
-                first.get_or_insert((k.0, k.1.clone(), w0.name.clone()));
+                first.get_or_insert((k.0, k.1.clone(), w0.name(&k.2)));
             }
         }
     }

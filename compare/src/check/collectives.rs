@@ -167,32 +167,6 @@ fn data(r: &Rec, role: Role) -> Option<TensorData> {
     TensorData::from_le_bytes(r.record.tensors[i].dtype, bytes).ok()
 }
 
-/// Collective calls (not send/recv) keyed by (communicator, call number), each with its
-/// members' records sorted by communicator rank (the whole trace at once; [`CallGroups`]
-/// groups them step by step).
-pub fn group_calls(trace: &Trace) -> BTreeMap<(u64, usize), Vec<&Rec>> {
-    let mut calls: BTreeMap<(u64, usize), Vec<&Rec>> = BTreeMap::new();
-    let mut counters: BTreeMap<(u64, u32), usize> = BTreeMap::new();
-    for r in &trace.records {
-        let Some(c) = coll(r) else { continue };
-        if matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv) {
-            continue;
-        }
-        let n = counters.entry((c.comm, r.record.rank)).or_default();
-        calls.entry((c.comm, *n)).or_default().push(r);
-        *n += 1;
-    }
-    for recs in calls.values_mut() {
-        recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
-    }
-    calls
-}
-
-/// Whether `r` is a send or a recv (`None`: not a collective).
-pub fn is_transfer(r: &Rec) -> Option<bool> {
-    coll(r).map(|c| matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv))
-}
-
 /// A collective call: its key (communicator, call number) and its members' records by
 /// communicator rank.
 pub type Call = ((u64, usize), Vec<Rec>);
@@ -205,54 +179,59 @@ pub type Call = ((u64, usize), Vec<Rec>);
 #[derive(Debug, Default)]
 pub struct CallGroups {
     counters: BTreeMap<(u64, u32), usize>,
-    pending: BTreeMap<(u64, usize), Vec<Rec>>,
-    /// The members of each communicator of the comm map that are in the store.
-    present: BTreeMap<u64, BTreeSet<u32>>,
+    /// Calls still waiting for a member: their records, and how many of them count towards
+    /// completion ([`CallGroups::add`]).
+    pending: BTreeMap<(u64, usize), (Vec<Rec>, usize)>,
+    /// The communicator ranks of each communicator of the comm map whose global rank is
+    /// known and not in the store: the only members a call is complete without.
+    absent: BTreeMap<u64, BTreeSet<u32>>,
 }
 
 impl CallGroups {
     /// Grouping for a store holding `ranks`, whose comm map is `manifest`'s.
     pub fn new(manifest: &Manifest, ranks: &[u32]) -> CallGroups {
-        let present = manifest
+        let absent = manifest
             .comms
             .iter()
             .map(|e| {
-                let present = e.members.iter().flatten().copied();
-                (e.key, present.filter(|g| ranks.contains(g)).collect())
+                let absent = (0u32..)
+                    .zip(&e.members)
+                    .filter(|(_, g)| g.is_some_and(|g| !ranks.contains(&g)))
+                    .map(|(comm_rank, _)| comm_rank);
+                (e.key, absent.collect())
             })
             .collect();
         CallGroups {
-            present,
+            absent,
             ..CallGroups::default()
         }
     }
 
     /// Adds `r` when it is a collective call (not a send or recv; records of a rank come in
-    /// call order); returns the call it completes, if it does.
+    /// call order); returns the call it completes, if it does: every communicator rank of
+    /// the call has made it but those the comm map places on a rank the store does not hold
+    /// (a member whose rank is unknown is waited for; so is every member of a communicator
+    /// the map does not list).
     pub fn add(&mut self, r: Rec) -> Option<Call> {
         let c = coll(&r)?;
         if matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv) {
             return None;
         }
-        let comm = c.comm;
+        let (comm, comm_rank, size) = (c.comm, c.comm_rank, c.comm_size);
         let n = self.counters.entry((comm, r.record.rank)).or_default();
         let key = (comm, *n);
         *n += 1;
-        let recs = self.pending.entry(key).or_default();
+        let absent = self.absent.get(&comm);
+        let is_absent = |cr: u32| absent.is_some_and(|a| a.contains(&cr));
+        let (recs, made) = self.pending.entry(key).or_default();
+        *made += usize::from(!is_absent(comm_rank));
         recs.push(r);
-        let ranks: BTreeSet<u32> = recs.iter().map(|r| r.record.rank).collect();
-        // Without the communicator in the comm map, every member must be in the store.
-        let complete = match self.present.get(&comm) {
-            Some(members) => !members.is_empty() && members.is_subset(&ranks),
-            None => recs
-                .first()
-                .and_then(coll)
-                .is_some_and(|c| ranks.len() >= c.comm_size as usize),
-        };
-        if !complete {
+        let size = recs.first().and_then(coll).map_or(size, |c| c.comm_size);
+        let needed = size as usize - absent.map_or(0, |a| a.range(..size).count());
+        if *made < needed.max(1) {
             return None;
         }
-        let mut recs = self.pending.remove(&key)?;
+        let (mut recs, _) = self.pending.remove(&key)?;
         recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
         Some((key, recs))
     }
@@ -261,7 +240,7 @@ impl CallGroups {
     pub fn finish(self) -> Vec<Call> {
         self.pending
             .into_iter()
-            .map(|(key, mut recs)| {
+            .map(|(key, (mut recs, _))| {
                 recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
                 (key, recs)
             })
@@ -293,9 +272,10 @@ struct Path {
     held: bool,
     /// Whether the path has a send (paths of sends are said before recv-only ones).
     has_send: bool,
-    /// Sends checked in the step being checked, by the CRC-32 and length of their bytes
-    /// ([`stale_send`]).
-    seen: BTreeMap<(u64, u32, usize), (usize, Rec)>,
+    /// Sends checked in step `seen_step` (the step of the last send checked), by the CRC-32
+    /// and length of their bytes ([`stale_send`]): a send repeats only one of its own step.
+    seen: BTreeMap<(u32, usize), (usize, Rec)>,
+    seen_step: Option<u64>,
     stale: Vec<Finding>,
     pairs: Vec<Finding>,
 }
@@ -313,6 +293,24 @@ impl Collectives {
         if !out.findings.is_empty() {
             self.calls.entry(key).or_default().extend(out.findings);
         }
+    }
+
+    /// Takes a record of the trace in call order: a send or recv is checked as a transfer
+    /// ([`Collectives::transfer`]), a collective call joins `groups`, and the call it
+    /// completes is returned, to be checked ([`call_outcome`]); other records are dropped.
+    pub fn feed(
+        &mut self,
+        groups: &mut CallGroups,
+        trace: &Trace,
+        manifest: &Manifest,
+        r: Rec,
+    ) -> Option<Call> {
+        let c = coll(&r)?;
+        if matches!(c.kind, CollectiveKind::Send | CollectiveKind::Recv) {
+            self.transfer(trace, manifest, r);
+            return None;
+        }
+        groups.add(r)
     }
 
     /// Adds `r` when it is a send or a recv, and checks the transfers whose both ends have
@@ -396,14 +394,9 @@ impl Path {
         let (s_read, r_read) = (s_read.as_deref(), r_read.as_deref());
         let mut seen_at = None;
         if let Some(sr) = s_read {
-            // Sends of another step are never repeated ones: only this step's are kept.
-            if self
-                .seen
-                .keys()
-                .next()
-                .is_some_and(|k| k.0 != sr.record.step)
-            {
+            if self.seen_step != Some(sr.record.step) {
                 self.seen.clear();
+                self.seen_step = Some(sr.record.step);
             }
             let (at, finding) = stale_send(trace, key, &self.seen, i, sr);
             self.stale.extend(finding);
@@ -470,31 +463,25 @@ pub fn check(trace: &Trace, manifest: &Manifest) -> Outcome {
     let mut groups = CallGroups::new(manifest, &trace.ranks);
     let mut checks = Collectives::default();
     for r in &trace.records {
-        match is_transfer(r) {
-            Some(true) => checks.transfer(trace, manifest, r.clone()),
-            Some(false) => {
-                if let Some(call) = groups.add(r.clone()) {
-                    checks.call(trace, manifest, &call);
-                }
-            }
-            None => {}
+        if let Some(call) = checks.feed(&mut groups, trace, manifest, r.clone()) {
+            checks.call(trace, manifest, &call);
         }
     }
     checks.finish(trace, manifest, groups.finish())
 }
 
 /// Whether send `i` of a path (`s`, its bytes read) repeats the bytes of an earlier send of
-/// the same step on the path (`seen`: earlier sends of the step by CRC-32 and length of their
+/// the same step on the path (`seen`: the step's earlier sends by CRC-32 and length of their
 /// bytes, the latest of each; a match is compared byte for byte): a stale buffer (each
 /// micro-batch's activation or gradient is different). Returns where `s` goes in `seen`
 /// (`None`: no bytes, or a constant tensor) and the finding.
 fn stale_send(
     trace: &Trace,
     (comm, from, to): (u64, u32, u32),
-    seen: &BTreeMap<(u64, u32, usize), (usize, Rec)>,
+    seen: &BTreeMap<(u32, usize), (usize, Rec)>,
     i: usize,
     s: &Rec,
-) -> (Option<(u64, u32, usize)>, Option<Finding>) {
+) -> (Option<(u32, usize)>, Option<Finding>) {
     let Some(b) = s.bytes_of(Role::Input) else {
         return (None, None);
     };
@@ -505,7 +492,7 @@ fn stale_send(
     if constant {
         return (None, None);
     }
-    let at = (s.record.step, crc32fast::hash(b), b.len());
+    let at = (crc32fast::hash(b), b.len());
     let finding = seen
         .get(&at)
         .filter(|(_, earlier)| {
@@ -1011,6 +998,71 @@ mod tests {
         assert_eq!(fed.findings.len(), 2, "{:?}", details(&fed));
         assert!(fed.findings[0].detail.contains("stale buffer"));
         assert!(fed.findings[1].detail.contains("differ from the sent ones"));
+    }
+
+    #[test]
+    fn transfers_are_paired_in_order_whichever_end_comes_first_and_repeats_are_per_step() {
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+        let trace = Trace {
+            ranks: vec![0, 1],
+            ..Trace::default()
+        };
+        let at = |mut r: Rec, step: u64| {
+            r.record.step = step;
+            r
+        };
+        let send = |v: &[f32], step| {
+            at(
+                rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]),
+                step,
+            )
+        };
+        let recv = |v: &[f32], step| {
+            at(
+                rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))]),
+                step,
+            )
+        };
+        // The recvs come first; the same bytes are sent once in step 0 and once in step 1
+        // (each micro-batch of its own step: not a stale buffer), the second received wrong.
+        let records = vec![
+            recv(&[1.0, 2.0], 0),
+            recv(&[1.0, 3.0], 1),
+            send(&[1.0, 2.0], 0),
+            send(&[1.0, 2.0], 1),
+        ];
+        let mut checks = Collectives::default();
+        let mut groups = CallGroups::new(&manifest, &trace.ranks);
+        for r in records {
+            assert!(checks.feed(&mut groups, &trace, &manifest, r).is_none());
+        }
+        let out = checks.finish(&trace, &manifest, groups.finish());
+        let details: Vec<&str> = out.findings.iter().map(|f| f.detail.as_str()).collect();
+        assert_eq!(out.checked, 2);
+        assert_eq!(details.len(), 1, "{details:?}");
+        assert!(
+            details[0].starts_with("the received bytes differ"),
+            "{details:?}"
+        );
+        assert_eq!(out.findings[0].step, 1);
+    }
+
+    #[test]
+    fn a_call_waits_for_a_member_whose_rank_the_comm_map_does_not_know() {
+        // Comm rank 1 has no known global rank: rank 1's record joins the call before it is
+        // checked, as in a whole-trace grouping, instead of making a call of its own.
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), None])]);
+        let mut groups = CallGroups::new(&manifest, &[0, 1]);
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        let (key, recs) = groups
+            .add(all_reduce(1, &[1.0], &[2.0]))
+            .expect("complete with both members");
+        assert_eq!((key, recs.len()), ((COMM, 0), 2));
+        assert!(groups.finish().is_empty());
+        // A communicator the map does not list waits for every member too.
+        let mut unlisted = CallGroups::new(&crate::model::comms::tests::manifest(&[]), &[0]);
+        assert!(unlisted.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        assert_eq!(unlisted.finish().len(), 1);
     }
 
     #[test]

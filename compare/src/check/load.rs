@@ -194,7 +194,7 @@ pub fn stream(
             .ranks
             .iter()
             .copied()
-            .filter(|&rank| store.steps(rank).contains(&step))
+            .filter(|&rank| store.segment_info(rank, step).is_some())
             .collect();
         // Every rank's segment of the step read at once, on every core; joined in rank order.
         let read: Vec<RankStep> = ranks
@@ -203,7 +203,9 @@ pub fn stream(
             .collect();
         for (&rank, r) in ranks.iter().zip(read) {
             done += r.read;
-            unreadable.insert((rank, step), r.unreadable);
+            if !r.unreadable.is_empty() {
+                unreadable.insert((rank, step), r.unreadable);
+            }
             if let Some(nf) = r.first_nonfinite {
                 firsts.entry(rank).or_insert(nf);
             }
@@ -287,13 +289,13 @@ fn keep(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Rec {
     }
     let mut record = view.record.clone();
     // No check reads the kernels launched before an op, and their names (recorded by default,
-    // often long template instantiations) can outweigh the rest of a record held for the
-    // whole trace.
+    // often long template instantiations) can outweigh the rest of a record (a collective's
+    // is held until its call or transfer is checked).
     record.kernels_before = Vec::new();
     Rec {
         record,
         // None held (an empty list reads as `None` for every tensor): a list of `None`s
-        // would cost a hundred bytes a record, held for the whole trace.
+        // would cost a hundred bytes a record.
         bytes: Vec::new(),
         frame: Some(view.offset),
     }

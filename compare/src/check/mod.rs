@@ -107,11 +107,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         // The collectives are kept until their call or transfer is checked; the rest go.
         let mut complete = Vec::new();
         for r in std::mem::take(&mut step.records) {
-            match collectives::is_transfer(&r) {
-                Some(true) => coll.transfer(step, &manifest, r),
-                Some(false) => complete.extend(calls.add(r)),
-                None => {}
-            }
+            complete.extend(coll.feed(&mut calls, step, &manifest, r));
         }
         // The calls the step completed, checked side by side (each reads its members' bytes
         // again), in batches of at most CALL_BYTES of them.
@@ -159,7 +155,13 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         }
     }
     report.unreadable.extend(trace.unreadable.iter().cloned());
-    report.unreadable.extend(trace.late_unreadable());
+    // A collective tensor that did not decode when read is said again when its call is
+    // checked (its bytes are read again): said once.
+    for line in trace.late_unreadable() {
+        if !report.unreadable.contains(&line) {
+            report.unreadable.push(line);
+        }
+    }
     let lost = crate::losses::CaptureLosses::counted(gaps.iter(), &manifest);
     (report.gaps, report.gap_bytes) = (lost.gaps, lost.gap_bytes);
     (report.unpublished, report.not_stored) = (lost.unpublished, lost.not_stored);

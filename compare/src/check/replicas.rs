@@ -28,7 +28,7 @@ use ttrace_format::store::Manifest;
 use ttrace_format::dtype::DType;
 use ttrace_format::reader::Store;
 
-use crate::check::collectives::{coll, group_calls};
+use crate::check::collectives::coll;
 use crate::check::load::{Rec, Trace};
 use crate::check::persistent;
 use crate::check::report::{Finding, FindingKind};
@@ -63,16 +63,6 @@ fn minority(values: &[(u32, u32)]) -> Vec<u32> {
         .filter(|(_, v)| *v != top)
         .map(|(r, _)| *r)
         .collect()
-}
-
-/// Runs the replica checks on the whole trace at once.
-pub fn check(trace: &Trace, manifest: &Manifest, store: &Store) -> Outcome {
-    let mut checks = Replicas::default();
-    for (key, recs) in group_calls(trace) {
-        checks.received(key, &recs);
-    }
-    checks.step(trace);
-    checks.finish(trace, manifest, store)
 }
 
 /// The replica checks, fed step by step: collective calls as they complete

@@ -178,7 +178,6 @@ impl<'a> Updates<'a> {
         let Some(median) = median_magnitude(&g.data) else {
             return Ok(None);
         };
-        let screen = Screen::of(&g.data);
         // Candidates are read in order, fitted a batch at a time on every core, and the best
         // chosen in their order: the same choice whatever the number of threads.
         let mut batch: Vec<Candidate> = Vec::new();
@@ -224,11 +223,6 @@ impl<'a> Updates<'a> {
                 let Some(Some(dw)) = self.deltas.get(&key) else {
                     continue;
                 };
-                // Most candidates are other weights of the same size: a sample of their
-                // change tells them from the gradient's weight before they are fitted.
-                if !screen.may_follow(|i| dw[i]) {
-                    continue;
-                }
                 batch_bytes += dw.len() * 4;
                 batch.push(((t, seq0), (next, r1.seq), role, Arc::clone(dw)));
                 if batch_bytes >= FIT_BATCH {
@@ -239,65 +233,6 @@ impl<'a> Updates<'a> {
         }
         fit_batch(&mut best, batch, &g.data, median);
         Ok(best)
-    }
-}
-
-/// Elements of a gradient sampled (evenly spaced) to screen its candidate weights.
-const SCREEN_SAMPLES: usize = 4096;
-
-/// Nonzero gradient elements the sample must hold to be trusted: fewer (a small or sparse
-/// gradient, like an embedding's) and every candidate is fitted.
-const SCREEN_NONZERO: usize = 512;
-
-/// Sampled |cosine| under which a candidate is not fitted: a weight is chosen only at a
-/// cosine of 0.5 or more, and the sampled cosine of one that reaches it lies within a few
-/// hundredths of its cosine (a standard error of at most 1/sqrt(512)).
-const SCREEN_COSINE: f64 = 0.25;
-
-/// A gradient's sample, for telling candidate weight changes that cannot follow it
-/// ([`Screen::may_follow`]) before they are fitted whole: on the large benchmark config
-/// most candidates of a gradient are the other layers' weights of its size.
-struct Screen {
-    /// Every `stride`-th element is sampled (`None`: nothing is screened).
-    stride: Option<usize>,
-    /// The sampled gradient.
-    g: Vec<f32>,
-}
-
-impl Screen {
-    fn of(g: &[f32]) -> Screen {
-        let stride = g.len() / SCREEN_SAMPLES;
-        let sample: Vec<f32> = if stride >= 2 {
-            g.iter().step_by(stride).copied().collect()
-        } else {
-            Vec::new()
-        };
-        let nonzero = sample.iter().filter(|v| **v != 0.0).count();
-        let trusted = nonzero >= SCREEN_NONZERO && sample.iter().all(|v| v.is_finite());
-        Screen {
-            stride: trusted.then_some(stride),
-            g: sample,
-        }
-    }
-
-    /// Whether a change (element `i` given by `dw`) may follow the gradient: its sampled
-    /// |cosine| with it is at least [`SCREEN_COSINE`], or the sample cannot tell.
-    fn may_follow(&self, dw: impl Fn(usize) -> f32) -> bool {
-        let Some(stride) = self.stride else {
-            return true;
-        };
-        let (mut xy, mut xx, mut yy) = (0f64, 0f64, 0f64);
-        for (k, &g) in self.g.iter().enumerate() {
-            let (x, y) = (f64::from(dw(k * stride)), f64::from(g));
-            xy += x * y;
-            xx += x * x;
-            yy += y * y;
-        }
-        // A change the sample does not see (zero there, or not finite) is fitted whole.
-        if !(xx > 0.0 && xy.is_finite() && xx.is_finite()) {
-            return true;
-        }
-        xy.abs() >= SCREEN_COSINE * (xx * yy).sqrt()
     }
 }
 
@@ -357,62 +292,4 @@ fn ordinals(recs: &[Record]) -> BTreeMap<(Signature, u64), u64> {
         *n += 1;
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Deterministic values in [-1, 1).
-    fn noise(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_screen_keeps_a_change_that_follows_the_gradient_and_drops_unrelated_ones() {
-        let n = 1 << 16;
-        let g = noise(n, 1);
-        let screen = Screen::of(&g);
-        assert!(
-            screen.stride.is_some(),
-            "a large dense gradient is screened"
-        );
-        // SGD's update, with the noise of BF16 weights: followed (cosine about -0.7).
-        let rounding = noise(n, 2);
-        let sgd: Vec<f32> = g
-            .iter()
-            .zip(&rounding)
-            .map(|(g, r)| -0.01 * g + 0.01 * r)
-            .collect();
-        assert!(screen.may_follow(|i| sgd[i]));
-        // Another weight's change: unrelated (cosine about 0).
-        let other = noise(n, 3);
-        assert!(!screen.may_follow(|i| other[i]));
-        // A change the sample does not see is fitted whole.
-        assert!(screen.may_follow(|i| if i % 2 == 1 { 1.0 } else { 0.0 }));
-    }
-
-    #[test]
-    fn small_and_sparse_gradients_are_not_screened() {
-        let other = noise(1 << 16, 3);
-        // Fewer elements than two samples' worth: every candidate is fitted.
-        let small = noise(SCREEN_SAMPLES, 1);
-        assert!(Screen::of(&small).may_follow(|i| other[i]));
-        // An embedding's gradient: a few rows of 1024 nonzero, the rest zero.
-        let mut sparse = vec![0f32; 1 << 16];
-        for row in [3usize, 17, 40] {
-            sparse[row * 1024..(row + 1) * 1024].copy_from_slice(&noise(1024, row as u64));
-        }
-        let screen = Screen::of(&sparse);
-        assert!(screen.stride.is_none());
-        assert!(screen.may_follow(|i| other[i]));
-    }
 }

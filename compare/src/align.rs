@@ -273,11 +273,14 @@ impl Alignment {
         let ref_gemms: Vec<usize> = (0..ref_recs.len())
             .filter(|&i| gemm(&ref_recs[i]).is_some())
             .collect();
-        let per_rank: BTreeMap<u32, Vec<Segment>> = ranks
+        // Each rank's records read once: the segments' GEMM indices point into them (records
+        // read again after the metadata budget dropped them may be fewer).
+        let recs_of: BTreeMap<u32, _> = ranks.iter().map(|&r| (r, run.records(r, step))).collect();
+        let per_rank: BTreeMap<u32, Vec<Segment>> = recs_of
             .iter()
-            .map(|&r| {
+            .map(|(&r, recs)| {
                 let st = al.stage.get(&r).copied().unwrap_or(0);
-                (r, segments(&run.records(r, step), st, al.pp))
+                (r, segments(recs, st, al.pp))
             })
             .collect();
 
@@ -302,7 +305,7 @@ impl Alignment {
 
         for (&rank, segs) in &per_rank {
             let st = al.stage[&rank];
-            let recs = run.records(rank, step);
+            let recs = &recs_of[&rank];
             let mut count: BTreeMap<u8, usize> = BTreeMap::new();
             for seg in segs {
                 let key = match seg.kind {

@@ -117,6 +117,8 @@ pub struct AtOpen {
     pub frames: usize,
     /// The records read from them.
     pub records: usize,
+    /// What holding those records costs ([`SegmentRecords::bytes`]).
+    pub bytes: u64,
 }
 
 /// What a [`RecordCache`] holds.
@@ -160,8 +162,12 @@ impl RecordCache {
         kept: Vec<((u32, u64), SegmentRecords)>,
         budget: u64,
     ) -> RecordCache {
+        // One step's records at least, every rank's: the walk reads a step's ranks in turn,
+        // op after op; below that, the least recently read segment is always the one about
+        // to be read again, and each record looked up would parse its segment anew.
+        let largest_step = largest_step(&at_open);
         let mut held = Held {
-            budget,
+            budget: budget.max(largest_step),
             ..Held::default()
         };
         for (key, recs) in kept {
@@ -185,6 +191,12 @@ impl RecordCache {
     /// Whether the store has a segment for `key`.
     pub fn contains(&self, key: (u32, u64)) -> bool {
         self.at_open.contains_key(&key)
+    }
+
+    /// Whether the records of two steps (the largest) fit the budget together: only then is
+    /// the next step read ahead, which would otherwise drop the step being compared.
+    pub fn two_steps_fit(&self) -> bool {
+        largest_step(&self.at_open).saturating_mul(2) <= lock(&self.held).budget
     }
 
     /// Whether the records of segment `key` are held now (reading them would parse nothing).
@@ -219,13 +231,6 @@ impl RecordCache {
         let tick = held.tick;
         held.loaded.insert(key, (Arc::clone(&recs), tick));
         recs
-    }
-
-    /// Keeps at most `bytes` of records (estimated), the least recently read dropped first.
-    pub fn set_budget(&self, bytes: u64) {
-        let mut held = lock(&self.held);
-        held.budget = bytes;
-        held.drop_past(bytes);
     }
 
     /// The records of segment `key` read again up to its frames at opening, what could not be
@@ -278,6 +283,15 @@ impl RecordCache {
     pub fn held_bytes(&self) -> u64 {
         lock(&self.held).bytes
     }
+}
+
+/// The records of the largest step (every rank's segment of it), in bytes.
+fn largest_step(at_open: &BTreeMap<(u32, u64), AtOpen>) -> u64 {
+    let mut per_step: BTreeMap<u64, u64> = BTreeMap::new();
+    for (&(_, step), open) in at_open {
+        *per_step.entry(step).or_default() += open.bytes;
+    }
+    per_step.values().copied().max().unwrap_or(0)
 }
 
 /// What holding `r` in memory costs, estimated from its parts (the struct, its strings and

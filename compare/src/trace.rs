@@ -44,7 +44,7 @@ pub struct RunTrace {
     store: Arc<Store>,
     /// Records by (rank, step), in seq order, with the offset of each one's frame (its data
     /// is read there without decoding its metadata again, [`Segment::read_at`]); kept within
-    /// a budget ([`RunTrace::set_metadata_budget`]).
+    /// a budget ([`RunTrace::open_within`]).
     records: Arc<RecordCache>,
     /// Whether any record is a collective.
     has_collectives: bool,
@@ -144,12 +144,14 @@ impl RunTrace {
                             .collect(),
                     },
                 );
+                let n = recs.len();
+                let recs = SegmentRecords::new(recs);
                 let open = AtOpen {
                     frames: read.frames,
-                    records: recs.len(),
+                    records: n,
+                    bytes: recs.bytes(),
                 };
                 frames.insert(key, open);
-                let recs = SegmentRecords::new(recs);
                 if kept_bytes.saturating_add(recs.bytes()) <= metadata {
                     kept_bytes += recs.bytes();
                     kept.push((key, recs));
@@ -299,8 +301,11 @@ impl RunTrace {
     /// Reads the records of every rank's segment of `step` that are not held
     /// ([`crate::records`]) on the decoding pool, in the background: a comparison whose
     /// records do not all fit their budget reads the next step's while it compares this one,
-    /// instead of when it gets there.
+    /// instead of when it gets there (when two steps' records fit the budget).
     pub fn read_ahead(&self, step: u64) {
+        if !self.records.two_steps_fit() {
+            return;
+        }
         let keys: Vec<(u32, u64)> = self
             .ranks()
             .into_iter()
@@ -320,14 +325,6 @@ impl RunTrace {
             Some(pool) => pool.spawn(job),
             None => rayon::spawn(job),
         }
-    }
-
-    /// Keeps at most `bytes` of record metadata (estimated), the least recently read
-    /// segment's dropped first and read again when wanted: memory independent of the
-    /// number of steps.
-    pub fn set_metadata_budget(&self, bytes: u64) {
-        self.records.set_budget(bytes);
-        self.store.set_located_budget(located_budget(bytes));
     }
 
     /// Segments whose records were read again after they were dropped.

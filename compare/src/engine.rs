@@ -59,8 +59,8 @@ pub const DEFAULT_MEMORY: u64 = 1 << 30;
 /// store (every rank) gets half and the reference and the perturbed reference a quarter
 /// each; an eighth for decoded tensors kept and as much for spare buffers
 /// ([`crate::prefetch::kept_budgets`]); a sixteenth for the records' metadata
-/// ([`metadata_budgets`]), shared the same way; a thirty-second for the results
-/// ([`crate::results::results_budget`]). The rest (about a sixth) is left for what no share
+/// ([`metadata_budgets`]), shared the same way; a thirty-second each for the results of
+/// the walk and of the reductions, which run side by side ([`crate::results::results_budget`]). The rest (about a sixth) is left for what no share
 /// bounds: the program and its threads, the tensors of the op being compared, what grows
 /// with the steps (the alignment, the results' index: a few hundred bytes a GEMM).
 /// Returns (reference, run, perturbed) segment budgets.
@@ -248,6 +248,16 @@ fn partition_on_the_pool(
         (bytes_read(&p), started.elapsed().as_secs_f64()),
         Some(&mut entries),
     )?;
+    let mut late = Vec::new();
+    for (name, t) in [
+        ("reference", Some(&p.reff)),
+        ("run", Some(&p.run)),
+        ("perturbed", p.pert.as_ref()),
+    ] {
+        for line in t.map(RunTrace::late_unreadable).unwrap_or_default() {
+            late.push((name.to_string(), line));
+        }
+    }
     release(p);
     Ok(crate::partition::PartialReport {
         report,
@@ -257,7 +267,7 @@ fn partition_on_the_pool(
             mine,
             crate::partition::PartialOptions::of(reff_path, run_path, opts),
             entries,
-            walked.warnings,
+            (walked.warnings, late),
         ),
     })
 }
@@ -285,8 +295,10 @@ pub(crate) fn merged(
     };
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
+    let mut late: Vec<(String, String)> = Vec::new();
     for part in parts {
         let part = part?;
+        late.extend(part.partition.late_unreadable.iter().cloned());
         bytes += part.report.stats.bytes_compared;
         elapsed += part.report.stats.elapsed_s;
         found.eps = part.report.epsilon;
@@ -328,12 +340,48 @@ pub(crate) fn merged(
     if found.pending.is_empty() {
         return Err(nothing_aligned(&p, reff_path, run_path));
     }
-    finish(
+    let mut report = finish(
         &p,
         &p.steps,
         found,
         (bytes, elapsed + started.elapsed().as_secs_f64()),
-    )
+    )?;
+    add_late_unreadable(&mut report, late);
+    Ok(report)
+}
+
+/// Records the partitions read at opening but could not read again (`late`: store, line),
+/// which the merge does not read itself: said among the warnings and counted among the
+/// store's capture losses, as one whole run says and counts them.
+fn add_late_unreadable(report: &mut CompareReport, late: Vec<(String, String)>) {
+    for (store, line) in late {
+        if report.warnings.contains(&line) {
+            continue;
+        }
+        report.warnings.push(line);
+        let path = match store.as_str() {
+            "reference" => report.reference.path.clone(),
+            "perturbed" => report
+                .perturbed
+                .as_ref()
+                .map(|s| s.path.clone())
+                .unwrap_or_default(),
+            _ => report.run.path.clone(),
+        };
+        let losses = &mut report.capture_losses;
+        let at = match losses.iter().position(|l| l.store == store) {
+            Some(at) => at,
+            None => {
+                losses.push(crate::losses::CaptureLosses {
+                    store,
+                    path,
+                    ..Default::default()
+                });
+                losses.len() - 1
+            }
+        };
+        losses[at].unreadable += 1;
+    }
 }
 
 /// What a walk over some steps found.
@@ -926,6 +974,28 @@ impl<'a> Walk<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_a_partition_could_not_read_again_make_the_merged_run_incomplete() {
+        let mut report = crate::report::text::tests::sample(crate::report::Verdict::Match);
+        report.capture_losses.clear();
+        assert_eq!(report.exit_code(), 0);
+        let line = "rank 1 step 5: its segment changed since the store was opened".to_string();
+        add_late_unreadable(
+            &mut report,
+            vec![("run".into(), line.clone()), ("run".into(), line.clone())],
+        );
+        assert_eq!(report.exit_code(), crate::losses::EXIT_INCOMPLETE);
+        assert_eq!(report.warnings.iter().filter(|w| **w == line).count(), 1);
+        assert_eq!(report.capture_losses.len(), 1);
+        assert_eq!(
+            (
+                report.capture_losses[0].store.as_str(),
+                report.capture_losses[0].unreadable
+            ),
+            ("run", 1)
+        );
+    }
 
     #[test]
     fn a_dp_reduction_scale_is_a_positive_number_dp_or_its_inverse() {

@@ -209,6 +209,11 @@ pub struct Partial {
     /// The warnings of the tensors this partition compared (the report's `warnings` adds
     /// those of the whole comparison, which every partition repeats).
     pub walk_warnings: Vec<String>,
+    /// Records read when the partition opened the stores that could not be read again
+    /// (their segment changed since), by store (`reference`, `run`, `perturbed`) and line:
+    /// the merge, which does not read them, says and counts them as the whole run would.
+    #[serde(default)]
+    pub late_unreadable: Vec<(String, String)>,
 }
 
 impl Partial {
@@ -219,7 +224,7 @@ impl Partial {
         covered: Vec<u64>,
         options: PartialOptions,
         pending: Vec<PendingEntry>,
-        walk_warnings: Vec<String>,
+        (walk_warnings, late_unreadable): (Vec<String>, Vec<(String, String)>),
     ) -> Partial {
         Partial {
             schema: SCHEMA,
@@ -231,6 +236,7 @@ impl Partial {
             options,
             pending,
             walk_warnings,
+            late_unreadable,
         }
     }
 }
@@ -343,7 +349,16 @@ pub fn read(path: &Path) -> Result<PartialReport, MergeError> {
             ),
         ));
     }
-    serde_json::from_reader(reader()?)
+    parse(path)
+}
+
+/// A partial report's file parsed, without [`read`]'s first look at whose it is.
+fn parse(path: &Path) -> Result<PartialReport, MergeError> {
+    let file = path.display().to_string();
+    let reader = std::fs::File::open(path)
+        .map(std::io::BufReader::new)
+        .map_err(|e| problem(&file, e.to_string()))?;
+    serde_json::from_reader(reader)
         .map_err(|e| problem(&file, format!("not a partial compare report ({e})")))
 }
 
@@ -377,11 +392,17 @@ pub fn open(path: &Path) -> Result<PartialFile, MergeError> {
 
 impl PartialFile {
     /// The whole partial report, read again: refused when the file changed since it was
-    /// opened (another partition, or another number of comparisons).
+    /// opened (another partition, version, comparison or split, or another number of
+    /// comparisons; a rewrite with the same results of the same comparison is the same).
     fn read_whole(&self) -> Result<PartialReport, MergeError> {
-        let whole = read(&self.path)?;
-        let counts = (whole.report.tensors.len(), whole.partition.pending.len());
-        if counts != self.counts || whole.partition.covered != self.head.partition.covered {
+        let whole = parse(&self.path)?;
+        let (w, h) = (&whole.partition, &self.head.partition);
+        let counts = (whole.report.tensors.len(), w.pending.len());
+        let same = counts == self.counts
+            && (w.schema, &w.version, w.index, &w.covered)
+                == (h.schema, &h.version, h.index, &h.covered)
+            && same_comparison(&self.file, &whole, &self.file, &self.head).is_ok();
+        if !same {
             return Err(problem(
                 &self.file,
                 "changed while the partial reports were merged",

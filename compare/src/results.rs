@@ -71,8 +71,9 @@ pub(crate) struct Results {
     spill_failed: bool,
 }
 
-/// The share of `--memory` the results are held within: a thirty-second (32 MiB under the
-/// default budget, by [`approx_bytes`]; see [`crate::engine::mapping_budgets`]).
+/// The share of `--memory` the results of the walk, and as much those of the reductions
+/// (which run beside it), are held within: a thirty-second each (32 MiB under the default
+/// budget, by [`approx_bytes`]; see [`crate::engine::mapping_budgets`]).
 pub(crate) fn results_budget(memory: u64) -> u64 {
     memory / 32
 }

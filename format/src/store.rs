@@ -840,8 +840,8 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
     Ok((record, blobs))
 }
 
-/// A record's metadata from its CBOR: decoded with minicbor's serde decoder (two to three
-/// times ciborium's speed on records: a comparison reads every record's at least once, and
+/// A record's metadata from its CBOR: decoded with minicbor's serde decoder (about twice
+/// ciborium's speed on records: a comparison reads every record's at least once, and
 /// again those dropped from its budget), and by ciborium, which wrote it, when that fails.
 /// Both read serde's data model from the same CBOR, so a record that either reads is the same
 /// record (checked field by field on every kind of record in the tests).

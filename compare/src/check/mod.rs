@@ -21,7 +21,7 @@
 //! once, on every core) and each check keeps what it needs of a step's records, not the
 //! records: memory holds one step's records, the calls and transfers still waiting for a
 //! member, each rank's weight operands and the findings (on the hidden-32 trainer over 160
-//! steps 36 MB, where holding every record took 167; the same report). The calls a step
+//! steps 35 MB, where holding every record took 167; the same report). The calls a step
 //! completes are checked side by side ([`collectives::batches`]). A collective call's tensors are read when that call is checked and dropped after
 //! ([`load::Trace::with_bytes`]); GEMM operands are compared through their recorded CRC-32s
 //! (a differing CRC is a differing tensor; bytes are decoded to look for non-finite values,

@@ -68,7 +68,7 @@ pub fn compile_preload_c(source: &str, name: &str) -> PathBuf {
 /// Runs `cc` (all but its `-o`) to make `out`, once per process and output, and so that a
 /// program is never run while it is being written: tests running side by side that build the
 /// same program share one build (the others wait for it), and the output is written under
-/// another name and renamed into place, so a process of another test binary that executes the
+/// another name and renamed into place, so a process of another `cargo test` run that executes the
 /// old file is not refused with ETXTBSY ("text file busy") while gcc writes the new one.
 /// Panics with gcc's output when it fails, or when the same output is asked for with other
 /// arguments (two tests would then overwrite each other's program).

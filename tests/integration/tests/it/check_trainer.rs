@@ -427,4 +427,15 @@ fn a_store_is_read_for_checking_one_step_at_a_time() {
     streamed.sort_unstable();
     whole.sort_unstable();
     assert_eq!(streamed, whole);
+    // Every record the collector stored, each once.
+    let stored: u64 = store
+        .manifest()
+        .expect("manifest")
+        .ranks
+        .iter()
+        .map(|r| r.records)
+        .sum();
+    assert_eq!(streamed.len() as u64, stored);
+    streamed.dedup();
+    assert_eq!(streamed.len() as u64, stored, "no record handed over twice");
 }

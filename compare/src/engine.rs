@@ -321,7 +321,7 @@ pub(crate) fn merged(
             .into_vec()
             .map_err(CompareError::Results)?;
         for (cmp, e) in tensors.into_iter().zip(part.partition.pending) {
-            found.pending.push(Pending::from_entry(cmp, e));
+            found.pending.push(Pending::from_entry(cmp, e))?;
         }
         found.warnings.extend(part.partition.walk_warnings);
         for nc in part.report.not_comparable {
@@ -966,7 +966,7 @@ impl<'a> Walk<'a> {
             ref_op,
             is_collective: false,
             param_note: placed.param_note,
-        });
+        })?;
         Ok(Some(error))
     }
 }

@@ -608,7 +608,7 @@ pub(crate) fn collectives(
                 };
                 red.deferred.push((key, pieces, shape_only));
             } else {
-                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, &mut pending);
+                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, &mut pending)?;
             }
         }
         red.ref_cache.clear();
@@ -634,7 +634,7 @@ pub(crate) fn collectives(
             decision.scale,
             &from_walk.d_tol,
             &mut pending,
-        );
+        )?;
     }
     ctx.run.release_decoded();
     ctx.reff.release_decoded();
@@ -651,12 +651,12 @@ pub(crate) fn reduction_compared(
     scale: f64,
     d_tol: &BTreeMap<RefOp, f64>,
     pending: &mut Results,
-) {
+) -> Result<(), CompareError> {
     let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
-        return;
+        return Ok(());
     };
     let Some(run_rec) = pieces.first().and_then(|p| ctx.run.record(p.0, step, p.1)) else {
-        return;
+        return Ok(());
     };
     let (rr, run_rec) = (&*rr, &*run_rec);
     let key = pieces
@@ -691,7 +691,7 @@ pub(crate) fn reduction_compared(
         ref_op,
         is_collective: true,
         param_note: None,
-    });
+    })
 }
 
 #[cfg(test)]

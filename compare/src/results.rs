@@ -5,8 +5,11 @@
 //! each). A comparison of many steps then holds its results within a budget, where they
 //! were about 0.7 KB a tensor compared.
 //!
-//! A spill file that cannot be made or written (a full `TMPDIR`) loses nothing: the results
-//! from then on are held in memory, and a warning says so once.
+//! A spill file that cannot be made (no `TMPDIR`, no room for a new file) loses nothing: the
+//! results from then on are held in memory, and a warning says so once. One that fails once
+//! written to (a full `TMPDIR`) is an error at once ([`CompareError::Results`]): results
+//! written before may still have been in its buffer, so the comparison cannot go on without
+//! them.
 
 use serde::{Deserialize, Serialize};
 
@@ -67,7 +70,7 @@ pub(crate) struct Results {
     files: Vec<SpillWriter>,
     /// Which of `files` these results are written to, once there is one.
     writing: Option<usize>,
-    /// The spill could not be made or written: everything is held from then on.
+    /// The spill file could not be made: everything is held from then on.
     spill_failed: bool,
 }
 
@@ -97,22 +100,29 @@ impl Results {
         self.entries.is_empty()
     }
 
-    /// Adds a result.
-    pub(crate) fn push(&mut self, p: Pending) {
+    /// Adds a result. An error when the spill file, once made, cannot be written: the
+    /// comparison stops there (see the module's doc).
+    pub(crate) fn push(&mut self, p: Pending) -> Result<(), CompareError> {
         let cmp = &p.cmp;
         let ratio = cmp.error_eps / cmp.tolerance_eps.max(f64::MIN_POSITIVE);
         let (key, diverged) = (p.key, cmp.diverged);
         let bytes = approx_bytes(&p);
         if self.held.saturating_add(bytes) > self.budget && !self.spill_failed {
-            match self.spill(&p) {
-                Ok((file, slot)) => {
+            match self.spill_file() {
+                Ok(file) => {
+                    let slot = self.files[file]
+                        .append(&SpilledRef {
+                            entry: p.entry(),
+                            cmp: &p.cmp,
+                        })
+                        .map_err(CompareError::Results)?;
                     self.entries.push(Entry {
                         key,
                         diverged,
                         ratio,
                         at: At::Spilled(file, slot),
                     });
-                    return;
+                    return Ok(());
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -131,22 +141,16 @@ impl Results {
             at: At::Memory(self.memory.len()),
         });
         self.memory.push(Some(p));
+        Ok(())
     }
 
-    /// Writes `p` to the spill file (made on first use): which file, and where.
-    fn spill(&mut self, p: &Pending) -> std::io::Result<(usize, Slot)> {
-        let file = match self.writing {
-            Some(file) => file,
-            None => {
-                self.files.push(SpillWriter::new()?);
-                *self.writing.insert(self.files.len() - 1)
-            }
-        };
-        let slot = self.files[file].append(&SpilledRef {
-            entry: p.entry(),
-            cmp: &p.cmp,
-        })?;
-        Ok((file, slot))
+    /// The spill file these results are written to, made on first use.
+    fn spill_file(&mut self) -> std::io::Result<usize> {
+        if let Some(file) = self.writing {
+            return Ok(file);
+        }
+        self.files.push(SpillWriter::new()?);
+        Ok(*self.writing.insert(self.files.len() - 1))
     }
 
     /// Adds every result of `other` after those of `self`, in its order: its spill files
@@ -351,7 +355,8 @@ mod tests {
         let make = |budget| {
             let mut r = Results::new(budget);
             for (n, &k) in keys.iter().enumerate() {
-                r.push(pending(k, n % 17 == 0, n as f64 / 10.0));
+                r.push(pending(k, n % 17 == 0, n as f64 / 10.0))
+                    .expect("held or spilled");
             }
             r
         };
@@ -387,9 +392,13 @@ mod tests {
     fn absorbed_results_follow_in_their_order() {
         let mut walk = Results::new(0);
         let mut reductions = Results::new(u64::MAX);
-        walk.push(pending((0, 5, 0), false, 1.0));
-        reductions.push(pending((0, 5, 0), true, 3.0));
-        reductions.push(pending((0, 1, 0), false, 1.0));
+        walk.push(pending((0, 5, 0), false, 1.0)).expect("spilled");
+        reductions
+            .push(pending((0, 5, 0), true, 3.0))
+            .expect("held");
+        reductions
+            .push(pending((0, 1, 0), false, 1.0))
+            .expect("held");
         walk.absorb(reductions);
         let s = walk.into_sorted().expect("sorted");
         // Equal keys keep the order found: the walk's first.
@@ -404,8 +413,11 @@ mod tests {
         let both = |budget: u64| {
             let (mut walk, mut reductions) = (Results::new(budget), Results::new(budget));
             for n in 0..20u64 {
-                walk.push(pending((n % 4, n, 0), n == 9, n as f64));
-                reductions.push(pending((n % 4, n, 1), false, 1.0));
+                walk.push(pending((n % 4, n, 0), n == 9, n as f64))
+                    .expect("pushed");
+                reductions
+                    .push(pending((n % 4, n, 1), false, 1.0))
+                    .expect("pushed");
             }
             walk.absorb(reductions);
             walk.into_sorted().expect("sorted")
@@ -413,5 +425,50 @@ mod tests {
         let spilled = both(0);
         assert_eq!(spilled.files.len(), 2);
         assert_eq!(tensors(spilled).1, tensors(both(u64::MAX)).1);
+    }
+
+    #[test]
+    fn a_spill_file_that_cannot_be_written_stops_the_comparison_at_once() {
+        // A spill file on a full disk: `/dev/full` refuses every write (ENOSPC).
+        let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+            return; // not Linux
+        };
+        let mut r = Results::new(0);
+        r.files.push(SpillWriter::on(full));
+        r.writing = Some(0);
+        // The writer buffers a MiB: the error comes when it first writes, and is not held
+        // back to the end (nor are the results held in memory instead, as if nothing was lost).
+        let failed = (0..100_000u64)
+            .map(|n| r.push(pending((0, n, 0), false, 1.0)))
+            .position(|pushed| pushed.is_err());
+        let Some(n) = failed else {
+            panic!("no push failed on a full disk");
+        };
+        assert!(n > 0, "the first results fit the writer's buffer");
+        assert!(r.memory.is_empty(), "nothing was held instead of spilled");
+        let e = r
+            .push(pending((0, 1 << 40, 0), false, 1.0))
+            .expect_err("still failing");
+        assert!(e.to_string().contains("TMPDIR"), "{e}");
+    }
+
+    #[test]
+    fn a_report_reads_back_a_spilled_tensor_it_did_not_pin() {
+        let mut r = Results::new(0);
+        for n in 0..10u64 {
+            r.push(pending((0, n, 0), n == 3, n as f64))
+                .expect("spilled");
+        }
+        let list = r
+            .into_sorted()
+            .expect("sorted")
+            .into_tensors(None, [3])
+            .expect("tensors");
+        assert!(list.is_spilled());
+        assert!(list.get(5).is_none(), "only the pinned tensor is in memory");
+        let t = list.named(5).expect("read back from the spill file");
+        assert_eq!(t.position, 5);
+        assert_eq!(list.named(3).expect("pinned").position, 3);
+        assert!(list.named(10).is_none(), "past the end");
     }
 }

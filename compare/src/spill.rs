@@ -37,6 +37,15 @@ impl SpillWriter {
         })
     }
 
+    /// A spill file written to `file` (the tests' full disk).
+    #[cfg(test)]
+    pub fn on(file: File) -> SpillWriter {
+        SpillWriter {
+            out: BufWriter::with_capacity(1 << 20, file),
+            offset: 0,
+        }
+    }
+
     /// Appends `item` (as compact JSON) and says where it lies.
     pub fn append(&mut self, item: &impl Serialize) -> std::io::Result<Slot> {
         let bytes = serde_json::to_vec(item)?;

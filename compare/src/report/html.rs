@@ -23,9 +23,12 @@ const WORST_ROWS: usize = 12;
 /// Renders `report` as a self-contained HTML page ([`write()`] into memory).
 pub fn render(report: &CompareReport) -> String {
     let mut page = Vec::new();
-    // Writing into memory fails only if the report does not serialize (plain data with
-    // string keys: it does); the page then ends where it stopped, which its script reports.
-    let _ = write(report, &mut page);
+    // Writing into memory fails only where a tensor the comparison spilled cannot be read
+    // back (the report's own data serializes: plain data with string keys); the page then
+    // ends where it stopped, which its script reports, and a warning says why.
+    if let Err(e) = write(report, &mut page) {
+        tracing::warn!("the HTML page ends early: {e}");
+    }
     // Valid UTF-8: JSON is, and the escapes replace ASCII bytes with ASCII.
     String::from_utf8_lossy(&page).into_owned()
 }
@@ -166,7 +169,8 @@ fn fact(h: &mut String, k: &str, v: &str) {
 
 /// The first divergence: where, which tensor, ranks, error, cause, what lies before it.
 fn divergence(r: &CompareReport, d: &Divergence, h: &mut String) {
-    let t = r.tensors.get(d.tensor);
+    let t = r.tensors.named(d.tensor);
+    let t = t.as_deref();
     let _ = write!(
         h,
         "<section id=\"divergence\"><h2>First tensor beyond tolerance: {}</h2>\n\
@@ -201,10 +205,10 @@ fn divergence(r: &CompareReport, d: &Divergence, h: &mut String) {
         "cause",
         &format!("<b class=\"warn\">{cause}</b>: {}", esc(&d.explanation)),
     );
-    let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
+    let last_good = match d.last_good.and_then(|i| r.tensors.named(i)) {
         Some(g) => format!(
             "{} at {} eps (tolerance {} eps)",
-            esc(&tensor_label(g)),
+            esc(&tensor_label(&g)),
             fmt_num(g.error_eps),
             fmt_num(g.tolerance_eps)
         ),
@@ -270,12 +274,12 @@ fn matched(r: &CompareReport, h: &mut String) {
         "<section id=\"match\"><h2>All {} compared tensors are within tolerance</h2>",
         r.tensors.len()
     );
-    if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.get(i)) {
+    if let Some(t) = worst_indices(r).first().and_then(|&i| r.tensors.named(i)) {
         let _ = writeln!(
             h,
             "<p>Largest error/tolerance: <b>{}</b> at {}: {} eps vs tolerance {} eps ({}).</p>",
             fmt_num(ratio(t.error_eps, t.tolerance_eps)),
-            esc(&tensor_label(t)),
+            esc(&tensor_label(&t)),
             fmt_num(t.error_eps),
             fmt_num(t.tolerance_eps),
             esc(&t.tolerance_source)
@@ -297,7 +301,7 @@ fn worst_table(r: &CompareReport, h: &mut String) {
     );
     for t in idx
         .iter()
-        .filter_map(|&i| r.tensors.get(i))
+        .filter_map(|&i| r.tensors.named(i))
         .take(WORST_ROWS)
     {
         let worst_rank = t

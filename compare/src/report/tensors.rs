@@ -116,6 +116,18 @@ impl TensorList {
         }
     }
 
+    /// The tensor at `i` for a report's text or page: [`TensorList::read`], a tensor that
+    /// cannot be read back said as a warning (naming it and why) and left out.
+    pub fn named(&self, i: usize) -> Option<Cow<'_, TensorComparison>> {
+        match self.read(i) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("compared tensor {i} is left out of the report's text: {e}");
+                None
+            }
+        }
+    }
+
     /// Every tensor in order ([`TensorList::read`]).
     pub fn iter(&self) -> impl Iterator<Item = std::io::Result<Cow<'_, TensorComparison>>> {
         (0..self.len()).map(|i| self.read(i))

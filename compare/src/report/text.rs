@@ -5,6 +5,7 @@
 //! between it and the last good tensor, then the worst tensors and the counts; warnings come
 //! last. The whole fits in about 25 lines however large the run.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use super::{Cause, CompareReport, Divergence, LayoutSummary, Merge, TensorComparison, Verdict};
@@ -191,7 +192,7 @@ fn render_match(r: &CompareReport, p: &Paint, out: &mut String) {
             out,
             "  largest error/tolerance {} at {}: {} eps vs tolerance {} eps ({})",
             p.paint("1", &fmt_num(ratio(t.error_eps, t.tolerance_eps))),
-            tensor_label(t),
+            tensor_label(&t),
             fmt_num(t.error_eps),
             fmt_num(t.tolerance_eps),
             or_dash(&t.tolerance_source),
@@ -215,7 +216,8 @@ fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &m
         render_worst(r, p, out);
         return;
     };
-    let t = r.tensors.get(d.tensor);
+    let t = r.tensors.named(d.tensor);
+    let t = t.as_deref();
     let _ = writeln!(
         out,
         "{} {}",
@@ -255,10 +257,10 @@ fn render_divergence(r: &CompareReport, p: &Paint, explain_lines: usize, out: &m
     if explanation.is_empty() {
         let _ = writeln!(out, "{}{}", label("cause"), p.paint("1;33", cause));
     }
-    let last_good = match d.last_good.and_then(|i| r.tensors.get(i)) {
+    let last_good = match d.last_good.and_then(|i| r.tensors.named(i)) {
         Some(g) => format!(
             "{} at {} eps (tolerance {} eps)",
-            tensor_label(g),
+            tensor_label(&g),
             fmt_num(g.error_eps),
             fmt_num(g.tolerance_eps)
         ),
@@ -321,9 +323,9 @@ fn render_error(r: &CompareReport, t: &TensorComparison, p: &Paint, out: &mut St
 
 /// The worst-tensors table.
 fn render_worst(r: &CompareReport, p: &Paint, out: &mut String) {
-    let rows: Vec<&TensorComparison> = worst_indices(r)
+    let rows: Vec<Cow<'_, TensorComparison>> = worst_indices(r)
         .into_iter()
-        .filter_map(|i| r.tensors.get(i))
+        .filter_map(|i| r.tensors.named(i))
         .take(WORST_ROWS)
         .collect();
     if rows.is_empty() {
@@ -465,7 +467,7 @@ pub(crate) fn worst_indices(r: &CompareReport) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..r.tensors.len()).collect();
     idx.sort_by(|&a, &b| {
         let x = |i: usize| {
-            r.tensors.get(i).map_or(f64::NEG_INFINITY, |t| {
+            r.tensors.named(i).map_or(f64::NEG_INFINITY, |t| {
                 nan_max(ratio(t.error_eps, t.tolerance_eps))
             })
         };
@@ -475,8 +477,8 @@ pub(crate) fn worst_indices(r: &CompareReport) -> Vec<usize> {
     idx
 }
 
-fn worst_tensor(r: &CompareReport) -> Option<&TensorComparison> {
-    worst_indices(r).first().and_then(|&i| r.tensors.get(i))
+fn worst_tensor(r: &CompareReport) -> Option<Cow<'_, TensorComparison>> {
+    worst_indices(r).first().and_then(|&i| r.tensors.named(i))
 }
 
 /// NaN sorts as the worst.

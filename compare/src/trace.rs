@@ -356,6 +356,22 @@ impl RunTrace {
         lock(&self.decoded).clear();
     }
 
+    /// Takes the decoded tensors kept and the open segments out of this store (readers
+    /// included), for the caller to drop where it likes: what reads the store later decodes
+    /// and opens again what it needs.
+    pub fn shed(&self) -> Shed {
+        let decoded = std::mem::replace(&mut *lock(&self.decoded), DecodedCache::new(u64::MAX));
+        let segments = {
+            let mut open = lock(&self.segments);
+            open.mapped = 0;
+            std::mem::take(&mut open.open)
+        };
+        Shed {
+            _decoded: decoded,
+            _segments: segments,
+        }
+    }
+
     /// The most bytes of segments that were open at once.
     pub fn peak_mapped(&self) -> u64 {
         lock(&self.segments).peak
@@ -848,6 +864,13 @@ fn form_increments(
             )
         })
         .collect()
+}
+
+/// What [`RunTrace::shed`] took out of a store: dropping it frees the decoded tensors and
+/// unmaps the segments (those no reader holds any more).
+pub struct Shed {
+    _decoded: DecodedCache,
+    _segments: HashMap<(u32, u64), (Arc<Segment>, u64, u64)>,
 }
 
 /// An open segment and the tensors of its records to decode ahead.

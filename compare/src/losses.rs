@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use ttrace_format::record::{GapTally, Op};
+use ttrace_format::record::GapTally;
 use ttrace_format::store::Manifest;
 
 use crate::trace::RunTrace;
@@ -43,26 +43,32 @@ impl CaptureLosses {
     /// What `t` (the `store` of the comparison) lost in `steps`.
     pub fn of(store: &str, t: &RunTrace, steps: &[u64]) -> CaptureLosses {
         let ranks = t.ranks();
-        // The gaps only (few), noted when the store was opened.
-        let ops = ranks
-            .iter()
-            .flat_map(|&rank| steps.iter().flat_map(move |&step| t.gaps(rank, step)));
+        // Counted by reason when the store was opened.
+        let mut gaps = GapTally::default();
+        for &rank in &ranks {
+            for &step in steps {
+                gaps.merge(t.gaps(rank, step));
+            }
+        }
         CaptureLosses {
             store: store.to_string(),
             path: t.path.display().to_string(),
             // What could not be read at opening, and what was read then but not since.
             unreadable: (t.unreadable.len() + t.late_unreadable().len()) as u64,
-            ..CaptureLosses::counted(ops, &t.manifest)
+            ..CaptureLosses::counted(&gaps, &t.manifest)
         }
     }
 
-    /// The gaps among `ops` and the manifest's store-wide counts (snapshots never published,
-    /// records not stored); no name, path or unreadable records.
-    pub fn counted<'a>(ops: impl Iterator<Item = &'a Op>, manifest: &Manifest) -> CaptureLosses {
-        let (gaps, gap_bytes) = tally_gaps(ops);
+    /// The gaps counted in `gaps` and the manifest's store-wide counts (snapshots never
+    /// published, records not stored); no name, path or unreadable records.
+    pub fn counted(gaps: &GapTally, manifest: &Manifest) -> CaptureLosses {
         CaptureLosses {
-            gaps,
-            gap_bytes,
+            gaps: gaps
+                .by_reason
+                .iter()
+                .map(|(r, n)| (r.to_string(), *n))
+                .collect(),
+            gap_bytes: gaps.bytes,
             unpublished: manifest.ranks.iter().map(|r| r.unpublished).sum(),
             not_stored: manifest.lost.iter().map(|l| l.records).sum(),
             ..CaptureLosses::default()
@@ -109,23 +115,6 @@ pub fn of_stores(stores: &[(&str, &RunTrace)], steps: &[u64]) -> Vec<CaptureLoss
         .map(|(name, t)| CaptureLosses::of(name, t, steps))
         .filter(|l| !l.is_empty())
         .collect()
-}
-
-/// The gaps among `ops`: their count by reason (as the format names it) and the bytes they
-/// would have captured.
-fn tally_gaps<'a>(ops: impl Iterator<Item = &'a Op>) -> (BTreeMap<String, u64>, u64) {
-    let mut tally = GapTally::default();
-    for op in ops {
-        if let Op::Gap(g) = op {
-            tally.add(g);
-        }
-    }
-    let gaps = tally
-        .by_reason
-        .iter()
-        .map(|(r, n)| (r.to_string(), *n))
-        .collect();
-    (gaps, tally.bytes)
 }
 
 /// `3 gaps (copy_refused 2, ring_full 1, 4096 bytes not captured)`; `None` without gaps.

@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use rayon::prelude::*;
 use ttrace_format::dtype::DType;
 use ttrace_format::reader::{Segment, Store};
-use ttrace_format::record::{Op, Record, Role};
+use ttrace_format::record::{GapTally, Op, Record, Role};
 use ttrace_format::store::Manifest;
 
 use crate::decoded::{Checked, DecodedCache, Shared};
@@ -78,7 +78,8 @@ pub struct RunTrace {
 #[derive(Debug, Default)]
 struct SegmentFacts {
     records: u64,
-    gaps: Vec<Op>,
+    /// Its gap records, counted by reason (a capture may hold one per op).
+    gaps: GapTally,
 }
 
 impl RunTrace {
@@ -137,11 +138,15 @@ impl RunTrace {
                     key,
                     SegmentFacts {
                         records: recs.len() as u64,
-                        gaps: recs
-                            .iter()
-                            .filter(|(r, _)| matches!(r.op, Op::Gap(_)))
-                            .map(|(r, _)| r.op.clone())
-                            .collect(),
+                        gaps: {
+                            let mut tally = GapTally::default();
+                            for (r, _) in recs.iter() {
+                                if let Op::Gap(g) = &r.op {
+                                    tally.add(g);
+                                }
+                            }
+                            tally
+                        },
                     },
                 );
                 let n = recs.len();
@@ -272,11 +277,10 @@ impl RunTrace {
         self.facts.get(&(rank, step)).map_or(0, |f| f.records)
     }
 
-    /// The gap records' ops of `rank` in `step` (what was not captured there).
-    pub fn gaps(&self, rank: u32, step: u64) -> &[Op] {
-        self.facts
-            .get(&(rank, step))
-            .map_or(&[], |f| f.gaps.as_slice())
+    /// The gap records of `rank` in `step` (what was not captured there), counted by reason.
+    pub fn gaps(&self, rank: u32, step: u64) -> &GapTally {
+        static NONE: std::sync::LazyLock<GapTally> = std::sync::LazyLock::new(GapTally::default);
+        self.facts.get(&(rank, step)).map_or(&NONE, |f| &f.gaps)
     }
 
     /// Communicators (of more than one rank) that `rank` calls collectives on in `step`.

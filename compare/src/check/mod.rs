@@ -92,18 +92,17 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     let mut coll = collectives::Collectives::default();
     let mut rep = replicas::Replicas::default();
     let mut layer_findings = Vec::new();
-    let mut gaps = Vec::new();
+    let mut gaps = ttrace_format::record::GapTally::default();
     let mut records = 0u64;
     let trace = load::stream(&store, progress, &mut |step: &mut load::Trace| {
         records += step.records.len() as u64;
         layer_findings.extend(layers::check(step));
         rep.step(step);
-        gaps.extend(
-            step.records
-                .iter()
-                .filter(|r| matches!(r.record.op, ttrace_format::record::Op::Gap(_)))
-                .map(|r| r.record.op.clone()),
-        );
+        for r in &step.records {
+            if let ttrace_format::record::Op::Gap(g) = &r.record.op {
+                gaps.add(g);
+            }
+        }
         // The collectives are kept until their call or transfer is checked; the rest go.
         let mut complete = Vec::new();
         for r in std::mem::take(&mut step.records) {
@@ -162,7 +161,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
             report.unreadable.push(line);
         }
     }
-    let lost = crate::losses::CaptureLosses::counted(gaps.iter(), &manifest);
+    let lost = crate::losses::CaptureLosses::counted(&gaps, &manifest);
     (report.gaps, report.gap_bytes) = (lost.gaps, lost.gap_bytes);
     (report.unpublished, report.not_stored) = (lost.unpublished, lost.not_stored);
     report.sort();

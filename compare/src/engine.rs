@@ -167,6 +167,10 @@ fn compare_on_the_pool(
         perturbed = p.pert.as_ref().map_or(0, |t| t.metadata_reread()),
         "compare: segments whose records were read again (dropped from the metadata budget)"
     );
+    tracing::debug!(
+        records = ttrace_format::store::slow_decodes(),
+        "compare: records whose metadata the slower CBOR decoder read (0 expected)"
+    );
     let mut warnings = walked.base_warnings;
     warnings.extend(walked.warnings);
     let report = finish(

@@ -844,9 +844,25 @@ pub fn parse_body(offset: u64, body: &[u8]) -> Result<(Record, Vec<BlobRef>), Fo
 /// ciborium's speed on records: a comparison reads every record's at least once, and
 /// again those dropped from its budget), and by ciborium, which wrote it, when that fails.
 /// Both read serde's data model from the same CBOR, so a record that either reads is the same
-/// record (checked field by field on every kind of record in the tests).
+/// record (checked field by field on every kind of record in the tests). Records only
+/// ciborium reads are counted ([`slow_decodes`]) and the first is logged (debug): a change
+/// that sends them all there halves the speed without changing a result.
 pub fn decode_record(meta: &[u8]) -> Result<Record, ciborium::de::Error<std::io::Error>> {
-    minicbor_serde::from_slice(meta).or_else(|_| ciborium::from_reader(meta))
+    minicbor_serde::from_slice(meta).or_else(|fast| {
+        if SLOW_DECODES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            tracing::debug!("a record's metadata is read by the slower CBOR decoder: {fast}");
+        }
+        ciborium::from_reader(meta)
+    })
+}
+
+/// Records whose metadata [`decode_record`] read with ciborium (the faster decoder refused
+/// them), in this process.
+static SLOW_DECODES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many records [`decode_record`] read with the slower decoder in this process.
+pub fn slow_decodes() -> u64 {
+    SLOW_DECODES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// [`parse_body`] of a frame whose record is already known (`record`, decoded from this very

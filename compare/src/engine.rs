@@ -273,8 +273,8 @@ fn partition_on_the_pool(
         ("run", Some(&p.run)),
         ("perturbed", p.pert.as_ref()),
     ] {
-        for line in t.map(RunTrace::late_unreadable).unwrap_or_default() {
-            late.push((name.to_string(), line));
+        for (line, records) in t.map(RunTrace::late_unreadable).unwrap_or_default() {
+            late.push((name.to_string(), line, records));
         }
     }
     release(p);
@@ -314,7 +314,7 @@ pub(crate) fn merged(
     };
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
-    let mut late: Vec<(String, String)> = Vec::new();
+    let mut late: Vec<(String, String, u64)> = Vec::new();
     for part in parts {
         let part = part?;
         late.extend(part.partition.late_unreadable.iter().cloned());
@@ -372,8 +372,8 @@ pub(crate) fn merged(
 /// Records the partitions read at opening but could not read again (`late`: store, line),
 /// which the merge does not read itself: said among the warnings and counted among the
 /// store's capture losses, as one whole run says and counts them.
-fn add_late_unreadable(report: &mut CompareReport, late: Vec<(String, String)>) {
-    for (store, line) in late {
+fn add_late_unreadable(report: &mut CompareReport, late: Vec<(String, String, u64)>) {
+    for (store, line, records) in late {
         if report.warnings.contains(&line) {
             continue;
         }
@@ -399,7 +399,7 @@ fn add_late_unreadable(report: &mut CompareReport, late: Vec<(String, String)>) 
                 losses.len() - 1
             }
         };
-        losses[at].unreadable += 1;
+        losses[at].unreadable += records;
     }
 }
 
@@ -689,7 +689,7 @@ fn finish_with_entries(
     // Records read at opening that could not be read again (their segment changed since):
     // said with the rest of what could not be read, and counted as a capture's losses.
     for (_, t) in &stores {
-        warnings.extend(t.late_unreadable());
+        warnings.extend(t.late_unreadable().into_iter().map(|(line, _)| line));
     }
     let capture_losses = crate::losses::of_stores(&stores, steps);
     Ok(CompareReport {
@@ -1002,7 +1002,10 @@ mod tests {
         let line = "rank 1 step 5: its segment changed since the store was opened".to_string();
         add_late_unreadable(
             &mut report,
-            vec![("run".into(), line.clone()), ("run".into(), line.clone())],
+            vec![
+                ("run".into(), line.clone(), 3),
+                ("run".into(), line.clone(), 3),
+            ],
         );
         assert_eq!(report.exit_code(), crate::losses::EXIT_INCOMPLETE);
         assert_eq!(report.warnings.iter().filter(|w| **w == line).count(), 1);
@@ -1012,7 +1015,7 @@ mod tests {
                 report.capture_losses[0].store.as_str(),
                 report.capture_losses[0].unreadable
             ),
-            ("run", 1)
+            ("run", 3)
         );
     }
 

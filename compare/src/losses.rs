@@ -54,7 +54,8 @@ impl CaptureLosses {
             store: store.to_string(),
             path: t.path.display().to_string(),
             // What could not be read at opening, and what was read then but not since.
-            unreadable: (t.unreadable.len() + t.late_unreadable().len()) as u64,
+            unreadable: t.unreadable.len() as u64
+                + t.late_unreadable().iter().map(|(_, n)| n).sum::<u64>(),
             ..CaptureLosses::counted(&gaps, &t.manifest)
         }
     }

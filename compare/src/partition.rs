@@ -26,7 +26,7 @@ use crate::report::{CompareReport, LayoutSummary, RunSummary};
 use crate::CompareError;
 
 /// Version of the partial report's `partition` object; a merge reads only its own.
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 /// The ttrace version that writes partial reports; a merge joins only its own version's.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -210,10 +210,11 @@ pub struct Partial {
     /// those of the whole comparison, which every partition repeats).
     pub walk_warnings: Vec<String>,
     /// Records read when the partition opened the stores that could not be read again
-    /// (their segment changed since), by store (`reference`, `run`, `perturbed`) and line:
-    /// the merge, which does not read them, says and counts them as the whole run would.
+    /// (their segment changed since), by store (`reference`, `run`, `perturbed`), line and
+    /// how many records the line is for: the merge, which does not read them, says and
+    /// counts them as the whole run would.
     #[serde(default)]
-    pub late_unreadable: Vec<(String, String)>,
+    pub late_unreadable: Vec<(String, String, u64)>,
 }
 
 impl Partial {
@@ -224,7 +225,7 @@ impl Partial {
         covered: Vec<u64>,
         options: PartialOptions,
         pending: Vec<PendingEntry>,
-        (walk_warnings, late_unreadable): (Vec<String>, Vec<(String, String)>),
+        (walk_warnings, late_unreadable): (Vec<String>, Vec<(String, String, u64)>),
     ) -> Partial {
         Partial {
             schema: SCHEMA,

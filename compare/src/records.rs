@@ -4,7 +4,7 @@
 //! a comparison reads a few steps at a time, so what it holds of them need not grow with the
 //! trace.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -107,7 +107,9 @@ pub struct RecordCache {
     /// What could not be read again that was read at opening (a segment changed or removed
     /// since), a line each: the records lost are missing from the comparison, so they are
     /// said with what else could not be read.
-    late: Mutex<BTreeSet<String>>,
+    /// Segments read again short of what they held at opening: a line each, with how many
+    /// records it left out.
+    late: Mutex<BTreeMap<String, u64>>,
 }
 
 /// A segment as the store's opening found it.
@@ -243,22 +245,29 @@ impl RecordCache {
                 [] => String::new(),
                 lines => format!(": {}", lines.join("; ")),
             };
-            lock(&self.late).insert(format!(
-                "{}: rank {} step {}: {} of its {} records no longer read (the segment changed \
-                 since the comparison opened it), left out{why}",
-                self.path.display(),
-                key.0,
-                key.1,
-                open.records - recs.len(),
-                open.records
-            ));
+            let lost = open.records - recs.len();
+            lock(&self.late).insert(
+                format!(
+                    "{}: rank {} step {}: {lost} of its {} records no longer read (the segment \
+                     changed since the comparison opened it), left out{why}",
+                    self.path.display(),
+                    key.0,
+                    key.1,
+                    open.records
+                ),
+                lost as u64,
+            );
         }
         recs
     }
 
-    /// What could not be read again that was read when the store was opened, a line each.
-    pub fn late_unreadable(&self) -> Vec<String> {
-        lock(&self.late).iter().cloned().collect()
+    /// What could not be read again that was read when the store was opened: a line per
+    /// segment, with how many of its records it left out.
+    pub fn late_unreadable(&self) -> Vec<(String, u64)> {
+        lock(&self.late)
+            .iter()
+            .map(|(l, n)| (l.clone(), *n))
+            .collect()
     }
 
     /// The names of the kernels launched before the record `seq` of segment `key` (which the

@@ -337,8 +337,9 @@ impl RunTrace {
     }
 
     /// Records read when the store was opened that could not be read again since (their
-    /// segment changed or was removed), a line each: left out of the comparison.
-    pub fn late_unreadable(&self) -> Vec<String> {
+    /// segment changed or was removed): a line per segment, with how many of its records it
+    /// left out of the comparison.
+    pub fn late_unreadable(&self) -> Vec<(String, u64)> {
         self.records.late_unreadable()
     }
 
@@ -1165,11 +1166,15 @@ mod tests {
         let late = bounded.late_unreadable();
         assert_eq!(late.len(), 1, "{late:?}");
         assert!(
-            late[0].contains("rank 1 step 5: 5 of its 5 records no longer read"),
+            late[0]
+                .0
+                .contains("rank 1 step 5: 5 of its 5 records no longer read"),
             "{late:?}"
         );
+        assert_eq!(late[0].1, 5);
+        // Counted as the records it left out, not as the one line that says so.
         let lost = crate::losses::CaptureLosses::of("run", &bounded, &[5]);
-        assert_eq!(lost.unreadable, 1);
+        assert_eq!(lost.unreadable, 5);
         assert!(!lost.is_empty());
         // The rank whose segment is still there reads as before.
         assert_eq!(&bounded.records(0, 5)[..], &whole.records(0, 5)[..]);

@@ -69,15 +69,24 @@ fn compare(reff: &Reference, run: &Path) -> Compared {
         .arg(&reff.perturbed)
         .arg("--json")
         .arg(&json)
+        // Its phases, among them how many records the slower CBOR decoder read.
+        .env("TTRACE_LOG", "ttrace_compare::engine=debug")
         .output()
         .expect("ttrace compare");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let code = out.status.code().unwrap_or(-1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         code == 0 || code == 1,
-        "ttrace compare exited {code}: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        "ttrace compare exited {code}: {text}\n{stderr}"
     );
+    // Every record the trainer's capture holds is read by the faster decoder: one that is
+    // not halves the speed of every comparison without changing a result.
+    let slow = stderr
+        .lines()
+        .find(|l| l.contains("slower CBOR decoder"))
+        .unwrap_or_else(|| panic!("compare logs the slower decoder's count: {stderr}"));
+    assert!(slow.ends_with("records=0"), "{slow}");
     let report: Value =
         serde_json::from_slice(&std::fs::read(&json).expect("json report")).expect("json");
     Compared { code, text, report }

@@ -174,7 +174,9 @@ pub type Call = ((u64, usize), Vec<Rec>);
 /// Collective calls (not send/recv) grouped as [`group_calls`] groups them, from records
 /// handed over step by step ([`CallGroups::add`]): a call is handed back as soon as every
 /// member of its communicator that is in the store has made it (no later record can join
-/// it), so that only calls still waiting for a member are held; the others come at the end
+/// it), so that only calls still waiting for a member are held; a call waiting only for
+/// members whose ranks' records are all read (a rank that stopped early) is handed back as
+/// the steps end ([`CallGroups::ended`]); the others come at the end
 /// ([`CallGroups::finish`]), in key order.
 #[derive(Debug, Default)]
 pub struct CallGroups {
@@ -185,6 +187,10 @@ pub struct CallGroups {
     /// The communicator ranks of each communicator of the comm map whose global rank is
     /// known and not in the store: the only members a call is complete without.
     absent: BTreeMap<u64, BTreeSet<u32>>,
+    /// The global rank of each communicator rank of each communicator of the comm map.
+    members: BTreeMap<u64, Vec<Option<u32>>>,
+    /// The last step of each rank of the store ([`CallGroups::with_last_steps`]).
+    last_step: BTreeMap<u32, u64>,
 }
 
 impl CallGroups {
@@ -203,8 +209,62 @@ impl CallGroups {
             .collect();
         CallGroups {
             absent,
+            members: manifest
+                .comms
+                .iter()
+                .map(|e| (e.key, e.members.clone()))
+                .collect(),
             ..CallGroups::default()
         }
+    }
+
+    /// Knowing the last step each rank of the store has (`last_step`), for
+    /// [`CallGroups::ended`].
+    pub fn with_last_steps(mut self, last_step: BTreeMap<u32, u64>) -> CallGroups {
+        self.last_step = last_step;
+        self
+    }
+
+    /// The calls that can no longer complete once every rank's records up to `step` are in
+    /// (handed back, by key, as [`CallGroups::finish`] would at the end): those whose missing
+    /// members are all ranks of known global rank whose last step is `step` or before (a
+    /// rank that stopped early; its records are all read). A crashed rank's communicators
+    /// would otherwise hold every later call of the run's survivors to the end. A member of
+    /// unknown rank, or of a communicator the map does not list, is still waited for.
+    pub fn ended(&mut self, step: u64) -> Vec<Call> {
+        let done: Vec<(u64, usize)> = self
+            .pending
+            .iter()
+            .filter(|(&(comm, _), (recs, _))| {
+                let Some(members) = self.members.get(&comm) else {
+                    return false;
+                };
+                let size = recs.first().and_then(coll).map_or(0, |c| c.comm_size);
+                let made: BTreeSet<u32> = recs
+                    .iter()
+                    .filter_map(|r| coll(r).map(|c| c.comm_rank))
+                    .collect();
+                let absent = self.absent.get(&comm);
+                (0..size)
+                    .filter(|cr| !made.contains(cr) && !absent.is_some_and(|a| a.contains(cr)))
+                    .all(|cr| {
+                        members
+                            .get(cr as usize)
+                            .copied()
+                            .flatten()
+                            .and_then(|g| self.last_step.get(&g))
+                            .is_some_and(|&last| last <= step)
+                    })
+            })
+            .map(|(&key, _)| key)
+            .collect();
+        done.into_iter()
+            .filter_map(|key| {
+                let (mut recs, _) = self.pending.remove(&key)?;
+                recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
+                Some((key, recs))
+            })
+            .collect()
     }
 
     /// Adds `r` when it is a collective call (not a send or recv; records of a rank come in
@@ -937,6 +997,35 @@ mod tests {
         // Rank 1 not in the store: rank 0 alone completes each call.
         let mut alone = CallGroups::new(&manifest, &[0]);
         assert!(alone.add(all_reduce(0, &[1.0], &[1.0])).is_some());
+    }
+
+    #[test]
+    fn a_call_waiting_only_for_a_rank_that_stopped_is_handed_back_when_its_last_step_is_read() {
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+        // Rank 1's last step is 3, rank 0's 9.
+        let mut groups =
+            CallGroups::new(&manifest, &[0, 1]).with_last_steps(BTreeMap::from([(0, 9), (1, 3)]));
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        // Step 2 read: rank 1 may still make the call.
+        assert!(groups.ended(2).is_empty());
+        // Step 3 read: rank 1 has no record left; the call is handed back as finish would.
+        let ended = groups.ended(3);
+        assert_eq!(ended.len(), 1);
+        assert_eq!((ended[0].0, ended[0].1.len()), ((COMM, 0), 1));
+        assert!(groups.finish().is_empty());
+        // A member whose last step is not known (no segment of its rank) is waited for to
+        // the end.
+        let mut groups =
+            CallGroups::new(&manifest, &[0, 1]).with_last_steps(BTreeMap::from([(1, 9)]));
+        assert!(groups.add(all_reduce(1, &[1.0], &[2.0])).is_none());
+        assert!(groups.ended(9).is_empty());
+        assert_eq!(groups.finish().len(), 1);
+        // A member of unknown global rank is waited for too.
+        let unknown = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), None])]);
+        let mut groups =
+            CallGroups::new(&unknown, &[0, 1]).with_last_steps(BTreeMap::from([(0, 0), (1, 0)]));
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        assert!(groups.ended(5).is_empty());
     }
 
     #[test]

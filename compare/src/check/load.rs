@@ -68,6 +68,8 @@ pub struct Trace {
     /// Readable records, by rank, then step, then seq: every one ([`load`]), or those of the
     /// step being read ([`stream`]; none once it is done).
     pub records: Vec<Rec>,
+    /// The step being read ([`stream`]; `None` for a whole trace, [`load`]).
+    pub step: Option<u64>,
     /// The earliest non-finite value (by step, then call time) over all ranks.
     pub first_nonfinite: Option<NonFinite>,
     /// Records or tensors that could not be read (they are skipped).
@@ -212,8 +214,10 @@ pub fn stream(
             trace.records.extend(r.records);
         }
         progress(done, total.max(done));
+        trace.step = Some(step);
         each_step(&mut trace);
         trace.records = Vec::new();
+        trace.step = None;
     }
     progress(done, total.max(done));
     trace.unreadable = unreadable.into_values().flatten().collect();

@@ -88,7 +88,12 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     store.set_located_budget(LOCATED_BYTES);
     let store = std::sync::Arc::new(store);
     let ranks = store.ranks();
-    let mut calls = collectives::CallGroups::new(&manifest, &ranks);
+    // A rank that stopped early is waited for no longer than its last step.
+    let last_steps = ranks
+        .iter()
+        .filter_map(|&rank| store.steps(rank).into_iter().max().map(|s| (rank, s)))
+        .collect();
+    let mut calls = collectives::CallGroups::new(&manifest, &ranks).with_last_steps(last_steps);
     let mut coll = collectives::Collectives::default();
     let mut rep = replicas::Replicas::default();
     let mut layer_findings = Vec::new();
@@ -107,6 +112,9 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         let mut complete = Vec::new();
         for r in std::mem::take(&mut step.records) {
             complete.extend(coll.feed(&mut calls, step, &manifest, r));
+        }
+        if let Some(s) = step.step {
+            complete.extend(calls.ended(s));
         }
         // The calls the step completed, checked side by side (each reads its members' bytes
         // again), in batches of at most CALL_BYTES of them.

@@ -225,6 +225,25 @@ impl CallGroups {
         self
     }
 
+    /// Whether communicator rank `comm_rank` (of a communicator whose global ranks are
+    /// `members`) is a rank of the store whose last step is `step` or before.
+    fn ended_by(&self, members: &[Option<u32>], comm_rank: u32, step: u64) -> bool {
+        members
+            .get(comm_rank as usize)
+            .copied()
+            .flatten()
+            .and_then(|g| self.last_step.get(&g))
+            .is_some_and(|&last| last <= step)
+    }
+
+    /// Whether communicator rank `comm_rank` of `comm` has no record left once every rank's
+    /// records up to `step` are in ([`CallGroups::ended`]).
+    fn rank_ended(&self, comm: u64, comm_rank: u32, step: u64) -> bool {
+        self.members
+            .get(&comm)
+            .is_some_and(|m| self.ended_by(m, comm_rank, step))
+    }
+
     /// The calls that can no longer complete once every rank's records up to `step` are in
     /// (handed back, by key, as [`CallGroups::finish`] would at the end): those whose missing
     /// members are all ranks of known global rank whose last step is `step` or before (a
@@ -232,6 +251,9 @@ impl CallGroups {
     /// would otherwise hold every later call of the run's survivors to the end. A member of
     /// unknown rank, or of a communicator the map does not list, is still waited for.
     pub fn ended(&mut self, step: u64) -> Vec<Call> {
+        if self.last_step.is_empty() {
+            return Vec::new();
+        }
         let done: Vec<(u64, usize)> = self
             .pending
             .iter()
@@ -247,14 +269,7 @@ impl CallGroups {
                 let absent = self.absent.get(&comm);
                 (0..size)
                     .filter(|cr| !made.contains(cr) && !absent.is_some_and(|a| a.contains(cr)))
-                    .all(|cr| {
-                        members
-                            .get(cr as usize)
-                            .copied()
-                            .flatten()
-                            .and_then(|g| self.last_step.get(&g))
-                            .is_some_and(|&last| last <= step)
-                    })
+                    .all(|cr| self.ended_by(members, cr, step))
             })
             .map(|(&key, _)| key)
             .collect();
@@ -401,6 +416,30 @@ impl Collectives {
         while !path.sends.is_empty() && !path.recvs.is_empty() {
             let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
             self.checked += u64::from(path.check(trace, key, s, r));
+        }
+    }
+
+    /// Checks, once every rank's records up to `step` are in, the transfers whose other end
+    /// can no longer come (its rank has no step left: it stopped early), as [`Self::finish`]
+    /// would at the end, in the path's order: a survivor's sends to a crashed peer are not
+    /// held for the rest of the run.
+    pub fn ended(&mut self, trace: &Trace, groups: &CallGroups, step: u64) {
+        for (&key, path) in self.paths.iter_mut() {
+            let (comm, from, to) = key;
+            let waiting = if !path.sends.is_empty() {
+                groups.rank_ended(comm, to, step)
+            } else if !path.recvs.is_empty() {
+                groups.rank_ended(comm, from, step)
+            } else {
+                false
+            };
+            if !path.held || !waiting {
+                continue;
+            }
+            while !path.sends.is_empty() || !path.recvs.is_empty() {
+                let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
+                self.checked += u64::from(path.check(trace, key, s, r));
+            }
         }
     }
 
@@ -1055,6 +1094,44 @@ mod tests {
             "a call larger than the bound goes alone"
         );
         assert!(batches(&[], 64).is_empty());
+    }
+
+    #[test]
+    fn sends_to_a_peer_that_stopped_are_checked_when_its_last_step_is_read_with_the_same_findings()
+    {
+        // Rank 1 stopped after step 3: rank 0's sends to it (two of the same bytes: the second
+        // stale) never find their recvs. Checked as step 3 ends, they say what the end says.
+        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+        let trace = Trace {
+            ranks: vec![0, 1],
+            ..Trace::default()
+        };
+        let send = |v: &[f32]| rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]);
+        let records = vec![send(&[1.0, 2.0]), send(&[1.0, 2.0]), send(&[4.0, 2.0])];
+        let groups =
+            CallGroups::new(&manifest, &[0, 1]).with_last_steps(BTreeMap::from([(0, 9), (1, 3)]));
+        let mut checks = Collectives::default();
+        for r in records.clone() {
+            checks.transfer(&trace, &manifest, r);
+        }
+        checks.ended(&trace, &groups, 2);
+        assert_eq!(
+            checks.paths[&(COMM, 0, 1)].sends.len(),
+            3,
+            "rank 1 may still receive"
+        );
+        checks.ended(&trace, &groups, 3);
+        assert!(
+            checks.paths[&(COMM, 0, 1)].sends.is_empty(),
+            "none held past rank 1's end"
+        );
+        let early = checks.finish(&trace, &manifest, Vec::new());
+        let whole = run(records);
+        let details =
+            |o: &Outcome| -> Vec<String> { o.findings.iter().map(|f| f.detail.clone()).collect() };
+        assert_eq!(details(&early), details(&whole));
+        assert_eq!(early.checked, whole.checked);
+        assert!(!early.findings.is_empty());
     }
 
     #[test]

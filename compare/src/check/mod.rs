@@ -115,6 +115,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         }
         if let Some(s) = step.step {
             complete.extend(calls.ended(s));
+            coll.ended(step, &calls, s);
         }
         // The calls the step completed, checked side by side (each reads its members' bytes
         // again), in batches of at most CALL_BYTES of them.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README.md): formatting, lints, a release build (which leaves the simulated
+# The test command (README.md): formatting, lints, the docs' links, a release build (which leaves the simulated
 # CUDA stack in target/release/sim/), then every test against that build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,9 @@ echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== docs"
+# Every intra-doc link resolves (a renamed or removed item leaves none dangling).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 echo "== build"
 cargo build --workspace --release
 echo "== build (CUDA 13 simulated stack, target/cuda13)"

@@ -300,7 +300,7 @@ impl Ring {
     ///
     /// `front`: the bytes at the data area's beginning the producer prefers (its page-locked
     /// part): a slot that would end past them starts over at the next lap's beginning instead
-    /// when the ring is all but idle and that space is free now ([`Self::wrap_early`]).
+    /// when the ring is all but idle and that space is free now (`wrap_early`).
     pub fn reserve_within(
         &self,
         len: u64,

@@ -171,8 +171,9 @@ fn data(r: &Rec, role: Role) -> Option<TensorData> {
 /// communicator rank.
 pub type Call = ((u64, usize), Vec<Rec>);
 
-/// Collective calls (not send/recv) grouped as [`group_calls`] groups them, from records
-/// handed over step by step ([`CallGroups::add`]): a call is handed back as soon as every
+/// Collective calls (not send/recv) grouped by communicator and call number (the n-th call a
+/// rank makes on a communicator is call n of every member), from records handed over step by
+/// step ([`CallGroups::add`]): a call is handed back as soon as every
 /// member of its communicator that is in the store has made it (no later record can join
 /// it), so that only calls still waiting for a member are held; a call waiting only for
 /// members whose ranks' records are all read (a rank that stopped early) is handed back as

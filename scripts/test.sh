@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README.md): formatting, lints, the docs' links, a release build (which leaves the simulated
-# CUDA stack in target/release/sim/), then every test against that build.
+# The test command (README.md): formatting, lints, the docs' links, a release build (which
+# leaves the simulated CUDA stack in target/release/sim/), then every test against that build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

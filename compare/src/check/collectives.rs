@@ -226,23 +226,15 @@ impl CallGroups {
         self
     }
 
-    /// Whether communicator rank `comm_rank` (of a communicator whose global ranks are
-    /// `members`) is a rank of the store whose last step is `step` or before.
-    fn ended_by(&self, members: &[Option<u32>], comm_rank: u32, step: u64) -> bool {
-        members
-            .get(comm_rank as usize)
-            .copied()
-            .flatten()
-            .and_then(|g| self.last_step.get(&g))
-            .is_some_and(|&last| last <= step)
-    }
-
-    /// Whether communicator rank `comm_rank` of `comm` has no record left once every rank's
-    /// records up to `step` are in ([`CallGroups::ended`]).
+    /// Whether communicator rank `comm_rank` of `comm` is a rank of the store whose last step
+    /// is `step` or before: it has no record left once every rank's records up to `step` are
+    /// in ([`CallGroups::ended`]).
     fn rank_ended(&self, comm: u64, comm_rank: u32, step: u64) -> bool {
         self.members
             .get(&comm)
-            .is_some_and(|m| self.ended_by(m, comm_rank, step))
+            .and_then(|m| m.get(comm_rank as usize).copied().flatten())
+            .and_then(|g| self.last_step.get(&g))
+            .is_some_and(|&last| last <= step)
     }
 
     /// The calls that can no longer complete once every rank's records up to `step` are in
@@ -250,18 +242,18 @@ impl CallGroups {
     /// members are all ranks of known global rank whose last step is `step` or before (a
     /// rank that stopped early; its records are all read). A crashed rank's communicators
     /// would otherwise hold every later call of the run's survivors to the end. A member of
-    /// unknown rank, or of a communicator the map does not list, is still waited for.
+    /// unknown rank (a rank left out of the capture by `--ranks`, a store of one node of
+    /// several), or of a communicator the map does not list, is still waited for: those calls
+    /// come at the end.
     pub fn ended(&mut self, step: u64) -> Vec<Call> {
-        if self.last_step.is_empty() {
+        // A call can only end at some rank's last step: no scan of the calls otherwise.
+        if !self.last_step.values().any(|&last| last == step) {
             return Vec::new();
         }
         let done: Vec<(u64, usize)> = self
             .pending
             .iter()
             .filter(|(&(comm, _), (recs, _))| {
-                let Some(members) = self.members.get(&comm) else {
-                    return false;
-                };
                 let size = recs.first().and_then(coll).map_or(0, |c| c.comm_size);
                 let made: BTreeSet<u32> = recs
                     .iter()
@@ -270,15 +262,14 @@ impl CallGroups {
                 let absent = self.absent.get(&comm);
                 (0..size)
                     .filter(|cr| !made.contains(cr) && !absent.is_some_and(|a| a.contains(cr)))
-                    .all(|cr| self.ended_by(members, cr, step))
+                    .all(|cr| self.rank_ended(comm, cr, step))
             })
             .map(|(&key, _)| key)
             .collect();
         done.into_iter()
             .filter_map(|key| {
-                let (mut recs, _) = self.pending.remove(&key)?;
-                recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
-                Some((key, recs))
+                let (recs, _) = self.pending.remove(&key)?;
+                Some(into_call(key, recs))
             })
             .collect()
     }
@@ -307,21 +298,23 @@ impl CallGroups {
         if *made < needed.max(1) {
             return None;
         }
-        let (mut recs, _) = self.pending.remove(&key)?;
-        recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
-        Some((key, recs))
+        let (recs, _) = self.pending.remove(&key)?;
+        Some(into_call(key, recs))
     }
 
     /// The calls that were never completed, by key.
     pub fn finish(self) -> Vec<Call> {
         self.pending
             .into_iter()
-            .map(|(key, (mut recs, _))| {
-                recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
-                (key, recs)
-            })
+            .map(|(key, (recs, _))| into_call(key, recs))
             .collect()
     }
+}
+
+/// Call `key` of its members' records `recs`, put in communicator-rank order.
+fn into_call(key: (u64, usize), mut recs: Vec<Rec>) -> Call {
+    recs.sort_by_key(|r| coll(r).map_or(0, |c| c.comm_rank));
+    (key, recs)
 }
 
 /// The collective checks, fed step by step: calls as they complete ([`Collectives::call`]),
@@ -434,12 +427,8 @@ impl Collectives {
             } else {
                 false
             };
-            if !path.held || !waiting {
-                continue;
-            }
-            while !path.sends.is_empty() || !path.recvs.is_empty() {
-                let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
-                self.checked += u64::from(path.check(trace, key, s, r));
+            if path.held && waiting {
+                self.checked += path.drain(trace, key);
             }
         }
     }
@@ -463,10 +452,7 @@ impl Collectives {
             if !path.held {
                 continue;
             }
-            while !path.sends.is_empty() || !path.recvs.is_empty() {
-                let (s, r) = (path.sends.pop_front(), path.recvs.pop_front());
-                out.checked += u64::from(path.check(trace, key, s, r));
-            }
+            out.checked += path.drain(trace, key);
             out.findings.extend(path.stale);
             out.findings.extend(path.pairs);
         }
@@ -475,6 +461,17 @@ impl Collectives {
 }
 
 impl Path {
+    /// Checks every transfer of the path not checked yet, in order, an end missing where one
+    /// of its sides ran out; how many pairs were checked.
+    fn drain(&mut self, trace: &Trace, key: (u64, u32, u32)) -> u64 {
+        let mut checked = 0;
+        while !self.sends.is_empty() || !self.recvs.is_empty() {
+            let (s, r) = (self.sends.pop_front(), self.recvs.pop_front());
+            checked += u64::from(self.check(trace, key, s, r));
+        }
+        checked
+    }
+
     /// Checks the next transfer of the path (send `s`, recv `r`; one may be missing): a
     /// stale send, then the pair. Whether the pair was checked.
     fn check(
@@ -991,13 +988,36 @@ mod tests {
         }
     }
 
-    fn run(records: Vec<Rec>) -> Outcome {
-        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
+    /// The comm map of ranks 0 and 1 on `COMM`, and a trace of those ranks without records
+    /// (records are fed one by one).
+    fn two_ranks() -> (Manifest, Trace) {
         let trace = Trace {
             ranks: vec![0, 1],
-            records,
             ..Trace::default()
         };
+        (
+            crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]),
+            trace,
+        )
+    }
+
+    /// A send of `v` from rank 0 to rank 1.
+    fn send(v: &[f32]) -> Rec {
+        rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))])
+    }
+
+    /// A recv of `v` by rank 1 from rank 0.
+    fn recv(v: &[f32]) -> Rec {
+        rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))])
+    }
+
+    fn details(o: &Outcome) -> Vec<String> {
+        o.findings.iter().map(|f| f.detail.clone()).collect()
+    }
+
+    fn run(records: Vec<Rec>) -> Outcome {
+        let (manifest, mut trace) = two_ranks();
+        trace.records = records;
         check(&trace, &manifest)
     }
 
@@ -1065,7 +1085,20 @@ mod tests {
         let mut groups =
             CallGroups::new(&unknown, &[0, 1]).with_last_steps(BTreeMap::from([(0, 0), (1, 0)]));
         assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
-        assert!(groups.ended(5).is_empty());
+        assert!(groups.ended(0).is_empty());
+        // Communicator ranks are not global ranks: comm rank 0 is rank 1 and comm rank 1 is
+        // rank 0, which stopped after step 3; rank 1 (comm rank 0) made the call.
+        let swapped = crate::model::comms::tests::manifest(&[(COMM, vec![Some(1), Some(0)])]);
+        let mut groups =
+            CallGroups::new(&swapped, &[0, 1]).with_last_steps(BTreeMap::from([(0, 3), (1, 9)]));
+        let mut by_rank_1 = all_reduce(0, &[1.0], &[2.0]);
+        by_rank_1.record.rank = 1;
+        assert!(groups.add(by_rank_1).is_none());
+        assert_eq!(
+            groups.ended(3).len(),
+            1,
+            "waits only for rank 0, which has ended"
+        );
     }
 
     #[test]
@@ -1102,12 +1135,7 @@ mod tests {
     {
         // Rank 1 stopped after step 3: rank 0's sends to it (two of the same bytes: the second
         // stale) never find their recvs. Checked as step 3 ends, they say what the end says.
-        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
-        let trace = Trace {
-            ranks: vec![0, 1],
-            ..Trace::default()
-        };
-        let send = |v: &[f32]| rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]);
+        let (manifest, trace) = two_ranks();
         let records = vec![send(&[1.0, 2.0]), send(&[1.0, 2.0]), send(&[4.0, 2.0])];
         let groups =
             CallGroups::new(&manifest, &[0, 1]).with_last_steps(BTreeMap::from([(0, 9), (1, 3)]));
@@ -1128,8 +1156,6 @@ mod tests {
         );
         let early = checks.finish(&trace, &manifest, Vec::new());
         let whole = run(records);
-        let details =
-            |o: &Outcome| -> Vec<String> { o.findings.iter().map(|f| f.detail.clone()).collect() };
         assert_eq!(details(&early), details(&whole));
         assert_eq!(early.checked, whole.checked);
         assert!(!early.findings.is_empty());
@@ -1138,14 +1164,9 @@ mod tests {
     #[test]
     fn transfers_are_checked_as_their_ends_come_with_the_same_findings() {
         // Two sends of the same bytes in a step (the second stale), then their recvs, the
-        // second received wrong: the same findings fed whole or record by record.
-        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
-        let trace = Trace {
-            ranks: vec![0, 1],
-            ..Trace::default()
-        };
-        let send = |v: &[f32]| rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]);
-        let recv = |v: &[f32]| rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))]);
+        // second received wrong: the same findings fed record by record in this order as
+        // checked whole with the two ranks' records interleaved (each rank's in its order).
+        let (manifest, trace) = two_ranks();
         let records = vec![
             send(&[1.0, 2.0]),
             send(&[1.0, 2.0]),
@@ -1157,9 +1178,8 @@ mod tests {
             checks.transfer(&trace, &manifest, r);
         }
         let fed = checks.finish(&trace, &manifest, Vec::new());
-        let whole = run(records);
-        let details =
-            |o: &Outcome| -> Vec<String> { o.findings.iter().map(|f| f.detail.clone()).collect() };
+        let interleaved = [0, 2, 1, 3].map(|i| records[i].clone());
+        let whole = run(interleaved.into());
         assert_eq!(details(&fed), details(&whole));
         assert_eq!(fed.checked, 2);
         assert_eq!(fed.findings.len(), 2, "{:?}", details(&fed));
@@ -1169,27 +1189,13 @@ mod tests {
 
     #[test]
     fn transfers_are_paired_in_order_whichever_end_comes_first_and_repeats_are_per_step() {
-        let manifest = crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1)])]);
-        let trace = Trace {
-            ranks: vec![0, 1],
-            ..Trace::default()
-        };
+        let (manifest, trace) = two_ranks();
         let at = |mut r: Rec, step: u64| {
             r.record.step = step;
             r
         };
-        let send = |v: &[f32], step| {
-            at(
-                rec(0, CollectiveKind::Send, Some(1), &[(Role::Input, f32s(v))]),
-                step,
-            )
-        };
-        let recv = |v: &[f32], step| {
-            at(
-                rec(1, CollectiveKind::Recv, Some(0), &[(Role::Output, f32s(v))]),
-                step,
-            )
-        };
+        let send = |v: &[f32], step| at(send(v), step);
+        let recv = |v: &[f32], step| at(recv(v), step);
         // The recvs come first; the same bytes are sent once in step 0 and once in step 1
         // (each micro-batch of its own step: not a stale buffer), the second received wrong.
         let records = vec![

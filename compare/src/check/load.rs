@@ -94,23 +94,25 @@ impl Trace {
             return Cow::Borrowed(rec);
         }
         let key = (rec.record.rank, rec.record.step);
-        let seg = {
-            let mut open = lock(&self.open);
-            match &*open {
-                Some((k, seg)) if *k == key => Arc::clone(seg),
-                _ => match store.open_segment(key.0, key.1) {
-                    Ok(seg) => {
-                        let seg = Arc::new(seg);
-                        *open = Some((key, Arc::clone(&seg)));
-                        seg
-                    }
-                    Err(e) => {
-                        drop(open);
-                        self.note_late(format!("rank {} step {}: {e}", key.0, key.1));
-                        return Cow::Borrowed(rec);
-                    }
-                },
-            }
+        let held = match &*lock(&self.open) {
+            Some((k, seg)) if *k == key => Some(Arc::clone(seg)),
+            _ => None,
+        };
+        // Opened without the lock: the calls checked side by side do not wait on each
+        // other's openings.
+        let seg = match held {
+            Some(seg) => seg,
+            None => match store.open_segment(key.0, key.1) {
+                Ok(seg) => {
+                    let seg = Arc::new(seg);
+                    *lock(&self.open) = Some((key, Arc::clone(&seg)));
+                    seg
+                }
+                Err(e) => {
+                    self.note_late(format!("rank {} step {}: {e}", key.0, key.1));
+                    return Cow::Borrowed(rec);
+                }
+            },
         };
         let view = match seg.read_at(frame, &rec.record) {
             Some(Ok(v)) => v,

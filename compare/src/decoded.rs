@@ -136,6 +136,11 @@ impl DecodedCache {
         self.budget = bytes;
     }
 
+    /// The most bytes it keeps.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
     /// Bytes of values kept (each shared value once).
     pub fn bytes(&self) -> u64 {
         self.bytes

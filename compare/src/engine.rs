@@ -60,7 +60,8 @@ pub const DEFAULT_MEMORY: u64 = 1 << 30;
 /// each; an eighth for decoded tensors kept and as much for spare buffers
 /// ([`crate::prefetch::kept_budgets`]); a sixteenth for the records' metadata
 /// ([`metadata_budgets`]), shared the same way; a thirty-second each for the results of
-/// the walk and of the reductions, which run side by side ([`crate::results::results_budget`]). The rest (about a sixth) is left for what no share
+/// the walk and of the reductions, which run side by side
+/// ([`crate::results::results_budget`]). The rest (an eighth) is left for what no share
 /// bounds: the program and its threads, the tensors of the op being compared, what grows
 /// with the steps (the alignment, the results' index: a few hundred bytes a GEMM).
 /// Returns (reference, run, perturbed) segment budgets.
@@ -195,8 +196,7 @@ fn compare_on_the_pool(
 /// its last tens of milliseconds unmapping them (the large benchmark config: exit 35 -> 25 ms
 /// after the reports are written). Inline when no thread can be made.
 fn shed(p: &Prepared) {
-    let mut shed = vec![p.reff.shed(), p.run.shed()];
-    shed.extend(p.pert.as_ref().map(RunTrace::shed));
+    let shed: Vec<_> = p.stores().into_iter().map(|(_, t)| t.shed()).collect();
     let _ = std::thread::Builder::new()
         .name("ttrace-release".into())
         .spawn(move || drop(shed));
@@ -268,12 +268,8 @@ fn partition_on_the_pool(
         Some(&mut entries),
     )?;
     let mut late = Vec::new();
-    for (name, t) in [
-        ("reference", Some(&p.reff)),
-        ("run", Some(&p.run)),
-        ("perturbed", p.pert.as_ref()),
-    ] {
-        for (line, records) in t.map(RunTrace::late_unreadable).unwrap_or_default() {
+    for (name, t) in p.stores() {
+        for (line, records) in t.late_unreadable() {
             late.push((name.to_string(), line, records));
         }
     }
@@ -546,7 +542,10 @@ fn walk_ops(
         if current != Some(ref_op.0) {
             // A step is judged from that step alone (see [`Memory`]).
             if let Some(step) = current {
-                walk.tell_step(step, &tell);
+                if !walk.tell_step(step, &tell) {
+                    // The reductions stopped on an error: what walk_steps reports.
+                    break;
+                }
             }
             current = Some(ref_op.0);
             walk.placer.start_step();
@@ -564,7 +563,7 @@ fn walk_ops(
         walk.op(ref_op, shards, depth)?;
     }
     if let Some(step) = current {
-        walk.tell_step(step, &tell);
+        let _ = walk.tell_step(step, &tell);
     }
     // A receiver gone means the reductions stopped: their join says why.
     let _ = tell.send(reductions::Walked::Done);
@@ -682,10 +681,7 @@ fn finish_with_entries(
         world_size: t.ranks().len() as u32,
     };
     let stats = stats(p, steps, tensors.len(), (bytes, elapsed_s));
-    let mut stores: Vec<(&str, &RunTrace)> = vec![("reference", &p.reff), ("run", &p.run)];
-    if let Some(pt) = &p.pert {
-        stores.push(("perturbed", pt));
-    }
+    let stores = p.stores();
     // Records read at opening that could not be read again (their segment changed since):
     // said with the rest of what could not be read, and counted as a capture's losses.
     for (_, t) in &stores {
@@ -822,13 +818,15 @@ impl<'a> Walk<'a> {
 
     /// Tells the reductions where the walk placed the GEMM outputs of `step`, which it is
     /// done with.
-    fn tell_step(&mut self, step: u64, tell: &std::sync::mpsc::Sender<reductions::Walked>) {
-        // A receiver gone means the reductions stopped: their join says why.
-        let _ = tell.send(reductions::Walked::Step {
+    /// Tells the reductions the walk is done with `step`; false when they stopped (an
+    /// error, which their join says: the walk need not go on).
+    fn tell_step(&mut self, step: u64, tell: &std::sync::mpsc::Sender<reductions::Walked>) -> bool {
+        tell.send(reductions::Walked::Step {
             step,
             d_place: std::mem::take(&mut self.d_place),
             d_tol: std::mem::take(&mut self.d_tol),
-        });
+        })
+        .is_ok()
     }
 
     /// Compares the tensors of one reference op (A, B, then D) with their shards.

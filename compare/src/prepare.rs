@@ -33,6 +33,16 @@ pub(crate) struct Prepared {
     pub(crate) shared_buffers: BTreeSet<RefOp>,
 }
 
+impl Prepared {
+    /// The stores compared, by the name reports give them: the reference, the run and the
+    /// perturbed reference when there is one.
+    pub(crate) fn stores(&self) -> Vec<(&'static str, &RunTrace)> {
+        let mut stores = vec![("reference", &self.reff), ("run", &self.run)];
+        stores.extend(self.pert.as_ref().map(|p| ("perturbed", p)));
+        stores
+    }
+}
+
 /// Opens the stores, checks that they can be compared (one model, one precision, a
 /// world-size-1 reference, a perturbed reference of the same command, a layout the
 /// communicator map does not contradict), chooses the steps and aligns the run.

@@ -104,12 +104,13 @@ pub struct RecordCache {
     /// does not know), and must give as many records.
     at_open: BTreeMap<(u32, u64), AtOpen>,
     held: Mutex<Held>,
-    /// What could not be read again that was read at opening (a segment changed or removed
-    /// since), a line each: the records lost are missing from the comparison, so they are
-    /// said with what else could not be read.
-    /// Segments read again short of what they held at opening: a line each, with how many
-    /// records it left out.
-    late: Mutex<BTreeMap<String, u64>>,
+    /// Segments read again short of what they held at opening (changed or removed since), by
+    /// (rank, step): the line that says so and how many records it left out (the most of
+    /// its readings). Those records are missing from the comparison, so they are said and
+    /// counted with what else could not be read.
+    late: Mutex<BTreeMap<(u32, u64), (String, u64)>>,
+    /// The records of the largest step (every rank's), [`largest_step`].
+    largest_step: u64,
 }
 
 /// A segment as the store's opening found it.
@@ -182,6 +183,7 @@ impl RecordCache {
             at_open,
             held: Mutex::new(held),
             late: Mutex::default(),
+            largest_step,
         }
     }
 
@@ -198,7 +200,7 @@ impl RecordCache {
     /// Whether the records of two steps (the largest) fit the budget together: only then is
     /// the next step read ahead, which would otherwise drop the step being compared.
     pub fn two_steps_fit(&self) -> bool {
-        largest_step(&self.at_open).saturating_mul(2) <= lock(&self.held).budget
+        self.largest_step.saturating_mul(2) <= lock(&self.held).budget
     }
 
     /// Whether the records of segment `key` are held now (reading them would parse nothing).
@@ -245,18 +247,20 @@ impl RecordCache {
                 [] => String::new(),
                 lines => format!(": {}", lines.join("; ")),
             };
-            let lost = open.records - recs.len();
-            lock(&self.late).insert(
-                format!(
-                    "{}: rank {} step {}: {lost} of its {} records no longer read (the segment \
-                     changed since the comparison opened it), left out{why}",
-                    self.path.display(),
-                    key.0,
-                    key.1,
-                    open.records
-                ),
-                lost as u64,
+            let lost = (open.records - recs.len()) as u64;
+            let line = format!(
+                "{}: rank {} step {}: {lost} of its {} records no longer read (the segment \
+                 changed since the comparison opened it), left out{why}",
+                self.path.display(),
+                key.0,
+                key.1,
+                open.records
             );
+            // Read again more than once, a segment counts once, with its most records lost.
+            let mut late = lock(&self.late);
+            if late.get(&key).is_none_or(|(_, n)| *n < lost) {
+                late.insert(key, (line, lost));
+            }
         }
         recs
     }
@@ -264,10 +268,7 @@ impl RecordCache {
     /// What could not be read again that was read when the store was opened: a line per
     /// segment, with how many of its records it left out.
     pub fn late_unreadable(&self) -> Vec<(String, u64)> {
-        lock(&self.late)
-            .iter()
-            .map(|(l, n)| (l.clone(), *n))
-            .collect()
+        lock(&self.late).values().cloned().collect()
     }
 
     /// The names of the kernels launched before the record `seq` of segment `key` (which the

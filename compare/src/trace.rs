@@ -94,8 +94,8 @@ impl RunTrace {
     pub fn open_within(path: &Path, metadata: u64) -> Result<RunTrace, CompareError> {
         let (store, manifest) = crate::model::store::open(path)?;
         // The segments' frame tables, kept by the store for opening them again, are
-        // metadata too: an eighth of its share (a segment opened after its table was
-        // dropped is located again).
+        // metadata too: they get an eighth of the share on top of it (a segment opened after
+        // its table was dropped is located again).
         store.set_located_budget(located_budget(metadata));
         let keys: Vec<(u32, u64)> = store
             .ranks()
@@ -279,7 +279,10 @@ impl RunTrace {
 
     /// The gap records of `rank` in `step` (what was not captured there), counted by reason.
     pub fn gaps(&self, rank: u32, step: u64) -> &GapTally {
-        static NONE: std::sync::LazyLock<GapTally> = std::sync::LazyLock::new(GapTally::default);
+        static NONE: GapTally = GapTally {
+            by_reason: BTreeMap::new(),
+            bytes: 0,
+        };
         self.facts.get(&(rank, step)).map_or(&NONE, |f| &f.gaps)
     }
 
@@ -365,7 +368,12 @@ impl RunTrace {
     /// included), for the caller to drop where it likes: what reads the store later decodes
     /// and opens again what it needs.
     pub fn shed(&self) -> Shed {
-        let decoded = std::mem::replace(&mut *lock(&self.decoded), DecodedCache::new(u64::MAX));
+        let decoded = {
+            let mut kept = lock(&self.decoded);
+            // What is decoded after stays within the same budget.
+            let empty = DecodedCache::new(kept.budget());
+            std::mem::replace(&mut *kept, empty)
+        };
         let segments = {
             let mut open = lock(&self.segments);
             open.mapped = 0;

@@ -196,9 +196,8 @@ pub struct Store {
 /// What opening segments found ([`Located`]), by rank and step, for opening them again:
 /// within a byte budget when a reader sets one ([`Store::set_located_budget`]), the least
 /// recently opened dropped first (a segment opened again after that is located again, as at
-/// its first opening). Without one, every segment's is kept: a reader of a long trace that
-/// reads each segment once would otherwise hold a frame table per segment of the whole
-/// trace (about 33 bytes a record).
+/// its first opening). Without one, every segment's is kept: a reader of a long trace sets
+/// one, or it holds a frame table per segment of the whole trace (about 33 bytes a record).
 #[derive(Debug, Default)]
 struct LocatedCache {
     entries: HashMap<(u32, u64), (Arc<Located>, u64)>,

@@ -464,15 +464,17 @@ pub(crate) fn worst_indices(r: &CompareReport) -> Vec<usize> {
     if !r.worst.is_empty() {
         return r.worst.clone();
     }
-    let mut idx: Vec<usize> = (0..r.tensors.len()).collect();
-    idx.sort_by(|&a, &b| {
-        let x = |i: usize| {
-            r.tensors.named(i).map_or(f64::NEG_INFINITY, |t| {
+    // Each tensor read once (a spilled one from its file), worst first.
+    let mut keyed: Vec<(f64, usize)> = (0..r.tensors.len())
+        .map(|i| {
+            let x = r.tensors.named(i).map_or(f64::NEG_INFINITY, |t| {
                 nan_max(ratio(t.error_eps, t.tolerance_eps))
-            })
-        };
-        x(b).total_cmp(&x(a))
-    });
+            });
+            (x, i)
+        })
+        .collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut idx: Vec<usize> = keyed.into_iter().map(|(_, i)| i).collect();
     idx.truncate(WORST_ROWS * 2);
     idx
 }

@@ -182,9 +182,11 @@ pub type Call = ((u64, usize), Vec<Rec>);
 #[derive(Debug, Default)]
 pub struct CallGroups {
     counters: BTreeMap<(u64, u32), usize>,
-    /// Calls still waiting for a member: their records, and how many of them count towards
-    /// completion ([`CallGroups::add`]).
-    pending: BTreeMap<(u64, usize), (Vec<Rec>, usize)>,
+    /// Calls still waiting for a member: their records, and the communicator ranks among them
+    /// that count towards completion ([`CallGroups::add`]): distinct ones, so that two
+    /// records claiming one communicator rank (a communicator set up wrong) do not stand for
+    /// a member that has not made the call.
+    pending: BTreeMap<(u64, usize), (Vec<Rec>, BTreeSet<u32>)>,
     /// The communicator ranks of each communicator of the comm map whose global rank is
     /// known and not in the store: the only members a call is complete without.
     absent: BTreeMap<u64, BTreeSet<u32>>,
@@ -276,7 +278,8 @@ impl CallGroups {
 
     /// Adds `r` when it is a collective call (not a send or recv; records of a rank come in
     /// call order); returns the call it completes, if it does: every communicator rank of
-    /// the call has made it but those the comm map places on a rank the store does not hold
+    /// the call (each counted once, whatever number of records claim it) has made it but
+    /// those the comm map places on a rank the store does not hold
     /// (a member whose rank is unknown is waited for; so is every member of a communicator
     /// the map does not list).
     pub fn add(&mut self, r: Rec) -> Option<Call> {
@@ -291,11 +294,13 @@ impl CallGroups {
         let absent = self.absent.get(&comm);
         let is_absent = |cr: u32| absent.is_some_and(|a| a.contains(&cr));
         let (recs, made) = self.pending.entry(key).or_default();
-        *made += usize::from(!is_absent(comm_rank));
+        if !is_absent(comm_rank) {
+            made.insert(comm_rank);
+        }
         recs.push(r);
         let size = recs.first().and_then(coll).map_or(size, |c| c.comm_size);
         let needed = size as usize - absent.map_or(0, |a| a.range(..size).count());
-        if *made < needed.max(1) {
+        if made.len() < needed.max(1) {
             return None;
         }
         let (recs, _) = self.pending.remove(&key)?;
@@ -1218,6 +1223,30 @@ mod tests {
             "{details:?}"
         );
         assert_eq!(out.findings[0].step, 1);
+    }
+
+    #[test]
+    fn two_records_claiming_one_communicator_rank_do_not_complete_a_call() {
+        // Ranks 0 and 2 both say they are communicator rank 0 of a communicator of 2 (set up
+        // wrong): the call still waits for communicator rank 1, and takes all three records
+        // when it comes, instead of completing without it and leaving rank 1's call alone.
+        let manifest =
+            crate::model::comms::tests::manifest(&[(COMM, vec![Some(0), Some(1), Some(2)])]);
+        let mut groups = CallGroups::new(&manifest, &[0, 1, 2]);
+        let mut claims_zero = all_reduce(2, &[1.0], &[2.0]);
+        if let Op::Collective(c) = &mut claims_zero.record.op {
+            c.comm_rank = 0;
+        }
+        assert!(groups.add(all_reduce(0, &[1.0], &[2.0])).is_none());
+        assert!(
+            groups.add(claims_zero).is_none(),
+            "communicator rank 1 has not made the call"
+        );
+        let (key, recs) = groups
+            .add(all_reduce(1, &[1.0], &[2.0]))
+            .expect("every communicator rank made it");
+        assert_eq!((key, recs.len()), ((COMM, 0), 3));
+        assert!(groups.finish().is_empty());
     }
 
     #[test]

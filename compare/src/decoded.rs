@@ -26,21 +26,17 @@ pub type Checked = (u32, u64, DType);
 struct Entry {
     values: Shared,
     checked: Checked,
-    /// When it was last read (for least recently read first).
-    used: u64,
 }
 
 /// Decoded tensors by where they are stored, least recently read dropped first.
 pub struct DecodedCache {
-    entries: HashMap<TensorAt, Entry>,
-    /// Entries by when they were last read, least recently first (no scan per drop).
-    by_use: BTreeMap<u64, TensorAt>,
+    /// By where they are stored, least recently read first.
+    entries: lru::LruCache<TensorAt, Entry>,
     /// Entries per shared value (by address): its bytes count once, however many tensors
     /// share it.
     owners: HashMap<usize, u32>,
     bytes: u64,
     budget: u64,
-    tick: u64,
     /// Buffers of values dropped, for the next tensors decoded: no fresh allocation (and
     /// page faults) per tensor.
     spare: Spares,
@@ -77,12 +73,10 @@ impl DecodedCache {
     /// An empty cache that keeps at most `budget` bytes of values.
     pub fn new(budget: u64) -> DecodedCache {
         DecodedCache {
-            entries: HashMap::new(),
-            by_use: BTreeMap::new(),
+            entries: lru::LruCache::unbounded(),
             owners: HashMap::new(),
             bytes: 0,
             budget,
-            tick: 0,
             spare: Spares::default(),
             spare_bytes: 0,
         }
@@ -148,17 +142,12 @@ impl DecodedCache {
 
     /// Whether the values of `at` are kept.
     pub fn contains(&self, at: &TensorAt) -> bool {
-        self.entries.contains_key(at)
+        self.entries.contains(at)
     }
 
     /// The values of `at` and what identifies their bytes, marked as just read.
     pub fn get(&mut self, at: &TensorAt) -> Option<(Shared, Checked)> {
-        self.tick += 1;
-        let tick = self.tick;
-        let e = self.entries.get_mut(at)?;
-        self.by_use.remove(&e.used);
-        self.by_use.insert(tick, *at);
-        e.used = tick;
+        let e = self.entries.get(at)?;
         Some((Arc::clone(&e.values), e.checked))
     }
 
@@ -166,7 +155,7 @@ impl DecodedCache {
     /// was (for a look from the decoding ahead, which is not a read by the walk).
     pub fn peek(&self, at: &TensorAt) -> Option<(Shared, Checked)> {
         self.entries
-            .get(at)
+            .peek(at)
             .map(|e| (Arc::clone(&e.values), e.checked))
     }
 
@@ -185,29 +174,19 @@ impl DecodedCache {
             return;
         }
         while self.bytes + new_bytes > self.budget {
-            let Some((_, oldest)) = self.by_use.first_key_value().map(|(t, a)| (*t, *a)) else {
+            let Some((_, oldest)) = self.entries.pop_lru() else {
                 break;
             };
-            self.remove(&oldest);
+            self.release(oldest);
         }
-        self.tick += 1;
-        self.by_use.insert(self.tick, at);
         *self.owners.entry(key).or_insert(0) += 1;
         self.bytes += new_bytes;
-        self.entries.insert(
-            at,
-            Entry {
-                values,
-                checked,
-                used: self.tick,
-            },
-        );
+        self.entries.put(at, Entry { values, checked });
     }
 
     /// Drops everything kept, spare buffers included.
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.by_use.clear();
         self.owners.clear();
         self.bytes = 0;
         self.spare = Spares::default();
@@ -215,10 +194,13 @@ impl DecodedCache {
     }
 
     fn remove(&mut self, at: &TensorAt) {
-        let Some(e) = self.entries.remove(at) else {
-            return;
-        };
-        self.by_use.remove(&e.used);
+        if let Some(e) = self.entries.pop(at) {
+            self.release(e);
+        }
+    }
+
+    /// Lets go of a kept entry: its values' bytes once no other entry shares them.
+    fn release(&mut self, e: Entry) {
         let key = Arc::as_ptr(&e.values) as usize;
         if let Some(n) = self.owners.get_mut(&key) {
             *n -= 1;

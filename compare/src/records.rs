@@ -4,7 +4,7 @@
 //! a comparison reads a few steps at a time, so what it holds of them need not grow with the
 //! trace.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -125,12 +125,11 @@ pub struct AtOpen {
 }
 
 /// What a [`RecordCache`] holds.
-#[derive(Default)]
 struct Held {
-    loaded: HashMap<(u32, u64), (StepRecords, u64)>,
+    /// Records by segment, least recently read first.
+    loaded: lru::LruCache<(u32, u64), StepRecords>,
     bytes: u64,
     budget: u64,
-    tick: u64,
     /// Segments parsed again after they were dropped.
     reparsed: u64,
 }
@@ -139,17 +138,10 @@ impl Held {
     /// Drops the least recently read segments' records until at most `bytes` are held.
     fn drop_past(&mut self, bytes: u64) {
         while self.bytes > bytes {
-            let Some(oldest) = self
-                .loaded
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| *k)
-            else {
+            let Some((_, dropped)) = self.loaded.pop_lru() else {
                 break;
             };
-            if let Some((dropped, _)) = self.loaded.remove(&oldest) {
-                self.bytes -= dropped.bytes;
-            }
+            self.bytes -= dropped.bytes;
         }
     }
 }
@@ -170,12 +162,15 @@ impl RecordCache {
         // to be read again, and each record looked up would parse its segment anew.
         let largest_step = largest_step(&at_open);
         let mut held = Held {
+            loaded: lru::LruCache::unbounded(),
+            bytes: 0,
             budget: budget.max(largest_step),
-            ..Held::default()
+            reparsed: 0,
         };
+        // The records read at opening, least recently read first in the order given.
         for (key, recs) in kept {
             held.bytes += recs.bytes;
-            held.loaded.insert(key, (Arc::new(recs), 0));
+            held.loaded.put(key, Arc::new(recs));
         }
         RecordCache {
             store,
@@ -205,17 +200,14 @@ impl RecordCache {
 
     /// Whether the records of segment `key` are held now (reading them would parse nothing).
     pub fn holds(&self, key: (u32, u64)) -> bool {
-        lock(&self.held).loaded.contains_key(&key)
+        lock(&self.held).loaded.contains(&key)
     }
 
     /// The records of segment `key` (none when it is absent or no longer opens).
     pub fn get(&self, key: (u32, u64)) -> StepRecords {
         {
             let mut held = lock(&self.held);
-            held.tick += 1;
-            let tick = held.tick;
-            if let Some((recs, used)) = held.loaded.get_mut(&key) {
-                *used = tick;
+            if let Some(recs) = held.loaded.get(&key) {
                 return Arc::clone(recs);
             }
         }
@@ -226,14 +218,13 @@ impl RecordCache {
         let recs = Arc::new(SegmentRecords::new(self.read_again(key, open)));
         let mut held = lock(&self.held);
         held.reparsed += 1;
-        if let Some((kept, _)) = held.loaded.get(&key) {
+        if let Some(kept) = held.loaded.get(&key) {
             return Arc::clone(kept); // Another reader parsed it meanwhile.
         }
         let room = held.budget.saturating_sub(recs.bytes);
         held.drop_past(room);
         held.bytes += recs.bytes;
-        let tick = held.tick;
-        held.loaded.insert(key, (Arc::clone(&recs), tick));
+        held.loaded.put(key, Arc::clone(&recs));
         recs
     }
 

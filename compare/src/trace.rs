@@ -374,11 +374,7 @@ impl RunTrace {
             let empty = DecodedCache::new(kept.budget());
             std::mem::replace(&mut *kept, empty)
         };
-        let segments = {
-            let mut open = lock(&self.segments);
-            open.mapped = 0;
-            std::mem::take(&mut open.open)
-        };
+        let segments = lock(&self.segments).take_all();
         Shed {
             _decoded: decoded,
             _segments: segments,
@@ -883,7 +879,7 @@ fn form_increments(
 /// unmaps the segments (those no reader holds any more).
 pub struct Shed {
     _decoded: DecodedCache,
-    _segments: HashMap<(u32, u64), (Arc<Segment>, u64, u64)>,
+    _segments: Vec<Arc<Segment>>,
 }
 
 /// An open segment and the tensors of its records to decode ahead.
@@ -897,24 +893,22 @@ pub struct Decoding {
 /// Open segments (by rank and step), closed least recently read first once their bytes pass
 /// a budget.
 struct OpenCache<T> {
-    open: HashMap<(u32, u64), (T, u64, u64)>,
+    /// Each with its bytes, least recently read first.
+    open: lru::LruCache<(u32, u64), (T, u64)>,
     /// Bytes of the open segments.
     mapped: u64,
     /// The most that was open at once.
     peak: u64,
     budget: u64,
-    /// Use counter (for least recently read).
-    tick: u64,
 }
 
 impl<T> Default for OpenCache<T> {
     fn default() -> OpenCache<T> {
         OpenCache {
-            open: HashMap::new(),
+            open: lru::LruCache::unbounded(),
             mapped: 0,
             peak: 0,
             budget: u64::MAX,
-            tick: 0,
         }
     }
 }
@@ -931,37 +925,31 @@ impl<T> OpenCache<T> {
         size: u64,
         open: impl FnOnce(bool) -> Result<T, CompareError>,
     ) -> Result<&T, CompareError> {
-        self.tick += 1;
-        if !self.open.contains_key(&key) {
+        if !self.open.contains(&key) {
             while self.mapped.saturating_add(size) > self.budget {
-                let Some(oldest) = self
-                    .open
-                    .iter()
-                    .min_by_key(|(_, (_, _, used))| *used)
-                    .map(|(k, _)| *k)
-                else {
+                let Some((_, (_, bytes))) = self.open.pop_lru() else {
                     break;
                 };
-                if let Some((_, bytes, _)) = self.open.remove(&oldest) {
-                    self.mapped -= bytes;
-                }
+                self.mapped -= bytes;
             }
             let seg = open(size > self.budget)?;
-            self.open.insert(key, (seg, size, 0));
+            self.open.put(key, (seg, size));
             self.mapped += size;
             self.peak = self.peak.max(self.mapped);
         }
-        let tick = self.tick;
-        match self.open.get_mut(&key) {
-            Some(entry) => {
-                entry.2 = tick;
-                Ok(&entry.0)
-            }
+        match self.open.get(&key) {
+            Some((seg, _)) => Ok(seg),
             None => Err(CompareError::Record(format!(
                 "segment of rank {} step {} vanished from the cache",
                 key.0, key.1
             ))),
         }
+    }
+
+    /// Closes every segment (their mappings go with the values handed back).
+    fn take_all(&mut self) -> Vec<T> {
+        self.mapped = 0;
+        std::iter::from_fn(|| self.open.pop_lru().map(|(_, (seg, _))| seg)).collect()
     }
 }
 

@@ -198,52 +198,55 @@ pub struct Store {
 /// recently opened dropped first (a segment opened again after that is located again, as at
 /// its first opening). Without one, every segment's is kept: a reader of a long trace sets
 /// one, or it holds a frame table per segment of the whole trace (about 33 bytes a record).
-#[derive(Debug, Default)]
 struct LocatedCache {
-    entries: HashMap<(u32, u64), (Arc<Located>, u64)>,
-    /// Keys by when they were last opened (no scan per drop).
-    by_use: BTreeMap<u64, (u32, u64)>,
-    tick: u64,
+    /// By (rank, step), least recently opened first.
+    entries: lru::LruCache<(u32, u64), Arc<Located>>,
     bytes: u64,
     budget: Option<u64>,
+}
+
+impl Default for LocatedCache {
+    fn default() -> LocatedCache {
+        LocatedCache {
+            entries: lru::LruCache::unbounded(),
+            bytes: 0,
+            budget: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LocatedCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocatedCache")
+            .field("segments", &self.entries.len())
+            .field("bytes", &self.bytes)
+            .field("budget", &self.budget)
+            .finish()
+    }
 }
 
 impl LocatedCache {
     /// What opening the segment of `key` found, marked as just used.
     fn get(&mut self, key: (u32, u64)) -> Option<Arc<Located>> {
-        self.tick += 1;
-        let tick = self.tick;
-        let (found, used) = self.entries.get_mut(&key)?;
-        self.by_use.remove(used);
-        self.by_use.insert(tick, key);
-        *used = tick;
-        Some(Arc::clone(found))
+        self.entries.get(&key).cloned()
     }
 
     /// Keeps `found` for `key`, dropping the least recently used past the budget.
     fn insert(&mut self, key: (u32, u64), found: Arc<Located>) {
-        self.remove(key);
-        self.tick += 1;
         self.bytes += found.approx_bytes();
-        self.by_use.insert(self.tick, key);
-        self.entries.insert(key, (found, self.tick));
-        self.keep_within_budget();
-    }
-
-    fn remove(&mut self, key: (u32, u64)) {
-        if let Some((found, used)) = self.entries.remove(&key) {
-            self.by_use.remove(&used);
-            self.bytes -= found.approx_bytes();
+        if let Some(old) = self.entries.put(key, found) {
+            self.bytes -= old.approx_bytes();
         }
+        self.keep_within_budget();
     }
 
     fn keep_within_budget(&mut self) {
         let Some(budget) = self.budget else { return };
         while self.bytes > budget {
-            let Some((_, oldest)) = self.by_use.first_key_value().map(|(t, k)| (*t, *k)) else {
+            let Some((_, oldest)) = self.entries.pop_lru() else {
                 break;
             };
-            self.remove(oldest);
+            self.bytes -= oldest.approx_bytes();
         }
     }
 }
@@ -1859,5 +1862,63 @@ impl RecordView<'_> {
     pub fn stored(&self, tensor: usize) -> Result<(codec::Codec, &[u8]), FormatError> {
         let b = self.blob(tensor)?;
         Ok((b.codec, &self.body[b.start..b.end]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What opening a segment of `frames` frames found.
+    fn located(frames: u64) -> Arc<Located> {
+        let frame = |seq| FrameLoc {
+            seq,
+            offset: 0,
+            frame_len: 0,
+            crc32: 0,
+            verified: false,
+        };
+        Arc::new(Located {
+            files: SegmentFiles {
+                len: 0,
+                modified: None,
+                index: None,
+            },
+            frames: (0..frames).map(frame).collect(),
+            issues: Vec::new(),
+            index: IndexState::Used,
+            good_end: 0,
+            checked: (0..frames).map(|_| AtomicBool::new(false)).collect(),
+            sparse: false,
+        })
+    }
+
+    /// Past its budget the cache drops the least recently opened segments' tables first (an
+    /// opening again counts as a use), never the one just kept, and counts what it holds.
+    #[test]
+    fn frame_tables_past_the_budget_go_least_recently_opened_first() {
+        let one = located(100).approx_bytes();
+        let mut cache = LocatedCache::default();
+        for step in 0..3 {
+            cache.insert((0, step), located(100));
+        }
+        assert_eq!(cache.bytes, 3 * one, "no budget: every table kept");
+        assert!(cache.get((0, 0)).is_some()); // step 1 is now the least recently opened
+        cache.budget = Some(2 * one);
+        cache.keep_within_budget();
+        assert!(cache.get((0, 1)).is_none());
+        assert!(cache.get((0, 0)).is_some() && cache.get((0, 2)).is_some());
+        // Kept again, a table replaces its older one: counted once.
+        cache.insert((0, 2), located(100));
+        assert_eq!(cache.bytes, 2 * one);
+        cache.insert((0, 3), located(100));
+        assert!(
+            cache.get((0, 0)).is_none(),
+            "the least recently opened went"
+        );
+        assert_eq!(cache.bytes, 2 * one);
+        // A table larger than the whole budget is not kept: nothing is held past it.
+        cache.insert((0, 4), located(1000));
+        assert!(cache.bytes <= 2 * one && cache.get((0, 4)).is_none());
     }
 }

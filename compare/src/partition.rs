@@ -315,13 +315,41 @@ fn problem(file: &str, problem: impl Into<String>) -> MergeError {
 /// Reads a partial report, refusing a whole-run report and another version's partial.
 pub fn read(path: &Path) -> Result<PartialReport, MergeError> {
     let file = path.display().to_string();
-    let reader = || {
-        std::fs::File::open(path)
-            .map(std::io::BufReader::new)
-            .map_err(|e| problem(&file, e.to_string()))
+    // Parsed whole once; only a file that does not parse is looked at again, for what says
+    // whose report it is: a whole-run report or another version's is refused as such, not
+    // as a parse error.
+    let parsed = parse(path);
+    let (schema, version) = match &parsed {
+        Ok(p) => (
+            Some(u64::from(p.partition.schema)),
+            p.partition.version.clone(),
+        ),
+        Err(parse_error) => {
+            let (schema, version) = whose(path, &file)?;
+            if (schema, version.as_deref()) == (Some(u64::from(SCHEMA)), Some(VERSION)) {
+                // This version's partial, damaged: the parse error says where.
+                return Err(problem(&file, parse_error.to_string()));
+            }
+            (schema, version.unwrap_or_else(|| "?".into()))
+        }
     };
-    // What says whose report it is, read first (the rest skipped, nothing of it held): a
-    // whole-run report or another version's is refused as such, not as a parse error.
+    if schema != Some(u64::from(SCHEMA)) || version != VERSION {
+        return Err(problem(
+            &file,
+            format!(
+                "written by ttrace {version} (partial schema {}); this is ttrace {VERSION} \
+                 (schema {SCHEMA}): run every partition and the merge with one version",
+                schema.map_or("?".to_string(), |s| s.to_string())
+            ),
+        ));
+    }
+    parsed
+}
+
+/// The partial schema and the ttrace version a report file says it was written with
+/// (reading nothing else of it); a whole-run report (no `partition`) or a file that is not
+/// JSON is refused.
+fn whose(path: &Path, file: &str) -> Result<(Option<u64>, Option<String>), MergeError> {
     #[derive(Deserialize)]
     struct Probe {
         partition: Option<ProbePartition>,
@@ -331,29 +359,21 @@ pub fn read(path: &Path) -> Result<PartialReport, MergeError> {
         schema: Option<u64>,
         version: Option<String>,
     }
-    let probe: Probe = serde_json::from_reader(reader()?)
-        .map_err(|e| problem(&file, format!("not a JSON report ({e})")))?;
+    let reader = std::fs::File::open(path)
+        .map(std::io::BufReader::new)
+        .map_err(|e| problem(file, e.to_string()))?;
+    let probe: Probe = serde_json::from_reader(reader)
+        .map_err(|e| problem(file, format!("not a JSON report ({e})")))?;
     let Some(part) = probe.partition else {
         return Err(problem(
-            &file,
+            file,
             "a whole-run report, not a partition's (written without --partition I/N)",
         ));
     };
-    let version = part.version.as_deref().unwrap_or("?");
-    if part.schema != Some(u64::from(SCHEMA)) || version != VERSION {
-        return Err(problem(
-            &file,
-            format!(
-                "written by ttrace {version} (partial schema {}); this is ttrace {VERSION} \
-                 (schema {SCHEMA}): run every partition and the merge with one version",
-                part.schema.map_or("?".to_string(), |s| s.to_string())
-            ),
-        ));
-    }
-    parse(path)
+    Ok((part.schema, part.version))
 }
 
-/// A partial report's file parsed, without [`read`]'s first look at whose it is.
+/// A partial report's file parsed (whatever version wrote it: [`read`] checks that).
 fn parse(path: &Path) -> Result<PartialReport, MergeError> {
     let file = path.display().to_string();
     let reader = std::fs::File::open(path)

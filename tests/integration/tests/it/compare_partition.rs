@@ -374,6 +374,17 @@ fn merges_of_partials_that_do_not_make_one_run_exit_2_naming_the_file() {
         &merge(&[a1.clone(), old_path.clone()], &merged),
         &[&s(&old_path), "ttrace 0.0.1"],
     );
+    // One whose fields this version does not read: still refused as another version's.
+    old["partition"]
+        .as_object_mut()
+        .expect("an object")
+        .remove("units");
+    old["partition"]["schema"] = 1.into();
+    std::fs::write(&old_path, old.to_string()).expect("write");
+    refused(
+        &merge(&[a1.clone(), old_path.clone()], &merged),
+        &[&s(&old_path), "ttrace 0.0.1", "partial schema 1"],
+    );
     // Partitions that held data-parallel reductions to different scales.
     let decided = |path: &PathBuf, scale: f64, name: &str| -> PathBuf {
         let mut v = read_json(path);

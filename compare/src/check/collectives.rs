@@ -1406,6 +1406,62 @@ mod tests {
         );
     }
 
+    /// Checked a block at a time, the reduction finds the element that is wrong wherever it
+    /// lies against the blocks (last of one, first of the next, in a short last block), with
+    /// offsets into the inputs and the output (a reduce-scatter's share) and BF16 inputs
+    /// widened block by block: the index is the element's, counted from the offset.
+    #[test]
+    fn a_wrong_element_is_found_wherever_it_lies_against_the_blocks() {
+        let len = 2 * REDUCTION_BLOCK + 37;
+        let (in_off, out_off) = (5, 3);
+        let value = |i: usize| ((i % 251) as f32) * 0.25 - 31.0;
+        let inputs: Vec<TensorData> = (0..2)
+            .map(|m| {
+                TensorData::BF16(
+                    (0..in_off + len)
+                        .map(|i| half::bf16::from_f32(value(i) + m as f32))
+                        .collect(),
+                )
+            })
+            .collect();
+        let sum = |i: usize| -> f32 {
+            inputs
+                .iter()
+                .map(|t| t.get_f64(in_off + i).unwrap_or(f64::NAN) as f32)
+                .sum()
+        };
+        let sum_op = Reduction {
+            op: Red::Sum,
+            factors: None,
+        };
+        let output = |wrong: Option<usize>| {
+            let mut v: Vec<f32> = vec![0.0; out_off];
+            v.extend((0..len).map(|i| sum(i) + if Some(i) == wrong { 1.0 } else { 0.0 }));
+            TensorData::F32(v)
+        };
+        let check = |out: &TensorData| {
+            check_reduction(DType::BF16, sum_op, &inputs, in_off, out, out_off, len).map(|m| m.0)
+        };
+        assert_eq!(check(&output(None)), None);
+        for wrong in [
+            0,
+            REDUCTION_BLOCK - 1,
+            REDUCTION_BLOCK,
+            2 * REDUCTION_BLOCK - 1,
+            2 * REDUCTION_BLOCK,
+            len - 1,
+        ] {
+            assert_eq!(check(&output(Some(wrong))), Some(wrong), "wrong at {wrong}");
+        }
+        // An output shorter than `len`: its missing elements read as NaN, a mismatch at the
+        // first of them.
+        let TensorData::F32(mut short) = output(None) else {
+            unreachable!("an f32 output")
+        };
+        short.truncate(out_off + REDUCTION_BLOCK + 1);
+        assert_eq!(check(&TensorData::F32(short)), Some(REDUCTION_BLOCK + 1));
+    }
+
     #[test]
     fn a_premulsum_output_is_the_sum_of_the_inputs_times_their_factors() {
         let inputs = vec![

@@ -78,6 +78,13 @@ fn is_input(role: Role) -> bool {
     !matches!(role, Role::D | Role::Aux | Role::Output | Role::AmaxD)
 }
 
+/// The exponent bits of each float type read by its bits ([`first_bad`]): all of them set,
+/// the value is infinite or NaN.
+const BF16_EXPONENT: u16 = 0x7f80;
+const F16_EXPONENT: u16 = 0x7c00;
+const F32_EXPONENT: u32 = 0x7f80_0000;
+const F64_EXPONENT: u64 = 0x7ff0_0000_0000_0000;
+
 /// The first non-finite element of tensor `i`: (index, value, count).
 fn first_bad(view: &RecordView<'_>, i: usize) -> Result<Option<(u64, f64, u64)>, FormatError> {
     let t = &view.record.tensors[i];
@@ -88,10 +95,10 @@ fn first_bad(view: &RecordView<'_>, i: usize) -> Result<Option<(u64, f64, u64)>,
     // The usual float types by their bits (exponent all ones: infinite or NaN, as widening
     // to f64 keeps them): nothing else is looked at in a tensor that has none.
     let (count, first) = match &data {
-        TensorData::BF16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7f80),
-        TensorData::F16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7c00),
-        TensorData::F32(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7f80_0000),
-        TensorData::F64(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), 0x7ff0_0000_0000_0000),
+        TensorData::BF16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), BF16_EXPONENT),
+        TensorData::F16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F16_EXPONENT),
+        TensorData::F32(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F32_EXPONENT),
+        TensorData::F64(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F64_EXPONENT),
         _ => {
             let bad = |e: usize| !data.get_f64(e).unwrap_or(0.0).is_finite();
             let count = (0..data.len()).filter(|&e| bad(e)).count();
@@ -154,34 +161,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_exponent_test_is_widening_to_f64_for_every_half_precision_value() {
+    fn the_exponent_test_is_widening_to_f64_for_every_float_type() {
         // Every BF16 and F16 bit pattern: non-finite by its bits exactly when its f64 is.
         for b in 0..=u16::MAX {
             let bf = half::bf16::from_bits(b);
             assert_eq!(
-                b & 0x7f80 == 0x7f80,
+                b & BF16_EXPONENT == BF16_EXPONENT,
                 !bf.to_f64().is_finite(),
                 "bf16 {b:#06x}"
             );
             let f = half::f16::from_bits(b);
             assert_eq!(
-                b & 0x7c00 == 0x7c00,
+                b & F16_EXPONENT == F16_EXPONENT,
                 !f.to_f64().is_finite(),
                 "f16 {b:#06x}"
             );
         }
-        for v in [
-            0.0f32,
-            -1.5,
-            f32::MAX,
-            f32::MIN_POSITIVE,
-            1e-45,
-            f32::INFINITY,
-            f32::NAN,
-        ] {
+        // F32 and F64: the edges of each exponent range, both signs, quiet and signalling NaNs.
+        let f64s = [
+            0.0f64,
+            1.5,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            5e-324,
+            f64::INFINITY,
+            f64::NAN,
+            f64::from_bits(0x7ff0_0000_0000_0001),
+            f64::from_bits(0x7fef_ffff_ffff_ffff),
+        ];
+        for v in f64s.into_iter().flat_map(|v| [v, -v]) {
             let b = v.to_bits();
-            assert_eq!(b & 0x7f80_0000 == 0x7f80_0000, !v.is_finite(), "{v}");
+            assert_eq!(
+                b & F64_EXPONENT == F64_EXPONENT,
+                !v.is_finite(),
+                "f64 {v:e}"
+            );
+            let w = v as f32;
+            let b = w.to_bits();
+            assert_eq!(
+                b & F32_EXPONENT == F32_EXPONENT,
+                !w.is_finite(),
+                "f32 {w:e}"
+            );
         }
+        let signalling = f32::from_bits(0x7f80_0001);
+        assert_eq!(signalling.to_bits() & F32_EXPONENT, F32_EXPONENT);
     }
 
     #[test]
@@ -189,13 +213,22 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
         let some = bits(&[1.0, 2.0, f32::INFINITY, 0.0, f32::NAN, -3.0]);
         assert_eq!(
-            non_finite_bits(some.iter().copied(), 0x7f80_0000),
+            non_finite_bits(some.iter().copied(), F32_EXPONENT),
             (2, Some(2))
         );
         let none = bits(&[1.0, -0.0, f32::MAX]);
         assert_eq!(
-            non_finite_bits(none.iter().copied(), 0x7f80_0000),
+            non_finite_bits(none.iter().copied(), F32_EXPONENT),
             (0, None)
+        );
+        // F64 by its own mask: a value f32 would overflow to infinity is finite here.
+        let wide: Vec<u64> = [1e300, f64::NEG_INFINITY, -1e-320, f64::NAN]
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        assert_eq!(
+            non_finite_bits(wide.iter().copied(), F64_EXPONENT),
+            (2, Some(1))
         );
     }
 }

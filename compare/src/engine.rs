@@ -253,7 +253,7 @@ fn partition_on_the_pool(
     shed(&p);
     let mut warnings = walked.base_warnings;
     warnings.extend(walked.warnings.iter().cloned());
-    let mut entries: Vec<crate::partition::PendingEntry> = Vec::new();
+    let mut entries = crate::partition::PendingList::default();
     let report = finish_with_entries(
         &p,
         &mine,
@@ -336,7 +336,9 @@ pub(crate) fn merged(
             .into_vec()
             .map_err(CompareError::Results)?;
         for (cmp, e) in tensors.into_iter().zip(part.partition.pending) {
-            found.pending.push(Pending::from_entry(cmp, e))?;
+            found
+                .pending
+                .push(Pending::from_entry(cmp, e.map_err(CompareError::Results)?))?;
         }
         found.warnings.extend(part.partition.walk_warnings);
         for nc in part.report.not_comparable {
@@ -608,14 +610,15 @@ fn finish(
     finish_with_entries(p, steps, found, read, None)
 }
 
-/// [`finish`], adding what a partial report keeps of each comparison to `entries` (in the
-/// order of the report's tensors) when given.
+/// [`finish`], setting `entries`, when given, to what a partial report keeps of each
+/// comparison (in the order of the report's tensors; those of spilled comparisons left in the
+/// spill files, [`crate::partition::PendingList`]).
 fn finish_with_entries(
     p: &Prepared,
     steps: &[u64],
     found: Found,
     (bytes, elapsed_s): (u64, f64),
-    entries: Option<&mut Vec<crate::partition::PendingEntry>>,
+    entries: Option<&mut crate::partition::PendingList>,
 ) -> Result<CompareReport, CompareError> {
     let Found {
         pending,

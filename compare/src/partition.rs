@@ -23,6 +23,7 @@ use ttrace_format::config::RangeSet;
 
 use crate::engine::{CompareOptions, DpScale, Position};
 use crate::report::{CompareReport, LayoutSummary, RunSummary};
+use crate::spill::{Slot, SpillFile};
 use crate::CompareError;
 
 /// Version of the partial report's `partition` object; a merge reads only its own.
@@ -102,6 +103,143 @@ pub struct PendingEntry {
     pub is_collective: bool,
     /// The op was called with other scalars than the reference's.
     pub param_note: Option<String>,
+}
+
+/// The [`PendingEntry`] of each comparison of a partial report, in the order of its tensors:
+/// those of comparisons held in memory, and those of comparisons spilled past their share of
+/// `--memory`, left in the spill files the comparison wrote them to and read back one at a
+/// time as the report is written ([`crate::results`]), so that a partition's report holds no
+/// more of them than it holds comparisons. Written as a JSON array either way; read as one.
+#[derive(Clone, Default)]
+pub struct PendingList {
+    files: Vec<SpillFile>,
+    items: Vec<EntryAt>,
+}
+
+/// Where one entry of a [`PendingList`] is.
+#[derive(Clone)]
+pub(crate) enum EntryAt {
+    /// In memory.
+    Held(PendingEntry),
+    /// In spill file `.0` of the list, with its comparison.
+    Spilled(usize, Slot),
+}
+
+/// An entry as the spill files hold it (its comparison skipped).
+#[derive(Deserialize)]
+struct SpilledEntry {
+    entry: PendingEntry,
+}
+
+impl PendingList {
+    /// A list of `items`, in order, the spilled ones in `files`.
+    pub(crate) fn from_parts(files: Vec<SpillFile>, items: Vec<EntryAt>) -> PendingList {
+        PendingList { files, items }
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Every entry in order, those spilled read back.
+    pub fn iter(
+        &self,
+    ) -> impl Iterator<Item = std::io::Result<std::borrow::Cow<'_, PendingEntry>>> + '_ {
+        self.items.iter().map(|at| match at {
+            EntryAt::Held(e) => Ok(std::borrow::Cow::Borrowed(e)),
+            &EntryAt::Spilled(f, slot) => {
+                spilled(&self.files, f, slot).map(std::borrow::Cow::Owned)
+            }
+        })
+    }
+}
+
+/// The entry at `slot` of spill file `f` of `files`.
+fn spilled(files: &[SpillFile], f: usize, slot: Slot) -> std::io::Result<PendingEntry> {
+    let file = files.get(f).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no spill file {f} for a partial report's entry"),
+        )
+    })?;
+    file.read::<SpilledEntry>(slot).map(|s| s.entry)
+}
+
+impl From<Vec<PendingEntry>> for PendingList {
+    fn from(v: Vec<PendingEntry>) -> PendingList {
+        PendingList {
+            files: Vec::new(),
+            items: v.into_iter().map(EntryAt::Held).collect(),
+        }
+    }
+}
+
+impl IntoIterator for PendingList {
+    type Item = std::io::Result<PendingEntry>;
+    type IntoIter = Box<dyn Iterator<Item = std::io::Result<PendingEntry>>>;
+
+    /// Every entry in order, those spilled read back.
+    fn into_iter(self) -> Self::IntoIter {
+        let files = self.files;
+        Box::new(self.items.into_iter().map(move |at| match at {
+            EntryAt::Held(e) => Ok(e),
+            EntryAt::Spilled(f, slot) => spilled(&files, f, slot),
+        }))
+    }
+}
+
+impl Serialize for PendingList {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error as _, SerializeSeq};
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for e in self.iter() {
+            let e = e.map_err(|e| {
+                S::Error::custom(format!(
+                    "the comparison's results could not be read back: {e}"
+                ))
+            })?;
+            seq.serialize_element(&*e)?;
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for PendingList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PendingList, D::Error> {
+        Vec::<PendingEntry>::deserialize(d).map(PendingList::from)
+    }
+}
+
+impl PartialEq for PendingList {
+    /// Equal entries in the same order (a list that cannot be read back equals none).
+    fn eq(&self, other: &PendingList) -> bool {
+        self.len() == other.len()
+            && self
+                .iter()
+                .zip(other.iter())
+                .all(|(a, b)| matches!((a, b), (Ok(a), Ok(b)) if a == b))
+    }
+}
+
+impl std::fmt::Debug for PendingList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let spilled = self
+            .items
+            .iter()
+            .filter(|e| matches!(e, EntryAt::Spilled(..)))
+            .count();
+        write!(
+            f,
+            "PendingList {{ {} entries, {spilled} spilled }}",
+            self.items.len()
+        )
+    }
 }
 
 /// The options of a partitioned comparison (every partition must use the same).
@@ -205,7 +343,7 @@ pub struct Partial {
     /// The options every partition must share.
     pub options: PartialOptions,
     /// Per entry of the report's `tensors`, in the same order: what the merge needs.
-    pub pending: Vec<PendingEntry>,
+    pub pending: PendingList,
     /// The warnings of the tensors this partition compared (the report's `warnings` adds
     /// those of the whole comparison, which every partition repeats).
     pub walk_warnings: Vec<String>,
@@ -224,7 +362,7 @@ impl Partial {
         units: Vec<Unit>,
         covered: Vec<u64>,
         options: PartialOptions,
-        pending: Vec<PendingEntry>,
+        pending: PendingList,
         (walk_warnings, late_unreadable): (Vec<String>, Vec<(String, String, u64)>),
     ) -> Partial {
         Partial {
@@ -402,7 +540,7 @@ pub fn open(path: &Path) -> Result<PartialFile, MergeError> {
     let mut head = read(path)?;
     let counts = (head.report.tensors.len(), head.partition.pending.len());
     head.report.tensors = crate::report::TensorList::default();
-    head.partition.pending = Vec::new();
+    head.partition.pending = PendingList::default();
     Ok(PartialFile {
         file: path.display().to_string(),
         path: path.to_path_buf(),

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comparison::{Pending, Position};
-use crate::partition::PendingEntry;
+use crate::partition::{EntryAt, PendingEntry, PendingList};
 use crate::report::{Listed, TensorComparison, TensorList};
 use crate::spill::{Slot, SpillFile, SpillWriter};
 use crate::CompareError;
@@ -233,14 +233,20 @@ impl Sorted {
 
     /// The report's tensors, in this order, each with its position: those held moved into
     /// the list, those spilled left where they are (read back when wanted, but for those at
-    /// `pin`, which the report names); what a partial report keeps of each is added to
-    /// `entries` when given (spilled ones read for it).
+    /// `pin`, which the report names); with `entries`, what a partial report keeps of each,
+    /// in the same order, those of spilled results left in the spill files too
+    /// ([`PendingList`]).
     pub(crate) fn into_tensors(
         mut self,
-        mut entries: Option<&mut Vec<PendingEntry>>,
+        entries: Option<&mut PendingList>,
         pin: impl IntoIterator<Item = usize>,
     ) -> Result<TensorList, CompareError> {
         let mut items = Vec::with_capacity(self.entries.len());
+        let mut entry_items = Vec::with_capacity(if entries.is_some() {
+            self.entries.len()
+        } else {
+            0
+        });
         let mut held = Vec::new();
         let mut diverged = 0;
         for i in 0..self.entries.len() {
@@ -249,20 +255,23 @@ impl Sorted {
             match e.at {
                 At::Memory(m) => {
                     let mut p = self.memory[m].take().ok_or_else(|| taken(i))?;
-                    if let Some(out) = entries.as_deref_mut() {
-                        out.push(p.entry());
+                    if entries.is_some() {
+                        entry_items.push(EntryAt::Held(p.entry()));
                     }
                     p.cmp.position = i as u64;
                     items.push(Listed::Memory(held.len()));
                     held.push(p.cmp);
                 }
                 At::Spilled(f, slot) => {
-                    if let Some(out) = entries.as_deref_mut() {
-                        out.push(self.read_spilled(f, slot)?.entry());
+                    if entries.is_some() {
+                        entry_items.push(EntryAt::Spilled(f, slot));
                     }
                     items.push(Listed::Spilled(f, slot));
                 }
             }
+        }
+        if let Some(out) = entries {
+            *out = PendingList::from_parts(self.files.clone(), entry_items);
         }
         TensorList::from_parts(self.files, items, held, diverged, pin)
             .map_err(CompareError::Results)
@@ -335,15 +344,26 @@ mod tests {
             .collect()
     }
 
-    /// The report's tensors made of `s` (with what a partial report keeps of each), as JSON.
-    fn tensors(s: Sorted) -> (bool, Vec<String>, usize) {
-        let mut entries = Vec::new();
+    /// The report's tensors made of `s`, as JSON, and what a partial report keeps of each, as
+    /// the JSON it is written as (those of spilled results read back from the spill files).
+    fn tensors(s: Sorted) -> (bool, Vec<String>, String) {
+        let mut entries = PendingList::default();
         let list = s.into_tensors(Some(&mut entries), [0, 7]).expect("tensors");
         let json = list
             .iter()
             .map(|t| serde_json::to_string(&*t.expect("read back")).expect("json"))
             .collect();
-        (list.is_spilled(), json, entries.len())
+        let entries_json = serde_json::to_string(&entries).expect("entries written");
+        // Read as a partial report is read: the same entries, all in memory.
+        let read: PendingList = serde_json::from_str(&entries_json).expect("entries read");
+        assert!(read == entries && read.len() == list.len());
+        // Those of spilled results stay in the spill files: not held a second time.
+        assert_eq!(
+            list.is_spilled(),
+            !format!("{entries:?}").ends_with(" 0 spilled }"),
+            "{entries:?}"
+        );
+        (list.is_spilled(), json, entries_json)
     }
 
     #[test]
@@ -384,7 +404,9 @@ mod tests {
         let (was_spilled, spilled_json, spilled_entries) = tensors(spilled);
         assert!(was_spilled);
         assert_eq!(held_json, spilled_json);
-        assert_eq!((held_entries, spilled_entries), (200, 200));
+        // What a partial report keeps: the same, whether held or left in the spill files.
+        assert_eq!(held_entries, spilled_entries);
+        assert!(held_entries.contains("\"shards\":[[0,"), "{held_entries}");
         assert!(held_json[7].contains("\"position\":7"), "{}", held_json[7]);
     }
 

@@ -196,17 +196,7 @@ impl IntoIterator for PendingList {
 
 impl Serialize for PendingList {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{Error as _, SerializeSeq};
-        let mut seq = s.serialize_seq(Some(self.len()))?;
-        for e in self.iter() {
-            let e = e.map_err(|e| {
-                S::Error::custom(format!(
-                    "the comparison's results could not be read back: {e}"
-                ))
-            })?;
-            seq.serialize_element(&*e)?;
-        }
-        seq.end()
+        crate::spill::serialize_read_back(s, self.len(), self.iter())
     }
 }
 
@@ -219,11 +209,7 @@ impl<'de> Deserialize<'de> for PendingList {
 impl PartialEq for PendingList {
     /// Equal entries in the same order (a list that cannot be read back equals none).
     fn eq(&self, other: &PendingList) -> bool {
-        self.len() == other.len()
-            && self
-                .iter()
-                .zip(other.iter())
-                .all(|(a, b)| matches!((a, b), (Ok(a), Ok(b)) if a == b))
+        crate::spill::equal_read_back((self.len(), self.iter()), (other.len(), other.iter()))
     }
 }
 

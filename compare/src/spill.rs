@@ -13,6 +13,42 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+/// Writes the items of a list that lies partly in spill files as one JSON array, each read
+/// back in turn (`items`, `len` of them): an item that cannot be read back fails the whole.
+pub(crate) fn serialize_read_back<S, T, R>(
+    s: S,
+    len: usize,
+    items: impl Iterator<Item = std::io::Result<R>>,
+) -> Result<S::Ok, S::Error>
+where
+    S: serde::Serializer,
+    T: Serialize + ?Sized,
+    R: std::ops::Deref<Target = T>,
+{
+    use serde::ser::{Error as _, SerializeSeq};
+    let mut seq = s.serialize_seq(Some(len))?;
+    for item in items {
+        let item = item.map_err(|e| {
+            S::Error::custom(format!(
+                "the comparison's results could not be read back: {e}"
+            ))
+        })?;
+        seq.serialize_element(&*item)?;
+    }
+    seq.end()
+}
+
+/// Whether two lists that lie partly in spill files hold equal items in the same order (a
+/// list that cannot be read back equals none).
+pub(crate) fn equal_read_back<T: PartialEq + ?Sized, R: std::ops::Deref<Target = T>>(
+    (a_len, a): (usize, impl Iterator<Item = std::io::Result<R>>),
+    (b_len, b): (usize, impl Iterator<Item = std::io::Result<R>>),
+) -> bool {
+    a_len == b_len
+        && a.zip(b)
+            .all(|(x, y)| matches!((x, y), (Ok(x), Ok(y)) if *x == *y))
+}
+
 /// Where one item lies in its spill file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {

@@ -9,7 +9,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::ser::{Error as _, SerializeSeq};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::TensorComparison;
@@ -216,16 +215,7 @@ impl TensorList {
 
 impl Serialize for TensorList {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.len()))?;
-        for t in self.iter() {
-            let t = t.map_err(|e| {
-                S::Error::custom(format!(
-                    "the comparison's results could not be read back: {e}"
-                ))
-            })?;
-            seq.serialize_element(&*t)?;
-        }
-        seq.end()
+        crate::spill::serialize_read_back(s, self.len(), self.iter())
     }
 }
 
@@ -238,11 +228,7 @@ impl<'de> Deserialize<'de> for TensorList {
 impl PartialEq for TensorList {
     /// Equal tensors in the same order (a list that cannot be read back equals none).
     fn eq(&self, other: &TensorList) -> bool {
-        self.len() == other.len()
-            && self
-                .iter()
-                .zip(other.iter())
-                .all(|(a, b)| matches!((a, b), (Ok(a), Ok(b)) if a == b))
+        crate::spill::equal_read_back((self.len(), self.iter()), (other.len(), other.iter()))
     }
 }
 

@@ -34,13 +34,21 @@ pub struct Session {
 /// tiny processes under `--steps` outside the run: 50 ms against 38 ms with 256 KiB).
 pub const FIRST_PIN_BYTES: u64 = 256 << 10;
 
+/// Parts of [`FIRST_PIN_BYTES`] each the ring's front is locked in before the parts double:
+/// what a run outside `--steps` holds in flight while the `auto` rule learns the steps (every
+/// GEMM's operands copied for the rule until then, about 0.5-0.7 MiB a process on the
+/// simulated tp2 dp2 pp2 job) then takes three parts, 768 KiB, where doubling parts took 1 MiB:
+/// 1.5 MiB less to fault in and lock for the job's eight processes, 2-5 ms of its CPU
+/// (measured 2026-11-28: 971.6 ms against 976.4, least of 11).
+const LINEAR_PIN_PARTS: u64 = 4;
+
 /// The page-locked front of the ring's data area. `cudaHostRegister` faults in and locks
 /// every page it is given (a 1 GiB ring: about 0.3 s of a process's start on an H200, and 1 GiB
 /// of locked memory whether snapshots ever need it or not), while a ring that keeps up with
 /// its collector only reuses its first pages (ring.rs: an empty ring starts over). So the ring
 /// is locked from its start, part by part, as slots first reach a part and before any copy
-/// goes into it: [`FIRST_PIN_BYTES`], then parts that double while they end in the ring's
-/// first half, then the rest. Locked memory grows with what the capture uses: a full capture
+/// goes into it: [`FIRST_PIN_BYTES`], more parts of that size up to [`LINEAR_PIN_PARTS`] of
+/// them, then parts that double while they end in the ring's first half, then the rest. Locked memory grows with what the capture uses: a full capture
 /// of a small model locks tens of MiB (one that locked the rest once past a sixteenth of the ring cost the
 /// simulated hidden-64 job 3.1x its untraced CPU instead of 2.2x). The price: slots never cross
 /// a part's end, so the largest slot is half the ring, and a burst of large slots that cannot
@@ -99,12 +107,19 @@ impl RingPin {
         Ok(())
     }
 
-    /// Where the parts before the last end: [`FIRST_PIN_BYTES`], then doubling while they end
-    /// in the ring's first half (none when the first part would not).
+    /// Where the parts before the last end: every [`FIRST_PIN_BYTES`] up to
+    /// [`LINEAR_PIN_PARTS`] of them, then doubling, while they end in the ring's first half
+    /// (none when the first part would not).
     fn front_ends(&self) -> impl Iterator<Item = u64> {
         let front = self.capacity / 2;
-        std::iter::successors(Some(FIRST_PIN_BYTES), |&e| Some(e * 2))
-            .take_while(move |&e| e <= front)
+        std::iter::successors(Some(FIRST_PIN_BYTES), |&e| {
+            Some(if e < LINEAR_PIN_PARTS * FIRST_PIN_BYTES {
+                e + FIRST_PIN_BYTES
+            } else {
+                e * 2
+            })
+        })
+        .take_while(move |&e| e <= front)
     }
 
     /// The end of the registered part of the data area that holds offset `off`. A device copy
@@ -412,7 +427,10 @@ mod tests {
         // Already locked: nothing registered.
         pin.cover_with(FIRST_PIN_BYTES, &mut record)
             .expect("covered");
-        // A slot ending at 3 MiB: 256 KiB..512 KiB, ..1 MiB, ..2 MiB, ..4 MiB.
+        // A slot ending at 700 KiB: two more parts of 256 KiB, not one of 512.
+        pin.cover_with(700 * KIB, &mut record).expect("grow");
+        assert_eq!(pin.locked(), 768 * KIB);
+        // A slot ending at 3 MiB: ..1 MiB, then doubling: ..2 MiB, ..4 MiB.
         pin.cover_with(3 * MIB, &mut record).expect("grow");
         // Parts double while they end in the first half; the last runs to the end.
         pin.cover_with(20 * MIB, &mut record).expect("to the end");
@@ -421,7 +439,8 @@ mod tests {
             [
                 (0, 256),
                 (256, 256),
-                (512, 512),
+                (512, 256),
+                (768, 256),
                 (1024, 1024),
                 (2048, 2048),
                 (4096, 4096),
@@ -429,10 +448,13 @@ mod tests {
             ]
         );
         assert_eq!(pin.locked(), 20 * MIB);
-        let ends: Vec<u64> = [0, 255, 256, 300, 1024, 3000, 8192, 19000]
+        let ends: Vec<u64> = [0, 255, 256, 300, 700, 1024, 3000, 8192, 19000]
             .map(|k| pin.part_end(k * KIB) / KIB)
             .to_vec();
-        assert_eq!(ends, [256, 256, 512, 512, 2048, 4096, 20 * 1024, 20 * 1024]);
+        assert_eq!(
+            ends,
+            [256, 256, 512, 512, 768, 2048, 4096, 20 * 1024, 20 * 1024]
+        );
         assert_eq!(pin.largest_part(), 12 * MIB);
         // A ring of less than twice the first part is one part.
         let one = RingPin::new(base, 384 * KIB);

@@ -232,7 +232,8 @@ pub(crate) fn note_fed(step: u64) {
     FED.fetch_add(1, Ordering::AcqRel);
 }
 
-/// The tracer found the anchor (the first GEMM): from now on only GEMMs of its signature count,
+/// The tracer found the anchor (the first GEMM, told as soon as its snapshot leaves the FIFO,
+/// `Tracer::tell_anchor_early`): from now on only GEMMs of its signature count,
 /// and of the others only operands [`AnchorShape::may_see`] lets through matter to the rule.
 pub(crate) fn note_anchor(anchor: AnchorShape) {
     ANCHOR.store(anchor.sig, Ordering::Relaxed);

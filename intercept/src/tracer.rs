@@ -26,7 +26,7 @@ use ttrace_proto::wire::{Chunk, ClientMsg, CommInfo, StreamRef};
 use crate::client::Client;
 use crate::cuda::{self, Event};
 use crate::fingerprint::{Evidence, Layout, StreamedEvidence};
-use crate::steps::{Class, Operand, Steps};
+use crate::steps::{AnchorShape, Class, Operand, Steps};
 
 /// Where an op ran and who called it, noted at call time.
 #[derive(Debug, Clone)]
@@ -564,6 +564,7 @@ pub fn start(
                 unpublished: BTreeMap::new(),
                 broken: false,
                 anchor_noted: false,
+                anchor_told: None,
                 period_noted: None,
                 checked_to: 0,
                 stopped_capture: false,
@@ -605,6 +606,8 @@ struct Tracer {
     broken: bool,
     /// The anchor's signature was handed to the hooks (prefilter.rs).
     anchor_noted: bool,
+    /// The anchor the hooks were told before the rule fed it ([`Tracer::tell_anchor_early`]).
+    anchor_told: Option<AnchorShape>,
     /// The start of the period handed to the hooks (prefilter.rs), and the ordinal below
     /// which the GEMMs the rule did not see were checked against it.
     period_noted: Option<u64>,
@@ -707,7 +710,10 @@ impl Tracer {
 
     fn handle(&mut self, e: Entry) {
         match e {
-            Entry::Capture(c) => self.captured(*c),
+            Entry::Capture(c) => {
+                self.tell_anchor_early(&c);
+                self.captured(*c)
+            }
             Entry::Gap(meta) => {
                 let rec = record(*meta, Vec::new());
                 self.feed(rec, None, Vec::new(), Class::Other, false);
@@ -741,6 +747,43 @@ impl Tracer {
                 self.steps.mark(api, name.as_deref())
             }
         }
+    }
+
+    /// Under `auto` with steps selected, tells the hooks the anchor (the first GEMM: its
+    /// signature, operand lengths and orientations) as soon as its snapshot is taken from the
+    /// FIFO, before waiting for its copies: the hooks of the GEMMs enqueued after it then copy
+    /// only the operands the rule can read (those of the anchor's signature, and operands of
+    /// the anchor's lengths), where they copied every GEMM's until the rule had fed the anchor.
+    /// The host runs ahead of the device by about a step, so while the rule learned the
+    /// steps a run outside `--steps` held every GEMM's operands of a step in flight (the ring
+    /// locked that far). Hooks that see it took their tickets after the anchor's, so the rule
+    /// knows the anchor before their records, as when it was told after feeding it; an anchor
+    /// that turns out otherwise (the first GEMM's snapshot failed) is a fault.
+    fn tell_anchor_early(&mut self, c: &Captured) {
+        if self.anchor_noted
+            || self.anchor_told.is_some()
+            || self.cfg.step_rule != StepRule::Auto
+            || self.cfg.steps.is_none()
+            || self.steps.anchor().is_some()
+        {
+            return;
+        }
+        let (Op::Gemm(g), Some(sig)) = (&c.meta.op, op_sig(c.meta.api, &c.meta.op)) else {
+            return;
+        };
+        let len = |role| {
+            c.tensors
+                .iter()
+                .find(|t| t.role == role)
+                .map_or(0, |t| t.nbytes)
+        };
+        let told = AnchorShape {
+            sig,
+            len: [len(Role::A), len(Role::B)],
+            trans: [g.transa != 0, g.transb != 0],
+        };
+        crate::prefilter::note_anchor(told);
+        self.anchor_told = Some(told);
     }
 
     /// Waits for an event; `Err` with the runtime's error when the op or a copy failed.
@@ -1203,8 +1246,21 @@ impl Tracer {
         );
         if !self.anchor_noted {
             if let Some(anchor) = self.steps.anchor() {
-                crate::prefilter::note_anchor(anchor);
                 self.anchor_noted = true;
+                if self.anchor_told.is_some_and(|told| told != anchor) {
+                    // The first GEMM's snapshot did not reach the rule: the hooks after it
+                    // left out the operands of GEMMs of another signature, this one's.
+                    crate::prefilter::note_anchor(anchor);
+                    crate::fault(
+                        "ttrace",
+                        "the auto step rule's anchor is not the first GEMM (its snapshot \
+                         failed): the operands the rule reads were left out by the hooks \
+                         before it knew, so steps could be numbered wrong"
+                            .into(),
+                    );
+                } else if self.anchor_told.is_none() {
+                    crate::prefilter::note_anchor(anchor);
+                }
             }
         }
         let period = self.steps.period();

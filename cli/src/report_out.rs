@@ -27,14 +27,48 @@ pub fn html(path: &Path, report: &CompareReport) -> anyhow::Result<()> {
     })
 }
 
-/// Creates `path` and writes it through a buffer with `write`; errors name the file.
+/// Writes `path` through a buffer with `write`; errors name the file. A regular file (or a
+/// new one) is written beside it under a temporary name and renamed over it once whole: a
+/// report that fails half-way (a full disk, a comparison whose spilled results cannot be read
+/// back) leaves no truncated file behind, and an earlier report at that path stays as it was.
+/// Anything else (`/dev/stdout`, a pipe, a symbolic link) is written in place, as named.
 fn to_file(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
-    std::fs::File::create(path)
-        .and_then(|file| write(&mut BufWriter::with_capacity(1 << 20, file)))
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    let named = |e: std::io::Error| anyhow::anyhow!("{}: {e}", path.display());
+    let in_place = std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file());
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if !in_place => (dir, name),
+        _ => {
+            return std::fs::File::create(path)
+                .and_then(|file| write(&mut BufWriter::with_capacity(1 << 20, file)))
+                .map_err(named)
+        }
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(".{}.tmp", std::process::id()));
+    let temp = dir.join(temp_name);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .and_then(|file| {
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            write(&mut w)?;
+            w.flush()
+        })
+        .and_then(|()| std::fs::rename(&temp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    written.map_err(named)
 }
 
 fn write_to<W: Write>(mut w: W, value: &impl Serialize) -> std::io::Result<()> {
@@ -59,6 +93,36 @@ mod tests {
             text,
             serde_json::to_string_pretty(&value).expect("json") + "\n"
         );
+    }
+
+    /// A report that fails half-way leaves the earlier report at its path as it was, and no
+    /// temporary file; one written whole replaces it.
+    #[test]
+    fn a_failed_report_leaves_the_earlier_one_whole() {
+        let dir = std::env::temp_dir().join(format!("ttrace-report-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("report.json");
+        std::fs::write(&path, "earlier\n").expect("earlier report");
+        let err = to_file(&path, |w| {
+            w.write_all(b"half")?;
+            Err(std::io::Error::other("disk full"))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("report.json: disk full"), "{err}");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "earlier\n");
+        let left: Vec<_> = std::fs::read_dir(&dir).expect("list").collect();
+        assert_eq!(left.len(), 1, "no temporary file left");
+        json(&path, &serde_json::json!({"verdict": "match"})).expect("write");
+        assert!(std::fs::read_to_string(&path)
+            .expect("read")
+            .contains("match"));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// What is not a regular file is written in place (a report to `/dev/null`, a pipe).
+    #[test]
+    fn a_device_is_written_in_place() {
+        json(Path::new("/dev/null"), &serde_json::json!({})).expect("written to /dev/null");
     }
 
     #[test]

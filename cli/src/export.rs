@@ -381,7 +381,7 @@ fn export_safetensors(
     progress: &Progress,
 ) -> anyhow::Result<SegmentResult> {
     let mut res = SegmentResult::default();
-    let file = format!("rank{:05}_step{:06}.safetensors", seg.rank, seg.step);
+    let file = safetensors_file(seg.rank, seg.step);
     let path = out.join(&file);
     let mut items = items;
     let mut meta = HashMap::new();
@@ -442,6 +442,16 @@ fn export_safetensors(
     bail!("{}: tensors kept failing to decode", path.display())
 }
 
+/// The safetensors file of a segment's tensors, in the output directory.
+fn safetensors_file(rank: u32, step: u64) -> String {
+    format!("rank{rank:05}_step{step:06}.safetensors")
+}
+
+/// The directory of a segment's npy files, in the output directory.
+fn npy_dir(rank: u32, step: u64) -> String {
+    format!("rank{rank:05}/step{step:06}")
+}
+
 /// Writes one npy file per item of the segment.
 fn export_npy(
     seg: &Segment,
@@ -451,7 +461,7 @@ fn export_npy(
     progress: &Progress,
 ) -> anyhow::Result<SegmentResult> {
     let mut res = SegmentResult::default();
-    let rel_dir = format!("rank{:05}/step{:06}", seg.rank, seg.step);
+    let rel_dir = npy_dir(seg.rank, seg.step);
     let dir = out.join(&rel_dir);
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -715,9 +725,23 @@ fn export_segment(
     let mut res = if items.is_empty() {
         SegmentResult::default()
     } else {
-        match a.format {
-            Format::Safetensors => export_safetensors(store, &seg, items, &a.out, progress)?,
-            Format::Npy => export_npy(&seg, items, &a.out, a.widen, progress)?,
+        let written = match a.format {
+            Format::Safetensors => export_safetensors(store, &seg, items, &a.out, progress),
+            Format::Npy => export_npy(&seg, items, &a.out, a.widen, progress),
+        };
+        match written {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing of a segment that failed stays: no truncated file, and none the
+                // index would not list.
+                let _ = match a.format {
+                    Format::Safetensors => {
+                        std::fs::remove_file(a.out.join(safetensors_file(seg.rank, seg.step)))
+                    }
+                    Format::Npy => std::fs::remove_dir_all(a.out.join(npy_dir(seg.rank, seg.step))),
+                };
+                return Err(e);
+            }
         }
     };
     warnings.append(&mut res.warnings);

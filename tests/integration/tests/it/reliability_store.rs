@@ -374,3 +374,69 @@ fn repair_removes_headerless_segments_and_keeps_lost_found_private() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("step 99"), "{stdout}");
 }
+
+/// `ttrace export` on a full disk (a file-size limit: writes past it fail with `EFBIG`):
+/// a segment whose files cannot be written leaves none of them behind (no truncated `.npy`,
+/// none the index does not list), says so, and what was exported is whole.
+#[test]
+fn an_export_that_cannot_write_a_segment_leaves_none_of_its_files() {
+    use std::os::unix::process::CommandExt;
+    let dir = TempDir::new("rel-export");
+    let store = dir.path().join("st");
+    let made = run_script(
+        dir.path(),
+        &store,
+        &[],
+        "$LG publish --rank 0 --records 40 --per-step 20 --elems 8192",
+    );
+    assert_eq!(made.status.code(), Some(0), "{}", describe(&made));
+    let out = dir.path().join("npy");
+    let mut c = ttrace(dir.path());
+    c.args(["export"])
+        .arg(&store)
+        .args(["--format", "npy", "--widen", "--json", "--out"])
+        .arg(&out);
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
+    unsafe {
+        c.pre_exec(|| {
+            // Each tensor's file (8192 elements) is larger than this: every write fails.
+            let lim = libc::rlimit {
+                rlim_cur: 16 << 10,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let ex = output_within(&mut c, LIMIT);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ex.stdout),
+        String::from_utf8_lossy(&ex.stderr)
+    );
+    assert!(
+        said.contains("nothing exported from it"),
+        "{}",
+        describe(&ex)
+    );
+    let mut left = Vec::new();
+    let mut walk = vec![out.clone()];
+    while let Some(d) = walk.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk.push(p);
+            } else if p.extension().is_some_and(|x| x == "npy") {
+                left.push(p);
+            }
+        }
+    }
+    assert!(left.is_empty(), "files of failed segments left: {left:?}");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("index.json")).expect("index"))
+            .expect("json");
+    assert_eq!(index.as_array().map(Vec::len), Some(0), "{index}");
+}

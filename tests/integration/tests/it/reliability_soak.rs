@@ -109,21 +109,7 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if fs.is_none() {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
-        unsafe {
-            cmd.pre_exec(|| {
-                let lim = libc::rlimit {
-                    rlim_cur: 96 << 10,
-                    rlim_max: libc::RLIM_INFINITY,
-                };
-                if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                Ok(())
-            });
-        }
+        file_size_limit(&mut cmd, 96 << 10);
     }
     let mut child = cmd.spawn().expect("ttrace starts");
     let pid = child.id();

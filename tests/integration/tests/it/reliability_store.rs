@@ -118,7 +118,6 @@ fn a_full_tmpfs_is_reported_and_every_record_accounted_for() {
 /// every segment's writes fail past 256 KiB, wherever the test runs.
 #[test]
 fn failed_writes_under_a_file_size_limit_are_accounted_for() {
-    use std::os::unix::process::CommandExt;
     let dir = TempDir::new("rel-fsize");
     let store = dir.path().join("st");
     let mut c = ttrace(dir.path());
@@ -128,21 +127,7 @@ fn failed_writes_under_a_file_size_limit_are_accounted_for() {
         // The producer lifts the (soft) limit for itself: its ring is a 4 MiB memfd.
         .arg("ulimit -f unlimited; $LG publish --rank 0 --records 200 --per-step 50 --elems 8192")
         .env("LG", loadgen());
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
-    unsafe {
-        c.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 256 << 10,
-                rlim_max: libc::RLIM_INFINITY,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // A write past the limit fails with EFBIG instead of killing the writer.
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            Ok(())
-        });
-    }
+    file_size_limit(&mut c, 256 << 10);
     let out = output_within(&mut c, LIMIT);
     assert_accounted(&out, &store, 200);
 }
@@ -380,7 +365,6 @@ fn repair_removes_headerless_segments_and_keeps_lost_found_private() {
 /// none the index does not list), says so, and what was exported is whole.
 #[test]
 fn an_export_that_cannot_write_a_segment_leaves_none_of_its_files() {
-    use std::os::unix::process::CommandExt;
     let dir = TempDir::new("rel-export");
     let store = dir.path().join("st");
     let made = run_script(
@@ -396,21 +380,8 @@ fn an_export_that_cannot_write_a_segment_leaves_none_of_its_files() {
         .arg(&store)
         .args(["--format", "npy", "--widen", "--json", "--out"])
         .arg(&out);
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
-    unsafe {
-        c.pre_exec(|| {
-            // Each tensor's file (8192 elements) is larger than this: every write fails.
-            let lim = libc::rlimit {
-                rlim_cur: 16 << 10,
-                rlim_max: libc::RLIM_INFINITY,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            Ok(())
-        });
-    }
+    // Each tensor's file (8192 elements) is larger than this: every write fails.
+    file_size_limit(&mut c, 16 << 10);
     let ex = output_within(&mut c, LIMIT);
     let said = format!(
         "{}{}",

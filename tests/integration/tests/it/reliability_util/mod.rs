@@ -203,3 +203,24 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> std::process::Output
     });
     out
 }
+
+/// Limits the size of the files `cmd` writes to `bytes` (`RLIMIT_FSIZE`, the soft limit: a
+/// child may lift it for itself): a full disk without root, wherever the test runs. A write
+/// past it fails with `EFBIG` instead of killing the writer (`SIGXFSZ` ignored).
+pub fn file_size_limit(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit, signal).
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+}

@@ -1,7 +1,7 @@
 //! The reliability soak: the fixture trainer (two DP ranks, a tiny model) traced for 500 steps
 //! while faults are injected — the collector stopped and continued (SIGSTOP/SIGCONT of
 //! `ttrace run`, which embeds it), the disk filling up (a small tmpfs, where the machine lets
-//! the test mount one), a rank killed — and nothing that was reported stored is missing:
+//! the test mount one), a rank killed once the disk is full — and nothing that was reported stored is missing:
 //! records received = records readable + records reported lost, exactly, and the summary's
 //! stored count is what a reader finds.
 //!
@@ -56,6 +56,21 @@ fn descendants(root: u32, name: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Bytes free for an unprivileged writer on the filesystem of `path` (`statvfs`).
+fn free_bytes(path: &Path) -> u64 {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return u64::MAX;
+    };
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a NUL-terminated path and an out-pointer to a zeroed statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return u64::MAX;
+    }
+    // SAFETY: statvfs succeeded and filled it.
+    let st = unsafe { st.assume_init() };
+    st.f_bavail * st.f_frsize
+}
+
 /// The value of `var` in a process's environment.
 fn env_of(pid: u32, var: &str) -> Option<String> {
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
@@ -83,8 +98,9 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
     let dir = TempDir::new("rel-soak");
-    // About 0.3 MiB stored per step: a 40 MiB tmpfs fills around step 130.
-    let fs = SmallFs::tmpfs("40m");
+    // About 0.3 MiB stored per step: a 16 MiB tmpfs fills around step 50, when the
+    // collector keeps up.
+    let fs = SmallFs::tmpfs("16m");
     let store = match &fs {
         Some(fs) => fs.mount.join("st"),
         None => {
@@ -92,7 +108,16 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
             dir.path().join("st")
         }
     };
+    // Rank 1 is killed once the disk is full, after the collector's stop, or at `kill_at` at
+    // the latest: the trainer (a millisecond a step) runs ahead of a collector stopped for
+    // 300 ms, so killing at a fixed step of the trainer could come before the collector had
+    // written enough to fill the disk (the run then lost no write, which it is here to do).
     let (stop_at, kill_at) = (steps / 10, steps * 4 / 5);
+    let disk_full = || match &fs {
+        Some(fs) => free_bytes(&fs.mount) < 1 << 20,
+        // The file-size limit fails every segment's writes from the first step on.
+        None => true,
+    };
     let mut cmd = ttrace(dir.path());
     // The trainer's processes lift the soft file-size limit (set below without a tmpfs) for
     // themselves: only the collector's writes are to fail.
@@ -133,7 +158,7 @@ fn a_faulty_500_step_run_loses_nothing_it_reported_stored() {
             // SAFETY: as above.
             unsafe { libc::kill(pid as i32, libc::SIGCONT) };
         }
-        if step >= kill_at && !killed {
+        if !killed && ((step > stop_at && disk_full()) || step >= kill_at) {
             let rank1 = descendants(pid, "trainer")
                 .into_iter()
                 .find(|&p| env_of(p, "RANK").as_deref() == Some("1"));

@@ -591,8 +591,8 @@ pub fn main(a: ExportArgs) -> anyhow::Result<()> {
         }
     }
     let index = a.out.join("index.json");
-    std::fs::write(&index, serde_json::to_vec_pretty(&all)?)
-        .with_context(|| format!("writing {}", index.display()))?;
+    // Whole or not at all, as the reports are (a full disk leaves no truncated index).
+    crate::report_out::json(&index, &all)?;
     let summary = ExportSummary {
         out: a.out.clone(),
         format: format!("{:?}", a.format).to_lowercase(),

@@ -4,6 +4,7 @@
 //! copied to add a last newline or escape the page's embedded data.
 
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde::Serialize;
@@ -55,9 +56,13 @@ fn to_file(
     temp_name.push(name);
     temp_name.push(format!(".{}.tmp", std::process::id()));
     let temp = dir.join(temp_name);
+    // A temporary left by a crashed writer of this pid is reused (truncated); a symbolic link
+    // planted under its name is refused, not followed.
     let written = std::fs::OpenOptions::new()
         .write(true)
-        .create_new(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&temp)
         .and_then(|file| {
             let mut w = BufWriter::with_capacity(1 << 20, file);
@@ -119,10 +124,46 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// What is not a regular file is written in place (a report to `/dev/null`, a pipe).
+    /// What is not a regular file is written in place (a report to `/dev/null`, a pipe, a
+    /// symbolic link), never replaced by a file of its name.
     #[test]
-    fn a_device_is_written_in_place() {
+    fn a_device_or_a_link_is_written_in_place() {
+        use std::os::unix::fs::FileTypeExt;
         json(Path::new("/dev/null"), &serde_json::json!({})).expect("written to /dev/null");
+        let null = std::fs::symlink_metadata("/dev/null").expect("/dev/null");
+        assert!(
+            null.file_type().is_char_device(),
+            "/dev/null is still a device"
+        );
+        let dir = std::env::temp_dir().join(format!("ttrace-report-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (target, link) = (dir.join("target.json"), dir.join("link.json"));
+        std::os::unix::fs::symlink(&target, &link).expect("link");
+        json(&link, &serde_json::json!({"verdict": "match"})).expect("written through the link");
+        let kept = std::fs::symlink_metadata(&link).expect("link");
+        assert!(kept.file_type().is_symlink(), "the link is kept");
+        assert!(std::fs::read_to_string(&target)
+            .expect("target")
+            .contains("match"));
+        // A temporary left by a crashed writer of this pid does not block the next report.
+        let report = dir.join("report.json");
+        std::fs::write(
+            dir.join(format!(".report.json.{}.tmp", std::process::id())),
+            "stale",
+        )
+        .expect("stale temporary");
+        json(&report, &serde_json::json!({"verdict": "match"})).expect("written");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .expect("list")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            names.len(),
+            3,
+            "target, link and report, no temporary: {names:?}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

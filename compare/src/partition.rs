@@ -147,6 +147,14 @@ impl PendingList {
         self.items.is_empty()
     }
 
+    /// How many lie in the spill files (not held in memory).
+    pub fn spilled(&self) -> usize {
+        self.items
+            .iter()
+            .filter(|e| matches!(e, EntryAt::Spilled(..)))
+            .count()
+    }
+
     /// Every entry in order, those spilled read back.
     pub fn iter(
         &self,
@@ -215,15 +223,11 @@ impl PartialEq for PendingList {
 
 impl std::fmt::Debug for PendingList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let spilled = self
-            .items
-            .iter()
-            .filter(|e| matches!(e, EntryAt::Spilled(..)))
-            .count();
         write!(
             f,
-            "PendingList {{ {} entries, {spilled} spilled }}",
-            self.items.len()
+            "PendingList {{ {} entries, {} spilled }}",
+            self.items.len(),
+            self.spilled()
         )
     }
 }

@@ -36,10 +36,10 @@ pub const FIRST_PIN_BYTES: u64 = 256 << 10;
 
 /// Parts of [`FIRST_PIN_BYTES`] each the ring's front is locked in before the parts double:
 /// what a run outside `--steps` holds in flight while the `auto` rule learns the steps (the
-/// operands the rule reads, copied about a step ahead of the device: up to 0.5-0.7 MiB a
-/// process on the simulated tp2 dp2 pp2 job before the hooks were told the anchor early,
-/// `Tracer::tell_anchor_early`) then takes whole 256 KiB parts, where doubling parts locked
-/// up to twice what was needed.
+/// operands the rule reads, copied about a step ahead of the device: the ring's head passed
+/// 0.5 MiB on the simulated tp2 dp2 pp2 job before the hooks were told the anchor early,
+/// `Tracer::tell_anchor_early`, and 256 KiB in most processes since) then takes whole
+/// 256 KiB parts, where doubling parts locked up to twice what was needed.
 const LINEAR_PIN_PARTS: u64 = 4;
 
 /// The page-locked front of the ring's data area. `cudaHostRegister` faults in and locks

@@ -11,9 +11,9 @@
 //! CRC-32) and not a constant tensor (a zero-initialised buffer is identical everywhere by
 //! accident) makes it a replicated tensor of that group; every later step's copies must then
 //! share one CRC, when the tensor persists from step to step (most values within 12.5% of
-//! the last identical copy's, [`crate::check::persistent::mostly_kept`]: a weight moved by
-//! its updates; an activation computed from new data that happened to agree is not held to
-//! it). The ranks blamed are those outside the majority; with no majority (two
+//! the last identical copy's and correlated with them, [`crate::check::persistent::persists`]:
+//! a weight moved by its updates; an activation computed from new data that happened to agree
+//! is not held to it). The ranks blamed are those outside the majority; with no majority (two
 //! replicas), those whose copy is farther from the reference.
 
 use std::collections::{BTreeMap, HashSet};
@@ -309,7 +309,7 @@ fn copies(
 }
 
 /// Whether the operand on `rank` in comparison `now` kept its values from comparison `before`
-/// (see [`crate::check::persistent::mostly_kept`]).
+/// (see [`crate::check::persistent::persists`]).
 fn persists(
     run: &RunTrace,
     before: &TensorComparison,
@@ -327,7 +327,7 @@ fn persists(
         Ok(run.values(&rec, role)?.map(|v| v.data))
     };
     Ok(match (values(before)?, values(now)?) {
-        (Some(a), Some(b)) => crate::check::persistent::mostly_kept(&a, &b),
+        (Some(a), Some(b)) => crate::check::persistent::persists(&a, &b),
         _ => false,
     })
 }

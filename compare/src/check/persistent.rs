@@ -122,7 +122,7 @@ pub fn weight_operands(
                 (Some(o0), Some(o1)) => {
                     let a = sampled(store, u0.at, o0);
                     let b = sampled(store, u1.at, o1);
-                    matches!((a, b), (Some(a), Some(b)) if mostly_kept(&a, &b))
+                    matches!((a, b), (Some(a), Some(b)) if persists(&a, &b))
                 }
                 _ => false,
             })
@@ -139,6 +139,45 @@ pub fn weight_operands(
         }
     }
     out
+}
+
+/// Correlation across elements, below which an operand read in two steps is not one weight
+/// moved by an update (see [`persists`]).
+pub const MIN_CORRELATION: f64 = 0.9;
+
+/// Whether `b` is `a` moved by an optimizer update: its elements mostly kept
+/// ([`mostly_kept`]), and the two correlated across elements at [`MIN_CORRELATION`] or more.
+/// An update moves each element by a small fraction of the weights' spread, so a weight's two
+/// readings correlate almost perfectly (0.99 and up on the fixture trainer, whatever the
+/// learning rate [`mostly_kept`] accepts). The correlation rules out an operand whose values
+/// are all small on the scale of a few large ones, which [`mostly_kept`]'s RMS floor keeps
+/// whatever they do: the gradient of the logits at initialisation, about 1/vocab everywhere
+/// but -1 at each target token, read by the output layer's weight-gradient GEMM (correlation
+/// about 0.1 between steps of new data).
+pub fn persists(a: &[f32], b: &[f32]) -> bool {
+    mostly_kept(a, b) && correlation(a, b).is_none_or(|c| c >= MIN_CORRELATION)
+}
+
+/// Pearson correlation of the finite pairs of `a` and `b`; `None` when either holds one
+/// value throughout (no spread to correlate: [`mostly_kept`] alone decides).
+fn correlation(a: &[f32], b: &[f32]) -> Option<f64> {
+    let pairs = || {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|(x, y)| (f64::from(*x), f64::from(*y)))
+    };
+    let n = pairs().count() as f64;
+    if n == 0.0 {
+        return None;
+    }
+    let (sx, sy) = pairs().fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (cxy, cxx, cyy) = pairs().fold((0.0, 0.0, 0.0), |(c, xx, yy), (x, y)| {
+        let (dx, dy) = (x - mx, y - my);
+        (c + dx * dy, xx + dx * dx, yy + dy * dy)
+    });
+    (cxx > 0.0 && cyy > 0.0).then(|| cxy / (cxx * cyy).sqrt())
 }
 
 /// Whether at least [`CLOSE_FRACTION`] of the elements of `b` lie within [`CLOSE_RELATIVE`]
@@ -226,6 +265,47 @@ mod tests {
         // A step of a third of the RMS moves most elements too far: not a weight by this
         // rule (a large learning rate on small weights, without warmup).
         assert!(!mostly_kept(&w, &step(0.33 * 0.02)));
+    }
+
+    #[test]
+    fn the_logits_gradient_at_initialisation_is_kept_by_the_rms_floor_but_is_no_weight() {
+        // Softmax of near-zero logits minus one-hot targets, over a mean of 32 tokens: about
+        // 1/64/32 everywhere (varying a little with the token), -1/32 at each row's target.
+        // Two steps of new data: other tokens, other targets.
+        let vocab = 64;
+        let grad = |seed: usize| -> Vec<f32> {
+            (0..32 * vocab)
+                .map(|i| {
+                    let (row, col) = (i / vocab, i % vocab);
+                    let wobble = ((i * 7919 + seed * 104_729) % 101) as f32 / 101.0 - 0.5;
+                    let p = (1.0 + 0.4 * wobble) / vocab as f32 / 32.0;
+                    if col == (row * 13 + seed * 29) % vocab {
+                        p - 1.0 / 32.0
+                    } else {
+                        p
+                    }
+                })
+                .collect()
+        };
+        let (g0, g1) = (grad(0), grad(1));
+        assert!(
+            mostly_kept(&g0, &g1),
+            "the RMS floor keeps the small values"
+        );
+        assert!(correlation(&g0, &g1).is_some_and(|c| c < 0.5));
+        assert!(!persists(&g0, &g1));
+        // A weight moved by an update persists.
+        let w: Vec<f32> = (0..2048)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 2500.0)
+            .collect();
+        let moved: Vec<f32> = w
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + if i.is_multiple_of(3) { 1e-3 } else { -1e-3 })
+            .collect();
+        assert!(persists(&w, &moved));
+        // A constant operand has no spread to correlate: kept values decide.
+        assert!(persists(&[0.5; 64], &[0.5; 64]));
     }
 
     #[test]

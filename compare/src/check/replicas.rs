@@ -520,11 +520,87 @@ fn overlapping_shards(
     }
 }
 
+/// What stayed the same of a weight between two steps, by aligned [`BLOCK`]-byte blocks
+/// (constant blocks left out: they say nothing of an update).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Unchanged {
+    /// Blocks compared (not constant).
+    blocks: usize,
+    /// Of them, blocks with the same bytes in both steps.
+    same: usize,
+    /// The longest range of consecutive unchanged blocks (constant ones inside it skipped):
+    /// its byte offsets, start and end, and its blocks.
+    run: (usize, usize, usize),
+}
+
+/// Chance, below which a range of unchanged blocks is not the rounding of small updates: see
+/// [`Unchanged::stale`].
+const STALE_CHANCE: f64 = 1e-6;
+
+impl Unchanged {
+    /// Compares the blocks of `a` and `b` (equal lengths).
+    fn of(a: &[u8], b: &[u8]) -> Unchanged {
+        let mut u = Unchanged {
+            blocks: 0,
+            same: 0,
+            run: (0, 0, 0),
+        };
+        let mut current: Option<(usize, usize)> = None; // (start offset, blocks)
+        for (i, (x, y)) in a.chunks_exact(BLOCK).zip(b.chunks_exact(BLOCK)).enumerate() {
+            if x.iter().all(|v| *v == x[0]) {
+                continue;
+            }
+            u.blocks += 1;
+            if x != y {
+                current = None;
+                continue;
+            }
+            u.same += 1;
+            let (start, len) = current.map_or((i * BLOCK, 1), |(s, n)| (s, n + 1));
+            current = Some((start, len));
+            if len > u.run.2 {
+                u.run = (start, (i + 1) * BLOCK, len);
+            }
+        }
+        u
+    }
+
+    /// The share of blocks unchanged.
+    fn fraction(&self) -> f64 {
+        self.same as f64 / self.blocks.max(1) as f64
+    }
+
+    /// The share of the blocks outside the longest unchanged range that are unchanged.
+    fn rest_fraction(&self) -> f64 {
+        let rest = self.blocks - self.run.2;
+        if rest == 0 {
+            return 0.0;
+        }
+        (self.same - self.run.2) as f64 / rest as f64
+    }
+
+    /// Whether part of the weight was not updated: a quarter or more of its blocks form one
+    /// range of unchanged blocks that the rest of the weight cannot explain. In BF16 an
+    /// update smaller than half a unit in the last place leaves an element as it was, so a
+    /// weight of small updates keeps many blocks, scattered (each kept with about the rest's
+    /// share `q`); a skipped optimizer shard leaves a contiguous range (the flat buffer's
+    /// shard) while the rest moves as every weight does. With `n` blocks, scattered ones make
+    /// a range of `L` or more about `n (1 - q) q^L` times: below [`STALE_CHANCE`] it is not
+    /// chance.
+    fn stale(&self) -> bool {
+        let (n, len) = (self.blocks as f64, self.run.2 as f64);
+        let q = self.rest_fraction();
+        self.run.2 > 0 && len * 4.0 >= n && n * (1.0 - q) * q.powf(len) < STALE_CHANCE
+    }
+}
+
 /// Weights must change when the optimizer steps: between the first two steps of each rank,
-/// a weight whose aligned 16-byte blocks (not constant ones) stayed the same in a quarter or
-/// more of its blocks, while the median weight kept fewer than 5%, did not update (a skipped
-/// optimizer shard). A run where most weights stay (a zero learning rate) reports nothing;
-/// FP8 weights (requantised each step onto few values) are not compared.
+/// a weight with a quarter or more of its aligned 16-byte blocks (not constant ones) unchanged
+/// in one range the rest of the weight does not explain ([`Unchanged::stale`]), while the
+/// median weight kept fewer than 5% of its blocks, did not update there (a skipped optimizer
+/// shard). A run where most weights stay (a zero learning rate, a step the loss scaler
+/// skipped) reports nothing; FP8 weights (requantised each step onto few values) are not
+/// compared.
 fn frozen_weights(
     store: &Store,
     per_rank: &BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
@@ -537,7 +613,7 @@ fn frozen_weights(
         let Some(s0) = map.keys().map(|k| k.0).min() else {
             continue;
         };
-        let mut fracs: Vec<(f64, &WeightKey, &Weight)> = Vec::new();
+        let mut fracs: Vec<(Unchanged, &WeightKey, &Weight)> = Vec::new();
         for (k, w0) in map.iter().filter(|(k, _)| k.0 == s0) {
             let next = (s0 + 1, k.1.clone(), k.2.clone(), k.3, k.4);
             let Some(w1) = map.get(&next) else { continue };
@@ -549,38 +625,44 @@ fn frozen_weights(
             if a.len() != b.len() || a.len() < BLOCK * 8 || dtype.size() < 2 {
                 continue;
             }
-            let (mut same, mut all) = (0usize, 0usize);
-            for (x, y) in a.chunks_exact(BLOCK).zip(b.chunks_exact(BLOCK)) {
-                if x.iter().all(|v| *v == x[0]) {
-                    continue;
-                }
-                all += 1;
-                same += usize::from(x == y);
-            }
-            if all > 0 {
-                fracs.push((same as f64 / all as f64, k, w1));
+            let u = Unchanged::of(&a, &b);
+            if u.blocks > 0 {
+                fracs.push((u, k, w1));
             }
         }
         if fracs.len() < 3 {
             continue;
         }
-        let mut sorted: Vec<f64> = fracs.iter().map(|f| f.0).collect();
+        let mut sorted: Vec<f64> = fracs.iter().map(|f| f.0.fraction()).collect();
         sorted.sort_by(f64::total_cmp);
         let median = sorted[sorted.len() / 2];
         if median >= 0.05 {
             continue;
         }
-        for (frac, k, w1) in fracs.into_iter().filter(|f| f.0 >= 0.25) {
+        for (u, k, w1) in fracs.into_iter().filter(|f| f.0.stale()) {
             let e = found.entry((k.1.clone(), k.4)).or_insert_with(|| {
-                (
-                    Vec::new(),
+                let detail = if u.run.2 == u.blocks {
                     format!(
-                        "{:.0}% of weight operand {}'s blocks are unchanged between steps {s0} and {} (the median weight: {:.1}%): part of this weight was not updated",
-                        frac * 100.0,
+                        "every block of weight operand {} is unchanged between steps {s0} and {} (the median weight kept {:.1}% of its blocks): this weight was not updated",
                         k.4,
                         s0 + 1,
                         median * 100.0
-                    ),
+                    )
+                } else {
+                    format!(
+                        "{:.0}% of weight operand {}'s blocks, in one range (bytes {}..{}), are unchanged between steps {s0} and {}, against {:.1}% of the rest of it (the median weight: {:.1}%): part of this weight was not updated",
+                        u.run.2 as f64 * 100.0 / u.blocks as f64,
+                        k.4,
+                        u.run.0,
+                        u.run.1,
+                        s0 + 1,
+                        u.rest_fraction() * 100.0,
+                        median * 100.0
+                    )
+                };
+                (
+                    Vec::new(),
+                    detail,
                     w1.name(&k.2),
                     s0 + 1,
                 )
@@ -665,6 +747,82 @@ mod tests {
     fn module_kinds_drop_layer_numbers() {
         assert_eq!(module_kind("layers.12.mlp.fc1"), "layers.#.mlp.fc1");
         assert_eq!(module_kind("head"), "head");
+    }
+
+    /// BF16 bytes of `n` weights of magnitude about 0.02 (a deterministic sequence), moved by
+    /// `update(i)`.
+    fn bf16_weights(n: usize, update: impl Fn(usize) -> f32) -> Vec<u8> {
+        let mut x = 0x2545_f491u32;
+        (0..n)
+            .flat_map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let w = (x as f32 / u32::MAX as f32 - 0.5) * 0.04;
+                half::bf16::from_f32(w + update(i)).to_le_bytes()
+            })
+            .collect()
+    }
+
+    /// An update of relative size about `scale` with a sign and size that vary by element.
+    fn small(i: usize, scale: f32) -> f32 {
+        scale * 0.02 * (1.0 + (i % 7) as f32) / 4.0 * if i.is_multiple_of(3) { -1.0 } else { 1.0 }
+    }
+
+    #[test]
+    fn small_updates_that_bf16_rounds_away_are_not_a_stale_weight() {
+        let before = bf16_weights(4096, |_| 0.0);
+        // Updates below half a BF16 unit for most elements: many blocks keep their bytes,
+        // scattered over the weight (the old rule, a quarter of the blocks, called it stale).
+        let after = bf16_weights(4096, |i| small(i, 0.0001));
+        let u = Unchanged::of(&before, &after);
+        assert!(u.fraction() >= 0.25, "{u:?}");
+        assert!(!u.stale(), "{u:?}");
+    }
+
+    #[test]
+    fn a_contiguous_range_not_updated_is_a_stale_weight() {
+        let before = bf16_weights(4096, |_| 0.0);
+        // Elements 1024..2560 (a skipped shard of the flat buffer) keep their values; the
+        // rest moves as weights do.
+        let skipped = |i: usize| (1024..2560).contains(&i);
+        let after = bf16_weights(4096, |i| if skipped(i) { 0.0 } else { small(i, 0.5) });
+        let u = Unchanged::of(&before, &after);
+        assert!(u.stale(), "{u:?}");
+        assert_eq!((u.run.0, u.run.1), (1024 * 2, 2560 * 2), "{u:?}");
+        // Also when the rest's updates are small enough to keep some of its blocks.
+        let after = bf16_weights(4096, |i| if skipped(i) { 0.0 } else { small(i, 0.0002) });
+        let u = Unchanged::of(&before, &after);
+        assert!(u.rest_fraction() > 0.2, "{u:?}");
+        assert!(u.stale(), "{u:?}");
+        // A range of a tenth of the weight is not enough.
+        let after = bf16_weights(4096, |i| {
+            if (0..400).contains(&i) {
+                0.0
+            } else {
+                small(i, 0.5)
+            }
+        });
+        assert!(!Unchanged::of(&before, &after).stale());
+    }
+
+    #[test]
+    fn constant_blocks_neither_count_nor_break_an_unchanged_range() {
+        let mut before = bf16_weights(1024, |_| 0.0);
+        let mut after = bf16_weights(1024, |i| if i < 512 { 0.0 } else { small(i, 0.5) });
+        // A block of zeros in the middle of the unchanged half, and one in the rest.
+        for at in [256 * 2, 768 * 2] {
+            before[at..at + BLOCK].fill(0);
+            after[at..at + BLOCK].fill(0);
+        }
+        let u = Unchanged::of(&before, &after);
+        assert_eq!(u.blocks, 1024 * 2 / BLOCK - 2);
+        assert_eq!(u.run, (0, 512 * 2, 512 * 2 / BLOCK - 1), "{u:?}");
+        assert!(u.stale());
+        // A weight not updated at all: one range, nothing else to explain it.
+        let all = Unchanged::of(&before, &before);
+        assert_eq!((all.same, all.run.2), (all.blocks, all.blocks));
+        assert!(all.stale());
     }
 
     #[test]

@@ -228,8 +228,53 @@ pub(crate) fn uncovered(covered: &[(u64, u64)], lo: u64, hi: u64) -> Vec<(u64, u
 
 /// (step, comm, n-th call on the comm, ref op) → the ranks' pieces.
 pub(crate) type CallKey = (u64, u64, usize, RefOp);
-/// Per rank: (rank, seq, error, where it sits).
-pub(crate) type Piece = (u32, u64, PieceError, Position);
+/// Per rank: (rank, seq, error, where it sits, what it was reduced from).
+pub(crate) type Piece = (u32, u64, PieceError, Position, Link);
+
+/// Pieces of reductions left out of their comparison ([`linked`]): how many, and the first
+/// one's reduction (rank, step, seq).
+pub(crate) type Unlinked = (u64, Option<(u32, u64, u64)>);
+
+/// Where a piece's input came from: the GEMM that last wrote it (its seq on the piece's rank
+/// and step), the elements of that GEMM's D, and where they start in the reduction's captured
+/// input (`None`: the input was not captured).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Link {
+    writer: u64,
+    d: (usize, usize),
+    input_at: Option<usize>,
+}
+
+/// Whether the piece's input is, bit for bit, what its GEMM wrote: an op the capture does not
+/// see (a kernel: the embedding's gradient added to a tied output layer's) may have changed
+/// it in between, and the GEMM's reference is then not what was reduced. Read only for a
+/// comparison that diverged (two more tensors decoded); a piece whose input or GEMM output
+/// cannot be read keeps its link.
+fn linked(ctx: &Ctx, step: u64, piece: &Piece) -> Result<bool, CompareError> {
+    let (rank, seq, .., link) = piece;
+    let Some(at) = link.input_at else {
+        return Ok(true);
+    };
+    let (Some(coll), Some(gemm)) = (
+        ctx.run.record(*rank, step, *seq),
+        ctx.run.record(*rank, step, link.writer),
+    ) else {
+        return Ok(true);
+    };
+    let (Some(input), Some(d)) = (
+        ctx.run.values(&coll, Role::Input)?,
+        ctx.run.values(&gemm, Role::D)?,
+    ) else {
+        return Ok(true);
+    };
+    let (lo, hi) = link.d;
+    Ok(
+        match (d.data.get(lo..hi), input.data.get(at..at + (hi - lo))) {
+            (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            _ => true,
+        },
+    )
+}
 
 /// A reduction piece's error against the reference.
 pub(crate) enum PieceError {
@@ -274,6 +319,9 @@ pub(crate) struct Reductions<'a> {
     pub(crate) updates: Updates<'a>,
     /// The scales a data-parallel reduction's output may be held to.
     pub(crate) dp_scales: Vec<f64>,
+    /// Pieces not compared because the reduction's input there was not what the GEMM wrote
+    /// ([`linked`]).
+    pub(crate) unlinked: Unlinked,
 }
 
 impl Reductions<'_> {
@@ -398,6 +446,13 @@ impl Reductions<'_> {
         let Some(out) = ctx.run.values(r, Role::Output)? else {
             return Ok(());
         };
+        // Where the input was captured: each piece's link to its GEMM is checked on it when
+        // the comparison diverges ([`linked`]).
+        let input_ptr = r
+            .tensors
+            .iter()
+            .find(|t| t.role == Role::Input && t.captured)
+            .map(|t| t.ptr);
         // Where the collective sits in the reference's order: after the aligned GEMM that
         // precedes it on this rank.
         let pos = recs[..i]
@@ -434,6 +489,11 @@ impl Reductions<'_> {
             if e.1 > map.len() || o1 > out.data.len() {
                 continue;
             }
+            let link = Link {
+                writer: g.seq,
+                d: e,
+                input_at: input_ptr.map(|p| ((lo - p) / size) as usize),
+            };
             let y = map.gather(&rv.data, e.0, e.1);
             let row = d.shape.last().copied().unwrap_or(1) as usize;
             let x = &out.data[o0..o1];
@@ -452,9 +512,23 @@ impl Reductions<'_> {
             self.by_call
                 .entry((step, c.comm, n, ref_op))
                 .or_default()
-                .push((rank, r.seq, err, pos));
+                .push((rank, r.seq, err, pos, link));
         }
         Ok(())
+    }
+}
+
+impl Reductions<'_> {
+    /// What the report says of the pieces not compared ([`Reductions::unlinked`]).
+    pub(crate) fn unlinked_warning(&self) -> Option<String> {
+        let (n, first) = self.unlinked;
+        let (rank, step, seq) = first?;
+        Some(format!(
+            "{n} part(s) of reductions not compared against the reference (the first in rank \
+             {rank} step {step} seq {seq}): their input was not what the GEMM before them \
+             wrote, an op ttrace does not capture changed it in between (e.g. the embedding's \
+             gradient added to a tied output layer's)"
+        ))
     }
 }
 
@@ -474,9 +548,10 @@ pub(crate) enum Walked {
     Done,
 }
 
-/// What the reductions found: their comparisons (in step order) and the scale data-parallel
-/// reductions were held to (`None`: none was seen).
-pub(crate) type Reduced = (Results, Option<gradscale::Decision>);
+/// What the reductions found: their comparisons (in step order), the scale data-parallel
+/// reductions were held to (`None`: none was seen), and what the report says of the parts
+/// not compared ([`Reductions::unlinked_warning`]).
+pub(crate) type Reduced = (Results, Option<gradscale::Decision>, Option<String>);
 
 /// The walk's news, as [`collectives`] receives it.
 struct FromWalk {
@@ -559,6 +634,7 @@ pub(crate) fn collectives(
         evidence: Vec::new(),
         updates: Updates::new(ctx.reff, ctx.ref_rank, ctx.run, ctx.al, ctx.steps),
         dp_scales,
+        unlinked: (0, None),
     };
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
@@ -600,7 +676,7 @@ pub(crate) fn collectives(
             let Some(rv) = red.ref_cache.get(&key.3) else {
                 continue;
             };
-            if matches!(pieces.first(), Some((_, _, PieceError::ByScale(_), _))) {
+            if matches!(pieces.first(), Some((_, _, PieceError::ByScale(_), _, _))) {
                 let shape_only = Values {
                     shape: rv.shape.clone(),
                     data: Default::default(),
@@ -608,7 +684,15 @@ pub(crate) fn collectives(
                 };
                 red.deferred.push((key, pieces, shape_only));
             } else {
-                reduction_compared(ctx, key, &pieces, rv, 1.0, d_tol, &mut pending)?;
+                reduction_compared(
+                    ctx,
+                    key,
+                    &pieces,
+                    rv,
+                    1.0,
+                    d_tol,
+                    (&mut pending, &mut red.unlinked),
+                )?;
             }
         }
         red.ref_cache.clear();
@@ -622,7 +706,7 @@ pub(crate) fn collectives(
     if red.deferred.is_empty() && red.evidence.is_empty() {
         ctx.run.release_decoded();
         ctx.reff.release_decoded();
-        return Ok(Some((pending, None)));
+        return Ok(Some((pending, None, red.unlinked_warning())));
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
@@ -633,12 +717,12 @@ pub(crate) fn collectives(
             &rv,
             decision.scale,
             &from_walk.d_tol,
-            &mut pending,
+            (&mut pending, &mut red.unlinked),
         )?;
     }
     ctx.run.release_decoded();
     ctx.reff.release_decoded();
-    Ok(Some((pending, Some(decision))))
+    Ok(Some((pending, Some(decision), red.unlinked_warning())))
 }
 
 /// Records the comparison of one reduction call (its pieces' errors at `scale` where a
@@ -650,40 +734,67 @@ pub(crate) fn reduction_compared(
     rv: &Values,
     scale: f64,
     d_tol: &BTreeMap<RefOp, f64>,
-    pending: &mut Results,
+    (pending, unlinked): (&mut Results, &mut Unlinked),
 ) -> Result<(), CompareError> {
     let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
         return Ok(());
     };
-    let Some(run_rec) = pieces.first().and_then(|p| ctx.run.record(p.0, step, p.1)) else {
+    let rr = &*rr;
+    let compared =
+        |pieces: &[&Piece]| -> Option<(Vec<Shard>, crate::report::TensorComparison, Position)> {
+            let run_rec = pieces
+                .first()
+                .and_then(|p| ctx.run.record(p.0, step, p.1))?;
+            let key = pieces
+                .iter()
+                .map(|s| s.3)
+                .min()
+                .unwrap_or((step, ref_op.1, 4));
+            let results: Vec<Shard> = pieces
+                .iter()
+                .map(|s| Shard {
+                    rank: s.0,
+                    seq: s.1,
+                    err: s.2.at(scale),
+                })
+                .collect();
+            let mut cmp = comparison(
+                &run_rec,
+                Role::Output,
+                rv,
+                &results,
+                Merge::Replicated,
+                ctx.eps,
+                tolerance::reduced(d_tol.get(&ref_op).copied()),
+                step,
+                ref_op.1,
+            );
+            cmp.nvtx = nvtx_path(&run_rec).or_else(|| nvtx_path(rr));
+            Some((results, cmp, key))
+        };
+    let all: Vec<&Piece> = pieces.iter().collect();
+    let Some(mut done) = compared(&all) else {
         return Ok(());
     };
-    let (rr, run_rec) = (&*rr, &*run_rec);
-    let key = pieces
-        .iter()
-        .map(|s| s.3)
-        .min()
-        .unwrap_or((step, ref_op.1, 4));
-    let results: Vec<Shard> = pieces
-        .iter()
-        .map(|s| Shard {
-            rank: s.0,
-            seq: s.1,
-            err: s.2.at(scale),
-        })
-        .collect();
-    let mut cmp = comparison(
-        run_rec,
-        Role::Output,
-        rv,
-        &results,
-        Merge::Replicated,
-        ctx.eps,
-        tolerance::reduced(d_tol.get(&ref_op).copied()),
-        step,
-        ref_op.1,
-    );
-    cmp.nvtx = nvtx_path(run_rec).or_else(|| nvtx_path(rr));
+    if done.1.diverged {
+        // Before a divergence is said: were the pieces reduced from what their GEMMs wrote?
+        let mut kept = Vec::with_capacity(all.len());
+        for p in all.iter().copied() {
+            if linked(ctx, step, p)? {
+                kept.push(p);
+            } else {
+                unlinked.0 += 1;
+                unlinked.1.get_or_insert((p.0, step, p.1));
+            }
+        }
+        if kept.len() < all.len() {
+            match compared(&kept) {
+                Some(again) => done = again,
+                None => return Ok(()),
+            }
+        }
+    }
+    let (results, cmp, key) = done;
     pending.push(Pending {
         key,
         shards: results.iter().map(|s| (s.rank, s.seq)).collect(),

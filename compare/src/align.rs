@@ -6,7 +6,11 @@
 //!    by a send to the next stage (or preceded by a receive from the previous one) is a
 //!    forward segment; one preceded by a receive from the next stage (or followed by a send to
 //!    the previous one) is backward; the last stage runs a micro-batch's forward and backward
-//!    back to back, so its segments are both. The k-th segment of a kind is micro-batch k.
+//!    back to back, so its segments are both. With more micro-batches than stages (1F1B),
+//!    the first stage's backward of micro-batch k and forward of micro-batch k + pp run back
+//!    to back with no send or receive between them: such a segment is split by the lengths
+//!    of the stage's pure backward and forward segments. The k-th segment of a kind is
+//!    micro-batch k.
 //! 3. **Offsets**: the reference runs micro-batch after micro-batch, each the same sequence of
 //!    `P` GEMMs: every stage's forward, then every stage's backward in reverse. So stage s's
 //!    forward starts at the sum of the forward lengths of the stages before it, and its
@@ -74,6 +78,11 @@ enum Kind {
     Backward,
     Both,
     Whole,
+    /// A backward then a forward with no point-to-point op between them: the first stage of
+    /// a 1F1B schedule with more micro-batches than stages (its backward of micro-batch k
+    /// sends nothing back, its forward of micro-batch k + pp receives nothing), split by the
+    /// lengths of its pure segments ([`split_mixed`]).
+    BackwardForward,
 }
 
 #[derive(Debug)]
@@ -105,6 +114,11 @@ fn segments(recs: &[Record], stage: u32, pp: u32) -> Vec<Segment> {
         if s == last {
             return Kind::Both;
         }
+        if matches!(before, Some((CollectiveKind::Recv, p)) if p == s + 1)
+            && matches!(after, Some((CollectiveKind::Send, p)) if p == s + 1)
+        {
+            return Kind::BackwardForward;
+        }
         let fwd = matches!(after, Some((CollectiveKind::Send, p)) if p == s + 1)
             || matches!(before, Some((CollectiveKind::Recv, p)) if p == s - 1);
         let bwd = matches!(before, Some((CollectiveKind::Recv, p)) if p == s + 1)
@@ -135,6 +149,34 @@ fn segments(recs: &[Record], stage: u32, pp: u32) -> Vec<Segment> {
             kind: classify(before, None),
             gemms: current,
         });
+    }
+    out
+}
+
+/// Splits each backward-then-forward segment into its backward (the first `bwd` GEMMs) and
+/// its forward (the last `fwd`), the lengths of the stage's pure segments; one whose length
+/// is not their sum is taken as a backward, as the segments around it cannot tell more.
+fn split_mixed(segs: Vec<Segment>, bwd: Option<usize>, fwd: Option<usize>) -> Vec<Segment> {
+    let mut out = Vec::with_capacity(segs.len() + 1);
+    for seg in segs {
+        match (seg.kind, bwd, fwd) {
+            (Kind::BackwardForward, Some(b), Some(f)) if seg.gemms.len() == b + f => {
+                let (back, forth) = seg.gemms.split_at(b);
+                out.push(Segment {
+                    kind: Kind::Backward,
+                    gemms: back.to_vec(),
+                });
+                out.push(Segment {
+                    kind: Kind::Forward,
+                    gemms: forth.to_vec(),
+                });
+            }
+            (Kind::BackwardForward, ..) => out.push(Segment {
+                kind: Kind::Backward,
+                gemms: seg.gemms,
+            }),
+            _ => out.push(seg),
+        }
     }
     out
 }
@@ -284,6 +326,16 @@ impl Alignment {
             })
             .collect();
 
+        // The pure segments' lengths split the mixed ones; then the micro-batches are counted.
+        let (fwd_len, bwd_len, _) = segment_lengths(&per_rank, al);
+        let per_rank: BTreeMap<u32, Vec<Segment>> = per_rank
+            .into_iter()
+            .map(|(r, segs)| {
+                let st = al.stage.get(&r).copied().unwrap_or(0);
+                let (b, f) = (bwd_len.get(&st).copied(), fwd_len.get(&st).copied());
+                (r, split_mixed(segs, b, f))
+            })
+            .collect();
         let (fwd_len, bwd_len, micro_batches) = segment_lengths(&per_rank, al);
         let total = ref_gemms.len();
         if al.pp > 1 && !total.is_multiple_of(micro_batches) {
@@ -310,7 +362,8 @@ impl Alignment {
             for seg in segs {
                 let key = match seg.kind {
                     Kind::Forward => 0,
-                    Kind::Backward => 1,
+                    // (split_mixed left none mixed)
+                    Kind::Backward | Kind::BackwardForward => 1,
                     Kind::Both => 2,
                     Kind::Whole => 3,
                 };
@@ -319,7 +372,7 @@ impl Alignment {
                     Kind::Whole => (0, total),
                     Kind::Forward => (unit * period + f_before(st), seg.gemms.len()),
                     Kind::Both => (unit * period + f_before(last), seg.gemms.len()),
-                    Kind::Backward => {
+                    Kind::Backward | Kind::BackwardForward => {
                         let end = (unit + 1) * period;
                         (end.saturating_sub(b_through(st)), seg.gemms.len())
                     }
@@ -366,6 +419,27 @@ impl Alignment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mixed_segment_splits_by_the_stage_s_pure_lengths_or_stays_a_backward() {
+        let mixed = || {
+            vec![Segment {
+                kind: Kind::BackwardForward,
+                gemms: (0..5).collect(),
+            }]
+        };
+        let split = split_mixed(mixed(), Some(3), Some(2));
+        let got: Vec<(Kind, Vec<usize>)> = split.into_iter().map(|s| (s.kind, s.gemms)).collect();
+        assert_eq!(
+            got,
+            vec![(Kind::Backward, vec![0, 1, 2]), (Kind::Forward, vec![3, 4])]
+        );
+        for (b, f) in [(Some(3), Some(3)), (None, Some(2)), (Some(3), None)] {
+            let kept = split_mixed(mixed(), b, f);
+            assert_eq!(kept.len(), 1);
+            assert_eq!(kept[0].kind, Kind::Backward);
+        }
+    }
     use ttrace_format::record::{CollectiveOp, Op};
 
     /// A GEMM record (shape irrelevant here).

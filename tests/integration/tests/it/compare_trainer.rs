@@ -523,6 +523,36 @@ fn a_reduction_input_changed_after_its_gemm_is_not_held_to_the_gemm() {
     assert!(warned, "{}", c.report["warnings"]);
 }
 
+/// With more micro-batches than stages, 1F1B runs the first stage's backward of micro-batch
+/// k and forward of micro-batch k + pp back to back, with no send or receive between them:
+/// the pipeline is still aligned (it was refused as "different models"), and a bug in it is
+/// still found.
+#[test]
+fn a_pipeline_of_more_micro_batches_than_stages_aligns() {
+    let m = strs(&[
+        "--precision",
+        "bf16",
+        "--micro-batches",
+        "3",
+        "--steps",
+        STEPS,
+    ]);
+    let reff = shared_reference(&m);
+    let dir = TempDir::new("compare-1f1b");
+    for (name, bug) in [("clean", None), ("bug", Some("pp-stale-activation"))] {
+        let run = dir.0.join(name);
+        let mut args = m.clone();
+        args.extend(strs(&["--pp", "2"]));
+        if let Some(b) = bug {
+            args.extend(strs(&["--bug", b]));
+        }
+        trace(&run, 2, &args, false);
+        let c = compare(&reff, &run);
+        assert_eq!(c.code, i32::from(bug.is_some()), "{name}: {}", c.text);
+        assert_eq!(c.report["stats"]["unaligned_ops"], 0, "{name}: {}", c.text);
+    }
+}
+
 #[test]
 fn a_run_of_another_model_is_an_error_not_a_match() {
     let reff = shared_reference(&model("bf16", false, true));

@@ -497,15 +497,11 @@ fn bug_free_layouts_match_in_fp8() {
 /// divergence), and the report says so.
 #[test]
 fn a_reduction_input_changed_after_its_gemm_is_not_held_to_the_gemm() {
-    let m = strs(&[
-        "--precision",
-        "bf16",
-        "--micro-batches",
-        "1",
-        "--steps",
-        STEPS,
-        "--tie-embeddings",
-    ]);
+    let m: Vec<String> =
+        format!("--precision bf16 --micro-batches 1 --steps {STEPS} --tie-embeddings")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
     let reff = shared_reference(&m);
     let dir = TempDir::new("compare-tied-one-mb");
     let run = dir.0.join("run");

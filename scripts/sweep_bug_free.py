@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Random bug-free configurations of the fixture trainer, checked and compared: a search for
+false positives off the test matrix.
+
+Each configuration (layout, model size, precision, micro-batches, steps and one optimizer,
+norm, GEMM-library or embedding variant, drawn with a seed) is traced three times on the
+simulated stack: the run, its world-size-1 reference and the perturbed reference. The run
+must pass `ttrace check` with no finding and `ttrace compare` with MATCH; anything else is
+printed as PROBLEM and its stores are kept under OUT/pN for a look.
+
+  cargo build --release --workspace
+  scripts/sweep_bug_free.py --seed 1 --count 24 --out /tmp/sweep
+
+Found with it (2026-11-28): dp with one micro-batch (check took the logits' gradient for a
+weight), hidden 32 in BF16 (check's stale weights), tied embeddings with one micro-batch
+(compare held a bucket to a GEMM a kernel changed afterwards), pipelines of more
+micro-batches than stages (compare refused them as other models).
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+LAYOUTS = [
+    ("dp2", ["--dp", "2"]),
+    ("tp2", ["--tp", "2"]),
+    ("pp2", ["--pp", "2"]),
+    ("tp2dp2", ["--tp", "2", "--dp", "2"]),
+    ("tp2dp2pp2", ["--tp", "2", "--dp", "2", "--pp", "2"]),
+    ("dp2-zero1", ["--dp", "2", "--zero1"]),
+    ("tp2-sp", ["--tp", "2", "--sp"]),
+    ("dp4", ["--dp", "4"]),
+    ("tp2pp2", ["--tp", "2", "--pp", "2"]),
+    ("tp2dp2-sp", ["--tp", "2", "--dp", "2", "--sp"]),
+]
+SIZES = [
+    ("small", ["--hidden", "32", "--vocab", "64", "--seq", "16"]),
+    ("default", []),
+    ("mid", ["--hidden", "96", "--heads", "6", "--vocab", "256", "--seq", "32"]),
+    ("wide", ["--hidden", "128", "--ffn", "512", "--layers", "2"]),
+]
+PRECISIONS = ["fp32", "bf16", "bf16", "fp8"]
+VARIANTS = [
+    [],
+    ["--norm", "rmsnorm"],
+    ["--tie-embeddings"],
+    ["--gemm", "lt"],
+    ["--lr", "0.01"],
+    ["--lr", "0.0001"],
+    ["--micro-batch-size", "4"],
+]
+
+
+def world(args):
+    w = 1
+    for flag in ("--tp", "--dp", "--pp"):
+        if flag in args:
+            w *= int(args[args.index(flag) + 1])
+    return w
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", type=int, default=20)
+    ap.add_argument("--out", default="/tmp/ttrace-sweep")
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release"))
+    a = ap.parse_args()
+    bins = os.path.abspath(a.bin)
+    env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(bins, "sim"))
+    ttrace = os.path.join(bins, "ttrace")
+    rng = random.Random(a.seed)
+    work = os.path.join(a.out, "w")
+    problems = 0
+
+    def trace(store, args, nproc, perturb=False):
+        shutil.rmtree(store, ignore_errors=True)
+        cmd = [ttrace, "run", "-q", "--out", store] + (["--perturb"] if perturb else [])
+        cmd += ["--", os.path.join(bins, "simrun"), "--nproc-per-node", str(nproc), "--"]
+        cmd += [os.path.join(bins, "trainer")] + args
+        return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+    for i in range(a.count):
+        lay, size = rng.choice(LAYOUTS), rng.choice(SIZES)
+        prec, mb = rng.choice(PRECISIONS), rng.choice(["1", "2", "3"])
+        variant, steps = rng.choice(VARIANTS), rng.choice(["2", "3"])
+        model = size[1] + ["--precision", prec, "--micro-batches", mb, "--steps", steps] + variant
+        args = lay[1] + model
+        label = f"{lay[0]} {size[0]} {prec} mb{mb} s{steps} {' '.join(variant)}".strip()
+        r = trace(os.path.join(work, "run"), args, world(args))
+        if r.returncode != 0:
+            print(f"RUN FAILED {label}: {r.stderr.strip()[-300:]}", flush=True)
+            problems += 1
+            continue
+        check_json = os.path.join(work, "check.json")
+        c = subprocess.run([ttrace, "check", os.path.join(work, "run"), "--json", check_json],
+                           env=env, capture_output=True, text=True)
+        findings = json.load(open(check_json)).get("findings", []) if os.path.exists(check_json) else []
+        trace(os.path.join(work, "ref"), model, 1)
+        trace(os.path.join(work, "pref"), model, 1, perturb=True)
+        cmp_json = os.path.join(work, "cmp.json")
+        m = subprocess.run([ttrace, "compare", os.path.join(work, "ref"), os.path.join(work, "run"),
+                            "--perturbed", os.path.join(work, "pref"), "--json", cmp_json],
+                           env=env, capture_output=True, text=True)
+        verdict = json.load(open(cmp_json))["verdict"] if os.path.exists(cmp_json) else m.stderr.strip()[-200:]
+        ok = c.returncode == 0 and not findings and m.returncode == 0
+        kinds = [f["kind"] for f in findings][:3]
+        print(f"{'OK' if ok else 'PROBLEM'} {label}: check {c.returncode} {kinds} | compare {m.returncode} {verdict}",
+              flush=True)
+        if not ok:
+            problems += 1
+            kept = os.path.join(a.out, f"p{i}")
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(work, kept)
+            with open(os.path.join(kept, "args"), "w") as f:
+                f.write(" ".join(args) + "\n")
+    print(f"{a.count} configurations, {problems} with a problem")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

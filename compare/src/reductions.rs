@@ -415,6 +415,18 @@ impl Reductions<'_> {
         )
     }
 
+    /// What the report says of the pieces not compared ([`Reductions::unlinked`]).
+    pub(crate) fn unlinked_warning(&self) -> Option<String> {
+        let (n, first) = self.unlinked;
+        let (rank, step, seq) = first?;
+        Some(format!(
+            "{n} part(s) of reductions not compared against the reference (the first in rank \
+             {rank} step {step} seq {seq}): their input was not what the GEMM before them \
+             wrote, an op ttrace does not capture changed it in between (e.g. the embedding's \
+             gradient added to a tied output layer's)"
+        ))
+    }
+
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
     pub(crate) fn reduction(
         &mut self,
@@ -492,7 +504,9 @@ impl Reductions<'_> {
             let link = Link {
                 writer: g.seq,
                 d: e,
-                input_at: input_ptr.map(|p| ((lo - p) / size) as usize),
+                input_at: input_ptr
+                    .and_then(|p| lo.checked_sub(p))
+                    .map(|b| (b / size) as usize),
             };
             let y = map.gather(&rv.data, e.0, e.1);
             let row = d.shape.last().copied().unwrap_or(1) as usize;
@@ -515,20 +529,6 @@ impl Reductions<'_> {
                 .push((rank, r.seq, err, pos, link));
         }
         Ok(())
-    }
-}
-
-impl Reductions<'_> {
-    /// What the report says of the pieces not compared ([`Reductions::unlinked`]).
-    pub(crate) fn unlinked_warning(&self) -> Option<String> {
-        let (n, first) = self.unlinked;
-        let (rank, step, seq) = first?;
-        Some(format!(
-            "{n} part(s) of reductions not compared against the reference (the first in rank \
-             {rank} step {step} seq {seq}): their input was not what the GEMM before them \
-             wrote, an op ttrace does not capture changed it in between (e.g. the embedding's \
-             gradient added to a tied output layer's)"
-        ))
     }
 }
 

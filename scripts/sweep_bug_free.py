@@ -2,8 +2,9 @@
 """Random bug-free configurations of the fixture trainer, checked and compared: a search for
 false positives off the test matrix.
 
-Each configuration (layout, model size, precision, micro-batches, steps and one optimizer,
-norm, GEMM-library or embedding variant, drawn with a seed) is traced three times on the
+Each configuration (layout, model size, precision, micro-batches, steps and one variant: the
+optimizer's rate, the norm, the GEMM library, tied embeddings, no NVTX, CUDA graphs, the rank
+order; drawn with a seed) is traced three times on the
 simulated stack: the run, its world-size-1 reference and the perturbed reference. The run
 must pass `ttrace check` with no finding and `ttrace compare` with MATCH; anything else is
 printed as PROBLEM and its stores are kept under OUT/pN for a look.
@@ -51,6 +52,9 @@ VARIANTS = [
     ["--lr", "0.01"],
     ["--lr", "0.0001"],
     ["--micro-batch-size", "4"],
+    ["--no-nvtx"],
+    ["--cuda-graph"],
+    ["--order", "dp-tp-pp"],
 ]
 
 

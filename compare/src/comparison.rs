@@ -66,6 +66,13 @@ impl Unjudged {
         e.0 += 1;
     }
 
+    /// Adds what `other` could not judge (its first op where this has none for a reason).
+    pub(crate) fn absorb(&mut self, other: Unjudged) {
+        for (reason, (n, first)) in other.0 {
+            self.0.entry(reason).or_insert((0, first)).0 += n;
+        }
+    }
+
     pub(crate) fn into_report(self) -> Vec<crate::report::NotComparable> {
         self.0
             .into_iter()

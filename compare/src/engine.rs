@@ -476,9 +476,9 @@ fn walk_steps(
     });
     let (mut walked, reduced) = (walked?, reduced.map_err(|_| panicked_reductions())?);
     // The walk ended (its error, if any, is what was reported above): so did the reductions.
-    let (pending, dp_reduction, unlinked) = reduced?.ok_or_else(panicked_reductions)?;
+    let (pending, dp_reduction, unjudged) = reduced?.ok_or_else(panicked_reductions)?;
     walked.pending.absorb(pending);
-    walked.warnings.extend(unlinked);
+    walked.unjudged.absorb(unjudged);
     walked.dp_reduction = dp_reduction;
     Ok(walked)
 }

@@ -18,7 +18,7 @@ use ttrace_format::record::{CollectiveKind, MemsetOp, Op, Record, Role, Tensor};
 
 use crate::align::{Alignment, RefOp};
 use crate::combine::Merge;
-use crate::comparison::{accumulates, comparison, nvtx_path, Pending, Position};
+use crate::comparison::{accumulates, comparison, nvtx_path, Pending, Position, Unjudged};
 use crate::gradscale::{self, updates::Updates, Evidence};
 use crate::layout::LayoutSummary;
 use crate::numerics::{self, Placement, ShardError};
@@ -231,10 +231,6 @@ pub(crate) type CallKey = (u64, u64, usize, RefOp);
 /// Per rank: (rank, seq, error, where it sits, what it was reduced from).
 pub(crate) type Piece = (u32, u64, PieceError, Position, Link);
 
-/// Pieces of reductions left out of their comparison ([`linked`]): how many, and the first
-/// one's reduction (rank, step, seq).
-pub(crate) type Unlinked = (u64, Option<(u32, u64, u64)>);
-
 /// Where a piece's input came from: the GEMM that last wrote it (its seq on the piece's rank
 /// and step), the elements of that GEMM's D, and where they start in the reduction's captured
 /// input (`None`: the input was not captured).
@@ -244,6 +240,11 @@ pub(crate) struct Link {
     d: (usize, usize),
     input_at: Option<usize>,
 }
+
+/// Why a reduction's piece is left out ([`linked`]), as the report's "not comparable" says it.
+const CHANGED_AFTER_ITS_GEMM: &str = "reduction input changed after the GEMM that wrote it, \
+    by an op ttrace does not capture (e.g. the embedding's gradient added to a tied output \
+    layer's): not held to that GEMM's reference";
 
 /// Whether the piece's input is, bit for bit, what its GEMM wrote: an op the capture does not
 /// see (a kernel: the embedding's gradient added to a tied output layer's) may have changed
@@ -320,8 +321,8 @@ pub(crate) struct Reductions<'a> {
     /// The scales a data-parallel reduction's output may be held to.
     pub(crate) dp_scales: Vec<f64>,
     /// Pieces not compared because the reduction's input there was not what the GEMM wrote
-    /// ([`linked`]).
-    pub(crate) unlinked: Unlinked,
+    /// ([`linked`]), said with the tensors the walk could not judge.
+    pub(crate) unjudged: Unjudged,
 }
 
 impl Reductions<'_> {
@@ -413,18 +414,6 @@ impl Reductions<'_> {
             ctx.run.decode_ahead(&run_wants),
             ctx.reff.decode_ahead(&ref_wants),
         )
-    }
-
-    /// What the report says of the pieces not compared ([`Reductions::unlinked`]).
-    pub(crate) fn unlinked_warning(&self) -> Option<String> {
-        let (n, first) = self.unlinked;
-        let (rank, step, seq) = first?;
-        Some(format!(
-            "{n} part(s) of reductions not compared against the reference (the first in rank \
-             {rank} step {step} seq {seq}): their input was not what the GEMM before them \
-             wrote, an op ttrace does not capture changed it in between (e.g. the embedding's \
-             gradient added to a tied output layer's)"
-        ))
     }
 
     /// The pieces of one reduction `recs[i]` (the n-th on its communicator) of `rank`.
@@ -549,9 +538,9 @@ pub(crate) enum Walked {
 }
 
 /// What the reductions found: their comparisons (in step order), the scale data-parallel
-/// reductions were held to (`None`: none was seen), and what the report says of the parts
-/// not compared ([`Reductions::unlinked_warning`]).
-pub(crate) type Reduced = (Results, Option<gradscale::Decision>, Option<String>);
+/// reductions were held to (`None`: none was seen), and the parts they could not judge
+/// ([`linked`]).
+pub(crate) type Reduced = (Results, Option<gradscale::Decision>, Unjudged);
 
 /// The walk's news, as [`collectives`] receives it.
 struct FromWalk {
@@ -634,7 +623,7 @@ pub(crate) fn collectives(
         evidence: Vec::new(),
         updates: Updates::new(ctx.reff, ctx.ref_rank, ctx.run, ctx.al, ctx.steps),
         dp_scales,
-        unlinked: (0, None),
+        unjudged: Unjudged::default(),
     };
     // Step by step: the reference GEMM outputs read for one step's reductions are dropped
     // before the next.
@@ -691,7 +680,7 @@ pub(crate) fn collectives(
                     rv,
                     1.0,
                     d_tol,
-                    (&mut pending, &mut red.unlinked),
+                    (&mut pending, &mut red.unjudged),
                 )?;
             }
         }
@@ -706,7 +695,7 @@ pub(crate) fn collectives(
     if red.deferred.is_empty() && red.evidence.is_empty() {
         ctx.run.release_decoded();
         ctx.reff.release_decoded();
-        return Ok(Some((pending, None, red.unlinked_warning())));
+        return Ok(Some((pending, None, red.unjudged)));
     }
     let decision = gradscale::decide(&red.evidence, dp, ctx.dp_given);
     for (key, pieces, rv) in std::mem::take(&mut red.deferred) {
@@ -717,12 +706,12 @@ pub(crate) fn collectives(
             &rv,
             decision.scale,
             &from_walk.d_tol,
-            (&mut pending, &mut red.unlinked),
+            (&mut pending, &mut red.unjudged),
         )?;
     }
     ctx.run.release_decoded();
     ctx.reff.release_decoded();
-    Ok(Some((pending, Some(decision), red.unlinked_warning())))
+    Ok(Some((pending, Some(decision), red.unjudged)))
 }
 
 /// Records the comparison of one reduction call (its pieces' errors at `scale` where a
@@ -734,7 +723,7 @@ pub(crate) fn reduction_compared(
     rv: &Values,
     scale: f64,
     d_tol: &BTreeMap<RefOp, f64>,
-    (pending, unlinked): (&mut Results, &mut Unlinked),
+    (pending, unjudged): (&mut Results, &mut Unjudged),
 ) -> Result<(), CompareError> {
     let Some(rr) = ctx.reff.record(ctx.ref_rank, ref_op.0, ref_op.1) else {
         return Ok(());
@@ -783,8 +772,9 @@ pub(crate) fn reduction_compared(
             if linked(ctx, step, p)? {
                 kept.push(p);
             } else {
-                unlinked.0 += 1;
-                unlinked.1.get_or_insert((p.0, step, p.1));
+                if let Some(rec) = ctx.run.record(p.0, step, p.1) {
+                    unjudged.note(CHANGED_AFTER_ITS_GEMM, &rec);
+                }
             }
         }
         if kept.len() < all.len() {

@@ -215,7 +215,7 @@ fn sum_key(
 }
 
 /// The communicators whose groups may hold the partial results, the one that fitted this
-/// kind of tensor before first (and then alone).
+/// kind of tensor before first ([`known_first`]).
 fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumHints) -> Vec<u64> {
     // Communicators the shards' ranks use in this step.
     let mut found: Vec<u64> = Vec::new();
@@ -244,13 +244,21 @@ fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumHint
         .map(|v| v.shape.clone())
         .unwrap_or_default();
     let known = |c: u64| hints.contains_key(&sum_key(c, first_rank, &shape, s));
-    found.sort_by_key(|&c| !known(c));
-    // A communicator known to hold this kind of partial result is the only one tried: when
-    // its sum does not fit, the tensor diverged, and no other group will explain it.
-    if found.first().is_some_and(|&c| known(c)) {
-        found.truncate(1);
+    known_first(found, known, s.quick)
+}
+
+/// The communicators in the order their groups are tried: those known to hold this kind of
+/// partial result first. Once the verdict is settled (`quick`), a known one is the only one
+/// tried. Before, a sum that does not fit there is searched in the others too: two GEMMs
+/// [`crate::placement::kind_of`] cannot tell apart may be partial over different
+/// communicators (tensor- vs data-parallel), and taking the known group's misfit for a
+/// divergence would report a bug in a correct run.
+fn known_first(mut comms: Vec<u64>, known: impl Fn(u64) -> bool, quick: bool) -> Vec<u64> {
+    comms.sort_by_key(|&c| !known(c));
+    if quick && comms.first().is_some_and(|&c| known(c)) {
+        comms.truncate(1);
     }
-    found
+    comms
 }
 
 /// The sum of the shards of `group`'s members (`None`: a member's shard is missing or of
@@ -414,6 +422,18 @@ mod tests {
         let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut known()).expect("fits");
         assert_eq!(places[0].2, half(0));
         assert!(results[0].err.rel > 0.1);
+    }
+
+    #[test]
+    fn a_known_group_is_tried_first_and_alone_only_after_the_verdict() {
+        // 0xb held this kind of partial result before; 0xa and 0xc did not.
+        let known = |c: u64| c == 0xb;
+        assert_eq!(
+            known_first(vec![0xa, 0xb, 0xc], known, false),
+            [0xb, 0xa, 0xc]
+        );
+        assert_eq!(known_first(vec![0xa, 0xb, 0xc], known, true), [0xb]);
+        assert_eq!(known_first(vec![0xa, 0xc], known, true), [0xa, 0xc]);
     }
 
     #[test]

@@ -52,12 +52,25 @@ pub(crate) fn unplaced() -> ShardError {
 }
 
 /// What distinguishes GEMMs of one shape that read their operands differently (attention's
-/// QK^T and PV, data and weight gradients): API, transposes, leading dimensions.
+/// QK^T and PV, data and weight gradients): API, transposes, leading dimensions, operand
+/// types. The types matter where layouts cannot differ: FP8 GEMMs are all TN, and a
+/// column-parallel layer's input gradient (BF16 out) and weight gradient (F32 main-grad out)
+/// can share shape and leading dimensions while being partial over different communicators.
 pub(crate) fn kind_of(rec: &Record) -> String {
     match gemm(rec) {
         Some(g) => format!(
-            "{} {}{} {} {} {} {} {}",
-            rec.api, g.transa, g.transb, g.lda, g.ldb, g.ldd, g.stride_a, g.stride_b
+            "{} {}{} {} {} {} {} {} {}/{}/{}",
+            rec.api,
+            g.transa,
+            g.transb,
+            g.lda,
+            g.ldb,
+            g.ldd,
+            g.stride_a,
+            g.stride_b,
+            g.a_type,
+            g.b_type,
+            g.d_type
         ),
         None => rec.api.clone(),
     }

@@ -553,6 +553,49 @@ fn a_pipeline_of_more_micro_batches_than_stages_aligns() {
     }
 }
 
+/// In FP8 every GEMM is TN, so a column-parallel layer's input gradient (partial over the
+/// tensor-parallel group) and its weight gradient (partial over the data-parallel group) can
+/// have one shape and one layout (here: 64 tokens per DP rank, an FFN shard of 64). The
+/// weight gradient was summed over the group the input gradient had used, and a correct run
+/// diverged at it; a data-parallel bug is still found at the reduction.
+#[test]
+fn fp8_gradients_partial_over_different_groups_are_summed_over_their_own() {
+    let m = strs(&[
+        "--precision",
+        "fp8",
+        "--hidden",
+        "96",
+        "--heads",
+        "6",
+        "--vocab",
+        "256",
+        "--seq",
+        "32",
+        "--steps",
+        STEPS,
+    ]);
+    let reff = shared_reference(&m);
+    let dir = TempDir::new("compare-fp8-groups");
+    for (name, bug) in [("clean", None), ("bug", Some("dp-grad-sum"))] {
+        let run = dir.0.join(name);
+        let mut args = m.clone();
+        args.extend(strs(&["--tp", "2", "--dp", "2"]));
+        if let Some(b) = bug {
+            args.extend(strs(&["--bug", b]));
+        }
+        trace(&run, 4, &args, false);
+        let c = compare(&reff, &run);
+        assert_eq!(c.code, i32::from(bug.is_some()), "{name}: {}", c.text);
+        if bug.is_some() {
+            assert_eq!(
+                c.report["first_divergence"]["pass"], "optimizer",
+                "{}",
+                c.text
+            );
+        }
+    }
+}
+
 #[test]
 fn a_run_of_another_model_is_an_error_not_a_match() {
     let reff = shared_reference(&model("bf16", false, true));

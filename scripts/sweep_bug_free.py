@@ -7,21 +7,31 @@ optimizer's rate, the norm, the GEMM library, tied embeddings, no NVTX, CUDA gra
 order; drawn with a seed) is traced three times on the
 simulated stack: the run, its world-size-1 reference and the perturbed reference. The run
 must pass `ttrace check` with no finding and `ttrace compare` with MATCH; anything else is
-printed as PROBLEM and its stores are kept under OUT/pN for a look.
+printed as PROBLEM and its stores are kept under OUT/pN for a look. With --bugs, each
+configuration injects one catalogue bug drawn among those the trainer accepts in it, and the
+run must be reported (a finding of check, or compare's DIVERGENCE): a PROBLEM is a bug neither
+tool saw, to look at (a bug whose effect stays below the precision's round-off over the steps
+run cannot be seen, e.g. a norm weight's update in BF16 over two steps). A run that does not
+exit within --timeout is a PROBLEM (HUNG).
 
   cargo build --release --workspace
   scripts/sweep_bug_free.py --seed 1 --count 24 --out /tmp/sweep
+  scripts/sweep_bug_free.py --bugs --seed 1 --count 24 --out /tmp/sweep-bugs
 
 Found with it (2026-11-28): dp with one micro-batch (check took the logits' gradient for a
 weight), hidden 32 in BF16 (check's stale weights), tied embeddings with one micro-batch
 (compare held a bucket to a GEMM a kernel changed afterwards), pipelines of more
-micro-batches than stages (compare refused them as other models).
+micro-batches than stages (compare refused them as other models); (2026-11-28, session 30)
+FP8 tp2 x dp2 (compare summed a weight gradient over the TP group), sequence parallelism with
+--cuda-graph (the simulated NCCL ordered graphed collectives at the replay, not the launch:
+the run hung).
 """
 import argparse
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -72,6 +82,11 @@ def main():
     ap.add_argument("--count", type=int, default=20)
     ap.add_argument("--out", default="/tmp/ttrace-sweep")
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release"))
+    ap.add_argument("--timeout", type=float, default=300,
+                    help="seconds a traced run may take before it counts as hung")
+    ap.add_argument("--bugs", action="store_true",
+                    help="inject one catalogue bug per configuration (drawn among those the trainer "
+                         "accepts there): the run must be reported, by check or by compare")
     a = ap.parse_args()
     bins = os.path.abspath(a.bin)
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(bins, "sim"))
@@ -85,16 +100,39 @@ def main():
         cmd = [ttrace, "run", "-q", "--out", store] + (["--perturb"] if perturb else [])
         cmd += ["--", os.path.join(bins, "simrun"), "--nproc-per-node", str(nproc), "--"]
         cmd += [os.path.join(bins, "trainer")] + args
-        return subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # A session of its own, so that a hang is ended whole (ttrace, simrun and the ranks).
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            # A hang is a problem of its own (the simulated stack or the tracer), not a skip.
+            return subprocess.CompletedProcess(cmd, 124, "", f"HUNG: no exit after {a.timeout} s")
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
+    bugs = []
+    if a.bugs:
+        listed = subprocess.run([os.path.join(bins, "trainer"), "--list-bugs"], env=env,
+                                capture_output=True, text=True, check=True).stdout
+        bugs = [line.strip() for line in listed.splitlines() if line and not line[0].isspace()]
+    skipped = 0
     for i in range(a.count):
         lay, size = rng.choice(LAYOUTS), rng.choice(SIZES)
         prec, mb = rng.choice(PRECISIONS), rng.choice(["1", "2", "3"])
         variant, steps = rng.choice(VARIANTS), rng.choice(["2", "3"])
+        bug = rng.choice(bugs) if bugs else None
         model = size[1] + ["--precision", prec, "--micro-batches", mb, "--steps", steps] + variant
-        args = lay[1] + model
+        args = lay[1] + model + (["--bug", bug] if bug else [])
         label = f"{lay[0]} {size[0]} {prec} mb{mb} s{steps} {' '.join(variant)}".strip()
+        if bug:
+            label = f"{bug}: {label}"
         r = trace(os.path.join(work, "run"), args, world(args))
+        if r.returncode != 0 and bug and "cannot act" in r.stderr + r.stdout:
+            # A bug refused where it cannot act (the trainer's usage error): nothing to find.
+            skipped += 1
+            continue
         if r.returncode != 0:
             print(f"RUN FAILED {label}: {r.stderr.strip()[-300:]}", flush=True)
             problems += 1
@@ -110,7 +148,11 @@ def main():
                             "--perturbed", os.path.join(work, "pref"), "--json", cmp_json],
                            env=env, capture_output=True, text=True)
         verdict = json.load(open(cmp_json))["verdict"] if os.path.exists(cmp_json) else m.stderr.strip()[-200:]
-        ok = c.returncode == 0 and not findings and m.returncode == 0
+        if bug:
+            # Found by either tool: check's findings, or compare's DIVERGENCE (exit 1).
+            ok = bool(findings) or m.returncode == 1
+        else:
+            ok = c.returncode == 0 and not findings and m.returncode == 0
         kinds = [f["kind"] for f in findings][:3]
         print(f"{'OK' if ok else 'PROBLEM'} {label}: check {c.returncode} {kinds} | compare {m.returncode} {verdict}",
               flush=True)
@@ -121,7 +163,8 @@ def main():
             shutil.copytree(work, kept)
             with open(os.path.join(kept, "args"), "w") as f:
                 f.write(" ".join(args) + "\n")
-    print(f"{a.count} configurations, {problems} with a problem")
+    refused = f" ({skipped} drew a bug the layout cannot carry)" if a.bugs else ""
+    print(f"{a.count} configurations{refused}, {problems} with a problem")
     return 1 if problems else 0
 
 

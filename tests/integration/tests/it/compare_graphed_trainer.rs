@@ -265,3 +265,34 @@ fn a_graphed_twin_is_perturbed_at_every_replay_and_an_unperturbed_one_is_found()
     let growths = step_growths(&report);
     assert!(growths.iter().all(|&g| g == expected), "{growths:?}");
 }
+
+/// Under sequence parallelism the graphed passes all-gather and reduce-scatter on the
+/// tensor-parallel communicator, and the optimizer all-reduces the norms' gradients on it
+/// eagerly right after each launch. Graphed collectives take their places in the
+/// communicator's order at the launch call, so the eager ones issued after it run after
+/// them (they took earlier places while the replay was still queued: the run hung).
+#[test]
+fn a_graphed_sequence_parallel_run_shares_its_communicator_with_eager_collectives() {
+    let dir = TempDir::new("compare-graphed-sp");
+    let d = &dir.0;
+    trace(&d.join("ref"), 1, &[], false);
+    trace(&d.join("ref-perturbed"), 1, &[], true);
+    trace(
+        &d.join("run"),
+        2,
+        &["--tp", "2", "--sp", "--cuda-graph"],
+        false,
+    );
+    let check = Command::new(bin("ttrace"))
+        .arg("check")
+        .arg(d.join("run"))
+        .output()
+        .expect("ttrace check");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let (code, report) = compare(d, "run");
+    assert_eq!(code, 0, "bug-free: {}", report["first_divergence"]);
+}

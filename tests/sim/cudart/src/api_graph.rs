@@ -77,6 +77,7 @@ pub(crate) fn add_node(
         kind,
         body,
         deps: wanted,
+        launched: None,
     });
     let h = r.nodes.insert(node.clone());
     nodes.push(node);

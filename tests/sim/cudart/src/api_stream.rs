@@ -1,7 +1,7 @@
 //! Streams, events, host functions, stream capture and graphs.
 
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cuda_abi::cudart::*;
 
@@ -747,6 +747,7 @@ fn graph_launch(
             )
         })
         .collect();
+    let works: Vec<Arc<Node>> = nodes.iter().map(|(n, _)| n.clone()).collect();
     // Replays the nodes in the graph's order, which respects their dependencies: no API call
     // (and so no hook) runs for them.
     let op: Op = Box::new(move || {
@@ -755,7 +756,22 @@ fn graph_launch(
         }
         Ok(())
     });
-    // Launched into a capture, the whole graph becomes one child-graph node.
+    if s.capture().is_some() {
+        // Launched into a capture, the whole graph becomes one child-graph node, whose
+        // kernels are told of the launches of the graph it went into.
+        crate::errors::sticky()?;
+        let hook: crate::streams::LaunchHook =
+            Box::new(move || crate::streams::notify_launched(&works));
+        return r.capture_hooked_node(
+            &s,
+            cudaGraphNodeTypeGraph,
+            NodeBody::Op(Mutex::new(op)),
+            Some(hook),
+        );
+    }
+    // Library kernels take their places in orders shared with eager work (NCCL's sequence
+    // numbers) now, at the launch call, as on a GPU: not when the stream reaches the replay.
+    crate::streams::notify_launched(&works);
     r.submit_as(&s, Vec::new(), op, cudaGraphNodeTypeGraph)
         .map(|_| ())
 }

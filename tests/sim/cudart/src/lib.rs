@@ -356,6 +356,17 @@ impl Runtime {
         kind: cudaGraphNodeType,
         body: NodeBody,
     ) -> Result<(), cudaError_t> {
+        self.capture_hooked_node(s, kind, body, None)
+    }
+
+    /// [`Runtime::capture_node`] of a node with a launch hook ([`streams::Node::launched`]).
+    pub fn capture_hooked_node(
+        &self,
+        s: &Arc<Stream>,
+        kind: cudaGraphNodeType,
+        body: NodeBody,
+        launched: Option<streams::LaunchHook>,
+    ) -> Result<(), cudaError_t> {
         let cap = s.capture().ok_or(cudaErrorIllegalState)?;
         let mut c = cap.lock().unwrap_or_else(|p| p.into_inner());
         if c.invalidated {
@@ -363,7 +374,12 @@ impl Runtime {
         }
         let mut nodes = c.graph.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let deps = nodes.last().map(|n| n.handle()).into_iter().collect();
-        let node = Arc::new(Node { kind, body, deps });
+        let node = Arc::new(Node {
+            kind,
+            body,
+            deps,
+            launched: launched.map(Mutex::new),
+        });
         let h = self.nodes.insert(node.clone());
         nodes.push(node);
         drop(nodes);

@@ -168,6 +168,25 @@ pub struct Node {
     /// The handles of the nodes it depends on, all added to its graph before it. A captured
     /// node depends on the node captured before it (none for the first).
     pub deps: Vec<usize>,
+    /// What a library kernel does when a graph holding it is launched, on the launching
+    /// thread (`SIM_WORK_LAUNCHED` of the kernel contract): NCCL takes its operations' places
+    /// in their communicators' order then.
+    pub launched: Option<Mutex<LaunchHook>>,
+}
+
+/// A node's launch hook ([`Node::launched`]).
+pub type LaunchHook = Box<dyn FnMut() + Send>;
+
+/// Calls the launch hooks of `nodes` (and of the nodes of their child graphs) in order.
+pub fn notify_launched<'a>(nodes: impl IntoIterator<Item = &'a Arc<Node>>) {
+    for n in nodes {
+        if let Some(h) = &n.launched {
+            (h.lock().unwrap_or_else(|p| p.into_inner()))();
+        }
+        if let NodeBody::Graph(children) = &n.body {
+            notify_launched(children);
+        }
+    }
 }
 
 impl Node {

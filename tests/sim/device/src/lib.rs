@@ -16,10 +16,13 @@
 //! on the stream's worker thread when the stream reaches it (zero or more times: a captured
 //! graph replays it on every launch) and `work(user, SIM_WORK_DROP)` exactly once, last, to free
 //! `user`. A nonzero return from a run is a `cudaError_t` that becomes the context's sticky error
-//! (as a faulting kernel does on a GPU).
+//! (as a faulting kernel does on a GPU). A kernel captured into a graph also gets
+//! `work(user, SIM_WORK_LAUNCHED)` on the launching thread at each `cudaGraphLaunch` of it,
+//! before that replay is enqueued ([`launch_graphable`]; a no-op for [`launch`]'s kernels),
+//! possibly while an earlier replay of it runs.
 
 use core::ffi::{c_int, c_void};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use cuda_abi::cudart::*;
 
@@ -27,6 +30,11 @@ use cuda_abi::cudart::*;
 pub const SIM_WORK_RUN: c_int = 0;
 /// `action` for the final release of a kernel's state.
 pub const SIM_WORK_DROP: c_int = 1;
+/// `action` on the launching thread when a graph holding the kernel is launched
+/// (`cudaGraphLaunch`), once per launch and before that run is enqueued, in the graph's node
+/// order: work that takes a place in an order shared with eager work (NCCL's per-communicator
+/// sequence numbers) takes it then, as the launch call orders it.
+pub const SIM_WORK_LAUNCHED: c_int = 2;
 
 /// A kernel: see the crate documentation.
 pub type SimWorkFn = unsafe extern "C" fn(user: *mut c_void, action: c_int) -> cudaError_t;
@@ -150,7 +158,12 @@ pub fn current_device() -> c_int {
     runtime().map_or(0, |rt| unsafe { (rt.current_device)() })
 }
 
-type Kernel = Box<dyn FnMut() -> Result<(), cudaError_t> + Send>;
+/// A kernel's work: what it runs, and what it does when a graph holding it is launched. The
+/// two may be called at once (a launch while an earlier replay runs): each has its own lock.
+struct Kernel {
+    run: Mutex<Box<dyn FnMut() -> Result<(), cudaError_t> + Send>>,
+    launched: Option<Mutex<Box<dyn FnMut() + Send>>>,
+}
 
 unsafe extern "C" fn trampoline(user: *mut c_void, action: c_int) -> cudaError_t {
     let k = user.cast::<Kernel>();
@@ -159,10 +172,23 @@ unsafe extern "C" fn trampoline(user: *mut c_void, action: c_int) -> cudaError_t
         drop(unsafe { Box::from_raw(k) });
         return cudaSuccess;
     }
+    // SAFETY: `user` lives until DROP, which comes after every other call.
+    let k = unsafe { &*k };
     // A panic must not cross the C boundary: it becomes a launch failure.
-    // SAFETY: the runtime never runs a kernel concurrently with itself.
-    let f = unsafe { &mut *k };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let r = if action == SIM_WORK_LAUNCHED {
+        let Some(f) = &k.launched else {
+            return cudaSuccess;
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (f.lock().unwrap_or_else(|p| p.into_inner()))();
+            Ok(())
+        }))
+    } else {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (k.run.lock().unwrap_or_else(|p| p.into_inner()))()
+        }))
+    };
+    match r {
         Ok(Ok(())) => cudaSuccess,
         Ok(Err(e)) => e,
         Err(_) => cudaErrorLaunchFailure,
@@ -181,7 +207,39 @@ where
     let Some(rt) = runtime() else {
         return cudaErrorInitializationError;
     };
-    let boxed: Box<Kernel> = Box::new(Box::new(kernel));
+    launch_kernel(
+        rt,
+        stream,
+        Kernel {
+            run: Mutex::new(Box::new(kernel)),
+            launched: None,
+        },
+    )
+}
+
+/// [`launch`], with `launched` called on the launching thread at each launch of a graph the
+/// kernel was captured into ([`SIM_WORK_LAUNCHED`]).
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+pub fn launch_graphable<F, L>(stream: cudaStream_t, kernel: F, launched: L) -> cudaError_t
+where
+    F: FnMut() -> Result<(), cudaError_t> + Send + 'static,
+    L: FnMut() + Send + 'static,
+{
+    let Some(rt) = runtime() else {
+        return cudaErrorInitializationError;
+    };
+    launch_kernel(
+        rt,
+        stream,
+        Kernel {
+            run: Mutex::new(Box::new(kernel)),
+            launched: Some(Mutex::new(Box::new(launched))),
+        },
+    )
+}
+
+fn launch_kernel(rt: &Runtime, stream: cudaStream_t, k: Kernel) -> cudaError_t {
+    let boxed: Box<Kernel> = Box::new(k);
     // SAFETY: the runtime takes ownership of `user` and releases it through `trampoline`.
     unsafe { (rt.launch)(stream, trampoline, Box::into_raw(boxed).cast()) }
 }

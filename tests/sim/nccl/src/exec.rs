@@ -104,16 +104,26 @@ fn lane_key(op: &Op) -> LaneKey {
 /// Assigns the issue-order sequence numbers of `ops` (callers hold the launch lock, so that
 /// tasks launched in one order get numbers in that order on every communicator).
 pub fn assign_seqs(ops: &[Op]) {
-    for op in ops {
-        let mut issue = lock(&op.comm.issue);
-        let slot = match op.kind {
-            Kind::Send => &mut issue.send[op.peer],
-            Kind::Recv => &mut issue.recv[op.peer],
-            _ => &mut issue.coll,
-        };
-        op.seq.store(*slot, Relaxed);
-        *slot += 1;
+    for (op, seq) in ops.iter().zip(take_seqs(ops)) {
+        op.seq.store(seq, Relaxed);
     }
+}
+
+/// Takes the next issue-order sequence number of each of `ops` on its communicator (callers
+/// hold the launch lock).
+fn take_seqs(ops: &[Op]) -> Vec<u64> {
+    ops.iter()
+        .map(|op| {
+            let mut issue = lock(&op.comm.issue);
+            let slot = match op.kind {
+                Kind::Send => &mut issue.send[op.peer],
+                Kind::Recv => &mut issue.recv[op.peer],
+                _ => &mut issue.coll,
+            };
+            *slot += 1;
+            *slot - 1
+        })
+        .collect()
 }
 
 #[derive(Default)]
@@ -132,8 +142,11 @@ pub struct Task {
     lanes: Vec<Vec<usize>>,
     /// Number of join kernels.
     joins: AtomicU64,
-    /// Launched into a graph capture: sequence numbers are taken at every run.
+    /// Launched into a graph capture: sequence numbers are taken at every launch of the graph
+    /// ([`Task::launched`]), or at the run when no launch gave them.
     captured: bool,
+    /// Sequence numbers taken by graph launches whose replay has not run yet, oldest first.
+    launches: Mutex<std::collections::VecDeque<Vec<u64>>>,
     sync: Mutex<TaskSync>,
     cv: Condvar,
 }
@@ -161,6 +174,7 @@ impl Task {
             lanes,
             joins: AtomicU64::new(0),
             captured: false,
+            launches: Mutex::new(std::collections::VecDeque::new()),
             sync: Mutex::new(TaskSync::default()),
             cv: Condvar::new(),
         }
@@ -187,6 +201,16 @@ impl Task {
         self.captured = true;
     }
 
+    /// A graph holding the task was launched: its operations take their places in their
+    /// communicators' order now, in launch-call order (as NCCL's graph-captured kernels run in
+    /// stream order with the eager ones issued after the launch), for the replay this launch
+    /// enqueued.
+    pub fn launched(&self) {
+        let _l = lock(&LAUNCH);
+        let seqs = take_seqs(&self.ops);
+        lock(&self.launches).push_back(seqs);
+    }
+
     /// Sets how many join kernels were launched.
     pub fn set_joins(&self, n: u64) {
         self.joins.store(n, Release);
@@ -211,9 +235,20 @@ impl Task {
             }
         }
         if run > 0 || self.captured {
-            // A graph launch: a new instance of every operation, ordered as launched.
-            let _l = lock(&LAUNCH);
-            assign_seqs(&self.ops);
+            // A graph replay: a new instance of every operation, at the places its launch took
+            // (taken now when no launch told it: a graph run by other means).
+            let taken = lock(&self.launches).pop_front();
+            match taken {
+                Some(seqs) => {
+                    for (op, seq) in self.ops.iter().zip(seqs) {
+                        op.seq.store(seq, Relaxed);
+                    }
+                }
+                None => {
+                    let _l = lock(&LAUNCH);
+                    assign_seqs(&self.ops);
+                }
+            }
         }
         let r = self.execute();
         let mut g = lock(&self.sync);

@@ -145,8 +145,9 @@ pub fn launch(ops: Vec<Op>) -> ncclResult_t {
     let mut task = Task::new(ops);
     let streams = task.streams();
     // A captured collective runs only when its graph is launched (maybe never, maybe many
-    // times): it takes its place in the communicator's order at each run, not now, so that
-    // eager operations issued between capture and replay do not wait for it.
+    // times): it takes its place in the communicator's order at each launch, not now, so that
+    // eager operations issued between capture and launch do not wait for it, and those issued
+    // after a launch come after it (the same stream runs them after the replay).
     let captured = streams.iter().any(|s| is_capturing(*s as cudaStream_t));
     if captured {
         task.set_captured();
@@ -173,11 +174,17 @@ pub fn launch(ops: Vec<Op>) -> ncclResult_t {
     task.set_joins(joins);
     let t = task.clone();
     let mut run = 0u64;
-    let rc = sim_device::launch(streams[0] as cudaStream_t, move || {
+    let main = move || {
         let r = t.run_main(run);
         run += 1;
         r
-    });
+    };
+    let rc = if captured {
+        let t = task.clone();
+        sim_device::launch_graphable(streams[0] as cudaStream_t, main, move || t.launched())
+    } else {
+        sim_device::launch(streams[0] as cudaStream_t, main)
+    };
     if rc != cudaSuccess {
         launch_err = rc;
     }

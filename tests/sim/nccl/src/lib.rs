@@ -21,8 +21,9 @@
 //!   (default 300).
 //!
 //! * **Graphs.** A collective enqueued on a capturing stream runs at every launch of the graph,
-//!   taking its place in the communicator's order then (eager collectives issued between
-//!   capture and launch do not wait for it).
+//!   taking its place in the communicator's order at the `cudaGraphLaunch` call (eager
+//!   collectives issued between capture and launch do not wait for it; those issued after the
+//!   launch come after it, as the stream runs them after the replay).
 //!
 //! Bootstrap: `ncclGetUniqueId` returns a random id, or, when `NCCL_COMM_ID` ("host:port" of
 //! the bootstrap root) is set, an id derived from it and from how many ids the process made

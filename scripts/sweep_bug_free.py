@@ -122,17 +122,23 @@ def main():
         lay, size = rng.choice(LAYOUTS), rng.choice(SIZES)
         prec, mb = rng.choice(PRECISIONS), rng.choice(["1", "2", "3"])
         variant, steps = rng.choice(VARIANTS), rng.choice(["2", "3"])
-        bug = rng.choice(bugs) if bugs else None
         model = size[1] + ["--precision", prec, "--micro-batches", mb, "--steps", steps] + variant
-        args = lay[1] + model + (["--bug", bug] if bug else [])
         label = f"{lay[0]} {size[0]} {prec} mb{mb} s{steps} {' '.join(variant)}".strip()
-        if bug:
-            label = f"{bug}: {label}"
-        r = trace(os.path.join(work, "run"), args, world(args))
-        if r.returncode != 0 and bug and "cannot act" in r.stderr + r.stdout:
-            # A bug refused where it cannot act (the trainer's usage error): nothing to find.
+        # The bugs in a drawn order, until one the layout can carry (the trainer refuses the
+        # others at once, a usage error); none: the configuration is skipped.
+        bug, r = None, None
+        for candidate in (rng.sample(bugs, len(bugs)) if bugs else [None]):
+            args = lay[1] + model + (["--bug", candidate] if candidate else [])
+            r = trace(os.path.join(work, "run"), args, world(args))
+            if candidate and r.returncode != 0 and "cannot act" in r.stderr + r.stdout:
+                continue
+            bug = candidate
+            break
+        if bugs and bug is None:
             skipped += 1
             continue
+        if bug:
+            label = f"{bug}: {label}"
         if r.returncode != 0:
             print(f"RUN FAILED {label}: {r.stderr.strip()[-300:]}", flush=True)
             problems += 1
@@ -163,7 +169,7 @@ def main():
             shutil.copytree(work, kept)
             with open(os.path.join(kept, "args"), "w") as f:
                 f.write(" ".join(args) + "\n")
-    refused = f" ({skipped} drew a bug the layout cannot carry)" if a.bugs else ""
+    refused = f" ({skipped} could carry no bug)" if a.bugs else ""
     print(f"{a.count} configurations{refused}, {problems} with a problem")
     return 1 if problems else 0
 

@@ -95,7 +95,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         .collect();
     let mut calls = collectives::CallGroups::new(&manifest, &ranks).with_last_steps(last_steps);
     let mut coll = collectives::Collectives::default();
-    let mut rep = replicas::Replicas::default();
+    let mut rep = replicas::Replicas::new(store.clone(), &manifest, &ranks);
     let mut layer_findings = Vec::new();
     let mut gaps = ttrace_format::record::GapTally::default();
     let mut records = 0u64;
@@ -138,7 +138,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
         rep.received(*key, &members);
     }
     let coll = coll.finish(&trace, &manifest, left);
-    let rep = rep.finish(&trace, &manifest, &store);
+    let rep = rep.finish();
     let mut report = Report {
         ranks: trace.ranks.len(),
         records,

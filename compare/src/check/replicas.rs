@@ -65,21 +65,64 @@ fn minority(values: &[(u32, u32)]) -> Vec<u32> {
         .collect()
 }
 
+/// One rank's GEMMs used once in a step, by signature.
+type Singles = BTreeMap<persistent::Signature, persistent::Single>;
+
 /// The replica checks, fed step by step: collective calls as they complete
-/// ([`Replicas::received`]), each step's records ([`Replicas::step`]: the weights they use,
-/// not the records, are kept); the weights compared across the groups at the end
-/// ([`Replicas::finish`]).
-#[derive(Debug, Default)]
+/// ([`Replicas::received`]), each step's records ([`Replicas::step`]). What is kept is bounded
+/// whatever the number of steps: the step read last (its single-use GEMMs wait for the next
+/// step, which decides which of them read weights), each rank's weights of its first two
+/// steps (stale weights are judged there), each single-use signature's decision, and per
+/// candidate group its counts and findings. A step's weights are compared across the groups
+/// once the step after it is read ([`Group::step`]); what a group's findings mean is decided
+/// at the end ([`Replicas::finish`]), when it is known whether some step showed it to be a
+/// data-parallel replica group.
 pub struct Replicas {
+    /// The store the records come from (weights' bytes are read back from it).
+    store: std::sync::Arc<Store>,
+    /// Every rank of the store.
+    ranks: Vec<u32>,
     /// Calls whose members received different outputs, by call key.
     received: BTreeMap<(u64, usize), Finding>,
-    /// Weight operands of each rank found by recurrence within a step.
-    per_rank: BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
-    /// GEMMs of each rank used once in their step, for the weights found by persistence.
-    singles: BTreeMap<u32, BTreeMap<persistent::Signature, BTreeMap<u64, persistent::Single>>>,
+    /// The candidate replica groups: the comm map's groups whose every member is in the store.
+    groups: Vec<Group>,
+    /// The step read last, not compared yet.
+    held: Option<HeldStep>,
+    /// Per rank and single-use signature: which operand is a weight (`None`: neither), decided
+    /// on the first two consecutive steps holding the signature ([`persistent`]).
+    decided: BTreeMap<u32, BTreeMap<persistent::Signature, Option<usize>>>,
+    /// Per rank: the first step it has weights in, and its weights of that step and of the
+    /// step after it ([`frozen_weights`]).
+    first_two: BTreeMap<u32, (u64, BTreeMap<WeightKey, Weight>)>,
+}
+
+/// A step's weights found by recurrence and its single-use GEMMs, by rank.
+struct HeldStep {
+    step: u64,
+    weights: BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
+    singles: BTreeMap<u32, Singles>,
 }
 
 impl Replicas {
+    /// The replica checks of the store `store` (whose ranks are `ranks`), with the candidate
+    /// groups of `manifest`'s comm map.
+    pub fn new(store: std::sync::Arc<Store>, manifest: &Manifest, ranks: &[u32]) -> Replicas {
+        let groups = crate::model::comms::groups(manifest)
+            .into_iter()
+            .filter(|members| members.iter().all(|m| ranks.contains(m)))
+            .map(Group::new)
+            .collect();
+        Replicas {
+            store,
+            ranks: ranks.to_vec(),
+            received: BTreeMap::new(),
+            groups,
+            held: None,
+            decided: BTreeMap::new(),
+            first_two: BTreeMap::new(),
+        }
+    }
+
     /// Members of an all-reduce, all-gather or broadcast must receive identical bytes.
     pub fn received(&mut self, (comm, n): (u64, usize), recs: &[&Rec]) {
         let Some(c0) = recs.first().and_then(|r| coll(r)) else {
@@ -122,41 +165,266 @@ impl Replicas {
         }
     }
 
-    /// Keeps the weight operands the records of `trace` use (one step's, or the whole
-    /// trace's), rank by rank, and the GEMMs used once in their step.
+    /// Takes the weight operands and single-use GEMMs of the records of `trace` (one step's,
+    /// as [`super::load::stream`] gives them; a whole trace is taken step by step), and
+    /// compares the step before across the groups.
     pub fn step(&mut self, trace: &Trace) {
+        let mut steps: BTreeMap<u64, HeldStep> = BTreeMap::new();
         for &rank in &trace.ranks {
             let recs: Vec<&Rec> = trace.of_rank(rank).collect();
             if recs.is_empty() {
                 continue;
             }
-            self.per_rank
-                .entry(rank)
-                .or_default()
-                .extend(rank_weights(&recs));
-            let kept = self.singles.entry(rank).or_default();
-            for (sig, steps) in persistent::singles(&recs) {
-                kept.entry(sig).or_default().extend(steps);
+            for (key, w) in rank_weights(&recs) {
+                held_step(&mut steps, key.0)
+                    .weights
+                    .entry(rank)
+                    .or_default()
+                    .insert(key, w);
+            }
+            for (sig, by_step) in persistent::singles(&recs) {
+                for (step, single) in by_step {
+                    held_step(&mut steps, step)
+                        .singles
+                        .entry(rank)
+                        .or_default()
+                        .insert(sig.clone(), single);
+                }
+            }
+        }
+        for (_, next) in steps {
+            self.push(next);
+        }
+    }
+
+    /// Holds `next`, after deciding the single-use signatures it and the step held before
+    /// share (when consecutive) and comparing that step.
+    fn push(&mut self, next: HeldStep) {
+        if let Some(held) = self.held.take() {
+            if held.step + 1 == next.step {
+                self.decide(&held, &next);
+            }
+            self.compare(held);
+        }
+        self.held = Some(next);
+    }
+
+    /// Decides, rank by rank, the single-use signatures `a` and the step after it `b` both
+    /// hold and that no earlier pair decided ([`persistent::weight_operands`]).
+    fn decide(&mut self, a: &HeldStep, b: &HeldStep) {
+        for (&rank, sa) in &a.singles {
+            let Some(sb) = b.singles.get(&rank) else {
+                continue;
+            };
+            let decided = self.decided.entry(rank).or_default();
+            let pairs: BTreeMap<persistent::Signature, BTreeMap<u64, persistent::Single>> = sa
+                .iter()
+                .filter(|(sig, _)| !decided.contains_key(*sig))
+                .filter_map(|(sig, ua)| {
+                    let ub = sb.get(sig)?;
+                    Some((
+                        sig.clone(),
+                        BTreeMap::from([(a.step, ua.clone()), (b.step, ub.clone())]),
+                    ))
+                })
+                .collect();
+            let weights = persistent::weight_operands(&self.store, &pairs);
+            for sig in pairs.into_keys() {
+                let op = weights.get(&sig).copied();
+                decided.insert(sig, op);
             }
         }
     }
 
-    /// What the checks found: the calls' received outputs in key order, then the weights
-    /// compared across the groups of the comm map.
-    pub fn finish(mut self, trace: &Trace, manifest: &Manifest, store: &Store) -> Outcome {
+    /// Compares a step's weights (those found by recurrence, and the single-use GEMMs' decided
+    /// to be weights) across the groups, and keeps the first two steps' of each rank.
+    fn compare(&mut self, held: HeldStep) {
+        let HeldStep {
+            step,
+            mut weights,
+            singles,
+        } = held;
+        let no_decisions = BTreeMap::new();
+        for (rank, singles) in &singles {
+            let found = weights.entry(*rank).or_default();
+            let decided = self.decided.get(rank).unwrap_or(&no_decisions);
+            persistent_weights(step, singles, decided, found);
+        }
+        let empty = BTreeMap::new();
+        for g in &mut self.groups {
+            let maps: Vec<&BTreeMap<WeightKey, Weight>> = g
+                .members
+                .iter()
+                .map(|m| weights.get(m).unwrap_or(&empty))
+                .collect();
+            g.step(&self.store, &maps);
+        }
+        for &rank in &self.ranks {
+            let Some(map) = weights.remove(&rank).filter(|m| !m.is_empty()) else {
+                continue;
+            };
+            match self.first_two.get_mut(&rank) {
+                None => {
+                    self.first_two.insert(rank, (step, map));
+                }
+                Some((s0, kept)) if *s0 + 1 == step => kept.extend(map),
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// What the checks found: the calls' received outputs in key order, stale weights, then
+    /// per group, in the comm map's order, what its weights showed.
+    pub fn finish(mut self) -> Outcome {
+        if let Some(held) = self.held.take() {
+            self.compare(held);
+        }
         let mut out = Outcome {
             findings: std::mem::take(&mut self.received).into_values().collect(),
             ..Outcome::default()
         };
-        // Every rank of the store has a map (empty without GEMMs), as when found whole.
-        for &rank in &trace.ranks {
-            let found = self.per_rank.entry(rank).or_default();
-            if let Some(singles) = self.singles.get(&rank) {
-                persistent_weights(store, singles, found);
-            }
+        let first_two: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = self
+            .first_two
+            .into_iter()
+            .map(|(rank, (_, map))| (rank, map))
+            .collect();
+        frozen_weights(&self.store, &first_two, &mut out);
+        for g in self.groups {
+            g.finish(&mut out);
         }
-        weights(&self.per_rank, manifest, store, &mut out);
         out
+    }
+}
+
+/// The held step `step` of `steps`, made when first needed.
+fn held_step(steps: &mut BTreeMap<u64, HeldStep>, step: u64) -> &mut HeldStep {
+    steps.entry(step).or_insert_with(|| HeldStep {
+        step,
+        weights: BTreeMap::new(),
+        singles: BTreeMap::new(),
+    })
+}
+
+/// A candidate replica group (a communicator's members, every one in the store), as its
+/// steps are compared: what its weights say if it is a data-parallel replica group (some
+/// step where most of its members' common weights agree), and what they say if it is not.
+struct Group {
+    members: Vec<u32>,
+    /// Some step showed it to be a replica group.
+    replica: bool,
+    /// Weight operands compared, counted if it is one.
+    compared: u64,
+    /// Weights that differ across the replicas, if it is one.
+    as_replicas: Vec<Finding>,
+    /// Activation operands compared across it, equal ones, and the first equal one (step,
+    /// module, op), for [`identical_data`].
+    identical: (usize, usize, Option<(u64, String, String)>),
+    /// Diverging activations and overlapping shards, if it is not one.
+    otherwise: Vec<Finding>,
+    /// The shards of its first step with common weights were checked for overlaps.
+    shards_checked: bool,
+}
+
+impl Group {
+    fn new(members: Vec<u32>) -> Group {
+        Group {
+            members,
+            replica: false,
+            compared: 0,
+            as_replicas: Vec::new(),
+            identical: (0, 0, None),
+            otherwise: Vec::new(),
+            shards_checked: false,
+        }
+    }
+
+    /// Compares one step's weights of the members (`maps`, in member order).
+    fn step(&mut self, store: &Store, maps: &[&BTreeMap<WeightKey, Weight>]) {
+        let Some(first) = maps.first() else { return };
+        let common: Vec<&WeightKey> = first
+            .keys()
+            .filter(|k| maps.iter().all(|m| m.contains_key(*k)))
+            .collect();
+        if common.is_empty() {
+            return;
+        }
+        // Replica group: in some step, most common weights agree on every member.
+        let agree = common
+            .iter()
+            .filter(|k| {
+                maps.iter()
+                    .all(|m| m.get(**k).map(|v| v.crc) == first.get(**k).map(|v| v.crc))
+            })
+            .count();
+        if common.len() >= 2 && agree * 2 > common.len() {
+            self.replica = true;
+        }
+        identical_data(maps, &common, &mut self.identical);
+        for k in &common {
+            self.compared += maps.len() as u64;
+            let vals: Vec<(u32, u32)> = self
+                .members
+                .iter()
+                .zip(maps)
+                .filter_map(|(r, m)| m.get(*k).map(|v| (*r, v.crc)))
+                .collect();
+            let bad = minority(&vals);
+            if bad.is_empty() {
+                continue;
+            }
+            let name = bad
+                .first()
+                .and_then(|b| self.members.iter().position(|m| m == b))
+                .and_then(|i| maps[i].get(*k))
+                .map(|v| v.name(&k.2))
+                .unwrap_or_default();
+            self.as_replicas.push(Finding {
+                kind: FindingKind::ReplicaMismatch,
+                step: k.0,
+                ranks: bad.clone(),
+                op: name,
+                module: k.1.clone(),
+                detail: format!(
+                    "GEMM weight operand {} differs across replicas {:?}: ranks {bad:?} hold other bytes than the rest",
+                    k.4, self.members
+                ),
+            });
+        }
+        // What it says of a group that is not a replica group: moot once it is one.
+        if !self.replica {
+            let mut out = Outcome::default();
+            diverging_activations(&self.members, maps, &common, &mut out);
+            if !std::mem::replace(&mut self.shards_checked, true) {
+                overlapping_shards(store, &self.members, maps, &common, &mut out);
+            }
+            self.otherwise.extend(out.findings);
+        }
+    }
+
+    /// Its findings, by what some step showed it to be.
+    fn finish(self, out: &mut Outcome) {
+        if !self.replica {
+            out.findings.extend(self.otherwise);
+            return;
+        }
+        let (equal, all, first) = self.identical;
+        if all >= 4 && equal == all {
+            let (step, module, name) = first.unwrap_or_default();
+            out.findings.push(Finding {
+                kind: FindingKind::ReplicaMismatch,
+                step,
+                ranks: self.members.clone(),
+                op: name,
+                module,
+                detail: format!(
+                    "data-parallel replicas {:?} hold the same weights and also saw bitwise identical activations in all {all} GEMMs compared: they trained on the same data",
+                    self.members
+                ),
+            });
+        }
+        out.groups.push(self.members);
+        out.compared += self.compared;
+        out.findings.extend(self.as_replicas);
     }
 }
 
@@ -251,32 +519,36 @@ fn rank_weights(recs: &[&Rec]) -> BTreeMap<WeightKey, Weight> {
     weights
 }
 
-/// Adds the weights found by persistence across steps ([`persistent`]: GEMMs used once per
-/// step, as with one micro-batch) to those found by recurrence within a step.
+/// Adds to `found` (one rank's weights of `step`) the weights found by persistence across
+/// steps ([`persistent`]: GEMMs used once per step, as with one micro-batch) among that step's
+/// single-use GEMMs `singles`, by the signatures' decisions `decided`; a weight found by
+/// recurrence within the step keeps its place.
 fn persistent_weights(
-    store: &Store,
-    singles: &BTreeMap<persistent::Signature, BTreeMap<u64, persistent::Single>>,
+    step: u64,
+    singles: &Singles,
+    decided: &BTreeMap<persistent::Signature, Option<usize>>,
     found: &mut BTreeMap<WeightKey, Weight>,
 ) {
-    for (sig, op) in persistent::weight_operands(store, singles) {
+    for (sig, single) in singles {
+        let Some(&Some(op)) = decided.get(sig) else {
+            continue;
+        };
         let role: &'static str = if op == 0 { "A" } else { "B" };
-        for (&step, single) in singles.get(&sig).into_iter().flatten() {
-            let Some(weight) = single.operands[op] else {
-                continue;
-            };
-            let Some(w_crc) = weight.crc else { continue };
-            let activation = single.operands[1 - op].and_then(|a| a.crc);
-            // The activation's scale: B's for a weight A, A's for a weight B.
-            let act_scale = single.scales[1 - op];
-            let (rank, _, seq) = single.at;
-            let key = (step, sig.0.clone(), sig.1.clone(), sig.2, role);
-            found.entry(key).or_insert_with(|| Weight {
-                crc: w_crc,
-                at: (rank, step, seq, weight.index),
-                acts: vec![(activation, seq)],
-                act_scales: vec![act_scale],
-            });
-        }
+        let Some(weight) = single.operands[op] else {
+            continue;
+        };
+        let Some(w_crc) = weight.crc else { continue };
+        let activation = single.operands[1 - op].and_then(|a| a.crc);
+        // The activation's scale: B's for a weight A, A's for a weight B.
+        let act_scale = single.scales[1 - op];
+        let (rank, _, seq) = single.at;
+        let key = (step, sig.0.clone(), sig.1.clone(), sig.2, role);
+        found.entry(key).or_insert_with(|| Weight {
+            crc: w_crc,
+            at: (rank, step, seq, weight.index),
+            acts: vec![(activation, seq)],
+            act_scales: vec![act_scale],
+        });
     }
 }
 
@@ -369,81 +641,6 @@ fn diverging_activations(
     // One per module is enough.
     scale_findings.dedup_by(|a, b| a.module == b.module && a.step == b.step);
     out.findings.extend(scale_findings);
-}
-
-/// GEMM weights across the replica groups found in the comm map (`per_rank`: each rank's
-/// weight operands).
-fn weights(
-    per_rank: &BTreeMap<u32, BTreeMap<WeightKey, Weight>>,
-    manifest: &Manifest,
-    store: &Store,
-    out: &mut Outcome,
-) {
-    frozen_weights(store, per_rank, out);
-    // Candidate replica groups: the communicators whose every member is in the store.
-    let groups = crate::model::comms::groups(manifest)
-        .into_iter()
-        .filter(|members| members.iter().all(|m| per_rank.contains_key(m)));
-    for members in groups {
-        let maps: Vec<&BTreeMap<WeightKey, Weight>> =
-            members.iter().filter_map(|m| per_rank.get(m)).collect();
-        let Some(first) = maps.first() else { continue };
-        let common: Vec<&WeightKey> = first
-            .keys()
-            .filter(|k| maps.iter().all(|m| m.contains_key(*k)))
-            .collect();
-        // Replica group: in some step, most common weights agree on every member.
-        let mut per_step: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
-        for k in &common {
-            let e = per_step.entry(k.0).or_default();
-            e.1 += 1;
-            if maps
-                .iter()
-                .all(|m| m.get(*k).map(|v| v.crc) == first.get(*k).map(|v| v.crc))
-            {
-                e.0 += 1;
-            }
-        }
-        if !per_step
-            .values()
-            .any(|(eq, all)| *all >= 2 && eq * 2 > *all)
-        {
-            diverging_activations(&members, &maps, &common, out);
-            overlapping_shards(store, &members, &maps, &common, out);
-            continue;
-        }
-        identical_data(&members, &maps, &common, out);
-        out.groups.push(members.clone());
-        for k in common {
-            out.compared += maps.len() as u64;
-            let vals: Vec<(u32, u32)> = members
-                .iter()
-                .zip(&maps)
-                .filter_map(|(r, m)| m.get(k).map(|v| (*r, v.crc)))
-                .collect();
-            let bad = minority(&vals);
-            if bad.is_empty() {
-                continue;
-            }
-            let name = bad
-                .first()
-                .and_then(|b| members.iter().position(|m| m == b))
-                .and_then(|i| maps[i].get(k))
-                .map(|v| v.name(&k.2))
-                .unwrap_or_default();
-            out.findings.push(Finding {
-                kind: FindingKind::ReplicaMismatch,
-                step: k.0,
-                ranks: bad.clone(),
-                op: name,
-                module: k.1.clone(),
-                detail: format!(
-                    "GEMM weight operand {} differs across replicas {members:?}: ranks {bad:?} hold other bytes than the rest",
-                    k.4
-                ),
-            });
-        }
-    }
 }
 
 /// Bytes of a weight operand, read back from the store (`None`: unreadable).
@@ -701,41 +898,29 @@ pub fn module_kind(module: &str) -> String {
 }
 
 /// Data-parallel replicas must train on different data: when every activation operand of
-/// their common GEMMs is bitwise equal across the group, they read the same samples.
+/// their common GEMMs is bitwise equal across the group, they read the same samples. Counts,
+/// over one step's common weights (`common`, of the members' `maps`), the activations
+/// compared and the equal ones, and keeps the first equal one (step, module, op), into
+/// `counts`; [`Group::finish`] judges the sums.
 fn identical_data(
-    members: &[u32],
     maps: &[&BTreeMap<WeightKey, Weight>],
     common: &[&WeightKey],
-    out: &mut Outcome,
+    counts: &mut (usize, usize, Option<(u64, String, String)>),
 ) {
-    let (mut equal, mut all) = (0usize, 0usize);
-    let mut first: Option<(u64, String, String)> = None;
+    let (equal, all, first) = counts;
     for k in common {
         let Some(w0) = maps[0].get(*k) else { continue };
         for (u, (a0, _)) in w0.acts.iter().enumerate() {
             let Some(a0) = a0 else { continue };
-            all += 1;
+            *all += 1;
             if maps
                 .iter()
                 .all(|m| m.get(*k).and_then(|w| w.acts.get(u)).and_then(|a| a.0) == Some(*a0))
             {
-                equal += 1;
+                *equal += 1;
                 first.get_or_insert((k.0, k.1.clone(), w0.name(&k.2)));
             }
         }
-    }
-    if all >= 4 && equal == all {
-        let (step, module, name) = first.unwrap_or_default();
-        out.findings.push(Finding {
-            kind: FindingKind::ReplicaMismatch,
-            step,
-            ranks: members.to_vec(),
-            op: name,
-            module,
-            detail: format!(
-                "data-parallel replicas {members:?} hold the same weights and also saw bitwise identical activations in all {all} GEMMs compared: they trained on the same data"
-            ),
-        });
     }
 }
 

@@ -20,8 +20,9 @@
 //! The store is read a step at a time ([`load::stream`], every rank's segment of the step at
 //! once, on every core) and each check keeps what it needs of a step's records, not the
 //! records: memory holds one step's records, the calls and transfers still waiting for a
-//! member, each rank's weight operands and the findings (on the hidden-32 trainer over 160
-//! steps 35 MB, where holding every record took 167; the same report). The calls a step
+//! member, the last step's weight operands (each rank's first two steps' too) and the
+//! findings (on the hidden-32 trainer over 160 steps 21 MB, over 600 steps 31 MB, where
+//! holding every record took 167 MB at 160; the same report). The calls a step
 //! completes are checked side by side ([`collectives::batches`]). A collective call's tensors are read when that call is checked and dropped after
 //! ([`load::Trace::with_bytes`]); GEMM operands are compared through their recorded CRC-32s
 //! (a differing CRC is a differing tensor; bytes are decoded to look for non-finite values,
@@ -77,8 +78,8 @@ const CALL_BYTES: u64 = 512 << 20;
 
 /// Runs every check on the store at `run` (opened through [`crate::model`], the analysis
 /// model compare shares), a step at a time ([`load::stream`]): memory holds one step's
-/// records, the calls and transfers still waiting for a member, and each rank's weight
-/// operands, not the trace's records. `progress` is called with (records read, records in
+/// records, the calls and transfers still waiting for a member, and what the replica checks
+/// keep ([`replicas::Replicas`]), not the trace's records. `progress` is called with (records read, records in
 /// the store) as segments are read.
 pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Report, CheckError> {
     let (store, manifest) = crate::model::store::open(run)?;

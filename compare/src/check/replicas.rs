@@ -10,8 +10,10 @@
 //!   weights they have in common are bitwise equal (data-parallel replicas; tensor-parallel
 //!   shards never are, pipeline stages have no GEMM in common). In a replica group every
 //!   common weight must be equal in every step; those that are not are findings, naming the
-//!   ranks outside the majority. Runs with one micro-batch and no recurring GEMM have no
-//!   identifiable weight and are not compared.
+//!   ranks outside the majority (the steps before the first that showed the group to be
+//!   replicas: one finding per step, for the first [`BEFORE_KEPT`] of them). With one
+//!   micro-batch, weights are found by persistence across steps instead ([`persistent`]).
+//!   Checked step by step: a step's weights are compared when the next step is read.
 //! * In groups that are not weight replicas (tensor parallel): a replicated activation (the
 //!   same GEMM of every layer sees identical inputs on all members) that stops agreeing from
 //!   one layer on (a missing reduction upstream), and weight shards that differ yet share
@@ -305,6 +307,10 @@ fn held_step(steps: &mut BTreeMap<u64, HeldStep>, step: u64) -> &mut HeldStep {
     })
 }
 
+/// Steps before a group is shown to be a replica group whose differing weights are kept as
+/// findings ([`Group::before`]).
+const BEFORE_KEPT: usize = 4;
+
 /// A candidate replica group (a communicator's members, every one in the store), as its
 /// steps are compared: what its weights say if it is a data-parallel replica group (some
 /// step where most of its members' common weights agree), and what they say if it is not.
@@ -314,8 +320,13 @@ struct Group {
     replica: bool,
     /// Weight operands compared, counted if it is one.
     compared: u64,
-    /// Weights that differ across the replicas, if it is one.
+    /// Weights that differ across the replicas, if it is one: one finding per weight from the
+    /// first step that showed it to be one, one per step before it ([`Group::before`]).
     as_replicas: Vec<Finding>,
+    /// Steps before the first that showed it to be a replica group, where weights differed:
+    /// the first [`BEFORE_KEPT`] as findings, and how many more. A group that is not one
+    /// (tensor-parallel shards differ in every weight of every step) keeps no more than that.
+    before: (Vec<Finding>, u64),
     /// Activation operands compared across it, equal ones, and the first equal one (step,
     /// module, op), for [`identical_data`].
     identical: (usize, usize, Option<(u64, String, String)>),
@@ -332,6 +343,7 @@ impl Group {
             replica: false,
             compared: 0,
             as_replicas: Vec::new(),
+            before: (Vec::new(), 0),
             identical: (0, 0, None),
             otherwise: Vec::new(),
             shards_checked: false,
@@ -360,8 +372,9 @@ impl Group {
             self.replica = true;
         }
         identical_data(maps, &common, &mut self.identical);
-        for k in &common {
-            self.compared += maps.len() as u64;
+        self.compared += (maps.len() * common.len()) as u64;
+        // Each differing weight: its key, the ranks outside the majority, and its name.
+        let differing = common.iter().filter_map(|k| {
             let vals: Vec<(u32, u32)> = self
                 .members
                 .iter()
@@ -369,26 +382,56 @@ impl Group {
                 .filter_map(|(r, m)| m.get(*k).map(|v| (*r, v.crc)))
                 .collect();
             let bad = minority(&vals);
-            if bad.is_empty() {
-                continue;
-            }
             let name = bad
                 .first()
                 .and_then(|b| self.members.iter().position(|m| m == b))
                 .and_then(|i| maps[i].get(*k))
                 .map(|v| v.name(&k.2))
                 .unwrap_or_default();
-            self.as_replicas.push(Finding {
-                kind: FindingKind::ReplicaMismatch,
-                step: k.0,
-                ranks: bad.clone(),
-                op: name,
-                module: k.1.clone(),
-                detail: format!(
-                    "GEMM weight operand {} differs across replicas {:?}: ranks {bad:?} hold other bytes than the rest",
-                    k.4, self.members
-                ),
-            });
+            (!bad.is_empty()).then_some((*k, bad, name))
+        });
+        if self.replica {
+            for (k, bad, name) in differing {
+                self.as_replicas.push(Finding {
+                    kind: FindingKind::ReplicaMismatch,
+                    step: k.0,
+                    ranks: bad.clone(),
+                    op: name,
+                    module: k.1.clone(),
+                    detail: format!(
+                        "GEMM weight operand {} differs across replicas {:?}: ranks {bad:?} hold other bytes than the rest",
+                        k.4, self.members
+                    ),
+                });
+            }
+        } else {
+            // Not (yet) shown to be a replica group: one finding for the step, kept only
+            // if some later step shows it to be one.
+            let (mut count, mut ranks, mut first) = (0usize, BTreeSet::new(), None);
+            for (k, bad, name) in differing {
+                count += 1;
+                ranks.extend(bad);
+                first.get_or_insert((k, name));
+            }
+            if let Some((k, name)) = first {
+                if self.before.0.len() < BEFORE_KEPT {
+                    self.before.0.push(Finding {
+                        kind: FindingKind::ReplicaMismatch,
+                        step: k.0,
+                        ranks: ranks.into_iter().collect(),
+                        op: name,
+                        module: k.1.clone(),
+                        detail: format!(
+                            "{count} of the {} GEMM weight operands the replicas {:?} have in common differ in this step, before a later step showed them to agree (the first: operand {} of this op)",
+                            common.len(),
+                            self.members,
+                            k.4
+                        ),
+                    });
+                } else {
+                    self.before.1 += 1;
+                }
+            }
         }
         // What it says of a group that is not a replica group: moot once it is one.
         if !self.replica {
@@ -422,8 +465,15 @@ impl Group {
                 ),
             });
         }
+        let (mut before, more) = self.before;
+        if let (Some(last), true) = (before.last_mut(), more > 0) {
+            last.detail.push_str(&format!(
+                "; weights differed in {more} more steps after this one"
+            ));
+        }
         out.groups.push(self.members);
         out.compared += self.compared;
+        out.findings.extend(before);
         out.findings.extend(self.as_replicas);
     }
 }
@@ -1008,6 +1058,117 @@ mod tests {
         let all = Unchanged::of(&before, &before);
         assert_eq!((all.same, all.run.2), (all.blocks, all.blocks));
         assert!(all.stale());
+    }
+
+    /// A weight operand of CRC `crc`, read with an activation of CRC `act`.
+    fn weight(crc: u32, act: u32) -> Weight {
+        Weight {
+            crc,
+            at: (0, 0, 0, 0),
+            acts: vec![(Some(act), 0)],
+            act_scales: vec![None],
+        }
+    }
+
+    /// One step's weights of one rank (data-parallel: each reads its own data): modules
+    /// `a`, `b`, `c` with CRCs `crcs`.
+    fn step_weights(step: u64, rank: u32, crcs: [u32; 3]) -> BTreeMap<WeightKey, Weight> {
+        ["a", "b", "c"]
+            .into_iter()
+            .zip(crcs)
+            .map(|(module, crc)| {
+                let key = (
+                    step,
+                    module.to_string(),
+                    "cublasGemmEx".to_string(),
+                    [4, 4, 4, 0, 0],
+                    "A",
+                );
+                (key, weight(crc, 100 + rank))
+            })
+            .collect()
+    }
+
+    /// A store of one record (the weights' records are not in it: no shard is read).
+    fn empty_store() -> (std::path::PathBuf, Store) {
+        let dir = std::env::temp_dir().join(format!(
+            "ttrace-replicas-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut seg = ttrace_format::store::SegmentWriter::create(&dir, 0, 0).expect("create");
+        let rec = ttrace_format::record::Record::d2h_copy(0, 0, 0, &[0u8; 4]);
+        seg.append(&rec, &[]).expect("append");
+        seg.finish().expect("finish");
+        let store = Store::open(&dir).expect("a store of one segment");
+        (dir, store)
+    }
+
+    #[test]
+    fn a_group_shown_to_be_replicas_in_a_later_step_reports_each_earlier_step_once() {
+        let (dir, store) = empty_store();
+        let mut g = Group::new(vec![0, 1]);
+        // Step 0: every weight differs on rank 1; nothing says yet that these are replicas.
+        g.step(
+            &store,
+            &[
+                &step_weights(0, 0, [1, 2, 3]),
+                &step_weights(0, 1, [7, 8, 9]),
+            ],
+        );
+        assert!(!g.replica);
+        // Step 1: two of three agree: a replica group, whose third weight differs.
+        g.step(
+            &store,
+            &[
+                &step_weights(1, 0, [1, 2, 3]),
+                &step_weights(1, 1, [1, 2, 4]),
+            ],
+        );
+        assert!(g.replica);
+        let mut out = Outcome::default();
+        g.finish(&mut out);
+        assert_eq!(out.groups, vec![vec![0, 1]]);
+        assert_eq!(out.compared, 2 * 3 * 2);
+        let found: Vec<(u64, &str, Vec<u32>)> = out
+            .findings
+            .iter()
+            .map(|f| (f.step, f.module.as_str(), f.ranks.clone()))
+            .collect();
+        assert_eq!(found, vec![(0, "a", vec![1]), (1, "c", vec![1])]);
+        assert!(out.findings[0]
+            .detail
+            .starts_with("3 of the 3 GEMM weight operands"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_group_never_shown_to_be_replicas_keeps_a_bounded_account_and_reports_none_of_it() {
+        let (dir, store) = empty_store();
+        let mut g = Group::new(vec![0, 1]);
+        // Tensor-parallel shards: every weight differs in every step.
+        for step in 0..10 {
+            g.step(
+                &store,
+                &[
+                    &step_weights(step, 0, [1, 2, 3]),
+                    &step_weights(step, 1, [7, 8, 9]),
+                ],
+            );
+        }
+        assert!(!g.replica);
+        assert_eq!(
+            (g.before.0.len(), g.before.1),
+            (BEFORE_KEPT, 10 - BEFORE_KEPT as u64)
+        );
+        assert!(g.as_replicas.is_empty());
+        let mut out = Outcome::default();
+        g.finish(&mut out);
+        assert!(out.groups.is_empty());
+        assert!(out.findings.is_empty(), "{:?}", out.findings);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

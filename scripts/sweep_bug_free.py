@@ -71,6 +71,12 @@ VARIANTS = [
     ["--no-nvtx"],
     ["--cuda-graph"],
     ["--order", "dp-tp-pp"],
+    ["--adam-eps", "1e-8"],
+    ["--weight-decay", "0.1"],
+    ["--bucket-size", "2048"],
+    ["--prompt-len", "4"],
+    ["--seed", "7"],
+    ["--amax-history", "16"],
 ]
 
 

@@ -8,10 +8,10 @@ order; drawn with a seed) is traced three times on the
 simulated stack: the run, its world-size-1 reference and the perturbed reference. The run
 must pass `ttrace check` with no finding and `ttrace compare` with MATCH; anything else is
 printed as PROBLEM and its stores are kept under OUT/pN for a look. With --bugs, each
-configuration injects one catalogue bug drawn among those the trainer accepts in it, and the
-run must be reported (a finding of check, or compare's DIVERGENCE): a PROBLEM is a bug neither
-tool saw, to look at (a bug whose effect stays below the precision's round-off over the steps
-run cannot be seen, e.g. a norm weight's update in BF16 over two steps). A run that does not
+configuration injects one catalogue bug drawn among those the trainer accepts in it (over 3-4
+steps), and the run must be reported (a finding of check, or compare's DIVERGENCE): a PROBLEM
+is a bug neither tool saw, to look at; the norm-weight bugs the detection matrix lists as
+known misses in BF16 and FP8 are printed as KNOWN MISS there, not counted. A run that does not
 exit within --timeout is a PROBLEM (HUNG).
 
   cargo build --release --workspace
@@ -80,6 +80,13 @@ VARIANTS = [
 ]
 
 
+# Bugs that only change norm weights' gradients: no captured tensor carries those weights in a
+# single-device run, and under Adam their effect stays below BF16 resolution for many steps
+# (the detection matrix's known misses in BF16 and FP8, tests/integration/tests/it/
+# compare_trainer.rs).
+KNOWN_MISSES = {"bucket-offset-swap", "norm-grad-scaled-by-tp", "sp-norm-grad-unreduced"}
+
+
 def world(args):
     w = 1
     for flag in ("--tp", "--dp", "--pp"):
@@ -133,7 +140,9 @@ def main():
     for i in range(a.count):
         lay, size = rng.choice(LAYOUTS), rng.choice(SIZES)
         prec, mb = rng.choice(PRECISIONS), rng.choice(["1", "2", "3"])
-        variant, steps = rng.choice(VARIANTS), rng.choice(["2", "3"])
+        # With bugs, at least two optimizer updates: a bug in a weight's gradient first shows
+        # in the weights, and one update of them stays below BF16/FP8 round-off.
+        variant, steps = rng.choice(VARIANTS), rng.choice(["3", "4"] if bugs else ["2", "3"])
         model = size[1] + ["--precision", prec, "--micro-batches", mb, "--steps", steps] + variant
         label = f"{lay[0]} {size[0]} {prec} mb{mb} s{steps} {' '.join(variant)}".strip()
         # The bugs in a drawn order, until one the layout can carry (the trainer refuses the
@@ -171,15 +180,18 @@ def main():
                             "--perturbed", os.path.join(work, "pref"), "--json", cmp_json],
                            env=env, capture_output=True, text=True)
         verdict = json.load(open(cmp_json))["verdict"] if os.path.exists(cmp_json) else m.stderr.strip()[-200:]
+        known = False
         if bug:
             # Found by either tool: check's findings, or compare's DIVERGENCE (exit 1).
             ok = bool(findings) or m.returncode == 1
+            known = not ok and bug in KNOWN_MISSES and prec != "fp32"
         else:
             ok = c.returncode == 0 and not findings and m.returncode == 0
         kinds = [f["kind"] for f in findings][:3]
-        print(f"{'OK' if ok else 'PROBLEM'} {label}: check {c.returncode} {kinds} | compare {m.returncode} {verdict}",
+        status = "OK" if ok else "KNOWN MISS" if known else "PROBLEM"
+        print(f"{status} {label}: check {c.returncode} {kinds} | compare {m.returncode} {verdict}",
               flush=True)
-        if not ok:
+        if not ok and not known:
             problems += 1
             kept = os.path.join(a.out, f"p{i}")
             shutil.rmtree(kept, ignore_errors=True)

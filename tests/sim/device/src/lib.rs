@@ -204,17 +204,7 @@ pub fn launch<F>(stream: cudaStream_t, kernel: F) -> cudaError_t
 where
     F: FnMut() -> Result<(), cudaError_t> + Send + 'static,
 {
-    let Some(rt) = runtime() else {
-        return cudaErrorInitializationError;
-    };
-    launch_kernel(
-        rt,
-        stream,
-        Kernel {
-            run: Mutex::new(Box::new(kernel)),
-            launched: None,
-        },
-    )
+    launch_kernel(stream, Box::new(kernel), None)
 }
 
 /// [`launch`], with `launched` called on the launching thread at each launch of a graph the
@@ -225,21 +215,22 @@ where
     F: FnMut() -> Result<(), cudaError_t> + Send + 'static,
     L: FnMut() + Send + 'static,
 {
+    launch_kernel(stream, Box::new(kernel), Some(Box::new(launched)))
+}
+
+/// Hands a kernel's work to the runtime ([`launch`], [`launch_graphable`]).
+fn launch_kernel(
+    stream: cudaStream_t,
+    run: Box<dyn FnMut() -> Result<(), cudaError_t> + Send>,
+    launched: Option<Box<dyn FnMut() + Send>>,
+) -> cudaError_t {
     let Some(rt) = runtime() else {
         return cudaErrorInitializationError;
     };
-    launch_kernel(
-        rt,
-        stream,
-        Kernel {
-            run: Mutex::new(Box::new(kernel)),
-            launched: Some(Mutex::new(Box::new(launched))),
-        },
-    )
-}
-
-fn launch_kernel(rt: &Runtime, stream: cudaStream_t, k: Kernel) -> cudaError_t {
-    let boxed: Box<Kernel> = Box::new(k);
+    let boxed = Box::new(Kernel {
+        run: Mutex::new(run),
+        launched: launched.map(Mutex::new),
+    });
     // SAFETY: the runtime takes ownership of `user` and releases it through `trampoline`.
     unsafe { (rt.launch)(stream, trampoline, Box::into_raw(boxed).cast()) }
 }

@@ -537,20 +537,32 @@ fn a_pipeline_of_more_micro_batches_than_stages_aligns() {
         "--steps",
         STEPS,
     ]);
-    let reff = shared_reference(&m);
-    let dir = TempDir::new("compare-1f1b");
-    for (name, bug) in [("clean", None), ("bug", Some("pp-stale-activation"))] {
-        let run = dir.0.join(name);
-        let mut args = m.clone();
-        args.extend(strs(&["--pp", "2"]));
+    for (c, name) in clean_then_bug(&m, &["--pp", "2"], 2, "pp-stale-activation")
+        .iter()
+        .zip(["clean", "bug"])
+    {
+        assert_eq!(c.report["stats"]["unaligned_ops"], 0, "{name}: {}", c.text);
+    }
+}
+
+/// The run of `model` in `layout` on `nproc` ranks, bug-free and then with `bug`, each traced
+/// and compared with the shared reference of `model`: compare exits 0 on the first and 1 on
+/// the second (asserted). Their comparisons, in that order.
+fn clean_then_bug(model: &[String], layout: &[&str], nproc: usize, bug: &str) -> [Compared; 2] {
+    let reff = shared_reference(model);
+    let dir = TempDir::new(&format!("compare-{bug}"));
+    [None, Some(bug)].map(|bug| {
+        let run = dir.0.join(bug.unwrap_or("clean"));
+        let mut args = model.to_vec();
+        args.extend(strs(layout));
         if let Some(b) = bug {
             args.extend(strs(&["--bug", b]));
         }
-        trace(&run, 2, &args, false);
+        trace(&run, nproc, &args, false);
         let c = compare(&reff, &run);
-        assert_eq!(c.code, i32::from(bug.is_some()), "{name}: {}", c.text);
-        assert_eq!(c.report["stats"]["unaligned_ops"], 0, "{name}: {}", c.text);
-    }
+        assert_eq!(c.code, i32::from(bug.is_some()), "{bug:?}: {}", c.text);
+        c
+    })
 }
 
 /// In FP8 every GEMM is TN, so a column-parallel layer's input gradient (partial over the
@@ -574,26 +586,12 @@ fn fp8_gradients_partial_over_different_groups_are_summed_over_their_own() {
         "--steps",
         STEPS,
     ]);
-    let reff = shared_reference(&m);
-    let dir = TempDir::new("compare-fp8-groups");
-    for (name, bug) in [("clean", None), ("bug", Some("dp-grad-sum"))] {
-        let run = dir.0.join(name);
-        let mut args = m.clone();
-        args.extend(strs(&["--tp", "2", "--dp", "2"]));
-        if let Some(b) = bug {
-            args.extend(strs(&["--bug", b]));
-        }
-        trace(&run, 4, &args, false);
-        let c = compare(&reff, &run);
-        assert_eq!(c.code, i32::from(bug.is_some()), "{name}: {}", c.text);
-        if bug.is_some() {
-            assert_eq!(
-                c.report["first_divergence"]["pass"], "optimizer",
-                "{}",
-                c.text
-            );
-        }
-    }
+    let [_, bug] = clean_then_bug(&m, &["--tp", "2", "--dp", "2"], 4, "dp-grad-sum");
+    assert_eq!(
+        bug.report["first_divergence"]["pass"], "optimizer",
+        "{}",
+        bug.text
+    );
 }
 
 #[test]

@@ -748,66 +748,6 @@ fn stats(
     }
 }
 
-/// The tolerance of tensor `role` (values `vals`) of a reference op given `tol`, its own. An
-/// output (D) is remembered by the multiset of its values (`out_tol`, [`ValueSet`]); an
-/// operand holding the very values of an earlier output of the step, in any order
-/// (attention's output, read by the projection after a permuting copy), is that tensor, and
-/// takes at least its tolerance: the same values, compared as the output (whose tolerance
-/// adds its inputs' errors) and as the next op's operand, must not be within tolerance in
-/// one place and beyond it in the other.
-fn produced_tolerance(
-    out_tol: &mut ProducedTolerances,
-    role: Role,
-    vals: &Values,
-    tol: Tolerance,
-) -> Tolerance {
-    let n = vals.data.len();
-    if role == Role::D {
-        let e = out_tol.by_len.entry(n).or_insert(0.0);
-        *e = e.max(tol.value);
-        out_tol
-            .by_values
-            .insert(ValueSet::of(&vals.data), tol.value);
-        return tol;
-    }
-    // Only an operand some output of its length would raise is looked up (one pass).
-    if out_tol.by_len.get(&n).is_none_or(|&v| v <= tol.value) {
-        return tol;
-    }
-    match out_tol.by_values.get(&ValueSet::of(&vals.data)) {
-        Some(&v) if v > tol.value => Tolerance {
-            value: v,
-            source: "its producer's (the same values)",
-        },
-        _ => tol,
-    }
-}
-
-/// The tolerances of a step's reference outputs ([`produced_tolerance`]).
-#[derive(Default)]
-struct ProducedTolerances {
-    /// By the multiset of their values.
-    by_values: std::collections::HashMap<ValueSet, f64>,
-    /// The largest, by element count.
-    by_len: std::collections::HashMap<usize, f64>,
-}
-
-/// A tensor's values as a multiset, whatever their order: the count, and the wrapping sums of
-/// the elements' bits and of their squares (exact integer sums, so every order of the same
-/// values gives the same key; distinct values collide by chance only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct ValueSet(usize, u64, u64);
-
-impl ValueSet {
-    fn of(data: &[f32]) -> ValueSet {
-        let (s, q) = data.iter().fold((0u64, 0u64), |(s, q), v| {
-            let b = u64::from(v.to_bits());
-            (s.wrapping_add(b), q.wrapping_add(b.wrapping_mul(b)))
-        });
-        ValueSet(data.len(), s, q)
-    }
-}
-
 /// The walk over the reference's ops in execution order, and what it found.
 struct Walk<'a> {
     reff: &'a RunTrace,
@@ -821,10 +761,6 @@ struct Walk<'a> {
     d_place: BTreeMap<(u32, u64, u64), (Placement, f32)>,
     /// Tolerance of each reference GEMM's D.
     d_tol: BTreeMap<RefOp, f64>,
-    /// Tolerances of the step's reference GEMM outputs: an operand a later GEMM reads with
-    /// the very values of one is the same tensor, and takes at least its tolerance
-    /// ([`produced_tolerance`]).
-    out_tol: ProducedTolerances,
     pending: Results,
     unjudged: Unjudged,
     warnings: Vec<String>,
@@ -875,7 +811,6 @@ impl<'a> Walk<'a> {
             placer: Placer::new(p.precision.epsilon(), &p.layout),
             d_place: BTreeMap::new(),
             d_tol: BTreeMap::new(),
-            out_tol: ProducedTolerances::default(),
             pending: Results::new(results_budget),
             unjudged: Unjudged::default(),
             warnings,
@@ -890,7 +825,6 @@ impl<'a> Walk<'a> {
     /// Tells the reductions the walk is done with `step`; false when they stopped (an
     /// error, which their join says: the walk need not go on).
     fn tell_step(&mut self, step: u64, tell: &std::sync::mpsc::Sender<reductions::Walked>) -> bool {
-        self.out_tol = ProducedTolerances::default();
         tell.send(reductions::Walked::Step {
             step,
             d_place: std::mem::take(&mut self.d_place),
@@ -913,13 +847,6 @@ impl<'a> Walk<'a> {
                 continue;
             };
             let tol = self.tolerance(ref_rec, role, &ref_vals, depth, cancelled, input_error)?;
-            // Before the verdict only: after it, outputs carry the divergence's errors in
-            // their tolerance (their inputs' errors), which must not spread to what reads them.
-            let tol = if self.placer.settled {
-                tol
-            } else {
-                produced_tolerance(&mut self.out_tol, role, &ref_vals, tol)
-            };
             let Some(cmp_error) =
                 self.tensor(ref_op, ref_rec, shards, (sub, role), &ref_vals, tol)?
             else {
@@ -1068,42 +995,6 @@ impl<'a> Walk<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(data: Vec<f32>) -> Values {
-        Values {
-            shape: vec![data.len() as u64],
-            data: std::sync::Arc::new(data),
-            dtype: ttrace_format::dtype::DType::F32,
-        }
-    }
-
-    #[test]
-    fn an_operand_holding_an_earlier_outputs_values_takes_at_least_its_tolerance() {
-        let tol = |value| Tolerance {
-            value,
-            source: "analytic",
-        };
-        let output: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
-        // The next op reads the output after a permuting copy (heads merged).
-        let mut permuted = output.clone();
-        permuted.reverse();
-        permuted.swap(3, 40);
-        let mut other = output.clone();
-        other[5] += 1e-3;
-        let mut seen = ProducedTolerances::default();
-        let d = produced_tolerance(&mut seen, Role::D, &values(output), tol(110.0));
-        assert_eq!(d.value, 110.0);
-        let b = produced_tolerance(&mut seen, Role::B, &values(permuted), tol(35.0));
-        assert_eq!(
-            (b.value, b.source),
-            (110.0, "its producer's (the same values)")
-        );
-        // Other values (one element) or a larger own tolerance keep the operand's own.
-        let b = produced_tolerance(&mut seen, Role::B, &values(other), tol(35.0));
-        assert_eq!(b.value, 35.0);
-        let a = produced_tolerance(&mut seen, Role::A, &values(vec![0.5; 64]), tol(200.0));
-        assert_eq!(a.value, 200.0);
-    }
 
     #[test]
     fn records_a_partition_could_not_read_again_make_the_merged_run_incomplete() {

@@ -82,8 +82,6 @@ type Singles = BTreeMap<persistent::Signature, persistent::Single>;
 pub struct Replicas {
     /// The store the records come from (weights' bytes are read back from it).
     store: std::sync::Arc<Store>,
-    /// Every rank of the store.
-    ranks: Vec<u32>,
     /// Calls whose members received different outputs, by call key.
     received: BTreeMap<(u64, usize), Finding>,
     /// The candidate replica groups: the comm map's groups whose every member is in the store.
@@ -116,7 +114,6 @@ impl Replicas {
             .collect();
         Replicas {
             store,
-            ranks: ranks.to_vec(),
             received: BTreeMap::new(),
             groups,
             held: None,
@@ -261,10 +258,7 @@ impl Replicas {
                 .collect();
             g.step(&self.store, &maps);
         }
-        for &rank in &self.ranks {
-            let Some(map) = weights.remove(&rank).filter(|m| !m.is_empty()) else {
-                continue;
-            };
+        for (rank, map) in weights.into_iter().filter(|(_, m)| !m.is_empty()) {
             match self.first_two.get_mut(&rank) {
                 None => {
                     self.first_two.insert(rank, (step, map));

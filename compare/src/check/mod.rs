@@ -152,6 +152,7 @@ pub fn check_store(run: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Rep
     report.findings.extend(coll.findings);
     report.replica_groups = rep.groups;
     report.weights_compared = rep.compared;
+    report.stale_weights_unjudged = rep.stale_unjudged;
     report.findings.extend(rep.findings);
     report.findings.extend(layer_findings);
     report.nonfinite = trace.first_nonfinite.clone();

@@ -43,6 +43,9 @@ pub struct Outcome {
     /// Weight operands compared (one per group member and weight).
     pub compared: u64,
     pub findings: Vec<Finding>,
+    /// Weights were found, but no rank holds them in two consecutive steps: whether the
+    /// optimizer updated them (stale weights) was not judged.
+    pub stale_unjudged: bool,
 }
 
 /// A GEMM's identity within a step on one rank: NVTX path, API, m, n, k, transposes, the
@@ -74,7 +77,7 @@ type Singles = BTreeMap<persistent::Signature, persistent::Single>;
 /// ([`Replicas::received`]), each step's records ([`Replicas::step`]). What is kept is bounded
 /// whatever the number of steps: the step read last (its single-use GEMMs wait for the next
 /// step, which decides which of them read weights), each rank's weights of its first two
-/// steps (stale weights are judged there), each single-use signature's decision, and per
+/// consecutive steps (stale weights are judged there), each single-use signature's decision, and per
 /// candidate group its counts and findings. A step's weights are compared across the groups
 /// once the step after it is read ([`Group::step`]); what a group's findings mean is decided
 /// at the end ([`Replicas::finish`]), when it is known whether some step showed it to be a
@@ -91,8 +94,9 @@ pub struct Replicas {
     /// Per rank and single-use signature: which operand is a weight (`None`: neither), decided
     /// on the first two consecutive steps holding the signature ([`persistent`]).
     decided: BTreeMap<u32, BTreeMap<persistent::Signature, Option<usize>>>,
-    /// Per rank: the first step it has weights in, and its weights of that step and of the
-    /// step after it ([`frozen_weights`]).
+    /// Per rank: the first of the first two consecutive steps it has weights in, and its
+    /// weights of those two steps ([`frozen_weights`]); until such a pair is seen, the last
+    /// step it had weights in.
     first_two: BTreeMap<u32, (u64, BTreeMap<WeightKey, Weight>)>,
 }
 
@@ -236,7 +240,7 @@ impl Replicas {
     }
 
     /// Compares a step's weights (those found by recurrence, and the single-use GEMMs' decided
-    /// to be weights) across the groups, and keeps the first two steps' of each rank.
+    /// to be weights) across the groups, and keeps each rank's first two consecutive steps'.
     fn compare(&mut self, held: HeldStep) {
         let HeldStep {
             step,
@@ -264,6 +268,13 @@ impl Replicas {
                     self.first_two.insert(rank, (step, map));
                 }
                 Some((s0, kept)) if *s0 + 1 == step => kept.extend(map),
+                // No step after the kept one was captured (`--steps 0,2,3`), or this rank
+                // had no weights in it: start over from this step, so that the first two
+                // consecutive steps are the ones judged.
+                Some((s0, kept)) if !kept.keys().any(|k| k.0 == *s0 + 1) => {
+                    *s0 = step;
+                    *kept = map;
+                }
                 Some(_) => {}
             }
         }
@@ -279,6 +290,11 @@ impl Replicas {
             findings: std::mem::take(&mut self.received).into_values().collect(),
             ..Outcome::default()
         };
+        out.stale_unjudged = !self.first_two.is_empty()
+            && !self
+                .first_two
+                .values()
+                .any(|(s0, kept)| kept.keys().any(|k| k.0 == s0 + 1));
         let first_two: BTreeMap<u32, BTreeMap<WeightKey, Weight>> = self
             .first_two
             .into_iter()
@@ -847,7 +863,7 @@ impl Unchanged {
     }
 }
 
-/// Weights must change when the optimizer steps: between the first two steps of each rank,
+/// Weights must change when the optimizer steps: between the first two consecutive steps of each rank,
 /// a weight with a quarter or more of its aligned 16-byte blocks (not constant ones) unchanged
 /// in one range the rest of the weight does not explain ([`Unchanged::stale`]), while the
 /// median weight kept fewer than 5% of its blocks, did not update there (a skipped optimizer

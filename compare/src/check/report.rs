@@ -80,6 +80,9 @@ pub struct Report {
     pub missing_ranks: Vec<u32>,
     /// Send/recv transfers not checked because their peer is a missing rank.
     pub transfers_unchecked: u64,
+    /// Weights were found but no rank holds them in two consecutive steps (`--steps 0,2`, or
+    /// one step): stale weights were not looked for.
+    pub stale_weights_unjudged: bool,
     /// Gap records (tensors not captured) by reason, as docs/format.md names them.
     pub gaps: std::collections::BTreeMap<String, u64>,
     /// Bytes the gaps would have captured, where known.
@@ -192,6 +195,13 @@ impl fmt::Display for Report {
                 "not checked: ranks {:?} of the world hold no records (not captured, or lost); \
                  {} send/recv transfers with them and their replicas' weights were not checked",
                 self.missing_ranks, self.transfers_unchecked
+            )?;
+        }
+        if self.stale_weights_unjudged {
+            writeln!(
+                f,
+                "not checked: stale weights (no rank holds its weights in two consecutive \
+                 steps: capture two, e.g. --steps 0-1)"
             )?;
         }
         if !self.unreadable.is_empty() {

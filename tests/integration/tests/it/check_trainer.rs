@@ -348,6 +348,46 @@ fn zero1_skip_shard_is_found() {
     detail_mentions(f, "not updated", &c);
 }
 
+/// The skipped shard traced over 4 steps with only the steps `capture` selected
+/// (`ttrace run --steps`), checked.
+fn zero1_skip_shard_captured(capture: &str) -> Checked {
+    let dir = TempDir::new("check-steps");
+    let store = dir.0.join("store");
+    let out = ttrace_run(&store)
+        .args(["--steps", capture, "--"])
+        .arg(bin("simrun"))
+        .args(["--nproc-per-node", "2", "--"])
+        .arg(bin("trainer"))
+        .args([
+            "--steps",
+            "4",
+            "--dp",
+            "2",
+            "--zero1",
+            "--bug",
+            "zero1-skip-shard",
+        ])
+        .output()
+        .expect("ttrace runs");
+    assert!(out.status.success(), "ttrace run: {}", describe(&out));
+    check(&store, &dir.0.join("report.json"))
+}
+
+#[test]
+fn stale_weights_are_judged_on_the_first_two_consecutive_captured_steps() {
+    // Step 1 not captured: steps 2 and 3 are the first pair that shows the update.
+    let c = zero1_skip_shard_captured("0,2,3");
+    let f = first_finding(&c, "stale_weight");
+    assert_eq!(f["step"], 3, "{}", c.text);
+    detail_mentions(f, "between steps 2 and 3", &c);
+    assert_eq!(c.report["stale_weights_unjudged"], false, "{}", c.text);
+    // No two consecutive steps: nothing can be judged, and the report says so.
+    let c = zero1_skip_shard_captured("0,2");
+    assert_eq!(c.code, 0, "{}", c.text);
+    assert_eq!(c.report["stale_weights_unjudged"], true, "{}", c.text);
+    assert!(c.text.contains("not checked: stale weights"), "{}", c.text);
+}
+
 #[test]
 fn fp8_amax_unreduced_is_found() {
     let c = trace_and_check(

@@ -11,11 +11,8 @@ printed as PROBLEM and its stores are kept under OUT/pN for a look. With --bugs,
 configuration injects one catalogue bug drawn among those the trainer accepts in it (over 3-4
 steps), and the run must be reported (a finding of check, or compare's DIVERGENCE): a PROBLEM
 is a bug neither tool saw, to look at; the norm-weight bugs the detection matrix lists as
-known misses in BF16 and FP8 are printed as KNOWN MISS there, not counted. A bug-free run under
-Adam with a tiny epsilon (`--adam-eps 1e-8`) that compare reports diverged at step 1 or later
-only is printed as KNOWN FALSE ALARM, not counted (docs/compare.md, section 7: round-off moves
-a few hypersensitive weight elements by up to the learning rate). A run that does not exit
-within --timeout is a PROBLEM (HUNG).
+known misses in BF16 and FP8 are printed as KNOWN MISS there, not counted. A run that does not
+exit within --timeout is a PROBLEM (HUNG).
 
   cargo build --release --workspace
   scripts/sweep_bug_free.py --seed 1 --count 24 --out /tmp/sweep
@@ -27,7 +24,9 @@ weight), hidden 32 in BF16 (check's stale weights), tied embeddings with one mic
 micro-batches than stages (compare refused them as other models); (2026-11-28, session 30)
 FP8 tp2 x dp2 (compare summed a weight gradient over the TP group), sequence parallelism with
 --cuda-graph (the simulated NCCL ordered graphed collectives at the replay, not the launch:
-the run hung).
+the run hung); (2026-11-28, session 31) Adam with --adam-eps 1e-8 (round-off jumps: a few
+weight elements moved by up to the learning rate, in other tensors in the perturbed
+reference; compare diverged in 5 of 24 such comparisons).
 """
 import argparse
 import json
@@ -184,17 +183,14 @@ def main():
                            env=env, capture_output=True, text=True)
         verdict = json.load(open(cmp_json))["verdict"] if os.path.exists(cmp_json) else m.stderr.strip()[-200:]
         known = False
-        first = (json.load(open(cmp_json)).get("first_divergence") or {}) if os.path.exists(cmp_json) else {}
         if bug:
             # Found by either tool: check's findings, or compare's DIVERGENCE (exit 1).
             ok = bool(findings) or m.returncode == 1
             known = not ok and bug in KNOWN_MISSES and prec != "fp32"
         else:
             ok = c.returncode == 0 and not findings and m.returncode == 0
-            known = (not ok and c.returncode == 0 and not findings and m.returncode == 1
-                     and "--adam-eps" in variant and (first.get("step") or 0) >= 1)
         kinds = [f["kind"] for f in findings][:3]
-        status = "OK" if ok else ("KNOWN MISS" if bug else "KNOWN FALSE ALARM") if known else "PROBLEM"
+        status = "OK" if ok else "KNOWN MISS" if known else "PROBLEM"
         print(f"{status} {label}: check {c.returncode} {kinds} | compare {m.returncode} {verdict}",
               flush=True)
         if not ok and not known:

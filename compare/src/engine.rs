@@ -27,7 +27,7 @@ use crate::numerics::Placement;
 use crate::placement::{Placer, Placing};
 use crate::prepare::{bytes_read, nothing_aligned, prepare, step_weight, Prepared};
 use crate::reductions::{self, Ctx};
-use crate::report::{CompareReport, CompareStats, RunSummary, Verdict};
+use crate::report::{CompareReport, CompareStats, RoundoffJump, RunSummary, Verdict};
 use crate::results::Results;
 use crate::tolerance::{self, Precision, Tolerance};
 use crate::trace::{gemm, RunTrace, Values};
@@ -183,6 +183,7 @@ fn compare_on_the_pool(
             not_comparable: walked.unjudged.into_report(),
             eps: walked.eps,
             dp_reduction: walked.dp_reduction,
+            jumps: walked.jumps,
         },
         (bytes, started.elapsed().as_secs_f64()),
     );
@@ -263,6 +264,7 @@ fn partition_on_the_pool(
             not_comparable: walked.unjudged.into_report(),
             eps: walked.eps,
             dp_reduction: walked.dp_reduction,
+            jumps: walked.jumps,
         },
         (bytes_read(&p), started.elapsed().as_secs_f64()),
         Some(&mut entries),
@@ -307,6 +309,7 @@ pub(crate) fn merged(
         not_comparable: Vec::new(),
         eps: p.precision.epsilon(),
         dp_reduction: None,
+        jumps: Vec::new(),
     };
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
@@ -341,6 +344,8 @@ pub(crate) fn merged(
                 .push(Pending::from_entry(cmp, e.map_err(CompareError::Results)?))?;
         }
         found.warnings.extend(part.partition.walk_warnings);
+        // Partitions come in step order, as a whole run's walk finds them.
+        found.jumps.extend(part.report.roundoff_jumps);
         for nc in part.report.not_comparable {
             match found
                 .not_comparable
@@ -412,6 +417,8 @@ struct Walked {
     eps: f64,
     /// The scale data-parallel reductions were held to (`None`: none was seen).
     dp_reduction: Option<gradscale::Decision>,
+    /// Each step's largest round-off jump, in step order ([`Walk::end_step`]).
+    jumps: Vec<RoundoffJump>,
 }
 
 /// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is judged on
@@ -545,7 +552,7 @@ fn walk_ops(
         if current != Some(ref_op.0) {
             // A step is judged from that step alone (see [`Memory`]).
             if let Some(step) = current {
-                if !walk.tell_step(step, &tell) {
+                if !walk.end_step(step, &tell)? {
                     // The reductions stopped on an error: what walk_steps reports.
                     break;
                 }
@@ -566,7 +573,7 @@ fn walk_ops(
         walk.op(ref_op, shards, depth)?;
     }
     if let Some(step) = current {
-        let _ = walk.tell_step(step, &tell);
+        let _ = walk.end_step(step, &tell)?;
     }
     // A receiver gone means the reductions stopped: their join says why.
     let _ = tell.send(reductions::Walked::Done);
@@ -587,6 +594,7 @@ fn walk_ops(
         unjudged: walk.unjudged,
         eps: walk.eps,
         dp_reduction: None,
+        jumps: walk.jumps,
     })
 }
 
@@ -598,6 +606,8 @@ struct Found {
     eps: f64,
     /// The scale data-parallel reductions were held to (`None`: none was seen).
     dp_reduction: Option<gradscale::Decision>,
+    /// Each step's largest round-off jump, in step order.
+    jumps: Vec<RoundoffJump>,
 }
 
 /// Orders the comparisons of `steps`, localizes the first divergence and assembles the
@@ -627,7 +637,11 @@ fn finish_with_entries(
         not_comparable,
         eps,
         dp_reduction,
+        jumps,
     } = found;
+    if let Some(line) = jumps_warning(&jumps) {
+        warnings.push(line);
+    }
     if let Some(d) = dp_reduction.as_ref().filter(|d| {
         matches!(
             d.basis,
@@ -712,9 +726,31 @@ fn finish_with_entries(
         not_comparable,
         replica_drift,
         dp_reduction,
+        roundoff_jumps: jumps,
         capture_losses,
         stats,
     })
+}
+
+/// The report's line on the steps whose perturbed reference showed round-off jumps, if any.
+fn jumps_warning(jumps: &[RoundoffJump]) -> Option<String> {
+    let first = jumps.first()?;
+    let largest = jumps.iter().map(|j| j.floor_eps).fold(0f64, f64::max);
+    let num = crate::report::text::fmt_num;
+    Some(format!(
+        "the perturbed reference shows round-off turned into jumps of a few elements in {}, \
+         from step {} ({}: {} eps, {:.0}% of it in 10 of {} elements): every tensor of such \
+         a step is held to at least 4x its step's largest jump (up to {} eps), since where a \
+         jump lands is chance (typical of Adam with a small epsilon; docs/compare.md, \
+         section 4)",
+        crate::report::text::plural(jumps.len() as u64, "step"),
+        first.step,
+        first.tensor,
+        num(first.error_eps),
+        100.0 * first.top_share,
+        first.elements,
+        num(largest)
+    ))
 }
 
 /// What was compared and read: ops, aligned GEMMs, tensors, bytes and time.
@@ -770,6 +806,13 @@ struct Walk<'a> {
     layout: LayoutSummary,
     /// Where the perturbed reference measures the drift over the steps ([`crate::twin`]).
     twin: crate::twin::Reach,
+    /// The comparisons of the step being walked: judged once the step is done, when its
+    /// largest round-off jump is known ([`Walk::end_step`]).
+    step_results: Vec<Pending>,
+    /// The largest round-off jump of the step being walked so far.
+    step_jump: Option<RoundoffJump>,
+    /// Each walked step's largest round-off jump.
+    jumps: Vec<RoundoffJump>,
 }
 
 impl<'a> Walk<'a> {
@@ -817,20 +860,82 @@ impl<'a> Walk<'a> {
             whole: missing.is_empty(),
             layout: p.layout.clone(),
             twin,
+            step_results: Vec::new(),
+            step_jump: None,
+            jumps: Vec::new(),
         }
     }
 
-    /// Tells the reductions where the walk placed the GEMM outputs of `step`, which it is
-    /// done with.
-    /// Tells the reductions the walk is done with `step`; false when they stopped (an
+    /// Ends `step`: its comparisons are judged (a tolerance below the step's round-off jump
+    /// floor raised to it, [`tolerance::jump_floor`]) and kept, and the reductions told where
+    /// the walk placed its GEMM outputs and their tolerances; false when they stopped (an
     /// error, which their join says: the walk need not go on).
-    fn tell_step(&mut self, step: u64, tell: &std::sync::mpsc::Sender<reductions::Walked>) -> bool {
-        tell.send(reductions::Walked::Step {
-            step,
-            d_place: std::mem::take(&mut self.d_place),
-            d_tol: std::mem::take(&mut self.d_tol),
+    fn end_step(
+        &mut self,
+        step: u64,
+        tell: &std::sync::mpsc::Sender<reductions::Walked>,
+    ) -> Result<bool, CompareError> {
+        let floor = self.step_jump.take().map(|mut j| {
+            j.floor_eps = tolerance::jump_floor(j.error_eps * self.eps, self.eps).value;
+            let floor = j.floor_eps;
+            self.jumps.push(j);
+            floor
+        });
+        for mut p in std::mem::take(&mut self.step_results) {
+            if let Some(floor) = floor {
+                raise_to(&mut p, floor);
+            }
+            self.pending.push(p)?;
+        }
+        let mut d_tol = std::mem::take(&mut self.d_tol);
+        if let Some(floor) = floor {
+            for t in d_tol.values_mut() {
+                *t = t.max(floor);
+            }
+        }
+        Ok(tell
+            .send(reductions::Walked::Step {
+                step,
+                d_place: std::mem::take(&mut self.d_place),
+                d_tol,
+            })
+            .is_ok())
+    }
+
+    /// The least tolerance the step's round-off jumps found so far set, in epsilon.
+    fn floor_so_far(&self) -> f64 {
+        self.step_jump.as_ref().map_or(0.0, |j| {
+            tolerance::jump_floor(j.error_eps * self.eps, self.eps).value
         })
-        .is_ok()
+    }
+
+    /// Notes the perturbed reference's error `e` on the tensor `role` of `ref_rec` when it
+    /// is a jump larger than the step's so far.
+    fn note_jump(&mut self, ref_rec: &Record, role: Role, e: &tolerance::PerturbedError) {
+        if !e.is_jump() {
+            return;
+        }
+        let error_eps = e.rel / self.eps;
+        if self
+            .step_jump
+            .as_ref()
+            .is_some_and(|j| j.error_eps >= error_eps)
+        {
+            return;
+        }
+        let what = if ref_rec.nvtx.is_empty() {
+            format!("{} seq {}", ref_rec.api, ref_rec.seq)
+        } else {
+            ref_rec.nvtx.join("/")
+        };
+        self.step_jump = Some(RoundoffJump {
+            step: ref_rec.step,
+            tensor: format!("{what} {role:?}"),
+            error_eps,
+            top_share: e.top_share,
+            elements: e.elements as u64,
+            floor_eps: 0.0,
+        });
     }
 
     /// Compares the tensors of one reference op (A, B, then D) with their shards.
@@ -861,7 +966,7 @@ impl<'a> Walk<'a> {
 
     /// The tolerance of a reference tensor ([`tolerance::Terms::for_tensor`]).
     fn tolerance(
-        &self,
+        &mut self,
         ref_rec: &Record,
         role: Role,
         ref_vals: &Values,
@@ -886,10 +991,19 @@ impl<'a> Walk<'a> {
                 .map(|r| (p, r))
         });
         let perturbed = match pert_rec {
-            Some((p, rec)) => tolerance::perturbed_error(p, &rec, role, ref_vals)?,
+            Some((p, rec)) => tolerance::perturbed_error(
+                p,
+                &rec,
+                role,
+                ref_vals,
+                tolerance::JUMP_MIN_EPS * self.eps,
+            )?,
             None => None,
         };
-        Ok(tolerance::Terms::for_tensor(at, perturbed).tolerance())
+        if let Some(e) = &perturbed {
+            self.note_jump(ref_rec, role, e);
+        }
+        Ok(tolerance::Terms::for_tensor(at, perturbed.map(|e| e.rel)).tolerance())
     }
 
     /// Places every shard of one reference tensor and records the comparison; returns its
@@ -979,17 +1093,33 @@ impl<'a> Walk<'a> {
             cmp.diverged = true;
         }
         let error = cmp.error_eps;
-        self.placer.settled |= cmp.diverged;
-        self.pending.push(Pending {
+        // Beyond even the floor of the step's jumps found so far: the step's verdict is
+        // settled (its later tensors are placed as cheaply as possible).
+        self.placer.settled |=
+            cmp.diverged && (placed.param_note.is_some() || cmp.error_eps > self.floor_so_far());
+        self.step_results.push(Pending {
             key: (step, ref_op.1, sub as u32),
             shards: placed.results.iter().map(|s| (s.rank, s.seq)).collect(),
             cmp,
             ref_op,
             is_collective: false,
             param_note: placed.param_note,
-        })?;
+        });
         Ok(Some(error))
     }
+}
+
+/// Raises the tolerance of comparison `p` to `floor` (epsilon) where it is lower, and judges
+/// it again: a step's round-off jump bounds what round-off explains in every tensor of the
+/// step ([`tolerance::jump_floor`]). A wrong scalar (`param_note`) stays a divergence.
+fn raise_to(p: &mut Pending, floor: f64) {
+    let cmp = &mut p.cmp;
+    if cmp.tolerance_eps >= floor {
+        return;
+    }
+    cmp.tolerance_eps = floor;
+    cmp.tolerance_source = tolerance::JUMP_SOURCE.into();
+    cmp.diverged = p.param_note.is_some() || cmp.error_eps > floor;
 }
 
 #[cfg(test)]

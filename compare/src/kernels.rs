@@ -264,6 +264,44 @@ pub fn rel_error(x: &[f32], y: &[f32]) -> f64 {
     }
 }
 
+/// The share of Σ (x − y)² held by its `top` largest terms: how concentrated a difference
+/// is (1 when at most `top` elements differ). 0 when x and y are equal, or when the
+/// difference is not finite (a NaN or an infinity: not a measure of round-off).
+pub fn top_share(x: &[f32], y: &[f32], top: usize) -> f64 {
+    if top == 0 {
+        return 0.0;
+    }
+    // The `top` largest squared differences seen so far, and the least of them: most
+    // elements are below it and cost one comparison.
+    let mut kept: Vec<f64> = Vec::with_capacity(top);
+    let mut least = 0f64;
+    let mut total = 0f64;
+    for (&a, &b) in x.iter().zip(y) {
+        let d = f64::from(a) - f64::from(b);
+        let d2 = d * d;
+        // NaN makes the total NaN (and the share 0, below).
+        total += d2;
+        if d2.is_nan() || d2 <= least {
+            continue;
+        }
+        if kept.len() < top {
+            kept.push(d2);
+            if kept.len() == top {
+                least = kept.iter().copied().fold(f64::INFINITY, f64::min);
+            }
+        } else {
+            if let Some(slot) = kept.iter_mut().find(|k| **k == least) {
+                *slot = d2;
+            }
+            least = kept.iter().copied().fold(f64::INFINITY, f64::min);
+        }
+    }
+    if !(total.is_finite() && total > 0.0) {
+        return 0.0;
+    }
+    kept.iter().sum::<f64>() / total
+}
+
 fn one_row(r: usize, x: &[f32], y: &[f32], scale: f32) -> ErrorSums {
     let (d2, y2, x2) = row_sums(x, y, scale);
     ErrorSums {
@@ -424,5 +462,27 @@ mod tests {
             sums_at(&x, &reff, &slice, 1.0).worst_row.map(|w| w.0),
             Some(2)
         );
+    }
+
+    #[test]
+    fn the_top_share_says_how_concentrated_a_difference_is() {
+        let y: Vec<f32> = (0..4096).map(|i| 1.0 + (i as f32) * 1e-3).collect();
+        // Every element one ulp off: spread out.
+        let spread: Vec<f32> = y.iter().map(|v| f32::from_bits(v.to_bits() + 1)).collect();
+        assert!(top_share(&spread, &y, 10) < 0.01);
+        // Three elements far off, the rest one ulp: concentrated.
+        let mut jump = spread.clone();
+        for i in [7, 1000, 4000] {
+            jump[i] += 1e-2;
+        }
+        assert!(top_share(&jump, &y, 10) > 0.99);
+        assert_eq!(top_share(&y, &y, 10), 0.0);
+        // At most `top` elements differ: all of it.
+        let mut few = y.clone();
+        few[3] = 5.0;
+        assert_eq!(top_share(&few, &y, 10), 1.0);
+        // Not finite: not a measure of round-off.
+        few[5] = f32::NAN;
+        assert_eq!(top_share(&few, &y, 10), 0.0);
     }
 }

@@ -10,7 +10,8 @@
 //!
 //! Every term of a tolerance is here, each with its source: the analytic bound and its
 //! growth over depth and steps ([`tolerance`], [`step_growth`]), the perturbed estimate
-//! ([`perturbed_error`]), what an increment `D - beta*C` cancels and what an op's inputs
+//! ([`perturbed_error`]) and the floor a round-off jump sets for its step ([`jump_floor`]),
+//! what an increment `D - beta*C` cancels and what an op's inputs
 //! carry into its output ([`Terms`], [`Terms::for_tensor`]), a reduction compared through
 //! the GEMM output it reduces ([`reduced`]), the thresholds placement trusts
 //! ([`Tolerance::hint_limits`], [`Tolerance::sum_accept`]), the round-off bound of a GEMM
@@ -297,22 +298,82 @@ pub fn reduced(gemm_output: Option<f64>) -> Tolerance {
     }
 }
 
-/// The perturbed reference's relative error on the tensor `role` of `rec` (its record of
-/// the reference's op), against the reference's values; `None` when it has no such tensor
-/// or another shape.
+/// The perturbed reference's error on one tensor ([`perturbed_error`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerturbedError {
+    /// Its relative error against the reference.
+    pub rel: f64,
+    /// The share of its squared difference in its [`JUMP_ELEMENTS`] largest elements,
+    /// measured when it could be a jump ([`PerturbedError::is_jump`]), else 0.
+    pub top_share: f64,
+    /// The tensor's elements.
+    pub elements: usize,
+}
+
+impl PerturbedError {
+    /// Whether round-off turned into a jump here: at least [`JUMP_MIN_EPS`] epsilon of
+    /// difference, at least [`JUMP_SHARE`] of it in a handful of elements of a tensor of
+    /// [`JUMP_MIN_ELEMENTS`] or more. One rounding-sized disturbance per GEMM output moves
+    /// most elements a little; a few elements far is a discrete event that a rounding
+    /// triggered (Adam's update near `|g| ~ eps`, a routing or threshold decision), which
+    /// can happen in any tensor of the step, in the run too (docs/compare.md, section 4).
+    pub fn is_jump(&self) -> bool {
+        self.top_share >= JUMP_SHARE
+    }
+}
+
+/// Elements whose share of a difference says whether it is a jump.
+pub const JUMP_ELEMENTS: usize = 10;
+/// The share of the squared difference those elements must hold.
+pub const JUMP_SHARE: f64 = 0.9;
+/// Smaller tensors are not judged for jumps (a handful of elements is much of them).
+pub const JUMP_MIN_ELEMENTS: usize = 1024;
+/// A difference below this many epsilon is round-off-sized, not a jump.
+pub const JUMP_MIN_EPS: f64 = 2.0;
+/// The source of a tolerance raised to its step's jump ([`jump_floor`]).
+pub const JUMP_SOURCE: &str = "perturbed (round-off jump in the step)";
+
+/// The least tolerance of every tensor of a step whose perturbed reference shows a jump of
+/// relative size `rel` ([`PerturbedError::is_jump`]): [`ALPHA`] times it, as the perturbed
+/// estimate of the tensor that showed it. Where such a jump lands is chance, different in the
+/// run and in the perturbed reference, so its size, not its place, bounds what round-off
+/// explains in that step.
+pub fn jump_floor(rel: f64, eps: f64) -> Tolerance {
+    Tolerance {
+        value: ALPHA * rel / eps,
+        source: JUMP_SOURCE,
+    }
+}
+
+/// The perturbed reference's error on the tensor `role` of `rec` (its record of the
+/// reference's op), against the reference's values; `None` when it has no such tensor or
+/// another shape. How concentrated it is is measured when the relative error is at least
+/// `jump_min_rel` (a cost of one more pass, so only where it could be a jump).
 pub fn perturbed_error(
     pert: &RunTrace,
     rec: &Record,
     role: Role,
     ref_vals: &Values,
-) -> Result<Option<f64>, CompareError> {
+    jump_min_rel: f64,
+) -> Result<Option<PerturbedError>, CompareError> {
     let Some(v) = pert.values(rec, role)? else {
         return Ok(None);
     };
     if v.shape != ref_vals.shape {
         return Ok(None);
     }
-    Ok(Some(crate::kernels::rel_error(&v.data, &ref_vals.data)))
+    let rel = crate::kernels::rel_error(&v.data, &ref_vals.data);
+    let elements = v.data.len();
+    let top_share = if rel.is_finite() && rel >= jump_min_rel && elements >= JUMP_MIN_ELEMENTS {
+        crate::kernels::top_share(&v.data, &ref_vals.data, JUMP_ELEMENTS)
+    } else {
+        0.0
+    };
+    Ok(Some(PerturbedError {
+        rel,
+        top_share,
+        elements,
+    }))
 }
 
 /// How far above its round-off bound a GEMM output `got` (stored as `dtype`) lies from its
@@ -552,5 +613,24 @@ mod tests {
         assert!(b >= 2f64.powi(-8) && b < 2f64.powi(-7));
         assert_eq!(reduction_bound(DType::I32, 7, 100.0), 0.0);
         assert_eq!(reduction_bound(DType::F8_E4M3, 16, 1.0), f64::INFINITY);
+    }
+
+    #[test]
+    fn a_jump_is_a_difference_of_a_few_elements_that_sets_its_steps_floor() {
+        let e = |share| PerturbedError {
+            rel: 1e-5,
+            top_share: share,
+            elements: 4096,
+        };
+        assert!(e(0.95).is_jump());
+        assert!(
+            !e(0.5).is_jump(),
+            "spread over the tensor: round-off as usual"
+        );
+        // ALPHA times the jump, in epsilon, as the perturbed estimate of that tensor.
+        let eps = Precision::Fp32.epsilon();
+        let floor = jump_floor(8.0 * eps, eps);
+        assert!((floor.value - ALPHA * 8.0).abs() < 1e-9);
+        assert_eq!(floor.source, JUMP_SOURCE);
     }
 }

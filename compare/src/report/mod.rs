@@ -254,6 +254,11 @@ pub struct CompareReport {
     /// (`None`: no data-parallel group).
     #[serde(default)]
     pub dp_reduction: Option<crate::gradscale::Decision>,
+    /// Steps whose perturbed reference shows round-off turned into a jump of a few elements
+    /// (its largest per step), and the least tolerance that step's tensors were held to
+    /// (docs/compare.md, section 4).
+    #[serde(default)]
+    pub roundoff_jumps: Vec<RoundoffJump>,
     /// What the stores' captures lost in the compared steps (gaps, snapshots never
     /// published, unreadable records), per store that lost anything: a match of an
     /// incomplete capture exits [`crate::losses::EXIT_INCOMPLETE`], not 0.
@@ -261,6 +266,23 @@ pub struct CompareReport {
     pub capture_losses: Vec<crate::losses::CaptureLosses>,
     /// Totals.
     pub stats: CompareStats,
+}
+
+/// The largest round-off jump of a step: a tensor whose perturbed reference differs from the
+/// reference in a handful of elements (`tolerance::PerturbedError::is_jump`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundoffJump {
+    pub step: u64,
+    /// The reference tensor: its NVTX path (or API and seq) and role.
+    pub tensor: String,
+    /// The perturbed reference's error on it, in epsilon.
+    pub error_eps: f64,
+    /// The share of that difference in its 10 largest elements.
+    pub top_share: f64,
+    /// The tensor's elements.
+    pub elements: u64,
+    /// The least tolerance every tensor of the step was held to, in epsilon.
+    pub floor_eps: f64,
 }
 
 impl CompareReport {

@@ -863,6 +863,7 @@ pub(crate) mod tests {
             not_comparable: vec![],
             replica_drift: vec![],
             dp_reduction: None,
+            roundoff_jumps: vec![],
             capture_losses: vec![],
             stats: CompareStats {
                 reference_gemms_aligned: 100,

@@ -360,6 +360,7 @@ fn realistic(diverge: bool) -> CompareReport {
         not_comparable: vec![],
         replica_drift: vec![],
         dp_reduction: None,
+        roundoff_jumps: vec![],
         capture_losses: vec![],
         stats: CompareStats {
             reference_ops: n / 3,

@@ -60,6 +60,16 @@ fn stores() -> &'static Stores {
         let root = dir.0.clone();
         trace(&root.join("ref"), 1, false, &[]);
         trace(&root.join("ref-perturbed"), 1, true, &[]);
+        // Adam with a tiny epsilon: round-off jumps (docs/compare.md, section 4).
+        let tiny = ["--adam-eps", "1e-8"];
+        trace(&root.join("tiny-eps/ref"), 1, false, &tiny);
+        trace(&root.join("tiny-eps/ref-perturbed"), 1, true, &tiny);
+        trace(
+            &root.join("tiny-eps/none"),
+            2,
+            false,
+            &[&tiny[..], &["--tp", "2"]].concat(),
+        );
         for (name, bug) in RUNS {
             let mut extra = vec!["--tp", "2"];
             if let Some(b) = bug {
@@ -95,15 +105,19 @@ fn text_without_timing(o: &Output) -> String {
         .join("\n")
 }
 
-/// `ttrace compare REF RUN --perturbed P [--partition I/N] --json OUT`.
+/// `ttrace compare REF RUN --perturbed P [--partition I/N] --json OUT`; a run `SET/NAME`
+/// is compared with `SET/ref` and `SET/ref-perturbed`.
 fn compare_cmd(run: &str, partition: Option<(u32, u32)>, out: &Path) -> Command {
     let s = stores();
+    let set = run
+        .rsplit_once('/')
+        .map_or(String::new(), |(set, _)| format!("{set}/"));
     let mut cmd = Command::new(bin("ttrace"));
     cmd.arg("compare")
-        .arg(s.path("ref"))
+        .arg(s.path(&format!("{set}ref")))
         .arg(s.path(run))
         .arg("--perturbed")
-        .arg(s.path("ref-perturbed"))
+        .arg(s.path(&format!("{set}ref-perturbed")))
         .arg("--json")
         .arg(out);
     if let Some((i, n)) = partition {
@@ -117,7 +131,7 @@ fn compare_cmd(run: &str, partition: Option<(u32, u32)>, out: &Path) -> Command 
 fn partitions(run: &str, n: u32, dir: &Path) -> Vec<(PathBuf, i32)> {
     let children: Vec<(PathBuf, std::process::Child)> = (1..=n)
         .map(|i| {
-            let out = dir.join(format!("{run}-{i}of{n}.json"));
+            let out = dir.join(format!("{}-{i}of{n}.json", run.replace('/', "_")));
             let child = compare_cmd(run, Some((i, n)), &out)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -160,7 +174,7 @@ type Shares = Vec<(Vec<u64>, i32)>;
 /// returns the whole run's report and, for N = 4, each partition's share and exit status.
 fn merged_equals_whole(run: &str) -> (Value, Shares) {
     let dir = TempDir::new("partition-reports");
-    let whole_json = dir.0.join(format!("{run}.json"));
+    let whole_json = dir.0.join(format!("{}.json", run.replace('/', "_")));
     let whole = compare_cmd(run, None, &whole_json)
         .output()
         .expect("ttrace compare");
@@ -199,7 +213,9 @@ fn merged_equals_whole(run: &str) -> (Value, Shares) {
             want["steps"],
             "N={n} covers every step once"
         );
-        let out = dir.0.join(format!("{run}-merged{n}.json"));
+        let out = dir
+            .0
+            .join(format!("{}-merged{n}.json", run.replace('/', "_")));
         let m = merge(
             &parts.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
             &out,
@@ -214,6 +230,7 @@ fn merged_equals_whole(run: &str) -> (Value, Shares) {
         for key in [
             "verdict",
             "first_divergence",
+            "roundoff_jumps",
             "replica_drift",
             "not_comparable",
             "warnings",
@@ -284,6 +301,20 @@ fn partitions_of_a_bug_free_run_merge_to_match() {
     assert!(shares.iter().all(|(_, c)| *c == 3), "{shares:?}");
 }
 
+/// Each step's round-off jumps are found in that step alone, so the partitions' floors are
+/// the whole run's.
+#[test]
+fn round_off_jumps_are_the_same_in_partitions_and_the_whole_run() {
+    let (want, shares) = merged_equals_whole("tiny-eps/none");
+    assert_eq!(want["verdict"], "match");
+    assert!(
+        !want["roundoff_jumps"].as_array().expect("jumps").is_empty(),
+        "{}",
+        want["warnings"]
+    );
+    assert!(shares.iter().all(|(_, c)| *c == 3), "{shares:?}");
+}
+
 #[test]
 fn a_bug_in_step_0_is_the_merged_first_divergence() {
     let (want, _) = merged_equals_whole("row-avg");
@@ -326,7 +357,9 @@ fn refused(o: &Output, says: &[&str]) {
 fn merges_of_partials_that_do_not_make_one_run_exit_2_naming_the_file() {
     let dir = TempDir::new("partition-refusals");
     let part = |run: &str, i: u32, n: u32| -> PathBuf {
-        let out = dir.0.join(format!("{run}-{i}of{n}.json"));
+        let out = dir
+            .0
+            .join(format!("{}-{i}of{n}.json", run.replace('/', "_")));
         let o = compare_cmd(run, Some((i, n)), &out)
             .output()
             .expect("compare");

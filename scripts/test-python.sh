@@ -5,10 +5,12 @@
 # stores are traced with that CLI from the fixture trainer on the simulated stack).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# CARGO_TARGET_DIR relative to the repository, or absolute.
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 
 scripts/build-wheel.sh
-wheel=$(ls target/wheels/ttrace-*.whl)
-venv=target/py-test-venv
+wheel=$(ls "$target"/wheels/ttrace-*.whl)
+venv="$target/py-test-venv"
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
@@ -16,4 +18,4 @@ python3 -m venv "$venv"
 echo "== auditwheel"
 "$venv/bin/auditwheel" show "$wheel"
 echo "== pytest (installed package)"
-TTRACE_TEST_BIN="$PWD/target/release" "$venv/bin/python" -m pytest -q python/tests
+TTRACE_TEST_BIN="$target/release" "$venv/bin/python" -m pytest -q python/tests

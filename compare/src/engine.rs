@@ -1034,8 +1034,22 @@ impl<'a> Walk<'a> {
         let beyond = |p: &Placing| p.results.iter().any(|s| tol.exceeded_by(s.err.rel, eps));
         let partial = matches!(role, Role::D | Role::CIn);
         let mut merge_group = 1u32;
-        // Partial results before a reduction: the reference is the sum over a group.
-        if partial && !placed.all_known && beyond(&placed) {
+        // Partial results before a reduction: the reference is the sum over a group. Tried
+        // beyond the tolerance, and where a shard fits its slice loosely with a norm that
+        // says part of a sum: under FP8 an output's tolerance takes its inputs' quantization
+        // errors (tens of epsilon), and a row-parallel layer's partial output passed for a
+        // slice of the reference's (0.33 relative error, norm ratio 0.65, within its 85 eps)
+        // while the sum of its group fits at a seventh of that. A noisy complete result is
+        // about as long as the reference (an independent error e changes the norm by about
+        // e^2 / 2); a partial one differs by about its error. A sum is taken only where it
+        // fits at least twice as well ([`combine::sum_groups`]).
+        let part_of_a_sum = |p: &Placing| {
+            let accept = tol.sum_accept(eps, ref_vals.dtype);
+            p.results
+                .iter()
+                .any(|s| s.err.rel > accept && (s.err.norm_ratio - 1.0).abs() > 0.5 * s.err.rel)
+        };
+        if partial && !placed.all_known && (beyond(&placed) || part_of_a_sum(&placed)) {
             let at = (step, shards, sub);
             merge_group = self.placer.sums(self.run, at, ref_vals, tol, &mut placed);
         }

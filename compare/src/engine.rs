@@ -1057,7 +1057,7 @@ impl<'a> Walk<'a> {
         // comparable, rather than a divergence made of missing data.
         if partial
             && merge_group == 1
-            && beyond(&placed)
+            && (beyond(&placed) || part_of_a_sum(&placed))
             && shards
                 .iter()
                 .any(|&(rank, _)| combine::partners_missing(self.run, rank, step))

@@ -565,6 +565,31 @@ fn clean_then_bug(model: &[String], layout: &[&str], nproc: usize, bug: &str) ->
     })
 }
 
+/// The bug-free run of `model` in `layout` on `nproc` ranks, traced and compared with the
+/// shared reference of `model`.
+fn bug_free_run(model: &[String], layout: &[&str], nproc: usize) -> Compared {
+    let reff = shared_reference(model);
+    let dir = TempDir::new("compare-bug-free");
+    let run = dir.0.join("run");
+    let mut args = model.to_vec();
+    args.extend(strs(layout));
+    trace(&run, nproc, &args, false);
+    compare(&reff, &run)
+}
+
+/// The trainer in FP8 with two micro-batches over `steps` steps.
+fn fp8_model(steps: u32) -> Vec<String> {
+    let steps = steps.to_string();
+    strs(&[
+        "--precision",
+        "fp8",
+        "--micro-batches",
+        "2",
+        "--steps",
+        &steps,
+    ])
+}
+
 /// In FP8 every GEMM is TN, so a column-parallel layer's input gradient (partial over the
 /// tensor-parallel group) and its weight gradient (partial over the data-parallel group) can
 /// have one shape and one layout (here: 64 tokens per DP rank, an FFN shard of 64). The
@@ -641,25 +666,12 @@ fn round_off_jumps_of_adam_with_a_tiny_epsilon_are_not_a_divergence() {
 /// and from about step 12 of this run a column-parallel layer's input gradient (partial over
 /// the tensor-parallel group) passed for a slice of the reference's: 0.33 relative error,
 /// norm ratio 0.65, just within its tolerance, where the sum of its group fits at a seventh
-/// of that (44 of 320 such outputs). Every backward GEMM output of the column-parallel layers is a partial result
-/// (input gradients over TP, weight gradients over DP): each must be compared as a sum.
+/// of that (44 of 320 such outputs). Every backward GEMM output of the column-parallel
+/// layers is a partial result (input gradients over TP, weight gradients over DP): each must
+/// be compared as a sum.
 #[test]
 fn fp8_partial_outputs_within_a_loose_tolerance_are_still_summed_over_their_group() {
-    let m = strs(&[
-        "--precision",
-        "fp8",
-        "--micro-batches",
-        "2",
-        "--steps",
-        "20",
-    ]);
-    let reff = shared_reference(&m);
-    let dir = TempDir::new("compare-fp8-long");
-    let run = dir.0.join("run");
-    let mut args = m.clone();
-    args.extend(strs(&["--tp", "2", "--dp", "2"]));
-    trace(&run, 4, &args, false);
-    let c = compare(&reff, &run);
+    let c = bug_free_run(&fp8_model(20), &["--tp", "2", "--dp", "2"], 4);
     assert_eq!(c.code, 0, "{}", c.text);
     let mut partial = 0;
     for t in c.report["tensors"].as_array().expect("tensors") {
@@ -680,21 +692,7 @@ fn fp8_partial_outputs_within_a_loose_tolerance_are_still_summed_over_their_grou
 /// tensor of the bug-free run comes near its tolerance.
 #[test]
 fn fp8_partial_outputs_as_large_as_the_reference_are_summed_too() {
-    let m = strs(&[
-        "--precision",
-        "fp8",
-        "--micro-batches",
-        "2",
-        "--steps",
-        "12",
-    ]);
-    let reff = shared_reference(&m);
-    let dir = TempDir::new("compare-fp8-tp-pp");
-    let run = dir.0.join("run");
-    let mut args = m.clone();
-    args.extend(strs(&["--tp", "2", "--pp", "2"]));
-    trace(&run, 4, &args, false);
-    let c = compare(&reff, &run);
+    let c = bug_free_run(&fp8_model(12), &["--tp", "2", "--pp", "2"], 4);
     assert_eq!(c.code, 0, "{}", c.text);
     let worst = c.report["tensors"]
         .as_array()
@@ -711,13 +709,7 @@ fn fp8_partial_outputs_as_large_as_the_reference_are_summed_too() {
 /// jump, no floor, tolerances as before.
 #[test]
 fn adam_with_the_default_epsilon_shows_no_round_off_jump() {
-    let reff = shared_reference(&model("fp32", false, true));
-    let dir = TempDir::new("compare-nojump");
-    let run = dir.0.join("run");
-    let mut args = model("fp32", false, true);
-    args.extend(strs(&["--dp", "2"]));
-    trace(&run, 2, &args, false);
-    let c = compare(&reff, &run);
+    let c = bug_free_run(&model("fp32", false, true), &["--dp", "2"], 2);
     assert_eq!(c.code, 0, "{}", c.text);
     assert_eq!(
         c.report["roundoff_jumps"],

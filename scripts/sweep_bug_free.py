@@ -17,6 +17,7 @@ exit within --timeout is a PROBLEM (HUNG).
   cargo build --release --workspace
   scripts/sweep_bug_free.py --seed 1 --count 24 --out /tmp/sweep
   scripts/sweep_bug_free.py --bugs --seed 1 --count 24 --out /tmp/sweep-bugs
+  scripts/sweep_bug_free.py --steps 12,16 --seed 1 --count 30 --out /tmp/sweep-long
 
 Found with it (2026-11-28): dp with one micro-batch (check took the logits' gradient for a
 weight), hidden 32 in BF16 (check's stale weights), tied embeddings with one micro-batch
@@ -105,6 +106,10 @@ def main():
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "target", "release"))
     ap.add_argument("--timeout", type=float, default=300,
                     help="seconds a traced run may take before it counts as hung")
+    ap.add_argument("--steps", default=None,
+                    help="comma-separated step counts to draw from (default 2,3; with --bugs 3,4): "
+                         "longer runs find what three steps cannot (2026-11-28: FP8 partial sums "
+                         "that passed for slices from about step 12)")
     ap.add_argument("--bugs", action="store_true",
                     help="inject one catalogue bug per configuration (drawn among those the trainer "
                          "accepts there): the run must be reported, by check or by compare")
@@ -144,7 +149,8 @@ def main():
         prec, mb = rng.choice(PRECISIONS), rng.choice(["1", "2", "3"])
         # With bugs, at least two optimizer updates: a bug in a weight's gradient first shows
         # in the weights, and one update of them stays below BF16/FP8 round-off.
-        variant, steps = rng.choice(VARIANTS), rng.choice(["3", "4"] if bugs else ["2", "3"])
+        counts = a.steps.split(",") if a.steps else (["3", "4"] if bugs else ["2", "3"])
+        variant, steps = rng.choice(VARIANTS), rng.choice(counts)
         model = size[1] + ["--precision", prec, "--micro-batches", mb, "--steps", steps] + variant
         label = f"{lay[0]} {size[0]} {prec} mb{mb} s{steps} {' '.join(variant)}".strip()
         # The bugs in a drawn order, until one the layout can carry (the trainer refuses the

@@ -739,8 +739,8 @@ fn jumps_warning(jumps: &[RoundoffJump]) -> Option<String> {
     let num = crate::report::text::fmt_num;
     Some(format!(
         "the perturbed reference shows round-off turned into jumps of a few elements in {}, \
-         from step {} ({}: {} eps, {:.0}% of it in 10 of {} elements): every tensor of such \
-         a step is held to at least 4x its step's largest jump (up to {} eps), since where a \
+         from step {} ({}: {} eps, {:.0}% of it in {} of {} elements): every tensor of such \
+         a step is held to at least {}x its step's largest jump (up to {} eps), since where a \
          jump lands is chance (typical of Adam with a small epsilon; docs/compare.md, \
          section 4)",
         crate::report::text::plural(jumps.len() as u64, "step"),
@@ -748,7 +748,9 @@ fn jumps_warning(jumps: &[RoundoffJump]) -> Option<String> {
         first.tensor,
         num(first.error_eps),
         100.0 * first.top_share,
+        tolerance::JUMP_ELEMENTS,
         first.elements,
+        tolerance::ALPHA,
         num(largest)
     ))
 }
@@ -875,8 +877,7 @@ impl<'a> Walk<'a> {
         step: u64,
         tell: &std::sync::mpsc::Sender<reductions::Walked>,
     ) -> Result<bool, CompareError> {
-        let floor = self.step_jump.take().map(|mut j| {
-            j.floor_eps = tolerance::jump_floor(j.error_eps * self.eps, self.eps).value;
+        let floor = self.step_jump.take().map(|j| {
             let floor = j.floor_eps;
             self.jumps.push(j);
             floor
@@ -904,9 +905,7 @@ impl<'a> Walk<'a> {
 
     /// The least tolerance the step's round-off jumps found so far set, in epsilon.
     fn floor_so_far(&self) -> f64 {
-        self.step_jump.as_ref().map_or(0.0, |j| {
-            tolerance::jump_floor(j.error_eps * self.eps, self.eps).value
-        })
+        self.step_jump.as_ref().map_or(0.0, |j| j.floor_eps)
     }
 
     /// Notes the perturbed reference's error `e` on the tensor `role` of `ref_rec` when it
@@ -934,7 +933,7 @@ impl<'a> Walk<'a> {
             error_eps,
             top_share: e.top_share,
             elements: e.elements as u64,
-            floor_eps: 0.0,
+            floor_eps: tolerance::jump_floor(error_eps),
         });
     }
 

@@ -264,20 +264,26 @@ pub fn rel_error(x: &[f32], y: &[f32]) -> f64 {
     }
 }
 
-/// The share of Σ (x − y)² held by its `top` largest terms: how concentrated a difference
-/// is (1 when at most `top` elements differ). 0 when x and y are equal, or when the
-/// difference is not finite (a NaN or an infinity: not a measure of round-off).
-pub fn top_share(x: &[f32], y: &[f32], top: usize) -> f64 {
+/// How concentrated the difference of `x` from `y` is, element by element relative to the
+/// element's own size: the share of Σ (d_i / m_i)² held by its `top` largest terms, with
+/// `d_i = x_i − y_i` and `m_i = max(|y_i|, floor)` (1 when at most `top` elements differ).
+/// Relative, so that a tensor whose few large elements carry most of its norm (outlier
+/// channels, "massive activations") and so most of any proportional difference does not look
+/// concentrated; `floor` (the tensor's median magnitude, [`median_magnitude`]) keeps elements
+/// near zero from dominating.
+/// 0 when x and y are equal, or when the difference is not finite (a NaN or an infinity:
+/// not a measure of round-off).
+pub fn top_share(x: &[f32], y: &[f32], top: usize, floor: f64) -> f64 {
     if top == 0 {
         return 0.0;
     }
-    // The `top` largest squared differences seen so far, and the least of them: most
-    // elements are below it and cost one comparison.
+    // The `top` largest terms seen so far, and the least of them: most elements are below
+    // it and cost one comparison.
     let mut kept: Vec<f64> = Vec::with_capacity(top);
     let mut least = 0f64;
     let mut total = 0f64;
     for (&a, &b) in x.iter().zip(y) {
-        let d = f64::from(a) - f64::from(b);
+        let d = (f64::from(a) - f64::from(b)) / f64::from(b).abs().max(floor);
         let d2 = d * d;
         // NaN makes the total NaN (and the share 0, below).
         total += d2;
@@ -300,6 +306,52 @@ pub fn top_share(x: &[f32], y: &[f32], top: usize) -> f64 {
         return 0.0;
     }
     kept.iter().sum::<f64>() / total
+}
+
+/// The median of `|g|` (the element at `len / 2` in total order): the typical size of a
+/// tensor's elements whatever its outliers (the gradient's halves of
+/// `gradscale::proportion_split`, the scale of a round-off jump's elements). `None` when `g`
+/// is empty.
+pub fn median_magnitude(g: &[f32]) -> Option<f32> {
+    if g.is_empty() {
+        return None;
+    }
+    // |v| has its sign bit clear, NaN included: the total order of magnitudes is the order
+    // of their bits as integers. The element of rank len/2 is found by its bits, 16 at a time
+    // (a count of each value of the high half, then of the low half among those whose high
+    // half it must have): two passes, no copy, no sort.
+    let mut rank = g.len() / 2;
+    if g.len() < 1 << 16 {
+        // Smaller than the counts: selected among a copy.
+        let mut mags: Vec<u32> = g.iter().map(|v| v.abs().to_bits()).collect();
+        return Some(f32::from_bits(*mags.select_nth_unstable(rank).1));
+    }
+    let mut counts = vec![0u32; 1 << 16];
+    for v in g {
+        counts[(v.abs().to_bits() >> 16) as usize] += 1;
+    }
+    let high = nth_bucket(&counts, &mut rank);
+    counts.fill(0);
+    for v in g {
+        let bits = v.abs().to_bits();
+        if bits >> 16 == high {
+            counts[(bits & 0xffff) as usize] += 1;
+        }
+    }
+    let low = nth_bucket(&counts, &mut rank);
+    Some(f32::from_bits(high << 16 | low))
+}
+
+/// The bucket that holds the element of rank `rank` among `counts` (in bucket order); `rank`
+/// becomes its rank within that bucket.
+fn nth_bucket(counts: &[u32], rank: &mut usize) -> u32 {
+    for (bucket, &n) in counts.iter().enumerate() {
+        if *rank < n as usize {
+            return bucket as u32;
+        }
+        *rank -= n as usize;
+    }
+    counts.len() as u32 - 1
 }
 
 fn one_row(r: usize, x: &[f32], y: &[f32], scale: f32) -> ErrorSums {
@@ -469,20 +521,62 @@ mod tests {
         let y: Vec<f32> = (0..4096).map(|i| 1.0 + (i as f32) * 1e-3).collect();
         // Every element one ulp off: spread out.
         let spread: Vec<f32> = y.iter().map(|v| f32::from_bits(v.to_bits() + 1)).collect();
-        assert!(top_share(&spread, &y, 10) < 0.01);
+        assert!(top_share(&spread, &y, 10, 1.0) < 0.01);
         // Three elements far off, the rest one ulp: concentrated.
         let mut jump = spread.clone();
         for i in [7, 1000, 4000] {
             jump[i] += 1e-2;
         }
-        assert!(top_share(&jump, &y, 10) > 0.99);
-        assert_eq!(top_share(&y, &y, 10), 0.0);
+        assert!(top_share(&jump, &y, 10, 1.0) > 0.99);
+        assert_eq!(top_share(&y, &y, 10, 1.0), 0.0);
         // At most `top` elements differ: all of it.
         let mut few = y.clone();
         few[3] = 5.0;
-        assert_eq!(top_share(&few, &y, 10), 1.0);
+        assert_eq!(top_share(&few, &y, 10, 1.0), 1.0);
         // Not finite: not a measure of round-off.
         few[5] = f32::NAN;
-        assert_eq!(top_share(&few, &y, 10), 0.0);
+        assert_eq!(top_share(&few, &y, 10, 1.0), 0.0);
+        // A few outliers a thousand times larger carry most of the norm, and so most of a
+        // difference proportional to each element (a few ulps everywhere): not concentrated
+        // once each element's difference is taken relative to its own size.
+        let outliers: Vec<f32> = (0..4096)
+            .map(|i| if i % 512 == 0 { 1000.0 } else { 1.0 } * (1.0 + (i as f32) * 1e-4))
+            .collect();
+        let proportional: Vec<f32> = outliers
+            .iter()
+            .map(|v| f32::from_bits(v.to_bits() + 3))
+            .collect();
+        let typical = f64::from(median_magnitude(&outliers).expect("not empty"));
+        // Every element over one scale (a floor above them all): the outliers hold it.
+        assert!(top_share(&proportional, &outliers, 10, 1e6) > 0.9);
+        assert!(top_share(&proportional, &outliers, 10, typical) < 0.1);
+    }
+
+    #[test]
+    fn the_median_magnitude_is_the_middle_element_in_total_order() {
+        let by_sort = |g: &[f32]| {
+            let mut m: Vec<f32> = g.iter().map(|v| v.abs()).collect();
+            m.sort_by(f32::total_cmp);
+            m[m.len() / 2]
+        };
+        let mut g: Vec<f32> = (0..100_001)
+            .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.5)
+            .collect();
+        g[5] = f32::NAN;
+        g[6] = f32::NEG_INFINITY;
+        g[7] = -0.0;
+        g[8] = 1e-42;
+        for n in [1, 2, 3, 10, 1000, 100_001] {
+            let got = median_magnitude(&g[..n]).expect("not empty");
+            assert_eq!(got.to_bits(), by_sort(&g[..n]).to_bits(), "{n} elements");
+        }
+        // Equal high halves: the low half decides.
+        let close = [
+            1.0f32,
+            f32::from_bits(1.0f32.to_bits() + 3),
+            f32::from_bits(1.0f32.to_bits() + 1),
+        ];
+        assert_eq!(median_magnitude(&close), Some(by_sort(&close)));
+        assert_eq!(median_magnitude(&[]), None);
     }
 }

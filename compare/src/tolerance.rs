@@ -333,16 +333,13 @@ pub const JUMP_MIN_EPS: f64 = 2.0;
 /// The source of a tolerance raised to its step's jump ([`jump_floor`]).
 pub const JUMP_SOURCE: &str = "perturbed (round-off jump in the step)";
 
-/// The least tolerance of every tensor of a step whose perturbed reference shows a jump of
-/// relative size `rel` ([`PerturbedError::is_jump`]): [`ALPHA`] times it, as the perturbed
-/// estimate of the tensor that showed it. Where such a jump lands is chance, different in the
-/// run and in the perturbed reference, so its size, not its place, bounds what round-off
-/// explains in that step.
-pub fn jump_floor(rel: f64, eps: f64) -> Tolerance {
-    Tolerance {
-        value: ALPHA * rel / eps,
-        source: JUMP_SOURCE,
-    }
+/// The least tolerance, in epsilon, of every tensor of a step whose perturbed reference shows
+/// a jump of `jump_eps` epsilon ([`PerturbedError::is_jump`]): [`ALPHA`] times it, as the
+/// perturbed estimate of the tensor that showed it. Where such a jump lands is chance,
+/// different in the run and in the perturbed reference, so its size, not its place, bounds
+/// what round-off explains in that step.
+pub fn jump_floor(jump_eps: f64) -> f64 {
+    ALPHA * jump_eps
 }
 
 /// The perturbed reference's error on the tensor `role` of `rec` (its record of the
@@ -364,11 +361,16 @@ pub fn perturbed_error(
     }
     let rel = crate::kernels::rel_error(&v.data, &ref_vals.data);
     let elements = v.data.len();
-    let top_share = if rel.is_finite() && rel >= jump_min_rel && elements >= JUMP_MIN_ELEMENTS {
-        crate::kernels::top_share(&v.data, &ref_vals.data, JUMP_ELEMENTS)
-    } else {
-        0.0
-    };
+    let could_be_a_jump = rel.is_finite() && rel >= jump_min_rel && elements >= JUMP_MIN_ELEMENTS;
+    // Each element's difference relative to its own size, at least the tensor's typical one
+    // (the median magnitude: outliers do not move it, elements near zero do not blow up).
+    let typical = could_be_a_jump
+        .then(|| crate::kernels::median_magnitude(&ref_vals.data))
+        .flatten()
+        .filter(|m| *m > 0.0);
+    let top_share = typical.map_or(0.0, |m| {
+        crate::kernels::top_share(&v.data, &ref_vals.data, JUMP_ELEMENTS, f64::from(m))
+    });
     Ok(Some(PerturbedError {
         rel,
         top_share,
@@ -628,9 +630,6 @@ mod tests {
             "spread over the tensor: round-off as usual"
         );
         // ALPHA times the jump, in epsilon, as the perturbed estimate of that tensor.
-        let eps = Precision::Fp32.epsilon();
-        let floor = jump_floor(8.0 * eps, eps);
-        assert!((floor.value - ALPHA * 8.0).abs() < 1e-9);
-        assert_eq!(floor.source, JUMP_SOURCE);
+        assert!((jump_floor(8.0) - ALPHA * 8.0).abs() < 1e-9);
     }
 }

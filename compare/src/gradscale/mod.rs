@@ -31,6 +31,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use crate::kernels::median_magnitude;
+
 pub mod updates;
 
 /// How far (as a ratio) a measured scale may lie from a legal one and still be it.
@@ -103,55 +105,10 @@ pub fn proportion(dw: &[f32], g: &[f32]) -> Option<Proportion> {
     proportion_split(dw, g, median_magnitude(g)?)
 }
 
-/// The median of `|g|` (the element at `len / 2` in total order) that splits the gradient
-/// into its small and large halves for [`proportion_split`]: computed once per gradient when
-/// several updates are fitted against it. `None` when `g` is empty.
-pub fn median_magnitude(g: &[f32]) -> Option<f32> {
-    if g.is_empty() {
-        return None;
-    }
-    // |v| has its sign bit clear, NaN included: the total order of magnitudes is the order
-    // of their bits as integers. The element of rank len/2 is found by its bits, 16 at a time
-    // (a count of each value of the high half, then of the low half among those whose high
-    // half it must have): two passes, no copy, no sort.
-    let mut rank = g.len() / 2;
-    if g.len() < 1 << 16 {
-        // Smaller than the counts: selected among a copy.
-        let mut mags: Vec<u32> = g.iter().map(|v| v.abs().to_bits()).collect();
-        return Some(f32::from_bits(*mags.select_nth_unstable(rank).1));
-    }
-    let mut counts = vec![0u32; 1 << 16];
-    for v in g {
-        counts[(v.abs().to_bits() >> 16) as usize] += 1;
-    }
-    let high = nth_bucket(&counts, &mut rank);
-    counts.fill(0);
-    for v in g {
-        let bits = v.abs().to_bits();
-        if bits >> 16 == high {
-            counts[(bits & 0xffff) as usize] += 1;
-        }
-    }
-    let low = nth_bucket(&counts, &mut rank);
-    Some(f32::from_bits(high << 16 | low))
-}
-
-/// The bucket that holds the element of rank `rank` among `counts` (in bucket order); `rank`
-/// becomes its rank within that bucket.
-fn nth_bucket(counts: &[u32], rank: &mut usize) -> u32 {
-    for (bucket, &n) in counts.iter().enumerate() {
-        if *rank < n as usize {
-            return bucket as u32;
-        }
-        *rank -= n as usize;
-    }
-    counts.len() as u32 - 1
-}
-
 /// Independent accumulators per sum in [`proportion_split`] (so that the loop vectorizes).
 const SPLIT_LANES: usize = 4;
 
-/// [`proportion`] with the median of `|g|` given ([`median_magnitude`]): one pass over the
+/// [`proportion`] with the median of `|g|` given ([`crate::kernels::median_magnitude`]): one pass over the
 /// elements, no allocation, no per-element branch (the halves are selected by a mask).
 pub fn proportion_split(dw: &[f32], g: &[f32], median: f32) -> Option<Proportion> {
     if dw.len() != g.len() || dw.len() < 16 {
@@ -399,34 +356,6 @@ pub fn decide(evidence: &[Evidence], dp: u32, given: Option<f64>) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_median_magnitude_is_the_middle_element_in_total_order() {
-        let by_sort = |g: &[f32]| {
-            let mut m: Vec<f32> = g.iter().map(|v| v.abs()).collect();
-            m.sort_by(f32::total_cmp);
-            m[m.len() / 2]
-        };
-        let mut g: Vec<f32> = (0..100_001)
-            .map(|i| ((i * 7919) % 1013) as f32 * 1e-3 - 0.5)
-            .collect();
-        g[5] = f32::NAN;
-        g[6] = f32::NEG_INFINITY;
-        g[7] = -0.0;
-        g[8] = 1e-42;
-        for n in [1, 2, 3, 10, 1000, 100_001] {
-            let got = median_magnitude(&g[..n]).expect("not empty");
-            assert_eq!(got.to_bits(), by_sort(&g[..n]).to_bits(), "{n} elements");
-        }
-        // Equal high halves: the low half decides.
-        let close = [
-            1.0f32,
-            f32::from_bits(1.0f32.to_bits() + 3),
-            f32::from_bits(1.0f32.to_bits() + 1),
-        ];
-        assert_eq!(median_magnitude(&close), Some(by_sort(&close)));
-        assert_eq!(median_magnitude(&[]), None);
-    }
 
     /// Deterministic values of varied magnitude and sign.
     fn grads(n: usize) -> Vec<f32> {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hints::{remember, SumHints};
+use crate::hints::{SumKey, SumMemory};
 use crate::model::comms;
 use crate::numerics::{self, Placement};
 use crate::placement::{Placed, Shard};
@@ -170,7 +170,7 @@ pub(crate) fn sum_groups(
     step: u64,
     s: &SumSearch<'_>,
     current: &[Shard],
-    hints: &mut SumHints,
+    hints: &mut SumMemory,
 ) -> Option<SumFit> {
     let current_worst = current.iter().map(|s| s.err.rel).fold(0f64, f64::max);
     let mut best: Option<(f64, u32, Vec<Shard>, Vec<Placed>)> = None;
@@ -199,12 +199,7 @@ pub(crate) fn sum_groups(
 
 /// The sum-hint key of a group: (communicator, first rank of the group, shard shape,
 /// reference shape, kind).
-fn sum_key(
-    comm: u64,
-    first_rank: u32,
-    shape: &[u64],
-    s: &SumSearch<'_>,
-) -> (u64, u32, Vec<u64>, Vec<u64>, String) {
+fn sum_key(comm: u64, first_rank: u32, shape: &[u64], s: &SumSearch<'_>) -> SumKey {
     (
         comm,
         first_rank,
@@ -216,7 +211,7 @@ fn sum_key(
 
 /// The communicators whose groups may hold the partial results, the one that fitted this
 /// kind of tensor before first ([`known_first`]).
-fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumHints) -> Vec<u64> {
+fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumMemory) -> Vec<u64> {
     // Communicators the shards' ranks use in this step.
     let mut found: Vec<u64> = Vec::new();
     for &(rank, _) in s.shards {
@@ -243,7 +238,7 @@ fn candidate_comms(run: &RunTrace, step: u64, s: &SumSearch<'_>, hints: &SumHint
         .next()
         .map(|v| v.shape.clone())
         .unwrap_or_default();
-    let known = |c: u64| hints.contains_key(&sum_key(c, first_rank, &shape, s));
+    let known = |c: u64| hints.knows(&sum_key(c, first_rank, &shape, s));
     known_first(found, known, s.quick)
 }
 
@@ -307,7 +302,7 @@ fn fit_groups(
     comm: u64,
     groups: &[Vec<u32>],
     s: &SumSearch<'_>,
-    hints: &mut SumHints,
+    hints: &mut SumMemory,
 ) -> Option<(Vec<Shard>, Vec<Placed>)> {
     let seq_of: BTreeMap<u32, u64> = s.shards.iter().copied().collect();
     let mut results = Vec::new();
@@ -315,11 +310,9 @@ fn fit_groups(
     for g in groups {
         let sum = group_sum(g, s)?;
         let key = sum_key(comm, g.first().copied().unwrap_or(0), &sum.shape, s);
-        let known = hints.get(&key).map_or(&[][..], |v| v.as_slice());
-        let f = numerics::place_with(&sum, s.ref_vals, known, s.scales, s.accept, s.quick)?;
-        if f.err.rel <= s.accept {
-            remember(hints.entry(key).or_default(), &f);
-        }
+        let known = hints.places(&key, s.quick);
+        let f = numerics::place_with(&sum, s.ref_vals, &known, s.scales, s.accept, s.quick)?;
+        hints.placed(key, &f, s.accept);
         for rank in g {
             let seq = *seq_of.get(rank)?;
             results.push(Shard {
@@ -394,11 +387,16 @@ mod tests {
         let s = search(&shards, &vals, &reference);
         let sum = group_sum(&[0, 1], &s).expect("both partials are there");
         assert_eq!(sum.data, reference.data);
-        let mut hints = SumHints::new();
+        let mut hints = SumMemory::default();
         let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut hints).expect("fits");
         assert!(results.iter().all(|r| r.err.rel < 1e-12));
         assert_eq!(places.len(), 2);
-        assert_eq!(hints.len(), 1, "a clean sum is remembered for its group");
+        assert_eq!(
+            hints.clean.len(),
+            1,
+            "a clean sum is remembered for its group"
+        );
+        assert!(hints.provisional.is_empty());
     }
 
     #[test]
@@ -412,7 +410,10 @@ mod tests {
         let shards = [(0, 7), (1, 7)];
         let mut s = search(&shards, &vals, &reference);
         let key = sum_key(0xa, 0, &[2], &s);
-        let known = || SumHints::from([(key.clone(), vec![(half(0), 1.0)])]);
+        let known = || SumMemory {
+            clean: [(key.clone(), vec![(half(0), 1.0)])].into(),
+            ..SumMemory::default()
+        };
         // Before it, the sum is searched for: it sits exactly at the second half.
         let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut known()).expect("fits");
         assert_eq!(places[0].2, half(1));
@@ -422,6 +423,44 @@ mod tests {
         let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut known()).expect("fits");
         assert_eq!(places[0].2, half(0));
         assert!(results[0].err.rel > 0.1);
+    }
+
+    #[test]
+    fn a_sum_that_fitted_only_loosely_is_judged_at_that_place_after_the_verdict() {
+        let reference = values(&[1.0, 2.0, 3.0, 4.0]);
+        // The group's sum is the second half, a third off: it fits there loosely.
+        let loose: BTreeMap<(u32, u64), Values> =
+            [((0, 7), values(&[2.0, 3.0])), ((1, 7), values(&[2.0, 2.0]))]
+                .into_iter()
+                .collect();
+        let shards = [(0, 7), (1, 7)];
+        let mut s = search(&shards, &loose, &reference);
+        let mut memory = SumMemory::default();
+        let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut memory).expect("fits");
+        assert_eq!(places[0].2, half(1));
+        assert!(results[0].err.rel > s.accept);
+        assert!(
+            memory.clean.is_empty(),
+            "a loose fit is no place to look first"
+        );
+        let key = sum_key(0xa, 0, &[2], &s);
+        assert_eq!(memory.provisional.get(&key), Some(&(half(1), 1.0)));
+        // A later sum of that kind that would fit the first half exactly: after the verdict
+        // it is judged at the provisional place (in this step or any later one), before it
+        // searched for.
+        let exact_first: BTreeMap<(u32, u64), Values> =
+            [((0, 7), values(&[0.5, 1.0])), ((1, 7), values(&[0.5, 1.0]))]
+                .into_iter()
+                .collect();
+        s.vals = &exact_first;
+        s.quick = true;
+        let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut memory).expect("fits");
+        assert_eq!(places[0].2, half(1));
+        assert!(results[0].err.rel > 0.1);
+        s.quick = false;
+        let (results, places) = fit_groups(0xa, &[vec![0, 1]], &s, &mut memory).expect("fits");
+        assert_eq!(places[0].2, half(0));
+        assert!(results[0].err.rel < 1e-12);
     }
 
     #[test]

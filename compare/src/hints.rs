@@ -9,10 +9,54 @@ use crate::numerics::{self, Placement};
 /// A kind of tensor on a rank: (rank, role slot, shard shape, reference shape, kind).
 pub(crate) type HintKey = (u32, usize, Vec<u64>, Vec<u64>, String);
 
-/// Placements that fitted a group sum before, by (communicator, shard shape, reference shape).
-/// (communicator, first rank of the group, shard shape, reference shape, kind): each group
-/// sits at its own slice.
-pub(crate) type SumHints = BTreeMap<(u64, u32, Vec<u64>, Vec<u64>, String), Vec<(Placement, f32)>>;
+/// A kind of group sum: (communicator, first rank of the group, shard shape, reference shape,
+/// kind). Each group sits at its own slice.
+pub(crate) type SumKey = (u64, u32, Vec<u64>, Vec<u64>, String);
+
+/// Placements that fitted a group sum cleanly before, by kind of sum.
+pub(crate) type SumHints = BTreeMap<SumKey, Vec<(Placement, f32)>>;
+
+/// Where group sums sat: where to look first, and where to judge a kind of sum that never
+/// fitted cleanly once the verdict is settled.
+#[derive(Default)]
+pub(crate) struct SumMemory {
+    /// Placements that fitted a kind of sum cleanly: tried first (kept across steps, as
+    /// [`Memory::hints`] are).
+    pub(crate) clean: SumHints,
+    /// The first place found for a kind of sum that fitted loosely, in any step: after the
+    /// verdict (quick) such a sum is judged there without a search (as [`Memory::provisional`]
+    /// is for single shards).
+    pub(crate) provisional: BTreeMap<SumKey, (Placement, f32)>,
+}
+
+impl SumMemory {
+    /// The places to try for `key`: its clean ones; once the verdict is settled (`quick`),
+    /// its provisional one when it has no clean one.
+    pub(crate) fn places(&self, key: &SumKey, quick: bool) -> Vec<(Placement, f32)> {
+        match self.clean.get(key) {
+            Some(known) if !known.is_empty() => known.clone(),
+            _ if quick => self.provisional.get(key).cloned().into_iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether a sum of `key` fitted cleanly before.
+    pub(crate) fn knows(&self, key: &SumKey) -> bool {
+        self.clean.contains_key(key)
+    }
+
+    /// Remembers where a sum of `key` fitted: a clean fit (within `accept`) as where to look
+    /// first, a loose one as its provisional place when it has none yet.
+    pub(crate) fn placed(&mut self, key: SumKey, fit: &numerics::Fit, accept: f64) {
+        if fit.err.rel <= accept {
+            remember(self.clean.entry(key).or_default(), fit);
+        } else {
+            self.provisional
+                .entry(key)
+                .or_insert_with(|| (fit.placement.clone(), fit.scale));
+        }
+    }
+}
 
 /// Keeps the last few distinct placements that fitted (several ops share a key).
 pub(crate) fn remember(known: &mut Vec<(Placement, f32)>, f: &numerics::Fit) {
@@ -35,20 +79,24 @@ pub(crate) fn remember(known: &mut Vec<(Placement, f32)>, f: &numerics::Fit) {
 /// from step to step. What decides how a tensor is judged (whether a misfit is a divergence
 /// or a partial sum, which rank a free slice belongs to, whether the verdict is settled) is
 /// learnt anew in every step ([`Memory::start_step`]), so that a step is judged the same
-/// whether it is compared alone (a partition) or after the others.
+/// whether it is compared alone (a partition) or after the others. The provisional places
+/// are carried too: they are used only after the verdict, whose tensors' numbers may differ
+/// between a partition and the whole run anyway (a diverged shard fits no place well), and
+/// searching every kind of diverged tensor again in every step was half of compare's
+/// placement work on a run with a bug.
 #[derive(Default)]
 pub(crate) struct Memory {
     /// Placements that fitted a kind of tensor whole, per rank.
     pub(crate) hints: BTreeMap<HintKey, Vec<(Placement, f32)>>,
-    /// Placements that fitted group sums.
-    pub(crate) sum_hints: SumHints,
+    /// Where group sums sat.
+    pub(crate) sums: SumMemory,
     /// Kinds placed whole and clearly in this step (a misfit is then a divergence, not a
     /// missing sum).
     pub(crate) placed_whole: BTreeSet<HintKey>,
     /// Kinds that were partial results earlier in this step (go straight to the group sums).
     pub(crate) needs_sum: BTreeSet<HintKey>,
-    /// The best place found for a kind that never fitted cleanly (reused, without a search,
-    /// once the verdict is settled).
+    /// The first place found for a kind that fitted loosely, in any step (reused, without a
+    /// search, once the verdict is settled, while the kind has no clean place).
     pub(crate) provisional: BTreeMap<HintKey, (Placement, f32)>,
     /// Where each rank's shards cleanly sat: (rank, slices of a cut) → slice → times.
     pub(crate) usual: Usual,
@@ -59,7 +107,6 @@ impl Memory {
     pub(crate) fn start_step(&mut self) {
         self.placed_whole.clear();
         self.needs_sum.clear();
-        self.provisional.clear();
         self.usual.clear();
     }
 
@@ -174,7 +221,9 @@ mod tests {
         mem.start_step();
         assert_eq!(mem.known(&key(1)), &[(half(1), 1.0)][..]);
         assert!(mem.placed_whole.is_empty() && mem.needs_sum.is_empty());
-        assert!(mem.provisional.is_empty() && mem.usual.is_empty());
+        assert!(mem.usual.is_empty());
+        // Used only after the verdict: carried.
+        assert_eq!(mem.provisional.get(&key(3)), Some(&(half(0), 1.0)));
     }
 
     #[test]

@@ -287,7 +287,7 @@ impl Placer {
             quick: self.settled,
         };
         let Some((group, (results, places))) =
-            combine::sum_groups(run, step, &search, &placed.results, &mut self.mem.sum_hints)
+            combine::sum_groups(run, step, &search, &placed.results, &mut self.mem.sums)
         else {
             return 1;
         };

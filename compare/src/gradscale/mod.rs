@@ -114,11 +114,51 @@ pub fn proportion_split(dw: &[f32], g: &[f32], median: f32) -> Option<Proportion
     if dw.len() != g.len() || dw.len() < 16 {
         return None;
     }
-    // Whole chunks through the AVX2 loop where the CPU has it (bit-identical), the rest in
-    // the portable one.
     let mut acc: crate::simd::SplitLanes = [[0f64; SPLIT_LANES]; 7];
-    let done = crate::simd::add_split_chunks(dw, g, median, &mut acc);
-    add_split_lanes(&dw[done..], &g[done..], median, &mut acc);
+    add_split(dw, g, median, &mut acc);
+    split_fits(&acc)
+}
+
+/// Adds `dw` and `g` into `acc`: whole chunks through the AVX2 loop where the CPU has it
+/// (bit-identical), the rest in the portable one. Elements go to lane `i % SPLIT_LANES` of
+/// their index in the slices: slices that continue others must start at a multiple of
+/// [`SPLIT_LANES`] for the sums to be those of one call over everything.
+fn add_split(dw: &[f32], g: &[f32], median: f32, acc: &mut crate::simd::SplitLanes) {
+    let done = crate::simd::add_split_chunks(dw, g, median, acc);
+    add_split_lanes(&dw[done..], &g[done..], median, acc);
+}
+
+/// Elements of a weight's change formed at a time by [`proportion_of_change`]: 16 KiB, in
+/// the first-level cache; a multiple of [`SPLIT_LANES`].
+const CHANGE_BLOCK: usize = 4096;
+
+/// [`proportion`] of the change `after - before` (each difference rounded to f32, as a
+/// vector of the differences holds it), bit for bit, without that vector: it is formed a
+/// block at a time. A weight's whole change in memory cost a fresh buffer (its page faults)
+/// per reduction compared with its update.
+pub fn proportion_of_change(after: &[f32], before: &[f32], g: &[f32]) -> Option<Proportion> {
+    if after.len() != g.len() || before.len() != g.len() || g.len() < 16 {
+        return None;
+    }
+    let median = median_magnitude(g)?;
+    let mut acc: crate::simd::SplitLanes = [[0f64; SPLIT_LANES]; 7];
+    let mut dw = [0f32; CHANGE_BLOCK];
+    for ((a, b), g) in after
+        .chunks(CHANGE_BLOCK)
+        .zip(before.chunks(CHANGE_BLOCK))
+        .zip(g.chunks(CHANGE_BLOCK))
+    {
+        let dw = &mut dw[..g.len()];
+        for ((d, &a), &b) in dw.iter_mut().zip(a).zip(b) {
+            *d = a - b;
+        }
+        add_split(dw, g, median, &mut acc);
+    }
+    split_fits(&acc)
+}
+
+/// The fits of [`proportion_split`] from its sums.
+fn split_fits(acc: &crate::simd::SplitLanes) -> Option<Proportion> {
     let total = |i: usize| (acc[i][0] + acc[i][2]) + (acc[i][1] + acc[i][3]);
     let [xy, yy, xx, xy_large, yy_large, xy_small, yy_small] = [0, 1, 2, 3, 4, 5, 6].map(total);
     // The least-squares scale of one part, as [`ratio`] says it.
@@ -410,6 +450,24 @@ mod tests {
             k_large,
             cosine: xy / (xx * yy).sqrt(),
         })
+    }
+
+    #[test]
+    fn the_fit_of_a_change_is_the_fit_of_the_change_formed_whole_to_the_bit() {
+        for n in [15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5] {
+            let g = grads(n);
+            let before: Vec<f32> = g.iter().map(|v| 0.5 + 3.0 * v).collect();
+            let after: Vec<f32> = before.iter().zip(&g).map(|(w, v)| w - 0.01 * v).collect();
+            let dw: Vec<f32> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+            let got = proportion_of_change(&after, &before, &g);
+            let want = proportion(&dw, &g);
+            let bits = |p: Option<Proportion>| {
+                p.map(|p| [p.k, p.k_small, p.k_large, p.cosine].map(f64::to_bits))
+            };
+            assert_eq!(bits(got), bits(want), "n {n}");
+            assert_eq!(got.is_some(), n >= 16, "n {n}");
+        }
+        assert!(proportion_of_change(&[1.0; 20], &[0.0; 19], &grads(20)).is_none());
     }
 
     #[test]

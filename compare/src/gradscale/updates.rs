@@ -19,7 +19,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use ttrace_format::record::{Record, Role};
 
-use super::{median_magnitude, proportion, proportion_split, Proportion, Update};
+use super::{median_magnitude, proportion_of_change, proportion_split, Proportion, Update};
 use crate::align::{Alignment, RefOp};
 use crate::trace::{gemm, RunTrace, Values};
 use crate::CompareError;
@@ -136,12 +136,8 @@ impl<'a> Updates<'a> {
         if before.data.len() != d_elems || after.data.len() != d_elems || e1 > d_elems {
             return Ok(Update::Unknown);
         }
-        let dw: Vec<f32> = after.data[e0..e1]
-            .iter()
-            .zip(&before.data[e0..e1])
-            .map(|(a, b)| a - b)
-            .collect();
-        Ok(Update::from_fits(Some(w.fit), proportion(&dw, x)))
+        let change = proportion_of_change(&after.data[e0..e1], &before.data[e0..e1], x);
+        Ok(Update::from_fits(Some(w.fit), change))
     }
 
     /// The operand `role` of the run GEMM on `rank` aligned with reference op `op`.

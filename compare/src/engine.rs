@@ -27,7 +27,7 @@ use crate::numerics::Placement;
 use crate::placement::{Placer, Placing};
 use crate::prepare::{bytes_read, nothing_aligned, prepare, step_weight, Prepared};
 use crate::reductions::{self, Ctx};
-use crate::report::{CompareReport, CompareStats, RoundoffJump, RunSummary, Verdict};
+use crate::report::{ChaoticStep, CompareReport, CompareStats, RoundoffJump, RunSummary, Verdict};
 use crate::results::Results;
 use crate::tolerance::{self, Precision, Tolerance};
 use crate::trace::{gemm, RunTrace, Values};
@@ -184,6 +184,7 @@ fn compare_on_the_pool(
             eps: walked.eps,
             dp_reduction: walked.dp_reduction,
             jumps: walked.jumps,
+            chaotic: walked.chaotic,
         },
         (bytes, started.elapsed().as_secs_f64()),
     );
@@ -265,6 +266,7 @@ fn partition_on_the_pool(
             eps: walked.eps,
             dp_reduction: walked.dp_reduction,
             jumps: walked.jumps,
+            chaotic: walked.chaotic,
         },
         (bytes_read(&p), started.elapsed().as_secs_f64()),
         Some(&mut entries),
@@ -310,6 +312,7 @@ pub(crate) fn merged(
         eps: p.precision.epsilon(),
         dp_reduction: None,
         jumps: Vec::new(),
+        chaotic: Vec::new(),
     };
     let mut bytes = 0u64;
     let mut elapsed = 0f64;
@@ -346,6 +349,7 @@ pub(crate) fn merged(
         found.warnings.extend(part.partition.walk_warnings);
         // Partitions come in step order, as a whole run's walk finds them.
         found.jumps.extend(part.report.roundoff_jumps);
+        found.chaotic.extend(part.report.chaotic_steps);
         for nc in part.report.not_comparable {
             match found
                 .not_comparable
@@ -419,6 +423,8 @@ struct Walked {
     dp_reduction: Option<gradscale::Decision>,
     /// Each step's largest round-off jump, in step order ([`Walk::end_step`]).
     jumps: Vec<RoundoffJump>,
+    /// The chaotic steps, in step order ([`Walk::end_step`]).
+    chaotic: Vec<ChaoticStep>,
 }
 
 /// Compares the tensors of `steps` (a subset of `p.steps`, in order). Each step is judged on
@@ -595,6 +601,7 @@ fn walk_ops(
         eps: walk.eps,
         dp_reduction: None,
         jumps: walk.jumps,
+        chaotic: walk.chaotic,
     })
 }
 
@@ -608,6 +615,8 @@ struct Found {
     dp_reduction: Option<gradscale::Decision>,
     /// Each step's largest round-off jump, in step order.
     jumps: Vec<RoundoffJump>,
+    /// The chaotic steps, in step order.
+    chaotic: Vec<ChaoticStep>,
 }
 
 /// Orders the comparisons of `steps`, localizes the first divergence and assembles the
@@ -638,8 +647,12 @@ fn finish_with_entries(
         eps,
         dp_reduction,
         jumps,
+        chaotic,
     } = found;
     if let Some(line) = jumps_warning(&jumps) {
+        warnings.push(line);
+    }
+    if let Some(line) = chaos_warning(&chaotic) {
         warnings.push(line);
     }
     if let Some(d) = dp_reduction.as_ref().filter(|d| {
@@ -727,6 +740,7 @@ fn finish_with_entries(
         replica_drift,
         dp_reduction,
         roundoff_jumps: jumps,
+        chaotic_steps: chaotic,
         capture_losses,
         stats,
     })
@@ -752,6 +766,30 @@ fn jumps_warning(jumps: &[RoundoffJump]) -> Option<String> {
         first.elements,
         tolerance::ALPHA,
         num(largest)
+    ))
+}
+
+/// The report's line on the chaotic steps, if any.
+fn chaos_warning(chaotic: &[ChaoticStep]) -> Option<String> {
+    let first = chaotic.first()?;
+    let worst = chaotic
+        .iter()
+        .max_by(|a, b| a.relative_error.total_cmp(&b.relative_error))?;
+    Some(format!(
+        "round-off alone (the perturbed reference) moves a tensor by {:.0}% of its size or \
+         more in {}, from step {} ({}: {:.0}%; the most, {:.0}% in step {}): this training \
+         amplifies round-off that far, so tolerances there are as wide, and a divergence from \
+         step {} on may be round-off that one perturbed reference did not happen to show. \
+         Compare the steps before it for a verdict that rests on round-off (--steps), or \
+         trace at a lower learning rate (docs/compare.md, section 4)",
+        100.0 * tolerance::CHAOTIC,
+        crate::report::text::plural(chaotic.len() as u64, "step"),
+        first.step,
+        first.tensor,
+        100.0 * first.relative_error,
+        100.0 * worst.relative_error,
+        worst.step,
+        first.step
     ))
 }
 
@@ -815,6 +853,10 @@ struct Walk<'a> {
     step_jump: Option<RoundoffJump>,
     /// Each walked step's largest round-off jump.
     jumps: Vec<RoundoffJump>,
+    /// The perturbed reference's largest relative error of the step being walked so far.
+    step_drift: Option<ChaoticStep>,
+    /// The walked steps whose largest is at least [`tolerance::CHAOTIC`].
+    chaotic: Vec<ChaoticStep>,
 }
 
 impl<'a> Walk<'a> {
@@ -865,6 +907,8 @@ impl<'a> Walk<'a> {
             step_results: Vec::new(),
             step_jump: None,
             jumps: Vec::new(),
+            step_drift: None,
+            chaotic: Vec::new(),
         }
     }
 
@@ -877,6 +921,11 @@ impl<'a> Walk<'a> {
         step: u64,
         tell: &std::sync::mpsc::Sender<reductions::Walked>,
     ) -> Result<bool, CompareError> {
+        if let Some(c) = self.step_drift.take() {
+            if c.relative_error >= tolerance::CHAOTIC {
+                self.chaotic.push(c);
+            }
+        }
         let floor = self.step_jump.take().map(|j| {
             let floor = j.floor_eps;
             self.jumps.push(j);
@@ -908,6 +957,24 @@ impl<'a> Walk<'a> {
         self.step_jump.as_ref().map_or(0.0, |j| j.floor_eps)
     }
 
+    /// Notes the perturbed reference's relative error `rel` on the tensor `role` of
+    /// `ref_rec` when it is the step's largest so far.
+    fn note_drift(&mut self, ref_rec: &Record, role: Role, rel: f64) {
+        if !rel.is_finite()
+            || self
+                .step_drift
+                .as_ref()
+                .is_some_and(|d| d.relative_error >= rel)
+        {
+            return;
+        }
+        self.step_drift = Some(ChaoticStep {
+            step: ref_rec.step,
+            tensor: format!("{} {role:?}", tensor_name(ref_rec)),
+            relative_error: rel,
+        });
+    }
+
     /// Notes the perturbed reference's error `e` on the tensor `role` of `ref_rec` when it
     /// is a jump larger than the step's so far.
     fn note_jump(&mut self, ref_rec: &Record, role: Role, e: &tolerance::PerturbedError) {
@@ -922,14 +989,9 @@ impl<'a> Walk<'a> {
         {
             return;
         }
-        let what = if ref_rec.nvtx.is_empty() {
-            format!("{} seq {}", ref_rec.api, ref_rec.seq)
-        } else {
-            ref_rec.nvtx.join("/")
-        };
         self.step_jump = Some(RoundoffJump {
             step: ref_rec.step,
-            tensor: format!("{what} {role:?}"),
+            tensor: format!("{} {role:?}", tensor_name(ref_rec)),
             error_eps,
             top_share: e.top_share,
             elements: e.elements as u64,
@@ -1001,6 +1063,7 @@ impl<'a> Walk<'a> {
         };
         if let Some(e) = &perturbed {
             self.note_jump(ref_rec, role, e);
+            self.note_drift(ref_rec, role, e.rel);
         }
         Ok(tolerance::Terms::for_tensor(at, perturbed.map(|e| e.rel)).tolerance())
     }
@@ -1122,6 +1185,16 @@ impl<'a> Walk<'a> {
             param_note: placed.param_note,
         });
         Ok(Some(error))
+    }
+}
+
+/// A reference record as the report's round-off lines name it: its NVTX path, or its API and
+/// seq.
+fn tensor_name(rec: &Record) -> String {
+    if rec.nvtx.is_empty() {
+        format!("{} seq {}", rec.api, rec.seq)
+    } else {
+        rec.nvtx.join("/")
     }
 }
 

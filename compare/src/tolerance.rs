@@ -322,6 +322,14 @@ impl PerturbedError {
     }
 }
 
+/// The perturbed reference's relative error on a tensor from which its step is chaotic:
+/// round-off alone moved the tensor by half its size. [`ALPHA`] times that, the tolerance it
+/// sets, is beyond the distance of two unrelated tensors of one norm (`sqrt(2)`), so such a
+/// tensor is judged on little more than its norm, and one perturbed reference bounds the
+/// step's other tensors no better than a round-off jump does (a training that amplifies
+/// round-off this far does so unevenly: a high learning rate over many steps).
+pub const CHAOTIC: f64 = 0.5;
+
 /// Elements whose share of a difference says whether it is a jump.
 pub const JUMP_ELEMENTS: usize = 10;
 /// The share of the squared difference those elements must hold.

@@ -259,6 +259,13 @@ pub struct CompareReport {
     /// (docs/compare.md, section 4).
     #[serde(default)]
     pub roundoff_jumps: Vec<RoundoffJump>,
+    /// Steps in which round-off alone moved some tensor by at least
+    /// [`crate::tolerance::CHAOTIC`] of its size (the perturbed reference's largest relative
+    /// error of the step, where it is that large): tolerances there are as wide, and a
+    /// divergence there may be round-off one perturbed reference did not happen to show
+    /// (docs/compare.md, section 4).
+    #[serde(default)]
+    pub chaotic_steps: Vec<ChaoticStep>,
     /// What the stores' captures lost in the compared steps (gaps, snapshots never
     /// published, unreadable records), per store that lost anything: a match of an
     /// incomplete capture exits [`crate::losses::EXIT_INCOMPLETE`], not 0.
@@ -283,6 +290,17 @@ pub struct RoundoffJump {
     pub elements: u64,
     /// The least tolerance every tensor of the step was held to, in epsilon.
     pub floor_eps: f64,
+}
+
+/// A step in which the training amplified round-off to a good fraction of a tensor: the
+/// perturbed reference's largest relative error of the step ([`CompareReport::chaotic_steps`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChaoticStep {
+    pub step: u64,
+    /// The reference tensor: its NVTX path (or API and seq) and role.
+    pub tensor: String,
+    /// The perturbed reference's relative error on it (1: as large as the tensor).
+    pub relative_error: f64,
 }
 
 impl CompareReport {

@@ -864,6 +864,7 @@ pub(crate) mod tests {
             replica_drift: vec![],
             dp_reduction: None,
             roundoff_jumps: vec![],
+            chaotic_steps: vec![],
             capture_losses: vec![],
             stats: CompareStats {
                 reference_gemms_aligned: 100,

@@ -361,6 +361,7 @@ fn realistic(diverge: bool) -> CompareReport {
         replica_drift: vec![],
         dp_reduction: None,
         roundoff_jumps: vec![],
+        chaotic_steps: vec![],
         capture_losses: vec![],
         stats: CompareStats {
             reference_ops: n / 3,

@@ -590,6 +590,48 @@ fn fp8_model(steps: u32) -> Vec<String> {
     ])
 }
 
+/// A training that amplifies round-off to a good fraction of a tensor (FP8 at a high learning
+/// rate) is said to: the report names each step in which the perturbed reference moves some
+/// tensor by half its size or more, and the warning says what that means for a divergence
+/// there. The same model at the default learning rate shows none. (At 16 steps and a learning
+/// rate of 0.01, tp2 x pp2, such a training reported a correct run diverged at step 8:
+/// docs/compare.md, section 7.)
+#[test]
+fn steps_in_which_round_off_alone_moves_a_tensor_by_half_its_size_are_named_chaotic() {
+    let mut model = fp8_model(6);
+    let steady = bug_free_run(&model, &["--dp", "2"], 2);
+    assert_eq!(
+        steady.report["chaotic_steps"],
+        serde_json::json!([]),
+        "{}",
+        steady.text
+    );
+    assert!(!steady.text.contains("round-off alone"), "{}", steady.text);
+    model.extend(strs(&["--lr", "0.03"]));
+    let fast = bug_free_run(&model, &["--dp", "2"], 2);
+    let chaotic = fast.report["chaotic_steps"]
+        .as_array()
+        .expect("chaotic_steps");
+    assert!(!chaotic.is_empty(), "{}", fast.text);
+    let mut last = None;
+    for c in chaotic {
+        assert!(c["relative_error"].as_f64() >= Some(0.5), "{c}");
+        // Before the first update round-off moves nothing that far.
+        assert!(c["step"].as_u64() >= Some(1), "{c}");
+        assert!(c["step"].as_u64() > last, "one per step, in order: {c}");
+        last = c["step"].as_u64();
+        assert!(!c["tensor"].as_str().unwrap_or("").is_empty(), "{c}");
+    }
+    let first = chaotic[0]["step"].as_u64().expect("step");
+    let line = "moves a tensor by 50% of its size or more in ";
+    assert!(fast.text.contains(line), "{}", fast.text);
+    assert!(
+        fast.text.contains(&format!("from step {first} (")),
+        "{}",
+        fast.text
+    );
+}
+
 /// In FP8 every GEMM is TN, so a column-parallel layer's input gradient (partial over the
 /// tensor-parallel group) and its weight gradient (partial over the data-parallel group) can
 /// have one shape and one layout (here: 64 tokens per DP rank, an FFN shard of 64). The

@@ -231,6 +231,7 @@ fn merged_equals_whole(run: &str) -> (Value, Shares) {
             "verdict",
             "first_divergence",
             "roundoff_jumps",
+            "chaotic_steps",
             "replica_drift",
             "not_comparable",
             "warnings",

@@ -311,7 +311,7 @@ fn fit_groups(
         let sum = group_sum(g, s)?;
         let key = sum_key(comm, g.first().copied().unwrap_or(0), &sum.shape, s);
         let known = hints.places(&key, s.quick);
-        let f = numerics::place_with(&sum, s.ref_vals, &known, s.scales, s.accept, s.quick)?;
+        let f = numerics::place_with(&sum, s.ref_vals, known, s.scales, s.accept, s.quick)?;
         hints.placed(key, &f, s.accept);
         for rank in g {
             let seq = *seq_of.get(rank)?;

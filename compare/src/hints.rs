@@ -32,11 +32,11 @@ pub(crate) struct SumMemory {
 impl SumMemory {
     /// The places to try for `key`: its clean ones; once the verdict is settled (`quick`),
     /// its provisional one when it has no clean one.
-    pub(crate) fn places(&self, key: &SumKey, quick: bool) -> Vec<(Placement, f32)> {
-        match self.clean.get(key) {
-            Some(known) if !known.is_empty() => known.clone(),
-            _ if quick => self.provisional.get(key).cloned().into_iter().collect(),
-            _ => Vec::new(),
+    pub(crate) fn places(&self, key: &SumKey, quick: bool) -> &[(Placement, f32)] {
+        match (self.clean.get(key), self.provisional.get(key)) {
+            (Some(known), _) => known,
+            (None, Some(p)) if quick => std::slice::from_ref(p),
+            _ => &[],
         }
     }
 

@@ -31,7 +31,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use crate::kernels::median_magnitude;
+use crate::kernels::median_magnitude;
 
 pub mod updates;
 

@@ -19,8 +19,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 use ttrace_format::record::{Record, Role};
 
-use super::{median_magnitude, proportion_of_change, proportion_split, Proportion, Update};
+use super::{proportion_of_change, proportion_split, Proportion, Update};
 use crate::align::{Alignment, RefOp};
+use crate::kernels::median_magnitude;
 use crate::trace::{gemm, RunTrace, Values};
 use crate::CompareError;
 

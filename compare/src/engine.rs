@@ -541,17 +541,26 @@ fn walk_ops(
     };
     let plan: Vec<(RefOp, &[(u32, u64)])> = ops.iter().map(|(o, s)| (**o, s.as_slice())).collect();
     let window = crate::prefetch::window_budget(opts.memory.unwrap_or(DEFAULT_MEMORY));
-    // The window being decoded while the one before it is compared, and where it ends.
-    let mut next: Option<crate::prefetch::Ahead> = None;
-    let mut fetched = 0;
+    // The windows being decoded while the one before them is compared; where the current
+    // one ends (`fetched`) and where the last one started ends (`planned`).
+    let mut queue: std::collections::VecDeque<crate::prefetch::Ahead> =
+        std::collections::VecDeque::new();
+    let (mut fetched, mut planned) = (0, 0);
     for (done, (&ref_op, shards)) in ops.into_iter().enumerate() {
         if done == fetched {
-            let current = next
-                .take()
-                .unwrap_or_else(|| ahead.start(&plan[done..], window));
+            let current = match queue.pop_front() {
+                Some(w) => w,
+                None => {
+                    let w = ahead.start(&plan[planned..], window);
+                    planned += w.covered;
+                    w
+                }
+            };
             fetched = done + ahead.install(current);
-            if fetched < plan.len() {
-                next = Some(ahead.start(&plan[fetched..], window));
+            while queue.len() < crate::prefetch::WINDOWS_AHEAD && planned < plan.len() {
+                let w = ahead.start(&plan[planned..], window);
+                planned += w.covered;
+                queue.push_back(w);
             }
         }
         progress(done as u64, total_ops);

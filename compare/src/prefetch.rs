@@ -2,7 +2,8 @@
 //! (the reference's operands, the perturbed reference's, every shard's) are read, checked
 //! against their CRC-32, decompressed and widened to `f32` in parallel, a window of ops at a
 //! time, into [`crate::trace::RunTrace`]'s cache, where the walk takes them in its own order.
-//! The next window is decoded on the thread pool while the walk compares the current one.
+//! The next [`WINDOWS_AHEAD`] windows are decoded on the thread pool while the walk compares
+//! the current one.
 //!
 //! Decoding is a pure function of the stored bytes, so what the walk sees (and every number
 //! of the report) does not depend on the number of threads; only when it is decoded changes.
@@ -76,12 +77,18 @@ pub struct Walked<'a> {
 }
 
 /// The bytes of decoded tensors one window may hold under a `--memory` budget: a
-/// sixteenth, for two windows (the one compared and the next, decoded meanwhile) in an eighth
-/// (the rest is for open segments, the op being compared and what the comparison keeps),
-/// and at most [`WINDOW_CAP`].
+/// twenty-fourth, for three windows (the one compared and the [`WINDOWS_AHEAD`] decoded
+/// meanwhile) in an eighth (the rest is for open segments, the op being compared and what the
+/// comparison keeps), and at most [`WINDOW_CAP`].
 pub fn window_budget(memory: u64) -> u64 {
-    (memory / 16).min(WINDOW_CAP)
+    (memory / (8 * (WINDOWS_AHEAD as u64 + 1))).min(WINDOW_CAP)
 }
+
+/// Windows decoded ahead of the one the walk compares. With one, the walk waited for the
+/// next window whenever it was slower to decode than the current one was to compare, while
+/// the decoding threads had waited for the walk when it was the other way round; two even
+/// that out (the large benchmark config 0.96x the time, docs/compare.md section 6).
+pub const WINDOWS_AHEAD: usize = 2;
 
 /// The most bytes of decoded tensors a window holds whatever the budget: larger windows
 /// measured slower (a sixteenth of the default budget, 64 MiB, took the demo 1.1x the time;
@@ -90,7 +97,7 @@ pub fn window_budget(memory: u64) -> u64 {
 pub const WINDOW_CAP: u64 = 8 << 20;
 
 /// The bytes of decoded tensors each store keeps ([`crate::decoded`]) under a `--memory`
-/// budget, the two windows included: an eighth of it (a larger share measured slower: in a
+/// budget, the windows decoded ahead included: an eighth of it (a larger share measured slower: in a
 /// process this short every byte kept is a page touched for the first time, and the page
 /// faults cost more than the decoding it saves), of which the run's store (every rank) gets
 /// half and the reference and the perturbed reference a quarter each, as their mappings.
@@ -182,7 +189,7 @@ impl Walked<'_> {
 /// The tensors of a window of ops, being decoded ([`Walked::start`]).
 pub struct Ahead {
     /// How many ops the window covers.
-    covered: usize,
+    pub(crate) covered: usize,
     reff: Decoding,
     run: Decoding,
     pert: Option<Decoding>,
@@ -250,18 +257,25 @@ pub fn decode(
         .collect();
     let is_kept = |at: &TensorAt| lock(kept).contains(at);
     let (plan, mut decoded) = plan_decoding(&jobs, &views, &is_kept);
-    let values: Vec<Decoded> = jobs
+    // A task a tensor, not a record: a window holds few records, some of them with most of
+    // its bytes, which one thread would otherwise decode while the other waited.
+    let tasks: Vec<(usize, usize)> = plan
+        .iter()
+        .enumerate()
+        .flat_map(|(k, mine)| mine.iter().map(move |&i| (k, i)))
+        .collect();
+    let values: Vec<Decoded> = tasks
         .par_iter()
-        .zip(&views)
-        .zip(&plan)
+        .with_max_len(1)
         .map_init(
             || (Vec::new(), Vec::new()),
-            |(scratch, raw), ((&((rank, step), _, (seq, _)), view), mine)| {
+            |(scratch, raw), &(k, i)| {
                 let mut out = Vec::new();
-                let Some(view) = view else {
+                let ((rank, step), _, (seq, _)) = jobs[k];
+                let Some(view) = &views[k] else {
                     return out;
                 };
-                for &i in mine {
+                {
                     let t = &view.record.tensors[i];
                     let n = usize::try_from(t.elements()).unwrap_or(0);
                     let mut values = lock(kept).buffer(n);

@@ -20,13 +20,17 @@ use ttrace_format::FormatError;
 use crate::check::nonfinite::{self, NonFinite};
 use crate::prefetch::lock;
 
-/// The segment a [`Trace`] last read collective bytes from. One, not compare's budgeted
-/// cache of open segments (`trace::OpenCache`): a call's members are in one segment per rank,
-/// so the calls visit every segment in turn; with 256 MiB of segments kept open the large
-/// benchmark config's check reopened them 1,123 times instead of 2,470, in the same time,
-/// and peaked at 210 MB instead of 53 (their pages stay mapped). Reopening is cheap: the
-/// store keeps where each segment's frames are.
-type OpenSegment = Option<((u32, u64), Arc<Segment>)>;
+/// The segments a [`Trace`] read collective bytes from, oldest first, with their sizes: the
+/// current step's, up to [`OPEN_BYTES`] of them. A call's members are in one segment per rank,
+/// so with one segment open the calls reopened a segment for nearly every member: on the
+/// hidden-32 tp2 dp2 pp2 trainer a fifth of the check's time went to opening and unmapping
+/// them. Large frames leave the mapping once read (`Segment::set_releasing`), so what stays
+/// resident is the small frames of the segments held.
+type OpenSegments = std::collections::VecDeque<((u32, u64), Arc<Segment>, u64)>;
+
+/// The most bytes of segment files a [`Trace`] holds open for collective bytes (at least one
+/// segment, whatever its size).
+const OPEN_BYTES: u64 = 64 << 20;
 
 /// One record, with the bytes the collective checks need when they are held.
 #[derive(Debug, Clone)]
@@ -76,8 +80,8 @@ pub struct Trace {
     pub unreadable: Vec<String>,
     /// The store the records were read from: collective bytes are read from it again.
     pub source: Option<Arc<Store>>,
-    /// The segment last read for collective bytes (consecutive calls are mostly in one).
-    pub(crate) open: Mutex<OpenSegment>,
+    /// The segments collective bytes were last read from ([`OpenSegments`]).
+    pub(crate) open: Mutex<OpenSegments>,
     /// What could not be read again (a segment changed since): said with the rest.
     pub(crate) late_unreadable: Mutex<BTreeSet<String>>,
 }
@@ -94,18 +98,31 @@ impl Trace {
             return Cow::Borrowed(rec);
         }
         let key = (rec.record.rank, rec.record.step);
-        let held = match &*lock(&self.open) {
-            Some((k, seg)) if *k == key => Some(Arc::clone(seg)),
-            _ => None,
-        };
+        let held = lock(&self.open)
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, seg, _)| Arc::clone(seg));
         // Opened without the lock: the calls checked side by side do not wait on each
         // other's openings.
         let seg = match held {
             Some(seg) => seg,
             None => match store.open_segment(key.0, key.1) {
-                Ok(seg) => {
+                Ok(mut seg) => {
+                    seg.set_releasing(true);
                     let seg = Arc::new(seg);
-                    *lock(&self.open) = Some((key, Arc::clone(&seg)));
+                    let size = store.segment_info(key.0, key.1).map_or(0, |i| i.bytes);
+                    let mut open = lock(&self.open);
+                    // Calls complete in their step, mostly: an earlier step's segments go first.
+                    open.retain(|(k, _, _)| k.1 == key.1);
+                    while !open.is_empty()
+                        && open.iter().map(|o| o.2).sum::<u64>() + size > OPEN_BYTES
+                    {
+                        open.pop_front();
+                    }
+                    // Another call may have opened it meanwhile: one of them is held.
+                    if !open.iter().any(|(k, _, _)| *k == key) {
+                        open.push_back((key, Arc::clone(&seg), size));
+                    }
                     seg
                 }
                 Err(e) => {
@@ -127,6 +144,7 @@ impl Trace {
         };
         let mut late = Vec::new();
         let bytes = collective_bytes(&view, &mut late);
+        view.release();
         for line in late {
             self.note_late(line);
         }

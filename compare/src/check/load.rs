@@ -280,6 +280,7 @@ fn read_rank_step(store: &Store, rank: u32, step: u64, mut scan: bool) -> RankSt
     // Read through once, in order: large frames leave the mapping as they are read, so that
     // a segment larger than memory is not mapped (resident) whole.
     seg.set_releasing(true);
+    let mut buffers = nonfinite::ScanBuffers::default();
     for view in seg.records() {
         out.read += 1;
         let view = match view {
@@ -290,7 +291,7 @@ fn read_rank_step(store: &Store, rank: u32, step: u64, mut scan: bool) -> RankSt
             }
         };
         if scan {
-            match nonfinite::scan(&view) {
+            match nonfinite::scan(&view, &mut buffers) {
                 Ok(Some(nf)) => {
                     out.first_nonfinite = Some(nf);
                     scan = false;
@@ -299,17 +300,26 @@ fn read_rank_step(store: &Store, rank: u32, step: u64, mut scan: bool) -> RankSt
                 Err(e) => out.unreadable.push(e.to_string()),
             }
         }
-        out.records.push(keep(&view, &mut out.unreadable));
+        out.records
+            .push(keep(&view, &mut buffers, &mut out.unreadable));
         view.release();
     }
     out
 }
 
-/// The record and where its frame is; a collective's tensors are decoded (checked against
-/// their CRC-32s, what does not decode said) but not held.
-fn keep(view: &RecordView<'_>, unreadable: &mut Vec<String>) -> Rec {
+/// The record and where its frame is; a collective's tensors are decoded (into `buffers`,
+/// checked against their CRC-32s, what does not decode said) but not held.
+fn keep(
+    view: &RecordView<'_>,
+    buffers: &mut nonfinite::ScanBuffers,
+    unreadable: &mut Vec<String>,
+) -> Rec {
     if matches!(view.record.op, Op::Collective(_)) {
-        collective_bytes(view, unreadable);
+        for i in (0..view.record.tensors.len()).filter(|&i| view.is_captured(i)) {
+            if let Err(e) = buffers.decode(view, i) {
+                unreadable.push(e.to_string());
+            }
+        }
     }
     let mut record = view.record.clone();
     // No check reads the kernels launched before an op, and their names (recorded by default,

@@ -101,6 +101,12 @@ pub struct ScanBuffers {
 }
 
 impl ScanBuffers {
+    /// Whether tensor `i` of `view` was decoded and checked by the scan (found finite), or is
+    /// a reference to such a tensor that reads the same bytes ([`ScanBuffers::scanned_alike`]).
+    pub fn checked(&self, view: &RecordView<'_>, i: usize) -> bool {
+        self.finite.contains_key(&(view.record.seq, i)) || self.scanned_alike(view, i)
+    }
+
     /// Whether tensor `i` of `view` is a deduplicated tensor whose bytes are those of a
     /// tensor of its segment already scanned and found finite, read as the same type: its
     /// record gives the same CRC-32, length and type as the referenced one's (the check a
@@ -362,7 +368,10 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        assert_eq!(by_bits(DType::F32, &f32s), Some(Some((1, f64::INFINITY, 1))));
+        assert_eq!(
+            by_bits(DType::F32, &f32s),
+            Some(Some((1, f64::INFINITY, 1)))
+        );
         let f64s: Vec<u8> = [f64::MAX, -0.0, f64::MIN_POSITIVE]
             .iter()
             .flat_map(|v| v.to_le_bytes())

@@ -112,8 +112,9 @@ impl Trace {
                     let seg = Arc::new(seg);
                     let size = store.segment_info(key.0, key.1).map_or(0, |i| i.bytes);
                     let mut open = lock(&self.open);
-                    // Calls complete in their step, mostly: an earlier step's segments go first.
-                    open.retain(|(k, _, _)| k.1 == key.1);
+                    // Calls complete in their step, mostly: the segments of steps before this
+                    // one go (a call completed late, of an earlier step, leaves the rest).
+                    open.retain(|(k, _, _)| k.1 >= key.1);
                     while !open.is_empty()
                         && open.iter().map(|o| o.2).sum::<u64>() + size > OPEN_BYTES
                     {

@@ -738,23 +738,23 @@ fn overlapping_shards(
         if ws.len() != members.len() {
             continue;
         }
-        let bytes: Vec<Option<Vec<u8>>> = ws.iter().map(|w| weight_bytes(store, w)).collect();
+        if ws.iter().all(|w| w.crc == ws[0].crc) {
+            continue;
+        }
+        // Each member's blocks once, not once per pair.
+        let blocks: Vec<Option<Vec<[u8; BLOCK]>>> = ws
+            .iter()
+            .map(|w| weight_bytes(store, w).map(|b| distinct_blocks(&b)))
+            .collect();
         'pairs: for i in 0..ws.len() {
             for j in i + 1..ws.len() {
                 if ws[i].crc == ws[j].crc {
                     continue;
                 }
-                let (Some(a), Some(b)) = (&bytes[i], &bytes[j]) else {
+                let (Some(ba), Some(bb)) = (&blocks[i], &blocks[j]) else {
                     continue;
                 };
-                let blocks = |x: &[u8]| -> BTreeSet<Vec<u8>> {
-                    x.chunks_exact(BLOCK)
-                        .filter(|c| c.iter().any(|v| *v != c[0]))
-                        .map(<[u8]>::to_vec)
-                        .collect()
-                };
-                let (ba, bb) = (blocks(a), blocks(b));
-                let shared = ba.intersection(&bb).count();
+                let shared = shared_blocks(ba, bb);
                 if shared > 0 {
                     out.findings.push(Finding {
                         kind: FindingKind::ReplicaMismatch,
@@ -775,6 +775,39 @@ fn overlapping_shards(
             }
         }
     }
+}
+
+/// The distinct aligned [`BLOCK`]-byte blocks of `x` that are not constant, sorted.
+fn distinct_blocks(x: &[u8]) -> Vec<[u8; BLOCK]> {
+    let mut blocks: Vec<[u8; BLOCK]> = x
+        .chunks_exact(BLOCK)
+        .filter(|c| c.iter().any(|v| *v != c[0]))
+        .map(|c| {
+            let mut block = [0u8; BLOCK];
+            block.copy_from_slice(c);
+            block
+        })
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    blocks
+}
+
+/// How many blocks two sorted lists of distinct blocks share.
+fn shared_blocks(a: &[[u8; BLOCK]], b: &[[u8; BLOCK]]) -> usize {
+    let (mut i, mut j, mut shared) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                shared += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    shared
 }
 
 /// What stayed the same of a weight between two steps, by aligned [`BLOCK`]-byte blocks
@@ -999,6 +1032,29 @@ fn identical_data(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_share_the_distinct_non_constant_blocks_they_both_hold() {
+        let block = |v: u8| [v, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+        let constant = [7u8; BLOCK];
+        // a: blocks 0, 1, 1 (again), a constant one, 2; b: 2, 3, the constant one, 0.
+        let a: Vec<u8> = [block(0), block(1), block(1), constant, block(2)]
+            .concat()
+            .into_iter()
+            .chain([9u8; 5]) // a partial block at the end is left out
+            .collect();
+        let b: Vec<u8> = [block(2), block(3), constant, block(0)].concat();
+        let (ba, bb) = (distinct_blocks(&a), distinct_blocks(&b));
+        assert_eq!(ba, vec![block(0), block(1), block(2)]);
+        assert_eq!(bb.len(), 3);
+        assert_eq!(shared_blocks(&ba, &bb), 2);
+        assert_eq!(shared_blocks(&bb, &ba), 2);
+        assert_eq!(shared_blocks(&ba, &[]), 0);
+        assert_eq!(
+            shared_blocks(&distinct_blocks(&[constant].concat()), &ba),
+            0
+        );
+    }
 
     #[test]
     fn module_kinds_drop_layer_numbers() {

@@ -1,13 +1,13 @@
 //! The first NaN or Inf: in which op, on which rank, and whether it came in through the op's
 //! inputs or was produced by it.
 
-use serde::Serialize;
 use std::collections::HashMap;
-use ttrace_format::reader::RecordView;
 
+use serde::Serialize;
 use ttrace_format::codec::Codec;
 use ttrace_format::dedup::BlobReference;
 use ttrace_format::dtype::DType;
+use ttrace_format::reader::RecordView;
 use ttrace_format::record::{Op, Role};
 use ttrace_format::tensor::TensorData;
 use ttrace_format::FormatError;
@@ -90,7 +90,8 @@ const F16_EXPONENT: u16 = 0x7c00;
 const F32_EXPONENT: u32 = 0x7f80_0000;
 const F64_EXPONENT: u64 = 0x7ff0_0000_0000_0000;
 
-/// Buffers a scan reuses from tensor to tensor (those of [`RecordView::tensor_bytes_into`]).
+/// What a scan of one segment reuses from tensor to tensor: the buffers of
+/// [`RecordView::tensor_bytes_into`], and the tensors it found finite.
 #[derive(Default)]
 pub struct ScanBuffers {
     scratch: Vec<u8>,
@@ -151,20 +152,11 @@ fn first_bad(
         }
         return Ok(by_bits(t.dtype, whole).flatten());
     }
+    // The other float types (FP8, FP4, ...) by their values widened to f64.
     let data = view.tensor(i)?;
-    // The usual float types by their bits (exponent all ones: infinite or NaN, as widening
-    // to f64 keeps them): nothing else is looked at in a tensor that has none.
-    let (count, first) = match &data {
-        TensorData::BF16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), BF16_EXPONENT),
-        TensorData::F16(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F16_EXPONENT),
-        TensorData::F32(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F32_EXPONENT),
-        TensorData::F64(v) => non_finite_bits(v.iter().map(|x| x.to_bits()), F64_EXPONENT),
-        _ => {
-            let bad = |e: usize| !data.get_f64(e).unwrap_or(0.0).is_finite();
-            let count = (0..data.len()).filter(|&e| bad(e)).count();
-            (count, (0..data.len()).find(|&e| bad(e)))
-        }
-    };
+    let bad = |e: usize| !data.get_f64(e).unwrap_or(0.0).is_finite();
+    let count = (0..data.len()).filter(|&e| bad(e)).count();
+    let first = (0..data.len()).find(|&e| bad(e));
     Ok(first.map(|e| (e as u64, data.get_f64(e).unwrap_or(0.0), count as u64)))
 }
 
